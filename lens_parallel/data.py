@@ -1,0 +1,132 @@
+"""Bundled evaluation text and deterministic token blocks.
+
+Bundled corpora (provenance in ``assets/SOURCES.md``): ``wikipedia-en``, ``austen``, ``moby-dick`` (English),
+``lunyu``, ``tang-poems`` (Chinese). A user's own documents (a list of strings) work everywhere a corpus does.
+
+**BOS policy, the same for every family.** Each block is one document's first ``seq_len - 1`` tokens after a
+document-boundary token at position 0: ``<|endoftext|>`` where the vocabulary has it (GPT-2, Pythia, Qwen,
+SmolLM2 were all pretrained with it between documents), else the tokenizer's BOS, else its EOS. The tokenizer's
+own special tokens are never added. Position 0 is therefore comparable across families, and analyses exclude it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from jaxtyping import Int
+from torch import Tensor
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel.paths import ASSETS
+
+CORPORA = ("wikipedia-en", "austen", "moby-dick", "lunyu", "tang-poems")
+BOUNDARY_TOKEN = "<|endoftext|>"
+
+
+def load_texts(name: str = "wikipedia-en", *, n_docs: int | None = None) -> list[str]:
+    """The documents of a bundled corpus, in their stored order (the first ``n_docs`` if given)."""
+    if name not in CORPORA:
+        raise ValueError(f"unknown corpus {name!r}; bundled corpora: {', '.join(CORPORA)}")
+    with gzip.open(ASSETS / "corpora" / f"{name}.json.gz", "rt", encoding="utf-8") as f:
+        docs: list[str] = json.load(f)
+    if n_docs is not None:
+        if n_docs < 1:
+            raise ValueError(f"n_docs must be >= 1, got {n_docs}")
+        docs = docs[:n_docs]
+    return docs
+
+
+@dataclass(frozen=True)
+class TokenBlocks:
+    """Fixed-length token blocks, one per document, and how they were made."""
+
+    tokens: Int[Tensor, "batch pos"]
+    corpus: str
+    doc_indices: tuple[int, ...]
+    seq_len: int
+    seed: int
+    boundary_token: str
+    boundary_token_id: int
+
+    @property
+    def bos_policy(self) -> str:
+        return f"position 0 is the document-boundary token {self.boundary_token!r} (id {self.boundary_token_id})"
+
+    def describe(self) -> dict:
+        """JSON-ready provenance (no tensor)."""
+        out = {k: v for k, v in asdict(self).items() if k != "tokens"}
+        out["doc_indices"] = list(self.doc_indices)
+        out["n_docs"] = len(self.doc_indices)
+        out["bos_policy"] = self.bos_policy
+        return out
+
+
+def boundary_token(tokenizer) -> tuple[str, int]:
+    """The document-boundary token for position 0 (see the module docstring)."""
+    vocab = tokenizer.get_vocab()
+    if BOUNDARY_TOKEN in vocab:
+        return BOUNDARY_TOKEN, vocab[BOUNDARY_TOKEN]
+    for token, token_id in (
+        (tokenizer.bos_token, tokenizer.bos_token_id),
+        (tokenizer.eos_token, tokenizer.eos_token_id),
+    ):
+        if token_id is not None:
+            return token, token_id
+    raise ValueError("the tokenizer has neither <|endoftext|>, a BOS nor an EOS token to start a block with")
+
+
+def token_blocks(
+    model: TransformerBridge,
+    texts: str | Sequence[str] = "wikipedia-en",
+    *,
+    n_docs: int = 16,
+    seq_len: int = 128,
+    seed: int = 0,
+) -> TokenBlocks:
+    """``n_docs`` blocks of ``seq_len`` tokens: documents chosen in a seeded order among those long enough.
+
+    ``texts`` is a bundled corpus name or a list of documents. Raises ``ValueError`` before tokenizing anything
+    if ``seq_len`` exceeds the model's context or is < 2, or the corpus is empty; after, if fewer than ``n_docs``
+    documents have ``seq_len - 1`` tokens.
+    """
+    corpus = texts if isinstance(texts, str) else "user-texts"
+    docs = load_texts(texts) if isinstance(texts, str) else list(texts)
+    n_ctx = model.cfg.n_ctx
+    if seq_len < 2:
+        raise ValueError(f"seq_len must be >= 2 (a boundary token and one text token), got {seq_len}")
+    if seq_len > n_ctx:
+        raise ValueError(f"seq_len={seq_len} exceeds the model's context length n_ctx={n_ctx}; use seq_len <= {n_ctx}")
+    if n_docs < 1:
+        raise ValueError(f"n_docs must be >= 1, got {n_docs}")
+    if not docs or not any(d.strip() for d in docs):
+        raise ValueError(f"corpus {corpus!r} is empty: no document has any text")
+    token, token_id = boundary_token(model.tokenizer)
+    order = np.random.default_rng(seed).permutation(len(docs))
+    rows, chosen, longest = [], [], 0
+    for i in order:
+        ids = model.tokenizer(docs[i], add_special_tokens=False)["input_ids"]
+        longest = max(longest, len(ids))
+        if len(ids) >= seq_len - 1:
+            rows.append([token_id, *ids[: seq_len - 1]])
+            chosen.append(int(i))
+            if len(rows) == n_docs:
+                break
+    if len(rows) < n_docs:
+        raise ValueError(
+            f"only {len(rows)} of {len(docs)} documents in {corpus!r} have the {seq_len - 1} tokens a block of "
+            f"seq_len={seq_len} needs (longest: {longest} tokens); lower seq_len or n_docs, or give longer texts"
+        )
+    return TokenBlocks(
+        tokens=torch.tensor(rows, dtype=torch.long, device=model.cfg.device),
+        corpus=corpus,
+        doc_indices=tuple(chosen),
+        seq_len=seq_len,
+        seed=seed,
+        boundary_token=token,
+        boundary_token_id=token_id,
+    )

@@ -1,0 +1,135 @@
+"""Pure tensor math of parallel/perpendicular decompositions. No model, no hooks.
+
+For a message m and a reference r (both ``[..., d]``):
+
+    m_par  = (m . r / |r|^2) r          (the "parallel coefficient" is m . r / |r|^2)
+    m_perp = m - m_par
+    cos    = m . r / (|m| |r|)
+    |m_par| / |m| = |cos|,   |m_perp| / |m| = sqrt(1 - cos^2)
+
+A position is *degenerate* when |r| <= eps or |m| <= eps: its cosine is undefined, it is excluded from every
+statistic, and analyses report how many positions were excluded.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import einops
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+EPS = 1e-8
+"""Default guard on |r| and |m| (absolute, in the units of the vectors)."""
+
+
+class Projection(NamedTuple):
+    """m split against r; ``valid`` is False where |r| <= eps (there ``par`` is 0 and ``perp`` is m)."""
+
+    par: Float[Tensor, "*batch d"]
+    perp: Float[Tensor, "*batch d"]
+    coef: Float[Tensor, "*batch"]
+    valid: Bool[Tensor, "*batch"]
+
+
+class Alignment(NamedTuple):
+    """Per-position alignment of m with r, from the three inner products m.r, |m|^2 and |r|^2."""
+
+    cos: Float[Tensor, "*batch"]
+    par_frac: Float[Tensor, "*batch"]
+    perp_frac: Float[Tensor, "*batch"]
+    coef: Float[Tensor, "*batch"]
+    valid: Bool[Tensor, "*batch"]
+
+
+def project(m: Float[Tensor, "*batch d"], r: Float[Tensor, "*batch d"], *, eps: float = EPS) -> Projection:
+    """Split ``m`` into its component along ``r`` and the rest: m = par + perp exactly (par = coef * r)."""
+    rr = (r * r).sum(-1)
+    valid = rr > eps**2
+    coef = torch.where(valid, (m * r).sum(-1) / torch.where(valid, rr, 1.0), 0.0)
+    par = coef.unsqueeze(-1) * r
+    return Projection(par=par, perp=m - par, coef=coef, valid=valid)
+
+
+def alignment_from_products(
+    dot: Float[Tensor, "*batch"],
+    mm: Float[Tensor, "*batch"],
+    rr: Float[Tensor, "*batch"],
+    *,
+    eps: float = EPS,
+) -> Alignment:
+    """Alignment statistics from ``dot = m.r``, ``mm = |m|^2``, ``rr = |r|^2`` (no vectors needed).
+
+    |m_perp|^2 = |m|^2 - (m.r)^2 / |r|^2, clamped at 0 against rounding. Degenerate positions get 0 everywhere
+    and ``valid = False``.
+    """
+    valid = (rr > eps**2) & (mm > eps**2)
+    safe_rr = torch.where(valid, rr, 1.0)
+    safe_mm = torch.where(valid, mm, 1.0)
+    cos = torch.where(valid, dot / torch.sqrt(safe_mm * safe_rr), 0.0)
+    perp_sq = (safe_mm - dot * dot / safe_rr).clamp_min(0.0)
+    perp_frac = torch.where(valid, torch.sqrt(perp_sq / safe_mm), 0.0)
+    return Alignment(
+        cos=cos,
+        par_frac=cos.abs(),
+        perp_frac=perp_frac,
+        coef=torch.where(valid, dot / safe_rr, 0.0),
+        valid=valid,
+    )
+
+
+def alignment(m: Float[Tensor, "*batch d"], r: Float[Tensor, "*batch d"], *, eps: float = EPS) -> Alignment:
+    """Per-position alignment of ``m`` with ``r`` (see :func:`alignment_from_products`)."""
+    return alignment_from_products((m * r).sum(-1), (m * m).sum(-1), (r * r).sum(-1), eps=eps)
+
+
+def scale_components(
+    m: Float[Tensor, "*batch d"],
+    r: Float[Tensor, "*batch d"],
+    *,
+    s_par: float | Float[Tensor, "*batch"] = 1.0,
+    s_perp: float | Float[Tensor, "*batch"] = 1.0,
+    eps: float = EPS,
+) -> Float[Tensor, "*batch d"]:
+    """m' = s_par * m_par + s_perp * m_perp (degenerate |r| positions: m_perp = m, so m' = s_perp * m)."""
+    proj = project(m, r, eps=eps)
+    s_par = torch.as_tensor(s_par, dtype=m.dtype, device=m.device)
+    s_perp = torch.as_tensor(s_perp, dtype=m.dtype, device=m.device)
+    if s_par.ndim:
+        s_par = s_par.unsqueeze(-1)
+    if s_perp.ndim:
+        s_perp = s_perp.unsqueeze(-1)
+    return s_par * proj.par + s_perp * proj.perp
+
+
+def split_self(
+    z: Float[Tensor, "batch pos head_index d_head"],
+    v: Float[Tensor, "batch pos head_index d_head"],
+    pattern_diag: Float[Tensor, "batch head_index pos"],
+) -> tuple[Float[Tensor, "batch pos head_index d_head"], Float[Tensor, "batch pos head_index d_head"]]:
+    """Exclude-self split of the value aggregate o_t = z_t: d_t = A_tt v_t (self term), c_t = o_t - d_t.
+
+    ``v`` is already expanded to query heads; returns ``(d, c)``.
+    """
+    diag = einops.rearrange(pattern_diag, "batch head_index pos -> batch pos head_index 1")
+    d = diag * v
+    return d, z - d
+
+
+def head_residual_products(
+    z: Float[Tensor, "batch pos head_index d_head"],
+    W_O: Float[Tensor, "head_index d_head d_model"],
+    x: Float[Tensor, "batch pos d_model"],
+) -> tuple[Float[Tensor, "batch pos head_index"], Float[Tensor, "batch pos head_index"]]:
+    """Inner products of each head's residual write m_h = z_h W_O[h] with x, without forming m_h.
+
+    m_h . x = z_h . (W_O[h] x) and |m_h|^2 = z_h G_h z_h with G_h = W_O[h] W_O[h]^T; returns ``(dot, mm)``.
+    """
+    x_in_head = einops.einsum(W_O, x, "head_index d_head d_model, batch pos d_model -> batch pos head_index d_head")
+    dot = (z * x_in_head).sum(-1)
+    gram = einops.einsum(W_O, W_O, "head_index d1 d_model, head_index d2 d_model -> head_index d1 d2")
+    mm = einops.einsum(
+        z, gram, z, "batch pos head_index d1, head_index d1 d2, batch pos head_index d2 -> batch pos head_index"
+    )
+    return dot, mm

@@ -1,0 +1,141 @@
+"""Hook names, shape checks, GQA expansion and streaming (reduce-in-the-forward) capture.
+
+Nothing here changes an activation: interventions live in ``edits.py``. A :class:`LayerStream` captures only the
+hooks an analysis asks for, hands each layer's tensors to a reducer as soon as the layer is complete, drops them,
+and stops the forward after the last layer it needs (nothing past it, not even the unembedding, is computed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import einops
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel.models import ModelInfo
+
+ROLE_HOOKS: dict[str, str] = {
+    "resid_pre": "blocks.{layer}.hook_resid_pre",
+    "v": "blocks.{layer}.attn.hook_v",
+    "pattern": "blocks.{layer}.attn.hook_pattern",
+    "z": "blocks.{layer}.attn.hook_z",
+    "attn_out": "blocks.{layer}.hook_attn_out",
+    "resid_mid": "blocks.{layer}.hook_resid_mid",
+    "mlp_out": "blocks.{layer}.hook_mlp_out",
+    "resid_post": "blocks.{layer}.hook_resid_post",
+}
+"""Activation roles and their TransformerLens hook names."""
+
+
+def hook_name(layer: int, role: str) -> str:
+    return ROLE_HOOKS[role].format(layer=layer)
+
+
+class HookShapeError(ValueError):
+    """A captured activation does not have the shape the analysis expects."""
+
+
+def expected_shape(role: str, info: ModelInfo) -> tuple[tuple[str, int | None], ...]:
+    """Named expected shape of a role's activation (None: any size)."""
+    batch, pos = ("batch", None), ("pos", None)
+    if role == "v":
+        return batch, pos, ("n_kv_heads", info.n_kv_heads), ("d_head", info.d_head)
+    if role == "z":
+        return batch, pos, ("n_heads", info.n_heads), ("d_head", info.d_head)
+    if role == "pattern":
+        return batch, ("n_heads", info.n_heads), ("query_pos", None), ("key_pos", None)
+    return batch, pos, ("d_model", info.d_model)
+
+
+def check_shape(name: str, tensor: Tensor, expected: Sequence[tuple[str, int | None]]) -> None:
+    """Raise :class:`HookShapeError` naming the hook, the expected and the actual shape."""
+    ok = tensor.ndim == len(expected) and all(
+        size is None or tensor.shape[i] == size for i, (_, size) in enumerate(expected)
+    )
+    if not ok:
+        want = ", ".join(dim if size is None else f"{dim}={size}" for dim, size in expected)
+        raise HookShapeError(f"hook {name}: expected shape [{want}], got {tuple(tensor.shape)}")
+
+
+def expand_kv(
+    v: Float[Tensor, "batch pos kv_head_index d_head"], n_heads: int
+) -> Float[Tensor, "batch pos head_index d_head"]:
+    """Expand kv heads to query heads under GQA: query head h reads kv head h // (n_heads // n_kv_heads).
+
+    This is ``repeat_interleave`` along the head axis (kv-major), not ``repeat`` (tile).
+    """
+    n_kv = v.shape[2]
+    if n_heads % n_kv:
+        raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv}")
+    return einops.repeat(v, "batch pos kv d_head -> batch pos (kv group) d_head", group=n_heads // n_kv)
+
+
+def residual_reference_role(info: ModelInfo, sublayer: str) -> str:
+    """The residual state a sublayer's update is added to: resid_pre for attention, for parallel attn/MLP blocks
+    and for the whole block; resid_mid for a sequential MLP."""
+    return "resid_mid" if sublayer == "mlp" and not info.parallel_attn_mlp else "resid_pre"
+
+
+class _StopForward(Exception):
+    """Raised by the last needed hook to end the forward early."""
+
+
+Reducer = Callable[[int, dict[str, Tensor]], None]
+
+
+class LayerStream:
+    """Capture ``roles`` at ``layers``; call ``reduce(layer, tensors)`` once all roles of a layer are in.
+
+    ``pattern`` is stored as its diagonal ``[batch, head_index, pos]`` only (A_tt), never as the full map.
+    Tensors are detached copies in ``dtype`` (float64 by default, so that streamed sums match a cache to 1e-6).
+    """
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        layers: Sequence[int],
+        roles: Sequence[str],
+        reduce: Reducer,
+        *,
+        dtype: torch.dtype = torch.float64,
+    ) -> None:
+        unknown = sorted(set(roles) - set(ROLE_HOOKS))
+        if unknown:
+            raise ValueError(f"unknown activation roles {unknown}; known: {', '.join(ROLE_HOOKS)}")
+        if "resid_mid" in roles and info.parallel_attn_mlp:
+            raise ValueError(f"{info.name} runs attention and MLP in parallel: it has no resid_mid")
+        self.info, self.layers, self.roles = info, sorted(set(layers)), tuple(dict.fromkeys(roles))
+        self.reduce, self.dtype = reduce, dtype
+        self._buffers: dict[int, dict[str, Tensor]] = {}
+
+    def fwd_hooks(self) -> list[tuple[str, Callable]]:
+        return [
+            (hook_name(layer, role), partial(self._capture, layer=layer, role=role))
+            for layer in self.layers
+            for role in self.roles
+        ]
+
+    def _capture(self, tensor: Tensor, hook, *, layer: int, role: str) -> None:
+        check_shape(hook_name(layer, role), tensor, expected_shape(role, self.info))
+        if role == "pattern":
+            tensor = torch.diagonal(tensor, dim1=-2, dim2=-1)
+        buffer = self._buffers.setdefault(layer, {})
+        buffer[role] = tensor.detach().to(self.dtype)
+        if len(buffer) == len(self.roles):
+            self.reduce(layer, self._buffers.pop(layer))
+            if layer == self.layers[-1]:
+                raise _StopForward
+
+    def run(self, model: TransformerBridge, tokens: Int[Tensor, "batch pos"]) -> None:
+        """One forward over ``tokens``; stops after the last layer's reduction."""
+        self._buffers.clear()
+        with torch.inference_mode(), model.hooks(fwd_hooks=self.fwd_hooks()), contextlib.suppress(_StopForward):
+            model(tokens, return_type=None)
+        if self._buffers:
+            missing = {layer: sorted(set(self.roles) - set(b)) for layer, b in self._buffers.items()}
+            raise RuntimeError(f"hooks never fired for layer/roles {missing}")

@@ -1,0 +1,253 @@
+"""Loading models into TransformerLens's ``TransformerBridge`` with unprocessed weights.
+
+Specs accepted by :func:`load_model`:
+
+- ``toy-gpt2``, ``toy-pythia``, ``toy-qwen2``, ``toy-qwen3``, ``toy-llama``: each family's real ``transformers``
+  config shrunk to 3 layers, seeded random weights, the family's real tokenizer (bundled). Built offline in
+  well under a second.
+- ``smollm2-135m``: real pretrained SmolLM2-135M-Instruct (Llama architecture, GQA), see :mod:`lens_parallel.weights`.
+- a local Hugging Face folder (holding ``config.json``): loaded offline.
+- a hub name such as ``openai-community/gpt2`` or ``EleutherAI/pythia-160m``: needs the network (or a copy in
+  the local Hugging Face cache).
+
+Weights are never processed (no LayerNorm folding, no centering, no value-bias folding): folding b_V into b_O
+changes v and therefore every parallel/perpendicular split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel import tokenizers as _tok
+from lens_parallel.weights import SMOLLM2_SPEC, smollm2_folder
+
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "GPT2LMHeadModel": "gpt2",
+    "GPTNeoXForCausalLM": "pythia",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "LlamaForCausalLM": "llama",
+}
+"""Hugging Face architecture -> family. Other architectures are refused before any weights load."""
+
+TOY_SEED = 0
+
+
+def _toy_gpt2() -> transformers.PretrainedConfig:
+    return transformers.GPT2Config(
+        n_layer=3, n_embd=64, n_head=4, n_inner=256, n_positions=512, vocab_size=50257,
+        bos_token_id=50256, eos_token_id=50256,
+    )  # fmt: skip
+
+
+def _toy_pythia() -> transformers.PretrainedConfig:
+    return transformers.GPTNeoXConfig(
+        num_hidden_layers=3, hidden_size=64, num_attention_heads=4, intermediate_size=256,
+        rotary_pct=0.25, use_parallel_residual=True, max_position_embeddings=512, vocab_size=50304,
+        bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+def _toy_qwen2() -> transformers.PretrainedConfig:
+    return transformers.Qwen2Config(
+        num_hidden_layers=3, hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
+        intermediate_size=192, max_position_embeddings=512, vocab_size=151936, tie_word_embeddings=True,
+        bos_token_id=151643, eos_token_id=151643,
+    )  # fmt: skip
+
+
+def _toy_qwen3() -> transformers.PretrainedConfig:
+    return transformers.Qwen3Config(
+        num_hidden_layers=3, hidden_size=96, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
+        intermediate_size=192, max_position_embeddings=512, vocab_size=151936, tie_word_embeddings=True,
+        bos_token_id=151643, eos_token_id=151643,
+    )  # fmt: skip
+
+
+def _toy_llama() -> transformers.PretrainedConfig:
+    return transformers.LlamaConfig(
+        num_hidden_layers=3, hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
+        intermediate_size=192, max_position_embeddings=512, vocab_size=50304, tie_word_embeddings=False,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+
+
+TOY_MODELS: dict[str, tuple[Callable[[], transformers.PretrainedConfig], str]] = {
+    "toy-gpt2": (_toy_gpt2, "gpt2"),
+    "toy-pythia": (_toy_pythia, "gpt-neox"),
+    "toy-qwen2": (_toy_qwen2, "qwen3"),
+    "toy-qwen3": (_toy_qwen3, "qwen3"),
+    "toy-llama": (_toy_llama, "gpt-neox"),
+}
+"""Toy spec -> (config builder, bundled tokenizer). The Qwen3 tokenizer has Qwen2.5's ids; no Llama tokenizer is
+available offline, so toy-llama uses GPT-NeoX's."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the analyses need to know about a model's attention, read from its Hugging Face config."""
+
+    name: str
+    family: str
+    architecture: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int
+    d_vocab: int
+    n_ctx: int
+    gated_attention: bool
+    parallel_attn_mlp: bool
+    positional: str  # "learned" or "rotary"
+    config_hash: str
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per kv head; query head h reads kv head h // group_size."""
+        return self.n_heads // self.n_kv_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class ModelSpecError(ValueError):
+    """A model spec that cannot be loaded; the message says what was wrong and what is accepted."""
+
+
+def _accepted() -> str:
+    toys = ", ".join(TOY_MODELS)
+    return (
+        f"accepted: {toys}, {SMOLLM2_SPEC}, a local Hugging Face folder holding config.json, "
+        "or a hub name like 'openai-community/gpt2' (online only)"
+    )
+
+
+def _check_architecture(config: transformers.PretrainedConfig, where: str) -> str:
+    archs = list(getattr(config, "architectures", None) or [])
+    if not archs:
+        # configs built in memory carry no architectures; infer from model_type.
+        by_type = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                   "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}  # fmt: skip
+        archs = [by_type.get(config.model_type, config.model_type)]
+    arch = archs[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelSpecError(
+            f"unsupported architecture {arch!r} in {where}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    return arch
+
+
+def config_hash(config: transformers.PretrainedConfig) -> str:
+    """A short stable hash of a config's JSON (identifies the architecture and sizes in provenance)."""
+    text = json.dumps(config.to_diff_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def model_info(model: TransformerBridge) -> ModelInfo:
+    """Read :class:`ModelInfo` from a bridge's underlying Hugging Face config."""
+    hf = model.original_model.config
+    arch = _check_architecture(hf, "the loaded model")
+    family = SUPPORTED_ARCHITECTURES[arch]
+    cfg = model.cfg
+    n_kv = cfg.n_key_value_heads or cfg.n_heads
+    return ModelInfo(
+        name=getattr(model, "_lens_parallel_name", cfg.model_name),
+        family=family,
+        architecture=arch,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        n_kv_heads=n_kv,
+        d_head=cfg.d_head,
+        d_model=cfg.d_model,
+        d_vocab=cfg.d_vocab,
+        n_ctx=cfg.n_ctx,
+        gated_attention=False,
+        parallel_attn_mlp=bool(getattr(hf, "use_parallel_residual", False)),
+        positional="learned" if cfg.positional_embedding_type == "standard" else "rotary",
+        config_hash=config_hash(hf),
+    )
+
+
+def _boot(source: str, *, device: str, dtype: torch.dtype, **kwargs) -> TransformerBridge:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = TransformerBridge.boot_transformers(source, device=device, dtype=dtype, **kwargs)
+    model.eval()
+    return model
+
+
+def _build_toy(spec: str, *, device: str, dtype: torch.dtype) -> TransformerBridge:
+    make_config, tokenizer_family = TOY_MODELS[spec]
+    config = make_config()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TOY_SEED)
+        hf_model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    tokenizer = _tok.load_bundled_tokenizer(tokenizer_family)
+    model = _boot(spec, device=device, dtype=dtype, hf_model=hf_model.to(dtype), tokenizer=tokenizer)
+    return model
+
+
+def _load_folder(folder: Path, *, device: str, dtype: torch.dtype) -> TransformerBridge:
+    if not (folder / "config.json").is_file():
+        raise ModelSpecError(
+            f"folder {str(folder)!r} has no config.json, so it is not a Hugging Face model folder; "
+            "save one with model.save_pretrained(folder) and tokenizer.save_pretrained(folder)"
+        )
+    config = transformers.AutoConfig.from_pretrained(folder)
+    _check_architecture(config, str(folder / "config.json"))
+    return _boot(str(folder), device=device, dtype=dtype)
+
+
+def _load_hub(name: str, *, device: str, dtype: torch.dtype) -> TransformerBridge:
+    try:
+        config = transformers.AutoConfig.from_pretrained(name)
+    except OSError as exc:
+        offline = (
+            os.environ.get("HF_HUB_OFFLINE") == "1" or "connect" in str(exc).lower() or "offline" in str(exc).lower()
+        )
+        reason = "this machine is offline (the Hugging Face hub cannot be reached)" if offline else str(exc)
+        raise ModelSpecError(
+            f"cannot load hub model {name!r}: {reason}. Offline, load a local folder instead: "
+            f"load_model('/path/to/folder') with a folder written by save_pretrained; {_accepted()}"
+        ) from exc
+    _check_architecture(config, f"hub model {name!r}")
+    return _boot(name, device=device, dtype=dtype)
+
+
+def load_model(
+    spec: str,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> TransformerBridge:
+    """Load ``spec`` as a ``TransformerBridge`` with unprocessed weights, in eval mode.
+
+    Raises :class:`ModelSpecError` (a ``ValueError``) with what was wrong and what is accepted for an unknown spec,
+    a folder without ``config.json``, a hub name that cannot be reached, or an unsupported architecture.
+    Use :func:`model_info` for the attention geometry of the result.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelSpecError(f"model spec must be a non-empty string, got {spec!r}; {_accepted()}")
+    if spec in TOY_MODELS:
+        model = _build_toy(spec, device=device, dtype=dtype)
+    elif spec == SMOLLM2_SPEC:
+        model = _load_folder(smollm2_folder(), device=device, dtype=dtype)
+    elif Path(spec).expanduser().is_dir():
+        model = _load_folder(Path(spec).expanduser(), device=device, dtype=dtype)
+    elif spec.startswith("toy-") or spec.count("/") != 1 or spec.startswith(("/", ".", "~")):
+        raise ModelSpecError(f"unknown model spec {spec!r} (not a toy model, nor an existing folder); {_accepted()}")
+    else:
+        model = _load_hub(spec, device=device, dtype=dtype)
+    model._lens_parallel_name = spec
+    return model

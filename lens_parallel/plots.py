@@ -1,0 +1,83 @@
+"""Plotly figures. Every result's ``.figure()`` calls a function here; nothing here computes statistics."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+if TYPE_CHECKING:
+    from lens_parallel.analyses.decompose import DecompositionResult
+
+COLORS = {"self_cos": "#1f77b4", "par_frac": "#d62728", "perp_frac": "#2ca02c"}
+LABELS = {"self_cos": "self-cosine cos(m, r)", "par_frac": "|m_par| / |m|", "perp_frac": "|m_perp| / |m|"}
+
+
+def _band(fig: go.Figure, x, lo, hi, color: str, name: str, group: str, row: int, col: int, show: bool) -> None:
+    fig.add_trace(go.Scatter(
+        x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]), fill="toself", fillcolor=color,
+        opacity=0.18, line={"width": 0}, hoverinfo="skip", name=name, legendgroup=group, showlegend=show,
+    ), row=row, col=col)  # fmt: skip
+
+
+def decomposition_figure(result: DecompositionResult) -> go.Figure:
+    """Per space: layer-wise curves (line = mean over heads, band = min-max over heads; whole-sublayer updates as
+    dashed lines) and, for head-level spaces, a layer x head heatmap of the mean self-cosine."""
+    info = result.info
+    spaces = list(dict.fromkeys(t.space for t in result.tables))
+    titles = []
+    for space in spaces:
+        titles += [f"{space}: self-alignment by layer", f"{space}: self-cosine per head"]
+    fig = make_subplots(rows=len(spaces), cols=2, subplot_titles=titles, column_widths=[0.55, 0.45],
+                        horizontal_spacing=0.12, vertical_spacing=0.32 / max(len(spaces), 1))  # fmt: skip
+    shown: set[str] = set()
+    for row, space in enumerate(spaces, start=1):
+        tables = {t.level: t for t in result.tables if t.space == space}
+        for stat, color in COLORS.items():
+            if "head" in tables:
+                t = tables["head"]
+                x, values = np.array(t.layers), getattr(t, stat)
+                group = f"{stat}-head"
+                _band(fig, x, np.nanmin(values, 1), np.nanmax(values, 1), color, f"{LABELS[stat]}: min-max over heads",
+                      group, row, 1, group not in shown)  # fmt: skip
+                fig.add_trace(go.Scatter(
+                    x=x, y=np.nanmean(values, 1), mode="lines+markers", line={"color": color},
+                    name=f"{LABELS[stat]}: mean over heads", legendgroup=group, showlegend=group not in shown,
+                ), row=row, col=1)  # fmt: skip
+                shown.add(group)
+            if "sublayer" in tables:
+                t = tables["sublayer"]
+                group = f"{stat}-sublayer"
+                fig.add_trace(go.Scatter(
+                    x=np.array(t.layers), y=getattr(t, stat)[:, 0], mode="lines+markers",
+                    line={"color": color, "dash": "dash"}, marker={"symbol": "diamond"},
+                    name=f"{LABELS[stat]}: whole update", legendgroup=group, showlegend=group not in shown,
+                ), row=row, col=1)  # fmt: skip
+                shown.add(group)
+        fig.update_xaxes(title_text="layer", row=row, col=1)
+        fig.update_yaxes(title_text="mean over positions t ≥ 1", row=row, col=1)
+        if "head" in tables:
+            t = tables["head"]
+            fig.add_trace(go.Heatmap(
+                z=t.self_cos, x=[f"H{h}" for h in range(t.self_cos.shape[1])], y=[f"L{layer}" for layer in t.layers],
+                zmid=0, colorscale="RdBu_r", colorbar={"title": "self-cos", "len": 1 / len(spaces),
+                                                       "y": 1 - (row - 0.5) / len(spaces)},
+                customdata=np.stack([t.par_frac, t.perp_frac, t.par_coef], -1),
+                hovertemplate="%{y}%{x}<br>self-cos %{z:.3f}<br>|m_par|/|m| %{customdata[0]:.3f}"
+                "<br>|m_perp|/|m| %{customdata[1]:.3f}<br>coef %{customdata[2]:.3f}<extra></extra>",
+            ), row=row, col=2)  # fmt: skip
+            fig.update_xaxes(title_text="query head", row=row, col=2)
+            fig.update_yaxes(title_text="layer", autorange="reversed", row=row, col=2)
+        else:
+            fig.add_annotation(text="no per-head split for this space", showarrow=False, row=row, col=2,
+                               xref="x domain", yref="y domain", x=0.5, y=0.5)  # fmt: skip
+    texts = result.provenance.texts
+    n_docs = texts.get("n_docs", "?")
+    fig.update_layout(
+        title=f"Parallel/perpendicular decomposition: {info.name} ({n_docs} docs, position 0 excluded)",
+        height=330 * len(spaces) + 120, width=1150, template="plotly_white",
+        legend={"orientation": "h", "yanchor": "top", "y": -0.08 if len(spaces) == 1 else -0.03},
+    )  # fmt: skip
+    return fig
