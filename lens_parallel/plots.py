@@ -27,10 +27,16 @@ def decomposition_figure(result: DecompositionResult) -> go.Figure:
     dashed lines) and, for head-level spaces, a layer x head heatmap of the mean self-cosine."""
     info = result.info
     spaces = list(dict.fromkeys(t.space for t in result.tables))
-    titles = []
-    for space in spaces:
-        titles += [f"{space}: self-alignment by layer", f"{space}: self-cosine per head"]
-    fig = make_subplots(rows=len(spaces), cols=2, subplot_titles=titles, column_widths=[0.55, 0.45],
+    has_heads = [any(t.space == space and t.level == "head" for t in result.tables) for space in spaces]
+    titles, specs = [], []
+    for space, heads in zip(spaces, has_heads, strict=True):
+        titles += (
+            [f"{space}: self-alignment by layer", f"{space}: self-cosine per head"]
+            if heads
+            else [f"{space}: self-alignment by layer (whole update; no per-head split)"]
+        )
+        specs.append([{}, {}] if heads else [{"colspan": 2}, None])
+    fig = make_subplots(rows=len(spaces), cols=2, subplot_titles=titles, column_widths=[0.55, 0.45], specs=specs,
                         horizontal_spacing=0.12, vertical_spacing=0.32 / max(len(spaces), 1))  # fmt: skip
     shown: set[str] = set()
     for row, space in enumerate(spaces, start=1):
@@ -56,7 +62,7 @@ def decomposition_figure(result: DecompositionResult) -> go.Figure:
                     name=f"{LABELS[stat]}: whole update", legendgroup=group, showlegend=group not in shown,
                 ), row=row, col=1)  # fmt: skip
                 shown.add(group)
-        fig.update_xaxes(title_text="layer", row=row, col=1)
+        fig.update_xaxes(title_text="layer", dtick=max(1, info.n_layers // 10), row=row, col=1)
         fig.update_yaxes(title_text="mean over positions t ≥ 1", row=row, col=1)
         if "head" in tables:
             t = tables["head"]
@@ -70,9 +76,6 @@ def decomposition_figure(result: DecompositionResult) -> go.Figure:
             ), row=row, col=2)  # fmt: skip
             fig.update_xaxes(title_text="query head", row=row, col=2)
             fig.update_yaxes(title_text="layer", autorange="reversed", row=row, col=2)
-        else:
-            fig.add_annotation(text="no per-head split for this space", showarrow=False, row=row, col=2,
-                               xref="x domain", yref="y domain", x=0.5, y=0.5)  # fmt: skip
     texts = result.provenance.texts
     n_docs = texts.get("n_docs", "?")
     fig.update_layout(

@@ -61,7 +61,7 @@ class Provenance:
         )
 
 
-def as_tokens(tokens: TokenBlocks | Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
+def as_tokens(tokens: object) -> Int[Tensor, "batch pos"]:
     """The token tensor of a :class:`TokenBlocks` or a tensor, checked to be ``[batch, pos]`` integers."""
     t = tokens.tokens if isinstance(tokens, TokenBlocks) else tokens
     if not isinstance(t, Tensor) or t.ndim != 2 or t.dtype not in (torch.int32, torch.int64):

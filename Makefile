@@ -1,0 +1,30 @@
+# Two entry points, each building a fresh virtual environment (.venv) on first use:
+#   make run    installs and runs the main job (lens-parallel decompose on smollm2-135m)
+#   make test   installs and runs the whole test suite
+# torch is pinned to the 2.13.0 CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build.
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.lens_parallel-installed
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+.PHONY: install run test lint bench
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/lens-parallel decompose --space value value-exclude-self residual-attn --out results/decompose
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check lens_parallel tests benchmarks scripts
+	$(VENV)/bin/ruff format --check lens_parallel tests benchmarks scripts
+
+bench: $(STAMP)
+	$(PY) benchmarks/decompose_overhead.py

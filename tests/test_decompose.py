@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from lens_parallel.analyses.decompose import SPACES, DecompositionResult, decompose
+from lens_parallel.data import token_blocks
+from lens_parallel.models import model_info
+from lens_parallel.results import as_tokens
+
+from .conftest import get_model
+
+
+def _get(cache, layer: int, name: str) -> torch.Tensor:
+    return cache[f"blocks.{layer}.{name}"].double()
+
+
+def _reference(model, tokens):
+    """The same statistics from a full run_with_cache, written out independently with plain torch ops."""
+    info = model_info(model)
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(tokens)
+    out = {}
+
+    def stats(m, r):  # m, r: [batch, pos, unit, d] -> per-unit means over batch and t >= 1
+        m, r = m[:, 1:].double(), r[:, 1:].double()
+        cos = torch.nn.functional.cosine_similarity(m, r, dim=-1, eps=0)
+        coef = (m * r).sum(-1) / (r * r).sum(-1)
+        par = coef[..., None] * r
+        return {
+            "self_cos": cos.mean((0, 1)), "self_cos_std": cos.std((0, 1), unbiased=False),
+            "par_frac": (par.norm(dim=-1) / m.norm(dim=-1)).mean((0, 1)),
+            "perp_frac": ((m - par).norm(dim=-1) / m.norm(dim=-1)).mean((0, 1)), "par_coef": coef.mean((0, 1)),
+        }  # fmt: skip
+
+    for layer in range(info.n_layers):
+        c = partial(_get, cache, layer)
+        v = c("attn.hook_v").repeat_interleave(info.group_size, dim=2)
+        z = c("attn.hook_z")
+        diag = torch.diagonal(c("attn.hook_pattern"), dim1=-2, dim2=-1).transpose(1, 2)[..., None]
+        x = c("hook_resid_pre")
+        heads = torch.einsum("bphd,hdm->bphm", z, model.blocks[layer].attn.W_O.detach().double())
+        x_mlp = x if info.parallel_attn_mlp else c("hook_resid_mid")
+        out["value", "head", layer] = stats(z, v)
+        out["value-exclude-self", "head", layer] = stats(z - diag * v, v)
+        out["residual-attn", "head", layer] = stats(heads, x[:, :, None].expand_as(heads))
+        out["residual-attn", "sublayer", layer] = stats(c("hook_attn_out")[:, :, None], x[:, :, None])
+        out["residual-mlp", "sublayer", layer] = stats(c("hook_mlp_out")[:, :, None], x_mlp[:, :, None])
+        out["residual-block", "sublayer", layer] = stats((c("hook_resid_post") - x)[:, :, None], x[:, :, None])
+    return out
+
+
+def test_streamed_statistics_equal_full_cache(toy):
+    blocks = token_blocks(toy, "wikipedia-en", n_docs=5, seq_len=24, seed=1)
+    result = decompose(toy, blocks, space="all", batch_size=2, progress=False)
+    reference = _reference(toy, blocks.tokens)
+    assert {(t.space, t.level) for t in result.tables} == {(s, lvl) for s, lvl, _ in reference}
+    for table in result.tables:
+        assert (table.n_degenerate == 0).all() and (table.n_positions == 5 * 23).all()
+        for i, layer in enumerate(table.layers):
+            for stat, expected in reference[table.space, table.level, layer].items():
+                np.testing.assert_allclose(getattr(table, stat)[i], expected.numpy(), atol=1e-6, err_msg=stat)
+
+
+def test_gqa_value_space_uses_kv_group_of_each_query_head():
+    """Against a reference that tiles kv heads (``repeat``) the per-head statistics differ: the test can fail."""
+    model = get_model("toy-qwen2")
+    info = model_info(model)
+    tokens = token_blocks(model, "austen", n_docs=2, seq_len=24).tokens
+    result = decompose(model, tokens, space="value", layers=[1], progress=False).table("value")
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(tokens)
+    z, v = cache["blocks.1.attn.hook_z"][:, 1:].double(), cache["blocks.1.attn.hook_v"][:, 1:].double()
+
+    def cos(v_expanded):
+        return torch.nn.functional.cosine_similarity(z, v_expanded, dim=-1).mean((0, 1)).numpy()
+
+    right = cos(v.repeat_interleave(info.group_size, dim=2))
+    wrong = cos(v.repeat(1, 1, info.group_size, 1))
+    np.testing.assert_allclose(result.self_cos[0], right, atol=1e-6)
+    assert np.abs(result.self_cos[0] - wrong).max() > 1e-3
+
+
+def test_batch_size_and_layer_subsets_do_not_change_results():
+    model = get_model("toy-pythia")
+    tokens = token_blocks(model, "moby-dick", n_docs=4, seq_len=20).tokens
+    full = decompose(model, tokens, space=["value", "residual-mlp"], batch_size=4, progress=False)
+    one = decompose(model, tokens, space=["value", "residual-mlp"], batch_size=1, layers=[2, 0], progress=False)
+    for space, level in (("value", "head"), ("residual-mlp", "sublayer")):
+        a, b = full.table(space, level), one.table(space, level)
+        assert b.layers == (0, 2)
+        np.testing.assert_allclose(b.self_cos, a.self_cos[[0, 2]], atol=1e-10)
+        np.testing.assert_allclose(b.perp_frac, a.perp_frac[[0, 2]], atol=1e-10)
+
+
+def test_dataframe_figure_and_save_load(tmp_path):
+    model = get_model("toy-qwen3")
+    blocks = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=16)
+    result = decompose(model, blocks, space=["value", "residual-attn", "residual-block"], progress=False)
+    df = result.to_dataframe()
+    heads = df[df.level == "head"]
+    assert len(heads) == 2 * 3 * 6 and len(df[df.level == "sublayer"]) == 2 * 3
+    assert heads.label.iloc[7] == "L1H1" and heads.kv_head.iloc[:6].tolist() == [0, 0, 0, 1, 1, 1]
+    assert df[df.level == "sublayer"]["head"].isna().all()
+    assert (df.par_frac >= df.self_cos.abs() - 1e-12).all()  # mean |cos| >= |mean cos|
+    fig = result.figure()
+    assert "toy-qwen3" in fig.layout.title.text and fig.layout.xaxis.title.text == "layer"
+    assert any("min-max over heads" in (t.name or "") for t in fig.data)
+    result.save(tmp_path / "dec")
+    again = DecompositionResult.load(tmp_path / "dec")
+    pd.testing.assert_frame_equal(again.to_dataframe(), df)
+    assert again.provenance.texts["corpus"] == "wikipedia-en" and again.provenance.texts["n_docs"] == 2
+    assert again.provenance.weight_processing.startswith("unprocessed")
+
+
+def test_bad_arguments_fail_before_any_forward():
+    model = get_model("toy-gpt2")
+    tokens = torch.zeros(2, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"unknown space\(s\) \['values'\]; accepted: value, value-exclude-self"):
+        decompose(model, tokens, space="values")
+    with pytest.raises(ValueError, match=r"layers \[3\] out of range: this model has layers 0..2"):
+        decompose(model, tokens, layers=[0, 3])
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        decompose(model, tokens, batch_size=0)
+    with pytest.raises(ValueError, match=r"tokens must be TokenBlocks or an integer tensor \[batch, pos\], got Tensor"):
+        as_tokens(torch.zeros(8))
+    assert SPACES == ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import huggingface_hub
+import pytest
+import torch
+import transformers
+
+from lens_parallel.models import TOY_MODELS, ModelSpecError, load_model, model_info
+from lens_parallel.tokenizers import load_bundled_tokenizer
+
+from .conftest import get_model
+
+EXPECTED = {  # family, n_heads, n_kv_heads, parallel attn/MLP, positional
+    "toy-gpt2": ("gpt2", 4, 4, False, "learned"),
+    "toy-pythia": ("pythia", 4, 4, True, "rotary"),
+    "toy-qwen2": ("qwen2", 6, 2, False, "rotary"),
+    "toy-qwen3": ("qwen3", 6, 2, False, "rotary"),
+    "toy-llama": ("llama", 6, 2, False, "rotary"),
+}
+
+
+@pytest.mark.parametrize("spec", EXPECTED)
+def test_toy_model_info_and_logits_match_hf(spec):
+    model = get_model(spec)
+    info = model_info(model)
+    assert (info.family, info.n_heads, info.n_kv_heads, info.parallel_attn_mlp, info.positional) == EXPECTED[spec]
+    assert info.n_layers == 3 and info.d_head == 16 and info.group_size == info.n_heads // info.n_kv_heads
+    tokens = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        bridge = model(tokens)
+        hf = model.original_model(tokens).logits
+    assert torch.allclose(bridge, hf, atol=1e-5)
+
+
+def test_toys_are_seeded_and_leave_global_rng_alone():
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    torch.manual_seed(123)
+    a = load_model("toy-llama")
+    after = torch.rand(3)
+    b = load_model("toy-llama")
+    assert torch.equal(before, after)
+    for (name, p), q in zip(a.original_model.named_parameters(), b.original_model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize(
+    ("family", "ids"), [("gpt2", [15496, 995]), ("gpt-neox", [12092, 1533]), ("qwen3", [9707, 1879])]
+)
+def test_bundled_tokenizers_give_the_real_ids(family, ids):
+    assert load_bundled_tokenizer(family)("Hello world", add_special_tokens=False)["input_ids"] == ids
+
+
+def test_unknown_spec_names_what_is_accepted():
+    with pytest.raises(ModelSpecError, match=r"unknown model spec 'toy-bert'.*accepted: toy-gpt2, toy-pythia"):
+        load_model("toy-bert")
+    with pytest.raises(ModelSpecError, match="non-empty string"):
+        load_model("")
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(ModelSpecError, match=r"has no config.json.*save_pretrained"):
+        load_model(str(tmp_path))
+
+
+def test_unsupported_architecture(tmp_path):
+    transformers.BertConfig(
+        num_hidden_layers=1, hidden_size=32, num_attention_heads=2, architectures=["BertForMaskedLM"]
+    ).save_pretrained(tmp_path)
+    with pytest.raises(ModelSpecError, match=r"unsupported architecture 'BertForMaskedLM'.*supported: GPT2LMHeadModel"):
+        load_model(str(tmp_path))
+
+
+def test_hub_name_while_offline(monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelSpecError, match=r"cannot load hub model 'openai-community/gpt2'.*offline.*local folder"):
+        load_model("openai-community/gpt2")
+
+
+def test_local_folder_loads_offline_and_matches_hf(tmp_path):
+    """A model written by save_pretrained (here a seeded toy Qwen3) loads from its folder as the same model."""
+    torch.manual_seed(5)
+    hf = transformers.AutoModelForCausalLM.from_config(TOY_MODELS["toy-qwen3"][0]()).eval()
+    hf.save_pretrained(tmp_path)
+    load_bundled_tokenizer("qwen3").save_pretrained(tmp_path)
+    model = load_model(str(tmp_path))
+    tokens = torch.randint(0, 1000, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        assert torch.allclose(model(tokens), hf(tokens).logits, atol=1e-5)
+    assert model_info(model).family == "qwen3" and model_info(model).name == str(tmp_path)

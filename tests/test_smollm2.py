@@ -1,0 +1,31 @@
+"""The real pretrained model (SmolLM2-135M-Instruct, from a PyPI wheel, cached after the first run)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lens_parallel.analyses.decompose import decompose
+from lens_parallel.data import token_blocks
+from lens_parallel.models import model_info
+
+from .conftest import get_model
+
+pytestmark = pytest.mark.slow
+
+
+def test_smollm2_loads_offline_predicts_english_and_decomposes_all_layers():
+    model = get_model("smollm2-135m")
+    info = model_info(model)
+    assert (info.family, info.n_layers, info.n_heads, info.n_kv_heads, info.d_model) == ("llama", 30, 9, 3, 576)
+    blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=64)
+    with torch.inference_mode():
+        loss = model(blocks.tokens, return_type="loss").item()
+    assert loss < 0.4 * math.log(info.d_vocab), loss  # log(49152) = 10.8; a trained model is near 3
+    result = decompose(model, blocks, space="value", batch_size=4, progress=False).table("value")
+    assert result.layers == tuple(range(30)) and result.self_cos.shape == (30, 9)
+    assert (result.n_degenerate == 0).all() and np.isfinite(result.self_cos).all()
+    assert 0.05 < result.self_cos.mean() < 0.95
