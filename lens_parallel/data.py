@@ -28,12 +28,34 @@ CORPORA = ("wikipedia-en", "austen", "moby-dick", "lunyu", "tang-poems")
 BOUNDARY_TOKEN = "<|endoftext|>"
 
 
+def _load_hub_texts(name: str) -> list[str]:
+    """``hf:DATASET[:CONFIG[:SPLIT]]`` through ``datasets.load_dataset`` (online, or from the local HF cache)."""
+    import datasets
+
+    dataset, config, split = ([*name.removeprefix("hf:").split(":"), None, None])[:3]
+    try:
+        rows = datasets.load_dataset(dataset, config, split=split or "test")
+    except (OSError, ConnectionError, ValueError) as exc:
+        raise ValueError(
+            f"cannot load hub data set {name!r} (offline, or no such data set: {str(exc).splitlines()[0][:160]}); "
+            f"bundled corpora work offline: {', '.join(CORPORA)}"
+        ) from exc
+    return [t for t in rows["text"] if t.strip()]
+
+
 def load_texts(name: str = "wikipedia-en", *, n_docs: int | None = None) -> list[str]:
-    """The documents of a bundled corpus, in their stored order (the first ``n_docs`` if given)."""
-    if name not in CORPORA:
-        raise ValueError(f"unknown corpus {name!r}; bundled corpora: {', '.join(CORPORA)}")
-    with gzip.open(ASSETS / "corpora" / f"{name}.json.gz", "rt", encoding="utf-8") as f:
-        docs: list[str] = json.load(f)
+    """The documents of a bundled corpus, in their stored order (the first ``n_docs`` if given).
+
+    ``name`` is a bundled corpus (:data:`CORPORA`) or, online, ``hf:DATASET[:CONFIG[:SPLIT]]``
+    (e.g. ``hf:Salesforce/wikitext:wikitext-103-raw-v1:test``) read from its ``text`` column.
+    """
+    if name.startswith("hf:"):
+        docs = _load_hub_texts(name)
+    elif name in CORPORA:
+        with gzip.open(ASSETS / "corpora" / f"{name}.json.gz", "rt", encoding="utf-8") as f:
+            docs = json.load(f)
+    else:
+        raise ValueError(f"unknown corpus {name!r}; bundled corpora: {', '.join(CORPORA)}, or hf:DATASET[:CONFIG]")
     if n_docs is not None:
         if n_docs < 1:
             raise ValueError(f"n_docs must be >= 1, got {n_docs}")

@@ -162,7 +162,7 @@ def model_info(model: TransformerBridge) -> ModelInfo:
     cfg = model.cfg
     n_kv = cfg.n_key_value_heads or cfg.n_heads
     return ModelInfo(
-        name=getattr(model, "_lens_parallel_name", cfg.model_name),
+        name=cfg.model_name,
         family=family,
         architecture=arch,
         n_layers=cfg.n_layers,
@@ -249,5 +249,5 @@ def load_model(
         raise ModelSpecError(f"unknown model spec {spec!r} (not a toy model, nor an existing folder); {_accepted()}")
     else:
         model = _load_hub(spec, device=device, dtype=dtype)
-    model._lens_parallel_name = spec
+    model.cfg.model_name = spec  # the spec the user gave, not a cache path
     return model

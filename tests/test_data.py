@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import datasets
+import huggingface_hub
 import pytest
 import torch
 
@@ -18,6 +20,15 @@ def test_bundled_corpora_load(name):
 def test_unknown_corpus():
     with pytest.raises(ValueError, match=r"unknown corpus 'wikitext'; bundled corpora: wikipedia-en, austen"):
         load_texts("wikitext")
+
+
+def test_hub_data_set_while_offline(monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    with pytest.raises(
+        ValueError, match=r"cannot load hub data set 'hf:Salesforce/wikitext:wikitext-2-raw-v1'.*bundled"
+    ):
+        load_texts("hf:Salesforce/wikitext:wikitext-2-raw-v1")
 
 
 def test_token_blocks_are_deterministic_and_start_with_the_boundary_token(toy):
