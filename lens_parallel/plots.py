@@ -18,7 +18,7 @@ LABELS = {"self_cos": "self-cosine cos(m, r)", "par_frac": "|m_par| / |m|", "per
 def _band(fig: go.Figure, x, lo, hi, color: str, name: str, group: str, row: int, col: int, show: bool) -> None:
     fig.add_trace(go.Scatter(
         x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]), fill="toself", fillcolor=color,
-        opacity=0.18, line={"width": 0}, hoverinfo="skip", name=name, legendgroup=group, showlegend=show,
+        opacity=0.14, line={"width": 0}, hoverinfo="skip", name=name, legendgroup=group, showlegend=show,
     ), row=row, col=col)  # fmt: skip
 
 
@@ -78,9 +78,12 @@ def decomposition_figure(result: DecompositionResult) -> go.Figure:
             fig.update_yaxes(title_text="layer", autorange="reversed", row=row, col=2)
     texts = result.provenance.texts
     n_docs = texts.get("n_docs", "?")
+    height = 330 * len(spaces) + 190
     fig.update_layout(
-        title=f"Parallel/perpendicular decomposition: {info.name} ({n_docs} docs, position 0 excluded)",
-        height=330 * len(spaces) + 120, width=1150, template="plotly_white",
-        legend={"orientation": "h", "yanchor": "top", "y": -0.08 if len(spaces) == 1 else -0.03},
+        title={"text": f"Parallel/perpendicular decomposition: {info.name} ({n_docs} docs, position 0 excluded)",
+               "yref": "container", "yanchor": "top", "y": 1 - 15 / height},
+        height=height, width=1150, template="plotly_white", margin={"t": 190},
+        legend={"orientation": "h", "yref": "container", "yanchor": "top", "y": 1 - 60 / height, "x": 0,
+                "font": {"size": 11}},
     )  # fmt: skip
     return fig
