@@ -84,6 +84,28 @@ def alignment(m: Float[Tensor, "*batch d"], r: Float[Tensor, "*batch d"], *, eps
     return alignment_from_products((m * r).sum(-1), (m * m).sum(-1), (r * r).sum(-1), eps=eps)
 
 
+def scale_delta(
+    m: Float[Tensor, "*batch d"],
+    r: Float[Tensor, "*batch d"],
+    *,
+    s_par: float | Float[Tensor, "*batch"] = 1.0,
+    s_perp: float | Float[Tensor, "*batch"] = 1.0,
+    eps: float = EPS,
+) -> Float[Tensor, "*batch d"]:
+    """The change a component scaling makes: (s_par - 1) m_par + (s_perp - 1) m_perp (exactly 0 at s = 1).
+
+    Scales are numbers or per-position tensors. Degenerate |r| positions have m_par = 0, m_perp = m.
+    """
+    proj = project(m, r, eps=eps)
+    s_par = torch.as_tensor(s_par, dtype=m.dtype, device=m.device)
+    s_perp = torch.as_tensor(s_perp, dtype=m.dtype, device=m.device)
+    if s_par.ndim:
+        s_par = s_par.unsqueeze(-1)
+    if s_perp.ndim:
+        s_perp = s_perp.unsqueeze(-1)
+    return (s_par - 1) * proj.par + (s_perp - 1) * proj.perp
+
+
 def scale_components(
     m: Float[Tensor, "*batch d"],
     r: Float[Tensor, "*batch d"],
@@ -92,15 +114,8 @@ def scale_components(
     s_perp: float | Float[Tensor, "*batch"] = 1.0,
     eps: float = EPS,
 ) -> Float[Tensor, "*batch d"]:
-    """m' = s_par * m_par + s_perp * m_perp (degenerate |r| positions: m_perp = m, so m' = s_perp * m)."""
-    proj = project(m, r, eps=eps)
-    s_par = torch.as_tensor(s_par, dtype=m.dtype, device=m.device)
-    s_perp = torch.as_tensor(s_perp, dtype=m.dtype, device=m.device)
-    if s_par.ndim:
-        s_par = s_par.unsqueeze(-1)
-    if s_perp.ndim:
-        s_perp = s_perp.unsqueeze(-1)
-    return s_par * proj.par + s_perp * proj.perp
+    """m' = s_par m_par + s_perp m_perp, computed as m + :func:`scale_delta` so that s = 1 returns m bit for bit."""
+    return m + scale_delta(m, r, s_par=s_par, s_perp=s_perp, eps=eps)
 
 
 def split_self(
@@ -133,3 +148,47 @@ def head_residual_products(
         z, gram, z, "batch pos head_index d1, head_index d1 d2, batch pos head_index d2 -> batch pos head_index"
     )
     return dot, mm
+
+
+def diagonal_change(
+    pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+    v: Float[Tensor, "batch key_pos head_index d_head"],
+    space: str,
+    *,
+    s_par: float,
+    x: Float[Tensor, "batch key_pos d_model"] | None = None,
+    W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
+    eps: float = EPS,
+) -> Float[Tensor, "batch head_index query_pos"]:
+    """dA_tt such that A + diag(dA) is the attention-diagonal form of scaling the parallel part by ``s_par``.
+
+    ``v`` is expanded to query heads. With o_t = sum_s A_ts v_s:
+
+    - ``value``: dA_tt = (s_par - 1) (o_t . v_t) / |v_t|^2
+    - ``value-exclude-self``: dA_tt = (s_par - 1) (c_t . v_t) / |v_t|^2 with c_t = o_t - A_tt v_t
+    - ``residual-attn``: dA_tt = (s_par - 1) (m_t . x_t) / ((W_O v_t) . x_t) with m_t = o_t W_O[h]; inner products
+      are taken in head space, m_t . x_t = o_t . (W_O[h] x_t), so no d_model-sized per-head vector is formed.
+
+    Positions whose denominator is below eps (|v_t|^2 <= eps^2; or |(W_O v_t) . x_t| <= eps |W_O v_t| |x_t|) get 0.
+    """
+    o = einops.einsum(pattern, v, "batch head_index q k, batch k head_index d -> batch q head_index d")
+    if space == "residual-attn":
+        if x is None or W_O is None:
+            raise ValueError("the residual-attn diagonal needs the residual state x and W_O")
+        x_in_head = einops.einsum(W_O, x, "head_index d d_model, batch p d_model -> batch p head_index d")
+        num = (o * x_in_head).sum(-1)
+        den = (v * x_in_head).sum(-1)
+        gram = einops.einsum(W_O, W_O, "head_index d1 d_model, head_index d2 d_model -> head_index d1 d2")
+        wv_norm = einops.einsum(v, gram, v, "b p h d1, h d1 d2, b p h d2 -> b p h").clamp_min(0).sqrt()
+        valid = den.abs() > eps * wv_norm * x.norm(dim=-1, keepdim=True)
+    elif space in ("value", "value-exclude-self"):
+        if space == "value-exclude-self":
+            diag = torch.diagonal(pattern, dim1=-2, dim2=-1)
+            o = o - einops.rearrange(diag, "batch head_index pos -> batch pos head_index 1") * v
+        num = (o * v).sum(-1)
+        den = (v * v).sum(-1)
+        valid = den > eps**2
+    else:
+        raise ValueError(f"unknown diagonal space {space!r}; accepted: value, value-exclude-self, residual-attn")
+    d_a = torch.where(valid, (s_par - 1) * num / torch.where(valid, den, 1.0), 0.0)
+    return einops.rearrange(d_a, "batch pos head_index -> batch head_index pos")

@@ -1,0 +1,264 @@
+"""Interventions as frozen dataclasses, compiled to TransformerLens forward hooks.
+
+This is the only module whose hooks change activations. An *intervention* is a sequence of edits; they are applied
+in order (an edit sees the activations earlier edits produced). Use :func:`apply_edits` (a context manager on the
+model's own hook context: hooks never stay attached after an exception).
+
+- :class:`ComponentScale`: m' = m + (s_par - 1) m_par + (s_perp - 1) m_perp, i.e. s_par m_par + s_perp m_perp,
+  written so that s_par = s_perp = 1 returns m bit for bit (the matched no-op is exact).
+- :class:`DiagonalEdit`: the attention-diagonal form of a parallel-only scaling, A'_tt = A_tt + dA_tt on
+  hook_pattern, with dA_tt from the same forward's own activations (see :mod:`lens_parallel.geometry`).
+
+Heads are query heads. Under GQA an edit of query head h changes only h: the kv head it reads is shared, but
+the edit acts on h's own aggregate (or attention row), never on v.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import einops
+import torch
+from jaxtyping import Int
+from torch import Tensor
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel import geometry
+from lens_parallel.hooks import expand_kv, hook_name, residual_reference_role
+from lens_parallel.models import ModelInfo, model_info
+
+SCALE_SPACES = ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
+DIAGONAL_SPACES = ("value", "value-exclude-self", "residual-attn")
+HEAD_SPACES = ("value", "value-exclude-self", "residual-attn")
+
+Hook = tuple[str, Callable]
+
+
+def _check_finite(name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def _as_tuple(xs: int | Sequence[int] | None) -> tuple[int, ...] | None:
+    if xs is None:
+        return None
+    return (xs,) if isinstance(xs, int) else tuple(xs)
+
+
+def _check_indices(kind: str, given: tuple[int, ...] | None, n: int) -> tuple[int, ...]:
+    if given is None:
+        return tuple(range(n))
+    bad = [i for i in given if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n]
+    if bad or not given:
+        raise ValueError(f"{kind} {list(bad or given)} out of range: this model has {kind} 0..{n - 1}")
+    return tuple(sorted(set(given)))
+
+
+@dataclass(frozen=True)
+class ComponentScale:
+    """Scale the parallel and perpendicular parts of a message in one space.
+
+    Args:
+        space: ``value`` (m = hook_z, r = v_t), ``value-exclude-self`` (o' = d_t + s_par c_par + s_perp c_perp),
+            ``residual-attn`` (m = hook_attn_out, or with ``heads`` each head's z_h W_O[h], r = resid_pre),
+            ``residual-mlp`` (m = hook_mlp_out, r = resid_mid, or resid_pre for parallel attn/MLP blocks),
+            ``residual-block`` (m = resid_post - resid_pre, r = resid_pre).
+        s_par, s_perp: scales of the parallel and perpendicular parts (finite).
+        layers: layers to edit (default all).
+        heads: query heads to edit (default all); only for the value spaces and residual-attn. In residual-attn,
+            ``heads=None`` edits the whole sublayer update (b_O included) and a head list edits each listed
+            head's own write z_h W_O[h] against x_t.
+        eps: guard on |r|; positions below it scale as purely perpendicular.
+    """
+
+    space: str
+    s_par: float = 1.0
+    s_perp: float = 1.0
+    layers: int | Sequence[int] | None = None
+    heads: int | Sequence[int] | None = None
+    eps: float = geometry.EPS
+
+    def __post_init__(self) -> None:
+        if self.space not in SCALE_SPACES:
+            raise ValueError(f"unknown space {self.space!r}; accepted: {', '.join(SCALE_SPACES)}")
+        _check_finite("s_par", self.s_par)
+        _check_finite("s_perp", self.s_perp)
+        object.__setattr__(self, "layers", _as_tuple(self.layers))
+        object.__setattr__(self, "heads", _as_tuple(self.heads))
+        if self.heads is not None and self.space not in HEAD_SPACES:
+            raise ValueError(
+                f"space {self.space!r} has no heads (it edits a whole sublayer update); heads are accepted for "
+                f"{', '.join(HEAD_SPACES)}"
+            )
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+        layers = _check_indices("layers", self.layers, info.n_layers)
+        heads = _check_indices("heads", self.heads, info.n_heads)
+        out: list[Hook] = []
+        for layer in layers:
+            state: dict[str, Tensor] = {}
+            out += _SCALE_BUILDERS[self.space](self, model, info, layer, heads, state)
+        return out
+
+
+@dataclass(frozen=True)
+class DiagonalEdit:
+    """Parallel-only scaling written as a change of the attention diagonal: A'_tt = A_tt + dA_tt.
+
+    value: dA_tt = (s_par - 1) (o_t . v_t) / |v_t|^2; value-exclude-self: (s_par - 1) (c_t . v_t) / |v_t|^2, with
+    o_t = sum_s A_ts v_s and c_t = o_t - A_tt v_t from this forward. In those spaces the edited forward equals
+    ``ComponentScale(space, s_par)`` exactly (up to float rounding). residual-attn (per head):
+    dA_tt = (s_par - 1) (m_t . x_t) / ((W_O v_t) . x_t) with m_t = o_t W_O[h]: it reproduces the head's update
+    along x_t but adds a perpendicular change (a view, not an identity). Positions where the denominator is below
+    ``eps`` (|v_t|^2, or |(W_O v_t) . x_t| relative to |W_O v_t| |x_t|) get dA_tt = 0.
+    """
+
+    space: str
+    s_par: float = 0.0
+    layers: int | Sequence[int] | None = None
+    heads: int | Sequence[int] | None = None
+    eps: float = geometry.EPS
+
+    def __post_init__(self) -> None:
+        if self.space not in DIAGONAL_SPACES:
+            raise ValueError(f"unknown diagonal space {self.space!r}; accepted: {', '.join(DIAGONAL_SPACES)}")
+        _check_finite("s_par", self.s_par)
+        object.__setattr__(self, "layers", _as_tuple(self.layers))
+        object.__setattr__(self, "heads", _as_tuple(self.heads))
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+        layers = _check_indices("layers", self.layers, info.n_layers)
+        heads = _check_indices("heads", self.heads, info.n_heads)
+        out: list[Hook] = []
+        for layer in layers:
+            state: dict[str, Tensor] = {}
+            out.append((hook_name(layer, "v"), partial(_store, state=state, key="v")))
+            if self.space == "residual-attn":
+                out.append((hook_name(layer, "resid_pre"), partial(_store, state=state, key="x")))
+            W_O = model.blocks[layer].attn.W_O.detach() if self.space == "residual-attn" else None
+            out.append((hook_name(layer, "pattern"), partial(self._edit_pattern, state=state, heads=heads, W_O=W_O)))
+        return out
+
+    def _edit_pattern(self, pattern: Tensor, hook, *, state, heads, W_O) -> Tensor:
+        v = expand_kv(state.pop("v"), pattern.shape[1])
+        d_a = geometry.diagonal_change(
+            pattern, v, self.space, s_par=self.s_par, x=state.pop("x", None), W_O=W_O, eps=self.eps
+        )
+        d_a = torch.where(_head_mask(heads, pattern.shape[1], pattern.device), d_a, 0.0)
+        return pattern + torch.diag_embed(d_a)
+
+
+Edit = ComponentScale | DiagonalEdit
+
+
+def _store(tensor: Tensor, hook, *, state: dict[str, Tensor], key: str) -> None:
+    state[key] = tensor
+
+
+def _head_mask(heads: tuple[int, ...], n_heads: int, device) -> Tensor:
+    """``[head_index, 1]``: broadcasts over ``... head_index d_head`` and ``batch head_index pos``."""
+    mask = torch.zeros(n_heads, dtype=torch.bool, device=device)
+    mask[list(heads)] = True
+    return mask[:, None]
+
+
+def _value_hooks(edit: ComponentScale, model, info, layer, heads, state) -> list[Hook]:
+    def edit_z(z: Tensor, hook) -> Tensor:
+        v = expand_kv(state.pop("v"), info.n_heads)
+        m = z if edit.space == "value" else geometry.split_self(z, v, state.pop("diag"))[1]
+        delta = geometry.scale_delta(m, v, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
+        return torch.where(_head_mask(heads, info.n_heads, z.device), z + delta, z)
+
+    out = [(hook_name(layer, "v"), partial(_store, state=state, key="v"))]
+    if edit.space == "value-exclude-self":
+        out.append((hook_name(layer, "pattern"), partial(_store_diag, state=state)))
+    return [*out, (hook_name(layer, "z"), edit_z)]
+
+
+def _store_diag(pattern: Tensor, hook, *, state: dict[str, Tensor]) -> None:
+    state["diag"] = torch.diagonal(pattern, dim1=-2, dim2=-1)
+
+
+def _residual_attn_hooks(edit: ComponentScale, model, info, layer, heads, state) -> list[Hook]:
+    W_O = model.blocks[layer].attn.W_O.detach()
+
+    def edit_out(out: Tensor, hook) -> Tensor:
+        x = state.pop("x")
+        if edit.heads is None:
+            return geometry.scale_components(out, x, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
+        z = state.pop("z")[:, :, list(heads)]
+        m = einops.einsum(z, W_O[list(heads)], "b p h d, h d m -> b p h m")
+        x_h = einops.repeat(x, "b p m -> b p h m", h=len(heads))
+        return out + geometry.scale_delta(m, x_h, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps).sum(2)
+
+    out = [(hook_name(layer, "resid_pre"), partial(_store, state=state, key="x"))]
+    if edit.heads is not None:
+        out.append((hook_name(layer, "z"), partial(_store, state=state, key="z")))
+    return [*out, (hook_name(layer, "attn_out"), edit_out)]
+
+
+def _residual_mlp_hooks(edit: ComponentScale, model, info, layer, heads, state) -> list[Hook]:
+    def edit_out(out: Tensor, hook) -> Tensor:
+        return geometry.scale_components(out, state.pop("x"), s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
+
+    ref = hook_name(layer, residual_reference_role(info, "mlp"))
+    return [(ref, partial(_store, state=state, key="x")), (hook_name(layer, "mlp_out"), edit_out)]
+
+
+def _residual_block_hooks(edit: ComponentScale, model, info, layer, heads, state) -> list[Hook]:
+    def edit_post(post: Tensor, hook) -> Tensor:
+        x = state.pop("x")
+        return post + geometry.scale_delta(post - x, x, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
+
+    return [(hook_name(layer, "resid_pre"), partial(_store, state=state, key="x")),
+            (hook_name(layer, "resid_post"), edit_post)]  # fmt: skip
+
+
+_SCALE_BUILDERS = {
+    "value": _value_hooks,
+    "value-exclude-self": _value_hooks,
+    "residual-attn": _residual_attn_hooks,
+    "residual-mlp": _residual_mlp_hooks,
+    "residual-block": _residual_block_hooks,
+}
+
+
+def compile_hooks(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> list[Hook]:
+    """Validate every edit against the model (before any forward) and return their hooks, in order."""
+    edits = (edits,) if isinstance(edits, (ComponentScale, DiagonalEdit)) else tuple(edits)
+    bad = [e for e in edits if not isinstance(e, (ComponentScale, DiagonalEdit))]
+    if bad:
+        raise ValueError(f"edits must be ComponentScale or DiagonalEdit, got {type(bad[0]).__name__}")
+    info = model_info(model)
+    return [hook for edit in edits for hook in edit.hooks(model, info)]
+
+
+def noop(edits: Edit | Sequence[Edit]) -> tuple[Edit, ...]:
+    """The matched no-op: the same edits (same hooks) with every scale set to 1."""
+    edits = (edits,) if isinstance(edits, (ComponentScale, DiagonalEdit)) else tuple(edits)
+    return tuple(
+        ComponentScale(e.space, 1.0, 1.0, e.layers, e.heads, e.eps)
+        if isinstance(e, ComponentScale)
+        else DiagonalEdit(e.space, 1.0, e.layers, e.heads, e.eps)
+        for e in edits
+    )
+
+
+@contextlib.contextmanager
+def apply_edits(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> Iterator[TransformerBridge]:
+    """``with apply_edits(model, edits): model(tokens)`` runs the edited model; hooks are removed on exit."""
+    hooks = compile_hooks(model, edits)
+    with model.hooks(fwd_hooks=hooks):
+        yield model
+
+
+def run_with_edits(
+    model: TransformerBridge, tokens: Int[Tensor, "batch pos"], edits: Edit | Sequence[Edit], **kwargs
+) -> Tensor:
+    """``model(tokens, **kwargs)`` under ``edits``."""
+    with apply_edits(model, edits):
+        return model(tokens, **kwargs)

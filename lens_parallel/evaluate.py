@@ -1,0 +1,131 @@
+"""Token-weighted next-token loss and perplexity, with and without an intervention.
+
+Every position t < T-1 predicts token t+1 (position 0, the boundary token, is context only), so a block of
+T tokens scores T-1 tokens. Loss is the token-weighted mean NLL in nats; perplexity is exp(loss). An edit's
+effect is always *edited minus matched no-op*: the same hooks with every scale at 1, evaluated in the same run
+(``ComponentScale`` and ``DiagonalEdit`` make that no-op exact, so it also equals the unhooked model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel.data import TokenBlocks
+from lens_parallel.edits import Edit, compile_hooks, noop
+from lens_parallel.results import as_tokens, serializable
+from lens_parallel.stats import paired_bootstrap_ci
+
+
+@serializable
+@dataclass(frozen=True)
+class DocLosses:
+    """Per-document sums of next-token NLL (nats) and the number of scored tokens."""
+
+    loss_sum: np.ndarray
+    n_tokens: np.ndarray
+
+    @property
+    def loss(self) -> float:
+        return float(self.loss_sum.sum() / self.n_tokens.sum())
+
+
+@serializable
+@dataclass(frozen=True)
+class EditEffect:
+    """Edited minus matched no-op: loss (nats/token) and perplexity, with paired bootstrap CIs over documents."""
+
+    loss_noop: float
+    loss_edited: float
+    delta_loss: float
+    delta_loss_ci: tuple[float, float]
+    ppl_noop: float
+    ppl_edited: float
+    delta_ppl: float
+    delta_ppl_ci: tuple[float, float]
+    n_docs: int
+    n_tokens: int
+
+
+def _delta_ppl(edited: np.ndarray, base: np.ndarray, weights: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.exp(edited.sum(axis) / weights.sum(axis)) - np.exp(base.sum(axis) / weights.sum(axis))
+
+
+def edit_effect(noop_losses: DocLosses, edited: DocLosses, *, n_resamples: int = 2000, seed: int = 0) -> EditEffect:
+    """Compare two :class:`DocLosses` of the same documents."""
+    if not np.array_equal(noop_losses.n_tokens, edited.n_tokens):
+        raise ValueError("the two DocLosses do not score the same documents")
+    e, b, w = edited.loss_sum, noop_losses.loss_sum, noop_losses.n_tokens.astype(np.float64)
+    kw = {"n_resamples": n_resamples, "seed": seed}
+    return EditEffect(
+        loss_noop=noop_losses.loss, loss_edited=edited.loss, delta_loss=edited.loss - noop_losses.loss,
+        delta_loss_ci=paired_bootstrap_ci(e, b, w, **kw),
+        ppl_noop=float(np.exp(noop_losses.loss)), ppl_edited=float(np.exp(edited.loss)),
+        delta_ppl=float(np.exp(edited.loss) - np.exp(noop_losses.loss)),
+        delta_ppl_ci=paired_bootstrap_ci(e, b, w, statistic=_delta_ppl, **kw),
+        n_docs=len(e), n_tokens=int(w.sum()),
+    )  # fmt: skip
+
+
+def next_token_nll(
+    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]
+) -> Float[Tensor, " batch"]:
+    """Per-document sum of -log p(token_{t+1} | ..t) over t = 0..T-2, in float32."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1).sum(-1)
+
+
+def batch_nll(
+    model: TransformerBridge,
+    tokens: Int[Tensor, "batch pos"],
+    hooks: Sequence = (),
+    *,
+    resid: Float[Tensor, "batch pos d_model"] | None = None,
+    start_at_layer: int | None = None,
+) -> Float[Tensor, " batch"]:
+    """One forward under ``hooks`` (compiled edits), from the tokens or from a cached ``resid`` at a layer."""
+    with torch.inference_mode(), model.hooks(fwd_hooks=list(hooks)):
+        logits = model(tokens, return_type="logits") if resid is None else model(resid, start_at_layer=start_at_layer)
+    return next_token_nll(logits, tokens)
+
+
+def document_losses(
+    model: TransformerBridge,
+    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    edits: Edit | Sequence[Edit] = (),
+    *,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> DocLosses:
+    """Per-document NLL sums of the model under ``edits`` (validated before the first forward)."""
+    toks = as_tokens(tokens)
+    hooks = compile_hooks(model, edits)
+    sums = [
+        batch_nll(model, toks[i : i + batch_size], hooks)
+        for i in tqdm(range(0, len(toks), batch_size), desc="loss", disable=not progress)
+    ]
+    n = np.full(len(toks), toks.shape[1] - 1, dtype=np.int64)
+    return DocLosses(loss_sum=torch.cat(sums).double().cpu().numpy(), n_tokens=n)
+
+
+def evaluate(
+    model: TransformerBridge,
+    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    edits: Edit | Sequence[Edit],
+    *,
+    batch_size: int = 8,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    progress: bool = False,
+) -> EditEffect:
+    """Loss and perplexity under ``edits`` minus the matched no-op, both run here, with paired bootstrap CIs."""
+    base = document_losses(model, tokens, noop(edits), batch_size=batch_size, progress=progress)
+    edited = document_losses(model, tokens, edits, batch_size=batch_size, progress=progress)
+    return edit_effect(base, edited, n_resamples=n_resamples, seed=seed)

@@ -1,0 +1,35 @@
+"""Statistics over documents (seeded, vectorised; scipy where scipy has it)."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats as sps
+
+
+def ratio_of_sums_delta(edited: np.ndarray, base: np.ndarray, weights: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Token-weighted difference of means: (sum edited - sum base) / sum weights, along ``axis``."""
+    return (edited.sum(axis) - base.sum(axis)) / weights.sum(axis)
+
+
+def paired_bootstrap_ci(
+    edited: np.ndarray,
+    base: np.ndarray,
+    weights: np.ndarray,
+    *,
+    statistic=ratio_of_sums_delta,
+    n_resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile CI of ``statistic(edited, base, weights)`` resampling documents (rows paired across arrays).
+
+    Uses ``scipy.stats.bootstrap(paired=True, method="percentile")``. With fewer than 2 documents the interval
+    is (nan, nan).
+    """
+    if len(edited) < 2:
+        return float("nan"), float("nan")
+    res = sps.bootstrap(
+        (edited, base, weights), statistic, paired=True, vectorized=True, n_resamples=n_resamples,
+        confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed),
+    )  # fmt: skip
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)

@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lens_parallel import geometry
+from lens_parallel.data import token_blocks
+from lens_parallel.edits import SCALE_SPACES, ComponentScale, DiagonalEdit, apply_edits, noop
+from lens_parallel.evaluate import evaluate
+from lens_parallel.hooks import expand_kv
+from lens_parallel.models import model_info
+
+from .conftest import get_model
+
+NAMES = ("hook_z", "hook_attn_out")
+
+
+def tokens_for(model, n=2, seq_len=20):
+    return token_blocks(model, "wikipedia-en", n_docs=n, seq_len=seq_len, seed=2).tokens
+
+
+def run(model, tokens, edits=()):
+    """Logits and a cache of hook_z / attn_out / resid_pre under ``edits``."""
+    keep = lambda name: name.endswith(("attn.hook_z", "hook_attn_out", "hook_resid_pre", "attn.hook_v"))  # noqa: E731
+    with torch.inference_mode(), apply_edits(model, edits):
+        return model.run_with_cache(tokens, names_filter=keep)
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+EVERY_NOOP = [ComponentScale(space) for space in SCALE_SPACES] + [
+    ComponentScale("residual-attn", heads=[0, 2]),
+    DiagonalEdit("value", s_par=1.0),
+    DiagonalEdit("value-exclude-self", s_par=1.0),
+    DiagonalEdit("residual-attn", s_par=1.0),
+]
+
+
+def test_unit_scales_leave_logits_unchanged(toy):
+    tokens = tokens_for(toy)
+    with torch.inference_mode():
+        bare = toy(tokens)
+    for edit in EVERY_NOOP:
+        logits, _ = run(toy, tokens, [edit])
+        assert (logits - bare).abs().max().item() <= 1e-5, edit
+    assert noop([ComponentScale("value", 0.0, 2.0, layers=[1])]) == (ComponentScale("value", 1.0, 1.0, layers=(1,)),)
+
+
+@pytest.mark.parametrize("space", ["value", "value-exclude-self"])
+@pytest.mark.parametrize("layers", [[1], None])
+def test_diagonal_edit_equals_component_scale(toy, space, layers):
+    tokens = tokens_for(toy)
+    scaled_logits, scaled = run(toy, tokens, [ComponentScale(space, s_par=0.3, layers=layers)])
+    diag_logits, diag = run(toy, tokens, [DiagonalEdit(space, s_par=0.3, layers=layers)])
+    base_logits, _ = run(toy, tokens)
+    assert rel(scaled_logits, base_logits) > 1e-3  # the edit does something
+    assert rel(diag_logits, scaled_logits) <= 1e-4
+    for layer in range(model_info(toy).n_layers):
+        for name in NAMES:
+            key = f"blocks.{layer}.attn.{name}" if name == "hook_z" else f"blocks.{layer}.{name}"
+            assert rel(diag[key], scaled[key]) <= 1e-4, key
+
+
+def test_residual_diagonal_view_reproduces_the_component_along_x(toy):
+    """A view, not an identity: same component along x_t as the per-head scaling, plus a perpendicular change."""
+    tokens, layer, head, s_par = tokens_for(toy), 1, 1, 0.0
+    _, base = run(toy, tokens)
+    _, scaled = run(toy, tokens, [ComponentScale("residual-attn", s_par=s_par, layers=[layer], heads=[head])])
+    _, diag = run(toy, tokens, [DiagonalEdit("residual-attn", s_par=s_par, layers=[layer], heads=[head])])
+    key = f"blocks.{layer}.hook_attn_out"
+    x = base[f"blocks.{layer}.hook_resid_pre"].double()
+    d_scale = (scaled[key] - base[key]).double()
+    d_diag = (diag[key] - base[key]).double()
+    along = geometry.project(d_diag, x)
+    assert rel(along.par[:, 1:], d_scale[:, 1:]) <= 1e-4
+    # the per-head scaling is purely along x; the diagonal view adds a perpendicular change
+    assert geometry.project(d_scale, x).perp[:, 1:].norm() <= 1e-4 * d_scale[:, 1:].norm()
+    assert along.perp[:, 1:].norm() > 1e-2 * along.par[:, 1:].norm()
+
+
+def test_zero_perp_leaves_exactly_the_parallel_component(toy):
+    tokens, layer = tokens_for(toy), 1
+    info = model_info(toy)
+    _, base = run(toy, tokens)
+    _, edited = run(toy, tokens, [ComponentScale("value", s_par=1.0, s_perp=0.0, layers=[layer])])
+    v = expand_kv(base[f"blocks.{layer}.attn.hook_v"], info.n_heads)
+    expected = geometry.project(base[f"blocks.{layer}.attn.hook_z"], v).par
+    assert torch.allclose(edited[f"blocks.{layer}.attn.hook_z"], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec", ["toy-qwen2", "toy-qwen3", "toy-llama"])
+@pytest.mark.parametrize("make", [lambda: ComponentScale("value", s_par=0.0, layers=[1], heads=[0]),
+                                  lambda: ComponentScale("value-exclude-self", s_par=-1.0, layers=[1], heads=[0]),
+                                  lambda: DiagonalEdit("value", s_par=0.0, layers=[1], heads=[0])])  # fmt: skip
+def test_gqa_edit_of_one_query_head_leaves_its_group_mates_bit_identical(spec, make):
+    model = get_model(spec)
+    info = model_info(model)
+    tokens = tokens_for(model)
+    _, base = run(model, tokens)
+    _, edited = run(model, tokens, [make()])
+    z0, z1 = base["blocks.1.attn.hook_z"], edited["blocks.1.attn.hook_z"]
+    assert info.group_size == 3
+    assert not torch.allclose(z1[:, 1:, 0], z0[:, 1:, 0])
+    assert torch.equal(z1[:, :, 1:], z0[:, :, 1:])  # heads 1, 2 share kv head 0 with head 0; the rest too
+
+
+def test_edits_compose_in_order():
+    model = get_model("toy-gpt2")
+    tokens = tokens_for(model)
+    both, _ = run(
+        model, tokens, [ComponentScale("value", s_par=0.5, layers=[0]), ComponentScale("value", s_par=0.5, layers=[0])]
+    )
+    once, _ = run(model, tokens, [ComponentScale("value", s_par=0.25, layers=[0])])
+    assert rel(both, once) <= 1e-5  # scaling the parallel part twice by 1/2 is scaling it by 1/4
+
+
+def test_bad_edits_fail_before_any_forward():
+    model = get_model("toy-qwen3")
+    tokens = tokens_for(model)
+    forwards = []
+    count = [("blocks.0.hook_resid_pre", lambda t, hook: forwards.append(1))]
+    cases = [
+        (lambda: ComponentScale("values"), r"unknown space 'values'; accepted: value, value-exclude-self"),
+        (lambda: ComponentScale("value", layers=[3]), r"layers \[3\] out of range: this model has layers 0..2"),
+        (lambda: ComponentScale("value", heads=[6]), r"heads \[6\] out of range: this model has heads 0..5"),
+        (lambda: ComponentScale("residual-mlp", heads=[0]), r"space 'residual-mlp' has no heads"),
+        (lambda: ComponentScale("value", s_par=math.nan), r"s_par must be a finite number, got nan"),
+        (lambda: ComponentScale("value", s_perp=math.inf), r"s_perp must be a finite number, got inf"),
+        (lambda: DiagonalEdit("residual-mlp"), r"unknown diagonal space 'residual-mlp'"),
+    ]
+    for make, message in cases:
+        with pytest.raises(ValueError, match=message), model.hooks(fwd_hooks=count):
+            evaluate(model, tokens, make())
+    assert forwards == []
