@@ -28,7 +28,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.hooks import expand_kv, hook_name, residual_reference_role
+from lens_parallel.hooks import check_indices, expand_kv, hook_name, residual_reference_role
 from lens_parallel.models import ModelInfo, model_info
 
 SCALE_SPACES = ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
@@ -47,15 +47,6 @@ def _as_tuple(xs: int | Sequence[int] | None) -> tuple[int, ...] | None:
     if xs is None:
         return None
     return (xs,) if isinstance(xs, int) else tuple(xs)
-
-
-def _check_indices(kind: str, given: tuple[int, ...] | None, n: int) -> tuple[int, ...]:
-    if given is None:
-        return tuple(range(n))
-    bad = [i for i in given if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n]
-    if bad or not given:
-        raise ValueError(f"{kind} {list(bad or given)} out of range: this model has {kind} 0..{n - 1}")
-    return tuple(sorted(set(given)))
 
 
 @dataclass(frozen=True)
@@ -96,8 +87,8 @@ class ComponentScale:
             )
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
-        layers = _check_indices("layers", self.layers, info.n_layers)
-        heads = _check_indices("heads", self.heads, info.n_heads)
+        layers = check_indices("layers", self.layers, info.n_layers)
+        heads = check_indices("heads", self.heads, info.n_heads)
         out: list[Hook] = []
         for layer in layers:
             state: dict[str, Tensor] = {}
@@ -131,8 +122,8 @@ class DiagonalEdit:
         object.__setattr__(self, "heads", _as_tuple(self.heads))
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
-        layers = _check_indices("layers", self.layers, info.n_layers)
-        heads = _check_indices("heads", self.heads, info.n_heads)
+        layers = check_indices("layers", self.layers, info.n_layers)
+        heads = check_indices("heads", self.heads, info.n_heads)
         out: list[Hook] = []
         for layer in layers:
             state: dict[str, Tensor] = {}

@@ -8,6 +8,7 @@ and stops the forward after the last layer it needs (nothing past it, not even t
 from __future__ import annotations
 
 import contextlib
+import numbers
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -73,6 +74,18 @@ def expand_kv(
     if n_heads % n_kv:
         raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv}")
     return einops.repeat(v, "batch pos kv d_head -> batch pos (kv group) d_head", group=n_heads // n_kv)
+
+
+def check_indices(kind: str, given: int | Sequence[int] | None, n: int) -> tuple[int, ...]:
+    """Validate layer or head indices against a model with ``n`` of them: None means all (0..n-1); an int or a
+    sequence gives a sorted tuple without repeats. Raises ``ValueError`` naming the bad indices and the range."""
+    if given is None:
+        return tuple(range(n))
+    given = (given,) if isinstance(given, numbers.Integral) else tuple(given)
+    bad = [i for i in given if not isinstance(i, numbers.Integral) or isinstance(i, bool) or not 0 <= i < n]
+    if bad or not given:
+        raise ValueError(f"{kind} {list(bad or given)} out of range: this model has {kind} 0..{n - 1}")
+    return tuple(sorted({int(i) for i in given}))
 
 
 def residual_reference_role(info: ModelInfo, sublayer: str) -> str:

@@ -34,7 +34,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry, plots
 from lens_parallel.data import TokenBlocks
-from lens_parallel.hooks import LayerStream, expand_kv, residual_reference_role
+from lens_parallel.hooks import LayerStream, check_indices, expand_kv, residual_reference_role
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.results import Provenance, as_tokens, load_result, save_result, serializable
 
@@ -128,16 +128,6 @@ def _normalise_spaces(space: str | Sequence[str]) -> tuple[str, ...]:
     if bad or not spaces:
         raise ValueError(f"unknown space(s) {bad or spaces!r}; accepted: {', '.join(SPACES)} or 'all'")
     return tuple(dict.fromkeys(spaces))
-
-
-def _normalise_layers(layers: int | Sequence[int] | None, n_layers: int) -> tuple[int, ...]:
-    if layers is None:
-        return tuple(range(n_layers))
-    layers = (layers,) if isinstance(layers, int) else tuple(layers)
-    bad = [layer for layer in layers if not isinstance(layer, int) or not 0 <= layer < n_layers]
-    if bad or not layers:
-        raise ValueError(f"layers {bad or layers!r} out of range: this model has layers 0..{n_layers - 1}")
-    return tuple(sorted(set(layers)))
 
 
 class _Accumulator:
@@ -242,7 +232,7 @@ def decompose(
     """
     info = model_info(model)
     spaces = _normalise_spaces(space)
-    layer_idx = _normalise_layers(layers, info.n_layers)
+    layer_idx = check_indices("layers", layers, info.n_layers)
     toks = as_tokens(tokens)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
