@@ -138,7 +138,7 @@ class DiagonalEdit:
         v = expand_kv(state.pop("v"), pattern.shape[1])
         d_a = geometry.diagonal_change(
             pattern, v, self.space, s_par=self.s_par, x=state.pop("x", None), W_O=W_O, eps=self.eps
-        )
+        ).d_a
         d_a = torch.where(_head_mask(heads, pattern.shape[1], pattern.device), d_a, 0.0)
         return pattern + torch.diag_embed(d_a)
 

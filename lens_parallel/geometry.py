@@ -150,6 +150,13 @@ def head_residual_products(
     return dot, mm
 
 
+class DiagonalChange(NamedTuple):
+    """dA_tt per head and position, and where its denominator was large enough (elsewhere dA = 0)."""
+
+    d_a: Float[Tensor, "batch head_index pos"]
+    valid: Bool[Tensor, "batch head_index pos"]
+
+
 def diagonal_change(
     pattern: Float[Tensor, "batch head_index query_pos key_pos"],
     v: Float[Tensor, "batch key_pos head_index d_head"],
@@ -159,7 +166,7 @@ def diagonal_change(
     x: Float[Tensor, "batch key_pos d_model"] | None = None,
     W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
     eps: float = EPS,
-) -> Float[Tensor, "batch head_index query_pos"]:
+) -> DiagonalChange:
     """dA_tt such that A + diag(dA) is the attention-diagonal form of scaling the parallel part by ``s_par``.
 
     ``v`` is expanded to query heads. With o_t = sum_s A_ts v_s:
@@ -169,7 +176,8 @@ def diagonal_change(
     - ``residual-attn``: dA_tt = (s_par - 1) (m_t . x_t) / ((W_O v_t) . x_t) with m_t = o_t W_O[h]; inner products
       are taken in head space, m_t . x_t = o_t . (W_O[h] x_t), so no d_model-sized per-head vector is formed.
 
-    Positions whose denominator is below eps (|v_t|^2 <= eps^2; or |(W_O v_t) . x_t| <= eps |W_O v_t| |x_t|) get 0.
+    Positions whose denominator is below eps (|v_t|^2 <= eps^2; or |(W_O v_t) . x_t| <= eps |W_O v_t| |x_t|) get
+    dA = 0 and ``valid = False``.
     """
     o = einops.einsum(pattern, v, "batch head_index q k, batch k head_index d -> batch q head_index d")
     if space == "residual-attn":
@@ -191,4 +199,5 @@ def diagonal_change(
     else:
         raise ValueError(f"unknown diagonal space {space!r}; accepted: value, value-exclude-self, residual-attn")
     d_a = torch.where(valid, (s_par - 1) * num / torch.where(valid, den, 1.0), 0.0)
-    return einops.rearrange(d_a, "batch pos head_index -> batch head_index pos")
+    to_heads = "batch pos head_index -> batch head_index pos"
+    return DiagonalChange(d_a=einops.rearrange(d_a, to_heads), valid=einops.rearrange(valid, to_heads))
