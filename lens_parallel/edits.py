@@ -16,6 +16,7 @@ the edit acts on h's own aggregate (or attention row), never on v.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from functools import partial
 
 import einops
 import torch
-from jaxtyping import Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
@@ -89,10 +90,11 @@ class ComponentScale:
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         layers = check_indices("layers", self.layers, info.n_layers)
         heads = check_indices("heads", self.heads, info.n_heads)
+        if self.space == "residual-attn" and self.heads is None:
+            heads = None  # the whole sublayer update
         out: list[Hook] = []
         for layer in layers:
-            state: dict[str, Tensor] = {}
-            out += _SCALE_BUILDERS[self.space](self, model, info, layer, heads, state)
+            out += _SCALE_BUILDERS[self.space](self, model, info, layer, heads, {})
         return out
 
 
@@ -139,22 +141,78 @@ class DiagonalEdit:
         d_a = geometry.diagonal_change(
             pattern, v, self.space, s_par=self.s_par, x=state.pop("x", None), W_O=W_O, eps=self.eps
         ).d_a
-        d_a = torch.where(_head_mask(heads, pattern.shape[1], pattern.device), d_a, 0.0)
+        d_a = torch.where(_head_mask(heads, pattern.shape[1], pattern.shape[0], pattern.device)[:, :, None], d_a, 0.0)
         return pattern + torch.diag_embed(d_a)
 
 
-Edit = ComponentScale | DiagonalEdit
+ABLATIONS = ("zero", "mean", "parallel-value", "parallel-residual")
+
+
+@dataclass(frozen=True, eq=False)
+class HeadEdit:
+    """Remove query heads' contribution at one layer, in one of four ways (``kind``):
+
+    - ``zero``: z_h = 0 (hook_z);
+    - ``mean``: z_h = ``means[h]``, a fixed mean of hook_z (``[head_index, d_head]``, e.g. over a data set);
+    - ``parallel-value``: ``ComponentScale("value", s_par=0)`` on those heads;
+    - ``parallel-residual``: ``ComponentScale("residual-attn", s_par=0)`` on those heads' own writes.
+
+    ``heads`` is a tuple of query heads (every batch row) or a bool mask ``[batch, head_index]`` giving each row
+    its own head set, which lets the ablation engine run many edits in one forward.
+    """
+
+    kind: str
+    layer: int
+    heads: int | Sequence[int] | Bool[Tensor, "batch head_index"]
+    means: Float[Tensor, "head_index d_head"] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ABLATIONS:
+            raise ValueError(f"unknown ablation {self.kind!r}; accepted: {', '.join(ABLATIONS)}")
+        if self.kind == "mean" and self.means is None:
+            raise ValueError("a mean ablation needs means [n_heads, d_head] (e.g. from lens_parallel.ablation)")
+        if not isinstance(self.heads, Tensor):
+            heads = _as_tuple(self.heads)
+            if not heads:
+                raise ValueError("empty head set: give at least one query head")
+            object.__setattr__(self, "heads", heads)
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+        (layer,) = check_indices("layers", self.layer, info.n_layers)
+        heads = self.heads if isinstance(self.heads, Tensor) else check_indices("heads", self.heads, info.n_heads)
+        if self.kind == "parallel-value":
+            return _value_hooks(ComponentScale("value", s_par=0.0), model, info, layer, heads, {})
+        if self.kind == "parallel-residual":
+            return _residual_attn_hooks(ComponentScale("residual-attn", s_par=0.0), model, info, layer, heads, {})
+
+        def replace_z(z: Tensor, hook) -> Tensor:
+            fill = torch.zeros_like(z) if self.kind == "zero" else self.means.to(z).expand_as(z)
+            mask = _head_mask(heads, info.n_heads, z.shape[0], z.device)
+            return torch.where(mask[:, None, :, None], fill, z)
+
+        return [(hook_name(layer, "z"), replace_z)]
+
+
+Edit = ComponentScale | DiagonalEdit | HeadEdit
+_EDIT_TYPES = (ComponentScale, DiagonalEdit, HeadEdit)
 
 
 def _store(tensor: Tensor, hook, *, state: dict[str, Tensor], key: str) -> None:
     state[key] = tensor
 
 
-def _head_mask(heads: tuple[int, ...], n_heads: int, device) -> Tensor:
-    """``[head_index, 1]``: broadcasts over ``... head_index d_head`` and ``batch head_index pos``."""
-    mask = torch.zeros(n_heads, dtype=torch.bool, device=device)
-    mask[list(heads)] = True
-    return mask[:, None]
+HeadSet = tuple[int, ...] | Bool[Tensor, "batch head_index"]
+"""The heads an edit acts on: the same query heads in every batch row, or one set per row (a bool mask)."""
+
+
+def _head_mask(heads: HeadSet, n_heads: int, batch: int, device) -> Bool[Tensor, "batch head_index"]:
+    if isinstance(heads, Tensor):
+        if heads.shape != (batch, n_heads):
+            raise ValueError(f"a per-row head mask must have shape ({batch}, {n_heads}), got {tuple(heads.shape)}")
+        return heads.to(device)
+    mask = torch.zeros(batch, n_heads, dtype=torch.bool, device=device)
+    mask[:, list(heads)] = True
+    return mask
 
 
 def _value_hooks(edit: ComponentScale, model, info, layer, heads, state) -> list[Hook]:
@@ -162,7 +220,8 @@ def _value_hooks(edit: ComponentScale, model, info, layer, heads, state) -> list
         v = expand_kv(state.pop("v"), info.n_heads)
         m = z if edit.space == "value" else geometry.split_self(z, v, state.pop("diag"))[1]
         delta = geometry.scale_delta(m, v, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
-        return torch.where(_head_mask(heads, info.n_heads, z.device), z + delta, z)
+        mask = _head_mask(heads, info.n_heads, z.shape[0], z.device)
+        return torch.where(mask[:, None, :, None], z + delta, z)
 
     out = [(hook_name(layer, "v"), partial(_store, state=state, key="v"))]
     if edit.space == "value-exclude-self":
@@ -179,15 +238,17 @@ def _residual_attn_hooks(edit: ComponentScale, model, info, layer, heads, state)
 
     def edit_out(out: Tensor, hook) -> Tensor:
         x = state.pop("x")
-        if edit.heads is None:
+        if heads is None:
             return geometry.scale_components(out, x, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
-        z = state.pop("z")[:, :, list(heads)]
-        m = einops.einsum(z, W_O[list(heads)], "b p h d, h d m -> b p h m")
-        x_h = einops.repeat(x, "b p m -> b p h m", h=len(heads))
-        return out + geometry.scale_delta(m, x_h, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps).sum(2)
+        mask = _head_mask(heads, info.n_heads, out.shape[0], out.device)
+        used = mask.any(0).nonzero().flatten().tolist()  # heads some row edits: per-head writes only for these
+        m = einops.einsum(state.pop("z")[:, :, used], W_O[used], "b p h d, h d m -> b p h m")
+        x_h = einops.repeat(x, "b p m -> b p h m", h=len(used))
+        delta = geometry.scale_delta(m, x_h, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
+        return out + (delta * mask[:, None, used, None]).sum(2)
 
     out = [(hook_name(layer, "resid_pre"), partial(_store, state=state, key="x"))]
-    if edit.heads is not None:
+    if heads is not None:
         out.append((hook_name(layer, "z"), partial(_store, state=state, key="z")))
     return [*out, (hook_name(layer, "attn_out"), edit_out)]
 
@@ -220,22 +281,24 @@ _SCALE_BUILDERS = {
 
 def compile_hooks(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> list[Hook]:
     """Validate every edit against the model (before any forward) and return their hooks, in order."""
-    edits = (edits,) if isinstance(edits, (ComponentScale, DiagonalEdit)) else tuple(edits)
-    bad = [e for e in edits if not isinstance(e, (ComponentScale, DiagonalEdit))]
+    edits = (edits,) if isinstance(edits, _EDIT_TYPES) else tuple(edits)
+    bad = [e for e in edits if not isinstance(e, _EDIT_TYPES)]
     if bad:
-        raise ValueError(f"edits must be ComponentScale or DiagonalEdit, got {type(bad[0]).__name__}")
+        raise ValueError(f"edits must be ComponentScale, DiagonalEdit or HeadEdit, got {type(bad[0]).__name__}")
     info = model_info(model)
     return [hook for edit in edits for hook in edit.hooks(model, info)]
 
 
 def noop(edits: Edit | Sequence[Edit]) -> tuple[Edit, ...]:
-    """The matched no-op: the same edits (same hooks) with every scale set to 1."""
-    edits = (edits,) if isinstance(edits, (ComponentScale, DiagonalEdit)) else tuple(edits)
+    """The matched no-op: the same edits (same hooks) with every scale set to 1. A ``HeadEdit`` has no scale: its
+    no-op is the unedited model, so it is dropped."""
+    edits = (edits,) if isinstance(edits, _EDIT_TYPES) else tuple(edits)
     return tuple(
-        ComponentScale(e.space, 1.0, 1.0, e.layers, e.heads, e.eps)
+        dataclasses.replace(e, s_par=1.0, s_perp=1.0)
         if isinstance(e, ComponentScale)
-        else DiagonalEdit(e.space, 1.0, e.layers, e.heads, e.eps)
+        else dataclasses.replace(e, s_par=1.0)
         for e in edits
+        if not isinstance(e, HeadEdit)
     )
 
 

@@ -20,6 +20,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.data import TokenBlocks
 from lens_parallel.edits import Edit, compile_hooks, noop
+from lens_parallel.hooks import skip_blocks_before
 from lens_parallel.results import as_tokens, serializable
 from lens_parallel.stats import paired_bootstrap_ci
 
@@ -90,9 +91,14 @@ def batch_nll(
     resid: Float[Tensor, "batch pos d_model"] | None = None,
     start_at_layer: int | None = None,
 ) -> Float[Tensor, " batch"]:
-    """One forward under ``hooks`` (compiled edits), from the tokens or from a cached ``resid`` at a layer."""
+    """One forward under ``hooks`` (compiled edits), from the tokens or from a cached ``resid`` entering block
+    ``start_at_layer`` (the blocks before it are then not computed)."""
     with torch.inference_mode(), model.hooks(fwd_hooks=list(hooks)):
-        logits = model(tokens, return_type="logits") if resid is None else model(resid, start_at_layer=start_at_layer)
+        if resid is None:
+            logits = model(tokens, return_type="logits")
+        else:
+            with skip_blocks_before(model, start_at_layer):
+                logits = model(resid, start_at_layer=start_at_layer)
     return next_token_nll(logits, tokens)
 
 

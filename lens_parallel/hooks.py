@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
 import einops
@@ -92,6 +92,29 @@ def residual_reference_role(info: ModelInfo, sublayer: str) -> str:
     """The residual state a sublayer's update is added to: resid_pre for attention, for parallel attn/MLP blocks
     and for the whole block; resid_mid for a sequential MLP."""
     return "resid_mid" if sublayer == "mlp" and not info.parallel_attn_mlp else "resid_pre"
+
+
+def _passthrough(hidden_states: Tensor, *args, **kwargs) -> Tensor:
+    return hidden_states
+
+
+@contextlib.contextmanager
+def skip_blocks_before(model: TransformerBridge, layer: int) -> Iterator[None]:
+    """Make blocks ``0..layer-1`` return their input untouched, for a forward with ``start_at_layer=layer``.
+
+    TransformerLens 4.3's ``start_at_layer`` still runs every earlier block and then swaps the caller's residual
+    in at ``layer``, so reusing a cached prefix saves nothing by itself. Inside this context the earlier blocks'
+    Hugging Face layers (which in transformers 5 return the bare hidden-state tensor) are skipped; their output
+    was discarded anyway, so the forward's result is unchanged (tested against the full forward).
+    """
+    skipped = [model.blocks[i].original_component for i in range(layer)]
+    for module in skipped:
+        module.forward = _passthrough
+    try:
+        yield
+    finally:
+        for module in skipped:
+            del module.forward
 
 
 class _StopForward(Exception):

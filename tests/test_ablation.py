@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from lens_parallel.analyses import ablation
+from lens_parallel.analyses.ablation import AblationJob, head_means, run_ablations
+from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivity
+from lens_parallel.data import token_blocks
+from lens_parallel.edits import ABLATIONS, HeadEdit
+from lens_parallel.evaluate import document_losses, edit_effect
+
+from .conftest import get_model
+
+
+@pytest.mark.parametrize("spec", ["toy-gpt2", "toy-qwen3"])  # MHA and GQA
+@pytest.mark.parametrize("kind", ABLATIONS)
+def test_engine_equals_the_naive_loop(spec, kind):
+    model = get_model(spec)
+    blocks = token_blocks(model, "wikipedia-en", n_docs=5, seq_len=20, seed=3)
+    jobs = [AblationJob(0, (1,)), AblationJob(1, (0,)), AblationJob(1, (2,)), AblationJob(2, (3,)),
+            AblationJob(1, (0, 1, 2)), AblationJob(2, (0, 3))]  # fmt: skip
+    run = run_ablations(model, blocks, jobs, kind=kind, batch_size=2, rows_per_forward=6, progress=False)
+    means = head_means(model, blocks.tokens, [0, 1, 2]) if kind == "mean" else {}
+    np.testing.assert_allclose(run.base.loss_sum, document_losses(model, blocks).loss_sum, atol=1e-5)
+    for job in jobs:
+        naive = document_losses(model, blocks, HeadEdit(kind, job.layer, job.heads, means.get(job.layer)))
+        np.testing.assert_allclose(run.edited[job].loss_sum, naive.loss_sum, atol=1e-5, err_msg=job.label)
+        assert np.abs(naive.loss_sum - run.base.loss_sum).max() > 1e-4  # the edit does something
+
+
+def test_mean_of_hook_z_is_the_dataset_mean():
+    model = get_model("toy-llama")
+    tokens = token_blocks(model, "austen", n_docs=3, seq_len=16).tokens
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(tokens, names_filter=["blocks.1.attn.hook_z"])
+    expected = cache["blocks.1.attn.hook_z"].mean((0, 1))
+    torch.testing.assert_close(head_means(model, tokens, [1], batch_size=2)[1], expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ABLATIONS)
+def test_removing_no_head_changes_nothing(kind):
+    model = get_model("toy-qwen2")
+    blocks = token_blocks(model, "wikipedia-en", n_docs=3, seq_len=16)
+    means = head_means(model, blocks.tokens, [1]) if kind == "mean" else {}
+    empty = HeadEdit(kind, 1, torch.zeros(3, 6, dtype=torch.bool), means.get(1))
+    assert np.array_equal(document_losses(model, blocks, empty).loss_sum, document_losses(model, blocks).loss_sum)
+
+
+class Killed(Exception):
+    """Stands in for the process dying mid-sweep."""
+
+
+def test_interrupted_sweep_resumes_to_identical_results(tmp_path, monkeypatch):
+    model = get_model("toy-qwen3")
+    blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=16)
+    jobs = [AblationJob(layer, (h,)) for layer in range(3) for h in range(6)]
+    full = run_ablations(model, blocks, jobs, batch_size=2, rows_per_forward=4, progress=False)
+    store = tmp_path / "sweep.jsonl"
+    calls, real, kill_at = [], ablation.batch_nll, [9]
+
+    def dying(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == kill_at[0]:
+            raise Killed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ablation, "batch_nll", dying)
+    with pytest.raises(Killed):
+        run_ablations(model, blocks, jobs, batch_size=2, rows_per_forward=4, store=store, progress=False)
+    written = store.read_text().splitlines()
+    assert json.loads(written[0])["kind"] == "parallel-value" and len(written) - 1 == 8  # 4 chunks of 2 jobs
+    calls.clear()
+    kill_at[0] = None
+    resumed = run_ablations(model, blocks, jobs, batch_size=2, rows_per_forward=4, store=store, progress=False)
+    assert len(calls) == (18 - 8) // 2 * 2  # only the 10 missing jobs ran: 5 chunks x 2 batches
+    for job in jobs:
+        np.testing.assert_array_equal(resumed.edited[job].loss_sum, full.edited[job].loss_sum)
+    with pytest.raises(ValueError, match="was written by a different run"):
+        run_ablations(model, blocks, jobs, kind="zero", store=store, progress=False)
+
+
+def test_bad_jobs():
+    model = get_model("toy-gpt2")
+    tokens = torch.zeros(2, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match="empty head set"):
+        run_ablations(model, tokens, [AblationJob(0, ())])
+    with pytest.raises(ValueError, match=r"heads \[4\] out of range: this model has heads 0..3"):
+        run_ablations(model, tokens, [AblationJob(0, (4,))])
+    with pytest.raises(ValueError, match=r"unknown ablation 'delete'"):
+        run_ablations(model, tokens, [AblationJob(0, (0,))], kind="delete")
+    with pytest.raises(ValueError, match="empty head set"):
+        HeadEdit("zero", 0, ())
+
+
+def test_head_sensitivity_statistics_and_figure(tmp_path):
+    model = get_model("toy-pythia")
+    blocks = token_blocks(model, "moby-dick", n_docs=6, seq_len=20)
+    result = head_sensitivity(model, blocks, edit="zero", layers=[0, 2], n_resamples=500, progress=False)
+    df = result.to_dataframe()
+    assert len(df) == 2 * (4 + 1) and df.label.tolist()[:5] == ["L0H0", "L0H1", "L0H2", "L0H3", "L0*"]
+    heads = df[df["head"].notna()]
+    assert (heads.q_bh >= heads.p - 1e-12).all() and heads.p.between(0, 1).all()
+    assert (heads.ci_lo <= heads.delta_loss).all() and (heads.delta_loss <= heads.ci_hi).all()
+    base = document_losses(model, blocks)
+    ref = edit_effect(base, document_losses(model, blocks, HeadEdit("zero", 2, (1,))))
+    assert result.head_delta[1, 1] == pytest.approx(ref.delta_loss, abs=1e-6)
+    joint = edit_effect(base, document_losses(model, blocks, HeadEdit("zero", 0, (0, 1, 2, 3))))
+    assert result.joint_delta[0] == pytest.approx(joint.delta_loss, abs=1e-6)
+    fig = result.figure()
+    assert any("not a CI" in (t.name or "") for t in fig.data)
+    result.save(tmp_path / "sens")
+    pd.testing.assert_frame_equal(SensitivityResult.load(tmp_path / "sens").to_dataframe(), df)
