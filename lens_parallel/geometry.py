@@ -201,3 +201,21 @@ def diagonal_change(
     d_a = torch.where(valid, (s_par - 1) * num / torch.where(valid, den, 1.0), 0.0)
     to_heads = "batch pos head_index -> batch head_index pos"
     return DiagonalChange(d_a=einops.rearrange(d_a, to_heads), valid=einops.rearrange(valid, to_heads))
+
+
+def relative_change(
+    new: Float[Tensor, "*batch d"], base: Float[Tensor, "*batch d"], *, eps: float = EPS
+) -> Float[Tensor, "*batch"]:
+    """|new - base| / |base| per vector (0 where |base| <= eps)."""
+    norm = base.norm(dim=-1)
+    return torch.where(norm > eps, (new - base).norm(dim=-1) / norm.clamp_min(eps), 0.0)
+
+
+def js_divergence(p: Float[Tensor, "*batch n"], q: Float[Tensor, "*batch n"]) -> Float[Tensor, "*batch"]:
+    """Jensen-Shannon divergence (natural log, in [0, log 2]) between distributions on the last axis."""
+    m = 0.5 * (p + q)
+
+    def kl(a: Tensor) -> Tensor:
+        return torch.where(a > 0, a * (torch.log(a.clamp_min(1e-30)) - torch.log(m.clamp_min(1e-30))), 0.0).sum(-1)
+
+    return (0.5 * kl(p) + 0.5 * kl(q)).clamp_min(0.0)

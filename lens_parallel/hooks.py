@@ -22,15 +22,28 @@ from lens_parallel.models import ModelInfo
 
 ROLE_HOOKS: dict[str, str] = {
     "resid_pre": "blocks.{layer}.hook_resid_pre",
+    "q": "blocks.{layer}.attn.hook_q",
+    "k": "blocks.{layer}.attn.hook_k",
+    "rot_q": "blocks.{layer}.attn.hook_rot_q",
+    "rot_k": "blocks.{layer}.attn.hook_rot_k",
     "v": "blocks.{layer}.attn.hook_v",
     "pattern": "blocks.{layer}.attn.hook_pattern",
+    "pattern_full": "blocks.{layer}.attn.hook_pattern",
     "z": "blocks.{layer}.attn.hook_z",
     "attn_out": "blocks.{layer}.hook_attn_out",
     "resid_mid": "blocks.{layer}.hook_resid_mid",
     "mlp_out": "blocks.{layer}.hook_mlp_out",
     "resid_post": "blocks.{layer}.hook_resid_post",
 }
-"""Activation roles and their TransformerLens hook names."""
+"""Activation roles and their TransformerLens hook names. ``pattern`` is kept as its diagonal A_tt only,
+``pattern_full`` as the whole map; ``rot_q``/``rot_k`` are queries/keys after rotary (and after Qwen3's q/k norms)."""
+
+
+def effective_qk_roles(info: ModelInfo) -> tuple[str, str]:
+    """The roles holding the queries and keys attention uses: after rotary (and Qwen3's q/k norms) where the bridge
+    exposes them. GPT-NeoX's bridge does not fire hook_rot_q/k, so Pythia uses hook_q/hook_k, which differ from
+    the rotated vectors by a per-position rotation: norms and distances (all that relative changes use) agree."""
+    return ("rot_q", "rot_k") if info.positional == "rotary" and info.family != "pythia" else ("q", "k")
 
 
 def hook_name(layer: int, role: str) -> str:
@@ -44,11 +57,11 @@ class HookShapeError(ValueError):
 def expected_shape(role: str, info: ModelInfo) -> tuple[tuple[str, int | None], ...]:
     """Named expected shape of a role's activation (None: any size)."""
     batch, pos = ("batch", None), ("pos", None)
-    if role == "v":
+    if role in ("v", "k", "rot_k"):
         return batch, pos, ("n_kv_heads", info.n_kv_heads), ("d_head", info.d_head)
-    if role == "z":
+    if role in ("z", "q", "rot_q"):
         return batch, pos, ("n_heads", info.n_heads), ("d_head", info.d_head)
-    if role == "pattern":
+    if role in ("pattern", "pattern_full"):
         return batch, ("n_heads", info.n_heads), ("query_pos", None), ("key_pos", None)
     return batch, pos, ("d_model", info.d_model)
 
@@ -167,11 +180,25 @@ class LayerStream:
             if layer == self.layers[-1]:
                 raise _StopForward
 
-    def run(self, model: TransformerBridge, tokens: Int[Tensor, "batch pos"]) -> None:
-        """One forward over ``tokens``; stops after the last layer's reduction."""
+    def run(
+        self,
+        model: TransformerBridge,
+        tokens: Int[Tensor, "batch pos"],
+        *,
+        edit_hooks: Sequence[tuple[str, Callable]] = (),
+        resid: Float[Tensor, "batch pos d_model"] | None = None,
+        start_at_layer: int | None = None,
+    ) -> None:
+        """One forward over ``tokens`` (or from ``resid`` entering block ``start_at_layer``, earlier blocks not
+        computed), with ``edit_hooks`` (compiled edits) applied first; stops after the last layer's reduction."""
         self._buffers.clear()
-        with torch.inference_mode(), model.hooks(fwd_hooks=self.fwd_hooks()), contextlib.suppress(_StopForward):
-            model(tokens, return_type=None)
+        hooks = [*edit_hooks, *self.fwd_hooks()]
+        with torch.inference_mode(), model.hooks(fwd_hooks=hooks), contextlib.suppress(_StopForward):
+            if resid is None:
+                model(tokens, return_type=None)
+            else:
+                with skip_blocks_before(model, start_at_layer):
+                    model(resid, start_at_layer=start_at_layer, return_type=None)
         if self._buffers:
             missing = {layer: sorted(set(self.roles) - set(b)) for layer, b in self._buffers.items()}
             raise RuntimeError(f"hooks never fired for layer/roles {missing}")

@@ -55,3 +55,35 @@ def benjamini_hochberg(pvalues: np.ndarray) -> np.ndarray:
     """Benjamini-Hochberg adjusted p-values (q-values), ``scipy.stats.false_discovery_control(method="bh")``."""
     p = np.asarray(pvalues, dtype=np.float64)
     return sps.false_discovery_control(p.ravel(), method="bh").reshape(p.shape)
+
+
+def concentration(effects: np.ndarray) -> dict[str, np.ndarray]:
+    """How concentrated non-negative effects are over their last axis (n upstream heads).
+
+    shares = e / sum(e); H = -sum shares log shares (natural log, 0 log 0 = 0). Returns, over the leading axes:
+    ``effective_n`` = exp(H); ``effective_fraction`` = exp(H) / n; ``normalised_concentration`` = 1 - H / log(n);
+    ``top25_share`` / ``bottom25_share`` = total share of the ceil(n/4) largest / smallest; ``heads_for_90`` = the
+    fewest heads whose shares reach 0.9. Uniform effects give effective_fraction 1; a single non-zero effect gives
+    effective_n 1 and heads_for_90 1. All-zero effects give NaN.
+    """
+    e = np.asarray(effects, dtype=np.float64)
+    if (e < 0).any():
+        raise ValueError("effects must be non-negative (e.g. relative L2 changes)")
+    n = e.shape[-1]
+    total = e.sum(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shares = e / total
+        entropy = -np.where(shares > 0, shares * np.log(np.where(shares > 0, shares, 1.0)), 0.0).sum(-1)
+    entropy = np.where(total[..., 0] > 0, entropy, np.nan)
+    k = int(np.ceil(n / 4))
+    ordered = -np.sort(-shares, axis=-1)  # descending; NaN rows stay NaN
+    reached = np.cumsum(ordered, axis=-1) >= 0.9 - 1e-12
+    heads_for_90 = np.where(np.isnan(entropy), np.nan, reached.argmax(-1) + 1.0)
+    return {
+        "effective_n": np.exp(entropy),
+        "effective_fraction": np.exp(entropy) / n,
+        "normalised_concentration": 1 - entropy / np.log(n) if n > 1 else np.zeros_like(entropy),
+        "top25_share": ordered[..., :k].sum(-1),
+        "bottom25_share": ordered[..., n - k :].sum(-1),
+        "heads_for_90": heads_for_90,
+    }

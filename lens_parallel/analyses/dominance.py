@@ -1,0 +1,212 @@
+"""Next-layer head dominance: how many upstream heads shape each head of the next layer.
+
+For each adjacent layer pair (l, l+1) and each upstream head u of layer l, remove u's output (its hook_z, whole
+sequence, zeroed) and recompute only up to layer l+1's effective queries, keys and values (after norms, rotary
+and Qwen3's q/k norms; keys and values per kv head, GQA slots not counted twice). Per receiving query head g and
+query token t:
+
+    rel_q = |q'_g - q_g| / |q_g|,  rel_k, rel_v likewise for g's kv head,
+    combined = sqrt(|dq_g|^2 + |dk|^2 + |dv|^2) / sqrt(|q_g|^2 + |k|^2 + |v|^2),
+    js = Jensen-Shannon divergence of g's attention row at t (sqrt(js) is a distance).
+
+Concentration per (text, receiving head, pair) is computed from the token-averaged combined effect of each upstream
+head (``stats.concentration``: effective number exp(H), effective fraction, normalised concentration, top/bottom
+25% share, heads for 90%). Joint controls remove the weak half, the strong half and a random half (same size) of the
+upstream heads, chosen per (text, receiving head) from the single-head effects, and measure the joint effect.
+Every forward resumes at layer l from the cached residual (earlier blocks not computed) and stops after layer l+1's
+attention pattern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import einops
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Int
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel import geometry, plots
+from lens_parallel.data import TokenBlocks
+from lens_parallel.edits import HeadEdit
+from lens_parallel.hooks import LayerStream, check_indices, effective_qk_roles, expand_kv, hook_name
+from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.results import Provenance, as_tokens, load_result, save_result, serializable
+from lens_parallel.stats import concentration
+
+JOINT = ("weak", "strong", "random")
+
+
+@serializable
+@dataclass(frozen=True)
+class DominanceResult:
+    """Raw per-head effects and joint controls.
+
+    ``rel_q``, ``combined``, ``js``: ``[pair, text, upstream_head, query_pos, receiving_head]``; ``rel_k``, ``rel_v``:
+    ``[..., receiving_kv_head]``; ``joint``: ``[pair, text, receiving_head, 3]`` for the weak, strong and random
+    half (token-averaged combined effect). ``query_positions`` are the token positions scored.
+    """
+
+    layer_pairs: tuple[tuple[int, int], ...]
+    query_positions: tuple[int, ...]
+    receiving_types: tuple[str, ...]
+    rel_q: np.ndarray
+    rel_k: np.ndarray
+    rel_v: np.ndarray
+    combined: np.ndarray
+    js: np.ndarray
+    joint: np.ndarray
+    provenance: Provenance
+
+    @property
+    def info(self) -> ModelInfo:
+        return ModelInfo(**self.provenance.model)
+
+    def concentration(self) -> dict[str, np.ndarray]:
+        """Concentration metrics ``[pair, text, receiving_head]`` of the token-averaged single-head effects."""
+        effects = einops.rearrange(self.combined.mean(3), "pair text up recv -> pair text recv up")
+        return concentration(effects)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per (layer pair, text, receiving head): concentration metrics, joint controls, strong/weak."""
+        metrics = self.concentration()
+        rows = []
+        for p, (up, recv) in enumerate(self.layer_pairs):
+            for i in range(self.joint.shape[1]):
+                for g in range(self.joint.shape[2]):
+                    weak, strong, rand = self.joint[p, i, g]
+                    rows.append({
+                        "model": self.info.name, "upstream_layer": up, "receiving_layer": recv,
+                        "receiving_type": self.receiving_types[p], "text": i, "receiving_head": g,
+                        "label": f"L{recv}H{g}", **{k: v[p, i, g] for k, v in metrics.items()},
+                        "joint_weak": weak, "joint_strong": strong, "joint_random": rand,
+                        "strong_weak_ratio": strong / weak if weak > 0 else np.nan,
+                        "mean_js": self.js[p, i, :, :, g].mean(),
+                    })  # fmt: skip
+        return pd.DataFrame(rows)
+
+    def figure(self):
+        return plots.dominance_figure(self)
+
+    def save(self, path: str | Path) -> Path:
+        return save_result(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> DominanceResult:
+        return load_result(path)
+
+
+def _positions(query_positions: slice | Sequence[int], seq_len: int) -> tuple[int, ...]:
+    if isinstance(query_positions, slice):
+        positions = tuple(range(seq_len)[query_positions])
+        if not positions:
+            raise ValueError(f"query_positions {query_positions} selects no position of sequences of {seq_len} tokens")
+        return positions
+    positions = tuple(int(t) for t in query_positions)
+    bad = [t for t in positions if not 0 <= t < seq_len]
+    if bad or not positions:
+        raise ValueError(f"query_positions {list(bad or positions)} out of range: sequences have {seq_len} tokens")
+    return positions
+
+
+class _Receiver:
+    """Runs forwards from layer l's residual with upstream heads zeroed and returns layer l+1's q, k, v, pattern."""
+
+    def __init__(self, model: TransformerBridge, info: ModelInfo, up: int) -> None:
+        self.model, self.info, self.up = model, info, up
+        self.roles = (*effective_qk_roles(info), "v", "pattern_full")
+
+    def __call__(self, tokens: Tensor, resid: Tensor, mask: Tensor | None) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        stream = LayerStream(self.info, [self.up + 1], self.roles, lambda _, t: out.update(t))
+        edit = [] if mask is None else HeadEdit("zero", self.up, mask).hooks(self.model, self.info)
+        stream.run(self.model, tokens, edit_hooks=edit, resid=resid, start_at_layer=self.up)
+        q_role, k_role = effective_qk_roles(self.info)
+        return {"q": out[q_role], "k": out[k_role], "v": out["v"], "pattern": out["pattern_full"]}
+
+
+def _effects(base: dict[str, Tensor], new: dict[str, Tensor], n_heads: int, positions: list[int]) -> dict:
+    """Per-row effects at the query positions: rel_q/combined/js ``[row, pos, head]``, rel_k/rel_v ``[.., kv]``."""
+    q, k, v = (base[key][:, positions] for key in ("q", "k", "v"))
+    q2, k2, v2 = (new[key][:, positions] for key in ("q", "k", "v"))
+    dk2, dv2 = expand_kv((k2 - k).pow(2), n_heads), expand_kv((v2 - v).pow(2), n_heads)
+    num = (q2 - q).pow(2).sum(-1) + dk2.sum(-1) + dv2.sum(-1)
+    den = q.pow(2).sum(-1) + expand_kv(k.pow(2), n_heads).sum(-1) + expand_kv(v.pow(2), n_heads).sum(-1)
+    rows_base = einops.rearrange(base["pattern"][:, :, positions], "b h p k -> b p h k")
+    rows_new = einops.rearrange(new["pattern"][:, :, positions], "b h p k -> b p h k")
+    return {
+        "rel_q": geometry.relative_change(q2, q), "rel_k": geometry.relative_change(k2, k),
+        "rel_v": geometry.relative_change(v2, v), "combined": torch.sqrt(num / den.clamp_min(1e-30)),
+        "js": geometry.js_divergence(rows_new, rows_base),
+    }  # fmt: skip
+
+
+def head_dominance(
+    model: TransformerBridge,
+    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    *,
+    query_positions: slice | Sequence[int] = slice(7, None),
+    upstream_layers: int | Sequence[int] | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> DominanceResult:
+    """Dominance of upstream heads over the next layer's heads, for every pair (l, l+1) with l in
+    ``upstream_layers`` (default: all but the last layer). ``query_positions``: the receiving tokens scored."""
+    info = model_info(model)
+    toks = as_tokens(tokens)
+    positions = list(_positions(query_positions, toks.shape[1]))
+    ups = check_indices("upstream layers", upstream_layers, info.n_layers - 1)
+    if info.n_heads < 2:
+        raise ValueError("head dominance needs at least 2 heads per layer")
+    n, h, g_kv, j = len(toks), info.n_heads, info.n_kv_heads, len(positions)
+    half = h // 2
+    shape = (len(ups), n, h, j)
+    out = {"rel_q": np.zeros((*shape, h)), "combined": np.zeros((*shape, h)), "js": np.zeros((*shape, h)),
+           "rel_k": np.zeros((*shape, g_kv)), "rel_v": np.zeros((*shape, g_kv))}  # fmt: skip
+    joint = np.zeros((len(ups), n, h, len(JOINT)))
+    rng = np.random.default_rng(seed)
+    names = [hook_name(up, "resid_pre") for up in ups]
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(toks, names_filter=names, stop_at_layer=max(ups) + 1)
+    for p, up in enumerate(tqdm(ups, desc="dominance", unit="pair", disable=not progress)):
+        receive = _Receiver(model, info, up)
+        resid = cache[hook_name(up, "resid_pre")]
+        base = receive(toks, resid, None)
+        # single upstream heads: row (u, b) removes head u in text b
+        mask = einops.repeat(torch.eye(h, dtype=torch.bool), "u h -> (u b) h", b=n)
+        tiled = {key: einops.repeat(t, "b ... -> (u b) ...", u=h) for key, t in base.items()}
+        ablated = receive(
+            einops.repeat(toks, "b p -> (u b) p", u=h), einops.repeat(resid, "b p d -> (u b) p d", u=h), mask
+        )
+        single = _effects(tiled, ablated, h, positions)
+        for key, value in single.items():
+            out[key][p] = einops.rearrange(value.double().cpu().numpy(), "(u b) j g -> b u j g", u=h)
+        # joint controls: per (text, receiving head), remove the weak / strong / random half of upstream heads
+        order = np.argsort(out["combined"][p].mean(2), axis=1)  # [text, up (ascending), recv]
+        masks = torch.zeros(n, h, len(JOINT), h, dtype=torch.bool)
+        for b in range(n):
+            for g in range(h):
+                masks[b, g, 0, order[b, :half, g]] = True
+                masks[b, g, 1, order[b, h - half :, g]] = True
+                masks[b, g, 2, rng.choice(h, size=half, replace=False)] = True
+        rows = einops.rearrange(masks, "b g c u -> (b g c) u")
+        expand = {key: einops.repeat(t, "b ... -> (b r) ...", r=h * len(JOINT)) for key, t in base.items()}
+        joint_new = receive(einops.repeat(toks, "b p -> (b r) p", r=h * len(JOINT)),
+                            einops.repeat(resid, "b p d -> (b r) p d", r=h * len(JOINT)), rows)  # fmt: skip
+        combined = _effects(expand, joint_new, h, positions)["combined"].mean(1)  # [(b g c), recv]
+        combined = einops.rearrange(combined.double().cpu().numpy(), "(b g c) r -> b g c r", g=h, c=len(JOINT))
+        joint[p] = np.einsum("bgcg->bgc", combined)  # each row read at its own receiving head
+    provenance = Provenance.collect(
+        info, tokens, analysis="head_dominance", upstream_layers=list(ups), query_positions=positions, seed=seed,
+        ablation="zero hook_z of one upstream head over the whole sequence",
+    )  # fmt: skip
+    return DominanceResult(
+        layer_pairs=tuple((up, up + 1) for up in ups), query_positions=tuple(positions),
+        receiving_types=tuple("softmax" for _ in ups), joint=joint, provenance=provenance, **out,
+    )  # fmt: skip
