@@ -10,7 +10,8 @@ model's own hook context: hooks never stay attached after an exception).
   hook_pattern, with dA_tt from the same forward's own activations (see :mod:`lens_parallel.geometry`).
 
 Heads are query heads. Under GQA an edit of query head h changes only h: the kv head it reads is shared, but
-the edit acts on h's own aggregate (or attention row), never on v.
+the edit acts on h's own aggregate (or attention row), never on v. Head-level edits act on softmax-attention
+layers only: with ``layers=None`` Qwen3.5's linear-attention layers are left alone; naming one raises.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.hooks import check_indices, expand_kv, hook_name, residual_reference_role
+from lens_parallel.hooks import check_indices, expand_kv, hook_name, residual_reference_role, softmax_layers
 from lens_parallel.models import ModelInfo, model_info
 
 SCALE_SPACES = ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
@@ -88,7 +89,10 @@ class ComponentScale:
             )
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
-        layers = check_indices("layers", self.layers, info.n_layers)
+        if self.space in HEAD_SPACES:  # needs hook_z / hook_attn_out: softmax-attention layers only
+            layers, _ = softmax_layers(info, self.layers, what=f"ComponentScale({self.space!r})")
+        else:
+            layers = check_indices("layers", self.layers, info.n_layers)
         heads = check_indices("heads", self.heads, info.n_heads)
         if self.space == "residual-attn" and self.heads is None:
             heads = None  # the whole sublayer update
@@ -124,7 +128,12 @@ class DiagonalEdit:
         object.__setattr__(self, "heads", _as_tuple(self.heads))
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
-        layers = check_indices("layers", self.layers, info.n_layers)
+        layers, _ = softmax_layers(info, self.layers, what="DiagonalEdit")
+        if self.space == "residual-attn" and info.gated_attention:
+            raise ValueError(
+                "DiagonalEdit('residual-attn') is not defined for gated attention (the head's write is "
+                "sigmoid(gate) * A v); use value or value-exclude-self"
+            )
         heads = check_indices("heads", self.heads, info.n_heads)
         out: list[Hook] = []
         for layer in layers:
@@ -178,7 +187,7 @@ class HeadEdit:
             object.__setattr__(self, "heads", heads)
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
-        (layer,) = check_indices("layers", self.layer, info.n_layers)
+        (layer,), _ = softmax_layers(info, [self.layer], what=f"HeadEdit({self.kind!r})")
         heads = self.heads if isinstance(self.heads, Tensor) else check_indices("heads", self.heads, info.n_heads)
         if self.kind == "parallel-value":
             return _value_hooks(ComponentScale("value", s_par=0.0), model, info, layer, heads, {})
@@ -216,14 +225,25 @@ def _head_mask(heads: HeadSet, n_heads: int, batch: int, device) -> Bool[Tensor,
 
 
 def _value_hooks(edit: ComponentScale, model, info, layer, heads, state) -> list[Hook]:
+    """Value-space scaling on hook_z. Gated attention (z = sigmoid(gate) * A v): the scaling acts on the pre-gate
+    aggregate o = A v, rebuilt from the pattern, and its change passes through the gate: z' = z + gate * delta."""
+
     def edit_z(z: Tensor, hook) -> Tensor:
         v = expand_kv(state.pop("v"), info.n_heads)
-        m = z if edit.space == "value" else geometry.split_self(z, v, state.pop("diag"))[1]
+        o = z
+        if info.gated_attention:
+            o = einops.einsum(state.pop("pattern"), v, "b h q k, b k h d -> b q h d")
+        m = o if edit.space == "value" else geometry.split_self(o, v, state.pop("diag"))[1]
         delta = geometry.scale_delta(m, v, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
+        if info.gated_attention:
+            delta = torch.sigmoid(einops.rearrange(state.pop("gate"), "b p (h d) -> b p h d", h=info.n_heads)) * delta
         mask = _head_mask(heads, info.n_heads, z.shape[0], z.device)
         return torch.where(mask[:, None, :, None], z + delta, z)
 
     out = [(hook_name(layer, "v"), partial(_store, state=state, key="v"))]
+    if info.gated_attention:
+        out += [(hook_name(layer, "pattern"), partial(_store, state=state, key="pattern")),
+                (hook_name(layer, "q_gate"), partial(_store, state=state, key="gate"))]  # fmt: skip
     if edit.space == "value-exclude-self":
         out.append((hook_name(layer, "pattern"), partial(_store_diag, state=state)))
     return [*out, (hook_name(layer, "z"), edit_z)]

@@ -34,6 +34,10 @@ ROLE_HOOKS: dict[str, str] = {
     "resid_mid": "blocks.{layer}.hook_resid_mid",
     "mlp_out": "blocks.{layer}.hook_mlp_out",
     "resid_post": "blocks.{layer}.hook_resid_post",
+    "q_gate": "blocks.{layer}.attn.hook_q_gate",
+    "lin_q": "blocks.{layer}.linear_attn.hook_q",
+    "lin_k": "blocks.{layer}.linear_attn.hook_k",
+    "lin_v": "blocks.{layer}.linear_attn.hook_v",
 }
 """Activation roles and their TransformerLens hook names. ``pattern`` is kept as its diagonal A_tt only,
 ``pattern_full`` as the whole map; ``rot_q``/``rot_k`` are queries/keys after rotary (and after Qwen3's q/k norms)."""
@@ -63,6 +67,10 @@ def expected_shape(role: str, info: ModelInfo) -> tuple[tuple[str, int | None], 
         return batch, pos, ("n_heads", info.n_heads), ("d_head", info.d_head)
     if role in ("pattern", "pattern_full"):
         return batch, ("n_heads", info.n_heads), ("query_pos", None), ("key_pos", None)
+    if role in ("lin_q", "lin_k", "lin_v"):
+        return batch, pos, ("heads", None), ("d_head", None)
+    if role == "q_gate":
+        return batch, pos, ("n_heads * d_head", info.n_heads * info.d_head)
     return batch, pos, ("d_model", info.d_model)
 
 
@@ -99,6 +107,23 @@ def check_indices(kind: str, given: int | Sequence[int] | None, n: int) -> tuple
     if bad or not given:
         raise ValueError(f"{kind} {list(bad or given)} out of range: this model has {kind} 0..{n - 1}")
     return tuple(sorted({int(i) for i in given}))
+
+
+def softmax_layers(info: ModelInfo, layers: int | Sequence[int] | None, *, what: str) -> tuple[tuple[int, ...], str]:
+    """The layers an analysis needing softmax attention (hook_z, hook_pattern) runs on, and a note on what it skips.
+
+    ``layers=None``: every softmax-attention layer; linear-attention layers (Qwen3.5) are skipped and the note says
+    so (empty when nothing is skipped). Explicitly requested linear-attention layers raise ``ValueError``.
+    """
+    chosen = check_indices("layers", layers, info.n_layers)
+    linear = [layer for layer in chosen if info.layer_types[layer] == "linear"]
+    if linear and layers is not None:
+        raise ValueError(
+            f"{what} needs softmax attention (hook_z, hook_pattern), but layers {linear} of {info.name} are "
+            f"linear-attention blocks; softmax layers: {list(info.softmax_layers)}"
+        )
+    note = f"skipped linear-attention layers {linear}: {what} needs hook_z / hook_pattern" if linear else ""
+    return tuple(layer for layer in chosen if layer not in linear), note
 
 
 def residual_reference_role(info: ModelInfo, sublayer: str) -> str:
@@ -140,6 +165,8 @@ Reducer = Callable[[int, dict[str, Tensor]], None]
 class LayerStream:
     """Capture ``roles`` at ``layers``; call ``reduce(layer, tensors)`` once all roles of a layer are in.
 
+    ``roles`` is one list for every layer or a dict layer -> roles (layers of different kinds need different hooks).
+
     ``pattern`` is stored as its diagonal ``[batch, head_index, pos]`` only (A_tt), never as the full map.
     Tensors are detached copies in ``dtype`` (float64 by default, so that streamed sums match a cache to 1e-6).
     """
@@ -148,25 +175,29 @@ class LayerStream:
         self,
         info: ModelInfo,
         layers: Sequence[int],
-        roles: Sequence[str],
+        roles: Sequence[str] | dict[int, Sequence[str]],
         reduce: Reducer,
         *,
         dtype: torch.dtype = torch.float64,
     ) -> None:
-        unknown = sorted(set(roles) - set(ROLE_HOOKS))
+        self.layers = sorted(set(layers))
+        self.roles = {
+            layer: tuple(dict.fromkeys(roles[layer] if isinstance(roles, dict) else roles)) for layer in self.layers
+        }
+        used = {role for layer_roles in self.roles.values() for role in layer_roles}
+        unknown = sorted(used - set(ROLE_HOOKS))
         if unknown:
             raise ValueError(f"unknown activation roles {unknown}; known: {', '.join(ROLE_HOOKS)}")
-        if "resid_mid" in roles and info.parallel_attn_mlp:
+        if "resid_mid" in used and info.parallel_attn_mlp:
             raise ValueError(f"{info.name} runs attention and MLP in parallel: it has no resid_mid")
-        self.info, self.layers, self.roles = info, sorted(set(layers)), tuple(dict.fromkeys(roles))
-        self.reduce, self.dtype = reduce, dtype
+        self.info, self.reduce, self.dtype = info, reduce, dtype
         self._buffers: dict[int, dict[str, Tensor]] = {}
 
     def fwd_hooks(self) -> list[tuple[str, Callable]]:
         return [
             (hook_name(layer, role), partial(self._capture, layer=layer, role=role))
             for layer in self.layers
-            for role in self.roles
+            for role in self.roles[layer]
         ]
 
     def _capture(self, tensor: Tensor, hook, *, layer: int, role: str) -> None:
@@ -175,7 +206,7 @@ class LayerStream:
             tensor = torch.diagonal(tensor, dim1=-2, dim2=-1)
         buffer = self._buffers.setdefault(layer, {})
         buffer[role] = tensor.detach().to(self.dtype)
-        if len(buffer) == len(self.roles):
+        if len(buffer) == len(self.roles[layer]):
             self.reduce(layer, self._buffers.pop(layer))
             if layer == self.layers[-1]:
                 raise _StopForward
@@ -200,5 +231,5 @@ class LayerStream:
                 with skip_blocks_before(model, start_at_layer):
                     model(resid, start_at_layer=start_at_layer, return_type=None)
         if self._buffers:
-            missing = {layer: sorted(set(self.roles) - set(b)) for layer, b in self._buffers.items()}
+            missing = {layer: sorted(set(self.roles[layer]) - set(b)) for layer, b in self._buffers.items()}
             raise RuntimeError(f"hooks never fired for layer/roles {missing}")

@@ -37,6 +37,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "LlamaForCausalLM": "llama",
+    "Qwen3_5ForCausalLM": "qwen3.5",
 }
 """Hugging Face architecture -> family. Other architectures are refused before any weights load."""
 
@@ -74,6 +75,18 @@ def _toy_qwen3() -> transformers.PretrainedConfig:
     )  # fmt: skip
 
 
+def _toy_qwen3_5() -> transformers.PretrainedConfig:
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        num_hidden_layers=4, hidden_size=96, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        intermediate_size=192, max_position_embeddings=512, vocab_size=151936, tie_word_embeddings=True,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        bos_token_id=151643, eos_token_id=151643,
+    )  # fmt: skip
+
+
 def _toy_llama() -> transformers.PretrainedConfig:
     return transformers.LlamaConfig(
         num_hidden_layers=3, hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
@@ -88,9 +101,11 @@ TOY_MODELS: dict[str, tuple[Callable[[], transformers.PretrainedConfig], str]] =
     "toy-qwen2": (_toy_qwen2, "qwen3"),
     "toy-qwen3": (_toy_qwen3, "qwen3"),
     "toy-llama": (_toy_llama, "gpt-neox"),
+    "toy-qwen3.5": (_toy_qwen3_5, "qwen3"),
 }
 """Toy spec -> (config builder, bundled tokenizer). The Qwen3 tokenizer has Qwen2.5's ids; no Llama tokenizer is
-available offline, so toy-llama uses GPT-NeoX's."""
+available offline, so toy-llama uses GPT-NeoX's. toy-qwen3.5 is hybrid: linear-attention blocks (0, 2) between gated
+softmax-attention blocks (1, 3)."""
 
 
 @dataclass(frozen=True)
@@ -111,11 +126,17 @@ class ModelInfo:
     parallel_attn_mlp: bool
     positional: str  # "learned" or "rotary"
     config_hash: str
+    layer_types: tuple[str, ...] = ()  # per layer: "softmax" or "linear" (linear attention, Qwen3.5)
 
     @property
     def group_size(self) -> int:
         """Query heads per kv head; query head h reads kv head h // group_size."""
         return self.n_heads // self.n_kv_heads
+
+    @property
+    def softmax_layers(self) -> tuple[int, ...]:
+        """Layers with softmax attention (hook_z, hook_pattern): every layer except Qwen3.5's linear-attention ones."""
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "softmax")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -138,7 +159,8 @@ def _check_architecture(config: transformers.PretrainedConfig, where: str) -> st
     if not archs:
         # configs built in memory carry no architectures; infer from model_type.
         by_type = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                   "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}  # fmt: skip
+                   "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
+                   "qwen3_5_text": "Qwen3_5ForCausalLM"}  # fmt: skip
         archs = [by_type.get(config.model_type, config.model_type)]
     arch = archs[0]
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -172,10 +194,14 @@ def model_info(model: TransformerBridge) -> ModelInfo:
         d_model=cfg.d_model,
         d_vocab=cfg.d_vocab,
         n_ctx=cfg.n_ctx,
-        gated_attention=False,
+        gated_attention=family == "qwen3.5",
         parallel_attn_mlp=bool(getattr(hf, "use_parallel_residual", False)),
         positional="learned" if cfg.positional_embedding_type == "standard" else "rotary",
         config_hash=config_hash(hf),
+        layer_types=tuple(
+            "linear" if t == "linear_attention" else "softmax"
+            for t in (getattr(hf, "layer_types", None) or ["full_attention"] * cfg.n_layers)
+        ),
     )
 
 

@@ -238,7 +238,8 @@ def dominance_figure(result: DominanceResult) -> go.Figure:
     one point per text and receiving head); the mean share of the top and bottom 25% of upstream heads; and the
     measured joint effects of removing the weak, strong or a random half (mean, band = one std over observations)."""
     df = result.to_dataframe()
-    df["pair"] = "L" + df.upstream_layer.astype(str) + "→L" + df.receiving_layer.astype(str)
+    linear = np.where(df.receiving_type == "linear", " (linear)", "")
+    df["pair"] = "L" + df.upstream_layer.astype(str) + "→L" + df.receiving_layer.astype(str) + linear
     pairs = list(dict.fromkeys(df.pair))
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=[
         "effective fraction of upstream heads", "share of top / bottom 25% of upstream heads",

@@ -13,19 +13,21 @@ from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivi
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ABLATIONS, HeadEdit
 from lens_parallel.evaluate import document_losses, edit_effect
+from lens_parallel.models import model_info
 
 from .conftest import get_model
 
 
-@pytest.mark.parametrize("spec", ["toy-gpt2", "toy-qwen3"])  # MHA and GQA
+@pytest.mark.parametrize("spec", ["toy-gpt2", "toy-qwen3", "toy-qwen3.5"])  # MHA, GQA, gated GQA + linear layers
 @pytest.mark.parametrize("kind", ABLATIONS)
 def test_engine_equals_the_naive_loop(spec, kind):
     model = get_model(spec)
+    a, b = model_info(model).softmax_layers[-2:]
     blocks = token_blocks(model, "wikipedia-en", n_docs=5, seq_len=20, seed=3)
-    jobs = [AblationJob(0, (1,)), AblationJob(1, (0,)), AblationJob(1, (2,)), AblationJob(2, (3,)),
-            AblationJob(1, (0, 1, 2)), AblationJob(2, (0, 3))]  # fmt: skip
+    jobs = [AblationJob(a, (1,)), AblationJob(b, (0,)), AblationJob(b, (2,)), AblationJob(a, (3,)),
+            AblationJob(b, (0, 1, 2)), AblationJob(a, (0, 3))]  # fmt: skip
     run = run_ablations(model, blocks, jobs, kind=kind, batch_size=2, rows_per_forward=6, progress=False)
-    means = head_means(model, blocks.tokens, [0, 1, 2]) if kind == "mean" else {}
+    means = head_means(model, blocks.tokens, [a, b]) if kind == "mean" else {}
     np.testing.assert_allclose(run.base.loss_sum, document_losses(model, blocks).loss_sum, atol=1e-5)
     for job in jobs:
         naive = document_losses(model, blocks, HeadEdit(kind, job.layer, job.heads, means.get(job.layer)))
@@ -95,6 +97,8 @@ def test_bad_jobs():
         run_ablations(model, tokens, [AblationJob(0, (0,))], kind="delete")
     with pytest.raises(ValueError, match="empty head set"):
         HeadEdit("zero", 0, ())
+    with pytest.raises(ValueError, match=r"head ablation needs softmax attention.*layers \[2\]"):
+        run_ablations(get_model("toy-qwen3.5"), tokens, [AblationJob(2, (0,))])
 
 
 def test_head_sensitivity_statistics_and_figure(tmp_path):
@@ -113,5 +117,11 @@ def test_head_sensitivity_statistics_and_figure(tmp_path):
     assert result.joint_delta[0] == pytest.approx(joint.delta_loss, abs=1e-6)
     fig = result.figure()
     assert any("not a CI" in (t.name or "") for t in fig.data)
+    hybrid = get_model("toy-qwen3.5")
+    skipped = head_sensitivity(hybrid, token_blocks(hybrid, "austen", n_docs=3, seq_len=12), n_resamples=100,
+                               n_permutations=100, progress=False)  # fmt: skip
+    assert (
+        skipped.layers == (1, 3) and "skipped linear-attention layers [0, 2]" in skipped.provenance.settings["skipped"]
+    )
     result.save(tmp_path / "sens")
     pd.testing.assert_frame_equal(SensitivityResult.load(tmp_path / "sens").to_dataframe(), df)

@@ -92,3 +92,29 @@ def test_dataframe_figure_save_and_errors(tmp_path):
         head_dominance(model, blocks, query_positions=slice(20, None))
     with pytest.raises(ValueError, match=r"upstream layers \[2\] out of range"):
         head_dominance(model, blocks, upstream_layers=[2])
+
+
+def test_hybrid_model_skips_linear_upstream_layers_and_handles_linear_receivers():
+    """toy-qwen3.5: layers (linear, softmax, linear, softmax). Only (1, 2) has a softmax upstream layer; its
+    receiving layer is linear attention: receiving heads are value heads, q and k from their key head."""
+    model = get_model("toy-qwen3.5")
+    blocks = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=12)
+    with pytest.warns(UserWarning, match=r"skipped upstream linear-attention layers \[0, 2\]"):
+        result = head_dominance(model, blocks, query_positions=slice(4, None), progress=False)
+    assert result.layer_pairs == ((1, 2),) and result.receiving_types == ("linear",)
+    names = [f"blocks.2.linear_attn.hook_{x}" for x in "qkv"]
+    runs = []
+    for edits in ([], [HeadEdit("zero", 1, (4,))]):
+        with torch.inference_mode(), apply_edits(model, edits):
+            _, cache = model.run_with_cache(blocks.tokens, names_filter=names)
+        runs.append([cache[n][:, 4:].double() for n in names])
+    (q, k, v), (q2, k2, v2) = runs
+    group = v.shape[2] // q.shape[2]  # 4 value heads read 2 key heads
+    q, k, q2, k2 = (t.repeat_interleave(group, dim=2) for t in (q, k, q2, k2))
+    num = ((q2 - q) ** 2 + (k2 - k) ** 2 + (v2 - v) ** 2).sum(-1)
+    expected = (num / (q**2 + k**2 + v**2).sum(-1)).sqrt().numpy()
+    np.testing.assert_allclose(result.combined[0, :, 4, :, :4], expected, rtol=1e-4, atol=1e-7)
+    assert np.isnan(result.js).all() and np.isnan(result.combined[0, :, :, :, 4:]).all()  # padding past 4 heads
+    df = result.to_dataframe()
+    assert len(df) == 2 * 4 and set(df.receiving_type) == {"linear"}
+    assert "skipped upstream linear-attention layers [0, 2]" in result.provenance.settings["skipped"]

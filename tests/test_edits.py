@@ -23,7 +23,9 @@ def tokens_for(model, n=2, seq_len=20):
 
 def run(model, tokens, edits=()):
     """Logits and a cache of hook_z / attn_out / resid_pre under ``edits``."""
-    keep = lambda name: name.endswith(("attn.hook_z", "hook_attn_out", "hook_resid_pre", "attn.hook_v"))  # noqa: E731
+    keep = lambda name: name.endswith(  # noqa: E731
+        ("attn.hook_z", "hook_attn_out", "hook_resid_pre", "attn.hook_v", "attn.hook_pattern", "attn.hook_q_gate")
+    )
     with torch.inference_mode(), apply_edits(model, edits):
         return model.run_with_cache(tokens, names_filter=keep)
 
@@ -45,6 +47,10 @@ def test_unit_scales_leave_logits_unchanged(toy):
     with torch.inference_mode():
         bare = toy(tokens)
     for edit in EVERY_NOOP:
+        if edit == DiagonalEdit("residual-attn", s_par=1.0) and model_info(toy).gated_attention:
+            with pytest.raises(ValueError, match="not defined for gated attention"):
+                run(toy, tokens, [edit])
+            continue
         logits, _ = run(toy, tokens, [edit])
         assert (logits - bare).abs().max().item() <= 1e-5, edit
     assert noop([ComponentScale("value", 0.0, 2.0, layers=[1])]) == (ComponentScale("value", 1.0, 1.0, layers=(1,)),)
@@ -59,7 +65,7 @@ def test_diagonal_edit_equals_component_scale(toy, space, layers):
     base_logits, _ = run(toy, tokens)
     assert rel(scaled_logits, base_logits) > 1e-3  # the edit does something
     assert rel(diag_logits, scaled_logits) <= 1e-4
-    for layer in range(model_info(toy).n_layers):
+    for layer in model_info(toy).softmax_layers:
         for name in NAMES:
             key = f"blocks.{layer}.attn.{name}" if name == "hook_z" else f"blocks.{layer}.{name}"
             assert rel(diag[key], scaled[key]) <= 1e-4, key
@@ -68,6 +74,10 @@ def test_diagonal_edit_equals_component_scale(toy, space, layers):
 def test_residual_diagonal_view_reproduces_the_component_along_x(toy):
     """A view, not an identity: same component along x_t as the per-head scaling, plus a perpendicular change."""
     tokens, layer, head, s_par = tokens_for(toy), 1, 1, 0.0
+    if model_info(toy).gated_attention:
+        with pytest.raises(ValueError, match=r"DiagonalEdit\('residual-attn'\) is not defined for gated attention"):
+            run(toy, tokens, [DiagonalEdit("residual-attn", s_par=s_par, layers=[layer], heads=[head])])
+        return
     _, base = run(toy, tokens)
     _, scaled = run(toy, tokens, [ComponentScale("residual-attn", s_par=s_par, layers=[layer], heads=[head])])
     _, diag = run(toy, tokens, [DiagonalEdit("residual-attn", s_par=s_par, layers=[layer], heads=[head])])
@@ -88,11 +98,17 @@ def test_zero_perp_leaves_exactly_the_parallel_component(toy):
     _, base = run(toy, tokens)
     _, edited = run(toy, tokens, [ComponentScale("value", s_par=1.0, s_perp=0.0, layers=[layer])])
     v = expand_kv(base[f"blocks.{layer}.attn.hook_v"], info.n_heads)
-    expected = geometry.project(base[f"blocks.{layer}.attn.hook_z"], v).par
+    z = base[f"blocks.{layer}.attn.hook_z"]
+    if info.gated_attention:  # z = gate * o: the edit keeps gate * o_par
+        o = torch.einsum("bhqk,bkhd->bqhd", base[f"blocks.{layer}.attn.hook_pattern"], v)
+        gate = torch.sigmoid(base[f"blocks.{layer}.attn.hook_q_gate"].reshape(z.shape))
+        expected = gate * geometry.project(o, v).par
+    else:
+        expected = geometry.project(z, v).par
     assert torch.allclose(edited[f"blocks.{layer}.attn.hook_z"], expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("spec", ["toy-qwen2", "toy-qwen3", "toy-llama"])
+@pytest.mark.parametrize("spec", ["toy-qwen2", "toy-qwen3", "toy-llama", "toy-qwen3.5"])
 @pytest.mark.parametrize("make", [lambda: ComponentScale("value", s_par=0.0, layers=[1], heads=[0]),
                                   lambda: ComponentScale("value-exclude-self", s_par=-1.0, layers=[1], heads=[0]),
                                   lambda: DiagonalEdit("value", s_par=0.0, layers=[1], heads=[0])])  # fmt: skip
@@ -136,3 +152,16 @@ def test_bad_edits_fail_before_any_forward():
         with pytest.raises(ValueError, match=message), model.hooks(fwd_hooks=count):
             evaluate(model, tokens, make())
     assert forwards == []
+
+
+def test_head_edits_refuse_linear_attention_layers():
+    model = get_model("toy-qwen3.5")
+    tokens = tokens_for(model)
+    with pytest.raises(ValueError, match=r"layers \[0\] of toy-qwen3.5 are linear-attention blocks; softmax layers"):
+        run(model, tokens, [ComponentScale("value", s_par=0.0, layers=[0])])
+    with pytest.raises(ValueError, match=r"linear-attention blocks"):
+        run(model, tokens, [DiagonalEdit("value", layers=[2])])
+    # layers=None edits the softmax layers only; residual-mlp covers every layer
+    logits, _ = run(model, tokens, [ComponentScale("residual-mlp", s_par=0.5, layers=[0])])
+    base, _ = run(model, tokens)
+    assert rel(logits, base) > 1e-4

@@ -12,15 +12,19 @@ TOKENS = torch.randint(0, 1000, (2, 20), generator=torch.Generator().manual_seed
 
 
 def test_hook_z_is_pattern_times_expanded_v(toy):
+    """hook_z = A @ expand(v); under gated attention (Qwen3.5) hook_z = sigmoid(hook_q_gate) * (A @ expand(v))."""
     info = model_info(toy)
     with torch.inference_mode():
         _, cache = toy.run_with_cache(TOKENS)
-    for layer in range(info.n_layers):
+    for layer in info.softmax_layers:
         v = cache[f"blocks.{layer}.attn.hook_v"]
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
         z = cache[f"blocks.{layer}.attn.hook_z"]
         assert v.shape[2] == info.n_kv_heads
         rebuilt = torch.einsum("bhqk,bkhd->bqhd", pattern, expand_kv(v, info.n_heads))
+        if info.gated_attention:
+            gate = cache[f"blocks.{layer}.attn.hook_q_gate"].reshape(z.shape)
+            rebuilt = torch.sigmoid(gate) * rebuilt
         assert torch.allclose(rebuilt, z, atol=1e-5)
 
 
@@ -28,7 +32,7 @@ def test_attn_out_is_sum_of_head_outputs_plus_bias(toy):
     info = model_info(toy)
     with torch.inference_mode():
         _, cache = toy.run_with_cache(TOKENS)
-    for layer in range(info.n_layers):
+    for layer in info.softmax_layers:
         attn = toy.blocks[layer].attn
         heads = torch.einsum("bphd,hdm->bphm", cache[f"blocks.{layer}.attn.hook_z"], attn.W_O.detach())
         b_O = attn.b_O.detach() if attn.b_O is not None else 0.0

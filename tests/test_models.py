@@ -16,6 +16,7 @@ EXPECTED = {  # family, n_heads, n_kv_heads, parallel attn/MLP, positional
     "toy-qwen2": ("qwen2", 6, 2, False, "rotary"),
     "toy-qwen3": ("qwen3", 6, 2, False, "rotary"),
     "toy-llama": ("llama", 6, 2, False, "rotary"),
+    "toy-qwen3.5": ("qwen3.5", 6, 2, False, "rotary"),
 }
 
 
@@ -24,7 +25,12 @@ def test_toy_model_info_and_logits_match_hf(spec):
     model = get_model(spec)
     info = model_info(model)
     assert (info.family, info.n_heads, info.n_kv_heads, info.parallel_attn_mlp, info.positional) == EXPECTED[spec]
-    assert info.n_layers == 3 and info.d_head == 16 and info.group_size == info.n_heads // info.n_kv_heads
+    assert info.d_head == 16 and info.group_size == info.n_heads // info.n_kv_heads
+    if spec == "toy-qwen3.5":
+        assert info.layer_types == ("linear", "softmax", "linear", "softmax") and info.gated_attention
+        assert info.softmax_layers == (1, 3)
+    else:
+        assert info.n_layers == 3 and info.softmax_layers == (0, 1, 2) and not info.gated_attention
     tokens = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         bridge = model(tokens)

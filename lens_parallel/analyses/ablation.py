@@ -33,8 +33,8 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel.data import TokenBlocks
 from lens_parallel.edits import ABLATIONS, HeadEdit
 from lens_parallel.evaluate import DocLosses, batch_nll, next_token_nll
-from lens_parallel.hooks import LayerStream, check_indices, hook_name
-from lens_parallel.models import model_info
+from lens_parallel.hooks import LayerStream, check_indices, hook_name, softmax_layers
+from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.results import as_tokens
 
 
@@ -74,14 +74,14 @@ def head_means(
     return {layer: (s / tokens.numel()).float() for layer, s in sums.items()}
 
 
-def _validate_jobs(jobs: Sequence[AblationJob], n_layers: int, n_heads: int) -> list[AblationJob]:
+def _validate_jobs(jobs: Sequence[AblationJob], info: ModelInfo) -> list[AblationJob]:
     if not jobs:
         raise ValueError("no ablation jobs given")
     for job in jobs:
         if not job.heads:
             raise ValueError(f"job at layer {job.layer} has an empty head set: give at least one query head")
-        check_indices("layers", job.layer, n_layers)
-        check_indices("heads", job.heads, n_heads)
+        softmax_layers(info, [job.layer], what="head ablation")
+        check_indices("heads", job.heads, info.n_heads)
     return list(dict.fromkeys(jobs))
 
 
@@ -115,7 +115,7 @@ def run_ablations(
     info = model_info(model)
     if kind not in ABLATIONS:
         raise ValueError(f"unknown ablation {kind!r}; accepted: {', '.join(ABLATIONS)}")
-    jobs = _validate_jobs(jobs, info.n_layers, info.n_heads)
+    jobs = _validate_jobs(jobs, info)
     toks = as_tokens(tokens)
     if batch_size < 1 or rows_per_forward < 1:
         raise ValueError(f"batch_size and rows_per_forward must be >= 1, got {batch_size}, {rows_per_forward}")

@@ -13,6 +13,11 @@ residual-mlp         hook_mlp_out                                  resid_mid (re
 residual-block       resid_post - resid_pre                        resid_pre                   sublayer
 ==================== ============================================= =========================== ===============
 
+Gated attention (Qwen3.5): hook_z is sigmoid(gate) * (A v); the value spaces decompose the pre-gate aggregate A v
+(rebuilt from hook_pattern and hook_v), residual-attn per head uses the gated write z_h W_O[h]. Linear-attention
+layers have no hook_z / hook_pattern: the head-level spaces skip them (with a warning, and said in the result's
+provenance); residual-mlp and residual-block cover every layer.
+
 Statistics are means over all documents and positions t >= 1 (position 0 is excluded: there o_0 = v_0, so its
 value-space cosine is 1 by construction), accumulated in float64 inside the forward hooks: memory does not grow
 with the number of layers, and the forward stops after the last requested layer.
@@ -20,10 +25,12 @@ with the number of layers, and the forward stops after the last requested layer.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import einops
 import numpy as np
 import pandas as pd
 import torch
@@ -34,17 +41,27 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry, plots
 from lens_parallel.data import TokenBlocks
-from lens_parallel.hooks import LayerStream, check_indices, expand_kv, residual_reference_role
+from lens_parallel.hooks import LayerStream, check_indices, expand_kv, residual_reference_role, softmax_layers
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.results import Provenance, as_tokens, load_result, save_result, serializable
 
 SPACES = ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
-_ROLES = {
-    "value": ("v", "z"),
-    "value-exclude-self": ("v", "pattern", "z"),
-    "residual-attn": ("resid_pre", "z", "attn_out"),
-    "residual-block": ("resid_pre", "resid_post"),
-}
+HEAD_SPACES = ("value", "value-exclude-self", "residual-attn")
+
+
+def _roles(space: str, info: ModelInfo) -> tuple[str, ...]:
+    """The activations a space needs at a layer (gated attention: the full pattern, to rebuild the pre-gate A v)."""
+    if space in ("value", "value-exclude-self"):
+        if info.gated_attention:
+            return ("v", "pattern_full")
+        return ("v", "z") if space == "value" else ("v", "pattern", "z")
+    if space == "residual-attn":
+        return ("resid_pre", "z", "attn_out")
+    if space == "residual-mlp":
+        return (residual_reference_role(info, "mlp"), "mlp_out")
+    return ("resid_pre", "resid_post")
+
+
 _SUMS = ("n", "n_degenerate", "cos", "cos_sq", "par_frac", "perp_frac", "coef")
 
 
@@ -133,15 +150,21 @@ def _normalise_spaces(space: str | Sequence[str]) -> tuple[str, ...]:
 class _Accumulator:
     """Running float64 sums of the alignment statistics, per (space, level), per layer and unit."""
 
-    def __init__(self, info: ModelInfo, layers: tuple[int, ...], spaces: tuple[str, ...], eps: float) -> None:
-        self.info, self.layers, self.eps = info, layers, eps
-        self.index = {layer: i for i, layer in enumerate(layers)}
-        self.sums: dict[tuple[str, str], Tensor] = {}
-        for space in spaces:
-            if space in ("value", "value-exclude-self", "residual-attn"):
-                self.sums[space, "head"] = torch.zeros(len(layers), info.n_heads, len(_SUMS), dtype=torch.float64)
+    def __init__(self, info: ModelInfo, layers: dict[str, tuple[int, ...]], eps: float) -> None:
+        self.info, self.eps = info, eps
+        self.layers: dict[tuple[str, str], tuple[int, ...]] = {}
+        for space, space_layers in layers.items():
+            if space in HEAD_SPACES:
+                self.layers[space, "head"] = space_layers
             if space.startswith("residual"):
-                self.sums[space, "sublayer"] = torch.zeros(len(layers), 1, len(_SUMS), dtype=torch.float64)
+                self.layers[space, "sublayer"] = space_layers
+        self.sums = {
+            key: torch.zeros(len(ls), info.n_heads if key[1] == "head" else 1, len(_SUMS), dtype=torch.float64)
+            for key, ls in self.layers.items()
+        }
+
+    def active(self, key: tuple[str, str], layer: int) -> bool:
+        return key in self.layers and layer in self.layers[key]
 
     def add(self, key: tuple[str, str], layer: int, a: geometry.Alignment) -> None:
         """Add the positions t >= 1 of ``a`` (fields ``[batch, pos, unit]``)."""
@@ -153,7 +176,7 @@ class _Accumulator:
             (w * a.par_frac[:, 1:]).sum((0, 1)), (w * a.perp_frac[:, 1:]).sum((0, 1)),
             (w * a.coef[:, 1:]).sum((0, 1)),
         ], dim=-1)  # fmt: skip
-        self.sums[key][self.index[layer]] += sums
+        self.sums[key][self.layers[key].index(layer)] += sums
 
     def tables(self) -> tuple[AlignmentTable, ...]:
         out = []
@@ -164,7 +187,7 @@ class _Accumulator:
                 mean = {name: s[..., i] / n for i, name in enumerate(_SUMS) if i >= 2}
             var = np.clip(mean["cos_sq"] - mean["cos"] ** 2, 0.0, None)
             out.append(AlignmentTable(
-                space=space, level=level, layers=self.layers,
+                space=space, level=level, layers=self.layers[space, level],
                 n_positions=(n + s[..., 1]).astype(np.int64), n_degenerate=s[..., 1].astype(np.int64),
                 self_cos=mean["cos"], self_cos_std=np.sqrt(var), par_frac=mean["par_frac"],
                 perp_frac=mean["perp_frac"], par_coef=mean["coef"],
@@ -186,11 +209,18 @@ def _reducer(acc: _Accumulator, spaces: tuple[str, ...], W_O: dict[int, Tensor])
 
     def reduce(layer: int, t: dict[str, Tensor]) -> None:
         v = expand_kv(t["v"], info.n_heads) if "v" in t else None
+        if "pattern_full" in t:  # gated attention: hook_z is sigmoid(gate) * (A v); decompose the pre-gate A v
+            o = einops.einsum(t["pattern_full"], v, "b h q k, b k h d -> b q h d")
+            diag = torch.diagonal(t["pattern_full"], dim1=-2, dim2=-1)
+        else:
+            o, diag = t.get("z"), t.get("pattern")
         for space in spaces:
+            if not acc.active((space, "head" if space in HEAD_SPACES else "sublayer"), layer):
+                continue
             if space == "value":
-                acc.add((space, "head"), layer, geometry.alignment(t["z"], v, eps=eps))
+                acc.add((space, "head"), layer, geometry.alignment(o, v, eps=eps))
             elif space == "value-exclude-self":
-                _, c = geometry.split_self(t["z"], v, t["pattern"])
+                _, c = geometry.split_self(o, v, diag)
                 acc.add((space, "head"), layer, geometry.alignment(c, v, eps=eps))
             else:
                 m, x = _residual_message(space, t, info)
@@ -238,16 +268,28 @@ def decompose(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if toks.shape[1] < 2:
         raise ValueError(f"need at least 2 positions per document (position 0 is excluded), got {toks.shape[1]}")
-    roles = [r for s in spaces for r in _ROLES.get(s, (residual_reference_role(info, "mlp"), "mlp_out"))]
+    space_layers, skipped = {}, []
+    for space in spaces:
+        if space in HEAD_SPACES:
+            space_layers[space], note = softmax_layers(info, layers, what=f"space {space!r}")
+            skipped += [note] if note else []
+        else:
+            space_layers[space] = layer_idx
+    for note in skipped:
+        warnings.warn(note, stacklevel=2)
+    roles = {layer: [r for s in spaces if layer in space_layers[s] for r in _roles(s, info)] for layer in layer_idx}
+    roles = {layer: r for layer, r in roles.items() if r}
     W_O = {}
     if "residual-attn" in spaces:
-        W_O = {layer: model.blocks[layer].attn.W_O.detach().to(torch.float64) for layer in layer_idx}
-    acc = _Accumulator(info, layer_idx, spaces, eps)
-    stream = LayerStream(info, layer_idx, roles, _reducer(acc, spaces, W_O))
+        W_O = {
+            layer: model.blocks[layer].attn.W_O.detach().to(torch.float64) for layer in space_layers["residual-attn"]
+        }
+    acc = _Accumulator(info, space_layers, eps)
+    stream = LayerStream(info, list(roles), roles, _reducer(acc, spaces, W_O))
     for start in tqdm(range(0, toks.shape[0], batch_size), desc="decompose", unit="batch", disable=not progress):
         stream.run(model, toks[start : start + batch_size])
     provenance = Provenance.collect(
         info, tokens, analysis="decompose", spaces=list(spaces), layers=list(layer_idx), eps=eps,
-        positions="t >= 1 (position 0 excluded)", batch_size=batch_size,
+        positions="t >= 1 (position 0 excluded)", batch_size=batch_size, skipped=skipped,
     )  # fmt: skip
     return DecompositionResult(tables=acc.tables(), provenance=provenance)

@@ -13,6 +13,7 @@ the update perpendicular to x_t by dA_tt (W_O v_t)_perp; that change is reported
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import geometry, plots
 from lens_parallel.data import TokenBlocks
 from lens_parallel.edits import DIAGONAL_SPACES
-from lens_parallel.hooks import check_indices, expand_kv, hook_name
+from lens_parallel.hooks import check_indices, expand_kv, hook_name, softmax_layers
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.results import Provenance, as_tokens, load_result, save_result, serializable
 
@@ -121,7 +122,15 @@ def diagonal_view(
     bad = [s for s in spaces if s not in DIAGONAL_SPACES]
     if bad or not spaces:
         raise ValueError(f"unknown diagonal space(s) {bad or list(spaces)}; accepted: {', '.join(DIAGONAL_SPACES)}")
-    (layer,) = check_indices("layers", layer, info.n_layers)
+    (layer,), _ = softmax_layers(info, [layer], what="diagonal_view")
+    if info.gated_attention and "residual-attn" in spaces:
+        if isinstance(space, str):
+            raise ValueError(
+                "the residual-attn diagonal view is not defined for gated attention (the head's write is "
+                "sigmoid(gate) * A v); use value or value-exclude-self"
+            )
+        spaces = tuple(s for s in spaces if s != "residual-attn")
+        warnings.warn("gated attention: the residual-attn diagonal view is skipped (value spaces only)", stacklevel=2)
     (head,) = check_indices("heads", head, info.n_heads)
     if not np.isfinite(s_par):
         raise ValueError(f"s_par must be a finite number, got {s_par!r}")

@@ -19,6 +19,7 @@ attention pattern.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import geometry, plots
 from lens_parallel.data import TokenBlocks
 from lens_parallel.edits import HeadEdit
-from lens_parallel.hooks import LayerStream, check_indices, effective_qk_roles, expand_kv, hook_name
+from lens_parallel.hooks import LayerStream, check_indices, effective_qk_roles, hook_name
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.results import Provenance, as_tokens, load_result, save_result, serializable
 from lens_parallel.stats import concentration
@@ -49,8 +50,10 @@ class DominanceResult:
     """Raw per-head effects and joint controls.
 
     ``rel_q``, ``combined``, ``js``: ``[pair, text, upstream_head, query_pos, receiving_head]``; ``rel_k``, ``rel_v``:
-    ``[..., receiving_kv_head]``; ``joint``: ``[pair, text, receiving_head, 3]`` for the weak, strong and random
-    half (token-averaged combined effect). ``query_positions`` are the token positions scored.
+    ``[..., key_head]`` / ``[..., value_head]``; ``joint``: ``[pair, text, receiving_head, 3]`` for the weak, strong
+    and random half (token-averaged combined effect). ``query_positions`` are the token positions scored.
+    Receiving heads are query heads of a softmax layer and value heads of a linear-attention layer
+    (``receiving_types``); where pairs differ in head counts the arrays are NaN-padded.
     """
 
     layer_pairs: tuple[tuple[int, int], ...]
@@ -81,13 +84,15 @@ class DominanceResult:
             for i in range(self.joint.shape[1]):
                 for g in range(self.joint.shape[2]):
                     weak, strong, rand = self.joint[p, i, g]
+                    if np.isnan(self.joint[p, i, g]).all():
+                        continue  # padding: this receiving layer has fewer heads
                     rows.append({
                         "model": self.info.name, "upstream_layer": up, "receiving_layer": recv,
                         "receiving_type": self.receiving_types[p], "text": i, "receiving_head": g,
                         "label": f"L{recv}H{g}", **{k: v[p, i, g] for k, v in metrics.items()},
                         "joint_weak": weak, "joint_strong": strong, "joint_random": rand,
                         "strong_weak_ratio": strong / weak if weak > 0 else np.nan,
-                        "mean_js": self.js[p, i, :, :, g].mean(),
+                        "mean_js": self.js[p, i, :, :, g].mean(),  # NaN for linear attention (no softmax)
                     })  # fmt: skip
         return pd.DataFrame(rows)
 
@@ -116,35 +121,60 @@ def _positions(query_positions: slice | Sequence[int], seq_len: int) -> tuple[in
 
 
 class _Receiver:
-    """Runs forwards from layer l's residual with upstream heads zeroed and returns layer l+1's q, k, v, pattern."""
+    """Runs forwards from layer l's residual with upstream heads zeroed; returns layer l+1's effective q, k, v
+    (and the attention pattern for softmax layers).
+
+    Receiving heads: query heads of a softmax layer (k, v from their kv head); value heads of a linear-attention
+    layer (q, k from their key head). ``index`` maps each receiving head to its q, k and v head.
+    """
 
     def __init__(self, model: TransformerBridge, info: ModelInfo, up: int) -> None:
-        self.model, self.info, self.up = model, info, up
-        self.roles = (*effective_qk_roles(info), "v", "pattern_full")
+        self.model, self.info, self.up, self.recv = model, info, up, up + 1
+        self.kind = info.layer_types[self.recv]
+        if self.kind == "softmax":
+            self.roles = (*effective_qk_roles(info), "v", "pattern_full")
+        else:
+            self.roles = ("lin_q", "lin_k", "lin_v")
 
-    def __call__(self, tokens: Tensor, resid: Tensor, mask: Tensor | None) -> dict[str, Tensor]:
+    def __call__(self, tokens: Tensor, resid: Tensor, mask: Tensor | None) -> dict[str, Tensor | None]:
         out: dict[str, Tensor] = {}
-        stream = LayerStream(self.info, [self.up + 1], self.roles, lambda _, t: out.update(t))
+        stream = LayerStream(self.info, [self.recv], self.roles, lambda _, t: out.update(t))
         edit = [] if mask is None else HeadEdit("zero", self.up, mask).hooks(self.model, self.info)
         stream.run(self.model, tokens, edit_hooks=edit, resid=resid, start_at_layer=self.up)
-        q_role, k_role = effective_qk_roles(self.info)
-        return {"q": out[q_role], "k": out[k_role], "v": out["v"], "pattern": out["pattern_full"]}
+        q, k, v = (out[role] for role in self.roles[:3])
+        return {"q": q, "k": k, "v": v, "pattern": out.get("pattern_full")}
+
+    def index(self, base: dict[str, Tensor | None]) -> tuple[list[int], list[int], list[int]]:
+        n_q, n_k, n_v = (base[key].shape[2] for key in ("q", "k", "v"))
+        n_recv = n_q if self.kind == "softmax" else n_v
+        return tuple([r * n // n_recv for r in range(n_recv)] for n in (n_q, n_k, n_v))
 
 
-def _effects(base: dict[str, Tensor], new: dict[str, Tensor], n_heads: int, positions: list[int]) -> dict:
-    """Per-row effects at the query positions: rel_q/combined/js ``[row, pos, head]``, rel_k/rel_v ``[.., kv]``."""
+def _effects(base: dict, new: dict, index: tuple[list[int], list[int], list[int]], positions: list[int]) -> dict:
+    """Per-row effects at the query positions: rel_q/combined/js ``[row, pos, receiving head]``, rel_k/rel_v per
+    key / value head (each counted once, not once per GQA slot). js is NaN for linear attention (no softmax)."""
+    qi, ki, vi = index
     q, k, v = (base[key][:, positions] for key in ("q", "k", "v"))
     q2, k2, v2 = (new[key][:, positions] for key in ("q", "k", "v"))
-    dk2, dv2 = expand_kv((k2 - k).pow(2), n_heads), expand_kv((v2 - v).pow(2), n_heads)
-    num = (q2 - q).pow(2).sum(-1) + dk2.sum(-1) + dv2.sum(-1)
-    den = q.pow(2).sum(-1) + expand_kv(k.pow(2), n_heads).sum(-1) + expand_kv(v.pow(2), n_heads).sum(-1)
-    rows_base = einops.rearrange(base["pattern"][:, :, positions], "b h p k -> b p h k")
-    rows_new = einops.rearrange(new["pattern"][:, :, positions], "b h p k -> b p h k")
+    num = sum((b[:, :, i] - a[:, :, i]).pow(2).sum(-1) for a, b, i in ((q, q2, qi), (k, k2, ki), (v, v2, vi)))
+    den = sum(a[:, :, i].pow(2).sum(-1) for a, i in ((q, qi), (k, ki), (v, vi)))
+    if base["pattern"] is not None:
+        rows_base = einops.rearrange(base["pattern"][:, :, positions], "b h p k -> b p h k")
+        rows_new = einops.rearrange(new["pattern"][:, :, positions], "b h p k -> b p h k")
+        js = geometry.js_divergence(rows_new, rows_base)
+    else:
+        js = torch.full(num.shape, float("nan"), dtype=num.dtype)
     return {
-        "rel_q": geometry.relative_change(q2, q), "rel_k": geometry.relative_change(k2, k),
-        "rel_v": geometry.relative_change(v2, v), "combined": torch.sqrt(num / den.clamp_min(1e-30)),
-        "js": geometry.js_divergence(rows_new, rows_base),
+        "rel_q": geometry.relative_change(q2, q)[:, :, qi], "rel_k": geometry.relative_change(k2, k),
+        "rel_v": geometry.relative_change(v2, v), "combined": torch.sqrt(num / den.clamp_min(1e-30)), "js": js,
     }  # fmt: skip
+
+
+def _pad(arrays: list[np.ndarray]) -> np.ndarray:
+    """Stack per-pair arrays whose last axis (receiving / key / value heads) differs, padding with NaN."""
+    width = max(a.shape[-1] for a in arrays)
+    return np.stack([np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, width - a.shape[-1])], constant_values=np.nan)
+                     for a in arrays])  # fmt: skip
 
 
 def head_dominance(
@@ -157,56 +187,72 @@ def head_dominance(
     progress: bool = True,
 ) -> DominanceResult:
     """Dominance of upstream heads over the next layer's heads, for every pair (l, l+1) with l in
-    ``upstream_layers`` (default: all but the last layer). ``query_positions``: the receiving tokens scored."""
+    ``upstream_layers`` (default: all but the last layer). ``query_positions``: the receiving tokens scored.
+
+    The upstream layer must have softmax attention (a head's hook_z is what is removed): pairs whose upstream
+    layer is a linear-attention block (Qwen3.5) are skipped, and the result's provenance lists them. Receiving
+    layers of either type are handled (``receiving_types``); arrays are NaN-padded where head counts differ.
+    """
     info = model_info(model)
     toks = as_tokens(tokens)
     positions = list(_positions(query_positions, toks.shape[1]))
-    ups = check_indices("upstream layers", upstream_layers, info.n_layers - 1)
+    chosen = check_indices("upstream layers", upstream_layers, info.n_layers - 1)
+    ups = [up for up in chosen if info.layer_types[up] == "softmax"]
+    skipped = [up for up in chosen if up not in ups]
+    if not ups:
+        raise ValueError(f"no layer pair with a softmax-attention upstream layer among upstream layers {list(chosen)}")
     if info.n_heads < 2:
         raise ValueError("head dominance needs at least 2 heads per layer")
-    n, h, g_kv, j = len(toks), info.n_heads, info.n_kv_heads, len(positions)
+    n, h = len(toks), info.n_heads
     half = h // 2
-    shape = (len(ups), n, h, j)
-    out = {"rel_q": np.zeros((*shape, h)), "combined": np.zeros((*shape, h)), "js": np.zeros((*shape, h)),
-           "rel_k": np.zeros((*shape, g_kv)), "rel_v": np.zeros((*shape, g_kv))}  # fmt: skip
-    joint = np.zeros((len(ups), n, h, len(JOINT)))
     rng = np.random.default_rng(seed)
     names = [hook_name(up, "resid_pre") for up in ups]
     with torch.inference_mode():
         _, cache = model.run_with_cache(toks, names_filter=names, stop_at_layer=max(ups) + 1)
-    for p, up in enumerate(tqdm(ups, desc="dominance", unit="pair", disable=not progress)):
+    per_pair: dict[str, list[np.ndarray]] = {key: [] for key in ("rel_q", "rel_k", "rel_v", "combined", "js")}
+    joints, types = [], []
+    for up in tqdm(ups, desc="dominance", unit="pair", disable=not progress):
         receive = _Receiver(model, info, up)
         resid = cache[hook_name(up, "resid_pre")]
         base = receive(toks, resid, None)
+        index = receive.index(base)
+        n_recv = len(index[0])
+        types.append(receive.kind)
+
+        def tile(t: Tensor | None, r: int, pattern: str) -> Tensor | None:
+            return None if t is None else einops.repeat(t, pattern, r=r)
+
         # single upstream heads: row (u, b) removes head u in text b
         mask = einops.repeat(torch.eye(h, dtype=torch.bool), "u h -> (u b) h", b=n)
-        tiled = {key: einops.repeat(t, "b ... -> (u b) ...", u=h) for key, t in base.items()}
-        ablated = receive(
-            einops.repeat(toks, "b p -> (u b) p", u=h), einops.repeat(resid, "b p d -> (u b) p d", u=h), mask
-        )
-        single = _effects(tiled, ablated, h, positions)
+        tiled = {key: tile(t, h, "b ... -> (r b) ...") for key, t in base.items()}
+        ablated = receive(tile(toks, h, "b p -> (r b) p"), tile(resid, h, "b p d -> (r b) p d"), mask)
+        single = _effects(tiled, ablated, index, positions)
         for key, value in single.items():
-            out[key][p] = einops.rearrange(value.double().cpu().numpy(), "(u b) j g -> b u j g", u=h)
+            per_pair[key].append(einops.rearrange(value.double().cpu().numpy(), "(u b) j g -> b u j g", u=h))
         # joint controls: per (text, receiving head), remove the weak / strong / random half of upstream heads
-        order = np.argsort(out["combined"][p].mean(2), axis=1)  # [text, up (ascending), recv]
-        masks = torch.zeros(n, h, len(JOINT), h, dtype=torch.bool)
+        order = np.argsort(per_pair["combined"][-1].mean(2), axis=1)  # [text, upstream (ascending), recv]
+        masks = torch.zeros(n, n_recv, len(JOINT), h, dtype=torch.bool)
         for b in range(n):
-            for g in range(h):
+            for g in range(n_recv):
                 masks[b, g, 0, order[b, :half, g]] = True
                 masks[b, g, 1, order[b, h - half :, g]] = True
                 masks[b, g, 2, rng.choice(h, size=half, replace=False)] = True
+        r_joint = n_recv * len(JOINT)
         rows = einops.rearrange(masks, "b g c u -> (b g c) u")
-        expand = {key: einops.repeat(t, "b ... -> (b r) ...", r=h * len(JOINT)) for key, t in base.items()}
-        joint_new = receive(einops.repeat(toks, "b p -> (b r) p", r=h * len(JOINT)),
-                            einops.repeat(resid, "b p d -> (b r) p d", r=h * len(JOINT)), rows)  # fmt: skip
-        combined = _effects(expand, joint_new, h, positions)["combined"].mean(1)  # [(b g c), recv]
-        combined = einops.rearrange(combined.double().cpu().numpy(), "(b g c) r -> b g c r", g=h, c=len(JOINT))
-        joint[p] = np.einsum("bgcg->bgc", combined)  # each row read at its own receiving head
+        expand = {key: tile(t, r_joint, "b ... -> (b r) ...") for key, t in base.items()}
+        joint_new = receive(tile(toks, r_joint, "b p -> (b r) p"), tile(resid, r_joint, "b p d -> (b r) p d"), rows)
+        combined = _effects(expand, joint_new, index, positions)["combined"].mean(1)  # [(b g c), recv]
+        combined = einops.rearrange(combined.double().cpu().numpy(), "(b g c) r -> b g c r", g=n_recv, c=len(JOINT))
+        joints.append(np.einsum("bgcg->bgc", combined))  # each row read at its own receiving head
+    note = f"skipped upstream linear-attention layers {skipped}: a head's hook_z is what is removed" if skipped else ""
+    if note:
+        warnings.warn(note, stacklevel=2)
     provenance = Provenance.collect(
         info, tokens, analysis="head_dominance", upstream_layers=list(ups), query_positions=positions, seed=seed,
-        ablation="zero hook_z of one upstream head over the whole sequence",
+        ablation="zero hook_z of one upstream head over the whole sequence", skipped=note,
     )  # fmt: skip
     return DominanceResult(
         layer_pairs=tuple((up, up + 1) for up in ups), query_positions=tuple(positions),
-        receiving_types=tuple("softmax" for _ in ups), joint=joint, provenance=provenance, **out,
+        receiving_types=tuple(types), joint=_pad([np.moveaxis(j, 1, -1) for j in joints]).transpose(0, 1, 3, 2),
+        provenance=provenance, **{key: _pad(v) for key, v in per_pair.items()},
     )  # fmt: skip

@@ -21,7 +21,7 @@ from lens_parallel import plots
 from lens_parallel.analyses.ablation import AblationJob, run_ablations
 from lens_parallel.data import TokenBlocks
 from lens_parallel.evaluate import DocLosses, edit_effect
-from lens_parallel.hooks import check_indices
+from lens_parallel.hooks import softmax_layers
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.results import Provenance, load_result, save_result, serializable
 from lens_parallel.stats import benjamini_hochberg, sign_flip_pvalue
@@ -101,9 +101,10 @@ def head_sensitivity(
     progress: bool = True,
 ) -> SensitivityResult:
     """Per layer: every head ablated alone and all heads jointly (``edit``: zero, mean, parallel-value,
-    parallel-residual). ``store`` makes the sweep resumable (see :func:`run_ablations`)."""
+    parallel-residual). ``store`` makes the sweep resumable (see :func:`run_ablations`). With ``layers=None``
+    linear-attention layers (Qwen3.5) are skipped, and the result's provenance says so."""
     info = model_info(model)
-    layer_idx = check_indices("layers", layers, info.n_layers)
+    layer_idx, skipped = softmax_layers(info, layers, what="head_sensitivity")
     singles = [AblationJob(layer, (h,)) for layer in layer_idx for h in range(info.n_heads)]
     joints = [AblationJob(layer, tuple(range(info.n_heads))) for layer in layer_idx]
     run = run_ablations(model, tokens, singles + joints, kind=edit, batch_size=batch_size,
@@ -113,7 +114,7 @@ def head_sensitivity(
     shape = (len(layer_idx), info.n_heads)
     provenance = Provenance.collect(
         info, tokens, analysis="head_sensitivity", edit=edit, layers=list(layer_idx), batch_size=batch_size,
-        n_resamples=n_resamples, n_permutations=n_permutations, seed=seed,
+        n_resamples=n_resamples, n_permutations=n_permutations, seed=seed, skipped=skipped,
     )  # fmt: skip
     return SensitivityResult(
         edit=edit, layers=layer_idx, loss_base=run.base.loss,
