@@ -54,7 +54,8 @@ def dominance(model, args) -> None:
     df = result.to_dataframe()
     print(f"head_dominance on {model_info(model).name}, 4 texts x 32 tokens, "
           f"{len(result.layer_pairs)} layer pairs: {elapsed:.1f} s")  # fmt: skip
-    print(df.groupby("kind")[["effective_fraction", "top25_share", "heads_for_90"]].mean().round(3).to_string())
+    cols = ["effective_fraction", "top25_share", "heads_for_90", "joint_weak", "joint_strong", "joint_random"]
+    print(df.groupby("receiving_type")[cols].mean().round(3).to_string())
 
 
 def main() -> None:

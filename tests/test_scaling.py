@@ -69,3 +69,22 @@ def test_sweep_rejects_bad_input_before_running(setup):
         scale_sweep(model, blocks, space="residual-block", heads=[0])
     with pytest.raises(ValueError, match=r"layers \[9\] out of range"):
         scale_sweep(model, blocks, layers=[9])
+
+
+def test_hybrid_model_sweeps_softmax_layers_only():
+    model = get_model("toy-qwen3.5")
+    blocks = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=12)
+    per_layer = scale_sweep(model, blocks, space=["value", "residual-mlp"], s_par=[0.0], s_perp=[], per_layer=True,
+                            n_resamples=100, progress=False)  # fmt: skip
+    df = per_layer.to_dataframe()
+    assert sorted(df[df.space == "value"].layer) == [1, 3] and sorted(df[df.space == "residual-mlp"].layer) == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    for row in df.itertuples():
+        naive = document_losses(
+            model, blocks, ComponentScale(row.space, row.s_par, row.s_perp, layers=[int(row.layer)])
+        )
+        assert row.loss_edited == pytest.approx(naive.loss, abs=1e-5)

@@ -93,6 +93,7 @@ class DominanceResult:
                         "joint_weak": weak, "joint_strong": strong, "joint_random": rand,
                         "strong_weak_ratio": strong / weak if weak > 0 else np.nan,
                         "mean_js": self.js[p, i, :, :, g].mean(),  # NaN for linear attention (no softmax)
+                        "mean_js_distance": np.sqrt(self.js[p, i, :, :, g]).mean(),
                     })  # fmt: skip
         return pd.DataFrame(rows)
 

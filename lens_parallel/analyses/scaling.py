@@ -23,9 +23,9 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import plots
 from lens_parallel.data import TokenBlocks
-from lens_parallel.edits import ComponentScale, compile_hooks
+from lens_parallel.edits import HEAD_SPACES, SCALE_SPACES, ComponentScale, compile_hooks
 from lens_parallel.evaluate import DocLosses, EditEffect, batch_nll, edit_effect
-from lens_parallel.hooks import check_indices, hook_name
+from lens_parallel.hooks import check_indices, hook_name, softmax_layers
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.results import Provenance, as_tokens, load_result, save_result, serializable
 
@@ -121,16 +121,22 @@ def scale_sweep(
     info = model_info(model)
     spaces = (space,) if isinstance(space, str) else tuple(space)
     layer_idx = check_indices("layers", layers, info.n_layers)
+    bad = [sp for sp in spaces if sp not in SCALE_SPACES]
+    if bad or not spaces:
+        raise ValueError(f"unknown space {(bad or [spaces])[0]!r}; accepted: {', '.join(SCALE_SPACES)}")
+    # head-level spaces act on softmax-attention layers only (Qwen3.5's linear blocks are skipped when layers=None)
+    space_layers = {
+        sp: softmax_layers(info, layers, what=f"space {sp!r}")[0] if sp in HEAD_SPACES else layer_idx for sp in spaces
+    }
     settings = [("s_par", v, 1.0) for v in _check_scales("s_par", s_par)]
     settings += [("s_perp", 1.0, v) for v in _check_scales("s_perp", s_perp)]
     toks = as_tokens(tokens)
     # compile (and so validate) every intervention before the first forward
-    layer_sets = [(layer,) for layer in layer_idx] if per_layer else [layer_idx]
     hooks = {
         (sp, vary, a, b, ls): compile_hooks(model, ComponentScale(sp, a, b, layers=ls, heads=heads))
         for sp in spaces
         for (vary, a, b) in [*settings, ("noop", 1.0, 1.0)]
-        for ls in (layer_sets if vary != "noop" else [layer_idx])
+        for ls in ([(x,) for x in space_layers[sp]] if per_layer and vary != "noop" else [space_layers[sp]])
     }
     sums: dict[tuple, list[Tensor]] = {key: [] for key in hooks}
     prefix_names = [hook_name(layer, "resid_pre") for layer in layer_idx] if per_layer else []
@@ -153,7 +159,7 @@ def scale_sweep(
     for (sp, vary, a, b, ls), doc_losses in losses.items():
         if vary == "noop":
             continue
-        base = losses[sp, "noop", 1.0, 1.0, layer_idx]
+        base = losses[sp, "noop", 1.0, 1.0, space_layers[sp]]
         effect = edit_effect(base, doc_losses, n_resamples=n_resamples, seed=seed)
         points.append(SweepPoint(sp, vary, a, b, ls[0] if per_layer else None, effect))
     provenance = Provenance.collect(
