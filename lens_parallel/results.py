@@ -70,6 +70,26 @@ def as_tokens(tokens: object) -> Int[Tensor, "batch pos"]:
     return t
 
 
+class ResultMixin:
+    """What every result dataclass shares: ``info`` from its ``provenance``, ``save`` and ``load``."""
+
+    @property
+    def info(self) -> ModelInfo:
+        return ModelInfo(**self.provenance.model)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``path.json`` (fields and provenance) and ``path.npz`` (arrays)."""
+        return save_result(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path):
+        """Read a result written by :meth:`save`."""
+        result = load_result(path)
+        if not isinstance(result, cls):
+            raise TypeError(f"{path} holds a {type(result).__name__}, not a {cls.__name__}")
+        return result
+
+
 def _encode(obj: Any, arrays: dict[str, np.ndarray], key: str) -> Any:
     if dataclasses.is_dataclass(obj):
         out = {"__class__": type(obj).__name__}

@@ -137,3 +137,12 @@ def test_bad_arguments_fail_before_any_forward():
     with pytest.raises(ValueError, match=r"tokens must be TokenBlocks or an integer tensor \[batch, pos\], got Tensor"):
         as_tokens(torch.zeros(8))
     assert SPACES == ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
+
+
+def test_load_refuses_another_result_type(tmp_path):
+    from lens_parallel.analyses.scaling import ScalingResult
+
+    model = get_model("toy-gpt2")
+    decompose(model, token_blocks(model, "austen", n_docs=1, seq_len=8), progress=False).save(tmp_path / "d")
+    with pytest.raises(TypeError, match="holds a DecompositionResult, not a ScalingResult"):
+        ScalingResult.load(tmp_path / "d")

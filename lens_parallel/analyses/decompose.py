@@ -28,7 +28,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import einops
 import numpy as np
@@ -43,7 +42,7 @@ from lens_parallel import geometry, plots
 from lens_parallel.data import TokenBlocks
 from lens_parallel.hooks import LayerStream, check_indices, expand_kv, residual_reference_role, softmax_layers
 from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.results import Provenance, as_tokens, load_result, save_result, serializable
+from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
 
 SPACES = ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
 HEAD_SPACES = ("value", "value-exclude-self", "residual-attn")
@@ -107,15 +106,11 @@ class AlignmentTable:
 
 @serializable
 @dataclass(frozen=True)
-class DecompositionResult:
+class DecompositionResult(ResultMixin):
     """Self-alignment statistics of every requested space; see :func:`decompose`."""
 
     tables: tuple[AlignmentTable, ...]
     provenance: Provenance
-
-    @property
-    def info(self) -> ModelInfo:
-        return ModelInfo(**self.provenance.model)
 
     def table(self, space: str, level: str = "head") -> AlignmentTable:
         for t in self.tables:
@@ -130,13 +125,6 @@ class DecompositionResult:
 
     def figure(self):
         return plots.decomposition_figure(self)
-
-    def save(self, path: str | Path) -> Path:
-        return save_result(self, path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> DecompositionResult:
-        return load_result(path)
 
 
 def _normalise_spaces(space: str | Sequence[str]) -> tuple[str, ...]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -29,13 +28,13 @@ from lens_parallel import geometry, plots
 from lens_parallel.data import TokenBlocks
 from lens_parallel.edits import DIAGONAL_SPACES
 from lens_parallel.hooks import check_indices, expand_kv, hook_name, softmax_layers
-from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.results import Provenance, as_tokens, load_result, save_result, serializable
+from lens_parallel.models import model_info
+from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
 
 
 @serializable
 @dataclass(frozen=True)
-class DiagonalView:
+class DiagonalView(ResultMixin):
     """One head's empirical attention map on one document, the diagonal changes that reproduce a parallel-only
     scaling in each space, and per-head summaries of those changes over all documents of the layer.
 
@@ -62,10 +61,6 @@ class DiagonalView:
     summary_guarded: np.ndarray
     provenance: Provenance
 
-    @property
-    def info(self) -> ModelInfo:
-        return ModelInfo(**self.provenance.model)
-
     def edited(self, space: str) -> np.ndarray:
         """The edited map A + diag(dA) of this head and document in ``space``."""
         return self.pattern + np.diag(self.d_a[self.spaces.index(space)])
@@ -86,13 +81,6 @@ class DiagonalView:
 
     def figure(self, *, max_tokens: int = 48):
         return plots.diagonal_figure(self, max_tokens=max_tokens)
-
-    def save(self, path: str | Path) -> Path:
-        return save_result(self, path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> DiagonalView:
-        return load_result(path)
 
 
 def _token_labels(model: TransformerBridge, tokens: Int[Tensor, " pos"]) -> tuple[str, ...]:

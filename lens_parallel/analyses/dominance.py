@@ -22,7 +22,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import einops
 import numpy as np
@@ -38,7 +37,7 @@ from lens_parallel.data import TokenBlocks
 from lens_parallel.edits import HeadEdit
 from lens_parallel.hooks import LayerStream, check_indices, effective_qk_roles, hook_name
 from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.results import Provenance, as_tokens, load_result, save_result, serializable
+from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
 from lens_parallel.stats import concentration
 
 JOINT = ("weak", "strong", "random")
@@ -46,7 +45,7 @@ JOINT = ("weak", "strong", "random")
 
 @serializable
 @dataclass(frozen=True)
-class DominanceResult:
+class DominanceResult(ResultMixin):
     """Raw per-head effects and joint controls.
 
     ``rel_q``, ``combined``, ``js``: ``[pair, text, upstream_head, query_pos, receiving_head]``; ``rel_k``, ``rel_v``:
@@ -66,10 +65,6 @@ class DominanceResult:
     js: np.ndarray
     joint: np.ndarray
     provenance: Provenance
-
-    @property
-    def info(self) -> ModelInfo:
-        return ModelInfo(**self.provenance.model)
 
     def concentration(self) -> dict[str, np.ndarray]:
         """Concentration metrics ``[pair, text, receiving_head]`` of the token-averaged single-head effects."""
@@ -99,13 +94,6 @@ class DominanceResult:
 
     def figure(self):
         return plots.dominance_figure(self)
-
-    def save(self, path: str | Path) -> Path:
-        return save_result(self, path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> DominanceResult:
-        return load_result(path)
 
 
 def _positions(query_positions: slice | Sequence[int], seq_len: int) -> tuple[int, ...]:

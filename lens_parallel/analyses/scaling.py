@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -26,8 +25,8 @@ from lens_parallel.data import TokenBlocks
 from lens_parallel.edits import HEAD_SPACES, SCALE_SPACES, ComponentScale, compile_hooks
 from lens_parallel.evaluate import DocLosses, EditEffect, batch_nll, edit_effect
 from lens_parallel.hooks import check_indices, hook_name, softmax_layers
-from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.results import Provenance, as_tokens, load_result, save_result, serializable
+from lens_parallel.models import model_info
+from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
 
 DEFAULT_S_PAR = (-1.0, -0.5, 0.0, 0.5, 1.5, 2.0, 3.0)
 DEFAULT_S_PERP = (0.0, 0.25, 0.5, 0.75, 1.5)
@@ -48,15 +47,11 @@ class SweepPoint:
 
 @serializable
 @dataclass(frozen=True)
-class ScalingResult:
+class ScalingResult(ResultMixin):
     """Edited-minus-no-op loss and perplexity for every (space, setting[, layer])."""
 
     points: tuple[SweepPoint, ...]
     provenance: Provenance
-
-    @property
-    def info(self) -> ModelInfo:
-        return ModelInfo(**self.provenance.model)
 
     def to_dataframe(self) -> pd.DataFrame:
         rows = []
@@ -74,13 +69,6 @@ class ScalingResult:
 
     def figure(self):
         return plots.scaling_figure(self)
-
-    def save(self, path: str | Path) -> Path:
-        return save_result(self, path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> ScalingResult:
-        return load_result(path)
 
 
 def _check_scales(name: str, values: Sequence[float]) -> tuple[float, ...]:

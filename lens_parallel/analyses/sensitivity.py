@@ -22,14 +22,14 @@ from lens_parallel.analyses.ablation import AblationJob, run_ablations
 from lens_parallel.data import TokenBlocks
 from lens_parallel.evaluate import DocLosses, edit_effect
 from lens_parallel.hooks import softmax_layers
-from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.results import Provenance, load_result, save_result, serializable
+from lens_parallel.models import model_info
+from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.stats import benjamini_hochberg, sign_flip_pvalue
 
 
 @serializable
 @dataclass(frozen=True)
-class SensitivityResult:
+class SensitivityResult(ResultMixin):
     """``head_*`` arrays are ``[layer, head]``; ``joint_*`` are ``[layer]`` (all heads of the layer together)."""
 
     edit: str
@@ -45,10 +45,6 @@ class SensitivityResult:
     joint_hi: np.ndarray
     joint_p: np.ndarray
     provenance: Provenance
-
-    @property
-    def info(self) -> ModelInfo:
-        return ModelInfo(**self.provenance.model)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per single head and one per layer's joint edit (head <NA>, label ``L{l}*``)."""
@@ -70,13 +66,6 @@ class SensitivityResult:
 
     def figure(self):
         return plots.sensitivity_figure(self)
-
-    def save(self, path: str | Path) -> Path:
-        return save_result(self, path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> SensitivityResult:
-        return load_result(path)
 
 
 def _stats(base: DocLosses, edited: DocLosses, n_resamples: int, n_permutations: int, seed: int) -> tuple:
