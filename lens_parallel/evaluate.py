@@ -55,7 +55,7 @@ class EditEffect:
     n_tokens: int
 
 
-def _delta_ppl(edited: np.ndarray, base: np.ndarray, weights: np.ndarray, axis: int = -1) -> np.ndarray:
+def _delta_ppl(edited: np.ndarray, base: np.ndarray, weights: np.ndarray, axis: int = -1) -> np.ndarray | float:
     return np.exp(edited.sum(axis) / weights.sum(axis)) - np.exp(base.sum(axis) / weights.sum(axis))
 
 
