@@ -232,7 +232,7 @@ def _value_hooks(edit: ComponentScale, model, info, layer, heads, state) -> list
         v = expand_kv(state.pop("v"), info.n_heads)
         o = z
         if info.gated_attention:
-            o = einops.einsum(state.pop("pattern"), v, "b h q k, b k h d -> b q h d")
+            o = geometry.value_aggregate(state.pop("pattern"), v)
         m = o if edit.space == "value" else geometry.split_self(o, v, state.pop("diag"))[1]
         delta = geometry.scale_delta(m, v, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
         if info.gated_attention:

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import einops
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 EPS = 1e-8
@@ -118,6 +118,24 @@ def scale_components(
     return m + scale_delta(m, r, s_par=s_par, s_perp=s_perp, eps=eps)
 
 
+def value_aggregate(
+    pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+    v: Float[Tensor, "batch key_pos head_index d_head"],
+) -> Float[Tensor, "batch query_pos head_index d_head"]:
+    """o_t = sum_s A_ts v_s per query head (``v`` already expanded to query heads); equals hook_z without gating."""
+    return einops.einsum(pattern, v, "batch head_index q k, batch k head_index d -> batch q head_index d")
+
+
+def self_and_null_cosines(
+    y: Float[Tensor, "batch pos head_index d_head"],
+    v: Float[Tensor, "batch pos head_index d_head"],
+    j: Int[Tensor, "batch pos"],
+) -> tuple[Float[Tensor, "batch pos head_index"], Float[Tensor, "batch pos head_index"]]:
+    """cos(y_t, v_t) and the causal-null cosine cos(y_t, v_{j_t}) with j_t an earlier position of the same row."""
+    v_null = v.gather(1, einops.repeat(j, "b p -> b p h d", h=v.shape[2], d=v.shape[3]))
+    return torch.cosine_similarity(y, v, dim=-1), torch.cosine_similarity(y, v_null, dim=-1)
+
+
 def split_self(
     z: Float[Tensor, "batch pos head_index d_head"],
     v: Float[Tensor, "batch pos head_index d_head"],
@@ -179,7 +197,7 @@ def diagonal_change(
     Positions whose denominator is below eps (|v_t|^2 <= eps^2; or |(W_O v_t) . x_t| <= eps |W_O v_t| |x_t|) get
     dA = 0 and ``valid = False``.
     """
-    o = einops.einsum(pattern, v, "batch head_index q k, batch k head_index d -> batch q head_index d")
+    o = value_aggregate(pattern, v)
     if space == "residual-attn":
         if x is None or W_O is None:
             raise ValueError("the residual-attn diagonal needs the residual state x and W_O")

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from lens_parallel.analyses.decompose import DecompositionResult
     from lens_parallel.analyses.diagonal import DiagonalView
     from lens_parallel.analyses.dominance import DominanceResult
+    from lens_parallel.analyses.nulls import NullResult
     from lens_parallel.analyses.scaling import ScalingResult
     from lens_parallel.analyses.sensitivity import SensitivityResult
 
@@ -274,3 +275,37 @@ def dominance_figure(result: DominanceResult) -> go.Figure:
 
 
 JOINT_NAMES = ("weak", "strong", "random")
+
+
+def null_figure(result: NullResult) -> go.Figure:
+    """Left: cos_self and the causal-null cos_null per layer (line = mean over heads, band = min-max over heads).
+    Right (GQA): within-group and across-group excess per layer, mean over heads."""
+    df = result.to_dataframe()
+    gqa = result.cos_across is not None
+    titles = ["self-cosine vs earlier-position null"] + (["GQA: within- vs across-group excess"] if gqa else [])
+    fig = make_subplots(rows=1, cols=2 if gqa else 1, subplot_titles=titles)
+    by_layer = df.groupby("layer")
+    x = np.array(sorted(df.layer.unique()))
+    for column, color, name in (
+        ("cos_self", "#1f77b4", "cos(y_t, v_t)"),
+        ("cos_null", "#7f7f7f", "cos(y_t, v_j), j < t"),
+    ):
+        _band(fig, x, by_layer[column].min().to_numpy(), by_layer[column].max().to_numpy(), color,
+              f"{name}: min-max over heads", column, 1, 1, True)  # fmt: skip
+        fig.add_trace(go.Scatter(x=x, y=by_layer[column].mean(), mode="lines+markers", line={"color": color},
+                                 name=f"{name}: mean over heads", legendgroup=column), row=1, col=1)  # fmt: skip
+    fig.update_xaxes(title_text="layer", row=1, col=1)
+    fig.update_yaxes(title_text="mean cosine over positions t ≥ 1", row=1, col=1)
+    if gqa:
+        for column, color, name in (("within_excess", "#1f77b4", "within group"),
+                                    ("across_excess", "#d62728", "across groups (neighbour kv)")):  # fmt: skip
+            fig.add_trace(go.Bar(x=x, y=by_layer[column].mean(), marker_color=color, name=f"{name} excess"),
+                          row=1, col=2)  # fmt: skip
+        fig.update_xaxes(title_text="layer", row=1, col=2)
+        fig.update_yaxes(title_text="excess over the own-group null (cosine)", row=1, col=2)
+    fig.update_layout(
+        title=f"Causal null: {result.info.name} ({result.cos_self.shape[0]} docs, seed {result.seed})",
+        height=460, width=1150 if gqa else 700, template="plotly_white", barmode="group",
+        legend={"orientation": "h", "y": -0.22},
+    )  # fmt: skip
+    return fig

@@ -29,3 +29,15 @@ def test_smollm2_loads_offline_predicts_english_and_decomposes_all_layers():
     assert result.layers == tuple(range(30)) and result.self_cos.shape == (30, 9)
     assert (result.n_degenerate == 0).all() and np.isfinite(result.self_cos).all()
     assert 0.05 < result.self_cos.mean() < 0.95
+
+
+def test_smollm2_causal_null_and_gqa_groups():
+    from lens_parallel.analyses.nulls import gqa_alignment
+
+    model = get_model("smollm2-135m")
+    blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=48)
+    result = gqa_alignment(model, blocks, seed=0, n_resamples=200)
+    assert result.cos_self.shape == (4, 30, 9) and result.reconstruction_error < 1e-4
+    summary = result.summary()
+    assert summary["cos_self"] > summary["cos_null"] > 0  # trained heads: above the null, and the null is not 0
+    assert summary["across_excess"] < summary["within_excess"]

@@ -29,7 +29,6 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import einops
 import numpy as np
 import pandas as pd
 import torch
@@ -198,7 +197,7 @@ def _reducer(acc: _Accumulator, spaces: tuple[str, ...], W_O: dict[int, Tensor])
     def reduce(layer: int, t: dict[str, Tensor]) -> None:
         v = expand_kv(t["v"], info.n_heads) if "v" in t else None
         if "pattern_full" in t:  # gated attention: hook_z is sigmoid(gate) * (A v); decompose the pre-gate A v
-            o = einops.einsum(t["pattern_full"], v, "b h q k, b k h d -> b q h d")
+            o = geometry.value_aggregate(t["pattern_full"], v)
             diag = torch.diagonal(t["pattern_full"], dim1=-2, dim2=-1)
         else:
             o, diag = t.get("z"), t.get("pattern")

@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lens_parallel import geometry
+from lens_parallel.analyses.nulls import NullResult, ReconstructionError, causal_null, gqa_alignment, null_positions
+from lens_parallel.data import token_blocks
+from lens_parallel.hooks import expand_kv
+from lens_parallel.models import model_info
+from lens_parallel.stats import bootstrap_mean_ci
+
+from .conftest import get_model
+
+gen = torch.Generator().manual_seed(0)
+
+
+def test_null_positions_are_earlier_and_seeded():
+    j = null_positions(50, 30, seed=1)
+    t = torch.arange(30)
+    assert ((j[:, 1:] >= 0) & (j[:, 1:] < t[1:])).all() and (j[:, 0] == 0).all()
+    assert torch.equal(j, null_positions(50, 30, seed=1)) and not torch.equal(j, null_positions(50, 30, seed=2))
+    assert set(j[:, 10].tolist()) == set(range(10))  # every earlier position is drawn
+
+
+def test_self_attention_only_gives_cos_self_one_and_null_equal_to_cosine_with_earlier_values():
+    v = torch.randn(4, 12, 3, 8, generator=gen, dtype=torch.float64)
+    j = null_positions(4, 12, seed=0)
+    cos_self, cos_null = geometry.self_and_null_cosines(v, v, j)  # y_t = v_t: every head attends only to itself
+    torch.testing.assert_close(cos_self, torch.ones_like(cos_self))
+    expected = torch.stack([torch.cosine_similarity(v[b], v[b, j[b]], dim=-1) for b in range(4)])
+    torch.testing.assert_close(cos_null, expected)
+
+
+def test_iid_values_with_uniform_attention_have_no_excess():
+    n, t, h, d = 200, 24, 2, 16
+    v = torch.randn(n, t, h, d, generator=gen, dtype=torch.float64)
+    y = v.cumsum(1) / torch.arange(1, t + 1, dtype=torch.float64)[None, :, None, None]  # uniform causal attention
+    cos_self, cos_null = geometry.self_and_null_cosines(y, v, null_positions(n, t, seed=3))
+    per_doc = (cos_self - cos_null)[:, 1:].mean((1, 2)).numpy()[:, None]
+    lo, hi = bootstrap_mean_ci(per_doc, seed=0)
+    assert lo[0] < 0 < hi[0] and abs(per_doc.mean()) < 0.02
+
+
+def test_swapped_kv_groups_flip_within_and_across():
+    v_kv = torch.randn(3, 10, 2, 8, generator=gen, dtype=torch.float64)
+    j = null_positions(3, 10, seed=0)
+    results = []
+    for source in (v_kv, torch.roll(v_kv, 1, dims=2)):  # each query head reads its own / the other kv group
+        y = expand_kv(source, 6)
+        within, null = geometry.self_and_null_cosines(y, expand_kv(v_kv, 6), j)
+        across = torch.cosine_similarity(y, expand_kv(torch.roll(v_kv, -1, dims=2), 6), dim=-1)
+        results.append(((within - null)[:, 1:].mean().item(), (across - null)[:, 1:].mean().item()))
+    (within_a, across_a), (within_b, across_b) = results
+    assert within_a > across_a + 0.5 and across_b > within_b + 0.5
+
+
+def test_runs_on_every_family_deterministically(toy):
+    info = model_info(toy)
+    blocks = token_blocks(toy, "wikipedia-en", n_docs=4, seq_len=16)
+    a = causal_null(toy, blocks, seed=5, batch_size=3, n_resamples=200)
+    b = causal_null(toy, blocks, seed=5, batch_size=2, n_resamples=200)
+    c = causal_null(toy, blocks, seed=6, batch_size=3, n_resamples=200)
+    assert a.layers == info.softmax_layers and a.reconstruction_error < 1e-5
+    assert np.array_equal(a.cos_self, b.cos_self) and np.array_equal(a.cos_null, b.cos_null)
+    assert np.array_equal(a.excess_lo, b.excess_lo)
+    assert np.array_equal(a.cos_self, c.cos_self) and not np.array_equal(a.cos_null, c.cos_null)
+    df = a.to_dataframe()
+    assert len(df) == len(a.layers) * info.n_heads
+    np.testing.assert_allclose(df.self_specific_fraction, df.excess / df.cos_self)
+    assert (df.excess_lo <= df.excess).all() and (df.excess <= df.excess_hi).all()
+
+
+def test_gqa_alignment_matches_a_direct_computation(tmp_path):
+    model = get_model("toy-qwen3")
+    blocks = token_blocks(model, "austen", n_docs=3, seq_len=12)
+    result = gqa_alignment(model, blocks, seed=2, n_resamples=200)
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(blocks.tokens, names_filter=["blocks.2.attn.hook_z", "blocks.2.attn.hook_v"])
+    z, v_kv = cache["blocks.2.attn.hook_z"].double(), cache["blocks.2.attn.hook_v"].double()
+    across = torch.cosine_similarity(z, expand_kv(v_kv.flip(2), 6), dim=-1)[:, 1:].mean(
+        1
+    )  # 2 groups: neighbour = other
+    np.testing.assert_allclose(result.cos_across[:, 2], across.numpy(), atol=1e-10)
+    summary = result.summary()
+    assert {"cos_self", "cos_null", "excess", "within_excess", "across_excess", "cos_across"} <= set(summary)
+    fig = result.figure()
+    assert [a.text for a in fig.layout.annotations] == ["self-cosine vs earlier-position null",
+                                                        "GQA: within- vs across-group excess"]  # fmt: skip
+    result.save(tmp_path / "null")
+    again = NullResult.load(tmp_path / "null")
+    assert np.array_equal(again.cos_across, result.cos_across) and again.seed == 2
+
+
+def test_reconstruction_gate_refuses_to_run():
+    model = get_model("toy-gpt2")
+    blocks = token_blocks(model, "austen", n_docs=2, seq_len=10)
+    bump = [("blocks.1.attn.hook_z", lambda z, hook: z + 1.0)]
+    with model.hooks(fwd_hooks=bump), pytest.raises(ReconstructionError, match=r"relative error [\d.e+-]+ > tolerance"):
+        causal_null(model, blocks)
