@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from lens_parallel.analyses.diagonal import DiagonalView
     from lens_parallel.analyses.dominance import DominanceResult
     from lens_parallel.analyses.nulls import NullResult
+    from lens_parallel.analyses.reliability import SanityReport, SplitHalfResult
     from lens_parallel.analyses.scaling import ScalingResult
     from lens_parallel.analyses.sensitivity import SensitivityResult
 
@@ -308,4 +309,50 @@ def null_figure(result: NullResult) -> go.Figure:
         height=460, width=1150 if gqa else 700, template="plotly_white", barmode="group",
         legend={"orientation": "h", "y": -0.22},
     )  # fmt: skip
+    return fig
+
+
+def split_half_figure(result: SplitHalfResult) -> go.Figure:
+    """Half A vs half B across heads: the causal-null excess (left) and the intervention effect Δ loss (right);
+    the dashed diagonal is perfect agreement; r is Spearman across heads."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[
+        f"excess: r_stat = {result.correlations('excess')['r_stat']:.2f}",
+        f"Δ loss ({result.edit}): r_delta = {result.correlations('excess')['r_delta']:.2f}"])  # fmt: skip
+    labels = [f"L{layer}H{h}" for layer in result.layers for h in range(result.delta.shape[2])]
+    for col, (values, unit) in enumerate(((result.excess, "cosine"), (result.delta, "nats/token")), start=1):
+        a, b = values[0].ravel(), values[1].ravel()
+        lo, hi = float(min(a.min(), b.min())), float(max(a.max(), b.max()))
+        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dash", "color": "grey"},
+                                 name="half A = half B", showlegend=col == 1), row=1, col=col)  # fmt: skip
+        hover = "%{text}<br>A %{x:.4f}<br>B %{y:.4f}<extra></extra>"
+        marker = {"size": 6, "color": "#1f77b4"}
+        fig.add_trace(go.Scatter(x=a, y=b, mode="markers", text=labels, marker=marker, name="one head",
+                                 showlegend=col == 1, hovertemplate=hover), row=1, col=col)  # fmt: skip
+        fig.update_xaxes(title_text=f"half A ({unit})", row=1, col=col)
+        fig.update_yaxes(title_text=f"half B ({unit})", row=1, col=col)
+    verdict = result.correlations("excess")["verdict"]
+    fig.update_layout(title=f"Split-half reliability: {result.info.name} (verdict: {verdict})", height=460,
+                      width=1000, template="plotly_white", legend={"orientation": "h", "y": -0.2})  # fmt: skip
+    return fig
+
+
+def sanity_figure(report: SanityReport) -> go.Figure:
+    """The null panels (cos_self vs cos_null per layer; GQA within/across) and the split-half scatters, together."""
+    parts = [null_figure(report.null), split_half_figure(report.split_half)]
+    titles = [a.text for part in parts for a in part.layout.annotations]
+    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.06)
+    col = 0
+    for part in parts:
+        offset = col
+        for trace in part.data:
+            axis = trace.xaxis or "x"
+            fig.add_trace(trace, row=1, col=offset + (int(axis[1:]) if len(axis) > 1 else 1))
+        for k in range(len(part.layout.annotations)):
+            col += 1
+            source = part.layout["xaxis" if k == 0 else f"xaxis{k + 1}"]
+            target = part.layout["yaxis" if k == 0 else f"yaxis{k + 1}"]
+            fig.update_xaxes(title_text=source.title.text, row=1, col=col)
+            fig.update_yaxes(title_text=target.title.text, row=1, col=col)
+    fig.update_layout(title=f"Sanity checks: {report.null.info.name}", height=480, width=480 * len(titles),
+                      template="plotly_white", barmode="group", legend={"orientation": "h", "y": -0.25})  # fmt: skip
     return fig

@@ -1,0 +1,144 @@
+"""Split-half reliability of per-head statistics and per-head intervention effects, and the sanity report.
+
+Documents are split (seeded) into two disjoint halves. In each half: the per-head self-cosine and causal-null
+excess (:func:`causal_null`) and the per-head intervention effect (Δ next-token loss of ablating that head alone,
+on the ablation engine). Across heads, Spearman between halves gives r_stat (of the statistic) and r_delta (of the
+effect), with no Spearman-Brown correction; the ceiling on how well the statistic can predict the effect is
+rho_max = sqrt(r_delta r_stat); rho_raw = Spearman(statistic, effect) on the two halves' means; disattenuated
+rho = rho_raw / rho_max. Verdict on r_delta: reliable (>= 0.6), attenuated (>= 0.3), else unresolvable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from jaxtyping import Int
+from torch import Tensor
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel import plots
+from lens_parallel.analyses.ablation import AblationJob, run_ablations
+from lens_parallel.analyses.nulls import NullResult, causal_null, gqa_alignment
+from lens_parallel.data import TokenBlocks
+from lens_parallel.models import model_info
+from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
+from lens_parallel.stats import spearman
+
+STATISTICS = ("cos_self", "excess")
+
+
+def verdict(r_delta: float) -> str:
+    """reliable (r_delta >= 0.6), attenuated (>= 0.3), unresolvable otherwise (NaN included)."""
+    if r_delta >= 0.6:
+        return "reliable"
+    return "attenuated" if r_delta >= 0.3 else "unresolvable"
+
+
+@serializable
+@dataclass(frozen=True)
+class SplitHalfResult(ResultMixin):
+    """Per-head values in each half, ``[half, layer, head]``: ``cos_self``, ``excess``, ``delta`` (nats/token)."""
+
+    edit: str
+    layers: tuple[int, ...]
+    halves: tuple[tuple[int, ...], tuple[int, ...]]
+    cos_self: np.ndarray
+    excess: np.ndarray
+    delta: np.ndarray
+    provenance: Provenance
+
+    def correlations(self, statistic: str = "excess") -> dict[str, float | str]:
+        """r_stat, r_delta, rho_max, rho_raw, rho_disattenuated and the verdict for one statistic."""
+        stat = getattr(self, statistic)
+        r_stat, r_delta = spearman(stat[0], stat[1]), spearman(self.delta[0], self.delta[1])
+        product = r_stat * r_delta
+        rho_max = float(np.sqrt(product)) if product > 0 else float("nan")
+        rho_raw = spearman(stat.mean(0), self.delta.mean(0))
+        return {"r_stat": r_stat, "r_delta": r_delta, "rho_max": rho_max, "rho_raw": rho_raw,
+                "rho_disattenuated": rho_raw / rho_max, "verdict": verdict(r_delta)}  # fmt: skip
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per statistic with its split-half correlations."""
+        return pd.DataFrame([{"model": self.info.name, "edit": self.edit, "statistic": s, **self.correlations(s)}
+                             for s in STATISTICS])  # fmt: skip
+
+    def figure(self):
+        return plots.split_half_figure(self)
+
+
+def split_half_reliability(
+    model: TransformerBridge,
+    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    *,
+    edit: str = "parallel-value",
+    seed: int = 0,
+    batch_size: int = 8,
+    store: str | Path | None = None,
+    progress: bool = True,
+) -> SplitHalfResult:
+    """See the module docstring. ``store``: a folder for the two halves' resumable ablation sweeps."""
+    info = model_info(model)
+    toks = as_tokens(tokens)
+    if len(toks) < 4:
+        raise ValueError(f"split-half reliability needs at least 4 documents (2 per half), got {len(toks)}")
+    order = np.random.default_rng(seed).permutation(len(toks))
+    halves = (tuple(sorted(order[: len(toks) // 2].tolist())), tuple(sorted(order[len(toks) // 2 :].tolist())))
+    nulls, deltas = [], []
+    for k, half in enumerate(halves):
+        part = toks[list(half)]
+        null = causal_null(model, part, seed=seed, batch_size=batch_size, n_resamples=100)
+        jobs = [AblationJob(layer, (h,)) for layer in null.layers for h in range(info.n_heads)]
+        path = None if store is None else Path(store) / f"half{k}.jsonl"
+        run = run_ablations(model, part, jobs, kind=edit, batch_size=batch_size, store=path, progress=progress)
+        delta = np.array([run.edited[job].loss - run.base.loss for job in jobs]).reshape(len(null.layers), -1)
+        nulls.append(null)
+        deltas.append(delta)
+    provenance = Provenance.collect(
+        info, tokens, analysis="split_half_reliability", edit=edit, seed=seed, halves=[list(h) for h in halves],
+        skipped=nulls[0].provenance.settings["skipped"],
+    )  # fmt: skip
+    return SplitHalfResult(
+        edit=edit, layers=nulls[0].layers, halves=halves,
+        cos_self=np.stack([n.cos_self.mean(0) for n in nulls]), excess=np.stack([n.excess for n in nulls]),
+        delta=np.stack(deltas), provenance=provenance,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SanityReport:
+    """The causal null (with GQA groups where there are several kv heads) and split-half reliability together."""
+
+    null: NullResult
+    split_half: SplitHalfResult
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """The per-model summary row."""
+        row = self.null.summary()
+        for statistic in STATISTICS:
+            row |= {f"{k}_{statistic}": v for k, v in self.split_half.correlations(statistic).items()}
+        return pd.DataFrame([row])
+
+    def figure(self):
+        return plots.sanity_figure(self)
+
+
+def sanity_report(
+    model: TransformerBridge,
+    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    *,
+    edit: str = "parallel-value",
+    seed: int = 0,
+    batch_size: int = 8,
+    store: str | Path | None = None,
+    progress: bool = True,
+) -> SanityReport:
+    """Every check on one set of documents: causal null (+ GQA alignment when n_kv_heads >= 2) and split halves."""
+    info = model_info(model)
+    check = gqa_alignment if info.n_kv_heads >= 2 else causal_null
+    null = check(model, tokens, seed=seed, batch_size=batch_size)
+    split = split_half_reliability(model, tokens, edit=edit, seed=seed, batch_size=batch_size, store=store,
+                                   progress=progress)  # fmt: skip
+    return SanityReport(null=null, split_half=split)

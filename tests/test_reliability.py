@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lens_parallel.analyses.reliability import SplitHalfResult, sanity_report, split_half_reliability, verdict
+from lens_parallel.data import token_blocks
+from lens_parallel.edits import HeadEdit
+from lens_parallel.evaluate import document_losses
+
+from .conftest import get_model
+
+
+def test_verdict_thresholds():
+    assert [verdict(r) for r in (0.9, 0.6, 0.59, 0.3, 0.29, float("nan"))] == [
+        "reliable", "reliable", "attenuated", "attenuated", "unresolvable", "unresolvable"]  # fmt: skip
+
+
+def test_identical_halves_give_r_one():
+    rng = np.random.default_rng(0)
+    stat, delta = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    base = get_model("toy-gpt2")
+    blocks = token_blocks(base, "austen", n_docs=4, seq_len=10)
+    real = split_half_reliability(base, blocks, edit="zero", progress=False)
+    same = SplitHalfResult(edit="zero", layers=(0, 1, 2), halves=((0, 1), (2, 3)), cos_self=np.stack([stat, stat]),
+                           excess=np.stack([stat, stat]), delta=np.stack([delta, delta]),
+                           provenance=real.provenance)  # fmt: skip
+    c = same.correlations("excess")
+    assert c["r_stat"] == 1.0 and c["r_delta"] == 1.0 and c["rho_max"] == 1.0 and c["verdict"] == "reliable"
+    assert c["rho_disattenuated"] == pytest.approx(c["rho_raw"])
+
+
+def test_split_half_uses_disjoint_halves_and_the_ablation_effects():
+    model = get_model("toy-qwen3")
+    blocks = token_blocks(model, "wikipedia-en", n_docs=6, seq_len=16)
+    result = split_half_reliability(model, blocks, edit="zero", seed=3, progress=False)
+    a, b = result.halves
+    assert sorted(a + b) == list(range(6)) and not set(a) & set(b) and len(a) == 3
+    half = blocks.tokens[list(b)]
+    base = document_losses(model, half)
+    naive = document_losses(model, half, HeadEdit("zero", 2, (4,)))
+    assert result.delta[1, 2, 4] == pytest.approx(naive.loss - base.loss, abs=1e-6)
+    df = result.to_dataframe()
+    assert list(df.statistic) == ["cos_self", "excess"] and set(df.verdict) <= {
+        "reliable",
+        "attenuated",
+        "unresolvable",
+    }
+    with pytest.raises(ValueError, match="at least 4 documents"):
+        split_half_reliability(model, blocks.tokens[:3])
+
+
+def test_sanity_report_row_and_figure():
+    model = get_model("toy-llama")
+    report = sanity_report(model, token_blocks(model, "austen", n_docs=4, seq_len=12), progress=False)
+    row = report.to_dataframe()
+    assert len(row) == 1
+    for column in ("cos_self", "cos_null", "excess", "self_specific_fraction", "within_excess", "across_excess",
+                   "r_stat_excess", "r_delta_excess", "verdict_excess"):  # fmt: skip
+        assert column in row.columns
+    titles = [a.text for a in report.figure().layout.annotations]
+    assert titles[:2] == ["self-cosine vs earlier-position null", "GQA: within- vs across-group excess"]
+    assert titles[2].startswith("excess: r_stat") and titles[3].startswith("Δ loss (parallel-value): r_delta")
