@@ -25,7 +25,7 @@ from functools import partial
 
 import einops
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
@@ -328,11 +328,3 @@ def apply_edits(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> Itera
     hooks = compile_hooks(model, edits)
     with model.hooks(fwd_hooks=hooks):
         yield model
-
-
-def run_with_edits(
-    model: TransformerBridge, tokens: Int[Tensor, "batch pos"], edits: Edit | Sequence[Edit], **kwargs
-) -> Tensor:
-    """``model(tokens, **kwargs)`` under ``edits``."""
-    with apply_edits(model, edits):
-        return model(tokens, **kwargs)

@@ -253,7 +253,9 @@ def dominance_figure(result: DominanceResult) -> go.Figure:
                                 ("bottom25_share", "#2ca02c", "bottom 25% share")):  # fmt: skip
         fig.add_trace(go.Scatter(x=pairs, y=grouped[column].mean().reindex(pairs), mode="lines+markers",
                                  line={"color": color}, name=f"{name} (mean)"), row=1, col=2)  # fmt: skip
-    for kind, color in zip(JOINT_NAMES, ("#2ca02c", "#d62728", "#7f7f7f"), strict=True):
+    from lens_parallel.analyses.dominance import JOINT  # runtime import: dominance imports this module
+
+    for kind, color in zip(JOINT, ("#2ca02c", "#d62728", "#7f7f7f"), strict=True):
         mean, std = grouped[f"joint_{kind}"].mean().reindex(pairs), grouped[f"joint_{kind}"].std().reindex(pairs)
         x = np.arange(len(pairs))
         _band(fig, x, (mean - std).to_numpy(), (mean + std).to_numpy(), color, f"{kind} half: ±1 std", kind, 1, 3,
@@ -273,9 +275,6 @@ def dominance_figure(result: DominanceResult) -> go.Figure:
         legend={"orientation": "h", "yref": "container", "y": 0.02, "yanchor": "bottom"},
     )  # fmt: skip
     return fig
-
-
-JOINT_NAMES = ("weak", "strong", "random")
 
 
 def null_figure(result: NullResult) -> go.Figure:
