@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import einops
 import numpy as np
 import torch
 from jaxtyping import Int
@@ -152,3 +153,20 @@ def token_blocks(
         boundary_token=token,
         boundary_token_id=token_id,
     )
+
+
+def stream_blocks(tokenizer, docs: Sequence[str], *, seq_len: int) -> Int[Tensor, "batch pos"]:
+    """Every document, each preceded by the boundary token, concatenated and cut into consecutive blocks of
+    ``seq_len`` tokens (the remainder is dropped). For training: blocks cross document boundaries, as in
+    pretraining."""
+    if seq_len < 2:
+        raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+    _, token_id = boundary_token(tokenizer)
+    ids: list[int] = []
+    for doc in docs:
+        ids.append(token_id)
+        ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
+    n = len(ids) // seq_len
+    if n == 0:
+        raise ValueError(f"the texts hold {len(ids)} tokens, fewer than one block of seq_len={seq_len}")
+    return einops.rearrange(torch.tensor(ids[: n * seq_len], dtype=torch.long), "(batch pos) -> batch pos", pos=seq_len)

@@ -202,8 +202,96 @@ class HeadEdit:
         return [(hook_name(layer, "z"), replace_z)]
 
 
-Edit = ComponentScale | DiagonalEdit | HeadEdit
-_EDIT_TYPES = (ComponentScale, DiagonalEdit, HeadEdit)
+@dataclass(frozen=True, eq=False)
+class GatedRemoval:
+    """Remove a gated rank-one component from every head's value aggregate (XSA and its controls), on hook_z:
+
+        z'_t = y_t - g (y_t . u_t / |u_t|^2) u_t,   i.e. ``ComponentScale("value")`` with s_par = 1 - g along u_t.
+
+    ``directions=None``: u_t = v_t, the head's own value at t (self-attention removal, XSA); a tensor
+    ``[layer, head_index, d_head]``: a fixed direction per layer and head (the random-direction control).
+    ``alpha=None``: g = 1 (fixed removal); a tensor ``[layer, head_index]``: g = tanh(alpha), learnable
+    (``alpha = 0`` gives g = 0, and the edited forward equals the unedited one bit for bit). Rows of the tensors are
+    indexed by layer number; every softmax-attention layer is edited. Not defined for gated attention.
+    """
+
+    alpha: Float[Tensor, "layer head_index"] | None = None
+    directions: Float[Tensor, "layer head_index d_head"] | None = None
+    eps: float = geometry.EPS
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+        layers = _training_layers(info, "GatedRemoval")
+        for name, t in (("alpha", self.alpha), ("directions", self.directions)):
+            want = (info.n_layers, info.n_heads) + ((info.d_head,) if name == "directions" else ())
+            if t is not None and tuple(t.shape) != want:
+                raise ValueError(f"GatedRemoval.{name} must have shape {want}, got {tuple(t.shape)}")
+        out: list[Hook] = []
+        for layer in layers:
+            state: dict[str, Tensor] = {}
+            if self.directions is None:
+                out.append((hook_name(layer, "v"), partial(_store, state=state, key="v")))
+            out.append((hook_name(layer, "z"), partial(self._edit_z, state=state, layer=layer, n_heads=info.n_heads)))
+        return out
+
+    def _edit_z(self, z: Tensor, hook, *, state, layer, n_heads) -> Tensor:
+        own = self.directions is None
+        u = expand_kv(state.pop("v"), n_heads) if own else self.directions[layer].to(z).expand_as(z)
+        g = torch.ones((), dtype=z.dtype, device=z.device) if self.alpha is None else torch.tanh(self.alpha[layer])
+        s_par = (1 - g).to(z).expand(z.shape[:-1])
+        return z + geometry.scale_delta(z, u, s_par=s_par, eps=self.eps)
+
+
+@dataclass(frozen=True, eq=False)
+class LearnedGate:
+    """Value-space parallel scaling with a learned per-token scale (the gating control):
+
+        z'_t = y_t + (s_t - 1) y_par,   s_t = sigmoid(w_h . x_t + b_h),   y_par = projection of y_t on v_t,
+
+    with x_t the block's residual input (hook_resid_pre) and one (w_h, b_h) per layer and query head:
+    ``weight [layer, head_index, d_model]``, ``bias [layer, head_index]``. Every softmax-attention layer is edited.
+    """
+
+    weight: Float[Tensor, "layer head_index d_model"]
+    bias: Float[Tensor, "layer head_index"]
+    eps: float = geometry.EPS
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+        layers = _training_layers(info, "LearnedGate")
+        if tuple(self.weight.shape) != (info.n_layers, info.n_heads, info.d_model) or tuple(self.bias.shape) != (
+            info.n_layers,
+            info.n_heads,
+        ):
+            raise ValueError(
+                f"LearnedGate needs weight {(info.n_layers, info.n_heads, info.d_model)} and bias "
+                f"{(info.n_layers, info.n_heads)}, got {tuple(self.weight.shape)} and {tuple(self.bias.shape)}"
+            )
+        out: list[Hook] = []
+        for layer in layers:
+            state: dict[str, Tensor] = {}
+            edit = partial(self._edit_z, state=state, layer=layer, n_heads=info.n_heads)
+            out += [(hook_name(layer, "resid_pre"), partial(_store, state=state, key="x")),
+                    (hook_name(layer, "v"), partial(_store, state=state, key="v")),
+                    (hook_name(layer, "z"), edit)]  # fmt: skip
+        return out
+
+    def scale(self, x: Float[Tensor, "batch pos d_model"], layer: int) -> Float[Tensor, "batch pos head_index"]:
+        """s_t = sigmoid(w_h . x_t + b_h) for every head of ``layer``."""
+        w, b = self.weight[layer].to(x), self.bias[layer].to(x)
+        return torch.sigmoid(einops.einsum(x, w, "b p m, h m -> b p h") + b)
+
+    def _edit_z(self, z: Tensor, hook, *, state, layer, n_heads) -> Tensor:
+        v = expand_kv(state.pop("v"), n_heads)
+        return z + geometry.scale_delta(z, v, s_par=self.scale(state.pop("x"), layer), eps=self.eps)
+
+
+def _training_layers(info: ModelInfo, what: str) -> tuple[int, ...]:
+    if info.gated_attention:
+        raise ValueError(f"{what} is not defined for gated attention (hook_z is sigmoid(gate) * A v)")
+    return softmax_layers(info, None, what=what)[0]
+
+
+Edit = ComponentScale | DiagonalEdit | HeadEdit | GatedRemoval | LearnedGate
+_EDIT_TYPES = (ComponentScale, DiagonalEdit, HeadEdit, GatedRemoval, LearnedGate)
 
 
 def _store(tensor: Tensor, hook, *, state: dict[str, Tensor], key: str) -> None:
@@ -304,21 +392,22 @@ def compile_hooks(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> lis
     edits = (edits,) if isinstance(edits, _EDIT_TYPES) else tuple(edits)
     bad = [e for e in edits if not isinstance(e, _EDIT_TYPES)]
     if bad:
-        raise ValueError(f"edits must be ComponentScale, DiagonalEdit or HeadEdit, got {type(bad[0]).__name__}")
+        accepted = ", ".join(t.__name__ for t in _EDIT_TYPES)
+        raise ValueError(f"edits must be one of {accepted}, got {type(bad[0]).__name__}")
     info = model_info(model)
     return [hook for edit in edits for hook in edit.hooks(model, info)]
 
 
 def noop(edits: Edit | Sequence[Edit]) -> tuple[Edit, ...]:
-    """The matched no-op: the same edits (same hooks) with every scale set to 1. A ``HeadEdit`` has no scale: its
-    no-op is the unedited model, so it is dropped."""
+    """The matched no-op: the same edits (same hooks) with every scale set to 1. ``HeadEdit``, ``GatedRemoval`` and
+    ``LearnedGate`` have no single scale: their no-op is the unedited model, so they are dropped."""
     edits = (edits,) if isinstance(edits, _EDIT_TYPES) else tuple(edits)
     return tuple(
         dataclasses.replace(e, s_par=1.0, s_perp=1.0)
         if isinstance(e, ComponentScale)
         else dataclasses.replace(e, s_par=1.0)
         for e in edits
-        if not isinstance(e, HeadEdit)
+        if isinstance(e, (ComponentScale, DiagonalEdit))
     )
 
 

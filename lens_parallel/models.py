@@ -213,6 +213,40 @@ def _boot(source: str, *, device: str, dtype: torch.dtype, **kwargs) -> Transfor
     return model
 
 
+def wrap_hf_model(
+    hf_model: transformers.PreTrainedModel,
+    tokenizer,
+    *,
+    name: str,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> TransformerBridge:
+    """Boot a bridge around an in-memory Hugging Face model (wrapped in place: its modules become the bridge's, so
+    training the bridge trains ``hf_model``). The tokenizer must have been loaded from a folder."""
+    _check_architecture(hf_model.config, f"model {name!r}")
+    model = _boot(name, device=device, dtype=dtype, hf_model=hf_model.to(dtype), tokenizer=tokenizer)
+    model.cfg.model_name = name
+    return model
+
+
+def export_hf_model(hf_model: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
+    """A plain Hugging Face copy of a model a bridge has wrapped (whose state-dict keys now carry the bridge's
+    ``._original_component`` segments and aliases, so ``save_pretrained`` fails on it): a fresh model of the same
+    config holding the same weights, ready for ``save_pretrained``."""
+    fresh = transformers.AutoModelForCausalLM.from_config(hf_model.config, dtype=next(hf_model.parameters()).dtype)
+    wanted = set(fresh.state_dict())
+    state = {}
+    for key, tensor in hf_model.state_dict().items():
+        plain = key.replace("._original_component", "")
+        if plain in wanted:
+            state[plain] = tensor.detach().clone()
+    missing = wanted - set(state)
+    if missing:
+        raise RuntimeError(f"cannot export the wrapped model: no weights found for {sorted(missing)[:5]}")
+    fresh.load_state_dict(state)
+    return fresh.eval()
+
+
 def _build_toy(spec: str, *, device: str, dtype: torch.dtype) -> TransformerBridge:
     make_config, tokenizer_family = TOY_MODELS[spec]
     config = make_config()
@@ -220,8 +254,7 @@ def _build_toy(spec: str, *, device: str, dtype: torch.dtype) -> TransformerBrid
         torch.manual_seed(TOY_SEED)
         hf_model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     tokenizer = _tok.load_bundled_tokenizer(tokenizer_family)
-    model = _boot(spec, device=device, dtype=dtype, hf_model=hf_model.to(dtype), tokenizer=tokenizer)
-    return model
+    return wrap_hf_model(hf_model, tokenizer, name=spec, device=device, dtype=dtype)
 
 
 def _load_folder(folder: Path, *, device: str, dtype: torch.dtype) -> TransformerBridge:

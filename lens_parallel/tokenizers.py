@@ -1,4 +1,5 @@
-"""The bundled tokenizers (GPT-2, GPT-NeoX, Qwen3), unpacked once into the cache as Hugging Face folders.
+"""The bundled tokenizers (GPT-2, GPT-NeoX, Qwen3), unpacked once into the cache as Hugging Face folders, and
+small byte-level BPE tokenizers trained on a corpus (for the small models of :mod:`lens_parallel.training`).
 
 TransformerLens reloads a tokenizer from its ``name_or_path``, so a tokenizer built in memory is not enough:
 each one is written to ``cache_dir()/tokenizers/<family>`` and loaded back from there.
@@ -7,12 +8,14 @@ each one is written to ``cache_dir()/tokenizers/<family>`` and loaded back from 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from lens_parallel.paths import ASSETS, cache_dir
@@ -50,14 +53,47 @@ def bundled_tokenizer_folder(family: str) -> Path:
     marker = folder / "lens_parallel_format"
     if marker.is_file() and marker.read_text() == str(_FORMAT):
         return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{family}-"))
-    _unpack(family, tmp)
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
-    return folder
+    return _atomic_folder(folder, lambda into: _unpack(family, into))
 
 
 def load_bundled_tokenizer(family: str) -> PreTrainedTokenizerBase:
     """Load a bundled tokenizer (``gpt2``, ``gpt-neox`` or ``qwen3``) offline."""
     return AutoTokenizer.from_pretrained(bundled_tokenizer_folder(family))
+
+
+def _atomic_folder(folder: Path, build) -> Path:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    build(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return folder
+
+
+def trained_bpe_folder(docs: Sequence[str], vocab_size: int) -> Path:
+    """A byte-level BPE tokenizer with ``vocab_size`` tokens (``<|endoftext|>`` is id 0) trained on ``docs`` with the
+    ``tokenizers`` library, saved as a Hugging Face folder under ``cache_dir()/tokenizers/bpe-<N>-<hash of docs>``
+    (trained once; training is deterministic)."""
+    if not 256 < vocab_size <= 1_000_000:
+        raise ValueError(f"a byte-level BPE needs 257..1000000 tokens (256 bytes + merges), got {vocab_size}")
+    digest = hashlib.sha256("\x00".join(docs).encode()).hexdigest()[:12]
+    folder = cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{digest}"
+    if (folder / "lens_parallel_format").is_file():
+        return folder
+
+    def build(into: Path) -> None:
+        special = "<|endoftext|>"
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=[special], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )  # fmt: skip
+        tok.train_from_iterator(docs, trainer)
+        PreTrainedTokenizerFast(
+            tokenizer_object=tok, bos_token=special, eos_token=special, unk_token=special, model_max_length=4096
+        ).save_pretrained(into)
+        (into / "lens_parallel_format").write_text(str(_FORMAT))
+
+    return _atomic_folder(folder, build)

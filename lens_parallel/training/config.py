@@ -1,0 +1,149 @@
+"""Training configuration: model shape, data, optimiser, schedule, and the named presets."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+
+import transformers
+
+from lens_parallel.data import CORPORA
+from lens_parallel.tokenizers import BUNDLED_TOKENIZERS
+
+ARCHITECTURES = ("gpt2", "qwen3")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A small causal LM and how to train it. Every field is JSON-serialisable; :meth:`digest` names the config.
+
+    Model: ``architecture`` ``gpt2`` (learned positions, biases, LayerNorm) or ``qwen3`` (RoPE, RMSNorm, q/k norms,
+    no biases, GQA when ``n_kv_heads < n_heads``); ``d_mlp`` defaults to 4 ``d_model``; embeddings are tied.
+    Dropout is 0 (so a run is a deterministic function of its seed). ``tokenizer``: ``bpe-N`` trains a byte-level
+    BPE of N tokens on ``texts`` (:func:`lens_parallel.tokenizers.trained_bpe_folder`) or a bundled tokenizer
+    (``gpt2``, ``gpt-neox``, ``qwen3``). ``texts``: bundled corpora or ``hf:DATASET[:CONFIG[:SPLIT]]``.
+    Optimiser: AdamW (betas 0.9, 0.95; no weight decay on biases, norms and gate parameters), linear warmup over
+    ``warmup_steps`` then cosine decay to ``min_lr_ratio * lr`` at ``steps``, gradient-norm clipping at ``grad_clip``.
+    ``device``/``precision`` ``auto``: CUDA with bf16 autocast when available, else CPU in float32.
+    """
+
+    architecture: str = "gpt2"
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    d_model: int = 128
+    d_mlp: int | None = None
+    seq_len: int = 128
+    tokenizer: str = "bpe-4096"
+    texts: tuple[str, ...] = ("wikipedia-en", "austen", "moby-dick")
+    n_val_blocks: int = 64
+    batch_size: int = 16
+    steps: int = 400
+    lr: float = 3e-3
+    warmup_steps: int = 40
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 50
+    checkpoint_every: int = 50
+    device: str = "auto"
+    precision: str = "auto"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "texts", (self.texts,) if isinstance(self.texts, str) else tuple(self.texts))
+        problems = []
+        if self.architecture not in ARCHITECTURES:
+            problems.append(f"architecture {self.architecture!r} (accepted: {', '.join(ARCHITECTURES)})")
+        for name in ("n_layers", "n_heads", "d_model", "batch_size", "steps", "eval_every", "checkpoint_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)!r} (a positive integer)")
+        if self.seq_len < 2:
+            problems.append(f"seq_len={self.seq_len} (>= 2)")
+        if self.d_model % self.n_heads:
+            problems.append(f"d_model={self.d_model} (a multiple of n_heads={self.n_heads})")
+        kv = self.n_kv_heads or self.n_heads
+        if self.n_heads % kv or (self.architecture == "gpt2" and kv != self.n_heads):
+            problems.append(f"n_kv_heads={self.n_kv_heads} (divides n_heads; GQA needs architecture='qwen3')")
+        tok_ok = self.tokenizer in BUNDLED_TOKENIZERS or (
+            self.tokenizer.startswith("bpe-") and self.tokenizer[4:].isdigit() and int(self.tokenizer[4:]) > 256
+        )
+        if not tok_ok:
+            problems.append(f"tokenizer {self.tokenizer!r} (bpe-N with N > 256, or one of {BUNDLED_TOKENIZERS})")
+        bad_texts = [t for t in self.texts if t not in CORPORA and not t.startswith("hf:")]
+        if bad_texts or not self.texts:
+            problems.append(f"texts {list(self.texts)} (bundled corpora {', '.join(CORPORA)} or hf:DATASET)")
+        if not 0 <= self.warmup_steps < self.steps or not 0 <= self.min_lr_ratio <= 1 or self.lr <= 0:
+            problems.append("schedule (0 <= warmup_steps < steps, 0 <= min_lr_ratio <= 1, lr > 0)")
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            problems.append(f"device {self.device!r} (auto, cpu or cuda[:N])")
+        if self.precision not in ("auto", "float32", "bfloat16"):
+            problems.append(f"precision {self.precision!r} (auto, float32 or bfloat16)")
+        if problems:
+            raise ValueError("invalid TrainConfig: " + "; ".join(problems))
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["texts"] = list(self.texts)
+        return out
+
+    def digest(self) -> str:
+        """A short hash of the fields that change what is trained (not device or precision)."""
+        fields = {k: v for k, v in self.to_dict().items() if k not in ("device", "precision")}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+    def hf_config(self, vocab_size: int, boundary_id: int) -> transformers.PretrainedConfig:
+        """The Hugging Face config of the model (dropout 0, tied embeddings)."""
+        d_mlp = self.d_mlp or 4 * self.d_model
+        if self.architecture == "gpt2":
+            return transformers.GPT2Config(
+                n_layer=self.n_layers, n_embd=self.d_model, n_head=self.n_heads, n_inner=d_mlp,
+                n_positions=self.seq_len, vocab_size=vocab_size, bos_token_id=boundary_id, eos_token_id=boundary_id,
+                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
+            )  # fmt: skip
+        return transformers.Qwen3Config(
+            num_hidden_layers=self.n_layers, hidden_size=self.d_model, num_attention_heads=self.n_heads,
+            num_key_value_heads=self.n_kv_heads or self.n_heads, head_dim=self.d_model // self.n_heads,
+            intermediate_size=d_mlp, max_position_embeddings=self.seq_len, vocab_size=vocab_size,
+            tie_word_embeddings=True, attention_bias=False, attention_dropout=0.0,
+            bos_token_id=boundary_id, eos_token_id=boundary_id,
+        )  # fmt: skip
+
+
+PRESETS: dict[str, TrainConfig] = {
+    "tiny": TrainConfig(
+        n_layers=2,
+        n_heads=2,
+        d_model=32,
+        seq_len=32,
+        tokenizer="bpe-512",
+        texts=("austen",),
+        n_val_blocks=8,
+        batch_size=4,
+        steps=12,
+        warmup_steps=2,
+        eval_every=4,
+        checkpoint_every=5,
+    ),
+    "cpu-small": TrainConfig(steps=360, eval_every=40, checkpoint_every=40),
+    "gpu-50m": TrainConfig(
+        architecture="qwen3",
+        n_layers=8,
+        n_heads=8,
+        d_model=512,
+        seq_len=512,
+        tokenizer="gpt2",
+        n_val_blocks=256,
+        batch_size=64,
+        steps=5000,
+        lr=1e-3,
+        warmup_steps=250,
+        eval_every=250,
+        checkpoint_every=250,
+    ),
+}
+"""``tiny``: tests (a few seconds). ``cpu-small``: GPT-2 style, 4 layers x 4 heads, d_model 128, a 4096-token BPE,
+~1.5M parameters, 360 steps of 16 x 128 tokens (~0.9 epoch of the bundled English texts), about 3 minutes a run
+on one CPU core. ``gpu-50m``: Qwen3 style (RoPE, RMSNorm, no biases, tied embeddings), 8 layers x 8 heads, d_model 512,
+the GPT-2 tokenizer, ~51M parameters; give it a large corpus (``texts=("hf:...",)``) on a GPU."""

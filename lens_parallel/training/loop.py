@@ -1,0 +1,286 @@
+"""Train one arm with one seed: data, model, AdamW with warmup + cosine, validation curve, exact resume.
+
+A run is a deterministic function of (config, arm, seed): the model initialisation and the data order depend on
+the seed only (identical across arms), dropout is 0, and the random directions depend on the layer only. A run
+writes ``checkpoint.pt`` every ``checkpoint_every`` steps (model, arm parameters, optimiser, curves, RNG state);
+calling :func:`train` again on the same folder resumes from it and ends bit-identical to an uninterrupted run.
+A finished run leaves ``run.json``/``run.npz`` (the :class:`TrainRun`) and ``model/`` (a Hugging Face folder that
+:func:`lens_parallel.load_model` loads, plus the arm's parameters for :func:`load_trained`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+import transformers
+from jaxtyping import Int
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel import plots
+from lens_parallel.data import boundary_token, load_texts, stream_blocks
+from lens_parallel.edits import Edit, LearnedGate, apply_edits, compile_hooks
+from lens_parallel.evaluate import document_losses, next_token_nll
+from lens_parallel.hooks import hook_name
+from lens_parallel.models import export_hf_model, load_model, model_info, wrap_hf_model
+from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.tokenizers import BUNDLED_TOKENIZERS, load_bundled_tokenizer, trained_bpe_folder
+from lens_parallel.training.arms import ArmParameters, check_arms
+from lens_parallel.training.config import TrainConfig
+
+VAL_SPLIT_SEED = 0
+"""The validation blocks are the same for every seed and arm: the first ``n_val_blocks`` of a permutation seeded
+with this."""
+ARM_FILE = "lens_parallel_arm.pt"
+
+
+@serializable
+@dataclass(frozen=True)
+class TrainRun(ResultMixin):
+    """One finished run: validation loss (nats/token) at ``eval_steps``, training loss per step, learned gates.
+
+    ``gates``: ``[layer, head_index]``, g = tanh(alpha) for the gated arms, the mean of s_par = sigmoid(w.x + b) over
+    validation tokens for ``learned-gate`` (``gate_std`` its std), else None.
+    """
+
+    arm: str
+    seed: int
+    config: dict
+    eval_steps: np.ndarray
+    val_loss: np.ndarray
+    train_loss: np.ndarray
+    gates: np.ndarray | None
+    gate_std: np.ndarray | None
+    n_params: int
+    wall_s: float
+    model_dir: str
+    provenance: Provenance
+
+    @property
+    def final_val_loss(self) -> float:
+        return float(self.val_loss[-1])
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per evaluation: arm, seed, step, val_loss."""
+        return pd.DataFrame({"arm": self.arm, "seed": self.seed, "step": self.eval_steps, "val_loss": self.val_loss})
+
+    def figure(self) -> go.Figure:
+        return plots.training_curves(self.to_dataframe(), title=f"{self.arm}, seed {self.seed}")
+
+
+def runtime(config: TrainConfig) -> tuple[str, bool]:
+    """(device, bf16 autocast?) for a config's ``device`` and ``precision``."""
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {config.device!r} asked for, but torch sees no CUDA device; use device='cpu'")
+    bf16 = config.precision == "bfloat16" or (config.precision == "auto" and device.startswith("cuda"))
+    if bf16 and not device.startswith("cuda"):
+        raise ValueError("precision='bfloat16' (autocast) is only used on CUDA; use precision='float32' on CPU")
+    return device, bf16
+
+
+@functools.lru_cache(maxsize=2)
+def _data(tokenizer_spec: str, texts: tuple[str, ...], seq_len: int, n_val: int):
+    docs = [doc for name in texts for doc in load_texts(name)]
+    if tokenizer_spec in BUNDLED_TOKENIZERS:
+        tokenizer = load_bundled_tokenizer(tokenizer_spec)
+    else:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(trained_bpe_folder(docs, int(tokenizer_spec[4:])))
+    blocks = stream_blocks(tokenizer, docs, seq_len=seq_len)
+    if n_val >= len(blocks):
+        raise ValueError(f"n_val_blocks={n_val} leaves no training blocks: the texts give {len(blocks)} blocks")
+    order = torch.from_numpy(np.random.default_rng(VAL_SPLIT_SEED).permutation(len(blocks)))
+    return tokenizer, blocks[order[n_val:]], blocks[order[:n_val]]
+
+
+def training_data(config: TrainConfig):
+    """(tokenizer, train blocks ``[n, seq_len]``, validation blocks ``[n_val_blocks, seq_len]``) for a config."""
+    return _data(config.tokenizer, config.texts, config.seq_len, config.n_val_blocks)
+
+
+def batch_indices(step: int, *, batch_size: int, n_train: int, seed: int) -> Int[Tensor, " batch"]:
+    """The training blocks of ``step``: epoch e is ``default_rng([seed, e]).permutation(n_train)``, read in order
+    (a function of the seed and step only, so arms share it and a resumed run continues it)."""
+    idx = np.arange(step * batch_size, (step + 1) * batch_size)
+    epochs = idx // n_train
+    perms = {e: np.random.default_rng([seed, int(e)]).permutation(n_train) for e in np.unique(epochs)}
+    return torch.tensor([perms[e][i % n_train] for e, i in zip(epochs, idx, strict=True)])
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    """Linear warmup to ``lr`` over ``warmup_steps``, then cosine decay to ``min_lr_ratio * lr`` at ``steps``."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def build_model(config: TrainConfig, *, seed: int, device: str = "cpu") -> TransformerBridge:
+    """The untrained model of ``config`` with weights seeded by ``seed`` (a bridge around a fresh HF model)."""
+    tokenizer, _, _ = training_data(config)
+    _, boundary_id = boundary_token(tokenizer)
+    hf_config = config.hf_config(len(tokenizer), boundary_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        hf_model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    return wrap_hf_model(hf_model, tokenizer, name=f"train-{config.architecture}-{config.digest()}", device=device)
+
+
+def _optimizer(model: TransformerBridge, arm: ArmParameters, config: TrainConfig) -> torch.optim.AdamW:
+    weights = list(model.original_model.parameters())
+    groups = [
+        {"params": [p for p in weights if p.ndim >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in weights if p.ndim < 2] + list(arm.parameters()), "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95))
+
+
+def _save_atomic(obj, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _gate_statistics(model, arm: ArmParameters, val: Tensor) -> tuple[np.ndarray | None, np.ndarray | None]:
+    gates = arm.gates()
+    if gates is not None:
+        return gates.numpy(), None
+    edits = arm.edits()
+    if not edits or not isinstance(edits[0], LearnedGate):
+        return None, None
+    names = [hook_name(layer, "resid_pre") for layer in range(model.cfg.n_layers)]
+    with torch.inference_mode(), apply_edits(model, edits):
+        _, cache = model.run_with_cache(val, names_filter=names)
+        s = torch.stack([edits[0].scale(cache[name], layer) for layer, name in enumerate(names)])  # layer b p h
+    flat = s.flatten(1, 2).double()
+    return flat.mean(1).cpu().numpy(), flat.std(1).cpu().numpy()
+
+
+def train(
+    config: TrainConfig,
+    arm: str,
+    seed: int,
+    *,
+    out: str | Path,
+    progress: bool = True,
+    callback: Callable[[int, float], None] | None = None,
+) -> TrainRun:
+    """Train ``arm`` with ``seed`` into folder ``out`` (resuming from its checkpoint, or returning its finished run).
+
+    ``callback(step, train_loss)`` is called after every optimiser step (``step`` counts finished steps).
+    """
+    (arm,) = check_arms(arm)
+    out = Path(out)
+    if (out / "run.json").is_file():
+        return TrainRun.load(out / "run")
+    device, bf16 = runtime(config)
+    _, train_blocks, val_blocks = training_data(config)
+    model = build_model(config, seed=seed, device=device)
+    info = model_info(model)
+    params = ArmParameters(arm, info).to(device)
+    hooks = compile_hooks(model, params.edits())
+    optimizer = _optimizer(model, params, config)
+    state = {"step": 0, "train_loss": [], "evals": [], "wall_s": 0.0}
+    ckpt = out / "checkpoint.pt"
+    if ckpt.is_file():
+        saved = torch.load(ckpt, map_location=device, weights_only=True)
+        if (saved["digest"], saved["arm"], saved["seed"]) != (config.digest(), arm, seed):
+            raise ValueError(
+                f"{ckpt} belongs to another run (config {saved['digest']}, arm {saved['arm']}, seed {saved['seed']});"
+                f" this is config {config.digest()}, arm {arm}, seed {seed}: use another folder"
+            )
+        model.original_model.load_state_dict(saved["model"])
+        params.load_state_dict(saved["arm_params"])
+        optimizer.load_state_dict(saved["optimizer"])
+        torch.set_rng_state(saved["rng"])
+        state = saved["state"]
+    out.mkdir(parents=True, exist_ok=True)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    val = val_blocks.to(device)
+
+    def val_loss() -> float:
+        return document_losses(model, val, params.edits(), batch_size=config.batch_size).loss
+
+    bar = tqdm(total=config.steps, initial=state["step"], desc=f"train {arm} seed {seed}", disable=not progress)
+    start = time.perf_counter() - state["wall_s"]
+    while state["step"] < config.steps:
+        step = state["step"]
+        if step % config.eval_every == 0:
+            state["evals"].append((step, val_loss()))
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, config)
+        batch = train_blocks[batch_indices(step, batch_size=config.batch_size, n_train=len(train_blocks), seed=seed)]
+        batch = batch.to(device)
+        model.train()
+        with autocast, model.hooks(fwd_hooks=hooks):
+            loss = next_token_nll(model(batch, return_type="logits"), batch).sum() / batch[:, 1:].numel()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], config.grad_clip)
+        optimizer.step()
+        model.eval()
+        state["train_loss"].append(float(loss.detach()))
+        state["step"] = step + 1
+        state["wall_s"] = time.perf_counter() - start
+        bar.update(1)
+        bar.set_postfix(loss=f"{state['train_loss'][-1]:.3f}", val=f"{state['evals'][-1][1]:.3f}")
+        if state["step"] % config.checkpoint_every == 0 and state["step"] < config.steps:
+            payload = {"digest": config.digest(), "arm": arm, "seed": seed, "state": state,
+                       "model": model.original_model.state_dict(), "arm_params": params.state_dict(),
+                       "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()}  # fmt: skip
+            _save_atomic(payload, ckpt)
+        if callback is not None:
+            callback(state["step"], state["train_loss"][-1])
+    bar.close()
+    state["evals"].append((config.steps, val_loss()))
+    gates, gate_std = _gate_statistics(model, params, val)
+    model_dir = out / "model"
+    save_trained(model, params, model_dir)
+    steps, losses = zip(*state["evals"], strict=True)
+    provenance = Provenance.collect(info, val, config=config.to_dict(), arm=arm, seed=seed, device=device, bf16=bf16)
+    texts = {"corpora": list(config.texts), "tokenizer": config.tokenizer, "n_train_blocks": len(train_blocks),
+             "n_val_blocks": len(val), "split_seed": VAL_SPLIT_SEED}  # fmt: skip
+    provenance = dataclasses.replace(provenance, texts=texts)
+    run = TrainRun(
+        arm=arm, seed=seed, config=config.to_dict(), eval_steps=np.array(steps), val_loss=np.array(losses),
+        train_loss=np.array(state["train_loss"]), gates=gates, gate_std=gate_std,
+        n_params=sum(p.numel() for p in model.original_model.parameters()), wall_s=state["wall_s"],
+        model_dir=str(model_dir), provenance=provenance,
+    )  # fmt: skip
+    run.save(out / "run")
+    ckpt.unlink(missing_ok=True)
+    return run
+
+
+def save_trained(model: TransformerBridge, arm: ArmParameters, folder: str | Path) -> Path:
+    """Write a trained model as a Hugging Face folder (weights, config, tokenizer) plus its arm's parameters."""
+    folder = Path(folder)
+    export_hf_model(model.original_model).save_pretrained(folder)
+    model.tokenizer.save_pretrained(folder)
+    torch.save({"arm": arm.arm, "state": arm.state_dict()}, folder / ARM_FILE)
+    (folder / "lens_parallel_arm.json").write_text(json.dumps({"arm": arm.arm}))
+    return folder
+
+
+def load_trained(folder: str | Path, *, device: str = "cpu") -> tuple[TransformerBridge, list[Edit]]:
+    """A model written by :func:`train` and the edits of the arm it was trained with: ``model`` alone is the
+    plain architecture; ``apply_edits(model, edits)`` is the model as it was trained."""
+    model = load_model(str(folder), device=device)
+    saved = torch.load(Path(folder) / ARM_FILE, map_location=device, weights_only=True)
+    params = ArmParameters(saved["arm"], model_info(model)).to(device)
+    params.load_state_dict(saved["state"])
+    return model, params.edits()

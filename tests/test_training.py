@@ -1,0 +1,251 @@
+"""Training-time interventions: each arm's forward, determinism, exact resume, saving, the paired analysis."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy import stats as sps
+from statsmodels.stats.multitest import multipletests
+
+from lens_parallel import load_model
+from lens_parallel.edits import compile_hooks
+from lens_parallel.hooks import expand_kv, hook_name
+from lens_parallel.models import model_info
+from lens_parallel.training import ARMS, PRESETS, ArmParameters, TrainConfig, load_trained, paired_table, train
+from lens_parallel.training.factorial import run_factorial
+from lens_parallel.training.loop import batch_indices, build_model, learning_rate, training_data
+
+TINY = PRESETS["tiny"]
+TINY_GQA = dataclasses.replace(TINY, architecture="qwen3", n_heads=4, n_kv_heads=2)
+
+
+def _par(m: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """The component of m along r, written independently of geometry.py."""
+    return ((m * r).sum(-1, keepdim=True) / (r * r).sum(-1, keepdim=True)) * r
+
+
+def _randomise(params: ArmParameters) -> None:
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in params.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+
+
+def _capture_around(model, edits, tokens, role: str, extra: tuple[str, ...]):
+    """Every layer's ``role`` activation before and after the edit hooks, and the ``extra`` roles they read."""
+    seen: dict[tuple[str, int], torch.Tensor] = {}
+
+    def keep(t, hook, *, key):
+        seen[key] = t.detach().clone()
+
+    n = model.cfg.n_layers
+    before = [(hook_name(layer, role), lambda t, hook, layer=layer: keep(t, hook, key=("before", layer)))
+              for layer in range(n)]  # fmt: skip
+    after = [(hook_name(layer, role), lambda t, hook, layer=layer: keep(t, hook, key=("after", layer)))
+             for layer in range(n)]  # fmt: skip
+    reads = [(hook_name(layer, r), lambda t, hook, layer=layer, r=r: keep(t, hook, key=(r, layer)))
+             for layer in range(n) for r in extra]  # fmt: skip
+    with torch.no_grad(), model.hooks(fwd_hooks=reads + before + compile_hooks(model, edits) + after):
+        model(tokens)
+    return seen
+
+
+@pytest.mark.parametrize("config", [TINY, TINY_GQA], ids=["gpt2", "qwen3-gqa"])
+@pytest.mark.parametrize("arm", [a for a in ARMS if a != "baseline"])
+def test_each_arm_changes_the_forward_as_specified(config, arm):
+    model = build_model(config, seed=0)
+    info = model_info(model)
+    params = ArmParameters(arm, info)
+    _randomise(params)
+    _, _, val = training_data(config)
+    tokens = val[:2]
+    if arm == "residual-parallel-removal":
+        seen = _capture_around(model, params.edits(), tokens, "attn_out", ("resid_pre",))
+        for layer in range(info.n_layers):
+            m, x = seen[("before", layer)], seen[("resid_pre", layer)]
+            torch.testing.assert_close(seen[("after", layer)], m - _par(m, x), rtol=1e-5, atol=1e-6)
+        return
+    seen = _capture_around(model, params.edits(), tokens, "z", ("v", "resid_pre"))
+    for layer in range(info.n_layers):
+        y = seen[("before", layer)]
+        v = expand_kv(seen[("v", layer)], info.n_heads)
+        if arm == "value-parallel-removal":
+            expected = y - _par(y, v)
+        elif arm == "xsa-gated":
+            expected = y - torch.tanh(params.alpha[layer])[:, None] * _par(y, v)
+        elif arm == "random-direction":
+            expected = y - _par(y, params.directions[layer].expand_as(y))
+        elif arm == "random-direction-gated":
+            expected = y - torch.tanh(params.alpha[layer])[:, None] * _par(y, params.directions[layer].expand_as(y))
+        else:  # learned-gate
+            x = seen[("resid_pre", layer)]
+            s = torch.sigmoid(x @ params.weight[layer].T + params.bias[layer])
+            expected = y + (s[..., None] - 1) * _par(y, v)
+        torch.testing.assert_close(seen[("after", layer)], expected.detach(), rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(seen[("after", layer)], y, atol=1e-4)  # the edit did something
+
+
+def test_random_directions_are_unit_seeded_by_layer_and_shared_across_seeds():
+    a = ArmParameters("random-direction", model_info(build_model(TINY, seed=0)))
+    b = ArmParameters("random-direction", model_info(build_model(TINY, seed=1)))
+    assert torch.equal(a.directions, b.directions)
+    torch.testing.assert_close(a.directions.norm(dim=-1), torch.ones(TINY.n_layers, TINY.n_heads))
+    assert not torch.allclose(a.directions[0], a.directions[1])
+
+
+@pytest.mark.parametrize("arm", ["xsa-gated", "random-direction-gated"])
+def test_gated_arms_equal_baseline_bit_for_bit_at_init(arm):
+    model = build_model(TINY_GQA, seed=3)
+    params = ArmParameters(arm, model_info(model))
+    _, _, val = training_data(TINY_GQA)
+    with torch.no_grad():
+        plain = model(val[:4])
+        with model.hooks(fwd_hooks=compile_hooks(model, params.edits())):
+            gated = model(val[:4])
+    assert torch.equal(plain, gated)
+
+
+def test_data_order_is_a_function_of_seed_and_step():
+    n = 50
+
+    def order(seed: int, steps: range) -> torch.Tensor:
+        return torch.cat([batch_indices(s, batch_size=5, n_train=n, seed=seed) for s in steps])
+
+    first_epoch = order(7, range(10))
+    assert sorted(first_epoch.tolist()) == list(range(n))  # one epoch visits every block once
+    assert torch.equal(first_epoch, order(7, range(10)))
+    assert not torch.equal(first_epoch, order(8, range(10)))
+    second_epoch = order(7, range(10, 20))
+    assert sorted(second_epoch.tolist()) == list(range(n)) and not torch.equal(first_epoch, second_epoch)
+
+
+def test_learning_rate_schedule():
+    cfg = dataclasses.replace(TINY, lr=1e-2, warmup_steps=4, steps=20, min_lr_ratio=0.1)
+    assert learning_rate(0, cfg) == pytest.approx(2.5e-3)
+    assert learning_rate(3, cfg) == pytest.approx(1e-2)
+    assert learning_rate(4, cfg) == pytest.approx(1e-2)
+    assert learning_rate(12, cfg) == pytest.approx(1e-3 + 0.9e-2 * 0.5)  # halfway through the cosine
+    assert learning_rate(20, cfg) == pytest.approx(1e-3)
+
+
+def test_same_seed_same_curve_and_arms_share_the_start(tmp_path):
+    a = train(TINY, "baseline", 0, out=tmp_path / "a", progress=False)
+    b = train(TINY, "baseline", 0, out=tmp_path / "b", progress=False)
+    c = train(TINY, "baseline", 1, out=tmp_path / "c", progress=False)
+    x = train(TINY, "xsa-gated", 0, out=tmp_path / "x", progress=False)
+    assert np.array_equal(a.train_loss, b.train_loss) and np.array_equal(a.val_loss, b.val_loss)
+    assert len(a.train_loss) == TINY.steps and list(a.eval_steps) == [0, 4, 8, 12]
+    assert not np.array_equal(a.train_loss, c.train_loss)
+    assert x.val_loss[0] == a.val_loss[0] and x.train_loss[0] == a.train_loss[0]  # alpha = 0: baseline at init
+    assert a.val_loss[-1] < a.val_loss[0]  # it learns
+    assert x.gates.shape == (TINY.n_layers, TINY.n_heads) and np.all(np.abs(x.gates) < 1)
+
+
+class _Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("arm", ["baseline", "xsa-gated", "learned-gate"])
+def test_killed_and_resumed_run_is_bit_identical(tmp_path, arm):
+    full = train(TINY, arm, 0, out=tmp_path / "full", progress=False)
+
+    def kill_at_7(step, loss):
+        if step == 7:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        train(TINY, arm, 0, out=tmp_path / "killed", progress=False, callback=kill_at_7)
+    assert (tmp_path / "killed" / "checkpoint.pt").is_file() and not (tmp_path / "killed" / "run.json").exists()
+    resumed = train(TINY, arm, 0, out=tmp_path / "killed", progress=False)
+    assert np.array_equal(full.train_loss, resumed.train_loss) and np.array_equal(full.val_loss, resumed.val_loss)
+    if full.gates is not None:
+        assert np.array_equal(full.gates, resumed.gates)
+    m_full, m_res = load_model(full.model_dir), load_model(resumed.model_dir)
+    for (k, p), (_, q) in zip(m_full.original_model.state_dict().items(), m_res.original_model.state_dict().items(),
+                              strict=True):  # fmt: skip
+        assert torch.equal(p, q), k
+    assert not (tmp_path / "killed" / "checkpoint.pt").exists()
+    with pytest.raises(ValueError, match="belongs to another run"):
+        torch.save({"digest": "x", "arm": arm, "seed": 0}, tmp_path / "other.pt")
+        (tmp_path / "other").mkdir()
+        (tmp_path / "other.pt").rename(tmp_path / "other" / "checkpoint.pt")
+        train(TINY, arm, 0, out=tmp_path / "other", progress=False)
+
+
+def test_saved_model_loads_back_as_an_ordinary_model(tmp_path):
+    run = train(TINY_GQA, "learned-gate", 0, out=tmp_path / "run", progress=False)
+    model, edits = load_trained(run.model_dir)
+    info = model_info(model)
+    assert (info.family, info.n_heads, info.n_kv_heads, info.n_layers) == ("qwen3", 4, 2, 2)
+    _, _, val = training_data(TINY_GQA)
+    from lens_parallel.evaluate import document_losses
+
+    assert document_losses(model, val, edits, batch_size=4).loss == pytest.approx(run.final_val_loss, rel=1e-5)
+    plain = load_model(run.model_dir)
+    assert document_losses(plain, val, batch_size=4).loss != pytest.approx(run.final_val_loss, rel=1e-5)
+    from lens_parallel import decompose
+
+    assert decompose(plain, val[:2], space="value").to_dataframe()["self_cos"].notna().all()
+
+
+def test_paired_table_matches_scipy_and_statsmodels():
+    rng = np.random.default_rng(0)
+    base = 4.0 + rng.normal(0, 0.1, 5)
+    arms = {"baseline": base, "value-parallel-removal": base - 0.05 + rng.normal(0, 0.02, 5),
+            "random-direction": base + rng.normal(0, 0.02, 5),
+            "xsa-gated": base - 0.01 + rng.normal(0, 0.02, 5)}  # fmt: skip
+    finals = pd.DataFrame([{"arm": a, "seed": s, "final_val_loss": v[s]} for a, v in arms.items() for s in range(5)])
+    table = paired_table(finals, primary="value-parallel-removal").set_index("arm")
+    for arm in ("value-parallel-removal", "random-direction", "xsa-gated"):
+        ref = sps.ttest_rel(arms[arm], base)
+        d = arms[arm] - base
+        assert table.loc[arm, "t"] == pytest.approx(ref.statistic) and table.loc[arm, "p"] == pytest.approx(ref.pvalue)
+        assert table.loc[arm, "mean_delta"] == pytest.approx(d.mean())
+        assert table.loc[arm, "cohens_dz"] == pytest.approx(d.mean() / d.std(ddof=1))
+        assert table.loc[arm, "mde"] == pytest.approx(2.9 * d.std(ddof=1) / np.sqrt(5))
+        assert table.loc[arm, "ci_lo"] <= d.mean() <= table.loc[arm, "ci_hi"]
+    secondary = ["random-direction", "xsa-gated"]
+    holm = multipletests(table.loc[secondary, "p"], method="holm")[1]
+    np.testing.assert_allclose(table.loc[secondary, "p_holm"], holm)
+    assert table.loc["value-parallel-removal", "p_holm"] == table.loc["value-parallel-removal", "p"]
+    assert table.loc["value-parallel-removal", "role"] == "primary"
+
+
+def test_factorial_runs_pairs_saves_and_plots(tmp_path):
+    cfg = dataclasses.replace(TINY, steps=6, eval_every=3)
+    result = run_factorial(cfg, ["baseline", "value-parallel-removal", "xsa-gated"], [0, 1], out=tmp_path,
+                           progress=False)  # fmt: skip
+    table = result.to_dataframe()
+    assert list(table["arm"]) == ["value-parallel-removal", "xsa-gated"] and (table["n_seeds"] == 2).all()
+    finals = result.finals().pivot(index="seed", columns="arm", values="final_val_loss")
+    assert table.iloc[0]["mean_delta"] == pytest.approx((finals["value-parallel-removal"] - finals["baseline"]).mean())
+    again = run_factorial(cfg, ["baseline", "value-parallel-removal", "xsa-gated"], [0, 1], out=tmp_path,
+                          progress=False)  # finished runs are read back  # fmt: skip
+    pd.testing.assert_frame_equal(again.to_dataframe(), table)
+    loaded = type(result).load(tmp_path / "factorial")
+    pd.testing.assert_frame_equal(loaded.to_dataframe(), table)
+    fig = result.figure()
+    assert {t.name for t in fig.data} >= {"baseline", "value-parallel-removal", "xsa-gated"}
+    gates = result.gates()
+    assert set(gates["arm"]) == {"xsa-gated"} and len(gates) == 2 * TINY.n_layers * TINY.n_heads
+    assert len(result.gates_figure().data) == 2
+
+
+def test_bad_inputs_raise_before_training(tmp_path):
+    with pytest.raises(ValueError, match="architecture"):
+        TrainConfig(architecture="mamba")
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        TrainConfig(n_kv_heads=2)  # GQA on a GPT-2 config
+    with pytest.raises(ValueError, match="tokenizer"):
+        TrainConfig(tokenizer="bpe-10")
+    with pytest.raises(ValueError, match="unknown arm"):
+        train(TINY, "xsa", 0, out=tmp_path)
+    with pytest.raises(ValueError, match="baseline"):
+        run_factorial(TINY, ["xsa-gated", "value-parallel-removal"], [0, 1], out=tmp_path)
+    with pytest.raises(ValueError, match="2 distinct seeds"):
+        run_factorial(TINY, ["baseline", "xsa-gated"], [0, 0], out=tmp_path)
+    assert not any(tmp_path.iterdir())
