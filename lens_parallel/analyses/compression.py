@@ -1,0 +1,159 @@
+"""Directional decomposition of compression error, layer by layer.
+
+For each layer l and sublayer (attention, MLP), the compressed block is fed the *dense* model's input resid_pre[l]
+(errors do not compound across blocks; inside a sequential block the MLP sees the compressed attention's output),
+and its update is compared with the dense one:
+
+    e = delta_compressed - delta_base,   e_par = (e . delta_base / |delta_base|^2) delta_base,   e_perp = e - e_par
+
+reported as |e_par| / |delta_base| and |e_perp| / |delta_base| (mean and std over prompts), with the signed
+coefficient e . delta_base / |delta_base|^2 (< 0: the compressed update is shorter along its own direction).
+``positions="last"`` scores each prompt's last position; ``"all"`` averages positions 1.. of each prompt (position 0,
+the boundary token, is excluded). Also the end-to-end change in next-token loss of the compressed model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Float, Int
+from scipy import stats as sps
+from torch import Tensor
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel import geometry, plots
+from lens_parallel.compression import Compression, MethodLike, compress, method_name
+from lens_parallel.data import TokenBlocks
+from lens_parallel.evaluate import document_losses, edit_effect
+from lens_parallel.hooks import LayerStream, softmax_layers
+from lens_parallel.models import model_info
+from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
+
+SUBLAYERS = ("attn", "mlp")
+POSITIONS = ("last", "all")
+
+
+@serializable
+@dataclass(frozen=True)
+class CompressionResult(ResultMixin):
+    """Per method, sublayer, layer and prompt: ``par`` = |e_par|/|delta|, ``perp`` = |e_perp|/|delta|, ``coef`` =
+    e.delta/|delta|^2 (arrays ``[method, sublayer, layer, prompt]``, NaN where |delta| ~ 0), and per method the
+    end-to-end delta loss (nats/token, compressed - dense) with its paired bootstrap CI over prompts."""
+
+    methods: tuple[str, ...]
+    layers: tuple[int, ...]
+    positions: str
+    par: np.ndarray
+    perp: np.ndarray
+    coef: np.ndarray
+    loss_dense: float
+    delta_loss: np.ndarray
+    delta_loss_ci: np.ndarray
+    provenance: Provenance
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per method, sublayer and layer: mean and std over prompts."""
+        rows = []
+        for i, method in enumerate(self.methods):
+            for j, sub in enumerate(SUBLAYERS):
+                for k, layer in enumerate(self.layers):
+                    par, perp = self.par[i, j, k], self.perp[i, j, k]
+                    rows.append({
+                        "method": method, "sublayer": sub, "layer": layer, "par_mean": np.nanmean(par),
+                        "par_std": np.nanstd(par), "perp_mean": np.nanmean(perp), "perp_std": np.nanstd(perp),
+                        "err_mean": np.nanmean(np.hypot(par, perp)), "coef_mean": np.nanmean(self.coef[i, j, k]),
+                    })  # fmt: skip
+        return pd.DataFrame(rows)
+
+    def summary(self) -> pd.DataFrame:
+        """One row per method and sublayer: errors averaged over layers, the Pearson correlation across layers of
+        mean |e|/|delta| with mean |e_perp|/|delta|, and the end-to-end delta loss."""
+        df = self.to_dataframe()
+        rows = []
+        for (method, sub), g in df.groupby(["method", "sublayer"], sort=False):
+            i = self.methods.index(method)
+            ok = g["err_mean"].std() > 0 and g["perp_mean"].std() > 0
+            rows.append({
+                "method": method, "sublayer": sub, "perp_mean": g["perp_mean"].mean(), "par_mean": g["par_mean"].mean(),
+                "perp_share": (g["perp_mean"] ** 2).sum() / (g["err_mean"] ** 2).sum() if ok else np.nan,
+                "corr_err_perp": sps.pearsonr(g["err_mean"], g["perp_mean"]).statistic if ok else np.nan,
+                "delta_loss": float(self.delta_loss[i]), "delta_loss_lo": float(self.delta_loss_ci[i, 0]),
+                "delta_loss_hi": float(self.delta_loss_ci[i, 1]),
+            })  # fmt: skip
+        return pd.DataFrame(rows)
+
+    def figure(self, *, sublayer: str = "attn") -> go.Figure:
+        return plots.compression_figure(self, sublayer=sublayer)
+
+
+def _updates(
+    tensors: dict[str, Tensor], positions: str
+) -> tuple[Float[Tensor, "sublayer batch scored d_model"], Float[Tensor, "batch pos d_model"]]:
+    pos = slice(-1, None) if positions == "last" else slice(1, None)
+    return torch.stack([tensors["attn_out"][:, pos], tensors["mlp_out"][:, pos]]).double(), tensors["resid_pre"]
+
+
+def compression_error(
+    model: TransformerBridge,
+    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    *,
+    method: MethodLike | Sequence[MethodLike],
+    positions: str = "last",
+    calibration: TokenBlocks | Int[Tensor, "batch pos"] | None = None,
+    eps: float = geometry.EPS,
+) -> CompressionResult:
+    """Decompose every method's per-layer update error into parts along and across the dense update.
+
+    ``method``: one or several specs (``int8``, ``int4-g128``, ``wanda-50%``, ``magnitude-2:4``, ... see
+    :mod:`lens_parallel.compression`), :class:`Compression` objects, or functions editing a Hugging Face model in
+    place. ``calibration``: tokens for Wanda's input norms (default: ``tokens``). Each method compresses a copy;
+    ``model`` is never changed.
+    """
+    methods = [method] if isinstance(method, (str, Compression)) or callable(method) else list(method)
+    if not methods:
+        raise ValueError("give at least one compression method")
+    methods = [Compression.parse(m) if isinstance(m, str) else m for m in methods]
+    if positions not in POSITIONS:
+        raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+    toks = as_tokens(tokens)
+    calib = toks if calibration is None else as_tokens(calibration)
+    info = model_info(model)
+    layers, _ = softmax_layers(info, None, what="compression_error")
+    dense: dict[int, tuple[Tensor, Tensor]] = {}
+    stream = LayerStream(info, layers, ["resid_pre", "attn_out", "mlp_out"],
+                         lambda layer, t: dense.__setitem__(layer, _updates(t, positions)), dtype=torch.float32)  # fmt: skip
+    stream.run(model, toks)
+    base_losses = document_losses(model, toks)
+    shape = (len(methods), len(SUBLAYERS), len(layers), len(toks))
+    par, perp, coef = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
+    delta_loss, delta_ci = np.zeros(len(methods)), np.zeros((len(methods), 2))
+    for i, m in enumerate(methods):
+        compressed = compress(model, m, calibration=calib)
+        for k, layer in enumerate(layers):
+            base, resid = dense[layer]
+            got: dict[int, tuple[Tensor, Tensor]] = {}
+            LayerStream(info, [layer], ["attn_out", "mlp_out"], lambda lay, t: got.__setitem__(lay, t),
+                        dtype=torch.float32).run(compressed, toks, resid=resid, start_at_layer=layer)  # fmt: skip
+            comp = _updates({**got[layer], "resid_pre": resid}, positions)[0]
+            proj = geometry.project(comp - base, base, eps=eps)
+            norm = base.norm(dim=-1)
+            ok = proj.valid
+            ratio_par = torch.where(ok, proj.par.norm(dim=-1) / torch.where(ok, norm, 1.0), torch.nan)
+            ratio_perp = torch.where(ok, proj.perp.norm(dim=-1) / torch.where(ok, norm, 1.0), torch.nan)
+            coefs = torch.where(ok, proj.coef, torch.nan)
+            par[i, :, k] = ratio_par.nanmean(-1).numpy()
+            perp[i, :, k] = ratio_perp.nanmean(-1).numpy()
+            coef[i, :, k] = coefs.nanmean(-1).numpy()
+        effect = edit_effect(base_losses, document_losses(compressed, toks))
+        delta_loss[i], delta_ci[i] = effect.delta_loss, effect.delta_loss_ci
+    return CompressionResult(
+        methods=tuple(method_name(m) for m in methods), layers=tuple(layers), positions=positions, par=par,
+        perp=perp, coef=coef, loss_dense=base_losses.loss, delta_loss=delta_loss, delta_loss_ci=delta_ci,
+        provenance=Provenance.collect(info, tokens, methods=[method_name(m) for m in methods], positions=positions,
+                                      calibration="tokens" if calibration is None else "separate", eps=eps),
+    )  # fmt: skip
