@@ -26,7 +26,7 @@ def test_parse_specs_and_names():
     for spec in METHODS:
         assert Compression.parse(spec).name == spec
     for bad in ("int1", "wanda-100%", "magnitude-4:2", "gptq", "int4-gx"):
-        with pytest.raises(ValueError, match="accepted|needs|must"):
+        with pytest.raises(ValueError, match=r"accepted|needs|must"):
             Compression.parse(bad)
 
 

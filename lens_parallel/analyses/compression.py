@@ -98,6 +98,14 @@ def _updates(
     return torch.stack([tensors["attn_out"][:, pos], tensors["mlp_out"][:, pos]]).double(), tensors["resid_pre"]
 
 
+def _block_updates(model, info, layer: int, tokens, resid, positions: str) -> Tensor:
+    """Block ``layer``'s attention and MLP updates when it is fed ``resid`` (the dense model's input)."""
+    got: dict[str, Tensor] = {}
+    stream = LayerStream(info, [layer], ["attn_out", "mlp_out"], lambda _, t: got.update(t), dtype=torch.float32)
+    stream.run(model, tokens, resid=resid, start_at_layer=layer)
+    return _updates({**got, "resid_pre": resid}, positions)[0]
+
+
 def compression_error(
     model: TransformerBridge,
     tokens: TokenBlocks | Int[Tensor, "batch pos"],
@@ -125,9 +133,11 @@ def compression_error(
     info = model_info(model)
     layers, _ = softmax_layers(info, None, what="compression_error")
     dense: dict[int, tuple[Tensor, Tensor]] = {}
-    stream = LayerStream(info, layers, ["resid_pre", "attn_out", "mlp_out"],
-                         lambda layer, t: dense.__setitem__(layer, _updates(t, positions)), dtype=torch.float32)  # fmt: skip
-    stream.run(model, toks)
+
+    def keep_dense(layer: int, tensors: dict[str, Tensor]) -> None:
+        dense[layer] = _updates(tensors, positions)
+
+    LayerStream(info, layers, ["resid_pre", "attn_out", "mlp_out"], keep_dense, dtype=torch.float32).run(model, toks)
     base_losses = document_losses(model, toks)
     shape = (len(methods), len(SUBLAYERS), len(layers), len(toks))
     par, perp, coef = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
@@ -136,10 +146,7 @@ def compression_error(
         compressed = compress(model, m, calibration=calib)
         for k, layer in enumerate(layers):
             base, resid = dense[layer]
-            got: dict[int, tuple[Tensor, Tensor]] = {}
-            LayerStream(info, [layer], ["attn_out", "mlp_out"], lambda lay, t: got.__setitem__(lay, t),
-                        dtype=torch.float32).run(compressed, toks, resid=resid, start_at_layer=layer)  # fmt: skip
-            comp = _updates({**got[layer], "resid_pre": resid}, positions)[0]
+            comp = _block_updates(compressed, info, layer, toks, resid, positions)
             proj = geometry.project(comp - base, base, eps=eps)
             norm = base.norm(dim=-1)
             ok = proj.valid
