@@ -440,7 +440,7 @@ def gates_figure(gates) -> go.Figure:
 
 def compression_figure(result, *, sublayer: str = "attn") -> go.Figure:
     """Perpendicular (left) and parallel (right) error of one sublayer's update by layer, relative to the dense
-    update: line = mean over prompts, band = +-1 std over prompts, one colour per method."""
+    update: line = mean over prompts, band = ±1 std over prompts, one colour per method."""
     from lens_parallel.analyses.compression import SUBLAYERS
 
     if sublayer not in SUBLAYERS:
@@ -456,7 +456,7 @@ def compression_figure(result, *, sublayer: str = "attn") -> go.Figure:
         color = palette[i % len(palette)]
         for col, values in ((1, result.perp[i, j]), (2, result.par[i, j])):
             mean, std = np.nanmean(values, -1), np.nanstd(values, -1)
-            _band(fig, x, mean - std, mean + std, color, f"{method}: +-1 std over prompts", method, 1, col, False)
+            _band(fig, x, mean - std, mean + std, color, f"{method}: ±1 std over prompts", method, 1, col, False)
             fig.add_trace(go.Scatter(x=x, y=mean, mode="lines+markers", line={"color": color}, legendgroup=method,
                                      name=f"{method} (delta loss {result.delta_loss[i]:+.3f})", showlegend=col == 1),
                           row=1, col=col)  # fmt: skip
@@ -466,7 +466,7 @@ def compression_figure(result, *, sublayer: str = "attn") -> go.Figure:
     n = result.par.shape[-1]
     fig.update_layout(
         title=f"Compression error along / across the dense {what} update ({result.info.name}, {n} prompts, "
-        f"{result.positions} positions; bands: +-1 std over prompts)",
+        f"{result.positions} positions; bands: ±1 std over prompts)",
         template="plotly_white", height=460, width=1150,
     )  # fmt: skip
     return fig

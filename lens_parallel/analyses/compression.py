@@ -71,8 +71,9 @@ class CompressionResult(ResultMixin):
         return pd.DataFrame(rows)
 
     def summary(self) -> pd.DataFrame:
-        """One row per method and sublayer: errors averaged over layers, the Pearson correlation across layers of
-        mean |e|/|delta| with mean |e_perp|/|delta|, and the end-to-end delta loss."""
+        """One row per method and sublayer: errors and the signed coefficient averaged over layers, the share of
+        squared error that is perpendicular, the Pearson correlation across layers of mean |e|/|delta| with mean
+        |e_perp|/|delta|, and the end-to-end delta loss."""
         df = self.to_dataframe()
         rows = []
         for (method, sub), g in df.groupby(["method", "sublayer"], sort=False):
@@ -80,6 +81,7 @@ class CompressionResult(ResultMixin):
             ok = g["err_mean"].std() > 0 and g["perp_mean"].std() > 0
             rows.append({
                 "method": method, "sublayer": sub, "perp_mean": g["perp_mean"].mean(), "par_mean": g["par_mean"].mean(),
+                "coef_mean": g["coef_mean"].mean(),
                 "perp_share": (g["perp_mean"] ** 2).sum() / (g["err_mean"] ** 2).sum() if ok else np.nan,
                 "corr_err_perp": sps.pearsonr(g["err_mean"], g["perp_mean"]).statistic if ok else np.nan,
                 "delta_loss": float(self.delta_loss[i]), "delta_loss_lo": float(self.delta_loss_ci[i, 0]),
