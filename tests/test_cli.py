@@ -3,10 +3,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from html.parser import HTMLParser
 
 import pandas as pd
+import pytest
 
 from lens_parallel.cli import main
+from lens_parallel.report import SECTIONS
 
 
 def test_decompose_writes_table_result_and_figure(tmp_path, capsys):
@@ -42,3 +45,94 @@ def test_user_errors_exit_2_with_one_line_and_no_traceback(tmp_path):
         assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
     proc = _run("decompose", "--space", "nope")
     assert proc.returncode == 2 and "invalid choice: 'nope'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+TOY = ("--model", "toy-gpt2", "--n-docs", "4", "--seq-len", "24")
+SUBCOMMANDS = {
+    "scale": (("--s-par", "0", "1.5", "--s-perp", "0.5"), ["scale.csv", "scale.json", "scale.html"]),
+    "diagonal": ((), ["diagonal.csv", "diagonal.json", "diagonal.html"]),
+    "sensitivity": (("--layers", "0", "2"), ["sensitivity.csv", "sensitivity.json", "sensitivity.html"]),
+    "dominance": (("--query-start", "4"), ["dominance.csv", "dominance.json", "dominance.html"]),
+    "checks": ((), ["checks.csv", "checks.json", "checks.html"]),
+    "compress": (("--method", "int8", "wanda-2:4"), ["compress.csv", "compress_summary.csv", "compress.json",
+                                                     "compress_attn.html", "compress_mlp.html"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_each_subcommand_writes_its_files(tmp_path, command):
+    extra, files = SUBCOMMANDS[command]
+    proc = _run(command, *TOY, *extra, "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    for name in files:
+        assert (tmp_path / name).stat().st_size > 100, name
+    stem = files[0].removesuffix(".csv")
+    meta = json.loads((tmp_path / f"{stem}.json").read_text())
+    provenance = meta["null"]["provenance"] if command == "checks" else meta["provenance"]  # two results in one
+    assert provenance["model"]["name"] == "toy-gpt2"
+    assert len(pd.read_csv(tmp_path / files[0])) > 0
+    assert "wrote:" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_train_and_models_subcommands(tmp_path):
+    proc = _run("train", "--preset", "tiny", "--arms", "baseline", "xsa-gated", "--seeds", "0", "1", "--steps", "4",
+                "--device", "cpu", "--out", str(tmp_path))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(tmp_path / "train.csv")
+    assert list(table["arm"]) == ["xsa-gated"] and table["n_seeds"].item() == 2
+    assert (tmp_path / "train.html").is_file() and (tmp_path / "gates.html").is_file()
+    assert (tmp_path / "baseline" / "seed1" / "model" / "config.json").is_file()
+    proc = _run("models", "--out", str(tmp_path))
+    assert proc.returncode == 0 and "toy-qwen3" in proc.stdout
+    models = pd.read_csv(tmp_path / "models.csv")
+    assert models.set_index("spec").loc["toy-gpt2", "offline_now"] == "yes"
+    assert models.set_index("spec").loc["openai-community/gpt2", "offline_now"].startswith(("no", "yes"))
+
+
+def test_more_bad_inputs_exit_2_with_one_line(tmp_path):
+    cases = [
+        (("compress", "--method", "gptq", "--out", str(tmp_path)), "unknown compression 'gptq'"),
+        (("scale", "--model", "toy-gpt2", "--s-par", "nan", "--out", str(tmp_path)), "finite"),
+        (("diagonal", *TOY, "--layer", "7", "--head", "0", "--out", str(tmp_path)), "out of range"),
+        (("diagonal", *TOY, "--layer", "1", "--out", str(tmp_path)), "give both --layer and --head"),
+        (("report", "--model", "toy-gpt2", "toy-nope", "--n-docs", "4", "--seq-len", "16", "--out", str(tmp_path)),
+         "unknown model spec 'toy-nope'"),
+        (("train", "--preset", "tiny", "--arms", "xsa-gated", "--out", str(tmp_path)), "baseline"),
+    ]  # fmt: skip
+    for args, message in cases:
+        proc = _run(*args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr, (args, proc.stderr)
+    for args in (("sensitivity", "--edit", "erase"), ("train", "--preset", "huge"), ("compress", "--positions", "x")):
+        proc = _run(*args)
+        assert proc.returncode == 2 and "invalid choice" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _script_tags(page: str) -> list[dict]:
+    """The attributes of every <script> tag (an HTML parser: strings inside scripts are not tags)."""
+    found = []
+
+    class Parser(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            if tag == "script":
+                found.append(dict(attrs))
+
+    Parser().feed(page)
+    return found
+
+
+def test_report_is_self_contained_with_every_section(tmp_path):
+    proc = _run("report", "--model", "toy-gpt2", "toy-qwen3", "--n-docs", "4", "--seq-len", "24", "--out",
+                str(tmp_path))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "report.html").read_text()
+    for section in ("summary", *SECTIONS):
+        assert f'<section id="{section}">' in page, section
+    scripts = _script_tags(page)
+    assert scripts and not any("src" in attrs for attrs in scripts)  # every script inline: no network needed
+    assert page.count("plotly.js v") <= 2  # the library is inlined once (its banner), not per figure
+    assert page.count('class="plotly-graph-div"') >= 2 * (1 + 1 + 2 + 1 + 1)  # every figure of both models
+    summary = pd.read_csv(tmp_path / "tables" / "summary.csv")
+    assert list(summary["model"]) == ["toy-gpt2", "toy-qwen3"]
+    assert (tmp_path / "tables" / "toy-qwen3_sensitivity.csv").is_file()

@@ -107,12 +107,17 @@ def split_half_reliability(
     )  # fmt: skip
 
 
+@serializable
 @dataclass(frozen=True)
-class SanityReport:
+class SanityReport(ResultMixin):
     """The causal null (with GQA groups where there are several kv heads) and split-half reliability together."""
 
     null: NullResult
     split_half: SplitHalfResult
+
+    @property
+    def provenance(self) -> Provenance:
+        return self.null.provenance
 
     def to_dataframe(self) -> pd.DataFrame:
         """The per-model summary row."""

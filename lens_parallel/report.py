@@ -1,0 +1,188 @@
+"""The standard battery of analyses on one or several models, and one self-contained HTML report.
+
+Battery (:func:`run_battery`), per model, on the same token blocks:
+
+1. decomposition in every space (:func:`~lens_parallel.analyses.decompose.decompose`, ``space="all"``);
+2. a scaling sweep: s_par in {0, 0.5, 1.5} and s_perp = 0.5 in value-exclude-self and residual-attn, all layers;
+3. diagonal views (s_par = 0) of the two heads with the highest mean value-space self-cosine;
+4. layer sensitivity: each head's parallel part removed alone, and all heads of a layer jointly;
+5. sanity checks: causal null (GQA within/across groups where there are several kv heads), split-half reliability.
+
+:func:`write_report` writes ``report.html`` (plotly.js inlined once, every figure embedded: it opens offline) and
+the tables (CSV) beside it. Several models give a side-by-side report: one column per model in every section.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel.analyses.decompose import DecompositionResult, decompose
+from lens_parallel.analyses.diagonal import DiagonalView, diagonal_view
+from lens_parallel.analyses.reliability import SanityReport, sanity_report
+from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
+from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivity
+from lens_parallel.data import TokenBlocks
+from lens_parallel.models import model_info
+
+SECTIONS = {
+    "decomposition": "Decomposition: how much of each message lies along its own reference (value v_t, residual x_t)",
+    "scaling": "Component scaling: loss change when the parallel / perpendicular part is rescaled (all layers)",
+    "diagonal": "Attention-diagonal form of parallel removal, for the most self-aligned heads",
+    "sensitivity": "Layer sensitivity: removing each head's parallel part, alone and jointly",
+    "sanity": "Sanity checks: causal null, GQA groups, split-half reliability",
+}
+SCALE_SPACES = ("value-exclude-self", "residual-attn")
+
+
+@dataclass(frozen=True)
+class ModelReport:
+    """One model's battery: every result, the summary row, and the seconds each step took."""
+
+    name: str
+    decomposition: DecompositionResult
+    scaling: ScalingResult
+    diagonal: tuple[DiagonalView, ...]
+    sensitivity: SensitivityResult
+    sanity: SanityReport
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """One row: the model, its attention shape, the headline numbers of every section."""
+        info = self.decomposition.info
+        dec = self.decomposition.to_dataframe()
+        heads = dec[dec["level"] == "head"].groupby("space")["self_cos"].mean()
+        scale = self.scaling.to_dataframe()
+        removal = scale[(scale["vary"] == "s_par") & (scale["s_par"] == 0.0)].set_index("space")["delta_loss"]
+        sens = self.sensitivity.to_dataframe()
+        joint = sens[sens["head"].isna()].set_index("layer")["delta_loss"]
+        sanity = self.sanity.to_dataframe().iloc[0].to_dict()
+        row = {
+            "model": self.name, "family": info.family, "n_layers": info.n_layers, "n_heads": info.n_heads,
+            "n_kv_heads": info.n_kv_heads, "loss_noop": scale["loss_noop"].iloc[0],
+        }  # fmt: skip
+        row |= {f"self_cos_{space}": heads.get(space) for space in ("value", "value-exclude-self", "residual-attn")}
+        row |= {f"delta_loss_s_par0_{space}": removal.get(space) for space in SCALE_SPACES}
+        row |= {"most_sensitive_layer": int(joint.idxmax()), "max_joint_delta_loss": joint.max()}
+        keep = ("cos_self", "cos_null", "excess", "self_specific_fraction", "within_excess", "across_excess",
+                "r_stat_excess", "r_delta_excess", "verdict_excess")  # fmt: skip
+        row |= {k: sanity[k] for k in keep if k in sanity}
+        return row | {"seconds": sum(self.seconds.values())}
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        return {
+            "decomposition": self.decomposition.to_dataframe(),
+            "scaling": self.scaling.to_dataframe(),
+            "diagonal": pd.concat([v.to_dataframe() for v in self.diagonal], ignore_index=True),
+            "sensitivity": self.sensitivity.to_dataframe(),
+            "sanity": self.sanity.to_dataframe(),
+        }
+
+    def figures(self) -> dict[str, list[go.Figure]]:
+        return {
+            "decomposition": [self.decomposition.figure()],
+            "scaling": [self.scaling.figure()],
+            "diagonal": [v.figure() for v in self.diagonal],
+            "sensitivity": [self.sensitivity.figure()],
+            "sanity": [self.sanity.figure()],
+        }
+
+
+def strongest_parallel_heads(result: DecompositionResult, k: int = 2) -> list[tuple[int, int]]:
+    """The ``k`` (layer, head) pairs with the highest mean value-space self-cosine."""
+    df = result.to_dataframe()
+    df = df[(df["space"] == "value") & (df["level"] == "head")].nlargest(k, "self_cos")
+    return [(int(r.layer), int(r.head)) for r in df.itertuples()]
+
+
+def run_battery(
+    model: TransformerBridge,
+    tokens: TokenBlocks,
+    *,
+    seed: int = 0,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> ModelReport:
+    """Run the five sections on ``model`` (see the module docstring)."""
+    seconds: dict[str, float] = {}
+
+    def timed(name: str, fn):
+        t0 = time.perf_counter()
+        out = fn()
+        seconds[name] = time.perf_counter() - t0
+        return out
+
+    dec = timed("decomposition", lambda: decompose(model, tokens, space="all", batch_size=batch_size))
+    scaling = timed("scaling", lambda: scale_sweep(
+        model, tokens, space=list(SCALE_SPACES), s_par=(0.0, 0.5, 1.5), s_perp=(0.5,), batch_size=batch_size,
+        seed=seed, progress=progress))  # fmt: skip
+    heads = strongest_parallel_heads(dec)
+    views = timed("diagonal", lambda: tuple(diagonal_view(model, tokens, layer=lay, head=h) for lay, h in heads))
+    sens = timed("sensitivity", lambda: head_sensitivity(model, tokens, batch_size=batch_size, seed=seed,
+                                                          progress=progress))  # fmt: skip
+    sanity = timed("sanity", lambda: sanity_report(model, tokens, seed=seed, batch_size=batch_size, progress=progress))
+    return ModelReport(name=model_info(model).name, decomposition=dec, scaling=scaling, diagonal=views,
+                       sensitivity=sens, sanity=sanity, seconds=seconds)  # fmt: skip
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1500px; color: #222; }
+h1 { font-size: 1.6em; } h2 { margin-top: 2em; border-bottom: 1px solid #ccc; }
+nav a { margin-right: 1.2em; } .grid { display: grid; gap: 16px; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 8px 0; } td, th { padding: 3px 8px; }
+th { background: #f2f2f2; } tr:nth-child(even) { background: #fafafa; } .note { color: #555; font-size: 0.9em; }
+.scroll { overflow-x: auto; max-height: 420px; overflow-y: auto; }
+"""
+
+
+def _figure_html(fig: go.Figure, responsive: bool) -> str:
+    if responsive:
+        fig = go.Figure(fig).update_layout(width=None, autosize=True)
+    return pio.to_html(fig, full_html=False, include_plotlyjs=False, config={"responsive": True})
+
+
+def _table_html(df: pd.DataFrame, max_rows: int = 60) -> str:
+    body = df.head(max_rows).to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="", border=0)
+    more = f'<p class="note">first {max_rows} of {len(df)} rows; all rows in the CSV</p>' if len(df) > max_rows else ""
+    return f'<div class="scroll">{body}</div>{more}'
+
+
+def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: dict | None = None) -> Path:
+    """Write ``out/report.html`` and ``out/tables/<model>_<section>.csv`` (+ ``summary.csv``); returns the HTML."""
+    out = Path(out)
+    (out / "tables").mkdir(parents=True, exist_ok=True)
+    summary = pd.DataFrame([r.summary() for r in reports])
+    summary.to_csv(out / "tables" / "summary.csv", index=False)
+    for r in reports:
+        for section, df in r.tables().items():
+            df.to_csv(out / "tables" / f"{r.name.replace('/', '_')}_{section}.csv", index=False)
+    side_by_side = len(reports) > 1
+    cols = f"grid-template-columns: repeat({len(reports)}, minmax(0, 1fr));"
+    parts = [f"<h1>lens_parallel report: {html.escape(', '.join(r.name for r in reports))}</h1>"]
+    if settings:
+        parts.append(f'<p class="note">{html.escape(", ".join(f"{k}: {v}" for k, v in settings.items()))}</p>')
+    parts.append("<nav>" + "".join(f'<a href="#{s}">{s}</a>' for s in ["summary", *SECTIONS]) + "</nav>")
+    parts.append(f'<section id="summary"><h2>Summary</h2>{_table_html(summary)}</section>')
+    for section, title in SECTIONS.items():
+        columns = []
+        for r in reports:
+            figs = "".join(_figure_html(f, side_by_side) for f in r.figures()[section])
+            columns.append(f"<div><h3>{html.escape(r.name)}</h3>{figs}{_table_html(r.tables()[section], 12)}</div>")
+        parts.append(f'<section id="{section}"><h2>{html.escape(title)}</h2>'
+                     f'<div class="grid" style="{cols}">{"".join(columns)}</div></section>')  # fmt: skip
+    page = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>lens_parallel report</title>'
+        f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body>{''.join(parts)}</body></html>"
+    )
+    path = out / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path
