@@ -20,7 +20,7 @@ import torch
 
 from lens_parallel import load_model, token_blocks
 from lens_parallel.models import TOY_MODELS, check_spec
-from lens_parallel.plots import comparison_figure
+from lens_parallel.plots import comparison_figure, save_figure
 from lens_parallel.report import run_battery, write_report
 
 DEFAULT_MODELS = (*[m for m in TOY_MODELS if m != "toy-qwen3.5"], "smollm2-135m")
@@ -53,12 +53,7 @@ def main() -> None:
         del model
     summary = pd.DataFrame([r.summary() for r in reports])
     summary.to_csv(out / "summary.csv", index=False)
-    fig = comparison_figure(summary)
-    fig.write_html(out / "comparison.html", include_plotlyjs=True)
-    try:
-        fig.write_image(out / "comparison.png", scale=2)
-    except Exception as exc:  # kaleido or Chromium missing: the HTML is the figure
-        print(f"no PNG ({type(exc).__name__}); HTML written")
+    save_figure(comparison_figure(summary), out / "comparison")
     if not args.no_report:
         write_report(reports, out, settings={"texts": args.texts, "n_docs": args.n_docs, "seq_len": args.seq_len})
     with pd.option_context("display.width", 220, "display.max_columns", 40, "display.float_format", "{:.4f}".format):

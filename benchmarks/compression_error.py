@@ -21,6 +21,7 @@ import torch
 
 from lens_parallel import load_model, token_blocks
 from lens_parallel.analyses.compression import compression_error
+from lens_parallel.plots import save_figure
 
 METHODS = ("int8", "int4-g128", "magnitude-50%", "wanda-50%", "wanda-2:4", "wanda-4:8")
 
@@ -47,12 +48,7 @@ def main() -> None:
     summary = result.summary()
     summary.to_csv(out / "summary.csv", index=False)
     for sub in ("attn", "mlp"):
-        fig = result.figure(sublayer=sub)
-        fig.write_html(out / f"compression_{sub}.html", include_plotlyjs=True)
-        try:
-            fig.write_image(out / f"compression_{sub}.png", scale=2)
-        except Exception as exc:  # kaleido or Chromium missing: the HTML is the figure
-            print(f"no PNG for {sub} ({type(exc).__name__}); HTML written")
+        save_figure(result.figure(sublayer=sub), out / f"compression_{sub}")
     print(f"{args.model}: 12 prompts x 128 tokens, {args.positions} positions, dense loss {result.loss_dense:.4f} "
           f"nats/token, {elapsed:.0f} s")  # fmt: skip
     with pd.option_context("display.width", 200, "display.float_format", "{:.4f}".format):

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from lens_parallel.plots import save_figure
 from lens_parallel.training import ARMS, PRESETS, run_factorial
 
 DEFAULT_ARMS = ("baseline", "value-parallel-removal", "random-direction")
@@ -48,13 +49,8 @@ def main() -> None:
     table = result.to_dataframe()
     table.to_csv(out / "paired.csv", index=False)
     result.curves().to_csv(out / "curves.csv", index=False)
-    figures = {"factorial": result.figure(), "gates": result.gates_figure()}
-    for name, fig in figures.items():
-        fig.write_html(out / f"{name}.html", include_plotlyjs=True)
-        try:
-            fig.write_image(out / f"{name}.png", scale=2)
-        except Exception as exc:  # kaleido or Chromium missing: the HTML is the figure
-            print(f"no PNG for {name} ({type(exc).__name__}); HTML written")
+    save_figure(result.figure(), out / "factorial")
+    save_figure(result.gates_figure(), out / "gates")
     run = result.runs[0]
     print(f"preset {args.preset}: {run.n_params:,} parameters, {config.steps} steps x {config.batch_size} x "
           f"{config.seq_len} tokens, seeds {list(result.seeds)}; this invocation {elapsed:.0f} s, "

@@ -114,23 +114,14 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _write_figure(fig, stem: Path) -> list[Path]:
-    written = [stem.with_suffix(".html")]
-    fig.write_html(written[0], include_plotlyjs=True)
-    try:
-        fig.write_image(stem.with_suffix(".png"), scale=2)
-        written.append(stem.with_suffix(".png"))
-    except Exception as exc:  # kaleido missing, or no Chrome/Chromium on this machine
-        print(f"(no PNG: {str(exc).splitlines()[0][:120]})", file=sys.stderr)
-    return written
-
-
 def _emit(out: Path, name: str, result, table: pd.DataFrame, shown: pd.DataFrame, figures: dict | None = None) -> None:
     """Write ``name``.csv, the result (JSON + npz) and the figures; print ``shown`` and the files."""
+    from lens_parallel.plots import save_figure
+
     table.to_csv(out / f"{name}.csv", index=False)
     written = [out / f"{name}.csv", result.save(out / name)]
     for stem, fig in (figures or {name: result.figure()}).items():
-        written += _write_figure(fig, out / stem)
+        written += save_figure(fig, out / stem)
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         print(shown.to_string())
     print("wrote:", *map(str, written), sep="\n  ")

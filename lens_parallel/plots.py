@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,6 +18,21 @@ if TYPE_CHECKING:
     from lens_parallel.analyses.reliability import SanityReport, SplitHalfResult
     from lens_parallel.analyses.scaling import ScalingResult
     from lens_parallel.analyses.sensitivity import SensitivityResult
+
+
+def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
+    """Write ``stem.html`` (plotly.js inlined: opens offline) and, when kaleido finds a Chrome/Chromium,
+    ``stem.png``; returns the files written (a missing PNG renderer is reported on stderr, not raised)."""
+    stem = Path(stem)
+    written = [stem.with_suffix(".html")]
+    fig.write_html(written[0], include_plotlyjs=True)
+    try:
+        fig.write_image(stem.with_suffix(".png"), scale=2)
+        written.append(stem.with_suffix(".png"))
+    except Exception as exc:  # kaleido missing, or no Chrome/Chromium on this machine
+        print(f"(no PNG for {stem.name}: {str(exc).splitlines()[0][:120]})", file=sys.stderr)
+    return written
+
 
 COLORS = {"self_cos": "#1f77b4", "par_frac": "#d62728", "perp_frac": "#2ca02c"}
 LABELS = {"self_cos": "self-cosine cos(m, r)", "par_frac": "|m_par| / |m|", "perp_frac": "|m_perp| / |m|"}

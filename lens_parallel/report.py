@@ -15,6 +15,7 @@ the tables (CSV) beside it. Several models give a side-by-side report: one colum
 from __future__ import annotations
 
 import html
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -127,9 +128,12 @@ def run_battery(
         seed=seed, progress=progress))  # fmt: skip
     heads = strongest_parallel_heads(dec)
     views = timed("diagonal", lambda: tuple(diagonal_view(model, tokens, layer=lay, head=h) for lay, h in heads))
-    sens = timed("sensitivity", lambda: head_sensitivity(model, tokens, batch_size=batch_size, seed=seed,
-                                                          progress=progress))  # fmt: skip
-    sanity = timed("sanity", lambda: sanity_report(model, tokens, seed=seed, batch_size=batch_size, progress=progress))
+    with tempfile.TemporaryDirectory() as store:  # sensitivity's single-head jobs are split-half's: run them once
+        shared = Path(store) / "ablations.jsonl"
+        sens = timed("sensitivity", lambda: head_sensitivity(model, tokens, batch_size=batch_size, seed=seed,
+                                                              store=shared, progress=progress))  # fmt: skip
+        sanity = timed("sanity", lambda: sanity_report(model, tokens, seed=seed, batch_size=batch_size, store=store,
+                                                       progress=progress))  # fmt: skip
     return ModelReport(name=model_info(model).name, decomposition=dec, scaling=scaling, diagonal=views,
                        sensitivity=sens, sanity=sanity, seconds=seconds)  # fmt: skip
 

@@ -79,23 +79,26 @@ def split_half_reliability(
     store: str | Path | None = None,
     progress: bool = True,
 ) -> SplitHalfResult:
-    """See the module docstring. ``store``: a folder for the two halves' resumable ablation sweeps."""
+    """See the module docstring. ``store``: a folder for the resumable single-head ablation sweep
+    (``ablations.jsonl``, run once over all documents and split by half: per-document losses do not depend on the
+    half; :func:`~lens_parallel.analyses.sensitivity.head_sensitivity` given that file shares its finished jobs)."""
     info = model_info(model)
     toks = as_tokens(tokens)
     if len(toks) < 4:
         raise ValueError(f"split-half reliability needs at least 4 documents (2 per half), got {len(toks)}")
     order = np.random.default_rng(seed).permutation(len(toks))
     halves = (tuple(sorted(order[: len(toks) // 2].tolist())), tuple(sorted(order[len(toks) // 2 :].tolist())))
-    nulls, deltas = [], []
-    for k, half in enumerate(halves):
-        part = toks[list(half)]
-        null = causal_null(model, part, seed=seed, batch_size=batch_size, n_resamples=100)
-        jobs = [AblationJob(layer, (h,)) for layer in null.layers for h in range(info.n_heads)]
-        path = None if store is None else Path(store) / f"half{k}.jsonl"
-        run = run_ablations(model, part, jobs, kind=edit, batch_size=batch_size, store=path, progress=progress)
-        delta = np.array([run.edited[job].loss - run.base.loss for job in jobs]).reshape(len(null.layers), -1)
-        nulls.append(null)
-        deltas.append(delta)
+    nulls = [causal_null(model, toks[list(half)], seed=seed, batch_size=batch_size, n_resamples=100) for half in halves]
+    jobs = [AblationJob(layer, (h,)) for layer in nulls[0].layers for h in range(info.n_heads)]
+    path = None if store is None else Path(store) / "ablations.jsonl"
+    run = run_ablations(model, toks, jobs, kind=edit, batch_size=batch_size, store=path, progress=progress)
+    deltas = []
+    for half in halves:
+        idx = list(half)
+        n = run.base.n_tokens[idx].sum()
+        base = run.base.loss_sum[idx].sum() / n
+        delta = np.array([run.edited[job].loss_sum[idx].sum() / n - base for job in jobs])
+        deltas.append(delta.reshape(len(nulls[0].layers), -1))
     provenance = Provenance.collect(
         info, tokens, analysis="split_half_reliability", edit=edit, seed=seed, halves=[list(h) for h in halves],
         skipped=nulls[0].provenance.settings["skipped"],
