@@ -197,10 +197,9 @@ def _dominance(args: argparse.Namespace) -> None:
     result = head_dominance(model, blocks, query_positions=slice(args.query_start, None),
                             upstream_layers=args.upstream_layers, seed=args.seed)  # fmt: skip
     df = result.to_dataframe()
-    print(f"{result.info.name}: dominance of upstream heads over the next layer (means per layer pair)")
-    numeric = df.select_dtypes("number").drop(columns=["head", "kv_head"], errors="ignore")
-    _emit(out, "dominance", result, df, numeric.groupby(df["upstream_layer"]).mean().round(4).head(12)
-          if "upstream_layer" in df else df.head(12))  # fmt: skip
+    print(f"{result.info.name}: dominance of upstream heads over the next layer (means over receiving heads, texts)")
+    cols = ["effective_fraction", "top25_share", "heads_for_90", "joint_weak", "joint_strong", "joint_random"]
+    _emit(out, "dominance", result, df, df.groupby(["upstream_layer", "receiving_layer"])[cols].mean().round(4))
 
 
 def _checks(args: argparse.Namespace) -> None:
