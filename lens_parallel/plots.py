@@ -450,8 +450,11 @@ def gates_figure(gates) -> go.Figure:
               1, 1, True)  # fmt: skip
         fig.add_trace(go.Scatter(x=x, y=g.mean().to_numpy(), mode="lines+markers", line={"color": colors[arm]},
                                  name=f"{arm}: {what}", legendgroup=arm))  # fmt: skip
-    fig.update_layout(title="Learned gates by layer (1 = full removal for tanh gates; s_par = kept parallel share)",
-                      xaxis_title="layer", yaxis_title="gate value", template="plotly_white")  # fmt: skip
+    fig.update_xaxes(title_text="layer", dtick=1)
+    fig.update_yaxes(title_text="gate value")
+    fig.update_layout(title="Learned gates by layer (tanh gates: 1 = full removal; s_par: kept parallel share)",
+                      template="plotly_white", width=900, height=560,
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0})  # fmt: skip
     return fig
 
 
