@@ -88,6 +88,13 @@ class ModelReport:
             "sanity": self.sanity.to_dataframe(),
         }
 
+    def save(self, folder: str | Path) -> list[Path]:
+        """Every result as JSON + npz (with its provenance): ``folder/<model>_<section>[_<i>].json``."""
+        stem = Path(folder) / self.name.replace("/", "_")
+        results = {"decomposition": self.decomposition, "scaling": self.scaling, "sensitivity": self.sensitivity,
+                   "sanity": self.sanity} | {f"diagonal_{i}": v for i, v in enumerate(self.diagonal)}  # fmt: skip
+        return [result.save(f"{stem}_{section}") for section, result in results.items()]
+
     def figures(self) -> dict[str, list[go.Figure]]:
         return {
             "decomposition": [self.decomposition.figure()],
@@ -161,7 +168,8 @@ def _table_html(df: pd.DataFrame, max_rows: int = 60) -> str:
 
 
 def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: dict | None = None) -> Path:
-    """Write ``out/report.html`` and ``out/tables/<model>_<section>.csv`` (+ ``summary.csv``); returns the HTML."""
+    """Write ``out/report.html``, ``out/tables/<model>_<section>.csv`` (+ ``summary.csv``) and every result with its
+    provenance under ``out/results/``; returns the HTML's path."""
     out = Path(out)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     summary = pd.DataFrame([r.summary() for r in reports])
@@ -169,6 +177,7 @@ def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: d
     for r in reports:
         for section, df in r.tables().items():
             df.to_csv(out / "tables" / f"{r.name.replace('/', '_')}_{section}.csv", index=False)
+        r.save(out / "results")
     side_by_side = len(reports) > 1
     cols = f"grid-template-columns: repeat({len(reports)}, minmax(0, 1fr));"
     parts = [f"<h1>lens_parallel report: {html.escape(', '.join(r.name for r in reports))}</h1>"]

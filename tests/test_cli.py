@@ -136,3 +136,6 @@ def test_report_is_self_contained_with_every_section(tmp_path):
     summary = pd.read_csv(tmp_path / "tables" / "summary.csv")
     assert list(summary["model"]) == ["toy-gpt2", "toy-qwen3"]
     assert (tmp_path / "tables" / "toy-qwen3_sensitivity.csv").is_file()
+    meta = json.loads((tmp_path / "results" / "toy-qwen3_decomposition.json").read_text())
+    assert meta["provenance"]["model"]["name"] == "toy-qwen3"
+    assert (tmp_path / "results" / "toy-gpt2_diagonal_1.json").is_file()
