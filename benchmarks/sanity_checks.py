@@ -5,7 +5,8 @@
 Prints the per-model summary row (cos_self, cos_null, excess, self-specific %, within/across excess, r_stat,
 r_delta, verdict) and the wall time; writes the row (CSV) and the figure (HTML) to ``--out``. The split-half
 ablation sweep (270 single heads over all 128 documents, split by half afterwards) streams to ``--store`` and
-resumes if interrupted: at 64 documents x 128 tokens per half it takes about 2 hours on 2 CPU cores (~25 s a head).
+resumes if interrupted: at 64 documents x 128 tokens per half it takes hours on 2 CPU cores (the first head, at
+layer 0, took 75 s).
 """
 
 from __future__ import annotations
