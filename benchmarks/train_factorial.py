@@ -4,7 +4,7 @@
     python benchmarks/train_factorial.py --preset gpu-50m --texts hf:DATASET[:CONFIG[:SPLIT]]   # on a GPU
 
 ``cpu-small`` trains baseline, value-parallel-removal and random-direction with 4 seeds each (12 runs of a ~1.5M
-parameter GPT-2-style model on the bundled English texts; about 40 minutes on 2 CPU cores). Runs write checkpoints
+parameter GPT-2-style model on the bundled English texts; 161-267 s a run on one thread). Runs write checkpoints
 and their results under ``--out`` as they go: rerunning the command resumes an interrupted factorial. Prints the
 paired table (arm - baseline final validation loss, nats/token) and the wall time; writes ``factorial.json``,
 ``paired.csv``, ``curves.csv`` and the figures (HTML, and PNG when kaleido can render).

@@ -144,6 +144,6 @@ PRESETS: dict[str, TrainConfig] = {
     ),
 }
 """``tiny``: tests (a few seconds). ``cpu-small``: GPT-2 style, 4 layers x 4 heads, d_model 128, a 4096-token BPE,
-~1.5M parameters, 360 steps of 16 x 128 tokens (~0.9 epoch of the bundled English texts), about 3 minutes a run
-on one CPU core. ``gpu-50m``: Qwen3 style (RoPE, RMSNorm, no biases, tied embeddings), 8 layers x 8 heads, d_model 512,
-the GPT-2 tokenizer, ~51M parameters; give it a large corpus (``texts=("hf:...",)``) on a GPU."""
+~1.5M parameters, 360 steps of 16 x 128 tokens (~0.9 epoch of the bundled English texts), 161-267 s a run on one
+CPU thread (measured). ``gpu-50m``: Qwen3 style (RoPE, RMSNorm, no biases, tied embeddings), 8 layers x 8 heads,
+d_model 512, the GPT-2 tokenizer, ~51M parameters; give it a large corpus (``texts=("hf:...",)``) on a GPU."""
