@@ -169,10 +169,9 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path, arm):
                               strict=True):  # fmt: skip
         assert torch.equal(p, q), k
     assert not (tmp_path / "killed" / "checkpoint.pt").exists()
+    (tmp_path / "other").mkdir()
+    torch.save({"digest": "another config", "arm": arm, "seed": 0}, tmp_path / "other" / "checkpoint.pt")
     with pytest.raises(ValueError, match="belongs to another run"):
-        torch.save({"digest": "x", "arm": arm, "seed": 0}, tmp_path / "other.pt")
-        (tmp_path / "other").mkdir()
-        (tmp_path / "other.pt").rename(tmp_path / "other" / "checkpoint.pt")
         train(TINY, arm, 0, out=tmp_path / "other", progress=False)
 
 
