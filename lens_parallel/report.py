@@ -174,8 +174,10 @@ def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: d
     (out / "tables").mkdir(parents=True, exist_ok=True)
     summary = pd.DataFrame([r.summary() for r in reports])
     summary.to_csv(out / "tables" / "summary.csv", index=False)
+    tables = {r.name: r.tables() for r in reports}  # built once: every section reads them
+    figures = {r.name: r.figures() for r in reports}
     for r in reports:
-        for section, df in r.tables().items():
+        for section, df in tables[r.name].items():
             df.to_csv(out / "tables" / f"{r.name.replace('/', '_')}_{section}.csv", index=False)
         r.save(out / "results")
     side_by_side = len(reports) > 1
@@ -188,8 +190,8 @@ def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: d
     for section, title in SECTIONS.items():
         columns = []
         for r in reports:
-            figs = "".join(_figure_html(f, side_by_side) for f in r.figures()[section])
-            columns.append(f"<div><h3>{html.escape(r.name)}</h3>{figs}{_table_html(r.tables()[section], 12)}</div>")
+            figs = "".join(_figure_html(f, side_by_side) for f in figures[r.name][section])
+            columns.append(f"<div><h3>{html.escape(r.name)}</h3>{figs}{_table_html(tables[r.name][section], 12)}</div>")
         parts.append(f'<section id="{section}"><h2>{html.escape(title)}</h2>'
                      f'<div class="grid" style="{cols}">{"".join(columns)}</div></section>')  # fmt: skip
     page = (
