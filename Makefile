@@ -23,8 +23,8 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check lens_parallel tests benchmarks scripts
-	$(VENV)/bin/ruff format --check lens_parallel tests benchmarks scripts
+	$(VENV)/bin/ruff check lens_parallel tests benchmarks scripts notebooks
+	$(VENV)/bin/ruff format --check lens_parallel tests benchmarks scripts notebooks
 
 bench: $(STAMP)
 	$(PY) benchmarks/decompose_overhead.py

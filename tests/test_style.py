@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = ["lens_parallel", "tests", "benchmarks", "scripts"]
+PATHS = ["lens_parallel", "tests", "benchmarks", "scripts", "notebooks"]
 
 
 def test_ruff_check_and_format():
