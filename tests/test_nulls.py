@@ -79,9 +79,8 @@ def test_gqa_alignment_matches_a_direct_computation(tmp_path):
     with torch.inference_mode():
         _, cache = model.run_with_cache(blocks.tokens, names_filter=["blocks.2.attn.hook_z", "blocks.2.attn.hook_v"])
     z, v_kv = cache["blocks.2.attn.hook_z"].double(), cache["blocks.2.attn.hook_v"].double()
-    across = torch.cosine_similarity(z, expand_kv(v_kv.flip(2), 6), dim=-1)[:, 1:].mean(
-        1
-    )  # 2 groups: neighbour = other
+    # 2 kv groups: each group's neighbour is the other one
+    across = torch.cosine_similarity(z, expand_kv(v_kv.flip(2), 6), dim=-1)[:, 1:].mean(1)
     np.testing.assert_allclose(result.cos_across[:, 2], across.numpy(), atol=1e-10)
     summary = result.summary()
     assert {"cos_self", "cos_null", "excess", "within_excess", "across_excess", "cos_across"} <= set(summary)

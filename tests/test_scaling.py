@@ -77,14 +77,9 @@ def test_hybrid_model_sweeps_softmax_layers_only():
     per_layer = scale_sweep(model, blocks, space=["value", "residual-mlp"], s_par=[0.0], s_perp=[], per_layer=True,
                             n_resamples=100, progress=False)  # fmt: skip
     df = per_layer.to_dataframe()
-    assert sorted(df[df.space == "value"].layer) == [1, 3] and sorted(df[df.space == "residual-mlp"].layer) == [
-        0,
-        1,
-        2,
-        3,
-    ]
+    assert sorted(df[df.space == "value"].layer) == [1, 3]
+    assert sorted(df[df.space == "residual-mlp"].layer) == [0, 1, 2, 3]
     for row in df.itertuples():
-        naive = document_losses(
-            model, blocks, ComponentScale(row.space, row.s_par, row.s_perp, layers=[int(row.layer)])
-        )
+        edit = ComponentScale(row.space, row.s_par, row.s_perp, layers=[int(row.layer)])
+        naive = document_losses(model, blocks, edit)
         assert row.loss_edited == pytest.approx(naive.loss, abs=1e-5)
