@@ -257,13 +257,11 @@ class LearnedGate:
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         layers = _training_layers(info, "LearnedGate")
-        if tuple(self.weight.shape) != (info.n_layers, info.n_heads, info.d_model) or tuple(self.bias.shape) != (
-            info.n_layers,
-            info.n_heads,
-        ):
+        want_weight, want_bias = (info.n_layers, info.n_heads, info.d_model), (info.n_layers, info.n_heads)
+        if tuple(self.weight.shape) != want_weight or tuple(self.bias.shape) != want_bias:
             raise ValueError(
-                f"LearnedGate needs weight {(info.n_layers, info.n_heads, info.d_model)} and bias "
-                f"{(info.n_layers, info.n_heads)}, got {tuple(self.weight.shape)} and {tuple(self.bias.shape)}"
+                f"LearnedGate needs weight {want_weight} and bias {want_bias}, "
+                f"got {tuple(self.weight.shape)} and {tuple(self.bias.shape)}"
             )
         out: list[Hook] = []
         for layer in layers:

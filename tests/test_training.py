@@ -12,7 +12,7 @@ from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
 from lens_parallel import load_model
-from lens_parallel.edits import compile_hooks
+from lens_parallel.edits import GatedRemoval, LearnedGate, compile_hooks
 from lens_parallel.hooks import expand_kv, hook_name
 from lens_parallel.models import model_info
 from lens_parallel.training import ARMS, PRESETS, ArmParameters, TrainConfig, load_trained, paired_table, train
@@ -232,6 +232,18 @@ def test_factorial_runs_pairs_saves_and_plots(tmp_path):
     gates = result.gates()
     assert set(gates["arm"]) == {"xsa-gated"} and len(gates) == 2 * TINY.n_layers * TINY.n_heads
     assert len(result.gates_figure().data) == 2
+
+
+def test_gate_parameters_of_the_wrong_shape_are_refused():
+    model = build_model(TINY, seed=0)  # 2 layers x 2 heads, d_model 32
+    info = model_info(model)
+    with pytest.raises(ValueError, match=r"GatedRemoval.alpha must have shape \(2, 2\), got \(2, 1\)"):
+        compile_hooks(model, [GatedRemoval(alpha=torch.zeros(info.n_layers, 1))])
+    gate = LearnedGate(
+        weight=torch.zeros(info.n_layers, info.n_heads, 16), bias=torch.zeros(info.n_layers, info.n_heads)
+    )
+    with pytest.raises(ValueError, match=r"LearnedGate needs weight \(2, 2, 32\) and bias \(2, 2\), got \(2, 2, 16\)"):
+        compile_hooks(model, [gate])
 
 
 def test_bad_inputs_raise_before_training(tmp_path):
