@@ -316,8 +316,8 @@ def null_figure(result: NullResult) -> go.Figure:
     if gqa:
         for column, color, name in (("within_excess", "#1f77b4", "within group"),
                                     ("across_excess", "#d62728", "across groups (neighbour kv)")):  # fmt: skip
-            fig.add_trace(go.Bar(x=x, y=by_layer[column].mean(), marker_color=color, name=f"{name} excess"),
-                          row=1, col=2)  # fmt: skip
+            bar = go.Bar(x=x, y=by_layer[column].mean(), marker_color=color, name=f"{name} excess: mean over heads")
+            fig.add_trace(bar, row=1, col=2)
         fig.update_xaxes(title_text="layer", row=1, col=2)
         fig.update_yaxes(title_text="excess over the own-group null (cosine)", row=1, col=2)
     fig.update_layout(
@@ -353,24 +353,25 @@ def split_half_figure(result: SplitHalfResult) -> go.Figure:
 
 
 def sanity_figure(report: SanityReport) -> go.Figure:
-    """The null panels (cos_self vs cos_null per layer; GQA within/across) and the split-half scatters, together."""
+    """Top row: the null panels (cos_self vs cos_null per layer; GQA within/across, when there are kv groups).
+    Bottom row: the split-half scatters of the statistic and of the intervention effect."""
     parts = [null_figure(report.null), split_half_figure(report.split_half)]
+    specs = [[{}, {}] if len(p.layout.annotations) == 2 else [{"colspan": 2}, None] for p in parts]
     titles = [a.text for part in parts for a in part.layout.annotations]
-    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.06)
-    col = 0
-    for part in parts:
-        offset = col
+    fig = make_subplots(rows=2, cols=2, specs=specs, subplot_titles=titles, horizontal_spacing=0.1,
+                        vertical_spacing=0.16)  # fmt: skip
+    for row, part in enumerate(parts, start=1):
         for trace in part.data:
             axis = trace.xaxis or "x"
-            fig.add_trace(trace, row=1, col=offset + (int(axis[1:]) if len(axis) > 1 else 1))
-        for k in range(len(part.layout.annotations)):
-            col += 1
-            source = part.layout["xaxis" if k == 0 else f"xaxis{k + 1}"]
-            target = part.layout["yaxis" if k == 0 else f"yaxis{k + 1}"]
-            fig.update_xaxes(title_text=source.title.text, row=1, col=col)
-            fig.update_yaxes(title_text=target.title.text, row=1, col=col)
-    fig.update_layout(title=f"Sanity checks: {report.null.info.name}", height=480, width=480 * len(titles),
-                      template="plotly_white", barmode="group", legend={"orientation": "h", "y": -0.25})  # fmt: skip
+            fig.add_trace(trace, row=row, col=int(axis[1:]) if len(axis) > 1 else 1)
+        for col in range(1, len(part.layout.annotations) + 1):
+            suffix = "" if col == 1 else str(col)
+            fig.update_xaxes(title_text=part.layout[f"xaxis{suffix}"].title.text, row=row, col=col)
+            fig.update_yaxes(title_text=part.layout[f"yaxis{suffix}"].title.text, row=row, col=col)
+    verdict = report.split_half.correlations("excess")["verdict"]
+    fig.update_layout(title=f"Sanity checks: {report.null.info.name} (per-head effects: {verdict})", height=900,
+                      width=1100, template="plotly_white", barmode="group",
+                      legend={"orientation": "h", "y": -0.08})  # fmt: skip
     return fig
 
 

@@ -59,3 +59,6 @@ def test_sanity_report_row_and_figure():
     titles = [a.text for a in report.figure().layout.annotations]
     assert titles[:2] == ["self-cosine vs earlier-position null", "GQA: within- vs across-group excess"]
     assert titles[2].startswith("excess: r_stat") and titles[3].startswith("Δ loss (parallel-value): r_delta")
+    heads = [t for t in report.figure().data if t.name == "one head"]  # bottom row: the split-half scatters
+    assert [t.xaxis for t in heads] == ["x3", "x4"]
+    assert len(heads[0].x) == len(report.split_half.layers) * model_info(model).n_heads
