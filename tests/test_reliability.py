@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from lens_parallel.analyses.nulls import causal_null
 from lens_parallel.analyses.reliability import SplitHalfResult, sanity_report, split_half_reliability, verdict
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import HeadEdit
@@ -41,6 +42,10 @@ def test_split_half_uses_disjoint_halves_and_the_ablation_effects():
     base = document_losses(model, half)
     naive = document_losses(model, half, HeadEdit("zero", 2, (4,)))
     assert result.delta[1, 2, 4] == pytest.approx(naive.loss - base.loss, abs=1e-6)
+    alone = causal_null(model, half, seed=0, n_resamples=100)  # cos_self does not depend on the null draws
+    np.testing.assert_allclose(result.cos_self[1], alone.cos_self.mean(0), atol=1e-6)
+    excess = result.excess.mean(0)  # the halves' mean excess is the whole null's excess (equal halves)
+    np.testing.assert_allclose(excess, causal_null(model, blocks, seed=3, n_resamples=100).excess, atol=1e-12)
     df = result.to_dataframe()
     assert list(df.statistic) == ["cos_self", "excess"]
     assert set(df.verdict) <= {"reliable", "attenuated", "unresolvable"}
@@ -50,7 +55,11 @@ def test_split_half_uses_disjoint_halves_and_the_ablation_effects():
 
 def test_sanity_report_row_and_figure():
     model = get_model("toy-llama")
-    report = sanity_report(model, token_blocks(model, "austen", n_docs=4, seq_len=12), progress=False)
+    blocks = token_blocks(model, "austen", n_docs=4, seq_len=12)
+    report = sanity_report(model, blocks, progress=False)
+    alone = split_half_reliability(model, blocks, progress=False)  # same seed: the report reuses its null pass
+    for field in ("cos_self", "excess", "delta"):
+        np.testing.assert_array_equal(getattr(report.split_half, field), getattr(alone, field))
     row = report.to_dataframe()
     assert len(row) == 1
     for column in ("cos_self", "cos_null", "excess", "self_specific_fraction", "within_excess", "across_excess",

@@ -2,10 +2,12 @@
 
 Documents are split (seeded) into two disjoint halves. In each half: the per-head self-cosine and causal-null
 excess (:func:`causal_null`) and the per-head intervention effect (Δ next-token loss of ablating that head alone,
-on the ablation engine). Across heads, Spearman between halves gives r_stat (of the statistic) and r_delta (of the
-effect), with no Spearman-Brown correction; the ceiling on how well the statistic can predict the effect is
-rho_max = sqrt(r_delta r_stat); rho_raw = Spearman(statistic, effect) on the two halves' means; disattenuated
-rho = rho_raw / rho_max. Verdict on r_delta: reliable (>= 0.6), attenuated (>= 0.3), else unresolvable.
+on the ablation engine). Both are per-document quantities, so each runs once over all documents and is split by
+half afterwards (the sanity report reuses its own null pass). Across heads, Spearman between halves gives r_stat
+(of the statistic) and r_delta (of the effect), with no Spearman-Brown correction; the ceiling on how well the
+statistic can predict the effect is rho_max = sqrt(r_delta r_stat); rho_raw = Spearman(statistic, effect) on the
+two halves' means; disattenuated rho = rho_raw / rho_max. Verdict on r_delta: reliable (>= 0.6), attenuated
+(>= 0.3), else unresolvable.
 """
 
 from __future__ import annotations
@@ -82,30 +84,43 @@ def split_half_reliability(
     """See the module docstring. ``store``: a folder for the resumable single-head ablation sweep
     (``ablations.jsonl``, run once over all documents and split by half: per-document losses do not depend on the
     half; :func:`~lens_parallel.analyses.sensitivity.head_sensitivity` given that file shares its finished jobs)."""
-    info = model_info(model)
-    toks = as_tokens(tokens)
-    if len(toks) < 4:
-        raise ValueError(f"split-half reliability needs at least 4 documents (2 per half), got {len(toks)}")
+    _check_documents(tokens)
+    null = causal_null(model, tokens, seed=seed, batch_size=batch_size, n_resamples=100)
+    return _split_half(model, tokens, null, edit=edit, seed=seed, batch_size=batch_size, store=store,
+                       progress=progress)  # fmt: skip
+
+
+def _check_documents(tokens: TokenBlocks | Tensor) -> None:
+    if (n := len(as_tokens(tokens))) < 4:
+        raise ValueError(f"split-half reliability needs at least 4 documents (2 per half), got {n}")
+
+
+def _split_half(
+    model: TransformerBridge, tokens: TokenBlocks | Tensor, null: NullResult, *, edit: str, seed: int,
+    batch_size: int, store: str | Path | None, progress: bool,
+) -> SplitHalfResult:  # fmt: skip
+    """Split ``null`` (per-document cosines on ``tokens``) and one single-head ablation sweep into seeded halves."""
+    info, toks = model_info(model), as_tokens(tokens)
     order = np.random.default_rng(seed).permutation(len(toks))
     halves = (tuple(sorted(order[: len(toks) // 2].tolist())), tuple(sorted(order[len(toks) // 2 :].tolist())))
-    nulls = [causal_null(model, toks[list(half)], seed=seed, batch_size=batch_size, n_resamples=100) for half in halves]
-    jobs = [AblationJob(layer, (h,)) for layer in nulls[0].layers for h in range(info.n_heads)]
+    jobs = [AblationJob(layer, (h,)) for layer in null.layers for h in range(info.n_heads)]
     path = None if store is None else Path(store) / "ablations.jsonl"
     run = run_ablations(model, toks, jobs, kind=edit, batch_size=batch_size, store=path, progress=progress)
-    deltas = []
+    cos_self, excess, deltas = [], [], []
     for half in halves:
         idx = list(half)
+        cos_self.append(null.cos_self[idx].mean(0))
+        excess.append((null.cos_self[idx] - null.cos_null[idx]).mean(0))
         n = run.base.n_tokens[idx].sum()
         base = run.base.loss_sum[idx].sum() / n
         delta = np.array([run.edited[job].loss_sum[idx].sum() / n - base for job in jobs])
-        deltas.append(delta.reshape(len(nulls[0].layers), -1))
+        deltas.append(delta.reshape(len(null.layers), -1))
     provenance = Provenance.collect(
         info, tokens, analysis="split_half_reliability", edit=edit, seed=seed, halves=[list(h) for h in halves],
-        skipped=nulls[0].provenance.settings["skipped"],
+        skipped=null.provenance.settings["skipped"],
     )  # fmt: skip
     return SplitHalfResult(
-        edit=edit, layers=nulls[0].layers, halves=halves,
-        cos_self=np.stack([n.cos_self.mean(0) for n in nulls]), excess=np.stack([n.excess for n in nulls]),
+        edit=edit, layers=null.layers, halves=halves, cos_self=np.stack(cos_self), excess=np.stack(excess),
         delta=np.stack(deltas), provenance=provenance,
     )  # fmt: skip
 
@@ -143,10 +158,11 @@ def sanity_report(
     store: str | Path | None = None,
     progress: bool = True,
 ) -> SanityReport:
-    """Every check on one set of documents: causal null (+ GQA alignment when n_kv_heads >= 2) and split halves."""
-    info = model_info(model)
-    check = gqa_alignment if info.n_kv_heads >= 2 else causal_null
+    """Every check on one set of documents: causal null (+ GQA alignment when n_kv_heads >= 2) and split halves
+    (from that same null pass and one single-head ablation sweep)."""
+    _check_documents(tokens)
+    check = gqa_alignment if model_info(model).n_kv_heads >= 2 else causal_null
     null = check(model, tokens, seed=seed, batch_size=batch_size)
-    split = split_half_reliability(model, tokens, edit=edit, seed=seed, batch_size=batch_size, store=store,
-                                   progress=progress)  # fmt: skip
+    split = _split_half(model, tokens, null, edit=edit, seed=seed, batch_size=batch_size, store=store,
+                        progress=progress)  # fmt: skip
     return SanityReport(null=null, split_half=split)
