@@ -5,7 +5,13 @@ import pytest
 import torch
 
 from lens_parallel.analyses.nulls import causal_null
-from lens_parallel.analyses.reliability import SplitHalfResult, sanity_report, split_half_reliability, verdict
+from lens_parallel.analyses.reliability import (
+    SanityReport,
+    SplitHalfResult,
+    sanity_report,
+    split_half_reliability,
+    verdict,
+)
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import HeadEdit
 from lens_parallel.evaluate import document_losses
@@ -71,3 +77,9 @@ def test_sanity_report_row_and_figure():
     heads = [t for t in report.figure().data if t.name == "one head"]  # bottom row: the split-half scatters
     assert [t.xaxis for t in heads] == ["x3", "x4"]
     assert len(heads[0].x) == len(report.split_half.layers) * model_info(model).n_heads
+    # one kv head (no GQA panel): the null panel spans the top row, the scatters stay in the bottom row
+    single = SanityReport(null=causal_null(model, blocks, n_resamples=100), split_half=report.split_half)
+    fig = single.figure()
+    assert [a.text for a in fig.layout.annotations][:2] == ["self-cosine vs earlier-position null", titles[2]]
+    assert fig.layout.xaxis.domain == (0.0, 1.0)
+    assert [t.xaxis for t in fig.data if t.name == "one head"] == ["x2", "x3"]
