@@ -1,6 +1,7 @@
 # Two entry points, each building a fresh virtual environment (.venv) on first use:
 #   make run    installs and runs the main job (lens-parallel decompose on smollm2-135m)
-#   make test   installs and runs the whole test suite
+#   make test   installs and runs the whole test suite (and Debian's Chromium for the browser test when it is
+#               missing and we are allowed to: root or passwordless sudo; otherwise it stops and says what to install)
 # torch is pinned to the 2.13.0 CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build.
 
 VENV ?= .venv
@@ -20,6 +21,7 @@ run: $(STAMP)
 	$(VENV)/bin/lens-parallel decompose --space value value-exclude-self residual-attn --out results/decompose
 
 test: $(STAMP)
+	@bash scripts/ensure-chromium
 	$(PY) -m pytest
 
 lint: $(STAMP)

@@ -20,7 +20,7 @@ import torch
 from lens_parallel import load_model, model_info, token_blocks
 from lens_parallel.analyses.ablation import AblationJob, run_ablations
 from lens_parallel.edits import HeadEdit
-from lens_parallel.evaluate import document_losses
+from lens_parallel.losses import document_losses
 
 
 def sweep(model, args) -> None:
@@ -32,16 +32,20 @@ def sweep(model, args) -> None:
     run = run_ablations(model, blocks, jobs, kind="parallel-value", batch_size=args.n_docs, progress=True)
     engine = time.perf_counter() - t0
     t0 = time.perf_counter()
-    naive = {job: document_losses(model, blocks, HeadEdit("parallel-value", job.layer, job.heads),
-                                  batch_size=args.n_docs) for job in jobs}  # fmt: skip
+    naive = {
+        job: document_losses(model, blocks, HeadEdit("parallel-value", job.layer, job.heads), batch_size=args.n_docs)
+        for job in jobs
+    }
     loop = time.perf_counter() - t0
     diff = max(np.abs(run.edited[j].loss_sum - naive[j].loss_sum).max() for j in jobs)
     deltas = np.array([run.edited[j].loss - run.base.loss for j in jobs])
     print(f"{info.name}: {len(jobs)} single-head parallel-value ablations, {args.n_docs} x {args.seq_len} tokens")
     print(f"engine {engine:.1f} s, naive loop {loop:.1f} s, naive / engine = {loop / engine:.2f}x")
     print(f"max |engine - naive| per-document NLL sum: {diff:.3g} nats")
-    print(f"delta loss over heads: mean {deltas.mean():.4f}, max {deltas.max():.4f} "
-          f"({jobs[int(deltas.argmax())].label}), min {deltas.min():.4f} nats/token")  # fmt: skip
+    print(
+        f"delta loss over heads: mean {deltas.mean():.4f}, max {deltas.max():.4f} "
+        f"({jobs[int(deltas.argmax())].label}), min {deltas.min():.4f} nats/token"
+    )
 
 
 def dominance(model, args) -> None:
@@ -52,8 +56,10 @@ def dominance(model, args) -> None:
     result = head_dominance(model, blocks, progress=True)
     elapsed = time.perf_counter() - t0
     df = result.to_dataframe()
-    print(f"head_dominance on {model_info(model).name}, 4 texts x 32 tokens, "
-          f"{len(result.layer_pairs)} layer pairs: {elapsed:.1f} s")  # fmt: skip
+    print(
+        f"head_dominance on {model_info(model).name}, 4 texts x 32 tokens, "
+        f"{len(result.layer_pairs)} layer pairs: {elapsed:.1f} s"
+    )
     cols = ["effective_fraction", "top25_share", "heads_for_90", "joint_weak", "joint_strong", "joint_random"]
     print(df.groupby("receiving_type")[cols].mean().round(3).to_string())
 

@@ -20,7 +20,8 @@ import torch
 
 from lens_parallel import load_model, token_blocks
 from lens_parallel.models import TOY_MODELS, check_spec
-from lens_parallel.plots import comparison_figure, save_figure
+from lens_parallel.plots import save_figure
+from lens_parallel.plots.comparison import comparison_figure
 from lens_parallel.report import run_battery, write_report
 
 DEFAULT_MODELS = (*[m for m in TOY_MODELS if m != "toy-qwen3.5"], "smollm2-135m")
@@ -51,7 +52,7 @@ def main() -> None:
         steps = ", ".join(f"{k} {v:.1f}" for k, v in reports[-1].seconds.items())
         print(f"{spec}: {time.perf_counter() - t0:.1f} s ({steps})")
         del model
-    summary = pd.DataFrame([r.summary() for r in reports])
+    summary = pd.concat([r.summary() for r in reports], ignore_index=True)
     summary.to_csv(out / "summary.csv", index=False)
     save_figure(comparison_figure(summary), out / "comparison")
     if not args.no_report:

@@ -44,13 +44,15 @@ def main() -> None:
     result = compression_error(model, prompts, method=args.methods, positions=args.positions, calibration=calibration)
     elapsed = time.perf_counter() - t0
     result.save(out / "compression_error")
-    result.to_dataframe().to_csv(out / "per_layer.csv", index=False)
-    summary = result.summary()
+    result.layer_table().to_csv(out / "per_layer.csv", index=False)
+    summary = result.method_table()
     summary.to_csv(out / "summary.csv", index=False)
     for sub in ("attn", "mlp"):
         save_figure(result.figure(sublayer=sub), out / f"compression_{sub}")
-    print(f"{args.model}: 12 prompts x 128 tokens, {args.positions} positions, dense loss {result.loss_dense:.4f} "
-          f"nats/token, {elapsed:.0f} s")  # fmt: skip
+    print(
+        f"{args.model}: 12 prompts x 128 tokens, {args.positions} positions, dense loss {result.loss_dense:.4f} "
+        f"nats/token, {elapsed:.0f} s"
+    )
     with pd.option_context("display.width", 200, "display.float_format", "{:.4f}".format):
         print(summary.to_string(index=False))
 

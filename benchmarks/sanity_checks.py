@@ -1,6 +1,6 @@
 """The full sanity report on the real model: causal null, GQA groups, split-half reliability.
 
-    python benchmarks/sanity_checks.py [--model smollm2-135m] [--docs-per-half 64] [--seq-len 128] [--store DIR]
+    python benchmarks/sanity_checks.py [--model smollm2-135m] [--docs-per-half 64] [--seq-len 128] [--store FILE]
 
 Prints the per-model summary row (cos_self, cos_null, excess, self-specific %, within/across excess, r_stat,
 r_delta, verdict) and the wall time; writes to ``--out`` the row (``sanity_row.csv``), the report
@@ -22,8 +22,20 @@ from lens_parallel import load_model, token_blocks
 from lens_parallel.analyses.reliability import sanity_report
 from lens_parallel.plots import save_figure
 
-COLUMNS = ["model", "cos_self", "cos_null", "excess", "self_specific_fraction", "within_excess", "across_excess",
-           "r_stat_excess", "r_delta_excess", "rho_max_excess", "verdict_excess", "r_stat_cos_self"]  # fmt: skip
+COLUMNS = [
+    "model",
+    "cos_self",
+    "cos_null",
+    "excess",
+    "self_specific_fraction",
+    "within_excess",
+    "across_excess",
+    "r_stat_excess",
+    "r_delta_excess",
+    "rho_max_excess",
+    "verdict_excess",
+    "r_stat_cos_self",
+]
 
 
 def main() -> None:
@@ -33,7 +45,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/out/sanity_checks")
-    parser.add_argument("--store", default=None, help="folder for the resumable sweeps (default: --out)")
+    parser.add_argument("--store", default=None, help="resumable sweep store file (default: OUT/ablations.jsonl)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -41,9 +53,9 @@ def main() -> None:
     model = load_model(args.model)
     blocks = token_blocks(model, "wikipedia-en", n_docs=2 * args.docs_per_half, seq_len=args.seq_len)
     t0 = time.perf_counter()
-    report = sanity_report(model, blocks, store=args.store or out)
+    report = sanity_report(model, blocks, store=args.store or out / "ablations.jsonl")
     elapsed = time.perf_counter() - t0
-    row = report.to_dataframe()
+    row = report.summary()
     row.to_csv(out / "sanity_row.csv", index=False)
     report.save(out / "report")
     save_figure(report.figure(), out / "sanity")

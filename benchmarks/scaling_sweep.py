@@ -18,7 +18,7 @@ import torch
 
 from lens_parallel import load_model, token_blocks
 from lens_parallel.analyses.scaling import DEFAULT_S_PAR, DEFAULT_S_PERP, scale_sweep
-from lens_parallel.evaluate import document_losses
+from lens_parallel.losses import document_losses
 
 SPACES = ("value-exclude-self", "residual-attn", "residual-mlp")
 

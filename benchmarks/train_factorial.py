@@ -46,22 +46,36 @@ def main() -> None:
     t0 = time.perf_counter()
     result = run_factorial(config, args.arms, args.seeds, out=out)
     elapsed = time.perf_counter() - t0
-    table = result.to_dataframe()
+    table = result.paired_table()
     table.to_csv(out / "paired.csv", index=False)
     result.curves().to_csv(out / "curves.csv", index=False)
     save_figure(result.figure(), out / "factorial")
     save_figure(result.gates_figure(), out / "gates")
     run = result.runs[0]
-    print(f"preset {args.preset}: {run.n_params:,} parameters, {config.steps} steps x {config.batch_size} x "
-          f"{config.seq_len} tokens, seeds {list(result.seeds)}; this invocation {elapsed:.0f} s, "
-          f"summed run time {sum(r.wall_s for r in result.runs):.0f} s")  # fmt: skip
+    print(
+        f"preset {args.preset}: {run.n_params:,} parameters, {config.steps} steps x {config.batch_size} x "
+        f"{config.seq_len} tokens, seeds {list(result.seeds)}; this invocation {elapsed:.0f} s, "
+        f"summed run time {sum(r.wall_s for r in result.runs):.0f} s"
+    )
     finals = result.finals().pivot(index="seed", columns="arm", values="final_val_loss")[list(result.arms)]
     with pd.option_context("display.width", 200, "display.float_format", "{:.4f}".format):
         print("final validation loss (nats/token) per seed:")
         print(finals.to_string())
         print("paired deltas vs baseline:")
-        cols = ["arm", "role", "n_seeds", "mean_delta", "ci_lo", "ci_hi", "t", "p", "p_holm", "cohens_dz",
-                "sigma_paired", "mde"]  # fmt: skip
+        cols = [
+            "arm",
+            "role",
+            "n_seeds",
+            "mean_delta",
+            "ci_lo",
+            "ci_hi",
+            "t",
+            "p",
+            "p_holm",
+            "cohens_dz",
+            "sigma_paired",
+            "mde",
+        ]
         print(table[cols].to_string(index=False))
 
 

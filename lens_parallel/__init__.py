@@ -1,31 +1,99 @@
-"""lens_parallel: parallel/perpendicular geometry of attention-head outputs, on TransformerLens."""
+"""lens_parallel: parallel/perpendicular geometry of attention-head outputs, on TransformerLens.
 
+Everything a user calls is importable from here: models and data, edits, the analyses (each returns a result
+implementing :class:`Result`), the sweep engine, compression, training, the report battery and
+:func:`load_result`.
+"""
+
+__version__ = "0.2.0"
+
+from lens_parallel.analyses.ablation import AblationRun, run_ablations
+from lens_parallel.analyses.compression import CompressionResult, compression_error
 from lens_parallel.analyses.decompose import SPACES, DecompositionResult, decompose
 from lens_parallel.analyses.diagonal import DiagonalView, diagonal_view
+from lens_parallel.analyses.dominance import DominanceResult, head_dominance
+from lens_parallel.analyses.nulls import NullResult, causal_null, gqa_alignment
+from lens_parallel.analyses.reliability import SanityReport, SplitHalfResult, sanity_report, split_half_reliability
 from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
+from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivity
+from lens_parallel.compression import Compression, compress
 from lens_parallel.data import TokenBlocks, load_texts, token_blocks
-from lens_parallel.edits import ComponentScale, DiagonalEdit, apply_edits
-from lens_parallel.evaluate import EditEffect, evaluate
+from lens_parallel.edits import (
+    ABLATIONS,
+    ComponentScale,
+    DiagonalEdit,
+    GatedRemoval,
+    HeadEdit,
+    LearnedGate,
+    apply_edits,
+)
+from lens_parallel.errors import LensParallelError
+from lens_parallel.losses import DocLosses, EditEffect, document_losses, evaluate
 from lens_parallel.models import ModelInfo, ModelSpecError, load_model, model_info
+from lens_parallel.report import ModelReport, run_battery, write_report
+from lens_parallel.results import Provenance, Result, load_result, result_classes
+from lens_parallel.sweep import AblationJob, EditJob, SweepRun, run_sweep
+from lens_parallel.training import FactorialResult, TrainConfig, TrainRun, run_factorial, train
 
 __all__ = [
+    "ABLATIONS",
     "SPACES",
+    "AblationJob",
+    "AblationRun",
     "ComponentScale",
+    "Compression",
+    "CompressionResult",
     "DecompositionResult",
     "DiagonalEdit",
     "DiagonalView",
+    "DocLosses",
+    "DominanceResult",
     "EditEffect",
+    "EditJob",
+    "FactorialResult",
+    "GatedRemoval",
+    "HeadEdit",
+    "LearnedGate",
+    "LensParallelError",
     "ModelInfo",
+    "ModelReport",
     "ModelSpecError",
+    "NullResult",
+    "Provenance",
+    "Result",
+    "SanityReport",
     "ScalingResult",
+    "SensitivityResult",
+    "SplitHalfResult",
+    "SweepRun",
     "TokenBlocks",
+    "TrainConfig",
+    "TrainRun",
+    "__version__",
     "apply_edits",
+    "causal_null",
+    "compress",
+    "compression_error",
     "decompose",
     "diagonal_view",
+    "document_losses",
     "evaluate",
+    "gqa_alignment",
+    "head_dominance",
+    "head_sensitivity",
     "load_model",
+    "load_result",
     "load_texts",
     "model_info",
+    "result_classes",
+    "run_ablations",
+    "run_battery",
+    "run_factorial",
+    "run_sweep",
+    "sanity_report",
     "scale_sweep",
+    "split_half_reliability",
     "token_blocks",
+    "train",
+    "write_report",
 ]

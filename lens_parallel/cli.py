@@ -7,7 +7,8 @@
 
 Every analysis writes a CSV table, the result as JSON (+ .npz, with provenance), its figures as interactive HTML
 (and PNG when kaleido can find a Chrome/Chromium), and prints a short table. A user error exits with status 2
-and one line on stderr, never a traceback.
+and one line on stderr (the package's :class:`~lens_parallel.errors.LensParallelError`); anything else is a bug
+and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from lens_parallel.errors import LensParallelError
+
 DEFAULT_MODEL = "smollm2-135m"
-
-
-class UserError(Exception):
-    """Bad input from the command line: printed as one line, exit status 2."""
 
 
 def _writable_dir(path: str) -> Path:
@@ -31,9 +30,9 @@ def _writable_dir(path: str) -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"--out {path}: cannot create the folder ({exc.strerror})") from exc
+        raise LensParallelError(f"--out {path}: cannot create the folder ({exc.strerror})") from exc
     if not os.access(out, os.W_OK):
-        raise UserError(f"--out {path}: the folder is not writable")
+        raise LensParallelError(f"--out {path}: the folder is not writable")
     return out
 
 
@@ -95,15 +94,20 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--edit", default="parallel-value", choices=ABLATIONS)
     p = sub.add_parser("compress", help="compression error along / across each layer's update")
     _common(p, n_docs=12)
-    p.add_argument("--method", nargs="+", default=["int8", "int4-g128", "wanda-50%", "wanda-2:4"],
-                   help="int8, int4, int4-g128, magnitude-50%%, wanda-50%%, magnitude-2:4, wanda-4:8, ...")  # fmt: skip
+    p.add_argument(
+        "--method",
+        nargs="+",
+        default=["int8", "int4-g128", "wanda-50%", "wanda-2:4"],
+        help="int8, int4, int4-g128, magnitude-50%%, wanda-50%%, magnitude-2:4, wanda-4:8, ...",
+    )
     p.add_argument("--positions", default="last", choices=["last", "all"])
     p = sub.add_parser("report", help="the standard battery on one or several models: report.html + tables")
     _common(p, n_docs=8, many_models=True)
     p = sub.add_parser("train", help="train small LMs with each arm, paired by seed")
     p.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
-    p.add_argument("--arms", nargs="+", default=["baseline", "value-parallel-removal", "random-direction"],
-                   choices=ARMS)  # fmt: skip
+    p.add_argument(
+        "--arms", nargs="+", default=["baseline", "value-parallel-removal", "random-direction"], choices=ARMS
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     p.add_argument("--steps", type=_positive, default=None, help="override the preset's number of steps")
     p.add_argument("--texts", nargs="+", default=None, help="corpora to train on (default: the preset's)")
@@ -114,14 +118,16 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _emit(out: Path, name: str, result, table: pd.DataFrame, shown: pd.DataFrame, figures: dict | None = None) -> None:
-    """Write ``name``.csv, the result (JSON + npz) and the figures; print ``shown`` and the files."""
+def _emit(out: Path, name: str, result, shown: pd.DataFrame) -> None:
+    """Write ``name.csv`` (the tidy table), ``name_summary.csv``, the result (JSON + npz) and every figure
+    (``name`` for the main one, ``name_<figure>`` for the others); print ``shown`` and the files."""
     from lens_parallel.plots import save_figure
 
-    table.to_csv(out / f"{name}.csv", index=False)
-    written = [out / f"{name}.csv", result.save(out / name)]
-    for stem, fig in (figures or {name: result.figure()}).items():
-        written += save_figure(fig, out / stem)
+    result.to_dataframe().to_csv(out / f"{name}.csv", index=False)
+    result.summary().to_csv(out / f"{name}_summary.csv", index=False)
+    written = [out / f"{name}.csv", out / f"{name}_summary.csv", result.save(out / name)]
+    for i, (fig_name, fig) in enumerate(result.figures().items()):
+        written += save_figure(fig, out / (name if i == 0 else f"{name}_{fig_name}"))
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         print(shown.to_string())
     print("wrote:", *map(str, written), sep="\n  ")
@@ -146,19 +152,28 @@ def _decompose(args: argparse.Namespace) -> None:
     df = result.to_dataframe()
     print(f"{result.info.name}: means over layers and heads, positions t >= 1")
     shown = df.groupby(["space", "level"])[["self_cos", "par_frac", "perp_frac", "par_coef"]].mean().round(4)
-    _emit(out, "decompose", result, df, shown)
+    _emit(out, "decompose", result, shown)
 
 
 def _scale(args: argparse.Namespace) -> None:
     from lens_parallel.analyses.scaling import scale_sweep
 
     out, model, blocks = _load(args)
-    result = scale_sweep(model, blocks, space=args.space, s_par=args.s_par, s_perp=args.s_perp, layers=args.layers,
-                         per_layer=args.per_layer, batch_size=args.batch_size, seed=args.seed)  # fmt: skip
+    result = scale_sweep(
+        model,
+        blocks,
+        space=args.space,
+        s_par=args.s_par,
+        s_perp=args.s_perp,
+        layers=args.layers,
+        per_layer=args.per_layer,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
     df = result.to_dataframe()
     print(f"{result.info.name}: edited minus no-op (nats/token), no-op loss {df['loss_noop'].iloc[0]:.4f}")
     cols = ["space", "layer", "s_par", "s_perp", "delta_loss", "delta_loss_lo", "delta_loss_hi"]
-    _emit(out, "scale", result, df, df[cols].round(4).set_index("space"))
+    _emit(out, "scale", result, df[cols].round(4).set_index("space"))
 
 
 def _diagonal(args: argparse.Namespace) -> None:
@@ -169,48 +184,55 @@ def _diagonal(args: argparse.Namespace) -> None:
     out, model, blocks = _load(args)
     layer, head = args.layer, args.head
     if (layer is None) != (head is None):
-        raise UserError("give both --layer and --head, or neither (then the most self-aligned head is shown)")
+        raise LensParallelError("give both --layer and --head, or neither (then the most self-aligned head is shown)")
     if layer is None:
         ((layer, head),) = strongest_parallel_heads(decompose(model, blocks, space="value", progress=False), k=1)
     result = diagonal_view(model, blocks, layer=layer, head=head, s_par=args.s_par, space=args.space)
     df = result.to_dataframe()
     print(f"{result.info.name}: dA_tt per head at layer {layer} for s_par = {args.s_par} (figure: head {head})")
-    _emit(out, "diagonal", result, df, df.head(12))
+    _emit(out, "diagonal", result, df.head(12))
 
 
 def _sensitivity(args: argparse.Namespace) -> None:
     from lens_parallel.analyses.sensitivity import head_sensitivity
 
     out, model, blocks = _load(args)
-    result = head_sensitivity(model, blocks, edit=args.edit, layers=args.layers, batch_size=args.batch_size,
-                              seed=args.seed)  # fmt: skip
+    result = head_sensitivity(
+        model, blocks, edit=args.edit, layers=args.layers, batch_size=args.batch_size, seed=args.seed
+    )
     df = result.to_dataframe()
     joint = df[df["head"].isna()]
     print(f"{result.info.name}: joint {args.edit} ablation per layer (delta loss, nats/token)")
-    _emit(out, "sensitivity", result, df, joint[["label", "delta_loss", "ci_lo", "ci_hi", "p"]].round(4))
+    _emit(out, "sensitivity", result, joint[["label", "delta_loss", "ci_lo", "ci_hi", "p"]].round(4))
 
 
 def _dominance(args: argparse.Namespace) -> None:
     from lens_parallel.analyses.dominance import head_dominance
 
     out, model, blocks = _load(args)
-    result = head_dominance(model, blocks, query_positions=slice(args.query_start, None),
-                            upstream_layers=args.upstream_layers, seed=args.seed)  # fmt: skip
+    result = head_dominance(
+        model,
+        blocks,
+        query_positions=slice(args.query_start, None),
+        upstream_layers=args.upstream_layers,
+        seed=args.seed,
+    )
     df = result.to_dataframe()
     print(f"{result.info.name}: dominance of upstream heads over the next layer (means over receiving heads, texts)")
     cols = ["effective_fraction", "top25_share", "heads_for_90", "joint_weak", "joint_strong", "joint_random"]
-    _emit(out, "dominance", result, df, df.groupby(["upstream_layer", "receiving_layer"])[cols].mean().round(4))
+    _emit(out, "dominance", result, df.groupby(["upstream_layer", "receiving_layer"])[cols].mean().round(4))
 
 
 def _checks(args: argparse.Namespace) -> None:
     from lens_parallel.analyses.reliability import sanity_report
 
     out, model, blocks = _load(args)
-    result = sanity_report(model, blocks, edit=args.edit, seed=args.seed, batch_size=args.batch_size,
-                           store=out / "store")  # fmt: skip
-    row = result.to_dataframe()
+    result = sanity_report(
+        model, blocks, edit=args.edit, seed=args.seed, batch_size=args.batch_size, store=out / "ablations.jsonl"
+    )
+    row = result.summary()
     print(f"{result.info.name}: sanity checks on {args.n_docs} documents")
-    _emit(out, "checks", result, row, row.T.rename(columns={0: ""}))
+    _emit(out, "checks", result, row.T.rename(columns={0: ""}))
 
 
 def _compress(args: argparse.Namespace) -> None:
@@ -221,20 +243,20 @@ def _compress(args: argparse.Namespace) -> None:
         Compression.parse(method)
     out, model, blocks = _load(args)
     result = compression_error(model, blocks, method=args.method, positions=args.positions)
-    summary = result.summary()
-    summary.to_csv(out / "compress_summary.csv", index=False)
+    table = result.method_table()
+    table.to_csv(out / "compress_methods.csv", index=False)
     print(f"{result.info.name}: error relative to the dense update, mean over layers; delta loss in nats/token")
-    figures = {f"compress_{s}": result.figure(sublayer=s) for s in ("attn", "mlp")}
-    _emit(out, "compress", result, result.to_dataframe(), summary.round(4).set_index(["method", "sublayer"]), figures)
+    _emit(out, "compress", result, table.round(4).set_index(["method", "sublayer"]))
 
 
 def _report(args: argparse.Namespace) -> None:
     import time
 
     from lens_parallel.data import token_blocks
-    from lens_parallel.models import check_spec, load_model
+    from lens_parallel.models import check_device, check_spec, load_model
     from lens_parallel.report import run_battery, write_report
 
+    check_device(args.device)
     for spec in args.model:  # every spec before the first (long) battery
         check_spec(spec)
     out = _writable_dir(args.out or "results/report")
@@ -247,7 +269,7 @@ def _report(args: argparse.Namespace) -> None:
         reports.append(run_battery(model, blocks, seed=args.seed, batch_size=args.batch_size))
     settings = {"texts": args.texts, "n_docs": args.n_docs, "seq_len": args.seq_len, "seed": args.seed}
     path = write_report(reports, out, settings=settings)
-    summary = pd.DataFrame([r.summary() for r in reports]).set_index("model")
+    summary = pd.concat([r.summary() for r in reports]).set_index("model")
     with pd.option_context("display.width", 160, "display.max_columns", 30):
         print(summary.T.to_string())
     print(f"report: {path} ({time.perf_counter() - t0:.0f} s); tables in {out / 'tables'}")
@@ -264,12 +286,12 @@ def _train(args: argparse.Namespace) -> None:
     config = dataclasses.replace(config, **changes)
     out = _writable_dir(args.out or "results/train")
     result = run_factorial(config, args.arms, args.seeds, out=out)
-    table = result.to_dataframe()
+    table = result.paired_table()
+    table.to_csv(out / "paired.csv", index=False)
     result.curves().to_csv(out / "curves.csv", index=False)
     print(f"preset {args.preset}: delta = arm - baseline final validation loss (nats/token), paired by seed")
-    figures = {"train": result.figure(), "gates": result.gates_figure()}
     cols = ["arm", "n_seeds", "mean_delta", "ci_lo", "ci_hi", "p", "p_holm", "cohens_dz", "mde"]
-    _emit(out, "train", result, table, table[cols].round(4).set_index("arm"), figures)
+    _emit(out, "train", result, table[cols].round(4).set_index("arm"))
 
 
 def _models(args: argparse.Namespace) -> None:
@@ -285,10 +307,17 @@ def _models(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {
-    "decompose": _decompose, "scale": _scale, "diagonal": _diagonal, "sensitivity": _sensitivity,
-    "dominance": _dominance, "checks": _checks, "compress": _compress, "report": _report, "train": _train,
+    "decompose": _decompose,
+    "scale": _scale,
+    "diagonal": _diagonal,
+    "sensitivity": _sensitivity,
+    "dominance": _dominance,
+    "checks": _checks,
+    "compress": _compress,
+    "report": _report,
+    "train": _train,
     "models": _models,
-}  # fmt: skip
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         COMMANDS[args.command](args)
-    except (UserError, ValueError, FileNotFoundError) as exc:
+    except LensParallelError as exc:  # bad input only: a bug inside the package keeps its traceback
         message = " ".join(str(exc).split())
         print(f"lens-parallel {args.command}: error: {message}", file=sys.stderr)
         return 2

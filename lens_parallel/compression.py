@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from transformer_lens.model_bridge import TransformerBridge
 from transformers.pytorch_utils import Conv1D
 
+from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import linear_input_norms
 from lens_parallel.models import export_hf_model, wrap_hf_model
 
@@ -54,20 +55,20 @@ class Compression:
     def parse(cls, spec: str) -> Compression:
         match = _SPEC.match(spec.strip().lower()) if isinstance(spec, str) else None
         if match is None:
-            raise ValueError(f"unknown compression {spec!r}; accepted forms: {SPEC_HELP}")
+            raise LensParallelError(f"unknown compression {spec!r}; accepted forms: {SPEC_HELP}")
         none, bits, group, prune, pct, n, m = match.groups()
         if none:
             return cls("none")
         if bits:
             if not 2 <= int(bits) <= 16:
-                raise ValueError(f"int quantization needs 2..16 bits, got {bits} in {spec!r}")
+                raise LensParallelError(f"int quantization needs 2..16 bits, got {bits} in {spec!r}")
             return cls("int", bits=int(bits), group_size=int(group) if group else None)
         if pct is not None:
             if not 0 < float(pct) < 100:
-                raise ValueError(f"sparsity must be strictly between 0% and 100%, got {pct}% in {spec!r}")
+                raise LensParallelError(f"sparsity must be strictly between 0% and 100%, got {pct}% in {spec!r}")
             return cls(prune, sparsity=float(pct) / 100)
         if not 0 < int(n) < int(m):
-            raise ValueError(f"N:M pruning needs 0 < N < M, got {n}:{m} in {spec!r}")
+            raise LensParallelError(f"N:M pruning needs 0 < N < M, got {n}:{m} in {spec!r}")
         return cls(prune, n=int(n), m=int(m))
 
     @property
@@ -86,7 +87,7 @@ class Compression:
         norms = None
         if self.kind == "wanda":
             if calibration is None:
-                raise ValueError("Wanda needs calibration tokens to measure input-feature norms")
+                raise LensParallelError("Wanda needs calibration tokens to measure input-feature norms")
             norms = linear_input_norms(hf_model, layers, calibration)
         with torch.no_grad():
             for name, module in layers.items():
@@ -95,9 +96,11 @@ class Compression:
                     new = quantize_rtn(w, bits=self.bits, group_size=self.group_size)
                 else:
                     score = w.abs() if norms is None else w.abs() * norms[name].to(w)[None, :]
-                    keep = nm_mask(score, self.n, self.m) if self.n else sparsity_mask(
-                        score, self.sparsity, per_row=self.kind == "wanda"
-                    )  # fmt: skip
+                    keep = (
+                        nm_mask(score, self.n, self.m)
+                        if self.n
+                        else sparsity_mask(score, self.sparsity, per_row=self.kind == "wanda")
+                    )
                     new = w * keep
                 _set_out_in(module, new)
 
@@ -123,7 +126,7 @@ def quantize_rtn(w: Float[Tensor, "d_out d_in"], *, bits: int, group_size: int |
     d_in = w.shape[1]
     size = group_size or d_in
     if size < 1:
-        raise ValueError(f"group size must be >= 1, got {group_size}")
+        raise LensParallelError(f"group size must be >= 1, got {group_size}")
     padded = torch.nn.functional.pad(w, (0, -d_in % size))  # zeros: a ragged last group keeps its own absmax
     qmax = 2 ** (bits - 1) - 1
     groups = einops.rearrange(padded, "o (g k) -> o g k", k=size)
@@ -146,7 +149,7 @@ def sparsity_mask(score: Float[Tensor, "d_out d_in"], sparsity: float, *, per_ro
 def nm_mask(score: Float[Tensor, "d_out d_in"], n: int, m: int) -> Tensor:
     """Keep-mask with exactly ``n`` survivors in every group of ``m`` consecutive input weights of a row."""
     if score.shape[1] % m:
-        raise ValueError(f"N:M pruning with M={m} needs input widths divisible by {m}, got {score.shape[1]}")
+        raise LensParallelError(f"N:M pruning with M={m} needs input widths divisible by {m}, got {score.shape[1]}")
     groups = einops.rearrange(score, "o (g m) -> o g m", m=m)
     keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, groups.topk(n, dim=-1).indices, True)
     return einops.rearrange(keep, "o g m -> o (g m)")
@@ -177,5 +180,6 @@ def compress(
     else:
         with torch.no_grad():
             method(copy)
-    return wrap_hf_model(copy, model.tokenizer, name=f"{model.cfg.model_name}+{method_name(method)}",
-                         device=str(model.cfg.device))  # fmt: skip
+    return wrap_hf_model(
+        copy, model.tokenizer, name=f"{model.cfg.model_name}+{method_name(method)}", device=str(model.cfg.device)
+    )

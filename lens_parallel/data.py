@@ -23,6 +23,7 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel.errors import LensParallelError
 from lens_parallel.paths import ASSETS
 
 CORPORA = ("wikipedia-en", "austen", "moby-dick", "lunyu", "tang-poems")
@@ -37,7 +38,7 @@ def _load_hub_texts(name: str) -> list[str]:
     try:
         rows = datasets.load_dataset(dataset, config, split=split or "test")
     except (OSError, ConnectionError, ValueError) as exc:
-        raise ValueError(
+        raise LensParallelError(
             f"cannot load hub data set {name!r} (offline, or no such data set: {str(exc).splitlines()[0][:160]}); "
             f"bundled corpora work offline: {', '.join(CORPORA)}"
         ) from exc
@@ -56,10 +57,12 @@ def load_texts(name: str = "wikipedia-en", *, n_docs: int | None = None) -> list
         with gzip.open(ASSETS / "corpora" / f"{name}.json.gz", "rt", encoding="utf-8") as f:
             docs = json.load(f)
     else:
-        raise ValueError(f"unknown corpus {name!r}; bundled corpora: {', '.join(CORPORA)}, or hf:DATASET[:CONFIG]")
+        raise LensParallelError(
+            f"unknown corpus {name!r}; bundled corpora: {', '.join(CORPORA)}, or hf:DATASET[:CONFIG]"
+        )
     if n_docs is not None:
         if n_docs < 1:
-            raise ValueError(f"n_docs must be >= 1, got {n_docs}")
+            raise LensParallelError(f"n_docs must be >= 1, got {n_docs}")
         docs = docs[:n_docs]
     return docs
 
@@ -100,7 +103,7 @@ def boundary_token(tokenizer) -> tuple[str, int]:
     ):
         if token_id is not None:
             return token, token_id
-    raise ValueError("the tokenizer has neither <|endoftext|>, a BOS nor an EOS token to start a block with")
+    raise LensParallelError("the tokenizer has neither <|endoftext|>, a BOS nor an EOS token to start a block with")
 
 
 def token_blocks(
@@ -121,13 +124,15 @@ def token_blocks(
     docs = load_texts(texts) if isinstance(texts, str) else list(texts)
     n_ctx = model.cfg.n_ctx
     if seq_len < 2:
-        raise ValueError(f"seq_len must be >= 2 (a boundary token and one text token), got {seq_len}")
+        raise LensParallelError(f"seq_len must be >= 2 (a boundary token and one text token), got {seq_len}")
     if seq_len > n_ctx:
-        raise ValueError(f"seq_len={seq_len} exceeds the model's context length n_ctx={n_ctx}; use seq_len <= {n_ctx}")
+        raise LensParallelError(
+            f"seq_len={seq_len} exceeds the model's context length n_ctx={n_ctx}; use seq_len <= {n_ctx}"
+        )
     if n_docs < 1:
-        raise ValueError(f"n_docs must be >= 1, got {n_docs}")
+        raise LensParallelError(f"n_docs must be >= 1, got {n_docs}")
     if not docs or not any(d.strip() for d in docs):
-        raise ValueError(f"corpus {corpus!r} is empty: no document has any text")
+        raise LensParallelError(f"corpus {corpus!r} is empty: no document has any text")
     token, token_id = boundary_token(model.tokenizer)
     order = np.random.default_rng(seed).permutation(len(docs))
     rows, chosen, longest = [], [], 0
@@ -140,7 +145,7 @@ def token_blocks(
             if len(rows) == n_docs:
                 break
     if len(rows) < n_docs:
-        raise ValueError(
+        raise LensParallelError(
             f"only {len(rows)} of {len(docs)} documents in {corpus!r} have the {seq_len - 1} tokens a block of "
             f"seq_len={seq_len} needs (longest: {longest} tokens); lower seq_len or n_docs, or give longer texts"
         )
@@ -160,7 +165,7 @@ def stream_blocks(tokenizer, docs: Sequence[str], *, seq_len: int) -> Int[Tensor
     ``seq_len`` tokens (the remainder is dropped). For training: blocks cross document boundaries, as in
     pretraining."""
     if seq_len < 2:
-        raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+        raise LensParallelError(f"seq_len must be >= 2, got {seq_len}")
     _, token_id = boundary_token(tokenizer)
     ids: list[int] = []
     for doc in docs:
@@ -168,5 +173,5 @@ def stream_blocks(tokenizer, docs: Sequence[str], *, seq_len: int) -> Int[Tensor
         ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
     n = len(ids) // seq_len
     if n == 0:
-        raise ValueError(f"the texts hold {len(ids)} tokens, fewer than one block of seq_len={seq_len}")
+        raise LensParallelError(f"the texts hold {len(ids)} tokens, fewer than one block of seq_len={seq_len}")
     return einops.rearrange(torch.tensor(ids[: n * seq_len], dtype=torch.long), "(batch pos) -> batch pos", pos=seq_len)

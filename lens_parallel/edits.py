@@ -30,6 +30,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
+from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import check_indices, expand_kv, hook_name, residual_reference_role, softmax_layers
 from lens_parallel.models import ModelInfo, model_info
 
@@ -42,7 +43,7 @@ Hook = tuple[str, Callable]
 
 def _check_finite(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise LensParallelError(f"{name} must be a finite number, got {value!r}")
 
 
 def _as_tuple(xs: int | Sequence[int] | None) -> tuple[int, ...] | None:
@@ -77,13 +78,13 @@ class ComponentScale:
 
     def __post_init__(self) -> None:
         if self.space not in SCALE_SPACES:
-            raise ValueError(f"unknown space {self.space!r}; accepted: {', '.join(SCALE_SPACES)}")
+            raise LensParallelError(f"unknown space {self.space!r}; accepted: {', '.join(SCALE_SPACES)}")
         _check_finite("s_par", self.s_par)
         _check_finite("s_perp", self.s_perp)
         object.__setattr__(self, "layers", _as_tuple(self.layers))
         object.__setattr__(self, "heads", _as_tuple(self.heads))
         if self.heads is not None and self.space not in HEAD_SPACES:
-            raise ValueError(
+            raise LensParallelError(
                 f"space {self.space!r} has no heads (it edits a whole sublayer update); heads are accepted for "
                 f"{', '.join(HEAD_SPACES)}"
             )
@@ -122,7 +123,7 @@ class DiagonalEdit:
 
     def __post_init__(self) -> None:
         if self.space not in DIAGONAL_SPACES:
-            raise ValueError(f"unknown diagonal space {self.space!r}; accepted: {', '.join(DIAGONAL_SPACES)}")
+            raise LensParallelError(f"unknown diagonal space {self.space!r}; accepted: {', '.join(DIAGONAL_SPACES)}")
         _check_finite("s_par", self.s_par)
         object.__setattr__(self, "layers", _as_tuple(self.layers))
         object.__setattr__(self, "heads", _as_tuple(self.heads))
@@ -130,7 +131,7 @@ class DiagonalEdit:
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         layers, _ = softmax_layers(info, self.layers, what="DiagonalEdit")
         if self.space == "residual-attn" and info.gated_attention:
-            raise ValueError(
+            raise LensParallelError(
                 "DiagonalEdit('residual-attn') is not defined for gated attention (the head's write is "
                 "sigmoid(gate) * A v); use value or value-exclude-self"
             )
@@ -177,13 +178,13 @@ class HeadEdit:
 
     def __post_init__(self) -> None:
         if self.kind not in ABLATIONS:
-            raise ValueError(f"unknown ablation {self.kind!r}; accepted: {', '.join(ABLATIONS)}")
+            raise LensParallelError(f"unknown ablation {self.kind!r}; accepted: {', '.join(ABLATIONS)}")
         if self.kind == "mean" and self.means is None:
-            raise ValueError("a mean ablation needs means [n_heads, d_head] (e.g. from lens_parallel.ablation)")
+            raise LensParallelError("a mean ablation needs means [n_heads, d_head] (e.g. from lens_parallel.ablation)")
         if not isinstance(self.heads, Tensor):
             heads = _as_tuple(self.heads)
             if not heads:
-                raise ValueError("empty head set: give at least one query head")
+                raise LensParallelError("empty head set: give at least one query head")
             object.__setattr__(self, "heads", heads)
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
@@ -224,7 +225,7 @@ class GatedRemoval:
         for name, t in (("alpha", self.alpha), ("directions", self.directions)):
             want = (info.n_layers, info.n_heads) + ((info.d_head,) if name == "directions" else ())
             if t is not None and tuple(t.shape) != want:
-                raise ValueError(f"GatedRemoval.{name} must have shape {want}, got {tuple(t.shape)}")
+                raise LensParallelError(f"GatedRemoval.{name} must have shape {want}, got {tuple(t.shape)}")
         out: list[Hook] = []
         for layer in layers:
             state: dict[str, Tensor] = {}
@@ -259,7 +260,7 @@ class LearnedGate:
         layers = _training_layers(info, "LearnedGate")
         want_weight, want_bias = (info.n_layers, info.n_heads, info.d_model), (info.n_layers, info.n_heads)
         if tuple(self.weight.shape) != want_weight or tuple(self.bias.shape) != want_bias:
-            raise ValueError(
+            raise LensParallelError(
                 f"LearnedGate needs weight {want_weight} and bias {want_bias}, "
                 f"got {tuple(self.weight.shape)} and {tuple(self.bias.shape)}"
             )
@@ -267,9 +268,11 @@ class LearnedGate:
         for layer in layers:
             state: dict[str, Tensor] = {}
             edit = partial(self._edit_z, state=state, layer=layer, n_heads=info.n_heads)
-            out += [(hook_name(layer, "resid_pre"), partial(_store, state=state, key="x")),
-                    (hook_name(layer, "v"), partial(_store, state=state, key="v")),
-                    (hook_name(layer, "z"), edit)]  # fmt: skip
+            out += [
+                (hook_name(layer, "resid_pre"), partial(_store, state=state, key="x")),
+                (hook_name(layer, "v"), partial(_store, state=state, key="v")),
+                (hook_name(layer, "z"), edit),
+            ]
         return out
 
     def scale(self, x: Float[Tensor, "batch pos d_model"], layer: int) -> Float[Tensor, "batch pos head_index"]:
@@ -284,12 +287,22 @@ class LearnedGate:
 
 def _training_layers(info: ModelInfo, what: str) -> tuple[int, ...]:
     if info.gated_attention:
-        raise ValueError(f"{what} is not defined for gated attention (hook_z is sigmoid(gate) * A v)")
+        raise LensParallelError(f"{what} is not defined for gated attention (hook_z is sigmoid(gate) * A v)")
     return softmax_layers(info, None, what=what)[0]
 
 
 Edit = ComponentScale | DiagonalEdit | HeadEdit | GatedRemoval | LearnedGate
-_EDIT_TYPES = (ComponentScale, DiagonalEdit, HeadEdit, GatedRemoval, LearnedGate)
+EDIT_TYPES = (ComponentScale, DiagonalEdit, HeadEdit, GatedRemoval, LearnedGate)
+
+
+def describe_edit(edit: Edit) -> dict:
+    """A plain-data description of an edit for provenance: its type and fields; a tensor field is given by its
+    shape (``{"tensor": [...]}``), since its values live in the run that made it."""
+    out: dict = {"type": type(edit).__name__}
+    for f in dataclasses.fields(edit):
+        value = getattr(edit, f.name)
+        out[f.name] = {"tensor": list(value.shape)} if isinstance(value, Tensor) else value
+    return out
 
 
 def _store(tensor: Tensor, hook, *, state: dict[str, Tensor], key: str) -> None:
@@ -303,7 +316,9 @@ HeadSet = tuple[int, ...] | Bool[Tensor, "batch head_index"]
 def _head_mask(heads: HeadSet, n_heads: int, batch: int, device) -> Bool[Tensor, "batch head_index"]:
     if isinstance(heads, Tensor):
         if heads.shape != (batch, n_heads):
-            raise ValueError(f"a per-row head mask must have shape ({batch}, {n_heads}), got {tuple(heads.shape)}")
+            raise LensParallelError(
+                f"a per-row head mask must have shape ({batch}, {n_heads}), got {tuple(heads.shape)}"
+            )
         return heads.to(device)
     mask = torch.zeros(batch, n_heads, dtype=torch.bool, device=device)
     mask[:, list(heads)] = True
@@ -328,8 +343,10 @@ def _value_hooks(edit: ComponentScale, model, info, layer, heads, state) -> list
 
     out = [(hook_name(layer, "v"), partial(_store, state=state, key="v"))]
     if info.gated_attention:
-        out += [(hook_name(layer, "pattern"), partial(_store, state=state, key="pattern")),
-                (hook_name(layer, "q_gate"), partial(_store, state=state, key="gate"))]  # fmt: skip
+        out += [
+            (hook_name(layer, "pattern"), partial(_store, state=state, key="pattern")),
+            (hook_name(layer, "q_gate"), partial(_store, state=state, key="gate")),
+        ]
     if edit.space == "value-exclude-self":
         out.append((hook_name(layer, "pattern"), partial(_store_diag, state=state)))
     return [*out, (hook_name(layer, "z"), edit_z)]
@@ -372,8 +389,10 @@ def _residual_block_hooks(edit: ComponentScale, model, info, layer, heads, state
         x = state.pop("x")
         return post + geometry.scale_delta(post - x, x, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
 
-    return [(hook_name(layer, "resid_pre"), partial(_store, state=state, key="x")),
-            (hook_name(layer, "resid_post"), edit_post)]  # fmt: skip
+    return [
+        (hook_name(layer, "resid_pre"), partial(_store, state=state, key="x")),
+        (hook_name(layer, "resid_post"), edit_post),
+    ]
 
 
 _SCALE_BUILDERS = {
@@ -387,11 +406,11 @@ _SCALE_BUILDERS = {
 
 def compile_hooks(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> list[Hook]:
     """Validate every edit against the model (before any forward) and return their hooks, in order."""
-    edits = (edits,) if isinstance(edits, _EDIT_TYPES) else tuple(edits)
-    bad = [e for e in edits if not isinstance(e, _EDIT_TYPES)]
+    edits = (edits,) if isinstance(edits, EDIT_TYPES) else tuple(edits)
+    bad = [e for e in edits if not isinstance(e, EDIT_TYPES)]
     if bad:
-        accepted = ", ".join(t.__name__ for t in _EDIT_TYPES)
-        raise ValueError(f"edits must be one of {accepted}, got {type(bad[0]).__name__}")
+        accepted = ", ".join(t.__name__ for t in EDIT_TYPES)
+        raise LensParallelError(f"edits must be one of {accepted}, got {type(bad[0]).__name__}")
     info = model_info(model)
     return [hook for edit in edits for hook in edit.hooks(model, info)]
 
@@ -399,7 +418,7 @@ def compile_hooks(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> lis
 def noop(edits: Edit | Sequence[Edit]) -> tuple[Edit, ...]:
     """The matched no-op: the same edits (same hooks) with every scale set to 1. ``HeadEdit``, ``GatedRemoval`` and
     ``LearnedGate`` have no single scale: their no-op is the unedited model, so they are dropped."""
-    edits = (edits,) if isinstance(edits, _EDIT_TYPES) else tuple(edits)
+    edits = (edits,) if isinstance(edits, EDIT_TYPES) else tuple(edits)
     return tuple(
         dataclasses.replace(e, s_par=1.0, s_perp=1.0)
         if isinstance(e, ComponentScale)

@@ -20,6 +20,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from lens_parallel.errors import LensParallelError
+
 EPS = 1e-8
 """Default guard on |r| and |m| (absolute, in the units of the vectors)."""
 
@@ -200,7 +202,7 @@ def diagonal_change(
     o = value_aggregate(pattern, v)
     if space == "residual-attn":
         if x is None or W_O is None:
-            raise ValueError("the residual-attn diagonal needs the residual state x and W_O")
+            raise LensParallelError("the residual-attn diagonal needs the residual state x and W_O")
         x_in_head = einops.einsum(W_O, x, "head_index d d_model, batch p d_model -> batch p head_index d")
         num = (o * x_in_head).sum(-1)
         den = (v * x_in_head).sum(-1)
@@ -215,7 +217,7 @@ def diagonal_change(
         den = (v * v).sum(-1)
         valid = den > eps**2
     else:
-        raise ValueError(f"unknown diagonal space {space!r}; accepted: value, value-exclude-self, residual-attn")
+        raise LensParallelError(f"unknown diagonal space {space!r}; accepted: value, value-exclude-self, residual-attn")
     d_a = torch.where(valid, (s_par - 1) * num / torch.where(valid, den, 1.0), 0.0)
     to_heads = "batch pos head_index -> batch head_index pos"
     return DiagonalChange(d_a=einops.rearrange(d_a, to_heads), valid=einops.rearrange(valid, to_heads))

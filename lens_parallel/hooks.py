@@ -18,6 +18,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelInfo
 
 ROLE_HOOKS: dict[str, str] = {
@@ -54,7 +55,7 @@ def hook_name(layer: int, role: str) -> str:
     return ROLE_HOOKS[role].format(layer=layer)
 
 
-class HookShapeError(ValueError):
+class HookShapeError(LensParallelError):
     """A captured activation does not have the shape the analysis expects."""
 
 
@@ -93,7 +94,7 @@ def expand_kv(
     """
     n_kv = v.shape[2]
     if n_heads % n_kv:
-        raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv}")
+        raise LensParallelError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv}")
     return einops.repeat(v, "batch pos kv d_head -> batch pos (kv group) d_head", group=n_heads // n_kv)
 
 
@@ -105,7 +106,7 @@ def check_indices(kind: str, given: int | Sequence[int] | None, n: int) -> tuple
     given = (given,) if isinstance(given, numbers.Integral) else tuple(given)
     bad = [i for i in given if not isinstance(i, numbers.Integral) or isinstance(i, bool) or not 0 <= i < n]
     if bad or not given:
-        raise ValueError(f"{kind} {list(bad or given)} out of range: this model has {kind} 0..{n - 1}")
+        raise LensParallelError(f"{kind} {list(bad or given)} out of range: this model has {kind} 0..{n - 1}")
     return tuple(sorted({int(i) for i in given}))
 
 
@@ -118,7 +119,7 @@ def softmax_layers(info: ModelInfo, layers: int | Sequence[int] | None, *, what:
     chosen = check_indices("layers", layers, info.n_layers)
     linear = [layer for layer in chosen if info.layer_types[layer] == "linear"]
     if linear and layers is not None:
-        raise ValueError(
+        raise LensParallelError(
             f"{what} needs softmax attention (hook_z, hook_pattern), but layers {linear} of {info.name} are "
             f"linear-attention blocks; softmax layers: {list(info.softmax_layers)}"
         )
@@ -187,9 +188,9 @@ class LayerStream:
         used = {role for layer_roles in self.roles.values() for role in layer_roles}
         unknown = sorted(used - set(ROLE_HOOKS))
         if unknown:
-            raise ValueError(f"unknown activation roles {unknown}; known: {', '.join(ROLE_HOOKS)}")
+            raise LensParallelError(f"unknown activation roles {unknown}; known: {', '.join(ROLE_HOOKS)}")
         if "resid_mid" in used and info.parallel_attn_mlp:
-            raise ValueError(f"{info.name} runs attention and MLP in parallel: it has no resid_mid")
+            raise LensParallelError(f"{info.name} runs attention and MLP in parallel: it has no resid_mid")
         self.info, self.reduce, self.dtype = info, reduce, dtype
         self._buffers: dict[int, dict[str, Tensor]] = {}
 

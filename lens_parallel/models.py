@@ -29,6 +29,7 @@ import transformers
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import tokenizers as _tok
+from lens_parallel.errors import LensParallelError
 from lens_parallel.paths import cache_dir
 from lens_parallel.weights import SMOLLM2_SPEC, smollm2_folder
 
@@ -47,53 +48,100 @@ TOY_SEED = 0
 
 def _toy_gpt2() -> transformers.PretrainedConfig:
     return transformers.GPT2Config(
-        n_layer=3, n_embd=64, n_head=4, n_inner=256, n_positions=512, vocab_size=50257,
-        bos_token_id=50256, eos_token_id=50256,
-    )  # fmt: skip
+        n_layer=3,
+        n_embd=64,
+        n_head=4,
+        n_inner=256,
+        n_positions=512,
+        vocab_size=50257,
+        bos_token_id=50256,
+        eos_token_id=50256,
+    )
 
 
 def _toy_pythia() -> transformers.PretrainedConfig:
     return transformers.GPTNeoXConfig(
-        num_hidden_layers=3, hidden_size=64, num_attention_heads=4, intermediate_size=256,
-        rotary_pct=0.25, use_parallel_residual=True, max_position_embeddings=512, vocab_size=50304,
-        bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
-    )  # fmt: skip
+        num_hidden_layers=3,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=256,
+        rotary_pct=0.25,
+        use_parallel_residual=True,
+        max_position_embeddings=512,
+        vocab_size=50304,
+        bos_token_id=0,
+        eos_token_id=0,
+        tie_word_embeddings=False,
+    )
 
 
 def _toy_qwen2() -> transformers.PretrainedConfig:
     return transformers.Qwen2Config(
-        num_hidden_layers=3, hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
-        intermediate_size=192, max_position_embeddings=512, vocab_size=151936, tie_word_embeddings=True,
-        bos_token_id=151643, eos_token_id=151643,
-    )  # fmt: skip
+        num_hidden_layers=3,
+        hidden_size=96,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        intermediate_size=192,
+        max_position_embeddings=512,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        bos_token_id=151643,
+        eos_token_id=151643,
+    )
 
 
 def _toy_qwen3() -> transformers.PretrainedConfig:
     return transformers.Qwen3Config(
-        num_hidden_layers=3, hidden_size=96, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
-        intermediate_size=192, max_position_embeddings=512, vocab_size=151936, tie_word_embeddings=True,
-        bos_token_id=151643, eos_token_id=151643,
-    )  # fmt: skip
+        num_hidden_layers=3,
+        hidden_size=96,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=192,
+        max_position_embeddings=512,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        bos_token_id=151643,
+        eos_token_id=151643,
+    )
 
 
 def _toy_qwen3_5() -> transformers.PretrainedConfig:
     from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 
     return Qwen3_5TextConfig(
-        num_hidden_layers=4, hidden_size=96, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
-        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-        intermediate_size=192, max_position_embeddings=512, vocab_size=151936, tie_word_embeddings=True,
+        num_hidden_layers=4,
+        hidden_size=96,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        intermediate_size=192,
+        max_position_embeddings=512,
+        vocab_size=151936,
+        tie_word_embeddings=True,
         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
-        bos_token_id=151643, eos_token_id=151643,
-    )  # fmt: skip
+        bos_token_id=151643,
+        eos_token_id=151643,
+    )
 
 
 def _toy_llama() -> transformers.PretrainedConfig:
     return transformers.LlamaConfig(
-        num_hidden_layers=3, hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
-        intermediate_size=192, max_position_embeddings=512, vocab_size=50304, tie_word_embeddings=False,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        num_hidden_layers=3,
+        hidden_size=96,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        intermediate_size=192,
+        max_position_embeddings=512,
+        vocab_size=50304,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
 
 
 TOY_MODELS: dict[str, tuple[Callable[[], transformers.PretrainedConfig], str]] = {
@@ -143,7 +191,7 @@ class ModelInfo:
         return asdict(self)
 
 
-class ModelSpecError(ValueError):
+class ModelSpecError(LensParallelError):
     """A model spec that cannot be loaded; the message says what was wrong and what is accepted."""
 
 
@@ -159,9 +207,14 @@ def _check_architecture(config: transformers.PretrainedConfig, where: str) -> st
     archs = list(getattr(config, "architectures", None) or [])
     if not archs:
         # configs built in memory carry no architectures; infer from model_type.
-        by_type = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                   "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
-                   "qwen3_5_text": "Qwen3_5ForCausalLM"}  # fmt: skip
+        by_type = {
+            "gpt2": "GPT2LMHeadModel",
+            "gpt_neox": "GPTNeoXForCausalLM",
+            "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM",
+            "llama": "LlamaForCausalLM",
+            "qwen3_5_text": "Qwen3_5ForCausalLM",
+        }
         archs = [by_type.get(config.model_type, config.model_type)]
     arch = archs[0]
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -264,6 +317,12 @@ def _load_folder(folder: Path, *, device: str, dtype: torch.dtype) -> Transforme
             f"folder {str(folder)!r} has no config.json, so it is not a Hugging Face model folder; "
             "save one with model.save_pretrained(folder) and tokenizer.save_pretrained(folder)"
         )
+    try:
+        json.loads((folder / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelSpecError(
+            f"{folder / 'config.json'} is not valid JSON ({exc}); rewrite it with model.save_pretrained(folder)"
+        ) from exc
     config = transformers.AutoConfig.from_pretrained(folder)
     _check_architecture(config, str(folder / "config.json"))
     return _boot(str(folder), device=device, dtype=dtype)
@@ -283,6 +342,25 @@ def _load_hub(name: str, *, device: str, dtype: torch.dtype) -> TransformerBridg
         ) from exc
     _check_architecture(config, f"hub model {name!r}")
     return _boot(name, device=device, dtype=dtype)
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` usable on this machine; raises :class:`LensParallelError` for a name torch does
+    not know (``gpu``) or a device this machine lacks (``cuda`` without CUDA, ``mps`` off Apple silicon)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise LensParallelError(f"unknown device {device!r}; accepted: cpu, cuda, cuda:N, mps") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise LensParallelError(f"device {device!r} asked for, but this machine has no CUDA device; use cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise LensParallelError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA devices")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise LensParallelError(f"device {device!r} asked for, but MPS is not available here; use cpu")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise LensParallelError(f"unsupported device {device!r}; accepted: cpu, cuda, cuda:N, mps")
+    return dev
 
 
 def check_spec(spec: str) -> str:
@@ -314,6 +392,7 @@ def load_model(
     Use :func:`model_info` for the attention geometry of the result.
     """
     kind = check_spec(spec)
+    device = str(check_device(device))
     if kind == "toy":
         model = _build_toy(spec, device=device, dtype=dtype)
     elif kind == "smollm2":
@@ -326,8 +405,13 @@ def load_model(
     return model
 
 
-HUB_EXAMPLES = ("openai-community/gpt2", "EleutherAI/pythia-160m", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen3-0.6B",
-                "meta-llama/Llama-3.2-1B")  # fmt: skip
+HUB_EXAMPLES = (
+    "openai-community/gpt2",
+    "EleutherAI/pythia-160m",
+    "Qwen/Qwen2.5-0.5B",
+    "Qwen/Qwen3-0.6B",
+    "meta-llama/Llama-3.2-1B",
+)
 
 
 def available_models():
@@ -339,17 +423,38 @@ def available_models():
     import pandas as pd
     from huggingface_hub.constants import HF_HUB_CACHE
 
-    rows = [{"spec": spec, "what": f"toy {spec[4:]} (random weights, {TOY_MODELS[spec][1]} tokenizer)",
-             "offline_now": "yes"} for spec in TOY_MODELS]  # fmt: skip
+    rows = [
+        {
+            "spec": spec,
+            "what": f"toy {spec[4:]} (random weights, {TOY_MODELS[spec][1]} tokenizer)",
+            "offline_now": "yes",
+        }
+        for spec in TOY_MODELS
+    ]
     cached = (cache_dir() / SMOLLM2_SPEC / "config.json").is_file()
-    rows.append({"spec": SMOLLM2_SPEC, "what": "SmolLM2-135M-Instruct (pretrained, Llama, GQA 9/3)",
-                 "offline_now": "yes (cached)" if cached else "no: first use fetches it from PyPI"})  # fmt: skip
+    rows.append(
+        {
+            "spec": SMOLLM2_SPEC,
+            "what": "SmolLM2-135M-Instruct (pretrained, Llama, GQA 9/3)",
+            "offline_now": "yes (cached)" if cached else "no: first use fetches it from PyPI",
+        }
+    )
     in_cache = sorted(
         p.name.removeprefix("models--").replace("--", "/") for p in Path(HF_HUB_CACHE).glob("models--*") if p.is_dir()
     )
     for name in dict.fromkeys([*in_cache, *HUB_EXAMPLES]):
-        rows.append({"spec": name, "what": "hub model",
-                     "offline_now": "yes (local HF cache)" if name in in_cache else "no: needs the hub"})  # fmt: skip
-    rows.append({"spec": "/path/to/folder", "what": "a save_pretrained folder of a supported architecture",
-                 "offline_now": "yes"})  # fmt: skip
+        rows.append(
+            {
+                "spec": name,
+                "what": "hub model",
+                "offline_now": "yes (local HF cache)" if name in in_cache else "no: needs the hub",
+            }
+        )
+    rows.append(
+        {
+            "spec": "/path/to/folder",
+            "what": "a save_pretrained folder of a supported architecture",
+            "offline_now": "yes",
+        }
+    )
     return pd.DataFrame(rows)

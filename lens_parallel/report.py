@@ -34,6 +34,8 @@ from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
 from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivity
 from lens_parallel.data import TokenBlocks
 from lens_parallel.models import model_info
+from lens_parallel.plots.comparison import comparison_figure
+from lens_parallel.results import Provenance, Result, ResultMixin, serializable
 
 SECTIONS = {
     "decomposition": "Decomposition: how much of each message lies along its own reference (value v_t, residual x_t)",
@@ -45,9 +47,10 @@ SECTIONS = {
 SCALE_SPACES = ("value-exclude-self", "residual-attn")
 
 
+@serializable
 @dataclass(frozen=True)
-class ModelReport:
-    """One model's battery: every result, the summary row, and the seconds each step took."""
+class ModelReport(ResultMixin):
+    """One model's battery: every result, and the seconds each step took."""
 
     name: str
     decomposition: DecompositionResult
@@ -57,7 +60,11 @@ class ModelReport:
     sanity: SanityReport
     seconds: dict[str, float] = field(default_factory=dict)
 
-    def summary(self) -> dict:
+    @property
+    def provenance(self) -> Provenance:
+        return self.decomposition.provenance
+
+    def summary(self) -> pd.DataFrame:
         """One row: the model, its attention shape, the headline numbers of every section."""
         info = self.decomposition.info
         dec = self.decomposition.to_dataframe()
@@ -66,20 +73,34 @@ class ModelReport:
         removal = scale[(scale["vary"] == "s_par") & (scale["s_par"] == 0.0)].set_index("space")["delta_loss"]
         sens = self.sensitivity.to_dataframe()
         joint = sens[sens["head"].isna()].set_index("layer")["delta_loss"]
-        sanity = self.sanity.to_dataframe().iloc[0].to_dict()
+        sanity = self.sanity.summary().iloc[0].to_dict()
         row = {
-            "model": self.name, "family": info.family, "n_layers": info.n_layers, "n_heads": info.n_heads,
-            "n_kv_heads": info.n_kv_heads, "loss_noop": scale["loss_noop"].iloc[0],
-        }  # fmt: skip
+            "model": self.name,
+            "family": info.family,
+            "n_layers": info.n_layers,
+            "n_heads": info.n_heads,
+            "n_kv_heads": info.n_kv_heads,
+            "loss_noop": scale["loss_noop"].iloc[0],
+        }
         row |= {f"self_cos_{space}": heads.get(space) for space in ("value", "value-exclude-self", "residual-attn")}
         row |= {f"delta_loss_s_par0_{space}": removal.get(space) for space in SCALE_SPACES}
         row |= {"most_sensitive_layer": int(joint.idxmax()), "max_joint_delta_loss": joint.max()}
-        keep = ("cos_self", "cos_null", "excess", "self_specific_fraction", "within_excess", "across_excess",
-                "r_stat_excess", "r_delta_excess", "verdict_excess")  # fmt: skip
+        keep = (
+            "cos_self",
+            "cos_null",
+            "excess",
+            "self_specific_fraction",
+            "within_excess",
+            "across_excess",
+            "r_stat_excess",
+            "r_delta_excess",
+            "verdict_excess",
+        )
         row |= {k: sanity[k] for k in keep if k in sanity}
-        return row | {"seconds": sum(self.seconds.values())}
+        return pd.DataFrame([row | {"seconds": sum(self.seconds.values())}])
 
     def tables(self) -> dict[str, pd.DataFrame]:
+        """Each section's tidy table."""
         return {
             "decomposition": self.decomposition.to_dataframe(),
             "scaling": self.scaling.to_dataframe(),
@@ -88,14 +109,26 @@ class ModelReport:
             "sanity": self.sanity.to_dataframe(),
         }
 
-    def save(self, folder: str | Path) -> list[Path]:
-        """Every result as JSON + npz (with its provenance): ``folder/<model>_<section>[_<i>].json``."""
-        stem = Path(folder) / self.name.replace("/", "_")
-        results = {"decomposition": self.decomposition, "scaling": self.scaling, "sensitivity": self.sensitivity,
-                   "sanity": self.sanity} | {f"diagonal_{i}": v for i, v in enumerate(self.diagonal)}  # fmt: skip
-        return [result.save(f"{stem}_{section}") for section, result in results.items()]
+    def to_dataframe(self) -> pd.DataFrame:
+        """Every section's tidy table, stacked, with a ``section`` column."""
+        return pd.concat([df.assign(section=s) for s, df in self.tables().items()], ignore_index=True)
 
-    def figures(self) -> dict[str, list[go.Figure]]:
+    def results(self) -> dict[str, Result]:
+        """Every result of the battery by section (diagonal views as ``diagonal_<i>``)."""
+        return {
+            "decomposition": self.decomposition,
+            "scaling": self.scaling,
+            "sensitivity": self.sensitivity,
+            "sanity": self.sanity,
+        } | {f"diagonal_{i}": v for i, v in enumerate(self.diagonal)}
+
+    def save_sections(self, folder: str | Path) -> list[Path]:
+        """Every result as its own JSON + npz (with its provenance): ``folder/<model>_<section>.json``."""
+        stem = self.name.replace("/", "_")
+        return [result.save(Path(folder) / f"{stem}_{section}") for section, result in self.results().items()]
+
+    def section_figures(self) -> dict[str, list[go.Figure]]:
+        """The figures of each report section."""
         return {
             "decomposition": [self.decomposition.figure()],
             "scaling": [self.scaling.figure()],
@@ -103,6 +136,16 @@ class ModelReport:
             "sensitivity": [self.sensitivity.figure()],
             "sanity": [self.sanity.figure()],
         }
+
+    def figures(self) -> dict[str, go.Figure]:
+        """The summary comparison, then every section's figures by name."""
+        named = {"summary": self.figure()}
+        for section, figs in self.section_figures().items():
+            named |= {section: figs[0]} if len(figs) == 1 else {f"{section}_{i}": f for i, f in enumerate(figs)}
+        return named
+
+    def figure(self) -> go.Figure:
+        return comparison_figure(self.summary())
 
 
 def strongest_parallel_heads(result: DecompositionResult, k: int = 2) -> list[tuple[int, int]]:
@@ -130,19 +173,40 @@ def run_battery(
         return out
 
     dec = timed("decomposition", lambda: decompose(model, tokens, space="all", batch_size=batch_size))
-    scaling = timed("scaling", lambda: scale_sweep(
-        model, tokens, space=list(SCALE_SPACES), s_par=(0.0, 0.5, 1.5), s_perp=(0.5,), batch_size=batch_size,
-        seed=seed, progress=progress))  # fmt: skip
+    scaling = timed(
+        "scaling",
+        lambda: scale_sweep(
+            model,
+            tokens,
+            space=list(SCALE_SPACES),
+            s_par=(0.0, 0.5, 1.5),
+            s_perp=(0.5,),
+            batch_size=batch_size,
+            seed=seed,
+            progress=progress,
+        ),
+    )
     heads = strongest_parallel_heads(dec)
     views = timed("diagonal", lambda: tuple(diagonal_view(model, tokens, layer=lay, head=h) for lay, h in heads))
     with tempfile.TemporaryDirectory() as store:  # sensitivity's single-head jobs are split-half's: run them once
         shared = Path(store) / "ablations.jsonl"
-        sens = timed("sensitivity", lambda: head_sensitivity(model, tokens, batch_size=batch_size, seed=seed,
-                                                              store=shared, progress=progress))  # fmt: skip
-        sanity = timed("sanity", lambda: sanity_report(model, tokens, seed=seed, batch_size=batch_size, store=store,
-                                                       progress=progress))  # fmt: skip
-    return ModelReport(name=model_info(model).name, decomposition=dec, scaling=scaling, diagonal=views,
-                       sensitivity=sens, sanity=sanity, seconds=seconds)  # fmt: skip
+        sens = timed(
+            "sensitivity",
+            lambda: head_sensitivity(model, tokens, batch_size=batch_size, seed=seed, store=shared, progress=progress),
+        )
+        sanity = timed(
+            "sanity",
+            lambda: sanity_report(model, tokens, seed=seed, batch_size=batch_size, store=shared, progress=progress),
+        )
+    return ModelReport(
+        name=model_info(model).name,
+        decomposition=dec,
+        scaling=scaling,
+        diagonal=views,
+        sensitivity=sens,
+        sanity=sanity,
+        seconds=seconds,
+    )
 
 
 _CSS = """
@@ -172,14 +236,14 @@ def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: d
     provenance under ``out/results/``; returns the HTML's path."""
     out = Path(out)
     (out / "tables").mkdir(parents=True, exist_ok=True)
-    summary = pd.DataFrame([r.summary() for r in reports])
+    summary = pd.concat([r.summary() for r in reports], ignore_index=True)
     summary.to_csv(out / "tables" / "summary.csv", index=False)
     tables = {r.name: r.tables() for r in reports}  # built once: every section reads them
-    figures = {r.name: r.figures() for r in reports}
+    figures = {r.name: r.section_figures() for r in reports}
     for r in reports:
         for section, df in tables[r.name].items():
             df.to_csv(out / "tables" / f"{r.name.replace('/', '_')}_{section}.csv", index=False)
-        r.save(out / "results")
+        r.save_sections(out / "results")
     side_by_side = len(reports) > 1
     cols = f"grid-template-columns: repeat({len(reports)}, minmax(0, 1fr));"
     parts = [f"<h1>lens_parallel report: {html.escape(', '.join(r.name for r in reports))}</h1>"]
@@ -192,8 +256,10 @@ def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: d
         for r in reports:
             figs = "".join(_figure_html(f, side_by_side) for f in figures[r.name][section])
             columns.append(f"<div><h3>{html.escape(r.name)}</h3>{figs}{_table_html(tables[r.name][section], 12)}</div>")
-        parts.append(f'<section id="{section}"><h2>{html.escape(title)}</h2>'
-                     f'<div class="grid" style="{cols}">{"".join(columns)}</div></section>')  # fmt: skip
+        parts.append(
+            f'<section id="{section}"><h2>{html.escape(title)}</h2>'
+            f'<div class="grid" style="{cols}">{"".join(columns)}</div></section>'
+        )
     page = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>lens_parallel report</title>'
         f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body>{''.join(parts)}</body></html>"

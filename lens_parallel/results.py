@@ -1,4 +1,11 @@
-"""Provenance and saving/loading of result dataclasses (JSON for fields, one ``.npz`` for arrays)."""
+"""The Result protocol, provenance, and saving/loading results (JSON for fields, one ``.npz`` for arrays).
+
+Every result class implements :class:`Result`: ``provenance``; ``to_dataframe()`` (tidy, full resolution: one row
+per observation); ``summary()`` (one row per model); ``figures()`` (named Plotly figures; ``figure()`` is the main
+one); ``save(path)`` / ``load(path)``. Saved files carry the format name and version and the fully qualified class
+name of every dataclass in them; loading an unknown type or version is a clear error, and saving a value this
+format cannot represent raises instead of turning it into a string.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +13,40 @@ import dataclasses
 import datetime as dt
 import importlib.metadata
 import json
+import math
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from lens_parallel.data import TokenBlocks
+from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelInfo
 
+FORMAT = "lens_parallel.result"
+FORMAT_VERSION = 1
 _REGISTRY: dict[str, type] = {}
 T = TypeVar("T")
 
 
+def qualified_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def serializable(cls: type[T]) -> type[T]:
-    """Register a dataclass so :func:`load_result` can rebuild it by name."""
-    _REGISTRY[cls.__name__] = cls
+    """Register a dataclass so :func:`load_result` can rebuild it by its fully qualified name."""
+    _REGISTRY[qualified_name(cls)] = cls
     return cls
+
+
+def result_classes() -> list[type]:
+    """Every registered class implementing the Result protocol (those built on :class:`ResultMixin`)."""
+    return [cls for cls in _REGISTRY.values() if issubclass(cls, ResultMixin)]
 
 
 def _version(package: str) -> str:
@@ -48,9 +70,10 @@ class Provenance:
 
     @classmethod
     def collect(cls, info: ModelInfo, tokens: TokenBlocks | Tensor, **settings: Any) -> Provenance:
-        texts = tokens.describe() if isinstance(tokens, TokenBlocks) else {
-            "corpus": "caller-supplied token tensor", "shape": list(tokens.shape)
-        }  # fmt: skip
+        if isinstance(tokens, TokenBlocks):
+            texts = tokens.describe()
+        else:
+            texts = {"corpus": "caller-supplied token tensor", "shape": list(tokens.shape)}
         return cls(
             model=info.to_dict(),
             texts=texts,
@@ -66,77 +89,150 @@ def as_tokens(tokens: object) -> Int[Tensor, "batch pos"]:
     t = tokens.tokens if isinstance(tokens, TokenBlocks) else tokens
     if not isinstance(t, Tensor) or t.ndim != 2 or t.dtype not in (torch.int32, torch.int64):
         got = f"{type(t).__name__} {tuple(t.shape)} {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
-        raise ValueError(f"tokens must be TokenBlocks or an integer tensor [batch, pos], got {got}")
+        raise LensParallelError(f"tokens must be TokenBlocks or an integer tensor [batch, pos], got {got}")
     return t
 
 
+@runtime_checkable
+class Result(Protocol):
+    """What every result offers (see the module docstring)."""
+
+    provenance: Provenance
+
+    def to_dataframe(self) -> pd.DataFrame: ...
+
+    def summary(self) -> pd.DataFrame: ...
+
+    def figures(self) -> dict[str, go.Figure]: ...
+
+    def figure(self) -> go.Figure: ...
+
+    def save(self, path: str | Path) -> Path: ...
+
+
 class ResultMixin:
-    """What every result dataclass shares: ``info`` from its ``provenance``, ``save`` and ``load``."""
+    """What every result dataclass shares: ``info`` from its ``provenance``, ``figures``, ``save`` and ``load``.
+
+    ``figure_name`` names the main figure in :meth:`figures`; results with several figures override ``figures``.
+    """
+
+    figure_name: ClassVar[str] = "figure"
 
     @property
     def info(self) -> ModelInfo:
         return ModelInfo(**self.provenance.model)
 
+    def figures(self) -> dict[str, go.Figure]:
+        """Named figures; the first is :meth:`figure`."""
+        return {self.figure_name: self.figure()}
+
     def save(self, path: str | Path) -> Path:
-        """Write ``path.json`` (fields and provenance) and ``path.npz`` (arrays)."""
+        """Write ``path.json`` (fields and provenance) and ``path.npz`` (arrays); returns the JSON path."""
         return save_result(self, path)
 
     @classmethod
     def load(cls, path: str | Path):
-        """Read a result written by :meth:`save`."""
+        """Read a result written by :meth:`save`; raises if the file holds another type."""
         result = load_result(path)
         if not isinstance(result, cls):
-            raise TypeError(f"{path} holds a {type(result).__name__}, not a {cls.__name__}")
+            raise LensParallelError(f"{path} holds a {type(result).__name__}, not a {cls.__name__}")
         return result
 
 
 def _encode(obj: Any, arrays: dict[str, np.ndarray], key: str) -> Any:
-    if dataclasses.is_dataclass(obj):
-        out = {"__class__": type(obj).__name__}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        name = qualified_name(type(obj))
+        if name not in _REGISTRY:
+            raise TypeError(f"cannot save {name} at {key}: register it with @serializable")
+        out = {"__class__": name}
         for f in dataclasses.fields(obj):
             out[f.name] = _encode(getattr(obj, f.name), arrays, f"{key}.{f.name}")
         return out
     if isinstance(obj, np.ndarray):
+        if obj.dtype == object:
+            raise TypeError(f"cannot save an object array at {key}")
         arrays[key] = obj
         return {"__array__": key}
+    if isinstance(obj, (bool, str)) or obj is None:
+        return obj
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        value = float(obj)
+        return value if math.isfinite(value) else {"__float__": repr(value)}
+    if isinstance(obj, np.bool_):
+        return bool(obj)
     if isinstance(obj, tuple):
         return {"__tuple__": [_encode(x, arrays, f"{key}.{i}") for i, x in enumerate(obj)]}
     if isinstance(obj, list):
         return [_encode(x, arrays, f"{key}.{i}") for i, x in enumerate(obj)]
     if isinstance(obj, dict):
+        bad = [k for k in obj if not isinstance(k, str) or k.startswith("__")]
+        if bad:
+            raise TypeError(f"cannot save a dict with key {bad[0]!r} at {key}: keys must be plain strings")
         return {k: _encode(v, arrays, f"{key}.{k}") for k, v in obj.items()}
-    return obj
+    raise TypeError(f"cannot save a {type(obj).__name__} at {key}: convert it to plain data first")
 
 
-def _decode(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
+def _decode(obj: Any, arrays: dict[str, np.ndarray], path: Path) -> Any:
     if isinstance(obj, dict):
         if "__array__" in obj:
             return arrays[obj["__array__"]]
         if "__tuple__" in obj:
-            return tuple(_decode(x, arrays) for x in obj["__tuple__"])
+            return tuple(_decode(x, arrays, path) for x in obj["__tuple__"])
+        if "__float__" in obj:
+            return float(obj["__float__"])
         if "__class__" in obj:
-            cls = _REGISTRY[obj["__class__"]]
-            return cls(**{k: _decode(v, arrays) for k, v in obj.items() if k != "__class__"})
-        return {k: _decode(v, arrays) for k, v in obj.items()}
+            name = obj["__class__"]
+            if name not in _REGISTRY:
+                raise LensParallelError(
+                    f"{path}: unknown result type {name!r} (saved by another version of lens_parallel?); known: "
+                    f"{', '.join(sorted(_REGISTRY))}"
+                )
+            return _REGISTRY[name](**{k: _decode(v, arrays, path) for k, v in obj.items() if k != "__class__"})
+        return {k: _decode(v, arrays, path) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_decode(x, arrays) for x in obj]
+        return [_decode(x, arrays, path) for x in obj]
     return obj
 
 
 def save_result(result: Any, path: str | Path) -> Path:
-    """Write ``path.json`` (fields, provenance) and ``path.npz`` (arrays); returns the JSON path."""
-    path = Path(path).with_suffix("")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``path.json`` (format, version, fields, provenance) and ``path.npz`` (arrays); returns the JSON path.
+
+    ``path`` may end in ``.json`` or have no suffix; any other dot in the name is kept (``toy-qwen3.5_scaling``)."""
+    stem = _stem(path)
+    stem.parent.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {}
-    payload = _encode(result, arrays, "root")
-    np.savez_compressed(path.with_suffix(".npz"), **arrays)
-    path.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=str))
-    return path.with_suffix(".json")
+    payload = {"format": FORMAT, "version": FORMAT_VERSION, "data": _encode(result, arrays, "root")}
+    text = json.dumps(payload, indent=1, allow_nan=False)
+    np.savez_compressed(_with(stem, ".npz"), **arrays)
+    _with(stem, ".json").write_text(text)
+    return _with(stem, ".json")
 
 
 def load_result(path: str | Path) -> Any:
-    """Rebuild a result written by :func:`save_result`."""
-    path = Path(path).with_suffix("")
-    with np.load(path.with_suffix(".npz")) as data:
+    """Rebuild any result written by :func:`save_result` (``path`` with or without ``.json``)."""
+    stem = _stem(path)
+    json_path = _with(stem, ".json")
+    if not json_path.is_file():
+        raise LensParallelError(f"no saved result at {json_path}")
+    payload = json.loads(json_path.read_text())
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise LensParallelError(f"{json_path} is not a lens_parallel result (no {FORMAT!r} format field)")
+    if payload.get("version") != FORMAT_VERSION:
+        raise LensParallelError(
+            f"{json_path} has result format version {payload.get('version')!r}; this lens_parallel reads version "
+            f"{FORMAT_VERSION}"
+        )
+    with np.load(_with(stem, ".npz")) as data:
         arrays = {k: data[k] for k in data.files}
-    return _decode(json.loads(path.with_suffix(".json").read_text()), arrays)
+    return _decode(payload["data"], arrays, json_path)
+
+
+def _stem(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_suffix("") if path.suffix in (".json", ".npz") else path
+
+
+def _with(stem: Path, suffix: str) -> Path:
+    return stem.parent / (stem.name + suffix)

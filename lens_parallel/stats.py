@@ -8,6 +8,8 @@ import numpy as np
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
+from lens_parallel.errors import LensParallelError
+
 MDE_FACTOR = 2.9
 """z_{0.975} + z_{0.9} ~ 1.96 + 1.28: the paired effect a two-sided 5% test detects with ~90% power."""
 
@@ -37,9 +39,15 @@ def paired_bootstrap_ci(
     if len(edited) < 2:
         return float("nan"), float("nan")
     res = sps.bootstrap(
-        (edited, base, weights), statistic, paired=True, vectorized=True, n_resamples=n_resamples,
-        confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed),
-    )  # fmt: skip
+        (edited, base, weights),
+        statistic,
+        paired=True,
+        vectorized=True,
+        n_resamples=n_resamples,
+        confidence_level=confidence,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
@@ -53,9 +61,14 @@ def sign_flip_pvalue(differences: np.ndarray, *, n_resamples: int = 10000, seed:
     if len(d) < 2 or np.all(d == 0):
         return 1.0
     res = sps.permutation_test(
-        (d,), np.mean, permutation_type="samples", n_resamples=n_resamples, alternative="two-sided",
-        rng=np.random.default_rng(seed), vectorized=False,
-    )  # fmt: skip
+        (d,),
+        np.mean,
+        permutation_type="samples",
+        n_resamples=n_resamples,
+        alternative="two-sided",
+        rng=np.random.default_rng(seed),
+        vectorized=False,
+    )
     return float(res.pvalue)
 
 
@@ -88,14 +101,18 @@ def paired_t(differences: np.ndarray) -> PairedTest:
     MDE = 2.9 sigma_paired / sqrt(n) (:func:`minimum_detectable_effect`)."""
     d = np.asarray(differences, dtype=np.float64)
     if len(d) < 2:
-        raise ValueError(f"a paired t-test needs at least 2 differences, got {len(d)}")
+        raise LensParallelError(f"a paired t-test needs at least 2 differences, got {len(d)}")
     res = sps.ttest_1samp(d, 0.0)
     sigma = float(d.std(ddof=1))
     return PairedTest(
-        mean=float(d.mean()), t=float(res.statistic), p=float(res.pvalue), sigma_paired=sigma,
+        mean=float(d.mean()),
+        t=float(res.statistic),
+        p=float(res.pvalue),
+        sigma_paired=sigma,
         cohens_dz=float(d.mean() / sigma) if sigma > 0 else float("nan"),
-        mde=minimum_detectable_effect(sigma, len(d)), n=len(d),
-    )  # fmt: skip
+        mde=minimum_detectable_effect(sigma, len(d)),
+        n=len(d),
+    )
 
 
 def minimum_detectable_effect(sigma_paired: float, n: int) -> float:
@@ -119,8 +136,16 @@ def bootstrap_mean_ci(
     if len(x) < 2:
         nan = np.full(x.shape[1:], np.nan)
         return nan, nan
-    res = sps.bootstrap((x,), np.mean, axis=0, vectorized=True, n_resamples=n_resamples, confidence_level=confidence,
-                        method="percentile", rng=np.random.default_rng(seed))  # fmt: skip
+    res = sps.bootstrap(
+        (x,),
+        np.mean,
+        axis=0,
+        vectorized=True,
+        n_resamples=n_resamples,
+        confidence_level=confidence,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
     return res.confidence_interval.low, res.confidence_interval.high
 
 
@@ -135,7 +160,7 @@ def concentration(effects: np.ndarray) -> dict[str, np.ndarray]:
     """
     e = np.asarray(effects, dtype=np.float64)
     if (e < 0).any():
-        raise ValueError("effects must be non-negative (e.g. relative L2 changes)")
+        raise LensParallelError("effects must be non-negative (e.g. relative L2 changes)")
     n = e.shape[-1]
     total = e.sum(-1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):

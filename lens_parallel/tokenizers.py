@@ -18,6 +18,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from lens_parallel.errors import LensParallelError
 from lens_parallel.paths import ASSETS, cache_dir
 
 BUNDLED_TOKENIZERS = ("gpt2", "gpt-neox", "qwen3")
@@ -39,8 +40,13 @@ def _unpack(family: str, into: Path) -> None:
         ).save_pretrained(into)
     elif family == "gpt-neox":
         special = "<|endoftext|>"
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": special, "eos_token": special,
-                  "unk_token": special, "model_max_length": 2048}  # fmt: skip
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": special,
+            "eos_token": special,
+            "unk_token": special,
+            "model_max_length": 2048,
+        }
         (into / "tokenizer_config.json").write_text(json.dumps(config))
     (into / "lens_parallel_format").write_text(str(_FORMAT))
 
@@ -48,7 +54,7 @@ def _unpack(family: str, into: Path) -> None:
 def bundled_tokenizer_folder(family: str) -> Path:
     """The cached Hugging Face folder of a bundled tokenizer, unpacked on first use (atomically)."""
     if family not in BUNDLED_TOKENIZERS:
-        raise ValueError(f"no bundled tokenizer {family!r}; bundled: {', '.join(BUNDLED_TOKENIZERS)}")
+        raise LensParallelError(f"no bundled tokenizer {family!r}; bundled: {', '.join(BUNDLED_TOKENIZERS)}")
     folder = cache_dir() / "tokenizers" / family
     marker = folder / "lens_parallel_format"
     if marker.is_file() and marker.read_text() == str(_FORMAT):
@@ -75,7 +81,7 @@ def trained_bpe_folder(docs: Sequence[str], vocab_size: int) -> Path:
     ``tokenizers`` library, saved as a Hugging Face folder under ``cache_dir()/tokenizers/bpe-<N>-<hash of docs>``
     (trained once; training is deterministic)."""
     if not 256 < vocab_size <= 1_000_000:
-        raise ValueError(f"a byte-level BPE needs 257..1000000 tokens (256 bytes + merges), got {vocab_size}")
+        raise LensParallelError(f"a byte-level BPE needs 257..1000000 tokens (256 bytes + merges), got {vocab_size}")
     digest = hashlib.sha256("\x00".join(docs).encode()).hexdigest()[:12]
     folder = cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{digest}"
     if (folder / "lens_parallel_format").is_file():
@@ -87,9 +93,11 @@ def trained_bpe_folder(docs: Sequence[str], vocab_size: int) -> Path:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size, special_tokens=[special], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            vocab_size=vocab_size,
+            special_tokens=[special],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
-        )  # fmt: skip
+        )
         tok.train_from_iterator(docs, trainer)
         PreTrainedTokenizerFast(
             tokenizer_object=tok, bos_token=special, eos_token=special, unk_token=special, model_max_length=4096

@@ -7,13 +7,14 @@ import pandas as pd
 import pytest
 import torch
 
-from lens_parallel.analyses import ablation
-from lens_parallel.analyses.ablation import AblationJob, head_means, run_ablations
+from lens_parallel import sweep
+from lens_parallel.analyses.ablation import run_ablations
 from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivity
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ABLATIONS, HeadEdit
-from lens_parallel.evaluate import document_losses, edit_effect
+from lens_parallel.losses import document_losses, edit_effect
 from lens_parallel.models import model_info
+from lens_parallel.sweep import AblationJob, head_means
 
 from .conftest import get_model
 
@@ -24,14 +25,20 @@ def test_engine_equals_the_naive_loop(spec, kind):
     model = get_model(spec)
     a, b = model_info(model).softmax_layers[-2:]
     blocks = token_blocks(model, "wikipedia-en", n_docs=5, seq_len=20, seed=3)
-    jobs = [AblationJob(a, (1,)), AblationJob(b, (0,)), AblationJob(b, (2,)), AblationJob(a, (3,)),
-            AblationJob(b, (0, 1, 2)), AblationJob(a, (0, 3))]  # fmt: skip
-    run = run_ablations(model, blocks, jobs, kind=kind, batch_size=2, rows_per_forward=6, progress=False)
+    jobs = [
+        AblationJob(a, (1,)),
+        AblationJob(b, (0,)),
+        AblationJob(b, (2,)),
+        AblationJob(a, (3,)),
+        AblationJob(b, (0, 1, 2)),
+        AblationJob(a, (0, 3)),
+    ]
+    run = run_ablations(model, blocks, jobs, edit=kind, batch_size=2, rows_per_forward=6, progress=False)
     means = head_means(model, blocks.tokens, [a, b]) if kind == "mean" else {}
     np.testing.assert_allclose(run.base.loss_sum, document_losses(model, blocks).loss_sum, atol=1e-5)
     for job in jobs:
         naive = document_losses(model, blocks, HeadEdit(kind, job.layer, job.heads, means.get(job.layer)))
-        np.testing.assert_allclose(run.edited[job].loss_sum, naive.loss_sum, atol=1e-5, err_msg=job.label)
+        np.testing.assert_allclose(run[job].loss_sum, naive.loss_sum, atol=1e-5, err_msg=job.key)
         assert np.abs(naive.loss_sum - run.base.loss_sum).max() > 1e-4  # the edit does something
 
 
@@ -63,7 +70,7 @@ def test_interrupted_sweep_resumes_to_identical_results(tmp_path, monkeypatch):
     jobs = [AblationJob(layer, (h,)) for layer in range(3) for h in range(6)]
     full = run_ablations(model, blocks, jobs, batch_size=2, rows_per_forward=4, progress=False)
     store = tmp_path / "sweep.jsonl"
-    calls, real, kill_at = [], ablation.batch_nll, [9]
+    calls, real, kill_at = [], sweep.batch_nll, [9]
 
     def dying(*args, **kwargs):
         calls.append(1)
@@ -71,19 +78,21 @@ def test_interrupted_sweep_resumes_to_identical_results(tmp_path, monkeypatch):
             raise Killed
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ablation, "batch_nll", dying)
+    monkeypatch.setattr(sweep, "batch_nll", dying)
     with pytest.raises(Killed):
         run_ablations(model, blocks, jobs, batch_size=2, rows_per_forward=4, store=store, progress=False)
     written = store.read_text().splitlines()
-    assert json.loads(written[0])["kind"] == "parallel-value" and len(written) - 1 == 8  # 4 chunks of 2 jobs
+    assert (
+        json.loads(written[0])["fingerprint"]["edit"] == "parallel-value" and len(written) - 1 == 8
+    )  # 4 chunks of 2 jobs
     calls.clear()
     kill_at[0] = None
     resumed = run_ablations(model, blocks, jobs, batch_size=2, rows_per_forward=4, store=store, progress=False)
     assert len(calls) == (18 - 8) // 2 * 2  # only the 10 missing jobs ran: 5 chunks x 2 batches
     for job in jobs:
-        np.testing.assert_array_equal(resumed.edited[job].loss_sum, full.edited[job].loss_sum)
-    with pytest.raises(ValueError, match="was written by a different run"):
-        run_ablations(model, blocks, jobs, kind="zero", store=store, progress=False)
+        np.testing.assert_array_equal(resumed[job].loss_sum, full[job].loss_sum)
+    with pytest.raises(ValueError, match="was written by a run whose numbers differ"):
+        run_ablations(model, blocks, jobs, edit="zero", store=store, progress=False)
 
 
 def test_bad_jobs():
@@ -93,8 +102,8 @@ def test_bad_jobs():
         run_ablations(model, tokens, [AblationJob(0, ())])
     with pytest.raises(ValueError, match=r"heads \[4\] out of range: this model has heads 0..3"):
         run_ablations(model, tokens, [AblationJob(0, (4,))])
-    with pytest.raises(ValueError, match=r"unknown ablation 'delete'"):
-        run_ablations(model, tokens, [AblationJob(0, (0,))], kind="delete")
+    with pytest.raises(ValueError, match=r"unknown ablation edit 'delete'"):
+        run_ablations(model, tokens, [AblationJob(0, (0,))], edit="delete")
     with pytest.raises(ValueError, match="empty head set"):
         HeadEdit("zero", 0, ())
     with pytest.raises(ValueError, match=r"head ablation needs softmax attention.*layers \[2\]"):
@@ -118,8 +127,13 @@ def test_head_sensitivity_statistics_and_figure(tmp_path):
     fig = result.figure()
     assert any("not a CI" in (t.name or "") for t in fig.data)
     hybrid = get_model("toy-qwen3.5")
-    skipped = head_sensitivity(hybrid, token_blocks(hybrid, "austen", n_docs=3, seq_len=12), n_resamples=100,
-                               n_permutations=100, progress=False)  # fmt: skip
+    skipped = head_sensitivity(
+        hybrid,
+        token_blocks(hybrid, "austen", n_docs=3, seq_len=12),
+        n_resamples=100,
+        n_permutations=100,
+        progress=False,
+    )
     assert (
         skipped.layers == (1, 3) and "skipped linear-attention layers [0, 2]" in skipped.provenance.settings["skipped"]
     )

@@ -14,8 +14,20 @@ from lens_parallel.report import SECTIONS
 
 def test_decompose_writes_table_result_and_figure(tmp_path, capsys):
     out = tmp_path / "dec"
-    argv = ["decompose", "--model", "toy-gpt2", "--space", "value", "residual-mlp", "--n-docs", "3",
-            "--seq-len", "16", "--out", str(out)]  # fmt: skip
+    argv = [
+        "decompose",
+        "--model",
+        "toy-gpt2",
+        "--space",
+        "value",
+        "residual-mlp",
+        "--n-docs",
+        "3",
+        "--seq-len",
+        "16",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     df = pd.read_csv(out / "decompose.csv")
     assert set(df.space) == {"value", "residual-mlp"} and len(df) == 3 * 4 + 3
@@ -54,9 +66,18 @@ SUBCOMMANDS = {
     "sensitivity": (("--layers", "0", "2"), ["sensitivity.csv", "sensitivity.json", "sensitivity.html"]),
     "dominance": (("--query-start", "4"), ["dominance.csv", "dominance.json", "dominance.html"]),
     "checks": ((), ["checks.csv", "checks.json", "checks.html"]),
-    "compress": (("--method", "int8", "wanda-2:4"), ["compress.csv", "compress_summary.csv", "compress.json",
-                                                     "compress_attn.html", "compress_mlp.html"]),
-}  # fmt: skip
+    "compress": (
+        ("--method", "int8", "wanda-2:4"),
+        [
+            "compress.csv",
+            "compress_methods.csv",
+            "compress_summary.csv",
+            "compress.json",
+            "compress.html",
+            "compress_mlp.html",
+        ],
+    ),
+}
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
@@ -64,23 +85,41 @@ def test_each_subcommand_writes_its_files(tmp_path, command):
     extra, files = SUBCOMMANDS[command]
     proc = _run(command, *TOY, *extra, "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    for name in files:
+    for name in [*files, f"{command}_summary.csv"]:
         assert (tmp_path / name).stat().st_size > 100, name
     stem = files[0].removesuffix(".csv")
     meta = json.loads((tmp_path / f"{stem}.json").read_text())
-    provenance = meta["null"]["provenance"] if command == "checks" else meta["provenance"]  # two results in one
+    assert meta["format"] == "lens_parallel.result" and meta["version"] == 1
+    data = meta["data"]
+    provenance = data["null"]["provenance"] if command == "checks" else data["provenance"]  # two results in one
     assert provenance["model"]["name"] == "toy-gpt2"
     assert len(pd.read_csv(tmp_path / files[0])) > 0
     assert "wrote:" in proc.stdout and "Traceback" not in proc.stderr
 
 
 def test_train_and_models_subcommands(tmp_path):
-    proc = _run("train", "--preset", "tiny", "--arms", "baseline", "xsa-gated", "--seeds", "0", "1", "--steps", "4",
-                "--device", "cpu", "--out", str(tmp_path))  # fmt: skip
+    proc = _run(
+        "train",
+        "--preset",
+        "tiny",
+        "--arms",
+        "baseline",
+        "xsa-gated",
+        "--seeds",
+        "0",
+        "1",
+        "--steps",
+        "4",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr
-    table = pd.read_csv(tmp_path / "train.csv")
+    table = pd.read_csv(tmp_path / "paired.csv")
     assert list(table["arm"]) == ["xsa-gated"] and table["n_seeds"].item() == 2
-    assert (tmp_path / "train.html").is_file() and (tmp_path / "gates.html").is_file()
+    assert len(pd.read_csv(tmp_path / "train.csv")) == 2 * 2  # one row per (arm, seed)
+    assert (tmp_path / "train.html").is_file() and (tmp_path / "train_gates.html").is_file()
     assert (tmp_path / "baseline" / "seed1" / "model" / "config.json").is_file()
     proc = _run("models", "--out", str(tmp_path))
     assert proc.returncode == 0 and "toy-qwen3" in proc.stdout
@@ -95,10 +134,12 @@ def test_more_bad_inputs_exit_2_with_one_line(tmp_path):
         (("scale", "--model", "toy-gpt2", "--s-par", "nan", "--out", str(tmp_path)), "finite"),
         (("diagonal", *TOY, "--layer", "7", "--head", "0", "--out", str(tmp_path)), "out of range"),
         (("diagonal", *TOY, "--layer", "1", "--out", str(tmp_path)), "give both --layer and --head"),
-        (("report", "--model", "toy-gpt2", "toy-nope", "--n-docs", "4", "--seq-len", "16", "--out", str(tmp_path)),
-         "unknown model spec 'toy-nope'"),
+        (
+            ("report", "--model", "toy-gpt2", "toy-nope", "--n-docs", "4", "--seq-len", "16", "--out", str(tmp_path)),
+            "unknown model spec 'toy-nope'",
+        ),
         (("train", "--preset", "tiny", "--arms", "xsa-gated", "--out", str(tmp_path)), "baseline"),
-    ]  # fmt: skip
+    ]
     for args, message in cases:
         proc = _run(*args)
         lines = proc.stderr.strip().splitlines()
@@ -123,8 +164,9 @@ def _script_tags(page: str) -> list[dict]:
 
 
 def test_report_is_self_contained_with_every_section(tmp_path):
-    proc = _run("report", "--model", "toy-gpt2", "toy-qwen3", "--n-docs", "4", "--seq-len", "24", "--out",
-                str(tmp_path))  # fmt: skip
+    proc = _run(
+        "report", "--model", "toy-gpt2", "toy-qwen3", "--n-docs", "4", "--seq-len", "24", "--out", str(tmp_path)
+    )
     assert proc.returncode == 0, proc.stderr
     page = (tmp_path / "report.html").read_text()
     for section in ("summary", *SECTIONS):

@@ -69,8 +69,10 @@ def test_original_weights_unchanged_by_every_method(spec):
     before = {k: v.clone() for k, v in model.original_model.state_dict().items()}
     for method in METHODS:
         compressed = compress(model, method, calibration=_tokens(model))
-        changed = sum(not torch.equal(a, b) for a, b in zip(
-            before.values(), compressed.original_model.state_dict().values(), strict=False))  # fmt: skip
+        changed = sum(
+            not torch.equal(a, b)
+            for a, b in zip(before.values(), compressed.original_model.state_dict().values(), strict=False)
+        )
         assert changed > 0, method
     for k, v in model.original_model.state_dict().items():
         assert torch.equal(v, before[k]), k
@@ -107,9 +109,14 @@ def test_compression_error_on_toy_models_table_and_figure():
     model = get_model("toy-qwen2")
     toks = _tokens(model, n=6)
     result = compression_error(model, toks, method=["int8", "int4-g16", "wanda-50%"])
-    df = result.to_dataframe()
+    df = result.layer_table()
     assert len(df) == 3 * 2 * model.cfg.n_layers
-    summary = result.summary().set_index(["method", "sublayer"])
+    tidy = result.to_dataframe()  # one row per (method, sublayer, layer, prompt)
+    assert len(tidy) == 3 * 2 * model.cfg.n_layers * 6
+    np.testing.assert_allclose(
+        tidy.groupby(["method", "sublayer", "layer"], sort=False).par.mean(), df.par_mean, equal_nan=True
+    )
+    summary = result.method_table().set_index(["method", "sublayer"])
     assert summary.loc[("int8", "attn"), "perp_mean"] < summary.loc[("int4-g16", "attn"), "perp_mean"]
     assert (summary["perp_mean"] > 0).all() and (summary["par_mean"] > 0).all()
     fig = result.figure()

@@ -33,10 +33,12 @@ def _reference(model, tokens):
         coef = (m * r).sum(-1) / (r * r).sum(-1)
         par = coef[..., None] * r
         return {
-            "self_cos": cos.mean((0, 1)), "self_cos_std": cos.std((0, 1), unbiased=False),
+            "self_cos": cos.mean((0, 1)),
+            "self_cos_std": cos.std((0, 1), unbiased=False),
             "par_frac": (par.norm(dim=-1) / m.norm(dim=-1)).mean((0, 1)),
-            "perp_frac": ((m - par).norm(dim=-1) / m.norm(dim=-1)).mean((0, 1)), "par_coef": coef.mean((0, 1)),
-        }  # fmt: skip
+            "perp_frac": ((m - par).norm(dim=-1) / m.norm(dim=-1)).mean((0, 1)),
+            "par_coef": coef.mean((0, 1)),
+        }
 
     for layer in range(info.n_layers):
         c = partial(_get, cache, layer)

@@ -8,8 +8,8 @@ import torch
 from lens_parallel import geometry
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import SCALE_SPACES, ComponentScale, DiagonalEdit, apply_edits, noop
-from lens_parallel.evaluate import evaluate
 from lens_parallel.hooks import expand_kv
+from lens_parallel.losses import evaluate
 from lens_parallel.models import model_info
 
 from .conftest import get_model
@@ -109,9 +109,14 @@ def test_zero_perp_leaves_exactly_the_parallel_component(toy):
 
 
 @pytest.mark.parametrize("spec", ["toy-qwen2", "toy-qwen3", "toy-llama", "toy-qwen3.5"])
-@pytest.mark.parametrize("make", [lambda: ComponentScale("value", s_par=0.0, layers=[1], heads=[0]),
-                                  lambda: ComponentScale("value-exclude-self", s_par=-1.0, layers=[1], heads=[0]),
-                                  lambda: DiagonalEdit("value", s_par=0.0, layers=[1], heads=[0])])  # fmt: skip
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ComponentScale("value", s_par=0.0, layers=[1], heads=[0]),
+        lambda: ComponentScale("value-exclude-self", s_par=-1.0, layers=[1], heads=[0]),
+        lambda: DiagonalEdit("value", s_par=0.0, layers=[1], heads=[0]),
+    ],
+)
 def test_gqa_edit_of_one_query_head_leaves_its_group_mates_bit_identical(spec, make):
     model = get_model(spec)
     info = model_info(model)

@@ -41,8 +41,11 @@ def test_attn_out_is_sum_of_head_outputs_plus_bias(toy):
 
 def test_check_shape_names_hook_expected_and_actual():
     info = model_info(get_model("toy-qwen3"))
-    with pytest.raises(HookShapeError, match=r"hook blocks.1.attn.hook_v: expected shape \[batch, pos, n_kv_heads=2, "
-                       r"d_head=16\], got \(2, 5, 6, 16\)"):  # fmt: skip
+    with pytest.raises(
+        HookShapeError,
+        match=r"hook blocks.1.attn.hook_v: expected shape \[batch, pos, n_kv_heads=2, "
+        r"d_head=16\], got \(2, 5, 6, 16\)",
+    ):
         check_shape("blocks.1.attn.hook_v", torch.zeros(2, 5, 6, 16), expected_shape("v", info))
 
 

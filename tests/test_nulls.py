@@ -66,8 +66,12 @@ def test_runs_on_every_family_deterministically(toy):
     assert np.array_equal(a.cos_self, b.cos_self) and np.array_equal(a.cos_null, b.cos_null)
     assert np.array_equal(a.excess_lo, b.excess_lo)
     assert np.array_equal(a.cos_self, c.cos_self) and not np.array_equal(a.cos_null, c.cos_null)
-    df = a.to_dataframe()
+    tidy = a.to_dataframe()  # one row per (document, layer, head)
+    assert len(tidy) == 4 * len(a.layers) * info.n_heads
+    np.testing.assert_array_equal(tidy.cos_self, a.cos_self.ravel())
+    df = a.head_table()
     assert len(df) == len(a.layers) * info.n_heads
+    np.testing.assert_allclose(df.cos_self, tidy.groupby(["layer", "head"], sort=False).cos_self.mean(), atol=1e-12)
     np.testing.assert_allclose(df.self_specific_fraction, df.excess / df.cos_self)
     assert (df.excess_lo <= df.excess).all() and (df.excess <= df.excess_hi).all()
 
@@ -83,10 +87,13 @@ def test_gqa_alignment_matches_a_direct_computation(tmp_path):
     across = torch.cosine_similarity(z, expand_kv(v_kv.flip(2), 6), dim=-1)[:, 1:].mean(1)
     np.testing.assert_allclose(result.cos_across[:, 2], across.numpy(), atol=1e-10)
     summary = result.summary()
-    assert {"cos_self", "cos_null", "excess", "within_excess", "across_excess", "cos_across"} <= set(summary)
+    assert len(summary) == 1
+    assert {"cos_self", "cos_null", "excess", "within_excess", "across_excess", "cos_across"} <= set(summary.columns)
     fig = result.figure()
-    assert [a.text for a in fig.layout.annotations] == ["self-cosine vs earlier-position null",
-                                                        "GQA: within- vs across-group excess"]  # fmt: skip
+    assert [a.text for a in fig.layout.annotations] == [
+        "self-cosine vs earlier-position null",
+        "GQA: within- vs across-group excess",
+    ]
     result.save(tmp_path / "null")
     again = NullResult.load(tmp_path / "null")
     assert np.array_equal(again.cos_across, result.cos_across) and again.seed == 2

@@ -14,7 +14,7 @@ from lens_parallel.analyses.reliability import (
 )
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import HeadEdit
-from lens_parallel.evaluate import document_losses
+from lens_parallel.losses import document_losses
 from lens_parallel.models import model_info
 from lens_parallel.results import Provenance
 
@@ -23,16 +23,28 @@ from .conftest import get_model
 
 def test_verdict_thresholds():
     assert [verdict(r) for r in (0.9, 0.6, 0.59, 0.3, 0.29, float("nan"))] == [
-        "reliable", "reliable", "attenuated", "attenuated", "unresolvable", "unresolvable"]  # fmt: skip
+        "reliable",
+        "reliable",
+        "attenuated",
+        "attenuated",
+        "unresolvable",
+        "unresolvable",
+    ]
 
 
 def test_identical_halves_give_r_one():
     rng = np.random.default_rng(0)
     stat, delta = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
     provenance = Provenance.collect(model_info(get_model("toy-gpt2")), torch.zeros(4, 10, dtype=torch.long))
-    same = SplitHalfResult(edit="zero", layers=(0, 1, 2), halves=((0, 1), (2, 3)), cos_self=np.stack([stat, stat]),
-                           excess=np.stack([stat, stat]), delta=np.stack([delta, delta]),
-                           provenance=provenance)  # fmt: skip
+    same = SplitHalfResult(
+        edit="zero",
+        layers=(0, 1, 2),
+        halves=((0, 1), (2, 3)),
+        cos_self=np.stack([stat, stat]),
+        excess=np.stack([stat, stat]),
+        delta=np.stack([delta, delta]),
+        provenance=provenance,
+    )
     c = same.correlations("excess")
     assert c["r_stat"] == 1.0 and c["r_delta"] == 1.0 and c["rho_max"] == 1.0 and c["verdict"] == "reliable"
     assert c["rho_disattenuated"] == pytest.approx(c["rho_raw"])
@@ -52,8 +64,11 @@ def test_split_half_uses_disjoint_halves_and_the_ablation_effects():
     np.testing.assert_allclose(result.cos_self[1], alone.cos_self.mean(0), atol=1e-6)
     excess = result.excess.mean(0)  # the halves' mean excess is the whole null's excess (equal halves)
     np.testing.assert_allclose(excess, causal_null(model, blocks, seed=3, n_resamples=100).excess, atol=1e-12)
-    df = result.to_dataframe()
+    df = result.correlation_table()
     assert list(df.statistic) == ["cos_self", "excess"]
+    tidy = result.to_dataframe()  # one row per (half, layer, head)
+    assert len(tidy) == result.delta.size
+    np.testing.assert_array_equal(tidy.delta_loss, result.delta.ravel())
     assert set(df.verdict) <= {"reliable", "attenuated", "unresolvable"}
     with pytest.raises(ValueError, match="at least 4 documents"):
         split_half_reliability(model, blocks.tokens[:3])
@@ -66,10 +81,19 @@ def test_sanity_report_row_and_figure():
     alone = split_half_reliability(model, blocks, progress=False)  # same seed: the report reuses its null pass
     for field in ("cos_self", "excess", "delta"):
         np.testing.assert_array_equal(getattr(report.split_half, field), getattr(alone, field))
-    row = report.to_dataframe()
+    row = report.summary()
     assert len(row) == 1
-    for column in ("cos_self", "cos_null", "excess", "self_specific_fraction", "within_excess", "across_excess",
-                   "r_stat_excess", "r_delta_excess", "verdict_excess"):  # fmt: skip
+    for column in (
+        "cos_self",
+        "cos_null",
+        "excess",
+        "self_specific_fraction",
+        "within_excess",
+        "across_excess",
+        "r_stat_excess",
+        "r_delta_excess",
+        "verdict_excess",
+    ):
         assert column in row.columns
     titles = [a.text for a in report.figure().layout.annotations]
     assert titles[:2] == ["self-cosine vs earlier-position null", "GQA: within- vs across-group excess"]

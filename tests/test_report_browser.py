@@ -28,7 +28,7 @@ def report_path(tmp_path_factory):
 
 
 def test_every_figure_renders_offline_without_console_errors(report_path):
-    assert CHROMIUM, "Chromium is needed for this test: apt-get install chromium (.ci/run does it)"
+    assert CHROMIUM, "Chromium is needed for this test: apt-get install chromium (make test installs it)"
     errors, external = [], []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])

@@ -7,7 +7,7 @@ import pytest
 from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ComponentScale
-from lens_parallel.evaluate import document_losses, evaluate
+from lens_parallel.losses import document_losses, evaluate
 
 from .conftest import get_model
 
@@ -20,8 +20,16 @@ def setup():
 
 def test_sweep_matches_independent_evaluations(setup):
     model, blocks = setup
-    result = scale_sweep(model, blocks, space=["value", "residual-mlp"], s_par=[0.0, 2.0], s_perp=[0.5],
-                         batch_size=3, n_resamples=500, progress=False)  # fmt: skip
+    result = scale_sweep(
+        model,
+        blocks,
+        space=["value", "residual-mlp"],
+        s_par=[0.0, 2.0],
+        s_perp=[0.5],
+        batch_size=3,
+        n_resamples=500,
+        progress=False,
+    )
     df = result.to_dataframe()
     assert len(df) == 2 * 3 and set(df.vary) == {"s_par", "s_perp"} and df.layer.isna().all()
     bare = document_losses(model, blocks).loss
@@ -36,8 +44,17 @@ def test_sweep_matches_independent_evaluations(setup):
 
 def test_per_layer_sweep_reuses_the_prefix_and_equals_the_naive_loop(setup):
     model, blocks = setup
-    result = scale_sweep(model, blocks, space="value-exclude-self", s_par=[0.0], s_perp=[0.0], layers=[1, 2],
-                         per_layer=True, batch_size=4, progress=False)  # fmt: skip
+    result = scale_sweep(
+        model,
+        blocks,
+        space="value-exclude-self",
+        s_par=[0.0],
+        s_perp=[0.0],
+        layers=[1, 2],
+        per_layer=True,
+        batch_size=4,
+        progress=False,
+    )
     df = result.to_dataframe()
     assert sorted(df.layer.tolist()) == [1, 1, 2, 2]
     for row in df.itertuples():
@@ -49,8 +66,9 @@ def test_per_layer_sweep_reuses_the_prefix_and_equals_the_naive_loop(setup):
 
 def test_figure_and_save_load(setup, tmp_path):
     model, blocks = setup
-    result = scale_sweep(model, blocks, space=["value", "residual-attn"], s_par=[0.0], s_perp=[0.5],
-                         n_resamples=200, progress=False)  # fmt: skip
+    result = scale_sweep(
+        model, blocks, space=["value", "residual-attn"], s_par=[0.0], s_perp=[0.5], n_resamples=200, progress=False
+    )
     fig = result.figure()
     assert [a.text for a in fig.layout.annotations][:2] == ["vary s_par (s_perp = 1)", "vary s_perp (s_par = 1)"]
     assert {t.name for t in fig.data} == {"value", "residual-attn"}
@@ -74,8 +92,16 @@ def test_sweep_rejects_bad_input_before_running(setup):
 def test_hybrid_model_sweeps_softmax_layers_only():
     model = get_model("toy-qwen3.5")
     blocks = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=12)
-    per_layer = scale_sweep(model, blocks, space=["value", "residual-mlp"], s_par=[0.0], s_perp=[], per_layer=True,
-                            n_resamples=100, progress=False)  # fmt: skip
+    per_layer = scale_sweep(
+        model,
+        blocks,
+        space=["value", "residual-mlp"],
+        s_par=[0.0],
+        s_perp=[],
+        per_layer=True,
+        n_resamples=100,
+        progress=False,
+    )
     df = per_layer.to_dataframe()
     assert sorted(df[df.space == "value"].layer) == [1, 3]
     assert sorted(df[df.space == "residual-mlp"].layer) == [0, 1, 2, 3]

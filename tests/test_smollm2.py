@@ -38,6 +38,6 @@ def test_smollm2_causal_null_and_gqa_groups():
     blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=48)
     result = gqa_alignment(model, blocks, seed=0, n_resamples=200)
     assert result.cos_self.shape == (4, 30, 9) and result.reconstruction_error < 1e-4
-    summary = result.summary()
+    summary = result.summary().iloc[0]
     assert summary["cos_self"] > summary["cos_null"] > 0  # trained heads: above the null, and the null is not 0
     assert summary["across_excess"] < summary["within_excess"]

@@ -43,12 +43,18 @@ def _capture_around(model, edits, tokens, role: str, extra: tuple[str, ...]):
         seen[key] = t.detach().clone()
 
     n = model.cfg.n_layers
-    before = [(hook_name(layer, role), lambda t, hook, layer=layer: keep(t, hook, key=("before", layer)))
-              for layer in range(n)]  # fmt: skip
-    after = [(hook_name(layer, role), lambda t, hook, layer=layer: keep(t, hook, key=("after", layer)))
-             for layer in range(n)]  # fmt: skip
-    reads = [(hook_name(layer, r), lambda t, hook, layer=layer, r=r: keep(t, hook, key=(r, layer)))
-             for layer in range(n) for r in extra]  # fmt: skip
+    before = [
+        (hook_name(layer, role), lambda t, hook, layer=layer: keep(t, hook, key=("before", layer)))
+        for layer in range(n)
+    ]
+    after = [
+        (hook_name(layer, role), lambda t, hook, layer=layer: keep(t, hook, key=("after", layer))) for layer in range(n)
+    ]
+    reads = [
+        (hook_name(layer, r), lambda t, hook, layer=layer, r=r: keep(t, hook, key=(r, layer)))
+        for layer in range(n)
+        for r in extra
+    ]
     with torch.no_grad(), model.hooks(fwd_hooks=reads + before + compile_hooks(model, edits) + after):
         model(tokens)
     return seen
@@ -165,8 +171,9 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path, arm):
     if full.gates is not None:
         assert np.array_equal(full.gates, resumed.gates)
     m_full, m_res = load_model(full.model_dir), load_model(resumed.model_dir)
-    for (k, p), (_, q) in zip(m_full.original_model.state_dict().items(), m_res.original_model.state_dict().items(),
-                              strict=True):  # fmt: skip
+    for (k, p), (_, q) in zip(
+        m_full.original_model.state_dict().items(), m_res.original_model.state_dict().items(), strict=True
+    ):
         assert torch.equal(p, q), k
     assert not (tmp_path / "killed" / "checkpoint.pt").exists()
     (tmp_path / "other").mkdir()
@@ -181,7 +188,7 @@ def test_saved_model_loads_back_as_an_ordinary_model(tmp_path):
     info = model_info(model)
     assert (info.family, info.n_heads, info.n_kv_heads, info.n_layers) == ("qwen3", 4, 2, 2)
     _, _, val = training_data(TINY_GQA)
-    from lens_parallel.evaluate import document_losses
+    from lens_parallel.losses import document_losses
 
     assert document_losses(model, val, edits, batch_size=4).loss == pytest.approx(run.final_val_loss, rel=1e-5)
     plain = load_model(run.model_dir)
@@ -194,9 +201,12 @@ def test_saved_model_loads_back_as_an_ordinary_model(tmp_path):
 def test_paired_table_matches_scipy_and_statsmodels():
     rng = np.random.default_rng(0)
     base = 4.0 + rng.normal(0, 0.1, 5)
-    arms = {"baseline": base, "value-parallel-removal": base - 0.05 + rng.normal(0, 0.02, 5),
-            "random-direction": base + rng.normal(0, 0.02, 5),
-            "xsa-gated": base - 0.01 + rng.normal(0, 0.02, 5)}  # fmt: skip
+    arms = {
+        "baseline": base,
+        "value-parallel-removal": base - 0.05 + rng.normal(0, 0.02, 5),
+        "random-direction": base + rng.normal(0, 0.02, 5),
+        "xsa-gated": base - 0.01 + rng.normal(0, 0.02, 5),
+    }
     finals = pd.DataFrame([{"arm": a, "seed": s, "final_val_loss": v[s]} for a, v in arms.items() for s in range(5)])
     table = paired_table(finals, primary="value-parallel-removal").set_index("arm")
     for arm in ("value-parallel-removal", "random-direction", "xsa-gated"):
@@ -216,17 +226,21 @@ def test_paired_table_matches_scipy_and_statsmodels():
 
 def test_factorial_runs_pairs_saves_and_plots(tmp_path):
     cfg = dataclasses.replace(TINY, steps=6, eval_every=3)
-    result = run_factorial(cfg, ["baseline", "value-parallel-removal", "xsa-gated"], [0, 1], out=tmp_path,
-                           progress=False)  # fmt: skip
-    table = result.to_dataframe()
+    result = run_factorial(
+        cfg, ["baseline", "value-parallel-removal", "xsa-gated"], [0, 1], out=tmp_path, progress=False
+    )
+    table = result.paired_table()
     assert list(table["arm"]) == ["value-parallel-removal", "xsa-gated"] and (table["n_seeds"] == 2).all()
+    tidy = result.to_dataframe()  # one row per (arm, seed)
+    assert len(tidy) == 3 * 2 and (tidy[tidy.arm == "baseline"].delta == 0).all()
     finals = result.finals().pivot(index="seed", columns="arm", values="final_val_loss")
     assert table.iloc[0]["mean_delta"] == pytest.approx((finals["value-parallel-removal"] - finals["baseline"]).mean())
-    again = run_factorial(cfg, ["baseline", "value-parallel-removal", "xsa-gated"], [0, 1], out=tmp_path,
-                          progress=False)  # finished runs are read back  # fmt: skip
-    pd.testing.assert_frame_equal(again.to_dataframe(), table)
+    again = run_factorial(
+        cfg, ["baseline", "value-parallel-removal", "xsa-gated"], [0, 1], out=tmp_path, progress=False
+    )  # finished runs are read back
+    pd.testing.assert_frame_equal(again.paired_table(), table)
     loaded = type(result).load(tmp_path / "factorial")
-    pd.testing.assert_frame_equal(loaded.to_dataframe(), table)
+    pd.testing.assert_frame_equal(loaded.paired_table(), table)
     fig = result.figure()
     assert {t.name for t in fig.data} >= {"baseline", "value-parallel-removal", "xsa-gated"}
     gates = result.gates()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -26,12 +27,14 @@ from scipy import stats as sps
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import geometry, plots
+from lens_parallel import geometry
 from lens_parallel.compression import Compression, MethodLike, compress, method_name
 from lens_parallel.data import TokenBlocks
-from lens_parallel.evaluate import document_losses, edit_effect
+from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import LayerStream, softmax_layers
+from lens_parallel.losses import document_losses, edit_effect
 from lens_parallel.models import model_info
+from lens_parallel.plots.compression import compression_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
 
 SUBLAYERS = ("attn", "mlp")
@@ -45,6 +48,8 @@ class CompressionResult(ResultMixin):
     e.delta/|delta|^2 (arrays ``[method, sublayer, layer, prompt]``, NaN where |delta| ~ 0), and per method the
     end-to-end delta loss (nats/token, compressed - dense) with its paired bootstrap CI over prompts."""
 
+    sublayers: ClassVar[tuple[str, ...]] = SUBLAYERS
+
     methods: tuple[str, ...]
     layers: tuple[int, ...]
     positions: str
@@ -57,40 +62,83 @@ class CompressionResult(ResultMixin):
     provenance: Provenance
 
     def to_dataframe(self) -> pd.DataFrame:
+        """Full resolution: one row per (method, sublayer, layer, prompt) with |e_par|/|delta|, |e_perp|/|delta| and
+        the signed coefficient (NaN where |delta| ~ 0)."""
+        m, j, k, d = np.meshgrid(*(np.arange(n) for n in self.par.shape), indexing="ij")
+        return pd.DataFrame(
+            {
+                "model": self.info.name,
+                "method": np.asarray(self.methods)[m.ravel()],
+                "sublayer": np.asarray(SUBLAYERS)[j.ravel()],
+                "layer": np.asarray(self.layers)[k.ravel()],
+                "prompt": d.ravel(),
+                "par": self.par.ravel(),
+                "perp": self.perp.ravel(),
+                "coef": self.coef.ravel(),
+            }
+        )
+
+    def layer_table(self) -> pd.DataFrame:
         """One row per method, sublayer and layer: mean and std over prompts."""
         rows = []
         for i, method in enumerate(self.methods):
             for j, sub in enumerate(SUBLAYERS):
                 for k, layer in enumerate(self.layers):
                     par, perp = self.par[i, j, k], self.perp[i, j, k]
-                    rows.append({
-                        "method": method, "sublayer": sub, "layer": layer, "par_mean": np.nanmean(par),
-                        "par_std": np.nanstd(par), "perp_mean": np.nanmean(perp), "perp_std": np.nanstd(perp),
-                        "err_mean": np.nanmean(np.hypot(par, perp)), "coef_mean": np.nanmean(self.coef[i, j, k]),
-                    })  # fmt: skip
+                    rows.append(
+                        {
+                            "method": method,
+                            "sublayer": sub,
+                            "layer": layer,
+                            "par_mean": np.nanmean(par),
+                            "par_std": np.nanstd(par),
+                            "perp_mean": np.nanmean(perp),
+                            "perp_std": np.nanstd(perp),
+                            "err_mean": np.nanmean(np.hypot(par, perp)),
+                            "coef_mean": np.nanmean(self.coef[i, j, k]),
+                        }
+                    )
         return pd.DataFrame(rows)
 
-    def summary(self) -> pd.DataFrame:
+    def method_table(self) -> pd.DataFrame:
         """One row per method and sublayer: errors and the signed coefficient averaged over layers, the share of
         squared error that is perpendicular, the Pearson correlation across layers of mean |e|/|delta| with mean
         |e_perp|/|delta|, and the end-to-end delta loss."""
-        df = self.to_dataframe()
+        df = self.layer_table()
         rows = []
         for (method, sub), g in df.groupby(["method", "sublayer"], sort=False):
             i = self.methods.index(method)
             ok = g["err_mean"].std() > 0 and g["perp_mean"].std() > 0
-            rows.append({
-                "method": method, "sublayer": sub, "perp_mean": g["perp_mean"].mean(), "par_mean": g["par_mean"].mean(),
-                "coef_mean": g["coef_mean"].mean(),
-                "perp_share": (g["perp_mean"] ** 2).sum() / (g["err_mean"] ** 2).sum() if ok else np.nan,
-                "corr_err_perp": sps.pearsonr(g["err_mean"], g["perp_mean"]).statistic if ok else np.nan,
-                "delta_loss": float(self.delta_loss[i]), "delta_loss_lo": float(self.delta_loss_ci[i, 0]),
-                "delta_loss_hi": float(self.delta_loss_ci[i, 1]),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "method": method,
+                    "sublayer": sub,
+                    "perp_mean": g["perp_mean"].mean(),
+                    "par_mean": g["par_mean"].mean(),
+                    "coef_mean": g["coef_mean"].mean(),
+                    "perp_share": (g["perp_mean"] ** 2).sum() / (g["err_mean"] ** 2).sum() if ok else np.nan,
+                    "corr_err_perp": sps.pearsonr(g["err_mean"], g["perp_mean"]).statistic if ok else np.nan,
+                    "delta_loss": float(self.delta_loss[i]),
+                    "delta_loss_lo": float(self.delta_loss_ci[i, 0]),
+                    "delta_loss_hi": float(self.delta_loss_ci[i, 1]),
+                }
+            )
         return pd.DataFrame(rows)
 
+    def summary(self) -> pd.DataFrame:
+        """One row: :meth:`method_table`'s perpendicular and parallel error, perpendicular share and delta loss of
+        every method and sublayer, as ``<column>[<method>,<sublayer>]``."""
+        row = {"model": self.info.name, "loss_dense": self.loss_dense}
+        for r in self.method_table().itertuples():
+            for column in ("perp_mean", "par_mean", "perp_share", "delta_loss"):
+                row[f"{column}[{r.method},{r.sublayer}]"] = getattr(r, column)
+        return pd.DataFrame([row])
+
+    def figures(self) -> dict[str, go.Figure]:
+        return {sub: self.figure(sublayer=sub) for sub in SUBLAYERS}
+
     def figure(self, *, sublayer: str = "attn") -> go.Figure:
-        return plots.compression_figure(self, sublayer=sublayer)
+        return compression_figure(self, sublayer=sublayer)
 
 
 def _updates(
@@ -126,10 +174,10 @@ def compression_error(
     """
     methods = [method] if isinstance(method, (str, Compression)) or callable(method) else list(method)
     if not methods:
-        raise ValueError("give at least one compression method")
+        raise LensParallelError("give at least one compression method")
     methods = [Compression.parse(m) if isinstance(m, str) else m for m in methods]
     if positions not in POSITIONS:
-        raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+        raise LensParallelError(f"positions must be one of {POSITIONS}, got {positions!r}")
     toks = as_tokens(tokens)
     calib = toks if calibration is None else as_tokens(calibration)
     info = model_info(model)
@@ -161,8 +209,21 @@ def compression_error(
         effect = edit_effect(base_losses, document_losses(compressed, toks))
         delta_loss[i], delta_ci[i] = effect.delta_loss, effect.delta_loss_ci
     return CompressionResult(
-        methods=tuple(method_name(m) for m in methods), layers=tuple(layers), positions=positions, par=par,
-        perp=perp, coef=coef, loss_dense=base_losses.loss, delta_loss=delta_loss, delta_loss_ci=delta_ci,
-        provenance=Provenance.collect(info, tokens, methods=[method_name(m) for m in methods], positions=positions,
-                                      calibration="tokens" if calibration is None else "separate", eps=eps),
-    )  # fmt: skip
+        methods=tuple(method_name(m) for m in methods),
+        layers=tuple(layers),
+        positions=positions,
+        par=par,
+        perp=perp,
+        coef=coef,
+        loss_dense=base_losses.loss,
+        delta_loss=delta_loss,
+        delta_loss_ci=delta_ci,
+        provenance=Provenance.collect(
+            info,
+            tokens,
+            methods=[method_name(m) for m in methods],
+            positions=positions,
+            calibration="tokens" if calibration is None else "separate",
+            eps=eps,
+        ),
+    )

@@ -37,10 +37,12 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import geometry, plots
+from lens_parallel import geometry
 from lens_parallel.data import TokenBlocks
+from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import LayerStream, check_indices, expand_kv, residual_reference_role, softmax_layers
 from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.plots.decompose import decomposition_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
 
 SPACES = ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
@@ -89,16 +91,25 @@ class AlignmentTable:
         for i, layer in enumerate(self.layers):
             for unit in range(self.self_cos.shape[1]):
                 head = unit if self.level == "head" else None
-                rows.append({
-                    "model": info.name, "space": self.space, "level": self.level, "layer": layer,
-                    "head": head, "kv_head": None if head is None else head // info.group_size,
-                    "label": f"L{layer}H{head}" if head is not None else f"L{layer}",
-                    "n_positions": int(self.n_positions[i, unit]), "n_degenerate": int(self.n_degenerate[i, unit]),
-                    "self_cos": self.self_cos[i, unit], "self_cos_std": self.self_cos_std[i, unit],
-                    "par_frac": self.par_frac[i, unit], "perp_frac": self.perp_frac[i, unit],
-                    "par_coef": self.par_coef[i, unit],
-                    "par_perp_ratio": self.par_frac[i, unit] / self.perp_frac[i, unit],
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "model": info.name,
+                        "space": self.space,
+                        "level": self.level,
+                        "layer": layer,
+                        "head": head,
+                        "kv_head": None if head is None else head // info.group_size,
+                        "label": f"L{layer}H{head}" if head is not None else f"L{layer}",
+                        "n_positions": int(self.n_positions[i, unit]),
+                        "n_degenerate": int(self.n_degenerate[i, unit]),
+                        "self_cos": self.self_cos[i, unit],
+                        "self_cos_std": self.self_cos_std[i, unit],
+                        "par_frac": self.par_frac[i, unit],
+                        "perp_frac": self.perp_frac[i, unit],
+                        "par_coef": self.par_coef[i, unit],
+                        "par_perp_ratio": self.par_frac[i, unit] / self.perp_frac[i, unit],
+                    }
+                )
         df = pd.DataFrame(rows)
         return df.astype({"head": "Int64", "kv_head": "Int64"})
 
@@ -122,15 +133,24 @@ class DecompositionResult(ResultMixin):
         """Tidy rows: one per (space, level, layer, head); head is <NA> for whole-sublayer rows."""
         return pd.concat([t.to_dataframe(self.info) for t in self.tables], ignore_index=True)
 
+    def summary(self) -> pd.DataFrame:
+        """One row: the mean over layers and units of the self-cosine and parallel fraction of every space and
+        level, as ``self_cos[<space>,<level>]`` and ``par_frac[<space>,<level>]``."""
+        row = {"model": self.info.name}
+        for t in self.tables:
+            row[f"self_cos[{t.space},{t.level}]"] = float(np.nanmean(t.self_cos))
+            row[f"par_frac[{t.space},{t.level}]"] = float(np.nanmean(t.par_frac))
+        return pd.DataFrame([row])
+
     def figure(self):
-        return plots.decomposition_figure(self)
+        return decomposition_figure(self)
 
 
 def _normalise_spaces(space: str | Sequence[str]) -> tuple[str, ...]:
     spaces = SPACES if space == "all" else (space,) if isinstance(space, str) else tuple(space)
     bad = [s for s in spaces if s not in SPACES]
     if bad or not spaces:
-        raise ValueError(f"unknown space(s) {bad or spaces!r}; accepted: {', '.join(SPACES)} or 'all'")
+        raise LensParallelError(f"unknown space(s) {bad or spaces!r}; accepted: {', '.join(SPACES)} or 'all'")
     return tuple(dict.fromkeys(spaces))
 
 
@@ -157,12 +177,18 @@ class _Accumulator:
         """Add the positions t >= 1 of ``a`` (fields ``[batch, pos, unit]``)."""
         valid = a.valid[:, 1:]
         w = valid.to(torch.float64)
-        sums = torch.stack([
-            w.sum((0, 1)), (~valid).to(torch.float64).sum((0, 1)),
-            (w * a.cos[:, 1:]).sum((0, 1)), (w * a.cos[:, 1:] ** 2).sum((0, 1)),
-            (w * a.par_frac[:, 1:]).sum((0, 1)), (w * a.perp_frac[:, 1:]).sum((0, 1)),
-            (w * a.coef[:, 1:]).sum((0, 1)),
-        ], dim=-1)  # fmt: skip
+        sums = torch.stack(
+            [
+                w.sum((0, 1)),
+                (~valid).to(torch.float64).sum((0, 1)),
+                (w * a.cos[:, 1:]).sum((0, 1)),
+                (w * a.cos[:, 1:] ** 2).sum((0, 1)),
+                (w * a.par_frac[:, 1:]).sum((0, 1)),
+                (w * a.perp_frac[:, 1:]).sum((0, 1)),
+                (w * a.coef[:, 1:]).sum((0, 1)),
+            ],
+            dim=-1,
+        )
         self.sums[key][self.layers[key].index(layer)] += sums
 
     def tables(self) -> tuple[AlignmentTable, ...]:
@@ -173,12 +199,20 @@ class _Accumulator:
             with np.errstate(invalid="ignore", divide="ignore"):
                 mean = {name: s[..., i] / n for i, name in enumerate(_SUMS) if i >= 2}
             var = np.clip(mean["cos_sq"] - mean["cos"] ** 2, 0.0, None)
-            out.append(AlignmentTable(
-                space=space, level=level, layers=self.layers[space, level],
-                n_positions=(n + s[..., 1]).astype(np.int64), n_degenerate=s[..., 1].astype(np.int64),
-                self_cos=mean["cos"], self_cos_std=np.sqrt(var), par_frac=mean["par_frac"],
-                perp_frac=mean["perp_frac"], par_coef=mean["coef"],
-            ))  # fmt: skip
+            out.append(
+                AlignmentTable(
+                    space=space,
+                    level=level,
+                    layers=self.layers[space, level],
+                    n_positions=(n + s[..., 1]).astype(np.int64),
+                    n_degenerate=s[..., 1].astype(np.int64),
+                    self_cos=mean["cos"],
+                    self_cos_std=np.sqrt(var),
+                    par_frac=mean["par_frac"],
+                    perp_frac=mean["perp_frac"],
+                    par_coef=mean["coef"],
+                )
+            )
         return tuple(out)
 
 
@@ -252,9 +286,9 @@ def decompose(
     layer_idx = check_indices("layers", layers, info.n_layers)
     toks = as_tokens(tokens)
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise LensParallelError(f"batch_size must be >= 1, got {batch_size}")
     if toks.shape[1] < 2:
-        raise ValueError(f"need at least 2 positions per document (position 0 is excluded), got {toks.shape[1]}")
+        raise LensParallelError(f"need at least 2 positions per document (position 0 is excluded), got {toks.shape[1]}")
     space_layers, skipped = {}, []
     for space in spaces:
         if space in HEAD_SPACES:
@@ -276,7 +310,14 @@ def decompose(
     for start in tqdm(range(0, toks.shape[0], batch_size), desc="decompose", unit="batch", disable=not progress):
         stream.run(model, toks[start : start + batch_size])
     provenance = Provenance.collect(
-        info, tokens, analysis="decompose", spaces=list(spaces), layers=list(layer_idx), eps=eps,
-        positions="t >= 1 (position 0 excluded)", batch_size=batch_size, skipped=skipped,
-    )  # fmt: skip
+        info,
+        tokens,
+        analysis="decompose",
+        spaces=list(spaces),
+        layers=list(layer_idx),
+        eps=eps,
+        positions="t >= 1 (position 0 excluded)",
+        batch_size=batch_size,
+        skipped=skipped,
+    )
     return DecompositionResult(tables=acc.tables(), provenance=provenance)

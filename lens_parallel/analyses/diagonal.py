@@ -24,11 +24,13 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import geometry, plots
+from lens_parallel import geometry
 from lens_parallel.data import TokenBlocks
 from lens_parallel.edits import DIAGONAL_SPACES
+from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import check_indices, expand_kv, hook_name, softmax_layers
 from lens_parallel.models import model_info
+from lens_parallel.plots.diagonal import diagonal_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
 
 
@@ -70,17 +72,35 @@ class DiagonalView(ResultMixin):
         rows = []
         for i, space in enumerate(self.spaces):
             for h in range(self.summary_mean.shape[1]):
-                rows.append({
-                    "model": self.info.name, "space": space, "layer": self.layer, "head": h,
-                    "kv_head": h // self.info.group_size, "label": f"L{self.layer}H{h}", "s_par": self.s_par,
-                    "dA_mean": self.summary_mean[i, h], "dA_min": self.summary_min[i, h],
-                    "dA_max": self.summary_max[i, h], "share_negative": self.summary_negative_share[i, h],
-                    "n_guarded": int(self.summary_guarded[i, h]),
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "model": self.info.name,
+                        "space": space,
+                        "layer": self.layer,
+                        "head": h,
+                        "kv_head": h // self.info.group_size,
+                        "label": f"L{self.layer}H{h}",
+                        "s_par": self.s_par,
+                        "dA_mean": self.summary_mean[i, h],
+                        "dA_min": self.summary_min[i, h],
+                        "dA_max": self.summary_max[i, h],
+                        "share_negative": self.summary_negative_share[i, h],
+                        "n_guarded": int(self.summary_guarded[i, h]),
+                    }
+                )
         return pd.DataFrame(rows)
 
+    def summary(self) -> pd.DataFrame:
+        """One row: the shown head and s_par, and per space the mean dA_tt over the layer's heads and the share of
+        positions where the edited diagonal A_tt + dA_tt is negative."""
+        row = {"model": self.info.name, "layer": self.layer, "head": self.head, "s_par": self.s_par}
+        for i, space in enumerate(self.spaces):
+            row[f"dA_mean[{space}]"] = float(self.summary_mean[i].mean())
+            row[f"share_negative[{space}]"] = float(self.summary_negative_share[i].mean())
+        return pd.DataFrame([row])
+
     def figure(self, *, max_tokens: int = 48):
-        return plots.diagonal_figure(self, max_tokens=max_tokens)
+        return diagonal_figure(self, max_tokens=max_tokens)
 
 
 def _token_labels(model: TransformerBridge, tokens: Int[Tensor, " pos"]) -> tuple[str, ...]:
@@ -109,11 +129,13 @@ def diagonal_view(
     spaces = (space,) if isinstance(space, str) else tuple(space)
     bad = [s for s in spaces if s not in DIAGONAL_SPACES]
     if bad or not spaces:
-        raise ValueError(f"unknown diagonal space(s) {bad or list(spaces)}; accepted: {', '.join(DIAGONAL_SPACES)}")
+        raise LensParallelError(
+            f"unknown diagonal space(s) {bad or list(spaces)}; accepted: {', '.join(DIAGONAL_SPACES)}"
+        )
     (layer,), _ = softmax_layers(info, [layer], what="diagonal_view")
     if info.gated_attention and "residual-attn" in spaces:
         if isinstance(space, str):
-            raise ValueError(
+            raise LensParallelError(
                 "the residual-attn diagonal view is not defined for gated attention (the head's write is "
                 "sigmoid(gate) * A v); use value or value-exclude-self"
             )
@@ -121,10 +143,10 @@ def diagonal_view(
         warnings.warn("gated attention: the residual-attn diagonal view is skipped (value spaces only)", stacklevel=2)
     (head,) = check_indices("heads", head, info.n_heads)
     if not np.isfinite(s_par):
-        raise ValueError(f"s_par must be a finite number, got {s_par!r}")
+        raise LensParallelError(f"s_par must be a finite number, got {s_par!r}")
     toks = as_tokens(tokens)
     if not 0 <= doc < len(toks):
-        raise ValueError(f"doc {doc} out of range: there are {len(toks)} documents")
+        raise LensParallelError(f"doc {doc} out of range: there are {len(toks)} documents")
     names = [hook_name(layer, r) for r in ("resid_pre", "v", "pattern")]
     stop = layer + 1 if layer + 1 < info.n_layers else None
     with torch.inference_mode():
@@ -143,14 +165,31 @@ def diagonal_view(
         split = geometry.project(change, x[doc])
         residual_par, residual_perp = split.par.norm(dim=-1).numpy(), split.perp.norm(dim=-1).numpy()
     provenance = Provenance.collect(
-        info, tokens, analysis="diagonal_view", layer=layer, head=head, s_par=s_par, spaces=list(spaces), doc=doc,
+        info,
+        tokens,
+        analysis="diagonal_view",
+        layer=layer,
+        head=head,
+        s_par=s_par,
+        spaces=list(spaces),
+        doc=doc,
         eps=eps,
-    )  # fmt: skip
+    )
     return DiagonalView(
-        layer=layer, head=head, doc=doc, s_par=float(s_par), spaces=spaces,
-        token_labels=_token_labels(model, toks[doc]), pattern=pattern[doc, head].numpy(),
-        d_a=d_a[:, doc, head].numpy(), residual_par=residual_par, residual_perp=residual_perp,
-        summary_mean=d_a[..., 1:].mean((1, 3)).numpy(), summary_min=d_a[..., 1:].amin((1, 3)).numpy(),
-        summary_max=d_a[..., 1:].amax((1, 3)).numpy(), summary_negative_share=(after < 0).double().mean((1, 3)).numpy(),
-        summary_guarded=guarded[..., 1:].sum((1, 3)).numpy(), provenance=provenance,
-    )  # fmt: skip
+        layer=layer,
+        head=head,
+        doc=doc,
+        s_par=float(s_par),
+        spaces=spaces,
+        token_labels=_token_labels(model, toks[doc]),
+        pattern=pattern[doc, head].numpy(),
+        d_a=d_a[:, doc, head].numpy(),
+        residual_par=residual_par,
+        residual_perp=residual_perp,
+        summary_mean=d_a[..., 1:].mean((1, 3)).numpy(),
+        summary_min=d_a[..., 1:].amin((1, 3)).numpy(),
+        summary_max=d_a[..., 1:].amax((1, 3)).numpy(),
+        summary_negative_share=(after < 0).double().mean((1, 3)).numpy(),
+        summary_guarded=guarded[..., 1:].sum((1, 3)).numpy(),
+        provenance=provenance,
+    )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import einops
 import numpy as np
@@ -32,11 +33,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import geometry, plots
+from lens_parallel import geometry
 from lens_parallel.data import TokenBlocks
 from lens_parallel.edits import HeadEdit
+from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import LayerStream, check_indices, effective_qk_roles, hook_name
 from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.plots.dominance import dominance_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
 from lens_parallel.stats import concentration
 
@@ -54,6 +57,8 @@ class DominanceResult(ResultMixin):
     Receiving heads are query heads of a softmax layer and value heads of a linear-attention layer
     (``receiving_types``); where pairs differ in head counts the arrays are NaN-padded.
     """
+
+    joint_kinds: ClassVar[tuple[str, ...]] = JOINT
 
     layer_pairs: tuple[tuple[int, int], ...]
     query_positions: tuple[int, ...]
@@ -81,31 +86,50 @@ class DominanceResult(ResultMixin):
                     weak, strong, rand = self.joint[p, i, g]
                     if np.isnan(self.joint[p, i, g]).all():
                         continue  # padding: this receiving layer has fewer heads
-                    rows.append({
-                        "model": self.info.name, "upstream_layer": up, "receiving_layer": recv,
-                        "receiving_type": self.receiving_types[p], "text": i, "receiving_head": g,
-                        "label": f"L{recv}H{g}", **{k: v[p, i, g] for k, v in metrics.items()},
-                        "joint_weak": weak, "joint_strong": strong, "joint_random": rand,
-                        "strong_weak_ratio": strong / weak if weak > 0 else np.nan,
-                        "mean_js": self.js[p, i, :, :, g].mean(),  # NaN for linear attention (no softmax)
-                        "mean_js_distance": np.sqrt(self.js[p, i, :, :, g]).mean(),
-                    })  # fmt: skip
+                    rows.append(
+                        {
+                            "model": self.info.name,
+                            "upstream_layer": up,
+                            "receiving_layer": recv,
+                            "receiving_type": self.receiving_types[p],
+                            "text": i,
+                            "receiving_head": g,
+                            "label": f"L{recv}H{g}",
+                            **{k: v[p, i, g] for k, v in metrics.items()},
+                            "joint_weak": weak,
+                            "joint_strong": strong,
+                            "joint_random": rand,
+                            "strong_weak_ratio": strong / weak if weak > 0 else np.nan,
+                            "mean_js": self.js[p, i, :, :, g].mean(),  # NaN for linear attention (no softmax)
+                            "mean_js_distance": np.sqrt(self.js[p, i, :, :, g]).mean(),
+                        }
+                    )
         return pd.DataFrame(rows)
 
+    def summary(self) -> pd.DataFrame:
+        """One row: means over every (pair, text, receiving head) of the concentration metrics and joint effects."""
+        df = self.to_dataframe()
+        columns = ["effective_fraction", "top25_share", "heads_for_90", "joint_weak", "joint_strong", "joint_random"]
+        return pd.DataFrame([{"model": self.info.name, "n_pairs": len(self.layer_pairs), **df[columns].mean()}])
+
     def figure(self):
-        return plots.dominance_figure(self)
+        return dominance_figure(self)
 
 
 def _positions(query_positions: slice | Sequence[int], seq_len: int) -> tuple[int, ...]:
     if isinstance(query_positions, slice):
         positions = tuple(range(seq_len)[query_positions])
         if not positions:
-            raise ValueError(f"query_positions {query_positions} selects no position of sequences of {seq_len} tokens")
+            raise LensParallelError(
+                f"query_positions {query_positions} selects no position of sequences of {seq_len} tokens"
+            )
         return positions
     positions = tuple(int(t) for t in query_positions)
     bad = [t for t in positions if not 0 <= t < seq_len]
     if bad or not positions:
-        raise ValueError(f"query_positions {list(bad or positions)} out of range: sequences have {seq_len} tokens")
+        raise LensParallelError(
+            f"query_positions {list(bad or positions)} out of range: sequences have {seq_len} tokens"
+        )
     return positions
 
 
@@ -154,16 +178,20 @@ def _effects(base: dict, new: dict, index: tuple[list[int], list[int], list[int]
     else:
         js = torch.full(num.shape, float("nan"), dtype=num.dtype)
     return {
-        "rel_q": geometry.relative_change(q2, q)[:, :, qi], "rel_k": geometry.relative_change(k2, k),
-        "rel_v": geometry.relative_change(v2, v), "combined": torch.sqrt(num / den.clamp_min(1e-30)), "js": js,
-    }  # fmt: skip
+        "rel_q": geometry.relative_change(q2, q)[:, :, qi],
+        "rel_k": geometry.relative_change(k2, k),
+        "rel_v": geometry.relative_change(v2, v),
+        "combined": torch.sqrt(num / den.clamp_min(1e-30)),
+        "js": js,
+    }
 
 
 def _pad(arrays: list[np.ndarray]) -> np.ndarray:
     """Stack per-pair arrays whose last axis (receiving / key / value heads) differs, padding with NaN."""
     width = max(a.shape[-1] for a in arrays)
-    return np.stack([np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, width - a.shape[-1])], constant_values=np.nan)
-                     for a in arrays])  # fmt: skip
+    return np.stack(
+        [np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, width - a.shape[-1])], constant_values=np.nan) for a in arrays]
+    )
 
 
 def head_dominance(
@@ -189,9 +217,11 @@ def head_dominance(
     ups = [up for up in chosen if info.layer_types[up] == "softmax"]
     skipped = [up for up in chosen if up not in ups]
     if not ups:
-        raise ValueError(f"no layer pair with a softmax-attention upstream layer among upstream layers {list(chosen)}")
+        raise LensParallelError(
+            f"no layer pair with a softmax-attention upstream layer among upstream layers {list(chosen)}"
+        )
     if info.n_heads < 2:
-        raise ValueError("head dominance needs at least 2 heads per layer")
+        raise LensParallelError("head dominance needs at least 2 heads per layer")
     n, h = len(toks), info.n_heads
     half = h // 2
     rng = np.random.default_rng(seed)
@@ -237,11 +267,20 @@ def head_dominance(
     if note:
         warnings.warn(note, stacklevel=2)
     provenance = Provenance.collect(
-        info, tokens, analysis="head_dominance", upstream_layers=list(ups), query_positions=positions, seed=seed,
-        ablation="zero hook_z of one upstream head over the whole sequence", skipped=note,
-    )  # fmt: skip
+        info,
+        tokens,
+        analysis="head_dominance",
+        upstream_layers=list(ups),
+        query_positions=positions,
+        seed=seed,
+        ablation="zero hook_z of one upstream head over the whole sequence",
+        skipped=note,
+    )
     return DominanceResult(
-        layer_pairs=tuple((up, up + 1) for up in ups), query_positions=tuple(positions),
-        receiving_types=tuple(types), joint=_pad([np.moveaxis(j, 1, -1) for j in joints]).transpose(0, 1, 3, 2),
-        provenance=provenance, **{key: _pad(v) for key, v in per_pair.items()},
-    )  # fmt: skip
+        layer_pairs=tuple((up, up + 1) for up in ups),
+        query_positions=tuple(positions),
+        receiving_types=tuple(types),
+        joint=_pad([np.moveaxis(j, 1, -1) for j in joints]).transpose(0, 1, 3, 2),
+        provenance=provenance,
+        **{key: _pad(v) for key, v in per_pair.items()},
+    )

@@ -27,17 +27,19 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import geometry, plots
+from lens_parallel import geometry
 from lens_parallel.data import TokenBlocks
+from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import LayerStream, expand_kv, softmax_layers
 from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.plots.nulls import null_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
 from lens_parallel.stats import bootstrap_mean_ci
 
 RECONSTRUCTION_TOL = 1e-4
 
 
-class ReconstructionError(ValueError):
+class ReconstructionError(LensParallelError):
     """The captured hooks do not reproduce hook_z: the checks would measure the wrong thing."""
 
 
@@ -93,32 +95,65 @@ class NullResult(ResultMixin):
         return (self.cos_self - self.cos_null).mean(0)
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per (layer, head)."""
+        """Full resolution: one row per (document, layer, head) with that document's mean cos_self, cos_null (and
+        cos_across) over positions t >= 1."""
+        info = self.info
+        n_docs, n_layers, n_heads = self.cos_self.shape
+        doc, layer, head = np.meshgrid(np.arange(n_docs), np.arange(n_layers), np.arange(n_heads), indexing="ij")
+        layers = np.asarray(self.layers)[layer.ravel()]
+        frame = {
+            "model": info.name,
+            "document": doc.ravel(),
+            "layer": layers,
+            "head": head.ravel(),
+            "kv_head": head.ravel() // info.group_size,
+            "label": [f"L{lay}H{h}" for lay, h in zip(layers, head.ravel(), strict=True)],
+            "cos_self": self.cos_self.ravel(),
+            "cos_null": self.cos_null.ravel(),
+        }
+        if self.cos_across is not None:
+            frame["cos_across"] = self.cos_across.ravel()
+        return pd.DataFrame(frame)
+
+    def head_table(self) -> pd.DataFrame:
+        """One row per (layer, head): means over documents, the excess with its bootstrap CI over documents, the
+        self-specific fraction and null share of that head, and (GQA) within/across-group excess."""
         info, rows = self.info, []
         cs, cn = self.cos_self.mean(0), self.cos_null.mean(0)
         for i, layer in enumerate(self.layers):
             for h in range(cs.shape[1]):
                 row = {
-                    "model": info.name, "layer": layer, "head": h, "kv_head": h // info.group_size,
-                    "label": f"L{layer}H{h}", "cos_self": cs[i, h], "cos_null": cn[i, h],
-                    "excess": self.excess[i, h], "excess_lo": self.excess_lo[i, h], "excess_hi": self.excess_hi[i, h],
-                    "self_specific_fraction": self.excess[i, h] / cs[i, h], "null_share": cn[i, h] / cs[i, h],
-                }  # fmt: skip
+                    "model": info.name,
+                    "layer": layer,
+                    "head": h,
+                    "kv_head": h // info.group_size,
+                    "label": f"L{layer}H{h}",
+                    "cos_self": cs[i, h],
+                    "cos_null": cn[i, h],
+                    "excess": self.excess[i, h],
+                    "excess_lo": self.excess_lo[i, h],
+                    "excess_hi": self.excess_hi[i, h],
+                    "self_specific_fraction": self.excess[i, h] / cs[i, h],
+                    "null_share": cn[i, h] / cs[i, h],
+                }
                 if self.cos_across is not None:
                     across = self.cos_across[:, i, h]
-                    row |= {"within_excess": self.excess[i, h], "cos_across": across.mean(),
-                            "across_excess": (across - self.cos_null[:, i, h]).mean()}  # fmt: skip
+                    row |= {
+                        "within_excess": self.excess[i, h],
+                        "cos_across": across.mean(),
+                        "across_excess": (across - self.cos_null[:, i, h]).mean(),
+                    }
                 rows.append(row)
         return pd.DataFrame(rows)
 
-    def summary(self) -> dict:
-        """Model-level row: unweighted means over heads."""
-        df = self.to_dataframe()
+    def summary(self) -> pd.DataFrame:
+        """Model-level row: unweighted means over heads of :meth:`head_table`."""
+        df = self.head_table()
         cols = [c for c in df.columns if c not in ("model", "layer", "head", "kv_head", "label")]
-        return {"model": self.info.name, **df[cols].mean().to_dict()}
+        return pd.DataFrame([{"model": self.info.name, **df[cols].mean().to_dict()}])
 
     def figure(self):
-        return plots.null_figure(self)
+        return null_figure(self)
 
 
 def causal_null(
@@ -137,7 +172,7 @@ def causal_null(
     info = model_info(model)
     toks = as_tokens(tokens)
     if toks.shape[1] < 2:
-        raise ValueError(f"the causal null needs at least 2 positions per document, got {toks.shape[1]}")
+        raise LensParallelError(f"the causal null needs at least 2 positions per document, got {toks.shape[1]}")
     layers, skipped = softmax_layers(info, None, what="causal_null")
     error = reconstruction_error(model, toks[:batch_size], list(layers))
     if error > tol:
@@ -167,15 +202,26 @@ def causal_null(
         stream.run(model, toks[s : s + batch_size])
     lo, hi = bootstrap_mean_ci(out["self"] - out["null"], n_resamples=n_resamples, seed=seed)
     provenance = Provenance.collect(
-        info, tokens, analysis="gqa_alignment" if across else "causal_null", seed=seed, layers=list(layers),
+        info,
+        tokens,
+        analysis="gqa_alignment" if across else "causal_null",
+        seed=seed,
+        layers=list(layers),
         positions="t >= 1; null j ~ U[0, t) per (document, position), shared across layers and heads",
-        reconstruction_error=error, skipped=skipped,
-    )  # fmt: skip
+        reconstruction_error=error,
+        skipped=skipped,
+    )
     return NullResult(
-        layers=layers, seed=seed, cos_self=out["self"], cos_null=out["null"],
-        cos_across=out["across"] if across else None, excess_lo=lo, excess_hi=hi, reconstruction_error=error,
+        layers=layers,
+        seed=seed,
+        cos_self=out["self"],
+        cos_null=out["null"],
+        cos_across=out["across"] if across else None,
+        excess_lo=lo,
+        excess_hi=hi,
+        reconstruction_error=error,
         provenance=provenance,
-    )  # fmt: skip
+    )
 
 
 def gqa_alignment(
@@ -184,5 +230,5 @@ def gqa_alignment(
     """Within-group vs across-group excess (module docstring); needs at least 2 kv groups."""
     info = model_info(model)
     if info.n_kv_heads < 2:
-        raise ValueError(f"{info.name} has {info.n_kv_heads} kv head: there is no neighbouring kv group")
+        raise LensParallelError(f"{info.name} has {info.n_kv_heads} kv head: there is no neighbouring kv group")
     return causal_null(model, tokens, seed=seed, across=True, **kwargs)

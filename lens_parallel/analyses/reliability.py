@@ -17,17 +17,19 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 from jaxtyping import Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import plots
-from lens_parallel.analyses.ablation import AblationJob, run_ablations
 from lens_parallel.analyses.nulls import NullResult, causal_null, gqa_alignment
 from lens_parallel.data import TokenBlocks
+from lens_parallel.errors import LensParallelError
 from lens_parallel.models import model_info
+from lens_parallel.plots.nulls import sanity_figure, split_half_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
 from lens_parallel.stats import spearman
+from lens_parallel.sweep import AblationJob, run_sweep
 
 STATISTICS = ("cos_self", "excess")
 
@@ -59,16 +61,52 @@ class SplitHalfResult(ResultMixin):
         product = r_stat * r_delta
         rho_max = float(np.sqrt(product)) if product > 0 else float("nan")
         rho_raw = spearman(stat.mean(0), self.delta.mean(0))
-        return {"r_stat": r_stat, "r_delta": r_delta, "rho_max": rho_max, "rho_raw": rho_raw,
-                "rho_disattenuated": rho_raw / rho_max, "verdict": verdict(r_delta)}  # fmt: skip
+        return {
+            "r_stat": r_stat,
+            "r_delta": r_delta,
+            "rho_max": rho_max,
+            "rho_raw": rho_raw,
+            "rho_disattenuated": rho_raw / rho_max,
+            "verdict": verdict(r_delta),
+        }
 
     def to_dataframe(self) -> pd.DataFrame:
+        """Full resolution: one row per (half, layer, head) with that half's cos_self, excess and delta."""
+        n_heads = self.delta.shape[2]
+        return pd.DataFrame(
+            [
+                {
+                    "model": self.info.name,
+                    "edit": self.edit,
+                    "half": "AB"[k],
+                    "layer": layer,
+                    "head": h,
+                    "label": f"L{layer}H{h}",
+                    "cos_self": self.cos_self[k, i, h],
+                    "excess": self.excess[k, i, h],
+                    "delta_loss": self.delta[k, i, h],
+                }
+                for k in range(2)
+                for i, layer in enumerate(self.layers)
+                for h in range(n_heads)
+            ]
+        )
+
+    def correlation_table(self) -> pd.DataFrame:
         """One row per statistic with its split-half correlations."""
-        return pd.DataFrame([{"model": self.info.name, "edit": self.edit, "statistic": s, **self.correlations(s)}
-                             for s in STATISTICS])  # fmt: skip
+        return pd.DataFrame(
+            [{"model": self.info.name, "edit": self.edit, "statistic": s, **self.correlations(s)} for s in STATISTICS]
+        )
+
+    def summary_row(self) -> dict:
+        """``{r_stat_excess, r_delta_excess, ..., verdict_cos_self}``: the correlations of every statistic."""
+        return {f"{k}_{s}": v for s in STATISTICS for k, v in self.correlations(s).items()}
+
+    def summary(self) -> pd.DataFrame:
+        return pd.DataFrame([{"model": self.info.name, "edit": self.edit, **self.summary_row()}])
 
     def figure(self):
-        return plots.split_half_figure(self)
+        return split_half_figure(self)
 
 
 def split_half_reliability(
@@ -81,31 +119,36 @@ def split_half_reliability(
     store: str | Path | None = None,
     progress: bool = True,
 ) -> SplitHalfResult:
-    """See the module docstring. ``store``: a folder for the resumable single-head ablation sweep
-    (``ablations.jsonl``, run once over all documents and split by half: per-document losses do not depend on the
-    half; :func:`~lens_parallel.analyses.sensitivity.head_sensitivity` given that file shares its finished jobs)."""
+    """See the module docstring. ``store``: the JSON-lines file of the resumable single-head ablation sweep (run once
+    over all documents and split by half: per-document losses do not depend on the half;
+    :func:`~lens_parallel.analyses.sensitivity.head_sensitivity` given the same file shares its finished jobs)."""
     _check_documents(tokens)
     null = causal_null(model, tokens, seed=seed, batch_size=batch_size, n_resamples=100)
-    return _split_half(model, tokens, null, edit=edit, seed=seed, batch_size=batch_size, store=store,
-                       progress=progress)  # fmt: skip
+    return _split_half(model, tokens, null, edit=edit, seed=seed, batch_size=batch_size, store=store, progress=progress)
 
 
 def _check_documents(tokens: TokenBlocks | Tensor) -> None:
     if (n := len(as_tokens(tokens))) < 4:
-        raise ValueError(f"split-half reliability needs at least 4 documents (2 per half), got {n}")
+        raise LensParallelError(f"split-half reliability needs at least 4 documents (2 per half), got {n}")
 
 
 def _split_half(
-    model: TransformerBridge, tokens: TokenBlocks | Tensor, null: NullResult, *, edit: str, seed: int,
-    batch_size: int, store: str | Path | None, progress: bool,
-) -> SplitHalfResult:  # fmt: skip
+    model: TransformerBridge,
+    tokens: TokenBlocks | Tensor,
+    null: NullResult,
+    *,
+    edit: str,
+    seed: int,
+    batch_size: int,
+    store: str | Path | None,
+    progress: bool,
+) -> SplitHalfResult:
     """Split ``null`` (per-document cosines on ``tokens``) and one single-head ablation sweep into seeded halves."""
     info, toks = model_info(model), as_tokens(tokens)
     order = np.random.default_rng(seed).permutation(len(toks))
     halves = (tuple(sorted(order[: len(toks) // 2].tolist())), tuple(sorted(order[len(toks) // 2 :].tolist())))
     jobs = [AblationJob(layer, (h,)) for layer in null.layers for h in range(info.n_heads)]
-    path = None if store is None else Path(store) / "ablations.jsonl"
-    run = run_ablations(model, toks, jobs, kind=edit, batch_size=batch_size, store=path, progress=progress)
+    run = run_sweep(model, toks, jobs, edit=edit, batch_size=batch_size, store=store, progress=progress)
     cos_self, excess, deltas = [], [], []
     for half in halves:
         idx = list(half)
@@ -113,16 +156,26 @@ def _split_half(
         excess.append((null.cos_self[idx] - null.cos_null[idx]).mean(0))
         n = run.base.n_tokens[idx].sum()
         base = run.base.loss_sum[idx].sum() / n
-        delta = np.array([run.edited[job].loss_sum[idx].sum() / n - base for job in jobs])
+        delta = np.array([run[job].loss_sum[idx].sum() / n - base for job in jobs])
         deltas.append(delta.reshape(len(null.layers), -1))
     provenance = Provenance.collect(
-        info, tokens, analysis="split_half_reliability", edit=edit, seed=seed, halves=[list(h) for h in halves],
+        info,
+        tokens,
+        analysis="split_half_reliability",
+        edit=edit,
+        seed=seed,
+        halves=[list(h) for h in halves],
         skipped=null.provenance.settings["skipped"],
-    )  # fmt: skip
+    )
     return SplitHalfResult(
-        edit=edit, layers=null.layers, halves=halves, cos_self=np.stack(cos_self), excess=np.stack(excess),
-        delta=np.stack(deltas), provenance=provenance,
-    )  # fmt: skip
+        edit=edit,
+        layers=null.layers,
+        halves=halves,
+        cos_self=np.stack(cos_self),
+        excess=np.stack(excess),
+        delta=np.stack(deltas),
+        provenance=provenance,
+    )
 
 
 @serializable
@@ -138,14 +191,23 @@ class SanityReport(ResultMixin):
         return self.null.provenance
 
     def to_dataframe(self) -> pd.DataFrame:
-        """The per-model summary row."""
-        row = self.null.summary()
-        for statistic in STATISTICS:
-            row |= {f"{k}_{statistic}": v for k, v in self.split_half.correlations(statistic).items()}
-        return pd.DataFrame([row])
+        """Full resolution: one row per (layer, head) of the null (:meth:`NullResult.head_table`) with the head's
+        values in each half (``*_A``, ``*_B``)."""
+        halves = self.split_half.to_dataframe().pivot(
+            index=["layer", "head"], columns="half", values=["cos_self", "excess", "delta_loss"]
+        )
+        halves.columns = [f"{value}_{half}" for value, half in halves.columns]
+        return self.null.head_table().merge(halves.reset_index(), on=["layer", "head"], how="left")
+
+    def summary(self) -> pd.DataFrame:
+        """The per-model row: the null's model-level means and the split-half correlations of every statistic."""
+        return pd.DataFrame([self.null.summary().iloc[0].to_dict() | self.split_half.summary_row()])
+
+    def figures(self) -> dict[str, go.Figure]:
+        return {"sanity": self.figure(), "null": self.null.figure(), "split_half": self.split_half.figure()}
 
     def figure(self):
-        return plots.sanity_figure(self)
+        return sanity_figure(self)
 
 
 def sanity_report(
@@ -163,6 +225,7 @@ def sanity_report(
     _check_documents(tokens)
     check = gqa_alignment if model_info(model).n_kv_heads >= 2 else causal_null
     null = check(model, tokens, seed=seed, batch_size=batch_size)
-    split = _split_half(model, tokens, null, edit=edit, seed=seed, batch_size=batch_size, store=store,
-                        progress=progress)  # fmt: skip
+    split = _split_half(
+        model, tokens, null, edit=edit, seed=seed, batch_size=batch_size, store=store, progress=progress
+    )
     return SanityReport(null=null, split_half=split)

@@ -11,22 +11,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from jaxtyping import Int
 from torch import Tensor
-from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import plots
 from lens_parallel.data import TokenBlocks
 from lens_parallel.edits import HEAD_SPACES, SCALE_SPACES, ComponentScale, compile_hooks
-from lens_parallel.evaluate import DocLosses, EditEffect, batch_nll, edit_effect
-from lens_parallel.hooks import check_indices, hook_name, softmax_layers
+from lens_parallel.errors import LensParallelError
+from lens_parallel.hooks import check_indices, softmax_layers
+from lens_parallel.losses import EditEffect, edit_effect
 from lens_parallel.models import model_info
+from lens_parallel.plots.scaling import scaling_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
+from lens_parallel.sweep import EditJob, run_sweep
 
 DEFAULT_S_PAR = (-1.0, -0.5, 0.0, 0.5, 1.5, 2.0, 3.0)
 DEFAULT_S_PERP = (0.0, 0.25, 0.5, 0.75, 1.5)
@@ -57,25 +58,76 @@ class ScalingResult(ResultMixin):
         rows = []
         for p in self.points:
             e = p.effect
-            rows.append({
-                "model": self.info.name, "space": p.space, "vary": p.vary, "s_par": p.s_par, "s_perp": p.s_perp,
-                "layer": p.layer, "loss_noop": e.loss_noop, "loss_edited": e.loss_edited,
-                "delta_loss": e.delta_loss, "delta_loss_lo": e.delta_loss_ci[0], "delta_loss_hi": e.delta_loss_ci[1],
-                "ppl_noop": e.ppl_noop, "ppl_edited": e.ppl_edited, "delta_ppl": e.delta_ppl,
-                "delta_ppl_lo": e.delta_ppl_ci[0], "delta_ppl_hi": e.delta_ppl_ci[1], "n_docs": e.n_docs,
-                "n_tokens": e.n_tokens,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "model": self.info.name,
+                    "space": p.space,
+                    "vary": p.vary,
+                    "s_par": p.s_par,
+                    "s_perp": p.s_perp,
+                    "layer": p.layer,
+                    "loss_noop": e.loss_noop,
+                    "loss_edited": e.loss_edited,
+                    "delta_loss": e.delta_loss,
+                    "delta_loss_lo": e.delta_loss_ci[0],
+                    "delta_loss_hi": e.delta_loss_ci[1],
+                    "ppl_noop": e.ppl_noop,
+                    "ppl_edited": e.ppl_edited,
+                    "delta_ppl": e.delta_ppl,
+                    "delta_ppl_lo": e.delta_ppl_ci[0],
+                    "delta_ppl_hi": e.delta_ppl_ci[1],
+                    "n_docs": e.n_docs,
+                    "n_tokens": e.n_tokens,
+                }
+            )
         return pd.DataFrame(rows).astype({"layer": "Int64"})
 
+    def summary(self) -> pd.DataFrame:
+        """One row: the no-op loss and the delta loss (nats/token) of every setting, as
+        ``delta_loss[<space>,s_par=<v>]`` / ``delta_loss[<space>,s_perp=<v>]`` (per-layer sweeps: mean over layers)."""
+        df = self.to_dataframe()
+        row = {"model": self.info.name, "loss_noop": float(df["loss_noop"].iloc[0])}
+        for (space, vary, s_par, s_perp), g in df.groupby(["space", "vary", "s_par", "s_perp"], sort=False):
+            value = s_par if vary == "s_par" else s_perp
+            row[f"delta_loss[{space},{vary}={value:g}]"] = float(g["delta_loss"].mean())
+        return pd.DataFrame([row])
+
     def figure(self):
-        return plots.scaling_figure(self)
+        return scaling_figure(self)
 
 
 def _check_scales(name: str, values: Sequence[float]) -> tuple[float, ...]:
     values = tuple(float(v) for v in values)
     if not all(np.isfinite(values)):
-        raise ValueError(f"{name} values must be finite numbers, got {list(values)}")
+        raise LensParallelError(f"{name} values must be finite numbers, got {list(values)}")
     return values
+
+
+def _space_layers(info, spaces: tuple[str, ...], layers) -> dict[str, tuple[int, ...]]:
+    """The layers each space edits: head-level spaces act on softmax-attention layers only (Qwen3.5's linear blocks
+    are skipped when ``layers=None``; naming one raises)."""
+    layer_idx = check_indices("layers", layers, info.n_layers)
+    return {
+        sp: softmax_layers(info, layers, what=f"space {sp!r}")[0] if sp in HEAD_SPACES else layer_idx for sp in spaces
+    }
+
+
+def _jobs(
+    spaces: tuple[str, ...], settings: list[tuple[str, float, float]], space_layers: dict, per_layer: bool, heads
+) -> tuple[dict[str, EditJob], dict[str, tuple]]:
+    """One matched no-op per space (all its layers, from the tokens) and one job per (space, setting[, layer]);
+    per-layer jobs start at their layer (the unedited prefix is reused). Returns the no-op jobs by space and every
+    edited job with its (space, vary, s_par, s_perp, layer) point."""
+    noops = {sp: EditJob(f"{sp}|noop", (ComponentScale(sp, layers=space_layers[sp], heads=heads),)) for sp in spaces}
+    points = {}
+    for sp in spaces:
+        for vary, a, b in settings:
+            for layer in space_layers[sp] if per_layer else [None]:
+                edited = space_layers[sp] if layer is None else (layer,)
+                key = f"{sp}|{vary}|s_par={a}|s_perp={b}|layer={layer}"
+                job = EditJob(key, (ComponentScale(sp, a, b, layers=edited, heads=heads),), start_layer=layer or 0)
+                points[key] = (job, (sp, vary, a, b, layer))
+    return noops, points
 
 
 def scale_sweep(
@@ -91,6 +143,7 @@ def scale_sweep(
     batch_size: int = 8,
     n_resamples: int = 2000,
     seed: int = 0,
+    store: str | Path | None = None,
     progress: bool = True,
 ) -> ScalingResult:
     """Loss/perplexity of ``ComponentScale`` settings, minus the matched no-op, with paired bootstrap CIs.
@@ -102,57 +155,42 @@ def scale_sweep(
         layers: the layers edited (default all), all together; with ``per_layer=True`` one at a time.
         heads: query heads edited (value spaces and residual-attn only; default all / the whole sublayer).
         batch_size, n_resamples, seed: documents per forward; bootstrap resamples and seed (CIs over documents).
+        store: a JSON-lines file that makes the sweep resumable (see :func:`lens_parallel.sweep.run_sweep`).
 
-    The matched no-op (the same hooks, scales 1) is run for every space; it is exact, so one no-op forward
-    per space and batch serves every setting and layer.
+    Runs on the sweep engine: one forward per setting and batch (the edits compute their references inside that
+    forward); per-layer settings resume at the edited layer. The matched no-op (the same hooks, scales 1) is exact,
+    so one no-op per space serves every setting and layer.
     """
     info = model_info(model)
     spaces = (space,) if isinstance(space, str) else tuple(space)
-    layer_idx = check_indices("layers", layers, info.n_layers)
     bad = [sp for sp in spaces if sp not in SCALE_SPACES]
     if bad or not spaces:
-        raise ValueError(f"unknown space {(bad or [spaces])[0]!r}; accepted: {', '.join(SCALE_SPACES)}")
-    # head-level spaces act on softmax-attention layers only (Qwen3.5's linear blocks are skipped when layers=None)
-    space_layers = {
-        sp: softmax_layers(info, layers, what=f"space {sp!r}")[0] if sp in HEAD_SPACES else layer_idx for sp in spaces
-    }
+        raise LensParallelError(f"unknown space {(bad or [spaces])[0]!r}; accepted: {', '.join(SCALE_SPACES)}")
+    space_layers = _space_layers(info, spaces, layers)
     settings = [("s_par", v, 1.0) for v in _check_scales("s_par", s_par)]
     settings += [("s_perp", 1.0, v) for v in _check_scales("s_perp", s_perp)]
+    noops, points = _jobs(spaces, settings, space_layers, per_layer, heads)
+    for job in [*noops.values(), *(job for job, _ in points.values())]:
+        compile_hooks(model, job.edits)  # validate every intervention before the first forward
     toks = as_tokens(tokens)
-    # compile (and so validate) every intervention before the first forward
-    hooks = {
-        (sp, vary, a, b, ls): compile_hooks(model, ComponentScale(sp, a, b, layers=ls, heads=heads))
-        for sp in spaces
-        for (vary, a, b) in [*settings, ("noop", 1.0, 1.0)]
-        for ls in ([(x,) for x in space_layers[sp]] if per_layer and vary != "noop" else [space_layers[sp]])
-    }
-    sums: dict[tuple, list[Tensor]] = {key: [] for key in hooks}
-    prefix_names = [hook_name(layer, "resid_pre") for layer in layer_idx] if per_layer else []
-    for start in tqdm(range(0, len(toks), batch_size), desc="scale sweep", unit="batch", disable=not progress):
-        batch = toks[start : start + batch_size]
-        prefix = {}
-        if per_layer:
-            with torch.inference_mode():
-                _, prefix = model.run_with_cache(batch, names_filter=prefix_names, stop_at_layer=max(layer_idx) + 1)
-        for key, hook_list in hooks.items():
-            ls = key[-1]
-            if per_layer and key[1] != "noop":
-                resid = prefix[hook_name(ls[0], "resid_pre")]
-                sums[key].append(batch_nll(model, batch, hook_list, resid=resid, start_at_layer=ls[0]))
-            else:
-                sums[key].append(batch_nll(model, batch, hook_list))
-    n = np.full(len(toks), toks.shape[1] - 1, dtype=np.int64)
-    losses = {key: DocLosses(torch.cat(v).double().cpu().numpy(), n) for key, v in sums.items()}
-    points = []
-    for (sp, vary, a, b, ls), doc_losses in losses.items():
-        if vary == "noop":
-            continue
-        base = losses[sp, "noop", 1.0, 1.0, space_layers[sp]]
-        effect = edit_effect(base, doc_losses, n_resamples=n_resamples, seed=seed)
-        points.append(SweepPoint(sp, vary, a, b, ls[0] if per_layer else None, effect))
+    jobs = [*noops.values(), *(job for job, _ in points.values())]
+    run = run_sweep(model, toks, jobs, batch_size=batch_size, store=store, progress=progress, desc="scale sweep")
+    sweep_points = tuple(
+        SweepPoint(sp, vary, a, b, layer, edit_effect(run[noops[sp]], run[job], n_resamples=n_resamples, seed=seed))
+        for job, (sp, vary, a, b, layer) in points.values()
+    )
     provenance = Provenance.collect(
-        info, tokens, analysis="scale_sweep", spaces=list(spaces), s_par=list(s_par), s_perp=list(s_perp),
-        layers=list(layer_idx), per_layer=per_layer, heads=None if heads is None else list(heads),
-        batch_size=batch_size, n_resamples=n_resamples, seed=seed,
-    )  # fmt: skip
-    return ScalingResult(points=tuple(points), provenance=provenance)
+        info,
+        tokens,
+        analysis="scale_sweep",
+        spaces=list(spaces),
+        s_par=list(s_par),
+        s_perp=list(s_perp),
+        layers=list(check_indices("layers", layers, info.n_layers)),
+        per_layer=per_layer,
+        heads=None if heads is None else list(heads),
+        batch_size=batch_size,
+        n_resamples=n_resamples,
+        seed=seed,
+    )
+    return ScalingResult(points=sweep_points, provenance=provenance)

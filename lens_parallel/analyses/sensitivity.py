@@ -17,14 +17,14 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import plots
-from lens_parallel.analyses.ablation import AblationJob, run_ablations
 from lens_parallel.data import TokenBlocks
-from lens_parallel.evaluate import DocLosses, edit_effect
 from lens_parallel.hooks import softmax_layers
+from lens_parallel.losses import DocLosses, edit_effect
 from lens_parallel.models import model_info
+from lens_parallel.plots.sensitivity import sensitivity_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.stats import benjamini_hochberg, sign_flip_pvalue
+from lens_parallel.sweep import AblationJob, run_sweep
 
 
 @serializable
@@ -52,20 +52,59 @@ class SensitivityResult(ResultMixin):
         g = self.info.group_size
         for i, layer in enumerate(self.layers):
             for h in range(self.head_delta.shape[1]):
-                rows.append({
-                    "model": self.info.name, "edit": self.edit, "layer": layer, "head": h, "kv_head": h // g,
-                    "label": f"L{layer}H{h}", "delta_loss": self.head_delta[i, h], "ci_lo": self.head_lo[i, h],
-                    "ci_hi": self.head_hi[i, h], "p": self.head_p[i, h], "q_bh": self.head_q[i, h],
-                })  # fmt: skip
-            rows.append({
-                "model": self.info.name, "edit": self.edit, "layer": layer, "head": None, "kv_head": None,
-                "label": f"L{layer}*", "delta_loss": self.joint_delta[i], "ci_lo": self.joint_lo[i],
-                "ci_hi": self.joint_hi[i], "p": self.joint_p[i], "q_bh": np.nan,
-            })  # fmt: skip
+                rows.append(
+                    {
+                        "model": self.info.name,
+                        "edit": self.edit,
+                        "layer": layer,
+                        "head": h,
+                        "kv_head": h // g,
+                        "label": f"L{layer}H{h}",
+                        "delta_loss": self.head_delta[i, h],
+                        "ci_lo": self.head_lo[i, h],
+                        "ci_hi": self.head_hi[i, h],
+                        "p": self.head_p[i, h],
+                        "q_bh": self.head_q[i, h],
+                    }
+                )
+            rows.append(
+                {
+                    "model": self.info.name,
+                    "edit": self.edit,
+                    "layer": layer,
+                    "head": None,
+                    "kv_head": None,
+                    "label": f"L{layer}*",
+                    "delta_loss": self.joint_delta[i],
+                    "ci_lo": self.joint_lo[i],
+                    "ci_hi": self.joint_hi[i],
+                    "p": self.joint_p[i],
+                    "q_bh": np.nan,
+                }
+            )
         return pd.DataFrame(rows).astype({"head": "Int64", "kv_head": "Int64"})
 
+    def summary(self) -> pd.DataFrame:
+        """One row: the base loss, the most sensitive layer (largest joint effect), the largest single-head
+        effect, and how many single heads have q_BH < 0.05."""
+        i, (li, h) = (
+            int(np.argmax(self.joint_delta)),
+            np.unravel_index(np.argmax(self.head_delta), self.head_delta.shape),
+        )
+        row = {
+            "model": self.info.name,
+            "edit": self.edit,
+            "loss_base": self.loss_base,
+            "most_sensitive_layer": self.layers[i],
+            "max_joint_delta_loss": float(self.joint_delta[i]),
+            "max_head_delta_loss": float(self.head_delta[li, h]),
+            "max_head": f"L{self.layers[li]}H{h}",
+            "n_heads_q05": int((self.head_q < 0.05).sum()),
+        }
+        return pd.DataFrame([row])
+
     def figure(self):
-        return plots.sensitivity_figure(self)
+        return sensitivity_figure(self)
 
 
 def _stats(base: DocLosses, edited: DocLosses, n_resamples: int, n_permutations: int, seed: int) -> tuple:
@@ -90,26 +129,50 @@ def head_sensitivity(
     progress: bool = True,
 ) -> SensitivityResult:
     """Per layer: every head ablated alone and all heads jointly (``edit``: zero, mean, parallel-value,
-    parallel-residual). ``store`` makes the sweep resumable (see :func:`run_ablations`). With ``layers=None``
-    linear-attention layers (Qwen3.5) are skipped, and the result's provenance says so."""
+    parallel-residual). ``store``: a JSON-lines file that makes the sweep resumable (see
+    :func:`lens_parallel.sweep.run_sweep`). With ``layers=None`` linear-attention layers (Qwen3.5) are skipped, and
+    the result's provenance says so."""
     info = model_info(model)
     layer_idx, skipped = softmax_layers(info, layers, what="head_sensitivity")
     singles = [AblationJob(layer, (h,)) for layer in layer_idx for h in range(info.n_heads)]
     joints = [AblationJob(layer, tuple(range(info.n_heads))) for layer in layer_idx]
-    run = run_ablations(model, tokens, singles + joints, kind=edit, batch_size=batch_size,
-                        rows_per_forward=rows_per_forward, store=store, progress=progress)  # fmt: skip
-    single = np.array([_stats(run.base, run.edited[j], n_resamples, n_permutations, seed) for j in singles])
-    joint = np.array([_stats(run.base, run.edited[j], n_resamples, n_permutations, seed) for j in joints])
+    run = run_sweep(
+        model,
+        tokens,
+        singles + joints,
+        edit=edit,
+        batch_size=batch_size,
+        rows_per_forward=rows_per_forward,
+        store=store,
+        progress=progress,
+    )
+    single = np.array([_stats(run.base, run[j], n_resamples, n_permutations, seed) for j in singles])
+    joint = np.array([_stats(run.base, run[j], n_resamples, n_permutations, seed) for j in joints])
     shape = (len(layer_idx), info.n_heads)
     provenance = Provenance.collect(
-        info, tokens, analysis="head_sensitivity", edit=edit, layers=list(layer_idx), batch_size=batch_size,
-        n_resamples=n_resamples, n_permutations=n_permutations, seed=seed, skipped=skipped,
-    )  # fmt: skip
+        info,
+        tokens,
+        analysis="head_sensitivity",
+        edit=edit,
+        layers=list(layer_idx),
+        batch_size=batch_size,
+        n_resamples=n_resamples,
+        n_permutations=n_permutations,
+        seed=seed,
+        skipped=skipped,
+    )
     return SensitivityResult(
-        edit=edit, layers=layer_idx, loss_base=run.base.loss,
-        head_delta=single[:, 0].reshape(shape), head_lo=single[:, 1].reshape(shape),
-        head_hi=single[:, 2].reshape(shape), head_p=single[:, 3].reshape(shape),
+        edit=edit,
+        layers=layer_idx,
+        loss_base=run.base.loss,
+        head_delta=single[:, 0].reshape(shape),
+        head_lo=single[:, 1].reshape(shape),
+        head_hi=single[:, 2].reshape(shape),
+        head_p=single[:, 3].reshape(shape),
         head_q=benjamini_hochberg(single[:, 3]).reshape(shape),
-        joint_delta=joint[:, 0], joint_lo=joint[:, 1], joint_hi=joint[:, 2], joint_p=joint[:, 3],
+        joint_delta=joint[:, 0],
+        joint_lo=joint[:, 1],
+        joint_hi=joint[:, 2],
+        joint_p=joint[:, 3],
         provenance=provenance,
-    )  # fmt: skip
+    )

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from lens_parallel.edits import ComponentScale, Edit, GatedRemoval, LearnedGate
+from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelInfo
 
 ARMS = (
@@ -44,7 +45,7 @@ def check_arms(arms: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     arms = (arms,) if isinstance(arms, str) else tuple(arms)
     bad = [a for a in arms if a not in ARMS]
     if bad or not arms:
-        raise ValueError(f"unknown arm(s) {bad or list(arms)}; accepted: {', '.join(ARMS)}")
+        raise LensParallelError(f"unknown arm(s) {bad or list(arms)}; accepted: {', '.join(ARMS)}")
     return arms
 
 

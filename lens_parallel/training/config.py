@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 
 import transformers
 
 from lens_parallel.data import CORPORA
+from lens_parallel.errors import LensParallelError
 from lens_parallel.tokenizers import BUNDLED_TOKENIZERS
 
 ARCHITECTURES = ("gpt2", "qwen3")
@@ -74,14 +76,26 @@ class TrainConfig:
         bad_texts = [t for t in self.texts if t not in CORPORA and not t.startswith("hf:")]
         if bad_texts or not self.texts:
             problems.append(f"texts {list(self.texts)} (bundled corpora {', '.join(CORPORA)} or hf:DATASET)")
-        if not 0 <= self.warmup_steps < self.steps or not 0 <= self.min_lr_ratio <= 1 or self.lr <= 0:
-            problems.append("schedule (0 <= warmup_steps < steps, 0 <= min_lr_ratio <= 1, lr > 0)")
+        if not isinstance(self.n_val_blocks, int) or self.n_val_blocks < 1:
+            problems.append(f"n_val_blocks={self.n_val_blocks!r} (a positive integer)")
+        if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps < self.steps:
+            problems.append(f"warmup_steps={self.warmup_steps!r} (an integer, 0 <= warmup_steps < steps)")
+        ranges = {
+            "lr": (self.lr, "a finite number > 0", lambda x: x > 0),
+            "min_lr_ratio": (self.min_lr_ratio, "a finite number in [0, 1]", lambda x: 0 <= x <= 1),
+            "weight_decay": (self.weight_decay, "a finite number >= 0", lambda x: x >= 0),
+            "grad_clip": (self.grad_clip, "a finite number > 0", lambda x: x > 0),
+        }
+        for name, (value, accepted, ok) in ranges.items():
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not math.isfinite(value) or not ok(value):
+                problems.append(f"{name}={value!r} ({accepted})")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             problems.append(f"device {self.device!r} (auto, cpu or cuda[:N])")
         if self.precision not in ("auto", "float32", "bfloat16"):
             problems.append(f"precision {self.precision!r} (auto, float32 or bfloat16)")
         if problems:
-            raise ValueError("invalid TrainConfig: " + "; ".join(problems))
+            raise LensParallelError("invalid TrainConfig: " + "; ".join(problems))
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -98,17 +112,34 @@ class TrainConfig:
         d_mlp = self.d_mlp or 4 * self.d_model
         if self.architecture == "gpt2":
             return transformers.GPT2Config(
-                n_layer=self.n_layers, n_embd=self.d_model, n_head=self.n_heads, n_inner=d_mlp,
-                n_positions=self.seq_len, vocab_size=vocab_size, bos_token_id=boundary_id, eos_token_id=boundary_id,
-                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
-            )  # fmt: skip
+                n_layer=self.n_layers,
+                n_embd=self.d_model,
+                n_head=self.n_heads,
+                n_inner=d_mlp,
+                n_positions=self.seq_len,
+                vocab_size=vocab_size,
+                bos_token_id=boundary_id,
+                eos_token_id=boundary_id,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+                tie_word_embeddings=True,
+            )
         return transformers.Qwen3Config(
-            num_hidden_layers=self.n_layers, hidden_size=self.d_model, num_attention_heads=self.n_heads,
-            num_key_value_heads=self.n_kv_heads or self.n_heads, head_dim=self.d_model // self.n_heads,
-            intermediate_size=d_mlp, max_position_embeddings=self.seq_len, vocab_size=vocab_size,
-            tie_word_embeddings=True, attention_bias=False, attention_dropout=0.0,
-            bos_token_id=boundary_id, eos_token_id=boundary_id,
-        )  # fmt: skip
+            num_hidden_layers=self.n_layers,
+            hidden_size=self.d_model,
+            num_attention_heads=self.n_heads,
+            num_key_value_heads=self.n_kv_heads or self.n_heads,
+            head_dim=self.d_model // self.n_heads,
+            intermediate_size=d_mlp,
+            max_position_embeddings=self.seq_len,
+            vocab_size=vocab_size,
+            tie_word_embeddings=True,
+            attention_bias=False,
+            attention_dropout=0.0,
+            bos_token_id=boundary_id,
+            eos_token_id=boundary_id,
+        )
 
 
 PRESETS: dict[str, TrainConfig] = {

@@ -18,7 +18,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from lens_parallel import plots, stats
+from lens_parallel import stats
+from lens_parallel.errors import LensParallelError
+from lens_parallel.plots.training import factorial_figure, gates_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.training.arms import check_arms
 from lens_parallel.training.config import TrainConfig
@@ -36,12 +38,23 @@ def paired_table(finals: pd.DataFrame, *, primary: str, baseline: str = BASELINE
         d = (pair[arm] - pair[baseline]).to_numpy()
         test = stats.paired_t(d)
         lo, hi = stats.bootstrap_mean_ci(d[:, None], seed=seed)
-        rows.append({
-            "arm": arm, "role": "primary" if arm == primary else "secondary", "n_seeds": test.n,
-            "baseline_loss": pair[baseline].mean(), "arm_loss": pair[arm].mean(), "mean_delta": test.mean,
-            "ci_lo": float(lo[0]), "ci_hi": float(hi[0]), "t": test.t, "p": test.p, "cohens_dz": test.cohens_dz,
-            "sigma_paired": test.sigma_paired, "mde": test.mde,
-        })  # fmt: skip
+        rows.append(
+            {
+                "arm": arm,
+                "role": "primary" if arm == primary else "secondary",
+                "n_seeds": test.n,
+                "baseline_loss": pair[baseline].mean(),
+                "arm_loss": pair[arm].mean(),
+                "mean_delta": test.mean,
+                "ci_lo": float(lo[0]),
+                "ci_hi": float(hi[0]),
+                "t": test.t,
+                "p": test.p,
+                "cohens_dz": test.cohens_dz,
+                "sigma_paired": test.sigma_paired,
+                "mde": test.mde,
+            }
+        )
     table = pd.DataFrame(rows)
     secondary = table["role"] == "secondary"
     table["p_holm"] = table["p"]
@@ -53,7 +66,8 @@ def paired_table(finals: pd.DataFrame, *, primary: str, baseline: str = BASELINE
 @serializable
 @dataclass(frozen=True)
 class FactorialResult(ResultMixin):
-    """All runs of a factorial; ``to_dataframe()`` is the paired table, ``curves()``/``finals()`` the raw data."""
+    """All runs of a factorial; ``to_dataframe()`` the final loss of every (arm, seed) with its paired delta,
+    ``paired_table()`` the paired statistics per arm, ``curves()`` the validation curves."""
 
     runs: tuple[TrainRun, ...]
     arms: tuple[str, ...]
@@ -69,24 +83,63 @@ class FactorialResult(ResultMixin):
         return pd.DataFrame([{"arm": r.arm, "seed": r.seed, "final_val_loss": r.final_val_loss} for r in self.runs])
 
     def to_dataframe(self) -> pd.DataFrame:
+        """Full resolution: one row per (arm, seed): final validation loss and its delta to the same seed's
+        baseline (nats/token)."""
+        finals = self.finals()
+        base = finals[finals.arm == BASELINE].set_index("seed")["final_val_loss"]
+        return finals.assign(model=self.info.name, delta=finals.final_val_loss - finals.seed.map(base))
+
+    def paired_table(self) -> pd.DataFrame:
+        """One row per arm against the baseline: paired t, bootstrap CI, Holm, d_z, sigma_paired, MDE."""
         return paired_table(self.finals(), primary=self.primary)
+
+    def summary(self) -> pd.DataFrame:
+        """One row: the primary arm's mean paired delta, its CI and p, and the number of seeds."""
+        table = self.paired_table().set_index("arm")
+        primary = table.loc[self.primary]
+        return pd.DataFrame(
+            [
+                {
+                    "model": self.info.name,
+                    "primary": self.primary,
+                    "n_seeds": len(self.seeds),
+                    "arms": ",".join(self.arms),
+                    "mean_delta": primary["mean_delta"],
+                    "ci_lo": primary["ci_lo"],
+                    "ci_hi": primary["ci_hi"],
+                    "p": primary["p"],
+                    "mde": primary["mde"],
+                }
+            ]
+        )
+
+    def figures(self) -> dict[str, go.Figure]:
+        return {"train": self.figure(), "gates": self.gates_figure()}
 
     def gates(self) -> pd.DataFrame:
         """Learned gates per arm, seed, layer and head (g = tanh(alpha), or the mean learned s_par and its std)."""
         rows = [
-            {"arm": r.arm, "seed": r.seed, "layer": layer, "head": head, "label": f"L{layer}H{head}",
-             "gate": float(r.gates[layer, head]),
-             "gate_std": float(r.gate_std[layer, head]) if r.gate_std is not None else np.nan}
-            for r in self.runs if r.gates is not None
-            for layer in range(r.gates.shape[0]) for head in range(r.gates.shape[1])
-        ]  # fmt: skip
+            {
+                "arm": r.arm,
+                "seed": r.seed,
+                "layer": layer,
+                "head": head,
+                "label": f"L{layer}H{head}",
+                "gate": float(r.gates[layer, head]),
+                "gate_std": float(r.gate_std[layer, head]) if r.gate_std is not None else np.nan,
+            }
+            for r in self.runs
+            if r.gates is not None
+            for layer in range(r.gates.shape[0])
+            for head in range(r.gates.shape[1])
+        ]
         return pd.DataFrame(rows, columns=["arm", "seed", "layer", "head", "label", "gate", "gate_std"])
 
     def figure(self) -> go.Figure:
-        return plots.factorial_figure(self.curves(), self.finals(), self.to_dataframe())
+        return factorial_figure(self.curves(), self.finals(), self.paired_table())
 
     def gates_figure(self) -> go.Figure:
-        return plots.gates_figure(self.gates())
+        return gates_figure(self.gates())
 
 
 def run_factorial(
@@ -104,13 +157,15 @@ def run_factorial(
     arms = check_arms(tuple(arms))
     seeds = tuple(int(s) for s in seeds)
     if BASELINE not in arms or len(arms) < 2:
-        raise ValueError(f"a factorial compares arms with {BASELINE!r}: give it and at least one other arm, got {arms}")
+        raise LensParallelError(
+            f"a factorial compares arms with {BASELINE!r}: give it and at least one other arm, got {arms}"
+        )
     if len(set(seeds)) < 2 or len(set(seeds)) != len(seeds):
-        raise ValueError(f"a paired analysis needs at least 2 distinct seeds, got {list(seeds)}")
+        raise LensParallelError(f"a paired analysis needs at least 2 distinct seeds, got {list(seeds)}")
     others = [a for a in arms if a != BASELINE]
     primary = primary or ("value-parallel-removal" if "value-parallel-removal" in others else others[0])
     if primary not in others:
-        raise ValueError(f"primary arm {primary!r} is not among the compared arms {others}")
+        raise LensParallelError(f"primary arm {primary!r} is not among the compared arms {others}")
     runtime(config)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

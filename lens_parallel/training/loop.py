@@ -31,12 +31,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import plots
 from lens_parallel.data import boundary_token, load_texts, stream_blocks
 from lens_parallel.edits import Edit, LearnedGate, apply_edits, compile_hooks
-from lens_parallel.evaluate import document_losses, next_token_nll
+from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import hook_name
+from lens_parallel.losses import document_losses, next_token_nll
 from lens_parallel.models import export_hf_model, load_model, model_info, wrap_hf_model
+from lens_parallel.plots.training import training_curves
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.tokenizers import BUNDLED_TOKENIZERS, load_bundled_tokenizer, trained_bpe_folder
 from lens_parallel.training.arms import ArmParameters, check_arms
@@ -78,18 +79,31 @@ class TrainRun(ResultMixin):
         """One row per evaluation: arm, seed, step, val_loss."""
         return pd.DataFrame({"arm": self.arm, "seed": self.seed, "step": self.eval_steps, "val_loss": self.val_loss})
 
+    def summary(self) -> pd.DataFrame:
+        """One row: the run's final validation loss, its size and its wall time."""
+        row = {
+            "model": self.info.name,
+            "arm": self.arm,
+            "seed": self.seed,
+            "final_val_loss": self.final_val_loss,
+            "n_params": self.n_params,
+            "steps": int(self.config["steps"]),
+            "wall_s": self.wall_s,
+        }
+        return pd.DataFrame([row])
+
     def figure(self) -> go.Figure:
-        return plots.training_curves(self.to_dataframe(), title=f"{self.arm}, seed {self.seed}")
+        return training_curves(self.to_dataframe(), title=f"{self.arm}, seed {self.seed}")
 
 
 def runtime(config: TrainConfig) -> tuple[str, bool]:
     """(device, bf16 autocast?) for a config's ``device`` and ``precision``."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {config.device!r} asked for, but torch sees no CUDA device; use device='cpu'")
+        raise LensParallelError(f"device {config.device!r} asked for, but torch sees no CUDA device; use device='cpu'")
     bf16 = config.precision == "bfloat16" or (config.precision == "auto" and device.startswith("cuda"))
     if bf16 and not device.startswith("cuda"):
-        raise ValueError("precision='bfloat16' (autocast) is only used on CUDA; use precision='float32' on CPU")
+        raise LensParallelError("precision='bfloat16' (autocast) is only used on CUDA; use precision='float32' on CPU")
     return device, bf16
 
 
@@ -102,7 +116,7 @@ def _data(tokenizer_spec: str, texts: tuple[str, ...], seq_len: int, n_val: int)
         tokenizer = transformers.AutoTokenizer.from_pretrained(trained_bpe_folder(docs, int(tokenizer_spec[4:])))
     blocks = stream_blocks(tokenizer, docs, seq_len=seq_len)
     if n_val >= len(blocks):
-        raise ValueError(f"n_val_blocks={n_val} leaves no training blocks: the texts give {len(blocks)} blocks")
+        raise LensParallelError(f"n_val_blocks={n_val} leaves no training blocks: the texts give {len(blocks)} blocks")
     order = torch.from_numpy(np.random.default_rng(VAL_SPLIT_SEED).permutation(len(blocks)))
     return tokenizer, blocks[order[n_val:]], blocks[order[:n_val]]
 
@@ -170,6 +184,129 @@ def _gate_statistics(model, arm: ArmParameters, val: Tensor) -> tuple[np.ndarray
     return flat.mean(1).cpu().numpy(), flat.std(1).cpu().numpy()
 
 
+def _run_mismatch(what: Path, found: tuple, config: TrainConfig, arm: str, seed: int) -> LensParallelError:
+    return LensParallelError(
+        f"{what} belongs to another run (config {found[0]}, arm {found[1]}, seed {found[2]}); this is config "
+        f"{config.digest()}, arm {arm}, seed {seed}: use another folder"
+    )
+
+
+def _finished_run(out: Path, config: TrainConfig, arm: str, seed: int) -> TrainRun | None:
+    """The finished run saved in ``out``, if any, after checking it is this config, arm and seed."""
+    if not (out / "run.json").is_file():
+        return None
+    run = TrainRun.load(out / "run")
+    found = (TrainConfig(**run.config).digest(), run.arm, run.seed)
+    if found != (config.digest(), arm, seed):
+        raise _run_mismatch(out / "run.json", found, config, arm, seed)
+    return run
+
+
+@dataclass
+class _Trainer:
+    """The live state of one run: model, arm parameters, optimiser and the curves so far."""
+
+    config: TrainConfig
+    arm: str
+    seed: int
+    device: str
+    model: TransformerBridge
+    params: ArmParameters
+    optimizer: torch.optim.AdamW
+    state: dict
+
+    @classmethod
+    def start(cls, config: TrainConfig, arm: str, seed: int, device: str) -> _Trainer:
+        model = build_model(config, seed=seed, device=device)
+        params = ArmParameters(arm, model_info(model)).to(device)
+        optimizer = _optimizer(model, params, config)
+        state = {"step": 0, "train_loss": [], "evals": [], "wall_s": 0.0}
+        return cls(config, arm, seed, device, model, params, optimizer, state)
+
+    def resume(self, ckpt: Path) -> None:
+        """Restore model, gates, optimiser, RNG and curves from ``ckpt`` (refusing another run's checkpoint)."""
+        saved = torch.load(ckpt, map_location=self.device, weights_only=True)
+        found = (saved["digest"], saved["arm"], saved["seed"])
+        if found != (self.config.digest(), self.arm, self.seed):
+            raise _run_mismatch(ckpt, found, self.config, self.arm, self.seed)
+        self.model.original_model.load_state_dict(saved["model"])
+        self.params.load_state_dict(saved["arm_params"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        torch.set_rng_state(saved["rng"])
+        self.state = saved["state"]
+
+    def checkpoint(self, ckpt: Path) -> None:
+        payload = {
+            "digest": self.config.digest(),
+            "arm": self.arm,
+            "seed": self.seed,
+            "state": self.state,
+            "model": self.model.original_model.state_dict(),
+            "arm_params": self.params.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": torch.get_rng_state(),
+        }
+        _save_atomic(payload, ckpt)
+
+    def val_loss(self, val: Tensor) -> float:
+        return document_losses(self.model, val, self.params.edits(), batch_size=self.config.batch_size).loss
+
+    def step(self, batch: Tensor, hooks: list, autocast) -> float:
+        """One optimiser step at the scheduled learning rate; returns the training loss (nats/token)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.state["step"], self.config)
+        self.model.train()
+        with autocast, self.model.hooks(fwd_hooks=hooks):
+            loss = next_token_nll(self.model(batch, return_type="logits"), batch).sum() / batch[:, 1:].numel()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
+        self.optimizer.step()
+        self.model.eval()
+        return float(loss.detach())
+
+    def finish(self, out: Path, val: Tensor, n_train: int, bf16: bool) -> TrainRun:
+        """Final validation, gate statistics, the saved model and the saved :class:`TrainRun`."""
+        self.state["evals"].append((self.config.steps, self.val_loss(val)))
+        gates, gate_std = _gate_statistics(self.model, self.params, val)
+        model_dir = out / "model"
+        save_trained(self.model, self.params, model_dir)
+        steps, losses = zip(*self.state["evals"], strict=True)
+        provenance = Provenance.collect(
+            model_info(self.model),
+            val,
+            config=self.config.to_dict(),
+            arm=self.arm,
+            seed=self.seed,
+            device=self.device,
+            bf16=bf16,
+        )
+        texts = {
+            "corpora": list(self.config.texts),
+            "tokenizer": self.config.tokenizer,
+            "n_train_blocks": n_train,
+            "n_val_blocks": len(val),
+            "split_seed": VAL_SPLIT_SEED,
+        }
+        run = TrainRun(
+            arm=self.arm,
+            seed=self.seed,
+            config=self.config.to_dict(),
+            eval_steps=np.array(steps),
+            val_loss=np.array(losses),
+            train_loss=np.array(self.state["train_loss"]),
+            gates=gates,
+            gate_std=gate_std,
+            n_params=sum(p.numel() for p in self.model.original_model.parameters()),
+            wall_s=self.state["wall_s"],
+            model_dir=str(model_dir),
+            provenance=dataclasses.replace(provenance, texts=texts),
+        )
+        run.save(out / "run")
+        return run
+
+
 def train(
     config: TrainConfig,
     arm: str,
@@ -179,89 +316,43 @@ def train(
     progress: bool = True,
     callback: Callable[[int, float], None] | None = None,
 ) -> TrainRun:
-    """Train ``arm`` with ``seed`` into folder ``out`` (resuming from its checkpoint, or returning its finished run).
+    """Train ``arm`` with ``seed`` into folder ``out`` (resuming from its checkpoint, or returning its finished run
+    after checking that it is this config, arm and seed).
 
     ``callback(step, train_loss)`` is called after every optimiser step (``step`` counts finished steps).
     """
     (arm,) = check_arms(arm)
     out = Path(out)
-    if (out / "run.json").is_file():
-        return TrainRun.load(out / "run")
+    if (finished := _finished_run(out, config, arm, seed)) is not None:
+        return finished
     device, bf16 = runtime(config)
     _, train_blocks, val_blocks = training_data(config)
-    model = build_model(config, seed=seed, device=device)
-    info = model_info(model)
-    params = ArmParameters(arm, info).to(device)
-    hooks = compile_hooks(model, params.edits())
-    optimizer = _optimizer(model, params, config)
-    state = {"step": 0, "train_loss": [], "evals": [], "wall_s": 0.0}
+    trainer = _Trainer.start(config, arm, seed, device)
     ckpt = out / "checkpoint.pt"
     if ckpt.is_file():
-        saved = torch.load(ckpt, map_location=device, weights_only=True)
-        if (saved["digest"], saved["arm"], saved["seed"]) != (config.digest(), arm, seed):
-            raise ValueError(
-                f"{ckpt} belongs to another run (config {saved['digest']}, arm {saved['arm']}, seed {saved['seed']});"
-                f" this is config {config.digest()}, arm {arm}, seed {seed}: use another folder"
-            )
-        model.original_model.load_state_dict(saved["model"])
-        params.load_state_dict(saved["arm_params"])
-        optimizer.load_state_dict(saved["optimizer"])
-        torch.set_rng_state(saved["rng"])
-        state = saved["state"]
+        trainer.resume(ckpt)
     out.mkdir(parents=True, exist_ok=True)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-    val = val_blocks.to(device)
-
-    def val_loss() -> float:
-        return document_losses(model, val, params.edits(), batch_size=config.batch_size).loss
-
+    hooks = compile_hooks(trainer.model, trainer.params.edits())
+    val, state = val_blocks.to(device), trainer.state
     bar = tqdm(total=config.steps, initial=state["step"], desc=f"train {arm} seed {seed}", disable=not progress)
     start = time.perf_counter() - state["wall_s"]
     while state["step"] < config.steps:
         step = state["step"]
         if step % config.eval_every == 0:
-            state["evals"].append((step, val_loss()))
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, config)
-        batch = train_blocks[batch_indices(step, batch_size=config.batch_size, n_train=len(train_blocks), seed=seed)]
-        batch = batch.to(device)
-        model.train()
-        with autocast, model.hooks(fwd_hooks=hooks):
-            loss = next_token_nll(model(batch, return_type="logits"), batch).sum() / batch[:, 1:].numel()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], config.grad_clip)
-        optimizer.step()
-        model.eval()
-        state["train_loss"].append(float(loss.detach()))
+            state["evals"].append((step, trainer.val_loss(val)))
+        rows = batch_indices(step, batch_size=config.batch_size, n_train=len(train_blocks), seed=seed)
+        state["train_loss"].append(trainer.step(train_blocks[rows].to(device), hooks, autocast))
         state["step"] = step + 1
         state["wall_s"] = time.perf_counter() - start
         bar.update(1)
         bar.set_postfix(loss=f"{state['train_loss'][-1]:.3f}", val=f"{state['evals'][-1][1]:.3f}")
         if state["step"] % config.checkpoint_every == 0 and state["step"] < config.steps:
-            payload = {"digest": config.digest(), "arm": arm, "seed": seed, "state": state,
-                       "model": model.original_model.state_dict(), "arm_params": params.state_dict(),
-                       "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()}  # fmt: skip
-            _save_atomic(payload, ckpt)
+            trainer.checkpoint(ckpt)
         if callback is not None:
             callback(state["step"], state["train_loss"][-1])
     bar.close()
-    state["evals"].append((config.steps, val_loss()))
-    gates, gate_std = _gate_statistics(model, params, val)
-    model_dir = out / "model"
-    save_trained(model, params, model_dir)
-    steps, losses = zip(*state["evals"], strict=True)
-    provenance = Provenance.collect(info, val, config=config.to_dict(), arm=arm, seed=seed, device=device, bf16=bf16)
-    texts = {"corpora": list(config.texts), "tokenizer": config.tokenizer, "n_train_blocks": len(train_blocks),
-             "n_val_blocks": len(val), "split_seed": VAL_SPLIT_SEED}  # fmt: skip
-    provenance = dataclasses.replace(provenance, texts=texts)
-    run = TrainRun(
-        arm=arm, seed=seed, config=config.to_dict(), eval_steps=np.array(steps), val_loss=np.array(losses),
-        train_loss=np.array(state["train_loss"]), gates=gates, gate_std=gate_std,
-        n_params=sum(p.numel() for p in model.original_model.parameters()), wall_s=state["wall_s"],
-        model_dir=str(model_dir), provenance=provenance,
-    )  # fmt: skip
-    run.save(out / "run")
+    run = trainer.finish(out, val, len(train_blocks), bf16)
     ckpt.unlink(missing_ok=True)
     return run
 

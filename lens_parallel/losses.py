@@ -8,10 +8,13 @@ effect is always *edited minus matched no-op*: the same hooks with every scale a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -19,9 +22,12 @@ from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.data import TokenBlocks
-from lens_parallel.edits import Edit, compile_hooks, noop
+from lens_parallel.edits import EDIT_TYPES, Edit, compile_hooks, describe_edit, noop
+from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import skip_blocks_before
-from lens_parallel.results import as_tokens, serializable
+from lens_parallel.models import model_info
+from lens_parallel.plots.losses import edit_effect_figure
+from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
 from lens_parallel.stats import paired_bootstrap_ci
 
 
@@ -40,8 +46,11 @@ class DocLosses:
 
 @serializable
 @dataclass(frozen=True)
-class EditEffect:
-    """Edited minus matched no-op: loss (nats/token) and perplexity, with paired bootstrap CIs over documents."""
+class EditEffect(ResultMixin):
+    """Edited minus matched no-op: loss (nats/token) and perplexity, with paired bootstrap CIs over documents.
+
+    ``provenance`` is set by :func:`evaluate`; effects computed inside a larger result (a sweep point) leave it None
+    (the enclosing result carries it)."""
 
     loss_noop: float
     loss_edited: float
@@ -53,6 +62,21 @@ class EditEffect:
     delta_ppl_ci: tuple[float, float]
     n_docs: int
     n_tokens: int
+    provenance: Provenance | None = None
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row: every field but the provenance, CIs as ``*_lo`` / ``*_hi``."""
+        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "provenance"}
+        for name in ("delta_loss_ci", "delta_ppl_ci"):
+            row[name.replace("_ci", "_lo")], row[name.replace("_ci", "_hi")] = row.pop(name)
+        model = {} if self.provenance is None else {"model": self.info.name}
+        return pd.DataFrame([model | row])
+
+    def summary(self) -> pd.DataFrame:
+        return self.to_dataframe()
+
+    def figure(self) -> go.Figure:
+        return edit_effect_figure(self)
 
 
 def _delta_ppl(edited: np.ndarray, base: np.ndarray, weights: np.ndarray, axis: int = -1) -> np.ndarray | float:
@@ -62,17 +86,21 @@ def _delta_ppl(edited: np.ndarray, base: np.ndarray, weights: np.ndarray, axis: 
 def edit_effect(noop_losses: DocLosses, edited: DocLosses, *, n_resamples: int = 2000, seed: int = 0) -> EditEffect:
     """Compare two :class:`DocLosses` of the same documents."""
     if not np.array_equal(noop_losses.n_tokens, edited.n_tokens):
-        raise ValueError("the two DocLosses do not score the same documents")
+        raise LensParallelError("the two DocLosses do not score the same documents")
     e, b, w = edited.loss_sum, noop_losses.loss_sum, noop_losses.n_tokens.astype(np.float64)
     kw = {"n_resamples": n_resamples, "seed": seed}
     return EditEffect(
-        loss_noop=noop_losses.loss, loss_edited=edited.loss, delta_loss=edited.loss - noop_losses.loss,
+        loss_noop=noop_losses.loss,
+        loss_edited=edited.loss,
+        delta_loss=edited.loss - noop_losses.loss,
         delta_loss_ci=paired_bootstrap_ci(e, b, w, **kw),
-        ppl_noop=float(np.exp(noop_losses.loss)), ppl_edited=float(np.exp(edited.loss)),
+        ppl_noop=float(np.exp(noop_losses.loss)),
+        ppl_edited=float(np.exp(edited.loss)),
         delta_ppl=float(np.exp(edited.loss) - np.exp(noop_losses.loss)),
         delta_ppl_ci=paired_bootstrap_ci(e, b, w, statistic=_delta_ppl, **kw),
-        n_docs=len(e), n_tokens=int(w.sum()),
-    )  # fmt: skip
+        n_docs=len(e),
+        n_tokens=int(w.sum()),
+    )
 
 
 def next_token_nll(
@@ -134,4 +162,15 @@ def evaluate(
     """Loss and perplexity under ``edits`` minus the matched no-op, both run here, with paired bootstrap CIs."""
     base = document_losses(model, tokens, noop(edits), batch_size=batch_size, progress=progress)
     edited = document_losses(model, tokens, edits, batch_size=batch_size, progress=progress)
-    return edit_effect(base, edited, n_resamples=n_resamples, seed=seed)
+    effect = edit_effect(base, edited, n_resamples=n_resamples, seed=seed)
+    edits = (edits,) if isinstance(edits, EDIT_TYPES) else tuple(edits)
+    provenance = Provenance.collect(
+        model_info(model),
+        tokens,
+        analysis="evaluate",
+        edits=[describe_edit(e) for e in edits],
+        batch_size=batch_size,
+        n_resamples=n_resamples,
+        seed=seed,
+    )
+    return dataclasses.replace(effect, provenance=provenance)

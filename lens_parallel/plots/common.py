@@ -1,0 +1,54 @@
+"""What every figure module shares: writing a figure to disk, and the min-max band drawn into a subplot cell."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+
+
+def png_failure(exc: Exception) -> str:
+    """Why a PNG could not be written, in one line: the first non-empty line of kaleido's message (which starts
+    with blank lines), and what to install when the cause is a missing Chrome/Chromium."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reason = lines[0] if lines else type(exc).__name__
+    if "chrome" in reason.lower() or "chromium" in reason.lower():
+        reason += " (install Debian's chromium, e.g. `apt-get install chromium`; kaleido finds it)"
+    return reason
+
+
+def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
+    """Write ``stem.html`` (plotly.js inlined: opens offline) and, when kaleido finds a Chrome/Chromium,
+    ``stem.png``; returns the files written (a missing PNG renderer is reported on stderr, not raised)."""
+    stem = Path(stem)
+    html, png = stem.parent / f"{stem.name}.html", stem.parent / f"{stem.name}.png"  # a dot in the name stays
+    written = [html]
+    fig.write_html(html, include_plotlyjs=True)
+    try:
+        fig.write_image(png, scale=2)
+        written.append(png)
+    except (RuntimeError, ValueError, OSError) as exc:  # kaleido missing, or no Chrome/Chromium on this machine
+        print(f"(no PNG for {stem.name}: {png_failure(exc)}; the HTML has the figure)", file=sys.stderr)
+    return written
+
+
+def band(fig: go.Figure, x, lo, hi, color: str, name: str, group: str, row: int, col: int, show: bool) -> None:
+    """A filled band from ``lo`` to ``hi`` over ``x`` in cell (``row``, ``col``); ``name`` says what it spans."""
+    fig.add_trace(
+        go.Scatter(
+            x=np.concatenate([x, x[::-1]]),
+            y=np.concatenate([hi, lo[::-1]]),
+            fill="toself",
+            fillcolor=color,
+            opacity=0.14,
+            line={"width": 0},
+            hoverinfo="skip",
+            name=name,
+            legendgroup=group,
+            showlegend=show,
+        ),
+        row=row,
+        col=col,
+    )

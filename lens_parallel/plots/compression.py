@@ -1,0 +1,61 @@
+"""Directional decomposition of compression error."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from lens_parallel.errors import LensParallelError
+from lens_parallel.plots.common import band
+
+
+def compression_figure(result, *, sublayer: str = "attn") -> go.Figure:
+    """Perpendicular (left) and parallel (right) error of one sublayer's update by layer, relative to the dense
+    update: line = mean over prompts, band = ±1 std over prompts, one colour per method."""
+    if sublayer not in result.sublayers:
+        raise LensParallelError(f"sublayer must be one of {result.sublayers}, got {sublayer!r}")
+    j = result.sublayers.index(sublayer)
+    what = "attention" if sublayer == "attn" else "MLP"
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        shared_yaxes=False,
+        horizontal_spacing=0.1,
+        subplot_titles=[
+            f"perpendicular error |e_perp| / |delta| ({what} update)",
+            f"parallel error |e_par| / |delta| ({what} update)",
+        ],
+    )
+    palette = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
+    x = np.array(result.layers)
+    for i, method in enumerate(result.methods):
+        color = palette[i % len(palette)]
+        for col, values in ((1, result.perp[i, j]), (2, result.par[i, j])):
+            mean, std = np.nanmean(values, -1), np.nanstd(values, -1)
+            band(fig, x, mean - std, mean + std, color, f"{method}: ±1 std over prompts", method, 1, col, False)
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=mean,
+                    mode="lines+markers",
+                    line={"color": color},
+                    legendgroup=method,
+                    name=f"{method} (delta loss {result.delta_loss[i]:+.3f})",
+                    showlegend=col == 1,
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_xaxes(title_text="layer")
+    fig.update_yaxes(title_text="relative error (fraction of |delta_dense|)", row=1, col=1)
+    fig.update_yaxes(title_text="relative error (fraction of |delta_dense|)", row=1, col=2)
+    n = result.par.shape[-1]
+    fig.update_layout(
+        title=f"Compression error along / across the dense {what} update ({result.info.name}, {n} prompts, "
+        f"{result.positions} positions; bands: ±1 std over prompts)",
+        template="plotly_white",
+        height=460,
+        width=1150,
+    )
+    return fig

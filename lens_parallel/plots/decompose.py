@@ -1,0 +1,139 @@
+"""Figures of the decomposition: self-alignment by layer and per head."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from lens_parallel.plots.common import band
+
+if TYPE_CHECKING:
+    from lens_parallel.analyses.decompose import DecompositionResult
+
+COLORS = {"self_cos": "#1f77b4", "par_frac": "#d62728", "perp_frac": "#2ca02c"}
+LABELS = {"self_cos": "self-cosine cos(m, r)", "par_frac": "|m_par| / |m|", "perp_frac": "|m_perp| / |m|"}
+
+
+def decomposition_figure(result: DecompositionResult) -> go.Figure:
+    """Per space: layer-wise curves (line = mean over heads, band = min-max over heads; whole-sublayer updates as
+    dashed lines) and, for head-level spaces, a layer x head heatmap of the mean self-cosine."""
+    info = result.info
+    spaces = list(dict.fromkeys(t.space for t in result.tables))
+    has_heads = [any(t.space == space and t.level == "head" for t in result.tables) for space in spaces]
+    titles, specs = [], []
+    for space, heads in zip(spaces, has_heads, strict=True):
+        titles += (
+            [f"{space}: self-alignment by layer", f"{space}: self-cosine per head"]
+            if heads
+            else [f"{space}: self-alignment by layer (whole update; no per-head split)"]
+        )
+        specs.append([{}, {}] if heads else [{"colspan": 2}, None])
+    fig = make_subplots(
+        rows=len(spaces),
+        cols=2,
+        subplot_titles=titles,
+        column_widths=[0.55, 0.45],
+        specs=specs,
+        horizontal_spacing=0.12,
+        vertical_spacing=0.32 / max(len(spaces), 1),
+    )
+    shown: set[str] = set()
+    for row, space in enumerate(spaces, start=1):
+        tables = {t.level: t for t in result.tables if t.space == space}
+        for stat, color in COLORS.items():
+            if "head" in tables:
+                t = tables["head"]
+                x, values = np.array(t.layers), getattr(t, stat)
+                group = f"{stat}-head"
+                band(
+                    fig,
+                    x,
+                    np.nanmin(values, 1),
+                    np.nanmax(values, 1),
+                    color,
+                    f"{LABELS[stat]}: min-max over heads",
+                    group,
+                    row,
+                    1,
+                    group not in shown,
+                )
+                fig.add_trace(
+                    go.Scatter(
+                        x=x,
+                        y=np.nanmean(values, 1),
+                        mode="lines+markers",
+                        line={"color": color},
+                        name=f"{LABELS[stat]}: mean over heads",
+                        legendgroup=group,
+                        showlegend=group not in shown,
+                    ),
+                    row=row,
+                    col=1,
+                )
+                shown.add(group)
+            if "sublayer" in tables:
+                t = tables["sublayer"]
+                group = f"{stat}-sublayer"
+                fig.add_trace(
+                    go.Scatter(
+                        x=np.array(t.layers),
+                        y=getattr(t, stat)[:, 0],
+                        mode="lines+markers",
+                        line={"color": color, "dash": "dash"},
+                        marker={"symbol": "diamond"},
+                        name=f"{LABELS[stat]}: whole update",
+                        legendgroup=group,
+                        showlegend=group not in shown,
+                    ),
+                    row=row,
+                    col=1,
+                )
+                shown.add(group)
+        fig.update_xaxes(title_text="layer", dtick=max(1, info.n_layers // 10), row=row, col=1)
+        fig.update_yaxes(title_text="mean over positions t ≥ 1", row=row, col=1)
+        if "head" in tables:
+            t = tables["head"]
+            fig.add_trace(
+                go.Heatmap(
+                    z=t.self_cos,
+                    x=[f"H{h}" for h in range(t.self_cos.shape[1])],
+                    y=[f"L{layer}" for layer in t.layers],
+                    zmid=0,
+                    colorscale="RdBu_r",
+                    colorbar={"title": "self-cos", "len": 1 / len(spaces), "y": 1 - (row - 0.5) / len(spaces)},
+                    customdata=np.stack([t.par_frac, t.perp_frac, t.par_coef], -1),
+                    hovertemplate="%{y}%{x}<br>self-cos %{z:.3f}<br>|m_par|/|m| %{customdata[0]:.3f}"
+                    "<br>|m_perp|/|m| %{customdata[1]:.3f}<br>coef %{customdata[2]:.3f}<extra></extra>",
+                ),
+                row=row,
+                col=2,
+            )
+            fig.update_xaxes(title_text="query head", row=row, col=2)
+            fig.update_yaxes(title_text="layer", autorange="reversed", row=row, col=2)
+    texts = result.provenance.texts
+    n_docs = texts.get("n_docs", "?")
+    height = 330 * len(spaces) + 190
+    fig.update_layout(
+        title={
+            "text": f"Parallel/perpendicular decomposition: {info.name} ({n_docs} docs, position 0 excluded)",
+            "yref": "container",
+            "yanchor": "top",
+            "y": 1 - 15 / height,
+        },
+        height=height,
+        width=1150,
+        template="plotly_white",
+        margin={"t": 190},
+        legend={
+            "orientation": "h",
+            "yref": "container",
+            "yanchor": "top",
+            "y": 1 - 60 / height,
+            "x": 0,
+            "font": {"size": 11},
+        },
+    )
+    return fig

@@ -1,0 +1,166 @@
+"""Training runs and the paired factorial."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+
+from lens_parallel.plots.common import band
+
+ARM_COLORS = {
+    "baseline": "#444444",
+    "value-parallel-removal": "#d62728",
+    "xsa-gated": "#ff7f0e",
+    "residual-parallel-removal": "#9467bd",
+    "random-direction": "#1f77b4",
+    "random-direction-gated": "#17becf",
+    "learned-gate": "#2ca02c",
+}
+"""One colour per training arm, the same in every figure (an arm not listed gets plotly's default sequence)."""
+
+
+def _arm_colors(arms) -> dict[str, str]:
+    fallback = go.layout.Template(pio.templates["plotly"]).layout.colorway
+    return {arm: ARM_COLORS.get(arm, fallback[i % len(fallback)]) for i, arm in enumerate(arms)}
+
+
+def training_curves(curves, *, title: str) -> go.Figure:
+    """Validation loss against step, one line per (arm, seed)."""
+    fig = go.Figure()
+    colors = _arm_colors(dict.fromkeys(curves["arm"]))
+    for (arm, seed), df in curves.groupby(["arm", "seed"], sort=False):
+        fig.add_trace(
+            go.Scatter(
+                x=df["step"],
+                y=df["val_loss"],
+                mode="lines+markers",
+                line={"color": colors[arm]},
+                name=f"{arm}, seed {seed}",
+            )
+        )
+    fig.update_layout(
+        title=title, xaxis_title="optimiser step", yaxis_title="validation loss (nats/token)", template="plotly_white"
+    )
+    return fig
+
+
+def factorial_figure(curves, finals, table) -> go.Figure:
+    """Left: validation loss per arm (line = mean over seeds, band = min-max over seeds). Right: the paired delta
+    (arm - baseline final validation loss) of every seed, with the mean and its 95% bootstrap CI."""
+    arms = list(dict.fromkeys(curves["arm"]))
+    colors = _arm_colors(arms)
+    n_seeds = curves.groupby("arm")["seed"].nunique().max()
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.58, 0.42],
+        horizontal_spacing=0.1,
+        subplot_titles=[
+            f"validation loss (line: mean over {n_seeds} seeds, band: min-max)",
+            "paired delta vs baseline (dots: seeds; bar: mean, 95% bootstrap CI)",
+        ],
+    )
+    for arm in arms:
+        g = curves[curves["arm"] == arm].groupby("step")["val_loss"]
+        x = g.mean().index.to_numpy()
+        band(
+            fig, x, g.min().to_numpy(), g.max().to_numpy(), colors[arm], f"{arm}: min-max over seeds", arm, 1, 1, False
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=x, y=g.mean().to_numpy(), mode="lines", line={"color": colors[arm]}, name=arm, legendgroup=arm
+            ),
+            row=1,
+            col=1,
+        )
+    wide = finals.pivot(index="seed", columns="arm", values="final_val_loss")
+    for _, row in table.iterrows():
+        arm = row["arm"]
+        d = (wide[arm] - wide["baseline"]).dropna()
+        fig.add_trace(
+            go.Scatter(
+                x=[arm] * len(d),
+                y=d.to_numpy(),
+                mode="markers",
+                marker={"color": colors[arm], "size": 8, "opacity": 0.6},
+                text=[f"seed {s}" for s in d.index],
+                name=f"{arm}: per seed",
+                legendgroup=arm,
+                showlegend=False,
+            ),
+            row=1,
+            col=2,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[arm],
+                y=[row["mean_delta"]],
+                mode="markers",
+                marker={"color": colors[arm], "symbol": "line-ew-open", "size": 26, "line": {"width": 3}},
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": [row["ci_hi"] - row["mean_delta"]],
+                    "arrayminus": [row["mean_delta"] - row["ci_lo"]],
+                },
+                name=f"{arm}: mean, 95% CI",
+                legendgroup=arm,
+                showlegend=False,
+            ),
+            row=1,
+            col=2,
+        )
+    fig.add_hline(y=0, line={"color": "black", "width": 1, "dash": "dot"}, row=1, col=2)
+    fig.update_xaxes(title_text="optimiser step", row=1, col=1)
+    fig.update_yaxes(title_text="validation loss (nats/token)", row=1, col=1)
+    fig.update_yaxes(title_text="delta final validation loss (nats/token; < 0 helps)", row=1, col=2)
+    fig.update_layout(
+        title="Training-time interventions: paired by seed", template="plotly_white", height=480, width=1150
+    )
+    return fig
+
+
+def gates_figure(gates) -> go.Figure:
+    """Learned gates per layer and arm: line = mean over heads and seeds, band = min-max over heads and seeds."""
+    fig = make_subplots(rows=1, cols=1)
+    if gates.empty:
+        fig.update_layout(title="Learned gates: no gated arm in this factorial", template="plotly_white")
+        return fig
+    colors = _arm_colors(dict.fromkeys(gates["arm"]))
+    for arm, df in gates.groupby("arm", sort=False):
+        g = df.groupby("layer")["gate"]
+        x = g.mean().index.to_numpy()
+        what = "s_par = sigmoid(w.x + b), mean over tokens" if arm == "learned-gate" else "g = tanh(alpha)"
+        band(
+            fig,
+            x,
+            g.min().to_numpy(),
+            g.max().to_numpy(),
+            colors[arm],
+            f"{arm}: min-max over heads, seeds",
+            arm,
+            1,
+            1,
+            True,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=g.mean().to_numpy(),
+                mode="lines+markers",
+                line={"color": colors[arm]},
+                name=f"{arm}: {what}",
+                legendgroup=arm,
+            )
+        )
+    fig.update_xaxes(title_text="layer", dtick=1)
+    fig.update_yaxes(title_text="gate value")
+    fig.update_layout(
+        title="Learned gates by layer (tanh gates: 1 = full removal; s_par: kept parallel share)",
+        template="plotly_white",
+        width=900,
+        height=560,
+        legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},
+    )
+    return fig

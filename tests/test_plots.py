@@ -1,0 +1,33 @@
+"""Figure helpers: files written next to each other, and a missing PNG renderer explained in one line."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from lens_parallel.plots import save_figure
+from lens_parallel.plots.common import png_failure
+
+KALEIDO_NO_CHROME = (
+    "\n\nKaleido requires Google Chrome to be installed.\n\nEither download and install Chrome yourself following "
+    "Google's instructions for your operating system,\nor install it from your terminal by running:\n\n"
+    "    $ plotly_get_chrome\n\n"
+)
+
+
+def test_png_failure_names_the_cause_and_the_fix():
+    reason = png_failure(RuntimeError(KALEIDO_NO_CHROME))
+    assert reason.startswith("Kaleido requires Google Chrome to be installed.")
+    assert "apt-get install chromium" in reason and "\n" not in reason
+    assert png_failure(ValueError("")) == "ValueError"
+
+
+def test_save_figure_without_a_png_renderer_says_why(tmp_path, monkeypatch, capsys):
+    def no_chrome(self, *args, **kwargs):
+        raise RuntimeError(KALEIDO_NO_CHROME)
+
+    monkeypatch.setattr(go.Figure, "write_image", no_chrome)
+    written = save_figure(go.Figure(layout={"title": "t"}), tmp_path / "toy-qwen3.5_decompose")
+    assert [p.name for p in written] == ["toy-qwen3.5_decompose.html"]
+    err = capsys.readouterr().err
+    assert "(no PNG for toy-qwen3.5_decompose: Kaleido requires Google Chrome to be installed." in err
+    assert err.count("\n") == 1

@@ -1,0 +1,132 @@
+"""Every registered result class implements the Result protocol: provenance, a tidy frame, a one-row summary,
+named figures, and a save/load round trip that gives back an equal result."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+import lens_parallel as lp
+from lens_parallel.results import FORMAT_VERSION, load_result, qualified_name, result_classes, save_result
+from lens_parallel.training.config import PRESETS
+
+from .conftest import get_model
+
+
+def _blocks(spec: str = "toy-gpt2", n_docs: int = 4, seq_len: int = 16):
+    return lp.token_blocks(get_model(spec), "wikipedia-en", n_docs=n_docs, seq_len=seq_len)
+
+
+@pytest.fixture(scope="module")
+def factorial(tmp_path_factory):
+    cfg = dataclasses.replace(PRESETS["tiny"], steps=4, eval_every=2)
+    return lp.run_factorial(cfg, ["baseline", "xsa-gated"], [0, 1], out=tmp_path_factory.mktemp("f"), progress=False)
+
+
+FACTORIES = {
+    "EditEffect": lambda f: lp.evaluate(get_model("toy-gpt2"), _blocks(), lp.ComponentScale("value", s_par=0.0)),
+    "AblationRun": lambda f: lp.run_ablations(
+        get_model("toy-gpt2"), _blocks(), [lp.AblationJob(1, (0,)), lp.AblationJob(2, (1, 2))], progress=False
+    ),
+    "CompressionResult": lambda f: lp.compression_error(get_model("toy-qwen2"), _blocks("toy-qwen2"), method="int8"),
+    "DecompositionResult": lambda f: lp.decompose(get_model("toy-gpt2"), _blocks(), space="all", progress=False),
+    "DiagonalView": lambda f: lp.diagonal_view(get_model("toy-gpt2"), _blocks(), layer=1, head=2),
+    "DominanceResult": lambda f: lp.head_dominance(get_model("toy-gpt2"), _blocks(n_docs=2), progress=False),
+    "NullResult": lambda f: lp.gqa_alignment(get_model("toy-qwen3"), _blocks("toy-qwen3"), n_resamples=50),
+    "SplitHalfResult": lambda f: lp.split_half_reliability(get_model("toy-gpt2"), _blocks(), progress=False),
+    "SanityReport": lambda f: lp.sanity_report(get_model("toy-gpt2"), _blocks(), progress=False),
+    "ScalingResult": lambda f: lp.scale_sweep(
+        get_model("toy-gpt2"), _blocks(), space=["value", "residual-mlp"], s_par=(0.0,), s_perp=(0.5,), progress=False
+    ),
+    "SensitivityResult": lambda f: lp.head_sensitivity(
+        get_model("toy-gpt2"), _blocks(), layers=[0, 1], n_resamples=50, n_permutations=50, progress=False
+    ),
+    "ModelReport": lambda f: lp.run_battery(get_model("toy-gpt2"), _blocks(n_docs=4, seq_len=12), progress=False),
+    "TrainRun": lambda f: f.runs[1],
+    "FactorialResult": lambda f: f,
+}
+
+
+def test_every_result_class_has_a_protocol_check():
+    assert {cls.__name__ for cls in result_classes()} == set(FACTORIES)
+
+
+def _assert_same(a, b, where: str = "result") -> None:
+    """Field-by-field equality of two results (arrays exactly, NaN == NaN)."""
+    assert type(a) is type(b), where
+    if dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            _assert_same(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b, err_msg=where)
+        assert a.dtype == b.dtype, where
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, float) and np.isnan(a):
+        assert np.isnan(b), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_result_protocol(name, factorial, tmp_path):
+    result = FACTORIES[name](factorial)
+    assert type(result).__name__ == name and isinstance(result, lp.Result)
+    assert isinstance(result.provenance, lp.Provenance) and result.provenance.model["name"]
+    tidy = result.to_dataframe()
+    assert isinstance(tidy, pd.DataFrame) and len(tidy) >= 1
+    summary = result.summary()
+    assert isinstance(summary, pd.DataFrame) and len(summary) == 1 and "model" in summary.columns
+    figures = result.figures()
+    assert figures and all(isinstance(k, str) and isinstance(f, go.Figure) for k, f in figures.items())
+    main = next(iter(figures.values()))
+    assert main.to_plotly_json() == result.figure().to_plotly_json()
+    assert all(f.layout.title.text for f in figures.values())
+    path = result.save(tmp_path / "saved.v1")  # a dot in the name is kept, not taken for a suffix
+    assert path.name == "saved.v1.json"
+    meta = json.loads(path.read_text())
+    assert meta["format"] == "lens_parallel.result" and meta["version"] == FORMAT_VERSION
+    assert meta["data"]["__class__"] == qualified_name(type(result))
+    loaded = type(result).load(tmp_path / "saved.v1")
+    _assert_same(result, loaded)
+    pd.testing.assert_frame_equal(loaded.to_dataframe(), tidy)
+    pd.testing.assert_frame_equal(loaded.summary(), summary)
+
+
+def test_unknown_type_or_version_is_a_clear_error(tmp_path):
+    effect = lp.evaluate(get_model("toy-gpt2"), _blocks(), lp.ComponentScale("value", s_par=0.5))
+    path = effect.save(tmp_path / "effect")
+    meta = json.loads(path.read_text())
+    meta["version"] = FORMAT_VERSION + 1
+    path.write_text(json.dumps(meta))
+    with pytest.raises(lp.LensParallelError, match=f"format version {FORMAT_VERSION + 1}"):
+        load_result(path)
+    meta["version"] = FORMAT_VERSION
+    meta["data"]["__class__"] = "lens_parallel.gone.OldResult"
+    path.write_text(json.dumps(meta))
+    with pytest.raises(lp.LensParallelError, match=r"unknown result type 'lens_parallel\.gone\.OldResult'"):
+        load_result(path)
+    with pytest.raises(lp.LensParallelError, match="no saved result"):
+        load_result(tmp_path / "missing")
+    effect.save(tmp_path / "ok")
+    with pytest.raises(lp.LensParallelError, match="holds a EditEffect, not a ScalingResult"):
+        lp.ScalingResult.load(tmp_path / "ok")
+
+
+def test_nothing_is_silently_turned_into_a_string(tmp_path):
+    effect = lp.evaluate(get_model("toy-gpt2"), _blocks(), lp.ComponentScale("value", s_par=0.5))
+    settings = dict(effect.provenance.settings, where=tmp_path)  # a Path is not plain data
+    bad = dataclasses.replace(effect, provenance=dataclasses.replace(effect.provenance, settings=settings))
+    with pytest.raises(TypeError, match=r"cannot save a PosixPath at root\.provenance\.settings\.where"):
+        save_result(bad, tmp_path / "bad")

@@ -1,0 +1,89 @@
+"""The sweep engine: equality with the naive loop for both job kinds, and a store that survives a kill."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from lens_parallel import LensParallelError
+from lens_parallel.data import token_blocks
+from lens_parallel.edits import ComponentScale, HeadEdit
+from lens_parallel.losses import document_losses
+from lens_parallel.sweep import AblationJob, EditJob, run_sweep
+
+from .conftest import get_model
+
+JOBS = [
+    AblationJob(0, (1,)),
+    AblationJob(2, (0, 3)),
+    EditJob("value s_par=0 at L1", (ComponentScale("value", s_par=0.0, layers=1),), start_layer=1),
+    EditJob("mlp s_perp=0.5, all", (ComponentScale("residual-mlp", s_perp=0.5),)),
+]
+
+
+def _setup(spec: str = "toy-qwen2"):
+    model = get_model(spec)
+    return model, token_blocks(model, "wikipedia-en", n_docs=5, seq_len=16, seed=1)
+
+
+def test_mixed_jobs_equal_the_naive_loop():
+    model, blocks = _setup()
+    run = run_sweep(model, blocks, JOBS, edit="zero", batch_size=2, rows_per_forward=4, progress=False)
+    np.testing.assert_allclose(run.base.loss_sum, document_losses(model, blocks).loss_sum, atol=1e-5)
+    for job in JOBS:
+        edits = HeadEdit("zero", job.layer, job.heads) if isinstance(job, AblationJob) else job.edits
+        naive = document_losses(model, blocks, edits)
+        np.testing.assert_allclose(run[job].loss_sum, naive.loss_sum, atol=1e-5, err_msg=job.key)
+        assert np.abs(naive.loss_sum - run.base.loss_sum).max() > 1e-4, job.key  # each job does something
+
+
+def test_a_store_cut_mid_line_is_repaired_and_gives_identical_results(tmp_path):
+    model, blocks = _setup()
+    store = tmp_path / "sweep.jsonl"
+    kwargs = {"edit": "zero", "batch_size": 2, "rows_per_forward": 2, "progress": False}
+    full = run_sweep(model, blocks, JOBS, store=store, **kwargs)
+    lines = store.read_text().splitlines(keepends=True)
+    assert len(lines) == 1 + len(JOBS)
+    cut = "".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2]  # killed while writing the last job
+    store.write_text(cut)
+    resumed = run_sweep(model, blocks, JOBS, store=store, **kwargs)
+    for job in JOBS:
+        np.testing.assert_array_equal(resumed[job].loss_sum, full[job].loss_sum)
+    repaired = store.read_text().splitlines()
+    assert [json.loads(line)["job"] for line in repaired[1:]] == [j.key for j in JOBS[:-1]] + [JOBS[-1].key]
+    store.write_text(lines[0][:10])  # killed while writing the header: nothing was finished
+    again = run_sweep(model, blocks, JOBS, store=store, **kwargs)
+    np.testing.assert_array_equal(again[JOBS[1]].loss_sum, full[JOBS[1]].loss_sum)
+
+
+def test_a_store_from_another_batch_size_or_run_is_refused(tmp_path):
+    model, blocks = _setup()
+    store = tmp_path / "sweep.jsonl"
+    run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
+    with pytest.raises(LensParallelError, match="batch_size: store has 2, this run 3"):
+        run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=3, store=store, progress=False)
+    with pytest.raises(LensParallelError, match="edit: store has 'zero', this run 'mean'"):
+        run_sweep(model, blocks, JOBS[:2], edit="mean", batch_size=2, store=store, progress=False)
+    other = token_blocks(model, "austen", n_docs=5, seq_len=16)
+    with pytest.raises(LensParallelError, match="tokens: store has"):
+        run_sweep(model, other, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
+    lines = store.read_text().splitlines(keepends=True)
+    store.write_text(lines[0] + "{not json}\n" + "".join(lines[1:]))
+    with pytest.raises(LensParallelError, match="line 2: not a finished job"):
+        run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
+
+
+def test_bad_jobs_are_refused_before_any_forward():
+    model, blocks = _setup()
+    with pytest.raises(LensParallelError, match="edits layer 0, before its start layer 2"):
+        run_sweep(model, blocks, [EditJob("early", (ComponentScale("value", layers=0),), start_layer=2)])
+    with pytest.raises(LensParallelError, match="share a key"):
+        run_sweep(
+            model, blocks, [EditJob("a", (ComponentScale("value"),)), EditJob("a", (ComponentScale("residual-mlp"),))]
+        )
+    with pytest.raises(LensParallelError, match="batch_size and rows_per_forward must be >= 1"):
+        run_sweep(model, blocks, JOBS[:1], edit="zero", batch_size=0)
+    with pytest.raises(LensParallelError, match="a sweep job is an AblationJob or an EditJob, got str"):
+        run_sweep(model, blocks, ["L0H1"])
