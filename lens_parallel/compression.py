@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import einops
 import torch
@@ -33,7 +34,6 @@ from transformer_lens.model_bridge import TransformerBridge
 from transformers.pytorch_utils import Conv1D
 
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import linear_input_norms
 from lens_parallel.models import export_hf_model, wrap_hf_model
 
 _SPEC = re.compile(r"^(?:(none)|int(\d+)(?:-g(\d+))?|(magnitude|wanda)-(?:(\d+(?:\.\d+)?)%|(\d+):(\d+)))$")
@@ -164,6 +164,27 @@ def method_name(method: MethodLike) -> str:
     if isinstance(method, Compression):
         return method.name
     return getattr(method, "__name__", type(method).__name__)
+
+
+def linear_input_norms(
+    hf_model: torch.nn.Module, modules: dict[str, torch.nn.Module], tokens: Int[Tensor, "batch pos"]
+) -> dict[str, Float[Tensor, " d_in"]]:
+    """||X_j||_2 of every input feature j of each module over all calibration tokens (one forward of the plain
+    Hugging Face model, torch pre-hooks that only read their input)."""
+    sums: dict[str, Tensor] = {}
+
+    def accumulate(module, args, *, name: str) -> None:
+        x = args[0].detach().double()
+        sums[name] = sums.get(name, 0) + einops.reduce(x * x, "... d_in -> d_in", "sum")
+
+    handles = [m.register_forward_pre_hook(partial(accumulate, name=n)) for n, m in modules.items()]
+    try:
+        with torch.inference_mode():
+            hf_model(tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: s.sqrt() for name, s in sums.items()}
 
 
 def compress(

@@ -234,24 +234,3 @@ class LayerStream:
         if self._buffers:
             missing = {layer: sorted(set(self.roles[layer]) - set(b)) for layer, b in self._buffers.items()}
             raise RuntimeError(f"hooks never fired for layer/roles {missing}")
-
-
-def linear_input_norms(
-    hf_model: torch.nn.Module, modules: dict[str, torch.nn.Module], tokens: Int[Tensor, "batch pos"]
-) -> dict[str, Float[Tensor, " d_in"]]:
-    """||X_j||_2 of every input feature j of each module over all calibration tokens (one forward of the plain
-    Hugging Face model, torch pre-hooks that only read their input)."""
-    sums: dict[str, Tensor] = {}
-
-    def accumulate(module, args, *, name: str) -> None:
-        x = args[0].detach().double()
-        sums[name] = sums.get(name, 0) + einops.reduce(x * x, "... d_in -> d_in", "sum")
-
-    handles = [m.register_forward_pre_hook(partial(accumulate, name=n)) for n, m in modules.items()]
-    try:
-        with torch.inference_mode():
-            hf_model(tokens)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return {name: s.sqrt() for name, s in sums.items()}

@@ -18,10 +18,9 @@ import plotly.graph_objects as go
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.data import TokenBlocks
+from lens_parallel.data import TokenBlocks, document_batches
 from lens_parallel.edits import EDIT_TYPES, Edit, compile_hooks, describe_edit, noop
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import skip_blocks_before
@@ -142,8 +141,8 @@ def document_losses(
     toks = as_tokens(tokens)
     hooks = compile_hooks(model, edits)
     sums = [
-        batch_nll(model, toks[i : i + batch_size], hooks)
-        for i in tqdm(range(0, len(toks), batch_size), desc="loss", disable=not progress)
+        batch_nll(model, batch, hooks)
+        for _, batch in document_batches(toks, batch_size, progress=progress, desc="loss")
     ]
     n = np.full(len(toks), toks.shape[1] - 1, dtype=np.int64)
     return DocLosses(loss_sum=torch.cat(sums).double().cpu().numpy(), n_tokens=n)

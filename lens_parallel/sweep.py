@@ -14,6 +14,9 @@ per-document next-token NLL sum of each job's edited forward. :func:`run_sweep` 
     edit kind, batch size, dtype, ...) is refused with what differs;
 (e) a progress bar.
 
+Analyses whose metric is captured activations rather than losses batch through :func:`capture` (streamed hooks,
+reduced per batch); every loop over documents uses :func:`lens_parallel.data.document_batches`.
+
 Jobs are plain data, so they can be handed to other workers; equal jobs are run once. Results equal the naive loop
 (one full forward with the edit's hooks per job) to float rounding (tested to 1e-5).
 """
@@ -23,8 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import einops
@@ -35,17 +39,18 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.data import TokenBlocks
+from lens_parallel.data import TokenBlocks, document_batches
 from lens_parallel.edits import ABLATIONS, ComponentScale, DiagonalEdit, HeadEdit, compile_hooks
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import LayerStream, check_indices, hook_name, softmax_layers
 from lens_parallel.losses import DocLosses, batch_nll, next_token_nll
 from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.results import as_tokens
+from lens_parallel.results import as_tokens, serializable
 
 STORE_FORMAT = "lens_parallel.sweep/1"
 
 
+@serializable
 @dataclass(frozen=True)
 class AblationJob:
     """Remove query ``heads`` of ``layer`` together (how: the sweep's ``edit``, one of :data:`ABLATIONS`)."""
@@ -97,9 +102,29 @@ def head_means(
         sums[layer] += einops.reduce(t["z"], "b p h d -> h d", "sum")
 
     stream = LayerStream(info, layers, ["z"], reduce)
-    for start in range(0, len(tokens), batch_size):
-        stream.run(model, tokens[start : start + batch_size])
+    for _, batch in document_batches(tokens, batch_size):
+        stream.run(model, batch)
     return {layer: (s / tokens.numel()).float() for layer, s in sums.items()}
+
+
+def capture(
+    model: TransformerBridge,
+    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    layers: Sequence[int],
+    roles: Sequence[str] | dict[int, Sequence[str]],
+    reduce: Callable[[slice, int, dict[str, Tensor]], None],
+    *,
+    batch_size: int = 8,
+    dtype: torch.dtype = torch.float64,
+    progress: bool = False,
+    desc: str = "capture",
+) -> None:
+    """Captured-activation metric: stream ``roles`` at ``layers`` (:class:`~lens_parallel.hooks.LayerStream`, each
+    forward stopped after the last layer needed) over batches of documents; ``reduce(rows, layer, tensors)`` gets
+    each layer's tensors of the documents ``rows`` as soon as they are complete."""
+    info, toks = model_info(model), as_tokens(tokens)
+    for rows, batch in document_batches(toks, batch_size, progress=progress, desc=desc):
+        LayerStream(info, layers, roles, partial(reduce, rows), dtype=dtype).run(model, batch)
 
 
 def _validate(jobs: Sequence[Job], info: ModelInfo, edit: str | None) -> list[Job]:
@@ -236,8 +261,7 @@ def _prefix_pass(
     """One unedited forward per batch: per-document base NLL sums and ``resid_pre`` of every start layer > 0."""
     names = [hook_name(layer, "resid_pre") for layer in layers]
     batches, base = [], []
-    for start in range(0, len(toks), batch_size):
-        batch = toks[start : start + batch_size]
+    for _, batch in document_batches(toks, batch_size):
         with torch.inference_mode():
             logits, cache = model.run_with_cache(batch, names_filter=names)
         base.append(next_token_nll(logits, batch))

@@ -7,7 +7,9 @@ from html.parser import HTMLParser
 
 import pandas as pd
 import pytest
+import torch
 
+from lens_parallel import LensParallelError, cli
 from lens_parallel.cli import main
 from lens_parallel.report import SECTIONS
 
@@ -139,7 +141,15 @@ def test_more_bad_inputs_exit_2_with_one_line(tmp_path):
             "unknown model spec 'toy-nope'",
         ),
         (("train", "--preset", "tiny", "--arms", "xsa-gated", "--out", str(tmp_path)), "baseline"),
+        (("decompose", *TOY, "--device", "gpu", "--out", str(tmp_path)), "unknown device 'gpu'"),
+        (("report", *TOY, "--device", "gpu", "--out", str(tmp_path)), "unknown device 'gpu'"),
+        (("train", "--preset", "tiny", "--device", "gpu", "--out", str(tmp_path)), "device 'gpu'"),
     ]
+    if not torch.cuda.is_available():
+        cases += [
+            (("decompose", *TOY, "--device", "cuda", "--out", str(tmp_path)), "this machine has no CUDA device"),
+            (("train", "--preset", "tiny", "--device", "cuda", "--out", str(tmp_path)), "no CUDA device"),
+        ]
     for args, message in cases:
         proc = _run(*args)
         lines = proc.stderr.strip().splitlines()
@@ -148,6 +158,23 @@ def test_more_bad_inputs_exit_2_with_one_line(tmp_path):
     for args in (("sensitivity", "--edit", "erase"), ("train", "--preset", "huge"), ("compress", "--positions", "x")):
         proc = _run(*args)
         assert proc.returncode == 2 and "invalid choice" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_bug_inside_the_package_keeps_its_traceback(monkeypatch):
+    """Only LensParallelError is bad input; any other exception is a bug and must not pose as one."""
+
+    def broken(args):
+        raise KeyError("an internal bug")
+
+    monkeypatch.setitem(cli.COMMANDS, "models", broken)
+    with pytest.raises(KeyError, match="an internal bug"):
+        main(["models"])
+
+    def bad_input(args):
+        raise LensParallelError("layers [9] out of range")
+
+    monkeypatch.setitem(cli.COMMANDS, "models", bad_input)
+    assert main(["models"]) == 2
 
 
 def _script_tags(page: str) -> list[dict]:
@@ -179,5 +206,5 @@ def test_report_is_self_contained_with_every_section(tmp_path):
     assert list(summary["model"]) == ["toy-gpt2", "toy-qwen3"]
     assert (tmp_path / "tables" / "toy-qwen3_sensitivity.csv").is_file()
     meta = json.loads((tmp_path / "results" / "toy-qwen3_decomposition.json").read_text())
-    assert meta["provenance"]["model"]["name"] == "toy-qwen3"
+    assert meta["data"]["provenance"]["model"]["name"] == "toy-qwen3"
     assert (tmp_path / "results" / "toy-gpt2_diagonal_1.json").is_file()

@@ -121,6 +121,9 @@ def test_compression_error_on_toy_models_table_and_figure():
     assert (summary["perp_mean"] > 0).all() and (summary["par_mean"] > 0).all()
     fig = result.figure()
     assert len([t for t in fig.data if t.mode == "lines+markers"]) == 6
+    batched = compression_error(model, toks, method=["int8", "int4-g16", "wanda-50%"], batch_size=4)  # 4 + 2 prompts
+    for field in ("par", "perp", "coef", "delta_loss"):
+        np.testing.assert_allclose(getattr(batched, field), getattr(result, field), rtol=1e-4, atol=1e-6, err_msg=field)
     with pytest.raises(ValueError, match="positions"):
         compression_error(model, toks, method="int8", positions="first")
     with pytest.raises(ValueError, match="accepted forms"):

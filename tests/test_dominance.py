@@ -72,6 +72,10 @@ def test_dominance_matches_an_independent_full_forward(spec):
     strong = tuple(np.argsort(result.combined[p, text].mean(1)[:, g])[-half:].tolist())
     combined, _, _ = _reference(model, blocks.tokens, 1, strong, positions)
     np.testing.assert_allclose(result.joint[p, text, g, 1], combined[text, :, g].mean(), rtol=1e-4)
+    # texts in batches of 2: the same numbers, random halves included (drawn per text, not per batch)
+    batched = head_dominance(model, blocks, query_positions=slice(7, None), batch_size=2, progress=False)
+    for field in ("rel_q", "rel_k", "rel_v", "combined", "js", "joint"):
+        np.testing.assert_allclose(getattr(batched, field), getattr(result, field), rtol=1e-5, atol=1e-8, err_msg=field)
 
 
 def test_dataframe_figure_save_and_errors(tmp_path):

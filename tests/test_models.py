@@ -5,6 +5,7 @@ import pytest
 import torch
 import transformers
 
+from lens_parallel.errors import LensParallelError
 from lens_parallel.models import TOY_MODELS, ModelSpecError, load_model, model_info
 from lens_parallel.tokenizers import load_bundled_tokenizer
 
@@ -67,6 +68,20 @@ def test_unknown_spec_names_what_is_accepted():
 def test_folder_without_config(tmp_path):
     with pytest.raises(ModelSpecError, match=r"has no config.json.*save_pretrained"):
         load_model(str(tmp_path))
+
+
+def test_folder_whose_config_is_not_json(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"],')
+    with pytest.raises(ModelSpecError, match=r"config.json is not valid JSON"):
+        load_model(str(tmp_path))
+
+
+def test_bad_device_is_refused_before_loading():
+    with pytest.raises(LensParallelError, match=r"unknown device 'gpu'; accepted: cpu, cuda"):
+        load_model("toy-gpt2", device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(LensParallelError, match="no CUDA device"):
+            load_model("toy-gpt2", device="cuda")
 
 
 def test_unsupported_architecture(tmp_path):

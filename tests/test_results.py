@@ -4,6 +4,7 @@ named figures, and a save/load round trip that gives back an equal result."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import numpy as np
@@ -20,6 +21,11 @@ from .conftest import get_model
 
 def _blocks(spec: str = "toy-gpt2", n_docs: int = 4, seq_len: int = 16):
     return lp.token_blocks(get_model(spec), "wikipedia-en", n_docs=n_docs, seq_len=seq_len)
+
+
+@functools.cache
+def _battery() -> lp.ModelReport:
+    return lp.run_battery(get_model("toy-gpt2"), _blocks(n_docs=4, seq_len=12), progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +52,7 @@ FACTORIES = {
     "SensitivityResult": lambda f: lp.head_sensitivity(
         get_model("toy-gpt2"), _blocks(), layers=[0, 1], n_resamples=50, n_permutations=50, progress=False
     ),
-    "ModelReport": lambda f: lp.run_battery(get_model("toy-gpt2"), _blocks(n_docs=4, seq_len=12), progress=False),
+    "ModelReport": lambda f: _battery(),
     "TrainRun": lambda f: f.runs[1],
     "FactorialResult": lambda f: f,
 }
@@ -91,7 +97,7 @@ def test_result_protocol(name, factorial, tmp_path):
     figures = result.figures()
     assert figures and all(isinstance(k, str) and isinstance(f, go.Figure) for k, f in figures.items())
     main = next(iter(figures.values()))
-    assert main.to_plotly_json() == result.figure().to_plotly_json()
+    assert main.to_json() == result.figure().to_json()
     assert all(f.layout.title.text for f in figures.values())
     path = result.save(tmp_path / "saved.v1")  # a dot in the name is kept, not taken for a suffix
     assert path.name == "saved.v1.json"
@@ -130,3 +136,13 @@ def test_nothing_is_silently_turned_into_a_string(tmp_path):
     bad = dataclasses.replace(effect, provenance=dataclasses.replace(effect.provenance, settings=settings))
     with pytest.raises(TypeError, match=r"cannot save a PosixPath at root\.provenance\.settings\.where"):
         save_result(bad, tmp_path / "bad")
+
+
+@pytest.mark.parametrize("name", ["toy-qwen3.5", "Qwen/Qwen2.5-0.5B"])
+def test_report_sections_of_a_dotted_model_name_do_not_collide(name, tmp_path):
+    report = dataclasses.replace(_battery(), name=name)
+    paths = report.save_sections(tmp_path)
+    stem = name.replace("/", "_")
+    assert sorted(p.name for p in paths) == sorted(f"{stem}_{s}.json" for s in report.results())
+    for section, result in report.results().items():
+        _assert_same(load_result(tmp_path / f"{stem}_{section}"), result)

@@ -260,6 +260,19 @@ def test_gate_parameters_of_the_wrong_shape_are_refused():
         compile_hooks(model, [gate])
 
 
+def test_a_finished_run_of_other_settings_is_refused(tmp_path):
+    cfg = dataclasses.replace(TINY, steps=2, eval_every=1)
+    run = train(cfg, "baseline", 0, out=tmp_path, progress=False)
+    assert train(cfg, "baseline", 0, out=tmp_path, progress=False).final_val_loss == run.final_val_loss  # read back
+    for other_cfg, arm, seed in (
+        (cfg, "baseline", 1),
+        (cfg, "xsa-gated", 0),
+        (dataclasses.replace(cfg, lr=1e-3), "baseline", 0),
+    ):
+        with pytest.raises(ValueError, match=r"run\.json belongs to another run"):
+            train(other_cfg, arm, seed, out=tmp_path, progress=False)
+
+
 def test_bad_inputs_raise_before_training(tmp_path):
     with pytest.raises(ValueError, match="architecture"):
         TrainConfig(architecture="mamba")
@@ -267,6 +280,19 @@ def test_bad_inputs_raise_before_training(tmp_path):
         TrainConfig(n_kv_heads=2)  # GQA on a GPT-2 config
     with pytest.raises(ValueError, match="tokenizer"):
         TrainConfig(tokenizer="bpe-10")
+    for field, value in (
+        ("lr", float("nan")),
+        ("lr", 0.0),
+        ("weight_decay", float("inf")),
+        ("grad_clip", -1.0),
+        ("min_lr_ratio", float("nan")),
+        ("min_lr_ratio", 2.0),
+        ("lr", "0.1"),
+    ):
+        with pytest.raises(ValueError, match=f"{field}="):
+            TrainConfig(**{field: value})
+    with pytest.raises(ValueError, match="warmup_steps"):
+        TrainConfig(warmup_steps=1.5)
     with pytest.raises(ValueError, match="unknown arm"):
         train(TINY, "xsa", 0, out=tmp_path)
     with pytest.raises(ValueError, match="baseline"):

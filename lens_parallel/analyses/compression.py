@@ -29,13 +29,14 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.compression import Compression, MethodLike, compress, method_name
-from lens_parallel.data import TokenBlocks
+from lens_parallel.data import TokenBlocks, document_batches
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import LayerStream, softmax_layers
 from lens_parallel.losses import document_losses, edit_effect
 from lens_parallel.models import model_info
 from lens_parallel.plots.compression import compression_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
+from lens_parallel.sweep import capture
 
 SUBLAYERS = ("attn", "mlp")
 POSITIONS = ("last", "all")
@@ -156,6 +157,29 @@ def _block_updates(model, info, layer: int, tokens, resid, positions: str) -> Te
     return _updates({**got, "resid_pre": resid}, positions)[0]
 
 
+def _relative_errors(
+    comp: Float[Tensor, "sublayer batch scored d_model"],
+    base: Float[Tensor, "sublayer batch scored d_model"],
+    eps: float,
+) -> Float[Tensor, "3 sublayer batch"]:
+    """|e_par|/|delta|, |e_perp|/|delta| and e.delta/|delta|^2 of e = comp - base, averaged over the scored
+    positions of each document (NaN where |delta| ~ 0)."""
+    proj = geometry.project(comp - base, base, eps=eps)
+    norm, ok = base.norm(dim=-1), proj.valid
+    safe = torch.where(ok, norm, 1.0)
+    ratios = (proj.par.norm(dim=-1) / safe, proj.perp.norm(dim=-1) / safe, proj.coef)
+    return torch.stack([torch.where(ok, r, torch.nan).nanmean(-1) for r in ratios])
+
+
+def _check_methods(method: MethodLike | Sequence[MethodLike], positions: str) -> list:
+    methods = [method] if isinstance(method, (str, Compression)) or callable(method) else list(method)
+    if not methods:
+        raise LensParallelError("give at least one compression method")
+    if positions not in POSITIONS:
+        raise LensParallelError(f"positions must be one of {POSITIONS}, got {positions!r}")
+    return [Compression.parse(m) if isinstance(m, str) else m for m in methods]
+
+
 def compression_error(
     model: TransformerBridge,
     tokens: TokenBlocks | Int[Tensor, "batch pos"],
@@ -164,57 +188,47 @@ def compression_error(
     positions: str = "last",
     calibration: TokenBlocks | Int[Tensor, "batch pos"] | None = None,
     eps: float = geometry.EPS,
+    batch_size: int = 8,
 ) -> CompressionResult:
     """Decompose every method's per-layer update error into parts along and across the dense update.
 
     ``method``: one or several specs (``int8``, ``int4-g128``, ``wanda-50%``, ``magnitude-2:4``, ... see
     :mod:`lens_parallel.compression`), :class:`Compression` objects, or functions editing a Hugging Face model in
-    place. ``calibration``: tokens for Wanda's input norms (default: ``tokens``). Each method compresses a copy;
-    ``model`` is never changed.
+    place. ``calibration``: tokens for Wanda's input norms (default: ``tokens``). Each method compresses a copy (one
+    at a time); ``model`` is never changed. Prompts run ``batch_size`` at a time: one dense pass keeps each layer's
+    input and updates, then each compressed block is fed the dense input, batch by batch.
     """
-    methods = [method] if isinstance(method, (str, Compression)) or callable(method) else list(method)
-    if not methods:
-        raise LensParallelError("give at least one compression method")
-    methods = [Compression.parse(m) if isinstance(m, str) else m for m in methods]
-    if positions not in POSITIONS:
-        raise LensParallelError(f"positions must be one of {POSITIONS}, got {positions!r}")
+    methods = _check_methods(method, positions)
     toks = as_tokens(tokens)
     calib = toks if calibration is None else as_tokens(calibration)
     info = model_info(model)
     layers, _ = softmax_layers(info, None, what="compression_error")
-    dense: dict[int, tuple[Tensor, Tensor]] = {}
+    dense: dict[int, list[tuple[Tensor, Tensor]]] = {layer: [] for layer in layers}
 
-    def keep_dense(layer: int, tensors: dict[str, Tensor]) -> None:
-        dense[layer] = _updates(tensors, positions)
+    def keep_dense(rows: slice, layer: int, tensors: dict[str, Tensor]) -> None:
+        dense[layer].append(_updates(tensors, positions))
 
-    LayerStream(info, layers, ["resid_pre", "attn_out", "mlp_out"], keep_dense, dtype=torch.float32).run(model, toks)
-    base_losses = document_losses(model, toks)
-    shape = (len(methods), len(SUBLAYERS), len(layers), len(toks))
-    par, perp, coef = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
+    roles = ["resid_pre", "attn_out", "mlp_out"]
+    capture(model, toks, layers, roles, keep_dense, batch_size=batch_size, dtype=torch.float32)
+    base_losses = document_losses(model, toks, batch_size=batch_size)
+    errors = np.full((3, len(methods), len(SUBLAYERS), len(layers), len(toks)), np.nan)  # par, perp, coef
     delta_loss, delta_ci = np.zeros(len(methods)), np.zeros((len(methods), 2))
     for i, m in enumerate(methods):
         compressed = compress(model, m, calibration=calib)
-        for k, layer in enumerate(layers):
-            base, resid = dense[layer]
-            comp = _block_updates(compressed, info, layer, toks, resid, positions)
-            proj = geometry.project(comp - base, base, eps=eps)
-            norm = base.norm(dim=-1)
-            ok = proj.valid
-            ratio_par = torch.where(ok, proj.par.norm(dim=-1) / torch.where(ok, norm, 1.0), torch.nan)
-            ratio_perp = torch.where(ok, proj.perp.norm(dim=-1) / torch.where(ok, norm, 1.0), torch.nan)
-            coefs = torch.where(ok, proj.coef, torch.nan)
-            par[i, :, k] = ratio_par.nanmean(-1).numpy()
-            perp[i, :, k] = ratio_perp.nanmean(-1).numpy()
-            coef[i, :, k] = coefs.nanmean(-1).numpy()
-        effect = edit_effect(base_losses, document_losses(compressed, toks))
+        for j, (rows, batch) in enumerate(document_batches(toks, batch_size)):
+            for k, layer in enumerate(layers):
+                base, resid = dense[layer][j]
+                comp = _block_updates(compressed, info, layer, batch, resid, positions)
+                errors[:, i, :, k, rows] = _relative_errors(comp, base, eps).numpy()
+        effect = edit_effect(base_losses, document_losses(compressed, toks, batch_size=batch_size))
         delta_loss[i], delta_ci[i] = effect.delta_loss, effect.delta_loss_ci
     return CompressionResult(
         methods=tuple(method_name(m) for m in methods),
         layers=tuple(layers),
         positions=positions,
-        par=par,
-        perp=perp,
-        coef=coef,
+        par=errors[0],
+        perp=errors[1],
+        coef=errors[2],
         loss_dense=base_losses.loss,
         delta_loss=delta_loss,
         delta_loss_ci=delta_ci,
@@ -225,5 +239,6 @@ def compression_error(
             positions=positions,
             calibration="tokens" if calibration is None else "separate",
             eps=eps,
+            batch_size=batch_size,
         ),
     )

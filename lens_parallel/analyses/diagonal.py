@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
@@ -28,10 +28,11 @@ from lens_parallel import geometry
 from lens_parallel.data import TokenBlocks
 from lens_parallel.edits import DIAGONAL_SPACES
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import check_indices, expand_kv, hook_name, softmax_layers
-from lens_parallel.models import model_info
+from lens_parallel.hooks import check_indices, expand_kv, softmax_layers
+from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.plots.diagonal import diagonal_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
+from lens_parallel.sweep import capture
 
 
 @serializable
@@ -103,29 +104,53 @@ class DiagonalView(ResultMixin):
         return diagonal_figure(self, max_tokens=max_tokens)
 
 
+class _DiagonalSummary:
+    """Running per (space, head) sums over documents and positions t >= 1 of dA_tt: mean, min, max, the share of
+    positions with A_tt + dA_tt < 0, and the number of guarded positions."""
+
+    def __init__(self, n_spaces: int, n_heads: int) -> None:
+        shape = (n_spaces, n_heads)
+        self.total = torch.zeros(shape, dtype=torch.float64)
+        self.low = torch.full(shape, torch.inf, dtype=torch.float64)
+        self.high = torch.full(shape, -torch.inf, dtype=torch.float64)
+        self.negative = torch.zeros(shape, dtype=torch.int64)
+        self.guarded = torch.zeros(shape, dtype=torch.int64)
+        self.count = 0
+
+    def add(
+        self,
+        d_a: Float[Tensor, "space batch head_index pos"],
+        diag: Float[Tensor, "batch head_index pos"],
+        guarded: Bool[Tensor, "space batch head_index pos"],
+    ) -> None:
+        d = d_a[..., 1:]
+        self.total += d.sum((1, 3))
+        self.low = torch.minimum(self.low, d.amin((1, 3)))
+        self.high = torch.maximum(self.high, d.amax((1, 3)))
+        self.negative += ((diag + d_a)[..., 1:] < 0).sum((1, 3))
+        self.guarded += guarded[..., 1:].sum((1, 3))
+        self.count += d.shape[1] * d.shape[3]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "summary_mean": (self.total / self.count).numpy(),
+            "summary_min": self.low.numpy(),
+            "summary_max": self.high.numpy(),
+            "summary_negative_share": (self.negative.double() / self.count).numpy(),
+            "summary_guarded": self.guarded.numpy(),
+        }
+
+
 def _token_labels(model: TransformerBridge, tokens: Int[Tensor, " pos"]) -> tuple[str, ...]:
     pieces = model.tokenizer.convert_ids_to_tokens(tokens.tolist())
     text = [model.tokenizer.convert_tokens_to_string([p]) for p in pieces]
     return tuple(f"{i}:{t!r}"[:24] for i, t in enumerate(text))
 
 
-def diagonal_view(
-    model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
-    *,
-    layer: int,
-    head: int,
-    s_par: float = 0.0,
-    space: str | Sequence[str] = DIAGONAL_SPACES,
-    doc: int = 0,
-    eps: float = geometry.EPS,
-) -> DiagonalView:
-    """Diagonal changes dA_tt that reproduce scaling the parallel part by ``s_par``, for ``head`` at ``layer``.
-
-    One forward (stopped after ``layer``) captures resid_pre, hook_v and hook_pattern of that layer for all
-    documents; ``doc`` picks the document whose map is kept for the figure. Summaries cover every head.
-    """
-    info = model_info(model)
+def _check_view(
+    info: ModelInfo, space: str | Sequence[str], layer: int, head: int, s_par: float, doc: int, n_docs: int
+) -> tuple[tuple[str, ...], int, int]:
+    """The spaces, layer and head of a diagonal view, checked (gated attention drops residual-attn from a list)."""
     spaces = (space,) if isinstance(space, str) else tuple(space)
     bad = [s for s in spaces if s not in DIAGONAL_SPACES]
     if bad or not spaces:
@@ -140,29 +165,54 @@ def diagonal_view(
                 "sigmoid(gate) * A v); use value or value-exclude-self"
             )
         spaces = tuple(s for s in spaces if s != "residual-attn")
-        warnings.warn("gated attention: the residual-attn diagonal view is skipped (value spaces only)", stacklevel=2)
+        warnings.warn("gated attention: the residual-attn diagonal view is skipped (value spaces only)", stacklevel=3)
     (head,) = check_indices("heads", head, info.n_heads)
     if not np.isfinite(s_par):
         raise LensParallelError(f"s_par must be a finite number, got {s_par!r}")
-    toks = as_tokens(tokens)
-    if not 0 <= doc < len(toks):
-        raise LensParallelError(f"doc {doc} out of range: there are {len(toks)} documents")
-    names = [hook_name(layer, r) for r in ("resid_pre", "v", "pattern")]
-    stop = layer + 1 if layer + 1 < info.n_layers else None
-    with torch.inference_mode():
-        _, cache = model.run_with_cache(toks, names_filter=names, stop_at_layer=stop)
-    x, pattern = cache[names[0]].double(), cache[names[2]].double()
-    v = expand_kv(cache[names[1]].double(), info.n_heads)
+    if not 0 <= doc < n_docs:
+        raise LensParallelError(f"doc {doc} out of range: there are {n_docs} documents")
+    return spaces, layer, head
+
+
+def diagonal_view(
+    model: TransformerBridge,
+    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    *,
+    layer: int,
+    head: int,
+    s_par: float = 0.0,
+    space: str | Sequence[str] = DIAGONAL_SPACES,
+    doc: int = 0,
+    eps: float = geometry.EPS,
+    batch_size: int = 8,
+) -> DiagonalView:
+    """Diagonal changes dA_tt that reproduce scaling the parallel part by ``s_par``, for ``head`` at ``layer``.
+
+    One forward per batch of ``batch_size`` documents (stopped after ``layer``) captures resid_pre, hook_v and
+    hook_pattern of that layer; the summaries over every head are accumulated batch by batch, and ``doc`` picks the
+    document whose map is kept for the figure.
+    """
+    info, toks = model_info(model), as_tokens(tokens)
+    spaces, layer, head = _check_view(info, space, layer, head, s_par, doc, len(toks))
     W_O = model.blocks[layer].attn.W_O.detach().double()
-    changes = [geometry.diagonal_change(pattern, v, s, s_par=s_par, x=x, W_O=W_O, eps=eps) for s in spaces]
-    d_a = torch.stack([c.d_a for c in changes])  # [space, batch, head_index, pos]
-    guarded = ~torch.stack([c.valid for c in changes])
-    diag = torch.diagonal(pattern, dim1=-2, dim2=-1)
-    after = (diag + d_a)[..., 1:]
+    acc = _DiagonalSummary(len(spaces), info.n_heads)
+    kept: dict[str, Tensor] = {}
+
+    def reduce(rows: slice, _: int, t: dict[str, Tensor]) -> None:
+        x, pattern, v = t["resid_pre"], t["pattern_full"], expand_kv(t["v"], info.n_heads)
+        changes = [geometry.diagonal_change(pattern, v, s, s_par=s_par, x=x, W_O=W_O, eps=eps) for s in spaces]
+        d_a = torch.stack([c.d_a for c in changes])  # [space, batch, head_index, pos]
+        acc.add(d_a, torch.diagonal(pattern, dim1=-2, dim2=-1), ~torch.stack([c.valid for c in changes]))
+        if rows.start <= doc < rows.stop:
+            i = doc - rows.start
+            kept.update(pattern=pattern[i, head], d_a=d_a[:, i, head], v=v[i, :, head], x=x[i])
+
+    roles = ("resid_pre", "v", "pattern_full")
+    capture(model, toks, [layer], roles, reduce, batch_size=batch_size)
     residual_par = residual_perp = np.zeros(toks.shape[1])
     if "residual-attn" in spaces:
-        change = d_a[spaces.index("residual-attn"), doc, head][:, None] * (v[doc, :, head] @ W_O[head])
-        split = geometry.project(change, x[doc])
+        change = kept["d_a"][spaces.index("residual-attn")][:, None] * (kept["v"] @ W_O[head])
+        split = geometry.project(change, kept["x"])
         residual_par, residual_perp = split.par.norm(dim=-1).numpy(), split.perp.norm(dim=-1).numpy()
     provenance = Provenance.collect(
         info,
@@ -174,6 +224,7 @@ def diagonal_view(
         spaces=list(spaces),
         doc=doc,
         eps=eps,
+        batch_size=batch_size,
     )
     return DiagonalView(
         layer=layer,
@@ -182,14 +233,10 @@ def diagonal_view(
         s_par=float(s_par),
         spaces=spaces,
         token_labels=_token_labels(model, toks[doc]),
-        pattern=pattern[doc, head].numpy(),
-        d_a=d_a[:, doc, head].numpy(),
+        pattern=kept["pattern"].numpy(),
+        d_a=kept["d_a"].numpy(),
         residual_par=residual_par,
         residual_perp=residual_perp,
-        summary_mean=d_a[..., 1:].mean((1, 3)).numpy(),
-        summary_min=d_a[..., 1:].amin((1, 3)).numpy(),
-        summary_max=d_a[..., 1:].amax((1, 3)).numpy(),
-        summary_negative_share=(after < 0).double().mean((1, 3)).numpy(),
-        summary_guarded=guarded[..., 1:].sum((1, 3)).numpy(),
+        **acc.arrays(),
         provenance=provenance,
     )

@@ -14,7 +14,7 @@ head (``stats.concentration``: effective number exp(H), effective fraction, norm
 25% share, heads for 90%). Joint controls remove the weak half, the strong half and a random half (same size) of the
 upstream heads, chosen per (text, receiving head) from the single-head effects, and measure the joint effect.
 Every forward resumes at layer l from the cached residual (earlier blocks not computed) and stops after layer l+1's
-attention pattern.
+attention pattern. The random half of each (text, receiving head) is drawn from ``default_rng([seed, l, text])``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.data import TokenBlocks
+from lens_parallel.data import TokenBlocks, document_batches
 from lens_parallel.edits import HeadEdit
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import LayerStream, check_indices, effective_qk_roles, hook_name
@@ -194,6 +194,65 @@ def _pad(arrays: list[np.ndarray]) -> np.ndarray:
     )
 
 
+def _tile(t: Tensor | None, r: int, pattern: str) -> Tensor | None:
+    return None if t is None else einops.repeat(t, pattern, r=r)
+
+
+def _single_effects(receive: _Receiver, tokens: Tensor, resid: Tensor, base: dict, index, positions) -> dict:
+    """Every upstream head removed alone (row (u, b) removes head u in text b): effects ``[text, upstream, pos,
+    receiving]`` (rel_k / rel_v per key / value head)."""
+    h = receive.info.n_heads
+    mask = einops.repeat(torch.eye(h, dtype=torch.bool), "u h -> (u b) h", b=len(tokens))
+    tiled = {key: _tile(t, h, "b ... -> (r b) ...") for key, t in base.items()}
+    ablated = receive(_tile(tokens, h, "b p -> (r b) p"), _tile(resid, h, "b p d -> (r b) p d"), mask)
+    single = _effects(tiled, ablated, index, positions)
+    return {k: einops.rearrange(v.double().cpu().numpy(), "(u b) j g -> b u j g", u=h) for k, v in single.items()}
+
+
+def _joint_masks(combined: np.ndarray, texts: range, *, seed: int, up: int) -> Tensor:
+    """Per (text, receiving head): the weak, strong and a random half of the upstream heads, ``[text, receiving,
+    3, upstream]``; weak/strong from the token-averaged single-head effects ``combined [text, upstream, pos, recv]``,
+    the random half drawn from ``default_rng([seed, up, text])`` (independent of how texts are batched)."""
+    n, h, _, n_recv = combined.shape
+    half = h // 2
+    order = np.argsort(combined.mean(2), axis=1)  # [text, upstream (ascending), recv]
+    masks = torch.zeros(n, n_recv, len(JOINT), h, dtype=torch.bool)
+    for b, text in enumerate(texts):
+        rng = np.random.default_rng([seed, up, text])
+        for g in range(n_recv):
+            masks[b, g, 0, order[b, :half, g]] = True
+            masks[b, g, 1, order[b, h - half :, g]] = True
+            masks[b, g, 2, rng.choice(h, size=half, replace=False)] = True
+    return masks
+
+
+def _joint_effects(
+    receive: _Receiver, tokens: Tensor, resid: Tensor, base: dict, index, positions, masks
+) -> np.ndarray:
+    """The measured combined effect of removing each mask's heads together, token-averaged, read at each row's
+    own receiving head: ``[text, receiving, 3]``."""
+    n_recv, n_joint = masks.shape[1], masks.shape[2]
+    r = n_recv * n_joint
+    rows = einops.rearrange(masks, "b g c u -> (b g c) u")
+    expand = {key: _tile(t, r, "b ... -> (b r) ...") for key, t in base.items()}
+    joint_new = receive(_tile(tokens, r, "b p -> (b r) p"), _tile(resid, r, "b p d -> (b r) p d"), rows)
+    combined = _effects(expand, joint_new, index, positions)["combined"].mean(1)  # [(b g c), recv]
+    combined = einops.rearrange(combined.double().cpu().numpy(), "(b g c) r -> b g c r", g=n_recv, c=n_joint)
+    return np.einsum("bgcg->bgc", combined)
+
+
+def _upstream_layers(info: ModelInfo, upstream_layers) -> tuple[list[int], list[int]]:
+    chosen = check_indices("upstream layers", upstream_layers, info.n_layers - 1)
+    ups = [up for up in chosen if info.layer_types[up] == "softmax"]
+    if not ups:
+        raise LensParallelError(
+            f"no layer pair with a softmax-attention upstream layer among upstream layers {list(chosen)}"
+        )
+    if info.n_heads < 2:
+        raise LensParallelError("head dominance needs at least 2 heads per layer")
+    return ups, [up for up in chosen if up not in ups]
+
+
 def head_dominance(
     model: TransformerBridge,
     tokens: TokenBlocks | Int[Tensor, "batch pos"],
@@ -201,6 +260,7 @@ def head_dominance(
     query_positions: slice | Sequence[int] = slice(7, None),
     upstream_layers: int | Sequence[int] | None = None,
     seed: int = 0,
+    batch_size: int = 8,
     progress: bool = True,
 ) -> DominanceResult:
     """Dominance of upstream heads over the next layer's heads, for every pair (l, l+1) with l in
@@ -209,60 +269,32 @@ def head_dominance(
     The upstream layer must have softmax attention (a head's hook_z is what is removed): pairs whose upstream
     layer is a linear-attention block (Qwen3.5) are skipped, and the result's provenance lists them. Receiving
     layers of either type are handled (``receiving_types``); arrays are NaN-padded where head counts differ.
+    Texts are processed ``batch_size`` at a time (each text is tiled once per upstream head in a forward); one
+    unedited forward per batch gives every pair's resid_pre.
     """
     info = model_info(model)
     toks = as_tokens(tokens)
     positions = list(_positions(query_positions, toks.shape[1]))
-    chosen = check_indices("upstream layers", upstream_layers, info.n_layers - 1)
-    ups = [up for up in chosen if info.layer_types[up] == "softmax"]
-    skipped = [up for up in chosen if up not in ups]
-    if not ups:
-        raise LensParallelError(
-            f"no layer pair with a softmax-attention upstream layer among upstream layers {list(chosen)}"
-        )
-    if info.n_heads < 2:
-        raise LensParallelError("head dominance needs at least 2 heads per layer")
-    n, h = len(toks), info.n_heads
-    half = h // 2
-    rng = np.random.default_rng(seed)
+    ups, skipped = _upstream_layers(info, upstream_layers)
+    receivers = {up: _Receiver(model, info, up) for up in ups}
     names = [hook_name(up, "resid_pre") for up in ups]
-    with torch.inference_mode():
-        _, cache = model.run_with_cache(toks, names_filter=names, stop_at_layer=max(ups) + 1)
-    per_pair: dict[str, list[np.ndarray]] = {key: [] for key in ("rel_q", "rel_k", "rel_v", "combined", "js")}
-    joints, types = [], []
-    for up in tqdm(ups, desc="dominance", unit="pair", disable=not progress):
-        receive = _Receiver(model, info, up)
-        resid = cache[hook_name(up, "resid_pre")]
-        base = receive(toks, resid, None)
-        index = receive.index(base)
-        n_recv = len(index[0])
-        types.append(receive.kind)
-
-        def tile(t: Tensor | None, r: int, pattern: str) -> Tensor | None:
-            return None if t is None else einops.repeat(t, pattern, r=r)
-
-        # single upstream heads: row (u, b) removes head u in text b
-        mask = einops.repeat(torch.eye(h, dtype=torch.bool), "u h -> (u b) h", b=n)
-        tiled = {key: tile(t, h, "b ... -> (r b) ...") for key, t in base.items()}
-        ablated = receive(tile(toks, h, "b p -> (r b) p"), tile(resid, h, "b p d -> (r b) p d"), mask)
-        single = _effects(tiled, ablated, index, positions)
-        for key, value in single.items():
-            per_pair[key].append(einops.rearrange(value.double().cpu().numpy(), "(u b) j g -> b u j g", u=h))
-        # joint controls: per (text, receiving head), remove the weak / strong / random half of upstream heads
-        order = np.argsort(per_pair["combined"][-1].mean(2), axis=1)  # [text, upstream (ascending), recv]
-        masks = torch.zeros(n, n_recv, len(JOINT), h, dtype=torch.bool)
-        for b in range(n):
-            for g in range(n_recv):
-                masks[b, g, 0, order[b, :half, g]] = True
-                masks[b, g, 1, order[b, h - half :, g]] = True
-                masks[b, g, 2, rng.choice(h, size=half, replace=False)] = True
-        r_joint = n_recv * len(JOINT)
-        rows = einops.rearrange(masks, "b g c u -> (b g c) u")
-        expand = {key: tile(t, r_joint, "b ... -> (b r) ...") for key, t in base.items()}
-        joint_new = receive(tile(toks, r_joint, "b p -> (b r) p"), tile(resid, r_joint, "b p d -> (b r) p d"), rows)
-        combined = _effects(expand, joint_new, index, positions)["combined"].mean(1)  # [(b g c), recv]
-        combined = einops.rearrange(combined.double().cpu().numpy(), "(b g c) r -> b g c r", g=n_recv, c=len(JOINT))
-        joints.append(np.einsum("bgcg->bgc", combined))  # each row read at its own receiving head
+    per_pair = {up: {key: [] for key in ("rel_q", "rel_k", "rel_v", "combined", "js", "joint")} for up in ups}
+    batches = document_batches(toks, batch_size)
+    bar = tqdm(total=len(ups) * -(-len(toks) // batch_size), desc="dominance", unit="pair", disable=not progress)
+    for rows, batch in batches:
+        with torch.inference_mode():
+            _, cache = model.run_with_cache(batch, names_filter=names, stop_at_layer=max(ups) + 1)
+        for up, receive in receivers.items():
+            resid = cache[hook_name(up, "resid_pre")]
+            base = receive(batch, resid, None)
+            index = receive.index(base)
+            single = _single_effects(receive, batch, resid, base, index, positions)
+            masks = _joint_masks(single["combined"], range(rows.start, rows.stop), seed=seed, up=up)
+            single["joint"] = _joint_effects(receive, batch, resid, base, index, positions, masks)
+            for key, value in single.items():
+                per_pair[up][key].append(value)
+            bar.update(1)
+    bar.close()
     note = f"skipped upstream linear-attention layers {skipped}: a head's hook_z is what is removed" if skipped else ""
     if note:
         warnings.warn(note, stacklevel=2)
@@ -273,14 +305,17 @@ def head_dominance(
         upstream_layers=list(ups),
         query_positions=positions,
         seed=seed,
+        batch_size=batch_size,
         ablation="zero hook_z of one upstream head over the whole sequence",
         skipped=note,
     )
+    arrays = {key: [np.concatenate(per_pair[up][key]) for up in ups] for key in per_pair[ups[0]]}
+    joint = arrays.pop("joint")
     return DominanceResult(
         layer_pairs=tuple((up, up + 1) for up in ups),
         query_positions=tuple(positions),
-        receiving_types=tuple(types),
-        joint=_pad([np.moveaxis(j, 1, -1) for j in joints]).transpose(0, 1, 3, 2),
+        receiving_types=tuple(receivers[up].kind for up in ups),
+        joint=_pad([np.moveaxis(j, 1, -1) for j in joint]).transpose(0, 1, 3, 2),
         provenance=provenance,
-        **{key: _pad(v) for key, v in per_pair.items()},
+        **{key: _pad(v) for key, v in arrays.items()},
     )

@@ -11,10 +11,64 @@ from plotly.subplots import make_subplots
 from lens_parallel.plots.common import band
 
 if TYPE_CHECKING:
-    from lens_parallel.analyses.decompose import DecompositionResult
+    from lens_parallel.analyses.decompose import AlignmentTable, DecompositionResult
 
 COLORS = {"self_cos": "#1f77b4", "par_frac": "#d62728", "perp_frac": "#2ca02c"}
 LABELS = {"self_cos": "self-cosine cos(m, r)", "par_frac": "|m_par| / |m|", "perp_frac": "|m_perp| / |m|"}
+
+
+def layer_panel(fig: go.Figure, tables: dict[str, AlignmentTable], *, row: int, col: int, shown: set[str]) -> None:
+    """Per statistic: the per-head mean by layer (line) with its min-max band over heads, and the whole sublayer
+    update (dashed); ``shown`` collects legend groups already in the legend."""
+    for stat, color in COLORS.items():
+        if "head" in tables:
+            t = tables["head"]
+            x, values, group = np.array(t.layers), getattr(t, stat), f"{stat}-head"
+            lo, hi = np.nanmin(values, 1), np.nanmax(values, 1)
+            band(fig, x, lo, hi, color, f"{LABELS[stat]}: min-max over heads", group, row, col, group not in shown)
+            mean = go.Scatter(
+                x=x,
+                y=np.nanmean(values, 1),
+                mode="lines+markers",
+                line={"color": color},
+                name=f"{LABELS[stat]}: mean over heads",
+                legendgroup=group,
+                showlegend=group not in shown,
+            )
+            fig.add_trace(mean, row=row, col=col)
+            shown.add(group)
+        if "sublayer" in tables:
+            t, group = tables["sublayer"], f"{stat}-sublayer"
+            whole = go.Scatter(
+                x=np.array(t.layers),
+                y=getattr(t, stat)[:, 0],
+                mode="lines+markers",
+                line={"color": color, "dash": "dash"},
+                marker={"symbol": "diamond"},
+                name=f"{LABELS[stat]}: whole update",
+                legendgroup=group,
+                showlegend=group not in shown,
+            )
+            fig.add_trace(whole, row=row, col=col)
+            shown.add(group)
+
+
+def head_panel(fig: go.Figure, t: AlignmentTable, *, row: int, col: int, colorbar: dict) -> None:
+    """Layer x head heatmap of the mean self-cosine (hover: parallel and perpendicular fractions, coefficient)."""
+    heatmap = go.Heatmap(
+        z=t.self_cos,
+        x=[f"H{h}" for h in range(t.self_cos.shape[1])],
+        y=[f"L{layer}" for layer in t.layers],
+        zmid=0,
+        colorscale="RdBu_r",
+        colorbar=colorbar,
+        customdata=np.stack([t.par_frac, t.perp_frac, t.par_coef], -1),
+        hovertemplate="%{y}%{x}<br>self-cos %{z:.3f}<br>|m_par|/|m| %{customdata[0]:.3f}"
+        "<br>|m_perp|/|m| %{customdata[1]:.3f}<br>coef %{customdata[2]:.3f}<extra></extra>",
+    )
+    fig.add_trace(heatmap, row=row, col=col)
+    fig.update_xaxes(title_text="query head", row=row, col=col)
+    fig.update_yaxes(title_text="layer", autorange="reversed", row=row, col=col)
 
 
 def decomposition_figure(result: DecompositionResult) -> go.Figure:
@@ -43,76 +97,12 @@ def decomposition_figure(result: DecompositionResult) -> go.Figure:
     shown: set[str] = set()
     for row, space in enumerate(spaces, start=1):
         tables = {t.level: t for t in result.tables if t.space == space}
-        for stat, color in COLORS.items():
-            if "head" in tables:
-                t = tables["head"]
-                x, values = np.array(t.layers), getattr(t, stat)
-                group = f"{stat}-head"
-                band(
-                    fig,
-                    x,
-                    np.nanmin(values, 1),
-                    np.nanmax(values, 1),
-                    color,
-                    f"{LABELS[stat]}: min-max over heads",
-                    group,
-                    row,
-                    1,
-                    group not in shown,
-                )
-                fig.add_trace(
-                    go.Scatter(
-                        x=x,
-                        y=np.nanmean(values, 1),
-                        mode="lines+markers",
-                        line={"color": color},
-                        name=f"{LABELS[stat]}: mean over heads",
-                        legendgroup=group,
-                        showlegend=group not in shown,
-                    ),
-                    row=row,
-                    col=1,
-                )
-                shown.add(group)
-            if "sublayer" in tables:
-                t = tables["sublayer"]
-                group = f"{stat}-sublayer"
-                fig.add_trace(
-                    go.Scatter(
-                        x=np.array(t.layers),
-                        y=getattr(t, stat)[:, 0],
-                        mode="lines+markers",
-                        line={"color": color, "dash": "dash"},
-                        marker={"symbol": "diamond"},
-                        name=f"{LABELS[stat]}: whole update",
-                        legendgroup=group,
-                        showlegend=group not in shown,
-                    ),
-                    row=row,
-                    col=1,
-                )
-                shown.add(group)
+        layer_panel(fig, tables, row=row, col=1, shown=shown)
         fig.update_xaxes(title_text="layer", dtick=max(1, info.n_layers // 10), row=row, col=1)
         fig.update_yaxes(title_text="mean over positions t ≥ 1", row=row, col=1)
         if "head" in tables:
-            t = tables["head"]
-            fig.add_trace(
-                go.Heatmap(
-                    z=t.self_cos,
-                    x=[f"H{h}" for h in range(t.self_cos.shape[1])],
-                    y=[f"L{layer}" for layer in t.layers],
-                    zmid=0,
-                    colorscale="RdBu_r",
-                    colorbar={"title": "self-cos", "len": 1 / len(spaces), "y": 1 - (row - 0.5) / len(spaces)},
-                    customdata=np.stack([t.par_frac, t.perp_frac, t.par_coef], -1),
-                    hovertemplate="%{y}%{x}<br>self-cos %{z:.3f}<br>|m_par|/|m| %{customdata[0]:.3f}"
-                    "<br>|m_perp|/|m| %{customdata[1]:.3f}<br>coef %{customdata[2]:.3f}<extra></extra>",
-                ),
-                row=row,
-                col=2,
-            )
-            fig.update_xaxes(title_text="query head", row=row, col=2)
-            fig.update_yaxes(title_text="layer", autorange="reversed", row=row, col=2)
+            colorbar = {"title": "self-cos", "len": 1 / len(spaces), "y": 1 - (row - 0.5) / len(spaces)}
+            head_panel(fig, tables["head"], row=row, col=2, colorbar=colorbar)
     texts = result.provenance.texts
     n_docs = texts.get("n_docs", "?")
     height = 330 * len(spaces) + 190
