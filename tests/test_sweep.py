@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -51,8 +49,7 @@ def test_a_store_cut_mid_line_is_repaired_and_gives_identical_results(tmp_path):
     resumed = run_sweep(model, blocks, JOBS, store=store, **kwargs)
     for job in JOBS:
         np.testing.assert_array_equal(resumed[job].loss_sum, full[job].loss_sum)
-    repaired = store.read_text().splitlines()
-    assert [json.loads(line)["job"] for line in repaired[1:]] == [j.key for j in JOBS[:-1]] + [JOBS[-1].key]
+    assert store.read_text() == "".join(lines)  # the cut job was recomputed and rewritten, byte for byte
     store.write_text(lines[0][:10])  # killed while writing the header: nothing was finished
     again = run_sweep(model, blocks, JOBS, store=store, **kwargs)
     np.testing.assert_array_equal(again[JOBS[1]].loss_sum, full[JOBS[1]].loss_sum)
@@ -85,5 +82,3 @@ def test_bad_jobs_are_refused_before_any_forward():
         )
     with pytest.raises(LensParallelError, match="batch_size and rows_per_forward must be >= 1"):
         run_sweep(model, blocks, JOBS[:1], edit="zero", batch_size=0)
-    with pytest.raises(LensParallelError, match="a sweep job is an AblationJob or an EditJob, got str"):
-        run_sweep(model, blocks, ["L0H1"])

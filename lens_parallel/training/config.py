@@ -97,6 +97,11 @@ class TrainConfig:
         if problems:
             raise LensParallelError("invalid TrainConfig: " + "; ".join(problems))
 
+    @classmethod
+    def from_dict(cls, fields: dict) -> TrainConfig:
+        """The config :meth:`to_dict` wrote (texts back to a tuple)."""
+        return cls(**(fields | {"texts": tuple(fields["texts"])}))
+
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out["texts"] = list(self.texts)

@@ -196,7 +196,7 @@ def _finished_run(out: Path, config: TrainConfig, arm: str, seed: int) -> TrainR
     if not (out / "run.json").is_file():
         return None
     run = TrainRun.load(out / "run")
-    found = (TrainConfig(**run.config).digest(), run.arm, run.seed)
+    found = (TrainConfig.from_dict(run.config).digest(), run.arm, run.seed)
     if found != (config.digest(), arm, seed):
         raise _run_mismatch(out / "run.json", found, config, arm, seed)
     return run
