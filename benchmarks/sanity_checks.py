@@ -16,26 +16,11 @@ import argparse
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 
-from lens_parallel import load_model, token_blocks
-from lens_parallel.analyses.reliability import sanity_report
+from lens_parallel import load_model, sanity_report, token_blocks
 from lens_parallel.plots import save_figure
-
-COLUMNS = [
-    "model",
-    "cos_self",
-    "cos_null",
-    "excess",
-    "self_specific_fraction",
-    "within_excess",
-    "across_excess",
-    "r_stat_excess",
-    "r_delta_excess",
-    "rho_max_excess",
-    "verdict_excess",
-    "r_stat_cos_self",
-]
 
 
 def main() -> None:
@@ -60,7 +45,11 @@ def main() -> None:
     report.save(out / "report")
     save_figure(report.figure(), out / "sanity")
     print(f"{args.model}: {args.docs_per_half} documents x {args.seq_len} tokens per half, wall time {elapsed:.1f} s")
-    print(row[[c for c in COLUMNS if c in row.columns]].T.to_string(header=False))
+    print(
+        pd.Series(
+            {"model": args.model, **report.headline(), "r_stat_cos_self": row["r_stat_cos_self"].item()}
+        ).to_string()
+    )
 
 
 if __name__ == "__main__":

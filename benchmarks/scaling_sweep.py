@@ -1,11 +1,13 @@
 """Component-scaling sweep on the real model, all layers edited.
 
     python benchmarks/scaling_sweep.py [--model smollm2-135m] [--n-docs 16] [--seq-len 128] [--out DIR]
+                                       [--reference OLD/scaling_sweep.csv]
 
 s_par in {-1, -0.5, 0, 0.5, 1.5, 2, 3} (s_perp = 1) and s_perp in {0, 0.25, 0.5, 0.75, 1.5} (s_par = 1) for the
 value-exclude-self, residual-attn and residual-mlp spaces, on bundled English text (wikipedia-en). Writes
 ``scaling_sweep.csv``, ``scaling_sweep.json`` and ``scaling_sweep.html`` to ``--out`` and prints the table and the
 cost of the sweep in units of one bare forward over the same tokens (the goal: about one forward per setting).
+``--reference`` compares every setting's losses with a CSV an earlier version wrote (same numbers?).
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ import argparse
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 
-from lens_parallel import load_model, token_blocks
-from lens_parallel.analyses.scaling import DEFAULT_S_PAR, DEFAULT_S_PERP, scale_sweep
-from lens_parallel.losses import document_losses
+from lens_parallel import document_losses, load_model, scale_sweep, token_blocks
+from lens_parallel.analyses.scaling import DEFAULT_S_PAR, DEFAULT_S_PERP
 
 SPACES = ("value-exclude-self", "residual-attn", "residual-mlp")
 
@@ -31,6 +33,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/out/scaling_sweep")
+    parser.add_argument("--reference", default=None, help="an earlier run's scaling_sweep.csv to compare with")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -60,6 +63,10 @@ def main() -> None:
         f"cost: sweep {sweep:.1f} s for {n_settings} settings + {len(SPACES)} no-ops = {forwards} forwards; "
         f"bare forward {bare:.2f} s; sweep / ({forwards} x bare) = {sweep / (forwards * bare):.2f}"
     )
+    if args.reference:
+        ref = pd.read_csv(args.reference)
+        diff = (df[["loss_noop", "loss_edited", "delta_loss"]] - ref[["loss_noop", "loss_edited", "delta_loss"]]).abs()
+        print(f"max |this run - {args.reference}| over losses and delta losses: {diff.to_numpy().max():.3g} nats/token")
     print(f"wrote {out / 'scaling_sweep.csv'}, {out / 'scaling_sweep.html'}")
 
 

@@ -73,7 +73,6 @@ class ModelReport(ResultMixin):
         removal = scale[(scale["vary"] == "s_par") & (scale["s_par"] == 0.0)].set_index("space")["delta_loss"]
         sens = self.sensitivity.to_dataframe()
         joint = sens[sens["head"].isna()].set_index("layer")["delta_loss"]
-        sanity = self.sanity.summary().iloc[0].to_dict()
         row = {
             "model": self.name,
             "family": info.family,
@@ -85,18 +84,7 @@ class ModelReport(ResultMixin):
         row |= {f"self_cos_{space}": heads.get(space) for space in ("value", "value-exclude-self", "residual-attn")}
         row |= {f"delta_loss_s_par0_{space}": removal.get(space) for space in SCALE_SPACES}
         row |= {"most_sensitive_layer": int(joint.idxmax()), "max_joint_delta_loss": joint.max()}
-        keep = (
-            "cos_self",
-            "cos_null",
-            "excess",
-            "self_specific_fraction",
-            "within_excess",
-            "across_excess",
-            "r_stat_excess",
-            "r_delta_excess",
-            "verdict_excess",
-        )
-        row |= {k: sanity[k] for k in keep if k in sanity}
+        row |= self.sanity.headline()
         return pd.DataFrame([row | {"seconds": sum(self.seconds.values())}])
 
     def tables(self) -> dict[str, pd.DataFrame]:

@@ -34,7 +34,7 @@ def test_decompose_writes_table_result_and_figure(tmp_path, capsys):
     df = pd.read_csv(out / "decompose.csv")
     assert set(df.space) == {"value", "residual-mlp"} and len(df) == 3 * 4 + 3
     meta = json.loads((out / "decompose.json").read_text())
-    assert meta["provenance"]["model"]["name"] == "toy-gpt2"
+    assert meta["data"]["provenance"]["model"]["name"] == "toy-gpt2"
     assert (out / "decompose.html").stat().st_size > 1000
     assert "toy-gpt2: means over layers and heads" in capsys.readouterr().out
 

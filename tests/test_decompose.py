@@ -10,6 +10,7 @@ import torch
 
 from lens_parallel.analyses.decompose import SPACES, DecompositionResult, decompose
 from lens_parallel.data import token_blocks
+from lens_parallel.errors import LensParallelError
 from lens_parallel.models import model_info
 from lens_parallel.results import as_tokens
 
@@ -146,5 +147,5 @@ def test_load_refuses_another_result_type(tmp_path):
 
     model = get_model("toy-gpt2")
     decompose(model, token_blocks(model, "austen", n_docs=1, seq_len=8), progress=False).save(tmp_path / "d")
-    with pytest.raises(TypeError, match="holds a DecompositionResult, not a ScalingResult"):
+    with pytest.raises(LensParallelError, match="holds a DecompositionResult, not a ScalingResult"):
         ScalingResult.load(tmp_path / "d")

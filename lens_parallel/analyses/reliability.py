@@ -32,6 +32,19 @@ from lens_parallel.stats import spearman
 from lens_parallel.sweep import AblationJob, run_sweep
 
 STATISTICS = ("cos_self", "excess")
+HEADLINE = (
+    "cos_self",
+    "cos_null",
+    "excess",
+    "self_specific_fraction",
+    "within_excess",
+    "across_excess",
+    "r_stat_excess",
+    "r_delta_excess",
+    "rho_max_excess",
+    "verdict_excess",
+)
+"""The columns of :meth:`SanityReport.summary` that headline a model (the GQA ones only with several kv heads)."""
 
 
 def verdict(r_delta: float) -> str:
@@ -202,6 +215,11 @@ class SanityReport(ResultMixin):
     def summary(self) -> pd.DataFrame:
         """The per-model row: the null's model-level means and the split-half correlations of every statistic."""
         return pd.DataFrame([self.null.summary().iloc[0].to_dict() | self.split_half.summary_row()])
+
+    def headline(self) -> dict:
+        """The :data:`HEADLINE` entries of :meth:`summary` this model has."""
+        row = self.summary().iloc[0]
+        return {k: row[k] for k in HEADLINE if k in row}
 
     def figures(self) -> dict[str, go.Figure]:
         return {"sanity": self.figure(), "null": self.null.figure(), "split_half": self.split_half.figure()}

@@ -52,3 +52,27 @@ def band(fig: go.Figure, x, lo, hi, color: str, name: str, group: str, row: int,
         row=row,
         col=col,
     )
+
+
+def line_with_band(
+    fig: go.Figure,
+    x,
+    mean,
+    lo,
+    hi,
+    *,
+    color: str,
+    name: str,
+    band_name: str,
+    group: str,
+    row: int,
+    col: int,
+    show_band: bool = True,
+    show_line: bool = True,
+) -> None:
+    """A mean line (``name``) over a filled band from ``lo`` to ``hi`` (``band_name`` says what the band spans)."""
+    band(fig, x, np.asarray(lo), np.asarray(hi), color, band_name, group, row, col, show_band)
+    line = go.Scatter(
+        x=x, y=mean, mode="lines+markers", line={"color": color}, legendgroup=group, name=name, showlegend=show_line
+    )
+    fig.add_trace(line, row=row, col=col)

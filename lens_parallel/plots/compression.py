@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lens_parallel.errors import LensParallelError
-from lens_parallel.plots.common import band
+from lens_parallel.plots.common import line_with_band
 
 
 def compression_figure(result, *, sublayer: str = "attn") -> go.Figure:
@@ -33,19 +33,20 @@ def compression_figure(result, *, sublayer: str = "attn") -> go.Figure:
         color = palette[i % len(palette)]
         for col, values in ((1, result.perp[i, j]), (2, result.par[i, j])):
             mean, std = np.nanmean(values, -1), np.nanstd(values, -1)
-            band(fig, x, mean - std, mean + std, color, f"{method}: ±1 std over prompts", method, 1, col, False)
-            fig.add_trace(
-                go.Scatter(
-                    x=x,
-                    y=mean,
-                    mode="lines+markers",
-                    line={"color": color},
-                    legendgroup=method,
-                    name=f"{method} (delta loss {result.delta_loss[i]:+.3f})",
-                    showlegend=col == 1,
-                ),
+            line_with_band(
+                fig,
+                x,
+                mean,
+                mean - std,
+                mean + std,
+                color=color,
+                name=f"{method} (delta loss {result.delta_loss[i]:+.3f})",
+                band_name=f"{method}: ±1 std over prompts",
+                group=method,
                 row=1,
                 col=col,
+                show_band=False,
+                show_line=col == 1,
             )
     fig.update_xaxes(title_text="layer")
     fig.update_yaxes(title_text="relative error (fraction of |delta_dense|)", row=1, col=1)

@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from lens_parallel.plots.common import band
+from lens_parallel.plots.common import line_with_band
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.dominance import DominanceResult
@@ -64,16 +64,16 @@ def dominance_figure(result: DominanceResult) -> go.Figure:
     for kind, color in zip(result.joint_kinds, ("#2ca02c", "#d62728", "#7f7f7f"), strict=True):
         mean, std = grouped[f"joint_{kind}"].mean().reindex(pairs), grouped[f"joint_{kind}"].std().reindex(pairs)
         x = np.arange(len(pairs))
-        band(fig, x, (mean - std).to_numpy(), (mean + std).to_numpy(), color, f"{kind} half: ±1 std", kind, 1, 3, True)
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=mean,
-                mode="lines+markers",
-                line={"color": color},
-                legendgroup=kind,
-                name=f"{kind} half removed (mean)",
-            ),
+        line_with_band(
+            fig,
+            x,
+            mean,
+            mean - std,
+            mean + std,
+            color=color,
+            name=f"{kind} half removed (mean)",
+            band_name=f"{kind} half: ±1 std",
+            group=kind,
             row=1,
             col=3,
         )
