@@ -155,15 +155,22 @@ def _validate(jobs: Sequence[Job], info: ModelInfo, edit: str | None) -> list[Jo
     return unique
 
 
+def job_digest(job: Job) -> str:
+    """A short hash of everything a job is (its edits with every field), so that a store never hands back a result
+    computed for a job that shares the key but not the content."""
+    return hashlib.sha256(repr(job).encode()).hexdigest()[:16]
+
+
 class SweepStore:
-    """The JSON-lines store of a sweep: line 1 ``{"format", "fingerprint"}``, then one ``{"job", "loss_sum"}`` per
-    finished job, each written with one ``write`` and flushed to disk."""
+    """The JSON-lines store of a sweep: line 1 ``{"format", "fingerprint"}``, then one ``{"job", "digest",
+    "loss_sum"}`` per finished job, each written with one ``write`` and flushed to disk."""
 
     def __init__(self, path: str | Path, fingerprint: dict, n_docs: int) -> None:
         self.path, self.fingerprint, self.n_docs = Path(path), fingerprint, n_docs
 
-    def load(self) -> dict[str, list[float]]:
-        """Finished jobs; repairs a last line cut mid-write; refuses a store of another run."""
+    def load(self, jobs: Sequence[Job]) -> dict[str, list[float]]:
+        """Finished jobs; repairs a last line cut mid-write; refuses a store of another run, or one holding a job
+        under the key of one of ``jobs`` with other content."""
         if not self.path.is_file():
             return {}
         raw = self.path.read_bytes()
@@ -180,6 +187,7 @@ class SweepStore:
             return {}
         self._check_header(header)
         done: dict[str, list[float]] = {}
+        digests: dict[str, str | None] = {}
         for i, line in enumerate(complete[1:], start=2):
             try:
                 row = json.loads(line)
@@ -191,6 +199,13 @@ class SweepStore:
                     f"{self.path}, line {i}: not a finished job ({exc}); use another store"
                 ) from exc
             done[row["job"]] = values
+            digests[row["job"]] = row.get("digest")
+        for job in jobs:
+            if job.key in digests and digests[job.key] != job_digest(job):
+                raise LensParallelError(
+                    f"{self.path} holds a job {job.key!r} computed with other settings than {job!r}; use another "
+                    "store path"
+                )
         if tail.strip():  # a job line cut by a kill: drop it, so that job is recomputed
             with open(self.path, "r+b") as f:
                 f.truncate(len(raw) - len(tail))
@@ -216,8 +231,8 @@ class SweepStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._append({"format": STORE_FORMAT, "fingerprint": self.fingerprint})
 
-    def append(self, key: str, values: list[float]) -> None:
-        self._append({"job": key, "loss_sum": values})
+    def append(self, job: Job, values: list[float]) -> None:
+        self._append({"job": job.key, "digest": job_digest(job), "loss_sum": values})
 
     def _append(self, row: dict) -> None:
         with open(self.path, "a") as f:
@@ -315,7 +330,7 @@ def run_sweep(
     if store is not None:
         fp = fingerprint(model, tokens, edit=kind, batch_size=batch_size, rows=rows_per_forward)
         sweep_store = SweepStore(store, fp, len(tokens))
-        done = sweep_store.load()
+        done = sweep_store.load(jobs)
         sweep_store.create()
     todo = [job for job in jobs if job.key not in done]
     head_layers = sorted({j.layer for j in todo if isinstance(j, AblationJob)})
@@ -328,7 +343,7 @@ def run_sweep(
         for job, row in zip(chunk, _run_chunk(model, info, chunk, batches, kind, means), strict=True):
             done[job.key] = row.tolist()
             if sweep_store is not None:
-                sweep_store.append(job.key, done[job.key])
+                sweep_store.append(job, done[job.key])
         bar.update(len(chunk))
     bar.close()
     n_tokens = np.full(len(tokens), tokens.shape[1] - 1, dtype=np.int64)

@@ -66,6 +66,10 @@ def test_a_store_from_another_batch_size_or_run_is_refused(tmp_path):
     other = token_blocks(model, "austen", n_docs=5, seq_len=16)
     with pytest.raises(LensParallelError, match="tokens: store has"):
         run_sweep(model, other, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
+    same_key = EditJob(JOBS[2].key, (ComponentScale("value", s_par=0.5, layers=1),), start_layer=1)
+    run_sweep(model, blocks, [JOBS[2]], batch_size=2, store=tmp_path / "edits.jsonl", progress=False)
+    with pytest.raises(LensParallelError, match="holds a job 'value s_par=0 at L1' computed with other settings"):
+        run_sweep(model, blocks, [same_key], batch_size=2, store=tmp_path / "edits.jsonl", progress=False)
     lines = store.read_text().splitlines(keepends=True)
     store.write_text(lines[0] + "{not json}\n" + "".join(lines[1:]))
     with pytest.raises(LensParallelError, match="line 2: not a finished job"):
