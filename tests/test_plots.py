@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import plotly.graph_objects as go
 
+import lens_parallel.plots
 from lens_parallel.plots import save_figure
 from lens_parallel.plots.common import png_failure
 
@@ -31,3 +35,18 @@ def test_save_figure_without_a_png_renderer_says_why(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err
     assert "(no PNG for toy-qwen3.5_decompose: Kaleido requires Google Chrome to be installed." in err
     assert err.count("\n") == 1
+
+
+def test_plots_never_import_an_analysis_at_run_time():
+    """Figures take results as arguments: apart from type hints, a plots module imports only plotting code."""
+    allowed = ("lens_parallel.plots", "lens_parallel.errors")
+    for path in Path(lens_parallel.plots.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:  # module level only: `if TYPE_CHECKING:` blocks are ast.If, not imports
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lens_parallel"):
+                assert node.module.startswith(allowed), f"{path.name} imports {node.module}"
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef,)):
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.ImportFrom):
+                        assert not (inner.module or "").startswith("lens_parallel"), f"{path.name}: {inner.module}"
