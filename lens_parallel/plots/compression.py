@@ -48,7 +48,7 @@ def compression_figure(result, *, sublayer: str = "attn") -> go.Figure:
                 show_band=False,
                 show_line=col == 1,
             )
-    fig.update_xaxes(title_text="layer")
+    fig.update_xaxes(title_text="layer", dtick=max(1, len(result.layers) // 10))
     fig.update_yaxes(title_text="relative error (fraction of |delta_dense|)", row=1, col=1)
     fig.update_yaxes(title_text="relative error (fraction of |delta_dense|)", row=1, col=2)
     n = result.par.shape[-1]

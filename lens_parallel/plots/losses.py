@@ -1,39 +1,48 @@
-"""The effect of one intervention on next-token loss."""
+"""The effect of one intervention on next-token loss and perplexity."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 if TYPE_CHECKING:
     from lens_parallel.losses import EditEffect
 
 
 def edit_effect_figure(effect: EditEffect) -> go.Figure:
-    """Next-token loss of the matched no-op and of the edited model (bars), the edited bar carrying the 95% paired
-    bootstrap CI of the difference over documents."""
-    lo, hi = effect.delta_loss_ci
-    fig = go.Figure(
-        go.Bar(
-            x=["matched no-op", "edited"],
-            y=[effect.loss_noop, effect.loss_edited],
-            marker_color=["#7f7f7f", "#d62728"],
-            error_y={
-                "type": "data",
-                "symmetric": False,
-                "array": [0, hi - effect.delta_loss],
-                "arrayminus": [0, effect.delta_loss - lo],
-            },
-            name="loss (error bar: 95% CI of edited - no-op)",
+    """Edited minus matched no-op: Δ loss (nats/token, left) and Δ perplexity (right), each a point with its 95%
+    paired bootstrap CI over documents; the dashed line is no change."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["Δ next-token loss", "Δ perplexity"], horizontal_spacing=0.2)
+    for col, (delta, (lo, hi), unit, base) in enumerate(
+        (
+            (effect.delta_loss, effect.delta_loss_ci, "nats/token", f"no-op loss {effect.loss_noop:.4f}"),
+            (effect.delta_ppl, effect.delta_ppl_ci, "perplexity", f"no-op perplexity {effect.ppl_noop:.2f}"),
+        ),
+        start=1,
+    ):
+        point = go.Scatter(
+            x=["edited − no-op"],
+            y=[delta],
+            mode="markers",
+            marker={"size": 11, "color": "#d62728"},
+            error_y={"type": "data", "symmetric": False, "array": [hi - delta], "arrayminus": [delta - lo]},
+            name="estimate (bar: 95% paired bootstrap CI over documents)",
+            showlegend=col == 1,
+            hovertemplate=f"%{{y:.4g}} {unit} [{lo:.4g}, {hi:.4g}]<br>{base}<extra></extra>",
         )
-    )
-    name = "" if effect.provenance is None else f"{effect.info.name}: "
+        fig.add_trace(point, row=1, col=col)
+        fig.add_hline(y=0, line={"dash": "dash", "color": "grey"}, row=1, col=col)
+        bottom, top = min(lo, 0.0), max(hi, 0.0)
+        pad = 0.15 * (top - bottom or 1.0)
+        fig.update_yaxes(title_text=f"edited − matched no-op ({unit})", range=[bottom - pad, top + pad], row=1, col=col)
+    name = "" if effect.provenance is None else f"{effect.info.name}, "
     fig.update_layout(
-        title=f"{name}Δ loss {effect.delta_loss:+.4f} nats/token [{lo:+.4f}, {hi:+.4f}] over {effect.n_docs} documents",
-        yaxis_title="next-token loss (nats/token)",
+        title=f"Effect of the edit ({name}{effect.n_docs} documents, {effect.n_tokens} scored tokens)",
         template="plotly_white",
         height=420,
-        width=560,
+        width=720,
+        legend={"orientation": "h", "y": -0.15},
     )
     return fig

@@ -36,7 +36,7 @@ def null_panel(fig: go.Figure, result: NullResult, *, row: int, col: int) -> Non
             legendgroup=column,
         )
         fig.add_trace(line, row=row, col=col)
-    fig.update_xaxes(title_text="layer", row=row, col=col)
+    fig.update_xaxes(title_text="layer", dtick=max(1, (x.max() - x.min()) // 10), row=row, col=col)
     fig.update_yaxes(title_text="mean cosine over positions t ≥ 1", row=row, col=col)
 
 
@@ -50,7 +50,7 @@ def gqa_panel(fig: go.Figure, result: NullResult, *, row: int, col: int) -> None
     ):
         bar = go.Bar(x=x, y=by_layer[column].mean(), marker_color=color, name=f"{name} excess: mean over heads")
         fig.add_trace(bar, row=row, col=col)
-    fig.update_xaxes(title_text="layer", row=row, col=col)
+    fig.update_xaxes(title_text="layer", dtick=max(1, (x.max() - x.min()) // 10), row=row, col=col)
     fig.update_yaxes(title_text="excess over the own-group null (cosine)", row=row, col=col)
 
 
