@@ -187,7 +187,9 @@ def _diagonal(args: argparse.Namespace) -> None:
         raise LensParallelError("give both --layer and --head, or neither (then the most self-aligned head is shown)")
     if layer is None:
         ((layer, head),) = strongest_parallel_heads(decompose(model, blocks, space="value", progress=False), k=1)
-    result = diagonal_view(model, blocks, layer=layer, head=head, s_par=args.s_par, space=args.space)
+    result = diagonal_view(
+        model, blocks, layer=layer, head=head, s_par=args.s_par, space=args.space, batch_size=args.batch_size
+    )
     df = result.to_dataframe()
     print(f"{result.info.name}: dA_tt per head at layer {layer} for s_par = {args.s_par} (figure: head {head})")
     _emit(out, "diagonal", result, df.head(12))
@@ -216,6 +218,7 @@ def _dominance(args: argparse.Namespace) -> None:
         query_positions=slice(args.query_start, None),
         upstream_layers=args.upstream_layers,
         seed=args.seed,
+        batch_size=args.batch_size,
     )
     df = result.to_dataframe()
     print(f"{result.info.name}: dominance of upstream heads over the next layer (means over receiving heads, texts)")
@@ -242,7 +245,7 @@ def _compress(args: argparse.Namespace) -> None:
     for method in args.method:  # before loading anything
         Compression.parse(method)
     out, model, blocks = _load(args)
-    result = compression_error(model, blocks, method=args.method, positions=args.positions)
+    result = compression_error(model, blocks, method=args.method, positions=args.positions, batch_size=args.batch_size)
     table = result.method_table()
     table.to_csv(out / "compress_methods.csv", index=False)
     print(f"{result.info.name}: error relative to the dense update, mean over layers; delta loss in nats/token")

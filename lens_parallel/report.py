@@ -175,7 +175,10 @@ def run_battery(
         ),
     )
     heads = strongest_parallel_heads(dec)
-    views = timed("diagonal", lambda: tuple(diagonal_view(model, tokens, layer=lay, head=h) for lay, h in heads))
+    views = timed(
+        "diagonal",
+        lambda: tuple(diagonal_view(model, tokens, layer=lay, head=h, batch_size=batch_size) for lay, h in heads),
+    )
     with tempfile.TemporaryDirectory() as store:  # sensitivity's single-head jobs are split-half's: run them once
         shared = Path(store) / "ablations.jsonl"
         sens = timed(
