@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+FMT_DIRECTIVE = re.compile(r"#\s*fmt:\s*(skip|off)")
 PATHS = ["lens_parallel", "tests", "benchmarks", "scripts", "notebooks"]
 
 
@@ -14,3 +16,16 @@ def test_ruff_check_and_format():
     for args in (["check", *PATHS], ["format", "--check", *PATHS]):
         proc = subprocess.run([sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ruff_format_owns_the_layout():
+    """No hand-packed lines: nothing opts out of the formatter."""
+    skips = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for folder in PATHS
+        for path in sorted((ROOT / folder).rglob("*"))
+        if path.suffix in (".py", ".ipynb")
+        for i, line in enumerate(path.read_text().splitlines(), start=1)
+        if FMT_DIRECTIVE.search(line)
+    ]
+    assert skips == []
