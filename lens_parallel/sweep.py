@@ -5,7 +5,8 @@ per-document next-token NLL sum of each job's edited forward. :func:`run_sweep` 
 
 (a) **batching documents**: ``batch_size`` documents per forward;
 (b) **prefix reuse**: one unedited forward per batch gives the base losses and caches ``resid_pre`` of every layer a
-    job starts at; each edited forward resumes there (``start_at_layer``; earlier blocks are not computed);
+    job starts at; each edited forward resumes there (``start_at_layer``; earlier blocks are not computed). A sweep
+    of whole-model edits only (every job starts at layer 0, none removes heads) skips that pass;
 (c) **several jobs per forward**: jobs that stack (:class:`AblationJob` of one layer) share a forward, each batch of
     documents tiled once per job with its own head mask, up to ``rows_per_forward`` rows;
 (d) **a crash-safe resumable store**: a JSON-lines file whose first line is the run's fingerprint and each further
@@ -82,9 +83,10 @@ Job = AblationJob | EditJob
 
 @dataclass(frozen=True)
 class SweepRun:
-    """Per-document losses of the unedited model and of every job (same documents, same token counts)."""
+    """Per-document losses of every job and, when the sweep has ablation jobs or resumes at a later layer, of the
+    unedited model (``base``; None for a sweep of whole-model edits, which carries its own matched no-op job)."""
 
-    base: DocLosses
+    base: DocLosses | None
     edited: dict[str, DocLosses]
 
     def __getitem__(self, job: Job) -> DocLosses:
@@ -336,7 +338,10 @@ def run_sweep(
     head_layers = sorted({j.layer for j in todo if isinstance(j, AblationJob)})
     means = head_means(model, tokens, head_layers, batch_size=batch_size) if kind == "mean" and head_layers else {}
     starts = sorted({job.start_layer for job in todo} - {0})
-    base, batches = _prefix_pass(model, tokens, starts, batch_size)
+    if starts or kind is not None:  # the unedited pass gives the prefixes and the base losses
+        base, batches = _prefix_pass(model, tokens, starts, batch_size)
+    else:  # whole-model edits from the tokens: no unedited forward needed
+        base, batches = None, [(batch, {}) for _, batch in document_batches(tokens, batch_size)]
     per_forward = max(1, rows_per_forward // min(batch_size, len(tokens)))
     bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=desc, unit="job", disable=not progress)
     for chunk in _chunks(todo, per_forward):
@@ -348,6 +353,6 @@ def run_sweep(
     bar.close()
     n_tokens = np.full(len(tokens), tokens.shape[1] - 1, dtype=np.int64)
     return SweepRun(
-        base=DocLosses(base.double().cpu().numpy(), n_tokens),
+        base=None if base is None else DocLosses(base.double().cpu().numpy(), n_tokens),
         edited={job.key: DocLosses(np.asarray(done[job.key]), n_tokens) for job in jobs},
     )

@@ -35,6 +35,9 @@ def test_mixed_jobs_equal_the_naive_loop():
         naive = document_losses(model, blocks, edits)
         np.testing.assert_allclose(run[job].loss_sum, naive.loss_sum, atol=1e-5, err_msg=job.key)
         assert np.abs(naive.loss_sum - run.base.loss_sum).max() > 1e-4, job.key  # each job does something
+    whole = run_sweep(model, blocks, JOBS[3:], batch_size=2, progress=False)  # no unedited pass is needed
+    assert whole.base is None
+    np.testing.assert_array_equal(whole[JOBS[3]].loss_sum, run[JOBS[3]].loss_sum)
 
 
 def test_a_store_cut_mid_line_is_repaired_and_gives_identical_results(tmp_path):

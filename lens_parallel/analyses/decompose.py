@@ -1,6 +1,6 @@
 """Parallel/perpendicular decomposition of head outputs and residual updates, streamed layer by layer.
 
-Spaces (m = message, r = reference; formulas in ``geometry.py`` and DESIGN.md):
+Spaces (m = message, r = reference; formulas in ``geometry.py`` and docs/design.md):
 
 ==================== ============================================= =========================== ===============
 space                m                                             r                           level
