@@ -16,3 +16,9 @@ def cache_dir() -> Path:
         root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lens_parallel"
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def add_suffix(stem: Path, suffix: str) -> Path:
+    """``stem`` with ``suffix`` appended: unlike ``Path.with_suffix``, a dot already in the name stays
+    (``toy-qwen3.5_scaling`` + ``.json``, not ``toy-qwen3.json``)."""
+    return stem.parent / f"{stem.name}{suffix}"

@@ -15,7 +15,7 @@ import importlib.metadata
 import json
 import math
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -27,6 +27,7 @@ from torch import Tensor
 from lens_parallel.data import TokenBlocks
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelInfo
+from lens_parallel.paths import add_suffix
 
 FORMAT = "lens_parallel.result"
 FORMAT_VERSION = 1
@@ -112,11 +113,7 @@ class Result(Protocol):
 
 class ResultMixin:
     """What every result dataclass shares: ``info`` from its ``provenance``, ``figures``, ``save`` and ``load``.
-
-    ``figure_name`` names the main figure in :meth:`figures`; results with several figures override ``figures``.
-    """
-
-    figure_name: ClassVar[str] = "figure"
+    Results with several figures override :meth:`figures`."""
 
     @property
     def info(self) -> ModelInfo:
@@ -124,7 +121,7 @@ class ResultMixin:
 
     def figures(self) -> dict[str, go.Figure]:
         """Named figures; the first is :meth:`figure`."""
-        return {self.figure_name: self.figure()}
+        return {"figure": self.figure()}
 
     def save(self, path: str | Path) -> Path:
         """Write ``path.json`` (fields and provenance) and ``path.npz`` (arrays); returns the JSON path."""
@@ -205,15 +202,15 @@ def save_result(result: Any, path: str | Path) -> Path:
     arrays: dict[str, np.ndarray] = {}
     payload = {"format": FORMAT, "version": FORMAT_VERSION, "data": _encode(result, arrays, "root")}
     text = json.dumps(payload, indent=1, allow_nan=False)
-    np.savez_compressed(_with(stem, ".npz"), **arrays)
-    _with(stem, ".json").write_text(text)
-    return _with(stem, ".json")
+    np.savez_compressed(add_suffix(stem, ".npz"), **arrays)
+    add_suffix(stem, ".json").write_text(text)
+    return add_suffix(stem, ".json")
 
 
 def load_result(path: str | Path) -> Any:
     """Rebuild any result written by :func:`save_result` (``path`` with or without ``.json``)."""
     stem = _stem(path)
-    json_path = _with(stem, ".json")
+    json_path = add_suffix(stem, ".json")
     if not json_path.is_file():
         raise LensParallelError(f"no saved result at {json_path}")
     payload = json.loads(json_path.read_text())
@@ -224,7 +221,7 @@ def load_result(path: str | Path) -> Any:
             f"{json_path} has result format version {payload.get('version')!r}; this lens_parallel reads version "
             f"{FORMAT_VERSION}"
         )
-    with np.load(_with(stem, ".npz")) as data:
+    with np.load(add_suffix(stem, ".npz")) as data:
         arrays = {k: data[k] for k in data.files}
     return _decode(payload["data"], arrays, json_path)
 
@@ -232,7 +229,3 @@ def load_result(path: str | Path) -> Any:
 def _stem(path: str | Path) -> Path:
     path = Path(path)
     return path.with_suffix("") if path.suffix in (".json", ".npz") else path
-
-
-def _with(stem: Path, suffix: str) -> Path:
-    return stem.parent / (stem.name + suffix)

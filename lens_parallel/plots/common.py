@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
+from lens_parallel.paths import add_suffix
+
 
 def png_failure(exc: Exception) -> str:
     """Why a PNG could not be written, in one line: the first non-empty line of kaleido's message (which starts
@@ -23,7 +25,7 @@ def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
     """Write ``stem.html`` (plotly.js inlined: opens offline) and, when kaleido finds a Chrome/Chromium,
     ``stem.png``; returns the files written (a missing PNG renderer is reported on stderr, not raised)."""
     stem = Path(stem)
-    html, png = stem.parent / f"{stem.name}.html", stem.parent / f"{stem.name}.png"  # a dot in the name stays
+    html, png = add_suffix(stem, ".html"), add_suffix(stem, ".png")
     written = [html]
     fig.write_html(html, include_plotlyjs=True)
     try:
