@@ -160,15 +160,18 @@ ABLATIONS = ("zero", "mean", "parallel-value", "parallel-residual")
 
 @dataclass(frozen=True, eq=False)
 class HeadEdit:
-    """Remove query heads' contribution at one layer, in one of four ways (``kind``):
+    """Remove heads' contribution at one layer, in one of four ways (``kind``):
 
-    - ``zero``: z_h = 0 (hook_z);
+    - ``zero``: z_h = 0 (hook_z). On a linear-attention layer (Qwen3.5's gated delta rule) the head's gate input
+      is zeroed (hook_gate_input): its gated-norm output ``norm(o_h) * silu(0)`` is exactly 0, i.e. the head's
+      slice of the output projection's input, so its projected output is removed (heads = value heads there);
     - ``mean``: z_h = ``means[h]``, a fixed mean of hook_z (``[head_index, d_head]``, e.g. over a data set);
     - ``parallel-value``: ``ComponentScale("value", s_par=0)`` on those heads;
     - ``parallel-residual``: ``ComponentScale("residual-attn", s_par=0)`` on those heads' own writes.
 
-    ``heads`` is a tuple of query heads (every batch row) or a bool mask ``[batch, head_index]`` giving each row
-    its own head set, which lets the ablation engine run many edits in one forward.
+    ``heads`` is a tuple of heads (every batch row) or a bool mask ``[batch, head_index]`` giving each row its own
+    head set, which lets the ablation engine run many edits in one forward. Only ``zero`` is defined for
+    linear-attention layers.
     """
 
     kind: str
@@ -188,19 +191,25 @@ class HeadEdit:
             object.__setattr__(self, "heads", heads)
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
-        (layer,), _ = softmax_layers(info, [self.layer], what=f"HeadEdit({self.kind!r})")
-        heads = self.heads if isinstance(self.heads, Tensor) else check_indices("heads", self.heads, info.n_heads)
+        linear = self.kind == "zero" and 0 <= self.layer < info.n_layers and info.layer_types[self.layer] == "linear"
+        if linear:
+            layer, role = self.layer, "lin_gate"
+        else:
+            (layer,), _ = softmax_layers(info, [self.layer], what=f"HeadEdit({self.kind!r})")
+            role = "z"
+        n_heads = info.output_heads(layer)
+        heads = self.heads if isinstance(self.heads, Tensor) else check_indices("heads", self.heads, n_heads)
         if self.kind == "parallel-value":
             return _value_hooks(ComponentScale("value", s_par=0.0), model, info, layer, heads, {})
         if self.kind == "parallel-residual":
             return _residual_attn_hooks(ComponentScale("residual-attn", s_par=0.0), model, info, layer, heads, {})
 
-        def replace_z(z: Tensor, hook) -> Tensor:
+        def replace(z: Tensor, hook) -> Tensor:
             fill = torch.zeros_like(z) if self.kind == "zero" else self.means.to(z).expand_as(z)
-            mask = _head_mask(heads, info.n_heads, z.shape[0], z.device)
+            mask = _head_mask(heads, n_heads, z.shape[0], z.device)
             return torch.where(mask[:, None, :, None], fill, z)
 
-        return [(hook_name(layer, "z"), replace_z)]
+        return [(hook_name(layer, role), replace)]
 
 
 @dataclass(frozen=True, eq=False)

@@ -231,6 +231,11 @@ def relative_change(
     return torch.where(norm > eps, (new - base).norm(dim=-1) / norm.clamp_min(eps), 0.0)
 
 
+def l2_normalize(x: Float[Tensor, "*batch d"], *, eps: float = 1e-6) -> Float[Tensor, "*batch d"]:
+    """x / sqrt(|x|^2 + eps): the gated delta rule's query/key normalisation (``use_qk_l2norm_in_kernel``)."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
 def js_divergence(p: Float[Tensor, "*batch n"], q: Float[Tensor, "*batch n"]) -> Float[Tensor, "*batch"]:
     """Jensen-Shannon divergence (natural log, in [0, log 2]) between distributions on the last axis."""
     m = 0.5 * (p + q)

@@ -39,9 +39,13 @@ ROLE_HOOKS: dict[str, str] = {
     "lin_q": "blocks.{layer}.linear_attn.hook_q",
     "lin_k": "blocks.{layer}.linear_attn.hook_k",
     "lin_v": "blocks.{layer}.linear_attn.hook_v",
+    "lin_gate": "blocks.{layer}.linear_attn.hook_gate_input",
 }
 """Activation roles and their TransformerLens hook names. ``pattern`` is kept as its diagonal A_tt only,
-``pattern_full`` as the whole map; ``rot_q``/``rot_k`` are queries/keys after rotary (and after Qwen3's q/k norms)."""
+``pattern_full`` as the whole map; ``rot_q``/``rot_k`` are queries/keys after rotary (and after Qwen3's q/k norms).
+``lin_q``/``lin_k``/``lin_v``: a linear-attention block's queries, keys (per key head) and values (per value head)
+after its causal convolution, before the kernel's L2 normalisation; ``lin_gate``: the gate z of its gated RMSNorm,
+``norm(recurrence_out) * silu(z)``, per value head."""
 
 
 def effective_qk_roles(info: ModelInfo) -> tuple[str, str]:
@@ -68,7 +72,7 @@ def expected_shape(role: str, info: ModelInfo) -> tuple[tuple[str, int | None], 
         return batch, pos, ("n_heads", info.n_heads), ("d_head", info.d_head)
     if role in ("pattern", "pattern_full"):
         return batch, ("n_heads", info.n_heads), ("query_pos", None), ("key_pos", None)
-    if role in ("lin_q", "lin_k", "lin_v"):
+    if role in ("lin_q", "lin_k", "lin_v", "lin_gate"):
         return batch, pos, ("heads", None), ("d_head", None)
     if role == "q_gate":
         return batch, pos, ("n_heads * d_head", info.n_heads * info.d_head)

@@ -110,7 +110,7 @@ def _toy_qwen3_5() -> transformers.PretrainedConfig:
     from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 
     return Qwen3_5TextConfig(
-        num_hidden_layers=4,
+        num_hidden_layers=5,
         hidden_size=96,
         num_attention_heads=6,
         num_key_value_heads=2,
@@ -123,7 +123,7 @@ def _toy_qwen3_5() -> transformers.PretrainedConfig:
         max_position_embeddings=512,
         vocab_size=151936,
         tie_word_embeddings=True,
-        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        layer_types=["linear_attention", "linear_attention", "full_attention", "full_attention", "linear_attention"],
         bos_token_id=151643,
         eos_token_id=151643,
     )
@@ -153,8 +153,9 @@ TOY_MODELS: dict[str, tuple[Callable[[], transformers.PretrainedConfig], str]] =
     "toy-qwen3.5": (_toy_qwen3_5, "qwen3"),
 }
 """Toy spec -> (config builder, bundled tokenizer). The Qwen3 tokenizer has Qwen2.5's ids; no Llama tokenizer is
-available offline, so toy-llama uses GPT-NeoX's. toy-qwen3.5 is hybrid: linear-attention blocks (0, 2) between gated
-softmax-attention blocks (1, 3)."""
+available offline, so toy-llama uses GPT-NeoX's. toy-qwen3.5 is hybrid: linear-attention blocks 0, 1 and 4 (4 value
+heads reading 2 key heads) and gated softmax-attention blocks 2 and 3, so that its adjacent layer pairs cover all four
+combinations of layer types (linear->linear, linear->softmax, softmax->softmax, softmax->linear)."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,8 @@ class ModelInfo:
     positional: str  # "learned" or "rotary"
     config_hash: str
     layer_types: tuple[str, ...] = ()  # per layer: "softmax" or "linear" (linear attention, Qwen3.5)
+    n_linear_heads: int = 0  # linear-attention layers: value (= output) heads
+    n_linear_key_heads: int = 0  # linear-attention layers: query/key heads, each read by a group of value heads
 
     @property
     def group_size(self) -> int:
@@ -186,6 +189,11 @@ class ModelInfo:
     def softmax_layers(self) -> tuple[int, ...]:
         """Layers with softmax attention (hook_z, hook_pattern): every layer except Qwen3.5's linear-attention ones."""
         return tuple(i for i, t in enumerate(self.layer_types) if t == "softmax")
+
+    def output_heads(self, layer: int) -> int:
+        """Heads whose outputs layer ``layer``'s token mixer projects and sums: query heads of a softmax layer,
+        value heads of a linear-attention layer."""
+        return self.n_linear_heads if self.layer_types[layer] == "linear" else self.n_heads
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -256,6 +264,8 @@ def model_info(model: TransformerBridge) -> ModelInfo:
             "linear" if t == "linear_attention" else "softmax"
             for t in (getattr(hf, "layer_types", None) or ["full_attention"] * cfg.n_layers)
         ),
+        n_linear_heads=getattr(hf, "linear_num_value_heads", 0) or 0,
+        n_linear_key_heads=getattr(hf, "linear_num_key_heads", 0) or 0,
     )
 
 

@@ -171,7 +171,7 @@ def concentration(effects: np.ndarray) -> dict[str, np.ndarray]:
     ordered = -np.sort(-shares, axis=-1)  # descending; NaN rows stay NaN
     reached = np.cumsum(ordered, axis=-1) >= 0.9 - 1e-12
     heads_for_90 = np.where(np.isnan(entropy), np.nan, reached.argmax(-1) + 1.0)
-    return {
+    metrics = {
         "effective_n": np.exp(entropy),
         "effective_fraction": np.exp(entropy) / n,
         "normalised_concentration": 1 - entropy / np.log(n) if n > 1 else np.zeros_like(entropy),
@@ -179,3 +179,4 @@ def concentration(effects: np.ndarray) -> dict[str, np.ndarray]:
         "bottom25_share": ordered[..., n - k :].sum(-1),
         "heads_for_90": heads_for_90,
     }
+    return {name: np.asarray(values) for name, values in metrics.items()}  # 0-d arrays for one vector

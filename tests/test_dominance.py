@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import einops
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 
 from lens_parallel import geometry
-from lens_parallel.analyses.dominance import DominanceResult, head_dominance
+from lens_parallel.analyses.dominance import DominanceResult, _measure, _Receiver, head_dominance, study_texts
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import HeadEdit, apply_edits
 from lens_parallel.hooks import effective_qk_roles, hook_name
@@ -31,94 +33,207 @@ def test_concentration_on_hand_built_shares():
         concentration(np.array([1.0, -1.0]))
 
 
-def _reference(model, tokens, up, heads, positions):
-    """Effects on layer up+1 from a plain full forward with the heads zeroed (no prefix reuse, no batching)."""
+@torch.inference_mode()
+def _head_outputs(model, tokens, layer, edits=()):
+    """Each head's projected output ``[batch, pos, head, d_model]``, the projection bias and the layer's attention
+    output, rebuilt from the HF weights (softmax: W_O z_h; linear attention: W_out[:, h] of the gated RMSNorm of
+    head h's recurrence output, norm(o_h) * silu(z_h))."""
     info = model_info(model)
-    q_role, k_role = effective_qk_roles(info)
-    names = [hook_name(up + 1, r) for r in (q_role, k_role, "v", "pattern")]
-    runs = []
-    for edits in ([], [HeadEdit("zero", up, heads)]):
-        with torch.inference_mode(), apply_edits(model, edits):
+    if info.layer_types[layer] == "softmax":
+        names = [hook_name(layer, "z"), hook_name(layer, "attn_out")]
+        with apply_edits(model, edits):
             _, cache = model.run_with_cache(tokens, names_filter=names)
-        runs.append([cache[n].double() for n in names])
-    (q, k, v, pat), (q2, k2, v2, pat2) = runs
-    g = info.group_size
-    k, v, k2, v2 = (t.repeat_interleave(g, dim=2) for t in (k, v, k2, v2))
-    num = ((q2 - q) ** 2 + (k2 - k) ** 2 + (v2 - v) ** 2).sum(-1)
-    den = (q**2 + k**2 + v**2).sum(-1)
-    combined = (num / den).sqrt()[:, positions]
-    js = geometry.js_divergence(pat2.transpose(1, 2), pat.transpose(1, 2))[:, positions]
-    rel_q = geometry.relative_change(q2, q)[:, positions]
-    return combined.numpy(), js.numpy(), rel_q.numpy()
+        attn = model.blocks[layer].attn
+        per_head = torch.einsum("bphd,hdm->bphm", cache[names[0]], attn.W_O)
+        bias = torch.zeros(info.d_model) if attn.b_O is None else attn.b_O
+        return per_head, bias, cache[names[1]]
+    prefix = f"blocks.{layer}.linear_attn"
+    names = [f"{prefix}.hook_recurrence_out", f"{prefix}.hook_gate_input", f"{prefix}.hook_out"]
+    with apply_edits(model, edits):
+        _, cache = model.run_with_cache(tokens, names_filter=names)
+    hf = model.blocks[layer].original_component.linear_attn
+    o, z = cache[names[0]], cache[names[1]]
+    x = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + hf.norm.variance_epsilon) * hf.norm.weight * F.silu(z)
+    w_out = einops.rearrange(hf.out_proj.weight, "m (h d) -> h d m", h=o.shape[2])
+    return torch.einsum("bphd,hdm->bphm", x, w_out), torch.zeros(info.d_model), cache[names[2]]
 
 
-@pytest.mark.parametrize("spec", ["toy-gpt2", "toy-qwen3", "toy-pythia"])
-def test_dominance_matches_an_independent_full_forward(spec):
+@pytest.mark.parametrize(("spec", "layers"), [("toy-qwen3.5", (0, 2, 4)), ("toy-gpt2", (1,)), ("toy-qwen3", (0,))])
+def test_head_outputs_sum_to_the_attention_output_and_removal_drops_exactly_one(spec, layers):
+    """The study's decomposition check, for every layer type: sum_h (projected output of h) + bias = the attention
+    output; and zeroing head u (HeadEdit("zero")) removes exactly u's projected output."""
+    model = get_model(spec)
+    tokens = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=12).tokens
+    for layer in layers:
+        per_head, bias, out = _head_outputs(model, tokens, layer)
+        torch.testing.assert_close(per_head.sum(2) + bias, out, rtol=1e-5, atol=1e-5)
+        u = per_head.shape[2] - 1
+        _, _, removed = _head_outputs(model, tokens, layer, [HeadEdit("zero", layer, (u,))])
+        torch.testing.assert_close(removed, out - per_head[:, :, u], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["toy-qwen3.5", "toy-qwen3"])
+def test_removing_no_head_gives_exactly_zero(spec):
     model = get_model(spec)
     info = model_info(model)
-    blocks = token_blocks(model, "wikipedia-en", n_docs=3, seq_len=16, seed=4)
-    result = head_dominance(model, blocks, query_positions=slice(7, None), progress=False)
-    positions = list(range(7, 16))
-    assert result.query_positions == tuple(positions) and result.layer_pairs == ((0, 1), (1, 2))
-    assert result.rel_k.shape[-1] == info.n_kv_heads and result.combined.shape == (2, 3, info.n_heads, 9, info.n_heads)
-    for p, up in enumerate((0, 1)):
-        for u in (0, info.n_heads - 1):
-            combined, js, rel_q = _reference(model, blocks.tokens, up, (u,), positions)
-            np.testing.assert_allclose(result.combined[p, :, u], combined, rtol=1e-4, atol=1e-7)
-            np.testing.assert_allclose(result.js[p, :, u], js, rtol=1e-3, atol=1e-9)
-            np.testing.assert_allclose(result.rel_q[p, :, u], rel_q, rtol=1e-4, atol=1e-7)
-    # joint controls: the strong half is the receiving head's top half of single-head effects
-    p, text, g, half = 1, 2, 1, info.n_heads // 2
-    strong = tuple(np.argsort(result.combined[p, text].mean(1)[:, g])[-half:].tolist())
-    combined, _, _ = _reference(model, blocks.tokens, 1, strong, positions)
-    np.testing.assert_allclose(result.joint[p, text, g, 1], combined[text, :, g].mean(), rtol=1e-4)
-    # texts in batches of 2: the same numbers, random halves included (drawn per text, not per batch)
-    batched = head_dominance(model, blocks, query_positions=slice(7, None), batch_size=2, progress=False)
-    for field in ("rel_q", "rel_k", "rel_v", "combined", "js", "joint"):
-        np.testing.assert_allclose(getattr(batched, field), getattr(result, field), rtol=1e-5, atol=1e-8, err_msg=field)
+    tokens = token_blocks(model, "austen", n_docs=2, seq_len=10).tokens
+    for up in range(info.n_layers - 1):
+        receive = _Receiver(model, info, up)
+        with torch.inference_mode():
+            resid = model(tokens, stop_at_layer=up)
+        masks = torch.zeros(3, receive.n_up, dtype=torch.bool)
+        for length, at in ((10, list(range(10))), (6, [5])):
+            owners = torch.tensor([0, 1, 1])
+            eff = _measure(receive, tokens, resid, owners, masks, length=length, at=at, rows_per_forward=4)
+            for key, value in eff.items():
+                if key == "js" and receive.kind == "linear":
+                    assert np.isnan(value).all()  # no softmax row
+                else:
+                    assert (value == 0).all(), (up, key)
 
 
-def test_dataframe_figure_save_and_errors(tmp_path):
-    model = get_model("toy-llama")
-    blocks = token_blocks(model, "austen", n_docs=2, seq_len=12)
-    result = head_dominance(model, blocks, query_positions=[3, 11], upstream_layers=[1], progress=False)
+def _plain(model, tokens, up, heads):
+    """Effective q, k, v and attention pattern of layer up+1 from one plain forward from the tokens (no prefix reuse,
+    no batching of rows), with ``heads`` of layer ``up`` zeroed over the whole sequence."""
+    info = model_info(model)
+    recv = up + 1
+    if info.layer_types[recv] == "softmax":
+        roles = (*effective_qk_roles(info), "v", "pattern_full")
+    else:
+        roles = ("lin_q", "lin_k", "lin_v")
+    names = [hook_name(recv, role) for role in roles]
+    edits = [HeadEdit("zero", up, heads)] if heads else []
+    with torch.inference_mode(), apply_edits(model, edits):
+        _, cache = model.run_with_cache(tokens, names_filter=names)
+    q, k, v = (cache[n].double() for n in names[:3])
+    if info.layer_types[recv] == "linear":
+        norm = lambda x: x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
+        q, k = norm(q) / q.shape[-1] ** 0.5, norm(k)
+    pattern = cache[names[3]].double() if len(names) == 4 else None
+    return q, k, v, pattern
+
+
+def _expected(base, new, t, g):
+    """rel_q, qkv and js of receiving head g at token t (its key/value head by repeat_interleave)."""
+    (q, k, v, pat), (q2, k2, v2, pat2) = base, new
+    n_recv = pat.shape[1] if pat is not None else v.shape[2]
+    k, k2 = (x.repeat_interleave(n_recv // x.shape[2], dim=2)[:, t, g] for x in (k, k2))
+    v, v2 = (x.repeat_interleave(n_recv // x.shape[2], dim=2)[:, t, g] for x in (v, v2))
+    q, q2 = (x.repeat_interleave(n_recv // x.shape[2], dim=2)[:, t, g] for x in (q, q2))
+    qkv = torch.sqrt(((q2 - q) ** 2 + (k2 - k) ** 2 + (v2 - v) ** 2).sum(-1) / (q**2 + k**2 + v**2).sum(-1))
+    js = geometry.js_divergence(pat2[:, g, t], pat[:, g, t]) if pat is not None else torch.full_like(qkv, np.nan)
+    return (q2 - q).norm(dim=-1) / q.norm(dim=-1), qkv, js
+
+
+@pytest.mark.parametrize("spec", ["toy-qwen3.5", "toy-qwen3"])
+def test_observation_path_equals_a_plain_forward_on_every_pair_type(spec):
+    """toy-qwen3.5's pairs are linear->linear, linear->softmax, softmax->softmax, softmax->linear; toy-qwen3 is
+    GQA softmax. Single-head effects at every token, and token-adaptive joint effects (rows cut to t + 1 tokens),
+    equal full forwards from the tokens with the same heads removed over the whole sequence."""
+    model = get_model(spec)
+    info = model_info(model)
+    blocks = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=12, seed=3)
+    result = head_dominance(model, blocks, query_positions=slice(4, 12), mask_scales=("qkv", "js"), progress=False)
+    assert result.layer_pairs == tuple((up, up + 1) for up in range(info.n_layers - 1))
+    if spec == "toy-qwen3.5":
+        assert set(result.layer_types) == {(a, b) for a in ("linear", "softmax") for b in ("linear", "softmax")}
+    tokens = blocks.tokens
+    for p, (up, _) in enumerate(result.layer_pairs):
+        base = _plain(model, tokens, up, ())
+        n_up, n_recv = result.upstream_heads[p], result.receiving_heads[p]
+        for u in (0, n_up - 1):
+            new = _plain(model, tokens, up, (u,))
+            for j, t in ((0, 4), (7, 11)):
+                for g in (0, n_recv - 1):
+                    rel_q, qkv, js = _expected(base, new, t, g)
+                    np.testing.assert_allclose(result.rel_q[p, :, u, j, g], rel_q, rtol=1e-4, atol=1e-7)
+                    np.testing.assert_allclose(result.qkv[p, :, u, j, g], qkv, rtol=1e-4, atol=1e-7)
+                    np.testing.assert_allclose(result.js[p, :, u, j, g], js, rtol=1e-3, atol=1e-10)
+        # joint: the strong half of observation (text 1, token 9, last receiving head) on each mask scale, and all
+        text, j, t, g = 1, 5, 9, n_recv - 1
+        for m, scale in enumerate(result.mask_scales):
+            if scale == "js" and result.receiving_types[p] == "linear":
+                assert np.isnan(result.joint_qkv[p, :, :, :n_recv, m, :2]).all()
+                continue
+            strong = tuple(np.argsort(result.effects(p, scale)[text, j, g], kind="stable")[n_up - n_up // 2 :].tolist())
+            _, qkv, js = _expected(base, _plain(model, tokens, up, strong), t, g)
+            np.testing.assert_allclose(result.joint_qkv[p, text, j, g, m, 1], qkv[text], rtol=1e-4, atol=1e-7)
+            np.testing.assert_allclose(result.joint_js[p, text, j, g, m, 1], js[text], rtol=1e-3, atol=1e-10)
+        _, qkv, _ = _expected(base, _plain(model, tokens, up, tuple(range(n_up))), t, g)
+        np.testing.assert_allclose(result.joint_qkv[p, text, j, g, :, 3], qkv[text], rtol=1e-4, atol=1e-7)
+        # the random half: default_rng([seed, up, text]), one draw per (token, receiving head) in that order
+        rng = np.random.default_rng([0, up, 0])
+        draws = [rng.choice(n_up, size=n_up // 2, replace=False) for _ in range(len(result.query_positions) * n_recv)]
+        _, qkv, _ = _expected(base, _plain(model, tokens, up, tuple(sorted(draws[0].tolist()))), 4, 0)
+        np.testing.assert_allclose(result.joint_qkv[p, 0, 0, 0, 0, 2], qkv[0], rtol=1e-4, atol=1e-7)
+
+
+def test_study_protocol_on_toy_qwen35(tmp_path):
+    model = get_model("toy-qwen3.5")
+    info = model_info(model)
+    blocks = study_texts(model)
+    assert blocks.tokens.shape == (4, 32) and "lunyu" in blocks.corpus
+    result = head_dominance(model, blocks, progress=False)
+    n_pairs = info.n_layers - 1
+    assert len(result.layer_pairs) == n_pairs and result.query_positions == tuple(range(7, 32))
+    for p, recv in enumerate(result.receiving_types):
+        js = result.js[p, :, : result.upstream_heads[p], :, : result.receiving_heads[p]]
+        assert np.isfinite(js).all() if recv == "softmax" else np.isnan(js).all()
     df = result.to_dataframe()
-    assert len(df) == 2 * 6 and set(df.receiving_type) == {"softmax"} and df.label.iloc[0] == "L2H0"
-    assert df.effective_fraction.between(0, 1 + 1e-12).all() and (df.heads_for_90 >= 1).all()
-    assert np.allclose(df.strong_weak_ratio, df.joint_strong / df.joint_weak)
+    per_scale = df.groupby("scale").size()
+    assert per_scale["qkv"] == sum(4 * 25 * n for n in result.receiving_heads)
+    heads = zip(result.receiving_heads, result.receiving_types, strict=True)
+    assert per_scale["js"] == per_scale["js_distance"] == sum(4 * 25 * n for n, r in heads if r == "softmax")
+    assert np.isfinite(df.effective_fraction).all() and df.effective_fraction.between(0, 1 + 1e-12).all()
+    # the tables' concentration is stats.concentration of that observation's single-head effects
+    row = df[(df.scale == "js_distance") & (df.receiving_layer == 3) & (df.position == 20)].iloc[0]
+    p, text, j, g = 2, row.text, 20 - 7, row.receiving_head
+    expected = concentration(np.sqrt(result.js[p, text, :, j, g]))
+    assert row.effective_fraction == pytest.approx(expected["effective_fraction"])
+    joint = result.joint_table()
+    assert set(joint.columns) >= {"joint_weak", "joint_strong", "joint_random", "joint_all", "strong_weak_ratio"}
+    assert (joint.joint_all > 0).all() and np.allclose(joint.strong_weak_ratio, joint.joint_strong / joint.joint_weak)
+    table = result.summary_table()
+    assert set(table.level) == {"pair", "receiving_type", "all"}
+    overall = table[(table.level == "all") & (table.scale == "qkv") & (table.metric == "effective_fraction")]
+    assert overall["median"].item() == pytest.approx(df[df.scale == "qkv"].effective_fraction.median())
+    summary = result.summary()
+    assert summary.n_pairs.item() == n_pairs
+    assert summary.qkv_weak_smaller.item() == pytest.approx(
+        joint[(joint.scale == "qkv") & (joint.mask_scale == "qkv")].weak_smaller.mean()
+    )
     fig = result.figure()
-    assert fig.layout.annotations[0].text == "effective fraction of upstream heads"
+    assert fig.layout.annotations[0].text.startswith("(a) effective fraction")
+    assert "toy-qwen3.5" in fig.layout.title.text
+    # batching does not change a number (tokens 28-31: random halves are drawn per window, so they are left out)
+    small = head_dominance(
+        model, blocks, query_positions=slice(28, 32), batch_size=3, rows_per_forward=7, progress=False
+    )
+    for field in ("rel_q", "rel_k", "rel_v", "qkv", "js"):
+        np.testing.assert_allclose(
+            getattr(small, field), getattr(result, field)[:, :, :, 21:], rtol=1e-5, atol=1e-8, err_msg=field
+        )
+    for field in ("joint_qkv", "joint_js"):
+        kinds = [0, 1, 3]  # weak, strong, all
+        np.testing.assert_allclose(
+            getattr(small, field)[..., kinds], getattr(result, field)[:, :, 21:][..., kinds], rtol=1e-5, atol=1e-8
+        )
     result.save(tmp_path / "dom")
     pd.testing.assert_frame_equal(DominanceResult.load(tmp_path / "dom").to_dataframe(), df)
+
+
+def test_bad_input_is_refused_before_any_forward():
+    model = get_model("toy-llama")
+    blocks = token_blocks(model, "austen", n_docs=2, seq_len=12)
     with pytest.raises(ValueError, match=r"query_positions \[12\] out of range: sequences have 12 tokens"):
         head_dominance(model, blocks, query_positions=[3, 12])
     with pytest.raises(ValueError, match=r"selects no position of sequences of 12 tokens"):
         head_dominance(model, blocks, query_positions=slice(20, None))
     with pytest.raises(ValueError, match=r"upstream layers \[2\] out of range"):
         head_dominance(model, blocks, upstream_layers=[2])
-
-
-def test_hybrid_model_skips_linear_upstream_layers_and_handles_linear_receivers():
-    """toy-qwen3.5: layers (linear, softmax, linear, softmax). Only (1, 2) has a softmax upstream layer; its
-    receiving layer is linear attention: receiving heads are value heads, q and k from their key head."""
-    model = get_model("toy-qwen3.5")
-    blocks = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=12)
-    with pytest.warns(UserWarning, match=r"skipped upstream linear-attention layers \[0, 2\]"):
-        result = head_dominance(model, blocks, query_positions=slice(4, None), progress=False)
-    assert result.layer_pairs == ((1, 2),) and result.receiving_types == ("linear",)
-    names = [f"blocks.2.linear_attn.hook_{x}" for x in "qkv"]
-    runs = []
-    for edits in ([], [HeadEdit("zero", 1, (4,))]):
-        with torch.inference_mode(), apply_edits(model, edits):
-            _, cache = model.run_with_cache(blocks.tokens, names_filter=names)
-        runs.append([cache[n][:, 4:].double() for n in names])
-    (q, k, v), (q2, k2, v2) = runs
-    group = v.shape[2] // q.shape[2]  # 4 value heads read 2 key heads
-    q, k, q2, k2 = (t.repeat_interleave(group, dim=2) for t in (q, k, q2, k2))
-    num = ((q2 - q) ** 2 + (k2 - k) ** 2 + (v2 - v) ** 2).sum(-1)
-    expected = (num / (q**2 + k**2 + v**2).sum(-1)).sqrt().numpy()
-    np.testing.assert_allclose(result.combined[0, :, 4, :, :4], expected, rtol=1e-4, atol=1e-7)
-    assert np.isnan(result.js).all() and np.isnan(result.combined[0, :, :, :, 4:]).all()  # padding past 4 heads
-    df = result.to_dataframe()
-    assert len(df) == 2 * 4 and set(df.receiving_type) == {"linear"}
-    assert "skipped upstream linear-attention layers [0, 2]" in result.provenance.settings["skipped"]
+    with pytest.raises(ValueError, match=r"mask_scales must be \('qkv',\) or \('qkv', 'js'\)"):
+        head_dominance(model, blocks, mask_scales=("js",))
+    with pytest.raises(ValueError, match=r"rows_per_forward must be an integer >= 2"):
+        head_dominance(model, blocks, rows_per_forward=1)
+    with pytest.raises(ValueError, match=r"unknown scale 'kl'"):
+        head_dominance(model, blocks, query_positions=[11], progress=False).effects(0, "kl")

@@ -165,7 +165,7 @@ def test_head_edits_refuse_linear_attention_layers():
     with pytest.raises(ValueError, match=r"layers \[0\] of toy-qwen3.5 are linear-attention blocks; softmax layers"):
         run(model, tokens, [ComponentScale("value", s_par=0.0, layers=[0])])
     with pytest.raises(ValueError, match=r"linear-attention blocks"):
-        run(model, tokens, [DiagonalEdit("value", layers=[2])])
+        run(model, tokens, [DiagonalEdit("value", layers=[4])])
     # layers=None edits the softmax layers only; residual-mlp covers every layer
     logits, _ = run(model, tokens, [ComponentScale("residual-mlp", s_par=0.5, layers=[0])])
     base, _ = run(model, tokens)

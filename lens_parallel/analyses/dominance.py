@@ -1,40 +1,58 @@
-"""Next-layer head dominance: how many upstream heads shape each head of the next layer.
+"""Next-layer head dominance, as the Qwen3.5 study measured it: how many upstream heads shape each receiving head.
 
-For each adjacent layer pair (l, l+1) and each upstream head u of layer l, remove u's output (its hook_z, whole
-sequence, zeroed) and recompute only up to layer l+1's effective queries, keys and values (after norms, rotary
-and Qwen3's q/k norms; keys and values per kv head, GQA slots not counted twice). Per receiving query head g and
-query token t:
+For every adjacent layer pair (l, l+1), whatever the two layer types, and every upstream head u of layer l, remove
+u's projected output over the whole sequence (``HeadEdit("zero")``: a softmax head's hook_z; a linear-attention
+head's gate input, which zeroes its gated-norm output, its slice of the output projection's input) and recompute
+only up to layer l+1's *effective* queries, keys and values, read where the receiving layer uses them:
 
-    rel_q = |q'_g - q_g| / |q_g|,  rel_k, rel_v likewise for g's kv head,
-    combined = sqrt(|dq_g|^2 + |dk|^2 + |dv|^2) / sqrt(|q_g|^2 + |k|^2 + |v|^2),
-    js = Jensen-Shannon divergence of g's attention row at t (sqrt(js) is a distance).
+- softmax receiver: queries and keys after q/k norms and rotary (hook_rot_q / hook_rot_k; Pythia: hook_q / hook_k,
+  which differ by a per-position rotation that preserves the norms and distances used here), values hook_v; keys
+  and values per kv head. Receiving heads are its query heads.
+- linear-attention receiver (gated delta rule): queries and keys after the causal convolution (hook_q / hook_k of
+  ``linear_attn``), L2-normalised as the kernel does (x / sqrt(|x|^2 + 1e-6)), queries then scaled by
+  d_head^-1/2 as the kernel does; values hook_v, as the kernel reads them. Receiving heads are its value heads;
+  queries and keys per key head.
 
-Concentration per (text, receiving head, pair) is computed from the token-averaged combined effect of each upstream
-head (``stats.concentration``: effective number exp(H), effective fraction, normalised concentration, top/bottom
-25% share, heads for 90%). Joint controls remove the weak half, the strong half and a random half (same size) of the
-upstream heads, chosen per (text, receiving head) from the single-head effects, and measure the joint effect.
-Every forward resumes at layer l from the cached residual (earlier blocks not computed) and stops after layer l+1's
-attention pattern. The random half of each (text, receiving head) is drawn from ``default_rng([seed, l, text])``.
+The unit of observation is (pair, text, query token t, receiving head g). Per observation and upstream head:
+
+    rel_q = |q'_g - q_g| / |q_g|;  rel_k, rel_v likewise, once per key / value head (never once per query head
+    that shares it);
+    qkv = sqrt(|dq_g|^2 + |dk_g|^2 + |dv_g|^2) / sqrt(|q_g|^2 + |k_g|^2 + |v_g|^2), with k_g, v_g the key and value
+    head g reads (the combined change of what g uses);
+    js = JS(A'_g[t, :], A_g[t, :]) of g's attention row (softmax receivers), and js_distance = sqrt(js).
+
+Concentration (``stats.concentration``) is computed per observation over the upstream heads, on each scale
+(``qkv``, ``js``, ``js_distance``), then summarised (median, quartiles) per pair, per receiving-layer type and
+overall. Joint controls, per observation: remove the weak half, the strong half (ranked by that observation's
+single-head effects on the mask scale, ``qkv`` by default as in the study, optionally ``js``), a random half of the
+same size (``default_rng([seed, l, text])``, one draw per query token and receiving head in that order) and all
+upstream heads, and *measure* the joint effect on every scale.
+
+Cost. Single-head removals are constant over positions: one row per (text, upstream head), full length, gives
+every query token. A token-adaptive mask for token t must hold at every position t reads (the attention row, and a
+linear receiver's causal convolution), so each (text, receiving head, half) of token t is one row truncated to
+t + 1 tokens (causal: the same numbers as the full sequence, to float rounding). Every row resumes at layer l from
+the cached residual (earlier blocks not computed) and stops at layer l+1's attention pattern; each forward carries
+the unedited rows of its texts, so an effect compares two rows of one forward (removing no head gives exactly 0).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import einops
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Int
+from jaxtyping import Bool, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.data import TokenBlocks, document_batches
+from lens_parallel.data import TokenBlocks, document_batches, token_blocks
 from lens_parallel.edits import HeadEdit
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import LayerStream, check_indices, effective_qk_roles, hook_name
@@ -43,77 +61,180 @@ from lens_parallel.plots.dominance import dominance_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
 from lens_parallel.stats import concentration
 
-JOINT = ("weak", "strong", "random")
+SCALES = ("qkv", "js", "js_distance")
+"""Effect scales: combined relative Q/K/V change; JS divergence of the attention row; its square root."""
+MASK_SCALES = ("qkv", "js")
+"""Scales the weak/strong halves can be ranked on (``js`` and ``js_distance`` rank heads identically)."""
+JOINT = ("weak", "strong", "random", "all")
+METRICS = ("effective_n", "effective_fraction", "normalised_concentration", "top25_share", "bottom25_share")
+METRICS = (*METRICS, "heads_for_90")
 
 
 @serializable
 @dataclass(frozen=True)
 class DominanceResult(ResultMixin):
-    """Raw per-head effects and joint controls.
+    """Raw per-observation effects of every upstream head, and the measured joint controls.
 
-    ``rel_q``, ``combined``, ``js``: ``[pair, text, upstream_head, query_pos, receiving_head]``; ``rel_k``, ``rel_v``:
-    ``[..., key_head]`` / ``[..., value_head]``; ``joint``: ``[pair, text, receiving_head, 3]`` for the weak, strong
-    and random half (token-averaged combined effect). ``query_positions`` are the token positions scored.
-    Receiving heads are query heads of a softmax layer and value heads of a linear-attention layer
-    (``receiving_types``); where pairs differ in head counts the arrays are NaN-padded.
+    ``rel_q``, ``qkv``, ``js``: ``[pair, text, upstream_head, query_pos, receiving_head]``; ``rel_k`` / ``rel_v``:
+    ``[..., key_head]`` / ``[..., value_head]``; ``joint_qkv`` / ``joint_js``:
+    ``[pair, text, query_pos, receiving_head, mask_scale, kind]`` with kinds ``weak, strong, random, all``
+    (``random`` and ``all`` do not depend on the mask scale). Head axes are NaN-padded where pairs differ in head
+    counts (``upstream_heads``, receiving heads); ``js`` is NaN for linear-attention receivers.
     """
 
     joint_kinds: ClassVar[tuple[str, ...]] = JOINT
+    scales: ClassVar[tuple[str, ...]] = SCALES
 
     layer_pairs: tuple[tuple[int, int], ...]
+    layer_types: tuple[tuple[str, str], ...]
+    upstream_heads: tuple[int, ...]
+    receiving_heads: tuple[int, ...]
     query_positions: tuple[int, ...]
-    receiving_types: tuple[str, ...]
+    mask_scales: tuple[str, ...]
     rel_q: np.ndarray
     rel_k: np.ndarray
     rel_v: np.ndarray
-    combined: np.ndarray
+    qkv: np.ndarray
     js: np.ndarray
-    joint: np.ndarray
+    joint_qkv: np.ndarray
+    joint_js: np.ndarray
     provenance: Provenance
 
-    def concentration(self) -> dict[str, np.ndarray]:
-        """Concentration metrics ``[pair, text, receiving_head]`` of the token-averaged single-head effects."""
-        effects = einops.rearrange(self.combined.mean(3), "pair text up recv -> pair text recv up")
-        return concentration(effects)
+    @property
+    def receiving_types(self) -> tuple[str, ...]:
+        return tuple(recv for _, recv in self.layer_types)
+
+    def effects(self, pair: int, scale: str = "qkv") -> np.ndarray:
+        """Single-head effects of pair ``pair`` on ``scale``, ``[text, query_pos, receiving_head, upstream_head]``
+        (padding removed)."""
+        _check_scale(scale, SCALES)
+        raw = self.qkv if scale == "qkv" else self.js
+        e = raw[pair, :, : self.upstream_heads[pair], :, : self.receiving_heads[pair]]
+        return einops.rearrange(np.sqrt(e) if scale == "js_distance" else e, "text up pos recv -> text pos recv up")
+
+    def concentration(self, scale: str = "qkv") -> dict[str, np.ndarray]:
+        """Per-observation concentration over upstream heads, ``[pair, text, query_pos, receiving_head]`` per
+        metric (NaN for padding and, on the JS scales, for linear receivers)."""
+        shape = (len(self.layer_pairs), self.qkv.shape[1], self.qkv.shape[3], self.qkv.shape[4])
+        out = {metric: np.full(shape, np.nan) for metric in METRICS}
+        for p in range(len(self.layer_pairs)):
+            if scale != "qkv" and self.receiving_types[p] == "linear":
+                continue
+            for metric, values in concentration(self.effects(p, scale)).items():
+                out[metric][p, :, :, : values.shape[-1]] = values
+        return out
+
+    def _frame(self, columns: dict[str, np.ndarray]) -> pd.DataFrame:
+        """Tidy rows of ``[pair, text, query_pos, receiving_head]`` arrays, padding dropped."""
+        index = np.indices(next(iter(columns.values())).shape).reshape(4, -1)
+        p, text, j, g = index
+        keep = g < np.asarray(self.receiving_heads)[p]
+        pairs = np.asarray(self.layer_pairs)[p]
+        df = pd.DataFrame(
+            {
+                "model": self.info.name,
+                "upstream_layer": pairs[:, 0],
+                "receiving_layer": pairs[:, 1],
+                "upstream_type": np.asarray(self.layer_types)[p, 0],
+                "receiving_type": np.asarray(self.receiving_types)[p],
+                "text": text,
+                "position": np.asarray(self.query_positions)[j],
+                "receiving_head": g,
+                "label": [f"L{r}H{h}" for r, h in zip(pairs[:, 1], g, strict=True)],
+                **{name: values.reshape(-1) for name, values in columns.items()},
+            }
+        )
+        return df[keep].reset_index(drop=True)
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per (layer pair, text, receiving head): concentration metrics, joint controls, strong/weak."""
-        metrics = self.concentration()
-        rows = []
-        for p, (up, recv) in enumerate(self.layer_pairs):
-            for i in range(self.joint.shape[1]):
-                for g in range(self.joint.shape[2]):
-                    weak, strong, rand = self.joint[p, i, g]
-                    if np.isnan(self.joint[p, i, g]).all():
-                        continue  # padding: this receiving layer has fewer heads
-                    rows.append(
-                        {
-                            "model": self.info.name,
-                            "upstream_layer": up,
-                            "receiving_layer": recv,
-                            "receiving_type": self.receiving_types[p],
-                            "text": i,
-                            "receiving_head": g,
-                            "label": f"L{recv}H{g}",
-                            **{k: v[p, i, g] for k, v in metrics.items()},
-                            "joint_weak": weak,
-                            "joint_strong": strong,
-                            "joint_random": rand,
-                            "strong_weak_ratio": strong / weak if weak > 0 else np.nan,
-                            "mean_js": self.js[p, i, :, :, g].mean(),  # NaN for linear attention (no softmax)
-                            "mean_js_distance": np.sqrt(self.js[p, i, :, :, g]).mean(),
-                        }
-                    )
-        return pd.DataFrame(rows)
+        """One row per observation (pair, text, query token, receiving head) and scale: the concentration of that
+        observation's single-head effects over the upstream heads (JS scales for softmax receivers only)."""
+        frames = []
+        for scale in SCALES:
+            df = self._frame(self.concentration(scale)).assign(scale=scale)
+            frames.append(df if scale == "qkv" else df[df.receiving_type == "softmax"])
+        return pd.concat(frames, ignore_index=True)
+
+    def joint_table(self) -> pd.DataFrame:
+        """One row per observation, scale and mask scale: the measured effect of removing the weak half, the strong
+        half, a random half and all upstream heads together; strong/weak ratio; whether weak < strong."""
+        frames = []
+        for scale in SCALES:
+            joint = self.joint_qkv if scale == "qkv" else self.joint_js
+            joint = np.sqrt(joint) if scale == "js_distance" else joint
+            for m, mask_scale in enumerate(self.mask_scales):
+                values = {f"joint_{kind}": joint[..., m, k] for k, kind in enumerate(JOINT)}
+                df = self._frame(values).assign(scale=scale, mask_scale=mask_scale)
+                if scale != "qkv" or mask_scale != "qkv":
+                    df = df[df.receiving_type == "softmax"]
+                frames.append(df)
+        df = pd.concat(frames, ignore_index=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            df["strong_weak_ratio"] = np.where(df.joint_weak > 0, df.joint_strong / df.joint_weak, np.nan)
+        df["weak_smaller"] = df.joint_weak < df.joint_strong
+        return df
+
+    def summary_table(self) -> pd.DataFrame:
+        """Median and quartiles of every per-observation quantity, per layer pair, per receiving-layer type and over
+        all observations (``level`` / ``group``), on each scale; joint rows carry their ``mask_scale`` (concentration
+        rows ``mask_scale == ""``). ``weak_smaller``'s mean is the share of observations where weak < strong."""
+        conc = self.to_dataframe().assign(mask_scale="")
+        joint = self.joint_table()
+        long = pd.concat(
+            [
+                conc.melt(id_vars=_ID_COLUMNS, value_vars=list(METRICS), var_name="metric"),
+                joint.assign(weak_smaller=joint.weak_smaller.astype(float)).melt(
+                    id_vars=_ID_COLUMNS, value_vars=_JOINT_COLUMNS, var_name="metric"
+                ),
+            ],
+            ignore_index=True,
+        )
+        long["pair"] = "L" + long.upstream_layer.astype(str) + "→L" + long.receiving_layer.astype(str)
+        frames = []
+        for level, key in (("pair", "pair"), ("receiving_type", "receiving_type"), ("all", None)):
+            group = long.assign(group="all") if key is None else long.assign(group=long[key])
+            stats = group.groupby(["group", "scale", "mask_scale", "metric"], sort=False)["value"]
+            table = stats.describe()[["count", "mean", "25%", "50%", "75%"]]
+            frames.append(table.rename(columns={"25%": "q1", "50%": "median", "75%": "q3"}).assign(level=level))
+        out = pd.concat(frames).reset_index()
+        return out.assign(model=self.info.name)[["model", "level", *out.columns.drop(["level"])]]
 
     def summary(self) -> pd.DataFrame:
-        """One row: means over every (pair, text, receiving head) of the concentration metrics and joint effects."""
-        df = self.to_dataframe()
-        columns = ["effective_fraction", "top25_share", "heads_for_90", "joint_weak", "joint_strong", "joint_random"]
-        return pd.DataFrame([{"model": self.info.name, "n_pairs": len(self.layer_pairs), **df[columns].mean()}])
+        """One row: the study's headline numbers (medians over all observations; joint effects as means, ratio
+        as median, weak-smaller as a share), on the Q/K/V scale and on sqrt(JS), masks ranked on Q/K/V."""
+        table = self.summary_table()
+        overall = table[(table.level == "all") & (table.mask_scale.isin(["", "qkv"]))]
+        row: dict = {"model": self.info.name, "n_pairs": len(self.layer_pairs)}
+        for scale in ("qkv", "js_distance"):
+            at = overall[overall.scale == scale].set_index("metric")
+            row[f"{scale}_observations"] = at.loc["effective_fraction", "count"] if len(at) else 0
+            for metric, stat in _HEADLINE:
+                row[f"{scale}_{metric}"] = at.loc[metric, stat] if metric in at.index else np.nan
+        return pd.DataFrame([row])
 
     def figure(self):
         return dominance_figure(self)
+
+
+_ID_COLUMNS = ["upstream_layer", "receiving_layer", "receiving_type", "scale", "mask_scale"]
+_JOINT_COLUMNS = [*(f"joint_{kind}" for kind in JOINT), "strong_weak_ratio", "weak_smaller"]
+_HEADLINE = (
+    ("effective_fraction", "median"),
+    ("top25_share", "median"),
+    ("bottom25_share", "median"),
+    ("heads_for_90", "median"),
+    ("joint_weak", "mean"),
+    ("joint_strong", "mean"),
+    ("joint_random", "mean"),
+    ("joint_all", "mean"),
+    ("strong_weak_ratio", "median"),
+    ("weak_smaller", "mean"),
+)
+
+
+def _check_scale(scale: str, accepted: Sequence[str]) -> None:
+    if scale not in accepted:
+        raise LensParallelError(f"unknown scale {scale!r}; accepted: {', '.join(accepted)}")
 
 
 def _positions(query_positions: slice | Sequence[int], seq_len: int) -> tuple[int, ...]:
@@ -134,46 +255,44 @@ def _positions(query_positions: slice | Sequence[int], seq_len: int) -> tuple[in
 
 
 class _Receiver:
-    """Runs forwards from layer l's residual with upstream heads zeroed; returns layer l+1's effective q, k, v
-    (and the attention pattern for softmax layers).
-
-    Receiving heads: query heads of a softmax layer (k, v from their kv head); value heads of a linear-attention
-    layer (q, k from their key head). ``index`` maps each receiving head to its q, k and v head.
-    """
+    """Forwards from layer l's residual with upstream heads removed, up to layer l+1's effective q, k, v (and its
+    attention pattern for a softmax layer). ``index[r]`` gives receiving head r's query, key and value head."""
 
     def __init__(self, model: TransformerBridge, info: ModelInfo, up: int) -> None:
         self.model, self.info, self.up, self.recv = model, info, up, up + 1
         self.kind = info.layer_types[self.recv]
+        self.n_up = info.output_heads(up)
         if self.kind == "softmax":
             self.roles = (*effective_qk_roles(info), "v", "pattern_full")
+            n_q, n_k, n_v = info.n_heads, info.n_kv_heads, info.n_kv_heads
         else:
             self.roles = ("lin_q", "lin_k", "lin_v")
+            n_q, n_k, n_v = info.n_linear_key_heads, info.n_linear_key_heads, info.n_linear_heads
+        self.n_recv = info.output_heads(self.recv)
+        self.index = tuple([r * n // self.n_recv for r in range(self.n_recv)] for n in (n_q, n_k, n_v))
 
-    def __call__(self, tokens: Tensor, resid: Tensor, mask: Tensor | None) -> dict[str, Tensor | None]:
+    def __call__(self, tokens: Tensor, resid: Tensor, mask: Bool[Tensor, "row head_index"]) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}
         stream = LayerStream(self.info, [self.recv], self.roles, lambda _, t: out.update(t))
-        edit = [] if mask is None else HeadEdit("zero", self.up, mask).hooks(self.model, self.info)
+        edit = HeadEdit("zero", self.up, mask).hooks(self.model, self.info)
         stream.run(self.model, tokens, edit_hooks=edit, resid=resid, start_at_layer=self.up)
         q, k, v = (out[role] for role in self.roles[:3])
+        if self.kind == "linear":  # what the gated delta rule kernel multiplies: L2-normalised, q scaled
+            q, k = geometry.l2_normalize(q) * q.shape[-1] ** -0.5, geometry.l2_normalize(k)
         return {"q": q, "k": k, "v": v, "pattern": out.get("pattern_full")}
 
-    def index(self, base: dict[str, Tensor | None]) -> tuple[list[int], list[int], list[int]]:
-        n_q, n_k, n_v = (base[key].shape[2] for key in ("q", "k", "v"))
-        n_recv = n_q if self.kind == "softmax" else n_v
-        return tuple([r * n // n_recv for r in range(n_recv)] for n in (n_q, n_k, n_v))
 
-
-def _effects(base: dict, new: dict, index: tuple[list[int], list[int], list[int]], positions: list[int]) -> dict:
-    """Per-row effects at the query positions: rel_q/combined/js ``[row, pos, receiving head]``, rel_k/rel_v per
-    key / value head (each counted once, not once per GQA slot). js is NaN for linear attention (no softmax)."""
+def _effects(base: dict, new: dict, index, at: list[int]) -> dict[str, Tensor]:
+    """Per-row effects at positions ``at``: rel_q / qkv / js ``[row, pos, receiving_head]``, rel_k / rel_v per key /
+    value head. js is NaN for linear attention (no softmax)."""
     qi, ki, vi = index
-    q, k, v = (base[key][:, positions] for key in ("q", "k", "v"))
-    q2, k2, v2 = (new[key][:, positions] for key in ("q", "k", "v"))
+    q, k, v = (base[key][:, at] for key in ("q", "k", "v"))
+    q2, k2, v2 = (new[key][:, at] for key in ("q", "k", "v"))
     num = sum((b[:, :, i] - a[:, :, i]).pow(2).sum(-1) for a, b, i in ((q, q2, qi), (k, k2, ki), (v, v2, vi)))
     den = sum(a[:, :, i].pow(2).sum(-1) for a, i in ((q, qi), (k, ki), (v, vi)))
     if base["pattern"] is not None:
-        rows_base = einops.rearrange(base["pattern"][:, :, positions], "b h p k -> b p h k")
-        rows_new = einops.rearrange(new["pattern"][:, :, positions], "b h p k -> b p h k")
+        rows_base = einops.rearrange(base["pattern"][:, :, at], "row head pos key -> row pos head key")
+        rows_new = einops.rearrange(new["pattern"][:, :, at], "row head pos key -> row pos head key")
         js = geometry.js_divergence(rows_new, rows_base)
     else:
         js = torch.full(num.shape, float("nan"), dtype=num.dtype)
@@ -181,141 +300,213 @@ def _effects(base: dict, new: dict, index: tuple[list[int], list[int], list[int]
         "rel_q": geometry.relative_change(q2, q)[:, :, qi],
         "rel_k": geometry.relative_change(k2, k),
         "rel_v": geometry.relative_change(v2, v),
-        "combined": torch.sqrt(num / den.clamp_min(1e-30)),
+        "qkv": torch.sqrt(num / den.clamp_min(1e-30)),
         "js": js,
     }
 
 
-def _pad(arrays: list[np.ndarray]) -> np.ndarray:
-    """Stack per-pair arrays whose last axis (receiving / key / value heads) differs, padding with NaN."""
-    width = max(a.shape[-1] for a in arrays)
-    return np.stack(
-        [np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, width - a.shape[-1])], constant_values=np.nan) for a in arrays]
+def _measure(
+    receive: _Receiver,
+    tokens: Int[Tensor, "text pos"],
+    resid: Tensor,
+    owners: Int[Tensor, " row"],
+    masks: Bool[Tensor, "row head_index"],
+    *,
+    length: int,
+    at: list[int],
+    rows_per_forward: int,
+) -> dict[str, np.ndarray]:
+    """Effects of removing ``masks[r]``'s upstream heads in text ``owners[r]`` (sequences cut to ``length``),
+    ``[row, pos, ...]``. Each forward holds at most ``rows_per_forward`` rows, its texts' unedited rows included."""
+    step = max(1, rows_per_forward - len(tokens))
+    parts = []
+    for start in range(0, len(owners), step):
+        own = owners[start : start + step]
+        texts, inverse = torch.unique(own, return_inverse=True)
+        n = len(texts)
+        mask = torch.cat([torch.zeros(n, masks.shape[1], dtype=torch.bool), masks[start : start + step]])
+        rows = torch.cat([texts, own])
+        out = receive(tokens[rows, :length], resid[rows, :length], mask)
+        base = {k: None if t is None else t[:n][inverse] for k, t in out.items()}
+        new = {k: None if t is None else t[n:] for k, t in out.items()}
+        parts.append(_effects(base, new, receive.index, at))
+    return {k: torch.cat([p[k] for p in parts]).cpu().numpy() for k in parts[0]}
+
+
+def _single_effects(receive, tokens, resid, positions, rows_per_forward) -> dict[str, np.ndarray]:
+    """Every upstream head removed alone, and all of them together (the last row of each text): effects
+    ``[text, upstream (+ all), pos, head]``."""
+    n, h = len(tokens), receive.n_up
+    owners = einops.repeat(torch.arange(n), "text -> (text u)", u=h + 1)
+    masks = einops.repeat(torch.cat([torch.eye(h), torch.ones(1, h)]).bool(), "u h -> (text u) h", text=n)
+    eff = _measure(
+        receive, tokens, resid, owners, masks, length=tokens.shape[1], at=positions, rows_per_forward=rows_per_forward
     )
+    return {k: einops.rearrange(v, "(text u) pos head -> text u pos head", text=n) for k, v in eff.items()}
 
 
-def _tile(t: Tensor | None, r: int, pattern: str) -> Tensor | None:
-    return None if t is None else einops.repeat(t, pattern, r=r)
+def _half_masks(
+    single: dict[str, np.ndarray], texts: range, *, up: int, seed: int, mask_scales: tuple[str, ...]
+) -> Bool[Tensor, "text pos recv half upstream"]:
+    """Per observation: the random half, then the weak and strong half ranked on each mask scale.
 
-
-def _single_effects(receive: _Receiver, tokens: Tensor, resid: Tensor, base: dict, index, positions) -> dict:
-    """Every upstream head removed alone (row (u, b) removes head u in text b): effects ``[text, upstream, pos,
-    receiving]`` (rel_k / rel_v per key / value head)."""
-    h = receive.info.n_heads
-    mask = einops.repeat(torch.eye(h, dtype=torch.bool), "u h -> (u b) h", b=len(tokens))
-    tiled = {key: _tile(t, h, "b ... -> (r b) ...") for key, t in base.items()}
-    ablated = receive(_tile(tokens, h, "b p -> (r b) p"), _tile(resid, h, "b p d -> (r b) p d"), mask)
-    single = _effects(tiled, ablated, index, positions)
-    return {k: einops.rearrange(v.double().cpu().numpy(), "(u b) j g -> b u j g", u=h) for k, v in single.items()}
-
-
-def _joint_masks(combined: np.ndarray, texts: range, *, seed: int, up: int) -> Tensor:
-    """Per (text, receiving head): the weak, strong and a random half of the upstream heads, ``[text, receiving,
-    3, upstream]``; weak/strong from the token-averaged single-head effects ``combined [text, upstream, pos, recv]``,
-    the random half drawn from ``default_rng([seed, up, text])`` (independent of how texts are batched)."""
-    n, h, _, n_recv = combined.shape
+    ``single[scale]``: ``[text, upstream, pos, recv]``. The random half of text i is drawn from
+    ``default_rng([seed, up, i])``, one draw per (query token, receiving head) in that order."""
+    n, h, n_pos, n_recv = single["qkv"].shape
     half = h // 2
-    order = np.argsort(combined.mean(2), axis=1)  # [text, upstream (ascending), recv]
-    masks = torch.zeros(n, n_recv, len(JOINT), h, dtype=torch.bool)
+    masks = torch.zeros(n, n_pos, n_recv, 1 + 2 * len(mask_scales), h, dtype=torch.bool)
     for b, text in enumerate(texts):
         rng = np.random.default_rng([seed, up, text])
-        for g in range(n_recv):
-            masks[b, g, 0, order[b, :half, g]] = True
-            masks[b, g, 1, order[b, h - half :, g]] = True
-            masks[b, g, 2, rng.choice(h, size=half, replace=False)] = True
+        for j in range(n_pos):
+            for g in range(n_recv):
+                masks[b, j, g, 0, rng.choice(h, size=half, replace=False)] = True
+    for m, scale in enumerate(mask_scales):
+        order = torch.from_numpy(np.argsort(single[scale], axis=1, kind="stable"))  # ascending over upstream heads
+        order = einops.rearrange(order, "text up pos recv -> text pos recv up")
+        masks[:, :, :, 1 + 2 * m].scatter_(-1, order[..., :half], True)
+        masks[:, :, :, 2 + 2 * m].scatter_(-1, order[..., h - half :], True)
     return masks
 
 
-def _joint_effects(
-    receive: _Receiver, tokens: Tensor, resid: Tensor, base: dict, index, positions, masks
-) -> np.ndarray:
-    """The measured combined effect of removing each mask's heads together, token-averaged, read at each row's
-    own receiving head: ``[text, receiving, 3]``."""
-    n_recv, n_joint = masks.shape[1], masks.shape[2]
-    r = n_recv * n_joint
-    rows = einops.rearrange(masks, "b g c u -> (b g c) u")
-    expand = {key: _tile(t, r, "b ... -> (b r) ...") for key, t in base.items()}
-    joint_new = receive(_tile(tokens, r, "b p -> (b r) p"), _tile(resid, r, "b p d -> (b r) p d"), rows)
-    combined = _effects(expand, joint_new, index, positions)["combined"].mean(1)  # [(b g c), recv]
-    combined = einops.rearrange(combined.double().cpu().numpy(), "(b g c) r -> b g c r", g=n_recv, c=n_joint)
-    return np.einsum("bgcg->bgc", combined)
+def _joint_effects(receive, tokens, resid, positions, masks, rows_per_forward) -> dict[str, np.ndarray]:
+    """Token-adaptive joint removals: token t's mask at every position, rows cut to t + 1 tokens; each row read at
+    token t and its own receiving head. Returns qkv / js ``[text, pos, recv, half]``."""
+    n, _, n_recv, n_half, _ = masks.shape
+    out = {"qkv": [], "js": []}
+    for j, t in enumerate(positions):
+        rows = einops.rearrange(masks[:, j], "text recv half up -> (text recv half) up")
+        owners = einops.repeat(torch.arange(n), "text -> (text recv half)", recv=n_recv, half=n_half)
+        eff = _measure(receive, tokens, resid, owners, rows, length=t + 1, at=[t], rows_per_forward=rows_per_forward)
+        for key in out:
+            per_row = einops.rearrange(eff[key][:, 0], "(text recv half) g -> text half recv g", text=n, half=n_half)
+            out[key].append(np.diagonal(per_row, axis1=2, axis2=3).transpose(0, 2, 1))  # own receiving head
+    return {key: np.stack(v, axis=1) for key, v in out.items()}
 
 
-def _upstream_layers(info: ModelInfo, upstream_layers) -> tuple[list[int], list[int]]:
-    chosen = check_indices("upstream layers", upstream_layers, info.n_layers - 1)
-    ups = [up for up in chosen if info.layer_types[up] == "softmax"]
-    if not ups:
-        raise LensParallelError(
-            f"no layer pair with a softmax-attention upstream layer among upstream layers {list(chosen)}"
-        )
-    if info.n_heads < 2:
-        raise LensParallelError("head dominance needs at least 2 heads per layer")
-    return ups, [up for up in chosen if up not in ups]
+def _pair_batch(receive, tokens, resid, texts, positions, *, seed, mask_scales, rows_per_forward) -> dict:
+    """Everything one layer pair yields for one batch of texts."""
+    single = _single_effects(receive, tokens, resid, positions, rows_per_forward)
+    everything = {key: single[key][:, -1] for key in ("qkv", "js")}  # [text, pos, head]: all upstream heads removed
+    single = {key: v[:, :-1] for key, v in single.items()}
+    scales = mask_scales if receive.kind == "softmax" else ("qkv",)
+    masks = _half_masks(single, texts, up=receive.up, seed=seed, mask_scales=scales)
+    joint = _joint_effects(receive, tokens, resid, positions, masks, rows_per_forward)
+    for key in ("qkv", "js"):  # -> [text, pos, recv, mask_scale, kind]
+        halves = joint[key]
+        per_scale = []
+        for m in range(len(mask_scales)):
+            if m < len(scales):
+                weak, strong = halves[..., 1 + 2 * m], halves[..., 2 + 2 * m]
+            else:  # js masks are undefined for a linear receiver
+                weak = strong = np.full(halves.shape[:-1], np.nan)
+            per_scale.append(np.stack([weak, strong, halves[..., 0], everything[key]], axis=-1))
+        single[f"joint_{key}"] = np.stack(per_scale, axis=-2)
+    return single
+
+
+def _pad(arrays: list[np.ndarray], axes: Sequence[int]) -> np.ndarray:
+    """Stack per-pair arrays whose head axes differ in size, padding with NaN."""
+    widths = {axis: max(a.shape[axis] for a in arrays) for axis in axes}
+    padded = []
+    for a in arrays:
+        pad = [(0, widths[axis] - a.shape[axis]) if axis in widths else (0, 0) for axis in range(a.ndim)]
+        padded.append(np.pad(a.astype(np.float64), pad, constant_values=np.nan))
+    return np.stack(padded)
+
+
+def study_texts(model: TransformerBridge, *, seq_len: int = 32, seed: int = 0) -> TokenBlocks:
+    """The study's inputs: four texts of ``seq_len`` tokens, two English (``wikipedia-en``) and two Chinese
+    (``lunyu``), each block starting with the document-boundary token at position 0."""
+    english = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=seq_len, seed=seed)
+    chinese = token_blocks(model, "lunyu", n_docs=2, seq_len=seq_len, seed=seed)
+    return replace(
+        english,
+        tokens=torch.cat([english.tokens, chinese.tokens]),
+        corpus="wikipedia-en (texts 0-1) + lunyu (texts 2-3)",
+        doc_indices=english.doc_indices + chinese.doc_indices,
+    )
 
 
 def head_dominance(
     model: TransformerBridge,
     tokens: TokenBlocks | Int[Tensor, "batch pos"],
     *,
-    query_positions: slice | Sequence[int] = slice(7, None),
+    query_positions: slice | Sequence[int] = slice(7, 32),
     upstream_layers: int | Sequence[int] | None = None,
+    mask_scales: Sequence[str] = ("qkv",),
     seed: int = 0,
-    batch_size: int = 8,
+    batch_size: int = 4,
+    rows_per_forward: int = 128,
     progress: bool = True,
 ) -> DominanceResult:
     """Dominance of upstream heads over the next layer's heads, for every pair (l, l+1) with l in
-    ``upstream_layers`` (default: all but the last layer). ``query_positions``: the receiving tokens scored.
+    ``upstream_layers`` (default: all but the last layer), of any layer types (module docstring for the formulas).
 
-    The upstream layer must have softmax attention (a head's hook_z is what is removed): pairs whose upstream
-    layer is a linear-attention block (Qwen3.5) are skipped, and the result's provenance lists them. Receiving
-    layers of either type are handled (``receiving_types``); arrays are NaN-padded where head counts differ.
-    Texts are processed ``batch_size`` at a time (each text is tiled once per upstream head in a forward); one
-    unedited forward per batch gives every pair's resid_pre.
+    ``tokens``: the study used four 32-token texts (:func:`study_texts`: two English, two Chinese).
+    ``query_positions``: the receiving query tokens scored; the default 7..31 is the study's window. Blocks start
+    with the document-boundary token at position 0, so position 7 is the 7th text token and sees 7 earlier text
+    tokens; a caller whose texts carry no boundary token shifts the window by one (``slice(8, 33)`` on 33 tokens).
+    ``mask_scales``: what ranks the weak/strong halves: ``("qkv",)`` (the study) or ``("qkv", "js")``.
+    Texts are processed ``batch_size`` at a time; a forward holds at most ``rows_per_forward`` rows.
     """
     info = model_info(model)
     toks = as_tokens(tokens)
     positions = list(_positions(query_positions, toks.shape[1]))
-    ups, skipped = _upstream_layers(info, upstream_layers)
-    receivers = {up: _Receiver(model, info, up) for up in ups}
+    ups = check_indices("upstream layers", upstream_layers, info.n_layers - 1)
+    mask_scales = tuple(dict.fromkeys(mask_scales))
+    if not mask_scales or mask_scales[0] != "qkv" or any(s not in MASK_SCALES for s in mask_scales):
+        raise LensParallelError(f"mask_scales must be ('qkv',) or ('qkv', 'js'), got {mask_scales}")
+    few = [layer for layer in {*ups, *(up + 1 for up in ups)} if info.output_heads(layer) < 2]
+    if few:
+        raise LensParallelError(f"head dominance needs at least 2 heads per layer; layers {sorted(few)} have fewer")
+    if isinstance(rows_per_forward, bool) or not isinstance(rows_per_forward, int) or rows_per_forward < 2:
+        raise LensParallelError(f"rows_per_forward must be an integer >= 2, got {rows_per_forward!r}")
+    receivers = [_Receiver(model, info, up) for up in ups]
     names = [hook_name(up, "resid_pre") for up in ups]
-    per_pair = {up: {key: [] for key in ("rel_q", "rel_k", "rel_v", "combined", "js", "joint")} for up in ups}
+    per_pair: list[dict[str, list]] = [{} for _ in ups]
     batches = document_batches(toks, batch_size)
     bar = tqdm(total=len(ups) * -(-len(toks) // batch_size), desc="dominance", unit="pair", disable=not progress)
     for rows, batch in batches:
         with torch.inference_mode():
             _, cache = model.run_with_cache(batch, names_filter=names, stop_at_layer=max(ups) + 1)
-        for up, receive in receivers.items():
-            resid = cache[hook_name(up, "resid_pre")]
-            base = receive(batch, resid, None)
-            index = receive.index(base)
-            single = _single_effects(receive, batch, resid, base, index, positions)
-            masks = _joint_masks(single["combined"], range(rows.start, rows.stop), seed=seed, up=up)
-            single["joint"] = _joint_effects(receive, batch, resid, base, index, positions, masks)
-            for key, value in single.items():
-                per_pair[up][key].append(value)
+        for p, receive in enumerate(receivers):
+            out = _pair_batch(
+                receive,
+                batch,
+                cache[names[p]],
+                range(rows.start, rows.stop),
+                positions,
+                seed=seed,
+                mask_scales=mask_scales,
+                rows_per_forward=rows_per_forward,
+            )
+            for key, value in out.items():
+                per_pair[p].setdefault(key, []).append(value)
             bar.update(1)
     bar.close()
-    note = f"skipped upstream linear-attention layers {skipped}: a head's hook_z is what is removed" if skipped else ""
-    if note:
-        warnings.warn(note, stacklevel=2)
+    arrays = {key: [np.concatenate(pair[key]) for pair in per_pair] for key in per_pair[0]}
     provenance = Provenance.collect(
         info,
         tokens,
         analysis="head_dominance",
         upstream_layers=list(ups),
         query_positions=positions,
+        mask_scales=list(mask_scales),
         seed=seed,
         batch_size=batch_size,
-        ablation="zero hook_z of one upstream head over the whole sequence",
-        skipped=note,
+        rows_per_forward=rows_per_forward,
+        removal="upstream head's projected output zeroed over the whole sequence (softmax: hook_z; linear "
+        "attention: gate input, so its gated-norm output is 0)",
     )
-    arrays = {key: [np.concatenate(per_pair[up][key]) for up in ups] for key in per_pair[ups[0]]}
-    joint = arrays.pop("joint")
     return DominanceResult(
         layer_pairs=tuple((up, up + 1) for up in ups),
+        layer_types=tuple((info.layer_types[up], info.layer_types[up + 1]) for up in ups),
+        upstream_heads=tuple(r.n_up for r in receivers),
+        receiving_heads=tuple(r.n_recv for r in receivers),
         query_positions=tuple(positions),
-        receiving_types=tuple(receivers[up].kind for up in ups),
-        joint=_pad([np.moveaxis(j, 1, -1) for j in joint]).transpose(0, 1, 3, 2),
+        mask_scales=mask_scales,
+        joint_qkv=_pad(arrays.pop("joint_qkv"), axes=(2,)),
+        joint_js=_pad(arrays.pop("joint_js"), axes=(2,)),
         provenance=provenance,
-        **{key: _pad(v) for key, v in arrays.items()},
+        **{key: _pad(v, axes=(1, 3)) for key, v in arrays.items()},
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -13,83 +14,121 @@ from lens_parallel.plots.common import line_with_band
 if TYPE_CHECKING:
     from lens_parallel.analyses.dominance import DominanceResult
 
+SCALE_NAMES = {"qkv": "Q/K/V change", "js_distance": "sqrt(JS) of attention row"}
+SCALE_COLORS = {"qkv": "#1f77b4", "js_distance": "#ff7f0e"}
+JOINT_COLORS = {"weak": "#2ca02c", "strong": "#d62728", "random": "#7f7f7f", "all": "#000000"}
+SHORT = {"softmax": "soft", "linear": "lin"}
+
+
+def _pair_labels(df: pd.DataFrame) -> pd.Series:
+    types = df.upstream_type.map(SHORT) + "→" + df.receiving_type.map(SHORT)
+    return "L" + df.upstream_layer.astype(str) + "→L" + df.receiving_layer.astype(str) + " (" + types + ")"
+
 
 def dominance_figure(result: DominanceResult) -> go.Figure:
-    """Three panels over layer pairs: the distribution of the effective fraction of upstream heads (box per pair,
-    one point per text and receiving head); the mean share of the top and bottom 25% of upstream heads; and the
-    measured joint effects of removing the weak, strong or a random half (mean, band = one std over observations)."""
-    df = result.to_dataframe()
-    linear = np.where(df.receiving_type == "linear", " (linear)", "")
-    df["pair"] = "L" + df.upstream_layer.astype(str) + "→L" + df.receiving_layer.astype(str) + linear
-    pairs = list(dict.fromkeys(df.pair))
+    """Four panels, one observation = (pair, text, query token, receiving head): (a) the distribution of the
+    effective fraction of upstream heads per layer pair, on the Q/K/V scale and on sqrt(JS); (b) the median share of
+    the top and bottom 25% of upstream heads per pair on both scales; (c) the measured joint effect of removing the
+    weak, strong, a random half or all upstream heads (Q/K/V scale, halves ranked on Q/K/V; median, band =
+    interquartile range); (d) the per-observation strong/weak ratio by receiving-layer type, on both scales."""
+    conc = result.to_dataframe()
+    conc = conc[conc.scale.isin(list(SCALE_NAMES))].assign(pair=lambda d: _pair_labels(d))
+    joint = result.joint_table()
+    joint = joint[joint.scale.isin(list(SCALE_NAMES)) & (joint.mask_scale == "qkv")].assign(
+        pair=lambda d: _pair_labels(d)
+    )
+    pairs = list(dict.fromkeys(_pair_labels(conc[conc.scale == "qkv"])))
     fig = make_subplots(
-        rows=1,
-        cols=3,
+        rows=2,
+        cols=2,
         horizontal_spacing=0.08,
+        vertical_spacing=0.22,
         subplot_titles=[
-            "effective fraction of upstream heads",
-            "share of top / bottom 25% of upstream heads",
-            "joint removal of half the upstream heads",
+            "(a) effective fraction of upstream heads, per observation",
+            "(b) share of the top / bottom 25% of upstream heads (median)",
+            "(c) joint removal, Q/K/V scale (median; band: interquartile range)",
+            "(d) strong / weak joint effect per observation",
         ],
     )
-    fig.add_trace(
-        go.Box(
-            x=df.pair,
-            y=df.effective_fraction,
-            name="effective fraction exp(H)/n",
-            boxpoints="all",
-            jitter=0.4,
-            marker={"size": 3},
-            line={"color": "#1f77b4"},
-        ),
-        row=1,
-        col=1,
-    )
-    grouped = df.groupby("pair", sort=False)
-    for column, color, name in (
-        ("top25_share", "#d62728", "top 25% share"),
-        ("bottom25_share", "#2ca02c", "bottom 25% share"),
-    ):
+    for scale, name in SCALE_NAMES.items():
+        at = conc[conc.scale == scale]
         fig.add_trace(
-            go.Scatter(
-                x=pairs,
-                y=grouped[column].mean().reindex(pairs),
-                mode="lines+markers",
-                line={"color": color},
-                name=f"{name} (mean)",
+            go.Box(
+                x=at.pair,
+                y=at.effective_fraction,
+                name=f"effective fraction, {name}",
+                boxpoints=False,
+                marker={"color": SCALE_COLORS[scale]},
+                offsetgroup=scale,
+                legendgroup=scale,
             ),
             row=1,
-            col=2,
+            col=1,
         )
-    for kind, color in zip(result.joint_kinds, ("#2ca02c", "#d62728", "#7f7f7f"), strict=True):
-        mean, std = grouped[f"joint_{kind}"].mean().reindex(pairs), grouped[f"joint_{kind}"].std().reindex(pairs)
-        x = np.arange(len(pairs))
+        medians = at.groupby("pair", sort=False)[["top25_share", "bottom25_share"]].median().reindex(pairs)
+        for column, dash, label in (("top25_share", "solid", "top 25%"), ("bottom25_share", "dot", "bottom 25%")):
+            fig.add_trace(
+                go.Scatter(
+                    x=pairs,
+                    y=medians[column],
+                    mode="lines+markers",
+                    line={"color": SCALE_COLORS[scale], "dash": dash},
+                    name=f"{label} share, {name}",
+                    legendgroup=scale,
+                ),
+                row=1,
+                col=2,
+            )
+    qkv = joint[joint.scale == "qkv"].groupby("pair", sort=False)
+    x = np.arange(len(pairs))
+    for kind, color in JOINT_COLORS.items():
+        q = qkv[f"joint_{kind}"].quantile([0.25, 0.5, 0.75]).unstack().reindex(pairs)
         line_with_band(
             fig,
             x,
-            mean,
-            mean - std,
-            mean + std,
+            q[0.5],
+            q[0.25],
+            q[0.75],
             color=color,
-            name=f"{kind} half removed (mean)",
-            band_name=f"{kind} half: ±1 std",
-            group=kind,
-            row=1,
-            col=3,
+            name=f"{kind} {'heads' if kind == 'all' else 'half'} removed (median)",
+            band_name=f"{kind}: interquartile range",
+            group=f"joint-{kind}",
+            row=2,
+            col=1,
         )
-    fig.update_xaxes(title_text="layer pair (upstream→receiving)", tickangle=-90, tickfont={"size": 9})
-    fig.update_xaxes(tickvals=list(range(len(pairs))), ticktext=pairs, row=1, col=3)
-    fig.update_yaxes(title_text="effective fraction (1 = all heads equal)", row=1, col=1)
-    fig.update_yaxes(title_text="share of total single-head effect", row=1, col=2)
-    fig.update_yaxes(title_text="relative L2 change of receiving Q/K/V", row=1, col=3)
-    n_texts = result.joint.shape[1]
+    for scale, name in SCALE_NAMES.items():
+        at = joint[(joint.scale == scale) & (joint.strong_weak_ratio > 0)]
+        fig.add_trace(
+            go.Box(
+                x=at.receiving_type + " receiver",
+                y=at.strong_weak_ratio,
+                name=f"strong/weak ratio, {name}",
+                boxpoints=False,
+                marker={"color": SCALE_COLORS[scale]},
+                offsetgroup=scale,
+                legendgroup=scale,
+            ),
+            row=2,
+            col=2,
+        )
+    fig.add_hline(y=1, line={"color": "#444", "dash": "dash"}, row=2, col=2)
+    fig.update_layout(boxmode="group")
+    fig.update_xaxes(title_text="layer pair (upstream→receiving)", tickangle=-90, tickfont={"size": 9}, row=1)
+    fig.update_xaxes(title_text="layer pair (upstream→receiving)", tickangle=-90, tickfont={"size": 9}, row=2, col=1)
+    fig.update_xaxes(tickvals=list(x), ticktext=pairs, row=2, col=1)
+    fig.update_xaxes(title_text="receiving layer type", row=2, col=2)
+    fig.update_yaxes(title_text="effective fraction exp(H)/n (1 = all equal)", row=1, col=1)
+    fig.update_yaxes(title_text="share of the summed single-head effects", row=1, col=2)
+    fig.update_yaxes(title_text="relative L2 change of Q/K/V", row=2, col=1)
+    fig.update_yaxes(title_text="strong / weak (log scale; 1 = equal)", type="log", row=2, col=2)
+    n_texts, n_obs = result.qkv.shape[1], len(conc[conc.scale == "qkv"])
     fig.update_layout(
-        title=f"Next-layer head dominance: {result.info.name} ({n_texts} texts, "
-        f"{len(result.query_positions)} query positions)",
-        height=620,
+        title=f"Next-layer head dominance: {result.info.name} ({len(pairs)} layer pairs, {n_texts} texts, "
+        f"{len(result.query_positions)} query tokens, {n_obs} observations)",
+        height=1150,
         width=1500,
         template="plotly_white",
-        margin={"b": 190},
-        legend={"orientation": "h", "yref": "container", "y": 0.02, "yanchor": "bottom"},
+        margin={"b": 170},
+        legend={"orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom"},
     )
     return fig
