@@ -1,14 +1,14 @@
 """Single-head parallel-removal sensitivity of every head: the ablation engine vs the naive loop, in one run.
 
-    python benchmarks/ablation_sweep.py [--model smollm2-135m] [--n-docs 8] [--seq-len 128] [--part sweep|dominance|all]
+    python benchmarks/ablation_sweep.py [--model smollm2-135m] [--n-docs 8] [--seq-len 128]
                                         [--save losses.npz] [--reference losses.npz]
 
-sweep: every head of every layer edited alone (``HeadEdit("parallel-value")``), per-document next-token NLL.
+Every head of every layer edited alone (``HeadEdit("parallel-value")``), per-document next-token NLL.
 Naive loop: one full forward with hooks per head (``document_losses`` under the edit). Engine:
 ``run_ablations`` (unedited prefix computed once per batch, forwards resume at the edited layer). Prints both wall
 times, their ratio and the largest absolute difference of the per-document losses. ``--save`` writes the engine's
 per-document losses; ``--reference`` compares them with a file an earlier version wrote (same numbers?).
-dominance: times ``head_dominance`` on 4 texts x 32 tokens, all adjacent layer pairs.
+Head dominance has its own benchmark (``dominance.py``).
 """
 
 from __future__ import annotations
@@ -53,38 +53,18 @@ def sweep(model, args) -> None:
     )
 
 
-def dominance(model, args) -> None:
-    from lens_parallel.analyses.dominance import head_dominance
-
-    blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=32)
-    t0 = time.perf_counter()
-    result = head_dominance(model, blocks, progress=True)
-    elapsed = time.perf_counter() - t0
-    df = result.to_dataframe()
-    print(
-        f"head_dominance on {model_info(model).name}, 4 texts x 32 tokens, "
-        f"{len(result.layer_pairs)} layer pairs: {elapsed:.1f} s"
-    )
-    cols = ["effective_fraction", "top25_share", "heads_for_90", "joint_weak", "joint_strong", "joint_random"]
-    print(df.groupby("receiving_type")[cols].mean().round(3).to_string())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--n-docs", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--part", choices=["sweep", "dominance", "all"], default="all")
     parser.add_argument("--save", default=None, help="write the engine's per-document losses to this .npz")
     parser.add_argument("--reference", default=None, help="compare with losses an earlier run saved (.npz)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
-    if args.part in ("sweep", "all"):
-        sweep(model, args)
-    if args.part in ("dominance", "all"):
-        dominance(model, args)
+    sweep(model, args)
 
 
 if __name__ == "__main__":

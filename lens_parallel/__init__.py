@@ -11,7 +11,7 @@ from lens_parallel.analyses.ablation import AblationRun, run_ablations
 from lens_parallel.analyses.compression import CompressionResult, compression_error
 from lens_parallel.analyses.decompose import SPACES, DecompositionResult, decompose
 from lens_parallel.analyses.diagonal import DiagonalView, diagonal_view
-from lens_parallel.analyses.dominance import DominanceResult, head_dominance
+from lens_parallel.analyses.dominance import DominanceResult, head_dominance, study_texts
 from lens_parallel.analyses.nulls import NullResult, causal_null, gqa_alignment
 from lens_parallel.analyses.reliability import SanityReport, SplitHalfResult, sanity_report, split_half_reliability
 from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
@@ -93,6 +93,7 @@ __all__ = [
     "sanity_report",
     "scale_sweep",
     "split_half_reliability",
+    "study_texts",
     "token_blocks",
     "train",
     "write_report",

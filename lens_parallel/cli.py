@@ -48,7 +48,12 @@ def _common(parser: argparse.ArgumentParser, *, n_docs: int = 16, many_models: b
         parser.add_argument("--model", nargs="+", default=[DEFAULT_MODEL], help="model spec(s); several: side by side")
     else:
         parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default: {DEFAULT_MODEL})")
-    parser.add_argument("--texts", default="wikipedia-en", help="bundled corpus or hf:DATASET (default wikipedia-en)")
+    parser.add_argument(
+        "--texts",
+        default="wikipedia-en",
+        help="bundled corpus, hf:DATASET, or study (2 English + 2 Chinese texts, --n-docs ignored); "
+        "default: %(default)s",
+    )
     parser.add_argument("--n-docs", type=_positive, default=n_docs, help=f"documents (token blocks), default {n_docs}")
     parser.add_argument("--seq-len", type=_positive, default=128, help="tokens per block, default 128")
     parser.add_argument("--batch-size", type=_positive, default=8, help="documents per forward, default 8")
@@ -87,8 +92,17 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, nargs="+", default=None)
     p = sub.add_parser("dominance", help="how strongly each upstream head drives the next layer's q/k/v")
     _common(p, n_docs=4)
+    p.set_defaults(texts="study", seq_len=32)
     p.add_argument("--upstream-layers", type=int, nargs="+", default=None)
-    p.add_argument("--query-start", type=int, default=7, help="score receiving positions from this one, default 7")
+    p.add_argument("--query-start", type=int, default=7, help="first receiving query token scored, default 7")
+    p.add_argument("--query-stop", type=int, default=32, help="score tokens before this one, default 32")
+    p.add_argument("--scale", default="qkv", choices=["qkv", "js", "js_distance"], help="scale of the printed table")
+    p.add_argument(
+        "--mask-scale",
+        default="qkv",
+        choices=["qkv", "both"],
+        help="rank the weak/strong halves on qkv (the study) or also on js",
+    )
     p = sub.add_parser("checks", help="sanity checks: causal null, GQA groups, split-half reliability")
     _common(p, n_docs=8)
     p.add_argument("--edit", default="parallel-value", choices=ABLATIONS)
@@ -139,6 +153,10 @@ def _load(args: argparse.Namespace):
 
     out = _writable_dir(args.out or f"results/{args.command}")
     model = load_model(args.model, device=args.device)
+    if args.texts == "study":
+        from lens_parallel.analyses.dominance import study_texts
+
+        return out, model, study_texts(model, seq_len=args.seq_len, seed=args.seed)
     blocks = token_blocks(model, args.texts, n_docs=args.n_docs, seq_len=args.seq_len, seed=args.seed)
     return out, model, blocks
 
@@ -215,15 +233,35 @@ def _dominance(args: argparse.Namespace) -> None:
     result = head_dominance(
         model,
         blocks,
-        query_positions=slice(args.query_start, None),
+        query_positions=slice(args.query_start, args.query_stop),
         upstream_layers=args.upstream_layers,
+        mask_scales=("qkv", "js") if args.mask_scale == "both" else ("qkv",),
         seed=args.seed,
         batch_size=args.batch_size,
     )
-    df = result.to_dataframe()
-    print(f"{result.info.name}: dominance of upstream heads over the next layer (means over receiving heads, texts)")
-    cols = ["effective_fraction", "top25_share", "heads_for_90", "joint_weak", "joint_strong", "joint_random"]
-    _emit(out, "dominance", result, df.groupby(["upstream_layer", "receiving_layer"])[cols].mean().round(4))
+    table = result.summary_table()
+    table = table[(table.level == "pair") & (table.scale == args.scale) & table.mask_scale.isin(["", "qkv"])]
+    shown = table.pivot(index="group", columns="metric", values="median")
+    shown = shown.reindex(index=list(dict.fromkeys(table.group)), columns=_DOMINANCE_COLUMNS)
+    print(
+        f"{result.info.name}: dominance of upstream heads over the next layer, {args.scale} scale: medians over "
+        "observations (text, query token, receiving head); weak_smaller = share of observations"
+    )
+    shown["weak_smaller"] = table[table.metric == "weak_smaller"].set_index("group")["mean"]
+    _emit(out, "dominance", result, shown.round(4))
+
+
+_DOMINANCE_COLUMNS = [
+    "effective_fraction",
+    "top25_share",
+    "bottom25_share",
+    "heads_for_90",
+    "joint_weak",
+    "joint_strong",
+    "joint_all",
+    "strong_weak_ratio",
+    "weak_smaller",
+]
 
 
 def _checks(args: argparse.Namespace) -> None:

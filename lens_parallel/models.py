@@ -123,7 +123,7 @@ def _toy_qwen3_5() -> transformers.PretrainedConfig:
         max_position_embeddings=512,
         vocab_size=151936,
         tie_word_embeddings=True,
-        layer_types=["linear_attention", "linear_attention", "full_attention", "full_attention", "linear_attention"],
+        layer_types=["linear_attention", "full_attention", "full_attention", "linear_attention", "linear_attention"],
         bos_token_id=151643,
         eos_token_id=151643,
     )
@@ -153,8 +153,8 @@ TOY_MODELS: dict[str, tuple[Callable[[], transformers.PretrainedConfig], str]] =
     "toy-qwen3.5": (_toy_qwen3_5, "qwen3"),
 }
 """Toy spec -> (config builder, bundled tokenizer). The Qwen3 tokenizer has Qwen2.5's ids; no Llama tokenizer is
-available offline, so toy-llama uses GPT-NeoX's. toy-qwen3.5 is hybrid: linear-attention blocks 0, 1 and 4 (4 value
-heads reading 2 key heads) and gated softmax-attention blocks 2 and 3, so that its adjacent layer pairs cover all four
+available offline, so toy-llama uses GPT-NeoX's. toy-qwen3.5 is hybrid: linear-attention blocks 0, 3 and 4 (4 value
+heads reading 2 key heads) and gated softmax-attention blocks 1 and 2, so that its adjacent layer pairs cover all four
 combinations of layer types (linear->linear, linear->softmax, softmax->softmax, softmax->linear)."""
 
 

@@ -186,7 +186,15 @@ def _decode(obj: Any, arrays: dict[str, np.ndarray], path: Path) -> Any:
                     f"{path}: unknown result type {name!r} (saved by another version of lens_parallel?); known: "
                     f"{', '.join(sorted(_REGISTRY))}"
                 )
-            return _REGISTRY[name](**{k: _decode(v, arrays, path) for k, v in obj.items() if k != "__class__"})
+            cls = _REGISTRY[name]
+            saved, expected = set(obj) - {"__class__"}, {f.name for f in dataclasses.fields(cls) if f.init}
+            if saved != expected:
+                raise LensParallelError(
+                    f"{path}: this {cls.__name__} was saved with another layout (missing: "
+                    f"{sorted(expected - saved)}, unknown: {sorted(saved - expected)}), by another version of "
+                    "lens_parallel; rerun the analysis with this version"
+                )
+            return cls(**{k: _decode(v, arrays, path) for k, v in obj.items() if k != "__class__"})
         return {k: _decode(v, arrays, path) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_decode(x, arrays, path) for x in obj]

@@ -106,8 +106,8 @@ def test_bad_jobs():
         run_ablations(model, tokens, [AblationJob(0, (0,))], edit="delete")
     with pytest.raises(ValueError, match="empty head set"):
         HeadEdit("zero", 0, ())
-    with pytest.raises(ValueError, match=r"head ablation needs softmax attention.*layers \[1\]"):
-        run_ablations(get_model("toy-qwen3.5"), tokens, [AblationJob(1, (0,))])
+    with pytest.raises(ValueError, match=r"head ablation needs softmax attention.*layers \[3\]"):
+        run_ablations(get_model("toy-qwen3.5"), tokens, [AblationJob(3, (0,))])
 
 
 def test_head_sensitivity_statistics_and_figure(tmp_path):
@@ -134,7 +134,7 @@ def test_head_sensitivity_statistics_and_figure(tmp_path):
         n_permutations=100,
         progress=False,
     )
-    assert skipped.layers == (2, 3)
-    assert "skipped linear-attention layers [0, 1, 4]" in skipped.provenance.settings["skipped"]
+    assert skipped.layers == (1, 2)
+    assert "skipped linear-attention layers [0, 3, 4]" in skipped.provenance.settings["skipped"]
     result.save(tmp_path / "sens")
     pd.testing.assert_frame_equal(SensitivityResult.load(tmp_path / "sens").to_dataframe(), df)

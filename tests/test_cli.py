@@ -66,7 +66,10 @@ SUBCOMMANDS = {
     "scale": (("--s-par", "0", "1.5", "--s-perp", "0.5"), ["scale.csv", "scale.json", "scale.html"]),
     "diagonal": ((), ["diagonal.csv", "diagonal.json", "diagonal.html"]),
     "sensitivity": (("--layers", "0", "2"), ["sensitivity.csv", "sensitivity.json", "sensitivity.html"]),
-    "dominance": (("--query-start", "4"), ["dominance.csv", "dominance.json", "dominance.html"]),
+    "dominance": (
+        ("--query-start", "4", "--query-stop", "20", "--scale", "js_distance"),
+        ["dominance.csv", "dominance.json", "dominance.html"],
+    ),
     "checks": ((), ["checks.csv", "checks.json", "checks.html"]),
     "compress": (
         ("--method", "int8", "wanda-2:4"),
@@ -97,6 +100,10 @@ def test_each_subcommand_writes_its_files(tmp_path, command):
     assert provenance["model"]["name"] == "toy-gpt2"
     assert len(pd.read_csv(tmp_path / files[0])) > 0
     assert "wrote:" in proc.stdout and "Traceback" not in proc.stderr
+    if command == "dominance":  # the study's texts by default, the window and scale as given
+        assert "js_distance scale" in proc.stdout and "L0→L1" in proc.stdout
+        assert provenance["settings"]["query_positions"] == list(range(4, 20))
+        assert "lunyu" in provenance["texts"]["corpus"]
 
 
 def test_train_and_models_subcommands(tmp_path):

@@ -93,18 +93,18 @@ def test_gated_attention_view_matches_the_pre_gate_scaling():
     model = get_model("toy-qwen3.5")
     blocks = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=16)
     with pytest.warns(UserWarning, match="residual-attn diagonal view is skipped"):
-        view = diagonal_view(model, blocks, layer=3, head=2, s_par=0.0, doc=1)
+        view = diagonal_view(model, blocks, layer=2, head=2, s_par=0.0, doc=1)
     assert view.spaces == ("value", "value-exclude-self")
-    names = ["blocks.3.attn.hook_z", "blocks.3.attn.hook_v", "blocks.3.attn.hook_q_gate"]
+    names = ["blocks.2.attn.hook_z", "blocks.2.attn.hook_v", "blocks.2.attn.hook_q_gate"]
     caches = []
-    for edits in ([], [ComponentScale("value", s_par=0.0, layers=[3], heads=[2])]):
+    for edits in ([], [ComponentScale("value", s_par=0.0, layers=[2], heads=[2])]):
         with torch.inference_mode(), apply_edits(model, edits):
             caches.append(model.run_with_cache(blocks.tokens, names_filter=names)[1])
     base, edited = caches
-    z = base["blocks.3.attn.hook_z"]
-    gate = torch.sigmoid(base["blocks.3.attn.hook_q_gate"].reshape(z.shape))[1, :, 2].double()
-    v = base["blocks.3.attn.hook_v"].repeat_interleave(3, dim=2)[1, :, 2].double()
-    change = (edited["blocks.3.attn.hook_z"] - z)[1, :, 2].double()
+    z = base["blocks.2.attn.hook_z"]
+    gate = torch.sigmoid(base["blocks.2.attn.hook_q_gate"].reshape(z.shape))[1, :, 2].double()
+    v = base["blocks.2.attn.hook_v"].repeat_interleave(3, dim=2)[1, :, 2].double()
+    change = (edited["blocks.2.attn.hook_z"] - z)[1, :, 2].double()
     torch.testing.assert_close(gate * torch.from_numpy(view.d_a[0])[:, None] * v, change, atol=1e-5, rtol=1e-4)
-    with pytest.raises(ValueError, match=r"diagonal_view needs softmax attention.*layers \[2\]"):
-        diagonal_view(model, blocks, layer=2, head=0)
+    with pytest.raises(ValueError, match=r"diagonal_view needs softmax attention.*layers \[3\]"):
+        diagonal_view(model, blocks, layer=3, head=0)

@@ -186,10 +186,18 @@ def test_study_protocol_on_toy_qwen35(tmp_path):
     assert per_scale["js"] == per_scale["js_distance"] == sum(4 * 25 * n for n, r in heads if r == "softmax")
     assert np.isfinite(df.effective_fraction).all() and df.effective_fraction.between(0, 1 + 1e-12).all()
     # the tables' concentration is stats.concentration of that observation's single-head effects
-    row = df[(df.scale == "js_distance") & (df.receiving_layer == 3) & (df.position == 20)].iloc[0]
-    p, text, j, g = 2, row.text, 20 - 7, row.receiving_head
+    row = df[(df.scale == "js_distance") & (df.receiving_layer == 2) & (df.position == 20)].iloc[0]
+    p, text, j, g = 1, row.text, 20 - 7, row.receiving_head
     expected = concentration(np.sqrt(result.js[p, text, :, j, g]))
     assert row.effective_fraction == pytest.approx(expected["effective_fraction"])
+    effects, kv = result.effects_table(), result.kv_table()
+    assert len(effects) == sum(100 * r * u for r, u in zip(result.receiving_heads, result.upstream_heads, strict=True))
+    one = effects[(effects.receiving_layer == 2) & (effects.position == 9) & (effects.upstream_label == "L1H3")]
+    np.testing.assert_allclose(one.qkv, result.qkv[1, one.text, 3, 2, one.receiving_head])
+    k_rows = kv[(kv.role == "k") & (kv.receiving_layer == 2)]
+    assert k_rows["head"].max() == info.n_kv_heads - 1 and len(k_rows) == 4 * 25 * 2 * 6  # 2 kv heads, once each
+    v_rows = kv[(kv.role == "v") & (kv.receiving_layer == 4)]
+    assert v_rows["head"].max() == 3 and len(v_rows) == 4 * 25 * 4 * 4  # linear receiver: 4 value heads
     joint = result.joint_table()
     assert set(joint.columns) >= {"joint_weak", "joint_strong", "joint_random", "joint_all", "strong_weak_ratio"}
     assert (joint.joint_all > 0).all() and np.allclose(joint.strong_weak_ratio, joint.joint_strong / joint.joint_weak)

@@ -28,8 +28,8 @@ def test_toy_model_info_and_logits_match_hf(spec):
     assert (info.family, info.n_heads, info.n_kv_heads, info.parallel_attn_mlp, info.positional) == EXPECTED[spec]
     assert info.d_head == 16 and info.group_size == info.n_heads // info.n_kv_heads
     if spec == "toy-qwen3.5":
-        assert info.layer_types == ("linear", "linear", "softmax", "softmax", "linear") and info.gated_attention
-        assert info.softmax_layers == (2, 3) and (info.n_linear_heads, info.n_linear_key_heads) == (4, 2)
+        assert info.layer_types == ("linear", "softmax", "softmax", "linear", "linear") and info.gated_attention
+        assert info.softmax_layers == (1, 2) and (info.n_linear_heads, info.n_linear_key_heads) == (4, 2)
     else:
         assert info.n_layers == 3 and info.softmax_layers == (0, 1, 2) and not info.gated_attention
     tokens = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0))

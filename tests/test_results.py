@@ -119,6 +119,11 @@ def test_unknown_type_or_version_is_a_clear_error(tmp_path):
     with pytest.raises(lp.LensParallelError, match=f"format version {FORMAT_VERSION + 1}"):
         load_result(path)
     meta["version"] = FORMAT_VERSION
+    old_layout = json.loads(json.dumps(meta))
+    old_layout["data"]["old_field"] = old_layout["data"].pop("delta_loss")
+    path.write_text(json.dumps(old_layout))
+    with pytest.raises(lp.LensParallelError, match=r"saved with another layout \(missing: \['delta_loss'\], unknown"):
+        load_result(path)
     meta["data"]["__class__"] = "lens_parallel.gone.OldResult"
     path.write_text(json.dumps(meta))
     with pytest.raises(lp.LensParallelError, match=r"unknown result type 'lens_parallel\.gone\.OldResult'"):

@@ -103,7 +103,7 @@ def test_hybrid_model_sweeps_softmax_layers_only():
         progress=False,
     )
     df = per_layer.to_dataframe()
-    assert sorted(df[df.space == "value"].layer) == [2, 3]
+    assert sorted(df[df.space == "value"].layer) == [1, 2]
     assert sorted(df[df.space == "residual-mlp"].layer) == [0, 1, 2, 3, 4]
     for row in df.itertuples():
         edit = ComponentScale(row.space, row.s_par, row.s_perp, layers=[int(row.layer)])

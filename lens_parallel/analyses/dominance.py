@@ -79,7 +79,8 @@ class DominanceResult(ResultMixin):
     ``[..., key_head]`` / ``[..., value_head]``; ``joint_qkv`` / ``joint_js``:
     ``[pair, text, query_pos, receiving_head, mask_scale, kind]`` with kinds ``weak, strong, random, all``
     (``random`` and ``all`` do not depend on the mask scale). Head axes are NaN-padded where pairs differ in head
-    counts (``upstream_heads``, receiving heads); ``js`` is NaN for linear-attention receivers.
+    counts (``upstream_heads``, ``receiving_heads``, ``key_heads``, ``value_heads``); ``js`` is NaN for
+    linear-attention receivers.
     """
 
     joint_kinds: ClassVar[tuple[str, ...]] = JOINT
@@ -89,6 +90,8 @@ class DominanceResult(ResultMixin):
     layer_types: tuple[tuple[str, str], ...]
     upstream_heads: tuple[int, ...]
     receiving_heads: tuple[int, ...]
+    key_heads: tuple[int, ...]
+    value_heads: tuple[int, ...]
     query_positions: tuple[int, ...]
     mask_scales: tuple[str, ...]
     rel_q: np.ndarray
@@ -124,27 +127,52 @@ class DominanceResult(ResultMixin):
                 out[metric][p, :, :, : values.shape[-1]] = values
         return out
 
-    def _frame(self, columns: dict[str, np.ndarray]) -> pd.DataFrame:
-        """Tidy rows of ``[pair, text, query_pos, receiving_head]`` arrays, padding dropped."""
-        index = np.indices(next(iter(columns.values())).shape).reshape(4, -1)
-        p, text, j, g = index
-        keep = g < np.asarray(self.receiving_heads)[p]
+    def _frame(self, columns: dict[str, np.ndarray], *, heads: str = "receiving_head") -> pd.DataFrame:
+        """Tidy rows of ``[pair, text, query_pos, head]`` arrays (or ``[pair, text, query_pos, head, upstream]``),
+        padding dropped. ``heads`` names the head axis: ``receiving_head``, ``key_head`` or ``value_head``."""
+        shape = next(iter(columns.values())).shape
+        index = np.indices(shape).reshape(len(shape), -1)
+        p, text, j, g = index[:4]
+        counts = {"receiving_head": self.receiving_heads, "key_head": self.key_heads, "value_head": self.value_heads}
+        keep = g < np.asarray(counts[heads])[p]
         pairs = np.asarray(self.layer_pairs)[p]
-        df = pd.DataFrame(
-            {
-                "model": self.info.name,
-                "upstream_layer": pairs[:, 0],
-                "receiving_layer": pairs[:, 1],
-                "upstream_type": np.asarray(self.layer_types)[p, 0],
-                "receiving_type": np.asarray(self.receiving_types)[p],
-                "text": text,
-                "position": np.asarray(self.query_positions)[j],
-                "receiving_head": g,
-                "label": [f"L{r}H{h}" for r, h in zip(pairs[:, 1], g, strict=True)],
-                **{name: values.reshape(-1) for name, values in columns.items()},
-            }
-        )
+        rows = {
+            "model": self.info.name,
+            "upstream_layer": pairs[:, 0],
+            "receiving_layer": pairs[:, 1],
+            "upstream_type": np.asarray(self.layer_types)[p, 0],
+            "receiving_type": np.asarray(self.receiving_types)[p],
+            "text": text,
+            "position": np.asarray(self.query_positions)[j],
+            heads: g,
+        }
+        if heads == "receiving_head":
+            rows["label"] = [f"L{r}H{h}" for r, h in zip(pairs[:, 1], g, strict=True)]
+        if len(shape) == 5:
+            u = index[4]
+            keep &= u < np.asarray(self.upstream_heads)[p]
+            rows["upstream_head"] = u
+            rows["upstream_label"] = [f"L{layer}H{h}" for layer, h in zip(pairs[:, 0], u, strict=True)]
+        df = pd.DataFrame({**rows, **{name: values.reshape(-1) for name, values in columns.items()}})
         return df[keep].reset_index(drop=True)
+
+    def effects_table(self) -> pd.DataFrame:
+        """Full resolution: one row per observation and upstream head, with rel_q, qkv, js and js_distance."""
+        axes = "pair text up pos recv -> pair text pos recv up"
+        columns = {name: einops.rearrange(getattr(self, name), axes) for name in ("rel_q", "qkv", "js")}
+        return self._frame({**columns, "js_distance": np.sqrt(columns["js"])})
+
+    def kv_table(self) -> pd.DataFrame:
+        """rel_k per key head and rel_v per value head (each counted once, not once per query head reading it): one
+        row per (pair, text, query token, kv head, upstream head) and ``role`` (``k`` or ``v``)."""
+        axes = "pair text up pos head -> pair text pos head up"
+        frames = [
+            self._frame({"rel": einops.rearrange(values, axes)}, heads=f"{name}_head")
+            .rename(columns={f"{name}_head": "head"})
+            .assign(role=name[0])
+            for name, values in (("key", self.rel_k), ("value", self.rel_v))
+        ]
+        return pd.concat(frames, ignore_index=True)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per observation (pair, text, query token, receiving head) and scale: the concentration of that
@@ -268,7 +296,7 @@ class _Receiver:
         else:
             self.roles = ("lin_q", "lin_k", "lin_v")
             n_q, n_k, n_v = info.n_linear_key_heads, info.n_linear_key_heads, info.n_linear_heads
-        self.n_recv = info.output_heads(self.recv)
+        self.n_recv, self.n_k, self.n_v = info.output_heads(self.recv), n_k, n_v
         self.index = tuple([r * n // self.n_recv for r in range(self.n_recv)] for n in (n_q, n_k, n_v))
 
     def __call__(self, tokens: Tensor, resid: Tensor, mask: Bool[Tensor, "row head_index"]) -> dict[str, Tensor]:
@@ -503,6 +531,8 @@ def head_dominance(
         layer_types=tuple((info.layer_types[up], info.layer_types[up + 1]) for up in ups),
         upstream_heads=tuple(r.n_up for r in receivers),
         receiving_heads=tuple(r.n_recv for r in receivers),
+        key_heads=tuple(r.n_k for r in receivers),
+        value_heads=tuple(r.n_v for r in receivers),
         query_positions=tuple(positions),
         mask_scales=mask_scales,
         joint_qkv=_pad(arrays.pop("joint_qkv"), axes=(2,)),

@@ -44,10 +44,10 @@ def dominance_figure(result: DominanceResult) -> go.Figure:
         horizontal_spacing=0.08,
         vertical_spacing=0.22,
         subplot_titles=[
-            "(a) effective fraction of upstream heads, per observation",
+            "(a) effective fraction of upstream heads (box: quartiles; whiskers: min-max)",
             "(b) share of the top / bottom 25% of upstream heads (median)",
             "(c) joint removal, Q/K/V scale (median; band: interquartile range)",
-            "(d) strong / weak joint effect per observation",
+            "(d) strong / weak joint effect per observation (box: quartiles; whiskers: min-max)",
         ],
     )
     for scale, name in SCALE_NAMES.items():
@@ -120,7 +120,10 @@ def dominance_figure(result: DominanceResult) -> go.Figure:
     fig.update_yaxes(title_text="effective fraction exp(H)/n (1 = all equal)", row=1, col=1)
     fig.update_yaxes(title_text="share of the summed single-head effects", row=1, col=2)
     fig.update_yaxes(title_text="relative L2 change of Q/K/V", row=2, col=1)
-    fig.update_yaxes(title_text="strong / weak (log scale; 1 = equal)", type="log", row=2, col=2)
+    ticks = [0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300, 1000]
+    fig.update_yaxes(
+        title_text="strong / weak (log scale; 1 = equal)", type="log", tickvals=ticks, ticktext=ticks, row=2, col=2
+    )
     n_texts, n_obs = result.qkv.shape[1], len(conc[conc.scale == "qkv"])
     fig.update_layout(
         title=f"Next-layer head dominance: {result.info.name} ({len(pairs)} layer pairs, {n_texts} texts, "
