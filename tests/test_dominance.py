@@ -146,7 +146,8 @@ def test_observation_path_equals_a_plain_forward_on_every_pair_type(spec):
             for j, t in ((0, 4), (7, 11)):
                 for g in (0, n_recv - 1):
                     rel_q, qkv, js = _expected(base, new, t, g)
-                    np.testing.assert_allclose(result.rel_q[p, :, u, j, g], rel_q, rtol=1e-4, atol=1e-7)
+                    qh = g * result.query_heads[p] // n_recv  # the query head g reads
+                    np.testing.assert_allclose(result.rel_q[p, :, u, j, qh], rel_q, rtol=1e-4, atol=1e-7)
                     np.testing.assert_allclose(result.qkv[p, :, u, j, g], qkv, rtol=1e-4, atol=1e-7)
                     np.testing.assert_allclose(result.js[p, :, u, j, g], js, rtol=1e-3, atol=1e-10)
         # joint: the strong half of observation (text 1, token 9, last receiving head) on each mask scale, and all
@@ -190,7 +191,7 @@ def test_study_protocol_on_toy_qwen35(tmp_path):
     p, text, j, g = 1, row.text, 20 - 7, row.receiving_head
     expected = concentration(np.sqrt(result.js[p, text, :, j, g]))
     assert row.effective_fraction == pytest.approx(expected["effective_fraction"])
-    effects, kv = result.effects_table(), result.kv_table()
+    effects, kv = result.effects_table(), result.projection_table()
     assert len(effects) == sum(100 * r * u for r, u in zip(result.receiving_heads, result.upstream_heads, strict=True))
     one = effects[(effects.receiving_layer == 2) & (effects.position == 9) & (effects.upstream_label == "L1H3")]
     np.testing.assert_allclose(one.qkv, result.qkv[1, one.text, 3, 2, one.receiving_head])
@@ -198,6 +199,8 @@ def test_study_protocol_on_toy_qwen35(tmp_path):
     assert k_rows["head"].max() == info.n_kv_heads - 1 and len(k_rows) == 4 * 25 * 2 * 6  # 2 kv heads, once each
     v_rows = kv[(kv.role == "v") & (kv.receiving_layer == 4)]
     assert v_rows["head"].max() == 3 and len(v_rows) == 4 * 25 * 4 * 4  # linear receiver: 4 value heads
+    q_rows = kv[(kv.role == "q") & (kv.receiving_layer == 4)]
+    assert q_rows["head"].max() == 1 and len(q_rows) == 4 * 25 * 2 * 4  # ... reading 2 query/key heads
     joint = result.joint_table()
     assert set(joint.columns) >= {"joint_weak", "joint_strong", "joint_random", "joint_all", "strong_weak_ratio"}
     assert (joint.joint_all > 0).all() and np.allclose(joint.strong_weak_ratio, joint.joint_strong / joint.joint_weak)

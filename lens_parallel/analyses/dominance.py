@@ -15,8 +15,8 @@ only up to layer l+1's *effective* queries, keys and values, read where the rece
 
 The unit of observation is (pair, text, query token t, receiving head g). Per observation and upstream head:
 
-    rel_q = |q'_g - q_g| / |q_g|;  rel_k, rel_v likewise, once per key / value head (never once per query head
-    that shares it);
+    rel_q, rel_k, rel_v = |x' - x| / |x| once per query, key and value head (a key or value head shared by a
+    group of query heads, or a query/key head shared by a group of linear value heads, is counted once);
     qkv = sqrt(|dq_g|^2 + |dk_g|^2 + |dv_g|^2) / sqrt(|q_g|^2 + |k_g|^2 + |v_g|^2), with k_g, v_g the key and value
     head g reads (the combined change of what g uses);
     js = JS(A'_g[t, :], A_g[t, :]) of g's attention row (softmax receivers), and js_distance = sqrt(js).
@@ -75,11 +75,11 @@ METRICS = (*METRICS, "heads_for_90")
 class DominanceResult(ResultMixin):
     """Raw per-observation effects of every upstream head, and the measured joint controls.
 
-    ``rel_q``, ``qkv``, ``js``: ``[pair, text, upstream_head, query_pos, receiving_head]``; ``rel_k`` / ``rel_v``:
-    ``[..., key_head]`` / ``[..., value_head]``; ``joint_qkv`` / ``joint_js``:
+    ``qkv``, ``js``: ``[pair, text, upstream_head, query_pos, receiving_head]``; ``rel_q`` / ``rel_k`` / ``rel_v``:
+    ``[..., query_head]`` / ``[..., key_head]`` / ``[..., value_head]``; ``joint_qkv`` / ``joint_js``:
     ``[pair, text, query_pos, receiving_head, mask_scale, kind]`` with kinds ``weak, strong, random, all``
     (``random`` and ``all`` do not depend on the mask scale). Head axes are NaN-padded where pairs differ in head
-    counts (``upstream_heads``, ``receiving_heads``, ``key_heads``, ``value_heads``); ``js`` is NaN for
+    counts (``upstream_heads``, ``receiving_heads``, ``query_heads``, ``key_heads``, ``value_heads``); ``js`` is NaN for
     linear-attention receivers.
     """
 
@@ -90,6 +90,7 @@ class DominanceResult(ResultMixin):
     layer_types: tuple[tuple[str, str], ...]
     upstream_heads: tuple[int, ...]
     receiving_heads: tuple[int, ...]
+    query_heads: tuple[int, ...]
     key_heads: tuple[int, ...]
     value_heads: tuple[int, ...]
     query_positions: tuple[int, ...]
@@ -129,11 +130,17 @@ class DominanceResult(ResultMixin):
 
     def _frame(self, columns: dict[str, np.ndarray], *, heads: str = "receiving_head") -> pd.DataFrame:
         """Tidy rows of ``[pair, text, query_pos, head]`` arrays (or ``[pair, text, query_pos, head, upstream]``),
-        padding dropped. ``heads`` names the head axis: ``receiving_head``, ``key_head`` or ``value_head``."""
+        padding dropped. ``heads`` names the head axis: ``receiving_head``, ``query_head``, ``key_head`` or
+        ``value_head``."""
         shape = next(iter(columns.values())).shape
         index = np.indices(shape).reshape(len(shape), -1)
         p, text, j, g = index[:4]
-        counts = {"receiving_head": self.receiving_heads, "key_head": self.key_heads, "value_head": self.value_heads}
+        counts = {
+            "receiving_head": self.receiving_heads,
+            "query_head": self.query_heads,
+            "key_head": self.key_heads,
+            "value_head": self.value_heads,
+        }
         keep = g < np.asarray(counts[heads])[p]
         pairs = np.asarray(self.layer_pairs)[p]
         rows = {
@@ -157,20 +164,20 @@ class DominanceResult(ResultMixin):
         return df[keep].reset_index(drop=True)
 
     def effects_table(self) -> pd.DataFrame:
-        """Full resolution: one row per observation and upstream head, with rel_q, qkv, js and js_distance."""
+        """Full resolution: one row per observation and upstream head, with qkv, js and js_distance."""
         axes = "pair text up pos recv -> pair text pos recv up"
-        columns = {name: einops.rearrange(getattr(self, name), axes) for name in ("rel_q", "qkv", "js")}
+        columns = {name: einops.rearrange(getattr(self, name), axes) for name in ("qkv", "js")}
         return self._frame({**columns, "js_distance": np.sqrt(columns["js"])})
 
-    def kv_table(self) -> pd.DataFrame:
-        """rel_k per key head and rel_v per value head (each counted once, not once per query head reading it): one
-        row per (pair, text, query token, kv head, upstream head) and ``role`` (``k`` or ``v``)."""
+    def projection_table(self) -> pd.DataFrame:
+        """rel_q per query head, rel_k per key head, rel_v per value head, each head counted once (not once per head
+        sharing it): one row per (pair, text, query token, ``role`` q/k/v, ``head``, upstream head)."""
         axes = "pair text up pos head -> pair text pos head up"
         frames = [
             self._frame({"rel": einops.rearrange(values, axes)}, heads=f"{name}_head")
             .rename(columns={f"{name}_head": "head"})
             .assign(role=name[0])
-            for name, values in (("key", self.rel_k), ("value", self.rel_v))
+            for name, values in (("query", self.rel_q), ("key", self.rel_k), ("value", self.rel_v))
         ]
         return pd.concat(frames, ignore_index=True)
 
@@ -296,7 +303,7 @@ class _Receiver:
         else:
             self.roles = ("lin_q", "lin_k", "lin_v")
             n_q, n_k, n_v = info.n_linear_key_heads, info.n_linear_key_heads, info.n_linear_heads
-        self.n_recv, self.n_k, self.n_v = info.output_heads(self.recv), n_k, n_v
+        self.n_recv, self.n_q, self.n_k, self.n_v = info.output_heads(self.recv), n_q, n_k, n_v
         self.index = tuple([r * n // self.n_recv for r in range(self.n_recv)] for n in (n_q, n_k, n_v))
 
     def __call__(self, tokens: Tensor, resid: Tensor, mask: Bool[Tensor, "row head_index"]) -> dict[str, Tensor]:
@@ -311,8 +318,8 @@ class _Receiver:
 
 
 def _effects(base: dict, new: dict, index, at: list[int]) -> dict[str, Tensor]:
-    """Per-row effects at positions ``at``: rel_q / qkv / js ``[row, pos, receiving_head]``, rel_k / rel_v per key /
-    value head. js is NaN for linear attention (no softmax)."""
+    """Per-row effects at positions ``at``: qkv / js ``[row, pos, receiving_head]``, rel_q / rel_k / rel_v per query /
+    key / value head. js is NaN for linear attention (no softmax)."""
     qi, ki, vi = index
     q, k, v = (base[key][:, at] for key in ("q", "k", "v"))
     q2, k2, v2 = (new[key][:, at] for key in ("q", "k", "v"))
@@ -325,7 +332,7 @@ def _effects(base: dict, new: dict, index, at: list[int]) -> dict[str, Tensor]:
     else:
         js = torch.full(num.shape, float("nan"), dtype=num.dtype)
     return {
-        "rel_q": geometry.relative_change(q2, q)[:, :, qi],
+        "rel_q": geometry.relative_change(q2, q),
         "rel_k": geometry.relative_change(k2, k),
         "rel_v": geometry.relative_change(v2, v),
         "qkv": torch.sqrt(num / den.clamp_min(1e-30)),
@@ -531,6 +538,7 @@ def head_dominance(
         layer_types=tuple((info.layer_types[up], info.layer_types[up + 1]) for up in ups),
         upstream_heads=tuple(r.n_up for r in receivers),
         receiving_heads=tuple(r.n_recv for r in receivers),
+        query_heads=tuple(r.n_q for r in receivers),
         key_heads=tuple(r.n_k for r in receivers),
         value_heads=tuple(r.n_v for r in receivers),
         query_positions=tuple(positions),
