@@ -33,7 +33,7 @@ from lens_parallel.models import ModelInfo, ModelSpecError, load_model, model_in
 from lens_parallel.report import ModelReport, run_battery, write_report
 from lens_parallel.results import Provenance, Result, load_result, result_classes
 from lens_parallel.sweep import AblationJob, EditJob, SweepRun, run_sweep
-from lens_parallel.training import FactorialResult, TrainConfig, TrainRun, run_factorial, train
+from lens_parallel.training import FactorialResult, TrainConfig, TrainRun, run_design, run_factorial, train
 
 __all__ = [
     "ABLATIONS",
@@ -88,6 +88,7 @@ __all__ = [
     "result_classes",
     "run_ablations",
     "run_battery",
+    "run_design",
     "run_factorial",
     "run_sweep",
     "sanity_report",

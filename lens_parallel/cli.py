@@ -65,7 +65,7 @@ def _common(parser: argparse.ArgumentParser, *, n_docs: int = 16, many_models: b
 def _build_parser() -> argparse.ArgumentParser:
     from lens_parallel.analyses.decompose import SPACES
     from lens_parallel.edits import ABLATIONS, DIAGONAL_SPACES, SCALE_SPACES
-    from lens_parallel.training import ARMS, PRESETS
+    from lens_parallel.training import ARMS, DESIGNS, PRESETS
 
     parser = argparse.ArgumentParser(prog="lens-parallel", description="Parallel/perpendicular geometry of heads.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,8 +120,18 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train small LMs with each arm, paired by seed")
     p.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
     p.add_argument(
-        "--arms", nargs="+", default=["baseline", "value-parallel-removal", "random-direction"], choices=ARMS
+        "--design",
+        default=None,
+        choices=sorted(DESIGNS),
+        help="a pre-specified factorial (preset, arms, seeds, endpoints): xsa-controls is the sanity-checks paper's; "
+        "--preset/--arms/--seeds are then ignored",
     )
+    p.add_argument("--tokens", type=_positive, default=None, help="tokens per run (whole batches; overrides --steps)")
+    p.add_argument("--plan", default=None, help="freeze the analysis plan to this JSON file before the first run")
+    p.add_argument(
+        "--arms", nargs="+", default=["baseline", "random-direction-gated", "xsa-gated"], choices=ARMS
+    )
+    p.add_argument("--primary", default=None, help="primary endpoint arm (default: the first arm after baseline)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     p.add_argument("--steps", type=_positive, default=None, help="override the preset's number of steps")
     p.add_argument("--texts", nargs="+", default=None, help="corpora to train on (default: the preset's)")
@@ -319,20 +329,28 @@ def _report(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace) -> None:
     import dataclasses
 
-    from lens_parallel.training import PRESETS, run_factorial
+    from lens_parallel.training import PRESETS, run_design, run_factorial
 
-    config = PRESETS[args.preset]
     changes = {"device": args.device} | ({"steps": args.steps} if args.steps else {})
     changes |= {"texts": tuple(args.texts)} if args.texts else {}
-    config = dataclasses.replace(config, **changes)
     out = _writable_dir(args.out or "results/train")
-    result = run_factorial(config, args.arms, args.seeds, out=out)
+    if args.design:
+        result = run_design(args.design, out=out, plan=args.plan, tokens=args.tokens, **changes)
+        name = f"design {args.design}"
+    else:
+        config = dataclasses.replace(PRESETS[args.preset], **changes)
+        config = config.with_tokens(args.tokens) if args.tokens else config
+        result = run_factorial(config, args.arms, args.seeds, out=out, primary=args.primary, plan=args.plan)
+        name = f"preset {args.preset}"
     table = result.paired_table()
     table.to_csv(out / "paired.csv", index=False)
     result.curves().to_csv(out / "curves.csv", index=False)
-    print(f"preset {args.preset}: delta = arm - baseline final validation loss (nats/token), paired by seed")
-    cols = ["arm", "n_seeds", "mean_delta", "ci_lo", "ci_hi", "p", "p_holm", "cohens_dz", "mde"]
-    _emit(out, "train", result, table[cols].round(4).set_index("arm"))
+    print(
+        f"{name}: delta = arm - reference final validation loss (nats/token), paired by seed; mde_paper = the paper's "
+        "2.9 sigma/sqrt(n) approximation, mde_80 / mde_90 = exact noncentral-t MDE at 80% / 90% power"
+    )
+    cols = ["role", "n_seeds", "mean_delta", "ci_lo", "ci_hi", "p", "p_holm", "cohens_dz", "mde_paper", "mde_80"]
+    _emit(out, "train", result, table.set_index("contrast")[cols].round(5))
 
 
 def _models(args: argparse.Namespace) -> None:

@@ -37,6 +37,11 @@ from lens_parallel.models import ModelInfo, model_info
 SCALE_SPACES = ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
 DIAGONAL_SPACES = ("value", "value-exclude-self", "residual-attn")
 HEAD_SPACES = ("value", "value-exclude-self", "residual-attn")
+POSITIONS = ("all", "after-first")
+"""Which positions an edit acts on. ``all`` (the default); ``after-first`` leaves position 0, the boundary token,
+untouched: there o_0 = v_0 (a causal head attends only to itself), so a value-space s_par = 0 removes its whole
+output while exclude-self leaves it alone. The sanity-checks paper's frozen interventions exclude the first token;
+its trained arms include every position."""
 
 Hook = tuple[str, Callable]
 
@@ -44,6 +49,25 @@ Hook = tuple[str, Callable]
 def _check_finite(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         raise LensParallelError(f"{name} must be a finite number, got {value!r}")
+
+
+def _check_positions(positions: str) -> None:
+    if positions not in POSITIONS:
+        raise LensParallelError(f"unknown positions {positions!r}; accepted: {', '.join(POSITIONS)}")
+
+
+def _after_first(hooks: list[Hook]) -> list[Hook]:
+    """The same hooks, each restoring position 0 of what it returns (the query axis of an attention pattern);
+    hooks that only read return None and stay as they are."""
+
+    def keep_first(fn: Callable, axis: int, tensor: Tensor, hook) -> Tensor | None:
+        out = fn(tensor, hook)
+        if out is None:
+            return None
+        rest = out.narrow(axis, 1, out.shape[axis] - 1)
+        return torch.cat([tensor.narrow(axis, 0, 1).to(out.dtype), rest], dim=axis)
+
+    return [(name, partial(keep_first, fn, 2 if name.endswith("hook_pattern") else 1)) for name, fn in hooks]
 
 
 def _as_tuple(xs: int | Sequence[int] | None) -> tuple[int, ...] | None:
@@ -67,6 +91,7 @@ class ComponentScale:
             ``heads=None`` edits the whole sublayer update (b_O included) and a head list edits each listed
             head's own write z_h W_O[h] against x_t.
         eps: guard on |r|; positions below it scale as purely perpendicular.
+        positions: ``all`` or ``after-first`` (position 0 untouched; :data:`POSITIONS`).
     """
 
     space: str
@@ -75,10 +100,12 @@ class ComponentScale:
     layers: int | Sequence[int] | None = None
     heads: int | Sequence[int] | None = None
     eps: float = geometry.EPS
+    positions: str = "all"
 
     def __post_init__(self) -> None:
         if self.space not in SCALE_SPACES:
             raise LensParallelError(f"unknown space {self.space!r}; accepted: {', '.join(SCALE_SPACES)}")
+        _check_positions(self.positions)
         _check_finite("s_par", self.s_par)
         _check_finite("s_perp", self.s_perp)
         object.__setattr__(self, "layers", _as_tuple(self.layers))
@@ -100,7 +127,7 @@ class ComponentScale:
         out: list[Hook] = []
         for layer in layers:
             out += _SCALE_BUILDERS[self.space](self, model, info, layer, heads, {})
-        return out
+        return _after_first(out) if self.positions == "after-first" else out
 
 
 @dataclass(frozen=True)
@@ -112,7 +139,8 @@ class DiagonalEdit:
     ``ComponentScale(space, s_par)`` exactly (up to float rounding). residual-attn (per head):
     dA_tt = (s_par - 1) (m_t . x_t) / ((W_O v_t) . x_t) with m_t = o_t W_O[h]: it reproduces the head's update
     along x_t but adds a perpendicular change (a view, not an identity). Positions where the denominator is below
-    ``eps`` (|v_t|^2, or |(W_O v_t) . x_t| relative to |W_O v_t| |x_t|) get dA_tt = 0.
+    ``eps`` (|v_t|^2, or |(W_O v_t) . x_t| relative to |W_O v_t| |x_t|) get dA_tt = 0. ``positions``: ``all`` or
+    ``after-first`` (query position 0 untouched).
     """
 
     space: str
@@ -120,10 +148,12 @@ class DiagonalEdit:
     layers: int | Sequence[int] | None = None
     heads: int | Sequence[int] | None = None
     eps: float = geometry.EPS
+    positions: str = "all"
 
     def __post_init__(self) -> None:
         if self.space not in DIAGONAL_SPACES:
             raise LensParallelError(f"unknown diagonal space {self.space!r}; accepted: {', '.join(DIAGONAL_SPACES)}")
+        _check_positions(self.positions)
         _check_finite("s_par", self.s_par)
         object.__setattr__(self, "layers", _as_tuple(self.layers))
         object.__setattr__(self, "heads", _as_tuple(self.heads))
@@ -144,7 +174,7 @@ class DiagonalEdit:
                 out.append((hook_name(layer, "resid_pre"), partial(_store, state=state, key="x")))
             W_O = model.blocks[layer].attn.W_O.detach() if self.space == "residual-attn" else None
             out.append((hook_name(layer, "pattern"), partial(self._edit_pattern, state=state, heads=heads, W_O=W_O)))
-        return out
+        return _after_first(out) if self.positions == "after-first" else out
 
     def _edit_pattern(self, pattern: Tensor, hook, *, state, heads, W_O) -> Tensor:
         v = expand_kv(state.pop("v"), pattern.shape[1])
@@ -171,17 +201,20 @@ class HeadEdit:
 
     ``heads`` is a tuple of heads (every batch row) or a bool mask ``[batch, head_index]`` giving each row its own
     head set, which lets the ablation engine run many edits in one forward. Only ``zero`` is defined for
-    linear-attention layers.
+    linear-attention layers. ``positions``: ``all`` or ``after-first`` (position 0 untouched, as the sanity-checks
+    paper's frozen single-head interventions).
     """
 
     kind: str
     layer: int
     heads: int | Sequence[int] | Bool[Tensor, "batch head_index"]
     means: Float[Tensor, "head_index d_head"] | None = None
+    positions: str = "all"
 
     def __post_init__(self) -> None:
         if self.kind not in ABLATIONS:
             raise LensParallelError(f"unknown ablation {self.kind!r}; accepted: {', '.join(ABLATIONS)}")
+        _check_positions(self.positions)
         if self.kind == "mean" and self.means is None:
             raise LensParallelError("a mean ablation needs means [n_heads, d_head] (e.g. from lens_parallel.ablation)")
         if not isinstance(self.heads, Tensor):
@@ -200,16 +233,18 @@ class HeadEdit:
         n_heads = info.output_heads(layer)
         heads = self.heads if isinstance(self.heads, Tensor) else check_indices("heads", self.heads, n_heads)
         if self.kind == "parallel-value":
-            return _value_hooks(ComponentScale("value", s_par=0.0), model, info, layer, heads, {})
-        if self.kind == "parallel-residual":
-            return _residual_attn_hooks(ComponentScale("residual-attn", s_par=0.0), model, info, layer, heads, {})
+            out = _value_hooks(ComponentScale("value", s_par=0.0), model, info, layer, heads, {})
+        elif self.kind == "parallel-residual":
+            out = _residual_attn_hooks(ComponentScale("residual-attn", s_par=0.0), model, info, layer, heads, {})
+        else:
 
-        def replace(z: Tensor, hook) -> Tensor:
-            fill = torch.zeros_like(z) if self.kind == "zero" else self.means.to(z).expand_as(z)
-            mask = _head_mask(heads, n_heads, z.shape[0], z.device)
-            return torch.where(mask[:, None, :, None], fill, z)
+            def replace(z: Tensor, hook) -> Tensor:
+                fill = torch.zeros_like(z) if self.kind == "zero" else self.means.to(z).expand_as(z)
+                mask = _head_mask(heads, n_heads, z.shape[0], z.device)
+                return torch.where(mask[:, None, :, None], fill, z)
 
-        return [(hook_name(layer, role), replace)]
+            out = [(hook_name(layer, role), replace)]
+        return _after_first(out) if self.positions == "after-first" else out
 
 
 @dataclass(frozen=True, eq=False)

@@ -131,11 +131,24 @@ def value_aggregate(
 def self_and_null_cosines(
     y: Float[Tensor, "batch pos head_index d_head"],
     v: Float[Tensor, "batch pos head_index d_head"],
-    j: Int[Tensor, "batch pos"],
+    j: Int[Tensor, "batch pos head_index"],
 ) -> tuple[Float[Tensor, "batch pos head_index"], Float[Tensor, "batch pos head_index"]]:
-    """cos(y_t, v_t) and the causal-null cosine cos(y_t, v_{j_t}) with j_t an earlier position of the same row."""
-    v_null = v.gather(1, einops.repeat(j, "b p -> b p h d", h=v.shape[2], d=v.shape[3]))
+    """cos(y_t, v_t) and the sampled causal-null cosine cos(y_t, v_{j_t}), j_t an earlier position of the same row
+    drawn for each head."""
+    v_null = v.gather(1, einops.repeat(j, "b p h -> b p h d", d=v.shape[3]))
     return torch.cosine_similarity(y, v, dim=-1), torch.cosine_similarity(y, v_null, dim=-1)
+
+
+def mean_earlier_cosine(
+    y: Float[Tensor, "batch pos head_index d_head"], v: Float[Tensor, "batch pos head_index d_head"]
+) -> Float[Tensor, "batch pos head_index"]:
+    """The exact causal null: E_j cos(y_t, v_j) over j uniform in [0, t) = (y_t / |y_t|) . (1/t) sum_{j<t} v_j / |v_j|,
+    from a running sum of unit value vectors (O(T), not O(T^2)); 0 at t = 0 (no earlier position)."""
+    unit = v / v.norm(dim=-1, keepdim=True).clamp_min(EPS)
+    earlier = unit.cumsum(1) - unit
+    count = torch.arange(v.shape[1], device=v.device, dtype=v.dtype).clamp_min(1)
+    y_unit = y / y.norm(dim=-1, keepdim=True).clamp_min(EPS)
+    return (y_unit * earlier).sum(-1) / count[None, :, None]
 
 
 def split_self(

@@ -181,9 +181,17 @@ def run_battery(
     )
     with tempfile.TemporaryDirectory() as store:  # sensitivity's single-head jobs are split-half's: run them once
         shared = Path(store) / "ablations.jsonl"
-        sens = timed(
+        sens = timed(  # the sanity checks' positions (first token untouched, as the paper), so the sweep is shared
             "sensitivity",
-            lambda: head_sensitivity(model, tokens, batch_size=batch_size, seed=seed, store=shared, progress=progress),
+            lambda: head_sensitivity(
+                model,
+                tokens,
+                positions="after-first",
+                batch_size=batch_size,
+                seed=seed,
+                store=shared,
+                progress=progress,
+            ),
         )
         sanity = timed(
             "sanity",

@@ -7,11 +7,14 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
 
 from lens_parallel.errors import LensParallelError
 
 MDE_FACTOR = 2.9
-"""z_{0.975} + z_{0.9} ~ 1.96 + 1.28: the paired effect a two-sided 5% test detects with ~90% power."""
+"""The sanity-checks paper's realised-MDE approximation, MDE = 2.9 sigma_paired / sqrt(n), stated there as "at 80%
+power, alpha 0.05" (the normal approximation gives z_{0.975} + z_{0.8} = 2.80; the exact noncentral-t figure at
+small n is larger: :func:`mde`)."""
 
 
 def ratio_of_sums_delta(
@@ -92,13 +95,17 @@ class PairedTest(NamedTuple):
     p: float
     sigma_paired: float
     cohens_dz: float
-    mde: float
+    mde_paper: float
+    mde_80: float
+    mde_90: float
     n: int
 
 
 def paired_t(differences: np.ndarray) -> PairedTest:
-    """``scipy.stats.ttest_1samp`` on paired differences; sigma_paired = sd(d, ddof=1), d_z = mean / sigma_paired,
-    MDE = 2.9 sigma_paired / sqrt(n) (:func:`minimum_detectable_effect`)."""
+    """``scipy.stats.ttest_1samp`` on paired differences; sigma_paired = sd(d, ddof=1), d_z = mean / sigma_paired;
+    detectable effects: ``mde_paper`` = 2.9 sigma_paired / sqrt(n) (the sanity-checks paper's approximation,
+    :func:`minimum_detectable_effect`) and the exact noncentral-t ``mde_80`` / ``mde_90`` at 80% / 90% power,
+    alpha 0.05 (:func:`mde`)."""
     d = np.asarray(differences, dtype=np.float64)
     if len(d) < 2:
         raise LensParallelError(f"a paired t-test needs at least 2 differences, got {len(d)}")
@@ -110,14 +117,31 @@ def paired_t(differences: np.ndarray) -> PairedTest:
         p=float(res.pvalue),
         sigma_paired=sigma,
         cohens_dz=float(d.mean() / sigma) if sigma > 0 else float("nan"),
-        mde=minimum_detectable_effect(sigma, len(d)),
+        mde_paper=minimum_detectable_effect(sigma, len(d)),
+        mde_80=mde(sigma, len(d), power=0.8),
+        mde_90=mde(sigma, len(d), power=0.9),
         n=len(d),
     )
 
 
 def minimum_detectable_effect(sigma_paired: float, n: int) -> float:
-    """MDE = 2.9 sigma_paired / sqrt(n)."""
+    """The paper's realised MDE, 2.9 sigma_paired / sqrt(n) (its approximation; :func:`mde` is the exact one)."""
     return MDE_FACTOR * sigma_paired / np.sqrt(n)
+
+
+def mde(sigma: float, n: int, *, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Minimum detectable mean paired difference of a two-sided paired t-test with ``n`` pairs: the smallest
+    |mean| whose noncentral-t power (df = n - 1, noncentrality mean sqrt(n) / sigma) reaches ``power`` at level
+    ``alpha``. Solved for the standardised effect d by statsmodels' ``TTestPower`` (one-sample t on the
+    differences), then MDE = d sigma."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
+        raise LensParallelError(f"mde needs n >= 2 pairs, got {n!r}")
+    if not 0 < alpha < 1 or not 0 < power < 1:
+        raise LensParallelError(f"alpha and power must be in (0, 1), got alpha={alpha}, power={power}")
+    if not np.isfinite(sigma) or sigma < 0:
+        raise LensParallelError(f"sigma must be a finite number >= 0, got {sigma}")
+    d = TTestPower().solve_power(effect_size=None, nobs=int(n), alpha=alpha, power=power, alternative="two-sided")
+    return float(np.asarray(d).item() * sigma)
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -126,6 +150,35 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     if a.std() == 0 or b.std() == 0:
         return float("nan")
     return float(sps.spearmanr(a, b).statistic)
+
+
+SPLIT_HALF_METHODS = ("pooled", "cross-half")
+
+
+def split_half_correlations(
+    stat: np.ndarray, delta: np.ndarray, *, method: str = "pooled"
+) -> dict[str, float]:
+    """Split-half reliabilities and the statistic-effect correlation, from per-unit values in two halves
+    (``stat``, ``delta``: ``[2, ...]``, flattened over the units, e.g. heads).
+
+    r_stat = Spearman(stat_A, stat_B), r_delta = Spearman(delta_A, delta_B) (no Spearman-Brown), rho_max =
+    sqrt(r_stat r_delta). ``pooled`` (the sanity-checks paper's): rho_raw = Spearman(mean of the halves' stat, mean
+    of the halves' delta), rho_disattenuated = rho_raw / rho_max, a diagnostic, not a calibrated estimate (the
+    numerator uses pooled measurements, the denominator half-sample reliabilities). ``cross-half``: rho_raw = the
+    mean of Spearman(stat_A, delta_B) and Spearman(stat_B, delta_A), whose noise is independent between the two
+    sides, so rho_raw / rho_max estimates the correlation of the error-free quantities."""
+    if method not in SPLIT_HALF_METHODS:
+        raise LensParallelError(f"unknown method {method!r}; accepted: {', '.join(SPLIT_HALF_METHODS)}")
+    stat, delta = (np.asarray(x, dtype=np.float64).reshape(2, -1) for x in (stat, delta))
+    r_stat, r_delta = spearman(stat[0], stat[1]), spearman(delta[0], delta[1])
+    product = r_stat * r_delta
+    rho_max = float(np.sqrt(product)) if product > 0 else float("nan")
+    if method == "pooled":
+        rho_raw = spearman(stat.mean(0), delta.mean(0))
+    else:
+        rho_raw = 0.5 * (spearman(stat[0], delta[1]) + spearman(stat[1], delta[0]))
+    return {"r_stat": r_stat, "r_delta": r_delta, "rho_max": rho_max, "rho_raw": rho_raw,
+            "rho_disattenuated": rho_raw / rho_max}
 
 
 def bootstrap_mean_ci(

@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.data import TokenBlocks, document_batches
-from lens_parallel.edits import ABLATIONS, ComponentScale, DiagonalEdit, HeadEdit, compile_hooks
+from lens_parallel.edits import ABLATIONS, POSITIONS, ComponentScale, DiagonalEdit, HeadEdit, compile_hooks
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import LayerStream, check_indices, hook_name, softmax_layers
 from lens_parallel.losses import DocLosses, batch_nll, next_token_nll
@@ -244,13 +244,21 @@ class SweepStore:
 
 
 def fingerprint(
-    model: TransformerBridge, tokens: Int[Tensor, "batch pos"], *, edit: str | None, batch_size: int, rows: int
+    model: TransformerBridge,
+    tokens: Int[Tensor, "batch pos"],
+    *,
+    edit: str | None,
+    batch_size: int,
+    rows: int,
+    positions: str = "all",
 ) -> dict:
     """Everything that changes a sweep's numbers: model and weights, dtype, device type, the documents, the ablation
-    edit, the batch size and the rows per forward (batch composition changes float rounding)."""
+    edit (and its positions, when not ``all``), the batch size and the rows per forward (batch composition changes
+    float rounding)."""
     info = model_info(model)
     param = next(model.parameters())
-    return {
+    extra = {} if positions == "all" else {"positions": positions}
+    return extra | {
         "model": info.name,
         "config": info.config_hash,
         "dtype": str(param.dtype),
@@ -286,7 +294,7 @@ def _prefix_pass(
     return torch.cat(base), batches
 
 
-def _run_chunk(model, info, chunk: list[Job], batches, edit: str | None, means) -> np.ndarray:
+def _run_chunk(model, info, chunk: list[Job], batches, edit: str | None, means, positions: str) -> np.ndarray:
     """Per-document NLL sums ``[job, document]`` of one chunk of jobs, over every batch."""
     layer, k = chunk[0].start_layer, len(chunk)
     if isinstance(chunk[0], EditJob):
@@ -299,7 +307,7 @@ def _run_chunk(model, info, chunk: list[Job], batches, edit: str | None, means) 
             for i, job in enumerate(chunk):
                 mask[i, :, list(job.heads)] = True
             rows = einops.rearrange(mask, "k b h -> (k b) h")
-            hooks = HeadEdit(edit, layer, rows, means.get(layer)).hooks(model, info)
+            hooks = HeadEdit(edit, layer, rows, means.get(layer), positions=positions).hooks(model, info)
             batch = einops.repeat(batch, "b p -> (k b) p", k=k)
             resid = None if resid is None else einops.repeat(resid, "b p d -> (k b) p d", k=k)
         nll = batch_nll(model, batch, hooks, resid=resid, start_at_layer=layer if resid is not None else None)
@@ -313,6 +321,7 @@ def run_sweep(
     jobs: Sequence[Job],
     *,
     edit: str | None = None,
+    positions: str = "all",
     batch_size: int = 8,
     rows_per_forward: int = 8,
     store: str | Path | None = None,
@@ -320,17 +329,20 @@ def run_sweep(
     desc: str = "sweep",
 ) -> SweepRun:
     """Run every job (see the module docstring). ``edit``: how :class:`AblationJob` s remove their heads (zero, mean,
-    parallel-value, parallel-residual). ``store``: a JSON-lines file that makes the sweep resumable."""
+    parallel-value, parallel-residual), at ``positions`` (``all`` or ``after-first``). ``store``: a JSON-lines file
+    that makes the sweep resumable."""
     info = model_info(model)
     tokens = as_tokens(tokens)
     jobs = _validate(jobs, info, edit)
+    if positions not in POSITIONS:
+        raise LensParallelError(f"unknown positions {positions!r}; accepted: {', '.join(POSITIONS)}")
     if batch_size < 1 or rows_per_forward < 1:
         raise LensParallelError(f"batch_size and rows_per_forward must be >= 1, got {batch_size}, {rows_per_forward}")
     kind = edit if any(isinstance(j, AblationJob) for j in jobs) else None
     sweep_store = None
     done: dict[str, list[float]] = {}
     if store is not None:
-        fp = fingerprint(model, tokens, edit=kind, batch_size=batch_size, rows=rows_per_forward)
+        fp = fingerprint(model, tokens, edit=kind, batch_size=batch_size, rows=rows_per_forward, positions=positions)
         sweep_store = SweepStore(store, fp, len(tokens))
         done = sweep_store.load(jobs)
         sweep_store.create()
@@ -345,7 +357,7 @@ def run_sweep(
     per_forward = max(1, rows_per_forward // min(batch_size, len(tokens)))
     bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=desc, unit="job", disable=not progress)
     for chunk in _chunks(todo, per_forward):
-        for job, row in zip(chunk, _run_chunk(model, info, chunk, batches, kind, means), strict=True):
+        for job, row in zip(chunk, _run_chunk(model, info, chunk, batches, kind, means, positions), strict=True):
             done[job.key] = row.tolist()
             if sweep_store is not None:
                 sweep_store.append(job, done[job.key])

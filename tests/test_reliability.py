@@ -65,7 +65,8 @@ def test_split_half_uses_disjoint_halves_and_the_ablation_effects():
     excess = result.excess.mean(0)  # the halves' mean excess is the whole null's excess (equal halves)
     np.testing.assert_allclose(excess, causal_null(model, blocks, seed=3, n_resamples=100).excess, atol=1e-12)
     df = result.correlation_table()
-    assert list(df.statistic) == ["cos_self", "excess"]
+    assert list(df.statistic) == ["cos_self", "cos_self", "excess", "excess"]
+    assert list(df.method) == ["pooled", "cross-half"] * 2
     tidy = result.to_dataframe()  # one row per (half, layer, head)
     assert len(tidy) == result.delta.size
     np.testing.assert_array_equal(tidy.delta_loss, result.delta.ravel())

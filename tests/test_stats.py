@@ -29,7 +29,8 @@ def test_paired_t_matches_scipy_ttest_rel():
     assert res.t == pytest.approx(ref.statistic) and res.p == pytest.approx(ref.pvalue)
     sigma = np.std(b - a, ddof=1)
     assert res.sigma_paired == pytest.approx(sigma) and res.cohens_dz == pytest.approx(np.mean(b - a) / sigma)
-    assert res.mde == pytest.approx(2.9 * sigma / np.sqrt(12)) == stats.minimum_detectable_effect(sigma, 12)
+    assert res.mde_paper == pytest.approx(2.9 * sigma / np.sqrt(12)) == stats.minimum_detectable_effect(sigma, 12)
+    assert res.mde_80 == stats.mde(sigma, 12, power=0.8) and res.mde_90 == stats.mde(sigma, 12, power=0.9)
     with pytest.raises(ValueError, match="at least 2 differences"):
         stats.paired_t(np.array([1.0]))
 
@@ -54,3 +55,38 @@ def test_spearman_and_bootstrap():
     e, base, w = rng.normal(size=20) + 1.0, rng.normal(size=20), np.full(20, 10.0)
     lo, hi = stats.paired_bootstrap_ci(e, base, w, seed=4)
     assert lo < stats.ratio_of_sums_delta(e, base, w) < hi
+
+
+@pytest.mark.parametrize("n", [4, 8, 16])
+@pytest.mark.parametrize("power", [0.8, 0.9])
+def test_exact_mde_has_the_asked_power_and_exceeds_the_papers_approximation(n, power):
+    """At the exact MDE the two-sided paired t-test (df n-1, noncentrality mde sqrt(n) / sigma) has the asked power,
+    computed here from scipy's noncentral t; the paper's 2.9 sigma / sqrt(n) is smaller at these n."""
+    sigma = 0.002
+    effect = stats.mde(sigma, n, power=power)
+    crit = sps.t.ppf(0.975, n - 1)
+    nc = effect * np.sqrt(n) / sigma
+    achieved = sps.nct.sf(crit, n - 1, nc) + sps.nct.cdf(-crit, n - 1, nc)
+    assert achieved == pytest.approx(power, abs=1e-6)
+    assert effect > stats.minimum_detectable_effect(sigma, n) == pytest.approx(2.9 * sigma / np.sqrt(n))
+    with pytest.raises(ValueError, match="n >= 2"):
+        stats.mde(sigma, 1)
+
+
+def test_cross_half_correlation_recovers_a_known_correlation_and_the_pooled_one_is_a_diagnostic():
+    """Latent statistic s and effect e with Spearman correlation rho_s; each half measures s with a little noise
+    and e with as much noise as signal. The cross-half disattenuated correlation recovers rho_s; the paper's pooled
+    one (pooled numerator, half-sample denominator) overshoots it."""
+    rng = np.random.default_rng(0)
+    n, rho = 20000, 0.6
+    s, e = rng.multivariate_normal([0, 0], [[1, rho], [rho, 1]], size=n).T
+    stat = np.stack([s + rng.normal(0, 0.3, n) for _ in range(2)])
+    delta = np.stack([e + rng.normal(0, 1.0, n) for _ in range(2)])
+    true_spearman = 6 / np.pi * np.arcsin(rho / 2)
+    cross = stats.split_half_correlations(stat, delta, method="cross-half")
+    pooled = stats.split_half_correlations(stat, delta)
+    assert cross["rho_disattenuated"] == pytest.approx(true_spearman, abs=0.03)
+    assert pooled["rho_disattenuated"] > true_spearman + 0.05
+    assert cross["r_stat"] == pooled["r_stat"] and cross["rho_max"] == pooled["rho_max"]
+    with pytest.raises(ValueError, match="unknown method 'both'"):
+        stats.split_half_correlations(stat, delta, method="both")

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+import transformers
 from scipy import stats as sps
-from statsmodels.stats.multitest import multipletests
 
 from lens_parallel import load_model
 from lens_parallel.edits import GatedRemoval, LearnedGate, compile_hooks
 from lens_parallel.hooks import expand_kv, hook_name
 from lens_parallel.models import model_info
+from lens_parallel.tokenizers import load_bundled_tokenizer
 from lens_parallel.training import ARMS, PRESETS, ArmParameters, TrainConfig, load_trained, paired_table, train
-from lens_parallel.training.factorial import run_factorial
+from lens_parallel.training.factorial import DESIGNS, run_factorial
 from lens_parallel.training.loop import batch_indices, build_model, learning_rate, training_data
 
 TINY = PRESETS["tiny"]
@@ -198,30 +200,96 @@ def test_saved_model_loads_back_as_an_ordinary_model(tmp_path):
     assert decompose(plain, val[:2], space="value").to_dataframe()["self_cos"].notna().all()
 
 
-def test_paired_table_matches_scipy_and_statsmodels():
+def test_paired_table_endpoints_match_scipy_and_holm_by_hand():
+    """8 seeds, known differences: primary / secondary / contrast / exploratory rows, p from scipy's paired t,
+    Holm by hand within each family."""
     rng = np.random.default_rng(0)
-    base = 4.0 + rng.normal(0, 0.1, 5)
+    base = 4.0 + rng.normal(0, 0.1, 8)
     arms = {
         "baseline": base,
-        "value-parallel-removal": base - 0.05 + rng.normal(0, 0.02, 5),
-        "random-direction": base + rng.normal(0, 0.02, 5),
-        "xsa-gated": base - 0.01 + rng.normal(0, 0.02, 5),
+        "random-direction-gated": base + 0.001 + rng.normal(0, 0.002, 8),
+        "xsa-gated": base - 0.003 + rng.normal(0, 0.002, 8),
+        "value-parallel-removal": base - 0.002 + rng.normal(0, 0.002, 8),
+        "learned-gate": base + rng.normal(0, 0.002, 8),
     }
-    finals = pd.DataFrame([{"arm": a, "seed": s, "final_val_loss": v[s]} for a, v in arms.items() for s in range(5)])
-    table = paired_table(finals, primary="value-parallel-removal").set_index("arm")
-    for arm in ("value-parallel-removal", "random-direction", "xsa-gated"):
-        ref = sps.ttest_rel(arms[arm], base)
-        d = arms[arm] - base
-        assert table.loc[arm, "t"] == pytest.approx(ref.statistic) and table.loc[arm, "p"] == pytest.approx(ref.pvalue)
-        assert table.loc[arm, "mean_delta"] == pytest.approx(d.mean())
-        assert table.loc[arm, "cohens_dz"] == pytest.approx(d.mean() / d.std(ddof=1))
-        assert table.loc[arm, "mde"] == pytest.approx(2.9 * d.std(ddof=1) / np.sqrt(5))
-        assert table.loc[arm, "ci_lo"] <= d.mean() <= table.loc[arm, "ci_hi"]
-    secondary = ["random-direction", "xsa-gated"]
-    holm = multipletests(table.loc[secondary, "p"], method="holm")[1]
-    np.testing.assert_allclose(table.loc[secondary, "p_holm"], holm)
-    assert table.loc["value-parallel-removal", "p_holm"] == table.loc["value-parallel-removal", "p"]
-    assert table.loc["value-parallel-removal", "role"] == "primary"
+    finals = pd.DataFrame([{"arm": a, "seed": s, "final_val_loss": v[s]} for a, v in arms.items() for s in range(8)])
+    table = paired_table(
+        finals,
+        primary="random-direction-gated",
+        secondary=["xsa-gated", "value-parallel-removal"],
+        contrasts=[("xsa-gated", "random-direction-gated"), ("value-parallel-removal", "xsa-gated")],
+    ).set_index("contrast")
+    roles = table["role"].to_dict()
+    assert roles == {
+        "random-direction-gated - baseline": "primary",
+        "xsa-gated - baseline": "secondary",
+        "value-parallel-removal - baseline": "secondary",
+        "learned-gate - baseline": "exploratory",
+        "xsa-gated - random-direction-gated": "contrast",
+        "value-parallel-removal - xsa-gated": "contrast",
+    }
+    for contrast, row in table.iterrows():
+        a, b = contrast.split(" - ")
+        ref = sps.ttest_rel(arms[a], arms[b])
+        d = arms[a] - arms[b]
+        assert row["t"] == pytest.approx(ref.statistic) and row["p"] == pytest.approx(ref.pvalue)
+        assert row["mean_delta"] == pytest.approx(d.mean()) and row["ci_lo"] <= d.mean() <= row["ci_hi"]
+        assert row["cohens_dz"] == pytest.approx(d.mean() / d.std(ddof=1))
+        assert row["mde_paper"] == pytest.approx(2.9 * d.std(ddof=1) / np.sqrt(8)) < row["mde_80"] < row["mde_90"]
+    for family in ("secondary", "contrast"):
+        rows = table[table.family == family]
+        p = rows["p"].to_numpy()
+        order = np.argsort(p)
+        by_hand = np.maximum.accumulate(np.minimum(1, (len(p) - np.arange(len(p))) * p[order]))
+        np.testing.assert_allclose(rows["p_holm"].to_numpy()[order], by_hand)
+    for single in ("random-direction-gated - baseline", "learned-gate - baseline"):  # families of one
+        assert table.loc[single, "p_holm"] == table.loc[single, "p"]
+    with pytest.raises(ValueError, match=r"contrasts \[\('xsa-gated', 'xsa-gated'\)\] must be pairs"):
+        paired_table(finals, primary="xsa-gated", contrasts=[("xsa-gated", "xsa-gated")])
+
+
+def test_paper_presets_parameter_counts():
+    """The sanity-checks paper's factorial model is 50.9M parameters (8 layers, 8 heads, width 512); the Qwen3-style
+    GPU preset is 59.1M (SwiGLU has three MLP matrices)."""
+    vocab = len(load_bundled_tokenizer("gpt2"))
+    counts = {}
+    for name in ("xsa-controls-51m", "qwen3-59m"):
+        config = PRESETS[name]
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config.hf_config(vocab, 50256))
+        counts[name] = sum(p.numel() for p in model.parameters())
+    assert abs(counts["xsa-controls-51m"] - 50.9e6) < 0.1e6 and abs(counts["qwen3-59m"] - 59.1e6) < 0.1e6
+    assert PRESETS["xsa-controls-51m"].tokens_per_run == 399_900_672
+    assert PRESETS["xsa-controls-51m"].with_tokens(4e8).steps == 3051
+    design = DESIGNS["xsa-controls"]
+    assert design.primary == "random-direction-gated" and design.secondary == ("xsa-gated",)
+    assert design.contrasts == (("xsa-gated", "random-direction-gated"),) and len(design.seeds) == 8
+
+
+def test_gpt_neox_architecture_trains_with_gated_arms(tmp_path):
+    config = dataclasses.replace(TINY, architecture="gpt-neox", steps=4, eval_every=2)
+    run = train(config, "random-direction-gated", 0, out=tmp_path, progress=False)
+    assert np.isfinite(run.final_val_loss) and run.gates.shape == (config.n_layers, config.n_heads)
+
+
+def test_a_frozen_plan_resumes_unchanged_and_refuses_changes(tmp_path):
+    cfg = dataclasses.replace(TINY, steps=4, eval_every=2)
+    arms, plan = ["baseline", "xsa-gated"], tmp_path / "plan.json"
+    first = run_factorial(cfg, arms, [0, 1], out=tmp_path / "runs", plan=plan, progress=False)
+    frozen = json.loads(plan.read_text())
+    assert frozen["endpoints"]["primary"]["contrast"] == "xsa-gated - baseline"
+    assert frozen["tokens_per_run"] == 4 * cfg.batch_size * cfg.seq_len and frozen["config_hash"] == cfg.digest()
+    again = run_factorial(cfg, arms, [0, 1], out=tmp_path / "runs", plan=plan, progress=False)
+    assert again.plan_hash == first.plan_hash is not None
+    with pytest.raises(ValueError, match=r"the analysis plan changed after training started \(alpha differ"):
+        run_factorial(cfg, arms, [0, 1], out=tmp_path / "runs", plan=plan, alpha=0.01, progress=False)
+    with pytest.raises(ValueError, match=r"plan changed after training started \(config, config_hash, tokens_per_run"):
+        run_factorial(dataclasses.replace(cfg, steps=6), arms, [0, 1], out=tmp_path / "runs", plan=plan)
+    plan.write_text(plan.read_text().replace('"alpha": 0.05', '"alpha": 0.1'))
+    with pytest.raises(ValueError, match="was edited after training started"):
+        run_factorial(cfg, arms, [0, 1], out=tmp_path / "runs", plan=plan, progress=False)
+    with pytest.raises(ValueError, match="no plan was frozen before them"):
+        run_factorial(cfg, arms, [0, 1], out=tmp_path / "runs", plan=tmp_path / "late.json", progress=False)
 
 
 def test_factorial_runs_pairs_saves_and_plots(tmp_path):
@@ -231,6 +299,7 @@ def test_factorial_runs_pairs_saves_and_plots(tmp_path):
     )
     table = result.paired_table()
     assert list(table["arm"]) == ["value-parallel-removal", "xsa-gated"] and (table["n_seeds"] == 2).all()
+    assert list(table["role"]) == ["primary", "secondary"] and result.plan_hash is None
     tidy = result.to_dataframe()  # one row per (arm, seed)
     assert len(tidy) == 3 * 2 and (tidy[tidy.arm == "baseline"].delta == 0).all()
     finals = result.finals().pivot(index="seed", columns="arm", values="final_val_loss")

@@ -103,12 +103,14 @@ def run_ablations(
     jobs: Sequence[AblationJob],
     *,
     edit: str = "parallel-value",
+    positions: str = "all",
     batch_size: int = 8,
     rows_per_forward: int = 8,
     store: str | Path | None = None,
     progress: bool = True,
 ) -> AblationRun:
-    """Run every ablation job on the sweep engine. ``store``: a JSON-lines file that makes the sweep resumable."""
+    """Run every ablation job on the sweep engine, editing ``positions`` (``all`` or ``after-first``). ``store``: a
+    JSON-lines file that makes the sweep resumable."""
     toks = as_tokens(tokens)
     jobs = tuple(dict.fromkeys(jobs))
     run = run_sweep(
@@ -116,6 +118,7 @@ def run_ablations(
         toks,
         jobs,
         edit=edit,
+        positions=positions,
         batch_size=batch_size,
         rows_per_forward=rows_per_forward,
         store=store,
@@ -127,6 +130,7 @@ def run_ablations(
         tokens,
         analysis="run_ablations",
         edit=edit,
+        positions=positions,
         batch_size=batch_size,
         rows_per_forward=rows_per_forward,
     )

@@ -2,21 +2,28 @@
 
 With y_t the value aggregate (hook_z; for gated attention the pre-gate A v) and v the values expanded to query heads:
 
-- causal null: cos_self = cos(y_t, v_t), cos_null = cos(y_t, v_j) with j drawn uniformly from [0, t) of the same
-  document (t = 0 excluded); excess = mean(cos_self - cos_null); self-specific fraction = excess / mean cos_self;
-  null share = mean cos_null / mean cos_self.
+- causal null (the sanity-checks paper, arXiv 2611.13543, Check 1): cos_self = cos(y_t, v_t), cos_null =
+  cos(y_t, v_j) with j uniform over the earlier positions [0, t) of the same document, the first token excluded.
+  ``null="sampled"`` (the paper's): one draw of j per (document, layer, head, position), from
+  ``numpy.random.default_rng([seed, layer])``; ``null="exact"``: the expectation over j, (1/t) sum_{j<t} cos(y_t,
+  v_j), from a running sum of unit values (no Monte-Carlo noise). Per head: excess = mean(cos_self - cos_null).
+  Model level as the paper computes it: means over heads of cos_self and cos_null, excess = their difference,
+  self-specific fraction = (mean cos_self - mean cos_null) / mean cos_self (a ratio of means; per-head medians of
+  the per-head ratios are reported beside it).
 - GQA: within-group excess is the causal excess (own kv group); across-group excess = mean(cos(y_t, v'_t) -
-  cos_null) with v' the neighbouring kv group's value ((kv + 1) mod n_kv) at the same position; the raw
-  across-group cosine is kept too.
+  cos_null) with v' the neighbouring kv group's value at the same position, kv group (g - 1) mod n_kv as the
+  paper's code rolls it (``groups="neighbour"``), or the mean over every other group (``groups="all"``); the raw
+  across-group cosine is kept too. Defined for grouped-query attention only (1 < n_kv_heads < n_heads).
 
-One draw of j per (document, position), shared by every layer and head, from ``numpy.random.default_rng(seed)``:
-the same seed gives the same numbers bit for bit, and different seeds differ only in the null draws. A
-reconstruction gate runs first: it rebuilds y = A @ expand(v) from the captured hooks and refuses to run if it does
-not match hook_z.
+The same seed gives the same numbers bit for bit, whatever the batch size. A reconstruction gate runs first: it
+rebuilds y = A @ expand(v) (x sigmoid(gate) for gated attention) from the captured hooks on one document and
+refuses to run if its relative Frobenius error exceeds ``gate_tol`` (the paper's 1e-2) or is not finite, on the
+first, middle and last layers by default.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import einops
@@ -36,18 +43,26 @@ from lens_parallel.plots.nulls import null_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
 from lens_parallel.stats import bootstrap_mean_ci
 
-RECONSTRUCTION_TOL = 1e-4
+RECONSTRUCTION_TOL = 1e-2
+NULLS = ("sampled", "exact")
+GROUPS = ("neighbour", "all")
 
 
 class ReconstructionError(LensParallelError):
     """The captured hooks do not reproduce hook_z: the checks would measure the wrong thing."""
 
 
-def null_positions(n_docs: int, seq_len: int, seed: int) -> Int[Tensor, "batch pos"]:
-    """j[b, t] uniform in [0, t) for t >= 1 (j[b, 0] = 0 is never used)."""
-    u = np.random.default_rng(seed).random((n_docs, seq_len))
-    t = np.arange(seq_len)[None, :]
-    return torch.from_numpy(np.floor(u * t).astype(np.int64))
+def null_positions(n_docs: int, seq_len: int, n_heads: int, *, seed: int, layer: int) -> Int[Tensor, "batch pos head"]:
+    """j[b, t, h] uniform in [0, t) for t >= 1 (j[b, 0, h] = 0 is never used), from ``default_rng([seed, layer])``:
+    one draw per document, position and head, for all documents at once (so batching changes nothing)."""
+    u = np.random.default_rng([seed, layer]).random((n_docs, n_heads, seq_len))
+    j = np.floor(u * np.arange(seq_len)).astype(np.int64)
+    return torch.from_numpy(einops.rearrange(j, "b h p -> b p h"))
+
+
+def default_gate_layers(layers: tuple[int, ...]) -> list[int]:
+    """The layers the reconstruction gate checks by default: the first, middle and last of ``layers``."""
+    return sorted({layers[0], layers[len(layers) // 2], layers[-1]})
 
 
 def _aggregate(t: dict[str, Tensor], info: ModelInfo) -> tuple[Tensor, Tensor]:
@@ -68,7 +83,8 @@ def reconstruction_error(model: TransformerBridge, tokens: Int[Tensor, "batch po
         y = geometry.value_aggregate(t["pattern_full"], expand_kv(t["v"], info.n_heads))
         if info.gated_attention:
             y = torch.sigmoid(einops.rearrange(t["q_gate"], "b p (h d) -> b p h d", h=info.n_heads)) * y
-        worst[0] = max(worst[0], ((y - t["z"]).norm() / t["z"].norm().clamp_min(1e-30)).item())
+        error = ((y - t["z"]).norm() / t["z"].norm().clamp_min(1e-30)).item()
+        worst[0] = max(worst[0], error) if np.isfinite(error) else float("inf")
 
     LayerStream(info, layers, roles, reduce).run(model, tokens)
     return worst[0]
@@ -77,10 +93,13 @@ def reconstruction_error(model: TransformerBridge, tokens: Int[Tensor, "batch po
 @serializable
 @dataclass(frozen=True)
 class NullResult(ResultMixin):
-    """Per-document means over t >= 1, ``[doc, layer, head]``: cos_self, cos_null and (GQA) cos_across."""
+    """Per-document means over t >= 1, ``[doc, layer, head]``: cos_self, cos_null and (GQA) cos_across; ``null``
+    says how cos_null was computed (``sampled`` or ``exact``), ``groups`` which other kv groups cos_across uses."""
 
     layers: tuple[int, ...]
     seed: int
+    null: str
+    groups: str | None
     cos_self: np.ndarray
     cos_null: np.ndarray
     cos_across: np.ndarray | None
@@ -147,10 +166,17 @@ class NullResult(ResultMixin):
         return pd.DataFrame(rows)
 
     def summary(self) -> pd.DataFrame:
-        """Model-level row: unweighted means over heads of :meth:`head_table`."""
+        """Model-level row as the paper computes it: means over heads of cos_self, cos_null (and the GQA columns),
+        excess = mean cos_self - mean cos_null, self_specific_fraction = excess / mean cos_self and null_share = mean
+        cos_null / mean cos_self (ratios of means); the medians over heads of the per-head ratios beside them."""
         df = self.head_table()
-        cols = [c for c in df.columns if c not in ("model", "layer", "head", "kv_head", "label")]
-        return pd.DataFrame([{"model": self.info.name, **df[cols].mean().to_dict()}])
+        cs, cn = df.cos_self.mean(), df.cos_null.mean()
+        row = {"model": self.info.name, "null": self.null, "n_heads": len(df), "cos_self": cs, "cos_null": cn}
+        row |= {"excess": cs - cn, "self_specific_fraction": (cs - cn) / cs, "null_share": cn / cs}
+        row |= {f"median_head_{k}": df[k].median() for k in ("self_specific_fraction", "null_share")}
+        if self.cos_across is not None:
+            row |= {k: df[k].mean() for k in ("within_excess", "cos_across", "across_excess")}
+        return pd.DataFrame([row])
 
     def figure(self):
         return null_figure(self)
@@ -161,27 +187,39 @@ def causal_null(
     tokens: TokenBlocks | Int[Tensor, "batch pos"],
     *,
     seed: int = 0,
-    across: bool = False,
+    null: str = "sampled",
+    groups: str | None = None,
     batch_size: int = 8,
     n_resamples: int = 2000,
-    tol: float = RECONSTRUCTION_TOL,
+    gate_tol: float = RECONSTRUCTION_TOL,
+    gate_layers: Sequence[int] | None = None,
 ) -> NullResult:
     """cos_self vs the earlier-position causal null per layer and head (see the module docstring), with a
-    bootstrap CI of the excess over documents. ``across=True`` adds the neighbouring kv group (see
-    :func:`gqa_alignment`). Linear-attention layers (Qwen3.5) are skipped and said so in the provenance."""
+    bootstrap CI of the excess over documents. ``null``: ``sampled`` (the paper's) or ``exact``. ``groups``:
+    ``neighbour`` or ``all`` adds the across-kv-group cosine (see :func:`gqa_alignment`). The reconstruction gate
+    checks ``gate_layers`` (default: first, middle, last) on the first document against ``gate_tol``.
+    Linear-attention layers (Qwen3.5) are skipped and said so in the provenance."""
     info = model_info(model)
     toks = as_tokens(tokens)
     if toks.shape[1] < 2:
         raise LensParallelError(f"the causal null needs at least 2 positions per document, got {toks.shape[1]}")
+    if null not in NULLS:
+        raise LensParallelError(f"unknown null {null!r}; accepted: {', '.join(NULLS)}")
+    if groups is not None and groups not in GROUPS:
+        raise LensParallelError(f"unknown groups {groups!r}; accepted: {', '.join(GROUPS)}")
     layers, skipped = softmax_layers(info, None, what="causal_null")
-    error = reconstruction_error(model, toks[:batch_size], list(layers))
-    if error > tol:
+    checked = default_gate_layers(layers) if gate_layers is None else [int(x) for x in gate_layers]
+    if not set(checked) <= set(layers):
+        raise LensParallelError(f"gate layers {checked} must be softmax-attention layers among {list(layers)}")
+    error = reconstruction_error(model, toks[:1], checked)
+    if not error <= gate_tol:
         raise ReconstructionError(
-            f"A @ expand(v) does not reproduce hook_z: relative error {error:.3g} > tolerance {tol:.3g}; the hooks "
-            "do not hold what the null model assumes (is the model loaded with processed weights?)"
+            f"A @ expand(v) does not reproduce hook_z on layers {checked}: relative error {error:.3g} > tolerance "
+            f"{gate_tol:.3g}; the hooks do not hold what the null model assumes (is the model loaded with processed "
+            "weights?)"
         )
     n, n_l = len(toks), len(layers)
-    j = null_positions(n, toks.shape[1], seed)
+    j = {layer: null_positions(n, toks.shape[1], info.n_heads, seed=seed, layer=layer) for layer in layers}
     out = {key: np.zeros((n, n_l, info.n_heads)) for key in ("self", "null", "across")}
     roles = ["v", "pattern_full"] if info.gated_attention else ["v", "z"]
     start = [0]
@@ -189,12 +227,13 @@ def causal_null(
     def reduce(layer: int, t: dict[str, Tensor]) -> None:
         y, v = _aggregate(t, info)
         sl, i = slice(start[0], start[0] + len(y)), layers.index(layer)
-        cos_self, cos_null = geometry.self_and_null_cosines(y, v, j[sl])
+        cos_self, cos_null = geometry.self_and_null_cosines(y, v, j[layer][sl])
+        if null == "exact":
+            cos_null = geometry.mean_earlier_cosine(y, v)
         out["self"][sl, i] = cos_self[:, 1:].mean(1).cpu().numpy()  # means over t >= 1
         out["null"][sl, i] = cos_null[:, 1:].mean(1).cpu().numpy()
-        if across:
-            neighbour = expand_kv(torch.roll(t["v"], shifts=-1, dims=2), info.n_heads)
-            out["across"][sl, i] = torch.cosine_similarity(y, neighbour, dim=-1)[:, 1:].mean(1).cpu().numpy()
+        if groups is not None:
+            out["across"][sl, i] = _across(y, t["v"], info, groups)[:, 1:].mean(1).cpu().numpy()
 
     stream = LayerStream(info, layers, roles, reduce)
     for s in range(0, n, batch_size):
@@ -204,19 +243,26 @@ def causal_null(
     provenance = Provenance.collect(
         info,
         tokens,
-        analysis="gqa_alignment" if across else "causal_null",
+        analysis="gqa_alignment" if groups else "causal_null",
         seed=seed,
+        null=null,
+        groups=groups,
         layers=list(layers),
-        positions="t >= 1; null j ~ U[0, t) per (document, position), shared across layers and heads",
+        positions="t >= 1; null j ~ U[0, t) per (document, layer, head, position)"
+        if null == "sampled"
+        else "t >= 1; null = exact mean over j in [0, t)",
         reconstruction_error=error,
+        gate={"layers": checked, "tolerance": gate_tol, "documents": 1},
         skipped=skipped,
     )
     return NullResult(
         layers=layers,
         seed=seed,
+        null=null,
+        groups=groups,
         cos_self=out["self"],
         cos_null=out["null"],
-        cos_across=out["across"] if across else None,
+        cos_across=out["across"] if groups else None,
         excess_lo=lo,
         excess_hi=hi,
         reconstruction_error=error,
@@ -224,11 +270,34 @@ def causal_null(
     )
 
 
+def _across(y: Tensor, v_kv: Tensor, info: ModelInfo, groups: str) -> Tensor:
+    """cos(y_t, v'_t) with v' another kv group's value: group (g - 1) mod n_kv (the paper's roll), or the mean of the
+    cosines with every other group."""
+    if groups == "neighbour":
+        return torch.cosine_similarity(y, expand_kv(torch.roll(v_kv, shifts=1, dims=2), info.n_heads), dim=-1)
+    others = [torch.roll(v_kv, shifts=s, dims=2) for s in range(1, info.n_kv_heads)]
+    return torch.stack([torch.cosine_similarity(y, expand_kv(o, info.n_heads), dim=-1) for o in others]).mean(0)
+
+
+def is_grouped(info: ModelInfo) -> bool:
+    """Grouped-query attention: several kv groups, each shared by several query heads."""
+    return 1 < info.n_kv_heads < info.n_heads
+
+
 def gqa_alignment(
-    model: TransformerBridge, tokens: TokenBlocks | Int[Tensor, "batch pos"], *, seed: int = 0, **kwargs
+    model: TransformerBridge,
+    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    *,
+    groups: str = "neighbour",
+    seed: int = 0,
+    **kwargs,
 ) -> NullResult:
-    """Within-group vs across-group excess (module docstring); needs at least 2 kv groups."""
+    """Within-group vs across-group excess (module docstring); needs grouped-query attention."""
     info = model_info(model)
-    if info.n_kv_heads < 2:
-        raise LensParallelError(f"{info.name} has {info.n_kv_heads} kv head: there is no neighbouring kv group")
-    return causal_null(model, tokens, seed=seed, across=True, **kwargs)
+    if not is_grouped(info):
+        raise LensParallelError(
+            f"{info.name} has {info.n_heads} query heads and {info.n_kv_heads} kv heads: no groups of query heads "
+            "share a value projection, so the within/across-group contrast is undefined (it needs grouped-query "
+            "attention, 1 < n_kv_heads < n_heads)"
+        )
+    return causal_null(model, tokens, seed=seed, groups=groups, **kwargs)

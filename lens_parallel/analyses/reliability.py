@@ -6,8 +6,10 @@ on the ablation engine). Both are per-document quantities, so each runs once ove
 half afterwards (the sanity report reuses its own null pass). Across heads, Spearman between halves gives r_stat
 (of the statistic) and r_delta (of the effect), with no Spearman-Brown correction; the ceiling on how well the
 statistic can predict the effect is rho_max = sqrt(r_delta r_stat); rho_raw = Spearman(statistic, effect) on the
-two halves' means; disattenuated rho = rho_raw / rho_max. Verdict on r_delta: reliable (>= 0.6), attenuated
-(>= 0.3), else unresolvable.
+two halves' means; disattenuated rho = rho_raw / rho_max, which the paper calls "a diagnostic, not a calibrated
+estimate" (pooled numerator, half-sample denominator); the cross-half variant (statistic of one half against the
+effect of the other) is beside it in :meth:`SplitHalfResult.correlation_table`. Verdict on r_delta: reliable
+(>= 0.6), attenuated (>= 0.3), else unresolvable.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.analyses.nulls import NullResult, causal_null, gqa_alignment
+from lens_parallel.analyses.nulls import NullResult, causal_null, gqa_alignment, is_grouped
 from lens_parallel.data import TokenBlocks
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import model_info
 from lens_parallel.plots.nulls import sanity_figure, split_half_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
-from lens_parallel.stats import spearman
+from lens_parallel.stats import SPLIT_HALF_METHODS, split_half_correlations
 from lens_parallel.sweep import AblationJob, run_sweep
 
 STATISTICS = ("cos_self", "excess")
@@ -67,21 +69,12 @@ class SplitHalfResult(ResultMixin):
     delta: np.ndarray
     provenance: Provenance
 
-    def correlations(self, statistic: str = "excess") -> dict[str, float | str]:
-        """r_stat, r_delta, rho_max, rho_raw, rho_disattenuated and the verdict for one statistic."""
-        stat = getattr(self, statistic)
-        r_stat, r_delta = spearman(stat[0], stat[1]), spearman(self.delta[0], self.delta[1])
-        product = r_stat * r_delta
-        rho_max = float(np.sqrt(product)) if product > 0 else float("nan")
-        rho_raw = spearman(stat.mean(0), self.delta.mean(0))
-        return {
-            "r_stat": r_stat,
-            "r_delta": r_delta,
-            "rho_max": rho_max,
-            "rho_raw": rho_raw,
-            "rho_disattenuated": rho_raw / rho_max,
-            "verdict": verdict(r_delta),
-        }
+    def correlations(self, statistic: str = "excess", *, method: str = "pooled") -> dict[str, float | str]:
+        """r_stat, r_delta, rho_max, rho_raw, rho_disattenuated and the verdict for one statistic
+        (:func:`~lens_parallel.stats.split_half_correlations`: ``pooled`` is the paper's diagnostic, ``cross-half``
+        correlates the statistic of one half with the effect of the other)."""
+        out = split_half_correlations(getattr(self, statistic), self.delta, method=method)
+        return out | {"verdict": verdict(out["r_delta"])}
 
     def to_dataframe(self) -> pd.DataFrame:
         """Full resolution: one row per (half, layer, head) with that half's cos_self, excess and delta."""
@@ -106,9 +99,15 @@ class SplitHalfResult(ResultMixin):
         )
 
     def correlation_table(self) -> pd.DataFrame:
-        """One row per statistic with its split-half correlations."""
+        """One row per statistic and method (``pooled``: the paper's diagnostic; ``cross-half``) with its split-half
+        correlations."""
         return pd.DataFrame(
-            [{"model": self.info.name, "edit": self.edit, "statistic": s, **self.correlations(s)} for s in STATISTICS]
+            [
+                {"model": self.info.name, "edit": self.edit, "statistic": s, "method": m}
+                | self.correlations(s, method=m)
+                for s in STATISTICS
+                for m in SPLIT_HALF_METHODS
+            ]
         )
 
     def summary_row(self) -> dict:
@@ -127,6 +126,7 @@ def split_half_reliability(
     tokens: TokenBlocks | Int[Tensor, "batch pos"],
     *,
     edit: str = "parallel-value",
+    positions: str = "after-first",
     seed: int = 0,
     batch_size: int = 8,
     store: str | Path | None = None,
@@ -134,10 +134,22 @@ def split_half_reliability(
 ) -> SplitHalfResult:
     """See the module docstring. ``store``: the JSON-lines file of the resumable single-head ablation sweep (run once
     over all documents and split by half: per-document losses do not depend on the half;
-    :func:`~lens_parallel.analyses.sensitivity.head_sensitivity` given the same file shares its finished jobs)."""
+    :func:`~lens_parallel.analyses.sensitivity.head_sensitivity` given the same file and positions shares its
+    finished jobs). ``positions``: the paper's frozen single-head interventions exclude the first token
+    (``after-first``, the default here)."""
     _check_documents(tokens)
     null = causal_null(model, tokens, seed=seed, batch_size=batch_size, n_resamples=100)
-    return _split_half(model, tokens, null, edit=edit, seed=seed, batch_size=batch_size, store=store, progress=progress)
+    return _split_half(
+        model,
+        tokens,
+        null,
+        edit=edit,
+        positions=positions,
+        seed=seed,
+        batch_size=batch_size,
+        store=store,
+        progress=progress,
+    )
 
 
 def _check_documents(tokens: TokenBlocks | Tensor) -> None:
@@ -151,6 +163,7 @@ def _split_half(
     null: NullResult,
     *,
     edit: str,
+    positions: str,
     seed: int,
     batch_size: int,
     store: str | Path | None,
@@ -161,7 +174,9 @@ def _split_half(
     order = np.random.default_rng(seed).permutation(len(toks))
     halves = (tuple(sorted(order[: len(toks) // 2].tolist())), tuple(sorted(order[len(toks) // 2 :].tolist())))
     jobs = [AblationJob(layer, (h,)) for layer in null.layers for h in range(info.n_heads)]
-    run = run_sweep(model, toks, jobs, edit=edit, batch_size=batch_size, store=store, progress=progress)
+    run = run_sweep(
+        model, toks, jobs, edit=edit, positions=positions, batch_size=batch_size, store=store, progress=progress
+    )
     cos_self, excess, deltas = [], [], []
     for half in halves:
         idx = list(half)
@@ -176,6 +191,7 @@ def _split_half(
         tokens,
         analysis="split_half_reliability",
         edit=edit,
+        positions=positions,
         seed=seed,
         halves=[list(h) for h in halves],
         skipped=null.provenance.settings["skipped"],
@@ -233,17 +249,26 @@ def sanity_report(
     tokens: TokenBlocks | Int[Tensor, "batch pos"],
     *,
     edit: str = "parallel-value",
+    positions: str = "after-first",
     seed: int = 0,
     batch_size: int = 8,
     store: str | Path | None = None,
     progress: bool = True,
 ) -> SanityReport:
-    """Every check on one set of documents: causal null (+ GQA alignment when n_kv_heads >= 2) and split halves
+    """Every check on one set of documents: causal null (+ GQA alignment under grouped-query attention) and split halves
     (from that same null pass and one single-head ablation sweep)."""
     _check_documents(tokens)
-    check = gqa_alignment if model_info(model).n_kv_heads >= 2 else causal_null
+    check = gqa_alignment if is_grouped(model_info(model)) else causal_null
     null = check(model, tokens, seed=seed, batch_size=batch_size)
     split = _split_half(
-        model, tokens, null, edit=edit, seed=seed, batch_size=batch_size, store=store, progress=progress
+        model,
+        tokens,
+        null,
+        edit=edit,
+        positions=positions,
+        seed=seed,
+        batch_size=batch_size,
+        store=store,
+        progress=progress,
     )
     return SanityReport(null=null, split_half=split)

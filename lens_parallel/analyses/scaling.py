@@ -113,19 +113,28 @@ def _space_layers(info, spaces: tuple[str, ...], layers) -> dict[str, tuple[int,
 
 
 def _jobs(
-    spaces: tuple[str, ...], settings: list[tuple[str, float, float]], space_layers: dict, per_layer: bool, heads
+    spaces: tuple[str, ...],
+    settings: list[tuple[str, float, float]],
+    space_layers: dict,
+    per_layer: bool,
+    heads,
+    positions: str,
 ) -> tuple[dict[str, EditJob], dict[str, tuple]]:
     """One matched no-op per space (all its layers, from the tokens) and one job per (space, setting[, layer]);
     per-layer jobs start at their layer (the unedited prefix is reused). Returns the no-op jobs by space and every
     edited job with its (space, vary, s_par, s_perp, layer) point."""
-    noops = {sp: EditJob(f"{sp}|noop", (ComponentScale(sp, layers=space_layers[sp], heads=heads),)) for sp in spaces}
+    noops = {
+        sp: EditJob(f"{sp}|noop", (ComponentScale(sp, layers=space_layers[sp], heads=heads, positions=positions),))
+        for sp in spaces
+    }
     points = {}
     for sp in spaces:
         for vary, a, b in settings:
             for layer in space_layers[sp] if per_layer else [None]:
                 edited = space_layers[sp] if layer is None else (layer,)
                 key = f"{sp}|{vary}|s_par={a}|s_perp={b}|layer={layer}"
-                job = EditJob(key, (ComponentScale(sp, a, b, layers=edited, heads=heads),), start_layer=layer or 0)
+                scale = ComponentScale(sp, a, b, layers=edited, heads=heads, positions=positions)
+                job = EditJob(key, (scale,), start_layer=layer or 0)
                 points[key] = (job, (sp, vary, a, b, layer))
     return noops, points
 
@@ -140,6 +149,7 @@ def scale_sweep(
     layers: int | Sequence[int] | None = None,
     per_layer: bool = False,
     heads: Sequence[int] | None = None,
+    positions: str = "all",
     batch_size: int = 8,
     n_resamples: int = 2000,
     seed: int = 0,
@@ -154,6 +164,7 @@ def scale_sweep(
         s_par: values of s_par tried at s_perp = 1. s_perp: values of s_perp tried at s_par = 1.
         layers: the layers edited (default all), all together; with ``per_layer=True`` one at a time.
         heads: query heads edited (value spaces and residual-attn only; default all / the whole sublayer).
+        positions: ``all`` (default) or ``after-first``: position 0 (the boundary token, where o_0 = v_0) untouched.
         batch_size, n_resamples, seed: documents per forward; bootstrap resamples and seed (CIs over documents).
         store: a JSON-lines file that makes the sweep resumable (see :func:`lens_parallel.sweep.run_sweep`).
 
@@ -169,7 +180,7 @@ def scale_sweep(
     space_layers = _space_layers(info, spaces, layers)
     settings = [("s_par", v, 1.0) for v in _check_scales("s_par", s_par)]
     settings += [("s_perp", 1.0, v) for v in _check_scales("s_perp", s_perp)]
-    noops, points = _jobs(spaces, settings, space_layers, per_layer, heads)
+    noops, points = _jobs(spaces, settings, space_layers, per_layer, heads, positions)
     for job in [*noops.values(), *(job for job, _ in points.values())]:
         compile_hooks(model, job.edits)  # validate every intervention before the first forward
     toks = as_tokens(tokens)
@@ -189,6 +200,7 @@ def scale_sweep(
         layers=list(check_indices("layers", layers, info.n_layers)),
         per_layer=per_layer,
         heads=None if heads is None else list(heads),
+        positions=positions,
         batch_size=batch_size,
         n_resamples=n_resamples,
         seed=seed,

@@ -119,6 +119,7 @@ def head_sensitivity(
     tokens: TokenBlocks | Int[Tensor, "batch pos"],
     *,
     edit: str = "parallel-value",
+    positions: str = "all",
     layers: int | Sequence[int] | None = None,
     batch_size: int = 8,
     rows_per_forward: int = 8,
@@ -129,9 +130,9 @@ def head_sensitivity(
     progress: bool = True,
 ) -> SensitivityResult:
     """Per layer: every head ablated alone and all heads jointly (``edit``: zero, mean, parallel-value,
-    parallel-residual). ``store``: a JSON-lines file that makes the sweep resumable (see
-    :func:`lens_parallel.sweep.run_sweep`). With ``layers=None`` linear-attention layers (Qwen3.5) are skipped, and
-    the result's provenance says so."""
+    parallel-residual; ``positions``: ``all`` or ``after-first``). ``store``: a JSON-lines file that makes the
+    sweep resumable (see :func:`lens_parallel.sweep.run_sweep`). With ``layers=None`` linear-attention layers
+    (Qwen3.5) are skipped, and the result's provenance says so."""
     info = model_info(model)
     layer_idx, skipped = softmax_layers(info, layers, what="head_sensitivity")
     singles = [AblationJob(layer, (h,)) for layer in layer_idx for h in range(info.n_heads)]
@@ -141,6 +142,7 @@ def head_sensitivity(
         tokens,
         singles + joints,
         edit=edit,
+        positions=positions,
         batch_size=batch_size,
         rows_per_forward=rows_per_forward,
         store=store,
@@ -154,6 +156,7 @@ def head_sensitivity(
         tokens,
         analysis="head_sensitivity",
         edit=edit,
+        positions=positions,
         layers=list(layer_idx),
         batch_size=batch_size,
         n_resamples=n_resamples,

@@ -46,7 +46,7 @@ def gqa_panel(fig: go.Figure, result: NullResult, *, row: int, col: int) -> None
     x = np.array(sorted(by_layer.groups))
     for column, color, name in (
         ("within_excess", "#1f77b4", "within group"),
-        ("across_excess", "#d62728", "across groups (neighbour kv)"),
+        ("across_excess", "#d62728", "across groups (other kv)"),
     ):
         bar = go.Bar(x=x, y=by_layer[column].mean(), marker_color=color, name=f"{name} excess: mean over heads")
         fig.add_trace(bar, row=row, col=col)

@@ -75,7 +75,7 @@ def factorial_figure(curves, finals, table) -> go.Figure:
             col=1,
         )
     wide = finals.pivot(index="seed", columns="arm", values="final_val_loss")
-    for _, row in table.iterrows():
+    for _, row in table[table["reference"] == "baseline"].iterrows():
         arm = row["arm"]
         d = (wide[arm] - wide["baseline"]).dropna()
         fig.add_trace(

@@ -14,15 +14,17 @@ from lens_parallel.data import CORPORA
 from lens_parallel.errors import LensParallelError
 from lens_parallel.tokenizers import BUNDLED_TOKENIZERS
 
-ARCHITECTURES = ("gpt2", "qwen3")
+ARCHITECTURES = ("gpt2", "gpt-neox", "qwen3")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """A small causal LM and how to train it. Every field is JSON-serialisable; :meth:`digest` names the config.
 
-    Model: ``architecture`` ``gpt2`` (learned positions, biases, LayerNorm) or ``qwen3`` (RoPE, RMSNorm, q/k norms,
-    no biases, GQA when ``n_kv_heads < n_heads``); ``d_mlp`` defaults to 4 ``d_model``; embeddings are tied.
+    Model: ``architecture`` ``gpt2`` (learned positions, biases, LayerNorm, GELU MLP), ``gpt-neox`` (RoPE on every
+    head dimension, LayerNorm, GELU MLP, sequential residual, no attention biases) or ``qwen3`` (RoPE, RMSNorm, q/k
+    norms, SwiGLU MLP, no biases, GQA when ``n_kv_heads < n_heads``); ``d_mlp`` defaults to 4 ``d_model``; embeddings
+    are tied. A run sees :attr:`tokens_per_run` = steps x batch_size x seq_len tokens (:meth:`with_tokens`).
     Dropout is 0 (so a run is a deterministic function of its seed). ``tokenizer``: ``bpe-N`` trains a byte-level
     BPE of N tokens on ``texts`` (:func:`lens_parallel.tokenizers.trained_bpe_folder`) or a bundled tokenizer
     (``gpt2``, ``gpt-neox``, ``qwen3``). ``texts``: bundled corpora or ``hf:DATASET[:CONFIG[:SPLIT]]``.
@@ -66,7 +68,7 @@ class TrainConfig:
         if self.d_model % self.n_heads:
             problems.append(f"d_model={self.d_model} (a multiple of n_heads={self.n_heads})")
         kv = self.n_kv_heads or self.n_heads
-        if self.n_heads % kv or (self.architecture == "gpt2" and kv != self.n_heads):
+        if self.n_heads % kv or (self.architecture != "qwen3" and kv != self.n_heads):
             problems.append(f"n_kv_heads={self.n_kv_heads} (divides n_heads; GQA needs architecture='qwen3')")
         tok_ok = self.tokenizer in BUNDLED_TOKENIZERS or (
             self.tokenizer.startswith("bpe-") and self.tokenizer[4:].isdigit() and int(self.tokenizer[4:]) > 256
@@ -96,6 +98,22 @@ class TrainConfig:
             problems.append(f"precision {self.precision!r} (auto, float32 or bfloat16)")
         if problems:
             raise LensParallelError("invalid TrainConfig: " + "; ".join(problems))
+
+    @property
+    def tokens_per_run(self) -> int:
+        """Training tokens one run sees: steps x batch_size x seq_len."""
+        return self.steps * self.batch_size * self.seq_len
+
+    def with_tokens(self, tokens: int) -> TrainConfig:
+        """This config with ``steps`` = the whole number of batches in ``tokens`` (rounded down, as the
+        sanity-checks paper did: 399,900,672 = 3051 batches of 128 x 1024)."""
+        steps = int(tokens) // (self.batch_size * self.seq_len)
+        if steps <= self.warmup_steps:
+            raise LensParallelError(
+                f"{tokens} tokens make {steps} steps of {self.batch_size} x {self.seq_len} tokens: not more than "
+                f"warmup_steps={self.warmup_steps}"
+            )
+        return dataclasses.replace(self, steps=steps)
 
     @classmethod
     def from_dict(cls, fields: dict) -> TrainConfig:
@@ -130,6 +148,23 @@ class TrainConfig:
                 attn_pdrop=0.0,
                 tie_word_embeddings=True,
             )
+        if self.architecture == "gpt-neox":
+            return transformers.GPTNeoXConfig(
+                num_hidden_layers=self.n_layers,
+                hidden_size=self.d_model,
+                num_attention_heads=self.n_heads,
+                intermediate_size=d_mlp,
+                rotary_pct=1.0,
+                use_parallel_residual=False,
+                attention_bias=False,
+                max_position_embeddings=self.seq_len,
+                vocab_size=vocab_size,
+                tie_word_embeddings=True,
+                hidden_dropout=0.0,
+                attention_dropout=0.0,
+                bos_token_id=boundary_id,
+                eos_token_id=boundary_id,
+            )
         return transformers.Qwen3Config(
             num_hidden_layers=self.n_layers,
             hidden_size=self.d_model,
@@ -163,7 +198,7 @@ PRESETS: dict[str, TrainConfig] = {
         checkpoint_every=5,
     ),
     "cpu-small": TrainConfig(steps=360, eval_every=40, checkpoint_every=40),
-    "gpu-50m": TrainConfig(
+    "qwen3-59m": TrainConfig(
         architecture="qwen3",
         n_layers=8,
         n_heads=8,
@@ -178,8 +213,32 @@ PRESETS: dict[str, TrainConfig] = {
         eval_every=250,
         checkpoint_every=250,
     ),
+    "xsa-controls-51m": TrainConfig(
+        architecture="gpt-neox",
+        n_layers=8,
+        n_heads=8,
+        d_model=512,
+        seq_len=1024,
+        tokenizer="gpt2",
+        texts=("hf:HuggingFaceFW/fineweb-edu:sample-10BT",),
+        n_val_blocks=4096,
+        batch_size=128,
+        steps=3051,
+        lr=6e-4,
+        warmup_steps=200,
+        min_lr_ratio=0.1,
+        weight_decay=0.1,
+        grad_clip=1.0,
+        eval_every=250,
+        checkpoint_every=250,
+    ),
 }
 """``tiny``: tests (a few seconds). ``cpu-small``: GPT-2 style, 4 layers x 4 heads, d_model 128, a 4096-token BPE,
 ~1.5M parameters, 360 steps of 16 x 128 tokens (~0.9 epoch of the bundled English texts), 161-267 s a run on one
-CPU thread (measured). ``gpu-50m``: Qwen3 style (RoPE, RMSNorm, no biases, tied embeddings), 8 layers x 8 heads,
-d_model 512, the GPT-2 tokenizer, ~51M parameters; give it a large corpus (``texts=("hf:...",)``) on a GPU."""
+CPU thread (measured). ``qwen3-59m``: Qwen3 style (RoPE, RMSNorm, SwiGLU, no biases, tied embeddings), 8 layers x 8
+heads, d_model 512, the GPT-2 tokenizer: 59.1M parameters (the SwiGLU MLP has three matrices); give it a large
+corpus (``texts=("hf:...",)``) on a GPU. ``xsa-controls-51m``: the sanity-checks paper's factorial model (8 layers,
+8 heads, width 512, RoPE, GELU MLP, tied embeddings, 1024-token blocks): 50.94M parameters with the GPT-2 tokenizer
+(the paper's 50.93M has no LayerNorm or MLP biases and a vocabulary padded to 50304); AdamW lr 6e-4 (betas 0.9,
+0.95), 200 warmup steps, cosine to 10%, weight decay 0.1, clipping 1.0, 3051 steps of 128 x 1024 tokens =
+399,900,672 tokens per run; FineWeb-Edu sample-10BT (hub, online)."""

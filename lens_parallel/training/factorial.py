@@ -1,15 +1,23 @@
-"""Every arm x seed, paired by seed, and the paired analysis of final validation loss against ``baseline``.
+"""Every arm x seed, paired by seed, and the paired analysis of final validation loss with declared endpoints.
 
-For arm a and seed k, delta_k = L_final(a, k) - L_final(baseline, k) (nats/token; negative = the arm helps).
-Reported per arm: mean delta, 95% percentile-bootstrap CI over seeds, two-sided paired t-test
+For a contrast A - B and seed k, delta_k = L_final(A, k) - L_final(B, k) (nats/token; negative = A is better).
+Reported per contrast: mean delta, 95% percentile-bootstrap CI over seeds, two-sided paired t-test
 (``scipy.stats.ttest_1samp`` on the deltas, equal to ``ttest_rel``), Cohen's d_z = mean / sd, sigma_paired = sd(delta),
-MDE = 2.9 sigma_paired / sqrt(n). The *primary* arm (default ``value-parallel-removal``) is tested on its own; the
-other (secondary) arms' p-values are Holm-corrected as one family.
+and the detectable effect three ways: the sanity-checks paper's realised MDE 2.9 sigma_paired / sqrt(n)
+(``mde_paper``, its approximation "at 80% power, alpha 0.05") and the exact noncentral-t MDE at 80% and 90% power
+(``mde_80``, ``mde_90``; :func:`lens_parallel.stats.mde`).
+
+Endpoints are declared: the *primary* arm against baseline (its own family, never corrected); the *secondary* arms
+against baseline (Holm within their family); direct *contrasts* between two arms (Holm within their family); any
+other arm against baseline is *exploratory* (Holm within its family). :data:`DESIGNS` holds the paper's factorial.
+A frozen analysis plan (``plan=``) is written before the first run and checked on every later call.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,27 +31,96 @@ from lens_parallel.errors import LensParallelError
 from lens_parallel.plots.training import factorial_figure, gates_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.training.arms import check_arms
-from lens_parallel.training.config import TrainConfig
+from lens_parallel.training.config import PRESETS, TrainConfig
 from lens_parallel.training.loop import TrainRun, runtime, train
 
 BASELINE = "baseline"
+PLAN_FORMAT = "lens_parallel.plan/1"
 
 
-def paired_table(finals: pd.DataFrame, *, primary: str, baseline: str = BASELINE, seed: int = 0) -> pd.DataFrame:
-    """The paired analysis of ``finals`` (columns arm, seed, final_val_loss): one row per non-baseline arm."""
+@dataclass(frozen=True)
+class Design:
+    """A factorial as pre-specified: the config preset, arms, seeds and endpoints (see the module docstring)."""
+
+    preset: str
+    arms: tuple[str, ...]
+    seeds: tuple[int, ...]
+    primary: str
+    secondary: tuple[str, ...]
+    contrasts: tuple[tuple[str, str], ...] = ()
+
+
+DESIGNS: dict[str, Design] = {
+    "xsa-controls": Design(
+        preset="xsa-controls-51m",
+        arms=("baseline", "xsa-gated", "random-direction-gated"),
+        seeds=(7, 42, 99, 512, 1337, 2024, 8191, 31337),
+        primary="random-direction-gated",
+        secondary=("xsa-gated",),
+        contrasts=(("xsa-gated", "random-direction-gated"),),
+    ),
+}
+"""``xsa-controls``: the sanity-checks paper's factorial (arXiv 2611.13543, Check 2): baseline, XSA (gated, gates
+learned from 0) and RANDOM (the same gated edit along a fixed random unit direction per layer and head, seeded by
+layer), its eight seeds, primary endpoint RANDOM vs baseline, XSA vs baseline secondary, and the direct contrast
+XSA - RANDOM that its abstract reports; the 50.9M model at 399,900,672 tokens per run (``xsa-controls-51m``)."""
+
+
+def _endpoints(
+    arms: Sequence[str], primary: str | None, secondary: Sequence[str] | None, contrasts, baseline: str = BASELINE
+) -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """Check and complete the declared endpoints: primary defaults to the first non-baseline arm, secondary to
+    every other non-baseline arm; contrasts are pairs of distinct compared arms."""
+    others = [a for a in arms if a != baseline]
+    primary = primary or others[0]
+    if primary not in others:
+        raise LensParallelError(f"primary arm {primary!r} is not among the compared arms {others}")
+    secondary = tuple(a for a in others if a != primary) if secondary is None else tuple(secondary)
+    bad = [a for a in secondary if a not in others or a == primary]
+    if bad:
+        raise LensParallelError(f"secondary arms {bad} must be compared arms other than the primary {primary!r}")
+    contrasts = tuple((str(a), str(b)) for a, b in contrasts)
+    bad_pairs = [pair for pair in contrasts if pair[0] == pair[1] or not set(pair) <= set(arms)]
+    if bad_pairs:
+        raise LensParallelError(f"contrasts {bad_pairs} must be pairs of two different arms among {list(arms)}")
+    return primary, secondary, contrasts
+
+
+def paired_table(
+    finals: pd.DataFrame,
+    *,
+    primary: str,
+    secondary: Sequence[str] | None = None,
+    contrasts: Sequence[tuple[str, str]] = (),
+    baseline: str = BASELINE,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """The paired analysis of ``finals`` (columns arm, seed, final_val_loss): one row per arm against ``baseline``
+    and one per declared contrast ``(a, b)``, with ``contrast`` ("a - b"), ``role`` (primary / secondary /
+    contrast / exploratory), ``family`` and ``p_holm`` (Holm within each family; the primary's own p)."""
+    arms = list(dict.fromkeys(finals["arm"]))
+    primary, secondary, contrasts = _endpoints(arms, primary, secondary, contrasts, baseline)
     wide = finals.pivot(index="seed", columns="arm", values="final_val_loss")
+    pairs = [(arm, baseline) for arm in arms if arm != baseline] + list(contrasts)
     rows = []
-    for arm in [a for a in dict.fromkeys(finals["arm"]) if a != baseline]:
-        pair = wide[[baseline, arm]].dropna()
-        d = (pair[arm] - pair[baseline]).to_numpy()
+    for arm, reference in pairs:
+        if (arm, reference) in contrasts:
+            role = "contrast"
+        else:
+            role = "primary" if arm == primary else "secondary" if arm in secondary else "exploratory"
+        pair = wide[[reference, arm]].dropna()
+        d = (pair[arm] - pair[reference]).to_numpy()
         test = stats.paired_t(d)
         lo, hi = stats.bootstrap_mean_ci(d[:, None], seed=seed)
         rows.append(
             {
+                "contrast": f"{arm} - {reference}",
                 "arm": arm,
-                "role": "primary" if arm == primary else "secondary",
+                "reference": reference,
+                "role": role,
+                "family": role,
                 "n_seeds": test.n,
-                "baseline_loss": pair[baseline].mean(),
+                "reference_loss": pair[reference].mean(),
                 "arm_loss": pair[arm].mean(),
                 "mean_delta": test.mean,
                 "ci_lo": float(lo[0]),
@@ -52,27 +129,85 @@ def paired_table(finals: pd.DataFrame, *, primary: str, baseline: str = BASELINE
                 "p": test.p,
                 "cohens_dz": test.cohens_dz,
                 "sigma_paired": test.sigma_paired,
-                "mde": test.mde,
+                "mde_paper": test.mde_paper,
+                "mde_80": test.mde_80,
+                "mde_90": test.mde_90,
             }
         )
     table = pd.DataFrame(rows)
-    secondary = table["role"] == "secondary"
     table["p_holm"] = table["p"]
-    if secondary.any():
-        table.loc[secondary, "p_holm"] = stats.holm(table.loc[secondary, "p"].to_numpy())
+    for family in ("secondary", "contrast", "exploratory"):
+        members = table["family"] == family
+        if members.any():
+            table.loc[members, "p_holm"] = stats.holm(table.loc[members, "p"].to_numpy())
     return table
+
+
+def _plan(config: TrainConfig, arms, seeds, primary, secondary, contrasts, alpha: float) -> dict:
+    return {
+        "format": PLAN_FORMAT,
+        "arms": list(arms),
+        "seeds": list(seeds),
+        "baseline": BASELINE,
+        "endpoints": {
+            "primary": {"contrast": f"{primary} - {BASELINE}", "family": "primary", "correction": "none"},
+            "secondary": [{"contrast": f"{a} - {BASELINE}", "family": "secondary"} for a in secondary],
+            "contrasts": [{"contrast": f"{a} - {b}", "family": "contrast"} for a, b in contrasts],
+            "correction": "Holm within each family; the primary is not corrected",
+        },
+        "test": "two-sided paired t-test over seeds; 95% percentile bootstrap CI",
+        "alpha": alpha,
+        "tokens_per_run": config.tokens_per_run,
+        "config": config.to_dict(),
+        "config_hash": config.digest(),
+    }
+
+
+def _plan_hash(plan: dict) -> str:
+    return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
+
+
+def _freeze_plan(path: Path, plan: dict, *, started: bool) -> str:
+    """Write the plan before the first run; afterwards refuse a plan that differs from the frozen one (or a frozen
+    file edited since it was written). Returns the plan's hash."""
+    digest = _plan_hash(plan)
+    lock = path.with_name(path.name + ".sha256")
+    if path.exists() and started:
+        frozen = json.loads(path.read_text())
+        recorded = lock.read_text().strip() if lock.exists() else None
+        if recorded != _plan_hash(frozen):
+            raise LensParallelError(f"{path} was edited after training started (its hash no longer matches {lock})")
+        if frozen != plan:
+            changed = sorted(k for k in plan.keys() | frozen.keys() if plan.get(k) != frozen.get(k))
+            raise LensParallelError(
+                f"the analysis plan changed after training started ({', '.join(changed)} differ from {path}); "
+                "analyse these runs under the frozen plan, or train into a new folder"
+            )
+        return digest
+    if started and not path.exists():
+        raise LensParallelError(
+            f"runs already exist in this folder but no plan was frozen before them: {path} cannot be pre-registered now"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plan, indent=1, sort_keys=True))
+    lock.write_text(digest + "\n")
+    return digest
 
 
 @serializable
 @dataclass(frozen=True)
 class FactorialResult(ResultMixin):
-    """All runs of a factorial; ``to_dataframe()`` the final loss of every (arm, seed) with its paired delta,
-    ``paired_table()`` the paired statistics per arm, ``curves()`` the validation curves."""
+    """All runs of a factorial; ``to_dataframe()`` the final loss of every (arm, seed) with its paired delta to
+    baseline, ``paired_table()`` the declared endpoints' paired statistics, ``curves()`` the validation curves.
+    ``plan_hash``: sha256 of the frozen analysis plan the runs were trained under (None without a plan)."""
 
     runs: tuple[TrainRun, ...]
     arms: tuple[str, ...]
     seeds: tuple[int, ...]
     primary: str
+    secondary: tuple[str, ...]
+    contrasts: tuple[tuple[str, str], ...]
+    plan_hash: str | None
     provenance: Provenance
 
     def curves(self) -> pd.DataFrame:
@@ -90,25 +225,23 @@ class FactorialResult(ResultMixin):
         return finals.assign(model=self.info.name, delta=finals.final_val_loss - finals.seed.map(base))
 
     def paired_table(self) -> pd.DataFrame:
-        """One row per arm against the baseline: paired t, bootstrap CI, Holm, d_z, sigma_paired, MDE."""
-        return paired_table(self.finals(), primary=self.primary)
+        """One row per endpoint: paired t, bootstrap CI, Holm within its family, d_z, sigma_paired, MDEs."""
+        return paired_table(self.finals(), primary=self.primary, secondary=self.secondary, contrasts=self.contrasts)
 
     def summary(self) -> pd.DataFrame:
-        """One row: the primary arm's mean paired delta, its CI and p, and the number of seeds."""
-        table = self.paired_table().set_index("arm")
-        primary = table.loc[self.primary]
+        """One row: the primary endpoint's mean paired delta, its CI, p and detectable effects, and the number of
+        seeds."""
+        table = self.paired_table()
+        primary = table[table.role == "primary"].iloc[0]
         return pd.DataFrame(
             [
                 {
                     "model": self.info.name,
-                    "primary": self.primary,
+                    "primary": primary["contrast"],
                     "n_seeds": len(self.seeds),
                     "arms": ",".join(self.arms),
-                    "mean_delta": primary["mean_delta"],
-                    "ci_lo": primary["ci_lo"],
-                    "ci_hi": primary["ci_hi"],
-                    "p": primary["p"],
-                    "mde": primary["mde"],
+                    **{k: primary[k] for k in ("mean_delta", "ci_lo", "ci_hi", "p", "mde_paper", "mde_80")},
+                    "plan_hash": self.plan_hash,
                 }
             ]
         )
@@ -149,11 +282,19 @@ def run_factorial(
     *,
     out: str | Path,
     primary: str | None = None,
+    secondary: Sequence[str] | None = None,
+    contrasts: Sequence[tuple[str, str]] = (),
+    alpha: float = 0.05,
+    plan: str | Path | None = None,
     progress: bool = True,
 ) -> FactorialResult:
     """Train every arm with every seed into ``out/<arm>/seed<k>`` (finished runs are read back, interrupted ones
-    resume), seed by seed so that an interrupted factorial holds complete pairs; save the result to
-    ``out/factorial.json`` and return it. ``arms`` must include ``baseline``; at least 2 distinct seeds."""
+    resume), all arms of a seed before the next seed, so that an interrupted factorial holds complete pairs; save
+    the result to ``out/factorial.json`` and return it. ``arms`` must include ``baseline``; at least 2 distinct
+    seeds. Endpoints: ``primary`` (default: the first non-baseline arm), ``secondary`` (default: the other arms),
+    ``contrasts`` (pairs of arms compared directly). ``plan``: a JSON file the frozen analysis plan (arms, seeds,
+    endpoints and families, alpha, tokens per run, config and its hash) is written to before the first run; a later
+    call whose plan differs, after training started, is refused. The paper's design: :data:`DESIGNS`."""
     arms = check_arms(tuple(arms))
     seeds = tuple(int(s) for s in seeds)
     if BASELINE not in arms or len(arms) < 2:
@@ -162,18 +303,62 @@ def run_factorial(
         )
     if len(set(seeds)) < 2 or len(set(seeds)) != len(seeds):
         raise LensParallelError(f"a paired analysis needs at least 2 distinct seeds, got {list(seeds)}")
-    others = [a for a in arms if a != BASELINE]
-    primary = primary or ("value-parallel-removal" if "value-parallel-removal" in others else others[0])
-    if primary not in others:
-        raise LensParallelError(f"primary arm {primary!r} is not among the compared arms {others}")
+    if not 0 < alpha < 1:
+        raise LensParallelError(f"alpha must be in (0, 1), got {alpha}")
+    primary, secondary, contrasts = _endpoints(arms, primary, secondary, contrasts)
     runtime(config)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    plan_hash = None
+    if plan is not None:
+        started = any((out / arm).is_dir() and any((out / arm).iterdir()) for arm in arms)
+        plan_hash = _freeze_plan(
+            Path(plan), _plan(config, arms, seeds, primary, secondary, contrasts, alpha), started=started
+        )
     runs = tuple(
         train(config, arm, seed, out=out / arm / f"seed{seed}", progress=progress) for seed in seeds for arm in arms
     )
-    settings = {"config": config.to_dict(), "arms": list(arms), "seeds": list(seeds), "primary": primary}
+    settings = {
+        "config": config.to_dict(),
+        "arms": list(arms),
+        "seeds": list(seeds),
+        "primary": primary,
+        "secondary": list(secondary),
+        "contrasts": [list(c) for c in contrasts],
+        "alpha": alpha,
+        "plan": None if plan is None else str(plan),
+    }
     provenance = dataclasses.replace(runs[0].provenance, settings=settings)
-    result = FactorialResult(runs=runs, arms=arms, seeds=seeds, primary=primary, provenance=provenance)
+    result = FactorialResult(
+        runs=runs,
+        arms=arms,
+        seeds=seeds,
+        primary=primary,
+        secondary=secondary,
+        contrasts=contrasts,
+        plan_hash=plan_hash,
+        provenance=provenance,
+    )
     result.save(out / "factorial")
     return result
+
+
+def run_design(name: str, *, out: str | Path, plan: str | Path | None = None, **changes) -> FactorialResult:
+    """Run the factorial ``DESIGNS[name]`` with its preset, arms, seeds and endpoints; ``changes`` replace config
+    fields (e.g. ``texts``, ``device``; ``tokens=`` sets the tokens per run)."""
+    if name not in DESIGNS:
+        raise LensParallelError(f"unknown design {name!r}; known: {', '.join(DESIGNS)}")
+    design = DESIGNS[name]
+    tokens = changes.pop("tokens", None)
+    config = dataclasses.replace(PRESETS[design.preset], **changes)
+    config = config.with_tokens(tokens) if tokens else config
+    return run_factorial(
+        config,
+        design.arms,
+        design.seeds,
+        out=out,
+        primary=design.primary,
+        secondary=design.secondary,
+        contrasts=design.contrasts,
+        plan=plan,
+    )
