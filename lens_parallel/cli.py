@@ -64,7 +64,8 @@ def _common(parser: argparse.ArgumentParser, *, n_docs: int = 16, many_models: b
 
 def _build_parser() -> argparse.ArgumentParser:
     from lens_parallel.analyses.decompose import SPACES
-    from lens_parallel.edits import ABLATIONS, DIAGONAL_SPACES, SCALE_SPACES
+    from lens_parallel.analyses.nulls import NULLS
+    from lens_parallel.edits import ABLATIONS, DIAGONAL_SPACES, POSITIONS, SCALE_SPACES
     from lens_parallel.training import ARMS, DESIGNS, PRESETS
 
     parser = argparse.ArgumentParser(prog="lens-parallel", description="Parallel/perpendicular geometry of heads.")
@@ -80,6 +81,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--s-perp", type=float, nargs="+", default=[0.0, 0.5, 1.5])
     p.add_argument("--layers", type=int, nargs="+", default=None, help="layers edited (default: all)")
     p.add_argument("--per-layer", action="store_true", help="one layer at a time instead of all together")
+    p.add_argument("--positions", default="all", choices=POSITIONS, help="after-first: leave the boundary token")
     p = sub.add_parser("diagonal", help="attention-diagonal form of parallel scaling for one head")
     _common(p, n_docs=4)
     p.add_argument("--layer", type=int, default=None, help="layer (default: the most self-aligned head's)")
@@ -89,6 +91,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sensitivity", help="per-head and joint ablation effects, layer by layer")
     _common(p, n_docs=8)
     p.add_argument("--edit", default="parallel-value", choices=ABLATIONS)
+    p.add_argument("--positions", default="all", choices=POSITIONS, help="after-first: leave the boundary token")
     p.add_argument("--layers", type=int, nargs="+", default=None)
     p = sub.add_parser("dominance", help="how strongly each upstream head drives the next layer's q/k/v")
     _common(p, n_docs=4)
@@ -106,6 +109,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("checks", help="sanity checks: causal null, GQA groups, split-half reliability")
     _common(p, n_docs=8)
     p.add_argument("--edit", default="parallel-value", choices=ABLATIONS)
+    p.add_argument(
+        "--positions", default="after-first", choices=POSITIONS, help="the paper's frozen protocol: after-first"
+    )
+    p.add_argument("--null", default="sampled", choices=NULLS, help="causal null: sampled (the paper's) or exact")
     p = sub.add_parser("compress", help="compression error along / across each layer's update")
     _common(p, n_docs=12)
     p.add_argument(
@@ -128,9 +135,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tokens", type=_positive, default=None, help="tokens per run (whole batches; overrides --steps)")
     p.add_argument("--plan", default=None, help="freeze the analysis plan to this JSON file before the first run")
-    p.add_argument(
-        "--arms", nargs="+", default=["baseline", "random-direction-gated", "xsa-gated"], choices=ARMS
-    )
+    p.add_argument("--arms", nargs="+", default=["baseline", "random-direction-gated", "xsa-gated"], choices=ARMS)
     p.add_argument("--primary", default=None, help="primary endpoint arm (default: the first arm after baseline)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     p.add_argument("--steps", type=_positive, default=None, help="override the preset's number of steps")
@@ -195,6 +200,7 @@ def _scale(args: argparse.Namespace) -> None:
         s_perp=args.s_perp,
         layers=args.layers,
         per_layer=args.per_layer,
+        positions=args.positions,
         batch_size=args.batch_size,
         seed=args.seed,
     )
@@ -228,7 +234,13 @@ def _sensitivity(args: argparse.Namespace) -> None:
 
     out, model, blocks = _load(args)
     result = head_sensitivity(
-        model, blocks, edit=args.edit, layers=args.layers, batch_size=args.batch_size, seed=args.seed
+        model,
+        blocks,
+        edit=args.edit,
+        positions=args.positions,
+        layers=args.layers,
+        batch_size=args.batch_size,
+        seed=args.seed,
     )
     df = result.to_dataframe()
     joint = df[df["head"].isna()]
@@ -279,7 +291,14 @@ def _checks(args: argparse.Namespace) -> None:
 
     out, model, blocks = _load(args)
     result = sanity_report(
-        model, blocks, edit=args.edit, seed=args.seed, batch_size=args.batch_size, store=out / "ablations.jsonl"
+        model,
+        blocks,
+        edit=args.edit,
+        positions=args.positions,
+        null=args.null,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        store=out / "ablations.jsonl",
     )
     row = result.summary()
     print(f"{result.info.name}: sanity checks on {args.n_docs} documents")

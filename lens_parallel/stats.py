@@ -155,9 +155,7 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 SPLIT_HALF_METHODS = ("pooled", "cross-half")
 
 
-def split_half_correlations(
-    stat: np.ndarray, delta: np.ndarray, *, method: str = "pooled"
-) -> dict[str, float]:
+def split_half_correlations(stat: np.ndarray, delta: np.ndarray, *, method: str = "pooled") -> dict[str, float]:
     """Split-half reliabilities and the statistic-effect correlation, from per-unit values in two halves
     (``stat``, ``delta``: ``[2, ...]``, flattened over the units, e.g. heads).
 
@@ -177,8 +175,13 @@ def split_half_correlations(
         rho_raw = spearman(stat.mean(0), delta.mean(0))
     else:
         rho_raw = 0.5 * (spearman(stat[0], delta[1]) + spearman(stat[1], delta[0]))
-    return {"r_stat": r_stat, "r_delta": r_delta, "rho_max": rho_max, "rho_raw": rho_raw,
-            "rho_disattenuated": rho_raw / rho_max}
+    return {
+        "r_stat": r_stat,
+        "r_delta": r_delta,
+        "rho_max": rho_max,
+        "rho_raw": rho_raw,
+        "rho_disattenuated": rho_raw / rho_max,
+    }
 
 
 def bootstrap_mean_ci(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 
 from lens_parallel import geometry
 from lens_parallel.data import token_blocks
-from lens_parallel.edits import SCALE_SPACES, ComponentScale, DiagonalEdit, apply_edits, noop
+from lens_parallel.edits import SCALE_SPACES, ComponentScale, DiagonalEdit, HeadEdit, apply_edits, noop
 from lens_parallel.hooks import expand_kv
 from lens_parallel.losses import evaluate
 from lens_parallel.models import model_info
@@ -170,3 +171,29 @@ def test_head_edits_refuse_linear_attention_layers():
     logits, _ = run(model, tokens, [ComponentScale("residual-mlp", s_par=0.5, layers=[0])])
     base, _ = run(model, tokens)
     assert rel(logits, base) > 1e-4
+
+
+def test_after_first_leaves_the_boundary_token_alone():
+    """At t = 0 a causal head attends only to itself, so o_0 = v_0: value-space s_par = 0 removes its whole output
+    there, exclude-self leaves it untouched. ``positions="after-first"`` keeps position 0 as it is and edits the rest
+    exactly as ``all`` does (hook_z of the edited layer; the diagonal form and a head ablation alike)."""
+    model = get_model("toy-qwen3")
+    tokens = tokens_for(model)
+    _, base = run(model, tokens)
+    z = "blocks.1.attn.hook_z"
+    _, value_all = run(model, tokens, [ComponentScale("value", s_par=0.0, layers=[1])])
+    assert value_all[z][:, 0].abs().max() < 1e-6 < base[z][:, 0].abs().max()
+    _, exclude_all = run(model, tokens, [ComponentScale("value-exclude-self", s_par=0.0, layers=[1])])
+    torch.testing.assert_close(exclude_all[z][:, 0], base[z][:, 0])
+    for edit in (
+        ComponentScale("value", s_par=0.0, layers=[1]),
+        DiagonalEdit("value", s_par=0.0, layers=[1]),
+        HeadEdit("zero", 1, (2,)),
+        HeadEdit("parallel-residual", 1, (2,)),
+    ):
+        _, every = run(model, tokens, [edit])
+        _, after = run(model, tokens, [dataclasses.replace(edit, positions="after-first")])
+        torch.testing.assert_close(after[z][:, 0], base[z][:, 0], msg=str(edit))
+        torch.testing.assert_close(after[z][:, 1:], every[z][:, 1:], msg=str(edit))
+    with pytest.raises(ValueError, match="unknown positions 'first'"):
+        ComponentScale("value", positions="first")

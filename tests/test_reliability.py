@@ -58,8 +58,12 @@ def test_split_half_uses_disjoint_halves_and_the_ablation_effects():
     assert sorted(a + b) == list(range(6)) and not set(a) & set(b) and len(a) == 3
     half = blocks.tokens[list(b)]
     base = document_losses(model, half)
-    naive = document_losses(model, half, HeadEdit("zero", 2, (4,)))
+    # the paper's frozen protocol: the head is removed at every position but the first
+    naive = document_losses(model, half, HeadEdit("zero", 2, (4,), positions="after-first"))
     assert result.delta[1, 2, 4] == pytest.approx(naive.loss - base.loss, abs=1e-6)
+    everywhere = document_losses(model, half, HeadEdit("zero", 2, (4,)))
+    assert abs(everywhere.loss - naive.loss) > 1e-4  # position 0 matters
+    assert result.provenance.settings["positions"] == "after-first"
     alone = causal_null(model, half, seed=0, n_resamples=100)  # cos_self does not depend on the null draws
     np.testing.assert_allclose(result.cos_self[1], alone.cos_self.mean(0), atol=1e-6)
     excess = result.excess.mean(0)  # the halves' mean excess is the whole null's excess (equal halves)

@@ -250,20 +250,22 @@ def sanity_report(
     *,
     edit: str = "parallel-value",
     positions: str = "after-first",
+    null: str = "sampled",
     seed: int = 0,
     batch_size: int = 8,
     store: str | Path | None = None,
     progress: bool = True,
 ) -> SanityReport:
     """Every check on one set of documents: causal null (+ GQA alignment under grouped-query attention) and split halves
-    (from that same null pass and one single-head ablation sweep)."""
+    (from that same null pass and one single-head ablation sweep). ``null``: ``sampled`` (the paper's) or ``exact``;
+    ``positions``: where the single-head edits act (``after-first``, the paper's frozen protocol)."""
     _check_documents(tokens)
     check = gqa_alignment if is_grouped(model_info(model)) else causal_null
-    null = check(model, tokens, seed=seed, batch_size=batch_size)
+    nulls = check(model, tokens, seed=seed, null=null, batch_size=batch_size)
     split = _split_half(
         model,
         tokens,
-        null,
+        nulls,
         edit=edit,
         positions=positions,
         seed=seed,
@@ -271,4 +273,4 @@ def sanity_report(
         store=store,
         progress=progress,
     )
-    return SanityReport(null=null, split_half=split)
+    return SanityReport(null=nulls, split_half=split)

@@ -22,7 +22,7 @@ class TrainConfig:
     """A small causal LM and how to train it. Every field is JSON-serialisable; :meth:`digest` names the config.
 
     Model: ``architecture`` ``gpt2`` (learned positions, biases, LayerNorm, GELU MLP), ``gpt-neox`` (RoPE on every
-    head dimension, LayerNorm, GELU MLP, sequential residual, no attention biases) or ``qwen3`` (RoPE, RMSNorm, q/k
+    head dimension, LayerNorm, GELU MLP, sequential residual, biases) or ``qwen3`` (RoPE, RMSNorm, q/k
     norms, SwiGLU MLP, no biases, GQA when ``n_kv_heads < n_heads``); ``d_mlp`` defaults to 4 ``d_model``; embeddings
     are tied. A run sees :attr:`tokens_per_run` = steps x batch_size x seq_len tokens (:meth:`with_tokens`).
     Dropout is 0 (so a run is a deterministic function of its seed). ``tokenizer``: ``bpe-N`` trains a byte-level
@@ -156,7 +156,7 @@ class TrainConfig:
                 intermediate_size=d_mlp,
                 rotary_pct=1.0,
                 use_parallel_residual=False,
-                attention_bias=False,
+                attention_bias=True,  # TransformerLens's NeoX bridge splits a fused qkv bias
                 max_position_embeddings=self.seq_len,
                 vocab_size=vocab_size,
                 tie_word_embeddings=True,
@@ -236,9 +236,10 @@ PRESETS: dict[str, TrainConfig] = {
 """``tiny``: tests (a few seconds). ``cpu-small``: GPT-2 style, 4 layers x 4 heads, d_model 128, a 4096-token BPE,
 ~1.5M parameters, 360 steps of 16 x 128 tokens (~0.9 epoch of the bundled English texts), 161-267 s a run on one
 CPU thread (measured). ``qwen3-59m``: Qwen3 style (RoPE, RMSNorm, SwiGLU, no biases, tied embeddings), 8 layers x 8
-heads, d_model 512, the GPT-2 tokenizer: 59.1M parameters (the SwiGLU MLP has three matrices); give it a large
+heads, d_model 512, the GPT-2 tokenizer: 59.3M parameters (the SwiGLU MLP has three matrices); give it a large
 corpus (``texts=("hf:...",)``) on a GPU. ``xsa-controls-51m``: the sanity-checks paper's factorial model (8 layers,
-8 heads, width 512, RoPE, GELU MLP, tied embeddings, 1024-token blocks): 50.94M parameters with the GPT-2 tokenizer
-(the paper's 50.93M has no LayerNorm or MLP biases and a vocabulary padded to 50304); AdamW lr 6e-4 (betas 0.9,
+8 heads, width 512, RoPE, GELU MLP, tied embeddings, 1024-token blocks): 50.95M parameters with the GPT-2 tokenizer
+(the paper's 50.93M has no biases and a vocabulary padded to 50304; TransformerLens's NeoX bridge needs the qkv
+bias); AdamW lr 6e-4 (betas 0.9,
 0.95), 200 warmup steps, cosine to 10%, weight decay 0.1, clipping 1.0, 3051 steps of 128 x 1024 tokens =
 399,900,672 tokens per run; FineWeb-Edu sample-10BT (hub, online)."""
