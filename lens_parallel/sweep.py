@@ -220,7 +220,8 @@ class SweepStore:
                 "use another store path"
             )
         found = header.get("fingerprint", {})
-        differ = {k: (found.get(k), v) for k, v in self.fingerprint.items() if found.get(k) != v}
+        keys = dict.fromkeys([*self.fingerprint, *found])  # both ways: a key only one side has differs too
+        differ = {k: (found.get(k), self.fingerprint.get(k)) for k in keys if found.get(k) != self.fingerprint.get(k)}
         if differ:
             what = "; ".join(f"{k}: store has {a!r}, this run {b!r}" for k, (a, b) in differ.items())
             raise LensParallelError(

@@ -121,12 +121,17 @@ def test_train_and_models_subcommands(tmp_path):
         "4",
         "--device",
         "cpu",
+        "--plan",
+        str(tmp_path / "plan.json"),
         "--out",
         str(tmp_path),
     )
     assert proc.returncode == 0, proc.stderr
     table = pd.read_csv(tmp_path / "paired.csv")
     assert list(table["arm"]) == ["xsa-gated"] and table["n_seeds"].item() == 2
+    assert table["role"].item() == "primary" and {"mde_paper", "mde_80", "mde_90"} <= set(table.columns)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["arms"] == ["baseline", "xsa-gated"] and plan["seeds"] == [0, 1] and "mde_paper" in proc.stdout
     assert len(pd.read_csv(tmp_path / "train.csv")) == 2 * 2  # one row per (arm, seed)
     assert (tmp_path / "train.html").is_file() and (tmp_path / "train_gates.html").is_file()
     assert (tmp_path / "baseline" / "seed1" / "model" / "config.json").is_file()

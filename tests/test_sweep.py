@@ -66,6 +66,12 @@ def test_a_store_from_another_batch_size_or_run_is_refused(tmp_path):
         run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=3, store=store, progress=False)
     with pytest.raises(LensParallelError, match="edit: store has 'zero', this run 'mean'"):
         run_sweep(model, blocks, JOBS[:2], edit="mean", batch_size=2, store=store, progress=False)
+    with pytest.raises(LensParallelError, match="positions: store has None, this run 'after-first'"):
+        run_sweep(model, blocks, JOBS[:2], edit="zero", positions="after-first", batch_size=2, store=store)
+    first = tmp_path / "after-first.jsonl"
+    run_sweep(model, blocks, JOBS[:2], edit="zero", positions="after-first", batch_size=2, store=first, progress=False)
+    with pytest.raises(LensParallelError, match="positions: store has 'after-first', this run None"):
+        run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=first, progress=False)
     other = token_blocks(model, "austen", n_docs=5, seq_len=16)
     with pytest.raises(LensParallelError, match="tokens: store has"):
         run_sweep(model, other, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
