@@ -219,7 +219,8 @@ def causal_null(
             "weights?)"
         )
     n, n_l = len(toks), len(layers)
-    j = {layer: null_positions(n, toks.shape[1], info.n_heads, seed=seed, layer=layer) for layer in layers}
+    if null == "sampled":
+        j = {layer: null_positions(n, toks.shape[1], info.n_heads, seed=seed, layer=layer) for layer in layers}
     out = {key: np.zeros((n, n_l, info.n_heads)) for key in ("self", "null", "across")}
     roles = ["v", "pattern_full"] if info.gated_attention else ["v", "z"]
     start = [0]
@@ -227,9 +228,10 @@ def causal_null(
     def reduce(layer: int, t: dict[str, Tensor]) -> None:
         y, v = _aggregate(t, info)
         sl, i = slice(start[0], start[0] + len(y)), layers.index(layer)
-        cos_self, cos_null = geometry.self_and_null_cosines(y, v, j[layer][sl])
-        if null == "exact":
-            cos_null = geometry.mean_earlier_cosine(y, v)
+        if null == "sampled":
+            cos_self, cos_null = geometry.self_and_null_cosines(y, v, j[layer][sl])
+        else:
+            cos_self, cos_null = torch.cosine_similarity(y, v, dim=-1), geometry.mean_earlier_cosine(y, v)
         out["self"][sl, i] = cos_self[:, 1:].mean(1).cpu().numpy()  # means over t >= 1
         out["null"][sl, i] = cos_null[:, 1:].mean(1).cpu().numpy()
         if groups is not None:
