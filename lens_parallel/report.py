@@ -6,7 +6,7 @@ Battery (:func:`run_battery`), per model, on the same token blocks:
 2. a scaling sweep: s_par in {0, 0.5, 1.5} and s_perp = 0.5 in value-exclude-self and residual-attn, all layers;
 3. diagonal views (s_par = 0) of the two heads with the highest mean value-space self-cosine;
 4. layer sensitivity: each head's parallel part removed alone, and all heads of a layer jointly;
-5. sanity checks: causal null (GQA within/across groups where there are several kv heads), split-half reliability.
+5. sanity checks: causal null (GQA within/across groups for grouped-query models), split-half reliability.
 
 :func:`write_report` writes ``report.html`` (plotly.js inlined once, every figure embedded: it opens offline) and
 the tables (CSV) beside it. Several models give a side-by-side report: one column per model in every section.
