@@ -51,7 +51,8 @@ def _check_finite(name: str, value: float) -> None:
         raise LensParallelError(f"{name} must be a finite number, got {value!r}")
 
 
-def _check_positions(positions: str) -> None:
+def check_positions(positions: str) -> None:
+    """Raise :class:`LensParallelError` unless ``positions`` is one of :data:`POSITIONS`."""
     if positions not in POSITIONS:
         raise LensParallelError(f"unknown positions {positions!r}; accepted: {', '.join(POSITIONS)}")
 
@@ -105,7 +106,7 @@ class ComponentScale:
     def __post_init__(self) -> None:
         if self.space not in SCALE_SPACES:
             raise LensParallelError(f"unknown space {self.space!r}; accepted: {', '.join(SCALE_SPACES)}")
-        _check_positions(self.positions)
+        check_positions(self.positions)
         _check_finite("s_par", self.s_par)
         _check_finite("s_perp", self.s_perp)
         object.__setattr__(self, "layers", _as_tuple(self.layers))
@@ -153,7 +154,7 @@ class DiagonalEdit:
     def __post_init__(self) -> None:
         if self.space not in DIAGONAL_SPACES:
             raise LensParallelError(f"unknown diagonal space {self.space!r}; accepted: {', '.join(DIAGONAL_SPACES)}")
-        _check_positions(self.positions)
+        check_positions(self.positions)
         _check_finite("s_par", self.s_par)
         object.__setattr__(self, "layers", _as_tuple(self.layers))
         object.__setattr__(self, "heads", _as_tuple(self.heads))
@@ -214,7 +215,7 @@ class HeadEdit:
     def __post_init__(self) -> None:
         if self.kind not in ABLATIONS:
             raise LensParallelError(f"unknown ablation {self.kind!r}; accepted: {', '.join(ABLATIONS)}")
-        _check_positions(self.positions)
+        check_positions(self.positions)
         if self.kind == "mean" and self.means is None:
             raise LensParallelError("a mean ablation needs means [n_heads, d_head] (e.g. from lens_parallel.ablation)")
         if not isinstance(self.heads, Tensor):

@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.data import TokenBlocks, document_batches
-from lens_parallel.edits import ABLATIONS, POSITIONS, ComponentScale, DiagonalEdit, HeadEdit, compile_hooks
+from lens_parallel.edits import ABLATIONS, ComponentScale, DiagonalEdit, HeadEdit, check_positions, compile_hooks
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import LayerStream, check_indices, hook_name, softmax_layers
 from lens_parallel.losses import DocLosses, batch_nll, next_token_nll
@@ -335,8 +335,7 @@ def run_sweep(
     info = model_info(model)
     tokens = as_tokens(tokens)
     jobs = _validate(jobs, info, edit)
-    if positions not in POSITIONS:
-        raise LensParallelError(f"unknown positions {positions!r}; accepted: {', '.join(POSITIONS)}")
+    check_positions(positions)
     if batch_size < 1 or rows_per_forward < 1:
         raise LensParallelError(f"batch_size and rows_per_forward must be >= 1, got {batch_size}, {rows_per_forward}")
     kind = edit if any(isinstance(j, AblationJob) for j in jobs) else None

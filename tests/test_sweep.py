@@ -87,6 +87,8 @@ def test_a_store_from_another_batch_size_or_run_is_refused(tmp_path):
 
 def test_bad_jobs_are_refused_before_any_forward():
     model, blocks = _setup()
+    with pytest.raises(LensParallelError, match="unknown positions 'first'; accepted: all, after-first"):
+        run_sweep(model, blocks, JOBS[:2], edit="zero", positions="first")
     with pytest.raises(LensParallelError, match="edits layer 0, before its start layer 2"):
         run_sweep(model, blocks, [EditJob("early", (ComponentScale("value", layers=0),), start_layer=2)])
     with pytest.raises(LensParallelError, match="share a key"):
