@@ -31,7 +31,14 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import check_indices, expand_kv, hook_name, residual_reference_role, softmax_layers
+from lens_parallel.hooks import (
+    check_head_writes,
+    check_indices,
+    expand_kv,
+    hook_name,
+    residual_reference_role,
+    softmax_layers,
+)
 from lens_parallel.models import ModelInfo, model_info
 
 SCALE_SPACES = ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
@@ -125,6 +132,8 @@ class ComponentScale:
         heads = check_indices("heads", self.heads, info.n_heads)
         if self.space == "residual-attn" and self.heads is None:
             heads = None  # the whole sublayer update
+        elif self.space == "residual-attn":
+            check_head_writes(info, "ComponentScale('residual-attn') on single heads")
         out: list[Hook] = []
         for layer in layers:
             out += _SCALE_BUILDERS[self.space](self, model, info, layer, heads, {})
@@ -166,6 +175,8 @@ class DiagonalEdit:
                 "DiagonalEdit('residual-attn') is not defined for gated attention (the head's write is "
                 "sigmoid(gate) * A v); use value or value-exclude-self"
             )
+        if self.space == "residual-attn":
+            check_head_writes(info, "DiagonalEdit('residual-attn')")
         heads = check_indices("heads", self.heads, info.n_heads)
         out: list[Hook] = []
         for layer in layers:
@@ -236,6 +247,7 @@ class HeadEdit:
         if self.kind == "parallel-value":
             out = _value_hooks(ComponentScale("value", s_par=0.0), model, info, layer, heads, {})
         elif self.kind == "parallel-residual":
+            check_head_writes(info, "HeadEdit('parallel-residual')")
             out = _residual_attn_hooks(ComponentScale("residual-attn", s_par=0.0), model, info, layer, heads, {})
         else:
 

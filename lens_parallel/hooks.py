@@ -131,6 +131,25 @@ def softmax_layers(info: ModelInfo, layers: int | Sequence[int] | None, *, what:
     return tuple(layer for layer in chosen if layer not in linear), note
 
 
+def head_writes_note(info: ModelInfo, what: str) -> str:
+    """Why ``what`` (anything built on one head's write z_h W_O[h] to the residual) is undefined on this model, or
+    "" when it is defined. With a post-attention norm (Gemma 3) the attention output of all heads together is
+    RMS-normalised before the residual add, so a single head's write is not a term of the residual update."""
+    if not info.post_norm:
+        return ""
+    return (
+        f"{what} is undefined on {info.name}: its attention output is RMS-normalised over all heads together before "
+        "the residual add (post-attention norm), so one head's write z_h W_O[h] is not a term of the residual update; "
+        "the value spaces and the whole residual-attn sublayer (no heads) are defined"
+    )
+
+
+def check_head_writes(info: ModelInfo, what: str) -> None:
+    """Raise :class:`LensParallelError` with :func:`head_writes_note` when per-head residual writes are undefined."""
+    if note := head_writes_note(info, what):
+        raise LensParallelError(note)
+
+
 def residual_reference_role(info: ModelInfo, sublayer: str) -> str:
     """The residual state a sublayer's update is added to: resid_pre for attention, for parallel attn/MLP blocks
     and for the whole block; resid_mid for a sequential MLP."""

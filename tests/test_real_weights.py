@@ -1,0 +1,138 @@
+"""The checks every analysis rests on, on real pretrained weights.
+
+smollm2-135m runs in the suite (``slow``); Qwen2.5-Coder-1.5B (GQA 12/2, q/k/v biases) and Gemma-3-270m (one kv
+head, sliding-window layers, post-norms) carry the ``real`` marker, which the suite deselects: they are run by
+``benchmarks/real_models.py`` (``pytest -m real``), one model per process.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+
+from lens_parallel.analyses.ablation import run_ablations
+from lens_parallel.data import token_blocks
+from lens_parallel.edits import SCALE_SPACES, ComponentScale, DiagonalEdit, HeadEdit, apply_edits
+from lens_parallel.hooks import hook_name
+from lens_parallel.losses import document_losses
+from lens_parallel.models import model_info
+from lens_parallel.sweep import AblationJob
+from lens_parallel.weights import real_model_folder
+
+from .conftest import get_model
+
+REAL = [
+    pytest.param("smollm2-135m", id="smollm2", marks=pytest.mark.slow),
+    pytest.param("qwen2.5-coder-1.5b", id="qwen", marks=pytest.mark.real),
+    pytest.param("gemma-3-270m", id="gemma", marks=pytest.mark.real),
+]
+
+
+def blocks_for(spec):
+    return token_blocks(get_model(spec), "wikipedia-en", n_docs=2, seq_len=40, seed=5)
+
+
+def probe_layers(spec) -> list[int]:
+    n = model_info(get_model(spec)).n_layers
+    return [0, n // 2, n - 1]
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize("spec", REAL)
+def test_loss_and_hook_v_equal_the_hugging_face_model_outside_transformer_lens(spec):
+    model, tokens, layers = get_model(spec), blocks_for(spec).tokens, probe_layers(spec)
+    with torch.inference_mode():
+        loss = model(tokens, return_type="loss").item()
+        _, cache = model.run_with_cache(tokens, names_filter=[hook_name(layer, "v") for layer in layers])
+    # an independent copy of the same weights, run by transformers alone
+    hf = AutoModelForCausalLM.from_pretrained(real_model_folder(spec), dtype=torch.float32).eval()
+    v_proj, handles = {}, []
+    for layer in layers:
+        proj = hf.model.layers[layer].self_attn.v_proj
+        handles.append(proj.register_forward_hook(lambda mod, inp, out, layer=layer: v_proj.__setitem__(layer, out)))
+    with torch.inference_mode():
+        logits = hf(tokens).logits
+    has_bias = hf.model.layers[0].self_attn.v_proj.bias is not None
+    del hf
+    gc.collect()
+    hf_loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()).item()
+    assert loss == pytest.approx(hf_loss, abs=1e-4)
+    assert 0.5 < hf_loss < 5  # a trained model on English text
+    assert has_bias == (model_info(model).family == "qwen2")  # Qwen2's v_proj has a bias: hook_v must include it
+    for layer in layers:
+        v = cache[hook_name(layer, "v")]
+        assert v.shape[2] == model_info(model).n_kv_heads
+        torch.testing.assert_close(v.flatten(2), v_proj[layer], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("spec", REAL)
+def test_no_op_edit_in_every_space_changes_no_logit(spec):
+    model, tokens = get_model(spec), blocks_for(spec).tokens
+    info = model_info(model)
+    noops = [ComponentScale(space) for space in SCALE_SPACES] + [
+        DiagonalEdit("value", s_par=1.0),
+        DiagonalEdit("value-exclude-self", s_par=1.0),
+    ]
+    head_writes = [ComponentScale("residual-attn", heads=[0, 1]), DiagonalEdit("residual-attn", s_par=1.0)]
+    with torch.inference_mode():
+        bare = model(tokens)
+        for edit in noops + ([] if info.post_norm else head_writes):
+            with apply_edits(model, edit):
+                assert rel(model(tokens), bare) <= 1e-5, edit
+    for edit in head_writes if info.post_norm else []:  # Gemma: one head's residual write is undefined
+        with pytest.raises(ValueError, match="undefined on gemma-3-270m"), apply_edits(model, edit):
+            model(tokens)
+
+
+@pytest.mark.parametrize("spec", REAL)
+@pytest.mark.parametrize("space", ["value", "value-exclude-self"])
+def test_diagonal_edit_equals_component_scale(spec, space):
+    model, tokens = get_model(spec), blocks_for(spec).tokens
+    layers = probe_layers(spec)
+    with torch.inference_mode():
+        base = model(tokens)
+        with apply_edits(model, ComponentScale(space, s_par=0.3, layers=layers)):
+            scaled = model(tokens)
+        with apply_edits(model, DiagonalEdit(space, s_par=0.3, layers=layers)):
+            diagonal = model(tokens)
+    assert rel(scaled, base) > 1e-3  # the edit does something
+    assert rel(diagonal, scaled) <= 1e-4
+
+
+@pytest.mark.parametrize("spec", REAL)
+def test_ablation_engine_equals_the_naive_loop(spec):
+    model, blocks = get_model(spec), blocks_for(spec)
+    info = model_info(model)
+    a, b, c = probe_layers(spec)
+    jobs = [AblationJob(a, (1,)), AblationJob(b, (0,)), AblationJob(c, (2,)), AblationJob(b, (0, 3))]
+    kinds = ["zero", "parallel-value"] + ([] if info.post_norm else ["parallel-residual"])
+    for kind in kinds:
+        run = run_ablations(model, blocks, jobs, edit=kind, batch_size=2, rows_per_forward=4, progress=False)
+        np.testing.assert_allclose(run.base.loss_sum, document_losses(model, blocks).loss_sum, atol=1e-4)
+        for job in jobs:
+            naive = document_losses(model, blocks, HeadEdit(kind, job.layer, job.heads))
+            np.testing.assert_allclose(run[job].loss_sum, naive.loss_sum, atol=1e-4, err_msg=f"{kind} {job.key}")
+            assert np.abs(naive.loss_sum - run.base.loss_sum).max() > 1e-4, f"{kind} {job.key} does nothing"
+
+
+@pytest.mark.parametrize("spec", REAL)
+def test_zero_ablating_a_head_sets_exactly_its_hook_z_to_zero(spec):
+    model, tokens = get_model(spec), blocks_for(spec).tokens
+    layer = probe_layers(spec)[1]
+    name = hook_name(layer, "z")
+    with torch.inference_mode():
+        _, bare = model.run_with_cache(tokens, names_filter=[name])
+        with apply_edits(model, HeadEdit("zero", layer, [1])):
+            _, edited = model.run_with_cache(tokens, names_filter=[name])
+    z, z0 = edited[name], bare[name]
+    assert (z[:, :, 1] == 0).all() and z0[:, :, 1].abs().max() > 0
+    others = [h for h in range(z.shape[2]) if h != 1]
+    assert torch.equal(z[:, :, others], z0[:, :, others])  # same layer, upstream untouched: bit-identical
