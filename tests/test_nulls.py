@@ -3,12 +3,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import transformers
 
 from lens_parallel import geometry
 from lens_parallel.analyses.nulls import NullResult, ReconstructionError, causal_null, gqa_alignment, null_positions
 from lens_parallel.data import token_blocks
 from lens_parallel.hooks import expand_kv
-from lens_parallel.models import model_info
+from lens_parallel.models import model_info, wrap_hf_model
 from lens_parallel.stats import bootstrap_mean_ci
 
 from .conftest import get_model
@@ -124,6 +125,12 @@ def test_gqa_alignment_matches_a_direct_computation(tmp_path):
     np.testing.assert_allclose(every.cos_across, result.cos_across, atol=1e-12)
     with pytest.raises(ValueError, match=r"toy-gpt2 has 4 query heads and 4 kv heads: no groups of query heads"):
         gqa_alignment(get_model("toy-gpt2"), blocks)
+    one_kv = transformers.AutoModelForCausalLM.from_config(
+        transformers.LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=4, num_key_value_heads=1)
+    )
+    one_kv = wrap_hf_model(one_kv, model.tokenizer, name="one-kv")  # Gemma-3-270m's shape: 4 query heads, 1 kv head
+    with pytest.raises(ValueError, match="one-kv: all 4 query heads share one kv head, so there is no other group"):
+        gqa_alignment(one_kv, blocks)
     summary = result.summary()
     assert len(summary) == 1
     assert {"cos_self", "cos_null", "excess", "within_excess", "across_excess", "cos_across"} <= set(summary.columns)

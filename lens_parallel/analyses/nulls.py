@@ -296,6 +296,11 @@ def gqa_alignment(
 ) -> NullResult:
     """Within-group vs across-group excess (module docstring); needs grouped-query attention."""
     info = model_info(model)
+    if info.n_kv_heads == 1:
+        raise LensParallelError(
+            f"{info.name}: all {info.n_heads} query heads share one kv head, so there is no other group to compare "
+            "with and the within/across-group contrast is undefined (use causal_null for the self vs null check)"
+        )
     if not is_grouped(info):
         raise LensParallelError(
             f"{info.name} has {info.n_heads} query heads and {info.n_kv_heads} kv heads: no groups of query heads "

