@@ -1,6 +1,7 @@
 """The standard battery across models: one summary row per model, a comparison figure, a side-by-side report.
 
-    python benchmarks/compare_models.py [--models toy-gpt2 ... smollm2-135m /path/to/folder org/hub-name]
+    python benchmarks/compare_models.py [--models toy-gpt2 ... smollm2-135m qwen2.5-coder-1.5b gemma-3-270m
+                                         /path/to/folder org/hub-name]
                                         [--n-docs 8] [--seq-len 128] [--out DIR] [--no-report]
 
 Runs :func:`lens_parallel.report.run_battery` on each model (decomposition in every space, scaling sweep,
@@ -23,8 +24,9 @@ from lens_parallel.models import TOY_MODELS, check_spec
 from lens_parallel.plots import save_figure
 from lens_parallel.plots.comparison import comparison_figure
 from lens_parallel.report import run_battery, write_report
+from lens_parallel.weights import REAL_MODELS
 
-DEFAULT_MODELS = (*[m for m in TOY_MODELS if m != "toy-qwen3.5"], "smollm2-135m")
+DEFAULT_MODELS = (*[m for m in TOY_MODELS if m != "toy-qwen3.5"], *REAL_MODELS)
 
 
 def main() -> None:

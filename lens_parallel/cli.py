@@ -376,8 +376,8 @@ def _models(args: argparse.Namespace) -> None:
     from lens_parallel.models import available_models
 
     table = available_models()
-    with pd.option_context("display.width", 200, "display.max_colwidth", 90):
-        print(table.to_string(index=False))
+    left = {col: f"{{:<{table[col].astype(str).str.len().max()}}}".format for col in table.columns}
+    print(table.to_string(index=False, formatters=left, justify="left"))
     if args.out:
         path = _writable_dir(args.out) / "models.csv"
         table.to_csv(path, index=False)

