@@ -7,6 +7,7 @@ head, sliding-window layers, post-norms) carry the ``real`` marker, which the su
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import numpy as np
@@ -136,3 +137,40 @@ def test_zero_ablating_a_head_sets_exactly_its_hook_z_to_zero(spec):
     assert (z[:, :, 1] == 0).all() and z0[:, :, 1].abs().max() > 0
     others = [h for h in range(z.shape[2]) if h != 1]
     assert torch.equal(z[:, :, others], z0[:, :, others])  # same layer, upstream untouched: bit-identical
+
+
+@pytest.mark.parametrize("spec", REAL)
+def test_every_analysis_runs_and_says_what_is_undefined(spec, tmp_path):
+    from lens_parallel.analyses.compression import compression_error
+    from lens_parallel.analyses.decompose import decompose
+    from lens_parallel.analyses.diagonal import diagonal_view
+    from lens_parallel.analyses.dominance import head_dominance, study_texts
+    from lens_parallel.analyses.nulls import causal_null, gqa_alignment
+    from lens_parallel.analyses.reliability import split_half_reliability
+
+    model, blocks = get_model(spec), blocks_for(spec)
+    info = model_info(model)
+    mid = probe_layers(spec)[1]
+    with pytest.warns(UserWarning, match="undefined") if info.post_norm else contextlib.nullcontext():
+        dec = decompose(model, blocks, space="all", progress=False)
+    spaces = set(dec.to_dataframe().query("level == 'head'")["space"])
+    assert spaces == ({"value", "value-exclude-self"} | (set() if info.post_norm else {"residual-attn"}))
+    null = causal_null(model, blocks, seed=0, n_resamples=100).summary().iloc[0]
+    assert null["cos_self"] > null["cos_null"]  # trained heads align with their own value beyond the null
+    if info.n_kv_heads == 1:
+        with pytest.raises(ValueError, match="share one kv head"):
+            gqa_alignment(model, blocks)
+    else:
+        gqa = gqa_alignment(model, blocks, seed=0, n_resamples=100).summary().iloc[0]
+        assert gqa["within_excess"] > gqa["across_excess"]
+    view = diagonal_view(model, blocks, layer=mid, head=0, space=["value", "value-exclude-self"])
+    assert np.isfinite(view.to_dataframe()[["dA_mean", "dA_min", "dA_max"]].to_numpy()).all()
+    dominance = head_dominance(model, study_texts(model), upstream_layers=[mid], query_positions=[7], progress=False)
+    assert dominance.summary().iloc[0]["n_pairs"] == 1
+    error = compression_error(model, blocks, method="int8").to_dataframe()
+    assert len(error) and np.isfinite(error.select_dtypes("number")).all().all()
+    halves = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=16, seed=1)
+    # one forward per head: Gemma's 72 heads here; smollm2's 270 in benchmarks/sanity_checks.py (too long for the suite)
+    if info.n_layers * info.n_heads <= 100:
+        split = split_half_reliability(model, halves, batch_size=4, progress=False).summary().iloc[0]
+        assert -1 <= split["r_delta_cos_self"] <= 1
