@@ -8,7 +8,9 @@ implementing :class:`Result`), the sweep engine, compression, training, the repo
 __version__ = "0.3.0"
 
 from lens_parallel.analyses.ablation import AblationRun, run_ablations
+from lens_parallel.analyses.attribution import AttributionResult, head_attribution
 from lens_parallel.analyses.compression import CompressionResult, compression_error
+from lens_parallel.analyses.confirm import ConfirmResult, confirm
 from lens_parallel.analyses.decompose import SPACES, DecompositionResult, decompose
 from lens_parallel.analyses.diagonal import DiagonalView, diagonal_view
 from lens_parallel.analyses.dominance import DominanceResult, head_dominance, study_texts
@@ -40,9 +42,11 @@ __all__ = [
     "SPACES",
     "AblationJob",
     "AblationRun",
+    "AttributionResult",
     "ComponentScale",
     "Compression",
     "CompressionResult",
+    "ConfirmResult",
     "DecompositionResult",
     "DiagonalEdit",
     "DiagonalView",
@@ -74,11 +78,13 @@ __all__ = [
     "causal_null",
     "compress",
     "compression_error",
+    "confirm",
     "decompose",
     "diagonal_view",
     "document_losses",
     "evaluate",
     "gqa_alignment",
+    "head_attribution",
     "head_dominance",
     "head_sensitivity",
     "load_model",

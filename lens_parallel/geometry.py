@@ -183,6 +183,27 @@ def head_residual_products(
     return dot, mm
 
 
+def head_write_derivatives(
+    z: Float[Tensor, "batch pos head_index d_head"],
+    W_O: Float[Tensor, "head_index d_head d_model"],
+    x: Float[Tensor, "batch pos d_model"],
+    g: Float[Tensor, "batch pos d_model"],
+    *,
+    eps: float = EPS,
+) -> tuple[Float[Tensor, "batch pos head_index"], Float[Tensor, "batch pos head_index"]]:
+    """g . m_par and g . m_perp for each head's residual write m_h = z_h W_O[h] split against x, without forming
+    m_h: m_par = ((m_h . x) / |x|^2) x, so g . m_par = (m_h . x)(g . x) / |x|^2 and g . m_perp = g . m_h - g . m_par
+    (positions with |x| <= eps: m_par = 0, as :func:`project`). With g the loss gradient at the sublayer output,
+    these are dloss/ds_par and dloss/ds_perp of the head's residual-attn scaling at s = 1."""
+    m_x, _ = head_residual_products(z, W_O, x)
+    m_g, _ = head_residual_products(z, W_O, g)
+    xx = (x * x).sum(-1, keepdim=True)
+    valid = xx > eps**2
+    coef = torch.where(valid, m_x / torch.where(valid, xx, 1.0), 0.0)
+    d_par = coef * (g * x).sum(-1, keepdim=True)
+    return d_par, m_g - d_par
+
+
 class DiagonalChange(NamedTuple):
     """dA_tt per head and position, and where its denominator was large enough (elsewhere dA = 0)."""
 

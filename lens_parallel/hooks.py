@@ -257,3 +257,59 @@ class LayerStream:
         if self._buffers:
             missing = {layer: sorted(set(self.roles[layer]) - set(b)) for layer, b in self._buffers.items()}
             raise RuntimeError(f"hooks never fired for layer/roles {missing}")
+
+
+GradReducer = Callable[[int, dict[str, Tensor], dict[str, Tensor]], None]
+
+
+def _grad_root(resid: Tensor, hook) -> Tensor:
+    """The residual entering block 0, detached and made a leaf that requires grad: the backward starts its graph
+    here (same values; no parameter gradient is ever formed, whether or not the weights require grad)."""
+    return resid.detach().requires_grad_(True)
+
+
+def gradient_pass(
+    model: TransformerBridge,
+    tokens: Int[Tensor, "batch pos"],
+    info: ModelInfo,
+    roles: dict[int, Sequence[str]],
+    grad_roles: dict[int, Sequence[str]],
+    objective: Callable[[Tensor], Float[Tensor, " batch"]],
+    reduce: GradReducer,
+) -> Float[Tensor, " batch"]:
+    """One forward and one backward over ``tokens``: per layer, the activations of ``roles`` (detached float64
+    copies; ``pattern`` kept as its diagonal) and the gradients of ``objective(logits).sum()`` with respect to the
+    activations of ``grad_roles`` (float64), handed to ``reduce(layer, acts, grads)`` as soon as the backward has
+    passed the layer. Documents are independent, so each document's gradient is that of its own objective.
+    Returns ``objective(logits)`` per document. Nothing in the forward changes: every hook returns its input."""
+    acts: dict[int, dict[str, Tensor]] = {layer: {} for layer in roles}
+    grads: dict[int, dict[str, Tensor]] = {layer: {} for layer in grad_roles}
+    live: list[Tensor] = []
+
+    def on_grad(g: Tensor, *, layer: int, role: str) -> None:
+        grads[layer][role] = g.detach().double()
+        if len(grads[layer]) == len(grad_roles[layer]):
+            reduce(layer, acts.pop(layer), grads.pop(layer))
+
+    def capture(tensor: Tensor, hook, *, layer: int, role: str) -> Tensor:
+        check_shape(hook_name(layer, role), tensor, expected_shape(role, info))
+        if role in roles.get(layer, ()):
+            kept = torch.diagonal(tensor, dim1=-2, dim2=-1) if role == "pattern" else tensor
+            acts[layer][role] = kept.detach().double()
+        if role in grad_roles.get(layer, ()):
+            tensor.register_hook(partial(on_grad, layer=layer, role=role))
+            live.append(tensor)
+        # returned unchanged: the bridge hands some hooks a reshaped view and, when a hook returns nothing, goes on
+        # with the tensor it had, so only a returned tensor is sure to be the one the rest of the forward uses.
+        return tensor
+
+    names = {(layer, role) for layer, rs in [*roles.items(), *grad_roles.items()] for role in rs}
+    hooks = [(hook_name(0, "resid_pre"), _grad_root)]
+    hooks += [(hook_name(layer, role), partial(capture, layer=layer, role=role)) for layer, role in sorted(names)]
+    with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
+        logits = model(tokens, return_type="logits")
+        per_doc = objective(logits)
+        torch.autograd.grad(per_doc.sum(), live)
+    if grads:
+        raise RuntimeError(f"no gradient reached layers {sorted(grads)}")
+    return per_doc.detach()

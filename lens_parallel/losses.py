@@ -105,8 +105,8 @@ def edit_effect(noop_losses: DocLosses, edited: DocLosses, *, n_resamples: int =
 def next_token_nll(
     logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]
 ) -> Float[Tensor, " batch"]:
-    """Per-document sum of -log p(token_{t+1} | ..t) over t = 0..T-2, in float32."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    """Per-document sum of -log p(token_{t+1} | ..t) over t = 0..T-2, in float32 (float64 for a float64 model)."""
+    logp = torch.log_softmax(logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     return -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1).sum(-1)
 
 

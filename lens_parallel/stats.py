@@ -33,25 +33,29 @@ def paired_bootstrap_ci(
     n_resamples: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
-) -> tuple[float, float]:
+) -> tuple[float, float] | tuple[np.ndarray, np.ndarray]:
     """Percentile CI of ``statistic(edited, base, weights)`` resampling documents (rows paired across arrays).
 
-    Uses ``scipy.stats.bootstrap(paired=True, method="percentile")``. With fewer than 2 documents the interval
-    is (nan, nan).
+    Uses ``scipy.stats.bootstrap(paired=True, method="percentile")``. Arrays ``[doc]`` give one interval (floats);
+    arrays ``[doc, k]`` give k intervals (arrays), each column resampled with the same documents. With fewer than
+    2 documents the interval is nan.
     """
     if len(edited) < 2:
-        return float("nan"), float("nan")
+        nan = np.full(np.shape(edited)[1:], np.nan)
+        return (float("nan"), float("nan")) if np.ndim(edited) == 1 else (nan, nan.copy())
     res = sps.bootstrap(
         (edited, base, weights),
         statistic,
         paired=True,
         vectorized=True,
+        axis=0,
         n_resamples=n_resamples,
         confidence_level=confidence,
         method="percentile",
         rng=np.random.default_rng(seed),
     )
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+    low, high = res.confidence_interval
+    return (float(low), float(high)) if np.ndim(edited) == 1 else (low, high)
 
 
 def sign_flip_pvalue(differences: np.ndarray, *, n_resamples: int = 10000, seed: int = 0) -> float:

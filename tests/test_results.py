@@ -52,6 +52,17 @@ FACTORIES = {
     "SensitivityResult": lambda f: lp.head_sensitivity(
         get_model("toy-gpt2"), _blocks(), layers=[0, 1], n_resamples=50, n_permutations=50, progress=False
     ),
+    "AttributionResult": lambda f: lp.head_attribution(
+        get_model("toy-gpt2"), _blocks(), n_resamples=50, progress=False
+    ),
+    "ConfirmResult": lambda f: lp.confirm(
+        get_model("toy-gpt2"),
+        _blocks(),
+        lp.head_attribution(get_model("toy-gpt2"), _blocks(), n_resamples=50, progress=False),
+        top_k=3,
+        n_random=2,
+        progress=False,
+    ),
     "ModelReport": lambda f: _battery(),
     "TrainRun": lambda f: f.runs[1],
     "FactorialResult": lambda f: f,
