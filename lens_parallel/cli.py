@@ -93,6 +93,13 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--edit", default="parallel-value", choices=ABLATIONS)
     p.add_argument("--positions", default="all", choices=POSITIONS, help="after-first: leave the boundary token")
     p.add_argument("--layers", type=int, nargs="+", default=None)
+    p.add_argument(
+        "--method",
+        default="exact",
+        choices=["exact", "attribution"],
+        help="exact: one ablation per head (engine); attribution: every head from one forward + one backward",
+    )
+    p.add_argument("--confirm", type=int, default=0, metavar="K", help="attribution: rerun the top K heads exactly")
     p = sub.add_parser("dominance", help="how strongly each upstream head drives the next layer's q/k/v")
     _common(p, n_docs=4)
     p.set_defaults(texts="study", seq_len=32)
@@ -232,6 +239,13 @@ def _diagonal(args: argparse.Namespace) -> None:
 def _sensitivity(args: argparse.Namespace) -> None:
     from lens_parallel.analyses.sensitivity import head_sensitivity
 
+    if args.confirm and args.method != "attribution":
+        raise LensParallelError("--confirm K checks an attribution screen: use it with --method attribution")
+    if args.confirm < 0:
+        raise LensParallelError(f"--confirm must be >= 0 heads, got {args.confirm}")
+    if args.method == "attribution":
+        _attribution(args)
+        return
     out, model, blocks = _load(args)
     result = head_sensitivity(
         model,
@@ -246,6 +260,33 @@ def _sensitivity(args: argparse.Namespace) -> None:
     joint = df[df["head"].isna()]
     print(f"{result.info.name}: joint {args.edit} ablation per layer (delta loss, nats/token)")
     _emit(out, "sensitivity", result, joint[["label", "delta_loss", "ci_lo", "ci_hi", "p"]].round(4))
+
+
+def _attribution(args: argparse.Namespace) -> None:
+    from lens_parallel.analyses.attribution import head_attribution
+    from lens_parallel.analyses.confirm import confirm
+    from lens_parallel.hooks import softmax_layers
+    from lens_parallel.models import model_info
+
+    out, model, blocks = _load(args)
+    info = model_info(model)
+    n_heads = info.n_heads * len(softmax_layers(info, args.layers, what="attribution")[0])
+    if args.confirm > n_heads:
+        raise LensParallelError(f"--confirm {args.confirm} exceeds the {n_heads} heads screened")
+    kw = {"edit": args.edit, "positions": args.positions, "layers": args.layers, "batch_size": args.batch_size}
+    result = head_attribution(model, blocks, **kw, seed=args.seed)
+    heads = result.to_dataframe().dropna(subset=["head"])
+    top = heads.loc[heads["estimate"].abs().nlargest(10).index]
+    print(f"{result.info.name}: first-order estimate of {args.edit} per head (nats/token), largest 10")
+    _emit(out, "attribution", result, top.head(10)[["label", "estimate", "ci_lo", "ci_hi"]].round(5))
+    if args.confirm:
+        checked = confirm(
+            model, blocks, result, top_k=args.confirm, n_random=min(args.confirm, n_heads - args.confirm),
+            seed=args.seed, batch_size=args.batch_size,
+        )  # fmt: skip
+        print(f"exact check of the top {args.confirm} heads and as many random ones:")
+        _emit(out, "attribution_confirm", checked, checked.summary().drop(columns="note").round(4))
+        print(checked.summary()["note"].iloc[0])
 
 
 def _dominance(args: argparse.Namespace) -> None:

@@ -66,6 +66,10 @@ SUBCOMMANDS = {
     "scale": (("--s-par", "0", "1.5", "--s-perp", "0.5"), ["scale.csv", "scale.json", "scale.html"]),
     "diagonal": ((), ["diagonal.csv", "diagonal.json", "diagonal.html"]),
     "sensitivity": (("--layers", "0", "2"), ["sensitivity.csv", "sensitivity.json", "sensitivity.html"]),
+    "sensitivity --method attribution": (
+        ("--method", "attribution", "--confirm", "2"),
+        ["attribution.csv", "attribution.json", "attribution.html", "attribution_confirm.csv"],
+    ),
     "dominance": (
         ("--query-start", "4", "--query-stop", "20", "--scale", "js_distance"),
         ["dominance.csv", "dominance.json", "dominance.html"],
@@ -88,9 +92,10 @@ SUBCOMMANDS = {
 @pytest.mark.parametrize("command", SUBCOMMANDS)
 def test_each_subcommand_writes_its_files(tmp_path, command):
     extra, files = SUBCOMMANDS[command]
+    command = command.split()[0]
     proc = _run(command, *TOY, *extra, "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    for name in [*files, f"{command}_summary.csv"]:
+    for name in [*files, f"{files[0].removesuffix('.csv')}_summary.csv"]:
         assert (tmp_path / name).stat().st_size > 100, name
     stem = files[0].removesuffix(".csv")
     meta = json.loads((tmp_path / f"{stem}.json").read_text())
@@ -156,6 +161,11 @@ def test_more_bad_inputs_exit_2_with_one_line(tmp_path):
         (("decompose", *TOY, "--device", "gpu", "--out", str(tmp_path)), "unknown device 'gpu'"),
         (("report", *TOY, "--device", "gpu", "--out", str(tmp_path)), "unknown device 'gpu'"),
         (("train", "--preset", "tiny", "--device", "gpu", "--out", str(tmp_path)), "device 'gpu'"),
+        (("sensitivity", *TOY, "--confirm", "3", "--out", str(tmp_path)), "use it with --method attribution"),
+        (
+            ("sensitivity", *TOY, "--method", "attribution", "--confirm", "13", "--out", str(tmp_path)),
+            "exceeds the 12 heads screened",
+        ),
     ]
     if not torch.cuda.is_available():
         cases += [

@@ -23,7 +23,7 @@ def _heatmap(values: np.ndarray, layers, title: str, colorbar_x: float) -> go.He
         zmin=-bound,
         zmax=bound,
         colorscale="RdBu_r",
-        colorbar={"title": {"text": title, "side": "right"}, "x": colorbar_x, "len": 0.9},
+        colorbar={"title": {"text": title, "side": "right"}, "x": colorbar_x, "len": 0.9, "thickness": 14},
         hovertemplate="%{y} %{x}: %{z:.4g}<extra></extra>",
     )
 
@@ -38,11 +38,12 @@ def attribution_figure(result: AttributionResult) -> go.Figure:
         (result.d_s_par[0].sum(0) / n_tok, "dloss/ds_par at s = 1, value space", "nats/token per unit s"),
         (result.d_s_perp[0].sum(0) / n_tok, "dloss/ds_perp at s = 1, value space", "nats/token per unit s"),
     ]
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in panels], horizontal_spacing=0.09)
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in panels], horizontal_spacing=0.13)
     for i, (values, _, unit) in enumerate(panels):
-        fig.add_trace(_heatmap(values, result.layers, unit, colorbar_x=0.27 + 0.365 * i), row=1, col=i + 1)
+        right = fig.layout[f"xaxis{i + 1 if i else ''}"].domain[1]
+        fig.add_trace(_heatmap(values, result.layers, unit, colorbar_x=right + 0.008), row=1, col=i + 1)
         fig.update_xaxes(title_text="head", row=1, col=i + 1)
-        fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=i + 1)
+        fig.update_yaxes(title_text="layer" if i == 0 else None, autorange="reversed", row=1, col=i + 1)
     fig.update_layout(
         title=f"Attribution screening of every head: {result.info.name}, {len(result.n_tokens)} documents, "
         f"one forward + one backward per batch",
