@@ -6,7 +6,9 @@ Battery (:func:`run_battery`), per model, on the same token blocks:
 2. a scaling sweep: s_par in {0, 0.5, 1.5} and s_perp = 0.5 in value-exclude-self and residual-attn, all layers;
 3. diagonal views (s_par = 0) of the two heads with the highest mean value-space self-cosine;
 4. layer sensitivity: each head's parallel part removed alone, and all heads of a layer jointly;
-5. sanity checks: causal null (GQA within/across groups for grouped-query models), split-half reliability.
+5. attribution screening of every head (one forward + one backward per batch) for the same removal, its top 10
+   heads and 10 random others confirmed exactly (from the sensitivity sweep's shared store: no extra forward);
+6. sanity checks: causal null (GQA within/across groups for grouped-query models), split-half reliability.
 
 :func:`write_report` writes ``report.html`` (plotly.js inlined once, every figure embedded: it opens offline) and
 the tables (CSV) beside it. Several models give a side-by-side report: one column per model in every section.
@@ -27,6 +29,8 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel.analyses.attribution import AttributionResult, head_attribution
+from lens_parallel.analyses.confirm import ConfirmResult, confirm
 from lens_parallel.analyses.decompose import DecompositionResult, decompose
 from lens_parallel.analyses.diagonal import DiagonalView, diagonal_view
 from lens_parallel.analyses.reliability import SanityReport, sanity_report
@@ -42,6 +46,7 @@ SECTIONS = {
     "scaling": "Component scaling: loss change when the parallel / perpendicular part is rescaled (all layers)",
     "diagonal": "Attention-diagonal form of parallel removal, for the most self-aligned heads",
     "sensitivity": "Layer sensitivity: removing each head's parallel part, alone and jointly",
+    "attribution": "Attribution screening: every head from one backward pass, the top heads confirmed exactly",
     "sanity": "Sanity checks: causal null, GQA groups, split-half reliability",
 }
 SCALE_SPACES = ("value-exclude-self", "residual-attn")
@@ -59,6 +64,8 @@ class ModelReport(ResultMixin):
     sensitivity: SensitivityResult
     sanity: SanityReport
     seconds: dict[str, float] = field(default_factory=dict)
+    screen: AttributionResult | None = None
+    confirmation: ConfirmResult | None = None
 
     @property
     def provenance(self) -> Provenance:
@@ -84,6 +91,8 @@ class ModelReport(ResultMixin):
         row |= {f"self_cos_{space}": heads.get(space) for space in ("value", "value-exclude-self", "residual-attn")}
         row |= {f"delta_loss_s_par0_{space}": removal.get(space) for space in SCALE_SPACES}
         row |= {"most_sensitive_layer": int(joint.idxmax()), "max_joint_delta_loss": joint.max()}
+        if self.confirmation is not None:
+            row |= {"attribution_spearman": self.confirmation.spearman}
         row |= self.sanity.headline()
         return pd.DataFrame([row | {"seconds": sum(self.seconds.values())}])
 
@@ -94,6 +103,7 @@ class ModelReport(ResultMixin):
             "scaling": self.scaling.to_dataframe(),
             "diagonal": pd.concat([v.to_dataframe() for v in self.diagonal], ignore_index=True),
             "sensitivity": self.sensitivity.to_dataframe(),
+            "attribution": self.confirmation.to_dataframe() if self.confirmation else pd.DataFrame(),
             "sanity": self.sanity.to_dataframe(),
         }
 
@@ -103,12 +113,20 @@ class ModelReport(ResultMixin):
 
     def results(self) -> dict[str, Result]:
         """Every result of the battery by section (diagonal views as ``diagonal_<i>``)."""
-        return {
-            "decomposition": self.decomposition,
-            "scaling": self.scaling,
-            "sensitivity": self.sensitivity,
-            "sanity": self.sanity,
-        } | {f"diagonal_{i}": v for i, v in enumerate(self.diagonal)}
+        return (
+            {
+                "decomposition": self.decomposition,
+                "scaling": self.scaling,
+                "sensitivity": self.sensitivity,
+                "sanity": self.sanity,
+            }
+            | {f"diagonal_{i}": v for i, v in enumerate(self.diagonal)}
+            | self._attribution()
+        )
+
+    def _attribution(self) -> dict[str, Result]:
+        pair = {"attribution": self.screen, "attribution_confirm": self.confirmation}
+        return {k: v for k, v in pair.items() if v is not None}
 
     def save_sections(self, folder: str | Path) -> list[Path]:
         """Every result as its own JSON + npz (with its provenance): ``folder/<model>_<section>.json``."""
@@ -122,6 +140,7 @@ class ModelReport(ResultMixin):
             "scaling": [self.scaling.figure()],
             "diagonal": [v.figure() for v in self.diagonal],
             "sensitivity": [self.sensitivity.figure()],
+            "attribution": [r.figure() for r in self._attribution().values()],
             "sanity": [self.sanity.figure()],
         }
 
@@ -193,6 +212,26 @@ def run_battery(
                 progress=progress,
             ),
         )
+        screen = timed(
+            "attribution",
+            lambda: head_attribution(model, tokens, positions="after-first", batch_size=batch_size, progress=progress),
+        )
+        n_heads = screen.estimate.shape[1] * screen.estimate.shape[2]
+        k = min(10, n_heads // 2)
+        confirmation = timed(  # its exact jobs are sensitivity's, already in the shared store
+            "confirm",
+            lambda: confirm(
+                model,
+                tokens,
+                screen,
+                top_k=k,
+                n_random=min(10, n_heads - k),
+                seed=seed,
+                batch_size=batch_size,
+                store=shared,
+                progress=progress,
+            ),
+        )
         sanity = timed(
             "sanity",
             lambda: sanity_report(model, tokens, seed=seed, batch_size=batch_size, store=shared, progress=progress),
@@ -205,6 +244,8 @@ def run_battery(
         sensitivity=sens,
         sanity=sanity,
         seconds=seconds,
+        screen=screen,
+        confirmation=confirmation,
     )
 
 

@@ -223,10 +223,14 @@ def test_report_is_self_contained_with_every_section(tmp_path):
     scripts = _script_tags(page)
     assert scripts and not any("src" in attrs for attrs in scripts)  # every script inline: no network needed
     assert page.count("plotly.js v") <= 2  # the library is inlined once (its banner), not per figure
-    assert page.count('class="plotly-graph-div"') >= 2 * (1 + 1 + 2 + 1 + 1)  # every figure of both models
+    assert page.count('class="plotly-graph-div"') >= 2 * (1 + 1 + 2 + 1 + 2 + 1)  # every figure of both models
     summary = pd.read_csv(tmp_path / "tables" / "summary.csv")
     assert list(summary["model"]) == ["toy-gpt2", "toy-qwen3"]
     assert (tmp_path / "tables" / "toy-qwen3_sensitivity.csv").is_file()
     meta = json.loads((tmp_path / "results" / "toy-qwen3_decomposition.json").read_text())
     assert meta["data"]["provenance"]["model"]["name"] == "toy-qwen3"
     assert (tmp_path / "results" / "toy-gpt2_diagonal_1.json").is_file()
+    confirmed = pd.read_csv(tmp_path / "tables" / "toy-gpt2_attribution.csv")  # 12 heads: top 6, 6 random
+    assert list(confirmed["chosen"]) == ["top"] * 6 + ["random"] * 6
+    assert summary["attribution_spearman"].between(-1, 1).all()
+    assert (tmp_path / "results" / "toy-qwen3_attribution_confirm.json").is_file()
