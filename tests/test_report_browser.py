@@ -52,7 +52,8 @@ def test_every_figure_renders_offline_without_console_errors(report_path):
         sections = page.evaluate("Array.from(document.querySelectorAll('section')).map(s => s.id)")
         browser.close()
     assert sections == ["summary", *SECTIONS]
-    assert len(figures) == 2 * 6  # per model: decomposition, scaling, 2 diagonal views, sensitivity, sanity
+    # per model: decomposition, scaling, 2 diagonal views, sensitivity, attribution screen and its confirmation, sanity
+    assert len(figures) == 2 * 8
     assert all(f["traces"] > 0 and f["svg"] > 0 for f in figures), figures
     assert {f["section"] for f in figures} == set(SECTIONS)
     assert errors == [] and external == []
