@@ -198,9 +198,14 @@ def comparison_figure(rows: list[dict]):
                 col=2,
             )
     fig.add_scatter(
-        x=[0, 0.7], y=[0, 0.7], mode="lines", line={"dash": "dot", "color": "grey"}, name="no excess (cos_self = null)",
-        row=1, col=2,
-    )  # fmt: skip
+        x=[0, 0.7],
+        y=[0, 0.7],
+        mode="lines",
+        line={"dash": "dot", "color": "grey"},
+        name="no excess (cos_self = null)",
+        row=1,
+        col=2,
+    )
     grouped = [r for r in rows if r.get("within_excess") is not None]
     labels = [r["model"].replace(" (2611.13543)", " (paper)") for r in grouped]
     fig.add_bar(x=labels, y=[r["within_excess"] for r in grouped], name="within-group excess", row=2, col=1)

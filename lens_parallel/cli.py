@@ -281,9 +281,14 @@ def _attribution(args: argparse.Namespace) -> None:
     _emit(out, "attribution", result, top.head(10)[["label", "estimate", "ci_lo", "ci_hi"]].round(5))
     if args.confirm:
         checked = confirm(
-            model, blocks, result, top_k=args.confirm, n_random=min(args.confirm, n_heads - args.confirm),
-            seed=args.seed, batch_size=args.batch_size,
-        )  # fmt: skip
+            model,
+            blocks,
+            result,
+            top_k=args.confirm,
+            n_random=min(args.confirm, n_heads - args.confirm),
+            seed=args.seed,
+            batch_size=args.batch_size,
+        )
         print(f"exact check of the top {args.confirm} heads and as many random ones:")
         _emit(out, "attribution_confirm", checked, checked.summary().drop(columns="note").round(4))
         print(checked.summary()["note"].iloc[0])
