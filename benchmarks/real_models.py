@@ -160,14 +160,16 @@ def run_checks(spec: str, out: Path, threads: int) -> dict[str, str]:
 
 
 def comparison_figure(rows: list[dict]):
+    from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
+    colour = dict(zip([r["model"] for r in rows], qualitative.Plotly + qualitative.Dark24, strict=False))
     ours = [r for r in rows if "(" not in r["model"]]
     fig = make_subplots(
         rows=2,
         cols=2,
         subplot_titles=(
-            "Mean head self-cosine by space (T=512)",
+            "Mean self-cosine by space (T=512; residual-attn: whole sublayer)",
             "Causal null: cos_self vs earlier-position null (T=512)",
             "GQA: within- vs across-group excess (T=512)",
             "Perplexity change of s_par = 0, all layers (T=128)",
@@ -180,6 +182,7 @@ def comparison_figure(rows: list[dict]):
             y=[r.get("self_cos_value"), r.get("self_cos_value-exclude-self"), r.get("self_cos_residual-attn_sublayer")],
             name=r["model"],
             legendgroup=r["model"],
+            marker_color=colour[r["model"]],
             row=1,
             col=1,
         )
@@ -189,11 +192,11 @@ def comparison_figure(rows: list[dict]):
             fig.add_scatter(
                 x=[r["cos_null"]],
                 y=[r["cos_self"]],
-                mode="markers+text",
-                text=[r["model"].split(" (")[0]],
-                textposition="top center",
-                marker={"size": 11, "symbol": "diamond-open" if paper else "circle"},
-                showlegend=False,
+                mode="markers",
+                marker={"size": 12, "symbol": "diamond-open" if paper else "circle", "color": colour[r["model"]]},
+                name=r["model"] if paper else f"{r['model']} (null)",
+                legendgroup=r["model"],
+                showlegend=paper,
                 row=1,
                 col=2,
             )
@@ -208,24 +211,39 @@ def comparison_figure(rows: list[dict]):
     )
     grouped = [r for r in rows if r.get("within_excess") is not None]
     labels = [r["model"].replace(" (2611.13543)", " (paper)") for r in grouped]
-    fig.add_bar(x=labels, y=[r["within_excess"] for r in grouped], name="within-group excess", row=2, col=1)
-    fig.add_bar(x=labels, y=[r["across_excess"] for r in grouped], name="across-group excess", row=2, col=1)
+    fig.add_bar(
+        x=labels,
+        y=[r["within_excess"] for r in grouped],
+        name="within-group excess",
+        marker_color="#b8860b",
+        row=2,
+        col=1,
+    )
+    fig.add_bar(
+        x=labels,
+        y=[r["across_excess"] for r in grouped],
+        name="across-group excess",
+        marker_color="#708090",
+        row=2,
+        col=1,
+    )
     ppl = [r for r in rows if any(k.startswith("delta_ppl_s_par0_") for k in r)]
-    for space in ("value", "value-exclude-self", "residual-attn"):
+    for space, shade in zip(("value", "value-exclude-self", "residual-attn"), qualitative.Pastel2, strict=False):
         fig.add_bar(
+            marker_color=shade,
             x=[r["model"].replace(" (2609.15975)", " (paper)") for r in ppl],
             y=[r.get(f"delta_ppl_s_par0_{space}") for r in ppl],
             name=f"ΔPPL, {space}",
             row=2,
             col=2,
         )
-    fig.update_yaxes(title_text="mean cos(o_t, v_t) over heads", row=1, col=1)
+    fig.update_yaxes(title_text="mean self-cosine cos(m, r) over heads", row=1, col=1)
     fig.update_xaxes(title_text="cos_null (mean over heads, positions)", row=1, col=2)
     fig.update_yaxes(title_text="cos_self", row=1, col=2)
     fig.update_yaxes(title_text="excess = cos_self − cos_null", row=2, col=1)
     fig.update_yaxes(title_text="ΔPPL (edited − no-op), log", type="log", row=2, col=2)
     fig.update_layout(
-        title="Real models offline vs the papers' closest models (diamonds / '(paper)': published values)",
+        title="Real models offline vs the papers' closest models (open diamonds, '(paper)': published values)",
         barmode="group",
         height=850,
         width=1300,
@@ -287,7 +305,7 @@ def main() -> None:
         print(table.set_index("model").loc[[r["model"] for r in rows], seconds].to_string())
     for r in rows:
         if "gqa_note" in r:
-            print(f"{r['model']}: {r['gqa_note']}")
+            print(r["gqa_note"])
 
 
 if __name__ == "__main__":
