@@ -82,8 +82,8 @@ def confirm_figure(result: ConfirmResult) -> go.Figure:
         x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dash", "color": "grey"}, name="estimate = exact"
     )
     fig.update_layout(
-        title=f"{result.edit}: first-order estimate vs exact ablation, {result.info.name} "
-        f"(Spearman {result.spearman:.2f}, Pearson {result.pearson:.2f})",
+        title=f"{result.edit}: first-order estimate vs exact ablation<br><sup>{result.info.name}, "
+        f"Spearman {result.spearman:.2f}, Pearson {result.pearson:.2f} across {len(result.labels)} heads</sup>",
         xaxis_title="estimated Δ loss (nats/token, first order)",
         yaxis_title="exact Δ loss (nats/token, 95% CI)",
         height=520,
