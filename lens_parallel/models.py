@@ -416,7 +416,7 @@ def load_model(
     if kind == "toy":
         model = _build_toy(spec, device=device, dtype=dtype)
     elif kind == "real":
-        model = _load_folder(real_model_folder(spec), device=device, dtype=dtype)
+        model = _load_folder(real_model_folder(spec, dtype=dtype), device=device, dtype=dtype)
     elif kind == "folder":
         model = _load_folder(Path(spec).expanduser(), device=device, dtype=dtype)
     else:

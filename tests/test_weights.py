@@ -123,3 +123,27 @@ def test_bfloat16_model_keeps_float64_statistics_close_to_float32():
     assert abs(cos[torch.bfloat16] - cos[torch.float32]).max() < 2e-3
     with pytest.raises(ValueError, match=r"dtype torch\.int8 not supported"):
         load_model("toy-qwen2", dtype=torch.int8)
+
+
+def test_half_precision_copy_is_written_once_and_checked(tmp_path, monkeypatch):
+    import transformers
+    from safetensors import safe_open
+
+    monkeypatch.setenv("LENS_PARALLEL_CACHE", str(tmp_path / "cache"))
+    full = tmp_path / "full"
+    config = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=4, vocab_size=50304)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(full)
+    from lens_parallel.tokenizers import bundled_tokenizer_folder
+
+    transformers.AutoTokenizer.from_pretrained(bundled_tokenizer_folder("gpt-neox")).save_pretrained(full)
+    half = weights._half_precision_folder("tiny", full, torch.bfloat16)
+    assert half.name == "tiny-bfloat16" and weights._verified(half)
+    (shard,) = weights._weights_files(half)
+    with safe_open(shard, "pt") as f:
+        names = f.keys()
+        assert {f.get_tensor(k).dtype for k in names} == {torch.bfloat16}
+    stamp = shard.stat().st_mtime_ns
+    assert weights._half_precision_folder("tiny", full, torch.bfloat16) == half and shard.stat().st_mtime_ns == stamp
+    shard.write_bytes(b"damaged")  # a damaged copy fails its sha256 and is rebuilt
+    weights._half_precision_folder("tiny", full, torch.bfloat16)
+    assert weights._verified(half)
