@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+import einops
 import numpy as np
 import pandas as pd
 import torch
@@ -169,7 +170,7 @@ def _roles(info: ModelInfo, edit: str, spaces: tuple[str, ...]) -> tuple[list[st
 
 def _masked_sum(per_pos: Tensor, weight: Tensor) -> Tensor:
     """``[batch, pos, head]`` -> ``[batch, head]``, positions weighted (0 at position 0 for ``after-first``)."""
-    return torch.einsum("bph,p->bh", per_pos, weight)
+    return einops.einsum(per_pos, weight, "batch pos head_index, pos -> batch head_index")
 
 
 def _reducer(info, edit, spaces, W_O, means, weight, out, rows, eps):
@@ -187,8 +188,8 @@ def _reducer(info, edit, spaces, W_O, means, weight, out, rows, eps):
             o, g_o, diag = z, g_z, a["pattern"]
 
         def along(m: Tensor, r: Tensor, g_m: Tensor) -> tuple[Tensor, Tensor]:
-            par = geometry.scale_delta(m, r, s_par=2.0, eps=eps)  # = m_par, with the edits' own guard
-            return _masked_sum((g_m * par).sum(-1), weight), _masked_sum((g_m * (m - par)).sum(-1), weight)
+            split = geometry.project(m, r, eps=eps)  # the edits' own split and guard
+            return _masked_sum((g_m * split.par).sum(-1), weight), _masked_sum((g_m * split.perp).sum(-1), weight)
 
         derivs = {"value": along(o, v, g_o), "value-exclude-self": along(geometry.split_self(o, v, diag)[1], v, g_o)}
         if "attn_out" in g:

@@ -146,13 +146,13 @@ def confirm(
         progress=progress,
         desc="confirm",
     )
-    n = result.n_tokens.astype(float)
     exact = np.stack([run[j].loss_sum for j in jobs], axis=1)  # [doc, job]
     base = np.broadcast_to(run.base.loss_sum[:, None], exact.shape)
-    lo, hi = paired_bootstrap_ci(exact, base, np.broadcast_to(n[:, None], exact.shape), seed=seed)
+    weights = np.broadcast_to(result.n_tokens[:, None].astype(float), exact.shape)
+    lo, hi = paired_bootstrap_ci(exact, base, weights, seed=seed)
+    exact_mean = ratio_of_sums_delta(exact, base, weights, axis=0)
     est_grid = result.head_estimate()
     estimate = np.array([est_grid[result.layers.index(layer), h] for layer, h in chosen])
-    exact_mean = ratio_of_sums_delta(exact, base, np.broadcast_to(n[:, None], exact.shape), axis=0)
     provenance = Provenance.collect(
         result.info,
         tokens,
