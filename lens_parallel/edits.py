@@ -36,6 +36,7 @@ from lens_parallel.hooks import (
     check_indices,
     expand_kv,
     hook_name,
+    output_weights,
     residual_reference_role,
     softmax_layers,
 )
@@ -184,12 +185,13 @@ class DiagonalEdit:
             out.append((hook_name(layer, "v"), partial(_store, state=state, key="v")))
             if self.space == "residual-attn":
                 out.append((hook_name(layer, "resid_pre"), partial(_store, state=state, key="x")))
-            W_O = model.blocks[layer].attn.W_O.detach() if self.space == "residual-attn" else None
+            W_O = output_weights(model, layer) if self.space == "residual-attn" else None
             out.append((hook_name(layer, "pattern"), partial(self._edit_pattern, state=state, heads=heads, W_O=W_O)))
         return _after_first(out) if self.positions == "after-first" else out
 
     def _edit_pattern(self, pattern: Tensor, hook, *, state, heads, W_O) -> Tensor:
         v = expand_kv(state.pop("v"), pattern.shape[1])
+        W_O = None if W_O is None else W_O.to(v)
         d_a = geometry.diagonal_change(
             pattern, v, self.space, s_par=self.s_par, x=state.pop("x", None), W_O=W_O, eps=self.eps
         ).d_a
@@ -414,7 +416,7 @@ def _store_diag(pattern: Tensor, hook, *, state: dict[str, Tensor]) -> None:
 
 
 def _residual_attn_hooks(edit: ComponentScale, model, info, layer, heads, state) -> list[Hook]:
-    W_O = model.blocks[layer].attn.W_O.detach()
+    W_O = output_weights(model, layer)
 
     def edit_out(out: Tensor, hook) -> Tensor:
         x = state.pop("x")
@@ -422,7 +424,7 @@ def _residual_attn_hooks(edit: ComponentScale, model, info, layer, heads, state)
             return geometry.scale_components(out, x, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
         mask = _head_mask(heads, info.n_heads, out.shape[0], out.device)
         used = mask.any(0).nonzero().flatten().tolist()  # heads some row edits: per-head writes only for these
-        m = einops.einsum(state.pop("z")[:, :, used], W_O[used], "b p h d, h d m -> b p h m")
+        m = einops.einsum(state.pop("z")[:, :, used], W_O[used].to(out), "b p h d, h d m -> b p h m")
         x_h = einops.repeat(x, "b p m -> b p h m", h=len(used))
         delta = geometry.scale_delta(m, x_h, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
         return out + (delta * mask[:, None, used, None]).sum(2)

@@ -17,6 +17,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
+from transformer_lens.model_bridge.generalized_components.base import align_offloaded_subtree
 
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelInfo
@@ -131,6 +132,17 @@ def softmax_layers(info: ModelInfo, layers: int | Sequence[int] | None, *, what:
     return tuple(layer for layer in chosen if layer not in linear), note
 
 
+def output_weights(
+    model: TransformerBridge, layer: int, *, dtype: torch.dtype | None = None
+) -> Float[Tensor, "head_index d_head d_model"]:
+    """W_O of ``layer`` (a detached copy, in ``dtype`` when given), also when accelerate has offloaded that layer's
+    weights to CPU or disk (``load_model(..., device_map=...)``): they are materialised for the read."""
+    attn = model.blocks[layer].attn
+    with align_offloaded_subtree(attn):
+        weights = attn.W_O.detach().clone()
+    return weights if dtype is None else weights.to(dtype)
+
+
 def head_writes_note(info: ModelInfo, what: str) -> str:
     """Why ``what`` (anything built on one head's write z_h W_O[h] to the residual) is undefined on this model, or
     "" when it is defined. With a post-attention norm (Gemma 3) the attention output of all heads together is
@@ -192,7 +204,8 @@ class LayerStream:
     ``roles`` is one list for every layer or a dict layer -> roles (layers of different kinds need different hooks).
 
     ``pattern`` is stored as its diagonal ``[batch, head_index, pos]`` only (A_tt), never as the full map.
-    Tensors are detached copies in ``dtype`` (float64 by default, so that streamed sums match a cache to 1e-6).
+    Tensors are detached copies in ``dtype`` (float64 by default, so that streamed sums match a cache to 1e-6), on
+    the device of the tokens: a model whose layers sit on several devices hands the reducer tensors on one device.
     """
 
     def __init__(
@@ -215,6 +228,7 @@ class LayerStream:
         if "resid_mid" in used and info.parallel_attn_mlp:
             raise LensParallelError(f"{info.name} runs attention and MLP in parallel: it has no resid_mid")
         self.info, self.reduce, self.dtype = info, reduce, dtype
+        self.device: torch.device | None = None
         self._buffers: dict[int, dict[str, Tensor]] = {}
 
     def fwd_hooks(self) -> list[tuple[str, Callable]]:
@@ -229,7 +243,7 @@ class LayerStream:
         if role == "pattern":
             tensor = torch.diagonal(tensor, dim1=-2, dim2=-1)
         buffer = self._buffers.setdefault(layer, {})
-        buffer[role] = tensor.detach().to(self.dtype)
+        buffer[role] = tensor.detach().to(device=self.device, dtype=self.dtype)
         if len(buffer) == len(self.roles[layer]):
             self.reduce(layer, self._buffers.pop(layer))
             if layer == self.layers[-1]:
@@ -247,6 +261,7 @@ class LayerStream:
         """One forward over ``tokens`` (or from ``resid`` entering block ``start_at_layer``, earlier blocks not
         computed), with ``edit_hooks`` (compiled edits) applied first; stops after the last layer's reduction."""
         self._buffers.clear()
+        self.device = tokens.device
         hooks = [*edit_hooks, *self.fwd_hooks()]
         with torch.inference_mode(), model.hooks(fwd_hooks=hooks), contextlib.suppress(_StopForward):
             if resid is None:
@@ -279,15 +294,16 @@ def gradient_pass(
 ) -> Float[Tensor, " batch"]:
     """One forward and one backward over ``tokens``: per layer, the activations of ``roles`` (detached float64
     copies; ``pattern`` kept as its diagonal) and the gradients of ``objective(logits).sum()`` with respect to the
-    activations of ``grad_roles`` (float64), handed to ``reduce(layer, acts, grads)`` as soon as the backward has
-    passed the layer. Documents are independent, so each document's gradient is that of its own objective.
+    activations of ``grad_roles`` (float64; both on the tokens' device), handed to ``reduce(layer, acts, grads)`` as
+    soon as the backward has passed the layer. Documents are independent, so each document's gradient is that of its
+    own objective.
     Returns ``objective(logits)`` per document. Nothing in the forward changes: every hook returns its input."""
     acts: dict[int, dict[str, Tensor]] = {layer: {} for layer in roles}
     grads: dict[int, dict[str, Tensor]] = {layer: {} for layer in grad_roles}
     live: list[Tensor] = []
 
     def on_grad(g: Tensor, *, layer: int, role: str) -> None:
-        grads[layer][role] = g.detach().double()
+        grads[layer][role] = g.detach().to(device=tokens.device, dtype=torch.float64)
         if len(grads[layer]) == len(grad_roles[layer]):
             reduce(layer, acts.pop(layer), grads.pop(layer))
 
@@ -295,7 +311,7 @@ def gradient_pass(
         check_shape(hook_name(layer, role), tensor, expected_shape(role, info))
         if role in roles.get(layer, ()):
             kept = torch.diagonal(tensor, dim1=-2, dim2=-1) if role == "pattern" else tensor
-            acts[layer][role] = kept.detach().double()
+            acts[layer][role] = kept.detach().to(device=tokens.device, dtype=torch.float64)
         if role in grad_roles.get(layer, ()):
             tensor.register_hook(partial(on_grad, layer=layer, role=role))
             live.append(tensor)

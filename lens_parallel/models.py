@@ -21,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -32,6 +34,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import tokenizers as _tok
 from lens_parallel.errors import LensParallelError
+from lens_parallel.paths import cache_dir
 from lens_parallel.weights import REAL_MODELS, real_model_folder
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
@@ -316,17 +319,39 @@ def export_hf_model(hf_model: transformers.PreTrainedModel) -> transformers.PreT
     return fresh.eval()
 
 
-def _build_toy(spec: str, *, device: str, dtype: torch.dtype) -> TransformerBridge:
+def _toy_hf_model(spec: str) -> tuple[transformers.PreTrainedModel, object]:
     make_config, tokenizer_family = TOY_MODELS[spec]
     config = make_config()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TOY_SEED)
         hf_model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    tokenizer = _tok.load_bundled_tokenizer(tokenizer_family)
+    return hf_model, _tok.load_bundled_tokenizer(tokenizer_family)
+
+
+def _build_toy(spec: str, *, device: str, dtype: torch.dtype) -> TransformerBridge:
+    hf_model, tokenizer = _toy_hf_model(spec)
     return wrap_hf_model(hf_model, tokenizer, name=spec, device=device, dtype=dtype)
 
 
-def _load_folder(folder: Path, *, device: str, dtype: torch.dtype) -> TransformerBridge:
+def toy_folder(spec: str) -> Path:
+    """The toy ``spec`` written once as a Hugging Face folder in the cache (``cache/toys/<spec>``), for loads that
+    place layers with ``device_map`` (accelerate dispatches a model it loads from files). Written into a scratch
+    folder and renamed into place, so a killed write leaves nothing half-written."""
+    folder = cache_dir() / "toys" / spec
+    if not (folder / "config.json").is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".partial-{spec}-", dir=folder.parent))
+        hf_model, tokenizer = _toy_hf_model(spec)
+        hf_model.save_pretrained(scratch)
+        tokenizer.save_pretrained(scratch)
+        try:
+            scratch.rename(folder)
+        except OSError:  # another process wrote it first: same seed, same weights
+            shutil.rmtree(scratch, ignore_errors=True)
+    return folder
+
+
+def _load_folder(folder: Path, *, device: str | None, dtype: torch.dtype, **placement) -> TransformerBridge:
     if not (folder / "config.json").is_file():
         raise ModelSpecError(
             f"folder {str(folder)!r} has no config.json, so it is not a Hugging Face model folder; "
@@ -340,10 +365,10 @@ def _load_folder(folder: Path, *, device: str, dtype: torch.dtype) -> Transforme
         ) from exc
     config = transformers.AutoConfig.from_pretrained(folder)
     _check_architecture(config, str(folder / "config.json"))
-    return _boot(str(folder), device=device, dtype=dtype)
+    return _boot(str(folder), device=device, dtype=dtype, **placement)
 
 
-def _load_hub(name: str, *, device: str, dtype: torch.dtype) -> TransformerBridge:
+def _load_hub(name: str, *, device: str | None, dtype: torch.dtype, **placement) -> TransformerBridge:
     try:
         config = transformers.AutoConfig.from_pretrained(name)
     except OSError as exc:
@@ -356,7 +381,7 @@ def _load_hub(name: str, *, device: str, dtype: torch.dtype) -> TransformerBridg
             f"load_model('/path/to/folder') with a folder written by save_pretrained; {_accepted()}"
         ) from exc
     _check_architecture(config, f"hub model {name!r}")
-    return _boot(name, device=device, dtype=dtype)
+    return _boot(name, device=device, dtype=dtype, **placement)
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -394,11 +419,37 @@ def check_spec(spec: str) -> str:
     return "hub"
 
 
+def _check_placement(device: str, device_map, max_memory, offload_folder) -> dict:
+    """The accelerate placement options to pass on (empty without ``device_map``), checked before anything loads."""
+    if device_map is None:
+        if max_memory is not None or offload_folder is not None:
+            raise ModelSpecError("max_memory and offload_folder place layers for a device_map: give device_map too")
+        return {}
+    if device != "cpu":
+        raise ModelSpecError(
+            f"give either device ({device!r}) or device_map, not both: device_map places every layer itself"
+        )
+    named = ("auto", "balanced", "balanced_low_0", "sequential")
+    if isinstance(device_map, str) and device_map not in named:
+        raise ModelSpecError(
+            f"device_map {device_map!r} unknown; accepted: {', '.join(named)} or a dict module -> device"
+        )
+    if not isinstance(device_map, (str, dict)):
+        raise ModelSpecError(f"device_map must be a name or a dict module -> device, got {type(device_map).__name__}")
+    placement = {"device_map": device_map, "max_memory": max_memory}
+    if offload_folder is not None:
+        placement["offload_folder"] = str(offload_folder)
+    return placement
+
+
 def load_model(
     spec: str,
     *,
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
+    device_map: str | dict[str, str | int] | None = None,
+    max_memory: dict[str | int, str | int] | None = None,
+    offload_folder: str | Path | None = None,
 ) -> TransformerBridge:
     """Load ``spec`` as a ``TransformerBridge`` with unprocessed weights, in eval mode.
 
@@ -409,19 +460,30 @@ def load_model(
     what was wrong and what is accepted for an unknown spec, a folder without ``config.json``, a hub name that
     cannot be reached, or an unsupported architecture; :class:`~lens_parallel.weights.WeightsFetchError` when a real
     model's parts cannot be fetched. Use :func:`model_info` for the attention geometry of the result.
+
+    A model larger than one device: ``device_map`` (``"auto"``, ``"balanced"``, ``"sequential"`` or a dict module
+    name -> ``0`` / ``"cuda:1"`` / ``"cpu"`` / ``"disk"``), ``max_memory`` (device -> budget, e.g. ``{0: "20GiB",
+    "cpu": "60GiB"}``) and ``offload_folder`` (where ``"disk"`` layers are kept) go to the Hugging Face loader the
+    bridge wraps (accelerate), instead of ``device``: consecutive layers may then sit on different GPUs, or on the
+    CPU with part of the weights read from disk as each layer runs. Every analysis works on such a model: captured
+    activations are moved to the tokens' device, edits compute on each activation's own device, and weights read
+    directly (W_O) are materialised for the read. A toy spec is written once as a folder in the cache for this.
     """
     if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         raise ModelSpecError(f"dtype {dtype!r} not supported; accepted: torch.float32, float64, bfloat16, float16")
     kind = check_spec(spec)
-    device = str(check_device(device))
-    if kind == "toy":
+    placement = _check_placement(device, device_map, max_memory, offload_folder)
+    device = None if placement else str(check_device(device))
+    if kind == "toy" and not placement:
         model = _build_toy(spec, device=device, dtype=dtype)
+    elif kind == "toy":
+        model = _load_folder(toy_folder(spec), device=device, dtype=dtype, **placement)
     elif kind == "real":
-        model = _load_folder(real_model_folder(spec, dtype=dtype), device=device, dtype=dtype)
+        model = _load_folder(real_model_folder(spec, dtype=dtype), device=device, dtype=dtype, **placement)
     elif kind == "folder":
-        model = _load_folder(Path(spec).expanduser(), device=device, dtype=dtype)
+        model = _load_folder(Path(spec).expanduser(), device=device, dtype=dtype, **placement)
     else:
-        model = _load_hub(spec, device=device, dtype=dtype)
+        model = _load_hub(spec, device=device, dtype=dtype, **placement)
     model.cfg.model_name = spec  # the spec the user gave, not a cache path
     return model
 

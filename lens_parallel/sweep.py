@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.data import TokenBlocks, document_batches
+from lens_parallel.distributed import TaskContext, check_workers, run_tasks
 from lens_parallel.edits import ABLATIONS, ComponentScale, DiagonalEdit, HeadEdit, check_positions, compile_hooks
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import LayerStream, check_indices, hook_name, softmax_layers
@@ -316,6 +317,30 @@ def _run_chunk(model, info, chunk: list[Job], batches, edit: str | None, means, 
     return torch.cat(sums, dim=1).double().cpu().numpy()
 
 
+@dataclass(frozen=True)
+class _SweepInput:
+    """What every chunk of a sweep needs (sent once to each worker)."""
+
+    tokens: Tensor
+    starts: tuple[int, ...]
+    batch_size: int
+    kind: str | None
+    means: dict[int, Tensor]
+    positions: str
+
+
+def _sweep_task(context: TaskContext, plan: _SweepInput, chunk: list[Job]) -> np.ndarray:
+    """One chunk of jobs; the prefixes (or plain batches) are computed once per worker."""
+
+    def batches():
+        if plan.starts or plan.kind is not None:
+            return _prefix_pass(context.model, plan.tokens, list(plan.starts), plan.batch_size)[1]
+        return [(batch, {}) for _, batch in document_batches(plan.tokens, plan.batch_size)]
+
+    prefixes = context.cached("batches", batches)
+    return _run_chunk(context.model, context.info, chunk, prefixes, plan.kind, plan.means, plan.positions)
+
+
 def run_sweep(
     model: TransformerBridge,
     tokens: TokenBlocks | Int[Tensor, "batch pos"],
@@ -328,10 +353,15 @@ def run_sweep(
     store: str | Path | None = None,
     progress: bool = True,
     desc: str = "sweep",
+    workers: int = 1,
+    ray_address: str | None = None,
 ) -> SweepRun:
     """Run every job (see the module docstring). ``edit``: how :class:`AblationJob` s remove their heads (zero, mean,
     parallel-value, parallel-residual), at ``positions`` (``all`` or ``after-first``). ``store``: a JSON-lines file
-    that makes the sweep resumable."""
+    that makes the sweep resumable. ``workers`` / ``ray_address``: run the chunks of jobs on Ray actors that each
+    load the model by its spec (:mod:`lens_parallel.distributed`); this process writes the store, so a run killed
+    midway resumes with or without workers, and the numbers equal a single-process run's exactly."""
+    distributed = check_workers(workers, ray_address, model)
     info = model_info(model)
     tokens = as_tokens(tokens)
     jobs = _validate(jobs, info, edit)
@@ -350,18 +380,24 @@ def run_sweep(
     head_layers = sorted({j.layer for j in todo if isinstance(j, AblationJob)})
     means = head_means(model, tokens, head_layers, batch_size=batch_size) if kind == "mean" and head_layers else {}
     starts = sorted({job.start_layer for job in todo} - {0})
-    if starts or kind is not None:  # the unedited pass gives the prefixes and the base losses
-        base, batches = _prefix_pass(model, tokens, starts, batch_size)
+    plan = _SweepInput(tokens, tuple(starts), batch_size, kind, means, positions)
+    memo = {}
+    if starts or kind is not None:  # the unedited pass gives the base losses (and, in this process, the prefixes)
+        base, memo["batches"] = _prefix_pass(model, tokens, [] if distributed else starts, batch_size)
     else:  # whole-model edits from the tokens: no unedited forward needed
-        base, batches = None, [(batch, {}) for _, batch in document_batches(tokens, batch_size)]
+        base = None
     per_forward = max(1, rows_per_forward // min(batch_size, len(tokens)))
+    chunks = _chunks(todo, per_forward)
     bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=desc, unit="job", disable=not progress)
-    for chunk in _chunks(todo, per_forward):
-        for job, row in zip(chunk, _run_chunk(model, info, chunk, batches, kind, means, positions), strict=True):
+    finished = run_tasks(
+        model, _sweep_task, plan, chunks, workers=workers, ray_address=ray_address, memo=None if distributed else memo
+    )
+    for i, rows in finished:
+        for job, row in zip(chunks[i], rows, strict=True):
             done[job.key] = row.tolist()
             if sweep_store is not None:
                 sweep_store.append(job, done[job.key])
-        bar.update(len(chunk))
+        bar.update(len(chunks[i]))
     bar.close()
     n_tokens = np.full(len(tokens), tokens.shape[1] - 1, dtype=np.int64)
     return SweepRun(

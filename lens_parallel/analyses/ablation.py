@@ -108,9 +108,12 @@ def run_ablations(
     rows_per_forward: int = 8,
     store: str | Path | None = None,
     progress: bool = True,
+    workers: int = 1,
+    ray_address: str | None = None,
 ) -> AblationRun:
     """Run every ablation job on the sweep engine, editing ``positions`` (``all`` or ``after-first``). ``store``: a
-    JSON-lines file that makes the sweep resumable."""
+    JSON-lines file that makes the sweep resumable. ``workers`` / ``ray_address``: on Ray workers
+    (:mod:`lens_parallel.distributed`)."""
     toks = as_tokens(tokens)
     jobs = tuple(dict.fromkeys(jobs))
     run = run_sweep(
@@ -124,6 +127,8 @@ def run_ablations(
         store=store,
         progress=progress,
         desc=f"ablate ({edit})",
+        workers=workers,
+        ray_address=ray_address,
     )
     provenance = Provenance.collect(
         model_info(model),

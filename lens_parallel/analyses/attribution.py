@@ -43,7 +43,7 @@ from lens_parallel import geometry
 from lens_parallel.data import TokenBlocks, document_batches
 from lens_parallel.edits import ABLATIONS, check_positions
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import expand_kv, gradient_pass, head_writes_note, softmax_layers
+from lens_parallel.hooks import expand_kv, gradient_pass, head_writes_note, output_weights, softmax_layers
 from lens_parallel.losses import next_token_nll
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.plots.attribution import attribution_figure
@@ -246,7 +246,7 @@ def head_attribution(
     spaces = SPACES[:2] if note else SPACES
     skipped = [s for s in (skipped, note) if s]
     acts, grads = _roles(info, edit, spaces)
-    W_O = {layer: model.blocks[layer].attn.W_O.detach().double() for layer in layer_idx} if "attn_out" in grads else {}
+    W_O = {layer: output_weights(model, layer, dtype=torch.float64) for layer in layer_idx if "attn_out" in grads}
     means = head_means(model, toks, layer_idx) if edit == "mean" else {}
     n_docs, n_heads = toks.shape[0], info.n_heads
     out = {

@@ -47,6 +47,7 @@ from lens_parallel.hooks import (
     check_indices,
     expand_kv,
     head_writes_note,
+    output_weights,
     residual_reference_role,
     softmax_layers,
 )
@@ -313,9 +314,7 @@ def decompose(
     roles = {layer: r for layer, r in roles.items() if r}
     W_O = {}
     if "residual-attn" in spaces:
-        W_O = {
-            layer: model.blocks[layer].attn.W_O.detach().to(torch.float64) for layer in space_layers["residual-attn"]
-        }
+        W_O = {layer: output_weights(model, layer, dtype=torch.float64) for layer in space_layers["residual-attn"]}
     acc = _Accumulator(info, space_layers, eps)
     stream = LayerStream(info, list(roles), roles, _reducer(acc, spaces, W_O))
     for start in tqdm(range(0, toks.shape[0], batch_size), desc="decompose", unit="batch", disable=not progress):

@@ -28,7 +28,7 @@ from lens_parallel import geometry
 from lens_parallel.data import TokenBlocks
 from lens_parallel.edits import DIAGONAL_SPACES
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import check_indices, expand_kv, head_writes_note, softmax_layers
+from lens_parallel.hooks import check_indices, expand_kv, head_writes_note, output_weights, softmax_layers
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.plots.diagonal import diagonal_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
@@ -199,7 +199,7 @@ def diagonal_view(
     """
     info, toks = model_info(model), as_tokens(tokens)
     spaces, layer, head = _check_view(info, space, layer, head, s_par, doc, len(toks))
-    W_O = model.blocks[layer].attn.W_O.detach().double()
+    W_O = output_weights(model, layer, dtype=torch.float64)
     acc = _DiagonalSummary(len(spaces), info.n_heads)
     kept: dict[str, Tensor] = {}
 

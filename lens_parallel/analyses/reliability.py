@@ -26,6 +26,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.analyses.nulls import NullResult, causal_null, gqa_alignment, is_grouped
 from lens_parallel.data import TokenBlocks
+from lens_parallel.distributed import check_workers
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import model_info
 from lens_parallel.plots.nulls import sanity_figure, split_half_figure
@@ -131,13 +132,17 @@ def split_half_reliability(
     batch_size: int = 8,
     store: str | Path | None = None,
     progress: bool = True,
+    workers: int = 1,
+    ray_address: str | None = None,
 ) -> SplitHalfResult:
     """See the module docstring. ``store``: the JSON-lines file of the resumable single-head ablation sweep (run once
     over all documents and split by half: per-document losses do not depend on the half;
     :func:`~lens_parallel.analyses.sensitivity.head_sensitivity` given the same file and positions shares its
     finished jobs). ``positions``: the paper's frozen single-head interventions exclude the first token
-    (``after-first``, the default here)."""
+    (``after-first``, the default here). ``workers`` / ``ray_address``: run the sweep on Ray workers
+    (:mod:`lens_parallel.distributed`; same numbers as one process)."""
     _check_documents(tokens)
+    check_workers(workers, ray_address, model)
     null = causal_null(model, tokens, seed=seed, batch_size=batch_size, n_resamples=100)
     return _split_half(
         model,
@@ -149,6 +154,8 @@ def split_half_reliability(
         batch_size=batch_size,
         store=store,
         progress=progress,
+        workers=workers,
+        ray_address=ray_address,
     )
 
 
@@ -168,6 +175,8 @@ def _split_half(
     batch_size: int,
     store: str | Path | None,
     progress: bool,
+    workers: int,
+    ray_address: str | None,
 ) -> SplitHalfResult:
     """Split ``null`` (per-document cosines on ``tokens``) and one single-head ablation sweep into seeded halves."""
     info, toks = model_info(model), as_tokens(tokens)
@@ -175,7 +184,16 @@ def _split_half(
     halves = (tuple(sorted(order[: len(toks) // 2].tolist())), tuple(sorted(order[len(toks) // 2 :].tolist())))
     jobs = [AblationJob(layer, (h,)) for layer in null.layers for h in range(info.n_heads)]
     run = run_sweep(
-        model, toks, jobs, edit=edit, positions=positions, batch_size=batch_size, store=store, progress=progress
+        model,
+        toks,
+        jobs,
+        edit=edit,
+        positions=positions,
+        batch_size=batch_size,
+        store=store,
+        progress=progress,
+        workers=workers,
+        ray_address=ray_address,
     )
     cos_self, excess, deltas = [], [], []
     for half in halves:
@@ -255,11 +273,15 @@ def sanity_report(
     batch_size: int = 8,
     store: str | Path | None = None,
     progress: bool = True,
+    workers: int = 1,
+    ray_address: str | None = None,
 ) -> SanityReport:
     """Every check on one set of documents: causal null (+ GQA alignment under grouped-query attention) and split halves
     (from that same null pass and one single-head ablation sweep). ``null``: ``sampled`` (the paper's) or ``exact``;
-    ``positions``: where the single-head edits act (``after-first``, the paper's frozen protocol)."""
+    ``positions``: where the single-head edits act (``after-first``, the paper's frozen protocol). ``workers`` /
+    ``ray_address``: run the sweep on Ray workers (:mod:`lens_parallel.distributed`)."""
     _check_documents(tokens)
+    check_workers(workers, ray_address, model)
     check = gqa_alignment if is_grouped(model_info(model)) else causal_null
     nulls = check(model, tokens, seed=seed, null=null, batch_size=batch_size)
     split = _split_half(
@@ -272,5 +294,7 @@ def sanity_report(
         batch_size=batch_size,
         store=store,
         progress=progress,
+        workers=workers,
+        ray_address=ray_address,
     )
     return SanityReport(null=nulls, split_half=split)

@@ -155,6 +155,8 @@ def scale_sweep(
     seed: int = 0,
     store: str | Path | None = None,
     progress: bool = True,
+    workers: int = 1,
+    ray_address: str | None = None,
 ) -> ScalingResult:
     """Loss/perplexity of ``ComponentScale`` settings, minus the matched no-op, with paired bootstrap CIs.
 
@@ -167,6 +169,7 @@ def scale_sweep(
         positions: ``all`` (default) or ``after-first``: position 0 (the boundary token, where o_0 = v_0) untouched.
         batch_size, n_resamples, seed: documents per forward; bootstrap resamples and seed (CIs over documents).
         store: a JSON-lines file that makes the sweep resumable (see :func:`lens_parallel.sweep.run_sweep`).
+        workers, ray_address: run the settings on Ray workers (:mod:`lens_parallel.distributed`; same numbers).
 
     Runs on the sweep engine: one forward per setting and batch (the edits compute their references inside that
     forward); per-layer settings resume at the edited layer. The matched no-op (the same hooks, scales 1) is exact,
@@ -185,7 +188,17 @@ def scale_sweep(
         compile_hooks(model, job.edits)  # validate every intervention before the first forward
     toks = as_tokens(tokens)
     jobs = [*noops.values(), *(job for job, _ in points.values())]
-    run = run_sweep(model, toks, jobs, batch_size=batch_size, store=store, progress=progress, desc="scale sweep")
+    run = run_sweep(
+        model,
+        toks,
+        jobs,
+        batch_size=batch_size,
+        store=store,
+        progress=progress,
+        desc="scale sweep",
+        workers=workers,
+        ray_address=ray_address,
+    )
     sweep_points = tuple(
         SweepPoint(sp, vary, a, b, layer, edit_effect(run[noops[sp]], run[job], n_resamples=n_resamples, seed=seed))
         for job, (sp, vary, a, b, layer) in points.values()

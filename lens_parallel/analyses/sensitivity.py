@@ -128,11 +128,14 @@ def head_sensitivity(
     seed: int = 0,
     store: str | Path | None = None,
     progress: bool = True,
+    workers: int = 1,
+    ray_address: str | None = None,
 ) -> SensitivityResult:
     """Per layer: every head ablated alone and all heads jointly (``edit``: zero, mean, parallel-value,
     parallel-residual; ``positions``: ``all`` or ``after-first``). ``store``: a JSON-lines file that makes the
     sweep resumable (see :func:`lens_parallel.sweep.run_sweep`). With ``layers=None`` linear-attention layers
-    (Qwen3.5) are skipped, and the result's provenance says so."""
+    (Qwen3.5) are skipped, and the result's provenance says so. ``workers`` / ``ray_address``: run the sweep on Ray
+    workers (:mod:`lens_parallel.distributed`; same numbers as one process)."""
     info = model_info(model)
     layer_idx, skipped = softmax_layers(info, layers, what="head_sensitivity")
     singles = [AblationJob(layer, (h,)) for layer in layer_idx for h in range(info.n_heads)]
@@ -147,6 +150,8 @@ def head_sensitivity(
         rows_per_forward=rows_per_forward,
         store=store,
         progress=progress,
+        workers=workers,
+        ray_address=ray_address,
     )
     single = np.array([_stats(run.base, run[j], n_resamples, n_permutations, seed) for j in singles])
     joint = np.array([_stats(run.base, run[j], n_resamples, n_permutations, seed) for j in joints])
