@@ -73,7 +73,7 @@ def test_head_outputs_sum_to_the_attention_output_and_removal_drops_exactly_one(
 
 
 @pytest.mark.parametrize("spec", ["toy-qwen3.5", "toy-qwen3"])
-def test_removing_no_head_gives_exactly_zero(spec):
+def test_removing_no_head_gives_zero(spec):
     model = get_model(spec)
     info = model_info(model)
     tokens = token_blocks(model, "austen", n_docs=2, seq_len=10).tokens
@@ -88,8 +88,8 @@ def test_removing_no_head_gives_exactly_zero(spec):
             for key, value in eff.items():
                 if key == "js" and receive.kind == "linear":
                     assert np.isnan(value).all()  # no softmax row
-                else:
-                    assert (value == 0).all(), (up, key)
+                else:  # exactly 0 on most CPUs; some give equal rows of one batch different float32 rounding
+                    np.testing.assert_allclose(value, 0.0, atol=1e-6, err_msg=f"{up} {key}")
 
 
 def _plain(model, tokens, up, heads):

@@ -30,9 +30,10 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import geometry
 from lens_parallel.compression import Compression, MethodLike, compress, method_name
 from lens_parallel.data import TokenBlocks, document_batches
+from lens_parallel.distributed import TaskContext, check_workers, run_tasks
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import LayerStream, softmax_layers
-from lens_parallel.losses import document_losses, edit_effect
+from lens_parallel.losses import DocLosses, EditEffect, document_losses, edit_effect
 from lens_parallel.models import model_info
 from lens_parallel.plots.compression import compression_figure
 from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
@@ -180,6 +181,45 @@ def _check_methods(method: MethodLike | Sequence[MethodLike], positions: str) ->
     return [Compression.parse(m) if isinstance(m, str) else m for m in methods]
 
 
+@dataclass(frozen=True)
+class _CompressionInput:
+    """What every method's unit of work needs; sent once to each worker."""
+
+    tokens: Tensor
+    calibration: Tensor
+    methods: tuple
+    layers: tuple[int, ...]
+    positions: str
+    eps: float
+    batch_size: int
+
+
+def _dense_pass(model: TransformerBridge, plan: _CompressionInput) -> tuple[dict[int, list], DocLosses]:
+    """The dense model's per-layer inputs and updates, batch by batch, and its per-document losses."""
+    dense: dict[int, list[tuple[Tensor, Tensor]]] = {layer: [] for layer in plan.layers}
+
+    def keep_dense(rows: slice, layer: int, tensors: dict[str, Tensor]) -> None:
+        dense[layer].append(_updates(tensors, plan.positions))
+
+    roles = ["resid_pre", "attn_out", "mlp_out"]
+    capture(model, plan.tokens, plan.layers, roles, keep_dense, batch_size=plan.batch_size, dtype=torch.float32)
+    return dense, document_losses(model, plan.tokens, batch_size=plan.batch_size)
+
+
+def _method_task(context: TaskContext, plan: _CompressionInput, i: int) -> tuple[np.ndarray, EditEffect]:
+    """Method ``i``: its relative errors ``[3, sublayer, layer, document]`` and its loss change."""
+    dense, base_losses = context.cached("dense", lambda: _dense_pass(context.model, plan))
+    compressed = compress(context.model, plan.methods[i], calibration=plan.calibration)
+    errors = np.full((3, len(SUBLAYERS), len(plan.layers), len(plan.tokens)), np.nan)
+    for j, (rows, batch) in enumerate(document_batches(plan.tokens, plan.batch_size)):
+        for k, layer in enumerate(plan.layers):
+            base, resid = dense[layer][j]
+            comp = _block_updates(compressed, context.info, layer, batch, resid, plan.positions)
+            errors[:, :, k, rows] = _relative_errors(comp, base, plan.eps).numpy()
+    compressed_losses = document_losses(compressed, plan.tokens, batch_size=plan.batch_size)
+    return errors, edit_effect(base_losses, compressed_losses)
+
+
 def compression_error(
     model: TransformerBridge,
     tokens: TokenBlocks | Int[Tensor, "batch pos"],
@@ -189,6 +229,8 @@ def compression_error(
     calibration: TokenBlocks | Int[Tensor, "batch pos"] | None = None,
     eps: float = geometry.EPS,
     batch_size: int = 8,
+    workers: int = 1,
+    ray_address: str | None = None,
 ) -> CompressionResult:
     """Decompose every method's per-layer update error into parts along and across the dense update.
 
@@ -196,31 +238,26 @@ def compression_error(
     :mod:`lens_parallel.compression`), :class:`Compression` objects, or functions editing a Hugging Face model in
     place. ``calibration``: tokens for Wanda's input norms (default: ``tokens``). Each method compresses a copy (one
     at a time); ``model`` is never changed. Prompts run ``batch_size`` at a time: one dense pass keeps each layer's
-    input and updates, then each compressed block is fed the dense input, batch by batch.
+    input and updates, then each compressed block is fed the dense input, batch by batch. ``workers`` /
+    ``ray_address``: one method per Ray worker at a time (:mod:`lens_parallel.distributed`; same numbers; a
+    function given as a method must be importable or picklable by cloudpickle).
     """
     methods = _check_methods(method, positions)
+    check_workers(workers, ray_address, model)
     toks = as_tokens(tokens)
     calib = toks if calibration is None else as_tokens(calibration)
     info = model_info(model)
     layers, _ = softmax_layers(info, None, what="compression_error")
-    dense: dict[int, list[tuple[Tensor, Tensor]]] = {layer: [] for layer in layers}
-
-    def keep_dense(rows: slice, layer: int, tensors: dict[str, Tensor]) -> None:
-        dense[layer].append(_updates(tensors, positions))
-
-    roles = ["resid_pre", "attn_out", "mlp_out"]
-    capture(model, toks, layers, roles, keep_dense, batch_size=batch_size, dtype=torch.float32)
-    base_losses = document_losses(model, toks, batch_size=batch_size)
+    plan = _CompressionInput(toks, calib, tuple(methods), tuple(layers), positions, eps, batch_size)
+    memo = {} if workers > 1 or ray_address else {"dense": _dense_pass(model, plan)}
+    base_losses = memo["dense"][1] if memo else document_losses(model, toks, batch_size=batch_size)
     errors = np.full((3, len(methods), len(SUBLAYERS), len(layers), len(toks)), np.nan)  # par, perp, coef
     delta_loss, delta_ci = np.zeros(len(methods)), np.zeros((len(methods), 2))
-    for i, m in enumerate(methods):
-        compressed = compress(model, m, calibration=calib)
-        for j, (rows, batch) in enumerate(document_batches(toks, batch_size)):
-            for k, layer in enumerate(layers):
-                base, resid = dense[layer][j]
-                comp = _block_updates(compressed, info, layer, batch, resid, positions)
-                errors[:, i, :, k, rows] = _relative_errors(comp, base, eps).numpy()
-        effect = edit_effect(base_losses, document_losses(compressed, toks, batch_size=batch_size))
+    finished = run_tasks(
+        model, _method_task, plan, range(len(methods)), workers=workers, ray_address=ray_address, memo=memo
+    )
+    for i, (err, effect) in finished:
+        errors[:, i] = err
         delta_loss[i], delta_ci[i] = effect.delta_loss, effect.delta_loss_ci
     return CompressionResult(
         methods=tuple(method_name(m) for m in methods),

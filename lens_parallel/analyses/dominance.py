@@ -33,7 +33,8 @@ every query token. A token-adaptive mask for token t must hold at every position
 linear receiver's causal convolution), so each (text, receiving head, half) of token t is one row truncated to
 t + 1 tokens (causal: the same numbers as the full sequence, to float rounding). Every row resumes at layer l from
 the cached residual (earlier blocks not computed) and stops at layer l+1's attention pattern; each forward carries
-the unedited rows of its texts, so an effect compares two rows of one forward (removing no head gives exactly 0).
+the unedited rows of its texts, so an effect compares two rows of one forward (removing no head gives 0, exactly where
+the CPU's kernels treat every row of a batch alike, else to float32 rounding: 2e-7 seen on one machine).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.data import TokenBlocks, document_batches, token_blocks
+from lens_parallel.distributed import TaskContext, check_workers, run_tasks
 from lens_parallel.edits import HeadEdit
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import LayerStream, check_indices, effective_qk_roles, hook_name
@@ -449,6 +451,44 @@ def _pad(arrays: list[np.ndarray], axes: Sequence[int]) -> np.ndarray:
     return np.stack(padded)
 
 
+@dataclass(frozen=True)
+class _DominanceInput:
+    """What every unit of work (one layer pair on one batch of texts) needs; sent once to each worker."""
+
+    tokens: Tensor
+    ups: tuple[int, ...]
+    positions: tuple[int, ...]
+    seed: int
+    mask_scales: tuple[str, ...]
+    batch_size: int
+    rows_per_forward: int
+
+
+def _dominance_task(context: TaskContext, plan: _DominanceInput, unit: tuple[int, int]) -> dict:
+    """Layer pair ``plan.ups[p]`` on the batch of texts starting at ``start``; the batch's unedited residuals are
+    kept for the next unit (units come batch by batch)."""
+    start, p = unit
+    up = plan.ups[p]
+    rows = slice(start, min(start + plan.batch_size, len(plan.tokens)))
+    batch = plan.tokens[rows]
+    names = [hook_name(u, "resid_pre") for u in plan.ups]
+    if context.memo.get("resid_batch") != start:
+        with torch.inference_mode():
+            _, cache = context.model.run_with_cache(batch, names_filter=names, stop_at_layer=max(plan.ups) + 1)
+        context.memo.update(resid_batch=start, resid=cache)
+    receive = context.cached(("receiver", up), lambda: _Receiver(context.model, context.info, up))
+    return _pair_batch(
+        receive,
+        batch,
+        context.memo["resid"][names[p]],
+        range(rows.start, rows.stop),
+        list(plan.positions),
+        seed=plan.seed,
+        mask_scales=plan.mask_scales,
+        rows_per_forward=plan.rows_per_forward,
+    )
+
+
 def study_texts(model: TransformerBridge, *, seq_len: int = 32, seed: int = 0) -> TokenBlocks:
     """The study's inputs: four texts of ``seq_len`` tokens, two English (``wikipedia-en``) and two Chinese
     (``lunyu``), each block starting with the document-boundary token at position 0."""
@@ -473,6 +513,8 @@ def head_dominance(
     batch_size: int = 4,
     rows_per_forward: int = 128,
     progress: bool = True,
+    workers: int = 1,
+    ray_address: str | None = None,
 ) -> DominanceResult:
     """Dominance of upstream heads over the next layer's heads, for every pair (l, l+1) with l in
     ``upstream_layers`` (default: all but the last layer), of any layer types (module docstring for the formulas).
@@ -483,7 +525,10 @@ def head_dominance(
     tokens; a caller whose texts carry no boundary token shifts the window by one (``slice(8, 33)`` on 33 tokens).
     ``mask_scales``: what ranks the weak/strong halves: ``("qkv",)`` (the study) or ``("qkv", "js")``.
     Texts are processed ``batch_size`` at a time; a forward holds at most ``rows_per_forward`` rows.
+    ``workers`` / ``ray_address``: each (layer pair, batch of texts) on Ray workers (:mod:`lens_parallel.distributed`;
+    same numbers as one process).
     """
+    check_workers(workers, ray_address, model)
     info = model_info(model)
     toks = as_tokens(tokens)
     positions = list(_positions(query_positions, toks.shape[1]))
@@ -497,28 +542,20 @@ def head_dominance(
     if isinstance(rows_per_forward, bool) or not isinstance(rows_per_forward, int) or rows_per_forward < 2:
         raise LensParallelError(f"rows_per_forward must be an integer >= 2, got {rows_per_forward!r}")
     receivers = [_Receiver(model, info, up) for up in ups]
-    names = [hook_name(up, "resid_pre") for up in ups]
-    per_pair: list[dict[str, list]] = [{} for _ in ups]
-    batches = document_batches(toks, batch_size)
-    bar = tqdm(total=len(ups) * -(-len(toks) // batch_size), desc="dominance", unit="pair", disable=not progress)
-    for rows, batch in batches:
-        with torch.inference_mode():
-            _, cache = model.run_with_cache(batch, names_filter=names, stop_at_layer=max(ups) + 1)
-        for p, receive in enumerate(receivers):
-            out = _pair_batch(
-                receive,
-                batch,
-                cache[names[p]],
-                range(rows.start, rows.stop),
-                positions,
-                seed=seed,
-                mask_scales=mask_scales,
-                rows_per_forward=rows_per_forward,
-            )
-            for key, value in out.items():
-                per_pair[p].setdefault(key, []).append(value)
+    plan = _DominanceInput(toks, ups, tuple(positions), seed, mask_scales, batch_size, rows_per_forward)
+    units = [(rows.start, p) for rows, _ in document_batches(toks, batch_size) for p in range(len(ups))]
+    memo = {("receiver", r.up): r for r in receivers}
+    found: dict[tuple[int, int], dict] = {}
+    with tqdm(total=len(units), desc="dominance", unit="pair", disable=not progress) as bar:
+        for i, out in run_tasks(
+            model, _dominance_task, plan, units, workers=workers, ray_address=ray_address, memo=memo
+        ):
+            found[units[i]] = out
             bar.update(1)
-    bar.close()
+    per_pair = [
+        {key: [found[start, p][key] for start, q in units if q == p] for key in found[units[0]]}
+        for p in range(len(ups))
+    ]
     arrays = {key: [np.concatenate(pair[key]) for pair in per_pair] for key in per_pair[0]}
     provenance = Provenance.collect(
         info,
