@@ -205,13 +205,15 @@ def run_remote(
     *,
     workers: int,
     ray_address: str | None,
-    gpus: bool,
+    device: str,
 ) -> Iterator[tuple[int, Any]]:
     """``(i, function(**calls[i]))`` as each finishes, at most ``workers`` at a time, each a Ray task (one GPU each
-    when ``gpus``, else an equal share of the cores) that Ray reruns up to :data:`MAX_RETRIES` times if its
-    process dies; ``function`` must make a rerun resume (a training run restarts from its last checkpoint)."""
+    when ``device`` is CUDA, or ``auto`` on a cluster with GPUs; else an equal share of the cores) that Ray reruns up
+    to :data:`MAX_RETRIES` times if its process dies; ``function`` must make a rerun resume (a training run restarts
+    from its last checkpoint)."""
     check_workers(workers, ray_address)
     ray = connect(ray_address)
+    gpus = device.startswith("cuda") or (device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     options, threads = _actor_options(ray, "cuda" if gpus else "cpu", workers)
     remote = ray.remote(max_retries=MAX_RETRIES)(_call).options(**options)
     pending: dict[Any, int] = {}

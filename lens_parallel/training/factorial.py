@@ -27,6 +27,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from lens_parallel import stats
+from lens_parallel.distributed import check_workers, run_remote
 from lens_parallel.errors import LensParallelError
 from lens_parallel.plots.training import factorial_figure, gates_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
@@ -287,6 +288,8 @@ def run_factorial(
     alpha: float = 0.05,
     plan: str | Path | None = None,
     progress: bool = True,
+    workers: int = 1,
+    ray_address: str | None = None,
 ) -> FactorialResult:
     """Train every arm with every seed into ``out/<arm>/seed<k>`` (finished runs are read back, interrupted ones
     resume), all arms of a seed before the next seed, so that an interrupted factorial holds complete pairs; save
@@ -294,7 +297,13 @@ def run_factorial(
     seeds. Endpoints: ``primary`` (default: the first non-baseline arm), ``secondary`` (default: the other arms),
     ``contrasts`` (pairs of arms compared directly). ``plan``: a JSON file the frozen analysis plan (arms, seeds,
     endpoints and families, alpha, tokens per run, config and its hash) is written to before the first run; a later
-    call whose plan differs, after training started, is refused. The paper's design: :data:`DESIGNS`."""
+    call whose plan differs, after training started, is refused. The paper's design: :data:`DESIGNS`.
+
+    ``workers`` / ``ray_address``: each (arm, seed) run is a Ray task, ``workers`` at a time (one GPU each when the
+    config trains on CUDA, or on ``auto`` with GPUs in the cluster; else an equal share of the cores), writing its
+    checkpoints into its own folder as above; a run whose process dies is rerun by Ray and resumes from its last
+    checkpoint. ``out`` must then be a folder every node sees (a shared file system), as must the plan. The paired
+    analysis runs once every run is done, with the same numbers as the sequential factorial."""
     arms = check_arms(tuple(arms))
     seeds = tuple(int(s) for s in seeds)
     if BASELINE not in arms or len(arms) < 2:
@@ -306,7 +315,9 @@ def run_factorial(
     if not 0 < alpha < 1:
         raise LensParallelError(f"alpha must be in (0, 1), got {alpha}")
     primary, secondary, contrasts = _endpoints(arms, primary, secondary, contrasts)
-    runtime(config)
+    distributed = check_workers(workers, ray_address)
+    if not distributed:  # on a cluster the device is the workers'
+        runtime(config)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plan_hash = None
@@ -315,9 +326,12 @@ def run_factorial(
         plan_hash = _freeze_plan(
             Path(plan), _plan(config, arms, seeds, primary, secondary, contrasts, alpha), started=started
         )
-    runs = tuple(
-        train(config, arm, seed, out=out / arm / f"seed{seed}", progress=progress) for seed in seeds for arm in arms
-    )
+    calls = [{"config": config, "arm": a, "seed": k, "out": out / a / f"seed{k}"} for k in seeds for a in arms]
+    if distributed:
+        finished = dict(run_remote(train, calls, workers=workers, ray_address=ray_address, device=config.device))
+        runs = tuple(finished[i] for i in range(len(calls)))
+    else:
+        runs = tuple(train(**call, progress=progress) for call in calls)
     settings = {
         "config": config.to_dict(),
         "arms": list(arms),
