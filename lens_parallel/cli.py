@@ -62,6 +62,21 @@ def _common(parser: argparse.ArgumentParser, *, n_docs: int = 16, many_models: b
     parser.add_argument("--out", required=False, help="output folder (default: results/<subcommand>)")
 
 
+def _workers(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        help="run the jobs on this many Ray workers (pip install 'lens_parallel[distributed]'), default 1: here",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="a running Ray cluster (auto, or host:6379); default: a local Ray when --workers > 1",
+    )
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from lens_parallel.analyses.decompose import SPACES
     from lens_parallel.analyses.nulls import NULLS
@@ -82,6 +97,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, nargs="+", default=None, help="layers edited (default: all)")
     p.add_argument("--per-layer", action="store_true", help="one layer at a time instead of all together")
     p.add_argument("--positions", default="all", choices=POSITIONS, help="after-first: leave the boundary token")
+    _workers(p)
     p = sub.add_parser("diagonal", help="attention-diagonal form of parallel scaling for one head")
     _common(p, n_docs=4)
     p.add_argument("--layer", type=int, default=None, help="layer (default: the most self-aligned head's)")
@@ -100,6 +116,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="exact: one ablation per head (engine); attribution: every head from one forward + one backward",
     )
     p.add_argument("--confirm", type=int, default=0, metavar="K", help="attribution: rerun the top K heads exactly")
+    _workers(p)
     p = sub.add_parser("dominance", help="how strongly each upstream head drives the next layer's q/k/v")
     _common(p, n_docs=4)
     p.set_defaults(texts="study", seq_len=32)
@@ -113,6 +130,7 @@ def _build_parser() -> argparse.ArgumentParser:
         choices=["qkv", "both"],
         help="rank the weak/strong halves on qkv (the study) or also on js",
     )
+    _workers(p)
     p = sub.add_parser("checks", help="sanity checks: causal null, GQA groups, split-half reliability")
     _common(p, n_docs=8)
     p.add_argument("--edit", default="parallel-value", choices=ABLATIONS)
@@ -120,6 +138,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--positions", default="after-first", choices=POSITIONS, help="the paper's frozen protocol: after-first"
     )
     p.add_argument("--null", default="sampled", choices=NULLS, help="causal null: sampled (the paper's) or exact")
+    _workers(p)
     p = sub.add_parser("compress", help="compression error along / across each layer's update")
     _common(p, n_docs=12)
     p.add_argument(
@@ -129,6 +148,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="int8, int4, int4-g128, magnitude-50%%, wanda-50%%, magnitude-2:4, wanda-4:8, ...",
     )
     p.add_argument("--positions", default="last", choices=["last", "all"])
+    _workers(p)
     p = sub.add_parser("report", help="the standard battery on one or several models: report.html + tables")
     _common(p, n_docs=8, many_models=True)
     p = sub.add_parser("train", help="train small LMs with each arm, paired by seed")
@@ -149,6 +169,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--texts", nargs="+", default=None, help="corpora to train on (default: the preset's)")
     p.add_argument("--device", default="auto", help="auto (CUDA + bf16 when available), cpu or cuda")
     p.add_argument("--out", required=False, help="output folder (default: results/train)")
+    _workers(p)
     p = sub.add_parser("models", help="list the models that load offline now and those that need the hub")
     p.add_argument("--out", required=False, help="also write models.csv here")
     return parser
@@ -171,9 +192,11 @@ def _emit(out: Path, name: str, result, shown: pd.DataFrame) -> None:
 
 def _load(args: argparse.Namespace):
     from lens_parallel.data import token_blocks
+    from lens_parallel.distributed import check_workers
     from lens_parallel.models import load_model
 
     out = _writable_dir(args.out or f"results/{args.command}")
+    check_workers(getattr(args, "workers", 1), getattr(args, "ray_address", None))  # before loading anything
     model = load_model(args.model, device=args.device)
     if args.texts == "study":
         from lens_parallel.analyses.dominance import study_texts
@@ -210,6 +233,9 @@ def _scale(args: argparse.Namespace) -> None:
         positions=args.positions,
         batch_size=args.batch_size,
         seed=args.seed,
+        store=out / "scale_store.jsonl",
+        workers=args.workers,
+        ray_address=args.ray_address,
     )
     df = result.to_dataframe()
     print(f"{result.info.name}: edited minus no-op (nats/token), no-op loss {df['loss_noop'].iloc[0]:.4f}")
@@ -243,6 +269,10 @@ def _sensitivity(args: argparse.Namespace) -> None:
         raise LensParallelError("--confirm K checks an attribution screen: use it with --method attribution")
     if args.confirm < 0:
         raise LensParallelError(f"--confirm must be >= 0 heads, got {args.confirm}")
+    if args.method == "attribution" and (args.workers > 1 or args.ray_address):
+        raise LensParallelError(
+            "--method attribution is one forward + backward per batch: it runs here, without --workers"
+        )
     if args.method == "attribution":
         _attribution(args)
         return
@@ -255,6 +285,9 @@ def _sensitivity(args: argparse.Namespace) -> None:
         layers=args.layers,
         batch_size=args.batch_size,
         seed=args.seed,
+        store=out / "sensitivity_store.jsonl",
+        workers=args.workers,
+        ray_address=args.ray_address,
     )
     df = result.to_dataframe()
     joint = df[df["head"].isna()]
@@ -306,6 +339,8 @@ def _dominance(args: argparse.Namespace) -> None:
         mask_scales=("qkv", "js") if args.mask_scale == "both" else ("qkv",),
         seed=args.seed,
         batch_size=args.batch_size,
+        workers=args.workers,
+        ray_address=args.ray_address,
     )
     table = result.summary_table()
     table = table[(table.level == "pair") & (table.scale == args.scale) & table.mask_scale.isin(["", "qkv"])]
@@ -345,6 +380,8 @@ def _checks(args: argparse.Namespace) -> None:
         seed=args.seed,
         batch_size=args.batch_size,
         store=out / "ablations.jsonl",
+        workers=args.workers,
+        ray_address=args.ray_address,
     )
     row = result.summary()
     print(f"{result.info.name}: sanity checks on {args.n_docs} documents")
@@ -358,7 +395,15 @@ def _compress(args: argparse.Namespace) -> None:
     for method in args.method:  # before loading anything
         Compression.parse(method)
     out, model, blocks = _load(args)
-    result = compression_error(model, blocks, method=args.method, positions=args.positions, batch_size=args.batch_size)
+    result = compression_error(
+        model,
+        blocks,
+        method=args.method,
+        positions=args.positions,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        ray_address=args.ray_address,
+    )
     table = result.method_table()
     table.to_csv(out / "compress_methods.csv", index=False)
     print(f"{result.info.name}: error relative to the dense update, mean over layers; delta loss in nats/token")
@@ -394,18 +439,37 @@ def _report(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace) -> None:
     import dataclasses
 
+    from lens_parallel.distributed import check_workers
     from lens_parallel.training import PRESETS, run_design, run_factorial
 
+    check_workers(args.workers, args.ray_address)
     changes = {"device": args.device} | ({"steps": args.steps} if args.steps else {})
     changes |= {"texts": tuple(args.texts)} if args.texts else {}
     out = _writable_dir(args.out or "results/train")
     if args.design:
-        result = run_design(args.design, out=out, plan=args.plan, tokens=args.tokens, **changes)
+        result = run_design(
+            args.design,
+            out=out,
+            plan=args.plan,
+            tokens=args.tokens,
+            workers=args.workers,
+            ray_address=args.ray_address,
+            **changes,
+        )
         name = f"design {args.design}"
     else:
         config = dataclasses.replace(PRESETS[args.preset], **changes)
         config = config.with_tokens(args.tokens) if args.tokens else config
-        result = run_factorial(config, args.arms, args.seeds, out=out, primary=args.primary, plan=args.plan)
+        result = run_factorial(
+            config,
+            args.arms,
+            args.seeds,
+            out=out,
+            primary=args.primary,
+            plan=args.plan,
+            workers=args.workers,
+            ray_address=args.ray_address,
+        )
         name = f"preset {args.preset}"
     table = result.paired_table()
     table.to_csv(out / "paired.csv", index=False)

@@ -357,9 +357,18 @@ def run_factorial(
     return result
 
 
-def run_design(name: str, *, out: str | Path, plan: str | Path | None = None, **changes) -> FactorialResult:
+def run_design(
+    name: str,
+    *,
+    out: str | Path,
+    plan: str | Path | None = None,
+    workers: int = 1,
+    ray_address: str | None = None,
+    **changes,
+) -> FactorialResult:
     """Run the factorial ``DESIGNS[name]`` with its preset, arms, seeds and endpoints; ``changes`` replace config
-    fields (e.g. ``texts``, ``device``; ``tokens=`` sets the tokens per run)."""
+    fields (e.g. ``texts``, ``device``; ``tokens=`` sets the tokens per run). ``workers`` / ``ray_address``: as in
+    :func:`run_factorial`."""
     if name not in DESIGNS:
         raise LensParallelError(f"unknown design {name!r}; known: {', '.join(DESIGNS)}")
     design = DESIGNS[name]
@@ -375,4 +384,6 @@ def run_design(name: str, *, out: str | Path, plan: str | Path | None = None, **
         secondary=design.secondary,
         contrasts=design.contrasts,
         plan=plan,
+        workers=workers,
+        ray_address=ray_address,
     )
