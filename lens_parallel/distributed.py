@@ -51,7 +51,28 @@ def check_workers(workers: int, ray_address: str | None, model: TransformerBridg
             f"workers={workers}{f', ray_address={ray_address!r}' if ray_address else ''} "
             f"runs on Ray, which is not installed: {INSTALL}"
         )
+    if distributed and model is not None:
+        _check_loadable(model)
     return distributed
+
+
+def _check_loadable(model: TransformerBridge) -> str:
+    """The spec workers load ``model`` by; refuses a model they cannot load that way (built or changed in memory,
+    or placed over devices by ``device_map``)."""
+    spec = model.cfg.model_name
+    try:
+        check_spec(spec)
+    except ModelSpecError as exc:
+        raise LensParallelError(
+            f"workers load the model by its spec, and {spec!r} is not one (a model built or changed in memory?): "
+            "save it with save_pretrained and load_model the folder, or run with workers=1"
+        ) from exc
+    if len(set(getattr(model.original_model, "hf_device_map", {}).values())) > 1:
+        raise LensParallelError(
+            "a model placed by device_map over several devices (or disk) runs in one process: use workers=1 "
+            "(workers load the model whole, one device each)"
+        )
+    return spec
 
 
 def weights_digest(model: TransformerBridge, *, sample: int = 4096) -> str:
@@ -78,24 +99,8 @@ class ModelRecipe:
 
     @classmethod
     def of(cls, model: TransformerBridge) -> ModelRecipe:
-        """The recipe of ``model``; refuses a model that workers cannot load by its name (edited in memory, or
-        spread over devices by ``device_map``)."""
-        spec = model.cfg.model_name
-        try:
-            check_spec(spec)
-        except ModelSpecError as exc:
-            raise LensParallelError(
-                f"workers load the model by its spec, and {spec!r} is not one (a model built or changed in memory?): "
-                "save it with save_pretrained and load_model the folder, or run with workers=1"
-            ) from exc
-        if (
-            getattr(model.original_model, "hf_device_map", None)
-            and len(set(model.original_model.hf_device_map.values())) > 1
-        ):
-            raise LensParallelError(
-                "a model placed over several devices by device_map runs in one process: use workers=1 (workers are "
-                "for models that fit on one device each)"
-            )
+        """The recipe of ``model``; refuses a model that workers cannot load by its spec."""
+        spec = _check_loadable(model)
         param = next(model.parameters())
         return cls(spec, str(param.dtype).removeprefix("torch."), param.device.type, weights_digest(model))
 

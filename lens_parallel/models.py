@@ -277,7 +277,7 @@ def model_info(model: TransformerBridge) -> ModelInfo:
     )
 
 
-def _boot(source: str, *, device: str, dtype: torch.dtype, **kwargs) -> TransformerBridge:
+def _boot(source: str, *, device: str | None, dtype: torch.dtype, **kwargs) -> TransformerBridge:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = TransformerBridge.boot_transformers(source, device=device, dtype=dtype, **kwargs)

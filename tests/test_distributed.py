@@ -74,9 +74,26 @@ def _scale_jobs(n: int) -> list[EditJob]:
     return [EditJob(f"s{i}", (lp.ComponentScale("value", s_par=i / n),)) for i in range(n)]
 
 
-def _worker_pids() -> list[int]:
-    found = subprocess.run(["pgrep", "-f", "ray::_Worker"], capture_output=True, text=True).stdout.split()
+def _pids(title: str) -> list[int]:
+    """Processes whose title Ray set to ``title`` (an actor's class, or a task's function, while it runs)."""
+    found = subprocess.run(["pgrep", "-f", title], capture_output=True, text=True).stdout.split()
     return [int(pid) for pid in found]
+
+
+def _kill_one_when(ready, title: str, killed: list[int], done: threading.Event) -> threading.Thread:
+    """A thread that SIGKILLs one process titled ``title`` as soon as ``ready()``, until ``done`` is set."""
+
+    def watch() -> None:
+        while not killed and not done.is_set():
+            pids = _pids(title)
+            if pids and ready():
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread
 
 
 def _job_lines(path: Path) -> int:
@@ -125,24 +142,32 @@ def test_factorial_on_two_workers_equals_the_sequential_one(cluster, tmp_path):
     assert (tmp_path / "there" / "xsa-gated" / "seed1" / "run.json").is_file()
 
 
+def test_a_killed_training_run_is_rerun_from_its_checkpoint_with_the_same_numbers(cluster, tmp_path):
+    cfg = dataclasses.replace(PRESETS["tiny"], steps=40, eval_every=10, checkpoint_every=5)
+    arms, seeds = ["baseline", "xsa-gated"], [0, 1]
+    out = tmp_path / "there"
+    killed: list[int] = []
+    done = threading.Event()
+    killer = _kill_one_when(lambda: any(out.rglob("checkpoint.pt")), "ray::_call", killed, done)
+    try:
+        there = lp.run_factorial(cfg, arms, seeds, out=out, workers=2, ray_address=cluster)
+    finally:
+        done.set()
+        killer.join()
+    assert killed
+    here = lp.run_factorial(cfg, arms, seeds, out=tmp_path / "here", progress=False)
+    pd.testing.assert_frame_equal(here.curves(), there.curves(), check_exact=True)
+    pd.testing.assert_frame_equal(here.paired_table(), there.paired_table(), check_exact=True)
+
+
 def test_a_killed_worker_is_replaced_and_the_sweep_ends_with_the_same_numbers(cluster, tmp_path):
     model = get_model(SPEC)
     blocks = _blocks(model, seq_len=64)
     jobs = _scale_jobs(40)
     store = tmp_path / "sweep.jsonl"
     killed: list[int] = []
-
-    def kill_one_worker() -> None:
-        while not killed and not done.is_set():
-            pids = _worker_pids()
-            if _job_lines(store) >= 1 and pids:
-                os.kill(pids[0], signal.SIGKILL)
-                killed.append(pids[0])
-            time.sleep(0.005)
-
     done = threading.Event()
-    killer = threading.Thread(target=kill_one_worker)
-    killer.start()
+    killer = _kill_one_when(lambda: _job_lines(store) >= 1, "ray::_Worker", killed, done)
     try:
         there = run_sweep(model, blocks, jobs, store=store, progress=False, workers=2, ray_address=cluster)
     finally:
