@@ -238,3 +238,17 @@ def test_a_worker_whose_weights_differ_is_refused(cluster):
         model.original_model.lm_head.weight.mul_(1.01)
     with pytest.raises(lp.LensParallelError, match="a worker loaded 'toy-qwen2' with other weights"):
         run_sweep(model, _blocks(model), _scale_jobs(2), progress=False, workers=2, ray_address=cluster)
+
+
+def test_the_cli_runs_a_sweep_on_the_cluster_with_the_same_table(cluster, tmp_path, capsys):
+    from lens_parallel import cli
+
+    args = ["sensitivity", "--model", "toy-gpt2", "--n-docs", "3", "--seq-len", "12", "--layers", "1", "--out"]
+    assert cli.main([*args, str(tmp_path / "here")]) == 0
+    assert cli.main([*args, str(tmp_path / "there"), "--workers", "2", "--ray-address", cluster]) == 0
+    here, there = (pd.read_csv(tmp_path / d / "sensitivity.csv") for d in ("here", "there"))
+    pd.testing.assert_frame_equal(here, there, check_exact=True)
+    assert _job_lines(tmp_path / "there" / "sensitivity_store.jsonl") == 5  # 4 heads + the joint ablation
+    capsys.readouterr()
+    assert cli.main([*args, str(tmp_path / "x"), "--method", "attribution", "--workers", "2"]) == 2
+    assert "runs here, without --workers" in capsys.readouterr().err
