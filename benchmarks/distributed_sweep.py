@@ -67,8 +67,8 @@ def main() -> None:
     kw = {"batch_size": args.n_docs, "n_resamples": 200, "n_permutations": 200, "progress": True}
     n_jobs = info.n_layers * (info.n_heads + 1)
     print(
-        f"{args.model}: {info.n_layers} layers x {info.n_heads} heads = {n_jobs} ablations (every head and each layer's "
-        f"heads jointly), {args.n_docs} x {args.seq_len} tokens, device {args.device}, {cores} cores"
+        f"{args.model}: {info.n_layers} layers x {info.n_heads} heads = {n_jobs} ablations (every head and each "
+        f"layer's heads jointly), {args.n_docs} x {args.seq_len} tokens, device {args.device}, {cores} cores"
     )
 
     single = run_phase(out, "one_process", lambda store: head_sensitivity(model, blocks, store=store, **kw))
