@@ -30,6 +30,7 @@ from lens_parallel.edits import (
     apply_edits,
 )
 from lens_parallel.errors import LensParallelError
+from lens_parallel.explore import Explorer, View, explore
 from lens_parallel.losses import DocLosses, EditEffect, document_losses, evaluate
 from lens_parallel.models import ModelInfo, ModelSpecError, load_model, model_info
 from lens_parallel.report import ModelReport, run_battery, write_report
@@ -54,6 +55,7 @@ __all__ = [
     "DominanceResult",
     "EditEffect",
     "EditJob",
+    "Explorer",
     "FactorialResult",
     "GatedRemoval",
     "HeadEdit",
@@ -73,6 +75,7 @@ __all__ = [
     "TokenBlocks",
     "TrainConfig",
     "TrainRun",
+    "View",
     "__version__",
     "apply_edits",
     "causal_null",
@@ -83,6 +86,7 @@ __all__ = [
     "diagonal_view",
     "document_losses",
     "evaluate",
+    "explore",
     "gqa_alignment",
     "head_attribution",
     "head_dominance",

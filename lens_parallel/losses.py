@@ -102,12 +102,19 @@ def edit_effect(noop_losses: DocLosses, edited: DocLosses, *, n_resamples: int =
     )
 
 
+def token_nll(
+    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "batch scored"]:
+    """-log p(token_{t+1} | ..t) for t = 0..T-2, in float32 (float64 for a float64 model)."""
+    logp = torch.log_softmax(logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    return -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+
+
 def next_token_nll(
     logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]
 ) -> Float[Tensor, " batch"]:
-    """Per-document sum of -log p(token_{t+1} | ..t) over t = 0..T-2, in float32 (float64 for a float64 model)."""
-    logp = torch.log_softmax(logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-    return -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1).sum(-1)
+    """Per-document sum of -log p(token_{t+1} | ..t) over t = 0..T-2 (:func:`token_nll` summed)."""
+    return token_nll(logits, tokens).sum(-1)
 
 
 def batch_nll(
@@ -117,16 +124,18 @@ def batch_nll(
     *,
     resid: Float[Tensor, "batch pos d_model"] | None = None,
     start_at_layer: int | None = None,
-) -> Float[Tensor, " batch"]:
+    per_token: bool = False,
+) -> Float[Tensor, " batch"] | Float[Tensor, "batch scored"]:
     """One forward under ``hooks`` (compiled edits), from the tokens or from a cached ``resid`` entering block
-    ``start_at_layer`` (the blocks before it are then not computed)."""
+    ``start_at_layer`` (the blocks before it are then not computed): per-document NLL sums, or with ``per_token``
+    each scored token's NLL."""
     with torch.inference_mode(), model.hooks(fwd_hooks=list(hooks)):
         if resid is None:
             logits = model(tokens, return_type="logits")
         else:
             with skip_blocks_before(model, start_at_layer):
                 logits = model(resid, start_at_layer=start_at_layer)
-    return next_token_nll(logits, tokens)
+    return token_nll(logits, tokens) if per_token else next_token_nll(logits, tokens)
 
 
 def document_losses(

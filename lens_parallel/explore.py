@@ -1,0 +1,280 @@
+"""A live explorer for notebooks: every head's self-alignment, one head's attention and its diagonal, and the loss
+change of scaling its parallel part, recomputed as the settings change.
+
+:class:`Explorer` holds the state (space, layer, head, document, s_par, s_perp, one head or the whole layer) and
+computes every view from the package's analyses; :meth:`Explorer.widget` shows them as Plotly ``FigureWidget`` s
+with ipywidgets controls (click a heatmap cell to select a head; sliders for s_par and s_perp; a space selector; a
+document selector; "save view"). Views, for the selected head h of layer l and document d:
+
+- heatmap: mean self-cosine of every head in the chosen space (:func:`~lens_parallel.analyses.decompose.decompose`,
+  computed once for value, value-exclude-self and residual-attn);
+- pattern: A_ts of head h, token labels on both axes;
+- diagonal: A_tt and A'_tt = A_tt + dA_tt, the edit's diagonal form at the current s_par
+  (:func:`~lens_parallel.geometry.diagonal_change`), with the per-token parallel coefficient of the space
+  (value: o.v/|v|^2; exclude-self: c.v/|v|^2 with c = o - A_tt v; residual-attn: m.x/|x|^2 with m = o W_O[h]);
+- loss: per-token NLL of ``ComponentScale(space, s_par, s_perp)`` on head h (or every head of layer l) minus the
+  matched no-op (the same hooks at scales 1), nats.
+
+Cost: one capture per (layer, document), stopped after that layer, keeps resid_pre, v and the pattern; moving
+s_par redraws the diagonal from it without a forward; the loss view is one forward of that document resumed at
+layer l (the earlier blocks are not computed), and the no-op's losses are kept per (space, layer, head set,
+document). :meth:`Explorer.to_html` writes a page with no kernel behind it: the heatmap, and for a few heads a small
+grid of s_par values, switched by Plotly's own menus, plotly.js inlined.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Int
+from torch import Tensor
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel import geometry
+from lens_parallel.analyses.decompose import decompose
+from lens_parallel.data import TokenBlocks
+from lens_parallel.edits import ComponentScale, compile_hooks
+from lens_parallel.errors import LensParallelError
+from lens_parallel.hooks import LayerStream, check_indices, expand_kv, output_weights, softmax_layers
+from lens_parallel.losses import batch_nll
+from lens_parallel.models import model_info
+from lens_parallel.plots import explore as plots
+from lens_parallel.results import Provenance, as_tokens
+
+SPACES = ("value", "value-exclude-self", "residual-attn")
+"""Spaces the explorer shows: the two value spaces and each head's residual write."""
+
+
+@dataclass(frozen=True)
+class View:
+    """Everything drawn for one state (arrays are NumPy, float64)."""
+
+    space: str
+    layer: int
+    head: int
+    doc: int
+    s_par: float
+    s_perp: float
+    all_heads: bool
+    heatmap: np.ndarray  # [layer, head] mean self-cosine in ``space`` (NaN where undefined)
+    tokens: tuple[str, ...]  # the document's tokens, each decoded alone (newlines shown as ⏎)
+    pattern: np.ndarray  # [query_pos, key_pos] A_ts of the head
+    diag: np.ndarray  # [pos] A_tt
+    diag_edited: np.ndarray  # [pos] A'_tt = A_tt + dA_tt at s_par
+    coef: np.ndarray  # [pos] parallel coefficient in ``space``
+    loss_change: np.ndarray  # [pos - 1] edited minus matched no-op NLL of each next token, nats
+
+    @property
+    def label(self) -> str:
+        return f"L{self.layer}H{self.head}"
+
+
+class Explorer:
+    """State and views of :func:`explore` (see the module docstring); the setters recompute only what changed."""
+
+    def __init__(
+        self,
+        model: TransformerBridge,
+        tokens: TokenBlocks | Int[Tensor, "batch pos"],
+        *,
+        space: str = "value",
+        layer: int | None = None,
+        head: int | None = None,
+        doc: int = 0,
+        s_par: float = 0.0,
+        s_perp: float = 1.0,
+        all_heads: bool = False,
+        batch_size: int = 8,
+    ) -> None:
+        self.model, self.info, self.tokens = model, model_info(model), as_tokens(tokens)
+        self.layers, _ = softmax_layers(self.info, None, what="explore")
+        self._blocks = tokens
+        result = decompose(model, tokens, space=list(SPACES), batch_size=batch_size, progress=False)
+        self.heatmaps = {}
+        for sp in SPACES:
+            grid = np.full((self.info.n_layers, self.info.n_heads), np.nan)
+            try:
+                table = result.table(sp, "head")
+                grid[list(table.layers)] = table.self_cos
+            except KeyError:  # residual-attn per head is undefined with a post-attention norm
+                pass
+            self.heatmaps[sp] = grid
+        if layer is None or head is None:
+            best = np.nanargmax(np.where(np.isnan(self.heatmaps["value"]), -np.inf, self.heatmaps["value"]))
+            layer, head = divmod(int(best), self.info.n_heads)
+        self._captures: dict[tuple[int, int], dict[str, Tensor]] = {}
+        self._noops: dict[tuple, np.ndarray] = {}
+        self.state: dict = {}
+        self.update(space=space, layer=layer, head=head, doc=doc, s_par=s_par, s_perp=s_perp, all_heads=all_heads)
+
+    # -- state -------------------------------------------------------------------------------------------------
+    def update(self, **changes) -> View:
+        """Change any of space, layer, head, doc, s_par, s_perp, all_heads (checked first) and return the view."""
+        state = self.state | changes
+        unknown = set(changes) - {"space", "layer", "head", "doc", "s_par", "s_perp", "all_heads"}
+        if unknown:
+            raise LensParallelError(f"unknown explorer settings {sorted(unknown)}")
+        if state["space"] not in SPACES:
+            raise LensParallelError(f"space {state['space']!r} unknown; accepted: {', '.join(SPACES)}")
+        if state["layer"] not in self.layers:
+            raise LensParallelError(f"layer {state['layer']} has no softmax heads to explore; layers: {self.layers}")
+        check_indices("head", state["head"], self.info.n_heads)
+        check_indices("doc", state["doc"], len(self.tokens))
+        for name in ("s_par", "s_perp"):
+            if not np.isfinite(state[name]):
+                raise LensParallelError(f"{name} must be finite, got {state[name]}")
+        ComponentScale(state["space"], s_par=state["s_par"], s_perp=state["s_perp"])  # validates the edit
+        before, self.state = self.state, state
+        try:
+            self.view = self._view()
+        except ValueError:
+            self.state = before
+            raise
+        return self.view
+
+    def _capture(self, layer: int, doc: int) -> dict[str, Tensor]:
+        """resid_pre, v and the full pattern of ``layer`` for document ``doc`` (one forward, stopped there)."""
+        key = (layer, doc)
+        if key not in self._captures:
+            got: dict[str, Tensor] = {}
+            stream = LayerStream(self.info, [layer], ["resid_pre", "v", "pattern_full"], lambda _, t: got.update(t))
+            stream.run(self.model, self.tokens[doc : doc + 1])
+            self._captures[key] = got
+        return self._captures[key]
+
+    def _losses(self, space: str, layer: int, heads, doc: int, s_par: float, s_perp: float) -> np.ndarray:
+        edit = ComponentScale(space, s_par=s_par, s_perp=s_perp, layers=(layer,), heads=heads)
+        resid = self._capture(layer, doc)["resid_pre"].to(next(self.model.parameters()).dtype)
+        nll = batch_nll(
+            self.model,
+            self.tokens[doc : doc + 1],
+            compile_hooks(self.model, [edit]),
+            resid=resid,
+            start_at_layer=layer,
+            per_token=True,
+        )
+        return nll[0].double().cpu().numpy()
+
+    def _view(self) -> View:
+        st = self.state
+        space, layer, head, doc = st["space"], st["layer"], st["head"], st["doc"]
+        t = self._capture(layer, doc)
+        pattern, x = t["pattern_full"], t["resid_pre"]
+        v = expand_kv(t["v"], self.info.n_heads)
+        W_O = output_weights(self.model, layer, dtype=torch.float64).to(x.device)
+        change = geometry.diagonal_change(pattern, v, space, s_par=st["s_par"], x=x, W_O=W_O)
+        diag = torch.diagonal(pattern, dim1=-2, dim2=-1)[0, head]
+        o = geometry.value_aggregate(pattern, v)[0, :, head]
+        vh = v[0, :, head]
+        if space == "value":
+            coef = geometry.project(o, vh).coef
+        elif space == "value-exclude-self":
+            coef = geometry.project(o - diag[:, None] * vh, vh).coef
+        else:
+            coef = geometry.project(o @ W_O[head], x[0]).coef
+        heads = None if st["all_heads"] else (head,)
+        key = (space, layer, heads, doc)
+        if key not in self._noops:
+            self._noops[key] = self._losses(space, layer, heads, doc, 1.0, 1.0)
+        edited = self._losses(space, layer, heads, doc, st["s_par"], st["s_perp"])
+        ids = self.tokens[doc].tolist()
+        return View(
+            space=space,
+            layer=layer,
+            head=head,
+            doc=doc,
+            s_par=float(st["s_par"]),
+            s_perp=float(st["s_perp"]),
+            all_heads=bool(st["all_heads"]),
+            heatmap=self.heatmaps[space],
+            tokens=tuple(self.model.tokenizer.decode([i]).replace("\n", "⏎") for i in ids),
+            pattern=pattern[0, head].cpu().numpy(),
+            diag=diag.cpu().numpy(),
+            diag_edited=(diag + change.d_a[0, head]).cpu().numpy(),
+            coef=coef.cpu().numpy(),
+            loss_change=edited - self._noops[key],
+        )
+
+    # -- output ------------------------------------------------------------------------------------------------
+    def figures(self) -> dict[str, go.Figure]:
+        """The four figures of the current view (static copies)."""
+        return plots.explorer_figures(self.view, self.info.name)
+
+    def provenance(self) -> Provenance:
+        return Provenance.collect(self.info, self._blocks, analysis="explore", **{k: v for k, v in self.state.items()})
+
+    def save_view(self, folder: str | Path) -> list[Path]:
+        """Write the current figures as HTML (PNG too when kaleido finds Chromium) and ``view.json`` (the settings
+        and provenance) into ``folder``; returns the files written."""
+        from lens_parallel.plots import save_figure
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = f"{self.view.label}_{self.view.space}_doc{self.view.doc}_s{self.view.s_par:g}"
+        written = []
+        for name, fig in self.figures().items():
+            written += save_figure(fig, folder / f"{stem}_{name}")
+        meta = folder / f"{stem}_view.json"
+        record = {"state": self.state, "provenance": dataclasses.asdict(self.provenance())}
+        meta.write_text(json.dumps(record, indent=1, default=str))
+        return [*written, meta]
+
+    def to_html(
+        self,
+        path: str | Path,
+        *,
+        heads: Sequence[tuple[int, int]] | None = None,
+        s_par: Sequence[float] = (0.0, 0.5, 1.5),
+    ) -> Path:
+        """A self-contained page (plotly.js inlined, no kernel): the heatmap of every space, and for ``heads``
+        (default: the 6 most self-aligned in the current space, and the selected one) the pattern, diagonal and
+        loss views at each ``s_par`` of the grid (s_perp and document as now), chosen with Plotly's menus."""
+        st = dict(self.state)
+        if heads is None:
+            grid = np.where(np.isnan(self.view.heatmap), -np.inf, self.view.heatmap)
+            top = np.argsort(grid, axis=None)[::-1][:6]
+            heads = [(st["layer"], st["head"]), *(divmod(int(i), self.info.n_heads) for i in top)]
+        heads = list(dict.fromkeys((int(a), int(b)) for a, b in heads))
+        views = {}
+        try:
+            for layer, head in heads:
+                for s in s_par:
+                    views[layer, head, float(s)] = self.update(layer=layer, head=head, s_par=float(s))
+        finally:
+            self.update(**st)
+        page = plots.explorer_page(self.heatmaps, views, self.info.name, dataclasses.asdict(self.provenance()))
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(page)
+        return path
+
+    def widget(self):
+        """The live widget (ipywidgets + Plotly FigureWidgets; ``pip install 'lens_parallel[notebook]'``)."""
+        try:
+            from lens_parallel.explore_widget import ExplorerWidget
+        except ImportError as exc:
+            raise ImportError(
+                f"the live explorer needs ipywidgets and anywidget ({exc}): pip install 'lens_parallel[notebook]'; "
+                "without them, explorer.figures() and explorer.to_html(path) still work"
+            ) from exc
+
+        return ExplorerWidget(self).box
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget())
+
+
+def explore(model: TransformerBridge, tokens: TokenBlocks | Int[Tensor, "batch pos"], **settings) -> Explorer:
+    """An :class:`Explorer` of ``model`` on ``tokens``; shown as a live widget when it is a cell's last value.
+    ``settings``: space, layer, head (default: the most self-aligned head in value space), doc, s_par, s_perp,
+    all_heads, batch_size."""
+    return Explorer(model, tokens, **settings)

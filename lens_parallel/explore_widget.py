@@ -1,0 +1,92 @@
+"""The explorer's live widget: four Plotly ``FigureWidget`` s and ipywidgets controls bound to an
+:class:`~lens_parallel.explore.Explorer` (needs ``ipywidgets`` and ``anywidget``, the ``notebook`` extra)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import ipywidgets as w
+import plotly.graph_objects as go
+
+from lens_parallel.explore import SPACES
+
+if TYPE_CHECKING:
+    from lens_parallel.explore import Explorer
+
+WIDTH = 560
+"""Pixels per figure: two side by side fit a notebook's output area."""
+
+
+class ExplorerWidget:
+    """Controls -> ``explorer.update(...)`` -> every figure's data and title replaced in place (``box`` shows it).
+
+    Click a heatmap cell to select its head; the status line gives the last update's time in seconds."""
+
+    def __init__(self, explorer: Explorer, *, save_to: str | Path = "explorer_views") -> None:
+        self.explorer, self.save_to = explorer, Path(save_to)
+        st = explorer.state
+        figs = explorer.figures()
+        self.figures = {name: go.FigureWidget(fig.update_layout(width=WIDTH)) for name, fig in figs.items()}
+        self.space = w.Dropdown(options=list(SPACES), value=st["space"], description="space")
+        self.doc = w.BoundedIntText(value=st["doc"], min=0, max=len(explorer.tokens) - 1, description="document")
+        self.s_par = w.FloatSlider(value=st["s_par"], min=-1.0, max=2.0, step=0.1, description="s_par")
+        self.s_perp = w.FloatSlider(value=st["s_perp"], min=0.0, max=2.0, step=0.1, description="s_perp")
+        self.all_heads = w.Checkbox(value=st["all_heads"], description="all heads of the layer")
+        self.save = w.Button(description="save view", icon="save")
+        self.status = w.HTML()
+        for control, key in (
+            (self.space, "space"),
+            (self.doc, "doc"),
+            (self.s_par, "s_par"),
+            (self.s_perp, "s_perp"),
+            (self.all_heads, "all_heads"),
+        ):
+            control.observe(lambda change, key=key: self.apply(**{key: change["new"]}), names="value")
+        self.figures["heatmap"].data[0].on_click(self._clicked)
+        self.save.on_click(lambda _: self._save())
+        controls = w.VBox(
+            [w.HBox([self.space, self.doc, self.all_heads]), w.HBox([self.s_par, self.s_perp, self.save])]
+        )
+        grid = w.VBox(
+            [
+                w.HBox([self.figures["heatmap"], self.figures["pattern"]]),
+                w.HBox([self.figures["diagonal"], self.figures["loss"]]),
+            ]
+        )
+        self.box = w.VBox([controls, self.status, grid])
+        self._show_status(0.0)
+
+    def _clicked(self, trace, points, selector) -> None:
+        if points.point_inds:
+            layer, head = points.point_inds[0]
+            self.apply(layer=int(layer), head=int(head))
+
+    def apply(self, **changes) -> None:
+        """Update the explorer and redraw every figure from its new view."""
+        t0 = time.perf_counter()
+        try:
+            self.explorer.update(**changes)
+        except ValueError as exc:
+            self.status.value = f"<b>not applied</b>: {exc}"
+            return
+        for name, fig in self.explorer.figures().items():
+            target = self.figures[name]
+            with target.batch_update():
+                for old, new in zip(target.data, fig.data, strict=True):
+                    old.update(new.to_plotly_json(), overwrite=True)
+                target.layout.title = fig.layout.title
+                target.layout.shapes = fig.layout.shapes
+        self._show_status(time.perf_counter() - t0)
+
+    def _show_status(self, seconds: float) -> None:
+        v = self.explorer.view
+        self.status.value = (
+            f"{v.label}, {v.space}, document {v.doc}, s_par={v.s_par:g}, s_perp={v.s_perp:g}: mean loss change "
+            f"{v.loss_change.mean():+.4f} nats/token (updated in {seconds:.2f} s; click a heatmap cell: another head)"
+        )
+
+    def _save(self) -> None:
+        written = self.explorer.save_view(self.save_to)
+        self.status.value += "<br>saved: " + ", ".join(str(p) for p in written)

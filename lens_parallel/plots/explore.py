@@ -1,0 +1,200 @@
+"""Figures of the notebook explorer: the heads heatmap, one head's pattern, its diagonal, the per-token loss change;
+and the kernel-free page that switches between precomputed views with Plotly's own menus."""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import TYPE_CHECKING
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+
+if TYPE_CHECKING:
+    from lens_parallel.explore import View
+
+SPACE_TITLES = {
+    "value": "value space",
+    "value-exclude-self": "value space, exclude-self",
+    "residual-attn": "residual-attn (per-head write)",
+}
+HEIGHT = 360
+
+
+def _labels(tokens: tuple[str, ...]) -> list[str]:
+    """Token texts made unique (Plotly merges equal category labels): position-prefixed."""
+    return [f"{i}:{t}" for i, t in enumerate(tokens)]
+
+
+def heatmap_figure(grid: np.ndarray, space: str, selected: tuple[int, int], name: str) -> go.Figure:
+    """Mean self-cosine of every head (layer x head), the selected head outlined."""
+    layer, head = selected
+    fig = go.Figure(
+        go.Heatmap(
+            z=grid,
+            x=list(range(grid.shape[1])),
+            y=list(range(grid.shape[0])),
+            colorscale="RdBu",
+            reversescale=True,
+            zmid=0,
+            zmin=-1,
+            zmax=1,
+            colorbar={"title": "mean cos"},
+            hovertemplate="L%{y}H%{x}<br>mean self-cos %{z:.3f}<extra></extra>",
+        )
+    )
+    fig.add_shape(type="rect", x0=head - 0.5, x1=head + 0.5, y0=layer - 0.5, y1=layer + 0.5, line={"width": 3})
+    fig.update_layout(
+        title=f"{name}: mean self-cosine of every head<br>{SPACE_TITLES[space]}; selected: L{layer}H{head}",
+        xaxis={"title": "head", "dtick": 1},
+        yaxis={"title": "layer", "dtick": 1},
+        height=HEIGHT + 60,
+        margin={"t": 60},
+    )
+    return fig
+
+
+def pattern_figure(view: View) -> go.Figure:
+    labels = _labels(view.tokens)
+    text = [[f"query {labels[q]}<br>key {labels[k]}" for k in range(len(labels))] for q in range(len(labels))]
+    fig = go.Figure(
+        go.Heatmap(
+            z=view.pattern,
+            x=labels,
+            y=labels,
+            text=text,
+            colorscale="Viridis",
+            zmin=0,
+            zmax=1,
+            colorbar={"title": "A_ts"},
+            hovertemplate="%{text}<br>A_ts = %{z:.4f}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"{view.label} attention pattern, document {view.doc}",
+        xaxis_title="key token s",
+        yaxis_title="query token t",
+        yaxis_autorange="reversed",
+        height=HEIGHT + 120,
+        margin={"t": 70},
+    )
+    return fig
+
+
+def diagonal_figure(view: View) -> go.Figure:
+    labels = _labels(view.tokens)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=labels, y=view.diag, mode="lines+markers", name="A_tt (model)"))
+    fig.add_trace(
+        go.Scatter(
+            x=labels, y=view.diag_edited, mode="lines+markers", name=f"A'_tt = A_tt + dA_tt (s_par={view.s_par:g})"
+        )
+    )
+    fig.add_trace(go.Scatter(x=labels, y=view.coef, mode="lines", name="parallel coefficient", yaxis="y2", opacity=0.6))
+    fig.update_layout(
+        title=f"{view.label} diagonal and its edited form<br>{SPACE_TITLES[view.space]}",
+        xaxis_title="token t",
+        yaxis_title="attention to itself (probability)",
+        yaxis2={"title": "parallel coefficient (unitless)", "overlaying": "y", "side": "right", "showgrid": False},
+        legend={"orientation": "h", "y": -0.45},
+        height=HEIGHT,
+        margin={"t": 70},
+    )
+    return fig
+
+
+def loss_figure(view: View) -> go.Figure:
+    labels = _labels(view.tokens)[1:]
+    who = f"all heads of layer {view.layer}" if view.all_heads else view.label
+    fig = go.Figure(
+        go.Bar(
+            x=labels,
+            y=view.loss_change,
+            name="edited - matched no-op",
+            hovertemplate="next token %{x}<br>%{y:+.4f} nats<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=(
+            f"loss change per token: {who}, s_par={view.s_par:g}, s_perp={view.s_perp:g}<br>"
+            f"{SPACE_TITLES[view.space]}; mean {np.mean(view.loss_change):+.4f} nats"
+        ),
+        xaxis_title="predicted token",
+        yaxis_title="Δ NLL vs matched no-op (nats)",
+        height=HEIGHT,
+        margin={"t": 70},
+        showlegend=False,
+    )
+    return fig
+
+
+def explorer_figures(view: View, name: str) -> dict[str, go.Figure]:
+    return {
+        "heatmap": heatmap_figure(view.heatmap, view.space, (view.layer, view.head), name),
+        "pattern": pattern_figure(view),
+        "diagonal": diagonal_figure(view),
+        "loss": loss_figure(view),
+    }
+
+
+def _switched(figures: list[go.Figure], names: list[str], what: str) -> go.Figure:
+    """One figure holding the traces of ``figures``, one shown at a time, chosen by a dropdown labelled ``names``."""
+    fig = go.Figure()
+    counts = [len(f.data) for f in figures]
+    for i, f in enumerate(figures):
+        for trace in f.data:
+            fig.add_trace(trace.update(visible=i == 0))
+    fig.update_layout(figures[0].layout)
+    buttons = []
+    for i, (f, label) in enumerate(zip(figures, names, strict=True)):
+        visible = [j == i for j, n in enumerate(counts) for _ in range(n)]
+        shapes = f.layout.shapes or []
+        buttons.append(
+            {
+                "label": label,
+                "method": "update",
+                "args": [{"visible": visible}, {"title": f.layout.title, "shapes": shapes}],
+            }
+        )
+    menu = {"buttons": buttons, "x": 1, "y": 1.02, "xanchor": "right", "yanchor": "bottom", "showactive": True}
+    fig.update_layout(
+        updatemenus=[menu],
+        annotations=[
+            {
+                "text": f"{what}:",
+                "x": 0.8,
+                "y": 1.06,
+                "xref": "paper",
+                "yref": "paper",
+                "xanchor": "right",
+                "yanchor": "bottom",
+                "showarrow": False,
+            }
+        ],
+        margin={"t": 110},
+    )
+    return fig
+
+
+def explorer_page(heatmaps: dict[str, np.ndarray], views: dict, name: str, provenance: dict) -> str:
+    """The kernel-free page: heatmaps of every space (a dropdown), then per (head, s_par) the three head views
+    (one dropdown per figure), plotly.js inlined once."""
+    spaces = list(heatmaps)
+    first = next(iter(views.values()))
+    heat = _switched([heatmap_figure(heatmaps[s], s, (first.layer, first.head), name) for s in spaces], spaces, "space")
+    keys = list(views)
+    labels = [f"L{layer}H{head}, s_par={s:g}" for layer, head, s in keys]
+    parts = [pio.to_html(heat, include_plotlyjs=True, full_html=False)]
+    for builder in (pattern_figure, diagonal_figure, loss_figure):
+        fig = _switched([builder(views[k]) for k in keys], labels, "head and s_par")
+        parts.append(pio.to_html(fig, include_plotlyjs=False, full_html=False))
+    meta = html.escape(json.dumps(provenance, indent=1, default=str))
+    body = "\n".join(f"<div class='fig'>{p}</div>" for p in parts)
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>lens_parallel explorer: {html.escape(name)}</title>"
+        "<style>body{font-family:sans-serif;margin:1em 2em} .fig{margin-bottom:1.5em}</style></head><body>"
+        f"<h1>lens_parallel explorer: {html.escape(name)}</h1><p>Precomputed views ({first.space}, document "
+        f"{first.doc}, s_perp={first.s_perp:g}); choose a space, and a head and s_par, in each figure's menu.</p>"
+        f"{body}<details><summary>provenance</summary><pre>{meta}</pre></details></body></html>"
+    )
