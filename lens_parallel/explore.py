@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,7 +97,9 @@ class Explorer:
         self.model, self.info, self.tokens = model, model_info(model), as_tokens(tokens)
         self.layers, _ = softmax_layers(self.info, None, what="explore")
         self._blocks = tokens
-        result = decompose(model, tokens, space=list(SPACES), batch_size=batch_size, progress=False)
+        with warnings.catch_warnings():  # skipped linear-attention layers: the explorer shows softmax heads only
+            warnings.simplefilter("ignore", UserWarning)
+            result = decompose(model, tokens, space=list(SPACES), batch_size=batch_size, progress=False)
         self.heatmaps = {}
         for sp in SPACES:
             grid = np.full((self.info.n_layers, self.info.n_heads), np.nan)
@@ -270,7 +273,12 @@ class Explorer:
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
-        display(self.widget())
+        try:
+            display(self.widget())
+        except ImportError as exc:  # no ipywidgets: the same views, static
+            print(exc)
+            for fig in self.figures().values():
+                display(fig)
 
 
 def explore(model: TransformerBridge, tokens: TokenBlocks | Int[Tensor, "batch pos"], **settings) -> Explorer:
