@@ -47,8 +47,8 @@ def heatmap_figure(grid: np.ndarray, space: str, selected: tuple[int, int], name
     fig.add_shape(type="rect", x0=head - 0.5, x1=head + 0.5, y0=layer - 0.5, y1=layer + 0.5, line={"width": 3})
     fig.update_layout(
         title=f"{name}: mean self-cosine of every head<br>{SPACE_TITLES[space]}; selected: L{layer}H{head}",
-        xaxis={"title": "head", "dtick": 1},
-        yaxis={"title": "layer", "dtick": 1},
+        xaxis={"title": "head", "dtick": max(1, grid.shape[1] // 12)},
+        yaxis={"title": "layer", "dtick": max(1, grid.shape[0] // 10)},
         height=HEIGHT + 60,
         margin={"t": 60},
     )
@@ -96,7 +96,13 @@ def diagonal_figure(view: View) -> go.Figure:
         title=f"{view.label} diagonal and its edited form<br>{SPACE_TITLES[view.space]}",
         xaxis_title="token t",
         yaxis_title="attention to itself (probability)",
-        yaxis2={"title": "parallel coefficient (unitless)", "overlaying": "y", "side": "right", "showgrid": False},
+        yaxis2={
+            "title": "parallel coefficient (unitless)",
+            "overlaying": "y",
+            "side": "right",
+            "showgrid": False,
+            "tickmode": "auto",
+        },
         legend={"orientation": "h", "y": -0.45},
         height=HEIGHT,
         margin={"t": 70},
