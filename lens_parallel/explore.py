@@ -174,14 +174,7 @@ class Explorer:
         W_O = output_weights(self.model, layer, dtype=torch.float64).to(x.device)
         change = geometry.diagonal_change(pattern, v, space, s_par=st["s_par"], x=x, W_O=W_O)
         diag = torch.diagonal(pattern, dim1=-2, dim2=-1)[0, head]
-        o = geometry.value_aggregate(pattern, v)[0, :, head]
-        vh = v[0, :, head]
-        if space == "value":
-            coef = geometry.project(o, vh).coef
-        elif space == "value-exclude-self":
-            coef = geometry.project(o - diag[:, None] * vh, vh).coef
-        else:
-            coef = geometry.project(o @ W_O[head], x[0]).coef
+        coef = geometry.parallel_coefficient(pattern, v, space, x=x, W_O=W_O)[0, :, head]
         heads = None if st["all_heads"] else (head,)
         key = (space, layer, heads, doc)
         if key not in self._noops:

@@ -183,6 +183,33 @@ def head_residual_products(
     return dot, mm
 
 
+def parallel_coefficient(
+    pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+    v: Float[Tensor, "batch key_pos head_index d_head"],
+    space: str,
+    *,
+    x: Float[Tensor, "batch pos d_model"] | None = None,
+    W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
+    eps: float = EPS,
+) -> Float[Tensor, "batch pos head_index"]:
+    """Per-token parallel coefficient of each head's message in ``space`` (``v`` expanded to query heads):
+    value o.v/|v|^2; value-exclude-self c.v/|v|^2 with c = o - A_tt v; residual-attn m.x/|x|^2 with m = o W_O[h]
+    (taken in head space, m.x = o.(W_O[h] x)). 0 where the reference's norm is below eps."""
+    o = value_aggregate(pattern, v)
+    if space == "value":
+        return project(o, v, eps=eps).coef
+    if space == "value-exclude-self":
+        return project(split_self(o, v, torch.diagonal(pattern, dim1=-2, dim2=-1))[1], v, eps=eps).coef
+    if space == "residual-attn":
+        if x is None or W_O is None:
+            raise LensParallelError("the residual-attn coefficient needs the residual state x and W_O")
+        dot, _ = head_residual_products(o, W_O, x)
+        xx = (x * x).sum(-1, keepdim=True)
+        valid = xx > eps**2
+        return torch.where(valid, dot / torch.where(valid, xx, 1.0), 0.0)
+    raise LensParallelError(f"unknown space {space!r}; accepted: value, value-exclude-self, residual-attn")
+
+
 def head_write_derivatives(
     z: Float[Tensor, "batch pos head_index d_head"],
     W_O: Float[Tensor, "head_index d_head d_model"],

@@ -389,9 +389,7 @@ def run_sweep(
     per_forward = max(1, rows_per_forward // min(batch_size, len(tokens)))
     chunks = _chunks(todo, per_forward)
     bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=desc, unit="job", disable=not progress)
-    finished = run_tasks(
-        model, _sweep_task, plan, chunks, workers=workers, ray_address=ray_address, memo=None if distributed else memo
-    )
+    finished = run_tasks(model, _sweep_task, plan, chunks, workers=workers, ray_address=ray_address, memo=memo)
     for i, rows in finished:
         for job, row in zip(chunks[i], rows, strict=True):
             done[job.key] = row.tolist()

@@ -87,3 +87,21 @@ def test_expand_kv_is_repeat_interleave_not_repeat():
     assert not torch.equal(out, v.repeat(1, 1, 3, 1))
     with pytest.raises(ValueError, match="n_heads=5 is not a multiple of n_kv_heads=2"):
         expand_kv(v, 5)
+
+
+def test_parallel_coefficients_of_the_three_spaces():
+    g = torch.Generator().manual_seed(3)
+    pattern = torch.softmax(torch.randn(2, 3, 5, 5, generator=g, dtype=torch.float64), -1)
+    v = torch.randn(2, 5, 3, 4, generator=g, dtype=torch.float64)
+    x = torch.randn(2, 5, 7, generator=g, dtype=torch.float64)
+    W_O = torch.randn(3, 4, 7, generator=g, dtype=torch.float64)
+    o = geometry.value_aggregate(pattern, v)
+    vv = (v * v).sum(-1)
+    value = geometry.parallel_coefficient(pattern, v, "value")
+    torch.testing.assert_close(value * vv, (o * v).sum(-1))
+    own = torch.diagonal(pattern, dim1=-2, dim2=-1).transpose(1, 2)  # A_tt as [batch, pos, head]
+    exclude = geometry.parallel_coefficient(pattern, v, "value-exclude-self")
+    torch.testing.assert_close(exclude, value - own)  # c = o - A_tt v, so c.v/|v|^2 = o.v/|v|^2 - A_tt
+    m = torch.einsum("bphd,hdm->bphm", o, W_O)
+    residual = geometry.parallel_coefficient(pattern, v, "residual-attn", x=x, W_O=W_O)
+    torch.testing.assert_close(residual, (m * x[:, :, None]).sum(-1) / (x * x).sum(-1, keepdim=True))

@@ -243,14 +243,14 @@ def compression_error(
     function given as a method must be importable or picklable by cloudpickle).
     """
     methods = _check_methods(method, positions)
-    check_workers(workers, ray_address, model)
+    distributed = check_workers(workers, ray_address, model)
     toks = as_tokens(tokens)
     calib = toks if calibration is None else as_tokens(calibration)
     info = model_info(model)
     layers, _ = softmax_layers(info, None, what="compression_error")
     plan = _CompressionInput(toks, calib, tuple(methods), tuple(layers), positions, eps, batch_size)
-    memo = {} if workers > 1 or ray_address else {"dense": _dense_pass(model, plan)}
-    base_losses = memo["dense"][1] if memo else document_losses(model, toks, batch_size=batch_size)
+    memo = {} if distributed else {"dense": _dense_pass(model, plan)}  # workers make their own dense pass
+    base_losses = document_losses(model, toks, batch_size=batch_size) if distributed else memo["dense"][1]
     errors = np.full((3, len(methods), len(SUBLAYERS), len(layers), len(toks)), np.nan)  # par, perp, coef
     delta_loss, delta_ci = np.zeros(len(methods)), np.zeros((len(methods), 2))
     finished = run_tasks(
