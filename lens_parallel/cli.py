@@ -25,7 +25,19 @@ from lens_parallel.errors import LensParallelError
 DEFAULT_MODEL = "smollm2-135m"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the package's error contract: a bad command line is one line on stderr and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+OUTPUT_SUFFIXES = (".csv", ".json", ".npz", ".html", ".png")
+
+
 def _writable_dir(path: str) -> Path:
+    if not path.strip():
+        raise LensParallelError("--out is empty: give the folder to write to (or leave --out out for the default)")
     out = Path(path)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -43,6 +55,24 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
+def _output_dir(args: argparse.Namespace, *names: str) -> Path:
+    """The output folder (``--out``, else ``results/<subcommand>``), created and checked before any work: no file
+    this subcommand writes (``<name>*.csv|json|npz|html|png``) may be a folder there."""
+    out = _writable_dir(args.out if args.out is not None else f"results/{args.command}")
+    for name in names:
+        for path in out.glob(f"{name}*"):
+            if path.is_dir() and path.suffix in OUTPUT_SUFFIXES:
+                raise LensParallelError(f"--out {out}: {path.name} is a folder, where an output file goes; remove it")
+    return out
+
+
 def _common(parser: argparse.ArgumentParser, *, n_docs: int = 16, many_models: bool = False) -> None:
     if many_models:
         parser.add_argument("--model", nargs="+", default=[DEFAULT_MODEL], help="model spec(s); several: side by side")
@@ -57,9 +87,18 @@ def _common(parser: argparse.ArgumentParser, *, n_docs: int = 16, many_models: b
     parser.add_argument("--n-docs", type=_positive, default=n_docs, help=f"documents (token blocks), default {n_docs}")
     parser.add_argument("--seq-len", type=_positive, default=128, help="tokens per block, default 128")
     parser.add_argument("--batch-size", type=_positive, default=8, help="documents per forward, default 8")
-    parser.add_argument("--seed", type=int, default=0, help="seed (document order, null draws), default 0")
+    parser.add_argument("--seed", type=_non_negative, default=0, help="seed (document order, null draws), default 0")
     parser.add_argument("--device", default="cpu", help="torch device, default cpu")
     parser.add_argument("--out", required=False, help="output folder (default: results/<subcommand>)")
+
+
+def _store(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--store",
+        default=None,
+        metavar="FILE",
+        help=f"the sweep's resumable store (JSON lines), default OUT/{default}: a rerun skips finished jobs",
+    )
 
 
 def _workers(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +122,7 @@ def _build_parser() -> argparse.ArgumentParser:
     from lens_parallel.edits import ABLATIONS, DIAGONAL_SPACES, POSITIONS, SCALE_SPACES
     from lens_parallel.training import ARMS, DESIGNS, PRESETS
 
-    parser = argparse.ArgumentParser(prog="lens-parallel", description="Parallel/perpendicular geometry of heads.")
+    parser = _Parser(prog="lens-parallel", description="Parallel/perpendicular geometry of heads.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("decompose", help="self-alignment of head outputs and residual updates")
     _common(p)
@@ -97,6 +136,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, nargs="+", default=None, help="layers edited (default: all)")
     p.add_argument("--per-layer", action="store_true", help="one layer at a time instead of all together")
     p.add_argument("--positions", default="all", choices=POSITIONS, help="after-first: leave the boundary token")
+    _store(p, "scale_store.jsonl")
     _workers(p)
     p = sub.add_parser("diagonal", help="attention-diagonal form of parallel scaling for one head")
     _common(p, n_docs=4)
@@ -116,6 +156,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="exact: one ablation per head (engine); attribution: every head from one forward + one backward",
     )
     p.add_argument("--confirm", type=int, default=0, metavar="K", help="attribution: rerun the top K heads exactly")
+    _store(p, "sensitivity_store.jsonl")
     _workers(p)
     p = sub.add_parser("dominance", help="how strongly each upstream head drives the next layer's q/k/v")
     _common(p, n_docs=4)
@@ -138,6 +179,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--positions", default="after-first", choices=POSITIONS, help="the paper's frozen protocol: after-first"
     )
     p.add_argument("--null", default="sampled", choices=NULLS, help="causal null: sampled (the paper's) or exact")
+    _store(p, "ablations.jsonl")
     _workers(p)
     p = sub.add_parser("compress", help="compression error along / across each layer's update")
     _common(p, n_docs=12)
@@ -164,7 +206,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", default=None, help="freeze the analysis plan to this JSON file before the first run")
     p.add_argument("--arms", nargs="+", default=["baseline", "random-direction-gated", "xsa-gated"], choices=ARMS)
     p.add_argument("--primary", default=None, help="primary endpoint arm (default: the first arm after baseline)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    p.add_argument("--seeds", type=_non_negative, nargs="+", default=[0, 1, 2, 3])
     p.add_argument("--steps", type=_positive, default=None, help="override the preset's number of steps")
     p.add_argument("--texts", nargs="+", default=None, help="corpora to train on (default: the preset's)")
     p.add_argument("--device", default="auto", help="auto (CUDA + bf16 when available), cpu or cuda")
@@ -190,13 +232,21 @@ def _emit(out: Path, name: str, result, shown: pd.DataFrame) -> None:
     print("wrote:", *map(str, written), sep="\n  ")
 
 
-def _load(args: argparse.Namespace):
-    from lens_parallel.data import token_blocks
+def _store_path(args: argparse.Namespace, out: Path, default: str) -> Path:
+    return Path(args.store) if args.store else out / default
+
+
+def _load(args: argparse.Namespace, *names: str):
+    """The output folder (checked for ``names``), the model and the documents, in that order (nothing loads before
+    the folder and the worker settings are checked)."""
+    from lens_parallel.data import check_corpus, token_blocks
     from lens_parallel.distributed import check_workers
     from lens_parallel.models import load_model
 
-    out = _writable_dir(args.out or f"results/{args.command}")
+    out = _output_dir(args, *names or (args.command,))
     check_workers(getattr(args, "workers", 1), getattr(args, "ray_address", None))  # before loading anything
+    if args.texts != "study":
+        check_corpus(args.texts)
     model = load_model(args.model, device=args.device)
     if args.texts == "study":
         from lens_parallel.analyses.dominance import study_texts
@@ -233,7 +283,7 @@ def _scale(args: argparse.Namespace) -> None:
         positions=args.positions,
         batch_size=args.batch_size,
         seed=args.seed,
-        store=out / "scale_store.jsonl",
+        store=_store_path(args, out, "scale_store.jsonl"),
         workers=args.workers,
         ray_address=args.ray_address,
     )
@@ -285,7 +335,7 @@ def _sensitivity(args: argparse.Namespace) -> None:
         layers=args.layers,
         batch_size=args.batch_size,
         seed=args.seed,
-        store=out / "sensitivity_store.jsonl",
+        store=_store_path(args, out, "sensitivity_store.jsonl"),
         workers=args.workers,
         ray_address=args.ray_address,
     )
@@ -301,7 +351,7 @@ def _attribution(args: argparse.Namespace) -> None:
     from lens_parallel.hooks import softmax_layers
     from lens_parallel.models import model_info
 
-    out, model, blocks = _load(args)
+    out, model, blocks = _load(args, "attribution")
     info = model_info(model)
     n_heads = info.n_heads * len(softmax_layers(info, args.layers, what="attribution")[0])
     if args.confirm > n_heads:
@@ -379,7 +429,7 @@ def _checks(args: argparse.Namespace) -> None:
         null=args.null,
         seed=args.seed,
         batch_size=args.batch_size,
-        store=out / "ablations.jsonl",
+        store=_store_path(args, out, "ablations.jsonl"),
         workers=args.workers,
         ray_address=args.ray_address,
     )
@@ -415,12 +465,16 @@ def _report(args: argparse.Namespace) -> None:
 
     from lens_parallel.data import token_blocks
     from lens_parallel.models import check_device, check_spec, load_model
-    from lens_parallel.report import run_battery, write_report
+    from lens_parallel.report import check_battery, run_battery, write_report
 
     check_device(args.device)
     for spec in args.model:  # every spec before the first (long) battery
         check_spec(spec)
-    out = _writable_dir(args.out or "results/report")
+    check_battery(n_docs=args.n_docs, texts=args.texts, batch_size=args.batch_size)
+    out = _output_dir(args, "report")
+    for folder in ("tables", "results"):
+        if (out / folder).exists() and not (out / folder).is_dir():
+            raise LensParallelError(f"--out {out}: {folder} is a file, where the report writes a folder; remove it")
     t0 = time.perf_counter()
     reports = []
     for spec in args.model:
@@ -445,7 +499,7 @@ def _train(args: argparse.Namespace) -> None:
     check_workers(args.workers, args.ray_address)
     changes = {"device": args.device} | ({"steps": args.steps} if args.steps else {})
     changes |= {"texts": tuple(args.texts)} if args.texts else {}
-    out = _writable_dir(args.out or "results/train")
+    out = _output_dir(args, "train", "paired", "curves")
     if args.design:
         result = run_design(
             args.design,
@@ -488,8 +542,8 @@ def _models(args: argparse.Namespace) -> None:
     table = available_models()
     left = {col: f"{{:<{table[col].astype(str).str.len().max()}}}".format for col in table.columns}
     print(table.to_string(index=False, formatters=left, justify="left"))
-    if args.out:
-        path = _writable_dir(args.out) / "models.csv"
+    if args.out is not None:
+        path = _output_dir(args, "models") / "models.csv"
         table.to_csv(path, index=False)
         print("wrote:", path)
 
@@ -510,7 +564,10 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a bad command line (one line on stderr, status 2)
+        return int(exc.code or 0)
     try:
         COMMANDS[args.command](args)
     except LensParallelError as exc:  # bad input only: a bug inside the package keeps its traceback

@@ -46,21 +46,27 @@ def _load_hub_texts(name: str) -> list[str]:
     return [t for t in rows["text"] if t.strip()]
 
 
+def check_corpus(name: str) -> str:
+    """``name`` if it names texts :func:`load_texts` can read (a bundled corpus, or ``hf:DATASET...``), else a
+    :class:`LensParallelError` listing them (nothing is read)."""
+    if not isinstance(name, str) or not (name in CORPORA or (name.startswith("hf:") and len(name) > 3)):
+        raise LensParallelError(
+            f"unknown corpus {name!r}; bundled corpora: {', '.join(CORPORA)}, or hf:DATASET[:CONFIG]"
+        )
+    return name
+
+
 def load_texts(name: str = "wikipedia-en", *, n_docs: int | None = None) -> list[str]:
     """The documents of a bundled corpus, in their stored order (the first ``n_docs`` if given).
 
     ``name`` is a bundled corpus (:data:`CORPORA`) or, online, ``hf:DATASET[:CONFIG[:SPLIT]]``
     (e.g. ``hf:Salesforce/wikitext:wikitext-103-raw-v1:test``) read from its ``text`` column.
     """
-    if name.startswith("hf:"):
+    if check_corpus(name).startswith("hf:"):
         docs = _load_hub_texts(name)
-    elif name in CORPORA:
+    else:
         with gzip.open(ASSETS / "corpora" / f"{name}.json.gz", "rt", encoding="utf-8") as f:
             docs = json.load(f)
-    else:
-        raise LensParallelError(
-            f"unknown corpus {name!r}; bundled corpora: {', '.join(CORPORA)}, or hf:DATASET[:CONFIG]"
-        )
     if n_docs is not None:
         if n_docs < 1:
             raise LensParallelError(f"n_docs must be >= 1, got {n_docs}")
@@ -132,6 +138,8 @@ def token_blocks(
         )
     if n_docs < 1:
         raise LensParallelError(f"n_docs must be >= 1, got {n_docs}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise LensParallelError(f"seed must be an integer >= 0, got {seed!r}")
     if not docs or not any(d.strip() for d in docs):
         raise LensParallelError(f"corpus {corpus!r} is empty: no document has any text")
     token, token_id = boundary_token(model.tokenizer)

@@ -7,7 +7,8 @@ caller's model. Otherwise :func:`run_tasks` connects to Ray (``ray_address``: a 
 ``"auto"`` or ``"10.0.0.1:6379"``; none: a local Ray started on this machine), starts ``workers`` actors, each of
 which **loads the model once by its spec** (:class:`ModelRecipe`: a worker on another node loads it from its own
 cache, a real model being fetched there on first use) and checks that its weights are the caller's
-(:func:`weights_digest`), then hands them whole chunks of jobs. Results come back to the caller, which alone writes
+(:func:`~lens_parallel.models.weights_digest`: every value, hashed exactly), then hands them whole chunks of
+jobs. Results come back to the caller, which alone writes
 the resumable store, so a cluster run killed midway resumes in one process, or on a cluster, from the same store.
 
 An actor asks Ray for one GPU when the model is on CUDA, else for an equal share of the cluster's cores
@@ -20,7 +21,6 @@ on the same weights, dtype and device type as the caller (the store's fingerprin
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +30,7 @@ import torch
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.errors import LensParallelError
-from lens_parallel.models import ModelInfo, ModelSpecError, check_spec, load_model, model_info
+from lens_parallel.models import ModelInfo, ModelSpecError, check_spec, load_model, model_info, weights_digest
 
 INSTALL = "pip install 'lens_parallel[distributed]'"
 MAX_RETRIES = 3
@@ -75,19 +75,6 @@ def _check_loadable(model: TransformerBridge) -> str:
     return spec
 
 
-def weights_digest(model: TransformerBridge, *, sample: int = 4096) -> str:
-    """A short hash of every parameter's name, shape, dtype and ``sample`` evenly strided values: equal for two
-    loads of the same weights, different after training or editing them (reading every value of a billion-parameter
-    model would take seconds; the stride covers each whole tensor)."""
-    h = hashlib.sha256()
-    for name, p in model.original_model.named_parameters():
-        flat = p.detach().flatten()
-        values = flat[:: max(1, flat.numel() // sample)].float().cpu().numpy()
-        h.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
-        h.update(values.tobytes())
-    return h.hexdigest()[:16]
-
-
 @dataclass(frozen=True)
 class ModelRecipe:
     """How a worker loads the caller's model: ``load_model(spec, device=..., dtype=...)``, then checks ``digest``."""
@@ -98,11 +85,13 @@ class ModelRecipe:
     digest: str
 
     @classmethod
-    def of(cls, model: TransformerBridge) -> ModelRecipe:
-        """The recipe of ``model``; refuses a model that workers cannot load by its spec."""
+    def of(cls, model: TransformerBridge, digest: str | None = None) -> ModelRecipe:
+        """The recipe of ``model`` (``digest``: its :func:`~lens_parallel.models.weights_digest` when the caller
+        computed it already); refuses a model that workers cannot load by its spec."""
         spec = _check_loadable(model)
         param = next(model.parameters())
-        return cls(spec, str(param.dtype).removeprefix("torch."), param.device.type, weights_digest(model))
+        dtype = str(param.dtype).removeprefix("torch.")
+        return cls(spec, dtype, param.device.type, digest or weights_digest(model))
 
     def load(self) -> TransformerBridge:
         device = "cuda" if self.device_type == "cuda" else "cpu"
@@ -170,10 +159,12 @@ def run_tasks(
     workers: int = 1,
     ray_address: str | None = None,
     memo: dict[Any, Any] | None = None,
+    digest: str | None = None,
 ) -> Iterator[tuple[int, Any]]:
     """``(i, task(context, shared, items[i]))`` for every item: in order in this process (``workers=1``, no
     address), else in the order they finish on ``workers`` Ray actors (module docstring). ``memo``: what the caller
-    already computed on its own model, seeding the context in this process (workers compute it themselves)."""
+    already computed on its own model, seeding the context in this process (workers compute it themselves);
+    ``digest``: the model's weights digest when the caller computed it already (for its store)."""
     if not check_workers(workers, ray_address):
         context = TaskContext(model, model_info(model), dict(memo or {}))
         for i, item in enumerate(items):
@@ -181,7 +172,7 @@ def run_tasks(
         return
     if not items:
         return
-    recipe = ModelRecipe.of(model)
+    recipe = ModelRecipe.of(model, digest)
     ray = connect(ray_address)
     from ray.util import ActorPool
 

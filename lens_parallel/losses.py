@@ -82,12 +82,15 @@ def _delta_ppl(edited: np.ndarray, base: np.ndarray, weights: np.ndarray, axis: 
     return np.exp(edited.sum(axis) / weights.sum(axis)) - np.exp(base.sum(axis) / weights.sum(axis))
 
 
-def edit_effect(noop_losses: DocLosses, edited: DocLosses, *, n_resamples: int = 2000, seed: int = 0) -> EditEffect:
-    """Compare two :class:`DocLosses` of the same documents."""
+def edit_effect(
+    noop_losses: DocLosses, edited: DocLosses, *, n_resamples: int = 2000, seed: int = 0, what: str = "edited losses"
+) -> EditEffect:
+    """Compare two :class:`DocLosses` of the same documents (``what`` names them in the error for a non-finite
+    loss)."""
     if not np.array_equal(noop_losses.n_tokens, edited.n_tokens):
         raise LensParallelError("the two DocLosses do not score the same documents")
     e, b, w = edited.loss_sum, noop_losses.loss_sum, noop_losses.n_tokens.astype(np.float64)
-    kw = {"n_resamples": n_resamples, "seed": seed}
+    kw = {"n_resamples": n_resamples, "seed": seed, "what": what}
     return EditEffect(
         loss_noop=noop_losses.loss,
         loss_edited=edited.loss,

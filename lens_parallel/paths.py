@@ -1,11 +1,33 @@
-"""Where lens_parallel keeps its bundled assets and its per-user cache."""
+"""Where lens_parallel keeps its bundled assets and its per-user cache, and how cache folders are built safely.
+
+Every cached folder (unpacked tokenizers, toy models, dequantized real weights and their half-precision copies) is
+built through :func:`cached_folder`, which several processes may call at once for the same folder:
+
+- builders of one folder are serialised by a file lock (``.<name>.lock`` beside it), so a second process waits for
+  the first and then uses its folder instead of building it again;
+- a build writes into a private scratch folder ``.<name>.partial-<host>-<pid>-<random>`` and is renamed into place
+  in one step, so no reader ever sees a half-written folder;
+- a finished folder that verifies is never deleted or replaced (another process may be reading it); one that does
+  not verify (an older layout, damaged files) is first renamed aside, then replaced, then deleted;
+- scratch folders left by killed builds are removed, but only those whose process is dead (same host) or, for
+  another host's, older than :data:`STALE_AFTER_S`: a live process's partial folder is never touched.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
+from filelock import FileLock
+
 ASSETS = Path(__file__).resolve().parent / "assets"
+STALE_AFTER_S = 24 * 3600
+"""A scratch folder written by another host is taken as abandoned once it is this old (its pid cannot be checked)."""
 
 
 def cache_dir() -> Path:
@@ -22,3 +44,88 @@ def add_suffix(stem: Path, suffix: str) -> Path:
     """``stem`` with ``suffix`` appended: unlike ``Path.with_suffix``, a dot already in the name stays
     (``toy-qwen3.5_scaling`` + ``.json``, not ``toy-qwen3.json``)."""
     return stem.parent / f"{stem.name}{suffix}"
+
+
+def _host() -> str:
+    return socket.gethostname().replace("-", "_") or "host"
+
+
+def scratch_folder(target: Path) -> Path:
+    """A new private folder beside ``target`` (``.<name>.partial-<host>-<pid>-<random>``) to build it in."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = target.parent / f".{target.name}.partial-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    scratch.mkdir()
+    return scratch
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def is_abandoned(scratch: Path) -> bool:
+    """Whether a scratch folder of :func:`scratch_folder` was left by a process that is gone (see the module
+    docstring); a name this package did not write is never taken as abandoned."""
+    try:
+        host, pid, _ = scratch.name.rsplit(".partial-", 1)[1].rsplit("-", 2)
+        pid_number = int(pid)
+    except (IndexError, ValueError):
+        return False
+    if host == _host():
+        return not _alive(pid_number)
+    try:
+        return time.time() - scratch.stat().st_mtime > STALE_AFTER_S
+    except FileNotFoundError:
+        return False
+
+
+def remove_abandoned(target: Path) -> None:
+    """Delete the scratch folders of ``target`` left by dead processes (never a live one's)."""
+    for scratch in target.parent.glob(f".{target.name}.partial-*"):
+        if is_abandoned(scratch):
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def install_folder(scratch: Path, target: Path, valid: Callable[[Path], bool]) -> Path:
+    """Rename the finished ``scratch`` into place as ``target`` in one step. If ``target`` already exists and is
+    ``valid``, it is kept (a concurrent builder finished first) and ``scratch`` is deleted; an invalid one is
+    renamed aside, replaced, then deleted."""
+    for _ in range(8):
+        try:
+            scratch.rename(target)
+            return target
+        except OSError:
+            if not target.exists():
+                raise  # nothing in the way: the rename itself failed
+        if valid(target):
+            shutil.rmtree(scratch, ignore_errors=True)
+            return target
+        aside = target.parent / f".{target.name}.stale-{uuid.uuid4().hex[:8]}"
+        try:
+            target.rename(aside)
+        except FileNotFoundError:
+            continue  # moved away by another process meanwhile: try again
+        shutil.rmtree(aside, ignore_errors=True)
+    raise OSError(f"could not install {scratch} as {target}: the folder keeps changing under concurrent builders")
+
+
+def cached_folder(target: Path, build: Callable[[Path], None], valid: Callable[[Path], bool]) -> Path:
+    """``target`` if it is ``valid``, else built by ``build(scratch)`` and installed (see the module docstring)."""
+    if valid(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target.parent / f".{target.name}.lock")):
+        if valid(target):  # built by the process we waited for
+            return target
+        remove_abandoned(target)
+        scratch = scratch_folder(target)
+        try:
+            build(scratch)
+            return install_folder(scratch, target, valid)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)  # gone already once installed

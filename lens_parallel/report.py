@@ -33,10 +33,11 @@ from lens_parallel.analyses.attribution import AttributionResult, head_attributi
 from lens_parallel.analyses.confirm import ConfirmResult, confirm
 from lens_parallel.analyses.decompose import DecompositionResult, decompose
 from lens_parallel.analyses.diagonal import DiagonalView, diagonal_view
-from lens_parallel.analyses.reliability import SanityReport, sanity_report
+from lens_parallel.analyses.reliability import SanityReport, check_documents, sanity_report
 from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
 from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivity
-from lens_parallel.data import TokenBlocks
+from lens_parallel.data import TokenBlocks, check_corpus
+from lens_parallel.errors import LensParallelError
 from lens_parallel.models import model_info
 from lens_parallel.plots.comparison import comparison_figure
 from lens_parallel.results import Provenance, Result, ResultMixin, serializable
@@ -162,6 +163,17 @@ def strongest_parallel_heads(result: DecompositionResult, k: int = 2) -> list[tu
     return [(int(r.layer), int(r.head)) for r in df.itertuples()]
 
 
+def check_battery(*, n_docs: int, texts: str | Sequence[str], batch_size: int) -> None:
+    """The settings every step of :func:`run_battery` checks, checked together before the first forward: the
+    documents (split-half reliability needs :data:`~lens_parallel.analyses.reliability.MIN_DOCUMENTS`), the texts
+    (a bundled corpus, ``hf:``, or a list of documents) and the batch size."""
+    check_documents(n_docs)
+    if isinstance(texts, str) and texts != "user-texts":  # a list of documents is named "user-texts"
+        check_corpus(texts)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise LensParallelError(f"batch_size must be a positive integer, got {batch_size!r}")
+
+
 def run_battery(
     model: TransformerBridge,
     tokens: TokenBlocks,
@@ -170,7 +182,9 @@ def run_battery(
     batch_size: int = 8,
     progress: bool = True,
 ) -> ModelReport:
-    """Run the five sections on ``model`` (see the module docstring)."""
+    """Run the five sections on ``model`` (see the module docstring); every setting is checked first
+    (:func:`check_battery`)."""
+    check_battery(n_docs=len(tokens.tokens), texts=tokens.corpus, batch_size=batch_size)
     seconds: dict[str, float] = {}
 
     def timed(name: str, fn):

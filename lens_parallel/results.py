@@ -5,15 +5,24 @@ per observation); ``summary()`` (one row per model); ``figures()`` (named Plotly
 one); ``save(path)`` / ``load(path)``. Saved files carry the format name and version and the fully qualified class
 name of every dataclass in them; loading an unknown type or version is a clear error, and saving a value this
 format cannot represent raises instead of turning it into a string.
+
+The two files of a result are tied together: a random id is written into both, and the JSON holds the ``.npz``'s
+sha256; both are written under temporary names and renamed into place (the ``.npz`` first), so a kill never leaves
+a half-written file, and :func:`load_result` refuses a pair that does not belong together (an ``.npz`` copied from
+another result, or a save interrupted between the two renames) in one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import importlib.metadata
 import json
 import math
+import os
+import uuid
+import zipfile
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -30,7 +39,9 @@ from lens_parallel.models import ModelInfo
 from lens_parallel.paths import add_suffix
 
 FORMAT = "lens_parallel.result"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: the JSON and the ``.npz`` carry one random id and the JSON the ``.npz``'s sha256 (1: neither, not read)."""
+_ID_KEY = "__result_id__"
 _REGISTRY: dict[str, type] = {}
 T = TypeVar("T")
 
@@ -201,37 +212,93 @@ def _decode(obj: Any, arrays: dict[str, np.ndarray], path: Path) -> Any:
     return obj
 
 
+def _write_atomic(path: Path, write) -> None:
+    """``write(file)`` into a temporary file beside ``path``, flushed to disk, then renamed onto ``path``."""
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def save_result(result: Any, path: str | Path) -> Path:
-    """Write ``path.json`` (format, version, fields, provenance) and ``path.npz`` (arrays); returns the JSON path.
+    """Write ``path.json`` (format, version, id, the npz's sha256, fields, provenance) and ``path.npz`` (arrays and
+    the id); returns the JSON path. Both are written atomically, the ``.npz`` first (module docstring).
 
     ``path`` may end in ``.json`` or have no suffix; any other dot in the name is kept (``toy-qwen3.5_scaling``)."""
     stem = _stem(path)
     stem.parent.mkdir(parents=True, exist_ok=True)
+    json_path, npz_path = add_suffix(stem, ".json"), add_suffix(stem, ".npz")
+    for target in (json_path, npz_path):
+        if target.is_dir():
+            raise LensParallelError(f"cannot save the result: {target} is a folder")
     arrays: dict[str, np.ndarray] = {}
-    payload = {"format": FORMAT, "version": FORMAT_VERSION, "data": _encode(result, arrays, "root")}
+    data = _encode(result, arrays, "root")
+    result_id = uuid.uuid4().hex
+    arrays[_ID_KEY] = np.array(result_id)
+    _write_atomic(npz_path, lambda f: np.savez_compressed(f, **arrays))
+    payload = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "id": result_id,
+        "npz_sha256": _sha256(npz_path),
+        "data": data,
+    }
     text = json.dumps(payload, indent=1, allow_nan=False)
-    np.savez_compressed(add_suffix(stem, ".npz"), **arrays)
-    add_suffix(stem, ".json").write_text(text)
-    return add_suffix(stem, ".json")
+    _write_atomic(json_path, lambda f: f.write(text.encode()))
+    return json_path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def load_result(path: str | Path) -> Any:
-    """Rebuild any result written by :func:`save_result` (``path`` with or without ``.json``)."""
+    """Rebuild any result written by :func:`save_result` (``path`` with or without ``.json``). Raises
+    :class:`LensParallelError` in one line for a missing, damaged or mismatched pair of files."""
     stem = _stem(path)
-    json_path = add_suffix(stem, ".json")
+    json_path, npz_path = add_suffix(stem, ".json"), add_suffix(stem, ".npz")
     if not json_path.is_file():
         raise LensParallelError(f"no saved result at {json_path}")
-    payload = json.loads(json_path.read_text())
+    try:
+        payload = json.loads(json_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise LensParallelError(f"{json_path} is damaged (not valid JSON: {exc}); rerun the analysis") from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise LensParallelError(f"{json_path} is not a lens_parallel result (no {FORMAT!r} format field)")
     if payload.get("version") != FORMAT_VERSION:
         raise LensParallelError(
             f"{json_path} has result format version {payload.get('version')!r}; this lens_parallel reads version "
-            f"{FORMAT_VERSION}"
+            f"{FORMAT_VERSION} (its JSON and npz are tied by an id and a sha256): rerun the analysis"
         )
-    with np.load(add_suffix(stem, ".npz")) as data:
-        arrays = {k: data[k] for k in data.files}
-    return _decode(payload["data"], arrays, json_path)
+    if not npz_path.is_file():
+        raise LensParallelError(f"{json_path} has no {npz_path.name} beside it; rerun the analysis")
+    if _sha256(npz_path) != payload.get("npz_sha256"):
+        raise LensParallelError(
+            f"{npz_path} does not belong to {json_path.name} (its sha256 differs from the one recorded there: copied "
+            "from another result, or a save was interrupted); restore the pair or rerun the analysis"
+        )
+    try:
+        with np.load(npz_path) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise LensParallelError(f"{npz_path} is damaged ({exc}); rerun the analysis") from exc
+    if str(arrays.pop(_ID_KEY, "")) != payload.get("id"):
+        raise LensParallelError(f"{npz_path} was written for another result than {json_path.name} (ids differ)")
+    try:
+        return _decode(payload["data"], arrays, json_path)
+    except (KeyError, TypeError) as exc:
+        raise LensParallelError(
+            f"{json_path} is damaged (it refers to {exc} which it lacks); rerun the analysis"
+        ) from exc
 
 
 def _stem(path: str | Path) -> Path:

@@ -1,4 +1,13 @@
-"""Statistics over documents (seeded, vectorised; scipy and statsmodels where they have it)."""
+"""Statistics over documents (seeded, vectorised; scipy and statsmodels where they have it).
+
+Non-finite values never pass for a result. Tests and intervals need finite inputs: :func:`sign_flip_pvalue`,
+:func:`paired_t` and the bootstraps refuse NaN or inf with a :class:`LensParallelError` naming what was tested (the
+``what`` argument: a head label, an arm), since scipy would return p = 0 for them. A p-value that is legitimately
+undefined (NaN, e.g. a correlation of a constant) stays NaN through :func:`benjamini_hochberg` and :func:`holm`,
+which correct among the finite p-values only (R's ``p.adjust`` convention). scipy's p-value conventions are kept:
+an exact sign-flip test counts the observed sign pattern, a resampled one adds one to both counts, so a finite input
+never gives p = 0.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +26,21 @@ power, alpha 0.05" (the normal approximation gives z_{0.975} + z_{0.8} = 2.80; t
 small n is larger: :func:`mde`)."""
 
 
+def require_finite(values: np.ndarray, what: str) -> np.ndarray:
+    """``values`` as float64, or a :class:`LensParallelError` saying how many of them (and which first) are not
+    finite, for ``what`` (e.g. ``"L3H2: per-document delta loss"``)."""
+    x = np.asarray(values, dtype=np.float64)
+    bad = ~np.isfinite(x)
+    if bad.any():
+        first = np.unravel_index(int(np.argmax(bad)), x.shape)
+        where = first[0] if x.ndim == 1 else tuple(int(i) for i in first)
+        raise LensParallelError(
+            f"{what}: {int(bad.sum())} of {x.size} values are not finite (the first, at index {where}, is {x[first]}); "
+            "a finite value is required"
+        )
+    return x
+
+
 def ratio_of_sums_delta(
     edited: np.ndarray, base: np.ndarray, weights: np.ndarray, axis: int = -1
 ) -> np.ndarray | float:
@@ -33,13 +57,15 @@ def paired_bootstrap_ci(
     n_resamples: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
+    what: str = "paired bootstrap",
 ) -> tuple[float, float] | tuple[np.ndarray, np.ndarray]:
     """Percentile CI of ``statistic(edited, base, weights)`` resampling documents (rows paired across arrays).
 
     Uses ``scipy.stats.bootstrap(paired=True, method="percentile")``. Arrays ``[doc]`` give one interval (floats);
     arrays ``[doc, k]`` give k intervals (arrays), each column resampled with the same documents. With fewer than
-    2 documents the interval is nan.
+    2 documents the interval is nan. Non-finite inputs are refused (``what`` names them in the error).
     """
+    edited, base, weights = (require_finite(x, what) for x in (edited, base, weights))
     if len(edited) < 2:
         nan = np.full(np.shape(edited)[1:], np.nan)
         return (float("nan"), float("nan")) if np.ndim(edited) == 1 else (nan, nan.copy())
@@ -58,13 +84,18 @@ def paired_bootstrap_ci(
     return (float(low), float(high)) if np.ndim(edited) == 1 else (low, high)
 
 
-def sign_flip_pvalue(differences: np.ndarray, *, n_resamples: int = 10000, seed: int = 0) -> float:
+def sign_flip_pvalue(
+    differences: np.ndarray, *, n_resamples: int = 10000, seed: int = 0, what: str = "sign-flip test"
+) -> float:
     """Two-sided sign-flip permutation p-value of mean(differences) = 0 (paired differences, one per document).
 
     ``scipy.stats.permutation_test`` with ``permutation_type="samples"`` on one sample flips signs; with few
-    documents it enumerates all 2^n sign patterns exactly.
+    documents it enumerates all 2^n sign patterns exactly (p >= 2 / 2^n), else it draws ``n_resamples`` and
+    reports twice the smaller one-sided (count + 1) / (n_resamples + 1) (so p >= 2 / (n_resamples + 1)).
+    Non-finite differences are refused (``what`` names them): scipy would compare NaN as never extreme and return
+    p = 0.
     """
-    d = np.asarray(differences, dtype=np.float64)
+    d = require_finite(differences, what)
     if len(d) < 2 or np.all(d == 0):
         return 1.0
     res = sps.permutation_test(
@@ -79,16 +110,31 @@ def sign_flip_pvalue(differences: np.ndarray, *, n_resamples: int = 10000, seed:
     return float(res.pvalue)
 
 
-def benjamini_hochberg(pvalues: np.ndarray) -> np.ndarray:
-    """Benjamini-Hochberg adjusted p-values (q-values), ``scipy.stats.false_discovery_control(method="bh")``."""
+def _adjusted(pvalues: np.ndarray, adjust) -> np.ndarray:
+    """``adjust`` applied to the finite p-values (m = their number); NaN (undefined) stays NaN; anything else
+    outside [0, 1] is refused."""
     p = np.asarray(pvalues, dtype=np.float64)
-    return sps.false_discovery_control(p.ravel(), method="bh").reshape(p.shape)
+    defined = ~np.isnan(p)
+    if ((p[defined] < 0) | (p[defined] > 1)).any():
+        raise LensParallelError(
+            f"p-values must lie in [0, 1] (NaN for undefined), got {p[defined & ((p < 0) | (p > 1))]}"
+        )
+    out = np.full(p.shape, np.nan)
+    if defined.any():
+        out[defined] = adjust(p[defined])
+    return out
+
+
+def benjamini_hochberg(pvalues: np.ndarray) -> np.ndarray:
+    """Benjamini-Hochberg adjusted p-values (q-values), ``scipy.stats.false_discovery_control(method="bh")``, among
+    the defined p-values (NaN stays NaN and does not count as a test)."""
+    return _adjusted(pvalues, lambda p: sps.false_discovery_control(p, method="bh"))
 
 
 def holm(pvalues: np.ndarray) -> np.ndarray:
-    """Holm step-down adjusted p-values (family-wise error), ``statsmodels`` ``multipletests(method="holm")``."""
-    p = np.asarray(pvalues, dtype=np.float64)
-    return multipletests(p.ravel(), method="holm")[1].reshape(p.shape)
+    """Holm step-down adjusted p-values (family-wise error), ``statsmodels`` ``multipletests(method="holm")``,
+    among the defined p-values (NaN stays NaN and does not count as a test)."""
+    return _adjusted(pvalues, lambda p: multipletests(p, method="holm")[1])
 
 
 class PairedTest(NamedTuple):
@@ -105,12 +151,12 @@ class PairedTest(NamedTuple):
     n: int
 
 
-def paired_t(differences: np.ndarray) -> PairedTest:
+def paired_t(differences: np.ndarray, *, what: str = "paired t-test") -> PairedTest:
     """``scipy.stats.ttest_1samp`` on paired differences; sigma_paired = sd(d, ddof=1), d_z = mean / sigma_paired;
     detectable effects: ``mde_paper`` = 2.9 sigma_paired / sqrt(n) (the sanity-checks paper's approximation,
     :func:`minimum_detectable_effect`) and the exact noncentral-t ``mde_80`` / ``mde_90`` at 80% / 90% power,
-    alpha 0.05 (:func:`mde`)."""
-    d = np.asarray(differences, dtype=np.float64)
+    alpha 0.05 (:func:`mde`). Non-finite differences are refused (``what`` names them)."""
+    d = require_finite(differences, what)
     if len(d) < 2:
         raise LensParallelError(f"a paired t-test needs at least 2 differences, got {len(d)}")
     res = sps.ttest_1samp(d, 0.0)
@@ -189,10 +235,11 @@ def split_half_correlations(stat: np.ndarray, delta: np.ndarray, *, method: str 
 
 
 def bootstrap_mean_ci(
-    values: np.ndarray, *, n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0
+    values: np.ndarray, *, n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0, what: str = "bootstrap"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile CI of the mean over axis 0 (documents), for every column at once (``scipy.stats.bootstrap``)."""
-    x = np.asarray(values, dtype=np.float64)
+    """Percentile CI of the mean over axis 0 (documents), for every column at once (``scipy.stats.bootstrap``);
+    non-finite values are refused (``what`` names them)."""
+    x = require_finite(values, what)
     if len(x) < 2:
         nan = np.full(x.shape[1:], np.nan)
         return nan, nan

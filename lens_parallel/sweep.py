@@ -11,8 +11,9 @@ per-document next-token NLL sum of each job's edited forward. :func:`run_sweep` 
     documents tiled once per job with its own head mask, up to ``rows_per_forward`` rows;
 (d) **a crash-safe resumable store**: a JSON-lines file whose first line is the run's fingerprint and each further
     line one finished job. A rerun with the same store skips finished jobs; a last line cut by a kill mid-write is
-    dropped (that job is recomputed); a store written by a run whose numbers would differ (another model, tokens,
-    edit kind, batch size, dtype, ...) is refused with what differs;
+    dropped (that job is recomputed), as is, with a warning, any row that is not ``n_docs`` finite numbers; a store
+    written by a run whose numbers would differ (another model or other weights, hashed exactly; tokens, edit kind,
+    batch size, dtype, ...) is refused with what differs. Creation and appends hold a file lock;
 (e) a progress bar.
 
 Analyses whose metric is captured activations rather than losses batch through :func:`capture` (streamed hooks,
@@ -26,7 +27,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -35,6 +38,7 @@ from pathlib import Path
 import einops
 import numpy as np
 import torch
+from filelock import FileLock
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -46,7 +50,8 @@ from lens_parallel.edits import ABLATIONS, ComponentScale, DiagonalEdit, HeadEdi
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import LayerStream, check_indices, hook_name, softmax_layers
 from lens_parallel.losses import DocLosses, batch_nll, next_token_nll
-from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.models import ModelInfo, model_info, weights_digest
+from lens_parallel.paths import add_suffix
 from lens_parallel.results import as_tokens, serializable
 
 STORE_FORMAT = "lens_parallel.sweep/1"
@@ -164,83 +169,107 @@ def job_digest(job: Job) -> str:
     return hashlib.sha256(repr(job).encode()).hexdigest()[:16]
 
 
+STORE_ADVICE = "delete it to recompute, or give another store (store= in Python, --store on the command line)"
+
+
 class SweepStore:
     """The JSON-lines store of a sweep: line 1 ``{"format", "fingerprint"}``, then one ``{"job", "digest",
-    "loss_sum"}`` per finished job, each written with one ``write`` and flushed to disk."""
+    "loss_sum"}`` per finished job, each written with one ``write`` and flushed to disk. Opening (header written or
+    checked) and every append hold the store's file lock (``<store>.lock``), so two processes never both write a
+    header, and rows are appended whole."""
 
     def __init__(self, path: str | Path, fingerprint: dict, n_docs: int) -> None:
         self.path, self.fingerprint, self.n_docs = Path(path), fingerprint, n_docs
+        self.lock = FileLock(str(add_suffix(self.path, ".lock")))
 
-    def load(self, jobs: Sequence[Job]) -> dict[str, list[float]]:
-        """Finished jobs; repairs a last line cut mid-write; refuses a store of another run, or one holding a job
-        under the key of one of ``jobs`` with other content."""
-        if not self.path.is_file():
-            return {}
-        raw = self.path.read_bytes()
-        lines = raw.split(b"\n")
-        complete, tail = lines[:-1], lines[-1]  # tail: text after the last newline (a cut line, or empty)
-        try:
-            header = json.loads(complete[0]) if complete else None
-        except json.JSONDecodeError as exc:
-            raise LensParallelError(
-                f"{self.path}: first line is not a sweep header ({exc}); use another store"
-            ) from exc
-        if header is None:  # the header itself was cut: nothing was finished
-            self.path.unlink()
-            return {}
-        self._check_header(header)
-        done: dict[str, list[float]] = {}
-        digests: dict[str, str | None] = {}
-        for i, line in enumerate(complete[1:], start=2):
-            try:
-                row = json.loads(line)
-                values = row["loss_sum"]
-                if len(values) != self.n_docs:
-                    raise ValueError(f"{len(values)} values, expected one per document ({self.n_docs})")
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise LensParallelError(
-                    f"{self.path}, line {i}: not a finished job ({exc}); use another store"
-                ) from exc
-            done[row["job"]] = values
-            digests[row["job"]] = row.get("digest")
-        for job in jobs:
-            if job.key in digests and digests[job.key] != job_digest(job):
-                raise LensParallelError(
-                    f"{self.path} holds a job {job.key!r} computed with other settings than {job!r}; use another "
-                    "store path"
+    def open(self, jobs: Sequence[Job]) -> dict[str, list[float]]:
+        """Finished jobs, after writing the header of a new (or empty) store or checking an existing one's: refuses
+        a store of another run, or one holding a job under the key of one of ``jobs`` with other content. A row
+        that is not a finished job of this sweep (cut by a kill, or not ``n_docs`` finite numbers) is dropped with
+        a warning, so that job is recomputed."""
+        if self.path.is_dir():
+            raise LensParallelError(f"store {self.path} is a folder; give a file path for the sweep store")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock:
+            raw = self.path.read_bytes() if self.path.is_file() else b""
+            lines = raw.split(b"\n")
+            complete, tail = lines[:-1], lines[-1]  # tail: text after the last newline (a cut line, or empty)
+            if not complete:  # new, or the header itself was cut: nothing was finished
+                self._rewrite([])
+                return {}
+            self._check_header(complete[0])
+            done, digests, kept, dropped = {}, {}, [], []
+            for i, line in enumerate(complete[1:], start=2):
+                row, problem = self._row(line)
+                if problem:
+                    dropped.append(f"line {i}: {problem}")
+                    continue
+                done[row["job"]], digests[row["job"]] = row["loss_sum"], row["digest"]
+                kept.append(line)
+            for job in jobs:
+                if job.key in digests and digests[job.key] != job_digest(job):
+                    raise LensParallelError(
+                        f"{self.path} holds a job {job.key!r} computed with other settings than {job!r}; {STORE_ADVICE}"
+                    )
+            if dropped:
+                warnings.warn(
+                    f"{self.path}: dropped {len(dropped)} row(s) that are not finished jobs of this sweep "
+                    f"({'; '.join(dropped[:3])}); those jobs are recomputed",
+                    stacklevel=3,
                 )
-        if tail.strip():  # a job line cut by a kill: drop it, so that job is recomputed
-            with open(self.path, "r+b") as f:
-                f.truncate(len(raw) - len(tail))
-        return done
+            if dropped or tail.strip():  # a line cut by a kill mid-write is dropped silently: its job reruns
+                self._rewrite(kept)
+            return done
 
-    def _check_header(self, header: dict) -> None:
-        if header.get("format") != STORE_FORMAT:
+    def _row(self, line: bytes) -> tuple[dict, str]:
+        """The row of one line, or why it is not a finished job: the NLL metric is ``n_docs`` finite numbers."""
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return {}, f"not JSON ({exc})"
+        if not isinstance(row, dict) or not isinstance(row.get("job"), str) or not isinstance(row.get("digest"), str):
+            return {}, "no job key and digest"
+        values = row.get("loss_sum")
+        if not isinstance(values, list) or len(values) != self.n_docs:
+            return {}, f"loss_sum is not a list of {self.n_docs} values (one per document)"
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+            return {}, "loss_sum holds a value that is not a finite number"
+        return row, ""
+
+    def _check_header(self, line: bytes) -> None:
+        try:
+            header = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise LensParallelError(f"{self.path}: first line is not a sweep header ({exc}); {STORE_ADVICE}") from exc
+        if not isinstance(header, dict) or header.get("format") != STORE_FORMAT:
+            found = header.get("format") if isinstance(header, dict) else None
             raise LensParallelError(
-                f"{self.path} is not a sweep store of format {STORE_FORMAT} (found {header.get('format')!r}); "
-                "use another store path"
+                f"{self.path} is not a sweep store of format {STORE_FORMAT} (found {found!r}); {STORE_ADVICE}"
             )
-        found = header.get("fingerprint", {})
+        found = header.get("fingerprint") if isinstance(header.get("fingerprint"), dict) else {}
         keys = dict.fromkeys([*self.fingerprint, *found])  # both ways: a key only one side has differs too
         differ = {k: (found.get(k), self.fingerprint.get(k)) for k in keys if found.get(k) != self.fingerprint.get(k)}
         if differ:
             what = "; ".join(f"{k}: store has {a!r}, this run {b!r}" for k, (a, b) in differ.items())
             raise LensParallelError(
-                f"{self.path} was written by a run whose numbers differ ({what}); use another store path, or rerun "
-                "with the store's settings"
+                f"{self.path} was written by a run whose numbers differ ({what}); {STORE_ADVICE}, or rerun with the "
+                "store's settings"
             )
 
-    def create(self) -> None:
-        if not self.path.is_file():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._append({"format": STORE_FORMAT, "fingerprint": self.fingerprint})
+    def _rewrite(self, rows: list[bytes]) -> None:
+        """Replace the store by its header and ``rows`` in one rename (the lock is held)."""
+        header = json.dumps({"format": STORE_FORMAT, "fingerprint": self.fingerprint}).encode()
+        tmp = add_suffix(self.path, f".tmp-{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(b"\n".join([header, *rows]) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
 
     def append(self, job: Job, values: list[float]) -> None:
-        self._append({"job": job.key, "digest": job_digest(job), "loss_sum": values})
-
-    def _append(self, row: dict) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        line = json.dumps({"job": job.key, "digest": job_digest(job), "loss_sum": values}, allow_nan=False)
+        with self.lock, open(self.path, "a") as f:
+            f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
 
@@ -253,16 +282,19 @@ def fingerprint(
     batch_size: int,
     rows: int,
     positions: str = "all",
+    weights: str | None = None,
 ) -> dict:
-    """Everything that changes a sweep's numbers: model and weights, dtype, device type, the documents, the ablation
-    edit (and its positions, when not ``all``), the batch size and the rows per forward (batch composition changes
-    float rounding)."""
+    """Everything that changes a sweep's numbers: model name, config and the exact digest of its weights
+    (:func:`~lens_parallel.models.weights_digest`; ``weights`` when the caller computed it), dtype, device type, the
+    documents, the ablation edit (and its positions, when not ``all``), the batch size and the rows per forward
+    (batch composition changes float rounding)."""
     info = model_info(model)
     param = next(model.parameters())
     extra = {} if positions == "all" else {"positions": positions}
     return extra | {
         "model": info.name,
         "config": info.config_hash,
+        "weights": weights or weights_digest(model),
         "dtype": str(param.dtype),
         "device": param.device.type,
         "tokens": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()[:16],
@@ -369,13 +401,15 @@ def run_sweep(
     if batch_size < 1 or rows_per_forward < 1:
         raise LensParallelError(f"batch_size and rows_per_forward must be >= 1, got {batch_size}, {rows_per_forward}")
     kind = edit if any(isinstance(j, AblationJob) for j in jobs) else None
-    sweep_store = None
+    sweep_store, digest = None, None
     done: dict[str, list[float]] = {}
     if store is not None:
-        fp = fingerprint(model, tokens, edit=kind, batch_size=batch_size, rows=rows_per_forward, positions=positions)
+        digest = weights_digest(model)
+        fp = fingerprint(
+            model, tokens, edit=kind, batch_size=batch_size, rows=rows_per_forward, positions=positions, weights=digest
+        )
         sweep_store = SweepStore(store, fp, len(tokens))
-        done = sweep_store.load(jobs)
-        sweep_store.create()
+        done = sweep_store.open(jobs)
     todo = [job for job in jobs if job.key not in done]
     head_layers = sorted({j.layer for j in todo if isinstance(j, AblationJob)})
     means = head_means(model, tokens, head_layers, batch_size=batch_size) if kind == "mean" and head_layers else {}
@@ -389,12 +423,22 @@ def run_sweep(
     per_forward = max(1, rows_per_forward // min(batch_size, len(tokens)))
     chunks = _chunks(todo, per_forward)
     bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=desc, unit="job", disable=not progress)
-    finished = run_tasks(model, _sweep_task, plan, chunks, workers=workers, ray_address=ray_address, memo=memo)
+    finished = run_tasks(
+        model, _sweep_task, plan, chunks, workers=workers, ray_address=ray_address, memo=memo, digest=digest
+    )
     for i, rows in finished:
+        bad = [job.key for job, row in zip(chunks[i], rows, strict=True) if not np.isfinite(row).all()]
         for job, row in zip(chunks[i], rows, strict=True):
-            done[job.key] = row.tolist()
-            if sweep_store is not None:
-                sweep_store.append(job, done[job.key])
+            if job.key not in bad:
+                done[job.key] = row.tolist()
+                if sweep_store is not None:
+                    sweep_store.append(job, done[job.key])
+        if bad:
+            raise LensParallelError(
+                f"job(s) {', '.join(bad)} gave a loss that is not finite (the edited forward overflowed or produced "
+                f"NaN, e.g. in {next(model.parameters()).dtype}); the next-token loss needs finite values: run in "
+                "float32, or change the edit"
+            )
         bar.update(len(chunks[i]))
     bar.close()
     n_tokens = np.full(len(tokens), tokens.shape[1] - 1, dtype=np.int64)

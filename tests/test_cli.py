@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -99,7 +102,7 @@ def test_each_subcommand_writes_its_files(tmp_path, command):
         assert (tmp_path / name).stat().st_size > 100, name
     stem = files[0].removesuffix(".csv")
     meta = json.loads((tmp_path / f"{stem}.json").read_text())
-    assert meta["format"] == "lens_parallel.result" and meta["version"] == 1
+    assert meta["format"] == "lens_parallel.result" and meta["version"] == 2
     data = meta["data"]
     provenance = data["null"]["provenance"] if command == "checks" else data["provenance"]  # two results in one
     assert provenance["model"]["name"] == "toy-gpt2"
@@ -147,39 +150,122 @@ def test_train_and_models_subcommands(tmp_path):
     assert models.set_index("spec").loc["openai-community/gpt2", "offline_now"].startswith(("no", "yes"))
 
 
-def test_more_bad_inputs_exit_2_with_one_line(tmp_path):
-    cases = [
-        (("compress", "--method", "gptq", "--out", str(tmp_path)), "unknown compression 'gptq'"),
-        (("scale", "--model", "toy-gpt2", "--s-par", "nan", "--out", str(tmp_path)), "finite"),
-        (("diagonal", *TOY, "--layer", "7", "--head", "0", "--out", str(tmp_path)), "out of range"),
-        (("diagonal", *TOY, "--layer", "1", "--out", str(tmp_path)), "give both --layer and --head"),
-        (
-            ("report", "--model", "toy-gpt2", "toy-nope", "--n-docs", "4", "--seq-len", "16", "--out", str(tmp_path)),
-            "unknown model spec 'toy-nope'",
-        ),
-        (("train", "--preset", "tiny", "--arms", "xsa-gated", "--out", str(tmp_path)), "baseline"),
-        (("decompose", *TOY, "--device", "gpu", "--out", str(tmp_path)), "unknown device 'gpu'"),
-        (("report", *TOY, "--device", "gpu", "--out", str(tmp_path)), "unknown device 'gpu'"),
-        (("train", "--preset", "tiny", "--device", "gpu", "--out", str(tmp_path)), "device 'gpu'"),
-        (("sensitivity", *TOY, "--confirm", "3", "--out", str(tmp_path)), "use it with --method attribution"),
-        (
-            ("sensitivity", *TOY, "--method", "attribution", "--confirm", "13", "--out", str(tmp_path)),
-            "exceeds the 12 heads screened",
-        ),
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """Files and folders the bad command lines point at (placeholders of BAD_COMMAND_LINES)."""
+    import transformers
+
+    root = tmp_path_factory.mktemp("bad")
+    (root / "blocker").write_text("a file, not a folder")
+    (root / "table.csv").write_text("arm,loss\nbaseline,1.0\n")
+    (root / "empty_config").mkdir()
+    (root / "empty_config" / "config.json").write_text("{}")
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, architectures=["GPT2LMHeadModel"])
+    config.save_pretrained(root / "no_weights")
+    for folder, inside in (("collide", "decompose.csv"), ("report_collide", "report.html"), ("plan_dir", "")):
+        (root / folder / inside).mkdir(parents=True)
+    cache = root / "cache" / "smollm2-135m"
+    cache.mkdir(parents=True)
+    (cache / "lens_parallel_manifest.json").write_text('{"sha256": {"mod')
+    trained = ["train", "--preset", "tiny", "--arms", "baseline", "xsa-gated", "--seeds", "0", "1", "--steps", "3"]
+    assert main([*trained, "--device", "cpu", "--plan", str(root / "plan.json"), "--out", str(root / "trained")]) == 0
+    (root / "malformed.json").write_text((root / "plan.json").read_text()[:50])
+    run_json = root / "trained" / "baseline" / "seed0" / "run.json"
+    run_json.write_text(run_json.read_text()[:300])
+    return {name: str(root / name) for name in os.listdir(root)} | {"out": str(root / "out"), "root": str(root)}
+
+
+T = "--model toy-gpt2 --n-docs 4 --seq-len 16"
+TRAIN = "train --preset tiny --device cpu --steps 3"
+BAD_COMMAND_LINES = [  # (command line, what its one line says); {name}: a path of the workspace fixture
+    ("decompose --model toy-nope --out {out}", "unknown model spec 'toy-nope'"),
+    (f"decompose {T} --seq-len 5000 --out {{out}}", "exceeds the model's context length"),
+    (f"decompose {T} --out {{blocker}}/sub", "cannot create the folder"),
+    ("decompose --space nope", "invalid choice: 'nope'"),
+    ("decompose --seed -1", "must be an integer >= 0, got -1"),
+    ("decompose --out ''", "--out is empty"),
+    (f"decompose {T} --device gpu --out {{out}}", "unknown device 'gpu'"),
+    ("decompose --n-docs 0", "must be a positive integer, got 0"),
+    ("decompose --batch-size 0", "must be a positive integer, got 0"),
+    (f"decompose {T} --layers 9 --out {{out}}", "layers [9] out of range"),
+    ("decompose --model {empty_config} --out {out}", "names no model_type or architectures"),
+    ("decompose --model {no_weights} --out {out}", "holds a config.json but no weights"),
+    (f"decompose {T} --texts nope --out {{out}}", "unknown corpus 'nope'"),
+    (f"decompose {T} --out {{collide}}", "decompose.csv is a folder, where an output file goes"),
+    ("decompose --model smollm2-135m --out {out}", "lens_parallel_manifest.json is damaged"),
+    ("decompose --bogus", "unrecognized arguments: --bogus"),
+    (f"scale {T} --s-par nan --out {{out}}", "finite"),
+    ("scale --space value-nope", "invalid choice: 'value-nope'"),
+    ("scale --positions first", "invalid choice: 'first'"),
+    ("scale --workers 0", "must be a positive integer, got 0"),
+    (f"scale {T} --layers -1 --out {{out}}", "layers [-1] out of range"),
+    (f"scale {T} --store {{table.csv}} --out {{out}}", "first line is not a sweep header"),
+    (f"scale {T} --store {{plan_dir}} --out {{out}}", "is a folder; give a file path for the sweep store"),
+    (f"diagonal {T} --layer 7 --head 0 --out {{out}}", "out of range"),
+    (f"diagonal {T} --layer 1 --out {{out}}", "give both --layer and --head"),
+    (f"diagonal {T} --layer 1 --head 9 --out {{out}}", "heads [9] out of range"),
+    (f"sensitivity {T} --confirm 3 --out {{out}}", "use it with --method attribution"),
+    (f"sensitivity {T} --method attribution --confirm 13 --out {{out}}", "exceeds the 12 heads screened"),
+    ("sensitivity --edit erase", "invalid choice: 'erase'"),
+    (f"sensitivity {T} --method attribution --workers 2 --out {{out}}", "runs here, without --workers"),
+    (f"dominance {T} --query-start -5 --out {{out}}", "must satisfy 0 <= start < stop <= 16"),
+    (f"dominance {T} --query-stop 1000 --out {{out}}", "must satisfy 0 <= start < stop <= 16"),
+    (f"dominance {T} --query-start 12 --query-stop 6 --out {{out}}", "query positions 12:6 must satisfy"),
+    ("dominance --scale nope", "invalid choice: 'nope'"),
+    ("checks --model toy-gpt2 --n-docs 2 --seq-len 16 --out {out}", "needs at least 4 documents"),
+    ("checks --null nope", "invalid choice: 'nope'"),
+    ("compress --method gptq --out {out}", "unknown compression 'gptq'"),
+    ("compress --positions x", "invalid choice: 'x'"),
+    ("report --model toy-gpt2 toy-nope --n-docs 4 --seq-len 16 --out {out}", "unknown model spec 'toy-nope'"),
+    (f"report {T} --device gpu --out {{out}}", "unknown device 'gpu'"),
+    ("report --model toy-gpt2 --n-docs 2 --seq-len 16 --out {out}", "needs at least 4 documents"),
+    (f"report {T} --texts nope --out {{out}}", "unknown corpus 'nope'"),
+    (f"report {T} --out {{report_collide}}", "report.html is a folder"),
+    (f"{TRAIN} --arms xsa-gated --out {{out}}", "baseline"),
+    ("train --preset tiny --device gpu --out {out}", "device 'gpu'"),
+    (f"{TRAIN} --seeds -1 0 --out {{out}}", "must be an integer >= 0, got -1"),
+    (f"{TRAIN} --plan {{table.csv}} --out {{out}}", "is not a plan this package wrote"),
+    (f"{TRAIN} --plan {{blocker}}/plan.json --out {{out}}", "cannot write the plan"),
+    (f"{TRAIN} --plan {{plan_dir}} --out {{out}}", "is a folder; give a path for the plan"),
+    (f"{TRAIN} --plan {{malformed.json}} --out {{out}}", "is not a plan this package wrote (not JSON"),
+    (f"{TRAIN} --plan {{plan.json}} --out {{out}}", "governs the runs in"),
+    (f"{TRAIN} --arms baseline xsa-gated --seeds 0 1 --out {{trained}}", "cannot be read"),
+    ("train --steps 0", "must be a positive integer, got 0"),
+    ("train --preset huge", "invalid choice: 'huge'"),
+    ("models --out {blocker}/sub", "cannot create the folder"),
+    ("nope", "invalid choice: 'nope'"),
+    ("", "the following arguments are required: command"),
+]
+if not torch.cuda.is_available():
+    BAD_COMMAND_LINES += [
+        (f"decompose {T} --device cuda --out {{out}}", "this machine has no CUDA device"),
+        ("train --preset tiny --device cuda --out {out}", "no CUDA device"),
     ]
-    if not torch.cuda.is_available():
-        cases += [
-            (("decompose", *TOY, "--device", "cuda", "--out", str(tmp_path)), "this machine has no CUDA device"),
-            (("train", "--preset", "tiny", "--device", "cuda", "--out", str(tmp_path)), "no CUDA device"),
-        ]
-    for args, message in cases:
-        proc = _run(*args)
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2, (args, proc.stderr)
-        assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr, (args, proc.stderr)
-    for args in (("sensitivity", "--edit", "erase"), ("train", "--preset", "huge"), ("compress", "--positions", "x")):
-        proc = _run(*args)
-        assert proc.returncode == 2 and "invalid choice" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("line", "message"), BAD_COMMAND_LINES, ids=[line for line, _ in BAD_COMMAND_LINES])
+def test_bad_command_lines_exit_2_with_one_line(workspace, line, message, capsys, monkeypatch):
+    """Every subcommand: a bad command line exits 2 with one line on stderr and no traceback (in-process, so any
+    other exception would fail the test), before any expensive work."""
+    if "smollm2" in line:  # a cache whose real-model manifest is damaged
+        monkeypatch.setenv("LENS_PARALLEL_CACHE", str(Path(workspace["root"]) / "cache"))
+    argv = shlex.split(_fill(line, workspace))
+    capsys.readouterr()
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+    assert not (Path(workspace["out"]) / "baseline" / "seed-1").exists()
+
+
+def _fill(line: str, workspace: dict[str, str]) -> str:
+    for name, path in workspace.items():
+        line = line.replace("{" + name + "}", path)
+    return line
+
+
+def test_the_battery_covers_every_subcommand():
+    commands = {line.split()[0] for line, _ in BAD_COMMAND_LINES if line}
+    assert commands >= set(cli.COMMANDS) and len(BAD_COMMAND_LINES) >= 40
 
 
 def test_a_bug_inside_the_package_keeps_its_traceback(monkeypatch):
@@ -234,3 +320,33 @@ def test_report_is_self_contained_with_every_section(tmp_path):
     assert list(confirmed["chosen"]) == ["top"] * 6 + ["random"] * 6
     assert summary["attribution_spearman"].between(-1, 1).all()
     assert (tmp_path / "results" / "toy-qwen3_attribution_confirm.json").is_file()
+
+
+def test_weights_changed_on_disk_refuse_the_old_store(tmp_path, capsys):
+    """`sensitivity --model DIR --out O`, DIR/model.safetensors rewritten in place, rerun: before, exit 0 with the old
+    edited losses against a fresh base (L0H0 -0.0121 where a fresh run gives +0.0014); now the store is refused, and
+    a new store gives exactly a fresh run's table."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from lens_parallel.models import toy_folder
+
+    folder = tmp_path / "model"
+    shutil.copytree(toy_folder("toy-gpt2"), folder)
+    args = ["sensitivity", "--model", str(folder), "--n-docs", "3", "--seq-len", "12", "--layers", "0", "--out"]
+    assert main([*args, str(tmp_path / "o")]) == 0
+    state = load_file(folder / "model.safetensors")
+    name = next(k for k in state if "h.0.attn.c_attn.weight" in k)
+    state[name][0, :8] *= 1.5  # retrained / fine-tuned in place
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    capsys.readouterr()
+    assert main([*args, str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "sensitivity_store.jsonl was written by a run whose numbers differ (weights: store has" in err
+    assert "--store" in err
+    assert main([*args, str(tmp_path / "o"), "--store", str(tmp_path / "new.jsonl")]) == 0
+    assert main([*args, str(tmp_path / "fresh")]) == 0
+    pd.testing.assert_frame_equal(
+        pd.read_csv(tmp_path / "o" / "sensitivity.csv"), pd.read_csv(tmp_path / "fresh" / "sensitivity.csv")
+    )

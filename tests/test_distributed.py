@@ -238,6 +238,10 @@ def test_a_worker_whose_weights_differ_is_refused(cluster):
         model.original_model.lm_head.weight.mul_(1.01)
     with pytest.raises(lp.LensParallelError, match="a worker loaded 'toy-qwen2' with other weights"):
         run_sweep(model, _blocks(model), _scale_jobs(2), progress=False, workers=2, ray_address=cluster)
+    one_value = lp.load_model(SPEC)  # one embedding value between the strided samples the digest once read
+    one_value.original_model.model.embed_tokens.weight.data[1, 1] += 1e-3
+    with pytest.raises(lp.LensParallelError, match="a worker loaded 'toy-qwen2' with other weights"):
+        run_sweep(one_value, _blocks(one_value), _scale_jobs(2), progress=False, workers=2, ray_address=cluster)
 
 
 def test_the_cli_runs_a_sweep_on_the_cluster_with_the_same_table(cluster, tmp_path, capsys):

@@ -6,7 +6,7 @@ import torch
 import transformers
 
 from lens_parallel.errors import LensParallelError
-from lens_parallel.models import TOY_MODELS, ModelSpecError, load_model, model_info
+from lens_parallel.models import TOY_MODELS, ModelSpecError, load_model, model_info, weights_digest
 from lens_parallel.tokenizers import load_bundled_tokenizer
 
 from .conftest import get_model
@@ -74,6 +74,29 @@ def test_folder_whose_config_is_not_json(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"],')
     with pytest.raises(ModelSpecError, match=r"config.json is not valid JSON"):
         load_model(str(tmp_path))
+
+
+def test_folder_with_an_empty_config_or_no_weights(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelSpecError, match=r"config.json names no model_type or architectures"):
+        load_model(str(tmp_path))
+    transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path)
+    with pytest.raises(ModelSpecError, match=r"holds a config.json but no weights \(one of model.safetensors"):
+        load_model(str(tmp_path))
+
+
+def test_weights_digest_is_exact():
+    """Every value counts: one value changed between any sampling stride's samples (through ``.data``, which no
+    version counter sees) changes the digest; the same weights loaded twice give the same digest."""
+    a, b = load_model("toy-qwen2"), load_model("toy-qwen2")
+    assert weights_digest(a) == weights_digest(b)
+    weight = b.original_model.model.embed_tokens.weight
+    weight.data[1, 1] += 2**-10  # element 97 of a tensor a 4096-sample stride reads every 3,557th element of
+    assert weights_digest(a) != weights_digest(b)
+    weight.data[1, 1] -= 2**-10
+    assert weights_digest(a) == weights_digest(b)
+    b.original_model.model.norm.weight.data[0] = 2.0  # a small tensor (a norm's scale) counts too
+    assert weights_digest(a) != weights_digest(b)
 
 
 def test_bad_device_is_refused_before_loading():

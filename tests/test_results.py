@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 import pytest
 
 import lens_parallel as lp
+from lens_parallel import results
 from lens_parallel.results import FORMAT_VERSION, load_result, qualified_name, result_classes, save_result
 from lens_parallel.training.config import PRESETS
 
@@ -162,3 +163,45 @@ def test_report_sections_of_a_dotted_model_name_do_not_collide(name, tmp_path):
     assert sorted(p.name for p in paths) == sorted(f"{stem}_{s}.json" for s in report.results())
     for section, result in report.results().items():
         _assert_same(load_result(tmp_path / f"{stem}_{section}"), result)
+
+
+def test_a_result_pair_that_does_not_belong_together_is_refused(tmp_path, monkeypatch):
+    """The JSON and the npz share a random id and the JSON holds the npz's sha256: a run.npz of seed 1 copied over
+    seed 0's (the paired delta flipped sign without a word before) is refused, as is a save killed between writes."""
+    model, blocks = get_model("toy-gpt2"), _blocks()
+    first = lp.evaluate(model, blocks, lp.ComponentScale("value", s_par=0.5)).save(tmp_path / "a" / "effect")
+    second = lp.evaluate(model, blocks, lp.ComponentScale("value", s_par=0.0)).save(tmp_path / "b" / "effect")
+    first.with_suffix(".npz").write_bytes(second.with_suffix(".npz").read_bytes())
+    with pytest.raises(lp.LensParallelError, match=r"effect\.npz does not belong to effect\.json \(its sha256"):
+        load_result(first)
+    real_replace = results.os.replace  # a kill between the two renames: the new npz, the old JSON
+
+    def killed_before_json(src, dst):
+        if str(dst).endswith(".json"):
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(results.os, "replace", killed_before_json)
+    with pytest.raises(KeyboardInterrupt):
+        lp.evaluate(model, blocks, lp.ComponentScale("value", s_par=1.5)).save(tmp_path / "b" / "effect")
+    monkeypatch.undo()
+    assert not [p for p in (tmp_path / "b").iterdir() if ".tmp-" in p.name]  # nothing half-written left
+    with pytest.raises(lp.LensParallelError, match=r"does not belong to effect\.json"):
+        load_result(second)
+
+
+def test_damaged_result_files_are_one_line_errors(tmp_path):
+    path = lp.evaluate(get_model("toy-gpt2"), _blocks(), lp.ComponentScale("value", s_par=0.5)).save(tmp_path / "e")
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])  # truncated
+    with pytest.raises(lp.LensParallelError, match=r"e\.json is damaged \(not valid JSON"):
+        load_result(path)
+    path.write_text(text)
+    path.with_suffix(".npz").unlink()
+    with pytest.raises(lp.LensParallelError, match=r"has no e\.npz beside it"):
+        load_result(path)
+    meta = json.loads(text)
+    meta["version"] = 1  # written before results were tied together
+    path.write_text(json.dumps(meta))
+    with pytest.raises(lp.LensParallelError, match="format version 1; this lens_parallel reads version 2"):
+        load_result(path)

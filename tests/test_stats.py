@@ -90,3 +90,38 @@ def test_cross_half_correlation_recovers_a_known_correlation_and_the_pooled_one_
     assert cross["r_stat"] == pooled["r_stat"] and cross["rho_max"] == pooled["rho_max"]
     with pytest.raises(ValueError, match="unknown method 'both'"):
         stats.split_half_correlations(stat, delta, method="both")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_inputs_are_refused_never_p_zero(bad):
+    """scipy compares NaN as never extreme (p = 0 for a NaN input): a test needs finite values, and says whose."""
+    d = np.array([0.1, bad, 0.2, 0.3, -0.05])
+    with pytest.raises(stats.LensParallelError, match=r"L3H2: 1 of 5 values are not finite .*index 1"):
+        stats.sign_flip_pvalue(d, what="L3H2")
+    with pytest.raises(stats.LensParallelError, match="xsa-gated - baseline: 1 of 5 values are not finite"):
+        stats.paired_t(d, what="xsa-gated - baseline")
+    with pytest.raises(stats.LensParallelError, match="not finite"):
+        stats.bootstrap_mean_ci(d[:, None])
+    with pytest.raises(stats.LensParallelError, match="not finite"):
+        stats.paired_bootstrap_ci(d, np.zeros(5), np.ones(5))
+
+
+def test_a_finite_input_never_gives_p_zero():
+    """scipy's conventions: the exact test counts the observed sign pattern (p >= 2 / 2^n), the resampled one adds
+    one to both counts of each side, and two-sided doubles the smaller side (p >= 2 / (n_resamples + 1))."""
+    strong = np.full(20, 1.0) + np.linspace(0, 1e-3, 20)
+    assert stats.sign_flip_pvalue(strong[:6]) == pytest.approx(2 / 2**6)
+    assert stats.sign_flip_pvalue(strong, n_resamples=999) == pytest.approx(2 / 1000)
+
+
+def test_corrections_keep_undefined_p_values_undefined():
+    """NaN (an undefined p-value) stays NaN and is not counted as a test: the others are corrected among the
+    defined ones, as R's p.adjust does; BH no longer raises on NaN."""
+    p = np.array([0.01, np.nan, 0.04, 0.03])
+    defined = p[~np.isnan(p)]
+    for corrected, method in ((stats.holm(p), "holm"), (stats.benjamini_hochberg(p), "fdr_bh")):
+        assert np.isnan(corrected[1])
+        np.testing.assert_allclose(corrected[[0, 2, 3]], multipletests(defined, method=method)[1])
+    assert np.isnan(stats.holm(np.full(3, np.nan))).all()
+    with pytest.raises(stats.LensParallelError, match=r"p-values must lie in \[0, 1\]"):
+        stats.benjamini_hochberg(np.array([0.2, np.inf]))

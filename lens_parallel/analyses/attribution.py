@@ -95,7 +95,7 @@ class AttributionResult(ResultMixin):
         """Sum over documents / tokens of ``per_doc [doc, k]``, with its bootstrap CI over documents."""
         weights = np.broadcast_to(self.n_tokens[:, None], per_doc.shape)
         lo, hi = paired_bootstrap_ci(
-            per_doc, np.zeros_like(per_doc), weights, n_resamples=self.n_resamples, seed=self.seed
+            per_doc, np.zeros_like(per_doc), weights, n_resamples=self.n_resamples, seed=self.seed, what="attribution"
         )
         return per_doc.sum(0) / self.n_tokens.sum(), lo, hi
 

@@ -149,7 +149,7 @@ def confirm(
     exact = np.stack([run[j].loss_sum for j in jobs], axis=1)  # [doc, job]
     base = np.broadcast_to(run.base.loss_sum[:, None], exact.shape)
     weights = np.broadcast_to(result.n_tokens[:, None].astype(float), exact.shape)
-    lo, hi = paired_bootstrap_ci(exact, base, weights, seed=seed)
+    lo, hi = paired_bootstrap_ci(exact, base, weights, seed=seed, what="confirm: exact losses of the chosen heads")
     exact_mean = ratio_of_sums_delta(exact, base, weights, axis=0)
     est_grid = result.head_estimate()
     estimate = np.array([est_grid[result.layers.index(layer), h] for layer, h in chosen])

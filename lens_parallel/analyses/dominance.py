@@ -275,13 +275,17 @@ def _check_scale(scale: str, accepted: Sequence[str]) -> None:
 
 
 def _positions(query_positions: slice | Sequence[int], seq_len: int) -> tuple[int, ...]:
+    """The receiving query tokens: a slice ``start:stop`` with 0 <= start < stop <= seq_len (open ends allowed; no
+    negative index counting from the end, no step), or positions in [0, seq_len)."""
     if isinstance(query_positions, slice):
-        positions = tuple(range(seq_len)[query_positions])
-        if not positions:
+        start = 0 if query_positions.start is None else query_positions.start
+        stop = seq_len if query_positions.stop is None else query_positions.stop
+        if query_positions.step not in (None, 1) or not 0 <= start < stop <= seq_len:
             raise LensParallelError(
-                f"query_positions {query_positions} selects no position of sequences of {seq_len} tokens"
+                f"query positions {start}:{stop} must satisfy 0 <= start < stop <= {seq_len} (the sequences' length; "
+                "no negative positions, no step)"
             )
-        return positions
+        return tuple(range(start, stop))
     positions = tuple(int(t) for t in query_positions)
     bad = [t for t in positions if not 0 <= t < seq_len]
     if bad or not positions:

@@ -241,7 +241,9 @@ def causal_null(
     for s in range(0, n, batch_size):
         start[0] = s
         stream.run(model, toks[s : s + batch_size])
-    lo, hi = bootstrap_mean_ci(out["self"] - out["null"], n_resamples=n_resamples, seed=seed)
+    lo, hi = bootstrap_mean_ci(
+        out["self"] - out["null"], n_resamples=n_resamples, seed=seed, what="causal null: per-document excess"
+    )
     provenance = Provenance.collect(
         info,
         tokens,

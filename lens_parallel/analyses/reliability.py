@@ -141,7 +141,7 @@ def split_half_reliability(
     finished jobs). ``positions``: the paper's frozen single-head interventions exclude the first token
     (``after-first``, the default here). ``workers`` / ``ray_address``: run the sweep on Ray workers
     (:mod:`lens_parallel.distributed`; same numbers as one process)."""
-    _check_documents(tokens)
+    check_documents(len(as_tokens(tokens)))
     check_workers(workers, ray_address, model)
     null = causal_null(model, tokens, seed=seed, batch_size=batch_size, n_resamples=100)
     return _split_half(
@@ -159,9 +159,16 @@ def split_half_reliability(
     )
 
 
-def _check_documents(tokens: TokenBlocks | Tensor) -> None:
-    if (n := len(as_tokens(tokens))) < 4:
-        raise LensParallelError(f"split-half reliability needs at least 4 documents (2 per half), got {n}")
+MIN_DOCUMENTS = 4
+"""Split-half reliability needs two halves of at least 2 documents each."""
+
+
+def check_documents(n_docs: int) -> None:
+    """Refuse fewer than :data:`MIN_DOCUMENTS` documents (before any forward)."""
+    if n_docs < MIN_DOCUMENTS:
+        raise LensParallelError(
+            f"split-half reliability needs at least {MIN_DOCUMENTS} documents (2 per half), got {n_docs}"
+        )
 
 
 def _split_half(
@@ -280,7 +287,7 @@ def sanity_report(
     (from that same null pass and one single-head ablation sweep). ``null``: ``sampled`` (the paper's) or ``exact``;
     ``positions``: where the single-head edits act (``after-first``, the paper's frozen protocol). ``workers`` /
     ``ray_address``: run the sweep on Ray workers (:mod:`lens_parallel.distributed`)."""
-    _check_documents(tokens)
+    check_documents(len(as_tokens(tokens)))
     check_workers(workers, ray_address, model)
     check = gqa_alignment if is_grouped(model_info(model)) else causal_null
     nulls = check(model, tokens, seed=seed, null=null, batch_size=batch_size)

@@ -20,7 +20,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel.data import TokenBlocks
 from lens_parallel.hooks import softmax_layers
 from lens_parallel.losses import DocLosses, edit_effect
-from lens_parallel.models import model_info
+from lens_parallel.models import head_label, model_info
 from lens_parallel.plots.sensitivity import sensitivity_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.stats import benjamini_hochberg, sign_flip_pvalue
@@ -107,10 +107,12 @@ class SensitivityResult(ResultMixin):
         return sensitivity_figure(self)
 
 
-def _stats(base: DocLosses, edited: DocLosses, n_resamples: int, n_permutations: int, seed: int) -> tuple:
-    effect = edit_effect(base, edited, n_resamples=n_resamples, seed=seed)
+def _stats(
+    base: DocLosses, edited: DocLosses, n_resamples: int, n_permutations: int, seed: int, label: str
+) -> tuple[float, float, float, float]:
+    effect = edit_effect(base, edited, n_resamples=n_resamples, seed=seed, what=f"{label}: losses")
     per_doc = (edited.loss_sum - base.loss_sum) / base.n_tokens
-    p = sign_flip_pvalue(per_doc, n_resamples=n_permutations, seed=seed)
+    p = sign_flip_pvalue(per_doc, n_resamples=n_permutations, seed=seed, what=f"{label}: per-document delta loss")
     return effect.delta_loss, *effect.delta_loss_ci, p
 
 
@@ -153,8 +155,10 @@ def head_sensitivity(
         workers=workers,
         ray_address=ray_address,
     )
-    single = np.array([_stats(run.base, run[j], n_resamples, n_permutations, seed) for j in singles])
-    joint = np.array([_stats(run.base, run[j], n_resamples, n_permutations, seed) for j in joints])
+    single = np.array(
+        [_stats(run.base, run[j], n_resamples, n_permutations, seed, head_label(j.layer, j.heads[0])) for j in singles]
+    )
+    joint = np.array([_stats(run.base, run[j], n_resamples, n_permutations, seed, head_label(j.layer)) for j in joints])
     shape = (len(layer_idx), info.n_heads)
     provenance = Provenance.collect(
         info,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +34,12 @@ from lens_parallel.plots.training import factorial_figure, gates_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.training.arms import check_arms
 from lens_parallel.training.config import PRESETS, TrainConfig
-from lens_parallel.training.loop import TrainRun, runtime, train
+from lens_parallel.training.loop import TrainRun, check_seed, runtime, train
 
 BASELINE = "baseline"
-PLAN_FORMAT = "lens_parallel.plan/1"
+PLAN_FORMAT = "lens_parallel.plan/2"
+"""2: the plan records the folder of runs it governs (``out``); 1 did not (refused: it cannot say which runs are
+its own)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,13 @@ def paired_table(
     contrast / exploratory), ``family`` and ``p_holm`` (Holm within each family; the primary's own p)."""
     arms = list(dict.fromkeys(finals["arm"]))
     primary, secondary, contrasts = _endpoints(arms, primary, secondary, contrasts, baseline)
+    diverged = finals[~np.isfinite(finals["final_val_loss"].to_numpy(dtype=np.float64))]
+    if len(diverged):
+        runs = ", ".join(f"{r.arm} seed {r.seed}" for r in diverged.itertuples())
+        raise LensParallelError(
+            f"final validation loss is not finite for {runs} (the run diverged); a paired analysis needs a finite "
+            "loss for every run: retrain it (lower lr, or precision='float32') or leave its seed out"
+        )
     wide = finals.pivot(index="seed", columns="arm", values="final_val_loss")
     pairs = [(arm, baseline) for arm in arms if arm != baseline] + list(contrasts)
     rows = []
@@ -111,8 +121,9 @@ def paired_table(
             role = "primary" if arm == primary else "secondary" if arm in secondary else "exploratory"
         pair = wide[[reference, arm]].dropna()
         d = (pair[arm] - pair[reference]).to_numpy()
-        test = stats.paired_t(d)
-        lo, hi = stats.bootstrap_mean_ci(d[:, None], seed=seed)
+        what = f"{arm} - {reference}: per-seed delta of the final validation loss"
+        test = stats.paired_t(d, what=what)
+        lo, hi = stats.bootstrap_mean_ci(d[:, None], seed=seed, what=what)
         rows.append(
             {
                 "contrast": f"{arm} - {reference}",
@@ -144,9 +155,10 @@ def paired_table(
     return table
 
 
-def _plan(config: TrainConfig, arms, seeds, primary, secondary, contrasts, alpha: float) -> dict:
+def _plan(config: TrainConfig, arms, seeds, primary, secondary, contrasts, alpha: float, out: Path) -> dict:
     return {
         "format": PLAN_FORMAT,
+        "out": str(out.resolve()),
         "arms": list(arms),
         "seeds": list(seeds),
         "baseline": BASELINE,
@@ -168,30 +180,80 @@ def _plan_hash(plan: dict) -> str:
     return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
 
 
-def _freeze_plan(path: Path, plan: dict, *, started: bool) -> str:
-    """Write the plan before the first run; afterwards refuse a plan that differs from the frozen one (or a frozen
-    file edited since it was written). Returns the plan's hash."""
-    digest = _plan_hash(plan)
-    lock = path.with_name(path.name + ".sha256")
-    if path.exists() and started:
-        frozen = json.loads(path.read_text())
-        recorded = lock.read_text().strip() if lock.exists() else None
-        if recorded != _plan_hash(frozen):
-            raise LensParallelError(f"{path} was edited after training started (its hash no longer matches {lock})")
-        if frozen != plan:
-            changed = sorted(k for k in plan.keys() | frozen.keys() if plan.get(k) != frozen.get(k))
-            raise LensParallelError(
-                f"the analysis plan changed after training started ({', '.join(changed)} differ from {path}); "
-                "analyse these runs under the frozen plan, or train into a new folder"
-            )
-        return digest
-    if started and not path.exists():
+def _read_plan(path: Path) -> dict:
+    """A plan file this package wrote, or a one-line error (unreadable, not JSON, not a plan, an older format)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LensParallelError(f"--plan {path}: cannot read it ({exc})") from exc
+    try:
+        plan = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise LensParallelError(
-            f"runs already exist in this folder but no plan was frozen before them: {path} cannot be pre-registered now"
+            f"--plan {path} exists and is not a plan this package wrote (not JSON: {exc}); refusing to overwrite it: "
+            "give a new path"
+        ) from exc
+    found = plan.get("format") if isinstance(plan, dict) else None
+    if found == "lens_parallel.plan/1":
+        raise LensParallelError(
+            f"--plan {path} was written by an older lens_parallel (format lens_parallel.plan/1) and does not record "
+            "the folder of runs it governs; freeze a new plan (a new --plan path) to train into a new folder"
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(plan, indent=1, sort_keys=True))
-    lock.write_text(digest + "\n")
+    if found != PLAN_FORMAT:
+        raise LensParallelError(
+            f"--plan {path} exists and is not a plan this package wrote (format {found!r}, expected {PLAN_FORMAT}); "
+            "refusing to overwrite it: give a new path"
+        )
+    return plan
+
+
+def _write_plan(path: Path, plan: dict, digest: str) -> None:
+    lock = path.with_name(path.name + ".sha256")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for target, text in ((path, json.dumps(plan, indent=1, sort_keys=True)), (lock, digest + "\n")):
+            tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, target)
+    except OSError as exc:
+        raise LensParallelError(f"--plan {path}: cannot write the plan ({exc.strerror or exc})") from exc
+
+
+def _freeze_plan(path: Path, plan: dict, *, started: bool) -> str:
+    """Freeze ``plan`` at ``path`` before the first run; afterwards refuse a plan that differs from the frozen one
+    (or a frozen file edited since it was written). A plan is written only to a new path, or over a plan this
+    package wrote for the same folder of runs (``out``) before any of them started; a plan governs one folder and
+    refuses another. Returns the plan's hash."""
+    digest = _plan_hash(plan)
+    if path.is_dir():
+        raise LensParallelError(f"--plan {path} is a folder; give a path for the plan's JSON file")
+    if not path.exists():
+        if started:
+            raise LensParallelError(
+                f"runs already exist in {plan['out']} but no plan was frozen before them: {path} cannot be "
+                "pre-registered now"
+            )
+        _write_plan(path, plan, digest)
+        return digest
+    frozen = _read_plan(path)
+    if frozen.get("out") != plan["out"]:
+        raise LensParallelError(
+            f"--plan {path} governs the runs in {frozen.get('out')}, not {plan['out']}: use that folder, or freeze a "
+            "new plan (a new --plan path) for this one"
+        )
+    if not started:  # nothing trained under it yet: the plan may still change
+        _write_plan(path, plan, digest)
+        return digest
+    lock = path.with_name(path.name + ".sha256")
+    recorded = lock.read_text().strip() if lock.is_file() else None
+    if recorded != _plan_hash(frozen):
+        raise LensParallelError(f"{path} was edited after training started (its hash no longer matches {lock})")
+    if frozen != plan:
+        changed = sorted(k for k in plan.keys() | frozen.keys() if plan.get(k) != frozen.get(k))
+        raise LensParallelError(
+            f"the analysis plan changed after training started ({', '.join(changed)} differ from {path}); "
+            "analyse these runs under the frozen plan, or train into a new folder"
+        )
     return digest
 
 
@@ -305,7 +367,7 @@ def run_factorial(
     checkpoint. ``out`` must then be a folder every node sees (a shared file system), as must the plan. The paired
     analysis runs once every run is done, with the same numbers as the sequential factorial."""
     arms = check_arms(tuple(arms))
-    seeds = tuple(int(s) for s in seeds)
+    seeds = tuple(check_seed(s) for s in seeds)
     if BASELINE not in arms or len(arms) < 2:
         raise LensParallelError(
             f"a factorial compares arms with {BASELINE!r}: give it and at least one other arm, got {arms}"
@@ -324,7 +386,7 @@ def run_factorial(
     if plan is not None:
         started = any((out / arm).is_dir() and any((out / arm).iterdir()) for arm in arms)
         plan_hash = _freeze_plan(
-            Path(plan), _plan(config, arms, seeds, primary, secondary, contrasts, alpha), started=started
+            Path(plan), _plan(config, arms, seeds, primary, secondary, contrasts, alpha, out), started=started
         )
     calls = [{"config": config, "arm": a, "seed": k, "out": out / a / f"seed{k}"} for k in seeds for a in arms]
     if distributed:
@@ -332,6 +394,13 @@ def run_factorial(
         runs = tuple(finished[i] for i in range(len(calls)))
     else:
         runs = tuple(train(**call, progress=progress) for call in calls)
+    runtimes = {(r.device_type, r.precision) for r in runs}
+    if len(runtimes) > 1:
+        mixed = ", ".join(f"{r.arm} seed {r.seed}: {r.device_type} {r.precision}" for r in runs)
+        raise LensParallelError(
+            f"the runs were trained on different devices or precisions ({mixed}); a paired analysis compares runs "
+            "trained alike: set the config's device and precision explicitly"
+        )
     settings = {
         "config": config.to_dict(),
         "arms": list(arms),

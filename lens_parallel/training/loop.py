@@ -16,6 +16,7 @@ import functools
 import json
 import math
 import os
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,12 +56,16 @@ class TrainRun(ResultMixin):
     """One finished run: validation loss (nats/token) at ``eval_steps``, training loss per step, learned gates.
 
     ``gates``: ``[layer, head_index]``, g = tanh(alpha) for the gated arms, the mean of s_par = sigmoid(w.x + b) over
-    validation tokens for ``learned-gate`` (``gate_std`` its std), else None.
+    validation tokens for ``learned-gate`` (``gate_std`` its std), else None. ``device_type`` / ``precision``: where
+    and how it was trained (``cpu``/``cuda``; ``float32``/``bfloat16``), part of the run's identity
+    (:func:`run_identity`).
     """
 
     arm: str
     seed: int
     config: dict
+    device_type: str
+    precision: str
     eval_steps: np.ndarray
     val_loss: np.ndarray
     train_loss: np.ndarray
@@ -94,6 +99,26 @@ class TrainRun(ResultMixin):
 
     def figure(self) -> go.Figure:
         return training_curves(self.to_dataframe(), title=f"{self.arm}, seed {self.seed}")
+
+
+def check_seed(seed: object) -> int:
+    """A training seed: an integer >= 0 (numpy's generators take no negative seed)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise LensParallelError(f"a training seed must be an integer >= 0, got {seed!r}")
+    return int(seed)
+
+
+def run_identity(config: TrainConfig, arm: str, seed: int, device: str, bf16: bool) -> dict:
+    """What makes two runs the same run: the config's digest, arm, seed, and the resolved device type and precision
+    (a bf16 or GPU run is not the float32 CPU run; resuming or pairing across them is refused)."""
+    precision = "bfloat16" if bf16 else "float32"
+    return {
+        "config": config.digest(),
+        "arm": arm,
+        "seed": seed,
+        "device_type": device.split(":")[0],
+        "precision": precision,
+    }
 
 
 def runtime(config: TrainConfig) -> tuple[str, bool]:
@@ -184,21 +209,30 @@ def _gate_statistics(model, arm: ArmParameters, val: Tensor) -> tuple[np.ndarray
     return flat.mean(1).cpu().numpy(), flat.std(1).cpu().numpy()
 
 
-def _run_mismatch(what: Path, found: tuple, config: TrainConfig, arm: str, seed: int) -> LensParallelError:
-    return LensParallelError(
-        f"{what} belongs to another run (config {found[0]}, arm {found[1]}, seed {found[2]}); this is config "
-        f"{config.digest()}, arm {arm}, seed {seed}: use another folder"
-    )
+def _run_mismatch(what: Path, found: dict, expected: dict) -> LensParallelError:
+    differ = ", ".join(f"{k} {found.get(k)!r} (this run: {v!r})" for k, v in expected.items() if found.get(k) != v)
+    return LensParallelError(f"{what} belongs to another run ({differ}): use another folder")
 
 
-def _finished_run(out: Path, config: TrainConfig, arm: str, seed: int) -> TrainRun | None:
-    """The finished run saved in ``out``, if any, after checking it is this config, arm and seed."""
+def _finished_run(out: Path, identity: dict) -> TrainRun | None:
+    """The finished run saved in ``out``, if any, after checking that it is this run (:func:`run_identity`)."""
     if not (out / "run.json").is_file():
         return None
-    run = TrainRun.load(out / "run")
-    found = (TrainConfig.from_dict(run.config).digest(), run.arm, run.seed)
-    if found != (config.digest(), arm, seed):
-        raise _run_mismatch(out / "run.json", found, config, arm, seed)
+    try:
+        run = TrainRun.load(out / "run")
+    except LensParallelError as exc:
+        raise LensParallelError(
+            f"the finished run in {out} cannot be read ({exc}); delete {out} to train it again"
+        ) from exc
+    found = {
+        "config": TrainConfig.from_dict(run.config).digest(),
+        "arm": run.arm,
+        "seed": run.seed,
+        "device_type": run.device_type,
+        "precision": run.precision,
+    }
+    if found != identity:
+        raise _run_mismatch(out / "run.json", found, identity)
     return run
 
 
@@ -210,36 +244,51 @@ class _Trainer:
     arm: str
     seed: int
     device: str
+    bf16: bool
     model: TransformerBridge
     params: ArmParameters
     optimizer: torch.optim.AdamW
     state: dict
 
     @classmethod
-    def start(cls, config: TrainConfig, arm: str, seed: int, device: str) -> _Trainer:
+    def start(cls, config: TrainConfig, arm: str, seed: int, device: str, bf16: bool) -> _Trainer:
         model = build_model(config, seed=seed, device=device)
         params = ArmParameters(arm, model_info(model)).to(device)
         optimizer = _optimizer(model, params, config)
         state = {"step": 0, "train_loss": [], "evals": [], "wall_s": 0.0}
-        return cls(config, arm, seed, device, model, params, optimizer, state)
+        return cls(config, arm, seed, device, bf16, model, params, optimizer, state)
+
+    @property
+    def identity(self) -> dict:
+        return run_identity(self.config, self.arm, self.seed, self.device, self.bf16)
 
     def resume(self, ckpt: Path) -> None:
-        """Restore model, gates, optimiser, RNG and curves from ``ckpt`` (refusing another run's checkpoint)."""
-        saved = torch.load(ckpt, map_location=self.device, weights_only=True)
-        found = (saved["digest"], saved["arm"], saved["seed"])
-        if found != (self.config.digest(), self.arm, self.seed):
-            raise _run_mismatch(ckpt, found, self.config, self.arm, self.seed)
-        self.model.original_model.load_state_dict(saved["model"])
-        self.params.load_state_dict(saved["arm_params"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        torch.set_rng_state(saved["rng"])
-        self.state = saved["state"]
+        """Restore model, gates, optimiser, RNG and curves from ``ckpt`` (refusing another run's checkpoint, one
+        that does not record its device and precision, or a damaged one)."""
+        restart = f"delete {ckpt} to restart this run from step 0"
+        try:
+            saved = torch.load(ckpt, map_location=self.device, weights_only=True)
+        except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
+            raise LensParallelError(f"{ckpt} is damaged ({str(exc).splitlines()[0]}); {restart}") from exc
+        if not isinstance(saved, dict) or "identity" not in saved:
+            raise LensParallelError(
+                f"{ckpt} was written by an older lens_parallel that did not record the device and precision it "
+                f"trained in, so resuming it could mix precisions; {restart}"
+            )
+        if saved["identity"] != self.identity:
+            raise _run_mismatch(ckpt, saved["identity"], self.identity)
+        try:
+            self.model.original_model.load_state_dict(saved["model"])
+            self.params.load_state_dict(saved["arm_params"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+            torch.set_rng_state(saved["rng"])
+            self.state = saved["state"]
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise LensParallelError(f"{ckpt} is damaged (no usable {exc}); {restart}") from exc
 
     def checkpoint(self, ckpt: Path) -> None:
         payload = {
-            "digest": self.config.digest(),
-            "arm": self.arm,
-            "seed": self.seed,
+            "identity": self.identity,
             "state": self.state,
             "model": self.model.original_model.state_dict(),
             "arm_params": self.params.state_dict(),
@@ -266,7 +315,7 @@ class _Trainer:
         self.model.eval()
         return float(loss.detach())
 
-    def finish(self, out: Path, val: Tensor, n_train: int, bf16: bool) -> TrainRun:
+    def finish(self, out: Path, val: Tensor, n_train: int) -> TrainRun:
         """Final validation, gate statistics, the saved model and the saved :class:`TrainRun`."""
         self.state["evals"].append((self.config.steps, self.val_loss(val)))
         gates, gate_std = _gate_statistics(self.model, self.params, val)
@@ -280,7 +329,7 @@ class _Trainer:
             arm=self.arm,
             seed=self.seed,
             device=self.device,
-            bf16=bf16,
+            bf16=self.bf16,
         )
         texts = {
             "corpora": list(self.config.texts),
@@ -293,6 +342,8 @@ class _Trainer:
             arm=self.arm,
             seed=self.seed,
             config=self.config.to_dict(),
+            device_type=self.identity["device_type"],
+            precision=self.identity["precision"],
             eval_steps=np.array(steps),
             val_loss=np.array(losses),
             train_loss=np.array(self.state["train_loss"]),
@@ -317,17 +368,19 @@ def train(
     callback: Callable[[int, float], None] | None = None,
 ) -> TrainRun:
     """Train ``arm`` with ``seed`` into folder ``out`` (resuming from its checkpoint, or returning its finished run
-    after checking that it is this config, arm and seed).
+    after checking that it is this run: config, arm, seed, and the device type and precision ``config`` resolves to
+    here, :func:`run_identity`).
 
     ``callback(step, train_loss)`` is called after every optimiser step (``step`` counts finished steps).
     """
     (arm,) = check_arms(arm)
+    seed = check_seed(seed)
     out = Path(out)
-    if (finished := _finished_run(out, config, arm, seed)) is not None:
-        return finished
     device, bf16 = runtime(config)
+    if (finished := _finished_run(out, run_identity(config, arm, seed, device, bf16))) is not None:
+        return finished
     _, train_blocks, val_blocks = training_data(config)
-    trainer = _Trainer.start(config, arm, seed, device)
+    trainer = _Trainer.start(config, arm, seed, device, bf16)
     ckpt = out / "checkpoint.pt"
     if ckpt.is_file():
         trainer.resume(ckpt)
@@ -352,7 +405,7 @@ def train(
         if callback is not None:
             callback(state["step"], state["train_loss"][-1])
     bar.close()
-    run = trainer.finish(out, val, len(train_blocks), bf16)
+    run = trainer.finish(out, val, len(train_blocks))
     ckpt.unlink(missing_ok=True)
     return run
 
