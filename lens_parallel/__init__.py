@@ -5,7 +5,7 @@ implementing :class:`Result`), the sweep engine, compression, training, the repo
 :func:`load_result`.
 """
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 from lens_parallel.analyses.ablation import AblationRun, run_ablations
 from lens_parallel.analyses.attribution import AttributionResult, head_attribution

@@ -162,8 +162,15 @@ def _build_parser() -> argparse.ArgumentParser:
     _common(p, n_docs=4)
     p.set_defaults(texts="study", seq_len=32)
     p.add_argument("--upstream-layers", type=int, nargs="+", default=None)
-    p.add_argument("--query-start", type=int, default=7, help="first receiving query token scored, default 7")
-    p.add_argument("--query-stop", type=int, default=32, help="score tokens before this one, default 32")
+    p.add_argument(
+        "--query-start", type=int, default=None, help="first receiving query token scored (default: the study's 7)"
+    )
+    p.add_argument(
+        "--query-stop",
+        type=int,
+        default=None,
+        help="score tokens before this one (default: the study's 32, or the sequences' end if shorter)",
+    )
     p.add_argument("--scale", default="qkv", choices=["qkv", "js", "js_distance"], help="scale of the printed table")
     p.add_argument(
         "--mask-scale",
@@ -384,7 +391,7 @@ def _dominance(args: argparse.Namespace) -> None:
     result = head_dominance(
         model,
         blocks,
-        query_positions=slice(args.query_start, args.query_stop),
+        query_positions=_query_window(args.query_start, args.query_stop),
         upstream_layers=args.upstream_layers,
         mask_scales=("qkv", "js") if args.mask_scale == "both" else ("qkv",),
         seed=args.seed,
@@ -402,6 +409,15 @@ def _dominance(args: argparse.Namespace) -> None:
     )
     shown["weak_smaller"] = table[table.metric == "weak_smaller"].set_index("group")["mean"]
     _emit(out, "dominance", result, shown.round(4))
+
+
+def _query_window(start: int | None, stop: int | None) -> slice | None:
+    """None (the study's window within the sequences) unless a bound is given; a given bound is checked as is."""
+    if start is None and stop is None:
+        return None
+    from lens_parallel.analyses.dominance import STUDY_WINDOW
+
+    return slice(STUDY_WINDOW[0] if start is None else start, stop)
 
 
 _DOMINANCE_COLUMNS = [

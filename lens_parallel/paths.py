@@ -15,6 +15,7 @@ built through :func:`cached_folder`, which several processes may call at once fo
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import socket
@@ -44,6 +45,15 @@ def add_suffix(stem: Path, suffix: str) -> Path:
     """``stem`` with ``suffix`` appended: unlike ``Path.with_suffix``, a dot already in the name stays
     (``toy-qwen3.5_scaling`` + ``.json``, not ``toy-qwen3.json``)."""
     return stem.parent / f"{stem.name}{suffix}"
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _host() -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
 import importlib.metadata
 import json
 import math
@@ -36,7 +35,7 @@ from torch import Tensor
 from lens_parallel.data import TokenBlocks
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelInfo
-from lens_parallel.paths import add_suffix
+from lens_parallel.paths import add_suffix, sha256_file
 
 FORMAT = "lens_parallel.result"
 FORMAT_VERSION = 2
@@ -245,20 +244,12 @@ def save_result(result: Any, path: str | Path) -> Path:
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "id": result_id,
-        "npz_sha256": _sha256(npz_path),
+        "npz_sha256": sha256_file(npz_path),
         "data": data,
     }
     text = json.dumps(payload, indent=1, allow_nan=False)
     _write_atomic(json_path, lambda f: f.write(text.encode()))
     return json_path
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def load_result(path: str | Path) -> Any:
@@ -281,7 +272,7 @@ def load_result(path: str | Path) -> Any:
         )
     if not npz_path.is_file():
         raise LensParallelError(f"{json_path} has no {npz_path.name} beside it; rerun the analysis")
-    if _sha256(npz_path) != payload.get("npz_sha256"):
+    if sha256_file(npz_path) != payload.get("npz_sha256"):
         raise LensParallelError(
             f"{npz_path} does not belong to {json_path.name} (its sha256 differs from the one recorded there: copied "
             "from another result, or a save was interrupted); restore the pair or rerun the analysis"

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lens_parallel.errors import LensParallelError
-from lens_parallel.paths import cache_dir, cached_folder, remove_abandoned, scratch_folder
+from lens_parallel.paths import cache_dir, cached_folder, remove_abandoned, scratch_folder, sha256_file
 
 _MANIFEST = "lens_parallel_manifest.json"
 
@@ -113,14 +113,6 @@ REAL_MODELS: dict[str, RealModel] = {
 
 class WeightsFetchError(LensParallelError):
     """Real weights could not be fetched or assembled; the message says why and how to retry."""
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _log(message: str) -> None:

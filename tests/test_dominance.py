@@ -238,8 +238,15 @@ def test_bad_input_is_refused_before_any_forward():
     blocks = token_blocks(model, "austen", n_docs=2, seq_len=12)
     with pytest.raises(ValueError, match=r"query_positions \[12\] out of range: sequences have 12 tokens"):
         head_dominance(model, blocks, query_positions=[3, 12])
-    with pytest.raises(ValueError, match=r"selects no position of sequences of 12 tokens"):
+    with pytest.raises(ValueError, match=r"query positions 20:12 must satisfy 0 <= start < stop <= 12"):
         head_dominance(model, blocks, query_positions=slice(20, None))
+    with pytest.raises(ValueError, match=r"query positions -3:12 must satisfy 0 <= start < stop <= 12"):
+        head_dominance(model, blocks, query_positions=slice(-3, None))  # not Python's count from the end
+    with pytest.raises(ValueError, match=r"query positions 7:32 must satisfy 0 <= start < stop <= 12"):
+        head_dominance(model, blocks, query_positions=slice(7, 32))  # an explicit window is not cut silently
+    short = token_blocks(model, "austen", n_docs=2, seq_len=6)
+    with pytest.raises(ValueError, match=r"the study's query window starts at token 7, but the sequences have 6"):
+        head_dominance(model, short)
     with pytest.raises(ValueError, match=r"upstream layers \[2\] out of range"):
         head_dominance(model, blocks, upstream_layers=[2])
     with pytest.raises(ValueError, match=r"mask_scales must be \('qkv',\) or \('qkv', 'js'\)"):

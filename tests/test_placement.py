@@ -9,7 +9,7 @@ import pytest
 
 import lens_parallel as lp
 from lens_parallel.data import token_blocks
-from lens_parallel.models import ModelSpecError
+from lens_parallel.models import ModelSpecError, weights_digest
 
 from .conftest import get_model
 
@@ -30,6 +30,7 @@ def test_layers_offloaded_to_disk_give_the_same_numbers_as_in_memory(spec, tmp_p
     for block in ("1", "2"):  # not in memory: read from disk as the block runs (TransformerLens keeps its split q/k/v)
         devices = {p.device.type for n, p in disk.original_model.named_parameters() if f".{block}." in n}
         assert "meta" in devices
+    assert weights_digest(disk) == weights_digest(memory)  # offloaded weights are hashed from their files, exactly
     blocks = token_blocks(memory, "wikipedia-en", n_docs=3, seq_len=24)
     results = {}
     for name, model in (("memory", memory), ("disk", disk)):

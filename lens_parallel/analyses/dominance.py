@@ -274,9 +274,22 @@ def _check_scale(scale: str, accepted: Sequence[str]) -> None:
         raise LensParallelError(f"unknown scale {scale!r}; accepted: {', '.join(accepted)}")
 
 
-def _positions(query_positions: slice | Sequence[int], seq_len: int) -> tuple[int, ...]:
-    """The receiving query tokens: a slice ``start:stop`` with 0 <= start < stop <= seq_len (open ends allowed; no
-    negative index counting from the end, no step), or positions in [0, seq_len)."""
+STUDY_WINDOW = (7, 32)
+"""The study's receiving query tokens, 7..31 (``query_positions=None``: this window, within the sequences)."""
+
+
+def _positions(query_positions: slice | Sequence[int] | None, seq_len: int) -> tuple[int, ...]:
+    """The receiving query tokens: ``None`` for the study's window (:data:`STUDY_WINDOW`, cut to the sequences'
+    length), a slice ``start:stop`` with 0 <= start < stop <= seq_len (open ends allowed; no negative index counting
+    from the end, no step), or positions in [0, seq_len)."""
+    if query_positions is None:
+        start, stop = STUDY_WINDOW
+        if seq_len <= start:
+            raise LensParallelError(
+                f"the study's query window starts at token {start}, but the sequences have {seq_len} tokens: give "
+                "longer texts or query_positions"
+            )
+        return tuple(range(start, min(stop, seq_len)))
     if isinstance(query_positions, slice):
         start = 0 if query_positions.start is None else query_positions.start
         stop = seq_len if query_positions.stop is None else query_positions.stop
@@ -510,7 +523,7 @@ def head_dominance(
     model: TransformerBridge,
     tokens: TokenBlocks | Int[Tensor, "batch pos"],
     *,
-    query_positions: slice | Sequence[int] = slice(7, 32),
+    query_positions: slice | Sequence[int] | None = None,
     upstream_layers: int | Sequence[int] | None = None,
     mask_scales: Sequence[str] = ("qkv",),
     seed: int = 0,
@@ -524,7 +537,8 @@ def head_dominance(
     ``upstream_layers`` (default: all but the last layer), of any layer types (module docstring for the formulas).
 
     ``tokens``: the study used four 32-token texts (:func:`study_texts`: two English, two Chinese).
-    ``query_positions``: the receiving query tokens scored; the default 7..31 is the study's window. Blocks start
+    ``query_positions``: the receiving query tokens scored; the default (None) is the study's window 7..31, cut to
+    the sequences' length; an explicit slice or list must lie within the sequences (no negative index). Blocks start
     with the document-boundary token at position 0, so position 7 is the 7th text token and sees 7 earlier text
     tokens; a caller whose texts carry no boundary token shifts the window by one (``slice(8, 33)`` on 33 tokens).
     ``mask_scales``: what ranks the weak/strong halves: ``("qkv",)`` (the study) or ``("qkv", "js")``.
