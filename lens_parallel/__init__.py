@@ -14,6 +14,7 @@ from lens_parallel.analyses.confirm import ConfirmResult, confirm
 from lens_parallel.analyses.decompose import SPACES, DecompositionResult, decompose
 from lens_parallel.analyses.diagonal import DiagonalView, diagonal_view
 from lens_parallel.analyses.dominance import DominanceResult, head_dominance, study_texts
+from lens_parallel.analyses.evaluate import document_losses, evaluate
 from lens_parallel.analyses.nulls import NullResult, causal_null, gqa_alignment
 from lens_parallel.analyses.reliability import SanityReport, SplitHalfResult, sanity_report, split_half_reliability
 from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
@@ -29,9 +30,9 @@ from lens_parallel.edits import (
     LearnedGate,
     apply_edits,
 )
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
 from lens_parallel.explore import Explorer, View, explore
-from lens_parallel.losses import DocLosses, EditEffect, document_losses, evaluate
+from lens_parallel.losses import DocLosses, EditEffect
 from lens_parallel.models import ModelInfo, ModelSpecError, load_model, model_info
 from lens_parallel.report import ModelReport, run_battery, write_report
 from lens_parallel.results import Provenance, Result, load_result, result_classes
@@ -55,12 +56,14 @@ __all__ = [
     "DominanceResult",
     "EditEffect",
     "EditJob",
+    "EnvironmentFailure",
     "Explorer",
     "FactorialResult",
     "GatedRemoval",
     "HeadEdit",
     "LearnedGate",
     "LensParallelError",
+    "LibraryError",
     "ModelInfo",
     "ModelReport",
     "ModelSpecError",

@@ -6,9 +6,10 @@
     lens-parallel models                            # what loads offline now, what needs the hub
 
 Every analysis writes a CSV table, the result as JSON (+ .npz, with provenance), its figures as interactive HTML
-(and PNG when kaleido can find a Chrome/Chromium), and prints a short table. A user error exits with status 2
-and one line on stderr (the package's :class:`~lens_parallel.errors.LensParallelError`); anything else is a bug
-and keeps its traceback.
+(and PNG when kaleido can find a Chrome/Chromium), and prints a short table. Bad input exits with status 2 and one
+line on stderr (:class:`~lens_parallel.errors.LensParallelError`); a failed environment (no registry, no Ray) with
+status 3 and what failed and what to do (:class:`~lens_parallel.errors.EnvironmentFailure`); anything else (a
+:class:`~lens_parallel.errors.LibraryError`, a bug) keeps its traceback.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import EnvironmentFailure, LensParallelError
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -399,7 +400,7 @@ def _dominance(args: argparse.Namespace) -> None:
         workers=args.workers,
         ray_address=args.ray_address,
     )
-    table = result.summary_table()
+    table = result.group_table()
     table = table[(table.level == "pair") & (table.scale == args.scale) & table.mask_scale.isin(["", "qkv"])]
     shown = table.pivot(index="group", columns="metric", values="median")
     shown = shown.reindex(index=list(dict.fromkeys(table.group)), columns=_DOMINANCE_COLUMNS)
@@ -586,11 +587,17 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         COMMANDS[args.command](args)
-    except LensParallelError as exc:  # bad input only: a bug inside the package keeps its traceback
-        message = " ".join(str(exc).split())
-        print(f"lens-parallel {args.command}: error: {message}", file=sys.stderr)
+    except LensParallelError as exc:  # bad input: one line
+        print(f"lens-parallel {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
-    return 0
+    except EnvironmentFailure as exc:  # the environment failed: what failed and what to do, no traceback
+        print(f"lens-parallel {args.command}: could not run: {_one_line(exc)}", file=sys.stderr)
+        return 3
+    return 0  # anything else (LibraryError, a bug inside the package) shows its traceback
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import einops
@@ -21,7 +21,6 @@ import numpy as np
 import torch
 from jaxtyping import Int
 from torch import Tensor
-from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.errors import LensParallelError
@@ -167,18 +166,6 @@ def token_blocks(
         boundary_token=token,
         boundary_token_id=token_id,
     )
-
-
-def document_batches(
-    tokens: Int[Tensor, "batch pos"], batch_size: int, *, progress: bool = False, desc: str = "batches"
-) -> Iterator[tuple[slice, Int[Tensor, "batch pos"]]]:
-    """How every analysis batches documents: ``(rows, tokens[rows])`` for consecutive slices of ``batch_size``
-    (checked here, before the first forward)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise LensParallelError(f"batch_size must be a positive integer, got {batch_size!r}")
-    starts = range(0, len(tokens), batch_size)
-    bar = tqdm(starts, desc=desc, unit="batch", disable=not progress or len(starts) < 2)
-    return ((slice(s, min(s + batch_size, len(tokens))), tokens[s : s + batch_size]) for s in bar)
 
 
 def stream_blocks(tokenizer, docs: Sequence[str], *, seq_len: int) -> Int[Tensor, "batch pos"]:

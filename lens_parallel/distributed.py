@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.models import ModelInfo, ModelSpecError, check_spec, load_model, model_info, weights_digest
 
 INSTALL = "pip install 'lens_parallel[distributed]'"
@@ -38,16 +38,16 @@ MAX_RETRIES = 3
 
 
 def check_workers(workers: int, ray_address: str | None, model: TransformerBridge | None = None) -> bool:
-    """Whether this run uses Ray; raises :class:`LensParallelError` (before any work) for a bad ``workers`` or,
-    when Ray is needed, for a missing Ray (in one line saying what to install) or a ``model`` that workers cannot
-    load by its spec."""
+    """Whether this run uses Ray; raises (before any work) :class:`LensParallelError` for a bad ``workers`` or a
+    ``model`` that workers cannot load by its spec, and :class:`EnvironmentFailure` when Ray is needed but not
+    installed (saying what to install)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise LensParallelError(f"workers must be an integer >= 1, got {workers!r}")
     if ray_address is not None and (not isinstance(ray_address, str) or not ray_address.strip()):
         raise LensParallelError(f"ray_address must be a Ray address such as 'auto' or 'host:6379', got {ray_address!r}")
     distributed = workers > 1 or ray_address is not None
     if distributed and importlib.util.find_spec("ray") is None:
-        raise LensParallelError(
+        raise EnvironmentFailure(
             f"workers={workers}{f', ray_address={ray_address!r}' if ray_address else ''} "
             f"runs on Ray, which is not installed: {INSTALL}"
         )

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, Protocol, runtime_checkable
 
 import einops
 import torch
@@ -30,10 +30,13 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
+from lens_parallel.choices import Ablation, EditPositions, HeadsAll, HeadSpace, Space
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
+    Hook,
     check_head_writes,
     check_indices,
+    check_not_gated,
     expand_kv,
     hook_name,
     output_weights,
@@ -41,28 +44,25 @@ from lens_parallel.hooks import (
     softmax_layers,
 )
 from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.validate import check_choice, check_finite, options
 
-SCALE_SPACES = ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
-DIAGONAL_SPACES = ("value", "value-exclude-self", "residual-attn")
-HEAD_SPACES = ("value", "value-exclude-self", "residual-attn")
-POSITIONS = ("all", "after-first")
+SCALE_SPACES = options(Space)
+DIAGONAL_SPACES = HEAD_SPACES = options(HeadSpace)
+POSITIONS = options(EditPositions)
 """Which positions an edit acts on. ``all`` (the default); ``after-first`` leaves position 0, the boundary token,
 untouched: there o_0 = v_0 (a causal head attends only to itself), so a value-space s_par = 0 removes its whole
 output while exclude-self leaves it alone. The sanity-checks paper's frozen interventions exclude the first token;
 its trained arms include every position."""
 
-Hook = tuple[str, Callable]
+Heads = int | Sequence[int] | HeadsAll | None
+"""The heads an edit acts on: a head, a list, ``"all"`` (every head, each on its own write) or None (the default:
+every head in the value spaces, where a head is all there is; the whole sublayer update, b_O included, in
+residual-attn)."""
 
 
-def _check_finite(name: str, value: float) -> None:
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise LensParallelError(f"{name} must be a finite number, got {value!r}")
-
-
-def check_positions(positions: str) -> None:
-    """Raise :class:`LensParallelError` unless ``positions`` is one of :data:`POSITIONS`."""
-    if positions not in POSITIONS:
-        raise LensParallelError(f"unknown positions {positions!r}; accepted: {', '.join(POSITIONS)}")
+def check_positions(positions: object) -> EditPositions:
+    """``positions`` if it is one of :data:`POSITIONS`, else a :class:`LensParallelError`."""
+    return check_choice("positions", positions, EditPositions)
 
 
 def _after_first(hooks: list[Hook]) -> list[Hook]:
@@ -85,6 +85,14 @@ def _as_tuple(xs: int | Sequence[int] | None) -> tuple[int, ...] | None:
     return (xs,) if isinstance(xs, int) else tuple(xs)
 
 
+def _as_heads(heads: Heads) -> tuple[int, ...] | HeadsAll | None:
+    if heads == "all":
+        return "all"
+    if isinstance(heads, str):
+        raise LensParallelError(f"heads must be head indices, 'all' or None, got {heads!r}")
+    return _as_tuple(heads)
+
+
 @dataclass(frozen=True)
 class ComponentScale:
     """Scale the parallel and perpendicular parts of a message in one space.
@@ -96,29 +104,29 @@ class ComponentScale:
             ``residual-block`` (m = resid_post - resid_pre, r = resid_pre).
         s_par, s_perp: scales of the parallel and perpendicular parts (finite).
         layers: layers to edit (default all).
-        heads: query heads to edit (default all); only for the value spaces and residual-attn. In residual-attn,
-            ``heads=None`` edits the whole sublayer update (b_O included) and a head list edits each listed
-            head's own write z_h W_O[h] against x_t.
+        heads: query heads to edit; only for the value spaces and residual-attn. In the value spaces ``None`` (the
+            default) and ``"all"`` both mean every head. In residual-attn, ``heads=None`` edits the whole sublayer
+            update (b_O included) against x_t, while a head list, or ``"all"``, edits each head's own write
+            z_h W_O[h] against x_t (b_O untouched).
         eps: guard on |r|; positions below it scale as purely perpendicular.
         positions: ``all`` or ``after-first`` (position 0 untouched; :data:`POSITIONS`).
     """
 
-    space: str
+    space: Space
     s_par: float = 1.0
     s_perp: float = 1.0
     layers: int | Sequence[int] | None = None
-    heads: int | Sequence[int] | None = None
+    heads: Heads = None
     eps: float = geometry.EPS
-    positions: str = "all"
+    positions: EditPositions = "all"
 
     def __post_init__(self) -> None:
-        if self.space not in SCALE_SPACES:
-            raise LensParallelError(f"unknown space {self.space!r}; accepted: {', '.join(SCALE_SPACES)}")
+        check_choice("space", self.space, Space)
         check_positions(self.positions)
-        _check_finite("s_par", self.s_par)
-        _check_finite("s_perp", self.s_perp)
+        check_finite("s_par", self.s_par)
+        check_finite("s_perp", self.s_perp)
         object.__setattr__(self, "layers", _as_tuple(self.layers))
-        object.__setattr__(self, "heads", _as_tuple(self.heads))
+        object.__setattr__(self, "heads", _as_heads(self.heads))
         if self.heads is not None and self.space not in HEAD_SPACES:
             raise LensParallelError(
                 f"space {self.space!r} has no heads (it edits a whole sublayer update); heads are accepted for "
@@ -126,19 +134,61 @@ class ComponentScale:
             )
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
-        if self.space in HEAD_SPACES:  # needs hook_z / hook_attn_out: softmax-attention layers only
-            layers, _ = softmax_layers(info, self.layers, what=f"ComponentScale({self.space!r})")
-        else:
-            layers = check_indices("layers", self.layers, info.n_layers)
-        heads = check_indices("heads", self.heads, info.n_heads)
-        if self.space == "residual-attn" and self.heads is None:
-            heads = None  # the whole sublayer update
-        elif self.space == "residual-attn":
-            check_head_writes(info, "ComponentScale('residual-attn') on single heads")
-        out: list[Hook] = []
-        for layer in layers:
-            out += _SCALE_BUILDERS[self.space](self, model, info, layer, heads, {})
-        return _after_first(out) if self.positions == "after-first" else out
+        return _scale_hooks(self, self, model, info)
+
+    def noop(self) -> ComponentScale:
+        """The matched no-op: the same hooks with both scales 1 (exact: it returns every activation bit for bit)."""
+        return dataclasses.replace(self, s_par=1.0, s_perp=1.0)
+
+
+@dataclass(frozen=True, eq=False)
+class _RowScales:
+    """The scales of stacked :class:`ComponentScale` jobs, one per batch row (``s_par`` / ``s_perp`` ``[row]``)."""
+
+    space: str
+    s_par: Tensor
+    s_perp: Tensor
+    eps: float
+
+
+_Scaling = ComponentScale | _RowScales
+
+
+def _scale_hooks(scales: _Scaling, edit: ComponentScale, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+    """The hooks of ``edit``'s space, layers, heads and positions, scaling by ``scales`` (the edit's own, or one
+    per batch row)."""
+    if edit.space in HEAD_SPACES:  # needs hook_z / hook_attn_out: softmax-attention layers only
+        layers, _ = softmax_layers(info, edit.layers, what=f"ComponentScale({edit.space!r})")
+    else:
+        layers = check_indices("layers", edit.layers, info.n_layers)
+    heads: tuple[int, ...] | None = check_indices("heads", None if edit.heads == "all" else edit.heads, info.n_heads)
+    if edit.space == "residual-attn" and edit.heads is None:
+        heads = None  # the whole sublayer update
+    elif edit.space == "residual-attn":
+        check_head_writes(info, "ComponentScale('residual-attn') on single heads")
+    out: list[Hook] = []
+    for layer in layers:
+        out += _SCALE_BUILDERS[edit.space](scales, model, info, layer, heads, {})
+    return _after_first(out) if edit.positions == "after-first" else out
+
+
+def scale_signature(edit: object) -> tuple[Any, ...] | None:
+    """What a :class:`ComponentScale` is but for its scales (jobs of one signature can share a forward), or None
+    for any other edit."""
+    if type(edit) is not ComponentScale:
+        return None
+    return (edit.space, edit.layers, edit.heads, edit.eps, edit.positions)
+
+
+def stacked_scale_hooks(model: TransformerBridge, edits: Sequence[ComponentScale], *, repeat: int) -> list[Hook]:
+    """One set of hooks running several :class:`ComponentScale` s of one :func:`scale_signature` in one forward:
+    rows ``[i * repeat, (i + 1) * repeat)`` get ``edits[i]``'s scales (the documents tiled once per edit)."""
+    if len({scale_signature(e) for e in edits}) != 1 or scale_signature(edits[0]) is None:
+        raise LensParallelError("stacked scales must be ComponentScales alike but for s_par and s_perp")
+    template = edits[0]
+    s_par = torch.tensor([e.s_par for e in edits], dtype=torch.float64).repeat_interleave(repeat)
+    s_perp = torch.tensor([e.s_perp for e in edits], dtype=torch.float64).repeat_interleave(repeat)
+    return _scale_hooks(_RowScales(template.space, s_par, s_perp, template.eps), template, model, model_info(model))
 
 
 @dataclass(frozen=True)
@@ -154,31 +204,26 @@ class DiagonalEdit:
     ``after-first`` (query position 0 untouched).
     """
 
-    space: str
+    space: HeadSpace
     s_par: float = 0.0
     layers: int | Sequence[int] | None = None
-    heads: int | Sequence[int] | None = None
+    heads: Heads = None
     eps: float = geometry.EPS
-    positions: str = "all"
+    positions: EditPositions = "all"
 
     def __post_init__(self) -> None:
-        if self.space not in DIAGONAL_SPACES:
-            raise LensParallelError(f"unknown diagonal space {self.space!r}; accepted: {', '.join(DIAGONAL_SPACES)}")
+        check_choice("diagonal space", self.space, HeadSpace)
         check_positions(self.positions)
-        _check_finite("s_par", self.s_par)
+        check_finite("s_par", self.s_par)
         object.__setattr__(self, "layers", _as_tuple(self.layers))
-        object.__setattr__(self, "heads", _as_tuple(self.heads))
+        object.__setattr__(self, "heads", _as_heads(self.heads))
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         layers, _ = softmax_layers(info, self.layers, what="DiagonalEdit")
-        if self.space == "residual-attn" and info.gated_attention:
-            raise LensParallelError(
-                "DiagonalEdit('residual-attn') is not defined for gated attention (the head's write is "
-                "sigmoid(gate) * A v); use value or value-exclude-self"
-            )
         if self.space == "residual-attn":
+            check_not_gated(info, "DiagonalEdit('residual-attn')", alternative="use value or value-exclude-self")
             check_head_writes(info, "DiagonalEdit('residual-attn')")
-        heads = check_indices("heads", self.heads, info.n_heads)
+        heads = check_indices("heads", None if self.heads == "all" else self.heads, info.n_heads)
         out: list[Hook] = []
         for layer in layers:
             state: dict[str, Tensor] = {}
@@ -198,8 +243,12 @@ class DiagonalEdit:
         d_a = torch.where(_head_mask(heads, pattern.shape[1], pattern.shape[0], pattern.device)[:, :, None], d_a, 0.0)
         return pattern + torch.diag_embed(d_a)
 
+    def noop(self) -> DiagonalEdit:
+        """The matched no-op: the same hooks at s_par = 1 (dA_tt = 0)."""
+        return dataclasses.replace(self, s_par=1.0)
 
-ABLATIONS = ("zero", "mean", "parallel-value", "parallel-residual")
+
+ABLATIONS = options(Ablation)
 
 
 @dataclass(frozen=True, eq=False)
@@ -219,18 +268,19 @@ class HeadEdit:
     paper's frozen single-head interventions).
     """
 
-    kind: str
+    kind: Ablation
     layer: int
     heads: int | Sequence[int] | Bool[Tensor, "batch head_index"]
     means: Float[Tensor, "head_index d_head"] | None = None
-    positions: str = "all"
+    positions: EditPositions = "all"
 
     def __post_init__(self) -> None:
-        if self.kind not in ABLATIONS:
-            raise LensParallelError(f"unknown ablation {self.kind!r}; accepted: {', '.join(ABLATIONS)}")
+        check_choice("ablation", self.kind, Ablation)
         check_positions(self.positions)
         if self.kind == "mean" and self.means is None:
-            raise LensParallelError("a mean ablation needs means [n_heads, d_head] (e.g. from lens_parallel.ablation)")
+            raise LensParallelError(
+                "a mean ablation needs means [n_heads, d_head] (e.g. from lens_parallel.sweep.head_means)"
+            )
         if not isinstance(self.heads, Tensor):
             heads = _as_tuple(self.heads)
             if not heads:
@@ -345,19 +395,43 @@ class LearnedGate:
 
 
 def _training_layers(info: ModelInfo, what: str) -> tuple[int, ...]:
-    if info.gated_attention:
-        raise LensParallelError(f"{what} is not defined for gated attention (hook_z is sigmoid(gate) * A v)")
+    check_not_gated(info, what)
     return softmax_layers(info, None, what=what)[0]
 
 
-Edit = ComponentScale | DiagonalEdit | HeadEdit | GatedRemoval | LearnedGate
-EDIT_TYPES = (ComponentScale, DiagonalEdit, HeadEdit, GatedRemoval, LearnedGate)
+@runtime_checkable
+class Edit(Protocol):
+    """An intervention, built-in or user-defined: frozen data (a frozen dataclass, so that it can be hashed into a
+    store, sent to workers and described in provenance) with ``hooks(model, info)`` returning its forward hooks
+    (checking its settings against the model first, before any forward). Optionally ``noop()``: its matched no-op
+    (the same hooks with every scale at 1); an edit without one is compared with the unedited model."""
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]: ...
 
 
-def describe_edit(edit: Edit) -> dict:
-    """A plain-data description of an edit for provenance: its type and fields; a tensor field is given by its
-    shape (``{"tensor": [...]}``), since its values live in the run that made it."""
-    out: dict = {"type": type(edit).__name__}
+BUILT_IN_EDITS = (ComponentScale, DiagonalEdit, HeadEdit, GatedRemoval, LearnedGate)
+
+
+def as_edits(edits: Edit | Sequence[Edit]) -> tuple[Edit, ...]:
+    """One edit or a sequence of edits (one combined intervention, applied in order) as a tuple, each checked to
+    follow the :class:`Edit` protocol."""
+    found = (edits,) if isinstance(edits, Edit) else tuple(edits)
+    bad = [e for e in found if not isinstance(e, Edit)]
+    if bad:
+        raise LensParallelError(
+            "an edit has a hooks(model, info) method (the Edit protocol: the built-in "
+            f"{', '.join(t.__name__ for t in BUILT_IN_EDITS)}, or your own frozen dataclass); "
+            f"got {type(bad[0]).__name__}"
+        )
+    return found
+
+
+def describe_edit(edit: Edit) -> dict[str, Any]:
+    """A plain-data description of an edit for provenance: its type and fields (a dataclass; otherwise its repr);
+    a tensor field is given by its shape (``{"tensor": [...]}``), since its values live in the run that made it."""
+    out: dict[str, Any] = {"type": f"{type(edit).__module__}.{type(edit).__qualname__}"}
+    if not dataclasses.is_dataclass(edit):
+        return out | {"repr": repr(edit)}
     for f in dataclasses.fields(edit):
         value = getattr(edit, f.name)
         out[f.name] = {"tensor": list(value.shape)} if isinstance(value, Tensor) else value
@@ -384,7 +458,7 @@ def _head_mask(heads: HeadSet, n_heads: int, batch: int, device) -> Bool[Tensor,
     return mask
 
 
-def _value_hooks(edit: ComponentScale, model, info, layer, heads, state) -> list[Hook]:
+def _value_hooks(edit: _Scaling, model, info, layer, heads, state) -> list[Hook]:
     """Value-space scaling on hook_z. Gated attention (z = sigmoid(gate) * A v): the scaling acts on the pre-gate
     aggregate o = A v, rebuilt from the pattern, and its change passes through the gate: z' = z + gate * delta."""
 
@@ -415,7 +489,7 @@ def _store_diag(pattern: Tensor, hook, *, state: dict[str, Tensor]) -> None:
     state["diag"] = torch.diagonal(pattern, dim1=-2, dim2=-1)
 
 
-def _residual_attn_hooks(edit: ComponentScale, model, info, layer, heads, state) -> list[Hook]:
+def _residual_attn_hooks(edit: _Scaling, model, info, layer, heads, state) -> list[Hook]:
     W_O = output_weights(model, layer)
 
     def edit_out(out: Tensor, hook) -> Tensor:
@@ -435,7 +509,7 @@ def _residual_attn_hooks(edit: ComponentScale, model, info, layer, heads, state)
     return [*out, (hook_name(layer, "attn_out"), edit_out)]
 
 
-def _residual_mlp_hooks(edit: ComponentScale, model, info, layer, heads, state) -> list[Hook]:
+def _residual_mlp_hooks(edit: _Scaling, model, info, layer, heads, state) -> list[Hook]:
     def edit_out(out: Tensor, hook) -> Tensor:
         return geometry.scale_components(out, state.pop("x"), s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
 
@@ -443,7 +517,7 @@ def _residual_mlp_hooks(edit: ComponentScale, model, info, layer, heads, state) 
     return [(ref, partial(_store, state=state, key="x")), (hook_name(layer, "mlp_out"), edit_out)]
 
 
-def _residual_block_hooks(edit: ComponentScale, model, info, layer, heads, state) -> list[Hook]:
+def _residual_block_hooks(edit: _Scaling, model, info, layer, heads, state) -> list[Hook]:
     def edit_post(post: Tensor, hook) -> Tensor:
         x = state.pop("x")
         return post + geometry.scale_delta(post - x, x, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
@@ -465,26 +539,16 @@ _SCALE_BUILDERS = {
 
 def compile_hooks(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> list[Hook]:
     """Validate every edit against the model (before any forward) and return their hooks, in order."""
-    edits = (edits,) if isinstance(edits, EDIT_TYPES) else tuple(edits)
-    bad = [e for e in edits if not isinstance(e, EDIT_TYPES)]
-    if bad:
-        accepted = ", ".join(t.__name__ for t in EDIT_TYPES)
-        raise LensParallelError(f"edits must be one of {accepted}, got {type(bad[0]).__name__}")
     info = model_info(model)
-    return [hook for edit in edits for hook in edit.hooks(model, info)]
+    return [hook for edit in as_edits(edits) for hook in edit.hooks(model, info)]
 
 
 def noop(edits: Edit | Sequence[Edit]) -> tuple[Edit, ...]:
-    """The matched no-op: the same edits (same hooks) with every scale set to 1. ``HeadEdit``, ``GatedRemoval`` and
-    ``LearnedGate`` have no single scale: their no-op is the unedited model, so they are dropped."""
-    edits = (edits,) if isinstance(edits, EDIT_TYPES) else tuple(edits)
-    return tuple(
-        dataclasses.replace(e, s_par=1.0, s_perp=1.0)
-        if isinstance(e, ComponentScale)
-        else dataclasses.replace(e, s_par=1.0)
-        for e in edits
-        if isinstance(e, (ComponentScale, DiagonalEdit))
-    )
+    """The matched no-op: each edit's own ``noop()`` (the same hooks with every scale at 1: ``ComponentScale``,
+    ``DiagonalEdit``, or a user-defined edit that defines one); edits without one (``HeadEdit``, ``GatedRemoval``,
+    ``LearnedGate``) have no single scale: their no-op is the unedited model, so they are dropped."""
+    found = (getattr(e, "noop", None) for e in as_edits(edits))
+    return tuple(make() for make in found if callable(make))
 
 
 @contextlib.contextmanager

@@ -1,9 +1,14 @@
-"""The package's own error type for bad input.
+"""The package's three kinds of failure, each with its own root, so that a caller (and the CLI) can tell them apart.
 
-Every check of what a caller passed (a model spec, a layer index, a scale, a file) raises
-:class:`LensParallelError`, with what was wrong and what is accepted, before any expensive work. It subclasses
-``ValueError``, so ``except ValueError`` keeps working; the CLI catches only this type, so a bug inside the package
-still shows its traceback instead of posing as bad input.
+- :class:`LensParallelError`: **bad input**. Every check of what a caller passed (a model spec, a layer index, a
+  scale, a file) raises it with what was wrong and what is accepted, before any expensive work. It subclasses
+  ``ValueError``, so ``except ValueError`` keeps working. The CLI prints its message as one line and exits 2.
+- :class:`EnvironmentFailure`: **the environment failed**, not the input: a download that cannot reach its
+  registry, a kernel this device cannot run. The message says what failed and what to do; the CLI prints it
+  without a traceback and exits 3.
+- :class:`LibraryError`: **the libraries underneath do not behave as this package requires** (a TransformerLens
+  hook of an unexpected shape, captured activations that do not reproduce hook_z): an incompatible version or a
+  bug. The CLI lets it show its traceback, as any other exception (a bug inside this package).
 """
 
 from __future__ import annotations
@@ -11,3 +16,11 @@ from __future__ import annotations
 
 class LensParallelError(ValueError):
     """Bad input: the message says what was wrong and what is accepted."""
+
+
+class EnvironmentFailure(RuntimeError):
+    """The environment failed (network, package registry, device, kernels): the message says what and what to do."""
+
+
+class LibraryError(RuntimeError):
+    """A library underneath (TransformerLens, transformers, torch) does not behave as this package requires."""

@@ -40,14 +40,16 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.analyses.decompose import decompose
+from lens_parallel.choices import HeadSpace
 from lens_parallel.data import TokenBlocks
-from lens_parallel.edits import ComponentScale, compile_hooks
+from lens_parallel.documents import Documents, document_batches
+from lens_parallel.edits import ComponentScale, Heads
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import LayerStream, check_indices, expand_kv, output_weights, softmax_layers
-from lens_parallel.losses import batch_nll
-from lens_parallel.models import model_info
+from lens_parallel.hooks import check_indices, expand_kv, output_weights, softmax_layers
+from lens_parallel.models import head_label, model_info
 from lens_parallel.plots import explore as plots
-from lens_parallel.results import Provenance, as_tokens
+from lens_parallel.results import Provenance
+from lens_parallel.sweep import Batch, EditJob, TokenNLL, run_rows, run_sweep
 
 SPACES = ("value", "value-exclude-self", "residual-attn")
 """Spaces the explorer shows: the two value spaces and each head's residual write."""
@@ -74,7 +76,7 @@ class View:
 
     @property
     def label(self) -> str:
-        return f"L{self.layer}H{self.head}"
+        return head_label(self.layer, self.head)
 
 
 class Explorer:
@@ -94,7 +96,7 @@ class Explorer:
         all_heads: bool = False,
         batch_size: int = 8,
     ) -> None:
-        self.model, self.info, self.tokens = model, model_info(model), as_tokens(tokens)
+        self.model, self.info, self.documents = model, model_info(model), Documents.of(tokens)
         self.layers, _ = softmax_layers(self.info, None, what="explore")
         self._blocks = tokens
         with warnings.catch_warnings():  # skipped linear-attention layers: the explorer shows softmax heads only
@@ -113,6 +115,7 @@ class Explorer:
             best = np.nanargmax(np.where(np.isnan(self.heatmaps["value"]), -np.inf, self.heatmaps["value"]))
             layer, head = divmod(int(best), self.info.n_heads)
         self._captures: dict[tuple[int, int], dict[str, Tensor]] = {}
+        self._memo: dict = {}
         self._noops: dict[tuple, np.ndarray] = {}
         self.state: dict = {}
         self.update(space=space, layer=layer, head=head, doc=doc, s_par=s_par, s_perp=s_perp, all_heads=all_heads)
@@ -129,7 +132,7 @@ class Explorer:
         if state["layer"] not in self.layers:
             raise LensParallelError(f"layer {state['layer']} has no softmax heads to explore; layers: {self.layers}")
         check_indices("head", state["head"], self.info.n_heads)
-        check_indices("doc", state["doc"], len(self.tokens))
+        check_indices("doc", state["doc"], len(self.documents))
         for name in ("s_par", "s_perp"):
             if not np.isfinite(state[name]):
                 raise LensParallelError(f"{name} must be finite, got {state[name]}")
@@ -142,28 +145,29 @@ class Explorer:
             raise
         return self.view
 
+    def _document(self, doc: int) -> Documents:
+        """Document ``doc`` alone, as the engine runs it."""
+        n = int(self.documents.lengths[doc])
+        return Documents.padded([self.documents.tokens[doc, :n].tolist()], {"corpus": f"document {doc}"})
+
     def _capture(self, layer: int, doc: int) -> dict[str, Tensor]:
         """resid_pre, v and the full pattern of ``layer`` for document ``doc`` (one forward, stopped there)."""
         key = (layer, doc)
         if key not in self._captures:
-            got: dict[str, Tensor] = {}
-            stream = LayerStream(self.info, [layer], ["resid_pre", "v", "pattern_full"], lambda _, t: got.update(t))
-            stream.run(self.model, self.tokens[doc : doc + 1])
-            self._captures[key] = got
+            batch = Batch(next(document_batches(self._document(doc), 1)))
+            got = run_rows(self.model, self.info, batch, capture={layer: ["resid_pre", "v", "pattern_full"]})
+            self._captures[key] = got.captured[layer]
         return self._captures[key]
 
-    def _losses(self, space: str, layer: int, heads, doc: int, s_par: float, s_perp: float) -> np.ndarray:
+    def _losses(self, space: HeadSpace, layer: int, heads: Heads, doc: int, s_par: float, s_perp: float) -> np.ndarray:
+        """Per-token NLL of ``doc`` under the edit (one forward resumed at ``layer``: the engine's reference pass of
+        that document and layer is kept in the explorer's memo)."""
         edit = ComponentScale(space, s_par=s_par, s_perp=s_perp, layers=(layer,), heads=heads)
-        resid = self._capture(layer, doc)["resid_pre"].to(next(self.model.parameters()).dtype)
-        nll = batch_nll(
-            self.model,
-            self.tokens[doc : doc + 1],
-            compile_hooks(self.model, [edit]),
-            resid=resid,
-            start_at_layer=layer,
-            per_token=True,
-        )
-        return nll[0].double().cpu().numpy()
+        job = EditJob(f"{space}|L{layer}|{heads}|{s_par}|{s_perp}", (edit,), start_layer=layer)
+        docs = self._document(doc)
+        metric = TokenNLL(docs.tokens.shape[1])
+        run = run_sweep(self.model, docs, [job], metric=metric, progress=False, memo=self._memo)
+        return run.value(job)["nll"][0]
 
     def _view(self) -> View:
         st = self.state
@@ -175,12 +179,12 @@ class Explorer:
         change = geometry.diagonal_change(pattern, v, space, s_par=st["s_par"], x=x, W_O=W_O)
         diag = torch.diagonal(pattern, dim1=-2, dim2=-1)[0, head]
         coef = geometry.parallel_coefficient(pattern, v, space, x=x, W_O=W_O)[0, :, head]
-        heads = None if st["all_heads"] else (head,)
+        heads: Heads = "all" if st["all_heads"] else (head,)  # every head of the layer, each on its own write
         key = (space, layer, heads, doc)
         if key not in self._noops:
             self._noops[key] = self._losses(space, layer, heads, doc, 1.0, 1.0)
         edited = self._losses(space, layer, heads, doc, st["s_par"], st["s_perp"])
-        ids = self.tokens[doc].tolist()
+        ids = self.documents.tokens[doc, : int(self.documents.lengths[doc])].tolist()
         return View(
             space=space,
             layer=layer,

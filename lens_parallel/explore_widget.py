@@ -30,7 +30,7 @@ class ExplorerWidget:
         figs = explorer.figures()
         self.figures = {name: go.FigureWidget(fig.update_layout(width=WIDTH)) for name, fig in figs.items()}
         self.space = w.Dropdown(options=list(SPACES), value=st["space"], description="space")
-        self.doc = w.BoundedIntText(value=st["doc"], min=0, max=len(explorer.tokens) - 1, description="document")
+        self.doc = w.BoundedIntText(value=st["doc"], min=0, max=len(explorer.documents) - 1, description="document")
         self.s_par = w.FloatSlider(value=st["s_par"], min=-1.0, max=2.0, step=0.1, description="s_par")
         self.s_perp = w.FloatSlider(value=st["s_perp"], min=0.0, max=2.0, step=0.1, description="s_perp")
         self.all_heads = w.Checkbox(value=st["all_heads"], description="all heads of the layer")

@@ -90,30 +90,31 @@ def scale_delta(
     m: Float[Tensor, "*batch d"],
     r: Float[Tensor, "*batch d"],
     *,
-    s_par: float | Float[Tensor, "*batch"] = 1.0,
-    s_perp: float | Float[Tensor, "*batch"] = 1.0,
+    s_par: float | Float[Tensor, "*scale"] = 1.0,
+    s_perp: float | Float[Tensor, "*scale"] = 1.0,
     eps: float = EPS,
 ) -> Float[Tensor, "*batch d"]:
     """The change a component scaling makes: (s_par - 1) m_par + (s_perp - 1) m_perp (exactly 0 at s = 1).
 
-    Scales are numbers or per-position tensors. Degenerate |r| positions have m_par = 0, m_perp = m.
+    Scales are numbers, per-position tensors ``[*batch]``, or tensors of the leading axes only (e.g. one scale per
+    batch row, ``[batch]``), which broadcast over the axes they lack. Degenerate |r| positions have m_par = 0,
+    m_perp = m.
     """
     proj = project(m, r, eps=eps)
-    s_par = torch.as_tensor(s_par, dtype=m.dtype, device=m.device)
-    s_perp = torch.as_tensor(s_perp, dtype=m.dtype, device=m.device)
-    if s_par.ndim:
-        s_par = s_par.unsqueeze(-1)
-    if s_perp.ndim:
-        s_perp = s_perp.unsqueeze(-1)
-    return (s_par - 1) * proj.par + (s_perp - 1) * proj.perp
+
+    def broadcast(s: float | Tensor) -> Tensor:
+        t = torch.as_tensor(s, dtype=m.dtype, device=m.device)
+        return t.reshape(*t.shape, *([1] * (m.ndim - t.ndim))) if t.ndim else t
+
+    return (broadcast(s_par) - 1) * proj.par + (broadcast(s_perp) - 1) * proj.perp
 
 
 def scale_components(
     m: Float[Tensor, "*batch d"],
     r: Float[Tensor, "*batch d"],
     *,
-    s_par: float | Float[Tensor, "*batch"] = 1.0,
-    s_perp: float | Float[Tensor, "*batch"] = 1.0,
+    s_par: float | Float[Tensor, "*scale"] = 1.0,
+    s_perp: float | Float[Tensor, "*scale"] = 1.0,
     eps: float = EPS,
 ) -> Float[Tensor, "*batch d"]:
     """m' = s_par m_par + s_perp m_perp, computed as m + :func:`scale_delta` so that s = 1 returns m bit for bit."""

@@ -8,7 +8,10 @@ and stops the forward after the last layer it needs (nothing past it, not even t
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.metadata
 import numbers
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
@@ -19,8 +22,11 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 from transformer_lens.model_bridge.generalized_components.base import align_offloaded_subtree
 
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.models import ModelInfo
+
+Hook = tuple[str, Callable[..., Tensor | None]]
+"""A TransformerLens forward hook: the full hook name and ``fn(tensor, hook)`` returning a replacement or None."""
 
 ROLE_HOOKS: dict[str, str] = {
     "resid_pre": "blocks.{layer}.hook_resid_pre",
@@ -60,8 +66,8 @@ def hook_name(layer: int, role: str) -> str:
     return ROLE_HOOKS[role].format(layer=layer)
 
 
-class HookShapeError(LensParallelError):
-    """A captured activation does not have the shape the analysis expects."""
+class HookShapeError(LibraryError):
+    """A captured activation does not have the shape the analysis expects (a TransformerLens incompatibility)."""
 
 
 def expected_shape(role: str, info: ModelInfo) -> tuple[tuple[str, int | None], ...]:
@@ -162,14 +168,41 @@ def check_head_writes(info: ModelInfo, what: str) -> None:
         raise LensParallelError(note)
 
 
+def check_not_gated(info: ModelInfo, what: str, *, alternative: str = "") -> None:
+    """Raise :class:`LensParallelError` for ``what`` on gated attention (Qwen3.5), where hook_z is
+    sigmoid(gate) * (A v): a head's write is not A v, so edits defined on it are undefined there."""
+    if info.gated_attention:
+        tail = f"; {alternative}" if alternative else ""
+        raise LensParallelError(f"{what} is not defined for gated attention (hook_z is sigmoid(gate) * A v){tail}")
+
+
 def residual_reference_role(info: ModelInfo, sublayer: str) -> str:
     """The residual state a sublayer's update is added to: resid_pre for attention, for parallel attn/MLP blocks
     and for the whole block; resid_mid for a sequential MLP."""
     return "resid_mid" if sublayer == "mlp" and not info.parallel_attn_mlp else "resid_pre"
 
 
-def _passthrough(hidden_states: Tensor, *args, **kwargs) -> Tensor:
+def _passthrough(hidden_states: Tensor, *args: object, **kwargs: object) -> Tensor:
     return hidden_states
+
+
+PREFIX_REUSE_VERSIONS = ((4, 3), (5, 0))
+"""TransformerLens versions [from, to) whose ``start_at_layer`` swaps the caller's residual in at block k, which
+:func:`skip_blocks_before` relies on (checked on first use; ``tests/test_hooks.py`` fails if it stops holding)."""
+_SKIP_LOCK = threading.RLock()
+_SKIP_DEPTH: dict[int, int] = {}
+
+
+@functools.cache
+def _check_prefix_reuse() -> None:
+    version = importlib.metadata.version("transformer-lens")
+    major_minor = tuple(int(x) for x in version.split(".")[:2])
+    low, high = PREFIX_REUSE_VERSIONS
+    if not low <= major_minor < high:
+        raise LibraryError(
+            f"prefix reuse relies on TransformerLens {low[0]}.{low[1]}.x's start_at_layer (the residual swapped in at "
+            f"block k); transformer-lens {version} is installed: pip install 'transformer-lens>=4.3,<5'"
+        )
 
 
 @contextlib.contextmanager
@@ -177,22 +210,54 @@ def skip_blocks_before(model: TransformerBridge, layer: int) -> Iterator[None]:
     """Make blocks ``0..layer-1`` return their input untouched, for a forward with ``start_at_layer=layer``.
 
     TransformerLens 4.3's ``start_at_layer`` still runs every earlier block and then swaps the caller's residual
-    in at ``layer``, so reusing a cached prefix saves nothing by itself. Inside this context the earlier blocks'
-    Hugging Face layers (which in transformers 5 return the bare hidden-state tensor) are skipped; their output
-    was discarded anyway, so the forward's result is unchanged (tested against the full forward).
+    in at ``layer``, so reusing a cached prefix saves nothing by itself (there is no supported way to skip them).
+    Inside this context the earlier blocks' Hugging Face layers (which in transformers 5 return the bare
+    hidden-state tensor) are skipped; their output was discarded anyway, so the forward's result is unchanged
+    (tested against the full forward on every toy family). Re-entrant (nested contexts count per block) and
+    thread-safe (one lock held for the context's duration: forwards of other threads wait); the installed
+    TransformerLens is checked first (:data:`PREFIX_REUSE_VERSIONS`).
     """
-    skipped = [model.blocks[i].original_component for i in range(layer)]
-    for module in skipped:
-        module.forward = _passthrough
-    try:
-        yield
-    finally:
+    _check_prefix_reuse()
+    with _SKIP_LOCK:
+        skipped = [model.blocks[i].original_component for i in range(layer)]
         for module in skipped:
-            del module.forward
+            depth = _SKIP_DEPTH.get(id(module), 0)
+            if depth == 0:
+                module.forward = _passthrough
+            _SKIP_DEPTH[id(module)] = depth + 1
+        try:
+            yield
+        finally:
+            for module in skipped:
+                _SKIP_DEPTH[id(module)] -= 1
+                if _SKIP_DEPTH[id(module)] == 0:
+                    del _SKIP_DEPTH[id(module)]
+                    del module.forward
 
 
-class _StopForward(Exception):
-    """Raised by the last needed hook to end the forward early."""
+def forward(
+    model: TransformerBridge,
+    tokens: Int[Tensor, "batch pos"],
+    hooks: Sequence[Hook] = (),
+    *,
+    resid: Float[Tensor, "batch pos d_model"] | None = None,
+    start_at_layer: int | None = None,
+    logits: bool = True,
+) -> Float[Tensor, "batch pos d_vocab"] | None:
+    """The one forward every analysis runs: over ``tokens``, or from ``resid`` entering block ``start_at_layer``
+    (the earlier blocks not computed: :func:`skip_blocks_before`), under ``hooks``, without gradients; returns the
+    logits (``logits=True``) or nothing (a hook may end the forward early by raising :class:`StopForward`)."""
+    return_type = "logits" if logits else None
+    with torch.inference_mode(), model.hooks(fwd_hooks=list(hooks)), contextlib.suppress(StopForward):
+        if resid is None:
+            return model(tokens, return_type=return_type)
+        with skip_blocks_before(model, start_at_layer or 0):
+            return model(resid, start_at_layer=start_at_layer, return_type=return_type)
+    return None
+
+
+class StopForward(Exception):
+    """Raised by the last needed hook to end a forward early (:func:`forward` ends quietly)."""
 
 
 Reducer = Callable[[int, dict[str, Tensor]], None]
@@ -229,9 +294,10 @@ class LayerStream:
             raise LensParallelError(f"{info.name} runs attention and MLP in parallel: it has no resid_mid")
         self.info, self.reduce, self.dtype = info, reduce, dtype
         self.device: torch.device | None = None
+        self.stop = True
         self._buffers: dict[int, dict[str, Tensor]] = {}
 
-    def fwd_hooks(self) -> list[tuple[str, Callable]]:
+    def fwd_hooks(self) -> list[Hook]:
         return [
             (hook_name(layer, role), partial(self._capture, layer=layer, role=role))
             for layer in self.layers
@@ -246,32 +312,30 @@ class LayerStream:
         buffer[role] = tensor.detach().to(device=self.device, dtype=self.dtype)
         if len(buffer) == len(self.roles[layer]):
             self.reduce(layer, self._buffers.pop(layer))
-            if layer == self.layers[-1]:
-                raise _StopForward
+            if layer == self.layers[-1] and self.stop:
+                raise StopForward
 
     def run(
         self,
         model: TransformerBridge,
         tokens: Int[Tensor, "batch pos"],
         *,
-        edit_hooks: Sequence[tuple[str, Callable]] = (),
+        edit_hooks: Sequence[Hook] = (),
         resid: Float[Tensor, "batch pos d_model"] | None = None,
         start_at_layer: int | None = None,
-    ) -> None:
-        """One forward over ``tokens`` (or from ``resid`` entering block ``start_at_layer``, earlier blocks not
-        computed), with ``edit_hooks`` (compiled edits) applied first; stops after the last layer's reduction."""
+        logits: bool = False,
+    ) -> Float[Tensor, "batch pos d_vocab"] | None:
+        """One :func:`forward` over ``tokens`` (or from ``resid`` entering block ``start_at_layer``, earlier blocks
+        not computed), with ``edit_hooks`` (compiled edits) applied first. Stops after the last layer's reduction,
+        or with ``logits=True`` goes on and returns the logits."""
         self._buffers.clear()
-        self.device = tokens.device
+        self.device, self.stop = tokens.device, not logits
         hooks = [*edit_hooks, *self.fwd_hooks()]
-        with torch.inference_mode(), model.hooks(fwd_hooks=hooks), contextlib.suppress(_StopForward):
-            if resid is None:
-                model(tokens, return_type=None)
-            else:
-                with skip_blocks_before(model, start_at_layer):
-                    model(resid, start_at_layer=start_at_layer, return_type=None)
+        out = forward(model, tokens, hooks, resid=resid, start_at_layer=start_at_layer, logits=logits)
         if self._buffers:
             missing = {layer: sorted(set(self.roles[layer]) - set(b)) for layer, b in self._buffers.items()}
-            raise RuntimeError(f"hooks never fired for layer/roles {missing}")
+            raise LibraryError(f"hooks never fired for layer/roles {missing}")
+        return out
 
 
 GradReducer = Callable[[int, dict[str, Tensor], dict[str, Tensor]], None]

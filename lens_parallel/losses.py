@@ -1,15 +1,16 @@
-"""Token-weighted next-token loss and perplexity, with and without an intervention.
+"""Token-weighted next-token loss and perplexity: the NLL of each scored token, per-document sums, edit effects.
 
-Every position t < T-1 predicts token t+1 (position 0, the boundary token, is context only), so a block of
-T tokens scores T-1 tokens. Loss is the token-weighted mean NLL in nats; perplexity is exp(loss). An edit's
+Every position t < length - 1 predicts token t+1 (position 0, the boundary token, is context only), so a document
+of length T scores T-1 tokens. Loss is the token-weighted mean NLL in nats; perplexity is exp(loss). An edit's
 effect is always *edited minus matched no-op*: the same hooks with every scale at 1, evaluated in the same run
-(``ComponentScale`` and ``DiagonalEdit`` make that no-op exact, so it also equals the unhooked model).
+(``ComponentScale`` and ``DiagonalEdit`` make that no-op exact, so it also equals the unhooked model). The runs
+themselves are :func:`lens_parallel.analyses.evaluate.document_losses` and
+:func:`~lens_parallel.analyses.evaluate.evaluate`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,15 +19,10 @@ import plotly.graph_objects as go
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.data import TokenBlocks, document_batches
-from lens_parallel.edits import EDIT_TYPES, Edit, compile_hooks, describe_edit, noop
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import skip_blocks_before
-from lens_parallel.models import model_info
 from lens_parallel.plots.losses import edit_effect_figure
-from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
+from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.stats import paired_bootstrap_ci
 
 
@@ -106,82 +102,15 @@ def edit_effect(
 
 
 def token_nll(
-    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]
-) -> Float[Tensor, "batch scored"]:
-    """-log p(token_{t+1} | ..t) for t = 0..T-2, in float32 (float64 for a float64 model)."""
-    logp = torch.log_softmax(logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-    return -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
-
-
-def next_token_nll(
-    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]
-) -> Float[Tensor, " batch"]:
-    """Per-document sum of -log p(token_{t+1} | ..t) over t = 0..T-2 (:func:`token_nll` summed)."""
-    return token_nll(logits, tokens).sum(-1)
-
-
-def batch_nll(
-    model: TransformerBridge,
+    logits: Float[Tensor, "batch pos d_vocab"],
     tokens: Int[Tensor, "batch pos"],
-    hooks: Sequence = (),
-    *,
-    resid: Float[Tensor, "batch pos d_model"] | None = None,
-    start_at_layer: int | None = None,
-    per_token: bool = False,
-) -> Float[Tensor, " batch"] | Float[Tensor, "batch scored"]:
-    """One forward under ``hooks`` (compiled edits), from the tokens or from a cached ``resid`` entering block
-    ``start_at_layer`` (the blocks before it are then not computed): per-document NLL sums, or with ``per_token``
-    each scored token's NLL."""
-    with torch.inference_mode(), model.hooks(fwd_hooks=list(hooks)):
-        if resid is None:
-            logits = model(tokens, return_type="logits")
-        else:
-            with skip_blocks_before(model, start_at_layer):
-                logits = model(resid, start_at_layer=start_at_layer)
-    return token_nll(logits, tokens) if per_token else next_token_nll(logits, tokens)
-
-
-def document_losses(
-    model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
-    edits: Edit | Sequence[Edit] = (),
-    *,
-    batch_size: int = 8,
-    progress: bool = False,
-) -> DocLosses:
-    """Per-document NLL sums of the model under ``edits`` (validated before the first forward)."""
-    toks = as_tokens(tokens)
-    hooks = compile_hooks(model, edits)
-    sums = [
-        batch_nll(model, batch, hooks)
-        for _, batch in document_batches(toks, batch_size, progress=progress, desc="loss")
-    ]
-    n = np.full(len(toks), toks.shape[1] - 1, dtype=np.int64)
-    return DocLosses(loss_sum=torch.cat(sums).double().cpu().numpy(), n_tokens=n)
-
-
-def evaluate(
-    model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
-    edits: Edit | Sequence[Edit],
-    *,
-    batch_size: int = 8,
-    n_resamples: int = 2000,
-    seed: int = 0,
-    progress: bool = False,
-) -> EditEffect:
-    """Loss and perplexity under ``edits`` minus the matched no-op, both run here, with paired bootstrap CIs."""
-    base = document_losses(model, tokens, noop(edits), batch_size=batch_size, progress=progress)
-    edited = document_losses(model, tokens, edits, batch_size=batch_size, progress=progress)
-    effect = edit_effect(base, edited, n_resamples=n_resamples, seed=seed)
-    edits = (edits,) if isinstance(edits, EDIT_TYPES) else tuple(edits)
-    provenance = Provenance.collect(
-        model_info(model),
-        tokens,
-        analysis="evaluate",
-        edits=[describe_edit(e) for e in edits],
-        batch_size=batch_size,
-        n_resamples=n_resamples,
-        seed=seed,
-    )
-    return dataclasses.replace(effect, provenance=provenance)
+    lengths: Int[Tensor, " batch"] | None = None,
+) -> Float[Tensor, "batch scored"]:
+    """-log p(token_{t+1} | ..t) for t = 0..T-2, in float32 (float64 for a float64 model); with ``lengths`` (the
+    documents' real tokens, right-padded), NaN where token t+1 is past the document's end."""
+    logp = torch.log_softmax(logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    nll = -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    if lengths is None:
+        return nll
+    scored = torch.arange(nll.shape[1], device=nll.device) < (lengths.to(nll.device) - 1)[:, None]
+    return torch.where(scored, nll, torch.nan)

@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from accelerate.utils import align_module_device
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import tokenizers as _tok
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.paths import cache_dir, cached_folder
 from lens_parallel.weights import REAL_MODELS, real_model_folder
 
@@ -205,9 +205,18 @@ class ModelInfo:
         return asdict(self)
 
 
-def head_label(layer: int, head: int | None = None) -> str:
-    """How every table and figure names a head: ``L{layer}H{head}``; ``L{layer}*`` for all heads of a layer."""
-    return f"L{layer}*" if head is None else f"L{layer}H{head}"
+def head_label(layer: int, head: int | Sequence[int] | None = None) -> str:
+    """How every table and figure names heads: ``L{layer}H{head}``; a set of heads ``L{layer}H{h1}+{h2}``; all heads
+    of a layer together ``L{layer}*``."""
+    if head is None:
+        return f"L{layer}*"
+    heads = (head,) if isinstance(head, int) else tuple(head)
+    return f"L{layer}H" + "+".join(str(h) for h in heads)
+
+
+def layer_label(layer: int) -> str:
+    """How tables and figures name a layer (a sublayer update, an axis tick): ``L{layer}``."""
+    return f"L{layer}"
 
 
 class ModelSpecError(LensParallelError):
@@ -423,11 +432,13 @@ def _load_hub(name: str, *, device: str | None, dtype: torch.dtype, **placement)
         offline = (
             os.environ.get("HF_HUB_OFFLINE") == "1" or "connect" in str(exc).lower() or "offline" in str(exc).lower()
         )
-        reason = "this machine is offline (the Hugging Face hub cannot be reached)" if offline else str(exc)
-        raise ModelSpecError(
-            f"cannot load hub model {name!r}: {reason}. Offline, load a local folder instead: "
-            f"load_model('/path/to/folder') with a folder written by save_pretrained; {_accepted()}"
-        ) from exc
+        if offline:
+            raise EnvironmentFailure(
+                f"cannot load hub model {name!r}: this machine is offline (the Hugging Face hub cannot be reached). "
+                "Offline, load a local folder instead: load_model('/path/to/folder') with a folder written by "
+                f"save_pretrained; {_accepted()}"
+            ) from exc
+        raise ModelSpecError(f"cannot load hub model {name!r}: {exc}; {_accepted()}") from exc
     _check_architecture(config, f"hub model {name!r}")
     return _boot(name, device=device, dtype=dtype, **placement)
 

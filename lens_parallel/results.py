@@ -22,19 +22,17 @@ import math
 import os
 import uuid
 import zipfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-import torch
-from jaxtyping import Int
-from torch import Tensor
 
-from lens_parallel.data import TokenBlocks
+from lens_parallel.documents import Documents
 from lens_parallel.errors import LensParallelError
-from lens_parallel.models import ModelInfo
+from lens_parallel.models import ModelInfo, head_label
 from lens_parallel.paths import add_suffix, sha256_file
 
 FORMAT = "lens_parallel.result"
@@ -80,11 +78,11 @@ class Provenance:
     created: str
 
     @classmethod
-    def collect(cls, info: ModelInfo, tokens: TokenBlocks | Tensor, **settings: Any) -> Provenance:
-        if isinstance(tokens, TokenBlocks):
-            texts = tokens.describe()
-        else:
-            texts = {"corpus": "caller-supplied token tensor", "shape": list(tokens.shape)}
+    def collect(cls, info: ModelInfo, documents: object, **settings: Any) -> Provenance:
+        """The provenance of a run of ``info``'s model on ``documents`` (anything
+        :meth:`~lens_parallel.documents.Documents.of` takes: described with their source, lengths and a hash of the
+        tokens) with ``settings``."""
+        texts = Documents.of(documents).describe()
         return cls(
             model=info.to_dict(),
             texts=texts,
@@ -94,14 +92,54 @@ class Provenance:
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         )
 
+    @classmethod
+    def of(
+        cls, info: ModelInfo, documents: object, analysis: str, settings: Any, options: Any, **extra: Any
+    ) -> Provenance:
+        """The provenance of ``analysis``: its settings object's fields (its ``record()`` where it has one), ``extra``
+        facts of the run (resolved layers, skipped ones, a reconstruction error, ...; they override a setting of the
+        same name) and the run options under ``options``."""
+        plain = settings.record() if hasattr(settings, "record") else dataclasses.asdict(settings)
+        return cls.collect(info, documents, analysis=analysis, **(plain | extra), options=options.record())
 
-def as_tokens(tokens: object) -> Int[Tensor, "batch pos"]:
-    """The token tensor of a :class:`TokenBlocks` or a tensor, checked to be ``[batch, pos]`` integers."""
-    t = tokens.tokens if isinstance(tokens, TokenBlocks) else tokens
-    if not isinstance(t, Tensor) or t.ndim != 2 or t.dtype not in (torch.int32, torch.int64):
-        got = f"{type(t).__name__} {tuple(t.shape)} {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
-        raise LensParallelError(f"tokens must be TokenBlocks or an integer tensor [batch, pos], got {got}")
-    return t
+
+def head_frame(
+    info: ModelInfo,
+    layers: Sequence[int],
+    values: Mapping[str, Any],
+    *,
+    front: Mapping[str, Any] | None = None,
+    outer: tuple[str, Sequence[Any]] | None = None,
+) -> pd.DataFrame:
+    """Tidy rows, one per (``outer`` value, layer, query head), from arrays ``[outer?, layer, head]`` (or scalars):
+    columns model, ``front``, the outer axis, layer, head, kv_head, label (``L{l}H{h}``), then ``values``."""
+    n_heads = info.n_heads
+    shape = ((len(outer[1]),) if outer else ()) + (len(layers), n_heads)
+    index = np.indices(shape).reshape(len(shape), -1)
+    layer, head = np.asarray(layers)[index[-2]], index[-1]
+    columns: dict[str, Any] = {"model": info.name, **(front or {})}
+    if outer:
+        columns[outer[0]] = np.asarray(outer[1])[index[0]]
+    columns |= {"layer": layer, "head": head, "kv_head": head // info.group_size}
+    columns["label"] = [head_label(int(lay), int(h)) for lay, h in zip(layer, head, strict=True)]
+    for name, v in values.items():
+        columns[name] = np.broadcast_to(np.asarray(v), shape).ravel() if np.ndim(v) else v
+    return pd.DataFrame(columns)
+
+
+def layer_frame(
+    info: ModelInfo, layers: Sequence[int], values: Mapping[str, Any], *, front: Mapping[str, Any] | None = None
+) -> pd.DataFrame:
+    """Tidy rows, one per layer, for what acts on all heads of a layer together: head and kv_head <NA>, label
+    ``L{l}*``; columns as :func:`head_frame`'s."""
+    columns: dict[str, Any] = {"model": info.name, **(front or {}), "layer": list(layers)}
+    columns |= {
+        "head": pd.array([pd.NA] * len(layers), dtype="Int64"),
+        "kv_head": pd.array([pd.NA] * len(layers), dtype="Int64"),
+    }
+    columns["label"] = [head_label(int(layer)) for layer in layers]
+    columns |= {name: np.asarray(v) if np.ndim(v) else v for name, v in values.items()}
+    return pd.DataFrame(columns)
 
 
 @runtime_checkable

@@ -1,26 +1,35 @@
-"""The sweep engine: many edited forwards over one set of documents, batched, prefix-reusing and resumable.
+"""The one engine: a sweep is (jobs, documents, metric), run by :func:`run_sweep`.
 
-A sweep is a list of *jobs* (plain, frozen data: which edit, from which layer), the documents, and a metric: the
-per-document next-token NLL sum of each job's edited forward. :func:`run_sweep` alone owns
+- A **job** is plain, frozen data naming what is changed: :class:`AblationJob` (heads of a layer removed),
+  :class:`EditJob` (any edits, built-in or user-defined, from ``start_layer`` on), or an analysis's own job
+  (a layer pair of head dominance, a compression method). Its ``key`` names it in the store.
+- A **metric** (:class:`Metric`) says what is measured of each job's forward: next-token NLL per document
+  (:class:`DocumentNLL`) or per token (:class:`TokenNLL`), captured activations reduced inside the forward
+  (decomposition, null models, diagonal views), layer l+1's effective Q/K/V (dominance), per-layer update errors
+  (compression), loss gradients (attribution). It evaluates a chunk of jobs on one batch of documents through the
+  engine's forward primitive :func:`run_rows`, and declares the shapes of what it returns (:class:`ValueSpec`).
+- The **documents** (:class:`~lens_parallel.documents.Documents`) may differ in length: batches are right-padded and
+  only real tokens are scored and reduced.
 
-(a) **batching documents**: ``batch_size`` documents per forward;
-(b) **prefix reuse**: one unedited forward per batch gives the base losses and caches ``resid_pre`` of every layer a
-    job starts at; each edited forward resumes there (``start_at_layer``; earlier blocks are not computed). A sweep
-    of whole-model edits only (every job starts at layer 0, none removes heads) skips that pass;
-(c) **several jobs per forward**: jobs that stack (:class:`AblationJob` of one layer) share a forward, each batch of
-    documents tiled once per job with its own head mask, up to ``rows_per_forward`` rows;
+:func:`run_sweep` alone owns
+
+(a) **batching documents**: ``batch_size`` documents per batch (:func:`~lens_parallel.documents.document_batches`);
+(b) **the reference pass**: one unedited forward per batch gives what the jobs and the metric share: the residual
+    entering every layer a job starts at (each edited forward resumes there; earlier blocks are not computed), the
+    unedited per-document losses, and the metric's reference captures. Skipped when nothing needs it;
+(c) **stacking**: the metric groups jobs into chunks that share forwards (rows of ablation masks, per-row scales
+    of one edit class), up to ``tokens_per_forward`` tokens a forward;
 (d) **a crash-safe resumable store**: a JSON-lines file whose first line is the run's fingerprint and each further
-    line one finished job. A rerun with the same store skips finished jobs; a last line cut by a kill mid-write is
-    dropped (that job is recomputed), as is, with a warning, any row that is not ``n_docs`` finite numbers; a store
-    written by a run whose numbers would differ (another model or other weights, hashed exactly; tokens, edit kind,
-    batch size, dtype, ...) is refused with what differs. Creation and appends hold a file lock;
-(e) a progress bar.
+    line one finished job's value. A rerun with the same store skips finished jobs; a last line cut by a kill
+    mid-write is dropped (that job is recomputed), as is, with a warning, any row whose value does not have the
+    metric's shapes and types (numbers, NaN only where the metric defines it); a store written by a run whose
+    numbers would differ (another model or other weights, hashed exactly; documents and their lengths, metric,
+    edit kind, batch size, dtype, ...) is refused with what differs. Creation and appends hold a file lock;
+(e) progress, and (f) Ray: each chunk is a unit of work for :mod:`lens_parallel.distributed` (the caller writes
+    the store; the numbers equal one process's).
 
-Analyses whose metric is captured activations rather than losses batch through :func:`capture` (streamed hooks,
-reduced per batch); every loop over documents uses :func:`lens_parallel.data.document_batches`.
-
-Jobs are plain data, so they can be handed to other workers; equal jobs are run once. Results equal the naive loop
-(one full forward with the edit's hooks per job) to float rounding (tested to 1e-5).
+Results equal the naive loop (one full forward per job) to float rounding (tested to 1e-5): stacking and padding
+change only the kernels' summation order.
 """
 
 from __future__ import annotations
@@ -30,10 +39,10 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import einops
 import numpy as np
@@ -44,30 +53,49 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.data import TokenBlocks, document_batches
+from lens_parallel.choices import Ablation, EditPositions
 from lens_parallel.distributed import TaskContext, check_workers, run_tasks
-from lens_parallel.edits import ABLATIONS, ComponentScale, DiagonalEdit, HeadEdit, check_positions, compile_hooks
-from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import LayerStream, check_indices, hook_name, softmax_layers
-from lens_parallel.losses import DocLosses, batch_nll, next_token_nll
-from lens_parallel.models import ModelInfo, model_info, weights_digest
+from lens_parallel.documents import DocBatch, Documents, document_batches
+from lens_parallel.edits import Edit, HeadEdit, check_positions, compile_hooks, scale_signature, stacked_scale_hooks
+from lens_parallel.errors import LensParallelError, LibraryError
+from lens_parallel.hooks import Hook, LayerStream, check_indices, forward, softmax_layers
+from lens_parallel.losses import DocLosses, token_nll
+from lens_parallel.models import ModelInfo, head_label, model_info, weights_digest
+from lens_parallel.options import RunOptions, resolve_options
 from lens_parallel.paths import add_suffix
-from lens_parallel.results import as_tokens, serializable
+from lens_parallel.results import serializable
+from lens_parallel.validate import check_choice
 
-STORE_FORMAT = "lens_parallel.sweep/1"
+STORE_FORMAT = "lens_parallel.sweep/2"
+"""2: values of any metric, validated by its :class:`ValueSpec` s; 1 held next-token NLL sums only (refused)."""
+STORE_ADVICE = "delete it to recompute, or give another store (store= in Python, --store on the command line)"
+
+
+# -- jobs --------------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Job(Protocol):
+    """What a sweep runs: plain frozen data with a ``key`` (its name in the store) and the first layer it edits."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def start_layer(self) -> int: ...
 
 
 @serializable
 @dataclass(frozen=True)
 class AblationJob:
-    """Remove query ``heads`` of ``layer`` together (how: the sweep's ``edit``, one of :data:`ABLATIONS`)."""
+    """Remove query ``heads`` of ``layer`` together (how: the sweep's ``edit``, one of the ablations)."""
 
     layer: int
     heads: tuple[int, ...]
 
     @property
     def key(self) -> str:
-        return f"L{self.layer}H" + "+".join(map(str, self.heads))
+        return head_label(self.layer, self.heads)
 
     @property
     def start_layer(self) -> int:
@@ -76,91 +104,12 @@ class AblationJob:
 
 @dataclass(frozen=True)
 class EditJob:
-    """Run ``edits`` (:class:`ComponentScale` / :class:`DiagonalEdit`, frozen data) from ``start_layer`` on: no
-    edit may touch an earlier layer. ``key`` names the job in the store."""
+    """Run ``edits`` (any :class:`~lens_parallel.edits.Edit`, built-in or user-defined: frozen data) from
+    ``start_layer`` on: no edit may touch an earlier layer. ``key`` names the job in the store."""
 
     key: str
-    edits: tuple[ComponentScale | DiagonalEdit, ...]
+    edits: tuple[Edit, ...]
     start_layer: int = 0
-
-
-Job = AblationJob | EditJob
-
-
-@dataclass(frozen=True)
-class SweepRun:
-    """Per-document losses of every job and, when the sweep has ablation jobs or resumes at a later layer, of the
-    unedited model (``base``; None for a sweep of whole-model edits, which carries its own matched no-op job)."""
-
-    base: DocLosses | None
-    edited: dict[str, DocLosses]
-
-    def __getitem__(self, job: Job) -> DocLosses:
-        return self.edited[job.key]
-
-
-def head_means(
-    model: TransformerBridge, tokens: Int[Tensor, "batch pos"], layers: Sequence[int], *, batch_size: int = 8
-) -> dict[int, Float[Tensor, "head_index d_head"]]:
-    """Mean of hook_z per layer and head over all documents and positions (for mean ablation), streamed."""
-    info = model_info(model)
-    sums = {layer: torch.zeros(info.n_heads, info.d_head, dtype=torch.float64) for layer in layers}
-
-    def reduce(layer: int, t: dict[str, Tensor]) -> None:
-        sums[layer] += einops.reduce(t["z"], "b p h d -> h d", "sum")
-
-    stream = LayerStream(info, layers, ["z"], reduce)
-    for _, batch in document_batches(tokens, batch_size):
-        stream.run(model, batch)
-    return {layer: (s / tokens.numel()).float() for layer, s in sums.items()}
-
-
-def capture(
-    model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
-    layers: Sequence[int],
-    roles: Sequence[str] | dict[int, Sequence[str]],
-    reduce: Callable[[slice, int, dict[str, Tensor]], None],
-    *,
-    batch_size: int = 8,
-    dtype: torch.dtype = torch.float64,
-    progress: bool = False,
-    desc: str = "capture",
-) -> None:
-    """Captured-activation metric: stream ``roles`` at ``layers`` (:class:`~lens_parallel.hooks.LayerStream`, each
-    forward stopped after the last layer needed) over batches of documents; ``reduce(rows, layer, tensors)`` gets
-    each layer's tensors of the documents ``rows`` as soon as they are complete."""
-    info, toks = model_info(model), as_tokens(tokens)
-    for rows, batch in document_batches(toks, batch_size, progress=progress, desc=desc):
-        LayerStream(info, layers, roles, partial(reduce, rows), dtype=dtype).run(model, batch)
-
-
-def _validate(jobs: Sequence[Job], info: ModelInfo, edit: str | None) -> list[Job]:
-    if not jobs:
-        raise LensParallelError("no sweep jobs given")
-    for job in jobs:
-        if isinstance(job, AblationJob):
-            if edit not in ABLATIONS:
-                raise LensParallelError(f"unknown ablation edit {edit!r}; accepted: {', '.join(ABLATIONS)}")
-            if not job.heads:
-                raise LensParallelError(f"job at layer {job.layer} has an empty head set: give at least one query head")
-            softmax_layers(info, [job.layer], what="head ablation")
-            check_indices("heads", job.heads, info.n_heads)
-        elif isinstance(job, EditJob):
-            check_indices("start layer", job.start_layer, info.n_layers)
-            for e in job.edits:
-                first = min(e.layers) if e.layers is not None else 0
-                if first < job.start_layer:
-                    raise LensParallelError(
-                        f"job {job.key!r} edits layer {first}, before its start layer {job.start_layer}"
-                    )
-        else:
-            raise LensParallelError(f"a sweep job is an AblationJob or an EditJob, got {type(job).__name__}")
-    unique = list(dict.fromkeys(jobs))
-    keys = [job.key for job in unique]
-    if len(set(keys)) != len(keys):
-        raise LensParallelError("two different jobs share a key; give each EditJob its own key")
-    return unique
 
 
 def job_digest(job: Job) -> str:
@@ -169,27 +118,270 @@ def job_digest(job: Job) -> str:
     return hashlib.sha256(repr(job).encode()).hexdigest()[:16]
 
 
-STORE_ADVICE = "delete it to recompute, or give another store (store= in Python, --store on the command line)"
+# -- values ------------------------------------------------------------------------------------------------------
+
+Values = dict[str, np.ndarray]
+"""What a metric returns for one job: named arrays."""
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    """One array of a job's value: its ``shape`` (``"docs"`` marks the documents axis, whose batches are
+    concatenated; no ``"docs"``: summed over batches) and whether NaN may appear in it (``allow_nan``)."""
+
+    shape: tuple[int | str, ...]
+    allow_nan: bool = False
+
+    def concrete(self, n_docs: int) -> tuple[int, ...]:
+        return tuple(n_docs if d == "docs" else int(d) for d in self.shape)
+
+    def problem(self, value: np.ndarray, n_docs: int) -> str:
+        """Why ``value`` is not an array of this spec ("" when it is)."""
+        if value.shape != self.concrete(n_docs):
+            return f"shape {value.shape}, expected {self.concrete(n_docs)}"
+        finite = np.isfinite(value) | (np.isnan(value) if self.allow_nan else False)
+        return "" if finite.all() else "a value that is not finite" + ("" if self.allow_nan else " (NaN included)")
+
+
+# -- batches and the forward primitive ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch of documents and what the reference (unedited) pass gave for it: ``prefix[k]`` the residual
+    entering block k, ``base`` the per-document NLL sums, ``reference[layer][role]`` the metric's captures."""
+
+    docs: DocBatch
+    prefix: dict[int, Tensor] = field(default_factory=dict)
+    base: Tensor | None = None
+    reference: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Forward:
+    """What :func:`run_rows` gives: per-row NLL (per document summed, or per token with NaN where not scored) and
+    the captured activations ``captured[layer][role]``."""
+
+    nll: Tensor | None
+    captured: dict[int, dict[str, Tensor]]
+
+
+def run_rows(
+    model: TransformerBridge,
+    info: ModelInfo,
+    batch: Batch,
+    *,
+    rows: Int[Tensor, " row"] | None = None,
+    hooks: Sequence[Hook] = (),
+    start_layer: int = 0,
+    capture: dict[int, Sequence[str]] | None = None,
+    loss: Literal["document", "token"] | None = None,
+    length: int | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> Forward:
+    """The engine's forward primitive: rows ``rows`` of the batch (document indices within it, repeats allowed;
+    default every document once) under ``hooks``, resumed at ``start_layer`` from the reference pass's residual,
+    cut to ``length`` tokens; captures ``capture`` (roles per layer, as ``dtype``; the forward stops after the last
+    layer unless a loss is asked for) and the next-token NLL of the real tokens."""
+    docs = batch.docs
+    index = torch.arange(len(docs.lengths), device=docs.tokens.device) if rows is None else rows
+    tokens, lengths = docs.tokens[index], docs.lengths[index]
+    if length is not None:
+        tokens, lengths = tokens[:, :length], lengths.clamp(max=length)
+    resid, start = None, None
+    if start_layer in batch.prefix:  # resume from the residual entering block start_layer
+        resid, start = batch.prefix[start_layer][index][:, : tokens.shape[1]], start_layer
+    elif start_layer > 0:
+        raise LibraryError(f"no cached residual entering layer {start_layer}: the reference pass did not keep it")
+    captured: dict[int, dict[str, Tensor]] = {}
+    if capture:
+        stream = LayerStream(
+            info, list(capture), dict(capture), lambda layer, t: captured.update({layer: t}), dtype=dtype
+        )
+        logits = stream.run(model, tokens, edit_hooks=hooks, resid=resid, start_at_layer=start, logits=loss is not None)
+    else:
+        logits = forward(model, tokens, hooks, resid=resid, start_at_layer=start)
+    nll = None
+    if loss is not None:
+        per_token = token_nll(logits, tokens, lengths)
+        nll = per_token if loss == "token" else per_token.nan_to_num(0.0).sum(-1)
+    return Forward(nll, captured)
+
+
+# -- metrics -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What every chunk of a sweep needs (sent once to each worker): the documents, the layers jobs start at, the
+    batch size and token budget, how ablation jobs remove heads, and the metric."""
+
+    documents: Documents
+    starts: tuple[int, ...]
+    batch_size: int
+    tokens_per_forward: int
+    ablation: Ablation | None
+    positions: EditPositions
+    means: dict[int, Tensor]
+    metric: Metric
+
+    def batches(self) -> list[DocBatch]:
+        return list(document_batches(self.documents, self.batch_size))
+
+    @property
+    def jobs_per_forward(self) -> int:
+        """How many jobs' rows one forward holds: the token budget over a batch's tokens (at least 1)."""
+        tokens = min(self.batch_size, len(self.documents)) * self.documents.tokens.shape[1]
+        return max(1, self.tokens_per_forward // tokens)
+
+
+class Metric:
+    """What a sweep measures of each job (subclass it: the module docstring lists the package's metrics).
+
+    ``name`` and :meth:`fingerprint` identify its numbers (in a store's fingerprint); ``base``: whether it needs
+    the unedited per-document losses of the reference pass; :meth:`reference_roles`: activations the reference
+    pass captures for it; :meth:`spec`: the arrays a job's value holds; :meth:`chunks`: which jobs share forwards
+    (default: one job per chunk); :meth:`evaluate`: a chunk's values on one batch; :meth:`combine`: the batches'
+    values of one job, concatenated along ``"docs"`` axes or summed."""
+
+    name = "metric"
+    base = False
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"metric": self.name}
+
+    def reference_roles(self, info: ModelInfo) -> dict[int, tuple[str, ...]]:
+        return {}
+
+    def spec(self, job: Job) -> dict[str, ValueSpec]:
+        raise NotImplementedError
+
+    def chunks(self, jobs: Sequence[Job], plan: SweepPlan) -> list[list[Job]]:
+        return [[job] for job in jobs]
+
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+        raise NotImplementedError
+
+    def combine(self, job: Job, parts: Sequence[Values]) -> Values:
+        out: Values = {}
+        for name, spec in self.spec(job).items():
+            arrays = [np.asarray(p[name], dtype=np.float64) for p in parts]
+            if "docs" in spec.shape:
+                out[name] = np.concatenate(arrays, axis=spec.shape.index("docs"))
+            else:
+                out[name] = np.asarray(np.sum(arrays, axis=0))
+        return out
+
+
+class DocumentNLL(Metric):
+    """Next-token NLL summed over each document's scored tokens (nats): ``loss_sum [docs]``.
+
+    Chunks: :class:`AblationJob` s of one layer stack as rows with their own head masks; :class:`EditJob` s whose
+    edits are one :class:`~lens_parallel.edits.ComponentScale` each, alike but for s_par / s_perp, stack as rows
+    with their own scales; any other job runs alone."""
+
+    name = "document-nll"
+
+    def spec(self, job: Job) -> dict[str, ValueSpec]:
+        return {"loss_sum": ValueSpec(("docs",))}
+
+    def chunks(self, jobs: Sequence[Job], plan: SweepPlan) -> list[list[Job]]:
+        per_forward, out = plan.jobs_per_forward, []
+        groups: dict[Any, list[Job]] = {}
+        for job in jobs:
+            groups.setdefault(_stack_key(job), []).append(job)
+        for key, group in groups.items():
+            size = per_forward if key is not None else 1
+            out += [group[i : i + size] for i in range(0, len(group), size)]
+        return sorted(out, key=lambda chunk: chunk[0].start_layer)
+
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+        nll = _stacked_nll(context, plan, jobs, batch, loss="document")
+        return [{"loss_sum": row.double().cpu().numpy()} for row in nll]
+
+
+class TokenNLL(DocumentNLL):
+    """Next-token NLL of every scored token (nats): ``nll [docs, pos - 1]``, NaN where a document has no token to
+    score (past its end)."""
+
+    name = "token-nll"
+
+    def __init__(self, n_positions: int) -> None:
+        self.n_positions = n_positions
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"metric": self.name, "positions": self.n_positions}
+
+    def spec(self, job: Job) -> dict[str, ValueSpec]:
+        return {"nll": ValueSpec(("docs", self.n_positions - 1), allow_nan=True)}
+
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+        nll = _stacked_nll(context, plan, jobs, batch, loss="token")
+        width = self.n_positions - 1
+        out = []
+        for row in nll:
+            padded = np.full((row.shape[0], width), np.nan)
+            padded[:, : row.shape[1]] = row.double().cpu().numpy()
+            out.append({"nll": padded})
+        return out
+
+
+def _stack_key(job: Job) -> Any:
+    """Jobs with the same key (not None) can share forwards."""
+    if isinstance(job, AblationJob):
+        return ("ablation", job.layer)
+    if isinstance(job, EditJob) and len(job.edits) == 1 and (signature := scale_signature(job.edits[0])):
+        return ("scale", job.start_layer, signature)
+    return None
+
+
+def _stacked_nll(
+    context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch, *, loss: Literal["document", "token"]
+) -> list[Tensor]:
+    """Per job of a chunk, its rows' NLL on the batch (stacked rows share one forward)."""
+    model, info, k = context.model, context.info, len(jobs)
+    n = len(batch.docs.lengths)
+    rows = einops.repeat(torch.arange(n, device=batch.docs.tokens.device), "b -> (k b)", k=k)
+    first = jobs[0]
+    if isinstance(first, AblationJob):
+        mask = torch.zeros(k, n, info.n_heads, dtype=torch.bool, device=batch.docs.tokens.device)
+        for i, job in enumerate(jobs):
+            mask[i, :, list(job.heads)] = True
+        head_rows = einops.rearrange(mask, "k b h -> (k b) h")
+        assert plan.ablation is not None
+        hooks = HeadEdit(plan.ablation, first.layer, head_rows, plan.means.get(first.layer), positions=plan.positions)
+        compiled = hooks.hooks(model, info)
+    elif k > 1:
+        compiled = stacked_scale_hooks(model, [job.edits[0] for job in jobs], repeat=n)  # type: ignore[attr-defined]
+    else:
+        compiled = compile_hooks(model, first.edits)  # type: ignore[attr-defined]
+    out = run_rows(model, info, batch, rows=rows, hooks=compiled, start_layer=first.start_layer, loss=loss)
+    assert out.nll is not None
+    return list(einops.rearrange(out.nll, "(k b) ... -> k b ...", k=k))
+
+
+# -- the store ---------------------------------------------------------------------------------------------------
 
 
 class SweepStore:
-    """The JSON-lines store of a sweep: line 1 ``{"format", "fingerprint"}``, then one ``{"job", "digest",
-    "loss_sum"}`` per finished job, each written with one ``write`` and flushed to disk. Opening (header written or
-    checked) and every append hold the store's file lock (``<store>.lock``), so two processes never both write a
-    header, and rows are appended whole."""
+    """The JSON-lines store of a sweep: line 1 ``{"format", "fingerprint"}``, then one ``{"job", "digest", "value"}``
+    per finished job (each array as nested lists, NaN as null), each written with one ``write`` and flushed to disk.
+    Opening (header written or checked) and every append hold the store's file lock (``<store>.lock``), so two
+    processes never both write a header, and rows are appended whole."""
 
-    def __init__(self, path: str | Path, fingerprint: dict, n_docs: int) -> None:
-        self.path, self.fingerprint, self.n_docs = Path(path), fingerprint, n_docs
+    def __init__(self, path: str | Path, fingerprint: dict[str, Any], n_docs: int, metric: Metric) -> None:
+        self.path, self.fingerprint, self.n_docs, self.metric = Path(path), fingerprint, n_docs, metric
         self.lock = FileLock(str(add_suffix(self.path, ".lock")))
 
-    def open(self, jobs: Sequence[Job]) -> dict[str, list[float]]:
+    def open(self, jobs: Sequence[Job]) -> dict[str, Values]:
         """Finished jobs, after writing the header of a new (or empty) store or checking an existing one's: refuses
         a store of another run, or one holding a job under the key of one of ``jobs`` with other content. A row
-        that is not a finished job of this sweep (cut by a kill, or not ``n_docs`` finite numbers) is dropped with
-        a warning, so that job is recomputed."""
+        that is not a finished job of this sweep (cut by a kill, or not of the metric's shapes and types) is dropped
+        with a warning, so that job is recomputed."""
         if self.path.is_dir():
             raise LensParallelError(f"store {self.path} is a folder; give a file path for the sweep store")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        by_key = {job.key: job for job in jobs}
         with self.lock:
             raw = self.path.read_bytes() if self.path.is_file() else b""
             lines = raw.split(b"\n")
@@ -198,13 +390,17 @@ class SweepStore:
                 self._rewrite([])
                 return {}
             self._check_header(complete[0])
-            done, digests, kept, dropped = {}, {}, [], []
+            done: dict[str, Values] = {}
+            digests: dict[str, str] = {}
+            kept, dropped = [], []
             for i, line in enumerate(complete[1:], start=2):
-                row, problem = self._row(line)
+                row, problem = self._row(line, by_key)
                 if problem:
                     dropped.append(f"line {i}: {problem}")
                     continue
-                done[row["job"]], digests[row["job"]] = row["loss_sum"], row["digest"]
+                if row["job"] in by_key:
+                    done[row["job"]] = row["value"]
+                digests[row["job"]] = row["digest"]
                 kept.append(line)
             for job in jobs:
                 if job.key in digests and digests[job.key] != job_digest(job):
@@ -221,20 +417,33 @@ class SweepStore:
                 self._rewrite(kept)
             return done
 
-    def _row(self, line: bytes) -> tuple[dict, str]:
-        """The row of one line, or why it is not a finished job: the NLL metric is ``n_docs`` finite numbers."""
+    def _row(self, line: bytes, jobs: dict[str, Job]) -> tuple[dict[str, Any], str]:
+        """The row of one line with its value decoded, or why it is not a finished job of this sweep (a job of
+        another sweep sharing the store is kept, its value unchecked)."""
         try:
             row = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return {}, f"not JSON ({exc})"
         if not isinstance(row, dict) or not isinstance(row.get("job"), str) or not isinstance(row.get("digest"), str):
             return {}, "no job key and digest"
-        values = row.get("loss_sum")
-        if not isinstance(values, list) or len(values) != self.n_docs:
-            return {}, f"loss_sum is not a list of {self.n_docs} values (one per document)"
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
-            return {}, "loss_sum holds a value that is not a finite number"
-        return row, ""
+        value = row.get("value")
+        if not isinstance(value, dict):
+            return {}, "no value"
+        if row["job"] not in jobs:
+            return row, ""
+        specs = self.metric.spec(jobs[row["job"]])
+        if set(value) != set(specs):
+            return {}, f"value holds {sorted(value)}, expected {sorted(specs)}"
+        decoded: Values = {}
+        for name, spec in specs.items():
+            try:
+                array = _decode(value[name], spec)
+            except (TypeError, ValueError) as exc:
+                return {}, f"{name} is not an array of numbers ({exc})"
+            if problem := spec.problem(array, self.n_docs):
+                return {}, f"{name} has {problem}"
+            decoded[name] = array
+        return row | {"value": decoded}, ""
 
     def _check_header(self, line: bytes) -> None:
         try:
@@ -266,183 +475,244 @@ class SweepStore:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
-    def append(self, job: Job, values: list[float]) -> None:
-        line = json.dumps({"job": job.key, "digest": job_digest(job), "loss_sum": values}, allow_nan=False)
+    def append(self, job: Job, value: Values) -> None:
+        encoded = {name: _encode(array) for name, array in value.items()}
+        line = json.dumps({"job": job.key, "digest": job_digest(job), "value": encoded}, allow_nan=False)
         with self.lock, open(self.path, "a") as f:
             f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
 
 
+def _encode(array: np.ndarray) -> Any:
+    """An array as nested lists of floats, NaN as null (JSON has no NaN)."""
+    a = np.asarray(array, dtype=np.float64)
+    return np.where(np.isnan(a), None, a).tolist() if a.ndim else (None if math.isnan(a) else float(a))
+
+
+def _decode(value: Any, spec: ValueSpec) -> np.ndarray:
+    """Nested lists back to a float64 array; null is NaN (checked against ``spec`` by the caller). Strings, bools
+    and other objects are refused."""
+
+    def check(x: Any) -> None:
+        if isinstance(x, list):
+            for y in x:
+                check(y)
+        elif x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))):
+            raise TypeError(f"found {type(x).__name__} {x!r}")
+
+    check(value)
+    return np.array(value, dtype=np.float64) if value is not None else np.array(np.nan)
+
+
 def fingerprint(
     model: TransformerBridge,
-    tokens: Int[Tensor, "batch pos"],
+    documents: Documents,
+    metric: Metric,
+    plan_fields: dict[str, Any],
     *,
-    edit: str | None,
-    batch_size: int,
-    rows: int,
-    positions: str = "all",
     weights: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Everything that changes a sweep's numbers: model name, config and the exact digest of its weights
     (:func:`~lens_parallel.models.weights_digest`; ``weights`` when the caller computed it), dtype, device type, the
-    documents, the ablation edit (and its positions, when not ``all``), the batch size and the rows per forward
+    documents and their lengths, the metric, how ablation jobs remove heads, the batch size and the token budget
     (batch composition changes float rounding)."""
     info = model_info(model)
     param = next(model.parameters())
-    extra = {} if positions == "all" else {"positions": positions}
-    return extra | {
+    return {
         "model": info.name,
         "config": info.config_hash,
         "weights": weights or weights_digest(model),
         "dtype": str(param.dtype),
         "device": param.device.type,
-        "tokens": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()[:16],
-        "edit": edit,
-        "batch_size": batch_size,
-        "rows_per_forward": rows,
+        "documents": documents.digest(),
+        **metric.fingerprint(),
+        **plan_fields,
     }
 
 
-def _chunks(todo: list[Job], per_forward: int) -> list[list[Job]]:
-    """Group jobs into forwards: AblationJobs of one layer stack up to ``per_forward``; an EditJob runs alone."""
-    chunks: list[list[Job]] = []
-    for layer in sorted({job.start_layer for job in todo}):
-        heads = [j for j in todo if isinstance(j, AblationJob) and j.layer == layer]
-        chunks += [heads[i : i + per_forward] for i in range(0, len(heads), per_forward)]
-        chunks += [[j] for j in todo if isinstance(j, EditJob) and j.start_layer == layer]
-    return chunks
+# -- the reference pass and the run ------------------------------------------------------------------------------
 
 
-def _prefix_pass(
-    model: TransformerBridge, toks: Tensor, layers: list[int], batch_size: int
-) -> tuple[Tensor, list[tuple[Tensor, dict[int, Tensor]]]]:
-    """One unedited forward per batch: per-document base NLL sums and ``resid_pre`` of every start layer > 0."""
-    names = [hook_name(layer, "resid_pre") for layer in layers]
-    batches, base = [], []
-    for _, batch in document_batches(toks, batch_size):
-        with torch.inference_mode():
-            logits, cache = model.run_with_cache(batch, names_filter=names)
-        base.append(next_token_nll(logits, batch))
-        batches.append((batch, {layer: cache[name] for layer, name in zip(layers, names, strict=True)}))
-    return torch.cat(base), batches
+def _reference_pass(model: TransformerBridge, info: ModelInfo, plan: SweepPlan, need_base: bool) -> list[Batch]:
+    """One unedited forward per batch: the residual entering each start layer, the metric's reference captures and
+    (when asked) the per-document NLL sums; plain batches when nothing is needed."""
+    roles = plan.metric.reference_roles(info)
+    if not (plan.starts or roles or need_base):
+        return [Batch(docs) for docs in plan.batches()]
+    capture: dict[int, list[str]] = {layer: list(rs) for layer, rs in roles.items()}
+    for layer in plan.starts:
+        capture.setdefault(layer, []).append("resid_pre")
+    out = []
+    for docs in plan.batches():
+        got = run_rows(
+            model,
+            info,
+            Batch(docs),
+            capture=capture,
+            loss="document" if need_base else None,
+            dtype=next(model.parameters()).dtype,
+        )
+        prefix = {layer: got.captured[layer]["resid_pre"] for layer in plan.starts}
+        reference = {layer: {r: got.captured[layer][r] for r in rs} for layer, rs in roles.items()}
+        out.append(Batch(docs, prefix=prefix, base=got.nll, reference=reference))
+    return out
 
 
-def _run_chunk(model, info, chunk: list[Job], batches, edit: str | None, means, positions: str) -> np.ndarray:
-    """Per-document NLL sums ``[job, document]`` of one chunk of jobs, over every batch."""
-    layer, k = chunk[0].start_layer, len(chunk)
-    if isinstance(chunk[0], EditJob):
-        hooks = compile_hooks(model, chunk[0].edits)
-    sums = []
-    for batch, prefix in batches:
-        resid = prefix.get(layer)
-        if isinstance(chunk[0], AblationJob):
-            mask = torch.zeros(k, len(batch), info.n_heads, dtype=torch.bool, device=batch.device)
-            for i, job in enumerate(chunk):
-                mask[i, :, list(job.heads)] = True
-            rows = einops.rearrange(mask, "k b h -> (k b) h")
-            hooks = HeadEdit(edit, layer, rows, means.get(layer), positions=positions).hooks(model, info)
-            batch = einops.repeat(batch, "b p -> (k b) p", k=k)
-            resid = None if resid is None else einops.repeat(resid, "b p d -> (k b) p d", k=k)
-        nll = batch_nll(model, batch, hooks, resid=resid, start_at_layer=layer if resid is not None else None)
-        sums.append(einops.rearrange(nll, "(k b) -> k b", k=k))
-    return torch.cat(sums, dim=1).double().cpu().numpy()
+def _sweep_task(context: TaskContext, plan: SweepPlan, chunk: list[Job]) -> list[Values]:
+    """One chunk of jobs on every batch: the reference pass is computed once per worker and kept."""
+    key = ("reference", plan.documents.digest(), plan.starts, json.dumps(plan.metric.fingerprint(), sort_keys=True))
+    batches = context.cached(key, lambda: _reference_pass(context.model, context.info, plan, False))
+    parts = [plan.metric.evaluate(context, plan, chunk, batch) for batch in batches]
+    return [plan.metric.combine(job, [part[i] for part in parts]) for i, job in enumerate(chunk)]
 
 
 @dataclass(frozen=True)
-class _SweepInput:
-    """What every chunk of a sweep needs (sent once to each worker)."""
+class SweepRun:
+    """Every job's value (``values[key]``) and, when the reference pass computed them, the unedited model's
+    per-document losses (``base``). ``run[job]`` is a job's :class:`DocLosses` (NLL metrics) and
+    ``run.value(job)`` its named arrays (any metric)."""
 
-    tokens: Tensor
-    starts: tuple[int, ...]
-    batch_size: int
-    kind: str | None
-    means: dict[int, Tensor]
-    positions: str
+    base: DocLosses | None
+    values: dict[str, Values]
+    n_tokens: np.ndarray
+
+    def value(self, job: Job) -> Values:
+        return self.values[job.key]
+
+    def __getitem__(self, job: Job) -> DocLosses:
+        return DocLosses(self.values[job.key]["loss_sum"], self.n_tokens)
 
 
-def _sweep_task(context: TaskContext, plan: _SweepInput, chunk: list[Job]) -> np.ndarray:
-    """One chunk of jobs; the prefixes (or plain batches) are computed once per worker."""
+def _validate(jobs: Sequence[Job], info: ModelInfo, edit: Ablation | None) -> list[Job]:
+    if not jobs:
+        raise LensParallelError("no sweep jobs given")
+    for job in jobs:
+        if not isinstance(job, Job):
+            raise LensParallelError(f"a sweep job has a key and a start_layer, got {type(job).__name__}")
+        if isinstance(job, AblationJob):
+            if edit is None:
+                raise LensParallelError("ablation jobs need edit= (how heads are removed), e.g. edit='zero'")
+            if not job.heads:
+                raise LensParallelError(f"job at layer {job.layer} has an empty head set: give at least one query head")
+            softmax_layers(info, [job.layer], what="head ablation")
+            check_indices("heads", job.heads, info.n_heads)
+        else:
+            check_indices("start layer", job.start_layer, info.n_layers)
+        for e in getattr(job, "edits", ()):
+            first = min(e.layers) if getattr(e, "layers", None) else 0
+            if first < job.start_layer:
+                raise LensParallelError(
+                    f"job {job.key!r} edits layer {first}, before its start layer {job.start_layer}"
+                )
+    unique = list(dict.fromkeys(jobs))
+    keys = [job.key for job in unique]
+    if len(set(keys)) != len(keys):
+        raise LensParallelError("two different jobs share a key; give each EditJob its own key")
+    return unique
 
-    def batches():
-        if plan.starts or plan.kind is not None:
-            return _prefix_pass(context.model, plan.tokens, list(plan.starts), plan.batch_size)[1]
-        return [(batch, {}) for _, batch in document_batches(plan.tokens, plan.batch_size)]
 
-    prefixes = context.cached("batches", batches)
-    return _run_chunk(context.model, context.info, chunk, prefixes, plan.kind, plan.means, plan.positions)
+def head_means(
+    model: TransformerBridge, documents: object, layers: Sequence[int], *, batch_size: int = 8
+) -> dict[int, Float[Tensor, "head_index d_head"]]:
+    """Mean of hook_z per layer and head over every real position of every document (for mean ablation)."""
+    info = model_info(model)
+    documents = Documents.of(documents)
+    sums = {layer: torch.zeros(info.n_heads, info.d_head, dtype=torch.float64) for layer in layers}
+    for docs in document_batches(documents, batch_size):
+        got = run_rows(model, info, Batch(docs), capture={layer: ["z"] for layer in layers})
+        real = docs.real.to(torch.float64)
+        for layer in layers:
+            sums[layer] += einops.einsum(got.captured[layer]["z"].cpu(), real.cpu(), "b p h d, b p -> h d")
+    count = float(documents.lengths.sum())
+    return {layer: (s / count).float() for layer, s in sums.items()}
 
 
 def run_sweep(
     model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    documents: object,
     jobs: Sequence[Job],
     *,
-    edit: str | None = None,
-    positions: str = "all",
-    batch_size: int = 8,
-    rows_per_forward: int = 8,
-    store: str | Path | None = None,
-    progress: bool = True,
+    metric: Metric | None = None,
+    edit: Ablation | None = None,
+    positions: EditPositions = "all",
+    options: RunOptions | None = None,
     desc: str = "sweep",
-    workers: int = 1,
-    ray_address: str | None = None,
+    memo: dict[Any, Any] | None = None,
+    **changes: Any,
 ) -> SweepRun:
-    """Run every job (see the module docstring). ``edit``: how :class:`AblationJob` s remove their heads (zero, mean,
-    parallel-value, parallel-residual), at ``positions`` (``all`` or ``after-first``). ``store``: a JSON-lines file
-    that makes the sweep resumable. ``workers`` / ``ray_address``: run the chunks of jobs on Ray actors that each
-    load the model by its spec (:mod:`lens_parallel.distributed`); this process writes the store, so a run killed
-    midway resumes with or without workers, and the numbers equal a single-process run's exactly."""
-    distributed = check_workers(workers, ray_address, model)
+    """Run every job and measure it with ``metric`` (default :class:`DocumentNLL`; see the module docstring).
+
+    ``documents``: anything :meth:`Documents.of` takes. ``edit`` / ``positions``: how :class:`AblationJob` s remove
+    their heads (zero, mean, parallel-value, parallel-residual; at ``all`` positions or ``after-first``).
+    ``options`` (:class:`~lens_parallel.options.RunOptions`, or its fields as keywords: ``batch_size``,
+    ``tokens_per_forward``, ``store``, ``progress``, ``workers``, ``ray_address``): ``store`` makes the sweep
+    resumable; ``workers`` / ``ray_address`` run the chunks of jobs on Ray actors that each load the model by its
+    spec (this process writes the store, so a run killed midway resumes with or without workers, and the numbers
+    equal a single-process run's exactly). ``memo``: a cache a caller keeps across sweeps on the same documents
+    (the reference pass is computed once), e.g. an interactive explorer."""
+    opts = resolve_options(options, changes)
+    metric = DocumentNLL() if metric is None else metric
+    distributed = check_workers(opts.workers, opts.ray_address, model)
     info = model_info(model)
-    tokens = as_tokens(tokens)
+    docs = Documents.of(documents)
+    if edit is not None:
+        check_choice("ablation", edit, Ablation)
     jobs = _validate(jobs, info, edit)
     check_positions(positions)
-    if batch_size < 1 or rows_per_forward < 1:
-        raise LensParallelError(f"batch_size and rows_per_forward must be >= 1, got {batch_size}, {rows_per_forward}")
+    for job in jobs:
+        for_edits = getattr(job, "edits", None)
+        if for_edits is not None:
+            compile_hooks(model, for_edits)  # every edit checked against the model before the first forward
     kind = edit if any(isinstance(j, AblationJob) for j in jobs) else None
+    plan_fields = {"edit": kind, "batch_size": opts.batch_size, "tokens_per_forward": opts.tokens_per_forward}
+    plan_fields |= {} if positions == "all" else {"positions": positions}
     sweep_store, digest = None, None
-    done: dict[str, list[float]] = {}
-    if store is not None:
+    done: dict[str, Values] = {}
+    if opts.store is not None:
         digest = weights_digest(model)
-        fp = fingerprint(
-            model, tokens, edit=kind, batch_size=batch_size, rows=rows_per_forward, positions=positions, weights=digest
+        sweep_store = SweepStore(
+            opts.store, fingerprint(model, docs, metric, plan_fields, weights=digest), len(docs), metric
         )
-        sweep_store = SweepStore(store, fp, len(tokens))
         done = sweep_store.open(jobs)
     todo = [job for job in jobs if job.key not in done]
     head_layers = sorted({j.layer for j in todo if isinstance(j, AblationJob)})
-    means = head_means(model, tokens, head_layers, batch_size=batch_size) if kind == "mean" and head_layers else {}
-    starts = sorted({job.start_layer for job in todo} - {0})
-    plan = _SweepInput(tokens, tuple(starts), batch_size, kind, means, positions)
-    memo = {}
-    if starts or kind is not None:  # the unedited pass gives the base losses (and, in this process, the prefixes)
-        base, memo["batches"] = _prefix_pass(model, tokens, [] if distributed else starts, batch_size)
-    else:  # whole-model edits from the tokens: no unedited forward needed
-        base = None
-    per_forward = max(1, rows_per_forward // min(batch_size, len(tokens)))
-    chunks = _chunks(todo, per_forward)
-    bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=desc, unit="job", disable=not progress)
+    means = head_means(model, docs, head_layers, batch_size=opts.batch_size) if kind == "mean" and head_layers else {}
+    starts = tuple(sorted({job.start_layer for job in todo} - {0}))
+    plan = SweepPlan(docs, starts, opts.batch_size, opts.tokens_per_forward, kind, positions, means, metric)
+    memo = {} if memo is None else memo
+    need_base = metric.base or kind is not None  # ablations are compared with the unedited model
+    base = None
+    if need_base or (starts and not distributed):  # the caller's own reference pass: base losses, and prefixes here
+        key = ("reference", docs.digest(), starts, json.dumps(metric.fingerprint(), sort_keys=True))
+        if key not in memo or (need_base and any(b.base is None for b in memo[key])):
+            memo[key] = _reference_pass(model, info, plan, need_base)
+        batches = memo[key]
+        if need_base and all(b.base is not None for b in batches):
+            base = torch.cat([b.base for b in batches])  # type: ignore[misc]
+    chunks = metric.chunks(todo, plan)
+    bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=desc, unit="job", disable=not opts.progress)
     finished = run_tasks(
-        model, _sweep_task, plan, chunks, workers=workers, ray_address=ray_address, memo=memo, digest=digest
+        model, _sweep_task, plan, chunks, workers=opts.workers, ray_address=opts.ray_address, memo=memo, digest=digest
     )
-    for i, rows in finished:
-        bad = [job.key for job, row in zip(chunks[i], rows, strict=True) if not np.isfinite(row).all()]
-        for job, row in zip(chunks[i], rows, strict=True):
-            if job.key not in bad:
-                done[job.key] = row.tolist()
-                if sweep_store is not None:
-                    sweep_store.append(job, done[job.key])
+    for i, values in finished:
+        bad = []
+        for job, value in zip(chunks[i], values, strict=True):
+            problems = {n: s.problem(value[n], len(docs)) for n, s in metric.spec(job).items()}
+            if any(problems.values()):
+                bad.append(job.key)
+                continue
+            done[job.key] = value
+            if sweep_store is not None:
+                sweep_store.append(job, value)
         if bad:
             raise LensParallelError(
-                f"job(s) {', '.join(bad)} gave a loss that is not finite (the edited forward overflowed or produced "
-                f"NaN, e.g. in {next(model.parameters()).dtype}); the next-token loss needs finite values: run in "
-                "float32, or change the edit"
+                f"job(s) {', '.join(bad)} gave a value that is not finite (the edited forward overflowed or produced "
+                f"NaN, e.g. in {next(model.parameters()).dtype}); {metric.name} needs finite values: run in float32, "
+                "or change the edit"
             )
         bar.update(len(chunks[i]))
     bar.close()
-    n_tokens = np.full(len(tokens), tokens.shape[1] - 1, dtype=np.int64)
-    return SweepRun(
-        base=None if base is None else DocLosses(base.double().cpu().numpy(), n_tokens),
-        edited={job.key: DocLosses(np.asarray(done[job.key]), n_tokens) for job in jobs},
-    )
+    n_tokens = docs.n_tokens
+    base_losses = None if base is None else DocLosses(base.double().cpu().numpy(), n_tokens)
+    return SweepRun(base=base_losses, values={job.key: done[job.key] for job in jobs}, n_tokens=n_tokens)

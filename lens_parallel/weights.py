@@ -30,7 +30,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.paths import cache_dir, cached_folder, remove_abandoned, scratch_folder, sha256_file
 
 _MANIFEST = "lens_parallel_manifest.json"
@@ -111,8 +111,9 @@ REAL_MODELS: dict[str, RealModel] = {
 """Spec -> where its weights come from. ``lens-parallel models`` lists them with size, licence and cache state."""
 
 
-class WeightsFetchError(LensParallelError):
-    """Real weights could not be fetched or assembled; the message says why and how to retry."""
+class WeightsFetchError(EnvironmentFailure):
+    """Real weights could not be fetched or assembled (no registry, a damaged download); the message says why and
+    how to retry."""
 
 
 def _log(message: str) -> None:
@@ -266,7 +267,8 @@ def real_model_folder(spec: str, *, dtype=None) -> Path:
     ``dtype=torch.bfloat16`` or ``torch.float16``: a copy saved in that precision (written once from the float32
     folder), so that a half-precision load never holds the float32 weights.
 
-    Raises :class:`WeightsFetchError` (a ``LensParallelError``) when a part cannot be downloaded (offline, no
+    Raises :class:`WeightsFetchError` (an :class:`~lens_parallel.errors.EnvironmentFailure`) when a part cannot be
+    downloaded (offline, no
     registry) or the assembled file does not match its sha256; finished parts are kept for the retry.
     """
     import torch

@@ -1,0 +1,1 @@
+from tests import typecheck  # noqa: F401  (the runtime type checker the jaxtyping hook names)

@@ -12,7 +12,8 @@ from lens_parallel.analyses.ablation import run_ablations
 from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivity
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ABLATIONS, HeadEdit
-from lens_parallel.losses import document_losses, edit_effect
+from lens_parallel.analyses.evaluate import document_losses
+from lens_parallel.losses import edit_effect
 from lens_parallel.models import model_info
 from lens_parallel.sweep import AblationJob, head_means
 
@@ -33,7 +34,7 @@ def test_engine_equals_the_naive_loop(spec, kind):
         AblationJob(b, (0, 1, 2)),
         AblationJob(a, (0, 3)),
     ]
-    run = run_ablations(model, blocks, jobs, edit=kind, batch_size=2, rows_per_forward=6, progress=False)
+    run = run_ablations(model, blocks, jobs, edit=kind, batch_size=2, tokens_per_forward=96, progress=False)
     means = head_means(model, blocks.tokens, [a, b]) if kind == "mean" else {}
     np.testing.assert_allclose(run.base.loss_sum, document_losses(model, blocks).loss_sum, atol=1e-5)
     for job in jobs:
@@ -68,9 +69,9 @@ def test_interrupted_sweep_resumes_to_identical_results(tmp_path, monkeypatch):
     model = get_model("toy-qwen3")
     blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=16)
     jobs = [AblationJob(layer, (h,)) for layer in range(3) for h in range(6)]
-    full = run_ablations(model, blocks, jobs, batch_size=2, rows_per_forward=4, progress=False)
+    full = run_ablations(model, blocks, jobs, batch_size=2, tokens_per_forward=64, progress=False)
     store = tmp_path / "sweep.jsonl"
-    calls, real, kill_at = [], sweep.batch_nll, [9]
+    calls, real, kill_at = [], sweep.run_rows, [11]  # 2 reference forwards (a batch each), then 2 per chunk
 
     def dying(*args, **kwargs):
         calls.append(1)
@@ -78,17 +79,17 @@ def test_interrupted_sweep_resumes_to_identical_results(tmp_path, monkeypatch):
             raise Killed
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sweep, "batch_nll", dying)
+    monkeypatch.setattr(sweep, "run_rows", dying)
     with pytest.raises(Killed):
-        run_ablations(model, blocks, jobs, batch_size=2, rows_per_forward=4, store=store, progress=False)
+        run_ablations(model, blocks, jobs, batch_size=2, tokens_per_forward=64, store=store, progress=False)
     written = store.read_text().splitlines()
     assert (
         json.loads(written[0])["fingerprint"]["edit"] == "parallel-value" and len(written) - 1 == 8
     )  # 4 chunks of 2 jobs
     calls.clear()
     kill_at[0] = None
-    resumed = run_ablations(model, blocks, jobs, batch_size=2, rows_per_forward=4, store=store, progress=False)
-    assert len(calls) == (18 - 8) // 2 * 2  # only the 10 missing jobs ran: 5 chunks x 2 batches
+    resumed = run_ablations(model, blocks, jobs, batch_size=2, tokens_per_forward=64, store=store, progress=False)
+    assert len(calls) == 2 + (18 - 8) // 2 * 2  # the reference pass, then only the 10 missing jobs: 5 chunks x 2
     for job in jobs:
         np.testing.assert_array_equal(resumed[job].loss_sum, full[job].loss_sum)
     with pytest.raises(ValueError, match="was written by a run whose numbers differ"):
@@ -102,7 +103,7 @@ def test_bad_jobs():
         run_ablations(model, tokens, [AblationJob(0, ())])
     with pytest.raises(ValueError, match=r"heads \[4\] out of range: this model has heads 0..3"):
         run_ablations(model, tokens, [AblationJob(0, (4,))])
-    with pytest.raises(ValueError, match=r"unknown ablation edit 'delete'"):
+    with pytest.raises(ValueError, match=r"unknown ablation 'delete'; accepted: zero, mean"):
         run_ablations(model, tokens, [AblationJob(0, (0,))], edit="delete")
     with pytest.raises(ValueError, match="empty head set"):
         HeadEdit("zero", 0, ())

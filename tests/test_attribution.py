@@ -12,7 +12,7 @@ import torch
 from lens_parallel import confirm, head_attribution, load_model
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ComponentScale, HeadEdit
-from lens_parallel.losses import document_losses
+from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.models import TOY_MODELS, model_info
 
 EPS = 1e-2  # forward-difference step
@@ -130,12 +130,12 @@ def _means(model, blocks, edit, layer):
 def test_bad_input_is_refused_before_any_forward():
     model = float64_toy("toy-gpt2")
     blocks = blocks_of(model)
-    with pytest.raises(ValueError, match="unknown edit 'scale'; accepted: zero, mean, parallel-value"):
+    with pytest.raises(ValueError, match="unknown ablation 'scale'; accepted: zero, mean, parallel-value"):
         head_attribution(model, blocks, edit="scale")
     with pytest.raises(ValueError, match="positions"):
         head_attribution(model, blocks, positions="last")
     screen = head_attribution(model, blocks, n_resamples=10, progress=False)
-    with pytest.raises(ValueError, match="not the documents the screen ran on"):
+    with pytest.raises(ValueError, match="not the ones the screen ran on"):
         confirm(model, blocks.tokens[:2], screen)
     with pytest.raises(ValueError, match="top_k"):
         confirm(model, blocks, screen, top_k=10, n_random=10)

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
+import lens_parallel as lp
 from lens_parallel import LensParallelError, cli
 from lens_parallel.cli import main
 from lens_parallel.report import SECTIONS
@@ -283,6 +284,19 @@ def test_a_bug_inside_the_package_keeps_its_traceback(monkeypatch):
 
     monkeypatch.setitem(cli.COMMANDS, "models", bad_input)
     assert main(["models"]) == 2
+
+    def offline(args):
+        raise lp.EnvironmentFailure("could not download x==1 from the package registry; rerun to fetch the rest")
+
+    monkeypatch.setitem(cli.COMMANDS, "models", offline)
+    assert main(["models"]) == 3  # the environment failed: what and what to do, no traceback
+
+    def incompatible(args):
+        raise lp.LibraryError("hook blocks.0.attn.hook_z: expected shape [batch, pos, n_heads=4, d_head=16]")
+
+    monkeypatch.setitem(cli.COMMANDS, "models", incompatible)
+    with pytest.raises(lp.LibraryError):  # a library incompatibility is not bad input: it keeps its traceback
+        main(["models"])
 
 
 def _script_tags(page: str) -> list[dict]:

@@ -81,7 +81,7 @@ def test_original_weights_unchanged_by_every_method(spec):
 @pytest.mark.parametrize("spec", ["toy-gpt2", "toy-pythia", "toy-qwen3", "toy-llama"])
 def test_no_compression_gives_zero_error_exactly(spec):
     model = get_model(spec)
-    result = compression_error(model, _tokens(model), method="none", positions="all")
+    result = compression_error(model, _tokens(model), method="none", scored="all")
     assert np.all(result.par == 0) and np.all(result.perp == 0)
     assert result.delta_loss[0] == 0
 
@@ -96,7 +96,7 @@ def test_scaling_w_o_is_pure_parallel_error(spec):
             if name.endswith("o_proj"):
                 module.weight.mul_(1 + c)
 
-    result = compression_error(model, _tokens(model), method=scale_w_o, positions="all")
+    result = compression_error(model, _tokens(model), method=scale_w_o, scored="all")
     attn, mlp = 0, 1
     np.testing.assert_allclose(result.par[0, attn], c, rtol=1e-4)
     assert np.nanmax(result.perp[0, attn]) < 1e-4
@@ -124,7 +124,7 @@ def test_compression_error_on_toy_models_table_and_figure():
     batched = compression_error(model, toks, method=["int8", "int4-g16", "wanda-50%"], batch_size=4)  # 4 + 2 prompts
     for field in ("par", "perp", "coef", "delta_loss"):
         np.testing.assert_allclose(getattr(batched, field), getattr(result, field), rtol=1e-4, atol=1e-6, err_msg=field)
-    with pytest.raises(ValueError, match="positions"):
-        compression_error(model, toks, method="int8", positions="first")
+    with pytest.raises(ValueError, match="unknown scored positions .first."):
+        compression_error(model, toks, method="int8", scored="first")
     with pytest.raises(ValueError, match="accepted forms"):
         compression_error(model, toks, method=["int8", "gptq"])

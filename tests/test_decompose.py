@@ -12,7 +12,6 @@ from lens_parallel.analyses.decompose import SPACES, DecompositionResult, decomp
 from lens_parallel.data import token_blocks
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import model_info
-from lens_parallel.results import as_tokens
 
 from .conftest import get_model
 
@@ -131,14 +130,16 @@ def test_dataframe_figure_and_save_load(tmp_path):
 def test_bad_arguments_fail_before_any_forward():
     model = get_model("toy-gpt2")
     tokens = torch.zeros(2, 8, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"unknown space\(s\) \['values'\]; accepted: value, value-exclude-self"):
+    with pytest.raises(ValueError, match=r"unknown space 'values'; accepted: value, value-exclude-self"):
         decompose(model, tokens, space="values")
     with pytest.raises(ValueError, match=r"layers \[3\] out of range: this model has layers 0..2"):
         decompose(model, tokens, layers=[0, 3])
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+    with pytest.raises(ValueError, match="batch_size must be a positive integer, got 0"):
         decompose(model, tokens, batch_size=0)
-    with pytest.raises(ValueError, match=r"tokens must be TokenBlocks or an integer tensor \[batch, pos\], got Tensor"):
-        as_tokens(torch.zeros(8))
+    with pytest.raises(ValueError, match=r"tokens must be an integer tensor \[batch, pos\], got \(8,\)"):
+        decompose(model, torch.zeros(8, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['spaces'\]; accepted: space, layers, eps"):
+        decompose(model, tokens, spaces=["value"])
     assert SPACES == ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
 
 

@@ -227,7 +227,7 @@ def test_bad_worker_settings_are_refused_before_any_work(monkeypatch):
     with pytest.raises(lp.LensParallelError, match="workers load the model by its spec, and 'my-edited-model'"):
         lp.head_dominance(renamed, blocks, workers=2)
     monkeypatch.setattr(distributed.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(lp.LensParallelError, match=r"pip install 'lens_parallel\[distributed\]'"):
+    with pytest.raises(lp.EnvironmentFailure, match=r"pip install 'lens_parallel\[distributed\]'"):
         lp.split_half_reliability(model, blocks, workers=2)
     assert distributed.check_workers(1, None, model) is False  # one process needs no Ray
 

@@ -10,10 +10,12 @@ import torch.nn.functional as F
 from lens_parallel import geometry
 from lens_parallel.analyses.dominance import DominanceResult, _measure, _Receiver, head_dominance, study_texts
 from lens_parallel.data import token_blocks
+from lens_parallel.documents import Documents, document_batches
 from lens_parallel.edits import HeadEdit, apply_edits
 from lens_parallel.hooks import effective_qk_roles, hook_name
 from lens_parallel.models import model_info
 from lens_parallel.stats import concentration
+from lens_parallel.sweep import Batch
 
 from .conftest import get_model
 
@@ -81,10 +83,11 @@ def test_removing_no_head_gives_zero(spec):
         receive = _Receiver(model, info, up)
         with torch.inference_mode():
             resid = model(tokens, stop_at_layer=up)
+        batch = Batch(next(document_batches(Documents.of(tokens), 2)), prefix={up: resid})
         masks = torch.zeros(3, receive.n_up, dtype=torch.bool)
         for length, at in ((10, list(range(10))), (6, [5])):
             owners = torch.tensor([0, 1, 1])
-            eff = _measure(receive, tokens, resid, owners, masks, length=length, at=at, rows_per_forward=4)
+            eff = _measure(receive, batch, owners, masks, length=length, at=at, tokens_per_forward=4 * length)
             for key, value in eff.items():
                 if key == "js" and receive.kind == "linear":
                     assert np.isnan(value).all()  # no softmax row
@@ -204,7 +207,7 @@ def test_study_protocol_on_toy_qwen35(tmp_path):
     joint = result.joint_table()
     assert set(joint.columns) >= {"joint_weak", "joint_strong", "joint_random", "joint_all", "strong_weak_ratio"}
     assert (joint.joint_all > 0).all() and np.allclose(joint.strong_weak_ratio, joint.joint_strong / joint.joint_weak)
-    table = result.summary_table()
+    table = result.group_table()
     assert set(table.level) == {"pair", "receiving_type", "all"}
     overall = table[(table.level == "all") & (table.scale == "qkv") & (table.metric == "effective_fraction")]
     assert overall["median"].item() == pytest.approx(df[df.scale == "qkv"].effective_fraction.median())
@@ -218,7 +221,7 @@ def test_study_protocol_on_toy_qwen35(tmp_path):
     assert "toy-qwen3.5" in fig.layout.title.text
     # batching does not change a number (tokens 28-31: random halves are drawn per window, so they are left out)
     small = head_dominance(
-        model, blocks, query_positions=slice(28, 32), batch_size=3, rows_per_forward=7, progress=False
+        model, blocks, query_positions=slice(28, 32), batch_size=3, tokens_per_forward=7 * 32, progress=False
     )
     for field in ("rel_q", "rel_k", "rel_v", "qkv", "js"):
         np.testing.assert_allclose(
@@ -251,7 +254,7 @@ def test_bad_input_is_refused_before_any_forward():
         head_dominance(model, blocks, upstream_layers=[2])
     with pytest.raises(ValueError, match=r"mask_scales must be \('qkv',\) or \('qkv', 'js'\)"):
         head_dominance(model, blocks, mask_scales=("js",))
-    with pytest.raises(ValueError, match=r"rows_per_forward must be an integer >= 2"):
-        head_dominance(model, blocks, rows_per_forward=1)
+    with pytest.raises(ValueError, match=r"tokens_per_forward must be a positive integer, got 0"):
+        head_dominance(model, blocks, tokens_per_forward=0)
     with pytest.raises(ValueError, match=r"unknown scale 'kl'"):
         head_dominance(model, blocks, query_positions=[11], progress=False).effects(0, "kl")

@@ -1,8 +1,11 @@
 """Today's decompose, causal null, GQA, dominance, compression, attribution, sensitivity and explorer outputs equal
 the reference written by lens_parallel 0.6.0 before these analyses moved onto the one engine
-(``tests/golden/make_golden.py``)."""
+(``tests/golden/make_golden.py``): exactly, except where the engine's way of computing changes float rounding, with
+the tolerance and the reason stated below."""
 
 from __future__ import annotations
+
+import io
 
 import numpy as np
 import pandas as pd
@@ -11,6 +14,20 @@ import pytest
 from .golden import make_golden
 
 GOLDEN = make_golden.HERE
+FLOAT64_MEANS = {"rtol": 1e-13, "atol": 1e-15}
+"""Null models and compression over all positions: a mean over positions 1.. is now a weighted sum over each
+document's real positions (documents may differ in length), so float64 sums run in another order (seen: 3e-15)."""
+FLOAT32_ROWS = {"rtol": 1e-5, "atol": 1e-7}
+"""Dominance's token-adaptive joint rows are packed into forwards by a token budget, not a row count: another batch
+composition changes the float32 rounding of the linear-attention kernels (seen on toy-qwen3.5: 3e-6 relative)."""
+
+
+def _tolerance(name: str) -> dict[str, float]:
+    if name.startswith(("null_", "gqa_", "compression_all_", "compression_methods_all_")):
+        return FLOAT64_MEANS
+    if name.startswith("dominance_") and "joint" in name:
+        return FLOAT32_ROWS
+    return {"rtol": 0.0, "atol": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +45,14 @@ def test_tables_equal_the_reference(frames):
     assert sorted(frames) == names
     for name in names:
         expected = pd.read_csv(GOLDEN / f"{name}.csv")
-        got = pd.read_csv(pd.io.common.StringIO(frames[name].to_csv(index=False, float_format="%.17g")))
-        pd.testing.assert_frame_equal(got, expected, check_exact=True, obj=name)
+        got = pd.read_csv(io.StringIO(frames[name].to_csv(index=False, float_format="%.17g")))
+        tol = _tolerance(name)
+        exact = tol["rtol"] == 0 and tol["atol"] == 0
+        pd.testing.assert_frame_equal(got, expected, check_exact=exact, obj=name, **({} if exact else tol))
 
 
 def test_arrays_equal_the_reference(arrays):
     with np.load(GOLDEN / "arrays.npz") as reference:
         assert sorted(arrays) == sorted(reference.files)
         for name in reference.files:
-            np.testing.assert_array_equal(arrays[name], reference[name], err_msg=name)
+            np.testing.assert_allclose(arrays[name], reference[name], err_msg=name, equal_nan=True, **_tolerance(name))

@@ -5,7 +5,7 @@ import pytest
 import torch
 import transformers
 
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.models import TOY_MODELS, ModelSpecError, load_model, model_info, weights_digest
 from lens_parallel.tokenizers import load_bundled_tokenizer
 
@@ -117,7 +117,7 @@ def test_unsupported_architecture(tmp_path):
 
 def test_hub_name_while_offline(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(ModelSpecError, match=r"cannot load hub model 'openai-community/gpt2'.*offline.*local folder"):
+    with pytest.raises(EnvironmentFailure, match=r"cannot load hub model 'openai-community/gpt2'.*offline.*local folder"):
         load_model("openai-community/gpt2")
 
 

@@ -20,7 +20,7 @@ from lens_parallel.analyses.ablation import run_ablations
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import SCALE_SPACES, ComponentScale, DiagonalEdit, HeadEdit, apply_edits
 from lens_parallel.hooks import hook_name
-from lens_parallel.losses import document_losses
+from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.models import model_info
 from lens_parallel.sweep import AblationJob
 from lens_parallel.weights import real_model_folder
@@ -116,7 +116,7 @@ def test_ablation_engine_equals_the_naive_loop(spec):
     jobs = [AblationJob(a, (1,)), AblationJob(b, (0,)), AblationJob(c, (2,)), AblationJob(b, (0, 3))]
     kinds = ["zero", "parallel-value"] + ([] if info.post_norm else ["parallel-residual"])
     for kind in kinds:
-        run = run_ablations(model, blocks, jobs, edit=kind, batch_size=2, rows_per_forward=4, progress=False)
+        run = run_ablations(model, blocks, jobs, edit=kind, batch_size=2, tokens_per_forward=64, progress=False)
         np.testing.assert_allclose(run.base.loss_sum, document_losses(model, blocks).loss_sum, atol=1e-4)
         for job in jobs:
             naive = document_losses(model, blocks, HeadEdit(kind, job.layer, job.heads))

@@ -14,7 +14,7 @@ from lens_parallel.analyses.reliability import (
 )
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import HeadEdit
-from lens_parallel.losses import document_losses
+from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.models import model_info
 from lens_parallel.results import Provenance
 

@@ -7,7 +7,7 @@ import pytest
 from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ComponentScale
-from lens_parallel.losses import document_losses, evaluate
+from lens_parallel.analyses.evaluate import document_losses, evaluate
 
 from .conftest import get_model
 
@@ -79,7 +79,7 @@ def test_figure_and_save_load(setup, tmp_path):
 
 def test_sweep_rejects_bad_input_before_running(setup):
     model, blocks = setup
-    with pytest.raises(ValueError, match=r"s_par values must be finite numbers, got \[0.0, nan\]"):
+    with pytest.raises(ValueError, match=r"s_par must be a finite number, got nan"):
         scale_sweep(model, blocks, s_par=[0.0, float("nan")])
     with pytest.raises(ValueError, match=r"unknown space 'value-space'"):
         scale_sweep(model, blocks, space="value-space")

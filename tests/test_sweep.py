@@ -13,8 +13,8 @@ import pytest
 from lens_parallel import LensParallelError, load_model, sweep
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ComponentScale, HeadEdit
-from lens_parallel.losses import document_losses
-from lens_parallel.sweep import AblationJob, EditJob, SweepStore, run_sweep
+from lens_parallel.analyses.evaluate import document_losses
+from lens_parallel.sweep import AblationJob, DocumentNLL, EditJob, SweepStore, run_sweep
 
 from .conftest import get_model
 
@@ -33,7 +33,7 @@ def _setup(spec: str = "toy-qwen2"):
 
 def test_mixed_jobs_equal_the_naive_loop():
     model, blocks = _setup()
-    run = run_sweep(model, blocks, JOBS, edit="zero", batch_size=2, rows_per_forward=4, progress=False)
+    run = run_sweep(model, blocks, JOBS, edit="zero", batch_size=2, tokens_per_forward=64, progress=False)
     np.testing.assert_allclose(run.base.loss_sum, document_losses(model, blocks).loss_sum, atol=1e-5)
     for job in JOBS:
         edits = HeadEdit("zero", job.layer, job.heads) if isinstance(job, AblationJob) else job.edits
@@ -48,7 +48,7 @@ def test_mixed_jobs_equal_the_naive_loop():
 def test_a_store_cut_mid_line_is_repaired_and_gives_identical_results(tmp_path):
     model, blocks = _setup()
     store = tmp_path / "sweep.jsonl"
-    kwargs = {"edit": "zero", "batch_size": 2, "rows_per_forward": 2, "progress": False}
+    kwargs = {"edit": "zero", "batch_size": 2, "tokens_per_forward": 32, "progress": False}
     full = run_sweep(model, blocks, JOBS, store=store, **kwargs)
     lines = store.read_text().splitlines(keepends=True)
     assert len(lines) == 1 + len(JOBS)
@@ -78,7 +78,7 @@ def test_a_store_from_another_batch_size_or_run_is_refused(tmp_path):
     with pytest.raises(LensParallelError, match="positions: store has 'after-first', this run None"):
         run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=first, progress=False)
     other = token_blocks(model, "austen", n_docs=5, seq_len=16)
-    with pytest.raises(LensParallelError, match="tokens: store has"):
+    with pytest.raises(LensParallelError, match="documents: store has"):
         run_sweep(model, other, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
     same_key = EditJob(JOBS[2].key, (ComponentScale("value", s_par=0.5, layers=1),), start_layer=1)
     run_sweep(model, blocks, [JOBS[2]], batch_size=2, store=tmp_path / "edits.jsonl", progress=False)
@@ -95,13 +95,14 @@ def test_damaged_rows_are_dropped_with_a_warning_and_recomputed(tmp_path):
     fresh = run_sweep(model, blocks, JOBS[:2], **kwargs)
     header, first, second = store.read_text().splitlines()
     row = json.loads(first)
+    values = row["value"]["loss_sum"]
     damaged = [
         "{not json}",
         '"a string"',
-        json.dumps(row | {"loss_sum": [str(v) for v in row["loss_sum"]]}),
-        json.dumps(row | {"loss_sum": [None] * 5}),
-        json.dumps(row | {"loss_sum": [float("nan")] * 5}),
-        json.dumps(row | {"loss_sum": row["loss_sum"][:3]}),
+        json.dumps(row | {"value": {"loss_sum": [str(v) for v in values]}}),
+        json.dumps(row | {"value": {"loss_sum": [None] * 5}}),  # null is NaN, which this metric does not define
+        json.dumps(row | {"value": {"loss_sum": [True] * 5}}),
+        json.dumps(row | {"value": {"loss_sum": values[:3]}}),
     ]
     store.write_text("\n".join([header, *damaged, second]) + "\n")
     with pytest.warns(UserWarning, match=r"dropped 6 row\(s\).*line 2: not JSON.*recomputed"):
@@ -127,7 +128,7 @@ def test_weights_changed_in_memory_make_the_store_refused(tmp_path):
 
 def _open_store(path: str, barrier) -> None:
     barrier.wait()
-    SweepStore(path, {"run": 1}, 5).open([])
+    SweepStore(path, {"run": 1}, 5, DocumentNLL()).open([])
 
 
 def test_concurrent_store_creation_writes_one_header(tmp_path):
@@ -148,16 +149,15 @@ def test_concurrent_store_creation_writes_one_header(tmp_path):
 
 def test_a_non_finite_loss_is_refused_naming_the_job(tmp_path, monkeypatch):
     model, blocks = _setup()
-    real = sweep._run_chunk
+    real = sweep._stacked_nll
 
-    def overflowing(model, info, chunk, *args):
-        rows = real(model, info, chunk, *args)
-        rows[[i for i, job in enumerate(chunk) if job == JOBS[1]]] = np.nan
-        return rows
+    def overflowing(context, plan, jobs, batch, **kwargs):
+        rows = real(context, plan, jobs, batch, **kwargs)
+        return [row * np.nan if job == JOBS[1] else row for job, row in zip(jobs, rows, strict=True)]
 
-    monkeypatch.setattr(sweep, "_run_chunk", overflowing)
+    monkeypatch.setattr(sweep, "_stacked_nll", overflowing)
     store = tmp_path / "sweep.jsonl"
-    with pytest.raises(LensParallelError, match=r"job\(s\) L2H0\+3 gave a loss that is not finite"):
+    with pytest.raises(LensParallelError, match=r"job\(s\) L2H0\+3 gave a value that is not finite"):
         run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
     assert [json.loads(line)["job"] for line in store.read_text().splitlines()[1:]] == ["L0H1"]  # finished: kept
 
@@ -172,5 +172,5 @@ def test_bad_jobs_are_refused_before_any_forward():
         run_sweep(
             model, blocks, [EditJob("a", (ComponentScale("value"),)), EditJob("a", (ComponentScale("residual-mlp"),))]
         )
-    with pytest.raises(LensParallelError, match="batch_size and rows_per_forward must be >= 1"):
+    with pytest.raises(LensParallelError, match="batch_size must be a positive integer, got 0"):
         run_sweep(model, blocks, JOBS[:1], edit="zero", batch_size=0)

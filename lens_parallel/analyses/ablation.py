@@ -9,22 +9,24 @@ finished job to ``store`` and resumes from it. Results equal the naive loop to f
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from jaxtyping import Int
-from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.data import TokenBlocks
+from lens_parallel.choices import Ablation, EditPositions
+from lens_parallel.documents import Documents
+from lens_parallel.edits import check_positions
 from lens_parallel.losses import DocLosses
 from lens_parallel.models import model_info
+from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.ablation import ablation_figure
-from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
+from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.sweep import AblationJob, run_sweep
+from lens_parallel.validate import check_choice
 
 
 @serializable
@@ -97,53 +99,43 @@ class AblationRun(ResultMixin):
         return ablation_figure(self)
 
 
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class AblationSettings:
+    """What an ablation run computes: how heads are removed (``edit``: zero, mean, parallel-value,
+    parallel-residual) and at which positions (``positions``: all, or after-first: the boundary token untouched)."""
+
+    edit: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
+    positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
+
+    def __post_init__(self) -> None:
+        check_choice("ablation", self.edit, Ablation)
+        check_positions(self.positions)
+
+
 def run_ablations(
     model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    documents: object,
     jobs: Sequence[AblationJob],
     *,
-    edit: str = "parallel-value",
-    positions: str = "all",
-    batch_size: int = 8,
-    rows_per_forward: int = 8,
-    store: str | Path | None = None,
-    progress: bool = True,
-    workers: int = 1,
-    ray_address: str | None = None,
+    settings: AblationSettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
 ) -> AblationRun:
-    """Run every ablation job on the sweep engine, editing ``positions`` (``all`` or ``after-first``). ``store``: a
-    JSON-lines file that makes the sweep resumable. ``workers`` / ``ray_address``: on Ray workers
-    (:mod:`lens_parallel.distributed`)."""
-    toks = as_tokens(tokens)
+    """Run every ablation job on the sweep engine (:class:`AblationSettings`: ``edit``, ``positions``; run options:
+    :class:`~lens_parallel.options.RunOptions`, e.g. ``store=`` to make it resumable, ``workers=`` for Ray); both as
+    keyword shortcuts too."""
+    s, opts = resolve(AblationSettings, settings, options, protocol, changes)
+    docs = Documents.of(documents)
     jobs = tuple(dict.fromkeys(jobs))
-    run = run_sweep(
-        model,
-        toks,
-        jobs,
-        edit=edit,
-        positions=positions,
-        batch_size=batch_size,
-        rows_per_forward=rows_per_forward,
-        store=store,
-        progress=progress,
-        desc=f"ablate ({edit})",
-        workers=workers,
-        ray_address=ray_address,
-    )
-    provenance = Provenance.collect(
-        model_info(model),
-        tokens,
-        analysis="run_ablations",
-        edit=edit,
-        positions=positions,
-        batch_size=batch_size,
-        rows_per_forward=rows_per_forward,
-    )
+    run = run_sweep(model, docs, jobs, edit=s.edit, positions=s.positions, options=opts, desc=f"ablate ({s.edit})")
+    assert run.base is not None
     return AblationRun(
-        edit=edit,
+        edit=s.edit,
         jobs=jobs,
         base_loss_sum=run.base.loss_sum,
         loss_sum=np.stack([run[job].loss_sum for job in jobs]),
-        n_tokens=run.base.n_tokens,
-        provenance=provenance,
+        n_tokens=run.n_tokens,
+        provenance=Provenance.of(model_info(model), docs, "run_ablations", s, opts),
     )

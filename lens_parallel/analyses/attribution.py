@@ -28,30 +28,33 @@ from the exact effect is what :func:`confirm` measures.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import dataclass, field
+from typing import Any
 
 import einops
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.data import TokenBlocks, document_batches
-from lens_parallel.edits import ABLATIONS, check_positions
+from lens_parallel.choices import Ablation, EditPositions, HeadSpace
+from lens_parallel.distributed import TaskContext
+from lens_parallel.documents import Documents
+from lens_parallel.edits import check_positions
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import expand_kv, gradient_pass, head_writes_note, output_weights, softmax_layers
-from lens_parallel.losses import next_token_nll
-from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.hooks import GradReducer, expand_kv, gradient_pass, head_writes_note, output_weights, softmax_layers
+from lens_parallel.losses import token_nll
+from lens_parallel.models import ModelInfo, head_label, model_info
+from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import attribution_figure
-from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
+from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
 from lens_parallel.stats import paired_bootstrap_ci
-from lens_parallel.sweep import head_means
+from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, Values, ValueSpec, head_means, run_sweep
+from lens_parallel.validate import as_layers, check_choice, check_finite, check_non_negative_int, check_positive_int
 
-SPACES = ("value", "value-exclude-self", "residual-attn")
+SPACES: tuple[HeadSpace, ...] = ("value", "value-exclude-self", "residual-attn")
 
 
 @serializable
@@ -102,51 +105,47 @@ class AttributionResult(ResultMixin):
     def to_dataframe(self) -> pd.DataFrame:
         """One row per head and one per layer's joint edit (head <NA>, label ``L{l}*``): the estimated effect in
         nats/token with its 95% bootstrap CI over documents (columns as :class:`SensitivityResult`'s)."""
-        n_docs, _, n_heads = self.estimate.shape
+        n_docs, n_layers, n_heads = self.estimate.shape
         per_doc = np.concatenate([self.estimate.reshape(n_docs, -1), self.estimate.sum(2)], axis=1)
         est, lo, hi = self._per_token(per_doc)
-        g = self.info.group_size
-        rows = [
-            {"layer": layer, "head": h, "kv_head": h // g, "label": f"L{layer}H{h}"}
-            for layer in self.layers
-            for h in range(n_heads)
-        ]
-        rows += [{"layer": layer, "head": pd.NA, "kv_head": pd.NA, "label": f"L{layer}*"} for layer in self.layers]
-        df = pd.DataFrame(rows).astype({"head": "Int64", "kv_head": "Int64"})
-        return df.assign(model=self.info.name, edit=self.edit, estimate=est, ci_lo=lo, ci_hi=hi)[
-            ["model", "edit", "layer", "head", "kv_head", "label", "estimate", "ci_lo", "ci_hi"]
-        ]
+        k = n_layers * n_heads
+        front = {"edit": self.edit}
+        heads = head_frame(
+            self.info,
+            self.layers,
+            {
+                "estimate": est[:k].reshape(n_layers, n_heads),
+                "ci_lo": lo[:k].reshape(n_layers, n_heads),
+                "ci_hi": hi[:k].reshape(n_layers, n_heads),
+            },
+            front=front,
+        )
+        joint = layer_frame(
+            self.info, self.layers, {"estimate": est[k:], "ci_lo": lo[k:], "ci_hi": hi[k:]}, front=front
+        )
+        return pd.concat([heads, joint], ignore_index=True).astype({"head": "Int64", "kv_head": "Int64"})
 
     def derivatives_table(self) -> pd.DataFrame:
         """dloss/ds_par and dloss/ds_perp at s = 1 per space and head (nats/token per unit of scale), long format,
         with 95% bootstrap CIs over documents."""
-        n_docs, n_heads = self.estimate.shape[0], self.estimate.shape[2]
+        n_docs, n_layers, n_heads = self.estimate.shape
         frames = []
         for i, space in enumerate(self.spaces):
             for scale, arr in (("s_par", self.d_s_par), ("s_perp", self.d_s_perp)):
-                value, lo, hi = self._per_token(arr[i].reshape(n_docs, -1))
-                frames.append(
-                    pd.DataFrame(
-                        {
-                            "model": self.info.name,
-                            "space": space,
-                            "scale": scale,
-                            "layer": np.repeat(self.layers, n_heads),
-                            "head": np.tile(np.arange(n_heads), len(self.layers)),
-                            "label": [f"L{layer}H{h}" for layer in self.layers for h in range(n_heads)],
-                            "derivative": value,
-                            "ci_lo": lo,
-                            "ci_hi": hi,
-                        }
-                    )
-                )
+                value, lo, hi = (x.reshape(n_layers, n_heads) for x in self._per_token(arr[i].reshape(n_docs, -1)))
+                values = {"derivative": value, "ci_lo": lo, "ci_hi": hi}
+                frames.append(head_frame(self.info, self.layers, values, front={"space": space, "scale": scale}))
         return pd.concat(frames, ignore_index=True)
 
     def summary(self) -> pd.DataFrame:
         est = self.head_estimate()
         layer, head = self.top_heads(1)[0]
         row = {"model": self.info.name, "edit": self.edit, "positions": self.positions, "loss": self.loss}
-        row |= {"n_heads": est.size, "top_head": f"L{layer}H{head}", "top_estimate": est.flat[np.abs(est).argmax()]}
+        row |= {
+            "n_heads": est.size,
+            "top_head": head_label(layer, head),
+            "top_estimate": est.flat[np.abs(est).argmax()],
+        }
         row |= {"sum_of_estimates": est.sum(), "n_docs": len(self.n_tokens)}
         for i, space in enumerate(self.spaces):
             row[f"mean_dloss_ds_par_{space}"] = self.d_s_par[i].sum(0).mean() / self.n_tokens.sum()
@@ -169,12 +168,24 @@ def _roles(info: ModelInfo, edit: str, spaces: tuple[str, ...]) -> tuple[list[st
 
 
 def _masked_sum(per_pos: Tensor, weight: Tensor) -> Tensor:
-    """``[batch, pos, head]`` -> ``[batch, head]``, positions weighted (0 at position 0 for ``after-first``)."""
-    return einops.einsum(per_pos, weight, "batch pos head_index, pos -> batch head_index")
+    """``[batch, pos, head]`` -> ``[batch, head]``, positions weighted ``[batch, pos]`` (1 at a document's real
+    positions, 0 past its end and, for ``after-first``, at position 0)."""
+    return einops.einsum(per_pos, weight, "batch pos head_index, batch pos -> batch head_index")
 
 
-def _reducer(info, edit, spaces, W_O, means, weight, out, rows, eps):
-    li = {layer: i for i, layer in enumerate(out["layers"])}
+def _reducer(
+    info: ModelInfo,
+    s: AttributionSettings,
+    spaces: tuple[HeadSpace, ...],
+    W_O: dict[int, Tensor],
+    means: dict[int, Tensor],
+    weight: Tensor,
+    out: dict[str, np.ndarray],
+    layers: tuple[int, ...],
+) -> GradReducer:
+    """The reduction of one batch's activations and gradients into ``out`` (estimates and scale derivatives)."""
+    li = {layer: i for i, layer in enumerate(layers)}
+    edit, eps = s.edit, s.eps
 
     def reduce(layer: int, a: dict[str, Tensor], g: dict[str, Tensor]) -> None:
         i = li[layer]
@@ -195,9 +206,9 @@ def _reducer(info, edit, spaces, W_O, means, weight, out, rows, eps):
         if "attn_out" in g:
             d_par, d_perp = geometry.head_write_derivatives(z, W_O[layer], a["resid_pre"], g["attn_out"], eps=eps)
             derivs["residual-attn"] = (_masked_sum(d_par, weight), _masked_sum(d_perp, weight))
-        for s, space in enumerate(spaces):
-            out["d_s_par"][s, rows, i] = derivs[space][0].numpy()
-            out["d_s_perp"][s, rows, i] = derivs[space][1].numpy()
+        for k, space in enumerate(spaces):
+            out["d_s_par"][k, :, i] = derivs[space][0].numpy()
+            out["d_s_perp"][k, :, i] = derivs[space][1].numpy()
         if edit == "zero":
             est = _masked_sum((g_z * -z).sum(-1), weight)
         elif edit == "mean":
@@ -206,94 +217,128 @@ def _reducer(info, edit, spaces, W_O, means, weight, out, rows, eps):
             est = -derivs["value"][0]
         else:
             est = -derivs["residual-attn"][0]
-        out["estimate"][rows, i] = est.numpy()
+        out["estimate"][:, i] = est.numpy()
 
     return reduce
 
 
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class AttributionSettings:
+    """What an attribution screen computes: the first-order estimate of ``edit`` (at ``positions``) on ``layers``
+    (None: every softmax layer), CIs from ``n_resamples`` bootstrap resamples seeded by ``seed``, projections
+    guarded by ``eps``."""
+
+    edit: Ablation = field(default="parallel-value", metadata={"help": "the edit whose effect is estimated"})
+    positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
+    layers: tuple[int, ...] | None = field(default=None, metadata={"help": "layers (default: every softmax layer)"})
+    n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the CIs"})
+    seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
+    eps: float = field(default=geometry.EPS, metadata={"help": "guard on the norms of the references"})
+
+    def __post_init__(self) -> None:
+        check_choice("ablation", self.edit, Ablation)
+        check_positions(self.positions)
+        object.__setattr__(self, "layers", as_layers(self.layers))
+        check_positive_int("n_resamples", self.n_resamples)
+        check_non_negative_int("seed", self.seed)
+        check_finite("eps", self.eps)
+
+
+class _GradientMetric(Metric):
+    """Per document: the loss sum, the first-order estimates and the exact scale derivatives of every head, from
+    one forward and one backward per batch (:func:`~lens_parallel.hooks.gradient_pass`)."""
+
+    name = "attribution"
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        s: AttributionSettings,
+        layers: tuple[int, ...],
+        spaces: tuple[HeadSpace, ...],
+        W_O,
+        means,
+    ) -> None:
+        self.info, self.s, self.layers, self.spaces, self.W_O, self.means = info, s, layers, spaces, W_O, means
+        self.acts, self.grads = _roles(info, s.edit, spaces)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"metric": self.name, "edit": self.s.edit, "positions": self.s.positions, "eps": self.s.eps}
+
+    def spec(self, job: Job) -> dict[str, ValueSpec]:
+        shape = ("docs", len(self.layers), self.info.n_heads)
+        derivs = ValueSpec((len(self.spaces), *shape))
+        return {"loss_sum": ValueSpec(("docs",)), "estimate": ValueSpec(shape), "d_s_par": derivs, "d_s_perp": derivs}
+
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+        docs, n, n_l, n_h = batch.docs, len(batch.docs.lengths), len(self.layers), self.info.n_heads
+        out = {
+            "estimate": np.zeros((n, n_l, n_h)),
+            "d_s_par": np.zeros((len(self.spaces), n, n_l, n_h)),
+            "d_s_perp": np.zeros((len(self.spaces), n, n_l, n_h)),
+        }
+        weight = docs.real.to(torch.float64)
+        if self.s.positions == "after-first":
+            weight[:, 0] = 0.0
+        reduce = _reducer(self.info, self.s, self.spaces, self.W_O, self.means, weight.cpu(), out, self.layers)
+        per_doc = gradient_pass(
+            context.model,
+            docs.tokens,
+            self.info,
+            roles=dict.fromkeys(self.layers, self.acts),
+            grad_roles=dict.fromkeys(self.layers, self.grads),
+            objective=lambda logits: token_nll(logits, docs.tokens, docs.lengths).nan_to_num(0.0).sum(-1),
+            reduce=reduce,
+        )
+        return [{"loss_sum": per_doc.double().cpu().numpy(), **out}]
+
+
 def head_attribution(
     model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    documents: object,
     *,
-    edit: str = "parallel-value",
-    positions: str = "all",
-    layers: int | Sequence[int] | None = None,
-    batch_size: int = 8,
-    n_resamples: int = 2000,
-    seed: int = 0,
-    eps: float = geometry.EPS,
-    progress: bool = True,
+    settings: AttributionSettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
 ) -> AttributionResult:
     """Screen every head: first-order estimate of ``edit``'s effect (zero, mean, parallel-value,
     parallel-residual) and exact dloss/ds_par, dloss/ds_perp at s = 1 in value, value-exclude-self and (per head)
-    residual-attn space, from one forward and one backward per batch of ``batch_size`` documents (module
-    docstring for the formulas). ``positions``: ``all`` or ``after-first`` (position 0 neither edited nor scaled).
-    Linear-attention layers are skipped (said in the provenance); on models with a post-attention norm the
-    residual-attn derivatives and ``parallel-residual`` are undefined (skipped / refused with one line)."""
+    residual-attn space, from one forward and one backward per batch (module docstring for the formulas;
+    :class:`AttributionSettings`, run options :class:`~lens_parallel.options.RunOptions`). ``positions``: ``all``
+    or ``after-first`` (position 0 neither edited nor scaled). Linear-attention layers are skipped (said in the
+    provenance); on models with a post-attention norm the residual-attn derivatives and ``parallel-residual`` are
+    undefined (skipped / refused with one line)."""
+    s, opts = resolve(AttributionSettings, settings, options, protocol, changes)
     info = model_info(model)
-    toks = as_tokens(tokens)
-    if edit not in ABLATIONS:
-        raise LensParallelError(f"unknown edit {edit!r}; accepted: {', '.join(ABLATIONS)}")
-    check_positions(positions)
-    if batch_size < 1:
-        raise LensParallelError(f"batch_size must be >= 1, got {batch_size}")
-    if toks.shape[1] < 2:
-        raise LensParallelError(f"need at least 2 positions per document (one scored token), got {toks.shape[1]}")
-    layer_idx, skipped = softmax_layers(info, layers, what="head_attribution")
+    docs = Documents.of(documents)
+    layer_idx, skipped = softmax_layers(info, s.layers, what="head_attribution")
     note = head_writes_note(info, "the per-head residual-attn derivative")
-    if edit == "parallel-residual" and note:
+    if s.edit == "parallel-residual" and note:
         raise LensParallelError(head_writes_note(info, "head_attribution(edit='parallel-residual')"))
-    spaces = SPACES[:2] if note else SPACES
-    skipped = [s for s in (skipped, note) if s]
-    acts, grads = _roles(info, edit, spaces)
+    spaces: tuple[HeadSpace, ...] = SPACES[:2] if note else SPACES
+    skipped_notes = [n for n in (skipped, note) if n]
+    _, grads = _roles(info, s.edit, spaces)
     W_O = {layer: output_weights(model, layer, dtype=torch.float64) for layer in layer_idx if "attn_out" in grads}
-    means = head_means(model, toks, layer_idx) if edit == "mean" else {}
-    n_docs, n_heads = toks.shape[0], info.n_heads
-    out = {
-        "layers": layer_idx,
-        "estimate": np.zeros((n_docs, len(layer_idx), n_heads)),
-        "d_s_par": np.zeros((len(spaces), n_docs, len(layer_idx), n_heads)),
-        "d_s_perp": np.zeros((len(spaces), n_docs, len(layer_idx), n_heads)),
-    }
-    weight = torch.ones(toks.shape[1], dtype=torch.float64)
-    if positions == "after-first":
-        weight[0] = 0.0
-    loss_sums = []
-    for rows, batch in document_batches(toks, batch_size, progress=progress, desc="attribution"):
-        reduce = _reducer(info, edit, spaces, W_O, means, weight, out, rows, eps)
-        per_doc = gradient_pass(
-            model,
-            batch,
-            info,
-            roles=dict.fromkeys(layer_idx, acts),
-            grad_roles=dict.fromkeys(layer_idx, grads),
-            objective=partial(next_token_nll, tokens=batch),
-            reduce=reduce,
-        )
-        loss_sums.append(per_doc.double().cpu().numpy())
-    provenance = Provenance.collect(
-        info,
-        tokens,
-        analysis="head_attribution",
-        edit=edit,
-        positions=positions,
-        layers=list(layer_idx),
-        spaces=list(spaces),
-        batch_size=batch_size,
-        n_resamples=n_resamples,
-        seed=seed,
-        eps=eps,
-        skipped=skipped,
+    means = head_means(model, docs, layer_idx, batch_size=opts.batch_size) if s.edit == "mean" else {}
+    metric = _GradientMetric(info, s, layer_idx, spaces, W_O, means)
+    job = EditJob("screen", ())
+    out = run_sweep(model, docs, [job], metric=metric, options=opts, desc="attribution").value(job)
+    provenance = Provenance.of(
+        info, docs, "head_attribution", s, opts, layers=list(layer_idx), spaces=list(spaces), skipped=skipped_notes
     )
     return AttributionResult(
-        edit=edit,
-        positions=positions,
+        edit=s.edit,
+        positions=s.positions,
         layers=layer_idx,
         spaces=spaces,
-        loss_sum=np.concatenate(loss_sums),
-        n_tokens=np.full(n_docs, toks.shape[1] - 1, dtype=np.int64),
-        n_resamples=n_resamples,
-        seed=seed,
+        loss_sum=out["loss_sum"],
+        n_tokens=docs.n_tokens,
+        n_resamples=s.n_resamples,
+        seed=s.seed,
         provenance=provenance,
-        **{k: out[k] for k in ("estimate", "d_s_par", "d_s_perp")},
+        estimate=out["estimate"],
+        d_s_par=out["d_s_par"],
+        d_s_perp=out["d_s_perp"],
     )

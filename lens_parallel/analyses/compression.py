@@ -14,33 +14,38 @@ the boundary token, is excluded). Also the end-to-end change in next-token loss 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from scipy import stats as sps
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.compression import Compression, MethodLike, compress, method_name
-from lens_parallel.data import TokenBlocks, document_batches
-from lens_parallel.distributed import TaskContext, check_workers, run_tasks
+from lens_parallel.choices import ScoredPositions, Sublayer
+from lens_parallel.compression import SPEC_HELP, Compression, MethodLike, compress, method_name
+from lens_parallel.distributed import TaskContext
+from lens_parallel.documents import DocBatch, Documents
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import LayerStream, softmax_layers
-from lens_parallel.losses import DocLosses, EditEffect, document_losses, edit_effect
-from lens_parallel.models import model_info
+from lens_parallel.hooks import softmax_layers
+from lens_parallel.losses import DocLosses, edit_effect
+from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.compression import compression_figure
-from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
-from lens_parallel.sweep import capture
+from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.sweep import Batch, Job, Metric, SweepPlan, Values, ValueSpec, run_rows, run_sweep
+from lens_parallel.validate import check_choice, check_finite, options
 
-SUBLAYERS = ("attn", "mlp")
-POSITIONS = ("last", "all")
+SUBLAYERS = options(Sublayer)
+SUBLAYER_ROLES = ("attn_out", "mlp_out")
+"""The hooks of each sublayer's update, in :data:`SUBLAYERS` order."""
 
 
 @serializable
@@ -143,139 +148,180 @@ class CompressionResult(ResultMixin):
         return compression_figure(self, sublayer=sublayer)
 
 
-def _updates(
-    tensors: dict[str, Tensor], positions: str
-) -> tuple[Float[Tensor, "sublayer batch scored d_model"], Float[Tensor, "batch pos d_model"]]:
-    pos = slice(-1, None) if positions == "last" else slice(1, None)
-    return torch.stack([tensors["attn_out"][:, pos], tensors["mlp_out"][:, pos]]).double(), tensors["resid_pre"]
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class CompressionSettings:
+    """What compression error computes: each of ``method`` (specs such as ``int8``, ``int4-g128``, ``wanda-50%``,
+    :class:`~lens_parallel.compression.Compression` objects, or functions editing a Hugging Face model in place),
+    scored at ``scored`` positions (each prompt's ``last``, or ``all`` positions after the first), projections
+    guarded by ``eps``."""
 
+    method: tuple[MethodLike, ...] = field(
+        default=("int8", "int4-g128", "wanda-50%", "wanda-2:4"), metadata={"help": f"compressions: {SPEC_HELP}"}
+    )
+    scored: ScoredPositions = field(default="last", metadata={"help": "positions scored: each prompt's last, or all"})
+    eps: float = field(default=geometry.EPS, metadata={"help": "guard on the norm of the dense update"})
 
-def _block_updates(model, info, layer: int, tokens, resid, positions: str) -> Tensor:
-    """Block ``layer``'s attention and MLP updates when it is fed ``resid`` (the dense model's input)."""
-    got: dict[str, Tensor] = {}
-    stream = LayerStream(info, [layer], ["attn_out", "mlp_out"], lambda _, t: got.update(t), dtype=torch.float32)
-    stream.run(model, tokens, resid=resid, start_at_layer=layer)
-    return _updates({**got, "resid_pre": resid}, positions)[0]
+    def __post_init__(self) -> None:
+        methods = (
+            (self.method,) if isinstance(self.method, (str, Compression)) or callable(self.method) else self.method
+        )
+        if not methods:
+            raise LensParallelError("give at least one compression method")
+        for m in methods:
+            if isinstance(m, str):
+                Compression.parse(m)  # a spec is checked here, kept as given
+            elif not isinstance(m, Compression) and not callable(m):
+                raise LensParallelError(f"a compression method is a spec, a Compression or a function, got {m!r}")
+        object.__setattr__(self, "method", tuple(methods))
+        check_choice("scored positions", self.scored, ScoredPositions)
+        check_finite("eps", self.eps)
 
-
-def _relative_errors(
-    comp: Float[Tensor, "sublayer batch scored d_model"],
-    base: Float[Tensor, "sublayer batch scored d_model"],
-    eps: float,
-) -> Float[Tensor, "3 sublayer batch"]:
-    """|e_par|/|delta|, |e_perp|/|delta| and e.delta/|delta|^2 of e = comp - base, averaged over the scored
-    positions of each document (NaN where |delta| ~ 0)."""
-    proj = geometry.project(comp - base, base, eps=eps)
-    norm, ok = base.norm(dim=-1), proj.valid
-    safe = torch.where(ok, norm, 1.0)
-    ratios = (proj.par.norm(dim=-1) / safe, proj.perp.norm(dim=-1) / safe, proj.coef)
-    return torch.stack([torch.where(ok, r, torch.nan).nanmean(-1) for r in ratios])
-
-
-def _check_methods(method: MethodLike | Sequence[MethodLike], positions: str) -> list:
-    methods = [method] if isinstance(method, (str, Compression)) or callable(method) else list(method)
-    if not methods:
-        raise LensParallelError("give at least one compression method")
-    if positions not in POSITIONS:
-        raise LensParallelError(f"positions must be one of {POSITIONS}, got {positions!r}")
-    return [Compression.parse(m) if isinstance(m, str) else m for m in methods]
+    def record(self) -> dict[str, Any]:
+        """Plain data for provenance (each method by its name)."""
+        return {"method": [method_name(m) for m in self.method], "scored": self.scored, "eps": self.eps}
 
 
 @dataclass(frozen=True)
-class _CompressionInput:
-    """What every method's unit of work needs; sent once to each worker."""
+class MethodJob:
+    """One compression method: a compressed copy of the model, its every block fed the dense input."""
 
-    tokens: Tensor
-    calibration: Tensor
-    methods: tuple
-    layers: tuple[int, ...]
-    positions: str
-    eps: float
-    batch_size: int
+    method: MethodLike
 
+    @property
+    def key(self) -> str:
+        return method_name(self.method)
 
-def _dense_pass(model: TransformerBridge, plan: _CompressionInput) -> tuple[dict[int, list], DocLosses]:
-    """The dense model's per-layer inputs and updates, batch by batch, and its per-document losses."""
-    dense: dict[int, list[tuple[Tensor, Tensor]]] = {layer: [] for layer in plan.layers}
+    @property
+    def start_layer(self) -> int:
+        return 0
 
-    def keep_dense(rows: slice, layer: int, tensors: dict[str, Tensor]) -> None:
-        dense[layer].append(_updates(tensors, plan.positions))
-
-    roles = ["resid_pre", "attn_out", "mlp_out"]
-    capture(model, plan.tokens, plan.layers, roles, keep_dense, batch_size=plan.batch_size, dtype=torch.float32)
-    return dense, document_losses(model, plan.tokens, batch_size=plan.batch_size)
+    def __repr__(self) -> str:  # the store's digest: a function's repr would hold its address
+        if isinstance(self.method, (str, Compression)):
+            return f"MethodJob({Compression.parse(self.method) if isinstance(self.method, str) else self.method!r})"
+        return f"MethodJob({getattr(self.method, '__module__', '')}.{getattr(self.method, '__qualname__', self.key)})"
 
 
-def _method_task(context: TaskContext, plan: _CompressionInput, i: int) -> tuple[np.ndarray, EditEffect]:
-    """Method ``i``: its relative errors ``[3, sublayer, layer, document]`` and its loss change."""
-    dense, base_losses = context.cached("dense", lambda: _dense_pass(context.model, plan))
-    compressed = compress(context.model, plan.methods[i], calibration=plan.calibration)
-    errors = np.full((3, len(SUBLAYERS), len(plan.layers), len(plan.tokens)), np.nan)
-    for j, (rows, batch) in enumerate(document_batches(plan.tokens, plan.batch_size)):
-        for k, layer in enumerate(plan.layers):
-            base, resid = dense[layer][j]
-            comp = _block_updates(compressed, context.info, layer, batch, resid, plan.positions)
-            errors[:, :, k, rows] = _relative_errors(comp, base, plan.eps).numpy()
-    compressed_losses = document_losses(compressed, plan.tokens, batch_size=plan.batch_size)
-    return errors, edit_effect(base_losses, compressed_losses)
+def _scored_weight(docs: DocBatch, scored: ScoredPositions) -> Float[Tensor, "batch pos"]:
+    """Per document, the positions scored: its last real one, or every real one after the first."""
+    if scored == "last":
+        return torch.nn.functional.one_hot(docs.lengths - 1, docs.tokens.shape[1]).double()
+    weight = docs.real.double()
+    weight[:, 0] = 0.0
+    return weight
+
+
+def _relative_errors(
+    comp: Float[Tensor, "sublayer batch pos d_model"],
+    base: Float[Tensor, "sublayer batch pos d_model"],
+    weight: Float[Tensor, "batch pos"],
+    eps: float,
+) -> Float[Tensor, "3 sublayer batch"]:
+    """|e_par|/|delta|, |e_perp|/|delta| and e.delta/|delta|^2 of e = comp - base, averaged over each document's
+    scored positions (``weight``), NaN where |delta| ~ 0 at every scored position."""
+    comp, base = comp.double(), base.double()
+    proj = geometry.project(comp - base, base, eps=eps)
+    norm, ok = base.norm(dim=-1), proj.valid
+    safe = torch.where(ok, norm, 1.0)
+    w = weight.to(comp.device) * ok
+    ratios = (proj.par.norm(dim=-1) / safe, proj.perp.norm(dim=-1) / safe, proj.coef)
+    return torch.stack([(r * w).sum(-1) / w.sum(-1) for r in ratios]).cpu()  # 0/0 -> NaN
+
+
+class _CompressionMetric(Metric):
+    """Per method: every layer's update errors against the dense update, each block fed the dense input (``errors
+    [3, sublayer, layer, docs]``: par, perp, coef), and the compressed model's per-document losses."""
+
+    name = "compression-error"
+    base = True
+
+    def __init__(self, info: ModelInfo, layers: tuple[int, ...], s: CompressionSettings, calibration: Tensor) -> None:
+        self.info, self.layers, self.s, self.calibration = info, layers, s, calibration
+
+    def fingerprint(self) -> dict[str, Any]:
+        calib = hashlib.sha256(self.calibration.cpu().numpy().tobytes()).hexdigest()[:16]
+        return {"metric": self.name, "scored": self.s.scored, "eps": self.s.eps, "calibration": calib}
+
+    def reference_roles(self, info: ModelInfo) -> dict[int, tuple[str, ...]]:
+        return dict.fromkeys(self.layers, ("resid_pre", "attn_out", "mlp_out"))
+
+    def spec(self, job: Job) -> dict[str, ValueSpec]:
+        return {
+            "errors": ValueSpec((3, len(SUBLAYERS), len(self.layers), "docs"), allow_nan=True),
+            "loss_sum": ValueSpec(("docs",)),
+        }
+
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+        (job,) = jobs
+        assert isinstance(job, MethodJob)
+        if context.memo.get("compressed", (None,))[0] != job.key:  # one compressed copy at a time, kept per method
+            context.memo["compressed"] = (job.key, compress(context.model, job.method, calibration=self.calibration))
+        model = context.memo["compressed"][1]
+        weight = _scored_weight(batch.docs, self.s.scored)
+        errors = np.full((3, len(SUBLAYERS), len(self.layers), len(batch.docs.lengths)), np.nan)
+        for k, layer in enumerate(self.layers):
+            dense = batch.reference[layer]
+            fed = Batch(batch.docs, prefix={layer: dense["resid_pre"]})
+            got = run_rows(
+                model, self.info, fed, start_layer=layer, capture={layer: SUBLAYER_ROLES}, dtype=torch.float32
+            )
+            comp = torch.stack([got.captured[layer][r] for r in SUBLAYER_ROLES])
+            base = torch.stack([dense[r] for r in SUBLAYER_ROLES])
+            errors[:, :, k] = _relative_errors(comp, base, weight, self.s.eps).numpy()
+        loss = run_rows(model, self.info, Batch(batch.docs), loss="document").nll
+        assert loss is not None
+        return [{"errors": errors, "loss_sum": loss.double().cpu().numpy()}]
 
 
 def compression_error(
     model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    documents: object,
     *,
-    method: MethodLike | Sequence[MethodLike],
-    positions: str = "last",
-    calibration: TokenBlocks | Int[Tensor, "batch pos"] | None = None,
-    eps: float = geometry.EPS,
-    batch_size: int = 8,
-    workers: int = 1,
-    ray_address: str | None = None,
+    calibration: object | None = None,
+    settings: CompressionSettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
 ) -> CompressionResult:
-    """Decompose every method's per-layer update error into parts along and across the dense update.
+    """Decompose every method's per-layer update error into parts along and across the dense update
+    (:class:`CompressionSettings`; run options :class:`~lens_parallel.options.RunOptions`: ``store`` makes the run
+    resumable method by method, ``workers`` runs one method per Ray worker; both as keyword shortcuts).
 
-    ``method``: one or several specs (``int8``, ``int4-g128``, ``wanda-50%``, ``magnitude-2:4``, ... see
-    :mod:`lens_parallel.compression`), :class:`Compression` objects, or functions editing a Hugging Face model in
-    place. ``calibration``: tokens for Wanda's input norms (default: ``tokens``). Each method compresses a copy (one
-    at a time); ``model`` is never changed. Prompts run ``batch_size`` at a time: one dense pass keeps each layer's
-    input and updates, then each compressed block is fed the dense input, batch by batch. ``workers`` /
-    ``ray_address``: one method per Ray worker at a time (:mod:`lens_parallel.distributed`; same numbers; a
-    function given as a method must be importable or picklable by cloudpickle).
+    ``calibration``: tokens for Wanda's input norms (default: the documents). Each method compresses a copy (one at
+    a time); ``model`` is never changed. One dense reference pass per batch keeps each layer's input and updates
+    (and the dense losses), then each compressed block is fed the dense input. A function given as a method must be
+    importable or picklable by cloudpickle for Ray workers.
     """
-    methods = _check_methods(method, positions)
-    distributed = check_workers(workers, ray_address, model)
-    toks = as_tokens(tokens)
-    calib = toks if calibration is None else as_tokens(calibration)
+    s, opts = resolve(CompressionSettings, settings, options, protocol, changes)
+    docs = Documents.of(documents)
+    calib = docs.tokens if calibration is None else Documents.of(calibration).tokens
     info = model_info(model)
     layers, _ = softmax_layers(info, None, what="compression_error")
-    plan = _CompressionInput(toks, calib, tuple(methods), tuple(layers), positions, eps, batch_size)
-    memo = {} if distributed else {"dense": _dense_pass(model, plan)}  # workers make their own dense pass
-    base_losses = document_losses(model, toks, batch_size=batch_size) if distributed else memo["dense"][1]
-    errors = np.full((3, len(methods), len(SUBLAYERS), len(layers), len(toks)), np.nan)  # par, perp, coef
-    delta_loss, delta_ci = np.zeros(len(methods)), np.zeros((len(methods), 2))
-    finished = run_tasks(
-        model, _method_task, plan, range(len(methods)), workers=workers, ray_address=ray_address, memo=memo
-    )
-    for i, (err, effect) in finished:
-        errors[:, i] = err
-        delta_loss[i], delta_ci[i] = effect.delta_loss, effect.delta_loss_ci
+    metric = _CompressionMetric(info, layers, s, calib)
+    jobs = [MethodJob(m) for m in s.method]
+    if len({job.key for job in jobs}) != len(jobs):
+        raise LensParallelError(f"two methods share a name: {[job.key for job in jobs]}")
+    run = run_sweep(model, docs, jobs, metric=metric, options=opts, desc="compression")
+    assert run.base is not None
+    errors = np.stack([run.value(job)["errors"] for job in jobs], axis=1)  # [3, method, sublayer, layer, doc]
+    effects = [edit_effect(run.base, DocLosses(run.value(job)["loss_sum"], run.n_tokens)) for job in jobs]
     return CompressionResult(
-        methods=tuple(method_name(m) for m in methods),
+        methods=tuple(job.key for job in jobs),
         layers=tuple(layers),
-        positions=positions,
+        positions=s.scored,
         par=errors[0],
         perp=errors[1],
         coef=errors[2],
-        loss_dense=base_losses.loss,
-        delta_loss=delta_loss,
-        delta_loss_ci=delta_ci,
-        provenance=Provenance.collect(
+        loss_dense=run.base.loss,
+        delta_loss=np.array([e.delta_loss for e in effects]),
+        delta_loss_ci=np.array([e.delta_loss_ci for e in effects]),
+        provenance=Provenance.of(
             info,
-            tokens,
-            methods=[method_name(m) for m in methods],
-            positions=positions,
-            calibration="tokens" if calibration is None else "separate",
-            eps=eps,
-            batch_size=batch_size,
+            docs,
+            "compression_error",
+            s,
+            opts,
+            methods=[job.key for job in jobs],
+            calibration="the documents" if calibration is None else "separate",
         ),
     )

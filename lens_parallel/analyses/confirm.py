@@ -10,23 +10,24 @@ and the median ratio exact / estimate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import scipy.stats as sps
-from jaxtyping import Int
-from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.analyses.attribution import AttributionResult
-from lens_parallel.data import TokenBlocks
+from lens_parallel.documents import Documents
 from lens_parallel.errors import LensParallelError
+from lens_parallel.models import head_label
+from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import confirm_figure
-from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
+from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.stats import paired_bootstrap_ci, ratio_of_sums_delta, spearman
 from lens_parallel.sweep import AblationJob, run_sweep
+from lens_parallel.validate import check_non_negative_int, check_positive_int
 
 
 @serializable
@@ -100,76 +101,69 @@ def _linearity_note(edit: str) -> str:
     )
 
 
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class ConfirmSettings:
+    """Which heads of a screen are run exactly: the ``top_k`` by |estimate| and ``n_random`` others drawn with
+    ``default_rng(seed)``."""
+
+    top_k: int = field(default=10, metadata={"help": "the heads with the largest |estimate| run exactly"})
+    n_random: int = field(default=10, metadata={"help": "other heads, drawn at random, run exactly"})
+    seed: int = field(default=0, metadata={"help": "seed of the random draw"})
+
+    def __post_init__(self) -> None:
+        check_positive_int("top_k", self.top_k)
+        check_non_negative_int("n_random", self.n_random)
+        check_non_negative_int("seed", self.seed)
+
+
 def confirm(
     model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    documents: object,
     result: AttributionResult,
     *,
-    top_k: int = 10,
-    n_random: int = 10,
-    seed: int = 0,
-    batch_size: int = 8,
-    rows_per_forward: int = 8,
-    store: str | Path | None = None,
-    progress: bool = True,
+    settings: ConfirmSettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
 ) -> ConfirmResult:
-    """Run ``result``'s edit exactly (ablation engine, same positions) on its ``top_k`` heads by |estimate| and
-    ``n_random`` other heads (``default_rng(seed)``), on the documents ``result`` was computed on."""
-    toks = as_tokens(tokens)
+    """Run ``result``'s edit exactly (ablation engine, same positions) on the heads :class:`ConfirmSettings` picks,
+    on the documents ``result`` was computed on (run options: :class:`~lens_parallel.options.RunOptions`, e.g. a
+    ``store`` shared with :func:`~lens_parallel.analyses.sensitivity.head_sensitivity`, ``workers`` for Ray)."""
+    s, opts = resolve(ConfirmSettings, settings, options, protocol, changes)
     if not isinstance(result, AttributionResult):
         raise LensParallelError(f"confirm needs an AttributionResult, got {type(result).__name__}")
-    if len(toks) != len(result.n_tokens) or toks.shape[1] - 1 != int(result.n_tokens[0]):
+    docs = Documents.of(documents)
+    if docs.digest() != result.provenance.texts.get("tokens_sha256_16"):
         raise LensParallelError(
-            f"tokens {tuple(toks.shape)} are not the documents the screen ran on ({len(result.n_tokens)} documents "
-            f"of {int(result.n_tokens[0]) + 1} tokens): confirm on the same tokens"
+            f"these {len(docs)} documents are not the ones the screen ran on ({len(result.n_tokens)} documents, "
+            f"tokens {result.provenance.texts.get('tokens_sha256_16')}): confirm on the same documents"
         )
-    if isinstance(tokens, TokenBlocks) and tokens.describe() != result.provenance.texts:
-        raise LensParallelError("tokens differ from those the screen ran on (another corpus, seed or length)")
     n_heads = result.estimate.shape[2]
     n_all = len(result.layers) * n_heads
-    if top_k < 1 or n_random < 0 or top_k + n_random > n_all:
-        raise LensParallelError(f"need 1 <= top_k and 0 <= n_random with top_k + n_random <= {n_all} heads")
-    top = result.top_heads(top_k)
+    if s.top_k + s.n_random > n_all:
+        raise LensParallelError(f"top_k + n_random = {s.top_k + s.n_random} exceeds the {n_all} heads screened")
+    top = result.top_heads(s.top_k)
     rest = [(layer, h) for layer in result.layers for h in range(n_heads) if (layer, h) not in top]
-    pick = np.random.default_rng(seed).choice(len(rest), size=n_random, replace=False)
+    pick = np.random.default_rng(s.seed).choice(len(rest), size=s.n_random, replace=False)
     chosen = [*top, *[rest[i] for i in sorted(pick)]]
     jobs = [AblationJob(layer, (h,)) for layer, h in chosen]
-    run = run_sweep(
-        model,
-        toks,
-        jobs,
-        edit=result.edit,
-        positions=result.positions,
-        batch_size=batch_size,
-        rows_per_forward=rows_per_forward,
-        store=store,
-        progress=progress,
-        desc="confirm",
-    )
+    run = run_sweep(model, docs, jobs, edit=result.edit, positions=result.positions, options=opts, desc="confirm")
+    assert run.base is not None
     exact = np.stack([run[j].loss_sum for j in jobs], axis=1)  # [doc, job]
     base = np.broadcast_to(run.base.loss_sum[:, None], exact.shape)
     weights = np.broadcast_to(result.n_tokens[:, None].astype(float), exact.shape)
-    lo, hi = paired_bootstrap_ci(exact, base, weights, seed=seed, what="confirm: exact losses of the chosen heads")
+    lo, hi = paired_bootstrap_ci(exact, base, weights, seed=s.seed, what="confirm: exact losses of the chosen heads")
     exact_mean = ratio_of_sums_delta(exact, base, weights, axis=0)
     est_grid = result.head_estimate()
     estimate = np.array([est_grid[result.layers.index(layer), h] for layer, h in chosen])
-    provenance = Provenance.collect(
-        result.info,
-        tokens,
-        analysis="confirm",
-        edit=result.edit,
-        positions=result.positions,
-        top_k=top_k,
-        n_random=n_random,
-        seed=seed,
-        batch_size=batch_size,
-    )
+    provenance = Provenance.of(result.info, docs, "confirm", s, opts, edit=result.edit, positions=result.positions)
     return ConfirmResult(
         edit=result.edit,
-        labels=tuple(f"L{layer}H{h}" for layer, h in chosen),
+        labels=tuple(head_label(layer, h) for layer, h in chosen),
         layers=np.array([layer for layer, _ in chosen]),
         heads=np.array([h for _, h in chosen]),
-        chosen=tuple(["top"] * len(top) + ["random"] * n_random),
+        chosen=tuple(["top"] * len(top) + ["random"] * s.n_random),
         estimate=estimate,
         exact=exact_mean,
         exact_lo=np.asarray(lo),

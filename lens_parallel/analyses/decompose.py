@@ -29,21 +29,21 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Int
 from torch import Tensor
-from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.data import TokenBlocks
-from lens_parallel.errors import LensParallelError
+from lens_parallel.choices import HeadSpace, Space
+from lens_parallel.distributed import TaskContext
+from lens_parallel.documents import Documents
 from lens_parallel.hooks import (
-    LayerStream,
+    Reducer,
     check_indices,
     expand_kv,
     head_writes_note,
@@ -51,12 +51,15 @@ from lens_parallel.hooks import (
     residual_reference_role,
     softmax_layers,
 )
-from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.models import ModelInfo, layer_label, model_info
+from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.decompose import decomposition_figure
-from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
+from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
+from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, Values, ValueSpec, run_rows, run_sweep
+from lens_parallel.validate import as_layers, check_choices, check_finite, options
 
-SPACES = ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
-HEAD_SPACES = ("value", "value-exclude-self", "residual-attn")
+SPACES: tuple[Space, ...] = options(Space)
+HEAD_SPACES: tuple[HeadSpace, ...] = options(HeadSpace)
 
 
 def _roles(space: str, info: ModelInfo) -> tuple[str, ...]:
@@ -97,30 +100,22 @@ class AlignmentTable:
     par_coef: np.ndarray
 
     def to_dataframe(self, info: ModelInfo) -> pd.DataFrame:
-        rows = []
-        for i, layer in enumerate(self.layers):
-            for unit in range(self.self_cos.shape[1]):
-                head = unit if self.level == "head" else None
-                rows.append(
-                    {
-                        "model": info.name,
-                        "space": self.space,
-                        "level": self.level,
-                        "layer": layer,
-                        "head": head,
-                        "kv_head": None if head is None else head // info.group_size,
-                        "label": f"L{layer}H{head}" if head is not None else f"L{layer}",
-                        "n_positions": int(self.n_positions[i, unit]),
-                        "n_degenerate": int(self.n_degenerate[i, unit]),
-                        "self_cos": self.self_cos[i, unit],
-                        "self_cos_std": self.self_cos_std[i, unit],
-                        "par_frac": self.par_frac[i, unit],
-                        "perp_frac": self.perp_frac[i, unit],
-                        "par_coef": self.par_coef[i, unit],
-                        "par_perp_ratio": self.par_frac[i, unit] / self.perp_frac[i, unit],
-                    }
-                )
-        df = pd.DataFrame(rows)
+        values = {
+            "n_positions": self.n_positions.astype(np.int64),
+            "n_degenerate": self.n_degenerate.astype(np.int64),
+            "self_cos": self.self_cos,
+            "self_cos_std": self.self_cos_std,
+            "par_frac": self.par_frac,
+            "perp_frac": self.perp_frac,
+            "par_coef": self.par_coef,
+            "par_perp_ratio": self.par_frac / self.perp_frac,
+        }
+        front = {"space": self.space, "level": self.level}
+        if self.level == "head":
+            df = head_frame(info, self.layers, values, front=front)
+        else:  # the whole sublayer update: one row per layer, labelled L{layer}
+            df = layer_frame(info, self.layers, {k: v[:, 0] for k, v in values.items()}, front=front)
+            df["label"] = [layer_label(layer) for layer in self.layers]
         return df.astype({"head": "Int64", "kv_head": "Int64"})
 
 
@@ -156,12 +151,12 @@ class DecompositionResult(ResultMixin):
         return decomposition_figure(self)
 
 
-def _normalise_spaces(space: str | Sequence[str]) -> tuple[str, ...]:
-    spaces = SPACES if space == "all" else (space,) if isinstance(space, str) else tuple(space)
-    bad = [s for s in spaces if s not in SPACES]
-    if bad or not spaces:
-        raise LensParallelError(f"unknown space(s) {bad or spaces!r}; accepted: {', '.join(SPACES)} or 'all'")
-    return tuple(dict.fromkeys(spaces))
+def _normalise_spaces(space: object) -> tuple[Space, ...]:
+    """A space, a list of them, or ``"all"`` (every space; also inside a list) as a tuple of spaces."""
+    spaces = (space,) if isinstance(space, str) else tuple(space)  # type: ignore[arg-type]
+    if "all" in spaces:
+        return SPACES
+    return check_choices("space", spaces, Space)
 
 
 class _Accumulator:
@@ -183,14 +178,15 @@ class _Accumulator:
     def active(self, key: tuple[str, str], layer: int) -> bool:
         return key in self.layers and layer in self.layers[key]
 
-    def add(self, key: tuple[str, str], layer: int, a: geometry.Alignment) -> None:
-        """Add the positions t >= 1 of ``a`` (fields ``[batch, pos, unit]``)."""
-        valid = a.valid[:, 1:]
+    def add(self, key: tuple[str, str], layer: int, a: geometry.Alignment, real: Tensor) -> None:
+        """Add the real positions t >= 1 of ``a`` (fields ``[batch, pos, unit]``; ``real [batch, pos]``)."""
+        real = real[:, 1:, None].to(a.valid.device)
+        valid = a.valid[:, 1:] & real
         w = valid.to(torch.float64)
         sums = torch.stack(
             [
                 w.sum((0, 1)),
-                (~valid).to(torch.float64).sum((0, 1)),
+                (~a.valid[:, 1:] & real).to(torch.float64).sum((0, 1)),
                 (w * a.cos[:, 1:]).sum((0, 1)),
                 (w * a.cos[:, 1:] ** 2).sum((0, 1)),
                 (w * a.par_frac[:, 1:]).sum((0, 1)),
@@ -199,12 +195,11 @@ class _Accumulator:
             ],
             dim=-1,
         )
-        self.sums[key][self.layers[key].index(layer)] += sums
+        self.sums[key][self.layers[key].index(layer)] += sums.cpu()
 
-    def tables(self) -> tuple[AlignmentTable, ...]:
+    def tables(self, sums: dict[tuple[str, str], np.ndarray]) -> tuple[AlignmentTable, ...]:
         out = []
-        for (space, level), s in self.sums.items():
-            s = s.numpy()
+        for (space, level), s in sums.items():
             n = s[..., 0]
             with np.errstate(invalid="ignore", divide="ignore"):
                 mean = {name: s[..., i] / n for i, name in enumerate(_SUMS) if i >= 2}
@@ -235,7 +230,8 @@ def _residual_message(space: str, t: dict[str, Tensor], info: ModelInfo) -> tupl
     return t["resid_post"] - t["resid_pre"], t["resid_pre"]
 
 
-def _reducer(acc: _Accumulator, spaces: tuple[str, ...], W_O: dict[int, Tensor]):
+def _reducer(acc: _Accumulator, spaces: tuple[Space, ...], W_O: dict[int, Tensor], real: Tensor) -> Reducer:
+    """The reduction of one batch's captures into ``acc`` (``real``: the batch's real positions)."""
     info, eps = acc.info, acc.eps
 
     def reduce(layer: int, t: dict[str, Tensor]) -> None:
@@ -249,85 +245,130 @@ def _reducer(acc: _Accumulator, spaces: tuple[str, ...], W_O: dict[int, Tensor])
             if not acc.active((space, "sublayer" if space.startswith("residual") else "head"), layer):
                 continue
             if space == "value":
-                acc.add((space, "head"), layer, geometry.alignment(o, v, eps=eps))
+                acc.add((space, "head"), layer, geometry.alignment(o, v, eps=eps), real)
             elif space == "value-exclude-self":
                 _, c = geometry.split_self(o, v, diag)
-                acc.add((space, "head"), layer, geometry.alignment(c, v, eps=eps))
+                acc.add((space, "head"), layer, geometry.alignment(c, v, eps=eps), real)
             else:
                 m, x = _residual_message(space, t, info)
                 a = geometry.alignment(m.unsqueeze(2), x.unsqueeze(2), eps=eps)
-                acc.add((space, "sublayer"), layer, a)
+                acc.add((space, "sublayer"), layer, a, real)
                 if acc.active((space, "head"), layer):
                     dot, mm = geometry.head_residual_products(t["z"], W_O[layer], x)
                     rr = (x * x).sum(-1, keepdim=True).expand_as(dot)
-                    acc.add((space, "head"), layer, geometry.alignment_from_products(dot, mm, rr, eps=eps))
+                    acc.add((space, "head"), layer, geometry.alignment_from_products(dot, mm, rr, eps=eps), real)
 
     return reduce
 
 
+class _AlignmentMetric(Metric):
+    """The running sums of the alignment statistics of every (space, level), per layer and unit, over every
+    document's real positions t >= 1 (summed over batches)."""
+
+    name = "alignment"
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        spaces: tuple[Space, ...],
+        space_layers: dict[str, tuple[int, ...]],
+        roles: dict[int, list[str]],
+        W_O: dict[int, Tensor],
+        eps: float,
+    ) -> None:
+        self.info, self.spaces, self.space_layers, self.roles, self.W_O, self.eps = (
+            info,
+            spaces,
+            space_layers,
+            roles,
+            W_O,
+            eps,
+        )
+        self.keys = list(_Accumulator(info, space_layers, eps).layers)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"metric": self.name, "spaces": list(self.spaces), "eps": self.eps}
+
+    def spec(self, job: Job) -> dict[str, ValueSpec]:
+        acc = _Accumulator(self.info, self.space_layers, self.eps)
+        return {f"{sp}|{level}": ValueSpec(tuple(acc.sums[sp, level].shape)) for sp, level in self.keys}
+
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+        acc = _Accumulator(self.info, self.space_layers, self.eps)
+        reduce = _reducer(acc, self.spaces, self.W_O, batch.docs.real)
+        got = run_rows(context.model, self.info, batch, capture=self.roles).captured
+        for layer in sorted(got):
+            reduce(layer, got[layer])
+        return [{f"{sp}|{level}": sums.numpy() for (sp, level), sums in acc.sums.items()}]
+
+
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class DecomposeSettings:
+    """What a decomposition computes: the self-alignment statistics of every ``space`` (a list, or ``"all"``) on
+    ``layers`` (None: all), guarding |m| and |r| by ``eps``."""
+
+    space: tuple[Space, ...] = field(default=("value",), metadata={"help": "spaces (or all)"})
+    layers: tuple[int, ...] | None = field(default=None, metadata={"help": "layers (default: all)"})
+    eps: float = field(default=geometry.EPS, metadata={"help": "guard on |m| and |r|"})
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "space", _normalise_spaces(self.space))
+        object.__setattr__(self, "layers", as_layers(self.layers))
+        check_finite("eps", self.eps)
+
+
 def decompose(
     model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    documents: object,
     *,
-    space: str | Sequence[str] = "value",
-    layers: int | Sequence[int] | None = None,
-    batch_size: int = 8,
-    eps: float = geometry.EPS,
-    progress: bool = True,
+    settings: DecomposeSettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
 ) -> DecompositionResult:
-    """Self-alignment of head outputs / residual updates in one or more spaces, in a single streamed pass.
+    """Self-alignment of head outputs / residual updates in one or more spaces, in a single streamed pass of the
+    engine (:class:`DecomposeSettings`: ``space`` one of ``value``, ``value-exclude-self``, ``residual-attn``,
+    ``residual-mlp``, ``residual-block``, a list of them, or ``"all"``, every space from the same forward;
+    ``layers``; ``eps``. Run options :class:`~lens_parallel.options.RunOptions`; both as keyword shortcuts).
 
-    Args:
-        model: a ``TransformerBridge`` from :func:`lens_parallel.load_model` (unprocessed weights).
-        tokens: :class:`TokenBlocks` or an integer tensor ``[batch, pos]``.
-        space: one of ``value``, ``value-exclude-self``, ``residual-attn``, ``residual-mlp``, ``residual-block``,
-            a list of them, or ``"all"``; every space is computed from the same forward.
-        layers: layer indices (default: all).
-        batch_size: documents per forward.
-        eps: guard on |m| and |r| (positions below it are excluded and counted).
-
-    Returns:
-        :class:`DecompositionResult`: per (space, level) an :class:`AlignmentTable` with, per layer and head,
-        the mean self-cosine cos(m, r), its std, mean |m_par|/|m|, mean |m_perp|/|m| and the mean signed
-        parallel coefficient m.r/|r|^2, over positions t >= 1.
+    Returns :class:`DecompositionResult`: per (space, level) an :class:`AlignmentTable` with, per layer and head,
+    the mean self-cosine cos(m, r), its std, mean |m_par|/|m|, mean |m_perp|/|m| and the mean signed parallel
+    coefficient m.r/|r|^2, over every document's real positions t >= 1 (documents of different lengths included).
     """
+    s, opts = resolve(DecomposeSettings, settings, options, protocol, changes)
     info = model_info(model)
-    spaces = _normalise_spaces(space)
-    layer_idx = check_indices("layers", layers, info.n_layers)
-    toks = as_tokens(tokens)
-    if batch_size < 1:
-        raise LensParallelError(f"batch_size must be >= 1, got {batch_size}")
-    if toks.shape[1] < 2:
-        raise LensParallelError(f"need at least 2 positions per document (position 0 is excluded), got {toks.shape[1]}")
+    docs = Documents.of(documents)
+    layer_idx = check_indices("layers", s.layers, info.n_layers)
     space_layers, skipped = {}, []
-    for space in spaces:
+    for space in s.space:
         if space in HEAD_SPACES:
-            space_layers[space], note = softmax_layers(info, layers, what=f"space {space!r}")
+            space_layers[space], note = softmax_layers(info, s.layers, what=f"space {space!r}")
             skipped += [note] if note else []
         else:
             space_layers[space] = layer_idx
-    if "residual-attn" in spaces and (note := head_writes_note(info, "the per-head level of residual-attn")):
+    if "residual-attn" in s.space and (note := head_writes_note(info, "the per-head level of residual-attn")):
         skipped.append(note)
     for note in skipped:
         warnings.warn(note, stacklevel=2)
-    roles = {layer: [r for s in spaces if layer in space_layers[s] for r in _roles(s, info)] for layer in layer_idx}
-    roles = {layer: r for layer, r in roles.items() if r}
+    roles = {layer: [r for sp in s.space if layer in space_layers[sp] for r in _roles(sp, info)] for layer in layer_idx}
+    roles = {layer: list(dict.fromkeys(r)) for layer, r in roles.items() if r}
     W_O = {}
-    if "residual-attn" in spaces:
+    if "residual-attn" in s.space:
         W_O = {layer: output_weights(model, layer, dtype=torch.float64) for layer in space_layers["residual-attn"]}
-    acc = _Accumulator(info, space_layers, eps)
-    stream = LayerStream(info, list(roles), roles, _reducer(acc, spaces, W_O))
-    for start in tqdm(range(0, toks.shape[0], batch_size), desc="decompose", unit="batch", disable=not progress):
-        stream.run(model, toks[start : start + batch_size])
-    provenance = Provenance.collect(
+    metric = _AlignmentMetric(info, s.space, space_layers, roles, W_O, s.eps)
+    job = EditJob("unedited", ())
+    values = run_sweep(model, docs, [job], metric=metric, options=opts, desc="decompose").value(job)
+    acc = _Accumulator(info, space_layers, s.eps)
+    tables = acc.tables({key: values[f"{key[0]}|{key[1]}"] for key in acc.sums})
+    provenance = Provenance.of(
         info,
-        tokens,
-        analysis="decompose",
-        spaces=list(spaces),
+        docs,
+        "decompose",
+        s,
+        opts,
         layers=list(layer_idx),
-        eps=eps,
-        positions="t >= 1 (position 0 excluded)",
-        batch_size=batch_size,
+        positions="1 <= t < length (position 0 excluded)",
         skipped=skipped,
     )
-    return DecompositionResult(tables=acc.tables(), provenance=provenance)
+    return DecompositionResult(tables=tables, provenance=provenance)

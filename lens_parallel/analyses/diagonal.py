@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,14 +26,25 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.data import TokenBlocks
+from lens_parallel.choices import HeadSpace
+from lens_parallel.distributed import TaskContext
+from lens_parallel.documents import Documents, document_batches
 from lens_parallel.edits import DIAGONAL_SPACES
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import check_indices, expand_kv, head_writes_note, output_weights, softmax_layers
+from lens_parallel.hooks import (
+    check_indices,
+    check_not_gated,
+    expand_kv,
+    head_writes_note,
+    output_weights,
+    softmax_layers,
+)
 from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.diagonal import diagonal_figure
-from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
-from lens_parallel.sweep import capture
+from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, Values, ValueSpec, run_rows, run_sweep
+from lens_parallel.validate import check_choices, check_finite, check_non_negative_int
 
 
 @serializable
@@ -104,41 +116,62 @@ class DiagonalView(ResultMixin):
         return diagonal_figure(self, max_tokens=max_tokens)
 
 
-class _DiagonalSummary:
-    """Running per (space, head) sums over documents and positions t >= 1 of dA_tt: mean, min, max, the share of
-    positions with A_tt + dA_tt < 0, and the number of guarded positions."""
+_SUMMARIES = ("total", "low", "high", "negative", "guarded", "count")
 
-    def __init__(self, n_spaces: int, n_heads: int) -> None:
-        shape = (n_spaces, n_heads)
-        self.total = torch.zeros(shape, dtype=torch.float64)
-        self.low = torch.full(shape, torch.inf, dtype=torch.float64)
-        self.high = torch.full(shape, -torch.inf, dtype=torch.float64)
-        self.negative = torch.zeros(shape, dtype=torch.int64)
-        self.guarded = torch.zeros(shape, dtype=torch.int64)
-        self.count = 0
 
-    def add(
-        self,
-        d_a: Float[Tensor, "space batch head_index pos"],
-        diag: Float[Tensor, "batch head_index pos"],
-        guarded: Bool[Tensor, "space batch head_index pos"],
-    ) -> None:
-        d = d_a[..., 1:]
-        self.total += d.sum((1, 3))
-        self.low = torch.minimum(self.low, d.amin((1, 3)))
-        self.high = torch.maximum(self.high, d.amax((1, 3)))
-        self.negative += ((diag + d_a)[..., 1:] < 0).sum((1, 3))
-        self.guarded += guarded[..., 1:].sum((1, 3))
-        self.count += d.shape[1] * d.shape[3]
+class _DiagonalMetric(Metric):
+    """Per (space, head) over every document's real positions 1 <= t < length: the sum, min and max of dA_tt, the
+    number of positions with A_tt + dA_tt < 0 and of guarded positions, and the number of positions."""
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {
-            "summary_mean": (self.total / self.count).numpy(),
-            "summary_min": self.low.numpy(),
-            "summary_max": self.high.numpy(),
-            "summary_negative_share": (self.negative.double() / self.count).numpy(),
-            "summary_guarded": self.guarded.numpy(),
-        }
+    name = "diagonal-view"
+
+    def __init__(
+        self, info: ModelInfo, layer: int, spaces: tuple[HeadSpace, ...], s_par: float, eps: float, W_O: Tensor
+    ):
+        self.info, self.layer, self.spaces, self.s_par, self.eps, self.W_O = info, layer, spaces, s_par, eps, W_O
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"metric": self.name, "layer": self.layer, "spaces": list(self.spaces), "s_par": self.s_par}
+
+    def spec(self, job: Job) -> dict[str, ValueSpec]:
+        shape = (len(self.spaces), self.info.n_heads)
+        return {name: ValueSpec(() if name == "count" else shape) for name in _SUMMARIES}
+
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+        t = run_rows(context.model, self.info, batch, capture={self.layer: DIAGONAL_ROLES}).captured[self.layer]
+        d_a, valid = _changes(self.info, t, self.spaces, self.s_par, self.eps, self.W_O)
+        diag = torch.diagonal(t["pattern_full"], dim1=-2, dim2=-1)
+        docs = batch.docs
+        w = (docs.real & (torch.arange(docs.tokens.shape[1], device=docs.tokens.device) >= 1)).to(d_a.device)
+        w = w[None, :, None, :]  # space batch head pos
+        return [
+            {
+                "total": (d_a * w).sum((1, 3)).numpy(),
+                "low": torch.where(w, d_a, torch.inf).amin((1, 3)).numpy(),
+                "high": torch.where(w, d_a, -torch.inf).amax((1, 3)).numpy(),
+                "negative": (((diag + d_a) < 0) & w).sum((1, 3)).double().numpy(),
+                "guarded": (~valid & w).sum((1, 3)).double().numpy(),
+                "count": np.asarray(float(w.sum())),
+            }
+        ]
+
+    def combine(self, job: Job, parts: Sequence[Values]) -> Values:
+        out = super().combine(job, parts)  # sums
+        out["low"] = np.min([p["low"] for p in parts], axis=0)
+        out["high"] = np.max([p["high"] for p in parts], axis=0)
+        return out
+
+
+DIAGONAL_ROLES = ("resid_pre", "v", "pattern_full")
+
+
+def _changes(
+    info: ModelInfo, t: dict[str, Tensor], spaces: tuple[HeadSpace, ...], s_par: float, eps: float, W_O: Tensor
+) -> tuple[Float[Tensor, "space batch head_index pos"], Bool[Tensor, "space batch head_index pos"]]:
+    """dA_tt in every space, and where its denominator was above the guard."""
+    x, pattern, v = t["resid_pre"], t["pattern_full"], expand_kv(t["v"], info.n_heads)
+    changes = [geometry.diagonal_change(pattern, v, sp, s_par=s_par, x=x, W_O=W_O, eps=eps) for sp in spaces]
+    return torch.stack([c.d_a for c in changes]), torch.stack([c.valid for c in changes])
 
 
 def _token_labels(model: TransformerBridge, tokens: Int[Tensor, " pos"]) -> tuple[str, ...]:
@@ -147,33 +180,49 @@ def _token_labels(model: TransformerBridge, tokens: Int[Tensor, " pos"]) -> tupl
     return tuple(f"{i}:{t!r}"[:24] for i, t in enumerate(text))
 
 
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class DiagonalSettings:
+    """Which diagonal view: ``head`` of ``layer`` (both None: the head with the highest mean value-space
+    self-cosine), at ``s_par``, in ``space`` (one or more), showing document ``doc``; guards ``eps``."""
+
+    layer: int | None = field(default=None, metadata={"help": "layer (default: the most self-aligned head's)"})
+    head: int | None = field(default=None, metadata={"help": "query head (default: the most self-aligned head)"})
+    s_par: float = field(default=0.0, metadata={"help": "the parallel scale whose diagonal form is shown"})
+    space: tuple[HeadSpace, ...] = field(default=DIAGONAL_SPACES, metadata={"help": "spaces of the view"})
+    doc: int = field(default=0, metadata={"help": "the document whose map is shown"})
+    eps: float = field(default=geometry.EPS, metadata={"help": "guard on the denominators"})
+
+    def __post_init__(self) -> None:
+        if (self.layer is None) != (self.head is None):
+            raise LensParallelError("give both layer and head, or neither (then the most self-aligned head is shown)")
+        object.__setattr__(self, "space", check_choices("diagonal space", _as_tuple(self.space), HeadSpace))
+        check_finite("s_par", self.s_par)
+        check_non_negative_int("doc", self.doc)
+        check_finite("eps", self.eps)
+
+
+def _as_tuple(values: object) -> tuple[Any, ...]:
+    return (values,) if isinstance(values, str) else tuple(values)  # type: ignore[arg-type]
+
+
 def _check_view(
-    info: ModelInfo, space: str | Sequence[str], layer: int, head: int, s_par: float, doc: int, n_docs: int
-) -> tuple[tuple[str, ...], int, int]:
-    """The spaces, layer and head of a diagonal view, checked (gated attention drops residual-attn from a list)."""
-    spaces = (space,) if isinstance(space, str) else tuple(space)
-    bad = [s for s in spaces if s not in DIAGONAL_SPACES]
-    if bad or not spaces:
-        raise LensParallelError(
-            f"unknown diagonal space(s) {bad or list(spaces)}; accepted: {', '.join(DIAGONAL_SPACES)}"
-        )
+    info: ModelInfo, spaces: tuple[HeadSpace, ...], one_space: bool, layer: int, head: int, doc: int, n_docs: int
+) -> tuple[tuple[HeadSpace, ...], int, int]:
+    """The spaces, layer and head of a diagonal view, checked (gated attention drops residual-attn from a list;
+    ``one_space``: a single space was asked for, which is then refused instead)."""
     (layer,), _ = softmax_layers(info, [layer], what="diagonal_view")
     if info.gated_attention and "residual-attn" in spaces:
-        if isinstance(space, str):
-            raise LensParallelError(
-                "the residual-attn diagonal view is not defined for gated attention (the head's write is "
-                "sigmoid(gate) * A v); use value or value-exclude-self"
-            )
+        if one_space:
+            check_not_gated(info, "the residual-attn diagonal view", alternative="use value or value-exclude-self")
         spaces = tuple(s for s in spaces if s != "residual-attn")
         warnings.warn("gated attention: the residual-attn diagonal view is skipped (value spaces only)", stacklevel=3)
     if (note := head_writes_note(info, "the residual-attn diagonal view")) and "residual-attn" in spaces:
-        if isinstance(space, str):
+        if one_space:
             raise LensParallelError(note)
         spaces = tuple(s for s in spaces if s != "residual-attn")
         warnings.warn(note, stacklevel=3)
     (head,) = check_indices("heads", head, info.n_heads)
-    if not np.isfinite(s_par):
-        raise LensParallelError(f"s_par must be a finite number, got {s_par!r}")
     if not 0 <= doc < n_docs:
         raise LensParallelError(f"doc {doc} out of range: there are {n_docs} documents")
     return spaces, layer, head
@@ -181,67 +230,61 @@ def _check_view(
 
 def diagonal_view(
     model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    documents: object,
     *,
-    layer: int,
-    head: int,
-    s_par: float = 0.0,
-    space: str | Sequence[str] = DIAGONAL_SPACES,
-    doc: int = 0,
-    eps: float = geometry.EPS,
-    batch_size: int = 8,
+    settings: DiagonalSettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
 ) -> DiagonalView:
-    """Diagonal changes dA_tt that reproduce scaling the parallel part by ``s_par``, for ``head`` at ``layer``.
+    """Diagonal changes dA_tt that reproduce scaling the parallel part by ``s_par``, for ``head`` at ``layer``
+    (:class:`DiagonalSettings`; run options :class:`~lens_parallel.options.RunOptions`).
 
-    One forward per batch of ``batch_size`` documents (stopped after ``layer``) captures resid_pre, hook_v and
-    hook_pattern of that layer; the summaries over every head are accumulated batch by batch, and ``doc`` picks the
-    document whose map is kept for the figure.
+    One pass of the engine over the documents (each forward stopped after ``layer``) captures resid_pre, hook_v and
+    hook_pattern of that layer and accumulates the summaries over every head and every document's real positions
+    t >= 1; ``doc``'s map is kept for the figure (one more forward of that document).
     """
-    info, toks = model_info(model), as_tokens(tokens)
-    spaces, layer, head = _check_view(info, space, layer, head, s_par, doc, len(toks))
+    s, opts = resolve(DiagonalSettings, settings, options, protocol, changes)
+    info = model_info(model)
+    docs = Documents.of(documents)
+    layer, head = s.layer, s.head
+    if layer is None or head is None:
+        from lens_parallel.analyses.decompose import decompose  # the default head comes from the decomposition
+
+        table = decompose(model, docs, space="value", options=opts, progress=False).table("value", "head")
+        i, head = np.unravel_index(np.nanargmax(table.self_cos), table.self_cos.shape)
+        layer, head = int(table.layers[i]), int(head)
+    spaces, layer, head = _check_view(info, s.space, len(s.space) == 1, layer, head, s.doc, len(docs))
     W_O = output_weights(model, layer, dtype=torch.float64)
-    acc = _DiagonalSummary(len(spaces), info.n_heads)
-    kept: dict[str, Tensor] = {}
-
-    def reduce(rows: slice, _: int, t: dict[str, Tensor]) -> None:
-        x, pattern, v = t["resid_pre"], t["pattern_full"], expand_kv(t["v"], info.n_heads)
-        changes = [geometry.diagonal_change(pattern, v, s, s_par=s_par, x=x, W_O=W_O, eps=eps) for s in spaces]
-        d_a = torch.stack([c.d_a for c in changes])  # [space, batch, head_index, pos]
-        acc.add(d_a, torch.diagonal(pattern, dim1=-2, dim2=-1), ~torch.stack([c.valid for c in changes]))
-        if rows.start <= doc < rows.stop:
-            i = doc - rows.start
-            kept.update(pattern=pattern[i, head], d_a=d_a[:, i, head], v=v[i, :, head], x=x[i])
-
-    roles = ("resid_pre", "v", "pattern_full")
-    capture(model, toks, [layer], roles, reduce, batch_size=batch_size)
-    residual_par = residual_perp = np.zeros(toks.shape[1])
+    metric = _DiagonalMetric(info, layer, spaces, s.s_par, s.eps, W_O)
+    job = EditJob("unedited", ())
+    sums = run_sweep(model, docs, [job], metric=metric, options=opts, desc="diagonal").value(job)
+    one = next(document_batches(Documents.padded([docs.tokens[s.doc, : int(docs.lengths[s.doc])].tolist()], {}), 1))
+    t = run_rows(model, info, Batch(one), capture={layer: DIAGONAL_ROLES}).captured[layer]
+    d_a, _ = _changes(info, t, spaces, s.s_par, s.eps, W_O)
+    v, x = expand_kv(t["v"], info.n_heads)[0, :, head], t["resid_pre"][0]
+    n = sums["count"]
+    residual_par = residual_perp = np.zeros(one.tokens.shape[1])
     if "residual-attn" in spaces:
-        change = kept["d_a"][spaces.index("residual-attn")][:, None] * (kept["v"] @ W_O[head])
-        split = geometry.project(change, kept["x"])
+        change = d_a[spaces.index("residual-attn"), 0, head][:, None] * (v @ W_O[head])
+        split = geometry.project(change, x)
         residual_par, residual_perp = split.par.norm(dim=-1).numpy(), split.perp.norm(dim=-1).numpy()
-    provenance = Provenance.collect(
-        info,
-        tokens,
-        analysis="diagonal_view",
-        layer=layer,
-        head=head,
-        s_par=s_par,
-        spaces=list(spaces),
-        doc=doc,
-        eps=eps,
-        batch_size=batch_size,
-    )
+    provenance = Provenance.of(info, docs, "diagonal_view", s, opts, layer=layer, head=head, spaces=list(spaces))
     return DiagonalView(
         layer=layer,
         head=head,
-        doc=doc,
-        s_par=float(s_par),
+        doc=s.doc,
+        s_par=float(s.s_par),
         spaces=spaces,
-        token_labels=_token_labels(model, toks[doc]),
-        pattern=kept["pattern"].numpy(),
-        d_a=kept["d_a"].numpy(),
+        token_labels=_token_labels(model, one.tokens[0]),
+        pattern=t["pattern_full"][0, head].numpy(),
+        d_a=d_a[:, 0, head].numpy(),
         residual_par=residual_par,
         residual_perp=residual_perp,
-        **acc.arrays(),
+        summary_mean=sums["total"] / n,
+        summary_min=sums["low"],
+        summary_max=sums["high"],
+        summary_negative_share=sums["negative"] / n,
+        summary_guarded=sums["guarded"].astype(np.int64),
         provenance=provenance,
     )

@@ -40,8 +40,8 @@ the CPU's kernels treat every row of a batch alike, else to float32 rounding: 2e
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import ClassVar
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 import einops
 import numpy as np
@@ -49,23 +49,27 @@ import pandas as pd
 import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.data import TokenBlocks, document_batches, token_blocks
-from lens_parallel.distributed import TaskContext, check_workers, run_tasks
+from lens_parallel.choices import DominanceScale, MaskScale
+from lens_parallel.data import TokenBlocks, token_blocks
+from lens_parallel.distributed import TaskContext, check_workers
+from lens_parallel.documents import Documents
 from lens_parallel.edits import HeadEdit
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import LayerStream, check_indices, effective_qk_roles, hook_name
-from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.hooks import check_indices, effective_qk_roles
+from lens_parallel.models import ModelInfo, head_label, model_info
+from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.dominance import dominance_figure
-from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
+from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.stats import concentration
+from lens_parallel.sweep import Batch, Job, Metric, SweepPlan, Values, ValueSpec, run_rows, run_sweep
+from lens_parallel.validate import as_layers, check_choice, check_choices, check_non_negative_int, options
 
-SCALES = ("qkv", "js", "js_distance")
+SCALES = options(DominanceScale)
 """Effect scales: combined relative Q/K/V change; JS divergence of the attention row; its square root."""
-MASK_SCALES = ("qkv", "js")
+MASK_SCALES = options(MaskScale)
 """Scales the weak/strong halves can be ranked on (``js`` and ``js_distance`` rank heads identically)."""
 JOINT = ("weak", "strong", "random", "all")
 METRICS = ("effective_n", "effective_fraction", "normalised_concentration", "top25_share", "bottom25_share")
@@ -113,7 +117,7 @@ class DominanceResult(ResultMixin):
     def effects(self, pair: int, scale: str = "qkv") -> np.ndarray:
         """Single-head effects of pair ``pair`` on ``scale``, ``[text, query_pos, receiving_head, upstream_head]``
         (padding removed)."""
-        _check_scale(scale, SCALES)
+        _check_scale(scale, DominanceScale)
         raw = self.qkv if scale == "qkv" else self.js
         e = raw[pair, :, : self.upstream_heads[pair], :, : self.receiving_heads[pair]]
         return einops.rearrange(np.sqrt(e) if scale == "js_distance" else e, "text up pos recv -> text pos recv up")
@@ -156,12 +160,12 @@ class DominanceResult(ResultMixin):
             heads: g,
         }
         if heads == "receiving_head":
-            rows["label"] = [f"L{r}H{h}" for r, h in zip(pairs[:, 1], g, strict=True)]
+            rows["label"] = [head_label(int(r), int(h)) for r, h in zip(pairs[:, 1], g, strict=True)]
         if len(shape) == 5:
             u = index[4]
             keep &= u < np.asarray(self.upstream_heads)[p]
             rows["upstream_head"] = u
-            rows["upstream_label"] = [f"L{layer}H{h}" for layer, h in zip(pairs[:, 0], u, strict=True)]
+            rows["upstream_label"] = [head_label(int(layer), int(h)) for layer, h in zip(pairs[:, 0], u, strict=True)]
         df = pd.DataFrame({**rows, **{name: values.reshape(-1) for name, values in columns.items()}})
         return df[keep].reset_index(drop=True)
 
@@ -211,7 +215,7 @@ class DominanceResult(ResultMixin):
         df["weak_smaller"] = df.joint_weak < df.joint_strong
         return df
 
-    def summary_table(self) -> pd.DataFrame:
+    def group_table(self) -> pd.DataFrame:
         """Median and quartiles of every per-observation quantity, per layer pair, per receiving-layer type and over
         all observations (``level`` / ``group``), on each scale; joint rows carry their ``mask_scale`` (concentration
         rows ``mask_scale == ""``). ``weak_smaller``'s mean is the share of observations where weak < strong."""
@@ -239,7 +243,7 @@ class DominanceResult(ResultMixin):
     def summary(self) -> pd.DataFrame:
         """One row: the study's headline numbers (medians over all observations; joint effects as means, ratio
         as median, weak-smaller as a share), on the Q/K/V scale and on sqrt(JS), masks ranked on Q/K/V."""
-        table = self.summary_table()
+        table = self.group_table()
         overall = table[(table.level == "all") & (table.mask_scale.isin(["", "qkv"]))]
         row: dict = {"model": self.info.name, "n_pairs": len(self.layer_pairs)}
         for scale in ("qkv", "js_distance"):
@@ -269,9 +273,8 @@ _HEADLINE = (
 )
 
 
-def _check_scale(scale: str, accepted: Sequence[str]) -> None:
-    if scale not in accepted:
-        raise LensParallelError(f"unknown scale {scale!r}; accepted: {', '.join(accepted)}")
+def _check_scale(scale: str, accepted: Any) -> None:
+    check_choice("scale", scale, accepted)
 
 
 STUDY_WINDOW = (7, 32)
@@ -308,28 +311,38 @@ def _positions(query_positions: slice | Sequence[int] | None, seq_len: int) -> t
     return positions
 
 
+def _receiver_heads(info: ModelInfo, up: int) -> tuple[int, int, int, int, int]:
+    """(upstream heads, receiving heads, query heads, key heads, value heads) of the pair (up, up + 1)."""
+    if info.layer_types[up + 1] == "softmax":
+        n_q, n_k, n_v = info.n_heads, info.n_kv_heads, info.n_kv_heads
+    else:
+        n_q, n_k, n_v = info.n_linear_key_heads, info.n_linear_key_heads, info.n_linear_heads
+    return info.output_heads(up), info.output_heads(up + 1), n_q, n_k, n_v
+
+
 class _Receiver:
-    """Forwards from layer l's residual with upstream heads removed, up to layer l+1's effective q, k, v (and its
-    attention pattern for a softmax layer). ``index[r]`` gives receiving head r's query, key and value head."""
+    """Rows of a batch resumed at layer l from the reference pass's residual, upstream heads removed, run up to
+    layer l+1's effective q, k, v (and its attention pattern for a softmax layer). ``index[r]`` gives receiving
+    head r's query, key and value head."""
 
     def __init__(self, model: TransformerBridge, info: ModelInfo, up: int) -> None:
         self.model, self.info, self.up, self.recv = model, info, up, up + 1
         self.kind = info.layer_types[self.recv]
-        self.n_up = info.output_heads(up)
+        self.n_up, self.n_recv, self.n_q, self.n_k, self.n_v = _receiver_heads(info, up)
         if self.kind == "softmax":
-            self.roles = (*effective_qk_roles(info), "v", "pattern_full")
-            n_q, n_k, n_v = info.n_heads, info.n_kv_heads, info.n_kv_heads
+            self.roles: tuple[str, ...] = (*effective_qk_roles(info), "v", "pattern_full")
         else:
             self.roles = ("lin_q", "lin_k", "lin_v")
-            n_q, n_k, n_v = info.n_linear_key_heads, info.n_linear_key_heads, info.n_linear_heads
-        self.n_recv, self.n_q, self.n_k, self.n_v = info.output_heads(self.recv), n_q, n_k, n_v
-        self.index = tuple([r * n // self.n_recv for r in range(self.n_recv)] for n in (n_q, n_k, n_v))
+        self.index = tuple([r * n // self.n_recv for r in range(self.n_recv)] for n in (self.n_q, self.n_k, self.n_v))
 
-    def __call__(self, tokens: Tensor, resid: Tensor, mask: Bool[Tensor, "row head_index"]) -> dict[str, Tensor]:
-        out: dict[str, Tensor] = {}
-        stream = LayerStream(self.info, [self.recv], self.roles, lambda _, t: out.update(t))
-        edit = HeadEdit("zero", self.up, mask).hooks(self.model, self.info)
-        stream.run(self.model, tokens, edit_hooks=edit, resid=resid, start_at_layer=self.up)
+    def __call__(
+        self, batch: Batch, rows: Int[Tensor, " row"], mask: Bool[Tensor, "row head_index"], length: int
+    ) -> dict[str, Tensor | None]:
+        hooks = HeadEdit("zero", self.up, mask).hooks(self.model, self.info)
+        capture = {self.recv: self.roles}
+        out = run_rows(
+            self.model, self.info, batch, rows=rows, hooks=hooks, start_layer=self.up, capture=capture, length=length
+        ).captured[self.recv]
         q, k, v = (out[role] for role in self.roles[:3])
         if self.kind == "linear":  # what the gated delta rule kernel multiplies: L2-normalised, q scaled
             q, k = geometry.l2_normalize(q) * q.shape[-1] ** -0.5, geometry.l2_normalize(k)
@@ -361,41 +374,42 @@ def _effects(base: dict, new: dict, index, at: list[int]) -> dict[str, Tensor]:
 
 def _measure(
     receive: _Receiver,
-    tokens: Int[Tensor, "text pos"],
-    resid: Tensor,
+    batch: Batch,
     owners: Int[Tensor, " row"],
     masks: Bool[Tensor, "row head_index"],
     *,
     length: int,
     at: list[int],
-    rows_per_forward: int,
+    tokens_per_forward: int,
 ) -> dict[str, np.ndarray]:
-    """Effects of removing ``masks[r]``'s upstream heads in text ``owners[r]`` (sequences cut to ``length``),
-    ``[row, pos, ...]``. Each forward holds at most ``rows_per_forward`` rows, its texts' unedited rows included."""
-    step = max(1, rows_per_forward - len(tokens))
+    """Effects of removing ``masks[r]``'s upstream heads in text ``owners[r]`` of the batch (sequences cut to
+    ``length``), ``[row, pos, ...]``. Each forward holds at most ``tokens_per_forward`` tokens, its texts' unedited
+    rows included."""
+    step = max(1, tokens_per_forward // length - len(batch.docs.lengths))
     parts = []
     for start in range(0, len(owners), step):
         own = owners[start : start + step]
         texts, inverse = torch.unique(own, return_inverse=True)
         n = len(texts)
         mask = torch.cat([torch.zeros(n, masks.shape[1], dtype=torch.bool), masks[start : start + step]])
-        rows = torch.cat([texts, own])
-        out = receive(tokens[rows, :length], resid[rows, :length], mask)
+        rows = torch.cat([texts, own]).to(batch.docs.tokens.device)
+        out = receive(batch, rows, mask.to(rows.device), length)
         base = {k: None if t is None else t[:n][inverse] for k, t in out.items()}
         new = {k: None if t is None else t[n:] for k, t in out.items()}
         parts.append(_effects(base, new, receive.index, at))
     return {k: torch.cat([p[k] for p in parts]).cpu().numpy() for k in parts[0]}
 
 
-def _single_effects(receive, tokens, resid, positions, rows_per_forward) -> dict[str, np.ndarray]:
+def _single_effects(
+    receive: _Receiver, batch: Batch, positions: list[int], tokens_per_forward: int
+) -> dict[str, np.ndarray]:
     """Every upstream head removed alone, and all of them together (the last row of each text): effects
     ``[text, upstream (+ all), pos, head]``."""
-    n, h = len(tokens), receive.n_up
+    n, h = len(batch.docs.lengths), receive.n_up
     owners = einops.repeat(torch.arange(n), "text -> (text u)", u=h + 1)
     masks = einops.repeat(torch.cat([torch.eye(h), torch.ones(1, h)]).bool(), "u h -> (text u) h", text=n)
-    eff = _measure(
-        receive, tokens, resid, owners, masks, length=tokens.shape[1], at=positions, rows_per_forward=rows_per_forward
-    )
+    length = batch.docs.tokens.shape[1]
+    eff = _measure(receive, batch, owners, masks, length=length, at=positions, tokens_per_forward=tokens_per_forward)
     return {k: einops.rearrange(v, "(text u) pos head -> text u pos head", text=n) for k, v in eff.items()}
 
 
@@ -422,29 +436,44 @@ def _half_masks(
     return masks
 
 
-def _joint_effects(receive, tokens, resid, positions, masks, rows_per_forward) -> dict[str, np.ndarray]:
+def _joint_effects(
+    receive: _Receiver,
+    batch: Batch,
+    positions: list[int],
+    masks: Bool[Tensor, "text pos recv half upstream"],
+    tokens_per_forward: int,
+) -> dict[str, np.ndarray]:
     """Token-adaptive joint removals: token t's mask at every position, rows cut to t + 1 tokens; each row read at
     token t and its own receiving head. Returns qkv / js ``[text, pos, recv, half]``."""
     n, _, n_recv, n_half, _ = masks.shape
-    out = {"qkv": [], "js": []}
+    out: dict[str, list[np.ndarray]] = {"qkv": [], "js": []}
     for j, t in enumerate(positions):
         rows = einops.rearrange(masks[:, j], "text recv half up -> (text recv half) up")
         owners = einops.repeat(torch.arange(n), "text -> (text recv half)", recv=n_recv, half=n_half)
-        eff = _measure(receive, tokens, resid, owners, rows, length=t + 1, at=[t], rows_per_forward=rows_per_forward)
+        eff = _measure(receive, batch, owners, rows, length=t + 1, at=[t], tokens_per_forward=tokens_per_forward)
         for key in out:
             per_row = einops.rearrange(eff[key][:, 0], "(text recv half) g -> text half recv g", text=n, half=n_half)
             out[key].append(np.diagonal(per_row, axis1=2, axis2=3).transpose(0, 2, 1))  # own receiving head
     return {key: np.stack(v, axis=1) for key, v in out.items()}
 
 
-def _pair_batch(receive, tokens, resid, texts, positions, *, seed, mask_scales, rows_per_forward) -> dict:
+def _pair_batch(
+    receive: _Receiver,
+    batch: Batch,
+    positions: list[int],
+    *,
+    seed: int,
+    mask_scales: tuple[MaskScale, ...],
+    tokens_per_forward: int,
+) -> dict[str, np.ndarray]:
     """Everything one layer pair yields for one batch of texts."""
-    single = _single_effects(receive, tokens, resid, positions, rows_per_forward)
+    texts = range(batch.docs.rows.start, batch.docs.rows.stop)
+    single = _single_effects(receive, batch, positions, tokens_per_forward)
     everything = {key: single[key][:, -1] for key in ("qkv", "js")}  # [text, pos, head]: all upstream heads removed
     single = {key: v[:, :-1] for key, v in single.items()}
     scales = mask_scales if receive.kind == "softmax" else ("qkv",)
     masks = _half_masks(single, texts, up=receive.up, seed=seed, mask_scales=scales)
-    joint = _joint_effects(receive, tokens, resid, positions, masks, rows_per_forward)
+    joint = _joint_effects(receive, batch, positions, masks, tokens_per_forward)
     for key in ("qkv", "js"):  # -> [text, pos, recv, mask_scale, kind]
         halves = joint[key]
         per_scale = []
@@ -469,41 +498,66 @@ def _pad(arrays: list[np.ndarray], axes: Sequence[int]) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class _DominanceInput:
-    """What every unit of work (one layer pair on one batch of texts) needs; sent once to each worker."""
+class PairJob:
+    """One adjacent layer pair (``up``, ``up + 1``): every removal of upstream heads of layer ``up``, measured at
+    layer ``up + 1``."""
 
-    tokens: Tensor
-    ups: tuple[int, ...]
-    positions: tuple[int, ...]
-    seed: int
-    mask_scales: tuple[str, ...]
-    batch_size: int
-    rows_per_forward: int
+    up: int
+
+    @property
+    def key(self) -> str:
+        return f"L{self.up}->L{self.up + 1}"
+
+    @property
+    def start_layer(self) -> int:
+        return self.up
 
 
-def _dominance_task(context: TaskContext, plan: _DominanceInput, unit: tuple[int, int]) -> dict:
-    """Layer pair ``plan.ups[p]`` on the batch of texts starting at ``start``; the batch's unedited residuals are
-    kept for the next unit (units come batch by batch)."""
-    start, p = unit
-    up = plan.ups[p]
-    rows = slice(start, min(start + plan.batch_size, len(plan.tokens)))
-    batch = plan.tokens[rows]
-    names = [hook_name(u, "resid_pre") for u in plan.ups]
-    if context.memo.get("resid_batch") != start:
-        with torch.inference_mode():
-            _, cache = context.model.run_with_cache(batch, names_filter=names, stop_at_layer=max(plan.ups) + 1)
-        context.memo.update(resid_batch=start, resid=cache)
-    receive = context.cached(("receiver", up), lambda: _Receiver(context.model, context.info, up))
-    return _pair_batch(
-        receive,
-        batch,
-        context.memo["resid"][names[p]],
-        range(rows.start, rows.stop),
-        list(plan.positions),
-        seed=plan.seed,
-        mask_scales=plan.mask_scales,
-        rows_per_forward=plan.rows_per_forward,
-    )
+class _DominanceMetric(Metric):
+    """Per layer pair and text: the single-head effects (``rel_q``, ``rel_k``, ``rel_v``, ``qkv``, ``js``) and the
+    joint controls (``joint_qkv``, ``joint_js``) of the study's protocol (module docstring)."""
+
+    name = "head-dominance"
+
+    def __init__(self, info: ModelInfo, positions: tuple[int, ...], seed: int, mask_scales: tuple[MaskScale, ...]):
+        self.info, self.positions, self.seed, self.mask_scales = info, positions, seed, mask_scales
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "metric": self.name,
+            "positions": list(self.positions),
+            "seed": self.seed,
+            "masks": list(self.mask_scales),
+        }
+
+    def spec(self, job: Job) -> dict[str, ValueSpec]:
+        assert isinstance(job, PairJob)
+        n_up, n_recv, n_q, n_k, n_v = _receiver_heads(self.info, job.up)
+        pos = len(self.positions)
+        joint = ValueSpec(("docs", pos, n_recv, len(self.mask_scales), len(JOINT)), allow_nan=True)
+        return {
+            "rel_q": ValueSpec(("docs", n_up, pos, n_q)),
+            "rel_k": ValueSpec(("docs", n_up, pos, n_k)),
+            "rel_v": ValueSpec(("docs", n_up, pos, n_v)),
+            "qkv": ValueSpec(("docs", n_up, pos, n_recv)),
+            "js": ValueSpec(("docs", n_up, pos, n_recv), allow_nan=True),
+            "joint_qkv": joint,
+            "joint_js": joint,
+        }
+
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+        (job,) = jobs
+        assert isinstance(job, PairJob)
+        receive = context.cached(("receiver", job.up), lambda: _Receiver(context.model, context.info, job.up))
+        out = _pair_batch(
+            receive,
+            batch,
+            list(self.positions),
+            seed=self.seed,
+            mask_scales=self.mask_scales,
+            tokens_per_forward=plan.tokens_per_forward,
+        )
+        return [out]
 
 
 def study_texts(model: TransformerBridge, *, seq_len: int = 32, seed: int = 0) -> TokenBlocks:
@@ -519,85 +573,109 @@ def study_texts(model: TransformerBridge, *, seq_len: int = 32, seed: int = 0) -
     )
 
 
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class DominanceSettings:
+    """What head dominance computes: for every pair (l, l+1) with l in ``upstream_layers`` (None: all but the last),
+    the receiving query tokens ``query_positions`` (explicit positions), or the window ``query_start`` ..
+    ``query_stop`` (exclusive; both None: the study's 7..31, cut to the texts' length), the weak/strong halves ranked
+    on ``mask_scales`` (``("qkv",)``, the study's, or ``("qkv", "js")``), the random halves seeded by ``seed``."""
+
+    upstream_layers: tuple[int, ...] | None = field(default=None, metadata={"help": "upstream layers (default: all)"})
+    query_positions: tuple[int, ...] | None = field(default=None, metadata={"help": "receiving query tokens scored"})
+    query_start: int | None = field(
+        default=None, metadata={"help": "first query token scored (default: the study's 7)"}
+    )
+    query_stop: int | None = field(
+        default=None, metadata={"help": "score tokens before this one (default: the study's 32, or the texts' end)"}
+    )
+    mask_scales: tuple[MaskScale, ...] = field(default=("qkv",), metadata={"help": "what ranks the weak/strong halves"})
+    seed: int = field(default=0, metadata={"help": "seed of the random halves"})
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "upstream_layers", as_layers(self.upstream_layers))
+        object.__setattr__(self, "query_positions", as_layers(self.query_positions))
+        if self.query_positions is not None and (self.query_start is not None or self.query_stop is not None):
+            raise LensParallelError("give query_positions or a query_start / query_stop window, not both")
+        scales = check_choices(
+            "mask scale", (self.mask_scales,) if isinstance(self.mask_scales, str) else self.mask_scales, MaskScale
+        )
+        if scales[0] != "qkv":
+            raise LensParallelError(f"mask_scales must be ('qkv',) or ('qkv', 'js'), got {scales}")
+        object.__setattr__(self, "mask_scales", scales)
+        check_non_negative_int("seed", self.seed)
+
+    def window(self) -> slice | tuple[int, ...] | None:
+        """The receiving query tokens as :func:`_positions` reads them."""
+        if self.query_positions is not None:
+            return self.query_positions
+        if self.query_start is None and self.query_stop is None:
+            return None
+        return slice(STUDY_WINDOW[0] if self.query_start is None else self.query_start, self.query_stop)
+
+
 def head_dominance(
     model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    documents: object,
     *,
-    query_positions: slice | Sequence[int] | None = None,
-    upstream_layers: int | Sequence[int] | None = None,
-    mask_scales: Sequence[str] = ("qkv",),
-    seed: int = 0,
-    batch_size: int = 4,
-    rows_per_forward: int = 128,
-    progress: bool = True,
-    workers: int = 1,
-    ray_address: str | None = None,
+    settings: DominanceSettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
 ) -> DominanceResult:
-    """Dominance of upstream heads over the next layer's heads, for every pair (l, l+1) with l in
-    ``upstream_layers`` (default: all but the last layer), of any layer types (module docstring for the formulas).
+    """Dominance of upstream heads over the next layer's heads, for every pair (l, l+1) of any layer types (module
+    docstring for the formulas; :class:`DominanceSettings`, e.g. ``query_positions=slice(7, 32)`` or a list; run
+    options :class:`~lens_parallel.options.RunOptions`; both as keyword shortcuts).
 
-    ``tokens``: the study used four 32-token texts (:func:`study_texts`: two English, two Chinese).
-    ``query_positions``: the receiving query tokens scored; the default (None) is the study's window 7..31, cut to
-    the sequences' length; an explicit slice or list must lie within the sequences (no negative index). Blocks start
-    with the document-boundary token at position 0, so position 7 is the 7th text token and sees 7 earlier text
-    tokens; a caller whose texts carry no boundary token shifts the window by one (``slice(8, 33)`` on 33 tokens).
-    ``mask_scales``: what ranks the weak/strong halves: ``("qkv",)`` (the study) or ``("qkv", "js")``.
-    Texts are processed ``batch_size`` at a time; a forward holds at most ``rows_per_forward`` rows.
-    ``workers`` / ``ray_address``: each (layer pair, batch of texts) on Ray workers (:mod:`lens_parallel.distributed`;
-    same numbers as one process).
+    ``documents``: the study used four 32-token texts (:func:`study_texts`: two English, two Chinese; the
+    ``dominance-study`` protocol). Blocks start with the document-boundary token at position 0, so position 7 is the
+    7th text token and sees 7 earlier text tokens; a caller whose texts carry no boundary token shifts the window by
+    one (``slice(8, 33)`` on 33 tokens). Runs on the engine: one job per layer pair, each batch's residual entering
+    layer l from the reference pass, every removal a row of a stacked forward (``tokens_per_forward`` tokens at
+    most); ``store`` makes the run resumable pair by pair, ``workers`` runs pairs on Ray (same numbers).
     """
-    check_workers(workers, ray_address, model)
+    window = changes.pop("query_positions", None)
+    if isinstance(window, slice):
+        if window.step not in (None, 1):
+            raise LensParallelError(f"query positions {window} must have no step")
+        changes |= {"query_start": window.start, "query_stop": window.stop}
+    elif window is not None:
+        changes["query_positions"] = window
+    s, opts = resolve(DominanceSettings, settings, options, protocol, changes)
+    check_workers(opts.workers, opts.ray_address, model)
     info = model_info(model)
-    toks = as_tokens(tokens)
-    positions = list(_positions(query_positions, toks.shape[1]))
-    ups = check_indices("upstream layers", upstream_layers, info.n_layers - 1)
-    mask_scales = tuple(dict.fromkeys(mask_scales))
-    if not mask_scales or mask_scales[0] != "qkv" or any(s not in MASK_SCALES for s in mask_scales):
-        raise LensParallelError(f"mask_scales must be ('qkv',) or ('qkv', 'js'), got {mask_scales}")
+    docs = Documents.of(documents)
+    positions = _positions(s.window(), int(docs.lengths.min()))
+    ups = check_indices("upstream layers", s.upstream_layers, info.n_layers - 1)
     few = [layer for layer in {*ups, *(up + 1 for up in ups)} if info.output_heads(layer) < 2]
     if few:
         raise LensParallelError(f"head dominance needs at least 2 heads per layer; layers {sorted(few)} have fewer")
-    if isinstance(rows_per_forward, bool) or not isinstance(rows_per_forward, int) or rows_per_forward < 2:
-        raise LensParallelError(f"rows_per_forward must be an integer >= 2, got {rows_per_forward!r}")
-    receivers = [_Receiver(model, info, up) for up in ups]
-    plan = _DominanceInput(toks, ups, tuple(positions), seed, mask_scales, batch_size, rows_per_forward)
-    units = [(rows.start, p) for rows, _ in document_batches(toks, batch_size) for p in range(len(ups))]
-    memo = {("receiver", r.up): r for r in receivers}
-    found: dict[tuple[int, int], dict] = {}
-    with tqdm(total=len(units), desc="dominance", unit="pair", disable=not progress) as bar:
-        for i, out in run_tasks(
-            model, _dominance_task, plan, units, workers=workers, ray_address=ray_address, memo=memo
-        ):
-            found[units[i]] = out
-            bar.update(1)
-    per_pair = [
-        {key: [found[start, p][key] for start, q in units if q == p] for key in found[units[0]]}
-        for p in range(len(ups))
-    ]
-    arrays = {key: [np.concatenate(pair[key]) for pair in per_pair] for key in per_pair[0]}
-    provenance = Provenance.collect(
+    metric = _DominanceMetric(info, positions, s.seed, s.mask_scales)
+    jobs = [PairJob(up) for up in ups]
+    run = run_sweep(model, docs, jobs, metric=metric, options=opts, desc="dominance")
+    heads = [_receiver_heads(info, up) for up in ups]
+    arrays = {key: [run.value(job)[key] for job in jobs] for key in metric.spec(jobs[0])}
+    provenance = Provenance.of(
         info,
-        tokens,
-        analysis="head_dominance",
+        docs,
+        "head_dominance",
+        s,
+        opts,
         upstream_layers=list(ups),
-        query_positions=positions,
-        mask_scales=list(mask_scales),
-        seed=seed,
-        batch_size=batch_size,
-        rows_per_forward=rows_per_forward,
+        query_positions=list(positions),
         removal="upstream head's projected output zeroed over the whole sequence (softmax: hook_z; linear "
         "attention: gate input, so its gated-norm output is 0)",
     )
     return DominanceResult(
         layer_pairs=tuple((up, up + 1) for up in ups),
         layer_types=tuple((info.layer_types[up], info.layer_types[up + 1]) for up in ups),
-        upstream_heads=tuple(r.n_up for r in receivers),
-        receiving_heads=tuple(r.n_recv for r in receivers),
-        query_heads=tuple(r.n_q for r in receivers),
-        key_heads=tuple(r.n_k for r in receivers),
-        value_heads=tuple(r.n_v for r in receivers),
-        query_positions=tuple(positions),
-        mask_scales=mask_scales,
+        upstream_heads=tuple(h[0] for h in heads),
+        receiving_heads=tuple(h[1] for h in heads),
+        query_heads=tuple(h[2] for h in heads),
+        key_heads=tuple(h[3] for h in heads),
+        value_heads=tuple(h[4] for h in heads),
+        query_positions=positions,
+        mask_scales=s.mask_scales,
         joint_qkv=_pad(arrays.pop("joint_qkv"), axes=(2,)),
         joint_js=_pad(arrays.pop("joint_js"), axes=(2,)),
         provenance=provenance,

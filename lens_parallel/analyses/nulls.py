@@ -23,8 +23,10 @@ first, middle and last layers by default.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import einops
 import numpy as np
@@ -35,21 +37,34 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.data import TokenBlocks
-from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import LayerStream, expand_kv, softmax_layers
+from lens_parallel.choices import Groups, Null
+from lens_parallel.distributed import TaskContext
+from lens_parallel.documents import Documents, document_batches
+from lens_parallel.errors import LensParallelError, LibraryError
+from lens_parallel.hooks import expand_kv, softmax_layers
 from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.nulls import null_figure
-from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
+from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
 from lens_parallel.stats import bootstrap_mean_ci
+from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, Values, ValueSpec, run_rows, run_sweep
+from lens_parallel.validate import (
+    as_layers,
+    check_choice,
+    check_finite,
+    check_non_negative_int,
+    check_positive_int,
+    options,
+)
 
 RECONSTRUCTION_TOL = 1e-2
-NULLS = ("sampled", "exact")
-GROUPS = ("neighbour", "all")
+NULLS = options(Null)
+GROUPS = options(Groups)
 
 
-class ReconstructionError(LensParallelError):
-    """The captured hooks do not reproduce hook_z: the checks would measure the wrong thing."""
+class ReconstructionError(LibraryError):
+    """The captured hooks do not reproduce hook_z: the checks would measure the wrong thing (an incompatible
+    TransformerLens, or a model whose weights were processed)."""
 
 
 def null_positions(n_docs: int, seq_len: int, n_heads: int, *, seed: int, layer: int) -> Int[Tensor, "batch pos head"]:
@@ -73,21 +88,20 @@ def _aggregate(t: dict[str, Tensor], info: ModelInfo) -> tuple[Tensor, Tensor]:
     return t["z"], v
 
 
-def reconstruction_error(model: TransformerBridge, tokens: Int[Tensor, "batch pos"], layers: list[int]) -> float:
-    """Max over layers of |A @ expand(v) (x sigmoid(gate) if gated) - hook_z| / |hook_z|, on ``tokens``."""
+def reconstruction_error(model: TransformerBridge, documents: Documents, layers: list[int]) -> float:
+    """Max over layers of |A @ expand(v) (x sigmoid(gate) if gated) - hook_z| / |hook_z|, on the first document."""
     info = model_info(model)
     roles = ["v", "pattern_full", "z", *(["q_gate"] if info.gated_attention else [])]
-    worst = [0.0]
-
-    def reduce(layer: int, t: dict[str, Tensor]) -> None:
+    first = next(document_batches(documents, 1))
+    got = run_rows(model, info, Batch(first), capture={layer: roles for layer in layers}).captured
+    worst = 0.0
+    for t in got.values():
         y = geometry.value_aggregate(t["pattern_full"], expand_kv(t["v"], info.n_heads))
         if info.gated_attention:
             y = torch.sigmoid(einops.rearrange(t["q_gate"], "b p (h d) -> b p h d", h=info.n_heads)) * y
         error = ((y - t["z"]).norm() / t["z"].norm().clamp_min(1e-30)).item()
-        worst[0] = max(worst[0], error) if np.isfinite(error) else float("inf")
-
-    LayerStream(info, layers, roles, reduce).run(model, tokens)
-    return worst[0]
+        worst = max(worst, error) if np.isfinite(error) else float("inf")
+    return worst
 
 
 @serializable
@@ -115,55 +129,31 @@ class NullResult(ResultMixin):
 
     def to_dataframe(self) -> pd.DataFrame:
         """Full resolution: one row per (document, layer, head) with that document's mean cos_self, cos_null (and
-        cos_across) over positions t >= 1."""
-        info = self.info
-        n_docs, n_layers, n_heads = self.cos_self.shape
-        doc, layer, head = np.meshgrid(np.arange(n_docs), np.arange(n_layers), np.arange(n_heads), indexing="ij")
-        layers = np.asarray(self.layers)[layer.ravel()]
-        frame = {
-            "model": info.name,
-            "document": doc.ravel(),
-            "layer": layers,
-            "head": head.ravel(),
-            "kv_head": head.ravel() // info.group_size,
-            "label": [f"L{lay}H{h}" for lay, h in zip(layers, head.ravel(), strict=True)],
-            "cos_self": self.cos_self.ravel(),
-            "cos_null": self.cos_null.ravel(),
-        }
-        if self.cos_across is not None:
-            frame["cos_across"] = self.cos_across.ravel()
-        return pd.DataFrame(frame)
+        cos_across) over its positions t >= 1."""
+        values = {"cos_self": self.cos_self, "cos_null": self.cos_null}
+        values |= {} if self.cos_across is None else {"cos_across": self.cos_across}
+        return head_frame(self.info, self.layers, values, outer=("document", range(len(self.cos_self))))
 
     def head_table(self) -> pd.DataFrame:
         """One row per (layer, head): means over documents, the excess with its bootstrap CI over documents, the
         self-specific fraction and null share of that head, and (GQA) within/across-group excess."""
-        info, rows = self.info, []
         cs, cn = self.cos_self.mean(0), self.cos_null.mean(0)
-        for i, layer in enumerate(self.layers):
-            for h in range(cs.shape[1]):
-                row = {
-                    "model": info.name,
-                    "layer": layer,
-                    "head": h,
-                    "kv_head": h // info.group_size,
-                    "label": f"L{layer}H{h}",
-                    "cos_self": cs[i, h],
-                    "cos_null": cn[i, h],
-                    "excess": self.excess[i, h],
-                    "excess_lo": self.excess_lo[i, h],
-                    "excess_hi": self.excess_hi[i, h],
-                    "self_specific_fraction": self.excess[i, h] / cs[i, h],
-                    "null_share": cn[i, h] / cs[i, h],
-                }
-                if self.cos_across is not None:
-                    across = self.cos_across[:, i, h]
-                    row |= {
-                        "within_excess": self.excess[i, h],
-                        "cos_across": across.mean(),
-                        "across_excess": (across - self.cos_null[:, i, h]).mean(),
-                    }
-                rows.append(row)
-        return pd.DataFrame(rows)
+        values = {
+            "cos_self": cs,
+            "cos_null": cn,
+            "excess": self.excess,
+            "excess_lo": self.excess_lo,
+            "excess_hi": self.excess_hi,
+            "self_specific_fraction": self.excess / cs,
+            "null_share": cn / cs,
+        }
+        if self.cos_across is not None:
+            values |= {
+                "within_excess": self.excess,
+                "cos_across": self.cos_across.mean(0),
+                "across_excess": (self.cos_across - self.cos_null).mean(0),
+            }
+        return head_frame(self.info, self.layers, values)
 
     def summary(self) -> pd.DataFrame:
         """Model-level row as the paper computes it: means over heads of cos_self, cos_null (and the GQA columns),
@@ -182,91 +172,136 @@ class NullResult(ResultMixin):
         return null_figure(self)
 
 
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class NullSettings:
+    """What the null model computes: ``null`` (``sampled``, the paper's, seeded by ``seed``; or ``exact``),
+    ``groups`` (None; or ``neighbour`` / ``all``: the across-kv-group cosine, :func:`gqa_alignment`), the bootstrap
+    CI of the excess from ``n_resamples`` resamples, and the reconstruction gate (``gate_tol`` on ``gate_layers``,
+    default first, middle and last)."""
+
+    null: Null = field(default="sampled", metadata={"help": "causal null: sampled (the paper's) or exact"})
+    groups: Groups | None = field(default=None, metadata={"help": "GQA across-group comparison: neighbour or all"})
+    seed: int = field(default=0, metadata={"help": "seed of the null draws and the bootstrap"})
+    n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the excess CI"})
+    gate_tol: float = field(default=RECONSTRUCTION_TOL, metadata={"help": "reconstruction gate tolerance"})
+    gate_layers: tuple[int, ...] | None = field(default=None, metadata={"help": "layers the gate checks"})
+
+    def __post_init__(self) -> None:
+        check_choice("null", self.null, Null)
+        if self.groups is not None:
+            check_choice("groups", self.groups, Groups)
+        check_non_negative_int("seed", self.seed)
+        check_positive_int("n_resamples", self.n_resamples)
+        check_finite("gate_tol", self.gate_tol)
+        object.__setattr__(self, "gate_layers", as_layers(self.gate_layers))
+
+
+class _NullMetric(Metric):
+    """Per document, layer and head: the means over positions 1 <= t < length of cos_self, cos_null (and the
+    across-group cosine)."""
+
+    name = "causal-null"
+
+    def __init__(self, info: ModelInfo, layers: tuple[int, ...], settings: NullSettings, seq_len: int, n_docs: int):
+        self.info, self.layers, self.s = info, layers, settings
+        self.roles = ["v", "pattern_full"] if info.gated_attention else ["v", "z"]
+        self.draws = {}
+        if settings.null == "sampled":
+            self.draws = {
+                layer: null_positions(n_docs, seq_len, info.n_heads, seed=settings.seed, layer=layer)
+                for layer in layers
+            }
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"metric": self.name, "null": self.s.null, "groups": self.s.groups, "seed": self.s.seed}
+
+    def spec(self, job: Job) -> dict[str, ValueSpec]:
+        shape = ("docs", len(self.layers), self.info.n_heads)
+        names = ("self", "null", "across") if self.s.groups else ("self", "null")
+        return {name: ValueSpec(shape) for name in names}
+
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+        info, docs = self.info, batch.docs
+        got = run_rows(context.model, info, batch, capture={layer: self.roles for layer in self.layers}).captured
+        weight = (docs.real & (torch.arange(docs.tokens.shape[1], device=docs.tokens.device) >= 1)).double()
+        weight = weight[:, :, None].to(got[self.layers[0]]["v"].device)
+
+        def mean(x: Tensor) -> np.ndarray:  # over the real positions t >= 1 of each document
+            return ((x * weight).sum(1) / weight.sum(1)).cpu().numpy()
+
+        out: Values = {
+            name: np.zeros((len(docs.lengths), len(self.layers), info.n_heads)) for name in self.spec(jobs[0])
+        }
+        for i, layer in enumerate(self.layers):
+            y, v = _aggregate(got[layer], info)
+            if self.s.null == "sampled":
+                j = self.draws[layer][docs.rows, : y.shape[1]].to(y.device)
+                cos_self, cos_null = geometry.self_and_null_cosines(y, v, j)
+            else:
+                cos_self, cos_null = torch.cosine_similarity(y, v, dim=-1), geometry.mean_earlier_cosine(y, v)
+            out["self"][:, i], out["null"][:, i] = mean(cos_self), mean(cos_null)
+            if self.s.groups is not None:
+                out["across"][:, i] = mean(_across(y, got[layer]["v"], info, self.s.groups))
+        return [out]
+
+
 def causal_null(
     model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    documents: object,
     *,
-    seed: int = 0,
-    null: str = "sampled",
-    groups: str | None = None,
-    batch_size: int = 8,
-    n_resamples: int = 2000,
-    gate_tol: float = RECONSTRUCTION_TOL,
-    gate_layers: Sequence[int] | None = None,
+    settings: NullSettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
 ) -> NullResult:
     """cos_self vs the earlier-position causal null per layer and head (see the module docstring), with a
-    bootstrap CI of the excess over documents. ``null``: ``sampled`` (the paper's) or ``exact``. ``groups``:
-    ``neighbour`` or ``all`` adds the across-kv-group cosine (see :func:`gqa_alignment`). The reconstruction gate
-    checks ``gate_layers`` (default: first, middle, last) on the first document against ``gate_tol``.
-    Linear-attention layers (Qwen3.5) are skipped and said so in the provenance."""
+    bootstrap CI of the excess over documents (:class:`NullSettings`; run options
+    :class:`~lens_parallel.options.RunOptions`; both as keyword shortcuts). One pass of the engine over the
+    documents (ragged included: only real positions count). Linear-attention layers (Qwen3.5) are skipped and said so
+    in the provenance."""
+    s, opts = resolve(NullSettings, settings, options, protocol, changes)
     info = model_info(model)
-    toks = as_tokens(tokens)
-    if toks.shape[1] < 2:
-        raise LensParallelError(f"the causal null needs at least 2 positions per document, got {toks.shape[1]}")
-    if null not in NULLS:
-        raise LensParallelError(f"unknown null {null!r}; accepted: {', '.join(NULLS)}")
-    if groups is not None and groups not in GROUPS:
-        raise LensParallelError(f"unknown groups {groups!r}; accepted: {', '.join(GROUPS)}")
+    docs = Documents.of(documents)
     layers, skipped = softmax_layers(info, None, what="causal_null")
-    checked = default_gate_layers(layers) if gate_layers is None else [int(x) for x in gate_layers]
+    checked = default_gate_layers(layers) if s.gate_layers is None else list(s.gate_layers)
     if not set(checked) <= set(layers):
         raise LensParallelError(f"gate layers {checked} must be softmax-attention layers among {list(layers)}")
-    error = reconstruction_error(model, toks[:1], checked)
-    if not error <= gate_tol:
+    error = reconstruction_error(model, docs, checked)
+    if not error <= s.gate_tol:
         raise ReconstructionError(
             f"A @ expand(v) does not reproduce hook_z on layers {checked}: relative error {error:.3g} > tolerance "
-            f"{gate_tol:.3g}; the hooks do not hold what the null model assumes (is the model loaded with processed "
+            f"{s.gate_tol:.3g}; the hooks do not hold what the null model assumes (is the model loaded with processed "
             "weights?)"
         )
-    n, n_l = len(toks), len(layers)
-    if null == "sampled":
-        j = {layer: null_positions(n, toks.shape[1], info.n_heads, seed=seed, layer=layer) for layer in layers}
-    out = {key: np.zeros((n, n_l, info.n_heads)) for key in ("self", "null", "across")}
-    roles = ["v", "pattern_full"] if info.gated_attention else ["v", "z"]
-    start = [0]
-
-    def reduce(layer: int, t: dict[str, Tensor]) -> None:
-        y, v = _aggregate(t, info)
-        sl, i = slice(start[0], start[0] + len(y)), layers.index(layer)
-        if null == "sampled":
-            cos_self, cos_null = geometry.self_and_null_cosines(y, v, j[layer][sl])
-        else:
-            cos_self, cos_null = torch.cosine_similarity(y, v, dim=-1), geometry.mean_earlier_cosine(y, v)
-        out["self"][sl, i] = cos_self[:, 1:].mean(1).cpu().numpy()  # means over t >= 1
-        out["null"][sl, i] = cos_null[:, 1:].mean(1).cpu().numpy()
-        if groups is not None:
-            out["across"][sl, i] = _across(y, t["v"], info, groups)[:, 1:].mean(1).cpu().numpy()
-
-    stream = LayerStream(info, layers, roles, reduce)
-    for s in range(0, n, batch_size):
-        start[0] = s
-        stream.run(model, toks[s : s + batch_size])
+    metric = _NullMetric(info, layers, s, docs.tokens.shape[1], len(docs))
+    job = EditJob("unedited", ())
+    out = run_sweep(model, docs, [job], metric=metric, options=opts, desc="causal null").value(job)
     lo, hi = bootstrap_mean_ci(
-        out["self"] - out["null"], n_resamples=n_resamples, seed=seed, what="causal null: per-document excess"
+        out["self"] - out["null"], n_resamples=s.n_resamples, seed=s.seed, what="causal null: per-document excess"
     )
-    provenance = Provenance.collect(
+    provenance = Provenance.of(
         info,
-        tokens,
-        analysis="gqa_alignment" if groups else "causal_null",
-        seed=seed,
-        null=null,
-        groups=groups,
+        docs,
+        "gqa_alignment" if s.groups else "causal_null",
+        s,
+        opts,
         layers=list(layers),
-        positions="t >= 1; null j ~ U[0, t) per (document, layer, head, position)"
-        if null == "sampled"
-        else "t >= 1; null = exact mean over j in [0, t)",
+        positions="1 <= t < length; null j ~ U[0, t) per (document, layer, head, position)"
+        if s.null == "sampled"
+        else "1 <= t < length; null = exact mean over j in [0, t)",
         reconstruction_error=error,
-        gate={"layers": checked, "tolerance": gate_tol, "documents": 1},
+        gate={"layers": checked, "tolerance": s.gate_tol, "documents": 1},
         skipped=skipped,
     )
     return NullResult(
         layers=layers,
-        seed=seed,
-        null=null,
-        groups=groups,
+        seed=s.seed,
+        null=s.null,
+        groups=s.groups,
         cos_self=out["self"],
         cos_null=out["null"],
-        cos_across=out["across"] if groups else None,
+        cos_across=out["across"] if s.groups else None,
         excess_lo=lo,
         excess_hi=hi,
         reconstruction_error=error,
@@ -290,13 +325,15 @@ def is_grouped(info: ModelInfo) -> bool:
 
 def gqa_alignment(
     model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    documents: object,
     *,
-    groups: str = "neighbour",
-    seed: int = 0,
-    **kwargs,
+    settings: NullSettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
 ) -> NullResult:
-    """Within-group vs across-group excess (module docstring); needs grouped-query attention."""
+    """Within-group vs across-group excess (module docstring); needs grouped-query attention. As
+    :func:`causal_null` with ``groups`` (default here: ``neighbour``)."""
     info = model_info(model)
     if info.n_kv_heads == 1:
         raise LensParallelError(
@@ -309,4 +346,7 @@ def gqa_alignment(
             "share a value projection, so the within/across-group contrast is undefined (it needs grouped-query "
             "attention, 1 < n_kv_heads < n_heads)"
         )
-    return causal_null(model, tokens, seed=seed, groups=groups, **kwargs)
+    s, opts = resolve(NullSettings, settings, options, protocol, changes)
+    if s.groups is None:
+        s = dataclasses.replace(s, groups="neighbour")
+    return causal_null(model, documents, settings=s, options=opts)

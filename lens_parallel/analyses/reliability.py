@@ -14,25 +14,27 @@ effect of the other) is beside it in :meth:`SplitHalfResult.correlation_table`. 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from jaxtyping import Int
-from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.analyses.nulls import NullResult, causal_null, gqa_alignment, is_grouped
-from lens_parallel.data import TokenBlocks
+from lens_parallel.analyses.nulls import NullResult, NullSettings, causal_null, gqa_alignment, is_grouped
+from lens_parallel.choices import Ablation, EditPositions, Null
 from lens_parallel.distributed import check_workers
+from lens_parallel.documents import Documents
+from lens_parallel.edits import check_positions
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import model_info
+from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.nulls import sanity_figure, split_half_figure
-from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
+from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
 from lens_parallel.stats import SPLIT_HALF_METHODS, split_half_correlations
 from lens_parallel.sweep import AblationJob, run_sweep
+from lens_parallel.validate import check_choice, check_non_negative_int
 
 STATISTICS = ("cos_self", "excess")
 HEADLINE = (
@@ -79,25 +81,8 @@ class SplitHalfResult(ResultMixin):
 
     def to_dataframe(self) -> pd.DataFrame:
         """Full resolution: one row per (half, layer, head) with that half's cos_self, excess and delta."""
-        n_heads = self.delta.shape[2]
-        return pd.DataFrame(
-            [
-                {
-                    "model": self.info.name,
-                    "edit": self.edit,
-                    "half": "AB"[k],
-                    "layer": layer,
-                    "head": h,
-                    "label": f"L{layer}H{h}",
-                    "cos_self": self.cos_self[k, i, h],
-                    "excess": self.excess[k, i, h],
-                    "delta_loss": self.delta[k, i, h],
-                }
-                for k in range(2)
-                for i, layer in enumerate(self.layers)
-                for h in range(n_heads)
-            ]
-        )
+        values = {"cos_self": self.cos_self, "excess": self.excess, "delta_loss": self.delta}
+        return head_frame(self.info, self.layers, values, front={"edit": self.edit}, outer=("half", ["A", "B"]))
 
     def correlation_table(self) -> pd.DataFrame:
         """One row per statistic and method (``pooled``: the paper's diagnostic; ``cross-half``) with its split-half
@@ -122,41 +107,46 @@ class SplitHalfResult(ResultMixin):
         return split_half_figure(self)
 
 
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class SanitySettings:
+    """What the sanity checks compute: the causal null (``null``: ``sampled``, the paper's, or ``exact``) and the
+    split-half reliability of single-head ablations (``edit`` at ``positions``: ``after-first``, the paper's frozen
+    protocol), both seeded by ``seed`` (the null draws and the halves)."""
+
+    edit: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
+    positions: EditPositions = field(
+        default="after-first", metadata={"help": "the paper's frozen protocol: after-first"}
+    )
+    null: Null = field(default="sampled", metadata={"help": "causal null: sampled (the paper's) or exact"})
+    seed: int = field(default=0, metadata={"help": "seed of the null draws and the halves"})
+
+    def __post_init__(self) -> None:
+        check_choice("ablation", self.edit, Ablation)
+        check_positions(self.positions)
+        check_choice("null", self.null, Null)
+        check_non_negative_int("seed", self.seed)
+
+
 def split_half_reliability(
     model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    documents: object,
     *,
-    edit: str = "parallel-value",
-    positions: str = "after-first",
-    seed: int = 0,
-    batch_size: int = 8,
-    store: str | Path | None = None,
-    progress: bool = True,
-    workers: int = 1,
-    ray_address: str | None = None,
+    settings: SanitySettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
 ) -> SplitHalfResult:
-    """See the module docstring. ``store``: the JSON-lines file of the resumable single-head ablation sweep (run once
-    over all documents and split by half: per-document losses do not depend on the half;
-    :func:`~lens_parallel.analyses.sensitivity.head_sensitivity` given the same file and positions shares its
-    finished jobs). ``positions``: the paper's frozen single-head interventions exclude the first token
-    (``after-first``, the default here). ``workers`` / ``ray_address``: run the sweep on Ray workers
-    (:mod:`lens_parallel.distributed`; same numbers as one process)."""
-    check_documents(len(as_tokens(tokens)))
-    check_workers(workers, ray_address, model)
-    null = causal_null(model, tokens, seed=seed, batch_size=batch_size, n_resamples=100)
-    return _split_half(
-        model,
-        tokens,
-        null,
-        edit=edit,
-        positions=positions,
-        seed=seed,
-        batch_size=batch_size,
-        store=store,
-        progress=progress,
-        workers=workers,
-        ray_address=ray_address,
-    )
+    """See the module docstring (:class:`SanitySettings`; run options :class:`~lens_parallel.options.RunOptions`).
+    ``store``: the JSON-lines file of the resumable single-head ablation sweep (run once over all documents and split
+    by half: per-document losses do not depend on the half; :func:`~lens_parallel.analyses.sensitivity.head_sensitivity`
+    given the same file and positions shares its finished jobs)."""
+    s, opts = resolve(SanitySettings, settings, options, protocol, changes)
+    docs = Documents.of(documents)
+    check_documents(len(docs))
+    check_workers(opts.workers, opts.ray_address, model)
+    null = causal_null(model, docs, settings=NullSettings(null=s.null, seed=s.seed, n_resamples=100), options=opts)
+    return _split_half(model, docs, null, s, opts)
 
 
 MIN_DOCUMENTS = 4
@@ -172,36 +162,15 @@ def check_documents(n_docs: int) -> None:
 
 
 def _split_half(
-    model: TransformerBridge,
-    tokens: TokenBlocks | Tensor,
-    null: NullResult,
-    *,
-    edit: str,
-    positions: str,
-    seed: int,
-    batch_size: int,
-    store: str | Path | None,
-    progress: bool,
-    workers: int,
-    ray_address: str | None,
+    model: TransformerBridge, docs: Documents, null: NullResult, s: SanitySettings, opts: RunOptions
 ) -> SplitHalfResult:
-    """Split ``null`` (per-document cosines on ``tokens``) and one single-head ablation sweep into seeded halves."""
-    info, toks = model_info(model), as_tokens(tokens)
-    order = np.random.default_rng(seed).permutation(len(toks))
-    halves = (tuple(sorted(order[: len(toks) // 2].tolist())), tuple(sorted(order[len(toks) // 2 :].tolist())))
+    """Split ``null`` (per-document cosines on ``docs``) and one single-head ablation sweep into seeded halves."""
+    info = model_info(model)
+    order = np.random.default_rng(s.seed).permutation(len(docs))
+    halves = (tuple(sorted(order[: len(docs) // 2].tolist())), tuple(sorted(order[len(docs) // 2 :].tolist())))
     jobs = [AblationJob(layer, (h,)) for layer in null.layers for h in range(info.n_heads)]
-    run = run_sweep(
-        model,
-        toks,
-        jobs,
-        edit=edit,
-        positions=positions,
-        batch_size=batch_size,
-        store=store,
-        progress=progress,
-        workers=workers,
-        ray_address=ray_address,
-    )
+    run = run_sweep(model, docs, jobs, edit=s.edit, positions=s.positions, options=opts)
+    assert run.base is not None
     cos_self, excess, deltas = [], [], []
     for half in halves:
         idx = list(half)
@@ -211,18 +180,17 @@ def _split_half(
         base = run.base.loss_sum[idx].sum() / n
         delta = np.array([run[job].loss_sum[idx].sum() / n - base for job in jobs])
         deltas.append(delta.reshape(len(null.layers), -1))
-    provenance = Provenance.collect(
+    provenance = Provenance.of(
         info,
-        tokens,
-        analysis="split_half_reliability",
-        edit=edit,
-        positions=positions,
-        seed=seed,
+        docs,
+        "split_half_reliability",
+        s,
+        opts,
         halves=[list(h) for h in halves],
         skipped=null.provenance.settings["skipped"],
     )
     return SplitHalfResult(
-        edit=edit,
+        edit=s.edit,
         layers=null.layers,
         halves=halves,
         cos_self=np.stack(cos_self),
@@ -271,37 +239,23 @@ class SanityReport(ResultMixin):
 
 def sanity_report(
     model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    documents: object,
     *,
-    edit: str = "parallel-value",
-    positions: str = "after-first",
-    null: str = "sampled",
-    seed: int = 0,
-    batch_size: int = 8,
-    store: str | Path | None = None,
-    progress: bool = True,
-    workers: int = 1,
-    ray_address: str | None = None,
+    settings: SanitySettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
 ) -> SanityReport:
-    """Every check on one set of documents: causal null (+ GQA alignment under grouped-query attention) and split halves
-    (from that same null pass and one single-head ablation sweep). ``null``: ``sampled`` (the paper's) or ``exact``;
-    ``positions``: where the single-head edits act (``after-first``, the paper's frozen protocol). ``workers`` /
-    ``ray_address``: run the sweep on Ray workers (:mod:`lens_parallel.distributed`)."""
-    check_documents(len(as_tokens(tokens)))
-    check_workers(workers, ray_address, model)
-    check = gqa_alignment if is_grouped(model_info(model)) else causal_null
-    nulls = check(model, tokens, seed=seed, null=null, batch_size=batch_size)
-    split = _split_half(
-        model,
-        tokens,
-        nulls,
-        edit=edit,
-        positions=positions,
-        seed=seed,
-        batch_size=batch_size,
-        store=store,
-        progress=progress,
-        workers=workers,
-        ray_address=ray_address,
-    )
-    return SanityReport(null=nulls, split_half=split)
+    """Every check on one set of documents: causal null (+ GQA alignment under grouped-query attention) and split
+    halves (from that same null pass and one single-head ablation sweep); :class:`SanitySettings`, run options
+    :class:`~lens_parallel.options.RunOptions` (``store`` makes the sweep resumable, ``workers`` runs it on Ray)."""
+    s, opts = resolve(SanitySettings, settings, options, protocol, changes)
+    docs = Documents.of(documents)
+    check_documents(len(docs))
+    check_workers(opts.workers, opts.ray_address, model)
+    null_settings = NullSettings(null=s.null, seed=s.seed)
+    if is_grouped(model_info(model)):
+        nulls = gqa_alignment(model, docs, settings=null_settings, options=opts)
+    else:
+        nulls = causal_null(model, docs, settings=null_settings, options=opts)
+    return SanityReport(null=nulls, split_half=_split_half(model, docs, nulls, s, opts))

@@ -9,25 +9,23 @@ layer from the cached ``resid_pre``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np
 import pandas as pd
-from jaxtyping import Int
-from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.data import TokenBlocks
-from lens_parallel.edits import HEAD_SPACES, SCALE_SPACES, ComponentScale, compile_hooks
-from lens_parallel.errors import LensParallelError
+from lens_parallel.choices import EditPositions, HeadsAll, Space
+from lens_parallel.documents import Documents
+from lens_parallel.edits import HEAD_SPACES, ComponentScale, check_positions
 from lens_parallel.hooks import check_indices, softmax_layers
 from lens_parallel.losses import EditEffect, edit_effect
-from lens_parallel.models import model_info
+from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.scaling import scaling_figure
-from lens_parallel.results import Provenance, ResultMixin, as_tokens, serializable
+from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.sweep import EditJob, run_sweep
+from lens_parallel.validate import as_layers, check_choices, check_finite, check_non_negative_int, check_positive_int
 
 DEFAULT_S_PAR = (-1.0, -0.5, 0.0, 0.5, 1.5, 2.0, 3.0)
 DEFAULT_S_PERP = (0.0, 0.25, 0.5, 0.75, 1.5)
@@ -96,14 +94,46 @@ class ScalingResult(ResultMixin):
         return scaling_figure(self)
 
 
-def _check_scales(name: str, values: Sequence[float]) -> tuple[float, ...]:
-    values = tuple(float(v) for v in values)
-    if not all(np.isfinite(values)):
-        raise LensParallelError(f"{name} values must be finite numbers, got {list(values)}")
-    return values
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class ScaleSettings:
+    """What a scaling sweep computes: in each ``space``, s_par over ``s_par`` at s_perp = 1 and s_perp over
+    ``s_perp`` at s_par = 1, editing ``layers`` (None: all) together or, with ``per_layer``, one at a time; ``heads``
+    as :class:`~lens_parallel.edits.ComponentScale`'s; at ``positions``; CIs from ``n_resamples`` bootstrap
+    resamples seeded by ``seed``."""
+
+    space: tuple[Space, ...] = field(default=("value",), metadata={"help": "spaces whose components are scaled"})
+    s_par: tuple[float, ...] = field(default=DEFAULT_S_PAR, metadata={"help": "s_par values (at s_perp = 1)"})
+    s_perp: tuple[float, ...] = field(default=DEFAULT_S_PERP, metadata={"help": "s_perp values (at s_par = 1)"})
+    layers: tuple[int, ...] | None = field(default=None, metadata={"help": "layers edited (default: all)"})
+    per_layer: bool = field(default=False, metadata={"help": "edit one layer at a time instead of all together"})
+    heads: tuple[int, ...] | HeadsAll | None = field(
+        default=None, metadata={"help": "query heads (default: every head / the whole sublayer in residual-attn)"}
+    )
+    positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
+    n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the CIs"})
+    seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "space", check_choices("space", _as_tuple(self.space), Space))
+        for name in ("s_par", "s_perp"):
+            values = tuple(check_finite(name, v) for v in _as_tuple(getattr(self, name)))
+            object.__setattr__(self, name, values)
+        object.__setattr__(self, "layers", as_layers(self.layers))
+        if self.heads != "all":
+            object.__setattr__(self, "heads", as_layers(self.heads))
+        check_positions(self.positions)
+        check_positive_int("n_resamples", self.n_resamples)
+        check_non_negative_int("seed", self.seed)
 
 
-def _space_layers(info, spaces: tuple[str, ...], layers) -> dict[str, tuple[int, ...]]:
+def _as_tuple(values: object) -> tuple[Any, ...]:
+    return (values,) if isinstance(values, (str, int, float)) else tuple(values)  # type: ignore[arg-type]
+
+
+def _space_layers(
+    info: ModelInfo, spaces: tuple[Space, ...], layers: tuple[int, ...] | None
+) -> dict[str, tuple[int, ...]]:
     """The layers each space edits: head-level spaces act on softmax-attention layers only (Qwen3.5's linear blocks
     are skipped when ``layers=None``; naming one raises)."""
     layer_idx = check_indices("layers", layers, info.n_layers)
@@ -113,13 +143,13 @@ def _space_layers(info, spaces: tuple[str, ...], layers) -> dict[str, tuple[int,
 
 
 def _jobs(
-    spaces: tuple[str, ...],
+    spaces: tuple[Space, ...],
     settings: list[tuple[str, float, float]],
-    space_layers: dict,
+    space_layers: dict[str, tuple[int, ...]],
     per_layer: bool,
-    heads,
-    positions: str,
-) -> tuple[dict[str, EditJob], dict[str, tuple]]:
+    heads: tuple[int, ...] | HeadsAll | None,
+    positions: EditPositions,
+) -> tuple[dict[str, EditJob], dict[str, tuple[EditJob, tuple[str, str, float, float, int | None]]]]:
     """One matched no-op per space (all its layers, from the tokens) and one job per (space, setting[, layer]);
     per-layer jobs start at their layer (the unedited prefix is reused). Returns the no-op jobs by space and every
     edited job with its (space, vary, s_par, s_perp, layer) point."""
@@ -141,81 +171,33 @@ def _jobs(
 
 def scale_sweep(
     model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    documents: object,
     *,
-    space: str | Sequence[str] = "value",
-    s_par: Sequence[float] = DEFAULT_S_PAR,
-    s_perp: Sequence[float] = DEFAULT_S_PERP,
-    layers: int | Sequence[int] | None = None,
-    per_layer: bool = False,
-    heads: Sequence[int] | None = None,
-    positions: str = "all",
-    batch_size: int = 8,
-    n_resamples: int = 2000,
-    seed: int = 0,
-    store: str | Path | None = None,
-    progress: bool = True,
-    workers: int = 1,
-    ray_address: str | None = None,
+    settings: ScaleSettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
 ) -> ScalingResult:
-    """Loss/perplexity of ``ComponentScale`` settings, minus the matched no-op, with paired bootstrap CIs.
+    """Loss/perplexity of ``ComponentScale`` settings, minus the matched no-op, with paired bootstrap CIs
+    (:class:`ScaleSettings`; run options :class:`~lens_parallel.options.RunOptions`; both as keyword shortcuts).
 
-    Args:
-        space: one or more of ``value``, ``value-exclude-self``, ``residual-attn``, ``residual-mlp``,
-            ``residual-block``.
-        s_par: values of s_par tried at s_perp = 1. s_perp: values of s_perp tried at s_par = 1.
-        layers: the layers edited (default all), all together; with ``per_layer=True`` one at a time.
-        heads: query heads edited (value spaces and residual-attn only; default all / the whole sublayer).
-        positions: ``all`` (default) or ``after-first``: position 0 (the boundary token, where o_0 = v_0) untouched.
-        batch_size, n_resamples, seed: documents per forward; bootstrap resamples and seed (CIs over documents).
-        store: a JSON-lines file that makes the sweep resumable (see :func:`lens_parallel.sweep.run_sweep`).
-        workers, ray_address: run the settings on Ray workers (:mod:`lens_parallel.distributed`; same numbers).
-
-    Runs on the sweep engine: one forward per setting and batch (the edits compute their references inside that
-    forward); per-layer settings resume at the edited layer. The matched no-op (the same hooks, scales 1) is exact,
-    so one no-op per space serves every setting and layer.
+    Runs on the sweep engine: the settings of one space stack into shared forwards with one scale per row, and the
+    edits compute their references inside the forward; per-layer settings resume at the edited layer. The matched
+    no-op (the same hooks, scales 1) is exact, so one no-op per space serves every setting and layer.
     """
+    s, opts = resolve(ScaleSettings, settings, options, protocol, changes)
     info = model_info(model)
-    spaces = (space,) if isinstance(space, str) else tuple(space)
-    bad = [sp for sp in spaces if sp not in SCALE_SPACES]
-    if bad or not spaces:
-        raise LensParallelError(f"unknown space {(bad or [spaces])[0]!r}; accepted: {', '.join(SCALE_SPACES)}")
-    space_layers = _space_layers(info, spaces, layers)
-    settings = [("s_par", v, 1.0) for v in _check_scales("s_par", s_par)]
-    settings += [("s_perp", 1.0, v) for v in _check_scales("s_perp", s_perp)]
-    noops, points = _jobs(spaces, settings, space_layers, per_layer, heads, positions)
-    for job in [*noops.values(), *(job for job, _ in points.values())]:
-        compile_hooks(model, job.edits)  # validate every intervention before the first forward
-    toks = as_tokens(tokens)
+    docs = Documents.of(documents)
+    space_layers = _space_layers(info, s.space, s.layers)
+    grid = [("s_par", v, 1.0) for v in s.s_par] + [("s_perp", 1.0, v) for v in s.s_perp]
+    noops, points = _jobs(s.space, grid, space_layers, s.per_layer, s.heads, s.positions)
     jobs = [*noops.values(), *(job for job, _ in points.values())]
-    run = run_sweep(
-        model,
-        toks,
-        jobs,
-        batch_size=batch_size,
-        store=store,
-        progress=progress,
-        desc="scale sweep",
-        workers=workers,
-        ray_address=ray_address,
-    )
+    run = run_sweep(model, docs, jobs, options=opts, desc="scale sweep")
     sweep_points = tuple(
-        SweepPoint(sp, vary, a, b, layer, edit_effect(run[noops[sp]], run[job], n_resamples=n_resamples, seed=seed))
+        SweepPoint(sp, vary, a, b, layer, edit_effect(run[noops[sp]], run[job], n_resamples=s.n_resamples, seed=s.seed))
         for job, (sp, vary, a, b, layer) in points.values()
     )
-    provenance = Provenance.collect(
-        info,
-        tokens,
-        analysis="scale_sweep",
-        spaces=list(spaces),
-        s_par=list(s_par),
-        s_perp=list(s_perp),
-        layers=list(check_indices("layers", layers, info.n_layers)),
-        per_layer=per_layer,
-        heads=None if heads is None else list(heads),
-        positions=positions,
-        batch_size=batch_size,
-        n_resamples=n_resamples,
-        seed=seed,
+    layers = list(check_indices("layers", s.layers, info.n_layers))
+    return ScalingResult(
+        points=sweep_points, provenance=Provenance.of(info, docs, "scale_sweep", s, opts, layers=layers)
     )
-    return ScalingResult(points=sweep_points, provenance=provenance)

@@ -7,24 +7,25 @@ Benjamini-Hochberg q-values across all single heads. Runs on the ablation engine
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
-from jaxtyping import Int
-from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.data import TokenBlocks
+from lens_parallel.choices import Ablation, EditPositions
+from lens_parallel.documents import Documents
+from lens_parallel.edits import check_positions
 from lens_parallel.hooks import softmax_layers
 from lens_parallel.losses import DocLosses, edit_effect
 from lens_parallel.models import head_label, model_info
+from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.sensitivity import sensitivity_figure
-from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
 from lens_parallel.stats import benjamini_hochberg, sign_flip_pvalue
 from lens_parallel.sweep import AblationJob, run_sweep
+from lens_parallel.validate import as_layers, check_choice, check_non_negative_int, check_positive_int
 
 
 @serializable
@@ -47,42 +48,23 @@ class SensitivityResult(ResultMixin):
     provenance: Provenance
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per single head and one per layer's joint edit (head <NA>, label ``L{l}*``)."""
-        rows = []
-        g = self.info.group_size
-        for i, layer in enumerate(self.layers):
-            for h in range(self.head_delta.shape[1]):
-                rows.append(
-                    {
-                        "model": self.info.name,
-                        "edit": self.edit,
-                        "layer": layer,
-                        "head": h,
-                        "kv_head": h // g,
-                        "label": f"L{layer}H{h}",
-                        "delta_loss": self.head_delta[i, h],
-                        "ci_lo": self.head_lo[i, h],
-                        "ci_hi": self.head_hi[i, h],
-                        "p": self.head_p[i, h],
-                        "q_bh": self.head_q[i, h],
-                    }
-                )
-            rows.append(
-                {
-                    "model": self.info.name,
-                    "edit": self.edit,
-                    "layer": layer,
-                    "head": None,
-                    "kv_head": None,
-                    "label": f"L{layer}*",
-                    "delta_loss": self.joint_delta[i],
-                    "ci_lo": self.joint_lo[i],
-                    "ci_hi": self.joint_hi[i],
-                    "p": self.joint_p[i],
-                    "q_bh": np.nan,
-                }
-            )
-        return pd.DataFrame(rows).astype({"head": "Int64", "kv_head": "Int64"})
+        """One row per single head and, after each layer's heads, one per layer's joint edit (head <NA>, label
+        ``L{l}*``)."""
+        front = {"edit": self.edit}
+        heads = head_frame(
+            self.info,
+            self.layers,
+            {"delta_loss": self.head_delta, "ci_lo": self.head_lo, "ci_hi": self.head_hi, "p": self.head_p},
+            front=front,
+        ).assign(q_bh=self.head_q.ravel())
+        joint = layer_frame(
+            self.info,
+            self.layers,
+            {"delta_loss": self.joint_delta, "ci_lo": self.joint_lo, "ci_hi": self.joint_hi, "p": self.joint_p},
+            front=front,
+        ).assign(q_bh=np.nan)
+        df = pd.concat([heads, joint], ignore_index=True).sort_values("layer", kind="stable", ignore_index=True)
+        return df.astype({"head": "Int64", "kv_head": "Int64"})
 
     def summary(self) -> pd.DataFrame:
         """One row: the base loss, the most sensitive layer (largest joint effect), the largest single-head
@@ -98,7 +80,7 @@ class SensitivityResult(ResultMixin):
             "most_sensitive_layer": self.layers[i],
             "max_joint_delta_loss": float(self.joint_delta[i]),
             "max_head_delta_loss": float(self.head_delta[li, h]),
-            "max_head": f"L{self.layers[li]}H{h}",
+            "max_head": head_label(self.layers[li], int(h)),
             "n_heads_q05": int((self.head_q < 0.05).sum()),
         }
         return pd.DataFrame([row])
@@ -116,65 +98,62 @@ def _stats(
     return effect.delta_loss, *effect.delta_loss_ci, p
 
 
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class SensitivitySettings:
+    """What layer sensitivity computes: each head ablated alone and all heads of a layer jointly (``edit``, at
+    ``positions``) on ``layers`` (None: every softmax-attention layer), with ``n_resamples`` bootstrap resamples and
+    ``n_permutations`` sign flips, seeded by ``seed``."""
+
+    edit: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
+    positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
+    layers: tuple[int, ...] | None = field(default=None, metadata={"help": "layers (default: every softmax layer)"})
+    n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the CIs"})
+    n_permutations: int = field(default=10000, metadata={"help": "sign flips of the p-values"})
+    seed: int = field(default=0, metadata={"help": "seed of the bootstrap and the sign flips"})
+
+    def __post_init__(self) -> None:
+        check_choice("ablation", self.edit, Ablation)
+        check_positions(self.positions)
+        object.__setattr__(self, "layers", as_layers(self.layers))
+        check_positive_int("n_resamples", self.n_resamples)
+        check_positive_int("n_permutations", self.n_permutations)
+        check_non_negative_int("seed", self.seed)
+
+
 def head_sensitivity(
     model: TransformerBridge,
-    tokens: TokenBlocks | Int[Tensor, "batch pos"],
+    documents: object,
     *,
-    edit: str = "parallel-value",
-    positions: str = "all",
-    layers: int | Sequence[int] | None = None,
-    batch_size: int = 8,
-    rows_per_forward: int = 8,
-    n_resamples: int = 2000,
-    n_permutations: int = 10000,
-    seed: int = 0,
-    store: str | Path | None = None,
-    progress: bool = True,
-    workers: int = 1,
-    ray_address: str | None = None,
+    settings: SensitivitySettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
 ) -> SensitivityResult:
-    """Per layer: every head ablated alone and all heads jointly (``edit``: zero, mean, parallel-value,
-    parallel-residual; ``positions``: ``all`` or ``after-first``). ``store``: a JSON-lines file that makes the
-    sweep resumable (see :func:`lens_parallel.sweep.run_sweep`). With ``layers=None`` linear-attention layers
-    (Qwen3.5) are skipped, and the result's provenance says so. ``workers`` / ``ray_address``: run the sweep on Ray
-    workers (:mod:`lens_parallel.distributed`; same numbers as one process)."""
+    """Per layer: every head ablated alone and all heads jointly (:class:`SensitivitySettings`; run options
+    :class:`~lens_parallel.options.RunOptions`: ``store=`` makes the sweep resumable, ``workers=`` runs it on Ray;
+    both as keyword shortcuts too). With ``layers=None`` linear-attention layers (Qwen3.5) are skipped, and the
+    result's provenance says so."""
+    s, opts = resolve(SensitivitySettings, settings, options, protocol, changes)
     info = model_info(model)
-    layer_idx, skipped = softmax_layers(info, layers, what="head_sensitivity")
+    docs = Documents.of(documents)
+    layer_idx, skipped = softmax_layers(info, s.layers, what="head_sensitivity")
     singles = [AblationJob(layer, (h,)) for layer in layer_idx for h in range(info.n_heads)]
     joints = [AblationJob(layer, tuple(range(info.n_heads))) for layer in layer_idx]
-    run = run_sweep(
-        model,
-        tokens,
-        singles + joints,
-        edit=edit,
-        positions=positions,
-        batch_size=batch_size,
-        rows_per_forward=rows_per_forward,
-        store=store,
-        progress=progress,
-        workers=workers,
-        ray_address=ray_address,
-    )
+    run = run_sweep(model, docs, singles + joints, edit=s.edit, positions=s.positions, options=opts)
+    assert run.base is not None
     single = np.array(
-        [_stats(run.base, run[j], n_resamples, n_permutations, seed, head_label(j.layer, j.heads[0])) for j in singles]
+        [
+            _stats(run.base, run[j], s.n_resamples, s.n_permutations, s.seed, head_label(j.layer, j.heads[0]))
+            for j in singles
+        ]
     )
-    joint = np.array([_stats(run.base, run[j], n_resamples, n_permutations, seed, head_label(j.layer)) for j in joints])
+    joint = np.array(
+        [_stats(run.base, run[j], s.n_resamples, s.n_permutations, s.seed, head_label(j.layer)) for j in joints]
+    )
     shape = (len(layer_idx), info.n_heads)
-    provenance = Provenance.collect(
-        info,
-        tokens,
-        analysis="head_sensitivity",
-        edit=edit,
-        positions=positions,
-        layers=list(layer_idx),
-        batch_size=batch_size,
-        n_resamples=n_resamples,
-        n_permutations=n_permutations,
-        seed=seed,
-        skipped=skipped,
-    )
     return SensitivityResult(
-        edit=edit,
+        edit=s.edit,
         layers=layer_idx,
         loss_base=run.base.loss,
         head_delta=single[:, 0].reshape(shape),
@@ -186,5 +165,5 @@ def head_sensitivity(
         joint_lo=joint[:, 1],
         joint_hi=joint[:, 2],
         joint_p=joint[:, 3],
-        provenance=provenance,
+        provenance=Provenance.of(info, docs, "head_sensitivity", s, opts, layers=list(layer_idx), skipped=skipped),
     )

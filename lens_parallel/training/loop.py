@@ -32,11 +32,12 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.data import boundary_token, load_texts, stream_blocks
 from lens_parallel.edits import Edit, LearnedGate, apply_edits, compile_hooks
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import hook_name
-from lens_parallel.losses import document_losses, next_token_nll
+from lens_parallel.losses import token_nll
 from lens_parallel.models import export_hf_model, load_model, model_info, wrap_hf_model
 from lens_parallel.plots.training import training_curves
 from lens_parallel.results import Provenance, ResultMixin, serializable
@@ -306,7 +307,7 @@ class _Trainer:
             group["lr"] = learning_rate(self.state["step"], self.config)
         self.model.train()
         with autocast, self.model.hooks(fwd_hooks=hooks):
-            loss = next_token_nll(self.model(batch, return_type="logits"), batch).sum() / batch[:, 1:].numel()
+            loss = token_nll(self.model(batch, return_type="logits"), batch).sum() / batch[:, 1:].numel()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]

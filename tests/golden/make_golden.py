@@ -1,6 +1,8 @@
 """Writes the reference outputs in this folder: the analyses as computed by lens_parallel 0.6.0 (commit 756b4f7),
-before they moved onto the one engine. ``tests/test_golden.py`` compares today's outputs with them. Rerunning this
-script on later code overwrites the reference with that code's output, so only rerun it on purpose.
+before they moved onto the one engine. ``tests/test_golden.py`` compares today's outputs with them, computed by the
+same calls (written in today's API: compression's ``positions`` is now ``scored``, dominance's 16 rows of 16 tokens
+per forward are now ``tokens_per_forward=256``). Rerunning this script on later code overwrites the reference with
+that code's output, so only rerun it on purpose.
 
     python tests/golden/make_golden.py
 """
@@ -38,7 +40,7 @@ def frames() -> dict[str, pd.DataFrame]:
     for spec in ("toy-gpt2", "toy-qwen2"):
         model = lp.load_model(spec)
         for positions in ("last", "all"):
-            result = lp.compression_error(model, blocks(model), method=["int8", "wanda-2:4"], positions=positions)
+            result = lp.compression_error(model, blocks(model), method=["int8", "wanda-2:4"], scored=positions)
             out[f"compression_{positions}_{spec}"] = result.to_dataframe()
             out[f"compression_methods_{positions}_{spec}"] = result.method_table()
         out[f"attribution_{spec}"] = lp.head_attribution(model, blocks(model), n_resamples=200).to_dataframe()
@@ -58,7 +60,7 @@ def arrays() -> dict[str, np.ndarray]:
             query_positions=slice(4, 12),
             mask_scales=scales,
             batch_size=1,
-            rows_per_forward=16,
+            tokens_per_forward=16 * 16,
             progress=False,
         )
         for field in ("qkv", "js", "rel_q", "rel_k", "rel_v", "joint_qkv", "joint_js"):

@@ -1,0 +1,70 @@
+"""Every string choice of the package as a ``Literal`` type (this module holds types only, no functions).
+
+A value is checked against its choice by :func:`lens_parallel.validate.check_choice`, which reads the accepted values
+from the type, so the static type checker, the error message and the CLI's ``choices`` can never disagree. Where one
+word could mean two things, the two meanings have two names: ``EditPositions`` (which positions an edit acts on) and
+``ScoredPositions`` (which positions an analysis scores). At test time the runtime type checker treats these types as
+``str`` (``tests/typecheck.py``), so that a bad value reaches the package's own check and its one-line error.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Space = Literal["value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block"]
+"""A decomposition / scaling space (see the README's table): the message m and its reference r."""
+HeadSpace = Literal["value", "value-exclude-self", "residual-attn"]
+"""Spaces with a per-head level: the two value spaces and each head's residual write z_h W_O[h]."""
+EditPositions = Literal["all", "after-first"]
+"""Which positions an edit acts on: every one, or all but position 0 (the boundary token)."""
+ScoredPositions = Literal["last", "all"]
+"""Which positions an analysis scores: each prompt's last, or every position after the first."""
+Ablation = Literal["zero", "mean", "parallel-value", "parallel-residual"]
+"""How a head ablation removes a head's contribution."""
+Null = Literal["sampled", "exact"]
+"""The causal null: one sampled earlier position per observation (the paper's), or the exact expectation."""
+Groups = Literal["neighbour", "all"]
+"""The GQA across-group comparison: the neighbouring kv group (the paper's roll), or every other group."""
+DominanceScale = Literal["qkv", "js", "js_distance"]
+"""Effect scales of head dominance: relative Q/K/V change, JS divergence of the attention row, its square root."""
+MaskScale = Literal["qkv", "js"]
+"""Scales the weak/strong halves of head dominance can be ranked on."""
+SplitHalfMethod = Literal["pooled", "cross-half"]
+"""How split-half reliability forms rho_raw: the paper's pooled diagnostic, or across halves."""
+Sublayer = Literal["attn", "mlp"]
+"""A block's sublayers whose updates compression error decomposes."""
+Architecture = Literal["gpt2", "gpt-neox", "qwen3"]
+"""Architectures of the small trained models."""
+Precision = Literal["auto", "float32", "bfloat16"]
+"""Training precision: bf16 autocast on CUDA, float32 elsewhere (``auto``), or as named."""
+Arm = Literal[
+    "baseline",
+    "value-parallel-removal",
+    "xsa-gated",
+    "residual-parallel-removal",
+    "random-direction",
+    "random-direction-gated",
+    "learned-gate",
+]
+"""The arms of a training experiment (:mod:`lens_parallel.training.arms`)."""
+HeadsAll = Literal["all"]
+"""``heads="all"``: every head, each edited on its own write (no bias); ``heads=None`` is the whole sublayer."""
+
+CHOICES = (
+    Space,
+    HeadSpace,
+    EditPositions,
+    ScoredPositions,
+    Ablation,
+    Null,
+    Groups,
+    DominanceScale,
+    MaskScale,
+    SplitHalfMethod,
+    Sublayer,
+    Architecture,
+    Precision,
+    Arm,
+    HeadsAll,
+)
+"""Every choice type above."""

@@ -1,0 +1,169 @@
+"""How an analysis runs, as one typed object with one set of defaults: :class:`RunOptions`.
+
+Every analysis takes ``options=RunOptions(...)`` and the same fields as keyword shortcuts (``batch_size=4``); the
+command line is generated from the same fields (:mod:`lens_parallel.cli`), and provenance records them. What an
+analysis computes (its edits, spaces, seeds, statistics) lives in its own settings object
+(:mod:`lens_parallel.settings`); how it runs lives here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import UnionType
+from typing import Any, TypeVar, Union
+
+from lens_parallel.errors import LensParallelError
+from lens_parallel.validate import check_positive_int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How a run executes (never what it computes).
+
+    ``batch_size``: documents per forward. ``tokens_per_forward``: the most tokens (rows x positions) one forward
+    may hold when the engine stacks several jobs, or several settings of one job, into it. Both change float
+    rounding (the batch composition), so both are part of a store's fingerprint. ``store``: a JSON-lines file that
+    makes the run resumable. ``progress``: progress bars. ``workers`` / ``ray_address``: run the units of work on Ray
+    (:mod:`lens_parallel.distributed`): ``workers > 1`` or an address; the numbers equal a single process's.
+    """
+
+    batch_size: int = field(default=8, metadata={"help": "documents per forward"})
+    tokens_per_forward: int = field(
+        default=4096, metadata={"help": "the most tokens (rows x positions) one forward holds when jobs are stacked"}
+    )
+    store: str | Path | None = field(
+        default=None, metadata={"help": "a JSON-lines file that makes the run resumable (skips finished jobs)"}
+    )
+    progress: bool = field(default=True, metadata={"help": "show progress bars"})
+    workers: int = field(default=1, metadata={"help": "Ray workers (pip install 'lens_parallel[distributed]')"})
+    ray_address: str | None = field(
+        default=None, metadata={"help": "a running Ray cluster (auto, or host:6379); default: local Ray"}
+    )
+
+    def __post_init__(self) -> None:
+        check_positive_int("batch_size", self.batch_size)
+        check_positive_int("tokens_per_forward", self.tokens_per_forward)
+        check_positive_int("workers", self.workers)
+        if self.store is not None:
+            object.__setattr__(self, "store", str(self.store))
+        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address.strip()):
+            raise LensParallelError(
+                f"ray_address must be a Ray address such as 'auto' or 'host:6379', got {self.ray_address!r}"
+            )
+
+    @property
+    def store_path(self) -> Path | None:
+        return None if self.store is None else Path(self.store)
+
+    def numbers(self) -> dict[str, Any]:
+        """The fields that change a run's numbers (float rounding): recorded in provenance and fingerprints."""
+        return {"batch_size": self.batch_size, "tokens_per_forward": self.tokens_per_forward}
+
+    def record(self) -> dict[str, Any]:
+        """Every field, for provenance."""
+        return dataclasses.asdict(self)
+
+
+RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunOptions))
+S = TypeVar("S")
+
+
+def split_changes(changes: dict[str, Any], settings_fields: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Keyword shortcuts split into (settings changes, run-option changes); an unknown name is one line listing both."""
+    unknown = sorted(set(changes) - set(settings_fields) - set(RUN_FIELDS))
+    if unknown:
+        raise LensParallelError(
+            f"unknown option(s) {unknown}; accepted: {', '.join(settings_fields)} (settings) and "
+            f"{', '.join(RUN_FIELDS)} (RunOptions)"
+        )
+    settings = {k: v for k, v in changes.items() if k in settings_fields}
+    return settings, {k: v for k, v in changes.items() if k in RUN_FIELDS and k not in settings_fields}
+
+
+def resolve_options(options: RunOptions | None, changes: dict[str, Any]) -> RunOptions:
+    """``options`` (default :class:`RunOptions`) with ``changes`` applied."""
+    return dataclasses.replace(options or RunOptions(), **changes)
+
+
+@dataclass(frozen=True)
+class NamedProtocol:
+    """A published protocol as saved settings: the settings object of each analysis it covers (``settings``), how
+    its documents are made (``documents``: plain data, see the README; empty: the caller's), what it reproduces
+    (``source``), and a one-line ``description``. Listed by ``lens-parallel protocols``."""
+
+    name: str
+    description: str
+    source: str
+    settings: tuple[Any, ...] = ()
+    documents: dict[str, Any] = field(default_factory=dict)
+
+    def settings_for(self, cls: type[S]) -> S:
+        for s in self.settings:
+            if type(s) is cls:
+                return s
+        covered = ", ".join(type(s).__name__ for s in self.settings) or "no analysis settings"
+        raise LensParallelError(f"protocol {self.name!r} has no {cls.__name__}; it covers: {covered}")
+
+
+PROTOCOLS: dict[str, NamedProtocol] = {}
+"""Every named protocol by name (registered by :mod:`lens_parallel.protocols`)."""
+
+
+def register_protocol(protocol: NamedProtocol) -> NamedProtocol:
+    if protocol.name in PROTOCOLS:
+        raise ValueError(f"protocol {protocol.name!r} is registered twice")
+    PROTOCOLS[protocol.name] = protocol
+    return protocol
+
+
+def resolve(
+    cls: type[S],
+    settings: S | None,
+    options: RunOptions | None,
+    protocol: str | None,
+    changes: dict[str, Any],
+) -> tuple[S, RunOptions]:
+    """An analysis's settings and run options: ``settings`` (default: ``protocol``'s, else ``cls()``) and
+    ``options`` (default :class:`RunOptions`), with the keyword shortcuts ``changes`` applied to whichever owns
+    each name (an unknown name, or both a settings object and a protocol, is one line)."""
+    names = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    setting_changes, option_changes = split_changes(changes, names)
+    if settings is not None and protocol is not None:
+        raise LensParallelError("give settings= or protocol=, not both (a protocol is a saved settings object)")
+    if protocol is not None:
+        if protocol not in PROTOCOLS:
+            raise LensParallelError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS) or 'none'}")
+        settings = PROTOCOLS[protocol].settings_for(cls)
+    base = cls() if settings is None else settings
+    if not isinstance(base, cls):
+        raise LensParallelError(f"settings must be a {cls.__name__}, got {type(base).__name__}")
+    settings_out = dataclasses.replace(base, **coerce(cls, setting_changes))  # type: ignore[type-var]
+    return settings_out, resolve_options(options, option_changes)
+
+
+def _tuple_field(hint: Any) -> bool:
+    """Whether a field's type is (or may be) a tuple of values."""
+    if typing.get_origin(hint) is tuple:
+        return True
+    return (
+        any(_tuple_field(arg) for arg in typing.get_args(hint))
+        if typing.get_origin(hint) in (Union, UnionType)
+        else False
+    )
+
+
+def coerce(cls: type, changes: dict[str, Any]) -> dict[str, Any]:
+    """Keyword shortcuts as the settings fields hold them: a list, a single value or a range for a tuple field
+    becomes a tuple (``layers=[0, 2]``, ``space="all"``); everything else is checked by the settings themselves."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for name, value in changes.items():
+        if _tuple_field(hints.get(name)) and value is not None and not isinstance(value, tuple):
+            scalar = isinstance(value, (str, bytes, int, float)) or not isinstance(value, Iterable)
+            value = (value,) if scalar else tuple(value)
+        out[name] = value
+    return out

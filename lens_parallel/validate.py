@@ -1,0 +1,71 @@
+"""The one set of checks for input values: choices (read from their ``Literal`` types), finite numbers, counts.
+
+Each raises :class:`~lens_parallel.errors.LensParallelError` with what was wrong and what is accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import typing
+from collections.abc import Iterable
+from typing import Any
+
+from lens_parallel.errors import LensParallelError
+
+
+def options(choice: Any) -> tuple[str, ...]:
+    """The accepted values of a ``Literal`` choice type, in their declared order."""
+    return tuple(typing.get_args(choice))
+
+
+def check_choice(what: str, value: object, choice: Any) -> Any:
+    """``value`` if it is one of ``choice``'s values, else a :class:`LensParallelError` naming them."""
+    accepted = options(choice)
+    if not isinstance(value, str) or value not in accepted:
+        raise LensParallelError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
+    return value
+
+
+def check_choices(what: str, values: Iterable[object], choice: Any) -> tuple[Any, ...]:
+    """Each of ``values`` checked by :func:`check_choice` (at least one; repeats dropped, order kept)."""
+    values = tuple(values)
+    if not values:
+        raise LensParallelError(f"give at least one {what}; accepted: {', '.join(options(choice))}")
+    return tuple(dict.fromkeys(check_choice(what, v, choice) for v in values))
+
+
+def check_finite(name: str, value: object) -> float:
+    """``value`` as a float if it is a finite real number (not a bool), else a :class:`LensParallelError`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise LensParallelError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """``value`` if it is an integer >= 1 (not a bool), else a :class:`LensParallelError`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise LensParallelError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_non_negative_int(name: str, value: object) -> int:
+    """``value`` if it is an integer >= 0 (not a bool), else a :class:`LensParallelError`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise LensParallelError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
+def as_layers(layers: object) -> tuple[int, ...] | None:
+    """Layer (or head) indices as a tuple (an int is one index; None stays None: every one); checked against a
+    model later, by :func:`lens_parallel.hooks.check_indices`."""
+    if layers is None:
+        return None
+    if isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
+        return (int(layers),)
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
+        raise LensParallelError(f"layers must be an index, a list of indices or None, got {layers!r}")
+    found = tuple(layers)
+    if not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in found):
+        raise LensParallelError(f"layers must be integer indices, got {list(found)!r}")
+    return tuple(int(i) for i in found)
