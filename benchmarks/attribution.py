@@ -26,8 +26,8 @@ import torch
 
 from lens_parallel import head_attribution, load_model, model_info, token_blocks
 from lens_parallel.analyses.confirm import ConfirmResult
-from lens_parallel.edits import HeadEdit
 from lens_parallel.analyses.evaluate import document_losses
+from lens_parallel.edits import HeadEdit
 from lens_parallel.plots import save_figure
 from lens_parallel.results import Provenance
 from lens_parallel.stats import paired_bootstrap_ci, spearman

@@ -24,7 +24,8 @@ import pandas as pd
 import torch
 
 from lens_parallel.plots import save_figure
-from lens_parallel.training import ARMS, DESIGNS, PRESETS, run_design, run_factorial
+from lens_parallel.protocols import designs
+from lens_parallel.training import ARMS, PRESETS, run_design, run_factorial
 
 DEFAULT_ARMS = ("baseline", "value-parallel-removal", "random-direction")
 
@@ -36,7 +37,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
     parser.add_argument("--texts", nargs="+", default=None, help="corpora to train on (default: the preset's)")
     parser.add_argument("--steps", type=int, default=None, help="override the preset's number of steps")
-    parser.add_argument("--design", choices=sorted(DESIGNS), default=None, help="a pre-specified factorial")
+    parser.add_argument("--design", choices=sorted(designs()), default=None, help="a pre-specified factorial")
     parser.add_argument("--tokens", type=int, default=None, help="tokens per run (with --design)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help="default: benchmarks/out/train_<preset>")
@@ -47,7 +48,7 @@ def main() -> None:
     t0 = time.perf_counter()
     if args.design:
         result = run_design(args.design, out=out, plan=out / "plan.json", tokens=args.tokens, **changes)
-        config = PRESETS[DESIGNS[args.design].preset]
+        config = PRESETS[designs()[args.design].preset]
     else:
         config = dataclasses.replace(PRESETS[args.preset], **changes)
         result = run_factorial(config, args.arms, args.seeds, out=out, primary="value-parallel-removal")

@@ -7,24 +7,33 @@ implementing :class:`Result`), the sweep engine, compression, training, the repo
 
 __version__ = "0.6.0"
 
-from lens_parallel.analyses.ablation import AblationRun, run_ablations
-from lens_parallel.analyses.attribution import AttributionResult, head_attribution
-from lens_parallel.analyses.compression import CompressionResult, compression_error
-from lens_parallel.analyses.confirm import ConfirmResult, confirm
-from lens_parallel.analyses.decompose import SPACES, DecompositionResult, decompose
-from lens_parallel.analyses.diagonal import DiagonalView, diagonal_view
-from lens_parallel.analyses.dominance import DominanceResult, head_dominance, study_texts
+from lens_parallel import protocols
+from lens_parallel.analyses.ablation import AblationRun, AblationSettings, run_ablations
+from lens_parallel.analyses.attribution import AttributionResult, AttributionSettings, head_attribution
+from lens_parallel.analyses.compression import CompressionResult, CompressionSettings, compression_error
+from lens_parallel.analyses.confirm import ConfirmResult, ConfirmSettings, confirm
+from lens_parallel.analyses.decompose import SPACES, DecomposeSettings, DecompositionResult, decompose
+from lens_parallel.analyses.diagonal import DiagonalSettings, DiagonalView, diagonal_view
+from lens_parallel.analyses.dominance import DominanceResult, DominanceSettings, head_dominance, study_texts
 from lens_parallel.analyses.evaluate import document_losses, evaluate
-from lens_parallel.analyses.nulls import NullResult, causal_null, gqa_alignment
-from lens_parallel.analyses.reliability import SanityReport, SplitHalfResult, sanity_report, split_half_reliability
-from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
-from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivity
+from lens_parallel.analyses.nulls import NullResult, NullSettings, causal_null, gqa_alignment
+from lens_parallel.analyses.reliability import (
+    SanityReport,
+    SanitySettings,
+    SplitHalfResult,
+    sanity_report,
+    split_half_reliability,
+)
+from lens_parallel.analyses.scaling import ScaleSettings, ScalingResult, scale_sweep
+from lens_parallel.analyses.sensitivity import SensitivityResult, SensitivitySettings, head_sensitivity
 from lens_parallel.compression import Compression, compress
 from lens_parallel.data import TokenBlocks, load_texts, token_blocks
+from lens_parallel.documents import Documents, whole_documents
 from lens_parallel.edits import (
     ABLATIONS,
     ComponentScale,
     DiagonalEdit,
+    Edit,
     GatedRemoval,
     HeadEdit,
     LearnedGate,
@@ -34,26 +43,39 @@ from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryE
 from lens_parallel.explore import Explorer, View, explore
 from lens_parallel.losses import DocLosses, EditEffect
 from lens_parallel.models import ModelInfo, ModelSpecError, load_model, model_info
-from lens_parallel.report import ModelReport, run_battery, write_report
+from lens_parallel.options import PROTOCOLS, DataOptions, RunOptions
+from lens_parallel.report import ModelReport, ReportSettings, run_battery, write_report
 from lens_parallel.results import Provenance, Result, load_result, result_classes
-from lens_parallel.sweep import AblationJob, EditJob, SweepRun, run_sweep
+from lens_parallel.sweep import AblationJob, DocumentNLL, EditJob, Metric, SweepRun, TokenNLL, run_sweep
 from lens_parallel.training import FactorialResult, TrainConfig, TrainRun, run_design, run_factorial, train
 
 __all__ = [
     "ABLATIONS",
+    "PROTOCOLS",
     "SPACES",
     "AblationJob",
     "AblationRun",
+    "AblationSettings",
     "AttributionResult",
+    "AttributionSettings",
     "ComponentScale",
     "Compression",
     "CompressionResult",
+    "CompressionSettings",
     "ConfirmResult",
+    "ConfirmSettings",
+    "DataOptions",
+    "DecomposeSettings",
     "DecompositionResult",
     "DiagonalEdit",
+    "DiagonalSettings",
     "DiagonalView",
     "DocLosses",
+    "DocumentNLL",
+    "Documents",
     "DominanceResult",
+    "DominanceSettings",
+    "Edit",
     "EditEffect",
     "EditJob",
     "EnvironmentFailure",
@@ -64,18 +86,26 @@ __all__ = [
     "LearnedGate",
     "LensParallelError",
     "LibraryError",
+    "Metric",
     "ModelInfo",
     "ModelReport",
     "ModelSpecError",
     "NullResult",
+    "NullSettings",
     "Provenance",
+    "ReportSettings",
     "Result",
+    "RunOptions",
     "SanityReport",
+    "SanitySettings",
+    "ScaleSettings",
     "ScalingResult",
     "SensitivityResult",
+    "SensitivitySettings",
     "SplitHalfResult",
     "SweepRun",
     "TokenBlocks",
+    "TokenNLL",
     "TrainConfig",
     "TrainRun",
     "View",
@@ -98,6 +128,7 @@ __all__ = [
     "load_result",
     "load_texts",
     "model_info",
+    "protocols",
     "result_classes",
     "run_ablations",
     "run_battery",
@@ -110,5 +141,6 @@ __all__ = [
     "study_texts",
     "token_blocks",
     "train",
+    "whole_documents",
     "write_report",
 ]

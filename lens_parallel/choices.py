@@ -47,6 +47,10 @@ Arm = Literal[
     "learned-gate",
 ]
 """The arms of a training experiment (:mod:`lens_parallel.training.arms`)."""
+Dtype = Literal["float32", "bfloat16", "float16", "float64"]
+"""Model precisions :func:`lens_parallel.models.load_model` takes (statistics accumulate in float64 anyway)."""
+SensitivityMethod = Literal["exact", "attribution"]
+"""``exact``: one ablation per head on the engine; ``attribution``: every head from one forward and one backward."""
 HeadsAll = Literal["all"]
 """``heads="all"``: every head, each edited on its own write (no bias); ``heads=None`` is the whole sublayer."""
 
@@ -65,6 +69,8 @@ CHOICES = (
     Architecture,
     Precision,
     Arm,
+    Dtype,
+    SensitivityMethod,
     HeadsAll,
 )
 """Every choice type above."""

@@ -1,9 +1,15 @@
-"""``lens-parallel``: the command line.
+"""``lens-parallel``: the command line, generated from the package's options objects.
 
     lens-parallel decompose|scale|diagonal|sensitivity|dominance|checks|compress [--model M] [options] [--out DIR]
     lens-parallel report [--model M [M ...]]        # the standard battery, one self-contained report.html
     lens-parallel train --preset cpu-small          # training-time interventions, paired by seed
     lens-parallel models                            # what loads offline now, what needs the hub
+    lens-parallel protocols                         # the named protocols (a study's saved settings)
+
+Every option of a subcommand is a field of one of the objects it runs with: the analysis's settings (e.g.
+:class:`~lens_parallel.analyses.scaling.ScaleSettings`), :class:`~lens_parallel.options.RunOptions` and
+:class:`~lens_parallel.options.DataOptions` (the model and the documents). An option's default is the field's
+default, shown in ``--help``; only what is typed is passed on, so a ``--protocol`` supplies every setting not typed.
 
 Every analysis writes a CSV table, the result as JSON (+ .npz, with provenance), its figures as interactive HTML
 (and PNG when kaleido can find a Chrome/Chromium), and prints a short table. Bad input exits with status 2 and one
@@ -15,25 +21,238 @@ status 3 and what failed and what to do (:class:`~lens_parallel.errors.Environme
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
+import operator
 import os
 import sys
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import UnionType
+from typing import Any, Literal, Union
 
 import pandas as pd
 
+from lens_parallel.choices import DominanceScale, SensitivityMethod
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
+from lens_parallel.options import PROTOCOLS, DataOptions, RunOptions, resolve
+from lens_parallel.validate import check_non_negative_int, options
 
-DEFAULT_MODEL = "smollm2-135m"
+OUTPUT_SUFFIXES = (".csv", ".json", ".npz", ".html", ".png")
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse with the package's error contract: a bad command line is one line on stderr and exit status 2."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-OUTPUT_SUFFIXES = (".csv", ".json", ".npz", ".html", ".png")
+# -- options of the command line only ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class SensitivityCommand:
+    """How ``sensitivity`` measures: ``method`` ``exact`` (one ablation per head on the engine) or ``attribution``
+    (every head from one forward and one backward), the top ``confirm`` heads of a screen then run exactly."""
+
+    method: SensitivityMethod = field(default="exact", metadata={"help": "exact ablations, or an attribution screen"})
+    confirm: int = field(default=0, metadata={"help": "attribution: rerun the top K heads (and K random) exactly"})
+
+    def __post_init__(self) -> None:
+        check_non_negative_int("confirm", self.confirm)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DominanceCommand:
+    """Which scale ``dominance`` prints its table on (every scale is in the files)."""
+
+    scale: DominanceScale = field(default="qkv", metadata={"help": "scale of the printed table"})
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its help, the settings classes whose fields are its options (the first is the analysis's),
+    its defaults for :class:`DataOptions` (None: no model or documents), the :class:`RunOptions` fields it takes,
+    the stem of its output files and, where it keeps one, the default name of its store."""
+
+    help: str
+    run: Callable[[Invocation], None]
+    settings: tuple[type, ...] = ()
+    data: dict[str, Any] | None = None
+    run_fields: tuple[str, ...] = ("batch_size", "progress")
+    stem: str = ""
+    store: str | None = None
+    many_models: bool = False
+
+
+SWEEP = ("batch_size", "tokens_per_forward", "store", "progress", "workers", "ray_address")
+
+
+# -- the generator -----------------------------------------------------------------------------------------------
+
+
+def _members(hint: Any) -> list[Any]:
+    if typing.get_origin(hint) in (Union, UnionType):
+        return [a for a in typing.get_args(hint) if a is not type(None)]
+    return [hint]
+
+
+def _scalar(hint: Any) -> tuple[Callable[[str], Any], tuple[str, ...] | None]:
+    """How one value of a field is read from the command line: (type, choices)."""
+    members = _members(hint)
+    literals = [m for m in members if typing.get_origin(m) is Literal]
+    if literals and all(typing.get_origin(m) is Literal for m in members):
+        return str, tuple(v for m in literals for v in options(m))
+    if int in members and any(typing.get_origin(m) is Literal for m in members):  # heads: indices or "all"
+        return _int_or_word, None
+    if members == [int]:
+        return int, None
+    if members == [float]:
+        return float, None
+    return str, None
+
+
+def _int_or_word(text: str) -> int | str:
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def _argument(hint: Any, metadata: dict[str, Any]) -> dict[str, Any]:
+    """argparse keywords for a field of type ``hint``."""
+    members = _members(hint)
+    if members == [bool]:
+        return {"action": argparse.BooleanOptionalAction}
+    sequence = next((m for m in members if typing.get_origin(m) is tuple), None)
+    kw: dict[str, Any] = {}
+    if sequence is not None:
+        element = typing.get_args(sequence)[0]
+        extra = [m for m in members if m is not sequence]
+        scalar, choices = _scalar(functools.reduce(operator.or_, extra, element))
+        kw = {"nargs": "+", "type": scalar}
+    else:
+        scalar, choices = _scalar(hint)
+        kw = {"type": scalar}
+    named = metadata.get("choices")
+    if isinstance(named, str):
+        choices = tuple(_NAMED_CHOICES[named]())
+    elif named is not None:
+        choices = tuple(named)
+    if choices:
+        kw["choices"] = list(choices) + list(metadata.get("also", ()))
+    return kw
+
+
+def _named_presets() -> list[str]:
+    from lens_parallel.training import PRESETS
+
+    return sorted(PRESETS)
+
+
+def _named_designs() -> list[str]:
+    from lens_parallel.protocols import designs
+
+    return sorted(designs())
+
+
+_NAMED_CHOICES: dict[str, Callable[[], list[str]]] = {"presets": _named_presets, "designs": _named_designs}
+
+
+def _show(value: Any, metadata: Any) -> str:
+    if isinstance(value, tuple):
+        return " ".join(map(str, value)) or "none"
+    return str(metadata.get("none", "none")) if value is None else str(value)
+
+
+def add_fields(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    defaults: dict[str, Any] | None = None,
+    *,
+    only: tuple[str, ...] | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> None:
+    """One option per field of the dataclass ``cls`` (``--field-name``; help and default from the field, or from
+    ``defaults`` where the subcommand has its own), stored as ``<class>.<field>`` and only when typed
+    (argparse.SUPPRESS); ``overrides``: argparse keywords replacing a field's (several models for one option)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if (only is not None and f.name not in only) or f.metadata.get("cli") is False:
+            continue
+        default = (defaults or {}).get(f.name, f.default)
+        kw = {"dest": f"{cls.__name__}.{f.name}", "default": argparse.SUPPRESS, "help": f.metadata.get("help", "")}
+        kw |= _argument(hints[f.name], dict(f.metadata)) | (overrides or {}).get(f.name, {})
+        kw["help"] = f"{kw['help']} (default: {_show(default, f.metadata)})"
+        if "choices" not in kw and "action" not in kw:
+            kw["metavar"] = f.name.upper()
+        parser.add_argument(f"--{f.name.replace('_', '-')}", **kw)
+
+
+def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The fields of ``cls`` typed on the command line (lists as tuples)."""
+    prefix = f"{cls.__name__}."
+    return {
+        k.removeprefix(prefix): tuple(v) if isinstance(v, list) else v
+        for k, v in vars(args).items()
+        if k.startswith(prefix)
+    }
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """A parsed command line: the command, its arguments, and the objects built from what was typed."""
+
+    name: str
+    command: Command
+    args: argparse.Namespace
+
+    @property
+    def protocol(self) -> str | None:
+        return getattr(self.args, "protocol", None)
+
+    def settings(self, cls: type) -> Any:
+        """The settings object ``cls``: the protocol's (when given and it covers ``cls``) or the defaults, with
+        the typed fields applied."""
+        protocol = self.protocol
+        if protocol is not None and not any(type(s) is cls for s in PROTOCOLS[protocol].settings):
+            protocol = None  # a protocol covers some of a command's settings; the others keep their defaults
+        return resolve(cls, None, None, protocol, given(self.args, cls))[0]
+
+    def data(self) -> DataOptions:
+        documents = PROTOCOLS[self.protocol].documents if self.protocol else {}
+        return DataOptions(**((self.command.data or {}) | documents | given(self.args, DataOptions)))
+
+    def run_options(self, out: Path) -> RunOptions:
+        typed = given(self.args, RunOptions)
+        if self.command.store is not None and "store" not in typed:
+            typed["store"] = str(out / self.command.store)
+        return RunOptions(**typed)
+
+    def out(self, *stems: str) -> Path:
+        return output_dir(self.args.out, self.name, *(stems or (self.command.stem or self.name,)))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="lens-parallel", description="Parallel/perpendicular geometry of heads.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.help)
+        if command.data is not None:
+            several = {"model": {"nargs": "+", "help": "model spec(s); several: side by side"}}
+            add_fields(p, DataOptions, command.data, overrides=several if command.many_models else None)
+        for cls in command.settings:
+            add_fields(p, cls)
+        store = {"store": f"OUT/{command.store}"} if command.store else {}
+        add_fields(p, RunOptions, store, only=command.run_fields)
+        covering = sorted(n for n, prot in PROTOCOLS.items() if any(type(s) in command.settings for s in prot.settings))
+        if covering:
+            p.add_argument("--protocol", default=None, choices=covering, help="a named protocol's settings, documents")
+        p.add_argument("--out", default=None, help=f"output folder (default: results/{name})")
+    return parser
+
+
+# -- output ------------------------------------------------------------------------------------------------------
 
 
 def _writable_dir(path: str) -> Path:
@@ -49,183 +268,20 @@ def _writable_dir(path: str) -> Path:
     return out
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
-    return value
-
-
-def _output_dir(args: argparse.Namespace, *names: str) -> Path:
+def output_dir(out: str | None, command: str, *names: str) -> Path:
     """The output folder (``--out``, else ``results/<subcommand>``), created and checked before any work: no file
     this subcommand writes (``<name>*.csv|json|npz|html|png``) may be a folder there."""
-    out = _writable_dir(args.out if args.out is not None else f"results/{args.command}")
+    folder = _writable_dir(out if out is not None else f"results/{command}")
     for name in names:
-        for path in out.glob(f"{name}*"):
+        for path in folder.glob(f"{name}*"):
             if path.is_dir() and path.suffix in OUTPUT_SUFFIXES:
-                raise LensParallelError(f"--out {out}: {path.name} is a folder, where an output file goes; remove it")
-    return out
+                raise LensParallelError(
+                    f"--out {folder}: {path.name} is a folder, where an output file goes; remove it"
+                )
+    return folder
 
 
-def _common(parser: argparse.ArgumentParser, *, n_docs: int = 16, many_models: bool = False) -> None:
-    if many_models:
-        parser.add_argument("--model", nargs="+", default=[DEFAULT_MODEL], help="model spec(s); several: side by side")
-    else:
-        parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default: {DEFAULT_MODEL})")
-    parser.add_argument(
-        "--texts",
-        default="wikipedia-en",
-        help="bundled corpus, hf:DATASET, or study (2 English + 2 Chinese texts, --n-docs ignored); "
-        "default: %(default)s",
-    )
-    parser.add_argument("--n-docs", type=_positive, default=n_docs, help=f"documents (token blocks), default {n_docs}")
-    parser.add_argument("--seq-len", type=_positive, default=128, help="tokens per block, default 128")
-    parser.add_argument("--batch-size", type=_positive, default=8, help="documents per forward, default 8")
-    parser.add_argument("--seed", type=_non_negative, default=0, help="seed (document order, null draws), default 0")
-    parser.add_argument("--device", default="cpu", help="torch device, default cpu")
-    parser.add_argument("--out", required=False, help="output folder (default: results/<subcommand>)")
-
-
-def _store(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument(
-        "--store",
-        default=None,
-        metavar="FILE",
-        help=f"the sweep's resumable store (JSON lines), default OUT/{default}: a rerun skips finished jobs",
-    )
-
-
-def _workers(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--workers",
-        type=_positive,
-        default=1,
-        help="run the jobs on this many Ray workers (pip install 'lens_parallel[distributed]'), default 1: here",
-    )
-    parser.add_argument(
-        "--ray-address",
-        default=None,
-        metavar="ADDR",
-        help="a running Ray cluster (auto, or host:6379); default: a local Ray when --workers > 1",
-    )
-
-
-def _build_parser() -> argparse.ArgumentParser:
-    from lens_parallel.analyses.decompose import SPACES
-    from lens_parallel.analyses.nulls import NULLS
-    from lens_parallel.edits import ABLATIONS, DIAGONAL_SPACES, POSITIONS, SCALE_SPACES
-    from lens_parallel.training import ARMS, DESIGNS, PRESETS
-
-    parser = _Parser(prog="lens-parallel", description="Parallel/perpendicular geometry of heads.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("decompose", help="self-alignment of head outputs and residual updates")
-    _common(p)
-    p.add_argument("--space", nargs="+", default=["value"], choices=[*SPACES, "all"], help="space(s), default value")
-    p.add_argument("--layers", type=int, nargs="+", default=None, help="layers (default: all)")
-    p = sub.add_parser("scale", help="loss when parallel / perpendicular parts are rescaled")
-    _common(p)
-    p.add_argument("--space", nargs="+", default=["value-exclude-self", "residual-attn"], choices=SCALE_SPACES)
-    p.add_argument("--s-par", type=float, nargs="+", default=[-1.0, 0.0, 0.5, 1.5, 2.0])
-    p.add_argument("--s-perp", type=float, nargs="+", default=[0.0, 0.5, 1.5])
-    p.add_argument("--layers", type=int, nargs="+", default=None, help="layers edited (default: all)")
-    p.add_argument("--per-layer", action="store_true", help="one layer at a time instead of all together")
-    p.add_argument("--positions", default="all", choices=POSITIONS, help="after-first: leave the boundary token")
-    _store(p, "scale_store.jsonl")
-    _workers(p)
-    p = sub.add_parser("diagonal", help="attention-diagonal form of parallel scaling for one head")
-    _common(p, n_docs=4)
-    p.add_argument("--layer", type=int, default=None, help="layer (default: the most self-aligned head's)")
-    p.add_argument("--head", type=int, default=None, help="query head (default: the most self-aligned head)")
-    p.add_argument("--s-par", type=float, default=0.0)
-    p.add_argument("--space", nargs="+", default=list(DIAGONAL_SPACES), choices=DIAGONAL_SPACES)
-    p = sub.add_parser("sensitivity", help="per-head and joint ablation effects, layer by layer")
-    _common(p, n_docs=8)
-    p.add_argument("--edit", default="parallel-value", choices=ABLATIONS)
-    p.add_argument("--positions", default="all", choices=POSITIONS, help="after-first: leave the boundary token")
-    p.add_argument("--layers", type=int, nargs="+", default=None)
-    p.add_argument(
-        "--method",
-        default="exact",
-        choices=["exact", "attribution"],
-        help="exact: one ablation per head (engine); attribution: every head from one forward + one backward",
-    )
-    p.add_argument("--confirm", type=int, default=0, metavar="K", help="attribution: rerun the top K heads exactly")
-    _store(p, "sensitivity_store.jsonl")
-    _workers(p)
-    p = sub.add_parser("dominance", help="how strongly each upstream head drives the next layer's q/k/v")
-    _common(p, n_docs=4)
-    p.set_defaults(texts="study", seq_len=32)
-    p.add_argument("--upstream-layers", type=int, nargs="+", default=None)
-    p.add_argument(
-        "--query-start", type=int, default=None, help="first receiving query token scored (default: the study's 7)"
-    )
-    p.add_argument(
-        "--query-stop",
-        type=int,
-        default=None,
-        help="score tokens before this one (default: the study's 32, or the sequences' end if shorter)",
-    )
-    p.add_argument("--scale", default="qkv", choices=["qkv", "js", "js_distance"], help="scale of the printed table")
-    p.add_argument(
-        "--mask-scale",
-        default="qkv",
-        choices=["qkv", "both"],
-        help="rank the weak/strong halves on qkv (the study) or also on js",
-    )
-    _workers(p)
-    p = sub.add_parser("checks", help="sanity checks: causal null, GQA groups, split-half reliability")
-    _common(p, n_docs=8)
-    p.add_argument("--edit", default="parallel-value", choices=ABLATIONS)
-    p.add_argument(
-        "--positions", default="after-first", choices=POSITIONS, help="the paper's frozen protocol: after-first"
-    )
-    p.add_argument("--null", default="sampled", choices=NULLS, help="causal null: sampled (the paper's) or exact")
-    _store(p, "ablations.jsonl")
-    _workers(p)
-    p = sub.add_parser("compress", help="compression error along / across each layer's update")
-    _common(p, n_docs=12)
-    p.add_argument(
-        "--method",
-        nargs="+",
-        default=["int8", "int4-g128", "wanda-50%", "wanda-2:4"],
-        help="int8, int4, int4-g128, magnitude-50%%, wanda-50%%, magnitude-2:4, wanda-4:8, ...",
-    )
-    p.add_argument("--positions", default="last", choices=["last", "all"])
-    _workers(p)
-    p = sub.add_parser("report", help="the standard battery on one or several models: report.html + tables")
-    _common(p, n_docs=8, many_models=True)
-    p = sub.add_parser("train", help="train small LMs with each arm, paired by seed")
-    p.add_argument("--preset", default="cpu-small", choices=sorted(PRESETS))
-    p.add_argument(
-        "--design",
-        default=None,
-        choices=sorted(DESIGNS),
-        help="a pre-specified factorial (preset, arms, seeds, endpoints): xsa-controls is the sanity-checks paper's; "
-        "--preset/--arms/--seeds are then ignored",
-    )
-    p.add_argument("--tokens", type=_positive, default=None, help="tokens per run (whole batches; overrides --steps)")
-    p.add_argument("--plan", default=None, help="freeze the analysis plan to this JSON file before the first run")
-    p.add_argument("--arms", nargs="+", default=["baseline", "random-direction-gated", "xsa-gated"], choices=ARMS)
-    p.add_argument("--primary", default=None, help="primary endpoint arm (default: the first arm after baseline)")
-    p.add_argument("--seeds", type=_non_negative, nargs="+", default=[0, 1, 2, 3])
-    p.add_argument("--steps", type=_positive, default=None, help="override the preset's number of steps")
-    p.add_argument("--texts", nargs="+", default=None, help="corpora to train on (default: the preset's)")
-    p.add_argument("--device", default="auto", help="auto (CUDA + bf16 when available), cpu or cuda")
-    p.add_argument("--out", required=False, help="output folder (default: results/train)")
-    _workers(p)
-    p = sub.add_parser("models", help="list the models that load offline now and those that need the hub")
-    p.add_argument("--out", required=False, help="also write models.csv here")
-    return parser
-
-
-def _emit(out: Path, name: str, result, shown: pd.DataFrame) -> None:
+def _emit(out: Path, name: str, result: Any, shown: pd.DataFrame) -> None:
     """Write ``name.csv`` (the tidy table), ``name_summary.csv``, the result (JSON + npz) and every figure
     (``name`` for the main one, ``name_<figure>`` for the others); print ``shown`` and the files."""
     from lens_parallel.plots import save_figure
@@ -240,185 +296,142 @@ def _emit(out: Path, name: str, result, shown: pd.DataFrame) -> None:
     print("wrote:", *map(str, written), sep="\n  ")
 
 
-def _store_path(args: argparse.Namespace, out: Path, default: str) -> Path:
-    return Path(args.store) if args.store else out / default
+def _load(inv: Invocation, out: Path, opts: RunOptions) -> tuple[Any, Any]:
+    """The model and the documents, after the output folder, the run options and the texts are checked."""
+    import torch
 
-
-def _load(args: argparse.Namespace, *names: str):
-    """The output folder (checked for ``names``), the model and the documents, in that order (nothing loads before
-    the folder and the worker settings are checked)."""
+    from lens_parallel.analyses.dominance import study_texts
     from lens_parallel.data import check_corpus, token_blocks
     from lens_parallel.distributed import check_workers
     from lens_parallel.models import load_model
 
-    out = _output_dir(args, *names or (args.command,))
-    check_workers(getattr(args, "workers", 1), getattr(args, "ray_address", None))  # before loading anything
-    if args.texts != "study":
-        check_corpus(args.texts)
-    model = load_model(args.model, device=args.device)
-    if args.texts == "study":
-        from lens_parallel.analyses.dominance import study_texts
-
-        return out, model, study_texts(model, seq_len=args.seq_len, seed=args.seed)
-    blocks = token_blocks(model, args.texts, n_docs=args.n_docs, seq_len=args.seq_len, seed=args.seed)
-    return out, model, blocks
+    data = inv.data()
+    check_workers(opts.workers, opts.ray_address)  # before loading anything
+    if data.texts != "study":
+        check_corpus(data.texts)
+    model = load_model(data.model, device=data.device, dtype=getattr(torch, data.dtype))
+    if data.texts == "study":
+        return model, study_texts(model, seq_len=data.seq_len, seed=data.doc_seed)
+    return model, token_blocks(model, data.texts, n_docs=data.n_docs, seq_len=data.seq_len, seed=data.doc_seed)
 
 
-def _decompose(args: argparse.Namespace) -> None:
-    from lens_parallel.analyses.decompose import decompose
+# -- the subcommands ---------------------------------------------------------------------------------------------
 
-    out, model, blocks = _load(args)
-    space = "all" if "all" in args.space else args.space
-    result = decompose(model, blocks, space=space, layers=args.layers, batch_size=args.batch_size)
+
+def _decompose(inv: Invocation) -> None:
+    from lens_parallel.analyses.decompose import DecomposeSettings, decompose
+
+    out = inv.out()
+    opts = inv.run_options(out)
+    s = inv.settings(DecomposeSettings)
+    model, docs = _load(inv, out, opts)
+    result = decompose(model, docs, settings=s, options=opts)
     df = result.to_dataframe()
     print(f"{result.info.name}: means over layers and heads, positions t >= 1")
     shown = df.groupby(["space", "level"])[["self_cos", "par_frac", "perp_frac", "par_coef"]].mean().round(4)
     _emit(out, "decompose", result, shown)
 
 
-def _scale(args: argparse.Namespace) -> None:
-    from lens_parallel.analyses.scaling import scale_sweep
+def _scale(inv: Invocation) -> None:
+    from lens_parallel.analyses.scaling import ScaleSettings, scale_sweep
 
-    out, model, blocks = _load(args)
-    result = scale_sweep(
-        model,
-        blocks,
-        space=args.space,
-        s_par=args.s_par,
-        s_perp=args.s_perp,
-        layers=args.layers,
-        per_layer=args.per_layer,
-        positions=args.positions,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        store=_store_path(args, out, "scale_store.jsonl"),
-        workers=args.workers,
-        ray_address=args.ray_address,
-    )
+    out = inv.out()
+    opts = inv.run_options(out)
+    s = inv.settings(ScaleSettings)
+    model, docs = _load(inv, out, opts)
+    result = scale_sweep(model, docs, settings=s, options=opts)
     df = result.to_dataframe()
     print(f"{result.info.name}: edited minus no-op (nats/token), no-op loss {df['loss_noop'].iloc[0]:.4f}")
     cols = ["space", "layer", "s_par", "s_perp", "delta_loss", "delta_loss_lo", "delta_loss_hi"]
     _emit(out, "scale", result, df[cols].round(4).set_index("space"))
 
 
-def _diagonal(args: argparse.Namespace) -> None:
-    from lens_parallel.analyses.decompose import decompose
-    from lens_parallel.analyses.diagonal import diagonal_view
-    from lens_parallel.report import strongest_parallel_heads
+def _diagonal(inv: Invocation) -> None:
+    from lens_parallel.analyses.diagonal import DiagonalSettings, diagonal_view
 
-    out, model, blocks = _load(args)
-    layer, head = args.layer, args.head
-    if (layer is None) != (head is None):
-        raise LensParallelError("give both --layer and --head, or neither (then the most self-aligned head is shown)")
-    if layer is None:
-        ((layer, head),) = strongest_parallel_heads(decompose(model, blocks, space="value", progress=False), k=1)
-    result = diagonal_view(
-        model, blocks, layer=layer, head=head, s_par=args.s_par, space=args.space, batch_size=args.batch_size
+    out = inv.out()
+    opts = inv.run_options(out)
+    s = inv.settings(DiagonalSettings)
+    model, docs = _load(inv, out, opts)
+    result = diagonal_view(model, docs, settings=s, options=opts)
+    print(
+        f"{result.info.name}: dA_tt per head at layer {result.layer} for s_par = {s.s_par} (figure: head {result.head})"
     )
-    df = result.to_dataframe()
-    print(f"{result.info.name}: dA_tt per head at layer {layer} for s_par = {args.s_par} (figure: head {head})")
-    _emit(out, "diagonal", result, df.head(12))
+    _emit(out, "diagonal", result, result.to_dataframe().head(12))
 
 
-def _sensitivity(args: argparse.Namespace) -> None:
-    from lens_parallel.analyses.sensitivity import head_sensitivity
+def _sensitivity(inv: Invocation) -> None:
+    from lens_parallel.analyses.sensitivity import SensitivitySettings, head_sensitivity
 
-    if args.confirm and args.method != "attribution":
+    how = inv.settings(SensitivityCommand)
+    if how.confirm and how.method != "attribution":
         raise LensParallelError("--confirm K checks an attribution screen: use it with --method attribution")
-    if args.confirm < 0:
-        raise LensParallelError(f"--confirm must be >= 0 heads, got {args.confirm}")
-    if args.method == "attribution" and (args.workers > 1 or args.ray_address):
-        raise LensParallelError(
-            "--method attribution is one forward + backward per batch: it runs here, without --workers"
-        )
-    if args.method == "attribution":
-        _attribution(args)
+    s = inv.settings(SensitivitySettings)
+    if how.method == "attribution":
+        _attribution(inv, s, how.confirm)
         return
-    out, model, blocks = _load(args)
-    result = head_sensitivity(
-        model,
-        blocks,
-        edit=args.edit,
-        positions=args.positions,
-        layers=args.layers,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        store=_store_path(args, out, "sensitivity_store.jsonl"),
-        workers=args.workers,
-        ray_address=args.ray_address,
-    )
-    df = result.to_dataframe()
-    joint = df[df["head"].isna()]
-    print(f"{result.info.name}: joint {args.edit} ablation per layer (delta loss, nats/token)")
+    out = inv.out()
+    opts = inv.run_options(out)
+    model, docs = _load(inv, out, opts)
+    result = head_sensitivity(model, docs, settings=s, options=opts)
+    joint = result.to_dataframe()
+    joint = joint[joint["head"].isna()]
+    print(f"{result.info.name}: joint {s.edit} ablation per layer (delta loss, nats/token)")
     _emit(out, "sensitivity", result, joint[["label", "delta_loss", "ci_lo", "ci_hi", "p"]].round(4))
 
 
-def _attribution(args: argparse.Namespace) -> None:
-    from lens_parallel.analyses.attribution import head_attribution
+def _attribution(inv: Invocation, s: Any, top: int) -> None:
+    from lens_parallel.analyses.attribution import AttributionSettings, head_attribution
     from lens_parallel.analyses.confirm import confirm
     from lens_parallel.hooks import softmax_layers
     from lens_parallel.models import model_info
 
-    out, model, blocks = _load(args, "attribution")
-    info = model_info(model)
-    n_heads = info.n_heads * len(softmax_layers(info, args.layers, what="attribution")[0])
-    if args.confirm > n_heads:
-        raise LensParallelError(f"--confirm {args.confirm} exceeds the {n_heads} heads screened")
-    kw = {"edit": args.edit, "positions": args.positions, "layers": args.layers, "batch_size": args.batch_size}
-    result = head_attribution(model, blocks, **kw, seed=args.seed)
-    heads = result.to_dataframe().dropna(subset=["head"])
-    top = heads.loc[heads["estimate"].abs().nlargest(10).index]
-    print(f"{result.info.name}: first-order estimate of {args.edit} per head (nats/token), largest 10")
-    _emit(out, "attribution", result, top.head(10)[["label", "estimate", "ci_lo", "ci_hi"]].round(5))
-    if args.confirm:
-        checked = confirm(
-            model,
-            blocks,
-            result,
-            top_k=args.confirm,
-            n_random=min(args.confirm, n_heads - args.confirm),
-            seed=args.seed,
-            batch_size=args.batch_size,
+    run = given(inv.args, RunOptions)
+    if run.get("workers", 1) > 1 or run.get("ray_address"):
+        raise LensParallelError(
+            "--method attribution is one forward + backward per batch: it runs here, without --workers"
         )
-        print(f"exact check of the top {args.confirm} heads and as many random ones:")
+    out = inv.out("attribution")
+    opts = inv.run_options(out)
+    model, docs = _load(inv, out, opts)
+    info = model_info(model)
+    n_heads = info.n_heads * len(softmax_layers(info, s.layers, what="attribution")[0])
+    if top > n_heads:
+        raise LensParallelError(f"--confirm {top} exceeds the {n_heads} heads screened")
+    screen_settings = AttributionSettings(
+        edit=s.edit, positions=s.positions, layers=s.layers, n_resamples=s.n_resamples, seed=s.seed
+    )
+    result = head_attribution(model, docs, settings=screen_settings, options=dataclasses.replace(opts, store=None))
+    heads = result.to_dataframe().dropna(subset=["head"])
+    shown = heads.loc[heads["estimate"].abs().nlargest(10).index]
+    print(f"{result.info.name}: first-order estimate of {s.edit} per head (nats/token), largest 10")
+    _emit(out, "attribution", result, shown.head(10)[["label", "estimate", "ci_lo", "ci_hi"]].round(5))
+    if top:
+        checked = confirm(model, docs, result, top_k=top, n_random=min(top, n_heads - top), seed=s.seed, options=opts)
+        print(f"exact check of the top {top} heads and as many random ones:")
         _emit(out, "attribution_confirm", checked, checked.summary().drop(columns="note").round(4))
         print(checked.summary()["note"].iloc[0])
 
 
-def _dominance(args: argparse.Namespace) -> None:
-    from lens_parallel.analyses.dominance import head_dominance
+def _dominance(inv: Invocation) -> None:
+    from lens_parallel.analyses.dominance import DominanceSettings, head_dominance
 
-    out, model, blocks = _load(args)
-    result = head_dominance(
-        model,
-        blocks,
-        query_positions=_query_window(args.query_start, args.query_stop),
-        upstream_layers=args.upstream_layers,
-        mask_scales=("qkv", "js") if args.mask_scale == "both" else ("qkv",),
-        seed=args.seed,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        ray_address=args.ray_address,
-    )
+    out = inv.out()
+    opts = inv.run_options(out)
+    s = inv.settings(DominanceSettings)
+    scale = inv.settings(DominanceCommand).scale
+    model, docs = _load(inv, out, opts)
+    result = head_dominance(model, docs, settings=s, options=opts)
     table = result.group_table()
-    table = table[(table.level == "pair") & (table.scale == args.scale) & table.mask_scale.isin(["", "qkv"])]
+    table = table[(table.level == "pair") & (table.scale == scale) & table.mask_scale.isin(["", "qkv"])]
     shown = table.pivot(index="group", columns="metric", values="median")
     shown = shown.reindex(index=list(dict.fromkeys(table.group)), columns=_DOMINANCE_COLUMNS)
     print(
-        f"{result.info.name}: dominance of upstream heads over the next layer, {args.scale} scale: medians over "
+        f"{result.info.name}: dominance of upstream heads over the next layer, {scale} scale: medians over "
         "observations (text, query token, receiving head); weak_smaller = share of observations"
     )
     shown["weak_smaller"] = table[table.metric == "weak_smaller"].set_index("group")["mean"]
     _emit(out, "dominance", result, shown.round(4))
-
-
-def _query_window(start: int | None, stop: int | None) -> slice | None:
-    """None (the study's window within the sequences) unless a bound is given; a given bound is checked as is."""
-    if start is None and stop is None:
-        return None
-    from lens_parallel.analyses.dominance import STUDY_WINDOW
-
-    return slice(STUDY_WINDOW[0] if start is None else start, stop)
 
 
 _DOMINANCE_COLUMNS = [
@@ -434,72 +447,65 @@ _DOMINANCE_COLUMNS = [
 ]
 
 
-def _checks(args: argparse.Namespace) -> None:
-    from lens_parallel.analyses.reliability import sanity_report
+def _checks(inv: Invocation) -> None:
+    from lens_parallel.analyses.reliability import SanitySettings, check_documents, sanity_report
 
-    out, model, blocks = _load(args)
-    result = sanity_report(
-        model,
-        blocks,
-        edit=args.edit,
-        positions=args.positions,
-        null=args.null,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        store=_store_path(args, out, "ablations.jsonl"),
-        workers=args.workers,
-        ray_address=args.ray_address,
-    )
-    row = result.summary()
-    print(f"{result.info.name}: sanity checks on {args.n_docs} documents")
-    _emit(out, "checks", result, row.T.rename(columns={0: ""}))
+    out = inv.out()
+    opts = inv.run_options(out)
+    s = inv.settings(SanitySettings)
+    check_documents(inv.data().n_docs)
+    model, docs = _load(inv, out, opts)
+    result = sanity_report(model, docs, settings=s, options=opts)
+    print(f"{result.info.name}: sanity checks on {len(docs.tokens)} documents")
+    _emit(out, "checks", result, result.summary().T.rename(columns={0: ""}))
 
 
-def _compress(args: argparse.Namespace) -> None:
-    from lens_parallel.analyses.compression import compression_error
-    from lens_parallel.compression import Compression
+def _compress(inv: Invocation) -> None:
+    from lens_parallel.analyses.compression import CompressionSettings, compression_error
 
-    for method in args.method:  # before loading anything
-        Compression.parse(method)
-    out, model, blocks = _load(args)
-    result = compression_error(
-        model,
-        blocks,
-        method=args.method,
-        positions=args.positions,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        ray_address=args.ray_address,
-    )
+    s = inv.settings(CompressionSettings)  # every method checked before loading anything
+    out = inv.out()
+    opts = inv.run_options(out)
+    model, docs = _load(inv, out, opts)
+    result = compression_error(model, docs, settings=s, options=opts)
     table = result.method_table()
     table.to_csv(out / "compress_methods.csv", index=False)
     print(f"{result.info.name}: error relative to the dense update, mean over layers; delta loss in nats/token")
     _emit(out, "compress", result, table.round(4).set_index(["method", "sublayer"]))
 
 
-def _report(args: argparse.Namespace) -> None:
+def _report(inv: Invocation) -> None:
     import time
 
-    from lens_parallel.data import token_blocks
-    from lens_parallel.models import check_device, check_spec, load_model
-    from lens_parallel.report import check_battery, run_battery, write_report
+    import torch
 
-    check_device(args.device)
-    for spec in args.model:  # every spec before the first (long) battery
+    from lens_parallel.analyses.reliability import check_documents
+    from lens_parallel.data import check_corpus, token_blocks
+    from lens_parallel.models import check_device, check_spec, load_model
+    from lens_parallel.report import ReportSettings, run_battery, write_report
+
+    typed = given(inv.args, DataOptions)
+    specs = typed.pop("model", None) or (DataOptions().model,)
+    data = DataOptions(**((inv.command.data or {}) | typed))
+    check_device(data.device)
+    for spec in specs:  # every spec, and every step's settings, before the first (long) battery
         check_spec(spec)
-    check_battery(n_docs=args.n_docs, texts=args.texts, batch_size=args.batch_size)
-    out = _output_dir(args, "report")
+    check_documents(data.n_docs)
+    check_corpus(data.texts)
+    s = inv.settings(ReportSettings)
+    out = inv.out("report")
     for folder in ("tables", "results"):
         if (out / folder).exists() and not (out / folder).is_dir():
             raise LensParallelError(f"--out {out}: {folder} is a file, where the report writes a folder; remove it")
+    opts = inv.run_options(out)
     t0 = time.perf_counter()
     reports = []
-    for spec in args.model:
+    for spec in specs:
         print(f"[{spec}] running the battery")
-        model = load_model(spec, device=args.device)
-        blocks = token_blocks(model, args.texts, n_docs=args.n_docs, seq_len=args.seq_len, seed=args.seed)
-        reports.append(run_battery(model, blocks, seed=args.seed, batch_size=args.batch_size))
-    settings = {"texts": args.texts, "n_docs": args.n_docs, "seq_len": args.seq_len, "seed": args.seed}
+        model = load_model(spec, device=data.device, dtype=getattr(torch, data.dtype))
+        docs = token_blocks(model, data.texts, n_docs=data.n_docs, seq_len=data.seq_len, seed=data.doc_seed)
+        reports.append(run_battery(model, docs, settings=s, options=opts))
+    settings = {"texts": data.texts, "n_docs": data.n_docs, "seq_len": data.seq_len, "seed": s.seed}
     path = write_report(reports, out, settings=settings)
     summary = pd.concat([r.summary() for r in reports]).set_index("model")
     with pd.option_context("display.width", 160, "display.max_columns", 30):
@@ -507,41 +513,36 @@ def _report(args: argparse.Namespace) -> None:
     print(f"report: {path} ({time.perf_counter() - t0:.0f} s); tables in {out / 'tables'}")
 
 
-def _train(args: argparse.Namespace) -> None:
-    import dataclasses
-
+def _train(inv: Invocation) -> None:
     from lens_parallel.distributed import check_workers
-    from lens_parallel.training import PRESETS, run_design, run_factorial
+    from lens_parallel.training import run_design, run_factorial
+    from lens_parallel.training.factorial import TrainSettings
 
-    check_workers(args.workers, args.ray_address)
-    changes = {"device": args.device} | ({"steps": args.steps} if args.steps else {})
-    changes |= {"texts": tuple(args.texts)} if args.texts else {}
-    out = _output_dir(args, "train", "paired", "curves")
-    if args.design:
+    s = inv.settings(TrainSettings)
+    run = given(inv.args, RunOptions)
+    workers, address = run.get("workers", 1), run.get("ray_address")
+    check_workers(workers, address)
+    out = inv.out("train", "paired", "curves")
+    if s.design:
+        changes: dict[str, Any] = {"device": s.device} | ({"steps": s.steps} if s.steps else {})
+        changes |= {"texts": tuple(s.texts)} if s.texts else {}
         result = run_design(
-            args.design,
-            out=out,
-            plan=args.plan,
-            tokens=args.tokens,
-            workers=args.workers,
-            ray_address=args.ray_address,
-            **changes,
+            s.design, out=out, plan=s.plan, tokens=s.tokens, workers=workers, ray_address=address, **changes
         )
-        name = f"design {args.design}"
+        name = f"design {s.design}"
     else:
-        config = dataclasses.replace(PRESETS[args.preset], **changes)
-        config = config.with_tokens(args.tokens) if args.tokens else config
         result = run_factorial(
-            config,
-            args.arms,
-            args.seeds,
+            s.config(),
+            s.arms,
+            s.seeds,
             out=out,
-            primary=args.primary,
-            plan=args.plan,
-            workers=args.workers,
-            ray_address=args.ray_address,
+            primary=s.primary,
+            plan=s.plan,
+            progress=run.get("progress", True),
+            workers=workers,
+            ray_address=address,
         )
-        name = f"preset {args.preset}"
+        name = f"preset {s.preset}"
     table = result.paired_table()
     table.to_csv(out / "paired.csv", index=False)
     result.curves().to_csv(out / "curves.csv", index=False)
@@ -553,40 +554,123 @@ def _train(args: argparse.Namespace) -> None:
     _emit(out, "train", result, table.set_index("contrast")[cols].round(5))
 
 
-def _models(args: argparse.Namespace) -> None:
+def _models(inv: Invocation) -> None:
     from lens_parallel.models import available_models
 
     table = available_models()
     left = {col: f"{{:<{table[col].astype(str).str.len().max()}}}".format for col in table.columns}
     print(table.to_string(index=False, formatters=left, justify="left"))
-    if args.out is not None:
-        path = _output_dir(args, "models") / "models.csv"
+    if inv.args.out is not None:
+        path = inv.out("models") / "models.csv"
         table.to_csv(path, index=False)
         print("wrote:", path)
 
 
-COMMANDS = {
-    "decompose": _decompose,
-    "scale": _scale,
-    "diagonal": _diagonal,
-    "sensitivity": _sensitivity,
-    "dominance": _dominance,
-    "checks": _checks,
-    "compress": _compress,
-    "report": _report,
-    "train": _train,
-    "models": _models,
-}
+def _protocols(inv: Invocation) -> None:
+    rows = [
+        {
+            "protocol": p.name,
+            "covers": ", ".join(type(s).__name__ for s in p.settings),
+            "documents": ", ".join(f"{k}={v}" for k, v in p.documents.items()) or "the caller's",
+            "source": p.source,
+        }
+        for p in PROTOCOLS.values()
+    ]
+    with pd.option_context("display.width", 200, "display.max_colwidth", 80):
+        print(pd.DataFrame(rows).to_string(index=False))
+    for p in PROTOCOLS.values():
+        print(f"\n{p.name}: {p.description}")
+
+
+def _commands() -> dict[str, Command]:
+    from lens_parallel.analyses.compression import CompressionSettings
+    from lens_parallel.analyses.decompose import DecomposeSettings
+    from lens_parallel.analyses.diagonal import DiagonalSettings
+    from lens_parallel.analyses.dominance import DominanceSettings
+    from lens_parallel.analyses.reliability import SanitySettings
+    from lens_parallel.analyses.scaling import ScaleSettings
+    from lens_parallel.analyses.sensitivity import SensitivitySettings
+    from lens_parallel.report import ReportSettings
+    from lens_parallel.training.factorial import TrainSettings
+
+    return {
+        "decompose": Command(
+            "self-alignment of head outputs and residual updates", _decompose, (DecomposeSettings,), {}
+        ),
+        "scale": Command(
+            "loss when parallel / perpendicular parts are rescaled",
+            _scale,
+            (ScaleSettings,),
+            {},
+            SWEEP,
+            store="scale_store.jsonl",
+        ),
+        "diagonal": Command(
+            "attention-diagonal form of parallel scaling for one head", _diagonal, (DiagonalSettings,), {"n_docs": 4}
+        ),
+        "sensitivity": Command(
+            "per-head and joint ablation effects, layer by layer",
+            _sensitivity,
+            (SensitivitySettings, SensitivityCommand),
+            {"n_docs": 8},
+            SWEEP,
+            store="sensitivity_store.jsonl",
+        ),
+        "dominance": Command(
+            "how strongly each upstream head drives the next layer's q/k/v",
+            _dominance,
+            (DominanceSettings, DominanceCommand),
+            {"texts": "study", "seq_len": 32, "n_docs": 4},
+            SWEEP,
+            store="dominance_store.jsonl",
+        ),
+        "checks": Command(
+            "sanity checks: causal null, GQA groups, split-half reliability",
+            _checks,
+            (SanitySettings,),
+            {"n_docs": 8},
+            SWEEP,
+            store="ablations.jsonl",
+        ),
+        "compress": Command(
+            "compression error along / across each layer's update",
+            _compress,
+            (CompressionSettings,),
+            {"n_docs": 12},
+            SWEEP,
+            store="compress_store.jsonl",
+        ),
+        "report": Command(
+            "the standard battery on one or several models: report.html + tables",
+            _report,
+            (ReportSettings,),
+            {"n_docs": 8},
+            ("batch_size", "tokens_per_forward", "progress"),
+            many_models=True,
+        ),
+        "train": Command(
+            "train small LMs with each arm, paired by seed",
+            _train,
+            (TrainSettings,),
+            None,
+            ("progress", "workers", "ray_address"),
+        ),
+        "models": Command("list the models that load offline now and those that need the hub", _models, run_fields=()),
+        "protocols": Command("list the named protocols (a study's saved settings)", _protocols, run_fields=()),
+    }
+
+
+COMMANDS: dict[str, Command] = _commands()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _build_parser()
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a bad command line (one line on stderr, status 2)
         return int(exc.code or 0)
     try:
-        COMMANDS[args.command](args)
+        COMMANDS[args.command].run(Invocation(args.command, COMMANDS[args.command], args))
     except LensParallelError as exc:  # bad input: one line
         print(f"lens-parallel {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2

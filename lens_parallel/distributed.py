@@ -31,6 +31,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.models import ModelInfo, ModelSpecError, check_spec, load_model, model_info, weights_digest
+from lens_parallel.validate import check_positive_int, check_ray_address
 
 INSTALL = "pip install 'lens_parallel[distributed]'"
 MAX_RETRIES = 3
@@ -41,10 +42,8 @@ def check_workers(workers: int, ray_address: str | None, model: TransformerBridg
     """Whether this run uses Ray; raises (before any work) :class:`LensParallelError` for a bad ``workers`` or a
     ``model`` that workers cannot load by its spec, and :class:`EnvironmentFailure` when Ray is needed but not
     installed (saying what to install)."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise LensParallelError(f"workers must be an integer >= 1, got {workers!r}")
-    if ray_address is not None and (not isinstance(ray_address, str) or not ray_address.strip()):
-        raise LensParallelError(f"ray_address must be a Ray address such as 'auto' or 'host:6379', got {ray_address!r}")
+    check_positive_int("workers", workers)
+    check_ray_address(ray_address)
     distributed = workers > 1 or ray_address is not None
     if distributed and importlib.util.find_spec("ray") is None:
         raise EnvironmentFailure(

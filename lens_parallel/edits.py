@@ -287,6 +287,10 @@ class HeadEdit:
                 raise LensParallelError("empty head set: give at least one query head")
             object.__setattr__(self, "heads", heads)
 
+    @property
+    def layers(self) -> tuple[int]:
+        return (self.layer,)
+
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         linear = self.kind == "zero" and 0 <= self.layer < info.n_layers and info.layer_types[self.layer] == "linear"
         if linear:
@@ -328,6 +332,7 @@ class GatedRemoval:
     alpha: Float[Tensor, "layer head_index"] | None = None
     directions: Float[Tensor, "layer head_index d_head"] | None = None
     eps: float = geometry.EPS
+    layers: None = None  # every softmax-attention layer
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         layers = _training_layers(info, "GatedRemoval")
@@ -364,6 +369,7 @@ class LearnedGate:
     weight: Float[Tensor, "layer head_index d_model"]
     bias: Float[Tensor, "layer head_index"]
     eps: float = geometry.EPS
+    layers: None = None  # every softmax-attention layer
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         layers = _training_layers(info, "LearnedGate")
@@ -404,7 +410,9 @@ class Edit(Protocol):
     """An intervention, built-in or user-defined: frozen data (a frozen dataclass, so that it can be hashed into a
     store, sent to workers and described in provenance) with ``hooks(model, info)`` returning its forward hooks
     (checking its settings against the model first, before any forward). Optionally ``noop()``: its matched no-op
-    (the same hooks with every scale at 1); an edit without one is compared with the unedited model."""
+    (the same hooks with every scale at 1); an edit without one is compared with the unedited model. Optionally
+    ``layers``: the layers it edits (None: every layer), which lets the engine resume a job at the first of them;
+    an edit that does not say runs from layer 0."""
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]: ...
 
@@ -412,10 +420,15 @@ class Edit(Protocol):
 BUILT_IN_EDITS = (ComponentScale, DiagonalEdit, HeadEdit, GatedRemoval, LearnedGate)
 
 
-def as_edits(edits: Edit | Sequence[Edit]) -> tuple[Edit, ...]:
+def as_edits(edits: object) -> tuple[Edit, ...]:
     """One edit or a sequence of edits (one combined intervention, applied in order) as a tuple, each checked to
     follow the :class:`Edit` protocol."""
-    found = (edits,) if isinstance(edits, Edit) else tuple(edits)
+    if isinstance(edits, Edit):
+        found: tuple[object, ...] = (edits,)
+    elif isinstance(edits, (list, tuple)):
+        found = tuple(edits)
+    else:
+        found = (edits,)
     bad = [e for e in found if not isinstance(e, Edit)]
     if bad:
         raise LensParallelError(
@@ -423,7 +436,7 @@ def as_edits(edits: Edit | Sequence[Edit]) -> tuple[Edit, ...]:
             f"{', '.join(t.__name__ for t in BUILT_IN_EDITS)}, or your own frozen dataclass); "
             f"got {type(bad[0]).__name__}"
         )
-    return found
+    return found  # type: ignore[return-value]
 
 
 def describe_edit(edit: Edit) -> dict[str, Any]:

@@ -16,8 +16,9 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, TypeVar, Union
 
+from lens_parallel.choices import Dtype
 from lens_parallel.errors import LensParallelError
-from lens_parallel.validate import check_positive_int
+from lens_parallel.validate import check_choice, check_non_negative_int, check_positive_int, check_ray_address
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,12 +37,14 @@ class RunOptions:
         default=4096, metadata={"help": "the most tokens (rows x positions) one forward holds when jobs are stacked"}
     )
     store: str | Path | None = field(
-        default=None, metadata={"help": "a JSON-lines file that makes the run resumable (skips finished jobs)"}
+        default=None,
+        metadata={"help": "a JSON-lines file that makes the run resumable (skips finished jobs)", "none": "none"},
     )
     progress: bool = field(default=True, metadata={"help": "show progress bars"})
     workers: int = field(default=1, metadata={"help": "Ray workers (pip install 'lens_parallel[distributed]')"})
     ray_address: str | None = field(
-        default=None, metadata={"help": "a running Ray cluster (auto, or host:6379); default: local Ray"}
+        default=None,
+        metadata={"help": "a running Ray cluster (auto, or host:6379)", "none": "a local Ray when workers > 1"},
     )
 
     def __post_init__(self) -> None:
@@ -50,10 +53,7 @@ class RunOptions:
         check_positive_int("workers", self.workers)
         if self.store is not None:
             object.__setattr__(self, "store", str(self.store))
-        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address.strip()):
-            raise LensParallelError(
-                f"ray_address must be a Ray address such as 'auto' or 'host:6379', got {self.ray_address!r}"
-            )
+        check_ray_address(self.ray_address)
 
     @property
     def store_path(self) -> Path | None:
@@ -69,6 +69,34 @@ class RunOptions:
 
 
 RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunOptions))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataOptions:
+    """Which model and documents a command line runs on (in Python, the caller loads them): ``model`` (a toy, a real
+    model, a folder or a hub name), loaded on ``device`` in ``dtype``; ``n_docs`` blocks of ``seq_len`` tokens of
+    ``texts`` (a bundled corpus, ``hf:DATASET``, or ``study``: the head-dominance study's four texts), chosen with
+    ``doc_seed``."""
+
+    model: str = field(
+        default="smollm2-135m", metadata={"help": "model spec: a toy, a real model, a folder, a hub name"}
+    )
+    texts: str = field(
+        default="wikipedia-en", metadata={"help": "bundled corpus, hf:DATASET, or study (the dominance study's texts)"}
+    )
+    n_docs: int = field(default=16, metadata={"help": "documents (token blocks)"})
+    seq_len: int = field(default=128, metadata={"help": "tokens per block"})
+    doc_seed: int = field(default=0, metadata={"help": "seed of the order documents are chosen in"})
+    device: str = field(default="cpu", metadata={"help": "torch device"})
+    dtype: Dtype = field(default="float32", metadata={"help": "model precision"})
+
+    def __post_init__(self) -> None:
+        check_positive_int("n_docs", self.n_docs)
+        check_positive_int("seq_len", self.seq_len)
+        check_non_negative_int("doc_seed", self.doc_seed)
+        check_choice("dtype", self.dtype, Dtype)
+
+
 S = TypeVar("S")
 
 

@@ -16,12 +16,14 @@ the tables (CSV) beside it. Several models give a side-by-side report: one colum
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -33,14 +35,18 @@ from lens_parallel.analyses.attribution import AttributionResult, head_attributi
 from lens_parallel.analyses.confirm import ConfirmResult, confirm
 from lens_parallel.analyses.decompose import DecompositionResult, decompose
 from lens_parallel.analyses.diagonal import DiagonalView, diagonal_view
+from lens_parallel.analyses.evaluate import evaluate
 from lens_parallel.analyses.reliability import SanityReport, check_documents, sanity_report
 from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
 from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivity
-from lens_parallel.data import TokenBlocks, check_corpus
-from lens_parallel.errors import LensParallelError
+from lens_parallel.documents import Documents
+from lens_parallel.edits import as_edits, describe_edit
+from lens_parallel.losses import EditEffect
 from lens_parallel.models import model_info
+from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.comparison import comparison_figure
 from lens_parallel.results import Provenance, Result, ResultMixin, serializable
+from lens_parallel.validate import check_non_negative_int
 
 SECTIONS = {
     "decomposition": "Decomposition: how much of each message lies along its own reference (value v_t, residual x_t)",
@@ -49,8 +55,10 @@ SECTIONS = {
     "sensitivity": "Layer sensitivity: removing each head's parallel part, alone and jointly",
     "attribution": "Attribution screening: every head from one backward pass, the top heads confirmed exactly",
     "sanity": "Sanity checks: causal null, GQA groups, split-half reliability",
+    "edits": "Further edits (built-in or user-defined): loss change against the matched no-op",
 }
 SCALE_SPACES = ("value-exclude-self", "residual-attn")
+T = TypeVar("T")
 
 
 @serializable
@@ -67,6 +75,7 @@ class ModelReport(ResultMixin):
     seconds: dict[str, float] = field(default_factory=dict)
     screen: AttributionResult | None = None
     confirmation: ConfirmResult | None = None
+    edit_effects: tuple[EditEffect, ...] = ()
 
     @property
     def provenance(self) -> Provenance:
@@ -106,6 +115,11 @@ class ModelReport(ResultMixin):
             "sensitivity": self.sensitivity.to_dataframe(),
             "attribution": self.confirmation.to_dataframe() if self.confirmation else pd.DataFrame(),
             "sanity": self.sanity.to_dataframe(),
+            "edits": pd.concat(
+                [e.to_dataframe().assign(edit=_edit_label(e)) for e in self.edit_effects], ignore_index=True
+            )
+            if self.edit_effects
+            else pd.DataFrame(),
         }
 
     def to_dataframe(self) -> pd.DataFrame:
@@ -123,6 +137,7 @@ class ModelReport(ResultMixin):
             }
             | {f"diagonal_{i}": v for i, v in enumerate(self.diagonal)}
             | self._attribution()
+            | {f"edit_{i}": e for i, e in enumerate(self.edit_effects)}
         )
 
     def _attribution(self) -> dict[str, Result]:
@@ -143,6 +158,7 @@ class ModelReport(ResultMixin):
             "sensitivity": [self.sensitivity.figure()],
             "attribution": [r.figure() for r in self._attribution().values()],
             "sanity": [self.sanity.figure()],
+            "edits": [e.figure() for e in self.edit_effects],
         }
 
     def figures(self) -> dict[str, go.Figure]:
@@ -156,6 +172,16 @@ class ModelReport(ResultMixin):
         return comparison_figure(self.summary())
 
 
+def _edit_label(effect: EditEffect) -> str:
+    """An evaluated intervention as text: each edit's type and fields (from the effect's provenance)."""
+    described = effect.provenance.settings["edits"] if effect.provenance else []
+
+    def one(d: dict[str, Any]) -> str:
+        return f"{d['type'].rsplit('.', 1)[-1]}({', '.join(f'{k}={v}' for k, v in d.items() if k != 'type')})"
+
+    return " + ".join(one(d) for d in described)
+
+
 def strongest_parallel_heads(result: DecompositionResult, k: int = 2) -> list[tuple[int, int]]:
     """The ``k`` (layer, head) pairs with the highest mean value-space self-cosine."""
     df = result.to_dataframe()
@@ -163,93 +189,81 @@ def strongest_parallel_heads(result: DecompositionResult, k: int = 2) -> list[tu
     return [(int(r.layer), int(r.head)) for r in df.itertuples()]
 
 
-def check_battery(*, n_docs: int, texts: str | Sequence[str], batch_size: int) -> None:
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class ReportSettings:
+    """What the battery computes beyond its fixed sections: ``seed`` (null draws, bootstrap, halves, the random
+    heads confirmed) and ``edits``, further interventions (built-in or user-defined, each one
+    :class:`~lens_parallel.edits.Edit` or a tuple of them as one intervention) evaluated against their matched
+    no-op in the "edits" section."""
+
+    seed: int = field(default=0, metadata={"help": "seed of the null draws, the bootstrap and the halves"})
+    edits: tuple[Any, ...] = field(default=(), metadata={"help": "further edits (Python only)", "cli": False})
+
+    def __post_init__(self) -> None:
+        check_non_negative_int("seed", self.seed)
+        for edit in self.edits:
+            as_edits(edit)
+
+    def record(self) -> dict[str, Any]:
+        return {"seed": self.seed, "edits": [[describe_edit(e) for e in as_edits(x)] for x in self.edits]}
+
+
+def check_battery(documents: object, settings: ReportSettings, options: RunOptions) -> None:
     """The settings every step of :func:`run_battery` checks, checked together before the first forward: the
-    documents (split-half reliability needs :data:`~lens_parallel.analyses.reliability.MIN_DOCUMENTS`), the texts
-    (a bundled corpus, ``hf:``, or a list of documents) and the batch size."""
-    check_documents(n_docs)
-    if isinstance(texts, str) and texts != "user-texts":  # a list of documents is named "user-texts"
-        check_corpus(texts)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise LensParallelError(f"batch_size must be a positive integer, got {batch_size!r}")
+    documents (split-half reliability needs :data:`~lens_parallel.analyses.reliability.MIN_DOCUMENTS`), the
+    settings and run options (checked on construction)."""
+    check_documents(len(Documents.of(documents)))
 
 
 def run_battery(
     model: TransformerBridge,
-    tokens: TokenBlocks,
+    documents: object,
     *,
-    seed: int = 0,
-    batch_size: int = 8,
-    progress: bool = True,
+    settings: ReportSettings | None = None,
+    options: RunOptions | None = None,
+    **changes: Any,
 ) -> ModelReport:
-    """Run the five sections on ``model`` (see the module docstring); every setting is checked first
-    (:func:`check_battery`)."""
-    check_battery(n_docs=len(tokens.tokens), texts=tokens.corpus, batch_size=batch_size)
+    """Run the sections on ``model`` (see the module docstring; :class:`ReportSettings`, run options
+    :class:`~lens_parallel.options.RunOptions`); every setting is checked first (:func:`check_battery`)."""
+    s, opts = resolve(ReportSettings, settings, options, None, changes)
+    docs = Documents.of(documents)
+    check_battery(docs, s, opts)
     seconds: dict[str, float] = {}
 
-    def timed(name: str, fn):
+    def timed(name: str, fn: Callable[[], T]) -> T:
         t0 = time.perf_counter()
         out = fn()
         seconds[name] = time.perf_counter() - t0
         return out
 
-    dec = timed("decomposition", lambda: decompose(model, tokens, space="all", batch_size=batch_size))
+    dec = timed("decomposition", lambda: decompose(model, docs, space="all", options=opts))
     scaling = timed(
         "scaling",
         lambda: scale_sweep(
-            model,
-            tokens,
-            space=list(SCALE_SPACES),
-            s_par=(0.0, 0.5, 1.5),
-            s_perp=(0.5,),
-            batch_size=batch_size,
-            seed=seed,
-            progress=progress,
+            model, docs, space=SCALE_SPACES, s_par=(0.0, 0.5, 1.5), s_perp=(0.5,), seed=s.seed, options=opts
         ),
     )
     heads = strongest_parallel_heads(dec)
     views = timed(
         "diagonal",
-        lambda: tuple(diagonal_view(model, tokens, layer=lay, head=h, batch_size=batch_size) for lay, h in heads),
+        lambda: tuple(diagonal_view(model, docs, layer=lay, head=h, options=opts) for lay, h in heads),
     )
     with tempfile.TemporaryDirectory() as store:  # sensitivity's single-head jobs are split-half's: run them once
-        shared = Path(store) / "ablations.jsonl"
+        shared = dataclasses.replace(opts, store=str(Path(store) / "ablations.jsonl"))
         sens = timed(  # the sanity checks' positions (first token untouched, as the paper), so the sweep is shared
             "sensitivity",
-            lambda: head_sensitivity(
-                model,
-                tokens,
-                positions="after-first",
-                batch_size=batch_size,
-                seed=seed,
-                store=shared,
-                progress=progress,
-            ),
+            lambda: head_sensitivity(model, docs, positions="after-first", seed=s.seed, options=shared),
         )
-        screen = timed(
-            "attribution",
-            lambda: head_attribution(model, tokens, positions="after-first", batch_size=batch_size, progress=progress),
-        )
+        screen = timed("attribution", lambda: head_attribution(model, docs, positions="after-first", options=opts))
         n_heads = screen.estimate.shape[1] * screen.estimate.shape[2]
         k = min(10, n_heads // 2)
         confirmation = timed(  # its exact jobs are sensitivity's, already in the shared store
             "confirm",
-            lambda: confirm(
-                model,
-                tokens,
-                screen,
-                top_k=k,
-                n_random=min(10, n_heads - k),
-                seed=seed,
-                batch_size=batch_size,
-                store=shared,
-                progress=progress,
-            ),
+            lambda: confirm(model, docs, screen, top_k=k, n_random=min(10, n_heads - k), seed=s.seed, options=shared),
         )
-        sanity = timed(
-            "sanity",
-            lambda: sanity_report(model, tokens, seed=seed, batch_size=batch_size, store=shared, progress=progress),
-        )
+        sanity = timed("sanity", lambda: sanity_report(model, docs, seed=s.seed, options=shared))
+    effects = timed("edits", lambda: tuple(evaluate(model, docs, edit, seed=s.seed, options=opts) for edit in s.edits))
     return ModelReport(
         name=model_info(model).name,
         decomposition=dec,
@@ -260,6 +274,7 @@ def run_battery(
         seconds=seconds,
         screen=screen,
         confirmation=confirmation,
+        edit_effects=effects,
     )
 
 

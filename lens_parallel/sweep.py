@@ -600,7 +600,14 @@ def _validate(jobs: Sequence[Job], info: ModelInfo, edit: Ablation | None) -> li
         else:
             check_indices("start layer", job.start_layer, info.n_layers)
         for e in getattr(job, "edits", ()):
-            first = min(e.layers) if getattr(e, "layers", None) else 0
+            if not hasattr(e, "layers"):
+                if job.start_layer > 0:
+                    raise LensParallelError(
+                        f"job {job.key!r} starts at layer {job.start_layer}, but {type(e).__name__} does not say which "
+                        "layers it edits (give it a layers attribute): it can only run from layer 0"
+                    )
+                continue
+            first = min(e.layers) if e.layers else 0  # None: every layer
             if first < job.start_layer:
                 raise LensParallelError(
                     f"job {job.key!r} edits layer {first}, before its start layer {job.start_layer}"

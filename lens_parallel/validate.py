@@ -56,6 +56,13 @@ def check_non_negative_int(name: str, value: object) -> int:
     return int(value)
 
 
+def check_ray_address(address: object) -> str | None:
+    """A Ray address (``auto``, ``host:6379``) or None, else a :class:`LensParallelError`."""
+    if address is not None and (not isinstance(address, str) or not address.strip()):
+        raise LensParallelError(f"ray_address must be a Ray address such as 'auto' or 'host:6379', got {address!r}")
+    return address
+
+
 def as_layers(layers: object) -> tuple[int, ...] | None:
     """Layer (or head) indices as a tuple (an int is one index; None stays None: every one); checked against a
     model later, by :func:`lens_parallel.hooks.check_indices`."""

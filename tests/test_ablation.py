@@ -9,10 +9,10 @@ import torch
 
 from lens_parallel import sweep
 from lens_parallel.analyses.ablation import run_ablations
+from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivity
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ABLATIONS, HeadEdit
-from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.losses import edit_effect
 from lens_parallel.models import model_info
 from lens_parallel.sweep import AblationJob, head_means

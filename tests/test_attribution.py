@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lens_parallel import confirm, head_attribution, load_model
+from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ComponentScale, HeadEdit
-from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.models import TOY_MODELS, model_info
 
 EPS = 1e-2  # forward-difference step

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -183,7 +184,7 @@ BAD_COMMAND_LINES = [  # (command line, what its one line says); {name}: a path 
     (f"decompose {T} --seq-len 5000 --out {{out}}", "exceeds the model's context length"),
     (f"decompose {T} --out {{blocker}}/sub", "cannot create the folder"),
     ("decompose --space nope", "invalid choice: 'nope'"),
-    ("decompose --seed -1", "must be an integer >= 0, got -1"),
+    ("decompose --doc-seed -1", "doc_seed must be an integer >= 0, got -1"),
     ("decompose --out ''", "--out is empty"),
     (f"decompose {T} --device gpu --out {{out}}", "unknown device 'gpu'"),
     ("decompose --n-docs 0", "must be a positive integer, got 0"),
@@ -203,7 +204,7 @@ BAD_COMMAND_LINES = [  # (command line, what its one line says); {name}: a path 
     (f"scale {T} --store {{table.csv}} --out {{out}}", "first line is not a sweep header"),
     (f"scale {T} --store {{plan_dir}} --out {{out}}", "is a folder; give a file path for the sweep store"),
     (f"diagonal {T} --layer 7 --head 0 --out {{out}}", "out of range"),
-    (f"diagonal {T} --layer 1 --out {{out}}", "give both --layer and --head"),
+    (f"diagonal {T} --layer 1 --out {{out}}", "give both layer and head, or neither"),
     (f"diagonal {T} --layer 1 --head 9 --out {{out}}", "heads [9] out of range"),
     (f"sensitivity {T} --confirm 3 --out {{out}}", "use it with --method attribution"),
     (f"sensitivity {T} --method attribution --confirm 13 --out {{out}}", "exceeds the 12 heads screened"),
@@ -216,7 +217,7 @@ BAD_COMMAND_LINES = [  # (command line, what its one line says); {name}: a path 
     ("checks --model toy-gpt2 --n-docs 2 --seq-len 16 --out {out}", "needs at least 4 documents"),
     ("checks --null nope", "invalid choice: 'nope'"),
     ("compress --method gptq --out {out}", "unknown compression 'gptq'"),
-    ("compress --positions x", "invalid choice: 'x'"),
+    ("compress --scored x", "invalid choice: 'x'"),
     ("report --model toy-gpt2 toy-nope --n-docs 4 --seq-len 16 --out {out}", "unknown model spec 'toy-nope'"),
     (f"report {T} --device gpu --out {{out}}", "unknown device 'gpu'"),
     ("report --model toy-gpt2 --n-docs 2 --seq-len 16 --out {out}", "needs at least 4 documents"),
@@ -234,6 +235,8 @@ BAD_COMMAND_LINES = [  # (command line, what its one line says); {name}: a path 
     ("train --steps 0", "must be a positive integer, got 0"),
     ("train --preset huge", "invalid choice: 'huge'"),
     ("models --out {blocker}/sub", "cannot create the folder"),
+    ("protocols --bogus", "unrecognized arguments: --bogus"),
+    ("checks --protocol nope", "invalid choice: 'nope'"),
     ("nope", "invalid choice: 'nope'"),
     ("", "the following arguments are required: command"),
 ]
@@ -275,26 +278,26 @@ def test_a_bug_inside_the_package_keeps_its_traceback(monkeypatch):
     def broken(args):
         raise KeyError("an internal bug")
 
-    monkeypatch.setitem(cli.COMMANDS, "models", broken)
+    monkeypatch.setitem(cli.COMMANDS, "models", dataclasses.replace(cli.COMMANDS["models"], run=broken))
     with pytest.raises(KeyError, match="an internal bug"):
         main(["models"])
 
     def bad_input(args):
         raise LensParallelError("layers [9] out of range")
 
-    monkeypatch.setitem(cli.COMMANDS, "models", bad_input)
+    monkeypatch.setitem(cli.COMMANDS, "models", dataclasses.replace(cli.COMMANDS["models"], run=bad_input))
     assert main(["models"]) == 2
 
     def offline(args):
         raise lp.EnvironmentFailure("could not download x==1 from the package registry; rerun to fetch the rest")
 
-    monkeypatch.setitem(cli.COMMANDS, "models", offline)
+    monkeypatch.setitem(cli.COMMANDS, "models", dataclasses.replace(cli.COMMANDS["models"], run=offline))
     assert main(["models"]) == 3  # the environment failed: what and what to do, no traceback
 
     def incompatible(args):
         raise lp.LibraryError("hook blocks.0.attn.hook_z: expected shape [batch, pos, n_heads=4, d_head=16]")
 
-    monkeypatch.setitem(cli.COMMANDS, "models", incompatible)
+    monkeypatch.setitem(cli.COMMANDS, "models", dataclasses.replace(cli.COMMANDS["models"], run=incompatible))
     with pytest.raises(lp.LibraryError):  # a library incompatibility is not bad input: it keeps its traceback
         main(["models"])
 

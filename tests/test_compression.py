@@ -124,7 +124,41 @@ def test_compression_error_on_toy_models_table_and_figure():
     batched = compression_error(model, toks, method=["int8", "int4-g16", "wanda-50%"], batch_size=4)  # 4 + 2 prompts
     for field in ("par", "perp", "coef", "delta_loss"):
         np.testing.assert_allclose(getattr(batched, field), getattr(result, field), rtol=1e-4, atol=1e-6, err_msg=field)
-    with pytest.raises(ValueError, match="unknown scored positions .first."):
+    with pytest.raises(ValueError, match=r"unknown scored positions 'first'"):
         compression_error(model, toks, method="int8", scored="first")
     with pytest.raises(ValueError, match="accepted forms"):
         compression_error(model, toks, method=["int8", "gptq"])
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_compression_run_resumes_to_identical_results(tmp_path, monkeypatch):
+    """compression_error keeps each finished method in its store: a run killed during the second of three methods
+    resumes with the other two only and equals an uninterrupted run exactly."""
+    from lens_parallel.analyses import compression as analysis
+
+    model = get_model("toy-qwen2")
+    toks = _tokens(model)
+    methods = ["int8", "wanda-2:4", "int4-g128"]
+    fresh = compression_error(model, toks, method=methods, progress=False)
+    store, calls, real = tmp_path / "compress.jsonl", [], analysis._CompressionMetric.evaluate
+
+    def counted(self, context, plan, jobs, batch):
+        calls.append(jobs[0].key)
+        if len(calls) == 2 and kill[0]:
+            raise Killed
+        return real(self, context, plan, jobs, batch)
+
+    kill = [True]
+    monkeypatch.setattr(analysis._CompressionMetric, "evaluate", counted)
+    with pytest.raises(Killed):
+        compression_error(model, toks, method=methods, store=store, progress=False)
+    assert len(store.read_text().splitlines()) == 1 + 1
+    calls.clear()
+    kill[0] = False
+    resumed = compression_error(model, toks, method=methods, store=store, progress=False)
+    assert calls == ["wanda-2:4", "int4-g128"]
+    for name in ("par", "perp", "coef", "delta_loss", "delta_loss_ci"):
+        np.testing.assert_array_equal(getattr(resumed, name), getattr(fresh, name), err_msg=name)

@@ -218,7 +218,7 @@ def test_bad_worker_settings_are_refused_before_any_work(monkeypatch):
     model = get_model(SPEC)
     blocks = _blocks(model)
     for workers in (0, -1, True):
-        with pytest.raises(lp.LensParallelError, match="workers must be an integer >= 1"):
+        with pytest.raises(lp.LensParallelError, match="workers must be a positive integer"):
             lp.head_sensitivity(model, blocks, workers=workers)
     with pytest.raises(lp.LensParallelError, match="ray_address must be a Ray address"):
         lp.scale_sweep(model, blocks, ray_address=" ")

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lens_parallel import geometry
+from lens_parallel.analyses import dominance
 from lens_parallel.analyses.dominance import DominanceResult, _measure, _Receiver, head_dominance, study_texts
 from lens_parallel.data import token_blocks
 from lens_parallel.documents import Documents, document_batches
@@ -258,3 +259,35 @@ def test_bad_input_is_refused_before_any_forward():
         head_dominance(model, blocks, tokens_per_forward=0)
     with pytest.raises(ValueError, match=r"unknown scale 'kl'"):
         head_dominance(model, blocks, query_positions=[11], progress=False).effects(0, "kl")
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_dominance_run_resumes_to_identical_results(tmp_path, monkeypatch):
+    """head_dominance keeps each finished layer pair in its store: a run killed after two of four pairs resumes,
+    computes only the other two, and equals an uninterrupted run exactly."""
+    model = get_model("toy-qwen3.5")
+    blocks = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=12)
+    kw = {"query_positions": slice(4, 10), "mask_scales": ("qkv", "js"), "progress": False}
+    fresh = head_dominance(model, blocks, **kw)
+    store, calls, real = tmp_path / "dominance.jsonl", [], dominance._DominanceMetric.evaluate
+
+    def counted(self, context, plan, jobs, batch):
+        calls.append(jobs[0].key)
+        if len(calls) == 3 and kill[0]:
+            raise Killed
+        return real(self, context, plan, jobs, batch)
+
+    kill = [True]
+    monkeypatch.setattr(dominance._DominanceMetric, "evaluate", counted)
+    with pytest.raises(Killed):
+        head_dominance(model, blocks, store=store, **kw)
+    assert len(store.read_text().splitlines()) == 1 + 2  # the header and two finished pairs
+    calls.clear()
+    kill[0] = False
+    resumed = head_dominance(model, blocks, store=store, **kw)
+    assert calls == ["L2->L3", "L3->L4"]
+    for name in ("rel_q", "rel_k", "rel_v", "qkv", "js", "joint_qkv", "joint_js"):
+        np.testing.assert_array_equal(getattr(resumed, name), getattr(fresh, name), err_msg=name)

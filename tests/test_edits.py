@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from lens_parallel import geometry
+from lens_parallel.analyses.evaluate import evaluate
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import SCALE_SPACES, ComponentScale, DiagonalEdit, HeadEdit, apply_edits, noop
 from lens_parallel.hooks import expand_kv
-from lens_parallel.analyses.evaluate import evaluate
 from lens_parallel.models import model_info
 
 from .conftest import get_model

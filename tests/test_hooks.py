@@ -1,9 +1,22 @@
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from lens_parallel.hooks import HookShapeError, LayerStream, check_shape, expand_kv, expected_shape
+from lens_parallel import hooks
+from lens_parallel.errors import LibraryError
+from lens_parallel.hooks import (
+    HookShapeError,
+    LayerStream,
+    check_shape,
+    expand_kv,
+    expected_shape,
+    forward,
+    hook_name,
+    skip_blocks_before,
+)
 from lens_parallel.models import model_info
 
 from .conftest import get_model
@@ -62,3 +75,56 @@ def test_stream_stops_early_and_leaves_no_hooks():
         assert torch.equal(model(TOKENS), before)
     with pytest.raises(ValueError, match="has no resid_mid"):
         LayerStream(model_info(get_model("toy-pythia")), [0], ["resid_mid"], lambda *_: None)
+
+
+def test_prefix_reuse_is_exact_and_skips_the_earlier_blocks(toy):
+    """The engine resumes a forward at block k from the cached residual, the earlier blocks not computed. This fails
+    if the installed TransformerLens stops swapping the residual in at block k (start_at_layer): the skipped blocks
+    would then hand block k the embeddings."""
+    model = toy
+    tokens = torch.randint(1, 1000, (2, 10), generator=torch.Generator().manual_seed(0))
+    k = model.cfg.n_layers - 1
+    with torch.inference_mode():
+        full, cache = model.run_with_cache(tokens, names_filter=[hook_name(k, "resid_pre")])
+    outputs = []
+    probe = model.blocks[0].original_component.register_forward_hook(lambda m, i, o: outputs.append(o is i[0]))
+    try:
+        resumed = forward(model, tokens, resid=cache[hook_name(k, "resid_pre")], start_at_layer=k)
+    finally:
+        probe.remove()
+    assert outputs == [True]  # block 0 ran as a pass-through: its output is its input
+    torch.testing.assert_close(resumed, full, rtol=0, atol=1e-5)
+    assert "forward" not in vars(model.blocks[0].original_component)  # restored afterwards
+
+
+def test_prefix_skipping_is_reentrant_thread_safe_and_version_checked(monkeypatch):
+    model = get_model("toy-qwen2")
+    blocks = [model.blocks[i].original_component for i in range(3)]
+    with skip_blocks_before(model, 2):
+        with skip_blocks_before(model, 1):
+            assert all("forward" in vars(b) for b in blocks[:2])
+        assert all("forward" in vars(b) for b in blocks[:2])  # the outer context still skips both
+    assert not any("forward" in vars(b) for b in blocks)
+    tokens = torch.randint(1, 1000, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        full, cache = model.run_with_cache(tokens, names_filter=[hook_name(1, "resid_pre"), hook_name(2, "resid_pre")])
+    results: dict[int, torch.Tensor] = {}
+
+    def resume(k: int) -> None:
+        for _ in range(5):
+            results[k] = forward(model, tokens, resid=cache[hook_name(k, "resid_pre")], start_at_layer=k)
+
+    threads = [threading.Thread(target=resume, args=(k,)) for k in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in (1, 2):
+        torch.testing.assert_close(results[k], full, rtol=0, atol=1e-5)
+    monkeypatch.setattr(hooks.importlib.metadata, "version", lambda name: "5.1.0")
+    hooks._check_prefix_reuse.cache_clear()
+    try:
+        with pytest.raises(LibraryError, match=r"transformer-lens 5\.1\.0 is installed"):
+            forward(model, tokens, resid=cache[hook_name(1, "resid_pre")], start_at_layer=1)
+    finally:
+        hooks._check_prefix_reuse.cache_clear()

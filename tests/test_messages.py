@@ -1,12 +1,12 @@
 """Every name an error message points to exists: a ``lens_parallel.<module>[.<attribute>]`` imports and resolves,
-and an extra named in ``pip install 'lens_parallel[<extra>]'`` is one pyproject.toml defines."""
+and an extra named in ``pip install 'lens_parallel[<extra>]'`` is one the installed package provides."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.metadata
 import re
-import tomllib
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "lens_parallel"
@@ -49,6 +49,6 @@ def test_every_name_an_error_message_mentions_exists():
     names = {(where, m) for where, text in texts for m in NAME.findall(text)}
     missing = sorted((where, name) for where, name in names if not _resolves(name.rstrip(".")))
     assert not missing, missing
-    extras = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = importlib.metadata.metadata("lens_parallel").get_all("Provides-Extra") or []
     named = {(where, e) for where, text in texts for e in EXTRA.findall(text)}
     assert named and all(e in extras for _, e in named), named

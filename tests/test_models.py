@@ -117,7 +117,8 @@ def test_unsupported_architecture(tmp_path):
 
 def test_hub_name_while_offline(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(EnvironmentFailure, match=r"cannot load hub model 'openai-community/gpt2'.*offline.*local folder"):
+    offline = r"cannot load hub model 'openai-community/gpt2'.*offline.*local folder"
+    with pytest.raises(EnvironmentFailure, match=offline):
         load_model("openai-community/gpt2")
 
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.analyses.nulls import causal_null
 from lens_parallel.analyses.reliability import (
     SanityReport,
@@ -14,7 +15,6 @@ from lens_parallel.analyses.reliability import (
 )
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import HeadEdit
-from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.models import model_info
 from lens_parallel.results import Provenance
 

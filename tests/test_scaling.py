@@ -4,10 +4,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from lens_parallel.analyses.evaluate import document_losses, evaluate
 from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ComponentScale
-from lens_parallel.analyses.evaluate import document_losses, evaluate
 
 from .conftest import get_model
 

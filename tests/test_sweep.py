@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from lens_parallel import LensParallelError, load_model, sweep
+from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ComponentScale, HeadEdit
-from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.sweep import AblationJob, DocumentNLL, EditJob, SweepStore, run_sweep
 
 from .conftest import get_model

@@ -16,6 +16,7 @@ from lens_parallel import LensParallelError, load_model
 from lens_parallel.edits import GatedRemoval, LearnedGate, compile_hooks
 from lens_parallel.hooks import expand_kv, hook_name
 from lens_parallel.models import model_info
+from lens_parallel.protocols import designs
 from lens_parallel.tokenizers import load_bundled_tokenizer
 from lens_parallel.training import (
     ARMS,
@@ -27,7 +28,7 @@ from lens_parallel.training import (
     paired_table,
     train,
 )
-from lens_parallel.training.factorial import DESIGNS, run_factorial
+from lens_parallel.training.factorial import run_factorial
 from lens_parallel.training.loop import batch_indices, build_model, learning_rate, training_data
 
 TINY = PRESETS["tiny"]
@@ -200,7 +201,7 @@ def test_saved_model_loads_back_as_an_ordinary_model(tmp_path):
     info = model_info(model)
     assert (info.family, info.n_heads, info.n_kv_heads, info.n_layers) == ("qwen3", 4, 2, 2)
     _, _, val = training_data(TINY_GQA)
-    from lens_parallel.losses import document_losses
+    from lens_parallel.analyses.evaluate import document_losses
 
     assert document_losses(model, val, edits, batch_size=4).loss == pytest.approx(run.final_val_loss, rel=1e-5)
     plain = load_model(run.model_dir)
@@ -272,7 +273,7 @@ def test_paper_presets_parameter_counts():
     assert abs(counts["xsa-controls-51m"] - 50.9e6) < 0.1e6 and abs(counts["qwen3-59m"] - 59.3e6) < 0.1e6
     assert PRESETS["xsa-controls-51m"].tokens_per_run == 399_900_672
     assert PRESETS["xsa-controls-51m"].with_tokens(400_000_000).steps == 3051
-    design = DESIGNS["xsa-controls"]
+    design = designs()["xsa-controls"]
     assert design.primary == "random-direction-gated" and design.secondary == ("xsa-gated",)
     assert design.contrasts == (("xsa-gated", "random-direction-gated"),) and len(design.seeds) == 8
 

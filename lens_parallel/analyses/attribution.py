@@ -231,7 +231,9 @@ class AttributionSettings:
 
     edit: Ablation = field(default="parallel-value", metadata={"help": "the edit whose effect is estimated"})
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
-    layers: tuple[int, ...] | None = field(default=None, metadata={"help": "layers (default: every softmax layer)"})
+    layers: tuple[int, ...] | None = field(
+        default=None, metadata={"help": "layers", "none": "every softmax-attention layer"}
+    )
     n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the CIs"})
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
     eps: float = field(default=geometry.EPS, metadata={"help": "guard on the norms of the references"})

@@ -308,8 +308,8 @@ class DecomposeSettings:
     """What a decomposition computes: the self-alignment statistics of every ``space`` (a list, or ``"all"``) on
     ``layers`` (None: all), guarding |m| and |r| by ``eps``."""
 
-    space: tuple[Space, ...] = field(default=("value",), metadata={"help": "spaces (or all)"})
-    layers: tuple[int, ...] | None = field(default=None, metadata={"help": "layers (default: all)"})
+    space: tuple[Space, ...] = field(default=("value",), metadata={"help": "spaces (or all)", "also": ("all",)})
+    layers: tuple[int, ...] | None = field(default=None, metadata={"help": "layers", "none": "all"})
     eps: float = field(default=geometry.EPS, metadata={"help": "guard on |m| and |r|"})
 
     def __post_init__(self) -> None:

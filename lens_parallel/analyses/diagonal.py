@@ -13,6 +13,7 @@ the update perpendicular to x_t by dA_tt (W_O v_t)_perp; that change is reported
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -186,8 +187,8 @@ class DiagonalSettings:
     """Which diagonal view: ``head`` of ``layer`` (both None: the head with the highest mean value-space
     self-cosine), at ``s_par``, in ``space`` (one or more), showing document ``doc``; guards ``eps``."""
 
-    layer: int | None = field(default=None, metadata={"help": "layer (default: the most self-aligned head's)"})
-    head: int | None = field(default=None, metadata={"help": "query head (default: the most self-aligned head)"})
+    layer: int | None = field(default=None, metadata={"help": "layer", "none": "the most self-aligned head's"})
+    head: int | None = field(default=None, metadata={"help": "query head", "none": "the most self-aligned head"})
     s_par: float = field(default=0.0, metadata={"help": "the parallel scale whose diagonal form is shown"})
     space: tuple[HeadSpace, ...] = field(default=DIAGONAL_SPACES, metadata={"help": "spaces of the view"})
     doc: int = field(default=0, metadata={"help": "the document whose map is shown"})
@@ -251,7 +252,8 @@ def diagonal_view(
     if layer is None or head is None:
         from lens_parallel.analyses.decompose import decompose  # the default head comes from the decomposition
 
-        table = decompose(model, docs, space="value", options=opts, progress=False).table("value", "head")
+        table = decompose(model, docs, space="value", options=dataclasses.replace(opts, store=None, progress=False))
+        table = table.table("value", "head")
         i, head = np.unravel_index(np.nanargmax(table.self_cos), table.self_cos.shape)
         layer, head = int(table.layers[i]), int(head)
     spaces, layer, head = _check_view(info, s.space, len(s.space) == 1, layer, head, s.doc, len(docs))

@@ -581,13 +581,17 @@ class DominanceSettings:
     ``query_stop`` (exclusive; both None: the study's 7..31, cut to the texts' length), the weak/strong halves ranked
     on ``mask_scales`` (``("qkv",)``, the study's, or ``("qkv", "js")``), the random halves seeded by ``seed``."""
 
-    upstream_layers: tuple[int, ...] | None = field(default=None, metadata={"help": "upstream layers (default: all)"})
-    query_positions: tuple[int, ...] | None = field(default=None, metadata={"help": "receiving query tokens scored"})
+    upstream_layers: tuple[int, ...] | None = field(
+        default=None, metadata={"help": "upstream layers", "none": "all but the last"}
+    )
+    query_positions: tuple[int, ...] | None = field(
+        default=None, metadata={"help": "receiving query tokens scored", "none": "the window below"}
+    )
     query_start: int | None = field(
-        default=None, metadata={"help": "first query token scored (default: the study's 7)"}
+        default=None, metadata={"help": "first query token scored", "none": "the study's 7"}
     )
     query_stop: int | None = field(
-        default=None, metadata={"help": "score tokens before this one (default: the study's 32, or the texts' end)"}
+        default=None, metadata={"help": "score tokens before this one", "none": "the study's 32, or the texts' end"}
     )
     mask_scales: tuple[MaskScale, ...] = field(default=("qkv",), metadata={"help": "what ranks the weak/strong halves"})
     seed: int = field(default=0, metadata={"help": "seed of the random halves"})

@@ -181,11 +181,13 @@ class NullSettings:
     default first, middle and last)."""
 
     null: Null = field(default="sampled", metadata={"help": "causal null: sampled (the paper's) or exact"})
-    groups: Groups | None = field(default=None, metadata={"help": "GQA across-group comparison: neighbour or all"})
+    groups: Groups | None = field(default=None, metadata={"help": "GQA across-group comparison", "none": "none"})
     seed: int = field(default=0, metadata={"help": "seed of the null draws and the bootstrap"})
     n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the excess CI"})
     gate_tol: float = field(default=RECONSTRUCTION_TOL, metadata={"help": "reconstruction gate tolerance"})
-    gate_layers: tuple[int, ...] | None = field(default=None, metadata={"help": "layers the gate checks"})
+    gate_layers: tuple[int, ...] | None = field(
+        default=None, metadata={"help": "layers the gate checks", "none": "first, middle and last"}
+    )
 
     def __post_init__(self) -> None:
         check_choice("null", self.null, Null)

@@ -14,6 +14,7 @@ effect of the other) is beside it in :meth:`SplitHalfResult.correlation_table`. 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,7 +146,8 @@ def split_half_reliability(
     docs = Documents.of(documents)
     check_documents(len(docs))
     check_workers(opts.workers, opts.ray_address, model)
-    null = causal_null(model, docs, settings=NullSettings(null=s.null, seed=s.seed, n_resamples=100), options=opts)
+    alone = dataclasses.replace(opts, store=None)  # the store is the ablation sweep's
+    null = causal_null(model, docs, settings=NullSettings(null=s.null, seed=s.seed, n_resamples=100), options=alone)
     return _split_half(model, docs, null, s, opts)
 
 
@@ -253,9 +255,9 @@ def sanity_report(
     docs = Documents.of(documents)
     check_documents(len(docs))
     check_workers(opts.workers, opts.ray_address, model)
-    null_settings = NullSettings(null=s.null, seed=s.seed)
-    if is_grouped(model_info(model)):
-        nulls = gqa_alignment(model, docs, settings=null_settings, options=opts)
+    null_settings, alone = NullSettings(null=s.null, seed=s.seed), dataclasses.replace(opts, store=None)
+    if is_grouped(model_info(model)):  # the store is the ablation sweep's
+        nulls = gqa_alignment(model, docs, settings=null_settings, options=alone)
     else:
-        nulls = causal_null(model, docs, settings=null_settings, options=opts)
+        nulls = causal_null(model, docs, settings=null_settings, options=alone)
     return SanityReport(null=nulls, split_half=_split_half(model, docs, nulls, s, opts))

@@ -105,10 +105,14 @@ class ScaleSettings:
     space: tuple[Space, ...] = field(default=("value",), metadata={"help": "spaces whose components are scaled"})
     s_par: tuple[float, ...] = field(default=DEFAULT_S_PAR, metadata={"help": "s_par values (at s_perp = 1)"})
     s_perp: tuple[float, ...] = field(default=DEFAULT_S_PERP, metadata={"help": "s_perp values (at s_par = 1)"})
-    layers: tuple[int, ...] | None = field(default=None, metadata={"help": "layers edited (default: all)"})
+    layers: tuple[int, ...] | None = field(default=None, metadata={"help": "layers edited", "none": "all"})
     per_layer: bool = field(default=False, metadata={"help": "edit one layer at a time instead of all together"})
     heads: tuple[int, ...] | HeadsAll | None = field(
-        default=None, metadata={"help": "query heads (default: every head / the whole sublayer in residual-attn)"}
+        default=None,
+        metadata={
+            "help": "query heads, or all (each head on its own write)",
+            "none": "every head; the whole sublayer in residual-attn",
+        },
     )
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
     n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the CIs"})
@@ -120,7 +124,9 @@ class ScaleSettings:
             values = tuple(check_finite(name, v) for v in _as_tuple(getattr(self, name)))
             object.__setattr__(self, name, values)
         object.__setattr__(self, "layers", as_layers(self.layers))
-        if self.heads != "all":
+        if self.heads in ("all", ("all",)):
+            object.__setattr__(self, "heads", "all")
+        else:
             object.__setattr__(self, "heads", as_layers(self.heads))
         check_positions(self.positions)
         check_positive_int("n_resamples", self.n_resamples)

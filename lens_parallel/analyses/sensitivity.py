@@ -107,7 +107,9 @@ class SensitivitySettings:
 
     edit: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
-    layers: tuple[int, ...] | None = field(default=None, metadata={"help": "layers (default: every softmax layer)"})
+    layers: tuple[int, ...] | None = field(
+        default=None, metadata={"help": "layers", "none": "every softmax-attention layer"}
+    )
     n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the CIs"})
     n_permutations: int = field(default=10000, metadata={"help": "sign flips of the p-values"})
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap and the sign flips"})

@@ -5,17 +5,17 @@
 - :mod:`~lens_parallel.training.arms`: the arms and their parameters (built from :mod:`lens_parallel.edits`);
 - :mod:`~lens_parallel.training.loop`: :func:`train` one arm and seed, with exact resume;
 - :mod:`~lens_parallel.training.factorial`: :func:`run_factorial` over arms x seeds, declared endpoints, a frozen
-  analysis plan, and the paired analysis; :data:`DESIGNS` / :func:`run_design` (the sanity-checks paper's factorial).
+  analysis plan, and the paired analysis; :func:`run_design` (a protocol's factorial, such as the sanity-checks
+  paper's ``xsa-controls``).
 """
 
 from lens_parallel.training.arms import ARMS, ArmParameters
 from lens_parallel.training.config import PRESETS, TrainConfig
-from lens_parallel.training.factorial import DESIGNS, Design, FactorialResult, paired_table, run_design, run_factorial
+from lens_parallel.training.factorial import Design, FactorialResult, paired_table, run_design, run_factorial
 from lens_parallel.training.loop import TrainRun, load_trained, train
 
 __all__ = [
     "ARMS",
-    "DESIGNS",
     "PRESETS",
     "ArmParameters",
     "Design",

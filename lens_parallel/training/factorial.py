@@ -9,7 +9,8 @@ and the detectable effect three ways: the sanity-checks paper's realised MDE 2.9
 
 Endpoints are declared: the *primary* arm against baseline (its own family, never corrected); the *secondary* arms
 against baseline (Holm within their family); direct *contrasts* between two arms (Holm within their family); any
-other arm against baseline is *exploratory* (Holm within its family). :data:`DESIGNS` holds the paper's factorial.
+other arm against baseline is *exploratory* (Holm within its family). The paper's factorial is the ``xsa-controls``
+protocol (:mod:`lens_parallel.protocols`).
 A frozen analysis plan (``plan=``) is written before the first run and checked on every later call.
 """
 
@@ -20,14 +21,16 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from lens_parallel import stats
+from lens_parallel.choices import Arm
 from lens_parallel.distributed import check_workers, run_remote
 from lens_parallel.errors import LensParallelError
 from lens_parallel.plots.training import factorial_figure, gates_figure
@@ -35,6 +38,7 @@ from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.training.arms import check_arms
 from lens_parallel.training.config import PRESETS, TrainConfig
 from lens_parallel.training.loop import TrainRun, check_seed, runtime, train
+from lens_parallel.validate import check_positive_int
 
 BASELINE = "baseline"
 PLAN_FORMAT = "lens_parallel.plan/2"
@@ -44,7 +48,8 @@ its own)."""
 
 @dataclass(frozen=True)
 class Design:
-    """A factorial as pre-specified: the config preset, arms, seeds and endpoints (see the module docstring)."""
+    """A factorial as pre-specified: the config preset, arms, seeds and endpoints (see the module docstring); the
+    published ones are protocols (:mod:`lens_parallel.protocols`)."""
 
     preset: str
     arms: tuple[str, ...]
@@ -54,20 +59,55 @@ class Design:
     contrasts: tuple[tuple[str, str], ...] = ()
 
 
-DESIGNS: dict[str, Design] = {
-    "xsa-controls": Design(
-        preset="xsa-controls-51m",
-        arms=("baseline", "xsa-gated", "random-direction-gated"),
-        seeds=(7, 42, 99, 512, 1337, 2024, 8191, 31337),
-        primary="random-direction-gated",
-        secondary=("xsa-gated",),
-        contrasts=(("xsa-gated", "random-direction-gated"),),
-    ),
-}
-"""``xsa-controls``: the sanity-checks paper's factorial (arXiv 2611.13543, Check 2): baseline, XSA (gated, gates
-learned from 0) and RANDOM (the same gated edit along a fixed random unit direction per layer and head, seeded by
-layer), its eight seeds, primary endpoint RANDOM vs baseline, XSA vs baseline secondary, and the direct contrast
-XSA - RANDOM that its abstract reports; the 50.9M model at 399,900,672 tokens per run (``xsa-controls-51m``)."""
+@dataclass(frozen=True, kw_only=True)
+class TrainSettings:
+    """What ``lens-parallel train`` trains: a factorial of ``arms`` x ``seeds`` on the config ``preset`` (or the
+    protocol ``design``'s preset, arms, seeds and endpoints), with ``steps`` / ``tokens`` per run, ``texts`` and
+    ``device`` overriding the preset's, the ``primary`` endpoint, and a frozen ``plan``. In Python,
+    :func:`run_factorial` takes the config, arms and seeds themselves; these are the command line's defaults."""
+
+    preset: str = field(default="cpu-small", metadata={"help": "training config preset", "choices": "presets"})
+    design: str | None = field(
+        default=None,
+        metadata={
+            "help": "a protocol's factorial (preset, arms, seeds, endpoints); --preset/--arms/--seeds ignored",
+            "choices": "designs",
+        },
+    )
+    arms: tuple[Arm, ...] = field(
+        default=("baseline", "random-direction-gated", "xsa-gated"), metadata={"help": "arms (baseline first)"}
+    )
+    seeds: tuple[int, ...] = field(default=(0, 1, 2, 3), metadata={"help": "seeds (>= 2, distinct)"})
+    primary: Arm | None = field(
+        default=None, metadata={"help": "primary endpoint arm", "none": "the first after baseline"}
+    )
+    steps: int | None = field(default=None, metadata={"help": "optimiser steps per run", "none": "the preset's"})
+    tokens: int | None = field(
+        default=None,
+        metadata={"help": "tokens per run, in whole batches (overrides steps)", "none": "steps x batch x length"},
+    )
+    texts: tuple[str, ...] | None = field(
+        default=None, metadata={"help": "corpora to train on", "none": "the preset's"}
+    )
+    device: str = field(default="auto", metadata={"help": "auto (CUDA + bf16 when available), cpu or cuda"})
+    plan: str | None = field(default=None, metadata={"help": "freeze the analysis plan to this JSON file first"})
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise LensParallelError(f"unknown preset {self.preset!r}; accepted: {', '.join(sorted(PRESETS))}")
+        object.__setattr__(self, "arms", check_arms(self.arms))
+        object.__setattr__(self, "seeds", tuple(check_seed(s) for s in self.seeds))
+        for name in ("steps", "tokens"):
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name))
+
+    def config(self) -> TrainConfig:
+        """The preset with this command's overrides."""
+        changes: dict[str, Any] = {"device": self.device}
+        changes |= {"steps": self.steps} if self.steps else {}
+        changes |= {"texts": tuple(self.texts)} if self.texts else {}
+        config = dataclasses.replace(PRESETS[self.preset], **changes)
+        return config.with_tokens(self.tokens) if self.tokens else config
 
 
 def _endpoints(
@@ -359,7 +399,7 @@ def run_factorial(
     seeds. Endpoints: ``primary`` (default: the first non-baseline arm), ``secondary`` (default: the other arms),
     ``contrasts`` (pairs of arms compared directly). ``plan``: a JSON file the frozen analysis plan (arms, seeds,
     endpoints and families, alpha, tokens per run, config and its hash) is written to before the first run; a later
-    call whose plan differs, after training started, is refused. The paper's design: :data:`DESIGNS`.
+    call whose plan differs, after training started, is refused. The paper's design: the ``xsa-controls`` protocol.
 
     ``workers`` / ``ray_address``: each (arm, seed) run is a Ray task, ``workers`` at a time (one GPU each when the
     config trains on CUDA, or on ``auto`` with GPUs in the cluster; else an equal share of the cores), writing its
@@ -435,12 +475,15 @@ def run_design(
     ray_address: str | None = None,
     **changes,
 ) -> FactorialResult:
-    """Run the factorial ``DESIGNS[name]`` with its preset, arms, seeds and endpoints; ``changes`` replace config
-    fields (e.g. ``texts``, ``device``; ``tokens=`` sets the tokens per run). ``workers`` / ``ray_address``: as in
-    :func:`run_factorial`."""
-    if name not in DESIGNS:
-        raise LensParallelError(f"unknown design {name!r}; known: {', '.join(DESIGNS)}")
-    design = DESIGNS[name]
+    """Run the factorial of the protocol ``name`` (a :class:`Design`: preset, arms, seeds and endpoints, e.g.
+    ``xsa-controls``); ``changes`` replace config fields (e.g. ``texts``, ``device``; ``tokens=`` sets the tokens per
+    run). ``workers`` / ``ray_address``: as in :func:`run_factorial`."""
+    from lens_parallel.protocols import designs  # the registry imports this module
+
+    known = designs()
+    if name not in known:
+        raise LensParallelError(f"unknown design {name!r}; known: {', '.join(known)}")
+    design = known[name]
     tokens = changes.pop("tokens", None)
     config = dataclasses.replace(PRESETS[design.preset], **changes)
     config = config.with_tokens(tokens) if tokens else config

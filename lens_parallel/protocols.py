@@ -1,0 +1,67 @@
+"""Named protocols: a published study's settings, saved once, used by name (``protocol="..."`` on any analysis it
+covers, ``--protocol`` on the command line, ``lens-parallel protocols`` lists them).
+
+A protocol (:class:`~lens_parallel.options.NamedProtocol`) holds one settings object per analysis it covers, and how
+its documents are made (the command line's defaults for ``--texts``, ``--n-docs``, ``--seq-len``); keyword
+shortcuts given beside it change single fields. Today's defaults are the package's own; each protocol says here
+where the study differs.
+"""
+
+from __future__ import annotations
+
+from lens_parallel.analyses.dominance import DominanceSettings
+from lens_parallel.analyses.nulls import NullSettings
+from lens_parallel.analyses.reliability import SanitySettings
+from lens_parallel.analyses.sensitivity import SensitivitySettings
+from lens_parallel.options import PROTOCOLS, NamedProtocol, register_protocol
+from lens_parallel.training.factorial import Design
+
+SANITY_CHECKS = register_protocol(
+    NamedProtocol(
+        name="sanity-checks",
+        description="the frozen-model sanity checks: sampled causal null (first token excluded), GQA groups, "
+        "split-half reliability of single-head parallel-value removal with the first token untouched, "
+        "64 documents x 128 tokens per half",
+        source="the sanity-checks paper, arXiv 2611.13543 (Checks 1 and 3)",
+        settings=(
+            SanitySettings(edit="parallel-value", positions="after-first", null="sampled"),
+            NullSettings(null="sampled"),
+            SensitivitySettings(edit="parallel-value", positions="after-first"),
+        ),
+        documents={"texts": "wikipedia-en", "n_docs": 128, "seq_len": 128},
+    )
+)
+DOMINANCE_STUDY = register_protocol(
+    NamedProtocol(
+        name="dominance-study",
+        description="next-layer head dominance on four 32-token texts (two English, two Chinese; "
+        "lens_parallel.analyses.dominance.study_texts), receiving query tokens 7..31, halves ranked on Q/K/V",
+        source="the Qwen3.5 head-dominance study (seed 003)",
+        settings=(DominanceSettings(query_start=7, query_stop=32, mask_scales=("qkv",)),),
+        documents={"texts": "study", "seq_len": 32},
+    )
+)
+XSA_CONTROLS = register_protocol(
+    NamedProtocol(
+        name="xsa-controls",
+        description="the paired factorial of Check 2: baseline, XSA (gated, learned from 0) and RANDOM (the same gated "
+        "edit along a fixed random direction), 8 seeds, primary RANDOM - baseline, XSA - baseline secondary, the "
+        "contrast XSA - RANDOM; the 50.9M model at 399,900,672 tokens per run",
+        source="the sanity-checks paper, arXiv 2611.13543 (Check 2)",
+        settings=(
+            Design(
+                preset="xsa-controls-51m",
+                arms=("baseline", "xsa-gated", "random-direction-gated"),
+                seeds=(7, 42, 99, 512, 1337, 2024, 8191, 31337),
+                primary="random-direction-gated",
+                secondary=("xsa-gated",),
+                contrasts=(("xsa-gated", "random-direction-gated"),),
+            ),
+        ),
+    )
+)
+
+
+def designs() -> dict[str, Design]:
+    """Every protocol that is a training design (:class:`~lens_parallel.training.factorial.Design`), by name."""
+    return {name: s for name, p in PROTOCOLS.items() for s in p.settings if isinstance(s, Design)}

@@ -1,0 +1,92 @@
+"""One set of defaults: the command line is generated from the options objects, so every subcommand's defaults are
+the library's, and the library's analysis functions take no option of their own beside their settings objects."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+
+import pytest
+
+import lens_parallel as lp
+from lens_parallel import cli
+from lens_parallel.options import PROTOCOLS, DataOptions, RunOptions
+
+ANALYSES = [
+    lp.decompose,
+    lp.scale_sweep,
+    lp.diagonal_view,
+    lp.head_sensitivity,
+    lp.head_attribution,
+    lp.confirm,
+    lp.head_dominance,
+    lp.causal_null,
+    lp.gqa_alignment,
+    lp.split_half_reliability,
+    lp.sanity_report,
+    lp.compression_error,
+    lp.run_ablations,
+    lp.run_battery,
+]
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices[name]
+
+
+@pytest.mark.parametrize("name", list(cli.COMMANDS))
+def test_the_command_lines_defaults_are_the_librarys(name):
+    """Nothing typed: every settings object equals its class's defaults, the documents the subcommand's stated
+    defaults, the run options RunOptions' (the store placed in --out); and every option's help shows the field's
+    default."""
+    parser = cli.build_parser()
+    command = cli.COMMANDS[name]
+    inv = cli.Invocation(name, command, parser.parse_args([name]))
+    for cls in command.settings:
+        assert inv.settings(cls) == cls()
+    if command.data is not None:
+        assert inv.data() == DataOptions(**command.data)
+    expected_run = RunOptions(store=f"OUT/{command.store}" if command.store else None)
+    assert dataclasses.replace(inv.run_options(cli.Path("OUT")), store=expected_run.store) == expected_run
+    sub = _subparser(parser, name)
+    shown = {a.dest: a.help for a in sub._actions if "." in (a.dest or "")}
+    for cls in (*command.settings, *([DataOptions] if command.data is not None else [])):
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("cli") is False:
+                continue
+            default = (command.data or {}).get(f.name, f.default) if cls is DataOptions else f.default
+            assert shown[f"{cls.__name__}.{f.name}"].endswith(f"(default: {cli._show(default, f.metadata)})"), f.name
+    for f in dataclasses.fields(RunOptions):
+        if f.name in command.run_fields and f.name != "store":
+            assert shown[f"RunOptions.{f.name}"].endswith(f"(default: {cli._show(f.default, f.metadata)})")
+
+
+@pytest.mark.parametrize("function", ANALYSES, ids=lambda f: f.__name__)
+def test_analyses_take_their_settings_and_run_options_only(function):
+    """No analysis repeats a settings or run-option field as a parameter with a default of its own (there is
+    one set of defaults, in the objects); they come as ``settings=`` / ``options=`` or as keyword shortcuts."""
+    params = inspect.signature(function).parameters
+    own = {n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert own <= {"settings", "options", "protocol", "calibration"}, sorted(own)
+    assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def test_keyword_shortcuts_settings_and_protocols_agree():
+    model = lp.load_model("toy-gpt2")
+    blocks = lp.token_blocks(model, "austen", n_docs=4, seq_len=12)
+    by_keyword = lp.causal_null(model, blocks, null="exact", seed=3, n_resamples=50, progress=False)
+    settings = lp.NullSettings(null="exact", seed=3, n_resamples=50)
+    by_object = lp.causal_null(model, blocks, settings=settings, options=RunOptions(progress=False))
+    assert (by_keyword.cos_null == by_object.cos_null).all()
+    assert by_keyword.provenance.settings["options"]["progress"] is False
+    protocol = lp.causal_null(model, blocks, protocol="sanity-checks", n_resamples=50, progress=False)
+    assert protocol.null == "sampled" and protocol.provenance.settings["null"] == "sampled"
+    with pytest.raises(lp.LensParallelError, match=r"unknown option\(s\) \['nul'\]; accepted: null, groups"):
+        lp.causal_null(model, blocks, nul="exact")
+    with pytest.raises(lp.LensParallelError, match="protocol 'xsa-controls' has no NullSettings; it covers: Design"):
+        lp.causal_null(model, blocks, protocol="xsa-controls")
+    with pytest.raises(lp.LensParallelError, match="unknown protocol 'nope'; known: sanity-checks"):
+        lp.causal_null(model, blocks, protocol="nope")
+    assert set(PROTOCOLS) >= {"sanity-checks", "dominance-study", "xsa-controls"}
