@@ -28,6 +28,7 @@ from lens_parallel import head_attribution, load_model, model_info, token_blocks
 from lens_parallel.analyses.confirm import ConfirmResult
 from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.edits import HeadEdit
+from lens_parallel.models import head_label
 from lens_parallel.plots import save_figure
 from lens_parallel.results import Provenance
 from lens_parallel.stats import paired_bootstrap_ci, spearman
@@ -68,12 +69,14 @@ def main() -> None:
         )
         screen.save(out / f"attribution_{edit}")
         run, times[f"exact engine {edit}"] = timed(
-            lambda edit=edit: run_sweep(model, blocks, jobs, edit=edit, batch_size=bs, rows_per_forward=8)
+            lambda edit=edit: run_sweep(
+                model, blocks, jobs, edit=edit, batch_size=bs, tokens_per_forward=8 * bs * args.seq_len
+            )
         )
         exact_docs = np.stack([run[j].loss_sum for j in jobs], axis=1) - run.base.loss_sum[:, None]
         rows[edit] = pd.DataFrame(
             {
-                "label": [f"L{layer}H{h}" for layer, h in heads],
+                "label": [head_label(layer, h) for layer, h in heads],
                 "layer": [layer for layer, _ in heads],
                 "head": [h for _, h in heads],
                 "estimate": screen.head_estimate().ravel(),

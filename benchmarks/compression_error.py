@@ -29,7 +29,7 @@ METHODS = ("int8", "int4-g128", "magnitude-50%", "wanda-50%", "wanda-2:4", "wand
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--positions", choices=("last", "all"), default="last")
+    parser.add_argument("--scored", choices=("last", "all"), default="last")
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/out/compression_error")
@@ -41,7 +41,7 @@ def main() -> None:
     prompts = token_blocks(model, "wikipedia-en", n_docs=12, seq_len=128)
     calibration = token_blocks(model, "austen", n_docs=16, seq_len=128)
     t0 = time.perf_counter()
-    result = compression_error(model, prompts, method=args.methods, positions=args.positions, calibration=calibration)
+    result = compression_error(model, prompts, method=args.methods, scored=args.scored, calibration=calibration)
     elapsed = time.perf_counter() - t0
     result.save(out / "compression_error")
     result.layer_table().to_csv(out / "per_layer.csv", index=False)
@@ -50,7 +50,7 @@ def main() -> None:
     for sub in ("attn", "mlp"):
         save_figure(result.figure(sublayer=sub), out / f"compression_{sub}")
     print(
-        f"{args.model}: 12 prompts x 128 tokens, {args.positions} positions, dense loss {result.loss_dense:.4f} "
+        f"{args.model}: 12 prompts x 128 tokens, {args.scored} positions, dense loss {result.loss_dense:.4f} "
         f"nats/token, {elapsed:.0f} s"
     )
     with pd.option_context("display.width", 200, "display.float_format", "{:.4f}".format):

@@ -87,7 +87,7 @@ def run_one(spec: str, out: Path, threads: int) -> None:
     result = head_dominance(model, blocks, progress=True)
     wall = time.perf_counter() - t0
     result.save(stem.with_name(stem.name + "_dominance"))
-    table = result.summary_table()
+    table = result.group_table()
     table.to_csv(stem.with_name(stem.name + "_dominance_summary.csv"), index=False)
     save_figure(result.figure(), stem.with_name(stem.name + "_dominance"))
     row = result.summary().iloc[0].to_dict()
