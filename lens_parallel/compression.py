@@ -21,9 +21,10 @@ analysis of the error does not need.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 import einops
 import torch
@@ -77,7 +78,10 @@ class Compression:
             return "none"
         if self.kind == "int":
             return f"int{self.bits}" + (f"-g{self.group_size}" if self.group_size else "")
-        return f"{self.kind}-" + (f"{self.n}:{self.m}" if self.n else f"{self.sparsity * 100:g}%")
+        if self.n:
+            return f"{self.kind}-{self.n}:{self.m}"
+        assert self.sparsity is not None  # parse sets N:M or a sparsity for pruning
+        return f"{self.kind}-{self.sparsity * 100:g}%"
 
     def apply(self, hf_model: transformers.PreTrainedModel, calibration: Int[Tensor, "batch pos"] | None) -> None:
         """Compress ``hf_model``'s block linear maps in place (Wanda reads input norms from ``calibration``)."""
@@ -93,30 +97,31 @@ class Compression:
             for name, module in layers.items():
                 w = _as_out_in(module)
                 if self.kind == "int":
+                    assert self.bits is not None  # parse sets bits for int
                     new = quantize_rtn(w, bits=self.bits, group_size=self.group_size)
                 else:
                     score = w.abs() if norms is None else w.abs() * norms[name].to(w)[None, :]
-                    keep = (
-                        nm_mask(score, self.n, self.m)
-                        if self.n
-                        else sparsity_mask(score, self.sparsity, per_row=self.kind == "wanda")
-                    )
+                    if self.n and self.m:
+                        keep = nm_mask(score, self.n, self.m)
+                    else:
+                        assert self.sparsity is not None  # parse sets N:M or a sparsity for pruning
+                        keep = sparsity_mask(score, self.sparsity, per_row=self.kind == "wanda")
                     new = w * keep
                 _set_out_in(module, new)
 
 
-def block_linears(hf_model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+def block_linears(hf_model: nn.Module) -> Iterator[tuple[str, nn.Linear | Conv1D]]:
     """The linear maps inside the transformer blocks (names with a layer index; not embeddings or lm_head)."""
     for name, module in hf_model.named_modules():
         if isinstance(module, (nn.Linear, Conv1D)) and re.search(r"\.(h|layers)\.\d+\.", f".{name}"):
             yield name, module
 
 
-def _as_out_in(module: nn.Module) -> Float[Tensor, "d_out d_in"]:
+def _as_out_in(module: nn.Linear | Conv1D) -> Float[Tensor, "d_out d_in"]:
     return module.weight.T if isinstance(module, Conv1D) else module.weight  # Conv1D stores [in, out]
 
 
-def _set_out_in(module: nn.Module, w: Tensor) -> None:
+def _set_out_in(module: nn.Linear | Conv1D, w: Tensor) -> None:
     module.weight.copy_(w.T if isinstance(module, Conv1D) else w)
 
 
@@ -167,15 +172,16 @@ def method_name(method: MethodLike) -> str:
 
 
 def linear_input_norms(
-    hf_model: torch.nn.Module, modules: dict[str, torch.nn.Module], tokens: Int[Tensor, "batch pos"]
+    hf_model: nn.Module, modules: Mapping[str, nn.Module], tokens: Int[Tensor, "batch pos"]
 ) -> dict[str, Float[Tensor, " d_in"]]:
     """||X_j||_2 of every input feature j of each module over all calibration tokens (one forward of the plain
     Hugging Face model, torch pre-hooks that only read their input)."""
     sums: dict[str, Tensor] = {}
 
-    def accumulate(module, args, *, name: str) -> None:
+    def accumulate(module: nn.Module, args: tuple[Tensor, ...], *, name: str) -> None:
         x = args[0].detach().double()
-        sums[name] = sums.get(name, 0) + einops.reduce(x * x, "... d_in -> d_in", "sum")
+        square = einops.reduce(x * x, "... d_in -> d_in", "sum")
+        sums[name] = square if name not in sums else sums[name] + square
 
     handles = [m.register_forward_pre_hook(partial(accumulate, name=n)) for n, m in modules.items()]
     try:
@@ -195,7 +201,7 @@ def compress(
     wrapped in a new bridge."""
     if isinstance(method, str):
         method = Compression.parse(method)
-    copy = export_hf_model(model.original_model)
+    copy = export_hf_model(cast(transformers.PreTrainedModel, model.original_model))
     if isinstance(method, Compression):
         method.apply(copy, calibration)
     else:

@@ -15,6 +15,7 @@ import gzip
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import einops
 import numpy as np
@@ -22,6 +23,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
+from transformers import PreTrainedTokenizerBase
 
 from lens_parallel.errors import LensParallelError
 from lens_parallel.paths import ASSETS
@@ -89,7 +91,7 @@ class TokenBlocks:
     def bos_policy(self) -> str:
         return f"position 0 is the document-boundary token {self.boundary_token!r} (id {self.boundary_token_id})"
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """JSON-ready provenance (no tensor)."""
         out = {k: v for k, v in asdict(self).items() if k != "tokens"}
         out["doc_indices"] = list(self.doc_indices)
@@ -98,7 +100,7 @@ class TokenBlocks:
         return out
 
 
-def boundary_token(tokenizer) -> tuple[str, int]:
+def boundary_token(tokenizer: PreTrainedTokenizerBase) -> tuple[str, int]:
     """The document-boundary token for position 0 (see the module docstring)."""
     vocab = tokenizer.get_vocab()
     if BOUNDARY_TOKEN in vocab:
@@ -168,7 +170,7 @@ def token_blocks(
     )
 
 
-def stream_blocks(tokenizer, docs: Sequence[str], *, seq_len: int) -> Int[Tensor, "batch pos"]:
+def stream_blocks(tokenizer: PreTrainedTokenizerBase, docs: Sequence[str], *, seq_len: int) -> Int[Tensor, "batch pos"]:
     """Every document, each preceded by the boundary token, concatenated and cut into consecutive blocks of
     ``seq_len`` tokens (the remainder is dropped). For training: blocks cross document boundaries, as in
     pretraining."""

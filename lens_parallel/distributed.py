@@ -132,7 +132,7 @@ class _Worker:
         return index, task(self.context, shared, item)
 
 
-def connect(ray_address: str | None):
+def connect(ray_address: str | None) -> Any:
     """Ray, connected to ``ray_address`` (or a local Ray started on this machine when None); an existing connection
     is reused."""
     import ray
@@ -142,7 +142,7 @@ def connect(ray_address: str | None):
     return ray
 
 
-def _actor_options(ray, device_type: str, workers: int) -> tuple[dict, int]:
+def _actor_options(ray: Any, device_type: str, workers: int) -> tuple[dict[str, int], int]:
     if device_type == "cuda":
         return {"num_gpus": 1, "num_cpus": 1}, 1
     share = max(1, int(ray.cluster_resources().get("CPU", 1) // workers))

@@ -200,4 +200,4 @@ def whole_documents(
         "min_len": min_len,
         "bos_policy": f"position 0 is the document-boundary token {token!r} (id {token_id}); whole documents",
     }
-    return Documents.padded(rows, source).to(model.cfg.device)
+    return Documents.padded(rows, source).to(model.cfg.device or "cpu")

@@ -21,12 +21,13 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import einops
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
+from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
@@ -44,7 +45,7 @@ from lens_parallel.hooks import (
     softmax_layers,
 )
 from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.validate import check_choice, check_finite, options
+from lens_parallel.validate import as_indices, check_choice, check_finite, options
 
 SCALE_SPACES = options(Space)
 DIAGONAL_SPACES = HEAD_SPACES = options(HeadSpace)
@@ -62,14 +63,14 @@ residual-attn)."""
 
 def check_positions(positions: object) -> EditPositions:
     """``positions`` if it is one of :data:`POSITIONS`, else a :class:`LensParallelError`."""
-    return check_choice("positions", positions, EditPositions)
+    return cast(EditPositions, check_choice("positions", positions, EditPositions))
 
 
 def _after_first(hooks: list[Hook]) -> list[Hook]:
     """The same hooks, each restoring position 0 of what it returns (the query axis of an attention pattern);
     hooks that only read return None and stay as they are."""
 
-    def keep_first(fn: Callable, axis: int, tensor: Tensor, hook) -> Tensor | None:
+    def keep_first(fn: Callable[..., Tensor | None], axis: int, tensor: Tensor, hook: HookPoint) -> Tensor | None:
         out = fn(tensor, hook)
         if out is None:
             return None
@@ -79,18 +80,12 @@ def _after_first(hooks: list[Hook]) -> list[Hook]:
     return [(name, partial(keep_first, fn, 2 if name.endswith("hook_pattern") else 1)) for name, fn in hooks]
 
 
-def _as_tuple(xs: int | Sequence[int] | None) -> tuple[int, ...] | None:
-    if xs is None:
-        return None
-    return (xs,) if isinstance(xs, int) else tuple(xs)
-
-
 def _as_heads(heads: Heads) -> tuple[int, ...] | HeadsAll | None:
     if heads == "all":
         return "all"
     if isinstance(heads, str):
         raise LensParallelError(f"heads must be head indices, 'all' or None, got {heads!r}")
-    return _as_tuple(heads)
+    return as_indices(heads, what="heads")
 
 
 @dataclass(frozen=True)
@@ -125,7 +120,7 @@ class ComponentScale:
         check_positions(self.positions)
         check_finite("s_par", self.s_par)
         check_finite("s_perp", self.s_perp)
-        object.__setattr__(self, "layers", _as_tuple(self.layers))
+        object.__setattr__(self, "layers", as_indices(self.layers))
         object.__setattr__(self, "heads", _as_heads(self.heads))
         if self.heads is not None and self.space not in HEAD_SPACES:
             raise LensParallelError(
@@ -215,7 +210,7 @@ class DiagonalEdit:
         check_choice("diagonal space", self.space, HeadSpace)
         check_positions(self.positions)
         check_finite("s_par", self.s_par)
-        object.__setattr__(self, "layers", _as_tuple(self.layers))
+        object.__setattr__(self, "layers", as_indices(self.layers))
         object.__setattr__(self, "heads", _as_heads(self.heads))
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
@@ -234,7 +229,15 @@ class DiagonalEdit:
             out.append((hook_name(layer, "pattern"), partial(self._edit_pattern, state=state, heads=heads, W_O=W_O)))
         return _after_first(out) if self.positions == "after-first" else out
 
-    def _edit_pattern(self, pattern: Tensor, hook, *, state, heads, W_O) -> Tensor:
+    def _edit_pattern(
+        self,
+        pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+        hook: HookPoint,
+        *,
+        state: dict[str, Tensor],
+        heads: HeadSet,
+        W_O: Float[Tensor, "head_index d_head d_model"] | None,
+    ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
         v = expand_kv(state.pop("v"), pattern.shape[1])
         W_O = None if W_O is None else W_O.to(v)
         d_a = geometry.diagonal_change(
@@ -282,7 +285,7 @@ class HeadEdit:
                 "a mean ablation needs means [n_heads, d_head] (e.g. from lens_parallel.sweep.head_means)"
             )
         if not isinstance(self.heads, Tensor):
-            heads = _as_tuple(self.heads)
+            heads = as_indices(self.heads, what="heads")
             if not heads:
                 raise LensParallelError("empty head set: give at least one query head")
             object.__setattr__(self, "heads", heads)
@@ -307,8 +310,8 @@ class HeadEdit:
             out = _residual_attn_hooks(ComponentScale("residual-attn", s_par=0.0), model, info, layer, heads, {})
         else:
 
-            def replace(z: Tensor, hook) -> Tensor:
-                fill = torch.zeros_like(z) if self.kind == "zero" else self.means.to(z).expand_as(z)
+            def replace(z: Tensor, hook: HookPoint) -> Tensor:
+                fill = torch.zeros_like(z) if self.means is None else self.means.to(z).expand_as(z)
                 mask = _head_mask(heads, n_heads, z.shape[0], z.device)
                 return torch.where(mask[:, None, :, None], fill, z)
 
@@ -348,9 +351,17 @@ class GatedRemoval:
             out.append((hook_name(layer, "z"), partial(self._edit_z, state=state, layer=layer, n_heads=info.n_heads)))
         return out
 
-    def _edit_z(self, z: Tensor, hook, *, state, layer, n_heads) -> Tensor:
-        own = self.directions is None
-        u = expand_kv(state.pop("v"), n_heads) if own else self.directions[layer].to(z).expand_as(z)
+    def _edit_z(
+        self,
+        z: Float[Tensor, "batch pos head_index d_head"],
+        hook: HookPoint,
+        *,
+        state: dict[str, Tensor],
+        layer: int,
+        n_heads: int,
+    ) -> Float[Tensor, "batch pos head_index d_head"]:
+        d = self.directions
+        u = expand_kv(state.pop("v"), n_heads) if d is None else d[layer].to(z).expand_as(z)
         g = torch.ones((), dtype=z.dtype, device=z.device) if self.alpha is None else torch.tanh(self.alpha[layer])
         s_par = (1 - g).to(z).expand(z.shape[:-1])
         return z + geometry.scale_delta(z, u, s_par=s_par, eps=self.eps)
@@ -395,7 +406,15 @@ class LearnedGate:
         w, b = self.weight[layer].to(x), self.bias[layer].to(x)
         return torch.sigmoid(einops.einsum(x, w, "b p m, h m -> b p h") + b)
 
-    def _edit_z(self, z: Tensor, hook, *, state, layer, n_heads) -> Tensor:
+    def _edit_z(
+        self,
+        z: Float[Tensor, "batch pos head_index d_head"],
+        hook: HookPoint,
+        *,
+        state: dict[str, Tensor],
+        layer: int,
+        n_heads: int,
+    ) -> Float[Tensor, "batch pos head_index d_head"]:
         v = expand_kv(state.pop("v"), n_heads)
         return z + geometry.scale_delta(z, v, s_par=self.scale(state.pop("x"), layer), eps=self.eps)
 
@@ -451,7 +470,7 @@ def describe_edit(edit: Edit) -> dict[str, Any]:
     return out
 
 
-def _store(tensor: Tensor, hook, *, state: dict[str, Tensor], key: str) -> None:
+def _store(tensor: Tensor, hook: HookPoint, *, state: dict[str, Tensor], key: str) -> None:
     state[key] = tensor
 
 
@@ -459,7 +478,12 @@ HeadSet = tuple[int, ...] | Bool[Tensor, "batch head_index"]
 """The heads an edit acts on: the same query heads in every batch row, or one set per row (a bool mask)."""
 
 
-def _head_mask(heads: HeadSet, n_heads: int, batch: int, device) -> Bool[Tensor, "batch head_index"]:
+def _head_mask(
+    heads: HeadSet | None, n_heads: int, batch: int, device: torch.device
+) -> Bool[Tensor, "batch head_index"]:
+    """The heads as a mask ``[batch, head_index]`` (None: every head)."""
+    if heads is None:
+        return torch.ones(batch, n_heads, dtype=torch.bool, device=device)
     if isinstance(heads, Tensor):
         if heads.shape != (batch, n_heads):
             raise LensParallelError(
@@ -471,11 +495,18 @@ def _head_mask(heads: HeadSet, n_heads: int, batch: int, device) -> Bool[Tensor,
     return mask
 
 
-def _value_hooks(edit: _Scaling, model, info, layer, heads, state) -> list[Hook]:
+def _value_hooks(
+    edit: _Scaling,
+    model: TransformerBridge,
+    info: ModelInfo,
+    layer: int,
+    heads: HeadSet | None,
+    state: dict[str, Tensor],
+) -> list[Hook]:
     """Value-space scaling on hook_z. Gated attention (z = sigmoid(gate) * A v): the scaling acts on the pre-gate
     aggregate o = A v, rebuilt from the pattern, and its change passes through the gate: z' = z + gate * delta."""
 
-    def edit_z(z: Tensor, hook) -> Tensor:
+    def edit_z(z: Tensor, hook: HookPoint) -> Tensor:
         v = expand_kv(state.pop("v"), info.n_heads)
         o = z
         if info.gated_attention:
@@ -498,14 +529,21 @@ def _value_hooks(edit: _Scaling, model, info, layer, heads, state) -> list[Hook]
     return [*out, (hook_name(layer, "z"), edit_z)]
 
 
-def _store_diag(pattern: Tensor, hook, *, state: dict[str, Tensor]) -> None:
+def _store_diag(pattern: Tensor, hook: HookPoint, *, state: dict[str, Tensor]) -> None:
     state["diag"] = torch.diagonal(pattern, dim1=-2, dim2=-1)
 
 
-def _residual_attn_hooks(edit: _Scaling, model, info, layer, heads, state) -> list[Hook]:
+def _residual_attn_hooks(
+    edit: _Scaling,
+    model: TransformerBridge,
+    info: ModelInfo,
+    layer: int,
+    heads: HeadSet | None,
+    state: dict[str, Tensor],
+) -> list[Hook]:
     W_O = output_weights(model, layer)
 
-    def edit_out(out: Tensor, hook) -> Tensor:
+    def edit_out(out: Tensor, hook: HookPoint) -> Tensor:
         x = state.pop("x")
         if heads is None:
             return geometry.scale_components(out, x, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
@@ -522,16 +560,30 @@ def _residual_attn_hooks(edit: _Scaling, model, info, layer, heads, state) -> li
     return [*out, (hook_name(layer, "attn_out"), edit_out)]
 
 
-def _residual_mlp_hooks(edit: _Scaling, model, info, layer, heads, state) -> list[Hook]:
-    def edit_out(out: Tensor, hook) -> Tensor:
+def _residual_mlp_hooks(
+    edit: _Scaling,
+    model: TransformerBridge,
+    info: ModelInfo,
+    layer: int,
+    heads: HeadSet | None,
+    state: dict[str, Tensor],
+) -> list[Hook]:
+    def edit_out(out: Tensor, hook: HookPoint) -> Tensor:
         return geometry.scale_components(out, state.pop("x"), s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
 
     ref = hook_name(layer, residual_reference_role(info, "mlp"))
     return [(ref, partial(_store, state=state, key="x")), (hook_name(layer, "mlp_out"), edit_out)]
 
 
-def _residual_block_hooks(edit: _Scaling, model, info, layer, heads, state) -> list[Hook]:
-    def edit_post(post: Tensor, hook) -> Tensor:
+def _residual_block_hooks(
+    edit: _Scaling,
+    model: TransformerBridge,
+    info: ModelInfo,
+    layer: int,
+    heads: HeadSet | None,
+    state: dict[str, Tensor],
+) -> list[Hook]:
+    def edit_post(post: Tensor, hook: HookPoint) -> Tensor:
         x = state.pop("x")
         return post + geometry.scale_delta(post - x, x, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
 

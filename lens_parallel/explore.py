@@ -30,6 +30,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -50,8 +51,9 @@ from lens_parallel.models import head_label, model_info
 from lens_parallel.plots import explore as plots
 from lens_parallel.results import Provenance
 from lens_parallel.sweep import Batch, EditJob, TokenNLL, run_rows, run_sweep
+from lens_parallel.validate import check_choice, check_finite, options
 
-SPACES = ("value", "value-exclude-self", "residual-attn")
+SPACES: tuple[HeadSpace, ...] = options(HeadSpace)
 """Spaces the explorer shows: the two value spaces and each head's residual write."""
 
 
@@ -87,7 +89,7 @@ class Explorer:
         model: TransformerBridge,
         tokens: TokenBlocks | Int[Tensor, "batch pos"],
         *,
-        space: str = "value",
+        space: HeadSpace = "value",
         layer: int | None = None,
         head: int | None = None,
         doc: int = 0,
@@ -102,7 +104,7 @@ class Explorer:
         with warnings.catch_warnings():  # skipped linear-attention layers: the explorer shows softmax heads only
             warnings.simplefilter("ignore", UserWarning)
             result = decompose(model, tokens, space=list(SPACES), batch_size=batch_size, progress=False)
-        self.heatmaps = {}
+        self.heatmaps: dict[str, np.ndarray] = {}
         for sp in SPACES:
             grid = np.full((self.info.n_layers, self.info.n_heads), np.nan)
             try:
@@ -115,27 +117,25 @@ class Explorer:
             best = np.nanargmax(np.where(np.isnan(self.heatmaps["value"]), -np.inf, self.heatmaps["value"]))
             layer, head = divmod(int(best), self.info.n_heads)
         self._captures: dict[tuple[int, int], dict[str, Tensor]] = {}
-        self._memo: dict = {}
-        self._noops: dict[tuple, np.ndarray] = {}
-        self.state: dict = {}
+        self._memo: dict[Any, Any] = {}
+        self._noops: dict[tuple[Any, ...], np.ndarray] = {}
+        self.state: dict[str, Any] = {}
         self.update(space=space, layer=layer, head=head, doc=doc, s_par=s_par, s_perp=s_perp, all_heads=all_heads)
 
     # -- state -------------------------------------------------------------------------------------------------
-    def update(self, **changes) -> View:
+    def update(self, **changes: Any) -> View:
         """Change any of space, layer, head, doc, s_par, s_perp, all_heads (checked first) and return the view."""
         state = self.state | changes
         unknown = set(changes) - {"space", "layer", "head", "doc", "s_par", "s_perp", "all_heads"}
         if unknown:
             raise LensParallelError(f"unknown explorer settings {sorted(unknown)}")
-        if state["space"] not in SPACES:
-            raise LensParallelError(f"space {state['space']!r} unknown; accepted: {', '.join(SPACES)}")
+        check_choice("space", state["space"], HeadSpace)
         if state["layer"] not in self.layers:
             raise LensParallelError(f"layer {state['layer']} has no softmax heads to explore; layers: {self.layers}")
         check_indices("head", state["head"], self.info.n_heads)
         check_indices("doc", state["doc"], len(self.documents))
         for name in ("s_par", "s_perp"):
-            if not np.isfinite(state[name]):
-                raise LensParallelError(f"{name} must be finite, got {state[name]}")
+            check_finite(name, state[name])
         ComponentScale(state["space"], s_par=state["s_par"], s_perp=state["s_perp"])  # validates the edit
         before, self.state = self.state, state
         try:
@@ -167,7 +167,8 @@ class Explorer:
         docs = self._document(doc)
         metric = TokenNLL(docs.tokens.shape[1])
         run = run_sweep(self.model, docs, [job], metric=metric, progress=False, memo=self._memo)
-        return run.value(job)["nll"][0]
+        nll: np.ndarray = run.value(job)["nll"][0]
+        return nll
 
     def _view(self) -> View:
         st = self.state
@@ -255,7 +256,7 @@ class Explorer:
         path.write_text(page)
         return path
 
-    def widget(self):
+    def widget(self) -> Any:
         """The live widget (ipywidgets + Plotly FigureWidgets; ``pip install 'lens_parallel[notebook]'``)."""
         try:
             from lens_parallel.explore_widget import ExplorerWidget
@@ -278,7 +279,7 @@ class Explorer:
                 display(fig)
 
 
-def explore(model: TransformerBridge, tokens: TokenBlocks | Int[Tensor, "batch pos"], **settings) -> Explorer:
+def explore(model: TransformerBridge, tokens: TokenBlocks | Int[Tensor, "batch pos"], **settings: Any) -> Explorer:
     """An :class:`Explorer` of ``model`` on ``tokens``; shown as a live widget when it is a cell's last value.
     ``settings``: space, layer, head (default: the most self-aligned head in value space), doc, s_par, s_perp,
     all_heads, batch_size."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 import plotly.graph_objects as go
@@ -58,12 +58,12 @@ class ExplorerWidget:
         self.box = w.VBox([controls, self.status, grid])
         self._show_status(0.0)
 
-    def _clicked(self, trace, points, selector) -> None:
+    def _clicked(self, trace: Any, points: Any, selector: Any) -> None:
         if points.point_inds:
             layer, head = points.point_inds[0]
             self.apply(layer=int(layer), head=int(head))
 
-    def apply(self, **changes) -> None:
+    def apply(self, **changes: Any) -> None:
         """Update the explorer and redraw every figure from its new view."""
         t0 = time.perf_counter()
         try:

@@ -149,7 +149,8 @@ def mean_earlier_cosine(
     earlier = unit.cumsum(1) - unit
     count = torch.arange(v.shape[1], device=v.device, dtype=v.dtype).clamp_min(1)
     y_unit = y / y.norm(dim=-1, keepdim=True).clamp_min(EPS)
-    return (y_unit * earlier).sum(-1) / count[None, :, None]
+    mean: Tensor = (y_unit * earlier).sum(-1) / count[None, :, None]
+    return mean
 
 
 def split_self(

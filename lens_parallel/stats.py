@@ -11,6 +11,7 @@ never gives p = 0.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -45,7 +46,8 @@ def ratio_of_sums_delta(
     edited: np.ndarray, base: np.ndarray, weights: np.ndarray, axis: int = -1
 ) -> np.ndarray | float:
     """Token-weighted difference of means: (sum edited - sum base) / sum weights, along ``axis``."""
-    return (edited.sum(axis) - base.sum(axis)) / weights.sum(axis)
+    delta: np.ndarray | float = (edited.sum(axis) - base.sum(axis)) / weights.sum(axis)
+    return delta
 
 
 def paired_bootstrap_ci(
@@ -53,7 +55,7 @@ def paired_bootstrap_ci(
     base: np.ndarray,
     weights: np.ndarray,
     *,
-    statistic=ratio_of_sums_delta,
+    statistic: Callable[..., np.ndarray | float] = ratio_of_sums_delta,
     n_resamples: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
@@ -110,7 +112,7 @@ def sign_flip_pvalue(
     return float(res.pvalue)
 
 
-def _adjusted(pvalues: np.ndarray, adjust) -> np.ndarray:
+def _adjusted(pvalues: np.ndarray, adjust: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """``adjust`` applied to the finite p-values (m = their number); NaN (undefined) stays NaN; anything else
     outside [0, 1] is refused."""
     p = np.asarray(pvalues, dtype=np.float64)
@@ -176,7 +178,7 @@ def paired_t(differences: np.ndarray, *, what: str = "paired t-test") -> PairedT
 
 def minimum_detectable_effect(sigma_paired: float, n: int) -> float:
     """The paper's realised MDE, 2.9 sigma_paired / sqrt(n) (its approximation; :func:`mde` is the exact one)."""
-    return MDE_FACTOR * sigma_paired / np.sqrt(n)
+    return float(MDE_FACTOR * sigma_paired / np.sqrt(n))
 
 
 def mde(sigma: float, n: int, *, alpha: float = 0.05, power: float = 0.8) -> float:

@@ -39,10 +39,10 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 import einops
 import numpy as np
@@ -174,7 +174,7 @@ def run_rows(
     rows: Int[Tensor, " row"] | None = None,
     hooks: Sequence[Hook] = (),
     start_layer: int = 0,
-    capture: dict[int, Sequence[str]] | None = None,
+    capture: Mapping[int, Sequence[str]] | None = None,
     loss: Literal["document", "token"] | None = None,
     length: int | None = None,
     dtype: torch.dtype = torch.float64,
@@ -203,6 +203,7 @@ def run_rows(
         logits = forward(model, tokens, hooks, resid=resid, start_at_layer=start)
     nll = None
     if loss is not None:
+        assert logits is not None  # both forwards return the logits when a loss is asked for
         per_token = token_nll(logits, tokens, lengths)
         nll = per_token if loss == "token" else per_token.nan_to_num(0.0).sum(-1)
     return Forward(nll, captured)
@@ -345,7 +346,7 @@ def _stacked_nll(
     first = jobs[0]
     if isinstance(first, AblationJob):
         mask = torch.zeros(k, n, info.n_heads, dtype=torch.bool, device=batch.docs.tokens.device)
-        for i, job in enumerate(jobs):
+        for i, job in enumerate(cast(Sequence[AblationJob], jobs)):
             mask[i, :, list(job.heads)] = True
         head_rows = einops.rearrange(mask, "k b h -> (k b) h")
         assert plan.ablation is not None
@@ -451,11 +452,12 @@ class SweepStore:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise LensParallelError(f"{self.path}: first line is not a sweep header ({exc}); {STORE_ADVICE}") from exc
         if not isinstance(header, dict) or header.get("format") != STORE_FORMAT:
-            found = header.get("format") if isinstance(header, dict) else None
+            kind = header.get("format") if isinstance(header, dict) else None
             raise LensParallelError(
-                f"{self.path} is not a sweep store of format {STORE_FORMAT} (found {found!r}); {STORE_ADVICE}"
+                f"{self.path} is not a sweep store of format {STORE_FORMAT} (found {kind!r}); {STORE_ADVICE}"
             )
-        found = header.get("fingerprint") if isinstance(header.get("fingerprint"), dict) else {}
+        stored = header.get("fingerprint")
+        found: dict[str, Any] = stored if isinstance(stored, dict) else {}
         keys = dict.fromkeys([*self.fingerprint, *found])  # both ways: a key only one side has differs too
         differ = {k: (found.get(k), self.fingerprint.get(k)) for k in keys if found.get(k) != self.fingerprint.get(k)}
         if differ:
@@ -487,7 +489,11 @@ class SweepStore:
 def _encode(array: np.ndarray) -> Any:
     """An array as nested lists of floats, NaN as null (JSON has no NaN)."""
     a = np.asarray(array, dtype=np.float64)
-    return np.where(np.isnan(a), None, a).tolist() if a.ndim else (None if math.isnan(a) else float(a))
+    return (
+        np.where(np.isnan(a), np.array(None, dtype=object), a).tolist()
+        if a.ndim
+        else (None if math.isnan(a) else float(a))
+    )
 
 
 def _decode(value: Any, spec: ValueSpec) -> np.ndarray:
@@ -672,7 +678,11 @@ def run_sweep(
         if for_edits is not None:
             compile_hooks(model, for_edits)  # every edit checked against the model before the first forward
     kind = edit if any(isinstance(j, AblationJob) for j in jobs) else None
-    plan_fields = {"edit": kind, "batch_size": opts.batch_size, "tokens_per_forward": opts.tokens_per_forward}
+    plan_fields: dict[str, Any] = {
+        "edit": kind,
+        "batch_size": opts.batch_size,
+        "tokens_per_forward": opts.tokens_per_forward,
+    }
     plan_fields |= {} if positions == "all" else {"positions": positions}
     sweep_store, digest = None, None
     done: dict[str, Values] = {}
@@ -696,7 +706,7 @@ def run_sweep(
             memo[key] = _reference_pass(model, info, plan, need_base)
         batches = memo[key]
         if need_base and all(b.base is not None for b in batches):
-            base = torch.cat([b.base for b in batches])  # type: ignore[misc]
+            base = torch.cat([b.base for b in batches if b.base is not None])
     chunks = metric.chunks(todo, plan)
     bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=desc, unit="job", disable=not opts.progress)
     finished = run_tasks(

@@ -14,7 +14,7 @@ from typing import Any
 from lens_parallel.errors import LensParallelError
 
 
-def options(choice: Any) -> tuple[str, ...]:
+def options(choice: Any) -> tuple[Any, ...]:
     """The accepted values of a ``Literal`` choice type, in their declared order."""
     return tuple(typing.get_args(choice))
 
@@ -63,16 +63,24 @@ def check_ray_address(address: object) -> str | None:
     return address
 
 
-def as_layers(layers: object) -> tuple[int, ...] | None:
-    """Layer (or head) indices as a tuple (an int is one index; None stays None: every one); checked against a
-    model later, by :func:`lens_parallel.hooks.check_indices`."""
-    if layers is None:
+def as_indices(values: object, *, what: str = "layers") -> tuple[int, ...] | None:
+    """Layer or head indices (``what`` names them in the error) as a tuple: an int is one index, None stays None
+    (every one); checked against a model later, by :func:`lens_parallel.hooks.check_indices`."""
+    if values is None:
         return None
-    if isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
-        return (int(layers),)
-    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
-        raise LensParallelError(f"layers must be an index, a list of indices or None, got {layers!r}")
-    found = tuple(layers)
+    if isinstance(values, numbers.Integral) and not isinstance(values, bool):
+        return (int(values),)
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise LensParallelError(f"{what} must be an index, a list of indices or None, got {values!r}")
+    found = tuple(values)
     if not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in found):
-        raise LensParallelError(f"layers must be integer indices, got {list(found)!r}")
+        raise LensParallelError(f"{what} must be integer indices, got {list(found)!r}")
     return tuple(int(i) for i in found)
+
+
+def as_tuple(values: object) -> tuple[Any, ...]:
+    """A value or several as a tuple: a string, a number or anything not iterable is one value (``space="all"``,
+    ``s_par=0.5``); a list, a range or another iterable gives its items."""
+    if isinstance(values, (str, bytes, numbers.Number)) or not isinstance(values, Iterable):
+        return (values,)
+    return tuple(values)

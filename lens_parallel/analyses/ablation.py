@@ -36,7 +36,7 @@ class AblationRun(ResultMixin):
     (``loss_sum [job, document]``), ``n_tokens [document]`` scored tokens; ``run[job]`` gives a job's
     :class:`DocLosses`."""
 
-    edit: str
+    edit: Ablation
     jobs: tuple[AblationJob, ...]
     base_loss_sum: np.ndarray
     loss_sum: np.ndarray
@@ -53,7 +53,8 @@ class AblationRun(ResultMixin):
     def delta(self) -> np.ndarray:
         """Token-weighted delta loss (nats/token) of every job, ablated minus unedited."""
         n = self.n_tokens.sum()
-        return self.loss_sum.sum(1) / n - self.base_loss_sum.sum() / n
+        delta: np.ndarray = self.loss_sum.sum(1) / n - self.base_loss_sum.sum() / n
+        return delta
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per (job, document): the per-document delta loss (nats/token)."""

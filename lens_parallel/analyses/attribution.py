@@ -34,6 +34,7 @@ from typing import Any
 import einops
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import torch
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
@@ -52,7 +53,7 @@ from lens_parallel.plots.attribution import attribution_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
 from lens_parallel.stats import paired_bootstrap_ci
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, Values, ValueSpec, head_means, run_sweep
-from lens_parallel.validate import as_layers, check_choice, check_finite, check_non_negative_int, check_positive_int
+from lens_parallel.validate import as_indices, check_choice, check_finite, check_non_negative_int, check_positive_int
 
 SPACES: tuple[HeadSpace, ...] = ("value", "value-exclude-self", "residual-attn")
 
@@ -66,8 +67,8 @@ class AttributionResult(ResultMixin):
     ``spaces``); ``loss_sum`` and ``n_tokens`` are ``[doc]``.
     """
 
-    edit: str
-    positions: str
+    edit: Ablation
+    positions: EditPositions
     layers: tuple[int, ...]
     spaces: tuple[str, ...]
     loss_sum: np.ndarray
@@ -86,7 +87,8 @@ class AttributionResult(ResultMixin):
 
     def head_estimate(self) -> np.ndarray:
         """Estimated effect per ``[layer, head]`` in nats/token (sum over documents / scored tokens)."""
-        return self.estimate.sum(0) / self.n_tokens.sum()
+        estimate: np.ndarray = self.estimate.sum(0) / self.n_tokens.sum()
+        return estimate
 
     def top_heads(self, k: int) -> list[tuple[int, int]]:
         """The ``k`` (layer, head) with the largest |estimated effect|, largest first."""
@@ -100,7 +102,7 @@ class AttributionResult(ResultMixin):
         lo, hi = paired_bootstrap_ci(
             per_doc, np.zeros_like(per_doc), weights, n_resamples=self.n_resamples, seed=self.seed, what="attribution"
         )
-        return per_doc.sum(0) / self.n_tokens.sum(), lo, hi
+        return np.asarray(per_doc.sum(0) / self.n_tokens.sum()), np.asarray(lo), np.asarray(hi)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per head and one per layer's joint edit (head <NA>, label ``L{l}*``): the estimated effect in
@@ -152,7 +154,7 @@ class AttributionResult(ResultMixin):
             row[f"mean_dloss_ds_perp_{space}"] = self.d_s_perp[i].sum(0).mean() / self.n_tokens.sum()
         return pd.DataFrame([row])
 
-    def figure(self):
+    def figure(self) -> go.Figure:
         return attribution_figure(self)
 
 
@@ -241,7 +243,7 @@ class AttributionSettings:
     def __post_init__(self) -> None:
         check_choice("ablation", self.edit, Ablation)
         check_positions(self.positions)
-        object.__setattr__(self, "layers", as_layers(self.layers))
+        object.__setattr__(self, "layers", as_indices(self.layers))
         check_positive_int("n_resamples", self.n_resamples)
         check_non_negative_int("seed", self.seed)
         check_finite("eps", self.eps)
@@ -259,8 +261,8 @@ class _GradientMetric(Metric):
         s: AttributionSettings,
         layers: tuple[int, ...],
         spaces: tuple[HeadSpace, ...],
-        W_O,
-        means,
+        W_O: dict[int, Tensor],
+        means: dict[int, Tensor],
     ) -> None:
         self.info, self.s, self.layers, self.spaces, self.W_O, self.means = info, s, layers, spaces, W_O, means
         self.acts, self.grads = _roles(info, s.edit, spaces)

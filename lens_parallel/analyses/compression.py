@@ -59,7 +59,7 @@ class CompressionResult(ResultMixin):
 
     methods: tuple[str, ...]
     layers: tuple[int, ...]
-    positions: str
+    positions: ScoredPositions
     par: np.ndarray
     perp: np.ndarray
     coef: np.ndarray

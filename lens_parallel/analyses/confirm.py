@@ -15,10 +15,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import scipy.stats as sps
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.analyses.attribution import AttributionResult
+from lens_parallel.choices import Ablation
 from lens_parallel.documents import Documents
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import head_label
@@ -35,7 +37,7 @@ from lens_parallel.validate import check_non_negative_int, check_positive_int
 class ConfirmResult(ResultMixin):
     """Estimate vs exact effect (nats/token) per confirmed head; ``chosen`` is ``top`` or ``random``."""
 
-    edit: str
+    edit: Ablation
     labels: tuple[str, ...]
     layers: np.ndarray
     heads: np.ndarray
@@ -88,7 +90,7 @@ class ConfirmResult(ResultMixin):
             ]
         )
 
-    def figure(self):
+    def figure(self) -> go.Figure:
         return confirm_figure(self)
 
 
@@ -154,7 +156,7 @@ def confirm(
     base = np.broadcast_to(run.base.loss_sum[:, None], exact.shape)
     weights = np.broadcast_to(result.n_tokens[:, None].astype(float), exact.shape)
     lo, hi = paired_bootstrap_ci(exact, base, weights, seed=s.seed, what="confirm: exact losses of the chosen heads")
-    exact_mean = ratio_of_sums_delta(exact, base, weights, axis=0)
+    exact_mean = np.asarray(ratio_of_sums_delta(exact, base, weights, axis=0))
     est_grid = result.head_estimate()
     estimate = np.array([est_grid[result.layers.index(layer), h] for layer, h in chosen])
     provenance = Provenance.of(result.info, docs, "confirm", s, opts, edit=result.edit, positions=result.positions)

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import torch
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
@@ -56,7 +57,7 @@ from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.decompose import decomposition_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, Values, ValueSpec, run_rows, run_sweep
-from lens_parallel.validate import as_layers, check_choices, check_finite, options
+from lens_parallel.validate import as_indices, as_tuple, check_choices, check_finite, options
 
 SPACES: tuple[Space, ...] = options(Space)
 HEAD_SPACES: tuple[HeadSpace, ...] = options(HeadSpace)
@@ -141,19 +142,19 @@ class DecompositionResult(ResultMixin):
     def summary(self) -> pd.DataFrame:
         """One row: the mean over layers and units of the self-cosine and parallel fraction of every space and
         level, as ``self_cos[<space>,<level>]`` and ``par_frac[<space>,<level>]``."""
-        row = {"model": self.info.name}
+        row: dict[str, Any] = {"model": self.info.name}
         for t in self.tables:
             row[f"self_cos[{t.space},{t.level}]"] = float(np.nanmean(t.self_cos))
             row[f"par_frac[{t.space},{t.level}]"] = float(np.nanmean(t.par_frac))
         return pd.DataFrame([row])
 
-    def figure(self):
+    def figure(self) -> go.Figure:
         return decomposition_figure(self)
 
 
 def _normalise_spaces(space: object) -> tuple[Space, ...]:
     """A space, a list of them, or ``"all"`` (every space; also inside a list) as a tuple of spaces."""
-    spaces = (space,) if isinstance(space, str) else tuple(space)  # type: ignore[arg-type]
+    spaces = as_tuple(space)
     if "all" in spaces:
         return SPACES
     return check_choices("space", spaces, Space)
@@ -236,7 +237,9 @@ def _reducer(acc: _Accumulator, spaces: tuple[Space, ...], W_O: dict[int, Tensor
 
     def reduce(layer: int, t: dict[str, Tensor]) -> None:
         v = expand_kv(t["v"], info.n_heads) if "v" in t else None
-        if "pattern_full" in t:  # gated attention: hook_z is sigmoid(gate) * (A v); decompose the pre-gate A v
+        o: Tensor | None
+        diag: Tensor | None
+        if v is not None and "pattern_full" in t:  # gated attention: hook_z = sigmoid(gate) * (A v); use A v
             o = geometry.value_aggregate(t["pattern_full"], v)
             diag = torch.diagonal(t["pattern_full"], dim1=-2, dim2=-1)
         else:
@@ -244,11 +247,13 @@ def _reducer(acc: _Accumulator, spaces: tuple[Space, ...], W_O: dict[int, Tensor
         for space in spaces:
             if not acc.active((space, "sublayer" if space.startswith("residual") else "head"), layer):
                 continue
-            if space == "value":
-                acc.add((space, "head"), layer, geometry.alignment(o, v, eps=eps), real)
-            elif space == "value-exclude-self":
-                _, c = geometry.split_self(o, v, diag)
-                acc.add((space, "head"), layer, geometry.alignment(c, v, eps=eps), real)
+            if space in HEAD_SPACES:
+                assert o is not None and v is not None  # captured for every head space (_roles)
+                m_h = o
+                if space == "value-exclude-self":
+                    assert diag is not None
+                    m_h = geometry.split_self(o, v, diag)[1]
+                acc.add((space, "head"), layer, geometry.alignment(m_h, v, eps=eps), real)
             else:
                 m, x = _residual_message(space, t, info)
                 a = geometry.alignment(m.unsqueeze(2), x.unsqueeze(2), eps=eps)
@@ -314,7 +319,7 @@ class DecomposeSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "space", _normalise_spaces(self.space))
-        object.__setattr__(self, "layers", as_layers(self.layers))
+        object.__setattr__(self, "layers", as_indices(self.layers))
         check_finite("eps", self.eps)
 
 
@@ -340,7 +345,8 @@ def decompose(
     info = model_info(model)
     docs = Documents.of(documents)
     layer_idx = check_indices("layers", s.layers, info.n_layers)
-    space_layers, skipped = {}, []
+    space_layers: dict[str, tuple[int, ...]] = {}
+    skipped: list[str] = []
     for space in s.space:
         if space in HEAD_SPACES:
             space_layers[space], note = softmax_layers(info, s.layers, what=f"space {space!r}")

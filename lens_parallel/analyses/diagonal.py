@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
@@ -40,12 +41,12 @@ from lens_parallel.hooks import (
     output_weights,
     softmax_layers,
 )
-from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.models import ModelInfo, head_label, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.diagonal import diagonal_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, Values, ValueSpec, run_rows, run_sweep
-from lens_parallel.validate import check_choices, check_finite, check_non_negative_int
+from lens_parallel.validate import as_tuple, check_choices, check_finite, check_non_negative_int
 
 
 @serializable
@@ -56,7 +57,7 @@ class DiagonalView(ResultMixin):
 
     Arrays: ``pattern`` ``[query_pos, key_pos]`` (document ``doc``, head ``head``); ``d_a`` ``[space, pos]``;
     ``residual_perp`` and ``residual_par`` ``[pos]``: the norms of the change the residual view makes to the head's
-    update perpendicular to and along x_t. ``summary_*`` are ``[space, head]`` over documents and positions t >= 1:
+    update perpendicular to and along x_t. ``da_*`` are ``[space, head]`` over documents and positions t >= 1:
     mean, min and max of dA_tt, the share of positions with A_tt + dA_tt < 0, and positions guarded (dA = 0).
     """
 
@@ -70,11 +71,11 @@ class DiagonalView(ResultMixin):
     d_a: np.ndarray
     residual_par: np.ndarray
     residual_perp: np.ndarray
-    summary_mean: np.ndarray
-    summary_min: np.ndarray
-    summary_max: np.ndarray
-    summary_negative_share: np.ndarray
-    summary_guarded: np.ndarray
+    da_mean: np.ndarray
+    da_min: np.ndarray
+    da_max: np.ndarray
+    da_negative_share: np.ndarray
+    da_guarded: np.ndarray
     provenance: Provenance
 
     def edited(self, space: str) -> np.ndarray:
@@ -85,7 +86,7 @@ class DiagonalView(ResultMixin):
         """Per (space, head) summaries of dA_tt over all documents and positions t >= 1 of the layer."""
         rows = []
         for i, space in enumerate(self.spaces):
-            for h in range(self.summary_mean.shape[1]):
+            for h in range(self.da_mean.shape[1]):
                 rows.append(
                     {
                         "model": self.info.name,
@@ -93,13 +94,13 @@ class DiagonalView(ResultMixin):
                         "layer": self.layer,
                         "head": h,
                         "kv_head": h // self.info.group_size,
-                        "label": f"L{self.layer}H{h}",
+                        "label": head_label(self.layer, h),
                         "s_par": self.s_par,
-                        "dA_mean": self.summary_mean[i, h],
-                        "dA_min": self.summary_min[i, h],
-                        "dA_max": self.summary_max[i, h],
-                        "share_negative": self.summary_negative_share[i, h],
-                        "n_guarded": int(self.summary_guarded[i, h]),
+                        "dA_mean": self.da_mean[i, h],
+                        "dA_min": self.da_min[i, h],
+                        "dA_max": self.da_max[i, h],
+                        "share_negative": self.da_negative_share[i, h],
+                        "n_guarded": int(self.da_guarded[i, h]),
                     }
                 )
         return pd.DataFrame(rows)
@@ -109,11 +110,11 @@ class DiagonalView(ResultMixin):
         positions where the edited diagonal A_tt + dA_tt is negative."""
         row = {"model": self.info.name, "layer": self.layer, "head": self.head, "s_par": self.s_par}
         for i, space in enumerate(self.spaces):
-            row[f"dA_mean[{space}]"] = float(self.summary_mean[i].mean())
-            row[f"share_negative[{space}]"] = float(self.summary_negative_share[i].mean())
+            row[f"dA_mean[{space}]"] = float(self.da_mean[i].mean())
+            row[f"share_negative[{space}]"] = float(self.da_negative_share[i].mean())
         return pd.DataFrame([row])
 
-    def figure(self, *, max_tokens: int = 48):
+    def figure(self, *, max_tokens: int = 48) -> go.Figure:
         return diagonal_figure(self, max_tokens=max_tokens)
 
 
@@ -197,14 +198,10 @@ class DiagonalSettings:
     def __post_init__(self) -> None:
         if (self.layer is None) != (self.head is None):
             raise LensParallelError("give both layer and head, or neither (then the most self-aligned head is shown)")
-        object.__setattr__(self, "space", check_choices("diagonal space", _as_tuple(self.space), HeadSpace))
+        object.__setattr__(self, "space", check_choices("diagonal space", as_tuple(self.space), HeadSpace))
         check_finite("s_par", self.s_par)
         check_non_negative_int("doc", self.doc)
         check_finite("eps", self.eps)
-
-
-def _as_tuple(values: object) -> tuple[Any, ...]:
-    return (values,) if isinstance(values, str) else tuple(values)  # type: ignore[arg-type]
 
 
 def _check_view(
@@ -252,10 +249,10 @@ def diagonal_view(
     if layer is None or head is None:
         from lens_parallel.analyses.decompose import decompose  # the default head comes from the decomposition
 
-        table = decompose(model, docs, space="value", options=dataclasses.replace(opts, store=None, progress=False))
-        table = table.table("value", "head")
-        i, head = np.unravel_index(np.nanargmax(table.self_cos), table.self_cos.shape)
-        layer, head = int(table.layers[i]), int(head)
+        result = decompose(model, docs, space="value", options=dataclasses.replace(opts, store=None, progress=False))
+        table = result.table("value", "head")
+        i, h = np.unravel_index(np.nanargmax(table.self_cos), table.self_cos.shape)
+        layer, head = int(table.layers[i]), int(h)
     spaces, layer, head = _check_view(info, s.space, len(s.space) == 1, layer, head, s.doc, len(docs))
     W_O = output_weights(model, layer, dtype=torch.float64)
     metric = _DiagonalMetric(info, layer, spaces, s.s_par, s.eps, W_O)
@@ -283,10 +280,10 @@ def diagonal_view(
         d_a=d_a[:, 0, head].numpy(),
         residual_par=residual_par,
         residual_perp=residual_perp,
-        summary_mean=sums["total"] / n,
-        summary_min=sums["low"],
-        summary_max=sums["high"],
-        summary_negative_share=sums["negative"] / n,
-        summary_guarded=sums["guarded"].astype(np.int64),
+        da_mean=sums["total"] / n,
+        da_min=sums["low"],
+        da_max=sums["high"],
+        da_negative_share=sums["negative"] / n,
+        da_guarded=sums["guarded"].astype(np.int64),
         provenance=provenance,
     )

@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 import einops
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
@@ -59,21 +60,27 @@ from lens_parallel.documents import Documents
 from lens_parallel.edits import HeadEdit
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import check_indices, effective_qk_roles
-from lens_parallel.models import ModelInfo, head_label, model_info
+from lens_parallel.models import ModelInfo, head_label, layer_label, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.dominance import dominance_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.stats import concentration
 from lens_parallel.sweep import Batch, Job, Metric, SweepPlan, Values, ValueSpec, run_rows, run_sweep
-from lens_parallel.validate import as_layers, check_choice, check_choices, check_non_negative_int, options
+from lens_parallel.validate import as_indices, as_tuple, check_choice, check_choices, check_non_negative_int, options
 
 SCALES = options(DominanceScale)
 """Effect scales: combined relative Q/K/V change; JS divergence of the attention row; its square root."""
 MASK_SCALES = options(MaskScale)
 """Scales the weak/strong halves can be ranked on (``js`` and ``js_distance`` rank heads identically)."""
 JOINT = ("weak", "strong", "random", "all")
-METRICS = ("effective_n", "effective_fraction", "normalised_concentration", "top25_share", "bottom25_share")
-METRICS = (*METRICS, "heads_for_90")
+METRICS = (
+    "effective_n",
+    "effective_fraction",
+    "normalised_concentration",
+    "top25_share",
+    "bottom25_share",
+    "heads_for_90",
+)
 
 
 @serializable
@@ -245,7 +252,7 @@ class DominanceResult(ResultMixin):
         as median, weak-smaller as a share), on the Q/K/V scale and on sqrt(JS), masks ranked on Q/K/V."""
         table = self.group_table()
         overall = table[(table.level == "all") & (table.mask_scale.isin(["", "qkv"]))]
-        row: dict = {"model": self.info.name, "n_pairs": len(self.layer_pairs)}
+        row: dict[str, Any] = {"model": self.info.name, "n_pairs": len(self.layer_pairs)}
         for scale in ("qkv", "js_distance"):
             at = overall[overall.scale == scale].set_index("metric")
             row[f"{scale}_observations"] = at.loc["effective_fraction", "count"] if len(at) else 0
@@ -253,7 +260,7 @@ class DominanceResult(ResultMixin):
                 row[f"{scale}_{metric}"] = at.loc[metric, stat] if metric in at.index else np.nan
         return pd.DataFrame([row])
 
-    def figure(self):
+    def figure(self) -> go.Figure:
         return dominance_figure(self)
 
 
@@ -349,7 +356,9 @@ class _Receiver:
         return {"q": q, "k": k, "v": v, "pattern": out.get("pattern_full")}
 
 
-def _effects(base: dict, new: dict, index, at: list[int]) -> dict[str, Tensor]:
+def _effects(
+    base: dict[str, Any], new: dict[str, Any], index: tuple[list[int], ...], at: list[int]
+) -> dict[str, Tensor]:
     """Per-row effects at positions ``at``: qkv / js ``[row, pos, receiving_head]``, rel_q / rel_k / rel_v per query /
     key / value head. js is NaN for linear attention (no softmax)."""
     qi, ki, vi = index
@@ -506,7 +515,7 @@ class PairJob:
 
     @property
     def key(self) -> str:
-        return f"L{self.up}->L{self.up + 1}"
+        return f"{layer_label(self.up)}->{layer_label(self.up + 1)}"
 
     @property
     def start_layer(self) -> int:
@@ -597,13 +606,11 @@ class DominanceSettings:
     seed: int = field(default=0, metadata={"help": "seed of the random halves"})
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "upstream_layers", as_layers(self.upstream_layers))
-        object.__setattr__(self, "query_positions", as_layers(self.query_positions))
+        object.__setattr__(self, "upstream_layers", as_indices(self.upstream_layers, what="upstream_layers"))
+        object.__setattr__(self, "query_positions", as_indices(self.query_positions, what="query_positions"))
         if self.query_positions is not None and (self.query_start is not None or self.query_stop is not None):
             raise LensParallelError("give query_positions or a query_start / query_stop window, not both")
-        scales = check_choices(
-            "mask scale", (self.mask_scales,) if isinstance(self.mask_scales, str) else self.mask_scales, MaskScale
-        )
+        scales = check_choices("mask scale", as_tuple(self.mask_scales), MaskScale)
         if scales[0] != "qkv":
             raise LensParallelError(f"mask_scales must be ('qkv',) or ('qkv', 'js'), got {scales}")
         object.__setattr__(self, "mask_scales", scales)

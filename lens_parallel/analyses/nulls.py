@@ -31,6 +31,7 @@ from typing import Any
 import einops
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import torch
 from jaxtyping import Int
 from torch import Tensor
@@ -49,7 +50,7 @@ from lens_parallel.results import Provenance, ResultMixin, head_frame, serializa
 from lens_parallel.stats import bootstrap_mean_ci
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, Values, ValueSpec, run_rows, run_sweep
 from lens_parallel.validate import (
-    as_layers,
+    as_indices,
     check_choice,
     check_finite,
     check_non_negative_int,
@@ -125,7 +126,8 @@ class NullResult(ResultMixin):
     @property
     def excess(self) -> np.ndarray:
         """mean(cos_self - cos_null) per ``[layer, head]``."""
-        return (self.cos_self - self.cos_null).mean(0)
+        excess: np.ndarray = (self.cos_self - self.cos_null).mean(0)
+        return excess
 
     def to_dataframe(self) -> pd.DataFrame:
         """Full resolution: one row per (document, layer, head) with that document's mean cos_self, cos_null (and
@@ -168,7 +170,7 @@ class NullResult(ResultMixin):
             row |= {k: df[k].mean() for k in ("within_excess", "cos_across", "across_excess")}
         return pd.DataFrame([row])
 
-    def figure(self):
+    def figure(self) -> go.Figure:
         return null_figure(self)
 
 
@@ -196,7 +198,7 @@ class NullSettings:
         check_non_negative_int("seed", self.seed)
         check_positive_int("n_resamples", self.n_resamples)
         check_finite("gate_tol", self.gate_tol)
-        object.__setattr__(self, "gate_layers", as_layers(self.gate_layers))
+        object.__setattr__(self, "gate_layers", as_indices(self.gate_layers, what="gate_layers"))
 
 
 class _NullMetric(Metric):

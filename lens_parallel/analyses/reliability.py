@@ -65,7 +65,7 @@ def verdict(r_delta: float) -> str:
 class SplitHalfResult(ResultMixin):
     """Per-head values in each half, ``[half, layer, head]``: ``cos_self``, ``excess``, ``delta`` (nats/token)."""
 
-    edit: str
+    edit: Ablation
     layers: tuple[int, ...]
     halves: tuple[tuple[int, ...], tuple[int, ...]]
     cos_self: np.ndarray
@@ -90,21 +90,26 @@ class SplitHalfResult(ResultMixin):
         correlations."""
         return pd.DataFrame(
             [
-                {"model": self.info.name, "edit": self.edit, "statistic": s, "method": m}
-                | self.correlations(s, method=m)
+                {
+                    "model": self.info.name,
+                    "edit": self.edit,
+                    "statistic": s,
+                    "method": m,
+                    **self.correlations(s, method=m),
+                }
                 for s in STATISTICS
                 for m in SPLIT_HALF_METHODS
             ]
         )
 
-    def summary_row(self) -> dict:
+    def correlation_row(self) -> dict[str, Any]:
         """``{r_stat_excess, r_delta_excess, ..., verdict_cos_self}``: the correlations of every statistic."""
         return {f"{k}_{s}": v for s in STATISTICS for k, v in self.correlations(s).items()}
 
     def summary(self) -> pd.DataFrame:
-        return pd.DataFrame([{"model": self.info.name, "edit": self.edit, **self.summary_row()}])
+        return pd.DataFrame([{"model": self.info.name, "edit": self.edit, **self.correlation_row()}])
 
-    def figure(self):
+    def figure(self) -> go.Figure:
         return split_half_figure(self)
 
 
@@ -225,9 +230,9 @@ class SanityReport(ResultMixin):
 
     def summary(self) -> pd.DataFrame:
         """The per-model row: the null's model-level means and the split-half correlations of every statistic."""
-        return pd.DataFrame([self.null.summary().iloc[0].to_dict() | self.split_half.summary_row()])
+        return pd.DataFrame([self.null.summary().iloc[0].to_dict() | self.split_half.correlation_row()])
 
-    def headline(self) -> dict:
+    def headline(self) -> dict[str, Any]:
         """The :data:`HEADLINE` entries of :meth:`summary` this model has."""
         row = self.summary().iloc[0]
         return {k: row[k] for k in HEADLINE if k in row}
@@ -235,7 +240,7 @@ class SanityReport(ResultMixin):
     def figures(self) -> dict[str, go.Figure]:
         return {"sanity": self.figure(), "null": self.null.figure(), "split_half": self.split_half.figure()}
 
-    def figure(self):
+    def figure(self) -> go.Figure:
         return sanity_figure(self)
 
 

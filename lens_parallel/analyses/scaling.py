@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.choices import EditPositions, HeadsAll, Space
@@ -25,7 +26,14 @@ from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.scaling import scaling_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.sweep import EditJob, run_sweep
-from lens_parallel.validate import as_layers, check_choices, check_finite, check_non_negative_int, check_positive_int
+from lens_parallel.validate import (
+    as_indices,
+    as_tuple,
+    check_choices,
+    check_finite,
+    check_non_negative_int,
+    check_positive_int,
+)
 
 DEFAULT_S_PAR = (-1.0, -0.5, 0.0, 0.5, 1.5, 2.0, 3.0)
 DEFAULT_S_PERP = (0.0, 0.25, 0.5, 0.75, 1.5)
@@ -90,7 +98,7 @@ class ScalingResult(ResultMixin):
             row[f"delta_loss[{space},{vary}={value:g}]"] = float(g["delta_loss"].mean())
         return pd.DataFrame([row])
 
-    def figure(self):
+    def figure(self) -> go.Figure:
         return scaling_figure(self)
 
 
@@ -119,22 +127,18 @@ class ScaleSettings:
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "space", check_choices("space", _as_tuple(self.space), Space))
+        object.__setattr__(self, "space", check_choices("space", as_tuple(self.space), Space))
         for name in ("s_par", "s_perp"):
-            values = tuple(check_finite(name, v) for v in _as_tuple(getattr(self, name)))
+            values = tuple(check_finite(name, v) for v in as_tuple(getattr(self, name)))
             object.__setattr__(self, name, values)
-        object.__setattr__(self, "layers", as_layers(self.layers))
+        object.__setattr__(self, "layers", as_indices(self.layers))
         if self.heads in ("all", ("all",)):
             object.__setattr__(self, "heads", "all")
         else:
-            object.__setattr__(self, "heads", as_layers(self.heads))
+            object.__setattr__(self, "heads", as_indices(self.heads, what="heads"))
         check_positions(self.positions)
         check_positive_int("n_resamples", self.n_resamples)
         check_non_negative_int("seed", self.seed)
-
-
-def _as_tuple(values: object) -> tuple[Any, ...]:
-    return (values,) if isinstance(values, (str, int, float)) else tuple(values)  # type: ignore[arg-type]
 
 
 def _space_layers(
@@ -155,7 +159,7 @@ def _jobs(
     per_layer: bool,
     heads: tuple[int, ...] | HeadsAll | None,
     positions: EditPositions,
-) -> tuple[dict[str, EditJob], dict[str, tuple[EditJob, tuple[str, str, float, float, int | None]]]]:
+) -> tuple[dict[Space, EditJob], dict[str, tuple[EditJob, tuple[Space, str, float, float, int | None]]]]:
     """One matched no-op per space (all its layers, from the tokens) and one job per (space, setting[, layer]);
     per-layer jobs start at their layer (the unedited prefix is reused). Returns the no-op jobs by space and every
     edited job with its (space, vary, s_par, s_perp, layer) point."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.choices import Ablation, EditPositions
@@ -25,7 +26,7 @@ from lens_parallel.plots.sensitivity import sensitivity_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
 from lens_parallel.stats import benjamini_hochberg, sign_flip_pvalue
 from lens_parallel.sweep import AblationJob, run_sweep
-from lens_parallel.validate import as_layers, check_choice, check_non_negative_int, check_positive_int
+from lens_parallel.validate import as_indices, check_choice, check_non_negative_int, check_positive_int
 
 
 @serializable
@@ -33,7 +34,7 @@ from lens_parallel.validate import as_layers, check_choice, check_non_negative_i
 class SensitivityResult(ResultMixin):
     """``head_*`` arrays are ``[layer, head]``; ``joint_*`` are ``[layer]`` (all heads of the layer together)."""
 
-    edit: str
+    edit: Ablation
     layers: tuple[int, ...]
     loss_base: float
     head_delta: np.ndarray
@@ -85,7 +86,7 @@ class SensitivityResult(ResultMixin):
         }
         return pd.DataFrame([row])
 
-    def figure(self):
+    def figure(self) -> go.Figure:
         return sensitivity_figure(self)
 
 
@@ -117,7 +118,7 @@ class SensitivitySettings:
     def __post_init__(self) -> None:
         check_choice("ablation", self.edit, Ablation)
         check_positions(self.positions)
-        object.__setattr__(self, "layers", as_layers(self.layers))
+        object.__setattr__(self, "layers", as_indices(self.layers))
         check_positive_int("n_resamples", self.n_resamples)
         check_positive_int("n_permutations", self.n_permutations)
         check_non_negative_int("seed", self.seed)

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from lens_parallel.models import head_label, layer_label
+
 if TYPE_CHECKING:
     from lens_parallel.analyses.attribution import AttributionResult
     from lens_parallel.analyses.confirm import ConfirmResult
 
 
-def _heatmap(values: np.ndarray, layers, title: str, colorbar_x: float) -> go.Heatmap:
+def _heatmap(values: np.ndarray, layers: Sequence[int], title: str, colorbar_x: float) -> go.Heatmap:
     bound = float(np.abs(values).max()) or 1.0
     n_heads = values.shape[1]
     return go.Heatmap(
         z=values,
-        x=[f"H{h}" for h in range(n_heads)],
-        y=[f"L{layer}" for layer in layers],
+        x=[head_label(None, h) for h in range(n_heads)],
+        y=[layer_label(layer) for layer in layers],
         zmin=-bound,
         zmax=bound,
         colorscale="RdBu_r",

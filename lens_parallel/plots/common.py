@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
+from numpy.typing import ArrayLike
 
 from lens_parallel.paths import add_suffix
 
@@ -36,8 +37,20 @@ def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
     return written
 
 
-def band(fig: go.Figure, x, lo, hi, color: str, name: str, group: str, row: int, col: int, show: bool) -> None:
+def band(
+    fig: go.Figure,
+    x: ArrayLike,
+    lo: ArrayLike,
+    hi: ArrayLike,
+    color: str,
+    name: str,
+    group: str,
+    row: int,
+    col: int,
+    show: bool,
+) -> None:
     """A filled band from ``lo`` to ``hi`` over ``x`` in cell (``row``, ``col``); ``name`` says what it spans."""
+    x, lo, hi = np.asarray(x), np.asarray(lo), np.asarray(hi)
     fig.add_trace(
         go.Scatter(
             x=np.concatenate([x, x[::-1]]),
@@ -58,10 +71,10 @@ def band(fig: go.Figure, x, lo, hi, color: str, name: str, group: str, row: int,
 
 def line_with_band(
     fig: go.Figure,
-    x,
-    mean,
-    lo,
-    hi,
+    x: ArrayLike,
+    mean: ArrayLike,
+    lo: ArrayLike,
+    hi: ArrayLike,
     *,
     color: str,
     name: str,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 
-def comparison_figure(summary) -> go.Figure:
+def comparison_figure(summary: pd.DataFrame) -> go.Figure:
     """One bar per model in four panels: mean head self-cosine per space; causal-null excess and self-specific
     fraction; loss change of removing the parallel part (s_par = 0, all layers); split-half r_stat and r_delta."""
     fig = make_subplots(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -9,8 +11,11 @@ from plotly.subplots import make_subplots
 from lens_parallel.errors import LensParallelError
 from lens_parallel.plots.common import line_with_band
 
+if TYPE_CHECKING:
+    from lens_parallel.analyses.compression import CompressionResult
 
-def compression_figure(result, *, sublayer: str = "attn") -> go.Figure:
+
+def compression_figure(result: CompressionResult, *, sublayer: str = "attn") -> go.Figure:
     """Perpendicular (left) and parallel (right) error of one sublayer's update by layer, relative to the dense
     update: line = mean over prompts, band = ±1 std over prompts, one colour per method."""
     if sublayer not in result.sublayers:

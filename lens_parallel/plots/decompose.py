@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from lens_parallel.models import head_label, layer_label
 from lens_parallel.plots.common import band
 
 if TYPE_CHECKING:
@@ -53,12 +54,12 @@ def layer_panel(fig: go.Figure, tables: dict[str, AlignmentTable], *, row: int, 
             shown.add(group)
 
 
-def head_panel(fig: go.Figure, t: AlignmentTable, *, row: int, col: int, colorbar: dict) -> None:
+def head_panel(fig: go.Figure, t: AlignmentTable, *, row: int, col: int, colorbar: dict[str, Any]) -> None:
     """Layer x head heatmap of the mean self-cosine (hover: parallel and perpendicular fractions, coefficient)."""
     heatmap = go.Heatmap(
         z=t.self_cos,
-        x=[f"H{h}" for h in range(t.self_cos.shape[1])],
-        y=[f"L{layer}" for layer in t.layers],
+        x=[head_label(None, h) for h in range(t.self_cos.shape[1])],
+        y=[layer_label(layer) for layer in t.layers],
         zmid=0,
         colorscale="RdBu_r",
         colorbar=colorbar,

@@ -8,6 +8,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from lens_parallel.models import head_label
+
 if TYPE_CHECKING:
     from lens_parallel.analyses.diagonal import DiagonalView
 
@@ -59,16 +61,16 @@ def diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Figure:
         fig.update_yaxes(
             title_text="query token" if col == 1 else None, autorange="reversed", tickfont={"size": 8}, row=1, col=col
         )
-    heads = [f"L{view.layer}H{h}" for h in range(view.summary_mean.shape[1])]
+    heads = [head_label(view.layer, h) for h in range(view.da_mean.shape[1])]
     fig.add_trace(
         go.Heatmap(
-            z=view.summary_mean,
+            z=view.da_mean,
             x=heads,
             y=list(view.spaces),
             zmid=0,
             colorscale="PuOr_r",
             colorbar={"title": "mean dA", "len": 0.22, "y": 0.1},
-            customdata=np.stack([view.summary_min, view.summary_max, view.summary_negative_share], -1),
+            customdata=np.stack([view.da_min, view.da_max, view.da_negative_share], -1),
             hovertemplate="%{x} %{y}<br>mean dA %{z:.3f}<br>min %{customdata[0]:.3f} max %{customdata[1]:.3f}"
             "<br>share A+dA<0: %{customdata[2]:.1%}<extra></extra>",
         ),

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import html
 import json
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
+
+from lens_parallel.models import head_label
 
 if TYPE_CHECKING:
     from lens_parallel.explore import View
@@ -183,14 +186,19 @@ def _switched(figures: list[go.Figure], names: list[str], what: str) -> go.Figur
     return fig
 
 
-def explorer_page(heatmaps: dict[str, np.ndarray], views: dict, name: str, provenance: dict) -> str:
+def explorer_page(
+    heatmaps: Mapping[str, np.ndarray],
+    views: Mapping[tuple[int, int, float], View],
+    name: str,
+    provenance: dict[str, Any],
+) -> str:
     """The kernel-free page: heatmaps of every space (a dropdown), then per (head, s_par) the three head views
     (one dropdown per figure), plotly.js inlined once."""
     spaces = list(heatmaps)
     first = next(iter(views.values()))
     heat = _switched([heatmap_figure(heatmaps[s], s, (first.layer, first.head), name) for s in spaces], spaces, "space")
     keys = list(views)
-    labels = [f"L{layer}H{head}, s_par={s:g}" for layer, head, s in keys]
+    labels = [f"{head_label(layer, head)}, s_par={s:g}" for layer, head, s in keys]
     parts = [pio.to_html(heat, include_plotlyjs=True, full_html=False)]
     for builder in (pattern_figure, diagonal_figure, loss_figure):
         fig = _switched([builder(views[k]) for k in keys], labels, "head and s_par")

@@ -8,6 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from lens_parallel.models import head_label
 from lens_parallel.plots.common import band
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def split_half_titles(result: SplitHalfResult) -> tuple[str, str]:
 def split_half_panels(fig: go.Figure, result: SplitHalfResult, *, row: int) -> None:
     """Half A vs half B across heads in columns 1 and 2 of ``row``: the causal-null excess and the intervention
     effect Δ loss; the dashed diagonal is perfect agreement."""
-    labels = [f"L{layer}H{h}" for layer in result.layers for h in range(result.delta.shape[2])]
+    labels = [head_label(layer, h) for layer in result.layers for h in range(result.delta.shape[2])]
     hover = "%{text}<br>A %{x:.4f}<br>B %{y:.4f}<extra></extra>"
     for col, (values, unit) in enumerate(((result.excess, "cosine"), (result.delta, "nats/token")), start=1):
         a, b = values[0].ravel(), values[1].ravel()

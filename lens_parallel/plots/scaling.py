@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+from lens_parallel.models import layer_label
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.scaling import ScalingResult
@@ -65,7 +68,7 @@ def scaling_figure(result: ScalingResult) -> go.Figure:
     return fig
 
 
-def _per_layer_scaling_figure(df, model_name: str) -> go.Figure:
+def _per_layer_scaling_figure(df: pd.DataFrame, model_name: str) -> go.Figure:
     spaces = list(dict.fromkeys(df.space))
     fig = make_subplots(
         rows=len(spaces),
@@ -83,7 +86,7 @@ def _per_layer_scaling_figure(df, model_name: str) -> go.Figure:
         fig.add_trace(
             go.Heatmap(
                 z=grid.to_numpy(),
-                x=[f"L{layer}" for layer in grid.columns],
+                x=[layer_label(layer) for layer in grid.columns],
                 y=list(grid.index),
                 zmid=0,
                 colorscale="RdBu_r",

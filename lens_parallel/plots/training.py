@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
@@ -20,12 +23,12 @@ ARM_COLORS = {
 """One colour per training arm, the same in every figure (an arm not listed gets plotly's default sequence)."""
 
 
-def _arm_colors(arms) -> dict[str, str]:
+def _arm_colors(arms: Iterable[str]) -> dict[str, str]:
     fallback = go.layout.Template(pio.templates["plotly"]).layout.colorway
     return {arm: ARM_COLORS.get(arm, fallback[i % len(fallback)]) for i, arm in enumerate(arms)}
 
 
-def training_curves(curves, *, title: str) -> go.Figure:
+def training_curves(curves: pd.DataFrame, *, title: str) -> go.Figure:
     """Validation loss against step, one line per (arm, seed)."""
     fig = go.Figure()
     colors = _arm_colors(dict.fromkeys(curves["arm"]))
@@ -45,7 +48,7 @@ def training_curves(curves, *, title: str) -> go.Figure:
     return fig
 
 
-def factorial_figure(curves, finals, table) -> go.Figure:
+def factorial_figure(curves: pd.DataFrame, finals: pd.DataFrame, table: pd.DataFrame) -> go.Figure:
     """Left: validation loss per arm (line = mean over seeds, band = min-max over seeds). Right: the paired delta
     (arm - baseline final validation loss) of every seed, with the mean and its 95% bootstrap CI."""
     arms = list(dict.fromkeys(curves["arm"]))
@@ -121,7 +124,7 @@ def factorial_figure(curves, finals, table) -> go.Figure:
     return fig
 
 
-def gates_figure(gates) -> go.Figure:
+def gates_figure(gates: pd.DataFrame) -> go.Figure:
     """Learned gates per layer and arm: line = mean over heads and seeds, band = min-max over heads and seeds."""
     fig = make_subplots(rows=1, cols=1)
     if gates.empty:

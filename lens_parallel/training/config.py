@@ -6,15 +6,20 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import transformers
 
+from lens_parallel.choices import Architecture, Precision
 from lens_parallel.data import CORPORA
 from lens_parallel.errors import LensParallelError
 from lens_parallel.tokenizers import BUNDLED_TOKENIZERS
+from lens_parallel.validate import options
 
-ARCHITECTURES = ("gpt2", "gpt-neox", "qwen3")
+ARCHITECTURES: tuple[Architecture, ...] = options(Architecture)
+PRECISIONS: tuple[Precision, ...] = options(Precision)
 
 
 @dataclass(frozen=True)
@@ -33,7 +38,7 @@ class TrainConfig:
     ``device``/``precision`` ``auto``: CUDA with bf16 autocast when available, else CPU in float32.
     """
 
-    architecture: str = "gpt2"
+    architecture: Architecture = "gpt2"
     n_layers: int = 4
     n_heads: int = 4
     n_kv_heads: int | None = None
@@ -53,11 +58,11 @@ class TrainConfig:
     eval_every: int = 50
     checkpoint_every: int = 50
     device: str = "auto"
-    precision: str = "auto"
+    precision: Precision = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "texts", (self.texts,) if isinstance(self.texts, str) else tuple(self.texts))
-        problems = []
+        problems: list[str] = []
         if self.architecture not in ARCHITECTURES:
             problems.append(f"architecture {self.architecture!r} (accepted: {', '.join(ARCHITECTURES)})")
         for name in ("n_layers", "n_heads", "d_model", "batch_size", "steps", "eval_every", "checkpoint_every"):
@@ -82,7 +87,7 @@ class TrainConfig:
             problems.append(f"n_val_blocks={self.n_val_blocks!r} (a positive integer)")
         if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps < self.steps:
             problems.append(f"warmup_steps={self.warmup_steps!r} (an integer, 0 <= warmup_steps < steps)")
-        ranges = {
+        ranges: dict[str, tuple[float, str, Callable[[float], bool]]] = {
             "lr": (self.lr, "a finite number > 0", lambda x: x > 0),
             "min_lr_ratio": (self.min_lr_ratio, "a finite number in [0, 1]", lambda x: 0 <= x <= 1),
             "weight_decay": (self.weight_decay, "a finite number >= 0", lambda x: x >= 0),
@@ -90,12 +95,12 @@ class TrainConfig:
         }
         for name, (value, accepted, ok) in ranges.items():
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not number or not math.isfinite(value) or not ok(value):
+            if not number or not math.isfinite(value) or not ok(float(value)):
                 problems.append(f"{name}={value!r} ({accepted})")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             problems.append(f"device {self.device!r} (auto, cpu or cuda[:N])")
-        if self.precision not in ("auto", "float32", "bfloat16"):
-            problems.append(f"precision {self.precision!r} (auto, float32 or bfloat16)")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision {self.precision!r} (accepted: {', '.join(PRECISIONS)})")
         if problems:
             raise LensParallelError("invalid TrainConfig: " + "; ".join(problems))
 
@@ -116,11 +121,11 @@ class TrainConfig:
         return dataclasses.replace(self, steps=steps)
 
     @classmethod
-    def from_dict(cls, fields: dict) -> TrainConfig:
+    def from_dict(cls, fields: dict[str, Any]) -> TrainConfig:
         """The config :meth:`to_dict` wrote (texts back to a tuple)."""
         return cls(**(fields | {"texts": tuple(fields["texts"])}))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["texts"] = list(self.texts)
         return out
@@ -154,7 +159,7 @@ class TrainConfig:
                 hidden_size=self.d_model,
                 num_attention_heads=self.n_heads,
                 intermediate_size=d_mlp,
-                rotary_pct=1.0,
+                rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 1.0, "rope_type": "default"},
                 use_parallel_residual=False,
                 attention_bias=True,  # TransformerLens's NeoX bridge splits a fused qkv bias
                 max_position_embeddings=self.seq_len,

@@ -33,6 +33,7 @@ from lens_parallel import stats
 from lens_parallel.choices import Arm
 from lens_parallel.distributed import check_workers, run_remote
 from lens_parallel.errors import LensParallelError
+from lens_parallel.models import head_label
 from lens_parallel.plots.training import factorial_figure, gates_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.training.arms import check_arms
@@ -111,7 +112,11 @@ class TrainSettings:
 
 
 def _endpoints(
-    arms: Sequence[str], primary: str | None, secondary: Sequence[str] | None, contrasts, baseline: str = BASELINE
+    arms: Sequence[str],
+    primary: str | None,
+    secondary: Sequence[str] | None,
+    contrasts: Sequence[Sequence[str]],
+    baseline: str = BASELINE,
 ) -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]:
     """Check and complete the declared endpoints: primary defaults to the first non-baseline arm, secondary to
     every other non-baseline arm; contrasts are pairs of distinct compared arms."""
@@ -123,11 +128,11 @@ def _endpoints(
     bad = [a for a in secondary if a not in others or a == primary]
     if bad:
         raise LensParallelError(f"secondary arms {bad} must be compared arms other than the primary {primary!r}")
-    contrasts = tuple((str(a), str(b)) for a, b in contrasts)
-    bad_pairs = [pair for pair in contrasts if pair[0] == pair[1] or not set(pair) <= set(arms)]
+    pairs = tuple((str(a), str(b)) for a, b in contrasts)
+    bad_pairs = [pair for pair in pairs if pair[0] == pair[1] or not set(pair) <= set(arms)]
     if bad_pairs:
         raise LensParallelError(f"contrasts {bad_pairs} must be pairs of two different arms among {list(arms)}")
-    return primary, secondary, contrasts
+    return primary, secondary, pairs
 
 
 def paired_table(
@@ -195,7 +200,16 @@ def paired_table(
     return table
 
 
-def _plan(config: TrainConfig, arms, seeds, primary, secondary, contrasts, alpha: float, out: Path) -> dict:
+def _plan(
+    config: TrainConfig,
+    arms: Sequence[str],
+    seeds: Sequence[int],
+    primary: str,
+    secondary: Sequence[str],
+    contrasts: Sequence[tuple[str, str]],
+    alpha: float,
+    out: Path,
+) -> dict[str, Any]:
     return {
         "format": PLAN_FORMAT,
         "out": str(out.resolve()),
@@ -216,18 +230,18 @@ def _plan(config: TrainConfig, arms, seeds, primary, secondary, contrasts, alpha
     }
 
 
-def _plan_hash(plan: dict) -> str:
+def _plan_hash(plan: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
 
 
-def _read_plan(path: Path) -> dict:
+def _read_plan(path: Path) -> dict[str, Any]:
     """A plan file this package wrote, or a one-line error (unreadable, not JSON, not a plan, an older format)."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise LensParallelError(f"--plan {path}: cannot read it ({exc})") from exc
     try:
-        plan = json.loads(text)
+        plan: dict[str, Any] = json.loads(text)
     except json.JSONDecodeError as exc:
         raise LensParallelError(
             f"--plan {path} exists and is not a plan this package wrote (not JSON: {exc}); refusing to overwrite it: "
@@ -247,7 +261,7 @@ def _read_plan(path: Path) -> dict:
     return plan
 
 
-def _write_plan(path: Path, plan: dict, digest: str) -> None:
+def _write_plan(path: Path, plan: dict[str, Any], digest: str) -> None:
     lock = path.with_name(path.name + ".sha256")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -259,7 +273,7 @@ def _write_plan(path: Path, plan: dict, digest: str) -> None:
         raise LensParallelError(f"--plan {path}: cannot write the plan ({exc.strerror or exc})") from exc
 
 
-def _freeze_plan(path: Path, plan: dict, *, started: bool) -> str:
+def _freeze_plan(path: Path, plan: dict[str, Any], *, started: bool) -> str:
     """Freeze ``plan`` at ``path`` before the first run; afterwards refuse a plan that differs from the frozen one
     (or a frozen file edited since it was written). A plan is written only to a new path, or over a plan this
     package wrote for the same folder of runs (``out``) before any of them started; a plan governs one folder and
@@ -360,7 +374,7 @@ class FactorialResult(ResultMixin):
                 "seed": r.seed,
                 "layer": layer,
                 "head": head,
-                "label": f"L{layer}H{head}",
+                "label": head_label(layer, head),
                 "gate": float(r.gates[layer, head]),
                 "gate_std": float(r.gate_std[layer, head]) if r.gate_std is not None else np.nan,
             }
@@ -428,7 +442,9 @@ def run_factorial(
         plan_hash = _freeze_plan(
             Path(plan), _plan(config, arms, seeds, primary, secondary, contrasts, alpha, out), started=started
         )
-    calls = [{"config": config, "arm": a, "seed": k, "out": out / a / f"seed{k}"} for k in seeds for a in arms]
+    calls: list[dict[str, Any]] = [
+        {"config": config, "arm": a, "seed": k, "out": out / a / f"seed{k}"} for k in seeds for a in arms
+    ]
     if distributed:
         finished = dict(run_remote(train, calls, workers=workers, ray_address=ray_address, device=config.device))
         runs = tuple(finished[i] for i in range(len(calls)))
@@ -473,7 +489,7 @@ def run_design(
     plan: str | Path | None = None,
     workers: int = 1,
     ray_address: str | None = None,
-    **changes,
+    **changes: Any,
 ) -> FactorialResult:
     """Run the factorial of the protocol ``name`` (a :class:`Design`: preset, arms, seeds and endpoints, e.g.
     ``xsa-controls``); ``changes`` replace config fields (e.g. ``texts``, ``device``; ``tokens=`` sets the tokens per

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -31,12 +32,13 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
+from transformers import PreTrainedTokenizerBase
 
 from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.data import boundary_token, load_texts, stream_blocks
 from lens_parallel.edits import Edit, LearnedGate, apply_edits, compile_hooks
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import hook_name
+from lens_parallel.hooks import Hook, hook_name
 from lens_parallel.losses import token_nll
 from lens_parallel.models import export_hf_model, load_model, model_info, wrap_hf_model
 from lens_parallel.plots.training import training_curves
@@ -64,7 +66,7 @@ class TrainRun(ResultMixin):
 
     arm: str
     seed: int
-    config: dict
+    config: dict[str, Any]
     device_type: str
     precision: str
     eval_steps: np.ndarray
@@ -109,7 +111,7 @@ def check_seed(seed: object) -> int:
     return int(seed)
 
 
-def run_identity(config: TrainConfig, arm: str, seed: int, device: str, bf16: bool) -> dict:
+def run_identity(config: TrainConfig, arm: str, seed: int, device: str, bf16: bool) -> dict[str, Any]:
     """What makes two runs the same run: the config's digest, arm, seed, and the resolved device type and precision
     (a bf16 or GPU run is not the float32 CPU run; resuming or pairing across them is refused)."""
     precision = "bfloat16" if bf16 else "float32"
@@ -133,8 +135,12 @@ def runtime(config: TrainConfig) -> tuple[str, bool]:
     return device, bf16
 
 
+TrainingData = tuple[PreTrainedTokenizerBase, Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]
+"""(tokenizer, train blocks ``[n, seq_len]``, validation blocks ``[n_val_blocks, seq_len]``)."""
+
+
 @functools.lru_cache(maxsize=2)
-def _data(tokenizer_spec: str, texts: tuple[str, ...], seq_len: int, n_val: int):
+def _data(tokenizer_spec: str, texts: tuple[str, ...], seq_len: int, n_val: int) -> TrainingData:
     docs = [doc for name in texts for doc in load_texts(name)]
     if tokenizer_spec in BUNDLED_TOKENIZERS:
         tokenizer = load_bundled_tokenizer(tokenizer_spec)
@@ -147,7 +153,7 @@ def _data(tokenizer_spec: str, texts: tuple[str, ...], seq_len: int, n_val: int)
     return tokenizer, blocks[order[n_val:]], blocks[order[:n_val]]
 
 
-def training_data(config: TrainConfig):
+def training_data(config: TrainConfig) -> TrainingData:
     """(tokenizer, train blocks ``[n, seq_len]``, validation blocks ``[n_val_blocks, seq_len]``) for a config."""
     return _data(config.tokenizer, config.texts, config.seq_len, config.n_val_blocks)
 
@@ -189,13 +195,15 @@ def _optimizer(model: TransformerBridge, arm: ArmParameters, config: TrainConfig
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95))
 
 
-def _save_atomic(obj, path: Path) -> None:
+def _save_atomic(obj: object, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
 
 
-def _gate_statistics(model, arm: ArmParameters, val: Tensor) -> tuple[np.ndarray | None, np.ndarray | None]:
+def _gate_statistics(
+    model: TransformerBridge, arm: ArmParameters, val: Tensor
+) -> tuple[np.ndarray | None, np.ndarray | None]:
     gates = arm.gates()
     if gates is not None:
         return gates.numpy(), None
@@ -210,12 +218,12 @@ def _gate_statistics(model, arm: ArmParameters, val: Tensor) -> tuple[np.ndarray
     return flat.mean(1).cpu().numpy(), flat.std(1).cpu().numpy()
 
 
-def _run_mismatch(what: Path, found: dict, expected: dict) -> LensParallelError:
+def _run_mismatch(what: Path, found: dict[str, Any], expected: dict[str, Any]) -> LensParallelError:
     differ = ", ".join(f"{k} {found.get(k)!r} (this run: {v!r})" for k, v in expected.items() if found.get(k) != v)
     return LensParallelError(f"{what} belongs to another run ({differ}): use another folder")
 
 
-def _finished_run(out: Path, identity: dict) -> TrainRun | None:
+def _finished_run(out: Path, identity: dict[str, Any]) -> TrainRun | None:
     """The finished run saved in ``out``, if any, after checking that it is this run (:func:`run_identity`)."""
     if not (out / "run.json").is_file():
         return None
@@ -249,7 +257,7 @@ class _Trainer:
     model: TransformerBridge
     params: ArmParameters
     optimizer: torch.optim.AdamW
-    state: dict
+    state: dict[str, Any]
 
     @classmethod
     def start(cls, config: TrainConfig, arm: str, seed: int, device: str, bf16: bool) -> _Trainer:
@@ -260,7 +268,7 @@ class _Trainer:
         return cls(config, arm, seed, device, bf16, model, params, optimizer, state)
 
     @property
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         return run_identity(self.config, self.arm, self.seed, self.device, self.bf16)
 
     def resume(self, ckpt: Path) -> None:
@@ -301,7 +309,7 @@ class _Trainer:
     def val_loss(self, val: Tensor) -> float:
         return document_losses(self.model, val, self.params.edits(), batch_size=self.config.batch_size).loss
 
-    def step(self, batch: Tensor, hooks: list, autocast) -> float:
+    def step(self, batch: Tensor, hooks: list[Hook], autocast: contextlib.AbstractContextManager[Any]) -> float:
         """One optimiser step at the scheduled learning rate; returns the training loss (nats/token)."""
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.state["step"], self.config)
@@ -414,7 +422,7 @@ def train(
 def save_trained(model: TransformerBridge, arm: ArmParameters, folder: str | Path) -> Path:
     """Write a trained model as a Hugging Face folder (weights, config, tokenizer) plus its arm's parameters."""
     folder = Path(folder)
-    export_hf_model(model.original_model).save_pretrained(folder)
+    export_hf_model(cast(transformers.PreTrainedModel, model.original_model)).save_pretrained(folder)
     model.tokenizer.save_pretrained(folder)
     torch.save({"arm": arm.arm, "state": arm.state_dict()}, folder / ARM_FILE)
     (folder / "lens_parallel_arm.json").write_text(json.dumps({"arm": arm.arm}))
