@@ -14,7 +14,8 @@ from lens_parallel import LensParallelError, load_model, sweep
 from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ComponentScale, HeadEdit
-from lens_parallel.sweep import AblationJob, DocumentNLL, EditJob, SweepStore, run_sweep
+from lens_parallel.store import SweepStore
+from lens_parallel.sweep import AblationJob, DocumentNLL, EditJob, run_sweep
 
 from .conftest import get_model
 
@@ -128,7 +129,7 @@ def test_weights_changed_in_memory_make_the_store_refused(tmp_path):
 
 def _open_store(path: str, barrier) -> None:
     barrier.wait()
-    SweepStore(path, {"run": 1}, 5, DocumentNLL()).open([])
+    SweepStore(path, {"run": 1}, 5, DocumentNLL().spec).open([])
 
 
 def test_concurrent_store_creation_writes_one_header(tmp_path):

@@ -52,7 +52,8 @@ from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import attribution_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
 from lens_parallel.stats import paired_bootstrap_ci
-from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, Values, ValueSpec, head_means, run_sweep
+from lens_parallel.store import Values, ValueSpec
+from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, head_means, run_sweep
 from lens_parallel.validate import as_indices, check_choice, check_finite, check_non_negative_int, check_positive_int
 
 SPACES: tuple[HeadSpace, ...] = ("value", "value-exclude-self", "residual-attn")

@@ -40,7 +40,8 @@ from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.compression import compression_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
-from lens_parallel.sweep import Batch, Job, Metric, SweepPlan, Values, ValueSpec, run_rows, run_sweep
+from lens_parallel.store import Values, ValueSpec
+from lens_parallel.sweep import Batch, Job, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import check_choice, check_finite, options
 
 SUBLAYERS = options(Sublayer)

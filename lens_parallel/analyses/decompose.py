@@ -56,7 +56,8 @@ from lens_parallel.models import ModelInfo, layer_label, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.decompose import decomposition_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
-from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, Values, ValueSpec, run_rows, run_sweep
+from lens_parallel.store import Values, ValueSpec
+from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import as_indices, as_tuple, check_choices, check_finite, options
 
 SPACES: tuple[Space, ...] = options(Space)

@@ -45,7 +45,8 @@ from lens_parallel.models import ModelInfo, head_label, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.diagonal import diagonal_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
-from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, Values, ValueSpec, run_rows, run_sweep
+from lens_parallel.store import Values, ValueSpec
+from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import as_tuple, check_choices, check_finite, check_non_negative_int
 
 

@@ -65,7 +65,8 @@ from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.dominance import dominance_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.stats import concentration
-from lens_parallel.sweep import Batch, Job, Metric, SweepPlan, Values, ValueSpec, run_rows, run_sweep
+from lens_parallel.store import Values, ValueSpec
+from lens_parallel.sweep import Batch, Job, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import as_indices, as_tuple, check_choice, check_choices, check_non_negative_int, options
 
 SCALES = options(DominanceScale)

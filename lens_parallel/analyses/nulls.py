@@ -48,7 +48,8 @@ from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.nulls import null_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
 from lens_parallel.stats import bootstrap_mean_ci
-from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, Values, ValueSpec, run_rows, run_sweep
+from lens_parallel.store import Values, ValueSpec
+from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import (
     as_indices,
     check_choice,

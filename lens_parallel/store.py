@@ -1,0 +1,215 @@
+"""The resumable store of a sweep: a JSON-lines file whose first line is the run's fingerprint and each further line
+one finished job's value (named arrays, checked against the metric's :class:`ValueSpec` s when read back).
+
+A store is crash-safe: each row is written with one ``write`` and flushed to disk, a last line cut by a kill is
+dropped (its job reruns), a row of the wrong shapes or types is dropped with a warning, and a store whose
+fingerprint differs from this run's (other weights, documents, metric, edit, batch size, ...) is refused with what
+differs. Creation and appends hold the store's file lock (``<store>.lock``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from filelock import FileLock
+
+from lens_parallel.errors import LensParallelError
+from lens_parallel.paths import add_suffix
+
+STORE_FORMAT = "lens_parallel.sweep/2"
+"""2: values of any metric, validated by its :class:`ValueSpec` s; 1 held next-token NLL sums only (refused)."""
+STORE_ADVICE = "delete it to recompute, or give another store (store= in Python, --store on the command line)"
+
+
+class Keyed(Protocol):
+    """A job as the store sees it: its name (``key``) and its content (``repr``, hashed by :func:`job_digest`)."""
+
+    @property
+    def key(self) -> str: ...
+
+
+def job_digest(job: Keyed) -> str:
+    """A short hash of everything a job is (its edits with every field), so that a store never hands back a result
+    computed for a job that shares the key but not the content."""
+    return hashlib.sha256(repr(job).encode()).hexdigest()[:16]
+
+
+Values = dict[str, np.ndarray]
+"""What a metric returns for one job: named arrays."""
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    """One array of a job's value: its ``shape`` (``"docs"`` marks the documents axis, whose batches are
+    concatenated; no ``"docs"``: summed over batches) and whether NaN may appear in it (``allow_nan``)."""
+
+    shape: tuple[int | str, ...]
+    allow_nan: bool = False
+
+    def concrete(self, n_docs: int) -> tuple[int, ...]:
+        return tuple(n_docs if d == "docs" else int(d) for d in self.shape)
+
+    def problem(self, value: np.ndarray, n_docs: int) -> str:
+        """Why ``value`` is not an array of this spec ("" when it is)."""
+        if value.shape != self.concrete(n_docs):
+            return f"shape {value.shape}, expected {self.concrete(n_docs)}"
+        finite = np.isfinite(value) | (np.isnan(value) if self.allow_nan else False)
+        return "" if finite.all() else "a value that is not finite" + ("" if self.allow_nan else " (NaN included)")
+
+
+class SweepStore:
+    """The JSON-lines store of a sweep: line 1 ``{"format", "fingerprint"}``, then one ``{"job", "digest", "value"}``
+    per finished job (each array as nested lists, NaN as null), each written with one ``write`` and flushed to disk.
+    Opening (header written or checked) and every append hold the store's file lock (``<store>.lock``), so two
+    processes never both write a header, and rows are appended whole."""
+
+    def __init__(
+        self, path: str | Path, fingerprint: dict[str, Any], n_docs: int, spec: Callable[[Any], dict[str, ValueSpec]]
+    ) -> None:
+        self.path, self.fingerprint, self.n_docs, self.spec = Path(path), fingerprint, n_docs, spec
+        self.lock = FileLock(str(add_suffix(self.path, ".lock")))
+
+    def open(self, jobs: Sequence[Keyed]) -> dict[str, Values]:
+        """Finished jobs, after writing the header of a new (or empty) store or checking an existing one's: refuses
+        a store of another run, or one holding a job under the key of one of ``jobs`` with other content. A row
+        that is not a finished job of this sweep (cut by a kill, or not of the metric's shapes and types) is dropped
+        with a warning, so that job is recomputed."""
+        if self.path.is_dir():
+            raise LensParallelError(f"store {self.path} is a folder; give a file path for the sweep store")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        by_key = {job.key: job for job in jobs}
+        with self.lock:
+            raw = self.path.read_bytes() if self.path.is_file() else b""
+            lines = raw.split(b"\n")
+            complete, tail = lines[:-1], lines[-1]  # tail: text after the last newline (a cut line, or empty)
+            if not complete:  # new, or the header itself was cut: nothing was finished
+                self._rewrite([])
+                return {}
+            self._check_header(complete[0])
+            done: dict[str, Values] = {}
+            digests: dict[str, str] = {}
+            kept, dropped = [], []
+            for i, line in enumerate(complete[1:], start=2):
+                row, problem = self._row(line, by_key)
+                if problem:
+                    dropped.append(f"line {i}: {problem}")
+                    continue
+                if row["job"] in by_key:
+                    done[row["job"]] = row["value"]
+                digests[row["job"]] = row["digest"]
+                kept.append(line)
+            for job in jobs:
+                if job.key in digests and digests[job.key] != job_digest(job):
+                    raise LensParallelError(
+                        f"{self.path} holds a job {job.key!r} computed with other settings than {job!r}; {STORE_ADVICE}"
+                    )
+            if dropped:
+                warnings.warn(
+                    f"{self.path}: dropped {len(dropped)} row(s) that are not finished jobs of this sweep "
+                    f"({'; '.join(dropped[:3])}); those jobs are recomputed",
+                    stacklevel=3,
+                )
+            if dropped or tail.strip():  # a line cut by a kill mid-write is dropped silently: its job reruns
+                self._rewrite(kept)
+            return done
+
+    def _row(self, line: bytes, jobs: dict[str, Keyed]) -> tuple[dict[str, Any], str]:
+        """The row of one line with its value decoded, or why it is not a finished job of this sweep (a job of
+        another sweep sharing the store is kept, its value unchecked)."""
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return {}, f"not JSON ({exc})"
+        if not isinstance(row, dict) or not isinstance(row.get("job"), str) or not isinstance(row.get("digest"), str):
+            return {}, "no job key and digest"
+        value = row.get("value")
+        if not isinstance(value, dict):
+            return {}, "no value"
+        if row["job"] not in jobs:
+            return row, ""
+        specs = self.spec(jobs[row["job"]])
+        if set(value) != set(specs):
+            return {}, f"value holds {sorted(value)}, expected {sorted(specs)}"
+        decoded: Values = {}
+        for name, spec in specs.items():
+            try:
+                array = _decode(value[name], spec)
+            except (TypeError, ValueError) as exc:
+                return {}, f"{name} is not an array of numbers ({exc})"
+            if problem := spec.problem(array, self.n_docs):
+                return {}, f"{name} has {problem}"
+            decoded[name] = array
+        return row | {"value": decoded}, ""
+
+    def _check_header(self, line: bytes) -> None:
+        try:
+            header = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise LensParallelError(f"{self.path}: first line is not a sweep header ({exc}); {STORE_ADVICE}") from exc
+        if not isinstance(header, dict) or header.get("format") != STORE_FORMAT:
+            kind = header.get("format") if isinstance(header, dict) else None
+            raise LensParallelError(
+                f"{self.path} is not a sweep store of format {STORE_FORMAT} (found {kind!r}); {STORE_ADVICE}"
+            )
+        stored = header.get("fingerprint")
+        found: dict[str, Any] = stored if isinstance(stored, dict) else {}
+        keys = dict.fromkeys([*self.fingerprint, *found])  # both ways: a key only one side has differs too
+        differ = {k: (found.get(k), self.fingerprint.get(k)) for k in keys if found.get(k) != self.fingerprint.get(k)}
+        if differ:
+            what = "; ".join(f"{k}: store has {a!r}, this run {b!r}" for k, (a, b) in differ.items())
+            raise LensParallelError(
+                f"{self.path} was written by a run whose numbers differ ({what}); {STORE_ADVICE}, or rerun with the "
+                "store's settings"
+            )
+
+    def _rewrite(self, rows: list[bytes]) -> None:
+        """Replace the store by its header and ``rows`` in one rename (the lock is held)."""
+        header = json.dumps({"format": STORE_FORMAT, "fingerprint": self.fingerprint}).encode()
+        tmp = add_suffix(self.path, f".tmp-{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(b"\n".join([header, *rows]) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def append(self, job: Keyed, value: Values) -> None:
+        encoded = {name: _encode(array) for name, array in value.items()}
+        line = json.dumps({"job": job.key, "digest": job_digest(job), "value": encoded}, allow_nan=False)
+        with self.lock, open(self.path, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _encode(array: np.ndarray) -> Any:
+    """An array as nested lists of floats, NaN as null (JSON has no NaN)."""
+    a = np.asarray(array, dtype=np.float64)
+    return (
+        np.where(np.isnan(a), np.array(None, dtype=object), a).tolist()
+        if a.ndim
+        else (None if math.isnan(a) else float(a))
+    )
+
+
+def _decode(value: Any, spec: ValueSpec) -> np.ndarray:
+    """Nested lists back to a float64 array; null is NaN (checked against ``spec`` by the caller). Strings, bools
+    and other objects are refused."""
+
+    def check(x: Any) -> None:
+        if isinstance(x, list):
+            for y in x:
+                check(y)
+        elif x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))):
+            raise TypeError(f"found {type(x).__name__} {x!r}")
+
+    check(value)
+    return np.array(value, dtype=np.float64) if value is not None else np.array(np.nan)
