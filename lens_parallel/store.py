@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from filelock import FileLock
@@ -30,6 +30,7 @@ STORE_FORMAT = "lens_parallel.sweep/2"
 STORE_ADVICE = "delete it to recompute, or give another store (store= in Python, --store on the command line)"
 
 
+@runtime_checkable
 class Keyed(Protocol):
     """A job as the store sees it: its name (``key``) and its content (``repr``, hashed by :func:`job_digest`)."""
 
