@@ -2,6 +2,7 @@
 #   make run    installs and runs the main job (lens-parallel decompose on smollm2-135m)
 #   make test   installs and runs the whole test suite (and Debian's Chromium for the browser test when it is
 #               missing and we are allowed to: root or passwordless sudo; otherwise it stops and says what to install)
+#   make test-fast   the inner loop: the unit and integration tiers only (no browser, smollm2 or notebooks)
 # torch is pinned to the 2.13.0 CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build.
 
 VENV ?= .venv
@@ -14,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,distributed,notebook]'
 	touch $(STAMP)
 
-.PHONY: install run test lint bench
+.PHONY: install run test test-fast lint bench
 install: $(STAMP)
 
 run: $(STAMP)
@@ -23,6 +24,9 @@ run: $(STAMP)
 test: $(STAMP)
 	@bash scripts/ensure-chromium
 	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "unit or integration"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check lens_parallel tests benchmarks scripts notebooks

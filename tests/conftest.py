@@ -1,17 +1,64 @@
+"""Shared fixtures, and the test tiers.
+
+Every test carries exactly one tier marker, given here by module (``pytest -m unit`` and so on):
+
+- ``unit``: no model is loaded (pure math, statistics, messages, options, style and types); seconds;
+- ``integration``: the toy models of every family (built in memory in about a second each);
+- ``browser``: a real Chromium page (playwright) renders the report or the explorer;
+- ``slow``: the real smollm2-135m (fetched once from PyPI), and the notebooks executed end to end;
+- ``real``: the larger real models (deselected by default: ``pytest -m real``).
+
+``make test-fast`` runs ``unit or integration`` (the inner loop, a few minutes); ``make test`` runs everything but
+``real``.
+"""
+
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 
 from lens_parallel.models import TOY_MODELS, load_model
 
 FAMILIES = tuple(TOY_MODELS)
-_MODELS: dict = {}
+TIERS = ("unit", "integration", "browser", "slow", "real")
+UNIT_MODULES = frozenset({"test_cache", "test_geometry", "test_messages", "test_stats", "test_style"})
+BROWSER_MODULES = frozenset({"test_explore_browser", "test_report_browser"})
+SLOW_MODULES = frozenset({"test_notebooks", "test_smollm2"})
+_MODELS: dict[str, Any] = {}
+_CURRENT_TIER: list[str] = []
+
+
+def tier_of(item: pytest.Item) -> str:
+    """A test's tier: its own ``slow`` / ``real`` marker, else its module's."""
+    for tier in ("real", "slow"):
+        if item.get_closest_marker(tier):
+            return tier
+    module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+    if module in UNIT_MODULES:
+        return "unit"
+    if module in BROWSER_MODULES:
+        return "browser"
+    return "slow" if module in SLOW_MODULES else "integration"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item)
+        if not item.get_closest_marker(tier):
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _CURRENT_TIER[:] = [tier_of(item)]
 
 
 def get_model(spec: str):
-    """Load each model once per test session (toys build in about a second; smollm2 in a few)."""
+    """Load each model once per test session (toys build in about a second; smollm2 in a few). Unit tests load
+    none (their tier says so)."""
+    if _CURRENT_TIER == ["unit"]:
+        raise RuntimeError(f"a unit test loads no model (asked for {spec}): move it to an integration module")
     if spec not in _MODELS:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

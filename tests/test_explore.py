@@ -124,10 +124,10 @@ def test_bad_settings_are_refused_and_leave_the_state(setup):
     _, _, ex = setup
     state = dict(ex.state)
     for changes, match in (
-        ({"space": "query"}, "space 'query' unknown"),
+        ({"space": "query"}, "unknown space 'query'"),
         ({"head": 6}, "head"),
         ({"doc": 3}, "doc"),
-        ({"s_par": float("nan")}, "s_par must be finite"),
+        ({"s_par": float("nan")}, "s_par must be a finite number"),
         ({"zoom": 2}, "unknown explorer settings"),
     ):
         with pytest.raises(lp.LensParallelError, match=match):

@@ -48,3 +48,26 @@ def test_every_ignore_names_its_error_code():
         if re.search(r"#\s*type:\s*ignore(?!\[)", line)
     ]
     assert bare == []
+
+
+def test_every_test_has_a_tier():
+    """No test falls outside the tiers (unit, integration, browser, slow, real: tests/conftest.py), so that
+    ``make test-fast`` and ``make test`` together cover the suite."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not (unit or integration or browser or slow or real)",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 5, proc.stdout[-2000:] + proc.stderr[-2000:]  # 5: no test selected
+    assert "deselected" in proc.stdout

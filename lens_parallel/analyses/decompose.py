@@ -248,8 +248,8 @@ def _reducer(acc: _Accumulator, spaces: tuple[Space, ...], W_O: dict[int, Tensor
         for space in spaces:
             if not acc.active((space, "sublayer" if space.startswith("residual") else "head"), layer):
                 continue
-            if space in HEAD_SPACES:
-                assert o is not None and v is not None  # captured for every head space (_roles)
+            if space in ("value", "value-exclude-self"):
+                assert o is not None and v is not None  # captured for both value spaces (_roles)
                 m_h = o
                 if space == "value-exclude-self":
                     assert diag is not None

@@ -135,7 +135,7 @@ def runtime(config: TrainConfig) -> tuple[str, bool]:
     return device, bf16
 
 
-TrainingData = tuple[PreTrainedTokenizerBase, Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]
+TrainingData = tuple[PreTrainedTokenizerBase, Int[Tensor, "train_block pos"], Int[Tensor, "val_block pos"]]
 """(tokenizer, train blocks ``[n, seq_len]``, validation blocks ``[n_val_blocks, seq_len]``)."""
 
 
