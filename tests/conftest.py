@@ -69,3 +69,29 @@ def get_model(spec: str):
 @pytest.fixture(params=FAMILIES)
 def toy(request):
     return get_model(request.param)
+
+
+class Killed(Exception):
+    """Stands in for the process dying mid-run."""
+
+
+class KillSwitch:
+    """Wraps ``owner.name`` (a function or method) so that its ``at``-th call raises :class:`Killed`, recording the
+    first argument selected by ``record`` of every call; ``disarm()`` lets every later call through."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, *, at: int, record: Any) -> None:
+        self.calls: list[Any] = []
+        self.at: int | None = at
+        real = getattr(owner, name)
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(record(*args, **kwargs))
+            if len(self.calls) == self.at:
+                raise Killed
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, wrapped)
+
+    def disarm(self) -> None:
+        self.calls.clear()
+        self.at = None

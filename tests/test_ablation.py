@@ -17,7 +17,7 @@ from lens_parallel.losses import edit_effect
 from lens_parallel.models import model_info
 from lens_parallel.sweep import AblationJob, head_means
 
-from .conftest import get_model
+from .conftest import Killed, KillSwitch, get_model
 
 
 @pytest.mark.parametrize("spec", ["toy-gpt2", "toy-qwen3", "toy-qwen3.5"])  # MHA, GQA, gated GQA + linear layers
@@ -61,35 +61,23 @@ def test_removing_no_head_changes_nothing(kind):
     assert np.array_equal(document_losses(model, blocks, empty).loss_sum, document_losses(model, blocks).loss_sum)
 
 
-class Killed(Exception):
-    """Stands in for the process dying mid-sweep."""
-
-
 def test_interrupted_sweep_resumes_to_identical_results(tmp_path, monkeypatch):
     model = get_model("toy-qwen3")
     blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=16)
     jobs = [AblationJob(layer, (h,)) for layer in range(3) for h in range(6)]
     full = run_ablations(model, blocks, jobs, batch_size=2, tokens_per_forward=64, progress=False)
     store = tmp_path / "sweep.jsonl"
-    calls, real, kill_at = [], sweep.run_rows, [11]  # 2 reference forwards (a batch each), then 2 per chunk
-
-    def dying(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == kill_at[0]:
-            raise Killed
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(sweep, "run_rows", dying)
+    # 2 reference forwards (a batch each), then 2 per chunk: killed in the 5th chunk
+    switch = KillSwitch(monkeypatch, sweep, "run_rows", at=11, record=lambda *a, **k: 1)
     with pytest.raises(Killed):
         run_ablations(model, blocks, jobs, batch_size=2, tokens_per_forward=64, store=store, progress=False)
     written = store.read_text().splitlines()
     assert (
         json.loads(written[0])["fingerprint"]["edit"] == "parallel-value" and len(written) - 1 == 8
     )  # 4 chunks of 2 jobs
-    calls.clear()
-    kill_at[0] = None
+    switch.disarm()
     resumed = run_ablations(model, blocks, jobs, batch_size=2, tokens_per_forward=64, store=store, progress=False)
-    assert len(calls) == 2 + (18 - 8) // 2 * 2  # the reference pass, then only the 10 missing jobs: 5 chunks x 2
+    assert len(switch.calls) == 2 + (18 - 8) // 2 * 2  # the reference pass, then only the 10 missing jobs: 5 chunks x 2
     for job in jobs:
         np.testing.assert_array_equal(resumed[job].loss_sum, full[job].loss_sum)
     with pytest.raises(ValueError, match="was written by a run whose numbers differ"):

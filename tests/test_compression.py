@@ -10,7 +10,7 @@ import torch
 from lens_parallel.analyses.compression import compression_error
 from lens_parallel.compression import Compression, _as_out_in, block_linears, compress, nm_mask, quantize_rtn
 from lens_parallel.models import export_hf_model
-from tests.conftest import get_model
+from tests.conftest import Killed, KillSwitch, get_model
 
 METHODS = ("int8", "int4-g16", "magnitude-50%", "wanda-50%", "magnitude-2:4", "wanda-4:8")
 
@@ -130,10 +130,6 @@ def test_compression_error_on_toy_models_table_and_figure():
         compression_error(model, toks, method=["int8", "gptq"])
 
 
-class Killed(Exception):
-    pass
-
-
 def test_a_killed_compression_run_resumes_to_identical_results(tmp_path, monkeypatch):
     """compression_error keeps each finished method in its store: a run killed during the second of three methods
     resumes with the other two only and equals an uninterrupted run exactly."""
@@ -143,22 +139,15 @@ def test_a_killed_compression_run_resumes_to_identical_results(tmp_path, monkeyp
     toks = _tokens(model)
     methods = ["int8", "wanda-2:4", "int4-g128"]
     fresh = compression_error(model, toks, method=methods, progress=False)
-    store, calls, real = tmp_path / "compress.jsonl", [], analysis._CompressionMetric.evaluate
-
-    def counted(self, context, plan, jobs, batch):
-        calls.append(jobs[0].key)
-        if len(calls) == 2 and kill[0]:
-            raise Killed
-        return real(self, context, plan, jobs, batch)
-
-    kill = [True]
-    monkeypatch.setattr(analysis._CompressionMetric, "evaluate", counted)
+    store = tmp_path / "compress.jsonl"
+    switch = KillSwitch(
+        monkeypatch, analysis._CompressionMetric, "evaluate", at=2, record=lambda self, ctx, plan, jobs, b: jobs[0].key
+    )
     with pytest.raises(Killed):
         compression_error(model, toks, method=methods, store=store, progress=False)
     assert len(store.read_text().splitlines()) == 1 + 1
-    calls.clear()
-    kill[0] = False
+    switch.disarm()
     resumed = compression_error(model, toks, method=methods, store=store, progress=False)
-    assert calls == ["wanda-2:4", "int4-g128"]
+    assert switch.calls == ["wanda-2:4", "int4-g128"]
     for name in ("par", "perp", "coef", "delta_loss", "delta_loss_ci"):
         np.testing.assert_array_equal(getattr(resumed, name), getattr(fresh, name), err_msg=name)

@@ -18,7 +18,7 @@ from lens_parallel.models import model_info
 from lens_parallel.stats import concentration
 from lens_parallel.sweep import Batch
 
-from .conftest import get_model
+from .conftest import Killed, KillSwitch, get_model
 
 
 def test_concentration_on_hand_built_shares():
@@ -261,10 +261,6 @@ def test_bad_input_is_refused_before_any_forward():
         head_dominance(model, blocks, query_positions=[11], progress=False).effects(0, "kl")
 
 
-class Killed(Exception):
-    pass
-
-
 def test_a_killed_dominance_run_resumes_to_identical_results(tmp_path, monkeypatch):
     """head_dominance keeps each finished layer pair in its store: a run killed after two of four pairs resumes,
     computes only the other two, and equals an uninterrupted run exactly."""
@@ -272,22 +268,15 @@ def test_a_killed_dominance_run_resumes_to_identical_results(tmp_path, monkeypat
     blocks = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=12)
     kw = {"query_positions": slice(4, 10), "mask_scales": ("qkv", "js"), "progress": False}
     fresh = head_dominance(model, blocks, **kw)
-    store, calls, real = tmp_path / "dominance.jsonl", [], dominance._DominanceMetric.evaluate
-
-    def counted(self, context, plan, jobs, batch):
-        calls.append(jobs[0].key)
-        if len(calls) == 3 and kill[0]:
-            raise Killed
-        return real(self, context, plan, jobs, batch)
-
-    kill = [True]
-    monkeypatch.setattr(dominance._DominanceMetric, "evaluate", counted)
+    store = tmp_path / "dominance.jsonl"
+    switch = KillSwitch(
+        monkeypatch, dominance._DominanceMetric, "evaluate", at=3, record=lambda self, ctx, plan, jobs, b: jobs[0].key
+    )
     with pytest.raises(Killed):
         head_dominance(model, blocks, store=store, **kw)
     assert len(store.read_text().splitlines()) == 1 + 2  # the header and two finished pairs
-    calls.clear()
-    kill[0] = False
+    switch.disarm()
     resumed = head_dominance(model, blocks, store=store, **kw)
-    assert calls == ["L2->L3", "L3->L4"]
+    assert switch.calls == ["L2->L3", "L3->L4"]
     for name in ("rel_q", "rel_k", "rel_v", "qkv", "js", "joint_qkv", "joint_js"):
         np.testing.assert_array_equal(getattr(resumed, name), getattr(fresh, name), err_msg=name)
