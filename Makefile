@@ -2,7 +2,7 @@
 #   make run    installs and runs the main job (lens-parallel decompose on smollm2-135m)
 #   make test   installs and runs the whole test suite (and Debian's Chromium for the browser test when it is
 #               missing and we are allowed to: root or passwordless sudo; otherwise it stops and says what to install)
-#   make test-fast   the inner loop: the unit and integration tiers only (no browser, smollm2 or notebooks)
+#   make test-fast   the inner loop: the unit and integration tiers only (no browser, smollm2, notebooks, CLI subprocesses or Ray)
 # torch is pinned to the 2.13.0 CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build.
 
 VENV ?= .venv

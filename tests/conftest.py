@@ -5,7 +5,8 @@ Every test carries exactly one tier marker, given here by module (``pytest -m un
 - ``unit``: no model is loaded (pure math, statistics, messages, options, style and types); seconds;
 - ``integration``: the toy models of every family (built in memory in about a second each);
 - ``browser``: a real Chromium page (playwright) renders the report or the explorer;
-- ``slow``: the real smollm2-135m (fetched once from PyPI), and the notebooks executed end to end;
+- ``slow``: the real smollm2-135m (fetched once from PyPI), the notebooks executed end to end, the CLI run in
+  subprocesses and the Ray cluster tests (each starts processes that import torch afresh);
 - ``real``: the larger real models (deselected by default: ``pytest -m real``).
 
 ``make test-fast`` runs ``unit or integration`` (the inner loop, a few minutes); ``make test`` runs everything but
@@ -25,7 +26,7 @@ FAMILIES = tuple(TOY_MODELS)
 TIERS = ("unit", "integration", "browser", "slow", "real")
 UNIT_MODULES = frozenset({"test_cache", "test_geometry", "test_messages", "test_stats", "test_style"})
 BROWSER_MODULES = frozenset({"test_explore_browser", "test_report_browser"})
-SLOW_MODULES = frozenset({"test_notebooks", "test_smollm2"})
+SLOW_MODULES = frozenset({"test_cli", "test_distributed", "test_notebooks", "test_smollm2"})
 _MODELS: dict[str, Any] = {}
 _CURRENT_TIER: list[str] = []
 

@@ -23,19 +23,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lens_parallel.choices import Arm
 from lens_parallel.edits import ComponentScale, Edit, GatedRemoval, LearnedGate
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelInfo
+from lens_parallel.validate import options
 
-ARMS = (
-    "baseline",
-    "value-parallel-removal",
-    "xsa-gated",
-    "residual-parallel-removal",
-    "random-direction",
-    "random-direction-gated",
-    "learned-gate",
-)
+ARMS: tuple[str, ...] = options(Arm)
 DIRECTION_SEED = 1_000_003
 """Random directions of layer l come from ``torch.Generator().manual_seed(DIRECTION_SEED + l)``: the same for every
 training seed and every arm that uses them."""
