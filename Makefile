@@ -2,7 +2,8 @@
 #   make run    installs and runs the main job (lens-parallel decompose on smollm2-135m)
 #   make test   installs and runs the whole test suite (and Debian's Chromium for the browser test when it is
 #               missing and we are allowed to: root or passwordless sudo; otherwise it stops and says what to install)
-#   make test-fast   the inner loop: the unit and integration tiers only (no browser, smollm2, notebooks, CLI subprocesses or Ray)
+#   make test-fast   the inner loop: the unit and integration tiers only (no browser, smollm2, notebooks, CLI
+#                    subprocesses or Ray), on two pytest-xdist workers of one thread each: about 3 minutes here
 # torch is pinned to the 2.13.0 CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build.
 
 VENV ?= .venv
@@ -26,7 +27,7 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "unit or integration"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "unit or integration" -n 2
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check lens_parallel tests benchmarks scripts notebooks
