@@ -52,7 +52,7 @@ from lens_parallel.distributed import TaskContext, check_workers, run_tasks
 from lens_parallel.documents import DocBatch, Documents, document_batches
 from lens_parallel.edits import Edit, HeadEdit, check_positions, compile_hooks, scale_signature, stacked_scale_hooks
 from lens_parallel.errors import LensParallelError, LibraryError
-from lens_parallel.hooks import Hook, LayerStream, check_indices, forward, softmax_layers
+from lens_parallel.hooks import Hook, LayerStream, Reducer, check_indices, forward, softmax_layers
 from lens_parallel.losses import DocLosses, token_nll
 from lens_parallel.models import ModelInfo, head_label, model_info, weights_digest
 from lens_parallel.options import RunOptions, resolve_options
@@ -138,11 +138,14 @@ def run_rows(
     loss: Literal["document", "token"] | None = None,
     length: int | None = None,
     dtype: torch.dtype = torch.float64,
+    reduce: Reducer | None = None,
 ) -> Forward:
     """The engine's forward primitive: rows ``rows`` of the batch (document indices within it, repeats allowed;
     default every document once) under ``hooks``, resumed at ``start_layer`` from the reference pass's residual,
     cut to ``length`` tokens; captures ``capture`` (roles per layer, as ``dtype``; the forward stops after the last
-    layer unless a loss is asked for) and the next-token NLL of the real tokens."""
+    layer unless a loss is asked for) and the next-token NLL of the real tokens. With ``reduce``, each layer's
+    captures go to ``reduce(layer, tensors)`` as soon as the layer is complete, and are dropped (reduced inside the
+    forward: only one layer's captures are ever held), instead of being returned."""
     docs = batch.docs
     index = torch.arange(len(docs.lengths), device=docs.tokens.device) if rows is None else rows
     tokens, lengths = docs.tokens[index], docs.lengths[index]
@@ -155,9 +158,8 @@ def run_rows(
         raise LibraryError(f"no cached residual entering layer {start_layer}: the reference pass did not keep it")
     captured: dict[int, dict[str, Tensor]] = {}
     if capture:
-        stream = LayerStream(
-            info, list(capture), dict(capture), lambda layer, t: captured.update({layer: t}), dtype=dtype
-        )
+        keep = reduce or (lambda layer, t: captured.update({layer: t}))
+        stream = LayerStream(info, list(capture), dict(capture), keep, dtype=dtype)
         logits = stream.run(model, tokens, edit_hooks=hooks, resid=resid, start_at_layer=start, logits=loss is not None)
     else:
         logits = forward(model, tokens, hooks, resid=resid, start_at_layer=start)

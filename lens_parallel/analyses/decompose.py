@@ -302,9 +302,7 @@ class _AlignmentMetric(Metric):
     def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
         acc = _Accumulator(self.info, self.space_layers, self.eps)
         reduce = _reducer(acc, self.spaces, self.W_O, batch.docs.real)
-        got = run_rows(context.model, self.info, batch, capture=self.roles).captured
-        for layer in sorted(got):
-            reduce(layer, got[layer])
+        run_rows(context.model, self.info, batch, capture=self.roles, reduce=reduce)
         return [{f"{sp}|{level}": sums.numpy() for (sp, level), sums in acc.sums.items()}]
 
 

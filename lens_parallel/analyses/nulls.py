@@ -228,26 +228,30 @@ class _NullMetric(Metric):
 
     def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
         info, docs = self.info, batch.docs
-        got = run_rows(context.model, info, batch, capture={layer: self.roles for layer in self.layers}).captured
-        weight = (docs.real & (torch.arange(docs.tokens.shape[1], device=docs.tokens.device) >= 1)).double()
-        weight = weight[:, :, None].to(got[self.layers[0]]["v"].device)
-
-        def mean(x: Tensor) -> np.ndarray:  # over the real positions t >= 1 of each document
-            return ((x * weight).sum(1) / weight.sum(1)).cpu().numpy()
-
+        weight = (docs.real & (torch.arange(docs.tokens.shape[1], device=docs.tokens.device) >= 1)).double()[..., None]
         out: Values = {
             name: np.zeros((len(docs.lengths), len(self.layers), info.n_heads)) for name in self.spec(jobs[0])
         }
-        for i, layer in enumerate(self.layers):
-            y, v = _aggregate(got[layer], info)
+        index = {layer: i for i, layer in enumerate(self.layers)}
+
+        def reduce(layer: int, t: dict[str, Tensor]) -> None:  # each layer in the forward, then dropped
+            y, v = _aggregate(t, info)
+            w = weight.to(y.device)
+
+            def mean(x: Tensor) -> np.ndarray:  # over the real positions t >= 1 of each document
+                return ((x * w).sum(1) / w.sum(1)).cpu().numpy()
+
             if self.s.null == "sampled":
                 j = self.draws[layer][docs.rows, : y.shape[1]].to(y.device)
                 cos_self, cos_null = geometry.self_and_null_cosines(y, v, j)
             else:
                 cos_self, cos_null = torch.cosine_similarity(y, v, dim=-1), geometry.mean_earlier_cosine(y, v)
+            i = index[layer]
             out["self"][:, i], out["null"][:, i] = mean(cos_self), mean(cos_null)
             if self.s.groups is not None:
-                out["across"][:, i] = mean(_across(y, got[layer]["v"], info, self.s.groups))
+                out["across"][:, i] = mean(_across(y, t["v"], info, self.s.groups))
+
+        run_rows(context.model, info, batch, capture={layer: self.roles for layer in self.layers}, reduce=reduce)
         return [out]
 
 
