@@ -9,11 +9,17 @@ so that its wall time and peak RSS are its own; a model whose summary is already
 (``--force`` reruns it). A model that cannot be loaded here (``Qwen/Qwen3.5-2B`` needs the Hugging Face hub) is
 reported as not run, with the reason. Writes per model the result (JSON + NPZ), the summary table (CSV), the
 figure (HTML + PNG) and ``<model>.summary.json``; prints one table with the study's values in the first column.
+
+Throughput: the forwards head dominance runs are counted (rows and lengths, after its deduplication of rows), their
+multiply-adds computed from the model's shapes (:func:`protocol_macs`; softmax-attention models), and the achieved
+GFLOP/s (2 x MACs / wall time) printed beside that of a float32 matmul of the model's MLP shape measured in the same
+process at the same thread count.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -60,11 +66,72 @@ ROWS = {
     "js_distance_weak_smaller": "sqrt(JS) weak < strong, share",
     "wall_s": "wall time (s)",
     "peak_rss_mib": "peak RSS (MiB)",
+    "forwards": "forwards run",
+    "rows": "rows run (texts x removals, deduplicated)",
+    "tokens": "tokens run",
+    "gmac": "multiply-adds run (G)",
+    "gflops_achieved": "achieved GFLOP/s (2 x MACs / wall)",
+    "gflops_matmul": "float32 matmul GFLOP/s, MLP shape",
+    "share_of_matmul": "achieved / matmul",
 }
 
 
 def _stem(spec: str) -> str:
     return spec.replace("/", "_")
+
+
+@contextlib.contextmanager
+def count_forwards(log: list[tuple[int, int, int]]):
+    """Record (rows, length, start layer) of every forward head dominance runs (its ``run_rows`` wrapped)."""
+    from lens_parallel.analyses import dominance
+
+    plain = dominance.run_rows
+
+    def counted(model, info, batch, *, rows=None, length=None, start_layer=0, **kw):
+        n = len(batch.docs.lengths) if rows is None else len(rows)
+        log.append((n, batch.docs.tokens.shape[1] if length is None else length, start_layer))
+        return plain(model, info, batch, rows=rows, length=length, start_layer=start_layer, **kw)
+
+    dominance.run_rows = counted
+    try:
+        yield
+    finally:
+        dominance.run_rows = plain
+
+
+def protocol_macs(model, forwards: list[tuple[int, int, int]]) -> float | None:
+    """Multiply-adds of the forwards run: each row of length L through block l (q/k/v/o projections, QK^T and AV
+    over the full L x L map as the bridge's eager attention computes it, the MLP) and block l+1 up to its attention
+    pattern (q/k/v projections, QK^T). None for models with linear-attention layers (not counted here)."""
+    from lens_parallel import model_info
+
+    info, cfg = model_info(model), model.cfg
+    if "linear" in info.layer_types:
+        return None
+    d, h, kv, dh = info.d_model, info.n_heads, info.n_kv_heads, info.d_head
+    qkv = d * (h + 2 * kv) * dh
+    mlp = (3 if getattr(cfg, "gated_mlp", False) else 2) * d * cfg.d_mlp
+    total = 0.0
+    for rows, length, _ in forwards:
+        block_l = length * (qkv + h * dh * d + mlp) + 2 * h * length * length * dh
+        block_next = length * qkv + h * length * length * dh
+        total += rows * (block_l + block_next)
+    return total
+
+
+def mlp_matmul_gflops(model, tokens: int = 4096, repeats: int = 5) -> float:
+    """Float32 GFLOP/s of a dense matmul of the model's own MLP shape ([tokens, d_model] x [d_model, d_mlp]) at the
+    current thread count: the best of ``repeats``."""
+    import torch
+
+    a, b = torch.randn(tokens, model.cfg.d_model), torch.randn(model.cfg.d_model, model.cfg.d_mlp)
+    torch.matmul(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * tokens * model.cfg.d_model * model.cfg.d_mlp / best / 1e9
 
 
 def run_one(spec: str, out: Path, threads: int) -> None:
@@ -83,9 +150,13 @@ def run_one(spec: str, out: Path, threads: int) -> None:
         sys.exit(3)
     blocks = study_texts(model)
     head_dominance(model, blocks, upstream_layers=[0], query_positions=[7], progress=False)  # warm-up
-    t0 = time.perf_counter()
-    result = head_dominance(model, blocks, progress=True)
-    wall = time.perf_counter() - t0
+    forwards = []
+    with count_forwards(forwards):
+        t0 = time.perf_counter()
+        result = head_dominance(model, blocks, progress=True)
+        wall = time.perf_counter() - t0
+    macs = protocol_macs(model, forwards)
+    matmul = mlp_matmul_gflops(model)
     result.save(stem.with_name(stem.name + "_dominance"))
     table = result.group_table()
     table.to_csv(stem.with_name(stem.name + "_dominance_summary.csv"), index=False)
@@ -95,6 +166,13 @@ def run_one(spec: str, out: Path, threads: int) -> None:
     row["qkv_joint_weak_median"] = overall.loc["joint_weak", "median"]
     row["qkv_joint_strong_median"] = overall.loc["joint_strong", "median"]
     row["wall_s"] = round(wall, 1)
+    row["forwards"] = len(forwards)
+    row["rows"] = sum(rows for rows, _, _ in forwards)
+    row["tokens"] = sum(rows * length for rows, length, _ in forwards)
+    row["gmac"] = None if macs is None else round(macs / 1e9, 1)
+    row["gflops_achieved"] = None if macs is None else round(2 * macs / wall / 1e9, 1)
+    row["gflops_matmul"] = round(matmul, 1)
+    row["share_of_matmul"] = None if macs is None else round(2 * macs / wall / 1e9 / matmul, 3)
     row["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     by_type = table[(table.level == "receiving_type") & (table.metric == "effective_fraction")]
     print(by_type[["group", "scale", "count", "q1", "median", "q3"]].to_string(index=False))

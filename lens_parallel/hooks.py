@@ -2,7 +2,8 @@
 
 Nothing here changes an activation: interventions live in ``edits.py``. A :class:`LayerStream` captures only the
 hooks an analysis asks for, hands each layer's tensors to a reducer as soon as the layer is complete, drops them,
-and stops the forward after the last layer it needs (nothing past it, not even the unembedding, is computed).
+and stops the forward after the last layer it needs (nothing past it is computed). No forward here computes the
+logits: each ends at the unembedding's input (:func:`run_to_final`).
 """
 
 from __future__ import annotations
@@ -237,6 +238,39 @@ def skip_blocks_before(model: TransformerBridge, layer: int) -> Iterator[None]:
                     del module.forward
 
 
+FINAL_HOOK = "unembed.hook_in"
+"""Where the final normalised residual enters the unembedding: every forward here ends at this hook."""
+
+
+def run_to_final(
+    model: TransformerBridge,
+    tokens: Int[Tensor, "batch pos"],
+    hooks: Sequence[Hook] = (),
+    *,
+    resid: Float[Tensor, "batch pos d_model"] | None = None,
+    start_at_layer: int | None = None,
+) -> Float[Tensor, "batch pos d_model"] | None:
+    """A forward over ``tokens`` (or from ``resid`` entering block ``start_at_layer``, the earlier blocks not
+    computed: :func:`skip_blocks_before`) under ``hooks`` and the caller's grad mode, ended before the unembedding:
+    returns the final normalised residual (the unembedding's input), or None when a hook ended the forward earlier
+    by raising :class:`StopForward`. The logits are never computed (losses come from
+    :func:`lens_parallel.losses.chunked_token_nll`): TransformerLens 4.3's ``stop_at_layer=n_layers`` still runs the
+    unembedding."""
+    kept: list[Tensor] = []
+
+    def stop_at_unembedding(tensor: Tensor, hook: HookPoint) -> None:
+        kept.append(tensor)
+        raise StopForward
+
+    with model.hooks(fwd_hooks=[*hooks, (FINAL_HOOK, stop_at_unembedding)]), contextlib.suppress(StopForward):
+        if resid is None:
+            model(tokens, return_type=None)
+        else:
+            with skip_blocks_before(model, start_at_layer or 0):
+                model(resid, start_at_layer=start_at_layer, return_type=None)
+    return kept[0] if kept else None
+
+
 def forward(
     model: TransformerBridge,
     tokens: Int[Tensor, "batch pos"],
@@ -244,20 +278,10 @@ def forward(
     *,
     resid: Float[Tensor, "batch pos d_model"] | None = None,
     start_at_layer: int | None = None,
-    logits: bool = True,
-) -> Float[Tensor, "batch pos d_vocab"] | None:
-    """The one forward every analysis runs: over ``tokens``, or from ``resid`` entering block ``start_at_layer``
-    (the earlier blocks not computed: :func:`skip_blocks_before`), under ``hooks``, without gradients; returns the
-    logits (``logits=True``) or nothing (a hook may end the forward early by raising :class:`StopForward`)."""
-    return_type = "logits" if logits else None
-    with torch.inference_mode(), model.hooks(fwd_hooks=list(hooks)), contextlib.suppress(StopForward):
-        if resid is None:
-            out: Tensor | None = model(tokens, return_type=return_type)
-            return out
-        with skip_blocks_before(model, start_at_layer or 0):
-            out = model(resid, start_at_layer=start_at_layer, return_type=return_type)
-            return out
-    return None
+) -> Float[Tensor, "batch pos d_model"] | None:
+    """The one forward every analysis runs: :func:`run_to_final` without gradients."""
+    with torch.inference_mode():
+        return run_to_final(model, tokens, hooks, resid=resid, start_at_layer=start_at_layer)
 
 
 class StopForward(Exception):
@@ -327,15 +351,15 @@ class LayerStream:
         edit_hooks: Sequence[Hook] = (),
         resid: Float[Tensor, "batch pos d_model"] | None = None,
         start_at_layer: int | None = None,
-        logits: bool = False,
-    ) -> Float[Tensor, "batch pos d_vocab"] | None:
+        final: bool = False,
+    ) -> Float[Tensor, "batch pos d_model"] | None:
         """One :func:`forward` over ``tokens`` (or from ``resid`` entering block ``start_at_layer``, earlier blocks
         not computed), with ``edit_hooks`` (compiled edits) applied first. Stops after the last layer's reduction,
-        or with ``logits=True`` goes on and returns the logits."""
+        or with ``final=True`` goes on and returns the final normalised residual."""
         self._buffers.clear()
-        self.device, self.stop = tokens.device, not logits
+        self.device, self.stop = tokens.device, not final
         hooks = [*edit_hooks, *self.fwd_hooks()]
-        out = forward(model, tokens, hooks, resid=resid, start_at_layer=start_at_layer, logits=logits)
+        out = forward(model, tokens, hooks, resid=resid, start_at_layer=start_at_layer)
         if self._buffers:
             missing = {layer: sorted(set(self.roles[layer]) - set(b)) for layer, b in self._buffers.items()}
             raise LibraryError(f"hooks never fired for layer/roles {missing}")
@@ -357,15 +381,15 @@ def gradient_pass(
     info: ModelInfo,
     roles: dict[int, Sequence[str]],
     grad_roles: dict[int, Sequence[str]],
-    objective: Callable[[Tensor], Float[Tensor, " batch"]],
+    objective: Callable[[Float[Tensor, "batch pos d_model"]], Float[Tensor, " batch"]],
     reduce: GradReducer,
 ) -> Float[Tensor, " batch"]:
     """One forward and one backward over ``tokens``: per layer, the activations of ``roles`` (detached float64
-    copies; ``pattern`` kept as its diagonal) and the gradients of ``objective(logits).sum()`` with respect to the
-    activations of ``grad_roles`` (float64; both on the tokens' device), handed to ``reduce(layer, acts, grads)`` as
-    soon as the backward has passed the layer. Documents are independent, so each document's gradient is that of its
-    own objective.
-    Returns ``objective(logits)`` per document. Nothing in the forward changes: every hook returns its input."""
+    copies; ``pattern`` kept as its diagonal) and the gradients of ``objective(final).sum()`` (``final``: the final
+    normalised residual) with respect to the activations of ``grad_roles`` (float64; both on the tokens' device),
+    handed to ``reduce(layer, acts, grads)`` as soon as the backward has passed the layer. Documents are
+    independent, so each document's gradient is that of its own objective.
+    Returns ``objective(final)`` per document. Nothing in the forward changes: every hook returns its input."""
     acts: dict[int, dict[str, Tensor]] = {layer: {} for layer in roles}
     grads: dict[int, dict[str, Tensor]] = {layer: {} for layer in grad_roles}
     live: list[Tensor] = []
@@ -390,9 +414,11 @@ def gradient_pass(
     names = {(layer, role) for layer, rs in [*roles.items(), *grad_roles.items()] for role in rs}
     hooks = [(hook_name(0, "resid_pre"), _grad_root)]
     hooks += [(hook_name(layer, role), partial(capture, layer=layer, role=role)) for layer, role in sorted(names)]
-    with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
-        logits = model(tokens, return_type="logits")
-        per_doc = objective(logits)
+    with torch.enable_grad():
+        final = run_to_final(model, tokens, hooks)
+        if final is None:
+            raise LibraryError("the gradient pass ended before the unembedding")
+        per_doc = objective(final)
         torch.autograd.grad(per_doc.sum(), live)
     if grads:
         raise RuntimeError(f"no gradient reached layers {sorted(grads)}")

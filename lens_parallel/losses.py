@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+import einops
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
+import transformers
 from jaxtyping import Float, Int
 from torch import Tensor
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.errors import LensParallelError
 from lens_parallel.plots.losses import edit_effect_figure
@@ -118,8 +123,83 @@ def token_nll(
     """-log p(token_{t+1} | ..t) for t = 0..T-2, in float32 (float64 for a float64 model); with ``lengths`` (the
     documents' real tokens, right-padded), NaN where token t+1 is past the document's end."""
     logp = torch.log_softmax(logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-    nll = -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    return _unscored_nan(-logp.gather(-1, tokens[:, 1:, None]).squeeze(-1), lengths)
+
+
+def _unscored_nan(
+    nll: Float[Tensor, "batch scored"], lengths: Int[Tensor, " batch"] | None
+) -> Float[Tensor, "batch scored"]:
+    """``nll`` with NaN where token t+1 is past the document's end (nothing masked without ``lengths``)."""
     if lengths is None:
         return nll
     scored = torch.arange(nll.shape[1], device=nll.device) < (lengths.to(nll.device) - 1)[:, None]
     return torch.where(scored, nll, torch.nan)
+
+
+LOSS_CHUNK_BYTES = 64 * 2**20
+"""The float32 logits one chunk of :func:`chunked_token_nll` may hold (64 MiB: 64 positions of a 262,144-token
+vocabulary); the chunk's model-dtype logits and, under grad, its softmax come on top."""
+
+
+@dataclass(frozen=True)
+class Unembedding:
+    """The model's map from the final normalised residual to logits:
+    ``logits = c * tanh((x W_U^T + b_U) / c)`` with ``c = softcap`` (Gemma 2's ``final_logit_softcapping``), or
+    without the tanh when ``softcap`` is None. ``W_U`` is in Hugging Face's layout ``[d_vocab, d_model]`` and is the
+    model's own parameter (tied to the embedding where the model ties them), so gradients reach it."""
+
+    W_U: Float[Tensor, "d_vocab d_model"]
+    b_U: Float[Tensor, " d_vocab"] | None
+    softcap: float | None
+
+
+def unembedding(model: TransformerBridge) -> Unembedding:
+    """The :class:`Unembedding` of a bridge: its Hugging Face ``lm_head`` and the config's final-logit soft cap."""
+    head = cast(torch.nn.Linear, model.unembed.original_component)
+    config = cast(transformers.PretrainedConfig, model.original_model.config)
+    softcap = getattr(config, "final_logit_softcapping", None) or getattr(
+        getattr(config, "text_config", None), "final_logit_softcapping", None
+    )
+    return Unembedding(head.weight, head.bias, float(softcap) if softcap else None)
+
+
+def _chunk_nll(
+    resid: Float[Tensor, "row d_model"], target: Int[Tensor, " row"], unembed: Unembedding
+) -> Float[Tensor, " row"]:
+    """-log softmax(logits)[target] of each row; the logits in the model's dtype (as its own lm_head computes
+    them), the log-sum-exp in float32 (float64 for a float64 model), as :func:`token_nll` does."""
+    logits = F.linear(resid, unembed.W_U, unembed.b_U)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if unembed.softcap is not None:
+        logits = unembed.softcap * torch.tanh(logits / unembed.softcap)
+    return torch.logsumexp(logits, dim=-1) - logits.gather(-1, target[:, None]).squeeze(-1)
+
+
+def chunked_token_nll(
+    resid: Float[Tensor, "batch pos d_model"],
+    unembed: Unembedding,
+    tokens: Int[Tensor, "batch pos"],
+    lengths: Int[Tensor, " batch"] | None = None,
+    *,
+    chunk_bytes: int = LOSS_CHUNK_BYTES,
+) -> Float[Tensor, "batch scored"]:
+    """:func:`token_nll` of the logits ``unembed`` makes of the final normalised residual ``resid``, without ever
+    holding them: the (batch x (pos-1)) scored positions are unembedded in chunks of
+    ``max(1, chunk_bytes // (4 d_vocab))`` rows, each reduced to its NLL before the next. Equal to
+    ``token_nll(logits, tokens, lengths)`` to float rounding (the same matmul and log-sum-exp, row by row).
+
+    Under grad (attribution, training) every chunk is checkpointed: the backward recomputes one chunk's logits at a
+    time, so it never holds the full logits either; gradients reach ``resid`` and the unembedding's parameters.
+    The vocabulary is not split: one position's float32 row of a 262,144-token vocabulary is 1 MiB."""
+    x = einops.rearrange(resid[:, :-1], "batch pos d_model -> (batch pos) d_model")
+    target = einops.rearrange(tokens[:, 1:].to(resid.device), "batch pos -> (batch pos)")
+    rows = max(1, chunk_bytes // (4 * unembed.W_U.shape[0]))
+    grad = torch.is_grad_enabled() and (x.requires_grad or unembed.W_U.requires_grad)
+    parts = [
+        cast(Tensor, checkpoint(_chunk_nll, x_c, t_c, unembed, use_reentrant=False))
+        if grad
+        else _chunk_nll(x_c, t_c, unembed)
+        for x_c, t_c in zip(x.split(rows), target.split(rows), strict=True)
+    ]
+    nll = einops.rearrange(torch.cat(parts), "(batch pos) -> batch pos", batch=tokens.shape[0])
+    return _unscored_nan(nll, lengths)

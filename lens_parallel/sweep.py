@@ -53,7 +53,7 @@ from lens_parallel.documents import DocBatch, Documents, document_batches
 from lens_parallel.edits import Edit, HeadEdit, check_positions, compile_hooks, scale_signature, stacked_scale_hooks
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.hooks import Hook, LayerStream, Reducer, check_indices, forward, softmax_layers
-from lens_parallel.losses import DocLosses, token_nll
+from lens_parallel.losses import DocLosses, chunked_token_nll, unembedding
 from lens_parallel.models import ModelInfo, head_label, model_info, weights_digest
 from lens_parallel.options import RunOptions, resolve_options
 from lens_parallel.results import serializable
@@ -160,13 +160,14 @@ def run_rows(
     if capture:
         keep = reduce or (lambda layer, t: captured.update({layer: t}))
         stream = LayerStream(info, list(capture), dict(capture), keep, dtype=dtype)
-        logits = stream.run(model, tokens, edit_hooks=hooks, resid=resid, start_at_layer=start, logits=loss is not None)
+        final = stream.run(model, tokens, edit_hooks=hooks, resid=resid, start_at_layer=start, final=loss is not None)
     else:
-        logits = forward(model, tokens, hooks, resid=resid, start_at_layer=start)
+        final = forward(model, tokens, hooks, resid=resid, start_at_layer=start)
     nll = None
     if loss is not None:
-        assert logits is not None  # both forwards return the logits when a loss is asked for
-        per_token = token_nll(logits, tokens, lengths)
+        assert final is not None  # both forwards return the final residual when a loss is asked for
+        with torch.inference_mode():
+            per_token = chunked_token_nll(final, unembedding(model), tokens, lengths)
         nll = per_token if loss == "token" else per_token.nan_to_num(0.0).sum(-1)
     return Forward(nll, captured)
 

@@ -41,3 +41,28 @@ def test_smollm2_causal_null_and_gqa_groups():
     summary = result.summary().iloc[0]
     assert summary["cos_self"] > summary["cos_null"] > 0  # trained heads: above the null, and the null is not 0
     assert summary["across_excess"] < summary["within_excess"]
+
+
+def test_smollm2_chunked_loss_equals_full_logits_and_its_gradient():
+    """Tied embeddings, a 49,152-token vocabulary: values and gradients equal the full-logits path."""
+    from lens_parallel.hooks import run_to_final
+    from lens_parallel.losses import Unembedding, chunked_token_nll, token_nll, unembedding
+
+    model = get_model("smollm2-135m")
+    blocks = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=40)
+    unembed = unembedding(model)
+    assert unembed.W_U is model.original_model.model.embed_tokens.weight  # tied
+    with torch.inference_mode():
+        final = run_to_final(model, blocks.tokens)
+        logits = model(blocks.tokens, return_type="logits")
+    torch.testing.assert_close(
+        chunked_token_nll(final, unembed, blocks.tokens, chunk_bytes=7 * 4 * 49152),
+        token_nll(logits, blocks.tokens),
+        rtol=0,
+        atol=5e-5,
+    )
+    x_full, x_chunk = final.clone().requires_grad_(True), final.clone().requires_grad_(True)
+    W = unembed.W_U.detach().clone()
+    token_nll(torch.nn.functional.linear(x_full, W), blocks.tokens).sum().backward()
+    chunked_token_nll(x_chunk, Unembedding(W, None, None), blocks.tokens, chunk_bytes=9 * 4 * 49152).sum().backward()
+    torch.testing.assert_close(x_chunk.grad, x_full.grad, rtol=1e-4, atol=1e-6)

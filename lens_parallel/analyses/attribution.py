@@ -46,7 +46,7 @@ from lens_parallel.documents import Documents
 from lens_parallel.edits import check_positions
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import GradReducer, expand_kv, gradient_pass, head_writes_note, output_weights, softmax_layers
-from lens_parallel.losses import token_nll
+from lens_parallel.losses import chunked_token_nll, unembedding
 from lens_parallel.models import ModelInfo, head_label, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import attribution_figure
@@ -287,13 +287,16 @@ class _GradientMetric(Metric):
         if self.s.positions == "after-first":
             weight[:, 0] = 0.0
         reduce = _reducer(self.info, self.s, self.spaces, self.W_O, self.means, weight.cpu(), out, self.layers)
+        unembed = unembedding(context.model)
         per_doc = gradient_pass(
             context.model,
             docs.tokens,
             self.info,
             roles=dict.fromkeys(self.layers, self.acts),
             grad_roles=dict.fromkeys(self.layers, self.grads),
-            objective=lambda logits: token_nll(logits, docs.tokens, docs.lengths).nan_to_num(0.0).sum(-1),
+            objective=lambda final: (
+                chunked_token_nll(final, unembed, docs.tokens, docs.lengths).nan_to_num(0.0).sum(-1)
+            ),
             reduce=reduce,
         )
         return [{"loss_sum": per_doc.double().cpu().numpy(), **out}]

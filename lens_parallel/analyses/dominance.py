@@ -342,6 +342,8 @@ class _Receiver:
         else:
             self.roles = ("lin_q", "lin_k", "lin_v")
         self.index = tuple([r * n // self.n_recv for r in range(self.n_recv)] for n in (self.n_q, self.n_k, self.n_v))
+        # captured in (at least) float32, exactly the model's values; only the positions read go to float64
+        self.dtype = torch.promote_types(next(model.parameters()).dtype, torch.float32)
 
     def __call__(
         self, batch: Batch, rows: Int[Tensor, " row"], mask: Bool[Tensor, "row head_index"], length: int
@@ -349,11 +351,19 @@ class _Receiver:
         hooks = HeadEdit("zero", self.up, mask).hooks(self.model, self.info)
         capture = {self.recv: self.roles}
         out = run_rows(
-            self.model, self.info, batch, rows=rows, hooks=hooks, start_layer=self.up, capture=capture, length=length
+            self.model,
+            self.info,
+            batch,
+            rows=rows,
+            hooks=hooks,
+            start_layer=self.up,
+            capture=capture,
+            length=length,
+            dtype=self.dtype,
         ).captured[self.recv]
         q, k, v = (out[role] for role in self.roles[:3])
         if self.kind == "linear":  # what the gated delta rule kernel multiplies: L2-normalised, q scaled
-            q, k = geometry.l2_normalize(q) * q.shape[-1] ** -0.5, geometry.l2_normalize(k)
+            q, k = geometry.l2_normalize(q.double()) * q.shape[-1] ** -0.5, geometry.l2_normalize(k.double())
         return {"q": q, "k": k, "v": v, "pattern": out.get("pattern_full")}
 
 
@@ -363,13 +373,13 @@ def _effects(
     """Per-row effects at positions ``at``: qkv / js ``[row, pos, receiving_head]``, rel_q / rel_k / rel_v per query /
     key / value head. js is NaN for linear attention (no softmax)."""
     qi, ki, vi = index
-    q, k, v = (base[key][:, at] for key in ("q", "k", "v"))
-    q2, k2, v2 = (new[key][:, at] for key in ("q", "k", "v"))
+    q, k, v = (base[key][:, at].double() for key in ("q", "k", "v"))
+    q2, k2, v2 = (new[key][:, at].double() for key in ("q", "k", "v"))
     num = sum((b[:, :, i] - a[:, :, i]).pow(2).sum(-1) for a, b, i in ((q, q2, qi), (k, k2, ki), (v, v2, vi)))
     den = sum(a[:, :, i].pow(2).sum(-1) for a, i in ((q, qi), (k, ki), (v, vi)))
     if base["pattern"] is not None:
-        rows_base = einops.rearrange(base["pattern"][:, :, at], "row head pos key -> row pos head key")
-        rows_new = einops.rearrange(new["pattern"][:, :, at], "row head pos key -> row pos head key")
+        rows_base = einops.rearrange(base["pattern"][:, :, at].double(), "row head pos key -> row pos head key")
+        rows_new = einops.rearrange(new["pattern"][:, :, at].double(), "row head pos key -> row pos head key")
         js = geometry.js_divergence(rows_new, rows_base)
     else:
         js = torch.full(num.shape, float("nan"), dtype=num.dtype)
@@ -453,18 +463,41 @@ def _joint_effects(
     masks: Bool[Tensor, "text pos recv half upstream"],
     tokens_per_forward: int,
 ) -> dict[str, np.ndarray]:
-    """Token-adaptive joint removals: token t's mask at every position, rows cut to t + 1 tokens; each row read at
-    token t and its own receiving head. Returns qkv / js ``[text, pos, recv, half]``."""
-    n, _, n_recv, n_half, _ = masks.shape
-    out: dict[str, list[np.ndarray]] = {"qkv": [], "js": []}
-    for j, t in enumerate(positions):
-        rows = einops.rearrange(masks[:, j], "text recv half up -> (text recv half) up")
-        owners = einops.repeat(torch.arange(n), "text -> (text recv half)", recv=n_recv, half=n_half)
-        eff = _measure(receive, batch, owners, rows, length=t + 1, at=[t], tokens_per_forward=tokens_per_forward)
-        for key in out:
-            per_row = einops.rearrange(eff[key][:, 0], "(text recv half) g -> text half recv g", text=n, half=n_half)
-            out[key].append(np.diagonal(per_row, axis1=2, axis2=3).transpose(0, 2, 1))  # own receiving head
-    return {key: np.stack(v, axis=1) for key, v in out.items()}
+    """Token-adaptive joint removals: token t's mask at every position up to t, read at token t and its own
+    receiving head. Returns qkv / js ``[text, pos, recv, half]``.
+
+    Each distinct (text, mask) is run once, cut to ``t + 1`` tokens for the last token t that reads it: causal
+    attention makes a row cut there give every earlier token's numbers too (to float rounding), so masks that
+    coincide across receiving heads, halves or tokens share one row. Rows of one length share forwards."""
+    n, n_pos, n_recv, n_half, _ = masks.shape
+    requests = einops.rearrange(masks, "text pos recv half up -> text (pos recv half) up")
+    token = einops.repeat(torch.tensor(positions), "pos -> (pos recv half)", recv=n_recv, half=n_half)
+    at_pos = einops.repeat(torch.arange(n_pos), "pos -> (pos recv half)", recv=n_recv, half=n_half)
+    head = einops.repeat(torch.arange(n_recv), "recv -> (pos recv half)", pos=n_pos, half=n_half)
+    owners, rows, last, which, offset = [], [], [], [], 0
+    for text in range(n):
+        unique, inverse = torch.unique(requests[text], dim=0, return_inverse=True)
+        owners.append(torch.full((len(unique),), text))
+        rows.append(unique)
+        last.append(torch.full((len(unique),), -1).scatter_reduce(0, inverse, token, "amax"))
+        which.append(inverse + offset)
+        offset += len(unique)
+    owner, row_mask, length = torch.cat(owners), torch.cat(rows), torch.cat(last) + 1
+    per_row = {key: np.full((len(owner), n_pos, n_recv), np.nan) for key in ("qkv", "js")}
+    for size in torch.unique(length).tolist():
+        idx = torch.nonzero(length == size).squeeze(1)
+        read = [j for j, t in enumerate(positions) if t < size]
+        at = [positions[j] for j in read]
+        eff = _measure(
+            receive, batch, owner[idx], row_mask[idx], length=size, at=at, tokens_per_forward=tokens_per_forward
+        )
+        for key in per_row:
+            per_row[key][idx.numpy()[:, None], np.asarray(read)[None, :]] = eff[key]
+    gather = (torch.stack(which).numpy(), at_pos.numpy()[None], head.numpy()[None])
+    return {
+        key: einops.rearrange(v[gather], "text (pos recv half) -> text pos recv half", pos=n_pos, recv=n_recv)
+        for key, v in per_row.items()
+    }
 
 
 def _pair_batch(

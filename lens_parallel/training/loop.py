@@ -38,8 +38,8 @@ from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.data import boundary_token, load_texts, stream_blocks
 from lens_parallel.edits import Edit, LearnedGate, apply_edits, compile_hooks
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import Hook, hook_name
-from lens_parallel.losses import token_nll
+from lens_parallel.hooks import Hook, hook_name, run_to_final
+from lens_parallel.losses import chunked_token_nll, unembedding
 from lens_parallel.models import export_hf_model, load_model, model_info, wrap_hf_model
 from lens_parallel.plots.training import training_curves
 from lens_parallel.results import Provenance, ResultMixin, serializable
@@ -314,8 +314,10 @@ class _Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.state["step"], self.config)
         self.model.train()
-        with autocast, self.model.hooks(fwd_hooks=hooks):
-            loss = token_nll(self.model(batch, return_type="logits"), batch).sum() / batch[:, 1:].numel()
+        with autocast:
+            final = run_to_final(self.model, batch, hooks)
+            assert final is not None  # no training hook ends the forward early
+            loss = chunked_token_nll(final, unembedding(self.model), batch).sum() / batch[:, 1:].numel()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]

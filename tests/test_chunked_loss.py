@@ -1,0 +1,96 @@
+"""The chunked loss: the final normalised residual unembedded a chunk of positions at a time equals token_nll of
+the full logits (values and gradients), on every toy family, with a final-logit soft cap, and in the engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from lens_parallel.hooks import run_to_final
+from lens_parallel.losses import chunked_token_nll, token_nll, unembedding
+from lens_parallel.models import wrap_hf_model
+from lens_parallel.tokenizers import load_bundled_tokenizer
+from tests.conftest import FAMILIES, get_model
+
+
+def _tokens(model, batch: int = 3, pos: int = 12) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=g)
+
+
+def _logits(model, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(tokens, return_type="logits")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_chunked_nll_equals_full_logits_on_every_family(family: str) -> None:
+    model = get_model(family)
+    tokens = _tokens(model)
+    lengths = torch.tensor([12, 7, 2])
+    with torch.inference_mode():
+        final = run_to_final(model, tokens)
+    assert final is not None and final.shape == (3, 12, model.cfg.d_model)
+    expected = token_nll(_logits(model, tokens), tokens, lengths)
+    # 3 rows a chunk: the 33 scored positions in 11 chunks, some straddling documents
+    got = chunked_token_nll(final, unembedding(model), tokens, lengths, chunk_bytes=3 * 4 * model.cfg.d_vocab)
+    torch.testing.assert_close(got, expected, rtol=0, atol=2e-5, equal_nan=True)
+    assert torch.isnan(got[2, 1:]).all() and not torch.isnan(got[0]).any()
+
+
+@pytest.mark.parametrize("family", ["toy-gpt2", "toy-qwen3"])
+def test_chunked_nll_gradient_equals_full_logits_gradient(family: str) -> None:
+    """Gradients with respect to the final residual and to the (tied or untied) unembedding weight."""
+    model = get_model(family)
+    tokens = _tokens(model)
+    unembed = unembedding(model)
+    with torch.inference_mode():
+        final = run_to_final(model, tokens)
+    x_full = final.clone().requires_grad_(True)
+    x_chunk = final.clone().requires_grad_(True)
+    W = unembed.W_U.detach().clone().requires_grad_(True)
+    logits = torch.nn.functional.linear(x_full, W, None if unembed.b_U is None else unembed.b_U.detach())
+    token_nll(logits, tokens).sum().backward()
+    grad_x, grad_W = x_full.grad, W.grad
+    W.grad = None
+    chunked = type(unembed)(W, None if unembed.b_U is None else unembed.b_U.detach(), unembed.softcap)
+    chunked_token_nll(x_chunk, chunked, tokens, chunk_bytes=5 * 4 * model.cfg.d_vocab).sum().backward()
+    torch.testing.assert_close(x_chunk.grad, grad_x, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(W.grad, grad_W, rtol=1e-5, atol=1e-6)
+
+
+def _toy_gemma3(softcap: float | None):
+    config = transformers.Gemma3TextConfig(
+        vocab_size=50257,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+        final_logit_softcapping=softcap,
+        sliding_window=16,
+        architectures=["Gemma3ForCausalLM"],
+    )
+    torch.manual_seed(0)
+    hf_model = transformers.Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():  # large weights, so that the cap (tanh) is far from linear
+        hf_model.lm_head.weight.mul_(40.0)
+    return wrap_hf_model(hf_model, load_bundled_tokenizer("gpt2"), name="toy-gemma3-softcap")
+
+
+def test_chunked_nll_applies_the_final_logit_soft_cap() -> None:
+    model = _toy_gemma3(softcap=3.0)
+    tokens = _tokens(model)
+    unembed = unembedding(model)
+    assert unembed.softcap == 3.0
+    logits = _logits(model, tokens)
+    assert logits.abs().max() <= 3.0 + 1e-4  # the model itself caps its logits
+    with torch.inference_mode():
+        final = run_to_final(model, tokens)
+        got = chunked_token_nll(final, unembed, tokens, chunk_bytes=4 * 4 * model.cfg.d_vocab)
+        uncapped = chunked_token_nll(final, type(unembed)(unembed.W_U, unembed.b_U, None), tokens)
+    torch.testing.assert_close(got, token_nll(logits, tokens), rtol=0, atol=2e-5)
+    assert (got - uncapped).abs().max() > 0.1  # the cap matters here
