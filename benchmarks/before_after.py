@@ -4,7 +4,8 @@
     python benchmarks/before_after.py 6913976 benchmarks/dominance.py --models smollm2-135m --force
 
 The earlier revision is checked out in a temporary git worktree and its own copy of SCRIPT runs against its own
-package (``PYTHONPATH``); then the working tree's. Each run's output is printed as it comes and saved under
+package (``PYTHONPATH``; a SCRIPT the revision lacks, the working tree's copy, on the old package); then the
+working tree's. Each run's output is printed as it comes and saved under
 ``benchmarks/out/before_after/<script>-<rev>.log`` and ``...-worktree.log``. An ``--out`` of the benchmark, when
 given, gets ``-<rev>`` / ``-worktree`` appended so the runs do not share files. Compare ratios measured within one
 run of this script: the machines are shared and noisy.
@@ -23,12 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(tree: Path, script: str, args: list[str], log: Path) -> float:
+def run(tree: Path, script: Path, args: list[str], log: Path) -> float:
     env = dict(os.environ, PYTHONPATH=str(tree))
     t0 = time.perf_counter()
     with open(log, "w") as f:
         proc = subprocess.Popen(
-            [sys.executable, str(tree / script), *args],
+            [sys.executable, str(script), *args],
             cwd=tree,
             env=env,
             stdout=subprocess.PIPE,
@@ -66,12 +67,16 @@ def main() -> None:
         old = Path(tmp) / "old"
         subprocess.run(["git", "worktree", "add", "--detach", str(old), opts.rev], cwd=ROOT, check=True)
         try:
+            script = old / opts.script
+            if not script.exists():  # a benchmark written with the change: its copy runs on the old package
+                script = ROOT / opts.script
+                print(f"== {opts.rev} has no {opts.script}: the working tree's copy runs on {opts.rev}'s package")
             print(f"== {opts.rev}: {opts.script} {' '.join(opts.args)}", flush=True)
-            walls[opts.rev] = run(old, opts.script, with_out(opts.args, opts.rev), logs / f"{name}-{opts.rev}.log")
+            walls[opts.rev] = run(old, script, with_out(opts.args, opts.rev), logs / f"{name}-{opts.rev}.log")
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=True)
     print(f"== working tree: {opts.script} {' '.join(opts.args)}", flush=True)
-    walls["worktree"] = run(ROOT, opts.script, with_out(opts.args, "worktree"), logs / f"{name}-worktree.log")
+    walls["worktree"] = run(ROOT, ROOT / opts.script, with_out(opts.args, "worktree"), logs / f"{name}-worktree.log")
     for what, wall in walls.items():
         print(f"{what}: {wall:.1f} s wall (process, incl. model load)")
 

@@ -88,7 +88,7 @@ class Command:
     many_models: bool = False
 
 
-SWEEP = ("batch_size", "tokens_per_forward", "store", "progress", "workers", "ray_address")
+SWEEP = ("batch_size", "memory_budget", "tokens_per_forward", "store", "progress", "workers", "ray_address")
 
 
 # -- the generator -----------------------------------------------------------------------------------------------

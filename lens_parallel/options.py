@@ -13,8 +13,9 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
-from typing import Any, TypeVar, Union
+from typing import Any, Literal, TypeVar, Union
 
+from lens_parallel.budget import parse_bytes
 from lens_parallel.choices import Dtype
 from lens_parallel.errors import LensParallelError
 from lens_parallel.validate import as_tuple, check_choice, check_non_negative_int, check_positive_int, check_ray_address
@@ -24,14 +25,25 @@ from lens_parallel.validate import as_tuple, check_choice, check_non_negative_in
 class RunOptions:
     """How a run executes (never what it computes).
 
-    ``batch_size``: documents per forward. ``tokens_per_forward``: the most tokens (rows x positions) one forward
+    ``batch_size``: documents per forward, or ``"auto"``: the largest batch whose measured cost fits
+    ``memory_budget`` (:mod:`lens_parallel.budget`; the chosen size is what the run's provenance and store record,
+    and a resumed run takes it from its store). ``tokens_per_forward``: the most tokens (rows x positions) one forward
     may hold when the engine stacks several jobs, or several settings of one job, into it. Both change float
     rounding (the batch composition), so both are part of a store's fingerprint. ``store``: a JSON-lines file that
     makes the run resumable. ``progress``: progress bars. ``workers`` / ``ray_address``: run the units of work on Ray
     (:mod:`lens_parallel.distributed`): ``workers > 1`` or an address; the numbers equal a single process's.
     """
 
-    batch_size: int = field(default=8, metadata={"help": "documents per forward"})
+    batch_size: int | Literal["auto"] = field(
+        default=8, metadata={"help": "documents per forward, or auto: the most that fit memory_budget"}
+    )
+    memory_budget: str | int | None = field(
+        default=None,
+        metadata={
+            "help": "with batch_size auto: memory a run may add over the loaded model (4GB, 512MiB, bytes)",
+            "none": "80%% of free CUDA memory or 50%% of available RAM",
+        },
+    )
     tokens_per_forward: int = field(
         default=4096, metadata={"help": "the most tokens (rows x positions) one forward holds when jobs are stacked"}
     )
@@ -47,7 +59,13 @@ class RunOptions:
     )
 
     def __post_init__(self) -> None:
-        check_positive_int("batch_size", self.batch_size)
+        size = self.batch_size
+        if size != "auto" and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise LensParallelError(f"batch_size must be a positive integer or 'auto', got {size!r}")
+        if self.memory_budget is not None:
+            if self.batch_size != "auto":
+                raise LensParallelError("memory_budget is read only with batch_size='auto'; give one or the other")
+            parse_bytes(self.memory_budget)
         check_positive_int("tokens_per_forward", self.tokens_per_forward)
         check_positive_int("workers", self.workers)
         if self.store is not None:
@@ -60,7 +78,8 @@ class RunOptions:
 
     def numbers(self) -> dict[str, Any]:
         """The fields that change a run's numbers (float rounding): recorded in provenance and fingerprints."""
-        return {"batch_size": self.batch_size, "tokens_per_forward": self.tokens_per_forward}
+        auto = {} if self.batch_size != "auto" else {"memory_budget": self.memory_budget}
+        return {"batch_size": self.batch_size, "tokens_per_forward": self.tokens_per_forward} | auto
 
     def record(self) -> dict[str, Any]:
         """Every field, for provenance."""

@@ -99,7 +99,9 @@ class Provenance:
     ) -> Provenance:
         """The provenance of ``analysis``: its settings object's fields (its ``record()`` where it has one), ``extra``
         facts of the run (resolved layers, skipped ones, a reconstruction error, ...; they override a setting of the
-        same name) and the run options under ``options``."""
+        same name) and the run options under ``options``: a :class:`~lens_parallel.options.RunOptions`, or the
+        :class:`~lens_parallel.sweep.SweepRun` that ran with them (its ``record()`` holds the batch size
+        ``batch_size="auto"`` chose)."""
         plain = settings.record() if hasattr(settings, "record") else dataclasses.asdict(settings)
         return cls.collect(info, documents, analysis=analysis, **(plain | extra), options=options.record())
 

@@ -79,6 +79,18 @@ class SweepStore:
         self.path, self.fingerprint, self.n_docs, self.spec = Path(path), fingerprint, n_docs, spec
         self.lock = FileLock(str(add_suffix(self.path, ".lock")))
 
+    @staticmethod
+    def stored_fingerprint(path: str | Path) -> dict[str, Any] | None:
+        """The fingerprint in the header of the store at ``path``, or None (no store, or no readable header: opening
+        it says what is wrong)."""
+        try:
+            with open(path, "rb") as f:
+                header = json.loads(f.readline())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        found = header.get("fingerprint") if isinstance(header, dict) else None
+        return found if isinstance(found, dict) else None
+
     def open(self, jobs: Sequence[Keyed]) -> dict[str, Values]:
         """Finished jobs, after writing the header of a new (or empty) store or checking an existing one's: refuses
         a store of another run, or one holding a job under the key of one of ``jobs`` with other content. A row

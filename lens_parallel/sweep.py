@@ -34,6 +34,7 @@ change only the kernels' summation order.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel.budget import choose_batch_size, default_budget, parse_bytes
 from lens_parallel.choices import Ablation, EditPositions
 from lens_parallel.distributed import TaskContext, check_workers, run_tasks
 from lens_parallel.documents import DocBatch, Documents, document_batches
@@ -395,6 +397,13 @@ class SweepRun:
     base: DocLosses | None
     values: dict[str, Values]
     n_tokens: np.ndarray
+    options: RunOptions
+    auto_batch: dict[str, Any] | None
+
+    def record(self) -> dict[str, Any]:
+        """The run options as the run used them, for provenance: ``batch_size`` the number of documents per batch
+        (with ``batch_size="auto"`` the chosen one, and under ``batch_size_auto`` how it was chosen)."""
+        return self.options.record() | ({} if self.auto_batch is None else {"batch_size_auto": self.auto_batch})
 
     def value(self, job: Job) -> Values:
         return self.values[job.key]
@@ -454,6 +463,48 @@ def head_means(
     return {layer: (s / count).float() for layer, s in sums.items()}
 
 
+def _auto_batch_size(
+    model: TransformerBridge,
+    info: ModelInfo,
+    docs: Documents,
+    metric: Metric,
+    jobs: Sequence[Job],
+    opts: RunOptions,
+    kind: Ablation | None,
+    positions: EditPositions,
+) -> tuple[RunOptions, dict[str, Any]]:
+    """``opts`` with ``batch_size="auto"`` resolved (:mod:`lens_parallel.budget`): the size a store of the same run
+    recorded, else the largest that fits ``memory_budget``, measured by running this sweep's own work (the reference
+    pass and the metric's first chunk of jobs) on 1 and 2 of the longest documents. Returns the resolved options
+    and how the size was chosen."""
+    device = next(model.parameters()).device
+    label = "default" if opts.memory_budget is None else str(opts.memory_budget)
+    budget = default_budget(device) if opts.memory_budget is None else parse_bytes(opts.memory_budget)
+    resolved = dataclasses.replace(opts, batch_size=1, memory_budget=None)
+    stored = None if opts.store_path is None else SweepStore.stored_fingerprint(opts.store_path)
+    if stored is not None and stored.get("batch_size_auto") == label and isinstance(stored.get("batch_size"), int):
+        size = stored["batch_size"]  # a resumed run keeps the batch its finished jobs were computed with
+        return dataclasses.replace(resolved, batch_size=size), {
+            "memory_budget": label,
+            "batch_size": size,
+            "from": "store",
+        }
+    longest = torch.argsort(docs.lengths, descending=True, stable=True)
+    starts = tuple(sorted({job.start_layer for job in jobs} - {0}))
+    ablated = sorted({j.layer for j in jobs if isinstance(j, AblationJob)})
+    means = {layer: torch.zeros(info.n_heads, info.d_head) for layer in ablated} if kind == "mean" else {}
+    context = TaskContext(model, info)
+
+    def probe(k: int) -> None:
+        sub = Documents(docs.tokens[longest[:k]], docs.lengths[longest[:k]], docs.source)
+        plan = SweepPlan(sub, starts, k, opts.tokens_per_forward, kind, positions, means, metric)
+        (batch,) = _reference_pass(model, info, plan, metric.base or kind is not None)
+        metric.evaluate(context, plan, metric.chunks(list(jobs), plan)[0], batch)
+
+    chosen = choose_batch_size(probe, n_docs=len(docs), tokens=int(docs.lengths.max()), budget=budget, device=device)
+    return dataclasses.replace(resolved, batch_size=chosen.batch_size), {"memory_budget": label, **chosen.record()}
+
+
 def run_sweep(
     model: TransformerBridge,
     documents: object,
@@ -491,11 +542,11 @@ def run_sweep(
         if for_edits is not None:
             compile_hooks(model, for_edits)  # every edit checked against the model before the first forward
     kind = edit if any(isinstance(j, AblationJob) for j in jobs) else None
-    plan_fields: dict[str, Any] = {
-        "edit": kind,
-        "batch_size": opts.batch_size,
-        "tokens_per_forward": opts.tokens_per_forward,
-    }
+    auto: dict[str, Any] | None = None
+    if opts.batch_size == "auto":
+        opts, auto = _auto_batch_size(model, info, docs, metric, jobs, opts, kind, positions)
+    plan_fields: dict[str, Any] = {"edit": kind, **opts.numbers()}
+    plan_fields |= {} if auto is None else {"batch_size_auto": auto["memory_budget"]}
     plan_fields |= {} if positions == "all" else {"positions": positions}
     sweep_store, digest = None, None
     done: dict[str, Values] = {}
@@ -545,4 +596,5 @@ def run_sweep(
     bar.close()
     n_tokens = docs.n_tokens
     base_losses = None if base is None else DocLosses(base.double().cpu().numpy(), n_tokens)
-    return SweepRun(base=base_losses, values={job.key: done[job.key] for job in jobs}, n_tokens=n_tokens)
+    values = {job.key: done[job.key] for job in jobs}
+    return SweepRun(base=base_losses, values=values, n_tokens=n_tokens, options=opts, auto_batch=auto)

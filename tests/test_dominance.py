@@ -96,6 +96,53 @@ def test_removing_no_head_gives_zero(spec):
                     np.testing.assert_allclose(value, 0.0, atol=1e-6, err_msg=f"{up} {key}")
 
 
+def test_joint_rows_are_run_once_per_distinct_mask_cut_to_its_last_token():
+    """Masks repeated across receiving heads, halves and tokens are one row each, cut to the last token that reads
+    them; every observation equals its own row run alone (one row per request, cut to its own token)."""
+    model = get_model("toy-qwen3")
+    info = model_info(model)
+    tokens = token_blocks(model, "austen", n_docs=2, seq_len=12).tokens
+    receive = _Receiver(model, info, 0)
+    with torch.inference_mode():
+        resid = model(tokens, stop_at_layer=0)
+    batch = Batch(next(document_batches(Documents.of(tokens), 2)), prefix={0: resid})
+    positions, h, n_recv = [3, 7, 11], receive.n_up, receive.n_recv
+    g = torch.Generator().manual_seed(0)
+    choices = torch.rand(3, h, generator=g) < 0.5  # three distinct masks, reused everywhere
+    choices[:, 0] = True
+    pick = torch.randint(0, 3, (2, len(positions), n_recv, 2), generator=g)
+    pick[1] = 0  # text 1: one mask for every observation
+    masks = choices[pick]  # [text, pos, recv, half, upstream]
+    runs = []
+    plain = dominance.run_rows
+
+    def counted(*args, rows, length, **kw):
+        runs.append((len(rows) - len(torch.unique(rows)), length))  # each forward leads with its texts' unedited rows
+        return plain(*args, rows=rows, length=length, **kw)
+
+    dominance.run_rows = counted
+    try:
+        got = dominance._joint_effects(receive, batch, positions, masks, tokens_per_forward=4096)
+    finally:
+        dominance.run_rows = plain
+    distinct = [len(torch.unique(einops.rearrange(masks[t], "p r k u -> (p r k) u"), dim=0)) for t in range(2)]
+    assert sum(n for n, _ in runs) == sum(distinct)
+    assert max(length for _, length in runs) == 12 and distinct[1] == 1
+    for text, j, r, k in [(0, 0, 0, 0), (0, 2, n_recv - 1, 1), (1, 1, 2, 0)]:
+        t = positions[j]
+        alone = _measure(
+            receive,
+            batch,
+            torch.tensor([text]),
+            masks[text, j, r, k][None],
+            length=t + 1,
+            at=[t],
+            tokens_per_forward=64,
+        )
+        np.testing.assert_allclose(got["qkv"][text, j, r, k], alone["qkv"][0, 0, r], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(got["js"][text, j, r, k], alone["js"][0, 0, r], rtol=1e-4, atol=1e-9)
+
+
 def _plain(model, tokens, up, heads):
     """Effective q, k, v and attention pattern of layer up+1 from one plain forward from the tokens (no prefix reuse,
     no batching of rows), with ``heads`` of layer ``up`` zeroed over the whole sequence."""

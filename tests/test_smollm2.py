@@ -66,3 +66,27 @@ def test_smollm2_chunked_loss_equals_full_logits_and_its_gradient():
     token_nll(torch.nn.functional.linear(x_full, W), blocks.tokens).sum().backward()
     chunked_token_nll(x_chunk, Unembedding(W, None, None), blocks.tokens, chunk_bytes=9 * 4 * 49152).sum().backward()
     torch.testing.assert_close(x_chunk.grad, x_full.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_smollm2_bfloat16_statistics_within_the_stated_tolerance_of_float32():
+    """The README's bfloat16 tolerances (benchmarks/precision.py on 4 x 64 tokens): per head, median |diff| of
+    cosines under 0.005 and max under 0.06; of loss effects (nats) median under 0.005 and max under 0.1."""
+    from lens_parallel import causal_null, head_attribution, head_sensitivity, load_model
+
+    stats = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = get_model("smollm2-135m") if dtype == torch.float32 else load_model("smollm2-135m", dtype=dtype)
+        blocks = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=48, seed=0)
+        kw = {"batch_size": 2, "progress": False}
+        null = causal_null(model, blocks, **kw)
+        sens = head_sensitivity(
+            model, blocks, edit="zero", layers=[0, 10, 20, 29], n_resamples=20, n_permutations=20, **kw
+        )
+        attr = head_attribution(model, blocks, edit="parallel-value", **kw)
+        stats[dtype] = {
+            "cos": np.stack([null.cos_self.mean(0), null.excess]),
+            "nats": np.concatenate([sens.head_delta.ravel(), (attr.estimate.sum(0) / attr.n_tokens.sum()).ravel()]),
+        }
+    for kind, (median, largest) in {"cos": (0.005, 0.06), "nats": (0.005, 0.1)}.items():
+        diff = np.abs(stats[torch.bfloat16][kind] - stats[torch.float32][kind])
+        assert np.median(diff) < median and diff.max() < largest, (kind, np.median(diff), diff.max())

@@ -138,5 +138,5 @@ def run_ablations(
         base_loss_sum=run.base.loss_sum,
         loss_sum=np.stack([run[job].loss_sum for job in jobs]),
         n_tokens=run.n_tokens,
-        provenance=Provenance.of(model_info(model), docs, "run_ablations", s, opts),
+        provenance=Provenance.of(model_info(model), docs, "run_ablations", s, run),
     )

@@ -329,12 +329,14 @@ def head_attribution(
     skipped_notes = [n for n in (skipped, note) if n]
     _, grads = _roles(info, s.edit, spaces)
     W_O = {layer: output_weights(model, layer, dtype=torch.float64) for layer in layer_idx if "attn_out" in grads}
-    means = head_means(model, docs, layer_idx, batch_size=opts.batch_size) if s.edit == "mean" else {}
+    means_batch = opts.batch_size if isinstance(opts.batch_size, int) else 1  # "auto" sizes the sweep, not this pass
+    means = head_means(model, docs, layer_idx, batch_size=means_batch) if s.edit == "mean" else {}
     metric = _GradientMetric(info, s, layer_idx, spaces, W_O, means)
     job = EditJob("screen", ())
-    out = run_sweep(model, docs, [job], metric=metric, options=opts, desc="attribution").value(job)
+    run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="attribution")
+    out = run.value(job)
     provenance = Provenance.of(
-        info, docs, "head_attribution", s, opts, layers=list(layer_idx), spaces=list(spaces), skipped=skipped_notes
+        info, docs, "head_attribution", s, run, layers=list(layer_idx), spaces=list(spaces), skipped=skipped_notes
     )
     return AttributionResult(
         edit=s.edit,

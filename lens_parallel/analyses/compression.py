@@ -321,7 +321,7 @@ def compression_error(
             docs,
             "compression_error",
             s,
-            opts,
+            run,
             methods=[job.key for job in jobs],
             calibration="the documents" if calibration is None else "separate",
         ),

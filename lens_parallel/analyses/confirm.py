@@ -159,7 +159,7 @@ def confirm(
     exact_mean = np.asarray(ratio_of_sums_delta(exact, base, weights, axis=0))
     est_grid = result.head_estimate()
     estimate = np.array([est_grid[result.layers.index(layer), h] for layer, h in chosen])
-    provenance = Provenance.of(result.info, docs, "confirm", s, opts, edit=result.edit, positions=result.positions)
+    provenance = Provenance.of(result.info, docs, "confirm", s, run, edit=result.edit, positions=result.positions)
     return ConfirmResult(
         edit=result.edit,
         labels=tuple(head_label(layer, h) for layer, h in chosen),

@@ -363,7 +363,8 @@ def decompose(
         W_O = {layer: output_weights(model, layer, dtype=torch.float64) for layer in space_layers["residual-attn"]}
     metric = _AlignmentMetric(info, s.space, space_layers, roles, W_O, s.eps)
     job = EditJob("unedited", ())
-    values = run_sweep(model, docs, [job], metric=metric, options=opts, desc="decompose").value(job)
+    run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="decompose")
+    values = run.value(job)
     acc = _Accumulator(info, space_layers, s.eps)
     tables = acc.tables({key: values[f"{key[0]}|{key[1]}"] for key in acc.sums})
     provenance = Provenance.of(
@@ -371,7 +372,7 @@ def decompose(
         docs,
         "decompose",
         s,
-        opts,
+        run,
         layers=list(layer_idx),
         positions="1 <= t < length (position 0 excluded)",
         skipped=skipped,

@@ -258,7 +258,8 @@ def diagonal_view(
     W_O = output_weights(model, layer, dtype=torch.float64)
     metric = _DiagonalMetric(info, layer, spaces, s.s_par, s.eps, W_O)
     job = EditJob("unedited", ())
-    sums = run_sweep(model, docs, [job], metric=metric, options=opts, desc="diagonal").value(job)
+    run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="diagonal")
+    sums = run.value(job)
     one = next(document_batches(Documents.padded([docs.tokens[s.doc, : int(docs.lengths[s.doc])].tolist()], {}), 1))
     t = run_rows(model, info, Batch(one), capture={layer: DIAGONAL_ROLES}).captured[layer]
     d_a, _ = _changes(info, t, spaces, s.s_par, s.eps, W_O)
@@ -269,7 +270,7 @@ def diagonal_view(
         change = d_a[spaces.index("residual-attn"), 0, head][:, None] * (v @ W_O[head])
         split = geometry.project(change, x)
         residual_par, residual_perp = split.par.norm(dim=-1).numpy(), split.perp.norm(dim=-1).numpy()
-    provenance = Provenance.of(info, docs, "diagonal_view", s, opts, layer=layer, head=head, spaces=list(spaces))
+    provenance = Provenance.of(info, docs, "diagonal_view", s, run, layer=layer, head=head, spaces=list(spaces))
     return DiagonalView(
         layer=layer,
         head=head,

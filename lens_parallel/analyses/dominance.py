@@ -705,7 +705,7 @@ def head_dominance(
         docs,
         "head_dominance",
         s,
-        opts,
+        run,
         upstream_layers=list(ups),
         query_positions=list(positions),
         removal="upstream head's projected output zeroed over the whole sequence (softmax: hook_z; linear "

@@ -63,6 +63,6 @@ def evaluate(
         edits=[describe_edit(e) for e in edits],
         n_resamples=n_resamples,
         seed=seed,
-        options=opts.record(),
+        options=run.record(),
     )
     return dataclasses.replace(effect, provenance=provenance)

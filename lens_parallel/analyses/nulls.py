@@ -285,7 +285,8 @@ def causal_null(
         )
     metric = _NullMetric(info, layers, s, docs.tokens.shape[1], len(docs))
     job = EditJob("unedited", ())
-    out = run_sweep(model, docs, [job], metric=metric, options=opts, desc="causal null").value(job)
+    run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="causal null")
+    out = run.value(job)
     lo, hi = bootstrap_mean_ci(
         out["self"] - out["null"], n_resamples=s.n_resamples, seed=s.seed, what="causal null: per-document excess"
     )
@@ -294,7 +295,7 @@ def causal_null(
         docs,
         "gqa_alignment" if s.groups else "causal_null",
         s,
-        opts,
+        run,
         layers=list(layers),
         positions="1 <= t < length; null j ~ U[0, t) per (document, layer, head, position)"
         if s.null == "sampled"

@@ -192,7 +192,7 @@ def _split_half(
         docs,
         "split_half_reliability",
         s,
-        opts,
+        run,
         halves=[list(h) for h in halves],
         skipped=null.provenance.settings["skipped"],
     )

@@ -209,5 +209,5 @@ def scale_sweep(
     )
     layers = list(check_indices("layers", s.layers, info.n_layers))
     return ScalingResult(
-        points=sweep_points, provenance=Provenance.of(info, docs, "scale_sweep", s, opts, layers=layers)
+        points=sweep_points, provenance=Provenance.of(info, docs, "scale_sweep", s, run, layers=layers)
     )

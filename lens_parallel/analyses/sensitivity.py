@@ -168,5 +168,5 @@ def head_sensitivity(
         joint_lo=joint[:, 1],
         joint_hi=joint[:, 2],
         joint_p=joint[:, 3],
-        provenance=Provenance.of(info, docs, "head_sensitivity", s, opts, layers=list(layer_idx), skipped=skipped),
+        provenance=Provenance.of(info, docs, "head_sensitivity", s, run, layers=list(layer_idx), skipped=skipped),
     )
