@@ -8,7 +8,8 @@ decomposition (cos_self per layer and head, value space), the causal null (cos_s
 head), head sensitivity on every layer (delta loss per head ablated alone, zero ablation) and the attribution
 screen (first-order estimate and dloss/ds_par per head). Reductions run in float64 in both; only the model's own
 arithmetic differs. Prints, per statistic, the largest and the median absolute difference and the spread of the
-float32 values (their standard deviation over heads) for scale, and writes them as a CSV. The tolerances that
+float32 values (their standard deviation over heads) for scale, and the Spearman correlation of the two over heads
+(does half precision reorder the heads?), and writes them as a CSV. The tolerances that
 ``tests/test_smollm2.py`` asserts come from this table.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import scipy.stats as sps
 import torch
 
 from lens_parallel import causal_null, decompose, head_attribution, head_sensitivity, load_model, token_blocks
@@ -73,6 +75,7 @@ def main() -> None:
                 "median |diff|": np.median(diff),
                 "float32 spread (sd)": ref.std(),
                 "max |diff| / spread": diff.max() / ref.std(),
+                "spearman": sps.spearmanr(ref.ravel(), stats[args.dtype][name].ravel()).statistic,
             }
         )
     table = pd.DataFrame(rows)

@@ -208,5 +208,9 @@ def compress(
         with torch.no_grad():
             method(copy)
     return wrap_hf_model(
-        copy, model.tokenizer, name=f"{model.cfg.model_name}+{method_name(method)}", device=str(model.cfg.device)
+        copy,
+        model.tokenizer,
+        name=f"{model.cfg.model_name}+{method_name(method)}",
+        device=str(model.cfg.device),
+        dtype=next(model.parameters()).dtype,  # the original's precision (a bfloat16 model stays bfloat16)
     )

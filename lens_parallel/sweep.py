@@ -545,6 +545,8 @@ def run_sweep(
     auto: dict[str, Any] | None = None
     if opts.batch_size == "auto":
         opts, auto = _auto_batch_size(model, info, docs, metric, jobs, opts, kind, positions)
+    batch_size = opts.batch_size
+    assert isinstance(batch_size, int)  # "auto" is resolved above
     plan_fields: dict[str, Any] = {"edit": kind, **opts.numbers()}
     plan_fields |= {} if auto is None else {"batch_size_auto": auto["memory_budget"]}
     plan_fields |= {} if positions == "all" else {"positions": positions}
@@ -558,9 +560,9 @@ def run_sweep(
         done = sweep_store.open(jobs)
     todo = [job for job in jobs if job.key not in done]
     head_layers = sorted({j.layer for j in todo if isinstance(j, AblationJob)})
-    means = head_means(model, docs, head_layers, batch_size=opts.batch_size) if kind == "mean" and head_layers else {}
+    means = head_means(model, docs, head_layers, batch_size=batch_size) if kind == "mean" and head_layers else {}
     starts = tuple(sorted({job.start_layer for job in todo} - {0}))
-    plan = SweepPlan(docs, starts, opts.batch_size, opts.tokens_per_forward, kind, positions, means, metric)
+    plan = SweepPlan(docs, starts, batch_size, opts.tokens_per_forward, kind, positions, means, metric)
     memo = {} if memo is None else memo
     need_base = metric.base or kind is not None  # ablations are compared with the unedited model
     base = None

@@ -25,8 +25,8 @@ def test_sizes_are_parsed_and_bad_ones_refused_naming_the_units():
             parse_bytes(bad)
     with pytest.raises(LensParallelError, match="memory_budget is read only with batch_size='auto'"):
         RunOptions(batch_size=4, memory_budget="1GB")
-    with pytest.raises(LensParallelError, match="batch_size must be a positive integer or 'auto'"):
-        RunOptions(batch_size="many")
+    with pytest.raises(LensParallelError, match="batch_size must be a positive integer or 'auto', got 0"):
+        RunOptions(batch_size=0)
 
 
 def _allocate(k: int, per_doc: int = 60 * MB, fixed: int = 20 * MB) -> None:

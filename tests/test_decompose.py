@@ -134,7 +134,7 @@ def test_bad_arguments_fail_before_any_forward():
         decompose(model, tokens, space="values")
     with pytest.raises(ValueError, match=r"layers \[3\] out of range: this model has layers 0..2"):
         decompose(model, tokens, layers=[0, 3])
-    with pytest.raises(ValueError, match="batch_size must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="batch_size must be a positive integer or 'auto', got 0"):
         decompose(model, tokens, batch_size=0)
     with pytest.raises(ValueError, match=r"tokens must be an integer tensor \[batch, pos\], got \(8,\)"):
         decompose(model, torch.zeros(8, dtype=torch.long))

@@ -96,9 +96,9 @@ def test_removing_no_head_gives_zero(spec):
                     np.testing.assert_allclose(value, 0.0, atol=1e-6, err_msg=f"{up} {key}")
 
 
-def test_joint_rows_are_run_once_per_distinct_mask_cut_to_its_last_token():
-    """Masks repeated across receiving heads, halves and tokens are one row each, cut to the last token that reads
-    them; every observation equals its own row run alone (one row per request, cut to its own token)."""
+def test_joint_rows_are_run_once_per_distinct_mask():
+    """Masks repeated across receiving heads, halves and tokens are one row each, run at least to the last token
+    that reads them; every observation equals its own row run alone (one row per request, cut to its own token)."""
     model = get_model("toy-qwen3")
     info = model_info(model)
     tokens = token_blocks(model, "austen", n_docs=2, seq_len=12).tokens

@@ -18,12 +18,19 @@ FLOAT64_MEANS = {"rtol": 1e-13, "atol": 1e-15}
 """Null models and compression over all positions: a mean over positions 1.. is now a weighted sum over each
 document's real positions (documents may differ in length), so float64 sums run in another order (seen: 3e-15)."""
 FLOAT32_ROWS = {"rtol": 1e-5, "atol": 1e-7}
-"""Dominance's token-adaptive joint rows are packed into forwards by a token budget, not a row count: another batch
-composition changes the float32 rounding of the linear-attention kernels (seen on toy-qwen3.5: 3e-6 relative)."""
+"""Dominance's token-adaptive joint rows are packed into forwards by a token budget, not a row count, and (0.8.0)
+each distinct mask is one row run to the longest token that reads it: other batch compositions and lengths change
+float32 rounding (seen: 3e-6 relative on toy-qwen3.5's linear-attention kernels; 2.4e-7 absolute)."""
+CHUNKED_LOSS = {"rtol": 0.0, "atol": 5e-6}
+"""Losses (0.8.0) come from the final residual unembedded a chunk of positions at a time, never the full logits:
+the same float32 matmul and log-sum-exp on fewer rows per call, so BLAS rounds differently (seen: 2.9e-6 nats on
+per-token losses, 2e-6 on per-head delta losses; the float64 statistics built on them move by as much)."""
 
 
 def _tolerance(name: str) -> dict[str, float]:
-    if name.startswith(("null_", "gqa_", "compression_all_", "compression_methods_all_")):
+    if name.startswith(("attribution_", "sensitivity_", "compression_methods_", "explore_")):  # tables of losses
+        return CHUNKED_LOSS
+    if name.startswith(("null_", "gqa_", "compression_all_")):
         return FLOAT64_MEANS
     if name.startswith("dominance_") and "joint" in name:
         return FLOAT32_ROWS

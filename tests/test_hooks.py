@@ -8,6 +8,7 @@ import torch
 from lens_parallel import hooks
 from lens_parallel.errors import LibraryError
 from lens_parallel.hooks import (
+    FINAL_HOOK,
     HookShapeError,
     LayerStream,
     check_shape,
@@ -85,7 +86,8 @@ def test_prefix_reuse_is_exact_and_skips_the_earlier_blocks(toy):
     tokens = torch.randint(1, 1000, (2, 10), generator=torch.Generator().manual_seed(0))
     k = model.cfg.n_layers - 1
     with torch.inference_mode():
-        full, cache = model.run_with_cache(tokens, names_filter=[hook_name(k, "resid_pre")])
+        _, cache = model.run_with_cache(tokens, names_filter=[hook_name(k, "resid_pre"), FINAL_HOOK])
+    full = cache[FINAL_HOOK]  # the final normalised residual: what every forward here returns
     outputs = []
     probe = model.blocks[0].original_component.register_forward_hook(lambda m, i, o: outputs.append(o is i[0]))
     try:
@@ -107,7 +109,10 @@ def test_prefix_skipping_is_reentrant_thread_safe_and_version_checked(monkeypatc
     assert not any("forward" in vars(b) for b in blocks)
     tokens = torch.randint(1, 1000, (2, 10), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
-        full, cache = model.run_with_cache(tokens, names_filter=[hook_name(1, "resid_pre"), hook_name(2, "resid_pre")])
+        _, cache = model.run_with_cache(
+            tokens, names_filter=[hook_name(1, "resid_pre"), hook_name(2, "resid_pre"), FINAL_HOOK]
+        )
+    full = cache[FINAL_HOOK]
     results: dict[int, torch.Tensor] = {}
 
     def resume(k: int) -> None:

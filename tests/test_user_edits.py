@@ -52,7 +52,8 @@ def test_a_user_defined_edit_runs_in_evaluate_a_sweep_and_the_report(tmp_path):
     edit = DampResidual(1, 0.5)
     expected = (_by_hand(model, blocks.tokens, 0.5).sum() - _by_hand(model, blocks.tokens, 1.0).sum()) / (4 * 11)
     effect = lp.evaluate(model, blocks, edit)
-    assert effect.delta_loss == pytest.approx(expected, rel=1e-6) and abs(effect.delta_loss) > 1e-3
+    # the engine's chunked loss and the full logits here round differently in float32 (per-document sums ~1e-6)
+    assert effect.delta_loss == pytest.approx(expected, abs=1e-6) and abs(effect.delta_loss) > 1e-3
     assert effect.provenance.settings["edits"][0]["type"].endswith("DampResidual")
     jobs = [EditJob("damp", (edit,), start_layer=1), EditJob("noop", (edit.noop(),), start_layer=1)]
     run = run_sweep(model, blocks, jobs, store=tmp_path / "store.jsonl", progress=False)

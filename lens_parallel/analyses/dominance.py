@@ -30,8 +30,12 @@ upstream heads, and *measure* the joint effect on every scale.
 
 Cost. Single-head removals are constant over positions: one row per (text, upstream head), full length, gives
 every query token. A token-adaptive mask for token t must hold at every position t reads (the attention row, and a
-linear receiver's causal convolution), so each (text, receiving head, half) of token t is one row truncated to
-t + 1 tokens (causal: the same numbers as the full sequence, to float rounding). Every row resumes at layer l from
+linear receiver's causal convolution), so each (text, receiving head, half) of token t needs a row truncated to
+t + 1 tokens (causal: the same numbers as the full sequence, to float rounding). No row is computed twice: a mask
+that recurs for one text (across receiving heads, halves or tokens) is one row, run at least to the last token that
+reads it (a row run to t' gives every earlier token's numbers too); rows are packed longest first, each forward at
+its longest row's length. Captures stay in the model's precision (at least
+float32) and only the positions read are taken to float64. Every row resumes at layer l from
 the cached residual (earlier blocks not computed) and stops at layer l+1's attention pattern; each forward carries
 the unedited rows of its texts, so an effect compares two rows of one forward (removing no head gives 0, exactly where
 the CPU's kernels treat every row of a batch alike, else to float32 rounding: 2e-7 seen on one machine).
@@ -468,7 +472,8 @@ def _joint_effects(
 
     Each distinct (text, mask) is run once, cut to ``t + 1`` tokens for the last token t that reads it: causal
     attention makes a row cut there give every earlier token's numbers too (to float rounding), so masks that
-    coincide across receiving heads, halves or tokens share one row. Rows of one length share forwards."""
+    coincide across receiving heads, halves or tokens share one row. Rows are packed longest first into forwards of
+    ``tokens_per_forward`` tokens, each run at its longest row's length."""
     n, n_pos, n_recv, n_half, _ = masks.shape
     requests = einops.rearrange(masks, "text pos recv half up -> text (pos recv half) up")
     token = einops.repeat(torch.tensor(positions), "pos -> (pos recv half)", recv=n_recv, half=n_half)
@@ -484,8 +489,8 @@ def _joint_effects(
         offset += len(unique)
     owner, row_mask, length = torch.cat(owners), torch.cat(rows), torch.cat(last) + 1
     per_row = {key: np.full((len(owner), n_pos, n_recv), np.nan) for key in ("qkv", "js")}
-    for size in torch.unique(length).tolist():
-        idx = torch.nonzero(length == size).squeeze(1)
+    for idx in _length_chunks(length, tokens_per_forward, n):
+        size = int(length[idx[0]])  # the chunk's longest row: shorter ones run longer (causal: the same numbers)
         read = [j for j, t in enumerate(positions) if t < size]
         at = [positions[j] for j in read]
         eff = _measure(
@@ -498,6 +503,18 @@ def _joint_effects(
         key: einops.rearrange(v[gather], "text (pos recv half) -> text pos recv half", pos=n_pos, recv=n_recv)
         for key, v in per_row.items()
     }
+
+
+def _length_chunks(length: Int[Tensor, " row"], tokens_per_forward: int, n_texts: int) -> list[Int[Tensor, " chunk"]]:
+    """Rows in forwards of at most ``tokens_per_forward`` tokens (their texts' unedited rows included), longest
+    first, each forward run at the length of its longest row."""
+    order = torch.argsort(length, descending=True, stable=True)
+    chunks, start = [], 0
+    while start < len(order):
+        step = max(1, tokens_per_forward // int(length[order[start]]) - n_texts)
+        chunks.append(order[start : start + step])
+        start += step
+    return chunks
 
 
 def _pair_batch(
