@@ -5,8 +5,9 @@
                                 [--out benchmarks/out/memory]
 
 Per model (``SPEC:NxT``: N documents of T tokens) and call, a fresh process loads the model, makes the
-documents, records its resident set (RSS), resets the kernel's high-water mark (``/proc/self/clear_refs``), runs
-the call once and reports the peak RSS (on CUDA also ``torch.cuda.max_memory_allocated``) and the wall time:
+documents, runs an 8-token forward (the memory-mapped weights paged in), records its resident set (RSS), resets
+the kernel's high-water mark (``/proc/self/clear_refs``), runs the call once and reports the peak RSS (on CUDA
+also ``torch.cuda.max_memory_allocated``) and the wall time:
 
 - ``forward-logits``: ``model(tokens)``, the logits returned (what every loss path held before);
 - ``forward-final``: a forward to the final normalised residual (a hook on ``unembed.hook_in`` ends it; no
@@ -51,6 +52,8 @@ def child(call: str, spec: str, n_docs: int, seq_len: int, threads: int) -> dict
     model = load_model(spec, device=device)
     blocks = token_blocks(model, "wikipedia-en", n_docs=n_docs, seq_len=seq_len, seed=0)
     tokens = blocks.tokens.to(device)
+    with torch.inference_mode():  # page every weight in (safetensors are memory-mapped): the baseline holds them
+        model(tokens[:1, :8])
 
     class Stop(Exception):
         pass
@@ -115,7 +118,9 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--threads", str(args.threads), "--child", call, spec, n, t]
             done = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if done.returncode != 0:
-                print(f"{spec} {call}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
+                why = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+                print(f"{spec} {call}: failed ({why})\n{done.stderr[-2000:]}", file=sys.stderr)
+                rows.append({"model": spec, "docs": f"{n} x {t}", "call": call, "failed": why})
                 continue
             got = json.loads(done.stdout.strip().splitlines()[-1])
             rows.append({"model": spec, "docs": f"{n} x {t}", "call": call, **got})
@@ -129,7 +134,7 @@ def main() -> None:
     floor = table[table.call == "forward-final"].set_index("model")["added_gb"]
     table["x forward-final"] = table["added_gb"] / table["model"].map(floor)
     columns = ["model", "docs", "call", "loaded_gb", "peak_gb", "added_gb", "x forward-final", "wall_s"]
-    columns += ["cuda_added_gb"] if "cuda_added_gb" in table else []
+    columns += [c for c in ("cuda_added_gb", "failed") if c in table]
     table[columns].to_csv(out / "memory.csv", index=False)
     print(table[columns].to_string(index=False, float_format=lambda x: f"{x:.2f}"))
 

@@ -232,7 +232,7 @@ BAD_COMMAND_LINES = [  # (command line, what its one line says); {name}: a path 
     (f"{TRAIN} --plan {{malformed.json}} --out {{out}}", "is not a plan this package wrote (not JSON"),
     (f"{TRAIN} --plan {{plan.json}} --out {{out}}", "governs the runs in"),
     (f"{TRAIN} --arms baseline xsa-gated --seeds 0 1 --out {{trained}}", "cannot be read"),
-    ("train --steps 0", "must be a positive integer or 'auto', got 0"),
+    ("train --steps 0", "must be a positive integer, got 0"),
     ("train --preset huge", "invalid choice: 'huge'"),
     ("models --out {blocker}/sub", "cannot create the folder"),
     ("protocols --bogus", "unrecognized arguments: --bogus"),
