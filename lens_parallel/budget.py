@@ -96,6 +96,11 @@ def peak_added(device: torch.device, run: Callable[[], object]) -> int:
     return max(0, _status_bytes("VmHWM") - start)
 
 
+def _per_document(peak_one: int, peak_two: int) -> int:
+    """The cost of one more document: the difference of the two peaks, at least half the 2-document peak."""
+    return max(peak_two - peak_one, peak_two // 2, 1)
+
+
 @dataclass(frozen=True)
 class AutoBatch:
     """What ``batch_size="auto"`` chose: ``batch_size`` documents, from the peaks of 1 and 2 documents of
@@ -109,7 +114,7 @@ class AutoBatch:
 
     @property
     def per_document(self) -> int:
-        return max(self.peak_two - self.peak_one, self.peak_two // 2, 1)
+        return _per_document(self.peak_one, self.peak_two)
 
     @property
     def bytes_per_token(self) -> float:
@@ -137,6 +142,5 @@ def choose_batch_size(
             "MiB): raise memory_budget, or lower tokens_per_forward or the documents' length"
         )
     two = peak_added(device, lambda: probe(2)) if n_docs > 1 else 2 * one
-    auto = AutoBatch(1, budget, one, two, tokens)
-    size = 1 + (budget - one) // auto.per_document
+    size = 1 + (budget - one) // _per_document(one, two)
     return AutoBatch(int(max(1, min(n_docs, size))), budget, one, two, tokens)
