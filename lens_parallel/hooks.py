@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import einops
 import torch
+import torch.utils.checkpoint
 from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
@@ -255,7 +256,8 @@ def run_to_final(
     returns the final normalised residual (the unembedding's input), or None when a hook ended the forward earlier
     by raising :class:`StopForward`. The logits are never computed (losses come from
     :func:`lens_parallel.losses.chunked_token_nll`): TransformerLens 4.3's ``stop_at_layer=n_layers`` still runs the
-    unembedding."""
+    unembedding. No key/value cache is built (``use_cache=False``): nothing here decodes, and a checkpointed block's
+    recompute (:func:`checkpointed_blocks`) must not extend one."""
     kept: list[Tensor] = []
 
     def stop_at_unembedding(tensor: Tensor, hook: HookPoint) -> None:
@@ -264,10 +266,10 @@ def run_to_final(
 
     with model.hooks(fwd_hooks=[*hooks, (FINAL_HOOK, stop_at_unembedding)]), contextlib.suppress(StopForward):
         if resid is None:
-            model(tokens, return_type=None)
+            model(tokens, return_type=None, use_cache=False)
         else:
             with skip_blocks_before(model, start_at_layer or 0):
-                model(resid, start_at_layer=start_at_layer, return_type=None)
+                model(resid, start_at_layer=start_at_layer, return_type=None, use_cache=False)
     return kept[0] if kept else None
 
 
@@ -369,10 +371,46 @@ class LayerStream:
 GradReducer = Callable[[int, dict[str, Tensor], dict[str, Tensor]], None]
 
 
-def _grad_root(resid: Tensor, hook: HookPoint) -> Tensor:
-    """The residual entering block 0, detached and made a leaf that requires grad: the backward starts its graph
-    here (same values; no parameter gradient is ever formed, whether or not the weights require grad)."""
-    return resid.detach().requires_grad_(True)
+_CHECKPOINT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def checkpointed_blocks(model: TransformerBridge, recomputing: list[bool]) -> Iterator[None]:
+    """Activation checkpointing of every block, for a forward whose backward follows: each block keeps only its
+    inputs and is recomputed (hooks and all) when the backward reaches it, so at most one block's graph exists at a
+    time instead of every layer's attention maps and MLP activations. Hooks must stay attached until the backward
+    has ended (the recompute runs them again). ``recomputing[0]`` is True while a block is being recomputed, so
+    hooks can tell the recompute (same values, its graph never backpropagated) from the
+    forward. Non-reentrant :func:`torch.utils.checkpoint.checkpoint` without early stop (every hook of a recomputed
+    block fires). One gradient pass at a time per process (the blocks are patched for its duration)."""
+
+    @contextlib.contextmanager
+    def recompute() -> Iterator[None]:
+        recomputing[0] = True
+        try:
+            yield
+        finally:
+            recomputing[0] = False
+
+    def wrap(block: torch.nn.Module) -> Callable[..., Any]:
+        plain = block.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return torch.utils.checkpoint.checkpoint(
+                plain, *args, use_reentrant=False, context_fn=lambda: (contextlib.nullcontext(), recompute()), **kwargs
+            )
+
+        return forward
+
+    with _CHECKPOINT_LOCK, torch.utils.checkpoint.set_checkpoint_early_stop(False):
+        blocks = list(model.blocks)
+        for block in blocks:  # the instance dict directly: a bridge component passes attribute writes through
+            vars(block)["forward"] = wrap(block)
+        try:
+            yield
+        finally:
+            for block in blocks:
+                del vars(block)["forward"]
 
 
 def gradient_pass(
@@ -389,10 +427,22 @@ def gradient_pass(
     normalised residual) with respect to the activations of ``grad_roles`` (float64; both on the tokens' device),
     handed to ``reduce(layer, acts, grads)`` as soon as the backward has passed the layer. Documents are
     independent, so each document's gradient is that of its own objective.
-    Returns ``objective(final)`` per document. Nothing in the forward changes: every hook returns its input."""
+    Every block is checkpointed (:func:`checkpointed_blocks`): the activations of ``roles`` are read when the
+    backward recomputes their block, just before that block's gradients, so one layer's copies and one block's
+    graph are held at a time (memory: the residual entering each block, plus one block). Returns
+    ``objective(final)`` per document. Nothing in the forward changes: every hook returns its input."""
     acts: dict[int, dict[str, Tensor]] = {layer: {} for layer in roles}
     grads: dict[int, dict[str, Tensor]] = {layer: {} for layer in grad_roles}
-    live: list[Tensor] = []
+    roots: list[Tensor] = []
+    recomputing = [False]
+
+    def grad_root(resid: Tensor, hook: HookPoint) -> Tensor:
+        # the residual entering block 0, detached and made a leaf that requires grad: the backward starts its graph
+        # here (same values; no parameter gradient is ever formed, whether or not the weights require grad)
+        root = resid.detach().requires_grad_(True)
+        if not recomputing[0]:
+            roots.append(root)
+        return root
 
     def on_grad(g: Tensor, *, layer: int, role: str) -> None:
         grads[layer][role] = g.detach().to(device=tokens.device, dtype=torch.float64)
@@ -401,25 +451,25 @@ def gradient_pass(
 
     def capture(tensor: Tensor, hook: HookPoint, *, layer: int, role: str) -> Tensor:
         check_shape(hook_name(layer, role), tensor, expected_shape(role, info))
-        if role in roles.get(layer, ()):
+        if recomputing[0] and role in roles.get(layer, ()):
             kept = torch.diagonal(tensor, dim1=-2, dim2=-1) if role == "pattern" else tensor
             acts[layer][role] = kept.detach().to(device=tokens.device, dtype=torch.float64)
-        if role in grad_roles.get(layer, ()):
-            tensor.register_hook(partial(on_grad, layer=layer, role=role))
-            live.append(tensor)
+        if not recomputing[0] and role in grad_roles.get(layer, ()):
+            tensor.register_hook(partial(on_grad, layer=layer, role=role))  # holds no reference to the tensor
         # returned unchanged: the bridge hands some hooks a reshaped view and, when a hook returns nothing, goes on
         # with the tensor it had, so only a returned tensor is sure to be the one the rest of the forward uses.
         return tensor
 
     names = {(layer, role) for layer, rs in [*roles.items(), *grad_roles.items()] for role in rs}
-    hooks = [(hook_name(0, "resid_pre"), _grad_root)]
+    hooks = [(hook_name(0, "resid_pre"), grad_root)]
     hooks += [(hook_name(layer, role), partial(capture, layer=layer, role=role)) for layer, role in sorted(names)]
-    with torch.enable_grad():
-        final = run_to_final(model, tokens, hooks)
+    # the hooks stay attached through the backward: the recomputed blocks run them again
+    with torch.enable_grad(), checkpointed_blocks(model, recomputing), model.hooks(fwd_hooks=hooks):
+        final = run_to_final(model, tokens)
         if final is None:
             raise LibraryError("the gradient pass ended before the unembedding")
         per_doc = objective(final)
-        torch.autograd.grad(per_doc.sum(), live)
+        torch.autograd.grad(per_doc.sum(), roots)  # the hooks on the way down read the gradients
     if grads:
         raise RuntimeError(f"no gradient reached layers {sorted(grads)}")
     return per_doc.detach()
