@@ -29,6 +29,7 @@ from lens_parallel.analyses.sensitivity import SensitivityResult, SensitivitySet
 from lens_parallel.compression import Compression, compress
 from lens_parallel.data import TokenBlocks, load_texts, token_blocks
 from lens_parallel.documents import Documents, whole_documents
+from lens_parallel.downstream.effects import TaskResult, TaskSettings, task_effects
 from lens_parallel.edits import (
     ABLATIONS,
     ComponentScale,
@@ -37,6 +38,8 @@ from lens_parallel.edits import (
     GatedRemoval,
     HeadEdit,
     LearnedGate,
+    RandomDirectionRemoval,
+    ZeroDiagonal,
     apply_edits,
 )
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
@@ -93,6 +96,7 @@ __all__ = [
     "NullResult",
     "NullSettings",
     "Provenance",
+    "RandomDirectionRemoval",
     "ReportSettings",
     "Result",
     "RunOptions",
@@ -104,11 +108,14 @@ __all__ = [
     "SensitivitySettings",
     "SplitHalfResult",
     "SweepRun",
+    "TaskResult",
+    "TaskSettings",
     "TokenBlocks",
     "TokenNLL",
     "TrainConfig",
     "TrainRun",
     "View",
+    "ZeroDiagonal",
     "__version__",
     "apply_edits",
     "causal_null",
@@ -139,6 +146,7 @@ __all__ = [
     "scale_sweep",
     "split_half_reliability",
     "study_texts",
+    "task_effects",
     "token_blocks",
     "train",
     "whole_documents",

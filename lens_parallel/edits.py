@@ -424,6 +424,102 @@ def _training_layers(info: ModelInfo, what: str) -> tuple[int, ...]:
     return softmax_layers(info, None, what=what)[0]
 
 
+@dataclass(frozen=True)
+class ZeroDiagonal:
+    """Hard diagonal removal (the directional-decomposition paper's comparison edit): every head's attention to
+    its own token is set to 0 and each row renormalised over the other positions,
+    A'_tt = 0, A'_ts = A_ts / (1 - A_tt) (:func:`lens_parallel.geometry.zero_diagonal`), on ``hook_pattern``.
+    Query position 0 is kept (its row has no other position); a row with 1 - A_tt < ``eps`` is left unchanged and
+    counted in :attr:`unchanged_rows` (summed over the forwards run since the edit was made). ``layers``: default
+    every softmax-attention layer (as the authors ran it); ``heads``: default every head. No matched no-op: it is
+    compared with the unedited model. Not to be confused with :class:`DiagonalEdit` (a scaling of A_tt)."""
+
+    layers: int | Sequence[int] | None = None
+    heads: Heads = None
+    eps: float = 1e-6
+    counts: dict[str, int] = dataclasses.field(
+        default_factory=lambda: {"unchanged_rows": 0}, compare=False, repr=False, metadata={"provenance": False}
+    )
+
+    def __post_init__(self) -> None:
+        check_finite("eps", self.eps)
+        object.__setattr__(self, "layers", as_indices(self.layers))
+        object.__setattr__(self, "heads", _as_heads(self.heads))
+
+    @property
+    def unchanged_rows(self) -> int:
+        """Rows (query positions > 0, over batch, heads and forwards) left unchanged because 1 - A_tt < eps."""
+        return self.counts["unchanged_rows"]
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+        layers, _ = softmax_layers(info, self.layers, what="ZeroDiagonal")
+        heads = check_indices("heads", None if self.heads == "all" else self.heads, info.n_heads)
+        return [(hook_name(layer, "pattern"), partial(self._edit_pattern, heads=heads)) for layer in layers]
+
+    def _edit_pattern(
+        self, pattern: Float[Tensor, "batch head_index query_pos key_pos"], hook: HookPoint, *, heads: HeadSet
+    ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+        edited, unchanged = geometry.zero_diagonal(pattern, eps=self.eps)
+        mask = _head_mask(heads, pattern.shape[1], pattern.shape[0], pattern.device)
+        self.counts["unchanged_rows"] += int((unchanged & mask[:, :, None]).sum())
+        return torch.where(mask[:, :, None, None], edited, pattern)
+
+
+@dataclass(frozen=True)
+class RandomDirectionRemoval:
+    """The frozen-model random-direction control of value-parallel removal: the same rank-one removal from each
+    head's output ``hook_z``, along a fixed random unit direction u per layer and head instead of the head's own
+    value, z' = z - (z . u) u (:func:`lens_parallel.geometry.direction_removal`). Layer l's directions come from
+    ``seed + l`` (:func:`lens_parallel.geometry.random_unit_directions`). ``norm_matched=True``: the removed vector
+    along u has, position by position, the norm the own-direction removal ``ComponentScale("value", s_par=0)`` would
+    remove, |z . v_t| / |v_t| (sign that of z . u), so "own direction vs arbitrary direction" compares directions
+    at equal size. ``layers`` / ``heads``: default every softmax-attention layer / head. Not defined for gated
+    attention (use ``ComponentScale``)."""
+
+    seed: int = 0
+    norm_matched: bool = False
+    layers: int | Sequence[int] | None = None
+    heads: Heads = None
+    eps: float = geometry.EPS
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise LensParallelError(f"seed must be a non-negative integer, got {self.seed!r}")
+        object.__setattr__(self, "layers", as_indices(self.layers))
+        object.__setattr__(self, "heads", _as_heads(self.heads))
+
+    def directions(self, info: ModelInfo) -> Float[Tensor, "layer head_index d_head"]:
+        """The unit directions of every layer and head (float32)."""
+        return geometry.random_unit_directions(info.n_layers, info.n_heads, info.d_head, seed=self.seed)
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+        layers, _ = softmax_layers(info, self.layers, what="RandomDirectionRemoval")
+        check_not_gated(info, "RandomDirectionRemoval", alternative="use ComponentScale('value', s_par=0)")
+        heads = check_indices("heads", None if self.heads == "all" else self.heads, info.n_heads)
+        u = self.directions(info)
+        out: list[Hook] = []
+        for layer in layers:
+            state: dict[str, Tensor] = {}
+            if self.norm_matched:
+                out.append((hook_name(layer, "v"), partial(_store, state=state, key="v")))
+            out.append((hook_name(layer, "z"), partial(self._edit_z, u=u[layer], state=state, heads=heads)))
+        return out
+
+    def _edit_z(
+        self,
+        z: Float[Tensor, "batch pos head_index d_head"],
+        hook: HookPoint,
+        *,
+        u: Float[Tensor, "head_index d_head"],
+        state: dict[str, Tensor],
+        heads: HeadSet,
+    ) -> Float[Tensor, "batch pos head_index d_head"]:
+        own = expand_kv(state.pop("v"), z.shape[2]) if self.norm_matched else None
+        removed = geometry.direction_removal(z, u.to(z).expand_as(z), matched_to=own, eps=self.eps)
+        mask = _head_mask(heads, z.shape[2], z.shape[0], z.device)
+        return torch.where(mask[:, None, :, None], z - removed, z)
+
+
 @runtime_checkable
 class Edit(Protocol):
     """An intervention, built-in or user-defined: frozen data (a frozen dataclass, so that it can be hashed into a
@@ -436,7 +532,15 @@ class Edit(Protocol):
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]: ...
 
 
-BUILT_IN_EDITS = (ComponentScale, DiagonalEdit, HeadEdit, GatedRemoval, LearnedGate)
+BUILT_IN_EDITS = (
+    ComponentScale,
+    DiagonalEdit,
+    ZeroDiagonal,
+    RandomDirectionRemoval,
+    HeadEdit,
+    GatedRemoval,
+    LearnedGate,
+)
 
 
 def as_edits(edits: object) -> tuple[Edit, ...]:
@@ -465,6 +569,8 @@ def describe_edit(edit: Edit) -> dict[str, Any]:
     if not dataclasses.is_dataclass(edit):
         return out | {"repr": repr(edit)}
     for f in dataclasses.fields(edit):
+        if not f.metadata.get("provenance", True):
+            continue  # run state (a counter), not a setting
         value = getattr(edit, f.name)
         out[f.name] = {"tensor": list(value.shape)} if isinstance(value, Tensor) else value
     return out

@@ -307,3 +307,50 @@ def js_divergence(p: Float[Tensor, "*batch n"], q: Float[Tensor, "*batch n"]) ->
         return torch.where(a > 0, a * (torch.log(a.clamp_min(1e-30)) - torch.log(m.clamp_min(1e-30))), 0.0).sum(-1)
 
     return (0.5 * kl(p) + 0.5 * kl(q)).clamp_min(0.0)
+
+
+def zero_diagonal(
+    pattern: Float[Tensor, "batch head_index query_pos key_pos"], *, eps: float = 1e-6
+) -> tuple[Float[Tensor, "batch head_index query_pos key_pos"], Bool[Tensor, "batch head_index query_pos"]]:
+    """Hard diagonal removal: A'_tt = 0 and every other entry of row t renormalised, A'_ts = A_ts / (1 - A_tt), so
+    each row still sums to 1. Row 0 (query position 0, which attends only to itself) and any row with
+    1 - A_tt < ``eps`` (nearly all its weight on itself: nothing to renormalise) are left unchanged; returns the
+    edited pattern and the rows left unchanged for that reason (row 0 not among them)."""
+    diag = torch.diagonal(pattern, dim1=-2, dim2=-1)
+    rest = 1 - diag
+    later = torch.arange(pattern.shape[-1], device=pattern.device) > 0
+    editable = (rest >= eps) & later
+    eye = torch.eye(pattern.shape[-1], dtype=torch.bool, device=pattern.device)
+    edited = torch.where(eye, 0.0, pattern) / torch.where(editable, rest, 1.0)[..., None]
+    return torch.where(editable[..., None], edited, pattern), (rest < eps) & later
+
+
+def random_unit_directions(
+    n_layers: int, n_heads: int, d_head: int, *, seed: int
+) -> Float[Tensor, "layer head_index d_head"]:
+    """Unit vectors ``[layer, head_index, d_head]``, one per layer and head: layer l's from
+    ``torch.Generator().manual_seed(seed + l)`` (standard normal, normalised), so a layer's directions do not depend
+    on how many layers there are."""
+    rows = []
+    for layer in range(n_layers):
+        u = torch.randn(n_heads, d_head, generator=torch.Generator().manual_seed(seed + layer))
+        rows.append(u / u.norm(dim=-1, keepdim=True))
+    return torch.stack(rows)
+
+
+def direction_removal(
+    z: Float[Tensor, "*batch d"],
+    u: Float[Tensor, "*batch d"],
+    *,
+    matched_to: Float[Tensor, "*batch d"] | None = None,
+    eps: float = EPS,
+) -> Float[Tensor, "*batch d"]:
+    """The vector removed from ``z`` along the unit direction ``u``: (z . u) u, the rank-one removal
+    z' = z - (z . u) u. With ``matched_to`` = r (the head's own value): sign(z . u) |z . r| / |r| u, whose norm is,
+    position by position, that of the own-direction removal (z . r / |r|^2) r (0 where |r| <= eps)."""
+    along = (z * u).sum(-1, keepdim=True)
+    if matched_to is None:
+        return along * u
+    r_norm = matched_to.norm(dim=-1, keepdim=True)
+    own = torch.where(r_norm > eps, (z * matched_to).sum(-1, keepdim=True).abs() / r_norm.clamp_min(eps), 0.0)
+    return torch.sign(along) * own * u

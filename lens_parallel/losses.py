@@ -20,7 +20,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 import transformers
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
@@ -163,16 +163,42 @@ def unembedding(model: TransformerBridge) -> Unembedding:
     return Unembedding(head.weight, head.bias, float(softcap) if softcap else None)
 
 
+def _logits(resid: Float[Tensor, "row d_model"], unembed: Unembedding) -> Float[Tensor, "row d_vocab"]:
+    """The logits of rows of final residual: the matmul in the model's dtype (as its own lm_head computes them),
+    then float32 (float64 for a float64 model) and the soft cap."""
+    logits = F.linear(resid, unembed.W_U, unembed.b_U)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if unembed.softcap is not None:
+        logits = unembed.softcap * torch.tanh(logits / unembed.softcap)
+    return logits
+
+
 def _chunk_nll(
     resid: Float[Tensor, "row d_model"], target: Int[Tensor, " row"], unembed: Unembedding
 ) -> Float[Tensor, " row"]:
     """-log softmax(logits)[target] of each row; the logits in the model's dtype (as its own lm_head computes
     them), the log-sum-exp in float32 (float64 for a float64 model), as :func:`token_nll` does."""
-    logits = F.linear(resid, unembed.W_U, unembed.b_U)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if unembed.softcap is not None:
-        logits = unembed.softcap * torch.tanh(logits / unembed.softcap)
+    logits = _logits(resid, unembed)
     return torch.logsumexp(logits, dim=-1) - logits.gather(-1, target[:, None]).squeeze(-1)
+
+
+def scored_rows(
+    resid: Float[Tensor, "row d_model"],
+    unembed: Unembedding,
+    target: Int[Tensor, " row"],
+    *,
+    chunk_bytes: int = LOSS_CHUNK_BYTES,
+) -> tuple[Float[Tensor, " row"], Bool[Tensor, " row"]]:
+    """Per row of final normalised residual: the NLL of ``target`` and whether ``target`` is the argmax of the
+    logits (greedy), unembedded ``max(1, chunk_bytes // (4 d_vocab))`` rows at a time as
+    :func:`chunked_token_nll` (never the full logits; no gradients)."""
+    rows = max(1, chunk_bytes // (4 * unembed.W_U.shape[0]))
+    nll, greedy = [], []
+    for x_c, t_c in zip(resid.split(rows), target.to(resid.device).split(rows), strict=True):
+        logits = _logits(x_c, unembed)
+        nll.append(torch.logsumexp(logits, dim=-1) - logits.gather(-1, t_c[:, None]).squeeze(-1))
+        greedy.append(logits.argmax(-1) == t_c)
+    return torch.cat(nll), torch.cat(greedy)
 
 
 def chunked_token_nll(

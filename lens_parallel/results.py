@@ -66,6 +66,10 @@ def _version(package: str) -> str:
         return "unknown"
 
 
+WEIGHT_PROCESSING = "unprocessed: no LayerNorm folding, no centering, value biases not folded into b_O"
+"""What every result's provenance says of the weights (lens_parallel never processes them)."""
+
+
 @serializable
 @dataclasses.dataclass(frozen=True)
 class Provenance:
@@ -78,6 +82,11 @@ class Provenance:
     versions: dict[str, str]
     created: str
 
+    @staticmethod
+    def installed_versions() -> dict[str, str]:
+        """The installed versions of the packages that make the numbers."""
+        return {p: _version(p) for p in ("lens_parallel", "transformer-lens", "transformers", "torch")}
+
     @classmethod
     def collect(cls, info: ModelInfo, documents: object, **settings: Any) -> Provenance:
         """The provenance of a run of ``info``'s model on ``documents`` (anything
@@ -87,9 +96,9 @@ class Provenance:
         return cls(
             model=info.to_dict(),
             texts=texts,
-            weight_processing="unprocessed: no LayerNorm folding, no centering, value biases not folded into b_O",
+            weight_processing=WEIGHT_PROCESSING,
             settings=settings,
-            versions={p: _version(p) for p in ("lens_parallel", "transformer-lens", "transformers", "torch")},
+            versions=cls.installed_versions(),
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         )
 

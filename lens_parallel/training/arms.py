@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lens_parallel import geometry
 from lens_parallel.choices import Arm
 from lens_parallel.edits import ComponentScale, Edit, GatedRemoval, LearnedGate
 from lens_parallel.errors import LensParallelError
@@ -44,12 +45,9 @@ def check_arms(arms: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
 
 
 def random_directions(info: ModelInfo) -> torch.Tensor:
-    """Unit vectors ``[layer, head_index, d_head]``, one per layer and head, seeded by layer."""
-    rows = []
-    for layer in range(info.n_layers):
-        u = torch.randn(info.n_heads, info.d_head, generator=torch.Generator().manual_seed(DIRECTION_SEED + layer))
-        rows.append(u / u.norm(dim=-1, keepdim=True))
-    return torch.stack(rows)
+    """Unit vectors ``[layer, head_index, d_head]``, one per layer and head, seeded by layer
+    (:data:`DIRECTION_SEED`)."""
+    return geometry.random_unit_directions(info.n_layers, info.n_heads, info.d_head, seed=DIRECTION_SEED)
 
 
 class ArmParameters(nn.Module):

