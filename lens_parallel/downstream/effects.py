@@ -82,7 +82,7 @@ Settings = Edit | Sequence[Edit] | dict[str, Edit | Sequence[Edit]]
 """One edit, one list of edits (one combined intervention), or several named settings."""
 
 
-def _named_settings(settings: Settings) -> dict[str, tuple[Edit, ...]]:
+def _named_settings(settings: object) -> dict[str, tuple[Edit, ...]]:
     if isinstance(settings, dict):
         if not settings:
             raise LensParallelError("settings is an empty dict; give at least one name -> edit (or list of edits)")
@@ -341,8 +341,8 @@ def _item_values(samples: list[dict[str, Any]], metric: str) -> np.ndarray:
 
 def task_effects(
     model: TransformerBridge,
-    settings: Settings,
-    tasks: TaskList = "quick",
+    settings: Settings | object,
+    tasks: TaskList | object = "quick",
     *,
     task_settings: TaskSettings | None = None,
     options: RunOptions | None = None,

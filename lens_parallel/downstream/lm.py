@@ -115,13 +115,13 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
                 tokens[row, : lengths[i]] = torch.tensor(inputs[i])
             final = forward(self.model, tokens.to(self._device), self.hooks)
             assert final is not None
-            rows, targets, owner = [], [], []
+            rows, targets = [], []
             for row, i in enumerate(batch):
                 cont = requests[i][2]
                 rows.append(final[row, lengths[i] - len(cont) : lengths[i]])
                 targets += cont
-                owner += [i] * len(cont)
-            nll, greedy = scored_rows(torch.cat(rows), self.unembed, torch.tensor(targets))
+            with torch.inference_mode():
+                nll, greedy = scored_rows(torch.cat(rows), self.unembed, torch.tensor(targets))
             nll64, greedy_cpu = nll.double().cpu(), greedy.cpu()
             start = 0
             for i in batch:

