@@ -359,7 +359,7 @@ def test_a_task_run_saves_loads_resumes_and_draws(tmp_path):
     settings = {"value s_par=0": ComponentScale("value", s_par=0.0), "zero diagonal": ZeroDiagonal()}
     store = tmp_path / "tasks"
     first = task_effects(model, settings, [("copa", 0)], limit=8, store=store, progress=False)
-    assert len(list(tmp_path.glob("tasks-*.sqlite"))) == 3  # the baseline and each setting
+    assert len(list(tmp_path.glob("tasks-*_rank0.db"))) == 3  # the baseline and each setting
     again = task_effects(model, settings, [("copa", 0)], limit=8, store=store, progress=False)
     np.testing.assert_array_equal(first.values["copa|acc"], again.values["copa|acc"])
     frame = first.to_dataframe()

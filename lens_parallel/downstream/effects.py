@@ -13,7 +13,7 @@ byte = -sum ll / (sum bytes ln 2)), and for 0/1 metrics (acc, acc_norm) the exac
 items (statsmodels), Holm-adjusted across tasks x settings per metric. The average over tasks (as the paper
 reports it) is the unweighted mean of each task's ``acc``, its CI from resampling items within every task.
 Resumable: with ``store=PATH`` each run's finished requests go to lm-eval's request cache
-(``PATH-<fingerprint>.sqlite``, written as each batch finishes), its name the digest of everything that changes a
+(``PATH-<fingerprint>_rank0.db``, SQLite, written as each batch finishes), its name the digest of everything that changes a
 number (model, weights, dtype, the edits, lm-eval's version, batch size and token budget).
 """
 
@@ -303,14 +303,13 @@ def _run(
     limit: int | None,
     desc: str,
 ) -> dict[str, Any]:
-    from lm_eval.api.model import CachingLM
     from lm_eval.evaluator import simple_evaluate
 
     from lens_parallel.downstream.lm import EditedLM
 
     if opts.batch_size == "auto":
         raise LensParallelError("task_effects takes an integer batch_size (requests per forward), not 'auto'")
-    lm: Any = EditedLM(
+    lm = EditedLM(
         model,
         edits,
         batch_size=opts.batch_size,
@@ -319,10 +318,9 @@ def _run(
         progress=opts.progress,
         desc=desc,
     )
-    if opts.store is not None:
-        lm = CachingLM(lm, f"{opts.store}-{_fingerprint(model, edits, opts, s)}.sqlite")
     out = simple_evaluate(
         model=lm,
+        use_cache=None if opts.store is None else f"{opts.store}-{_fingerprint(model, edits, opts, s)}",
         tasks=list(task_objects.values()),
         limit=limit,
         bootstrap_iters=0,

@@ -1,0 +1,95 @@
+"""What the paper's edits do to downstream tasks, through lm-evaluation-harness, on real models offline.
+
+    python benchmarks/downstream.py [--models smollm2-135m qwen2.5-coder-1.5b] [--preset quick] [--limit N]
+                                    [--threads 2] [--batch-size 8] [--out benchmarks/out/downstream]
+
+Per model, one ``task_effects`` call (lm-eval's task definitions on the offline data; one unedited run shared by
+every setting): value-parallel removal on every layer (``ComponentScale("value", s_par=0)``), its random-direction
+control (the same rank-one removal along a fixed random unit direction per head, ``RandomDirectionRemoval``, plain
+and norm-matched), residual-attn parallel removal (``ComponentScale("residual-attn", s_par=0)``) and hard diagonal
+removal (``ZeroDiagonal``). Prints per task the accuracy of each setting and the paired difference with its 95%
+bootstrap CI and Holm-adjusted McNemar p, and the unweighted average over tasks; writes each result
+(``<model>.json`` + ``.npz``) and its figures. Resumable: the request caches live in ``--out``.
+
+The directional-decomposition paper's Qwen3-1.7B general-task averages (baseline 53.0, value-parallel removal 53.2,
+attention-output parallel removal 42.4, hard diagonal removal 26.9) are printed beside as context only: another
+model, 14 other task settings, full data sets; these numbers are not comparable with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from lens_parallel import ComponentScale, RandomDirectionRemoval, ZeroDiagonal, load_model, task_effects
+from lens_parallel.plots.common import save_figure
+
+PAPER_QWEN3_17B = {
+    "unedited": 53.0,
+    "value-parallel removal": 53.2,
+    "residual-attn parallel removal": 42.4,
+    "zero diagonal": 26.9,
+}
+
+
+def settings() -> dict[str, object]:
+    return {
+        "value-parallel removal": ComponentScale("value", s_par=0.0),
+        "random direction": RandomDirectionRemoval(seed=0),
+        "random direction (norm-matched)": RandomDirectionRemoval(seed=0, norm_matched=True),
+        "residual-attn parallel removal": ComponentScale("residual-attn", s_par=0.0),
+        "zero diagonal": ZeroDiagonal(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m", "qwen2.5-coder-1.5b"])
+    parser.add_argument("--preset", default="quick")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out/downstream"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for spec in args.models:
+        model = load_model(spec)
+        start = time.perf_counter()
+        result = task_effects(
+            model,
+            settings(),
+            args.preset,
+            limit=args.limit,
+            batch_size=args.batch_size,
+            store=args.out / f"{spec}-requests",
+            progress=False,
+        )
+        wall = time.perf_counter() - start
+        result.save(args.out / spec)
+        for name, fig in result.figures().items():
+            save_figure(fig, args.out / f"{spec}-{name}")
+        table = result.summary()
+        acc = table[table["metric"] == "acc"].copy()
+        acc["edited %"] = 100 * acc["edited"]
+        acc["unedited %"] = 100 * acc["unedited"]
+        acc["diff pp"] = 100 * acc["difference"]
+        acc["95% CI pp"] = [
+            f"[{100 * lo:+.1f}, {100 * hi:+.1f}]" for lo, hi in zip(acc.ci_low, acc.ci_high, strict=True)
+        ]
+        cols = ["task", "setting", "n_items", "unedited %", "edited %", "diff pp", "95% CI pp", "p_holm"]
+        print(f"\n== {spec}: preset {args.preset!r}, {wall:.1f} s ({args.threads} threads) ==")
+        print(acc[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+        average = acc[acc["task"] == "average"].set_index("setting")
+        print("\naverage accuracy over tasks (%), beside the paper's Qwen3-1.7B general-task averages (context only):")
+        print(f"  {'unedited':34s} {100 * average['unedited'].iloc[0]:6.1f}   paper {PAPER_QWEN3_17B['unedited']}")
+        for setting, row in average.iterrows():
+            paper = PAPER_QWEN3_17B.get(str(setting))
+            print(f"  {setting!s:34s} {row['edited %']:6.1f}   paper {paper if paper is not None else '-'}")
+
+
+if __name__ == "__main__":
+    main()
