@@ -72,6 +72,17 @@ class DominanceCommand:
     scale: DominanceScale = field(default="qkv", metadata={"help": "scale of the printed table"})
 
 
+@dataclass(frozen=True, kw_only=True)
+class TasksCommand:
+    """What ``tasks`` scores: the ``settings`` (edit specs such as ``value:s_par=0`` or a YAML / JSON file naming
+    them) and the ``tasks`` (a preset or task names), each against the unedited model."""
+
+    settings: tuple[str, ...] = field(
+        default=("value:s_par=0",), metadata={"help": "edit specs (value:s_par=0, zero-diagonal, ...) or a file"}
+    )
+    tasks: tuple[str, ...] = field(default=("quick",), metadata={"help": "a task preset, or task names"})
+
+
 @dataclass(frozen=True)
 class Command:
     """A subcommand: its help, the settings classes whose fields are its options (the first is the analysis's),
@@ -86,6 +97,7 @@ class Command:
     stem: str = ""
     store: str | None = None
     many_models: bool = False
+    data_fields: tuple[str, ...] | None = None
 
 
 SWEEP = ("batch_size", "memory_budget", "tokens_per_forward", "store", "progress", "workers", "ray_address")
@@ -240,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=command.help, description=command.help)
         if command.data is not None:
             several = {"model": {"nargs": "+", "help": "model spec(s); several: side by side"}}
-            add_fields(p, DataOptions, command.data, overrides=several if command.many_models else None)
+            overrides = several if command.many_models else None
+            add_fields(p, DataOptions, command.data, only=command.data_fields, overrides=overrides)
         for cls in command.settings:
             add_fields(p, cls)
         store = {"store": f"OUT/{command.store}"} if command.store else {}
@@ -554,6 +567,27 @@ def _train(inv: Invocation) -> None:
     _emit(out, "train", result, table.set_index("contrast")[cols].round(5))
 
 
+def _tasks(inv: Invocation) -> None:
+    import torch
+
+    from lens_parallel.downstream.effects import TaskSettings, task_effects
+    from lens_parallel.downstream.specs import parse_settings
+    from lens_parallel.models import load_model
+
+    out = inv.out()
+    opts = inv.run_options(out)
+    s, what = inv.settings(TaskSettings), inv.settings(TasksCommand)
+    named = parse_settings(what.settings)  # every spec checked before the model loads
+    tasks = what.tasks[0] if len(what.tasks) == 1 else list(what.tasks)
+    data = inv.data()
+    model = load_model(data.model, device=data.device, dtype=getattr(torch, data.dtype))
+    result = task_effects(model, named, tasks, task_settings=s, options=opts)
+    table = result.summary()
+    print(f"{result.info.name}: edited - unedited per task (lm-eval's metrics; CI: paired bootstrap over items)")
+    cols = ["task", "metric", "setting", "n_items", "unedited", "edited", "difference", "ci_low", "ci_high", "p_holm"]
+    _emit(out, "tasks", result, table[cols].round(4).set_index("task"))
+
+
 def _models(inv: Invocation) -> None:
     from lens_parallel.models import available_models
 
@@ -590,6 +624,7 @@ def _commands() -> dict[str, Command]:
     from lens_parallel.analyses.reliability import SanitySettings
     from lens_parallel.analyses.scaling import ScaleSettings
     from lens_parallel.analyses.sensitivity import SensitivitySettings
+    from lens_parallel.downstream.effects import TaskSettings
     from lens_parallel.report import ReportSettings
     from lens_parallel.training.factorial import TrainSettings
 
@@ -654,6 +689,15 @@ def _commands() -> dict[str, Command]:
             (TrainSettings,),
             None,
             ("progress", "workers", "ray_address"),
+        ),
+        "tasks": Command(
+            "downstream task scores under edits (lm-evaluation-harness), paired per item",
+            _tasks,
+            (TaskSettings, TasksCommand),
+            {},
+            ("batch_size", "tokens_per_forward", "store", "progress"),
+            store="tasks_requests",
+            data_fields=("model", "device", "dtype"),
         ),
         "models": Command("list the models that load offline now and those that need the hub", _models, run_fields=()),
         "protocols": Command("list the named protocols (a study's saved settings)", _protocols, run_fields=()),

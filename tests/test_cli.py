@@ -236,6 +236,16 @@ BAD_COMMAND_LINES = [  # (command line, what its one line says); {name}: a path 
     ("train --preset huge", "invalid choice: 'huge'"),
     ("models --out {blocker}/sub", "cannot create the folder"),
     ("protocols --bogus", "unrecognized arguments: --bogus"),
+    (
+        "tasks --model toy-gpt2 --settings nope:s_par=0 --out {out}",
+        "unknown kind 'nope'; accepted: value, value-exclude-self",
+    ),
+    ("tasks --model toy-gpt2 --settings value:s_par --out {out}", "'s_par' is not key=value"),
+    ("tasks --model toy-gpt2 --settings value:colour=2 --out {out}", "unexpected keyword argument 'colour'"),
+    ("tasks --model toy-gpt2 --settings missing.yaml --out {out}", "settings file missing.yaml does not exist"),
+    ("tasks --model toy-gpt2 --tasks not_a_task --out {out}", "unknown task 'not_a_task'; offline tasks:"),
+    ("tasks --model toy-gpt2 --limit 0 --out {out}", "limit must be a positive integer, got 0"),
+    ("tasks --model toy-gpt2 --texts wikipedia-en --out {out}", "unrecognized arguments: --texts"),
     ("checks --protocol nope", "invalid choice: 'nope'"),
     ("nope", "invalid choice: 'nope'"),
     ("", "the following arguments are required: command"),
@@ -367,3 +377,20 @@ def test_weights_changed_on_disk_refuse_the_old_store(tmp_path, capsys):
     pd.testing.assert_frame_equal(
         pd.read_csv(tmp_path / "o" / "sensitivity.csv"), pd.read_csv(tmp_path / "fresh" / "sensitivity.csv")
     )
+
+
+def test_tasks_scores_edit_specs_and_a_settings_file(tmp_path, capsys):
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("own direction: value:s_par=0\nboth: [zero-diagonal, random-direction:seed=2]\n")
+    line = ["tasks", "--model", "smollm2-135m", "--tasks", "copa", "--limit", "4", "--no-progress"]
+    assert main([*line, "--settings", str(settings), "value:s_par=0.5,layers=1+2", "--out", str(tmp_path)]) == 0
+    for name in ("tasks.csv", "tasks_summary.csv", "tasks.json", "tasks.html", "tasks_scores.html"):
+        assert (tmp_path / name).stat().st_size > 100, name
+    frame = pd.read_csv(tmp_path / "tasks.csv")
+    assert set(frame["setting"]) == {"unedited", "own direction", "both", "value:s_par=0.5,layers=1+2"}
+    assert len(frame) == 4 * 4
+    edits = json.loads((tmp_path / "tasks.json").read_text())["data"]["provenance"]["settings"]["edits"]
+    assert [e["type"].rsplit(".", 1)[1] for e in edits["both"]] == ["ZeroDiagonal", "RandomDirectionRemoval"]
+    assert edits["value:s_par=0.5,layers=1+2"][0]["layers"] == {"__tuple__": [1, 2]}
+    assert list((tmp_path).glob("tasks_requests-*_rank0.db"))  # resumable by default
+    assert "copa" in capsys.readouterr().out

@@ -13,8 +13,8 @@ byte = -sum ll / (sum bytes ln 2)), and for 0/1 metrics (acc, acc_norm) the exac
 items (statsmodels), Holm-adjusted across tasks x settings per metric. The average over tasks (as the paper
 reports it) is the unweighted mean of each task's ``acc``, its CI from resampling items within every task.
 Resumable: with ``store=PATH`` each run's finished requests go to lm-eval's request cache
-(``PATH-<fingerprint>_rank0.db``, SQLite, written as each batch finishes), its name the digest of everything that changes a
-number (model, weights, dtype, the edits, lm-eval's version, batch size and token budget).
+(``PATH-<fingerprint>_rank0.db``, SQLite, written as each batch finishes), its name the digest of everything that
+changes a number (model, weights, dtype, the edits, lm-eval's version, batch size and token budget).
 """
 
 from __future__ import annotations
