@@ -72,7 +72,7 @@ def main() -> None:
         result.save(args.out / spec)
         for name, fig in result.figures().items():
             save_figure(fig, args.out / f"{spec}-{name}")
-        table = result.summary()
+        table = result.differences()
         acc = table[table["metric"] == "acc"].copy()
         acc["edited %"] = 100 * acc["edited"]
         acc["unedited %"] = 100 * acc["unedited"]

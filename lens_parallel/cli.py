@@ -582,7 +582,8 @@ def _tasks(inv: Invocation) -> None:
     data = inv.data()
     model = load_model(data.model, device=data.device, dtype=getattr(torch, data.dtype))
     result = task_effects(model, named, tasks, task_settings=s, options=opts)
-    table = result.summary()
+    table = result.differences()
+    table.to_csv(out / "tasks_differences.csv", index=False)
     print(f"{result.info.name}: edited - unedited per task (lm-eval's metrics; CI: paired bootstrap over items)")
     cols = ["task", "metric", "setting", "n_items", "unedited", "edited", "difference", "ci_low", "ci_high", "p_holm"]
     _emit(out, "tasks", result, table[cols].round(4).set_index("task"))

@@ -384,7 +384,14 @@ def test_tasks_scores_edit_specs_and_a_settings_file(tmp_path, capsys):
     settings.write_text("own direction: value:s_par=0\nboth: [zero-diagonal, random-direction:seed=2]\n")
     line = ["tasks", "--model", "smollm2-135m", "--tasks", "copa", "--limit", "4", "--no-progress"]
     assert main([*line, "--settings", str(settings), "value:s_par=0.5,layers=1+2", "--out", str(tmp_path)]) == 0
-    for name in ("tasks.csv", "tasks_summary.csv", "tasks.json", "tasks.html", "tasks_scores.html"):
+    for name in (
+        "tasks.csv",
+        "tasks_summary.csv",
+        "tasks_differences.csv",
+        "tasks.json",
+        "tasks.html",
+        "tasks_scores.html",
+    ):
         assert (tmp_path / name).stat().st_size > 100, name
     frame = pd.read_csv(tmp_path / "tasks.csv")
     assert set(frame["setting"]) == {"unedited", "own direction", "both", "value:s_par=0.5,layers=1+2"}

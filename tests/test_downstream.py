@@ -346,7 +346,7 @@ def test_unedited_smollm2_answers_as_lm_evals_own_hf_model():
             got = result.values[f"{task}|{metric}"]
             np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-4)
             np.testing.assert_array_equal(got[1], got[0])  # the matched no-op: identical
-    table = result.summary()
+    table = result.differences()
     assert set(table["task"]) == {"piqa", "lambada_openai", "average"}
     assert (table["difference"] == 0).all()
 
@@ -366,6 +366,6 @@ def test_a_task_run_saves_loads_resumes_and_draws(tmp_path):
     assert len(frame) == 3 * 8 and set(frame["setting"]) == {"unedited", *settings}
     path = first.save(tmp_path / "result")
     loaded = TaskResult.load(path)
-    assert loaded.summary().equals(first.summary())
+    assert loaded.differences().equals(first.differences())
     assert loaded.provenance.texts["tasks"]["copa"]["licence"] == "BSD 2-Clause"
     assert set(first.figures()) == {"difference", "scores"}

@@ -65,6 +65,9 @@ FACTORIES = {
         progress=False,
     ),
     "ModelReport": lambda f: _battery(),
+    "TaskResult": lambda f: lp.task_effects(
+        get_model("toy-gpt2"), lp.ComponentScale("value", s_par=0.0), [("copa", 0)], limit=3, progress=False
+    ),
     "TrainRun": lambda f: f.runs[1],
     "FactorialResult": lambda f: f,
 }

@@ -6,7 +6,7 @@ metrics) once on the unedited model and once per setting (one edit, or a list of
 built-in scale edit (``ComponentScale``, ``DiagonalEdit`` at scale 1) gives the same per-item loglikelihoods
 exactly (``tests/test_downstream.py``), so one baseline serves every setting of a call.
 
-Per task, metric and setting (:meth:`TaskResult.summary`): lm-eval's own aggregate of the unedited and the edited
+Per task, metric and setting (:meth:`TaskResult.differences`): lm-eval's own aggregate of the unedited and the edited
 run, their difference edited - unedited, a paired percentile bootstrap CI over items (the items resampled, the
 aggregate recomputed: mean, perplexity = exp(-mean ll), weighted perplexity = exp(-sum ll / sum words), bits per
 byte = -sum ll / (sum bytes ln 2)), and for 0/1 metrics (acc, acc_norm) the exact McNemar test on the discordant
@@ -164,7 +164,7 @@ class TaskResult(ResultMixin):
 
     ``values[f"{task}|{metric}"]``: [setting, item] (a weighted metric, e.g. word perplexity: [setting, item, 2],
     the log-likelihood and its words / bytes); ``aggregations``: lm-eval's aggregation of each; ``scores``: lm-eval's
-    own aggregate per task, metric and setting; ``table``: the summary (:meth:`summary`)."""
+    own aggregate per task, metric and setting; ``effects``: the paired comparisons (:meth:`differences`)."""
 
     tasks: tuple[str, ...]
     settings: tuple[str, ...]
@@ -173,7 +173,7 @@ class TaskResult(ResultMixin):
     values: dict[str, np.ndarray]
     aggregations: dict[str, str]
     scores: dict[str, dict[str, dict[str, float]]]
-    table: dict[str, list[Any]]
+    effects: dict[str, list[Any]]
     provenance: Provenance | None = None
 
     def to_dataframe(self) -> pd.DataFrame:
@@ -189,10 +189,24 @@ class TaskResult(ResultMixin):
                 frames.append(frame)
         return pd.concat(frames, ignore_index=True)
 
-    def summary(self) -> pd.DataFrame:
+    def differences(self) -> pd.DataFrame:
         """Per task, metric and edited setting: unedited, edited, difference, its CI, McNemar p and Holm p (0/1
         metrics); task ``average``: the unweighted mean of the tasks' acc."""
-        return pd.DataFrame(self.table)
+        return pd.DataFrame(self.effects)
+
+    def summary(self) -> pd.DataFrame:
+        """One row: the model, the tasks, and per edited setting the average accuracy difference over tasks
+        (``average_acc_difference[<setting>]``) with its CI."""
+        table = self.differences()
+        average = table[table["task"] == "average"].set_index("setting")
+        row: dict[str, Any] = {"model": self.info.name if self.provenance else None, "tasks": " ".join(self.tasks)}
+        for setting in self.settings[1:]:
+            if setting in average.index:
+                a = average.loc[setting]
+                row[f"average_acc_difference[{setting}]"] = a["difference"]
+                row[f"average_acc_difference_lo[{setting}]"] = a["ci_low"]
+                row[f"average_acc_difference_hi[{setting}]"] = a["ci_high"]
+        return pd.DataFrame([row])
 
     def figure(self) -> go.Figure:
         from lens_parallel.plots.tasks import task_difference_figure
@@ -205,7 +219,7 @@ class TaskResult(ResultMixin):
         return {"difference": self.figure(), "scores": task_scores_figure(self)}
 
 
-def _summary_table(
+def _effects_table(
     tasks: Sequence[str],
     settings: Sequence[str],
     values: dict[str, np.ndarray],
@@ -378,7 +392,7 @@ def task_effects(
             values[key] = np.stack([_item_values(per_setting[k], metric) for k in setting_names])
             aggregations[key] = getattr(agg, "__name__", str(agg))
             scores[task][metric] = {k: float(runs[k]["results"][task][f"{metric},none"]) for k in setting_names}
-    table = _summary_table(names, setting_names, values, aggregations, scores, n_resamples=s.n_resamples, seed=s.seed)
+    effects = _effects_table(names, setting_names, values, aggregations, scores, n_resamples=s.n_resamples, seed=s.seed)
     import lm_eval
 
     info = model_info(model)
@@ -427,7 +441,7 @@ def task_effects(
         values=values,
         aggregations=aggregations,
         scores=scores,
-        table=table,
+        effects=effects,
         provenance=provenance,
     )
 

@@ -20,7 +20,7 @@ def _metric(result: TaskResult, task: str) -> str:
 def task_difference_figure(result: TaskResult) -> go.Figure:
     """Edited − unedited accuracy per task and setting (percentage points), each a point with its 95% paired
     bootstrap CI over items; the last group is the unweighted average over tasks."""
-    table = result.summary()
+    table = result.differences()
     fig = go.Figure()
     tasks = [t for t in result.tasks if _metric(result, t) == "acc"]
     for k, setting in enumerate(result.settings[1:]):
