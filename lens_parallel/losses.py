@@ -48,7 +48,9 @@ class DocLosses:
 @serializable
 @dataclass(frozen=True)
 class EditEffect(ResultMixin):
-    """Edited minus matched no-op: loss (nats/token) and perplexity, with paired bootstrap CIs over documents.
+    """Edited minus matched no-op: loss (nats/token) and perplexity, with paired bootstrap CIs over documents; from
+    :func:`~lens_parallel.analyses.evaluate.evaluate` also KL(no-op || edited) of the next-token distributions
+    (nats per scored position) and the fraction of positions whose top-1 token is unchanged, with CIs.
 
     ``provenance`` is set by :func:`evaluate`; effects computed inside a larger result (a sweep point) leave it None
     (the enclosing result carries it)."""
@@ -63,13 +65,18 @@ class EditEffect(ResultMixin):
     delta_ppl_ci: tuple[float, float]
     n_docs: int
     n_tokens: int
+    kl: float | None = None
+    kl_ci: tuple[float, float] | None = None
+    top1_agreement: float | None = None
+    top1_agreement_ci: tuple[float, float] | None = None
     provenance: Provenance | None = None
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row: every field but the provenance, CIs as ``*_lo`` / ``*_hi``."""
         row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "provenance"}
-        for name in ("delta_loss_ci", "delta_ppl_ci"):
-            row[name.replace("_ci", "_lo")], row[name.replace("_ci", "_hi")] = row.pop(name)
+        for name in ("delta_loss_ci", "delta_ppl_ci", "kl_ci", "top1_agreement_ci"):
+            low_high = row.pop(name) or (None, None)
+            row[name.replace("_ci", "_lo")], row[name.replace("_ci", "_hi")] = low_high
         model = {} if self.provenance is None else {"model": self.info.name}
         return pd.DataFrame([model | row])
 
@@ -90,6 +97,22 @@ def _delta_ppl(edited: np.ndarray, base: np.ndarray, weights: np.ndarray, axis: 
 def _interval(ci: tuple[float, float] | tuple[np.ndarray, np.ndarray]) -> tuple[float, float]:
     """A confidence interval of one statistic as two floats."""
     return float(ci[0]), float(ci[1])
+
+
+def distribution_shift(
+    kl_sum: np.ndarray, agree_sum: np.ndarray, n_tokens: np.ndarray, *, n_resamples: int = 2000, seed: int = 0
+) -> dict[str, Any]:
+    """The :class:`EditEffect` fields of a distribution shift from per-document sums: the token-weighted mean KL
+    (nats) and top-1 agreement, each with a bootstrap CI over documents (ratio of sums)."""
+    w = n_tokens.astype(np.float64)
+    zero = np.zeros_like(w)
+    kw: dict[str, Any] = {"n_resamples": n_resamples, "seed": seed}
+    return {
+        "kl": float(kl_sum.sum() / w.sum()),
+        "kl_ci": _interval(paired_bootstrap_ci(kl_sum, zero, w, what="KL sums", **kw)),
+        "top1_agreement": float(agree_sum.sum() / w.sum()),
+        "top1_agreement_ci": _interval(paired_bootstrap_ci(agree_sum, zero, w, what="top-1 agreements", **kw)),
+    }
 
 
 def edit_effect(
@@ -199,6 +222,35 @@ def scored_rows(
         nll.append(torch.logsumexp(logits, dim=-1) - logits.gather(-1, t_c[:, None]).squeeze(-1))
         greedy.append(logits.argmax(-1) == t_c)
     return torch.cat(nll), torch.cat(greedy)
+
+
+def chunked_divergence(
+    resid_p: Float[Tensor, "batch pos d_model"],
+    resid_q: Float[Tensor, "batch pos d_model"],
+    unembed: Unembedding,
+    lengths: Int[Tensor, " batch"] | None = None,
+    *,
+    chunk_bytes: int = LOSS_CHUNK_BYTES,
+) -> tuple[Float[Tensor, "batch scored"], Float[Tensor, "batch scored"]]:
+    """Per predicting position t < T - 1: KL(p_t || q_t) = sum_v p_t(v) (log p_t(v) - log q_t(v)) (nats) of the
+    next-token distributions the two final residuals give (p: e.g. the unedited model, q: the edited one), and
+    1.0 where their top-1 tokens agree (else 0.0); NaN past each document's end. Unembedded in chunks of rows as
+    :func:`chunked_token_nll` (half the rows: two distributions per row), log-softmax in float32; never the full
+    logits or log-probabilities."""
+    x_p = einops.rearrange(resid_p[:, :-1], "batch pos d_model -> (batch pos) d_model")
+    x_q = einops.rearrange(resid_q[:, :-1], "batch pos d_model -> (batch pos) d_model")
+    rows = max(1, chunk_bytes // (8 * unembed.W_U.shape[0]))
+    kl, agree = [], []
+    for p_c, q_c in zip(x_p.split(rows), x_q.split(rows), strict=True):
+        log_p = torch.log_softmax(_logits(p_c, unembed), dim=-1)
+        log_q = torch.log_softmax(_logits(q_c, unembed), dim=-1)
+        kl.append((log_p.exp() * (log_p - log_q)).sum(-1))
+        agree.append((log_p.argmax(-1) == log_q.argmax(-1)).to(log_p.dtype))
+    shape = {"batch": resid_p.shape[0]}
+    return (
+        _unscored_nan(einops.rearrange(torch.cat(kl), "(batch pos) -> batch pos", **shape), lengths),
+        _unscored_nan(einops.rearrange(torch.cat(agree), "(batch pos) -> batch pos", **shape), lengths),
+    )
 
 
 def chunked_token_nll(

@@ -121,11 +121,12 @@ class Batch:
 
 @dataclass(frozen=True)
 class Forward:
-    """What :func:`run_rows` gives: per-row NLL (per document summed, or per token with NaN where not scored) and
-    the captured activations ``captured[layer][role]``."""
+    """What :func:`run_rows` gives: per-row NLL (per document summed, or per token with NaN where not scored),
+    the captured activations ``captured[layer][role]`` and, when asked, the final normalised residual."""
 
     nll: Tensor | None
     captured: dict[int, dict[str, Tensor]]
+    final: Tensor | None = None
 
 
 def run_rows(
@@ -141,13 +142,15 @@ def run_rows(
     length: int | None = None,
     dtype: torch.dtype = torch.float64,
     reduce: Reducer | None = None,
+    keep_final: bool = False,
 ) -> Forward:
     """The engine's forward primitive: rows ``rows`` of the batch (document indices within it, repeats allowed;
     default every document once) under ``hooks``, resumed at ``start_layer`` from the reference pass's residual,
     cut to ``length`` tokens; captures ``capture`` (roles per layer, as ``dtype``; the forward stops after the last
     layer unless a loss is asked for) and the next-token NLL of the real tokens. With ``reduce``, each layer's
     captures go to ``reduce(layer, tensors)`` as soon as the layer is complete, and are dropped (reduced inside the
-    forward: only one layer's captures are ever held), instead of being returned."""
+    forward: only one layer's captures are ever held), instead of being returned. ``keep_final``: also return the
+    final normalised residual (with a loss asked for)."""
     docs = batch.docs
     index = torch.arange(len(docs.lengths), device=docs.tokens.device) if rows is None else rows
     tokens, lengths = docs.tokens[index], docs.lengths[index]
@@ -171,7 +174,7 @@ def run_rows(
         with torch.inference_mode():
             per_token = chunked_token_nll(final, unembedding(model), tokens, lengths)
         nll = per_token if loss == "token" else per_token.nan_to_num(0.0).sum(-1)
-    return Forward(nll, captured)
+    return Forward(nll, captured, final if keep_final else None)
 
 
 # -- metrics -----------------------------------------------------------------------------------------------------

@@ -94,3 +94,33 @@ def test_chunked_nll_applies_the_final_logit_soft_cap() -> None:
         uncapped = chunked_token_nll(final, type(unembed)(unembed.W_U, unembed.b_U, None), tokens)
     torch.testing.assert_close(got, token_nll(logits, tokens), rtol=0, atol=2e-5)
     assert (got - uncapped).abs().max() > 0.1  # the cap matters here
+
+
+@pytest.mark.parametrize("family", ["toy-gpt2", "toy-qwen3.5"])
+def test_kl_and_top1_agreement_by_hand_and_zero_for_a_no_op(family: str) -> None:
+    from lens_parallel import ComponentScale, apply_edits, evaluate, token_blocks
+    from lens_parallel.losses import chunked_divergence
+
+    model = get_model(family)
+    blocks = token_blocks(model, "wikipedia-en", n_docs=3, seq_len=10)
+    noop = evaluate(model, blocks, ComponentScale("value", s_par=1.0), n_resamples=50)
+    assert noop.kl == 0.0 and noop.top1_agreement == 1.0
+    edit = ComponentScale("value", s_par=0.0)
+    effect = evaluate(model, blocks, edit, n_resamples=50)
+    with torch.no_grad():
+        log_p = torch.log_softmax(model(blocks.tokens)[:, :-1].double(), -1)
+        with apply_edits(model, edit):
+            log_q = torch.log_softmax(model(blocks.tokens)[:, :-1].double(), -1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+    agree = (log_p.argmax(-1) == log_q.argmax(-1)).double()
+    assert effect.kl == pytest.approx(float(kl.mean()), rel=1e-4, abs=1e-7)
+    assert effect.top1_agreement == pytest.approx(float(agree.mean()))
+    assert effect.kl > 0 and effect.kl_ci[0] <= effect.kl <= effect.kl_ci[1]
+    final_p = run_to_final(model, blocks.tokens)
+    with apply_edits(model, edit):
+        final_q = run_to_final(model, blocks.tokens)
+    unembed = unembedding(model)
+    whole = chunked_divergence(final_p, final_q, unembed)
+    one_row = chunked_divergence(final_p, final_q, unembed, chunk_bytes=1)  # a row per chunk: the same numbers
+    torch.testing.assert_close(whole[0], one_row[0])
+    torch.testing.assert_close(whole[1], one_row[1])

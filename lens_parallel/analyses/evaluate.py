@@ -12,15 +12,18 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents
-from lens_parallel.edits import Edit, as_edits, describe_edit, noop
-from lens_parallel.losses import DocLosses, EditEffect, edit_effect
+from lens_parallel.edits import Edit, as_edits, compile_hooks, describe_edit, noop
+from lens_parallel.losses import DocLosses, EditEffect, chunked_divergence, distribution_shift, edit_effect, unembedding
 from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve_options
 from lens_parallel.results import Provenance
-from lens_parallel.sweep import EditJob, run_sweep
+from lens_parallel.store import Values, ValueSpec
+from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
 
 
 def document_losses(
@@ -39,6 +42,51 @@ def document_losses(
     return run_sweep(model, documents, [job], options=opts, desc="loss")[job]
 
 
+class DistributionShift(Metric):
+    """Per document, the matched no-op and the edit run on the same rows (two forwards to the final residual): both
+    NLL sums, the summed KL(no-op || edited) of the next-token distributions and the number of predicting
+    positions whose top-1 tokens agree (:func:`~lens_parallel.losses.chunked_divergence`: no full logits)."""
+
+    name = "distribution-shift"
+
+    def __init__(self, matched: tuple[Edit, ...]) -> None:
+        self.matched = matched
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"metric": self.name, "noop": [describe_edit(e) for e in self.matched]}
+
+    def spec(self, job: Job) -> dict[str, ValueSpec]:
+        return {k: ValueSpec(("docs",)) for k in ("loss_noop", "loss_edited", "kl_sum", "agree_sum")}
+
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+        (job,) = jobs
+        assert isinstance(job, EditJob)
+        model, info = context.model, context.info
+        runs = [
+            run_rows(
+                model,
+                info,
+                batch,
+                hooks=compile_hooks(model, edits),
+                start_layer=job.start_layer,
+                loss="document",
+                keep_final=True,
+            )
+            for edits in (self.matched, job.edits)
+        ]
+        assert runs[0].final is not None and runs[1].final is not None and runs[0].nll is not None
+        assert runs[1].nll is not None
+        with torch.inference_mode():
+            kl, agree = chunked_divergence(runs[0].final, runs[1].final, unembedding(model), batch.docs.lengths)
+        per_doc = {
+            "loss_noop": runs[0].nll,
+            "loss_edited": runs[1].nll,
+            "kl_sum": kl.nan_to_num(0.0).sum(-1),
+            "agree_sum": agree.nan_to_num(0.0).sum(-1),
+        }
+        return [{k: v.double().cpu().numpy() for k, v in per_doc.items()}]
+
+
 def evaluate(
     model: TransformerBridge,
     documents: object,
@@ -49,13 +97,22 @@ def evaluate(
     options: RunOptions | None = None,
     **changes: Any,
 ) -> EditEffect:
-    """Loss and perplexity under ``edits`` minus the matched no-op (:func:`~lens_parallel.edits.noop`), both run in
-    one sweep, with paired bootstrap CIs over documents (``n_resamples``, ``seed``)."""
+    """Loss and perplexity under ``edits`` minus the matched no-op (:func:`~lens_parallel.edits.noop`), and how far
+    the next-token distribution moves: KL(no-op || edited) per scored position and the fraction of positions whose
+    top-1 token is unchanged, each with a paired bootstrap CI over documents (``n_resamples``, ``seed``); both runs
+    on the same batches of one sweep (:class:`DistributionShift`)."""
     opts = resolve_options(options, {"progress": False, **changes})
     edits = as_edits(edits)
-    edited, matched = EditJob("edited", edits), EditJob("noop", noop(edits))
-    run = run_sweep(model, documents, [matched, edited], options=opts, desc="evaluate")
-    effect = edit_effect(run[matched], run[edited], n_resamples=n_resamples, seed=seed)
+    job = EditJob("edited", edits)
+    run = run_sweep(model, documents, [job], metric=DistributionShift(noop(edits)), options=opts, desc="evaluate")
+    values, n_tokens = run.value(job), run.n_tokens
+    effect = edit_effect(
+        DocLosses(values["loss_noop"], n_tokens),
+        DocLosses(values["loss_edited"], n_tokens),
+        n_resamples=n_resamples,
+        seed=seed,
+    )
+    shift = distribution_shift(values["kl_sum"], values["agree_sum"], n_tokens, n_resamples=n_resamples, seed=seed)
     provenance = Provenance.collect(
         model_info(model),
         Documents.of(documents),
@@ -65,4 +122,4 @@ def evaluate(
         seed=seed,
         options=run.record(),
     )
-    return dataclasses.replace(effect, provenance=provenance)
+    return dataclasses.replace(effect, **shift, provenance=provenance)
