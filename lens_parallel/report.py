@@ -8,7 +8,9 @@ Battery (:func:`run_battery`), per model, on the same token blocks:
 4. layer sensitivity: each head's parallel part removed alone, and all heads of a layer jointly;
 5. attribution screening of every head (one forward + one backward per batch) for the same removal, its top 10
    heads and 10 random others confirmed exactly (from the sensitivity sweep's shared store: no extra forward);
-6. sanity checks: causal null (GQA within/across groups for grouped-query models), split-half reliability.
+6. sanity checks: causal null (GQA within/across groups for grouped-query models), split-half reliability;
+7. opt-in (``tasks=``): downstream tasks through lm-evaluation-harness under the further edits (or, without any,
+   value-parallel removal), :func:`~lens_parallel.downstream.effects.task_effects`.
 
 :func:`write_report` writes ``report.html`` (plotly.js inlined once, every figure embedded: it opens offline) and
 the tables (CSV) beside it. Several models give a side-by-side report: one column per model in every section.
@@ -40,13 +42,16 @@ from lens_parallel.analyses.reliability import SanityReport, check_documents, sa
 from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
 from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivity
 from lens_parallel.documents import Documents
-from lens_parallel.edits import as_edits, describe_edit
+from lens_parallel.downstream.data import check_task_names
+from lens_parallel.downstream.effects import TaskResult, task_effects
+from lens_parallel.downstream.presets import resolve_tasks
+from lens_parallel.edits import ComponentScale, Edit, as_edits, describe_edit
 from lens_parallel.losses import EditEffect
 from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.comparison import comparison_figure
 from lens_parallel.results import Provenance, Result, ResultMixin, serializable
-from lens_parallel.validate import check_non_negative_int
+from lens_parallel.validate import check_non_negative_int, check_positive_int
 
 SECTIONS = {
     "decomposition": "Decomposition: how much of each message lies along its own reference (value v_t, residual x_t)",
@@ -56,6 +61,7 @@ SECTIONS = {
     "attribution": "Attribution screening: every head from one backward pass, the top heads confirmed exactly",
     "sanity": "Sanity checks: causal null, GQA groups, split-half reliability",
     "edits": "Further edits (built-in or user-defined): loss change against the matched no-op",
+    "tasks": "Downstream tasks (lm-evaluation-harness) under the edits, paired per item (opt-in: tasks=...)",
 }
 SCALE_SPACES = ("value-exclude-self", "residual-attn")
 T = TypeVar("T")
@@ -76,6 +82,7 @@ class ModelReport(ResultMixin):
     screen: AttributionResult | None = None
     confirmation: ConfirmResult | None = None
     edit_effects: tuple[EditEffect, ...] = ()
+    tasks: TaskResult | None = None
 
     @property
     def provenance(self) -> Provenance:
@@ -120,6 +127,7 @@ class ModelReport(ResultMixin):
             )
             if self.edit_effects
             else pd.DataFrame(),
+            "tasks": self.tasks.differences() if self.tasks is not None else pd.DataFrame(),
         }
 
     def to_dataframe(self) -> pd.DataFrame:
@@ -135,7 +143,8 @@ class ModelReport(ResultMixin):
             "sanity": self.sanity,
         }
         out |= {f"diagonal_{i}": v for i, v in enumerate(self.diagonal)}
-        return out | self._attribution() | {f"edit_{i}": e for i, e in enumerate(self.edit_effects)}
+        out |= self._attribution() | {f"edit_{i}": e for i, e in enumerate(self.edit_effects)}
+        return out | ({"tasks": self.tasks} if self.tasks is not None else {})
 
     def _attribution(self) -> dict[str, Result]:
         pair = {"attribution": self.screen, "attribution_confirm": self.confirmation}
@@ -156,6 +165,7 @@ class ModelReport(ResultMixin):
             "attribution": [r.figure() for r in self._attribution().values()],
             "sanity": [self.sanity.figure()],
             "edits": [e.figure() for e in self.edit_effects],
+            "tasks": list(self.tasks.figures().values()) if self.tasks is not None else [],
         }
 
     def figures(self) -> dict[str, go.Figure]:
@@ -196,21 +206,43 @@ class ReportSettings:
 
     seed: int = field(default=0, metadata={"help": "seed of the null draws, the bootstrap and the halves"})
     edits: tuple[Any, ...] = field(default=(), metadata={"help": "further edits (Python only)", "cli": False})
+    tasks: tuple[str, ...] = field(
+        default=(), metadata={"help": "downstream tasks under the edits (a preset or task names; the tasks extra)"}
+    )
+    task_limit: int | None = field(default=40, metadata={"help": "items per task", "none": "all"})
 
     def __post_init__(self) -> None:
         check_non_negative_int("seed", self.seed)
         for edit in self.edits:
             as_edits(edit)
+        if self.task_limit is not None:
+            check_positive_int("task_limit", self.task_limit)
 
     def record(self) -> dict[str, Any]:
-        return {"seed": self.seed, "edits": [[describe_edit(e) for e in as_edits(x)] for x in self.edits]}
+        return {
+            "seed": self.seed,
+            "edits": [[describe_edit(e) for e in as_edits(x)] for x in self.edits],
+            "tasks": list(self.tasks),
+            "task_limit": self.task_limit,
+        }
+
+    def task_settings(self) -> dict[str, tuple[Edit, ...]]:
+        """The settings the tasks section scores: each further edit, or value-parallel removal without any."""
+        if not self.edits:
+            return {"value-parallel removal": (ComponentScale("value", s_par=0.0),)}
+        return {
+            f"{i}: {'+'.join(type(e).__name__ for e in as_edits(x))}": as_edits(x) for i, x in enumerate(self.edits)
+        }
 
 
 def check_battery(documents: object, settings: ReportSettings, options: RunOptions) -> None:
     """The settings every step of :func:`run_battery` checks, checked together before the first forward: the
     documents (split-half reliability needs :data:`~lens_parallel.analyses.reliability.MIN_DOCUMENTS`), the
-    settings and run options (checked on construction)."""
+    settings and run options (checked on construction) and, with a tasks section, the task names."""
     check_documents(len(Documents.of(documents)))
+    if settings.tasks:
+        plan, _ = resolve_tasks(settings.tasks[0] if len(settings.tasks) == 1 else list(settings.tasks))
+        check_task_names([name for name, _ in plan])
 
 
 def run_battery(
@@ -261,6 +293,14 @@ def run_battery(
         )
         sanity = timed("sanity", lambda: sanity_report(model, docs, seed=s.seed, options=shared))
     effects = timed("edits", lambda: tuple(evaluate(model, docs, edit, seed=s.seed, options=opts) for edit in s.edits))
+    tasks = None
+    if s.tasks:
+        plan = s.tasks[0] if len(s.tasks) == 1 else list(s.tasks)
+        task_opts = dataclasses.replace(opts, store=None)
+        tasks = timed(
+            "tasks",
+            lambda: task_effects(model, s.task_settings(), plan, limit=s.task_limit, seed=s.seed, options=task_opts),
+        )
     return ModelReport(
         name=model_info(model).name,
         decomposition=dec,
@@ -272,6 +312,7 @@ def run_battery(
         screen=screen,
         confirmation=confirmation,
         edit_effects=effects,
+        tasks=tasks,
     )
 
 

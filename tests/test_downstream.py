@@ -369,3 +369,18 @@ def test_a_task_run_saves_loads_resumes_and_draws(tmp_path):
     assert loaded.differences().equals(first.differences())
     assert loaded.provenance.texts["tasks"]["copa"]["licence"] == "BSD 2-Clause"
     assert set(first.figures()) == {"difference", "scores"}
+
+
+def test_the_report_has_an_opt_in_tasks_section(tmp_path):
+    from lens_parallel import ReportSettings, run_battery, token_blocks, write_report
+
+    model = get_model("toy-gpt2")
+    blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=12)
+    with pytest.raises(LensParallelError, match="unknown task 'nope'"):
+        run_battery(model, blocks, settings=ReportSettings(tasks=("nope",)), progress=False)
+    report = run_battery(model, blocks, settings=ReportSettings(tasks=("copa",), task_limit=3), progress=False)
+    assert report.tasks is not None and report.tasks.settings == ("unedited", "value-parallel removal")
+    assert set(report.tables()["tasks"]["task"]) == {"copa", "average"}
+    page = write_report([report], tmp_path).read_text()
+    assert 'id="tasks"' in page and "accuracy change under each edit" in page
+    assert (tmp_path / "results" / "toy-gpt2_tasks.json").is_file()

@@ -286,7 +286,9 @@ def _effects_table(
 # -- the run -----------------------------------------------------------------------------------------------------
 
 
-def _fingerprint(model: TransformerBridge, edits: tuple[Edit, ...], opts: RunOptions, s: TaskSettings) -> str:
+def _fingerprint(
+    model: TransformerBridge, edits: tuple[Edit, ...], opts: RunOptions, s: TaskSettings, *, weights: str
+) -> str:
     import lm_eval
 
     info = model_info(model)
@@ -294,7 +296,7 @@ def _fingerprint(model: TransformerBridge, edits: tuple[Edit, ...], opts: RunOpt
     record = {
         "model": info.name,
         "config": info.config_hash,
-        "weights": weights_digest(model),
+        "weights": weights,
         "dtype": str(param.dtype),
         "device": param.device.type,
         "edits": [describe_edit(e) for e in edits],
@@ -316,6 +318,7 @@ def _run(
     opts: RunOptions,
     limit: int | None,
     desc: str,
+    weights: str | None,
 ) -> dict[str, Any]:
     from lm_eval.evaluator import simple_evaluate
 
@@ -334,7 +337,7 @@ def _run(
     )
     out = simple_evaluate(
         model=lm,
-        use_cache=None if opts.store is None else f"{opts.store}-{_fingerprint(model, edits, opts, s)}",
+        use_cache=None if weights is None else f"{opts.store}-{_fingerprint(model, edits, opts, s, weights=weights)}",
         tasks=list(task_objects.values()),
         limit=limit,
         bootstrap_iters=0,
@@ -374,9 +377,10 @@ def task_effects(
     for edits in named.values():  # each edit checked against the model now, not after the baseline's run
         compile_hooks(model, edits)
     manager, task_objects = _load_tasks(plan, s.num_fewshot)
+    weights = None if opts.store is None else weights_digest(model)  # once: it reads every weight
     runs = {}
     for name, edits in {UNEDITED: (), **named}.items():
-        runs[name] = _run(model, edits, manager, task_objects, s=s, opts=opts, limit=limit, desc=name)
+        runs[name] = _run(model, edits, manager, task_objects, s=s, opts=opts, limit=limit, desc=name, weights=weights)
     names = tuple(task_objects)
     setting_names = tuple(runs)
     doc_ids: dict[str, np.ndarray] = {}
