@@ -336,7 +336,7 @@ def test_unedited_smollm2_answers_as_lm_evals_own_hf_model():
 
     model = get_model("smollm2-135m")
     result = task_effects(model, {"noop": ComponentScale("value", s_par=1.0)}, ["piqa", "lambada_openai"], limit=6)
-    hf = HFLM(pretrained=str(real_model_folder("smollm2-135m")), dtype="float32", batch_size=4)
+    hf = HFLM(pretrained=str(real_model_folder("smollm2-135m")), dtype="float32", batch_size=4, device="cpu")
     manager, tasks = _load_tasks([("piqa", None), ("lambada_openai", None)], None)
     theirs = simple_evaluate(model=hf, tasks=list(tasks.values()), limit=6, task_manager=manager, bootstrap_iters=0)
     for task in ("piqa", "lambada_openai"):

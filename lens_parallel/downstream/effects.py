@@ -287,7 +287,13 @@ def _effects_table(
 
 
 def _fingerprint(
-    model: TransformerBridge, edits: tuple[Edit, ...], opts: RunOptions, s: TaskSettings, *, weights: str
+    model: TransformerBridge,
+    edits: tuple[Edit, ...],
+    opts: RunOptions,
+    s: TaskSettings,
+    *,
+    weights: str,
+    probe: list[int],
 ) -> str:
     import lm_eval
 
@@ -304,6 +310,7 @@ def _fingerprint(
         "batch_size": opts.batch_size,
         "tokens_per_forward": opts.tokens_per_forward,
         "add_bos_token": s.add_bos_token,
+        "tokenized": probe,  # how the tokenizer encodes a fixed text (BOS or not)
     }
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -337,7 +344,9 @@ def _run(
     )
     out = simple_evaluate(
         model=lm,
-        use_cache=None if weights is None else f"{opts.store}-{_fingerprint(model, edits, opts, s, weights=weights)}",
+        use_cache=None
+        if weights is None
+        else f"{opts.store}-{_fingerprint(model, edits, opts, s, weights=weights, probe=lm.tok_encode('Hello world'))}",
         tasks=list(task_objects.values()),
         limit=limit,
         bootstrap_iters=0,

@@ -10,7 +10,9 @@ continuation's positions are unembedded (:func:`lens_parallel.losses.scored_rows
 a scored position sees (causal attention). ``generate_until`` is refused in one line: lens_parallel scores
 loglikelihoods only (see ``docs/downstream.md``).
 
-Tokenisation follows lm-eval's ``hf`` model: ``add_special_tokens`` as its ``add_bos_token`` option (None: the
+Tokenisation follows lm-eval's ``hf`` model: the tokenizer as Hugging Face loads it from the model's tokenizer
+folder or name (:func:`hf_tokenizer`; TransformerLens reloads it with ``add_bos_token=True``, which would prepend a
+BOS that lm-eval's ``hf`` model does not), ``add_special_tokens`` as its ``add_bos_token`` option (None: the
 tokenizer's default), a string that starts with the BOS text encoded without specials, the prefix token BOS (else
 EOS), the maximum length the model's context.
 """
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import transformers
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import _add_special_kwargs, has_bos_prefix
@@ -28,7 +31,7 @@ from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.edits import Edit, compile_hooks
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.hooks import forward
 from lens_parallel.losses import scored_rows, unembedding
 
@@ -36,9 +39,23 @@ TokenRequest = tuple[tuple[str, str] | None, list[int], list[int]]
 """lm-eval's tokenised loglikelihood request: the (context, continuation) strings, and their tokens."""
 
 
+def hf_tokenizer(model: TransformerBridge) -> Any:
+    """The model's tokenizer with Hugging Face's defaults, loaded again from where the bridge's came from
+    (``tokenizer.name_or_path``: the model's folder, a bundled tokenizer, or a hub name, which needs the hub)."""
+    source = getattr(model.tokenizer, "name_or_path", "")
+    try:
+        return transformers.AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise EnvironmentFailure(
+            f"could not load the tokenizer {source!r} with Hugging Face's defaults ({exc}); pass tokenizer= to "
+            "EditedLM (the one lm-eval's hf model would use)"
+        ) from None
+
+
 class EditedLM(TemplateLM):  # type: ignore[misc]
     """lm-eval model: ``model`` (a TransformerBridge) under ``edits`` (one combined intervention; empty: unedited),
-    ``batch_size`` requests per forward at most and ``tokens_per_forward`` tokens (padded) at most."""
+    ``batch_size`` requests per forward at most and ``tokens_per_forward`` tokens (padded) at most; ``tokenizer``:
+    default :func:`hf_tokenizer`."""
 
     def __init__(
         self,
@@ -51,11 +68,12 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         max_length: int | None = None,
         progress: bool = True,
         desc: str = "scoring requests",
+        tokenizer: Any = None,
     ) -> None:
         super().__init__()
         self.model, self.edits = model, tuple(edits)
         self.hooks = compile_hooks(model, self.edits)  # every edit checked against the model before any forward
-        self.tokenizer = model.tokenizer
+        self.tokenizer = hf_tokenizer(model) if tokenizer is None else tokenizer
         self.batch_size, self.tokens_per_forward, self.progress = batch_size, tokens_per_forward, progress
         self.add_bos_token = add_bos_token
         self._max_length = max_length or int(model.cfg.n_ctx)
