@@ -55,5 +55,5 @@ def test_every_figure_renders_offline_without_console_errors(report_path):
     # per model: decomposition, scaling, 2 diagonal views, sensitivity, attribution screen and its confirmation, sanity
     assert len(figures) == 2 * 8
     assert all(f["traces"] > 0 and f["svg"] > 0 for f in figures), figures
-    assert {f["section"] for f in figures} == set(SECTIONS) - {"edits"}  # no further edits were asked for
+    assert {f["section"] for f in figures} == set(SECTIONS) - {"edits", "tasks"}  # no edits, no tasks asked for
     assert errors == [] and external == []
