@@ -329,6 +329,20 @@ def _stacked_nll(
     return list(einops.rearrange(out.nll, "(k b) ... -> k b ...", k=k))
 
 
+def model_fingerprint(model: TransformerBridge, *, weights: str | None = None) -> dict[str, Any]:
+    """What identifies the model a stored number came from: name, config hash, the exact digest of its weights
+    (:func:`~lens_parallel.models.weights_digest`; ``weights`` when the caller computed it), dtype, device type."""
+    info = model_info(model)
+    param = next(model.parameters())
+    return {
+        "model": info.name,
+        "config": info.config_hash,
+        "weights": weights or weights_digest(model),
+        "dtype": str(param.dtype),
+        "device": param.device.type,
+    }
+
+
 def fingerprint(
     model: TransformerBridge,
     documents: Documents,
@@ -341,14 +355,8 @@ def fingerprint(
     (:func:`~lens_parallel.models.weights_digest`; ``weights`` when the caller computed it), dtype, device type, the
     documents and their lengths, the metric, how ablation jobs remove heads, the batch size and the token budget
     (batch composition changes float rounding)."""
-    info = model_info(model)
-    param = next(model.parameters())
     return {
-        "model": info.name,
-        "config": info.config_hash,
-        "weights": weights or weights_digest(model),
-        "dtype": str(param.dtype),
-        "device": param.device.type,
+        **model_fingerprint(model, weights=weights),
         "documents": documents.digest(),
         **metric.fingerprint(),
         **plan_fields,

@@ -133,12 +133,9 @@ def test_zero_diagonal_by_hand():
     assert unchanged.tolist() == [[[False, True]]]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_zero_diagonal_in_the_model_rows_sum_to_one_diagonal_zero_row_zero_kept(family):
-    model = get_model(family)
-    info = model_info(model)
-    layer = next(i for i, kind in enumerate(info.layer_types or ("softmax",) * info.n_layers) if kind == "softmax")
-    seen = {}
+def _around_edit(model, edit, tokens, before: dict[str, str], after: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Activations captured before the edit's hooks (``before``: key -> hook name) and after them (``after``)."""
+    seen: dict[str, torch.Tensor] = {}
 
     def grab(key):
         def hook(t, hook):
@@ -146,17 +143,24 @@ def test_zero_diagonal_in_the_model_rows_sum_to_one_diagonal_zero_row_zero_kept(
 
         return hook
 
-    tokens = torch.randint(0, 100, (2, 9))
-    name = f"blocks.{layer}.attn.hook_pattern"
-    edit = ZeroDiagonal(layers=layer)
-    before_edit, after_edit = [(name, grab("before"))], [(name, grab("after"))]
     with (
         torch.no_grad(),
-        model.hooks(fwd_hooks=before_edit),
+        model.hooks(fwd_hooks=[(name, grab(key)) for key, name in before.items()]),
         apply_edits(model, edit),
-        model.hooks(fwd_hooks=after_edit),
+        model.hooks(fwd_hooks=[(name, grab(key)) for key, name in after.items()]),
     ):
         model(tokens)
+    return seen
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_zero_diagonal_in_the_model_rows_sum_to_one_diagonal_zero_row_zero_kept(family):
+    model = get_model(family)
+    info = model_info(model)
+    layer = next(i for i, kind in enumerate(info.layer_types or ("softmax",) * info.n_layers) if kind == "softmax")
+    name = f"blocks.{layer}.attn.hook_pattern"
+    edit = ZeroDiagonal(layers=layer)
+    seen = _around_edit(model, edit, torch.randint(0, 100, (2, 9)), {"before": name}, {"after": name})
     before, after = seen["before"], seen["after"]
     torch.testing.assert_close(after.sum(-1), torch.ones_like(after.sum(-1)))
     assert torch.diagonal(after, dim1=-2, dim2=-1)[..., 1:].abs().max() == 0
@@ -175,24 +179,8 @@ def test_random_direction_removal_removes_exactly_the_component_along_its_direct
     model = get_model("toy-qwen2")  # grouped-query attention: v is expanded to the query heads
     info = model_info(model)
     edit = RandomDirectionRemoval(seed=3, layers=1, norm_matched=norm_matched)
-    seen = {}
-
-    def grab(key):
-        def hook(t, hook):
-            seen[key] = t.detach().clone()
-
-        return hook
-
     z_name, v_name = "blocks.1.attn.hook_z", "blocks.1.attn.hook_v"
-    tokens = torch.randint(0, 100, (2, 7))
-    before_edit, after_edit = [(z_name, grab("z")), (v_name, grab("v"))], [(z_name, grab("edited"))]
-    with (
-        torch.no_grad(),
-        model.hooks(fwd_hooks=before_edit),
-        apply_edits(model, edit),
-        model.hooks(fwd_hooks=after_edit),
-    ):
-        model(tokens)
+    seen = _around_edit(model, edit, torch.randint(0, 100, (2, 7)), {"z": z_name, "v": v_name}, {"edited": z_name})
     z, edited = seen["z"].double(), seen["edited"].double()
     u = edit.directions(info)[1].double()
     assert torch.allclose(u.norm(dim=-1), torch.ones(info.n_heads, dtype=torch.float64))

@@ -42,6 +42,7 @@ from lens_parallel.models import model_info, weights_digest
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.results import WEIGHT_PROCESSING, Provenance, ResultMixin, serializable
 from lens_parallel.stats import holm, paired_bootstrap_ci
+from lens_parallel.sweep import model_fingerprint
 from lens_parallel.validate import check_non_negative_int, check_positive_int
 
 UNEDITED = "unedited"
@@ -297,14 +298,8 @@ def _fingerprint(
 ) -> str:
     import lm_eval
 
-    info = model_info(model)
-    param = next(model.parameters())
     record = {
-        "model": info.name,
-        "config": info.config_hash,
-        "weights": weights,
-        "dtype": str(param.dtype),
-        "device": param.device.type,
+        **model_fingerprint(model, weights=weights),
         "edits": [describe_edit(e) for e in edits],
         "lm_eval": lm_eval.__version__,
         "batch_size": opts.batch_size,

@@ -17,6 +17,19 @@ def _metric(result: TaskResult, task: str) -> str:
     return "acc" if "acc" in metrics else metrics[0]
 
 
+def _layout(fig: go.Figure, result: TaskResult, title: str, **axes: str) -> go.Figure:
+    """The figures' shared layout: the model's name before ``title``, a legend of the settings below."""
+    name = "" if result.provenance is None else f"{result.info.name}: "
+    return fig.update_layout(
+        title=f"{name}{title}",
+        template="plotly_white",
+        height=460,
+        width=860,
+        legend={"title": "setting", "orientation": "h", "y": -0.25},
+        **axes,
+    )
+
+
 def task_difference_figure(result: TaskResult) -> go.Figure:
     """Edited − unedited accuracy per task and setting (percentage points), each a point with its 95% paired
     bootstrap CI over items; the last group is the unweighted average over tasks."""
@@ -46,18 +59,14 @@ def task_difference_figure(result: TaskResult) -> go.Figure:
             )
         )
     fig.add_hline(y=0, line={"dash": "dash", "color": "grey"})
-    name = "" if result.provenance is None else f"{result.info.name}: "
-    fig.update_layout(
-        title=f"{name}accuracy change under each edit (bars: 95% paired bootstrap CI over items)",
+    fig.update_layout(scattermode="group")
+    return _layout(
+        fig,
+        result,
+        "accuracy change under each edit (bars: 95% paired bootstrap CI over items)",
         xaxis_title="task (average: unweighted mean over tasks)",
         yaxis_title="edited − unedited accuracy (percentage points)",
-        template="plotly_white",
-        height=460,
-        width=860,
-        scattermode="group",
-        legend={"title": "setting", "orientation": "h", "y": -0.25},
     )
-    return fig
 
 
 def task_scores_figure(result: TaskResult) -> go.Figure:
@@ -74,15 +83,11 @@ def task_scores_figure(result: TaskResult) -> go.Figure:
                 hovertemplate="%{x}: %{y:.1f}%<extra>" + setting + "</extra>",
             )
         )
-    name = "" if result.provenance is None else f"{result.info.name}: "
-    fig.update_layout(
-        title=f"{name}task accuracy per setting (lm-eval's own metric)",
+    fig.update_layout(barmode="group")
+    return _layout(
+        fig,
+        result,
+        "task accuracy per setting (lm-eval's own metric)",
         xaxis_title="task",
         yaxis_title="accuracy (%)",
-        barmode="group",
-        template="plotly_white",
-        height=460,
-        width=860,
-        legend={"title": "setting", "orientation": "h", "y": -0.25},
     )
-    return fig
