@@ -228,28 +228,32 @@ def chunked_divergence(
     resid_p: Float[Tensor, "batch pos d_model"],
     resid_q: Float[Tensor, "batch pos d_model"],
     unembed: Unembedding,
+    tokens: Int[Tensor, "batch pos"],
     lengths: Int[Tensor, " batch"] | None = None,
     *,
     chunk_bytes: int = LOSS_CHUNK_BYTES,
-) -> tuple[Float[Tensor, "batch scored"], Float[Tensor, "batch scored"]]:
-    """Per predicting position t < T - 1: KL(p_t || q_t) = sum_v p_t(v) (log p_t(v) - log q_t(v)) (nats) of the
-    next-token distributions the two final residuals give (p: e.g. the unedited model, q: the edited one), and
-    1.0 where their top-1 tokens agree (else 0.0); NaN past each document's end. Unembedded in chunks of rows as
-    :func:`chunked_token_nll` (half the rows: two distributions per row), log-softmax in float32; never the full
-    logits or log-probabilities."""
+) -> tuple[Float[Tensor, "batch scored"], ...]:
+    """Per predicting position t < T - 1, from one unembedding of each of two final residuals (p: e.g. the
+    unedited model, q: the edited one): the NLL of token t+1 under p and under q (as :func:`token_nll`), KL(p_t ||
+    q_t) = sum_v p_t(v) (log p_t(v) - log q_t(v)) (nats), and 1.0 where their top-1 tokens agree (else 0.0); NaN
+    past each document's end. Unembedded in chunks of rows as :func:`chunked_token_nll` (half the rows: two
+    distributions per row), log-softmax in float32; never the full logits or log-probabilities."""
     x_p = einops.rearrange(resid_p[:, :-1], "batch pos d_model -> (batch pos) d_model")
     x_q = einops.rearrange(resid_q[:, :-1], "batch pos d_model -> (batch pos) d_model")
+    target = einops.rearrange(tokens[:, 1:].to(resid_p.device), "batch pos -> (batch pos)")
     rows = max(1, chunk_bytes // (8 * unembed.W_U.shape[0]))
-    kl, agree = [], []
-    for p_c, q_c in zip(x_p.split(rows), x_q.split(rows), strict=True):
+    parts: list[list[Tensor]] = [[], [], [], []]
+    for p_c, q_c, t_c in zip(x_p.split(rows), x_q.split(rows), target.split(rows), strict=True):
         log_p = torch.log_softmax(_logits(p_c, unembed), dim=-1)
         log_q = torch.log_softmax(_logits(q_c, unembed), dim=-1)
-        kl.append((log_p.exp() * (log_p - log_q)).sum(-1))
-        agree.append((log_p.argmax(-1) == log_q.argmax(-1)).to(log_p.dtype))
-    shape = {"batch": resid_p.shape[0]}
-    return (
-        _unscored_nan(einops.rearrange(torch.cat(kl), "(batch pos) -> batch pos", **shape), lengths),
-        _unscored_nan(einops.rearrange(torch.cat(agree), "(batch pos) -> batch pos", **shape), lengths),
+        parts[0].append(-log_p.gather(-1, t_c[:, None]).squeeze(-1))
+        parts[1].append(-log_q.gather(-1, t_c[:, None]).squeeze(-1))
+        parts[2].append((log_p.exp() * (log_p - log_q)).sum(-1))
+        parts[3].append((log_p.argmax(-1) == log_q.argmax(-1)).to(log_p.dtype))
+    batch = resid_p.shape[0]
+    return tuple(
+        _unscored_nan(einops.rearrange(torch.cat(part), "(batch pos) -> batch pos", batch=batch), lengths)
+        for part in parts
     )
 
 

@@ -150,7 +150,7 @@ def run_rows(
     layer unless a loss is asked for) and the next-token NLL of the real tokens. With ``reduce``, each layer's
     captures go to ``reduce(layer, tensors)`` as soon as the layer is complete, and are dropped (reduced inside the
     forward: only one layer's captures are ever held), instead of being returned. ``keep_final``: also return the
-    final normalised residual (with a loss asked for)."""
+    final normalised residual (when nothing is captured, or a loss is asked for)."""
     docs = batch.docs
     index = torch.arange(len(docs.lengths), device=docs.tokens.device) if rows is None else rows
     tokens, lengths = docs.tokens[index], docs.lengths[index]

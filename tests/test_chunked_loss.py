@@ -120,7 +120,9 @@ def test_kl_and_top1_agreement_by_hand_and_zero_for_a_no_op(family: str) -> None
     with apply_edits(model, edit):
         final_q = run_to_final(model, blocks.tokens)
     unembed = unembedding(model)
-    whole = chunked_divergence(final_p, final_q, unembed)
-    one_row = chunked_divergence(final_p, final_q, unembed, chunk_bytes=1)  # a row per chunk: the same numbers
-    torch.testing.assert_close(whole[0], one_row[0])
-    torch.testing.assert_close(whole[1], one_row[1])
+    whole = chunked_divergence(final_p, final_q, unembed, blocks.tokens)
+    one_row = chunked_divergence(final_p, final_q, unembed, blocks.tokens, chunk_bytes=1)  # a row per chunk
+    for a, b in zip(whole, one_row, strict=True):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(whole[0], chunked_token_nll(final_p, unembed, blocks.tokens))
+    torch.testing.assert_close(whole[1], chunked_token_nll(final_q, unembed, blocks.tokens))

@@ -62,28 +62,21 @@ class DistributionShift(Metric):
         (job,) = jobs
         assert isinstance(job, EditJob)
         model, info = context.model, context.info
-        runs = [
+        finals = [
             run_rows(
-                model,
-                info,
-                batch,
-                hooks=compile_hooks(model, edits),
-                start_layer=job.start_layer,
-                loss="document",
-                keep_final=True,
+                model, info, batch, hooks=compile_hooks(model, edits), start_layer=job.start_layer, keep_final=True
             )
             for edits in (self.matched, job.edits)
         ]
-        assert runs[0].final is not None and runs[1].final is not None and runs[0].nll is not None
-        assert runs[1].nll is not None
-        with torch.inference_mode():
-            kl, agree = chunked_divergence(runs[0].final, runs[1].final, unembedding(model), batch.docs.lengths)
-        per_doc = {
-            "loss_noop": runs[0].nll,
-            "loss_edited": runs[1].nll,
-            "kl_sum": kl.nan_to_num(0.0).sum(-1),
-            "agree_sum": agree.nan_to_num(0.0).sum(-1),
-        }
+        final_p, final_q = finals[0].final, finals[1].final
+        assert final_p is not None and final_q is not None
+        docs = batch.docs
+        with torch.inference_mode():  # both losses and the shift from one unembedding of each residual
+            nll_p, nll_q, kl, agree = chunked_divergence(
+                final_p, final_q, unembedding(model), docs.tokens, docs.lengths
+            )
+        names = ("loss_noop", "loss_edited", "kl_sum", "agree_sum")
+        per_doc = {name: x.nan_to_num(0.0).sum(-1) for name, x in zip(names, (nll_p, nll_q, kl, agree), strict=True)}
         return [{k: v.double().cpu().numpy() for k, v in per_doc.items()}]
 
 
