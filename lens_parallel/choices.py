@@ -51,6 +51,10 @@ Dtype = Literal["float32", "bfloat16", "float16", "float64"]
 """Model precisions :func:`lens_parallel.models.load_model` takes (statistics accumulate in float64 anyway)."""
 SensitivityMethod = Literal["exact", "attribution"]
 """``exact``: one ablation per head on the engine; ``attribution``: every head from one forward and one backward."""
+ExplorerEdit = Literal["scale", "random-direction", "random-direction-norm-matched", "zero-diagonal"]
+"""The explorer's edit: ``scale`` is ``ComponentScale(space, s_par, s_perp)`` against its matched no-op; the others
+are the paper's comparison edits (``RandomDirectionRemoval``, norm-matched or not, and ``ZeroDiagonal``) against the
+unedited model."""
 HeadsAll = Literal["all"]
 """``heads="all"``: every head, each edited on its own write (no bias); ``heads=None`` is the whole sublayer."""
 
@@ -71,6 +75,7 @@ CHOICES = (
     Arm,
     Dtype,
     SensitivityMethod,
+    ExplorerEdit,
     HeadsAll,
 )
 """Every choice type above."""

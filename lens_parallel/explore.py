@@ -12,8 +12,13 @@ document selector; "save view"). Views, for the selected head h of layer l and d
 - diagonal: A_tt and A'_tt = A_tt + dA_tt, the edit's diagonal form at the current s_par
   (:func:`~lens_parallel.geometry.diagonal_change`), with the per-token parallel coefficient of the space
   (value: o.v/|v|^2; exclude-self: c.v/|v|^2 with c = o - A_tt v; residual-attn: m.x/|x|^2 with m = o W_O[h]);
-- loss: per-token NLL of ``ComponentScale(space, s_par, s_perp)`` on head h (or every head of layer l) minus the
-  matched no-op (the same hooks at scales 1), nats.
+- loss: per-token NLL under the edit on head h (or every head of layer l) minus its reference, nats. ``edit``
+  (:data:`~lens_parallel.choices.ExplorerEdit`): ``scale`` is ``ComponentScale(space, s_par, s_perp)`` against the
+  matched no-op (the same hooks at scales 1); the paper's comparison edits, ``random-direction`` (and
+  ``random-direction-norm-matched``: :class:`~lens_parallel.edits.RandomDirectionRemoval`, directions from
+  ``seed``) and ``zero-diagonal`` (:class:`~lens_parallel.edits.ZeroDiagonal`), against the unedited model. The
+  diagonal view draws A'_tt of ``scale`` and of ``zero-diagonal`` (0 past position 0); a random-direction removal
+  edits z along u, not along v_t, and has no diagonal form (A'_tt is left blank).
 
 Cost: one capture per (layer, document), stopped after that layer, keeps resid_pre, v and the pattern; moving
 s_par redraws the diagonal from it without a forward; the loss view is one forward of that document resumed at
@@ -30,7 +35,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -41,17 +46,17 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.analyses.decompose import decompose
-from lens_parallel.choices import HeadSpace
+from lens_parallel.choices import ExplorerEdit, HeadSpace
 from lens_parallel.data import TokenBlocks
 from lens_parallel.documents import Documents, document_batches
-from lens_parallel.edits import ComponentScale, Heads
+from lens_parallel.edits import ComponentScale, Edit, Heads, RandomDirectionRemoval, ZeroDiagonal, compile_hooks
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import check_indices, expand_kv, output_weights, softmax_layers
 from lens_parallel.models import head_label, model_info
 from lens_parallel.plots import explore as plots
 from lens_parallel.results import Provenance
 from lens_parallel.sweep import Batch, EditJob, TokenNLL, run_rows, run_sweep
-from lens_parallel.validate import check_choice, check_finite, options
+from lens_parallel.validate import check_choice, check_finite, check_non_negative_int, options
 
 SPACES: tuple[HeadSpace, ...] = options(HeadSpace)
 """Spaces the explorer shows: the two value spaces and each head's residual write."""
@@ -68,13 +73,15 @@ class View:
     s_par: float
     s_perp: float
     all_heads: bool
+    edit: str  # an ExplorerEdit
+    seed: int  # of the random directions
     heatmap: np.ndarray  # [layer, head] mean self-cosine in ``space`` (NaN where undefined)
     tokens: tuple[str, ...]  # the document's tokens, each decoded alone (newlines shown as ⏎)
     pattern: np.ndarray  # [query_pos, key_pos] A_ts of the head
     diag: np.ndarray  # [pos] A_tt
-    diag_edited: np.ndarray  # [pos] A'_tt = A_tt + dA_tt at s_par
+    diag_edited: np.ndarray  # [pos] A'_tt under the edit (NaN: no diagonal form)
     coef: np.ndarray  # [pos] parallel coefficient in ``space``
-    loss_change: np.ndarray  # [pos - 1] edited minus matched no-op NLL of each next token, nats
+    loss_change: np.ndarray  # [pos - 1] edited minus reference NLL of each next token, nats
 
     @property
     def label(self) -> str:
@@ -96,6 +103,8 @@ class Explorer:
         s_par: float = 0.0,
         s_perp: float = 1.0,
         all_heads: bool = False,
+        edit: ExplorerEdit = "scale",
+        seed: int = 0,
         batch_size: int = 8,
     ) -> None:
         self.model, self.info, self.documents = model, model_info(model), Documents.of(tokens)
@@ -120,13 +129,24 @@ class Explorer:
         self._memo: dict[Any, Any] = {}
         self._noops: dict[tuple[Any, ...], np.ndarray] = {}
         self.state: dict[str, Any] = {}
-        self.update(space=space, layer=layer, head=head, doc=doc, s_par=s_par, s_perp=s_perp, all_heads=all_heads)
+        self.update(
+            space=space,
+            layer=layer,
+            head=head,
+            doc=doc,
+            s_par=s_par,
+            s_perp=s_perp,
+            all_heads=all_heads,
+            edit=edit,
+            seed=seed,
+        )
 
     # -- state -------------------------------------------------------------------------------------------------
     def update(self, **changes: Any) -> View:
-        """Change any of space, layer, head, doc, s_par, s_perp, all_heads (checked first) and return the view."""
+        """Change any of space, layer, head, doc, s_par, s_perp, all_heads, edit, seed (checked first) and return
+        the view."""
         state = self.state | changes
-        unknown = set(changes) - {"space", "layer", "head", "doc", "s_par", "s_perp", "all_heads"}
+        unknown = set(changes) - {"space", "layer", "head", "doc", "s_par", "s_perp", "all_heads", "edit", "seed"}
         if unknown:
             raise LensParallelError(f"unknown explorer settings {sorted(unknown)}")
         check_choice("space", state["space"], HeadSpace)
@@ -136,7 +156,9 @@ class Explorer:
         check_indices("doc", state["doc"], len(self.documents))
         for name in ("s_par", "s_perp"):
             check_finite(name, state[name])
-        ComponentScale(state["space"], s_par=state["s_par"], s_perp=state["s_perp"])  # validates the edit
+        check_choice("edit", state["edit"], ExplorerEdit)
+        check_non_negative_int("seed", state["seed"])
+        compile_hooks(self.model, self._edits(state, reference=False))  # the edit is valid on this model
         before, self.state = self.state, state
         try:
             self.view = self._view()
@@ -159,11 +181,26 @@ class Explorer:
             self._captures[key] = got.captured[layer]
         return self._captures[key]
 
-    def _losses(self, space: HeadSpace, layer: int, heads: Heads, doc: int, s_par: float, s_perp: float) -> np.ndarray:
-        """Per-token NLL of ``doc`` under the edit (one forward resumed at ``layer``: the engine's reference pass of
-        that document and layer is kept in the explorer's memo)."""
-        edit = ComponentScale(space, s_par=s_par, s_perp=s_perp, layers=(layer,), heads=heads)
-        job = EditJob(f"{space}|L{layer}|{heads}|{s_par}|{s_perp}", (edit,), start_layer=layer)
+    @staticmethod
+    def _edits(state: dict[str, Any], *, reference: bool) -> tuple[Edit, ...]:
+        """The loss view's edit of ``state`` on the selected head (or every head of the layer, each on its own
+        write), or with ``reference`` what it is compared with: the matched no-op of ``scale``, the unedited model
+        (no edit) for the comparison edits."""
+        layers, heads = (state["layer"],), cast(Heads, "all" if state["all_heads"] else (state["head"],))
+        if state["edit"] == "scale":
+            s_par, s_perp = (1.0, 1.0) if reference else (state["s_par"], state["s_perp"])
+            return (ComponentScale(state["space"], s_par=s_par, s_perp=s_perp, layers=layers, heads=heads),)
+        if reference:
+            return ()
+        if state["edit"] == "zero-diagonal":
+            return (ZeroDiagonal(layers=layers, heads=heads),)
+        matched = state["edit"] == "random-direction-norm-matched"
+        return (RandomDirectionRemoval(seed=state["seed"], norm_matched=matched, layers=layers, heads=heads),)
+
+    def _losses(self, edits: tuple[Edit, ...], layer: int, doc: int) -> np.ndarray:
+        """Per-token NLL of ``doc`` under ``edits`` of ``layer`` (one forward resumed at ``layer``: the engine's
+        reference pass of that document and layer is kept in the explorer's memo)."""
+        job = EditJob(repr(edits), edits, start_layer=layer)
         docs = self._document(doc)
         metric = TokenNLL(docs.tokens.shape[1])
         run = run_sweep(self.model, docs, [job], metric=metric, progress=False, memo=self._memo)
@@ -177,14 +214,21 @@ class Explorer:
         pattern, x = t["pattern_full"], t["resid_pre"]
         v = expand_kv(t["v"], self.info.n_heads)
         W_O = output_weights(self.model, layer, dtype=torch.float64).to(x.device)
-        change = geometry.diagonal_change(pattern, v, space, s_par=st["s_par"], x=x, W_O=W_O)
         diag = torch.diagonal(pattern, dim1=-2, dim2=-1)[0, head]
+        if st["edit"] == "scale":
+            diag_edited = (
+                diag + geometry.diagonal_change(pattern, v, space, s_par=st["s_par"], x=x, W_O=W_O).d_a[0, head]
+            )
+        elif st["edit"] == "zero-diagonal":
+            diag_edited = torch.diagonal(geometry.zero_diagonal(pattern)[0], dim1=-2, dim2=-1)[0, head]
+        else:  # a removal along a random direction of z has no diagonal form
+            diag_edited = torch.full_like(diag, float("nan"))
         coef = geometry.parallel_coefficient(pattern, v, space, x=x, W_O=W_O)[0, :, head]
-        heads: Heads = "all" if st["all_heads"] else (head,)  # every head of the layer, each on its own write
-        key = (space, layer, heads, doc)
+        reference = self._edits(st, reference=True)
+        key = (repr(reference), doc)
         if key not in self._noops:
-            self._noops[key] = self._losses(space, layer, heads, doc, 1.0, 1.0)
-        edited = self._losses(space, layer, heads, doc, st["s_par"], st["s_perp"])
+            self._noops[key] = self._losses(reference, layer, doc)
+        edited = self._losses(self._edits(st, reference=False), layer, doc)
         ids = self.documents.tokens[doc, : int(self.documents.lengths[doc])].tolist()
         return View(
             space=space,
@@ -194,11 +238,13 @@ class Explorer:
             s_par=float(st["s_par"]),
             s_perp=float(st["s_perp"]),
             all_heads=bool(st["all_heads"]),
+            edit=st["edit"],
+            seed=int(st["seed"]),
             heatmap=self.heatmaps[space],
             tokens=tuple(self.model.tokenizer.decode([i]).replace("\n", "⏎") for i in ids),
             pattern=pattern[0, head].cpu().numpy(),
             diag=diag.cpu().numpy(),
-            diag_edited=(diag + change.d_a[0, head]).cpu().numpy(),
+            diag_edited=diag_edited.cpu().numpy(),
             coef=coef.cpu().numpy(),
             loss_change=edited - self._noops[key],
         )
@@ -236,8 +282,11 @@ class Explorer:
     ) -> Path:
         """A self-contained page (plotly.js inlined, no kernel): the heatmap of every space, and for ``heads``
         (default: the 6 most self-aligned in the current space, and the selected one) the pattern, diagonal and
-        loss views at each ``s_par`` of the grid (s_perp and document as now), chosen with Plotly's menus."""
+        loss views at each ``s_par`` of the grid (s_perp, edit and document as now; a comparison edit has no s_par:
+        one view per head), chosen with Plotly's menus."""
         st = dict(self.state)
+        if st["edit"] != "scale":
+            s_par = (st["s_par"],)
         if heads is None:
             grid = np.where(np.isnan(self.view.heatmap), -np.inf, self.view.heatmap)
             top = np.argsort(grid, axis=None)[::-1][:6]
@@ -282,5 +331,5 @@ class Explorer:
 def explore(model: TransformerBridge, tokens: TokenBlocks | Int[Tensor, "batch pos"], **settings: Any) -> Explorer:
     """An :class:`Explorer` of ``model`` on ``tokens``; shown as a live widget when it is a cell's last value.
     ``settings``: space, layer, head (default: the most self-aligned head in value space), doc, s_par, s_perp,
-    all_heads, batch_size."""
+    all_heads, edit (:data:`~lens_parallel.choices.ExplorerEdit`), seed, batch_size."""
     return Explorer(model, tokens, **settings)

@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as w
 import plotly.graph_objects as go
 
+from lens_parallel.choices import ExplorerEdit
 from lens_parallel.explore import SPACES
+from lens_parallel.plots.explore import setting_label
+from lens_parallel.validate import options
 
 if TYPE_CHECKING:
     from lens_parallel.explore import Explorer
@@ -34,6 +37,8 @@ class ExplorerWidget:
         self.s_par = w.FloatSlider(value=st["s_par"], min=-1.0, max=2.0, step=0.1, description="s_par")
         self.s_perp = w.FloatSlider(value=st["s_perp"], min=0.0, max=2.0, step=0.1, description="s_perp")
         self.all_heads = w.Checkbox(value=st["all_heads"], description="all heads of the layer")
+        self.edit = w.Dropdown(options=list(options(ExplorerEdit)), value=st["edit"], description="edit")
+        self.seed = w.BoundedIntText(value=st["seed"], min=0, max=2**31 - 1, description="seed")
         self.save = w.Button(description="save view", icon="save")
         self.status = w.HTML()
         for control, key in (
@@ -42,12 +47,18 @@ class ExplorerWidget:
             (self.s_par, "s_par"),
             (self.s_perp, "s_perp"),
             (self.all_heads, "all_heads"),
+            (self.edit, "edit"),
+            (self.seed, "seed"),
         ):
             control.observe(lambda change, key=key: self.apply(**{key: change["new"]}), names="value")
         self.figures["heatmap"].data[0].on_click(self._clicked)
         self.save.on_click(lambda _: self._save())
         controls = w.VBox(
-            [w.HBox([self.space, self.doc, self.all_heads]), w.HBox([self.s_par, self.s_perp, self.save])]
+            [
+                w.HBox([self.space, self.doc, self.all_heads]),
+                w.HBox([self.edit, self.seed]),
+                w.HBox([self.s_par, self.s_perp, self.save]),
+            ]
         )
         grid = w.VBox(
             [
@@ -56,6 +67,7 @@ class ExplorerWidget:
             ]
         )
         self.box = w.VBox([controls, self.status, grid])
+        self._enable()
         self._show_status(0.0)
 
     def _clicked(self, trace: Any, points: Any, selector: Any) -> None:
@@ -78,12 +90,19 @@ class ExplorerWidget:
                     old.update(new.to_plotly_json(), overwrite=True)
                 target.layout.title = fig.layout.title
                 target.layout.shapes = fig.layout.shapes
+        self._enable()
         self._show_status(time.perf_counter() - t0)
+
+    def _enable(self) -> None:
+        """Scales apply to ``scale`` only, the seed to the random directions only."""
+        edit = self.explorer.state["edit"]
+        self.s_par.disabled = self.s_perp.disabled = edit != "scale"
+        self.seed.disabled = not edit.startswith("random")
 
     def _show_status(self, seconds: float) -> None:
         v = self.explorer.view
         self.status.value = (
-            f"{v.label}, {v.space}, document {v.doc}, s_par={v.s_par:g}, s_perp={v.s_perp:g}: mean loss change "
+            f"{v.label}, {v.space}, document {v.doc}, {setting_label(v)}: mean loss change "
             f"{v.loss_change.mean():+.4f} nats/token (updated in {seconds:.2f} s; click a heatmap cell: another head)"
         )
 

@@ -96,6 +96,36 @@ def test_scales_of_one_change_nothing(setup):
     np.testing.assert_allclose(view.diag_edited, view.diag, atol=1e-12)
 
 
+@pytest.mark.parametrize("edit", ["zero-diagonal", "random-direction", "random-direction-norm-matched"])
+def test_the_comparison_edits_are_measured_against_the_unedited_model(setup, edit):
+    model, blocks, ex = setup
+    try:
+        view = ex.update(edit=edit, seed=3, layer=1, head=2, doc=1, all_heads=False)
+        heads = (2,)
+        made = {
+            "zero-diagonal": lambda: lp.ZeroDiagonal(layers=(1,), heads=heads),
+            "random-direction": lambda: lp.RandomDirectionRemoval(seed=3, layers=(1,), heads=heads),
+            "random-direction-norm-matched": lambda: lp.RandomDirectionRemoval(
+                seed=3, norm_matched=True, layers=(1,), heads=heads
+            ),
+        }[edit]()
+        tokens = blocks.tokens[1:2]
+        with torch.inference_mode():
+            unedited = token_nll(model(tokens, return_type="logits"), tokens)[0].double().numpy()
+        expected = _full_forward_token_losses(model, tokens, made) - unedited
+        np.testing.assert_allclose(view.loss_change, expected, atol=2e-5)
+        assert np.abs(view.loss_change).max() > 1e-4  # the edit changes the losses
+        if edit == "zero-diagonal":  # A'_tt = 0 except the first query, whose row has only itself
+            np.testing.assert_array_equal(view.diag_edited, np.r_[1.0, np.zeros(len(view.diag) - 1)])
+        else:
+            assert np.isnan(view.diag_edited).all()
+        figs = ex.figures()
+        assert "unedited model" in figs["loss"].layout.yaxis.title.text
+        assert ("seed 3" in figs["loss"].layout.title.text) == edit.startswith("random")
+    finally:
+        ex.update(edit="scale", seed=0)
+
+
 def test_the_widget_follows_its_controls_and_a_heatmap_click(setup, tmp_path):
     _, _, ex = setup
     ex.update(space="value", layer=2, head=0, doc=0, s_par=0.0, s_perp=1.0, all_heads=False)
@@ -115,6 +145,11 @@ def test_the_widget_follows_its_controls_and_a_heatmap_click(setup, tmp_path):
     widget.doc.value = 1
     np.testing.assert_array_equal(figs["pattern"].data[0].z, ex.view.pattern)
     assert ex.view.doc == 1 and "updated in" in widget.status.value
+    widget.edit.value = "zero-diagonal"
+    assert ex.view.edit == "zero-diagonal" and widget.s_par.disabled and widget.seed.disabled
+    assert "hard diagonal removal" in figs["loss"].layout.title.text
+    widget.edit.value = "scale"
+    assert not widget.s_par.disabled
     widget.save.click()
     saved = sorted(p.name for p in tmp_path.iterdir())
     assert any(n.endswith("_pattern.html") for n in saved) and any(n.endswith("_view.json") for n in saved)
@@ -129,6 +164,8 @@ def test_bad_settings_are_refused_and_leave_the_state(setup):
         ({"doc": 3}, "doc"),
         ({"s_par": float("nan")}, "s_par must be a finite number"),
         ({"zoom": 2}, "unknown explorer settings"),
+        ({"edit": "mean"}, "unknown edit 'mean'"),
+        ({"seed": -1}, "seed"),
     ):
         with pytest.raises(lp.LensParallelError, match=match):
             ex.update(**changes)
@@ -143,6 +180,12 @@ def test_the_exported_page_holds_every_precomputed_view(setup, tmp_path):
     page = path.read_text()
     assert page.count('class="plotly-graph-div"') == 4 and "plotly.js" in page.lower()
     assert "L2H5, s_par=1.5" in page and page.count("<script") >= 4
+    try:  # a comparison edit has no s_par grid: one view per head
+        ex.update(edit="zero-diagonal")
+        page = ex.to_html(tmp_path / "zero.html", heads=[(0, 1), (2, 5)], s_par=(0.0, 1.5)).read_text()
+        assert "L2H5, hard diagonal removal" in page and "s_par=1.5" not in page
+    finally:
+        ex.update(edit="scale")
 
 
 def test_an_explorer_needs_softmax_heads():

@@ -1,4 +1,4 @@
-"""Attribution screening: every head's effect estimated from one forward and one backward per batch.
+"""Attribution screening: every head's effect estimated from one forward and one backward per (sub-)batch.
 
 For a head h of layer l with output z_h (hook_z) and an edit that changes it by dz_h, the first-order estimate of
 the change of a document's next-token loss sum is
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import einops
@@ -36,6 +37,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
@@ -46,7 +48,7 @@ from lens_parallel.documents import Documents
 from lens_parallel.edits import check_positions
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import GradReducer, expand_kv, gradient_pass, head_writes_note, output_weights, softmax_layers
-from lens_parallel.losses import chunked_token_nll, unembedding
+from lens_parallel.losses import Unembedding, chunked_token_nll, unembedding
 from lens_parallel.models import ModelInfo, head_label, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import attribution_figure
@@ -170,6 +172,25 @@ def _roles(info: ModelInfo, edit: str, spaces: tuple[str, ...]) -> tuple[list[st
     return acts, grads
 
 
+def backward_rows(n_docs: int, n_layers: int) -> int:
+    """Documents per backward of a batch of ``n_docs``: ``max(1, n_docs // n_layers)``. The checkpointed backward
+    keeps the residual entering every block (:func:`~lens_parallel.hooks.gradient_pass`), ``n_layers`` residuals of
+    its rows; with this many rows they add up to at most one residual of the whole batch, about what a forward to
+    the final residual holds at a time. Documents are independent, so the split changes no value."""
+    return max(1, n_docs // n_layers)
+
+
+def _loss_sums(
+    final: Float[Tensor, "batch pos d_model"],
+    *,
+    unembed: Unembedding,
+    tokens: Int[Tensor, "batch pos"],
+    lengths: Tensor,
+) -> Float[Tensor, " batch"]:
+    """Each document's next-token loss sum from its final normalised residual (chunked: no full logits)."""
+    return chunked_token_nll(final, unembed, tokens, lengths).nan_to_num(0.0).sum(-1)
+
+
 def _masked_sum(per_pos: Tensor, weight: Tensor) -> Tensor:
     """``[batch, pos, head]`` -> ``[batch, head]``, positions weighted ``[batch, pos]`` (1 at a document's real
     positions, 0 past its end and, for ``after-first``, at position 0)."""
@@ -252,7 +273,8 @@ class AttributionSettings:
 
 class _GradientMetric(Metric):
     """Per document: the loss sum, the first-order estimates and the exact scale derivatives of every head, from
-    one forward and one backward per batch (:func:`~lens_parallel.hooks.gradient_pass`)."""
+    one forward and one backward per sub-batch of :func:`backward_rows` documents
+    (:func:`~lens_parallel.hooks.gradient_pass`)."""
 
     name = "attribution"
 
@@ -283,23 +305,32 @@ class _GradientMetric(Metric):
             "d_s_par": np.zeros((len(self.spaces), n, n_l, n_h)),
             "d_s_perp": np.zeros((len(self.spaces), n, n_l, n_h)),
         }
-        weight = docs.real.to(torch.float64)
+        weight = docs.real.to(torch.float64).cpu()
         if self.s.positions == "after-first":
             weight[:, 0] = 0.0
-        reduce = _reducer(self.info, self.s, self.spaces, self.W_O, self.means, weight.cpu(), out, self.layers)
-        unembed = unembedding(context.model)
-        per_doc = gradient_pass(
-            context.model,
-            docs.tokens,
-            self.info,
-            roles=dict.fromkeys(self.layers, self.acts),
-            grad_roles=dict.fromkeys(self.layers, self.grads),
-            objective=lambda final: (
-                chunked_token_nll(final, unembed, docs.tokens, docs.lengths).nan_to_num(0.0).sum(-1)
-            ),
-            reduce=reduce,
-        )
-        return [{"loss_sum": per_doc.double().cpu().numpy(), **out}]
+        unembed, rows, per_doc = unembedding(context.model), backward_rows(n, self.info.n_layers), []
+        for start in range(0, n, rows):  # documents are independent: each sub-batch's values are its own
+            sub = slice(start, start + rows)
+            view = {
+                "estimate": out["estimate"][sub],
+                "d_s_par": out["d_s_par"][:, sub],
+                "d_s_perp": out["d_s_perp"][:, sub],
+            }
+            tokens, lengths = docs.tokens[sub], docs.lengths[sub]
+            per_doc.append(
+                gradient_pass(
+                    context.model,
+                    tokens,
+                    self.info,
+                    roles=dict.fromkeys(self.layers, self.acts),
+                    grad_roles=dict.fromkeys(self.layers, self.grads),
+                    objective=partial(_loss_sums, unembed=unembed, tokens=tokens, lengths=lengths),
+                    reduce=_reducer(
+                        self.info, self.s, self.spaces, self.W_O, self.means, weight[sub], view, self.layers
+                    ),
+                )
+            )
+        return [{"loss_sum": torch.cat(per_doc).double().cpu().numpy(), **out}]
 
 
 def head_attribution(

@@ -23,6 +23,19 @@ SPACE_TITLES = {
     "residual-attn": "residual-attn (per-head write)",
 }
 HEIGHT = 360
+EDIT_TITLES = {
+    "random-direction": "random-direction removal",
+    "random-direction-norm-matched": "random-direction removal, norm-matched",
+    "zero-diagonal": "hard diagonal removal",
+}
+
+
+def setting_label(view: View) -> str:
+    """The view's edit in a few words: its scales for ``scale``, else the comparison edit (and its seed)."""
+    if view.edit == "scale":
+        return f"s_par={view.s_par:g}, s_perp={view.s_perp:g}"
+    seed = f" (seed {view.seed})" if view.edit.startswith("random") else ""
+    return EDIT_TITLES[view.edit] + seed
 
 
 def _labels(tokens: tuple[str, ...]) -> list[str]:
@@ -89,11 +102,11 @@ def diagonal_figure(view: View) -> go.Figure:
     labels = _labels(view.tokens)
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=labels, y=view.diag, mode="lines+markers", name="A_tt (model)"))
-    fig.add_trace(
-        go.Scatter(
-            x=labels, y=view.diag_edited, mode="lines+markers", name=f"A'_tt = A_tt + dA_tt (s_par={view.s_par:g})"
-        )
-    )
+    edited = {
+        "scale": f"A'_tt = A_tt + dA_tt (s_par={view.s_par:g})",
+        "zero-diagonal": "A'_tt under hard diagonal removal",
+    }.get(view.edit, "A'_tt: none (a random direction of z is not a diagonal edit)")
+    fig.add_trace(go.Scatter(x=labels, y=view.diag_edited, mode="lines+markers", name=edited))
     fig.add_trace(go.Scatter(x=labels, y=view.coef, mode="lines", name="parallel coefficient", yaxis="y2", opacity=0.6))
     fig.update_layout(
         title=f"{view.label} diagonal and its edited form<br>{SPACE_TITLES[view.space]}",
@@ -116,21 +129,23 @@ def diagonal_figure(view: View) -> go.Figure:
 def loss_figure(view: View) -> go.Figure:
     labels = _labels(view.tokens)[1:]
     who = f"all heads of layer {view.layer}" if view.all_heads else view.label
+    reference = "matched no-op" if view.edit == "scale" else "unedited model"
     fig = go.Figure(
         go.Bar(
             x=labels,
             y=view.loss_change,
-            name="edited - matched no-op",
+            name=f"edited - {reference}",
             hovertemplate="next token %{x}<br>%{y:+.4f} nats<extra></extra>",
         )
     )
     fig.update_layout(
         title=(
-            f"loss change per token: {who}, s_par={view.s_par:g}, s_perp={view.s_perp:g}<br>"
-            f"{SPACE_TITLES[view.space]}; mean {np.mean(view.loss_change):+.4f} nats"
+            f"loss change per token: {who}, {setting_label(view)}<br>"
+            f"{SPACE_TITLES[view.space] if view.edit == 'scale' else 'no space: a fixed edit'}; "
+            f"mean {np.mean(view.loss_change):+.4f} nats"
         ),
         xaxis_title="predicted token",
-        yaxis_title="Δ NLL vs matched no-op (nats)",
+        yaxis_title=f"Δ NLL vs {reference} (nats)",
         height=HEIGHT,
         margin={"t": 70},
         showlegend=False,
@@ -198,10 +213,10 @@ def explorer_page(
     first = next(iter(views.values()))
     heat = _switched([heatmap_figure(heatmaps[s], s, (first.layer, first.head), name) for s in spaces], spaces, "space")
     keys = list(views)
-    labels = [f"{head_label(layer, head)}, s_par={s:g}" for layer, head, s in keys]
+    labels = [f"{head_label(layer, head)}, {setting_label(views[layer, head, s])}" for layer, head, s in keys]
     parts = [pio.to_html(heat, include_plotlyjs=True, full_html=False)]
     for builder in (pattern_figure, diagonal_figure, loss_figure):
-        fig = _switched([builder(views[k]) for k in keys], labels, "head and s_par")
+        fig = _switched([builder(views[k]) for k in keys], labels, "head and setting")
         parts.append(pio.to_html(fig, include_plotlyjs=False, full_html=False))
     meta = html.escape(json.dumps(provenance, indent=1, default=str))
     body = "\n".join(f"<div class='fig'>{p}</div>" for p in parts)
@@ -209,6 +224,6 @@ def explorer_page(
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>lens_parallel explorer: {html.escape(name)}</title>"
         "<style>body{font-family:sans-serif;margin:1em 2em} .fig{margin-bottom:1.5em}</style></head><body>"
         f"<h1>lens_parallel explorer: {html.escape(name)}</h1><p>Precomputed views ({first.space}, document "
-        f"{first.doc}, s_perp={first.s_perp:g}); choose a space, and a head and s_par, in each figure's menu.</p>"
+        f"{first.doc}); choose a space, and a head and setting, in each figure's menu.</p>"
         f"{body}<details><summary>provenance</summary><pre>{meta}</pre></details></body></html>"
     )
