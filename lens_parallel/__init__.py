@@ -39,6 +39,7 @@ from lens_parallel.edits import (
     HeadEdit,
     LearnedGate,
     RandomDirectionRemoval,
+    SkipFirstLayers,
     ZeroDiagonal,
     apply_edits,
 )
@@ -106,6 +107,7 @@ __all__ = [
     "ScalingResult",
     "SensitivityResult",
     "SensitivitySettings",
+    "SkipFirstLayers",
     "SplitHalfResult",
     "SweepRun",
     "TaskResult",

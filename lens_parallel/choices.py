@@ -15,6 +15,10 @@ Space = Literal["value", "value-exclude-self", "residual-attn", "residual-mlp", 
 """A decomposition / scaling space (see the README's table): the message m and its reference r."""
 HeadSpace = Literal["value", "value-exclude-self", "residual-attn"]
 """Spaces with a per-head level: the two value spaces and each head's residual write z_h W_O[h]."""
+ReferenceGuard = Literal["exclude", "clamp"]
+"""How a scaling treats a tiny reference r: ``exclude`` (positions with |r| <= eps scale as purely perpendicular) or
+``clamp`` (the denominator |r|^2 floored at eps^2, every position projected: the directional-decomposition paper's
+``clamp_min(1e-6)`` on |r|^2 is ``eps=1e-3``)."""
 EditPositions = Literal["all", "after-first"]
 """Which positions an edit acts on: every one, or all but position 0 (the boundary token)."""
 ScoredPositions = Literal["last", "all"]
@@ -61,6 +65,7 @@ HeadsAll = Literal["all"]
 CHOICES = (
     Space,
     HeadSpace,
+    ReferenceGuard,
     EditPositions,
     ScoredPositions,
     Ablation,

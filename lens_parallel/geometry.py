@@ -45,9 +45,18 @@ class Alignment(NamedTuple):
     valid: Bool[Tensor, "*batch"]
 
 
-def project(m: Float[Tensor, "*batch d"], r: Float[Tensor, "*batch d"], *, eps: float = EPS) -> Projection:
-    """Split ``m`` into its component along ``r`` and the rest: m = par + perp exactly (par = coef * r)."""
+def project(
+    m: Float[Tensor, "*batch d"], r: Float[Tensor, "*batch d"], *, eps: float = EPS, clamp: bool = False
+) -> Projection:
+    """Split ``m`` into its component along ``r`` and the rest: m = par + perp exactly (par = coef * r).
+
+    coef = m.r / |r|^2 where |r| > eps, else 0 (the position is not projected); with ``clamp``,
+    coef = m.r / max(|r|^2, eps^2) at every position (``valid`` is then True everywhere)."""
     rr = (r * r).sum(-1)
+    if clamp:
+        coef, valid = (m * r).sum(-1) / rr.clamp_min(eps**2), torch.ones_like(rr, dtype=torch.bool)
+        par = coef.unsqueeze(-1) * r
+        return Projection(par=par, perp=m - par, coef=coef, valid=valid)
     valid = rr > eps**2
     coef = torch.where(valid, (m * r).sum(-1) / torch.where(valid, rr, 1.0), 0.0)
     par = coef.unsqueeze(-1) * r
@@ -93,14 +102,15 @@ def scale_delta(
     s_par: float | Float[Tensor, "*scale"] = 1.0,
     s_perp: float | Float[Tensor, "*scale"] = 1.0,
     eps: float = EPS,
+    clamp: bool = False,
 ) -> Float[Tensor, "*batch d"]:
     """The change a component scaling makes: (s_par - 1) m_par + (s_perp - 1) m_perp (exactly 0 at s = 1).
 
     Scales are numbers, per-position tensors ``[*batch]``, or tensors of the leading axes only (e.g. one scale per
     batch row, ``[batch]``), which broadcast over the axes they lack. Degenerate |r| positions have m_par = 0,
-    m_perp = m.
+    m_perp = m; with ``clamp`` none is degenerate (:func:`project`).
     """
-    proj = project(m, r, eps=eps)
+    proj = project(m, r, eps=eps, clamp=clamp)
 
     def broadcast(s: float | Tensor) -> Tensor:
         t = torch.as_tensor(s, dtype=m.dtype, device=m.device)
@@ -116,9 +126,10 @@ def scale_components(
     s_par: float | Float[Tensor, "*scale"] = 1.0,
     s_perp: float | Float[Tensor, "*scale"] = 1.0,
     eps: float = EPS,
+    clamp: bool = False,
 ) -> Float[Tensor, "*batch d"]:
     """m' = s_par m_par + s_perp m_perp, computed as m + :func:`scale_delta` so that s = 1 returns m bit for bit."""
-    return m + scale_delta(m, r, s_par=s_par, s_perp=s_perp, eps=eps)
+    return m + scale_delta(m, r, s_par=s_par, s_perp=s_perp, eps=eps, clamp=clamp)
 
 
 def value_aggregate(
