@@ -16,6 +16,13 @@ from lens_parallel.analyses.decompose import SPACES, DecomposeSettings, Decompos
 from lens_parallel.analyses.diagonal import DiagonalSettings, DiagonalView, diagonal_view
 from lens_parallel.analyses.dominance import DominanceResult, DominanceSettings, head_dominance, study_texts
 from lens_parallel.analyses.evaluate import document_losses, evaluate
+from lens_parallel.analyses.head_statistics import (
+    HeadStatistics,
+    HeadStatisticsSettings,
+    compare_sensitivity,
+    head_statistics,
+    sensitivity_correlations,
+)
 from lens_parallel.analyses.nulls import NullResult, NullSettings, causal_null, gqa_alignment
 from lens_parallel.analyses.reliability import (
     SanityReport,
@@ -87,6 +94,8 @@ __all__ = [
     "FactorialResult",
     "GatedRemoval",
     "HeadEdit",
+    "HeadStatistics",
+    "HeadStatisticsSettings",
     "LearnedGate",
     "LensParallelError",
     "LibraryError",
@@ -121,6 +130,7 @@ __all__ = [
     "__version__",
     "apply_edits",
     "causal_null",
+    "compare_sensitivity",
     "compress",
     "compression_error",
     "confirm",
@@ -133,6 +143,7 @@ __all__ = [
     "head_attribution",
     "head_dominance",
     "head_sensitivity",
+    "head_statistics",
     "load_model",
     "load_result",
     "load_texts",
@@ -146,6 +157,7 @@ __all__ = [
     "run_sweep",
     "sanity_report",
     "scale_sweep",
+    "sensitivity_correlations",
     "split_half_reliability",
     "study_texts",
     "task_effects",

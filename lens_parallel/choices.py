@@ -33,6 +33,10 @@ DominanceScale = Literal["qkv", "js", "js_distance"]
 """Effect scales of head dominance: relative Q/K/V change, JS divergence of the attention row, its square root."""
 MaskScale = Literal["qkv", "js"]
 """Scales the weak/strong halves of head dominance can be ranked on."""
+StatisticEdit = Literal["parallel-value", "zero"]
+"""The single-head ablations whose change :func:`~lens_parallel.head_statistics` describes (value space)."""
+SignFlipWeights = Literal["documents", "tokens"]
+"""What a sign flip flips: each document's mean Δ (every document weighs the same) or its Δ sum (token-weighted)."""
 SplitHalfMethod = Literal["pooled", "cross-half"]
 """How split-half reliability forms rho_raw: the paper's pooled diagnostic, or across halves."""
 Sublayer = Literal["attn", "mlp"]
@@ -73,6 +77,8 @@ CHOICES = (
     Groups,
     DominanceScale,
     MaskScale,
+    StatisticEdit,
+    SignFlipWeights,
     SplitHalfMethod,
     Sublayer,
     Architecture,

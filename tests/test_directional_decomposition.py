@@ -146,3 +146,83 @@ def test_the_canary_refuses_a_no_op_that_moves_the_loss():
     run[noop_job] = DocLosses(np.array([5.0, 6.0 + 1e-6]), n_tokens)
     with pytest.raises(lp.LibraryError, match="differs from the unedited model by 1e-06"):
         scaling._check_unedited(run, {"value": noop_job}, unedited)
+
+
+def _by_hand(model, tokens, edit: str, layer: int, *, first: bool = True) -> np.ndarray:
+    """The four statistics of every head of ``layer`` from a cache, in numpy (float64)."""
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(("hook_z", "hook_v")))
+    z = cache[f"blocks.{layer}.attn.hook_z"].double().numpy()
+    v = cache[f"blocks.{layer}.attn.hook_v"].double().numpy()
+    v = np.repeat(v, z.shape[2] // v.shape[2], axis=2)  # GQA: each query head's kv head
+    if not first:
+        z, v = z[:, 1:], v[:, 1:]
+    dot, yy, vv = (z * v).sum(-1), (z * z).sum(-1), (v * v).sum(-1)
+    par = (dot / np.maximum(vv, 1e-6))[..., None] * v
+    edit_vec = -par if edit == "parallel-value" else -z
+    norm = lambda x: np.sqrt((x * x).sum(-1))  # noqa: E731
+    per_pos = [
+        (par * par).sum(-1) / np.maximum(yy, 1e-6),
+        norm(par) / np.sqrt(np.maximum(vv, 1e-6)),
+        norm(edit_vec) / np.sqrt(np.maximum(yy, 1e-6)),
+        norm(edit_vec) / np.sqrt(np.maximum(vv, 1e-6)),
+    ]
+    return np.stack([x.mean((0, 1)) for x in per_pos])  # [statistic, head]
+
+
+@pytest.mark.parametrize("edit", ["parallel-value", "zero"])
+def test_the_four_statistics_equal_a_hand_computation(setup, edit):
+    model, blocks = setup
+    stats = lp.head_statistics(model, blocks, edit=edit, batch_size=2)
+    for i, layer in enumerate(stats.layers):
+        np.testing.assert_allclose(stats.values[:, i], _by_hand(model, blocks.tokens, edit, layer), rtol=1e-5)
+    para_ratio, para_over_ref, edit_over_y, edit_over_ref = stats.values
+    if edit == "parallel-value":  # the edit is -y_par: |edit|/|v| is |y_par|/|v|, and |edit|/|y| the mean |cos|
+        np.testing.assert_allclose(edit_over_ref, para_over_ref, rtol=1e-12)
+        assert (edit_over_y >= para_ratio).all()  # |cos| >= cos^2
+    else:
+        np.testing.assert_allclose(edit_over_y, 1.0, rtol=1e-6)
+    later = lp.head_statistics(model, blocks, edit=edit, positions="after-first")
+    np.testing.assert_allclose(later.values[:, 0], _by_hand(model, blocks.tokens, edit, 0, first=False), rtol=1e-5)
+    assert stats.n_positions == blocks.tokens.numel() and later.n_positions == blocks.tokens.numel() - 3
+    assert list(stats.to_dataframe().columns[-4:]) == ["para_ratio", "para_over_ref", "edit_over_y", "edit_over_ref"]
+    with pytest.raises(lp.LensParallelError, match="unknown edit 'mean'"):
+        lp.head_statistics(model, blocks, edit="mean")
+
+
+def test_correlations_and_global_bh_equal_scipy_and_statsmodels(setup):
+    from scipy import stats as sps
+    from statsmodels.stats.multitest import multipletests
+
+    model, blocks = setup
+    other = get_model("toy-llama")
+    other_blocks = token_blocks(other, "austen", n_docs=3, seq_len=16, seed=2)
+    kw = {"n_resamples": 50, "n_permutations": 200, "progress": False}
+    sens = {"qwen2": lp.head_sensitivity(model, blocks, **kw), "llama": lp.head_sensitivity(other, other_blocks, **kw)}
+    stats = {"qwen2": lp.head_statistics(model, blocks), "llama": lp.head_statistics(other, other_blocks)}
+    table = lp.sensitivity_correlations({k: (sens[k], stats[k]) for k in sens})
+    row = table[(table.model == "llama") & (table.statistic == "para_ratio")].iloc[0]
+    expected = sps.pearsonr(stats["llama"].values[0].ravel(), sens["llama"].head_delta.ravel())
+    assert row.pearson_r == pytest.approx(expected.statistic) and row.pearson_p == pytest.approx(expected.pvalue)
+    assert row.spearman_rho == pytest.approx(
+        sps.spearmanr(stats["llama"].values[0].ravel(), sens["llama"].head_delta.ravel()).statistic
+    )
+    heads = lp.compare_sensitivity(sens)
+    pooled = np.concatenate([sens["qwen2"].head_p.ravel(), sens["llama"].head_p.ravel()])
+    np.testing.assert_allclose(heads.q_global, multipletests(pooled, method="fdr_bh")[1])
+    mine = heads[heads.model == "llama"]
+    np.testing.assert_allclose(mine.q_model, multipletests(sens["llama"].head_p.ravel(), method="fdr_bh")[1])
+    assert set(heads.class_global) <= {"decrease", "increase", "not significant"}
+    with pytest.raises(lp.LensParallelError, match="covers layers"):
+        lp.sensitivity_correlations({"x": (sens["qwen2"], dataclasses.replace(stats["qwen2"], layers=(0, 1)))})
+
+
+def test_token_weighted_sign_flips_flip_each_documents_delta_sum(setup):
+    model, blocks = setup
+    kw = {"layers": [1], "n_resamples": 50, "n_permutations": 500, "progress": False}
+    weighted = lp.head_sensitivity(model, blocks, sign_flip_weights="tokens", **kw)
+    run = lp.run_sweep(model, blocks, [lp.AblationJob(1, (0,))], edit="parallel-value", progress=False)
+    delta_sums = run[lp.AblationJob(1, (0,))].loss_sum - run.base.loss_sum
+    from lens_parallel.stats import sign_flip_pvalue
+
+    assert weighted.head_p[0, 0] == sign_flip_pvalue(delta_sums, n_resamples=500, seed=0)
+    assert DIRECTIONAL_DECOMPOSITION.settings_for(lp.SensitivitySettings).sign_flip_weights == "tokens"

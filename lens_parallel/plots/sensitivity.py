@@ -6,8 +6,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 if TYPE_CHECKING:
+    from lens_parallel.analyses.head_statistics import HeadStatistics
     from lens_parallel.analyses.sensitivity import SensitivityResult
 
 
@@ -64,4 +66,39 @@ def sensitivity_figure(result: SensitivityResult) -> go.Figure:
         legend={"orientation": "h", "y": -0.2},
     )
     fig.update_xaxes(dtick=max(1, len(x) // 15))
+    return fig
+
+
+def head_statistics_figure(result: HeadStatistics) -> go.Figure:
+    """The four per-head statistics of :mod:`~lens_parallel.analyses.head_statistics`, one layer x head heatmap
+    each (unitless ratios, means over positions)."""
+    from lens_parallel.analyses.head_statistics import STATISTICS
+
+    titles = {
+        "para_ratio": "para_ratio = |y_par|² / |y|²",
+        "para_over_ref": "para_over_ref = |y_par| / |v|",
+        "edit_over_y": "edit_over_y = |edit| / |y|",
+        "edit_over_ref": "edit_over_ref = |edit| / |v|",
+    }
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[titles[s] for s in STATISTICS], horizontal_spacing=0.12)
+    for i, values in enumerate(result.values):
+        row, col = divmod(i, 2)
+        fig.add_trace(
+            go.Heatmap(
+                z=values,
+                y=list(result.layers),
+                colorscale="Viridis",
+                colorbar={"len": 0.42, "y": 0.79 - 0.58 * row, "x": 0.45 + 0.56 * col, "title": "ratio"},
+                hovertemplate="L%{y}H%{x}: %{z:.4f}<extra></extra>",
+            ),
+            row=row + 1,
+            col=col + 1,
+        )
+        fig.update_xaxes(title_text="head", row=row + 1, col=col + 1)
+        fig.update_yaxes(title_text="layer", row=row + 1, col=col + 1)
+    fig.update_layout(
+        title=f"{result.info.name}: per-head statistics of the {result.edit} ablation (means over positions)",
+        height=720,
+        margin={"t": 90},
+    )
     return fig
