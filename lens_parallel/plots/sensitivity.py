@@ -80,7 +80,9 @@ def head_statistics_figure(result: HeadStatistics) -> go.Figure:
         "edit_over_y": "edit_over_y = |edit| / |y|",
         "edit_over_ref": "edit_over_ref = |edit| / |v|",
     }
-    fig = make_subplots(rows=2, cols=2, subplot_titles=[titles[s] for s in STATISTICS], horizontal_spacing=0.12)
+    fig = make_subplots(
+        rows=2, cols=2, subplot_titles=[titles[s] for s in STATISTICS], horizontal_spacing=0.2, vertical_spacing=0.18
+    )
     for i, values in enumerate(result.values):
         row, col = divmod(i, 2)
         fig.add_trace(
@@ -88,14 +90,14 @@ def head_statistics_figure(result: HeadStatistics) -> go.Figure:
                 z=values,
                 y=list(result.layers),
                 colorscale="Viridis",
-                colorbar={"len": 0.42, "y": 0.79 - 0.58 * row, "x": 0.45 + 0.56 * col, "title": "ratio"},
+                colorbar={"len": 0.41, "y": 0.795 - 0.59 * row, "x": 0.41 + 0.6 * col, "title": "ratio"},
                 hovertemplate="L%{y}H%{x}: %{z:.4f}<extra></extra>",
             ),
             row=row + 1,
             col=col + 1,
         )
-        fig.update_xaxes(title_text="head", row=row + 1, col=col + 1)
-        fig.update_yaxes(title_text="layer", row=row + 1, col=col + 1)
+        fig.update_xaxes(title_text="head", dtick=max(1, values.shape[1] // 8), row=row + 1, col=col + 1)
+        fig.update_yaxes(title_text="layer", dtick=max(1, len(result.layers) // 8), row=row + 1, col=col + 1)
     fig.update_layout(
         title=f"{result.info.name}: per-head statistics of the {result.edit} ablation (means over positions)",
         height=720,
