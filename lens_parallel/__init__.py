@@ -57,6 +57,7 @@ from lens_parallel.models import ModelInfo, ModelSpecError, load_model, model_in
 from lens_parallel.options import PROTOCOLS, DataOptions, RunOptions
 from lens_parallel.report import ModelReport, ReportSettings, run_battery, write_report
 from lens_parallel.results import Provenance, Result, load_result, result_classes
+from lens_parallel.selection import TextSample, TextSelection, sample_texts
 from lens_parallel.sweep import AblationJob, DocumentNLL, EditJob, Metric, SweepRun, TokenNLL, run_sweep
 from lens_parallel.training import FactorialResult, TrainConfig, TrainRun, run_design, run_factorial, train
 
@@ -121,6 +122,8 @@ __all__ = [
     "SweepRun",
     "TaskResult",
     "TaskSettings",
+    "TextSample",
+    "TextSelection",
     "TokenBlocks",
     "TokenNLL",
     "TrainConfig",
@@ -155,6 +158,7 @@ __all__ = [
     "run_design",
     "run_factorial",
     "run_sweep",
+    "sample_texts",
     "sanity_report",
     "scale_sweep",
     "sensitivity_correlations",

@@ -226,3 +226,41 @@ def test_token_weighted_sign_flips_flip_each_documents_delta_sum(setup):
 
     assert weighted.head_p[0, 0] == sign_flip_pvalue(delta_sums, n_resamples=500, seed=0)
     assert DIRECTIONAL_DECOMPOSITION.settings_for(lp.SensitivitySettings).sign_flip_weights == "tokens"
+
+
+def test_the_text_selection_filters_dedups_and_follows_the_seeded_shuffle():
+    import datasets
+
+    from lens_parallel.selection import TextSelection, sample_texts, select_texts
+
+    sizes = [159, 160, 1200, 1201, 500, 20, 700, 300]
+    texts = [f"{i:03d}" + "x" * (n - 3) for i, n in enumerate(sizes)]
+    stream = [*texts, texts[1], "  " + texts[4] + "\n", *[f"{i:04d}" + "y" * 300 for i in range(40)]]
+    selection = TextSelection(max_texts=30, shuffle_seed=7, shuffle_buffer=16)
+    sample = sample_texts(stream, selection)
+    # the order is datasets' own buffer shuffle of the stream, with that seed and buffer
+    order = datasets.IterableDataset.from_generator(lambda: ({"text": t} for t in stream)).shuffle(
+        seed=7, buffer_size=16
+    )
+    shuffled = [row["text"] for row in order]
+    kept, seen = [], set()
+    for t in shuffled:
+        s = t.strip() if isinstance(t, str) else None
+        if s is not None and 160 <= len(s) <= 1200 and s not in seen:
+            seen.add(s)
+            kept.append(s)
+    assert list(sample.texts) == kept[:30] and shuffled != stream
+    assert [shuffled[i].strip() for i in sample.source_indices] == list(sample.texts)
+    assert len(sample.texts) == len(set(sample.texts))  # the repeated (and the padded) text kept once
+    lengths = {len(t) for t in sample.texts}
+    assert {160, 1200} <= lengths and not lengths & {159, 1201, 20}  # bounds inclusive
+    assert sample_texts(stream, TextSelection(max_texts=30, shuffle_seed=8, shuffle_buffer=16)).texts != sample.texts
+    # the rule alone: stops at max_texts, or after max_to_scan texts read
+    assert select_texts(texts, TextSelection(max_texts=2))[0] == [texts[1], texts[2]]
+    assert select_texts(texts, TextSelection(max_to_scan=2)) == ([texts[1]], [1], 2)
+    assert select_texts([None, 7, texts[1]], TextSelection()) == ([texts[1]], [2], 3)  # a row without text is read
+    assert sample.describe()["n_texts"] == 30 and sample.describe()["datasets_version"] == datasets.__version__
+    with pytest.raises(lp.LensParallelError, match="must not exceed"):
+        TextSelection(min_chars=500, max_chars=100)
+    with pytest.raises(lp.LensParallelError, match="no text of 'austen' has 160-1200"):
+        sample_texts("austen", TextSelection(max_to_scan=5))
