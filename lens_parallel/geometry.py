@@ -297,6 +297,42 @@ def diagonal_change(
     return DiagonalChange(d_a=einops.rearrange(d_a, to_heads), valid=einops.rearrange(valid, to_heads))
 
 
+class LayerDiagonalChange(NamedTuple):
+    """One δ_t per position shared by every head of a layer, where its denominator was large enough (elsewhere 0),
+    and the change it makes to the layer's attention update: its parts along and across x_t."""
+
+    delta: Float[Tensor, "batch pos"]
+    valid: Bool[Tensor, "batch pos"]
+    change_par: Float[Tensor, "batch pos d_model"]
+    change_perp: Float[Tensor, "batch pos d_model"]
+
+
+def layer_diagonal_change(
+    y: Float[Tensor, "batch pos d_model"],
+    x: Float[Tensor, "batch pos d_model"],
+    v: Float[Tensor, "batch pos head_index d_head"],
+    W_O: Float[Tensor, "head_index d_head d_model"],
+    *,
+    s_par: float,
+    eps: float = EPS,
+) -> LayerDiagonalChange:
+    """The residual-space diagonal view of a whole attention layer (the directional-decomposition paper's Fig. 4):
+    adding the same δ_t to A_tt of every head changes the layer's update y_t (hook_attn_out) by δ_t w_t with
+    w_t = sum_h v_t^h W_O[h] (= W_O applied to the concatenated values), so
+
+        δ_t = (s_par - 1) <y_t, x_t> / <w_t, x_t>
+
+    gives y_t + δ_t w_t the component s_par <y_t, x_t> / |x_t|^2 x_t along x_t exactly; w_t is not parallel to x_t,
+    so the view also changes y_t across x_t by δ_t (w_t)_perp (``change_perp``). ``v`` is expanded to query heads.
+    Positions with |<w_t, x_t>| <= eps |w_t| |x_t| get δ = 0 and ``valid = False``."""
+    w = einops.einsum(v, W_O, "batch pos head_index d_head, head_index d_head d_model -> batch pos d_model")
+    num, den = (y * x).sum(-1), (w * x).sum(-1)
+    valid = den.abs() > eps * w.norm(dim=-1) * x.norm(dim=-1)
+    delta = torch.where(valid, (s_par - 1) * num / torch.where(valid, den, 1.0), 0.0)
+    split = project(delta[..., None] * w, x, eps=eps)
+    return LayerDiagonalChange(delta=delta, valid=valid, change_par=split.par, change_perp=split.perp)
+
+
 def relative_change(
     new: Float[Tensor, "*batch d"], base: Float[Tensor, "*batch d"], *, eps: float = EPS
 ) -> Float[Tensor, "*batch"]:

@@ -264,3 +264,51 @@ def test_the_text_selection_filters_dedups_and_follows_the_seeded_shuffle():
         TextSelection(min_chars=500, max_chars=100)
     with pytest.raises(lp.LensParallelError, match="no text of 'austen' has 160-1200"):
         sample_texts("austen", TextSelection(max_to_scan=5))
+
+
+def test_the_layer_level_delta_reproduces_the_updates_component_along_x():
+    g = torch.Generator().manual_seed(0)
+    y, x = (
+        torch.randn(2, 5, 8, generator=g, dtype=torch.float64),
+        torch.randn(2, 5, 8, generator=g, dtype=torch.float64),
+    )
+    v, W_O = (
+        torch.randn(2, 5, 3, 4, generator=g, dtype=torch.float64),
+        torch.randn(3, 4, 8, generator=g, dtype=torch.float64),
+    )
+    for s_par in (0.0, 0.5, 2.0):
+        view = geometry.layer_diagonal_change(y, x, v, W_O, s_par=s_par)
+        w = torch.einsum("bphd,hdm->bpm", v, W_O)  # W_O applied to the concatenated values
+        edited = y + view.delta[..., None] * w
+        want = s_par * geometry.project(y, x).par
+        torch.testing.assert_close(geometry.project(edited, x).par, want, rtol=0, atol=1e-12)
+        torch.testing.assert_close(view.change_perp, geometry.project(view.delta[..., None] * w, x).perp)
+        assert view.valid.all() and view.change_perp.norm(dim=-1).min() > 0  # w is not parallel to x
+
+
+def test_the_layer_view_matches_the_model_with_delta_added_to_every_heads_diagonal():
+    model = get_model("toy-llama")
+    prompt = "Echo the final code exactly once: AX7Q-19"
+    view = lp.diagonal_view(model, prompt, layer=1, head=2, s_par=0.0)
+    ids = model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert len(view.token_labels) == len(ids) and "endoftext" not in view.token_labels[0]  # no boundary token
+    with_boundary = lp.diagonal_view(model, prompt, layer=1, head=2, prompt_boundary=True)
+    assert len(with_boundary.token_labels) == len(ids) + 1
+    tokens = torch.tensor([ids])
+    delta = torch.tensor(view.layer_delta, dtype=torch.float32)
+
+    def add_delta(pattern, hook):
+        return pattern + torch.diag_embed(delta)[None, None]
+
+    names = ["blocks.1.hook_resid_pre", "blocks.1.hook_attn_out"]
+    plain, _ = _run(model, tokens, [], names)
+    edited, _ = _run(model, tokens, [("blocks.1.attn.hook_pattern", add_delta)], names)
+    x = plain[names[0]][0].double()
+    par = geometry.project(edited[names[1]][0].double(), x).par  # s_par = 0: nothing of the update along x is left
+    assert par.norm(dim=-1).max() < 1e-4 * plain[names[1]][0].norm(dim=-1).max()
+    change = (edited[names[1]] - plain[names[1]])[0].double()
+    np.testing.assert_allclose(
+        geometry.project(change, x).perp.norm(dim=-1).numpy(), view.layer_perp, rtol=1e-3, atol=1e-6
+    )
+    assert np.isfinite(view.layer_side_effect) and view.layer_side_effect > 0 and view.layer_guarded == 0
+    assert view.layer_delta_min <= view.layer_delta_mean <= view.layer_delta_max
