@@ -5,7 +5,7 @@ implementing :class:`Result`), the sweep engine, compression, training, the repo
 :func:`load_result`.
 """
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 
 from lens_parallel import protocols
 from lens_parallel.analyses.ablation import AblationRun, AblationSettings, run_ablations
@@ -20,6 +20,7 @@ from lens_parallel.analyses.head_statistics import (
     HeadStatistics,
     HeadStatisticsSettings,
     compare_sensitivity,
+    head_ratio_figure,
     head_statistics,
     sensitivity_correlations,
 )
@@ -145,6 +146,7 @@ __all__ = [
     "gqa_alignment",
     "head_attribution",
     "head_dominance",
+    "head_ratio_figure",
     "head_sensitivity",
     "head_statistics",
     "load_model",

@@ -35,6 +35,8 @@ MaskScale = Literal["qkv", "js"]
 """Scales the weak/strong halves of head dominance can be ranked on."""
 StatisticEdit = Literal["parallel-value", "zero"]
 """The single-head ablations whose change :func:`~lens_parallel.head_statistics` describes (value space)."""
+HeadStatistic = Literal["para_ratio", "para_over_ref", "edit_over_y", "edit_over_ref"]
+"""The per-head statistics the directional-decomposition paper correlates with sensitivity, in its order."""
 SignFlipWeights = Literal["documents", "tokens"]
 """What a sign flip flips: each document's mean Δ (every document weighs the same) or its Δ sum (token-weighted)."""
 SplitHalfMethod = Literal["pooled", "cross-half"]
@@ -78,6 +80,7 @@ CHOICES = (
     DominanceScale,
     MaskScale,
     StatisticEdit,
+    HeadStatistic,
     SignFlipWeights,
     SplitHalfMethod,
     Sublayer,

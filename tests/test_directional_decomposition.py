@@ -212,6 +212,11 @@ def test_correlations_and_global_bh_equal_scipy_and_statsmodels(setup):
     mine = heads[heads.model == "llama"]
     np.testing.assert_allclose(mine.q_model, multipletests(sens["llama"].head_p.ravel(), method="fdr_bh")[1])
     assert set(heads.class_global) <= {"decrease", "increase", "not significant"}
+    fig = lp.head_ratio_figure({k: (sens[k], stats[k]) for k in sens}, statistic="edit_over_y")
+    assert len(fig.data) == 2 and f"Pearson r {table.pearson_r[2]:.2f}" in fig.data[0].name
+    np.testing.assert_array_equal(fig.data[1].y, sens["llama"].head_delta.ravel())
+    with pytest.raises(lp.LensParallelError, match="unknown statistic 'cos'"):
+        lp.head_ratio_figure({k: (sens[k], stats[k]) for k in sens}, statistic="cos")
     with pytest.raises(lp.LensParallelError, match="covers layers"):
         lp.sensitivity_correlations({"x": (sens["qwen2"], dataclasses.replace(stats["qwen2"], layers=(0, 1)))})
 

@@ -38,7 +38,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.analyses.sensitivity import SensitivityResult
-from lens_parallel.choices import EditPositions, StatisticEdit
+from lens_parallel.choices import EditPositions, HeadStatistic, StatisticEdit
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents
 from lens_parallel.edits import check_positions
@@ -46,14 +46,14 @@ from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import Reducer, expand_kv, softmax_layers
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
-from lens_parallel.plots.sensitivity import head_statistics_figure
+from lens_parallel.plots import sensitivity as plots
 from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
 from lens_parallel.stats import benjamini_hochberg
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
-from lens_parallel.validate import as_indices, check_choice, check_finite
+from lens_parallel.validate import as_indices, check_choice, check_finite, options
 
-STATISTICS = ("para_ratio", "para_over_ref", "edit_over_y", "edit_over_ref")
+STATISTICS: tuple[HeadStatistic, ...] = options(HeadStatistic)
 """The four per-head statistics, in the authors' order."""
 
 
@@ -81,7 +81,7 @@ class HeadStatistics(ResultMixin):
         return pd.DataFrame([row])
 
     def figure(self) -> go.Figure:
-        return head_statistics_figure(self)
+        return plots.head_statistics_figure(self)
 
 
 class _StatisticsMetric(Metric):
@@ -215,6 +215,15 @@ def sensitivity_correlations(pairs: Mapping[str, tuple[SensitivityResult, HeadSt
                 }
             )
     return pd.DataFrame(rows)
+
+
+def head_ratio_figure(
+    pairs: Mapping[str, tuple[SensitivityResult, HeadStatistics]], *, statistic: HeadStatistic = "para_ratio"
+) -> go.Figure:
+    """The paper's head-ratio-against-sensitivity scatter: signed single-head Δloss against ``statistic`` (one of
+    :data:`STATISTICS`), one colour per model, with :func:`sensitivity_correlations`' coefficients."""
+    check_choice("statistic", statistic, HeadStatistic)
+    return plots.head_ratio_figure(pairs, sensitivity_correlations(pairs), statistic=statistic)
 
 
 def compare_sensitivity(results: Mapping[str, SensitivityResult], *, level: float = 0.05) -> pd.DataFrame:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -102,5 +104,38 @@ def head_statistics_figure(result: HeadStatistics) -> go.Figure:
         title=f"{result.info.name}: per-head statistics of the {result.edit} ablation (means over positions)",
         height=720,
         margin={"t": 90},
+    )
+    return fig
+
+
+def head_ratio_figure(
+    pairs: Mapping[str, tuple[SensitivityResult, HeadStatistics]], table: pd.DataFrame, *, statistic: str
+) -> go.Figure:
+    """Signed single-head Δloss against one per-head statistic, one colour per model, Pearson r and Spearman rho
+    (from ``table``, :func:`~lens_parallel.analyses.head_statistics.sensitivity_correlations`) in the legend."""
+    from lens_parallel.analyses.head_statistics import STATISTICS
+
+    i = STATISTICS.index(statistic)
+    fig = go.Figure()
+    for name, (sens, stat) in pairs.items():
+        row = table[(table.model == name) & (table.statistic == statistic)].iloc[0]
+        labels = [f"L{layer}H{h}" for layer in sens.layers for h in range(sens.head_delta.shape[1])]
+        fig.add_trace(
+            go.Scatter(
+                x=stat.values[i].ravel(),
+                y=sens.head_delta.ravel(),
+                mode="markers",
+                text=labels,
+                name=f"{name}: Pearson r {row.pearson_r:.2f}, Spearman ρ {row.spearman_rho:.2f} ({row.n_heads} heads)",
+                hovertemplate="%{text}<br>" + statistic + " %{x:.3f}<br>Δloss %{y:+.5f} nats/token<extra></extra>",
+            )
+        )
+    fig.add_hline(y=0, line={"color": "#888", "width": 1})
+    fig.update_layout(
+        title=f"Single-head {next(iter(pairs.values()))[0].edit} ablation: Δloss against {statistic}",
+        xaxis_title=f"{statistic} (unitless, mean over positions)",
+        yaxis_title="Δloss, ablated - unedited (nats/token)",
+        legend={"orientation": "h", "y": -0.25},
+        height=480,
     )
     return fig
