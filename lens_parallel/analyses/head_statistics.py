@@ -70,6 +70,11 @@ class HeadStatistics(ResultMixin):
     n_positions: int
     provenance: Provenance
 
+    @property
+    def statistics(self) -> tuple[HeadStatistic, ...]:
+        """The statistics' names, in the order of ``values``."""
+        return STATISTICS
+
     def to_dataframe(self) -> pd.DataFrame:
         """One row per head: the four statistics."""
         columns = dict(zip(STATISTICS, self.values, strict=True))

@@ -74,8 +74,6 @@ def sensitivity_figure(result: SensitivityResult) -> go.Figure:
 def head_statistics_figure(result: HeadStatistics) -> go.Figure:
     """The four per-head statistics of :mod:`~lens_parallel.analyses.head_statistics`, one layer x head heatmap
     each (unitless ratios, means over positions)."""
-    from lens_parallel.analyses.head_statistics import STATISTICS
-
     titles = {
         "para_ratio": "para_ratio = |y_par|² / |y|²",
         "para_over_ref": "para_over_ref = |y_par| / |v|",
@@ -83,7 +81,11 @@ def head_statistics_figure(result: HeadStatistics) -> go.Figure:
         "edit_over_ref": "edit_over_ref = |edit| / |v|",
     }
     fig = make_subplots(
-        rows=2, cols=2, subplot_titles=[titles[s] for s in STATISTICS], horizontal_spacing=0.2, vertical_spacing=0.18
+        rows=2,
+        cols=2,
+        subplot_titles=[titles[s] for s in result.statistics],
+        horizontal_spacing=0.2,
+        vertical_spacing=0.18,
     )
     for i, values in enumerate(result.values):
         row, col = divmod(i, 2)
@@ -113,11 +115,9 @@ def head_ratio_figure(
 ) -> go.Figure:
     """Signed single-head Δloss against one per-head statistic, one colour per model, Pearson r and Spearman rho
     (from ``table``, :func:`~lens_parallel.analyses.head_statistics.sensitivity_correlations`) in the legend."""
-    from lens_parallel.analyses.head_statistics import STATISTICS
-
-    i = STATISTICS.index(statistic)
     fig = go.Figure()
     for name, (sens, stat) in pairs.items():
+        i = stat.statistics.index(statistic)
         row = table[(table.model == name) & (table.statistic == statistic)].iloc[0]
         labels = [f"L{layer}H{h}" for layer in sens.layers for h in range(sens.head_delta.shape[1])]
         fig.add_trace(
