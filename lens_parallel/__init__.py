@@ -5,7 +5,7 @@ implementing :class:`Result`), the sweep engine, compression, training, the repo
 :func:`load_result`.
 """
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 
 from lens_parallel import protocols
 from lens_parallel.analyses.ablation import AblationRun, AblationSettings, run_ablations
@@ -16,6 +16,14 @@ from lens_parallel.analyses.decompose import SPACES, DecomposeSettings, Decompos
 from lens_parallel.analyses.diagonal import DiagonalSettings, DiagonalView, diagonal_view
 from lens_parallel.analyses.dominance import DominanceResult, DominanceSettings, head_dominance, study_texts
 from lens_parallel.analyses.evaluate import document_losses, evaluate
+from lens_parallel.analyses.head_statistics import (
+    HeadStatistics,
+    HeadStatisticsSettings,
+    compare_sensitivity,
+    head_ratio_figure,
+    head_statistics,
+    sensitivity_correlations,
+)
 from lens_parallel.analyses.nulls import NullResult, NullSettings, causal_null, gqa_alignment
 from lens_parallel.analyses.reliability import (
     SanityReport,
@@ -39,6 +47,7 @@ from lens_parallel.edits import (
     HeadEdit,
     LearnedGate,
     RandomDirectionRemoval,
+    SkipFirstLayers,
     ZeroDiagonal,
     apply_edits,
 )
@@ -49,6 +58,7 @@ from lens_parallel.models import ModelInfo, ModelSpecError, load_model, model_in
 from lens_parallel.options import PROTOCOLS, DataOptions, RunOptions
 from lens_parallel.report import ModelReport, ReportSettings, run_battery, write_report
 from lens_parallel.results import Provenance, Result, load_result, result_classes
+from lens_parallel.selection import TextSample, TextSelection, sample_texts
 from lens_parallel.sweep import AblationJob, DocumentNLL, EditJob, Metric, SweepRun, TokenNLL, run_sweep
 from lens_parallel.training import FactorialResult, TrainConfig, TrainRun, run_design, run_factorial, train
 
@@ -86,6 +96,8 @@ __all__ = [
     "FactorialResult",
     "GatedRemoval",
     "HeadEdit",
+    "HeadStatistics",
+    "HeadStatisticsSettings",
     "LearnedGate",
     "LensParallelError",
     "LibraryError",
@@ -106,10 +118,13 @@ __all__ = [
     "ScalingResult",
     "SensitivityResult",
     "SensitivitySettings",
+    "SkipFirstLayers",
     "SplitHalfResult",
     "SweepRun",
     "TaskResult",
     "TaskSettings",
+    "TextSample",
+    "TextSelection",
     "TokenBlocks",
     "TokenNLL",
     "TrainConfig",
@@ -119,6 +134,7 @@ __all__ = [
     "__version__",
     "apply_edits",
     "causal_null",
+    "compare_sensitivity",
     "compress",
     "compression_error",
     "confirm",
@@ -130,7 +146,9 @@ __all__ = [
     "gqa_alignment",
     "head_attribution",
     "head_dominance",
+    "head_ratio_figure",
     "head_sensitivity",
+    "head_statistics",
     "load_model",
     "load_result",
     "load_texts",
@@ -142,8 +160,10 @@ __all__ = [
     "run_design",
     "run_factorial",
     "run_sweep",
+    "sample_texts",
     "sanity_report",
     "scale_sweep",
+    "sensitivity_correlations",
     "split_half_reliability",
     "study_texts",
     "task_effects",

@@ -15,6 +15,10 @@ Space = Literal["value", "value-exclude-self", "residual-attn", "residual-mlp", 
 """A decomposition / scaling space (see the README's table): the message m and its reference r."""
 HeadSpace = Literal["value", "value-exclude-self", "residual-attn"]
 """Spaces with a per-head level: the two value spaces and each head's residual write z_h W_O[h]."""
+ReferenceGuard = Literal["exclude", "clamp"]
+"""How a scaling treats a tiny reference r: ``exclude`` (positions with |r| <= eps scale as purely perpendicular) or
+``clamp`` (the denominator |r|^2 floored at eps^2, every position projected: the directional-decomposition paper's
+``clamp_min(1e-6)`` on |r|^2 is ``eps=1e-3``)."""
 EditPositions = Literal["all", "after-first"]
 """Which positions an edit acts on: every one, or all but position 0 (the boundary token)."""
 ScoredPositions = Literal["last", "all"]
@@ -29,6 +33,12 @@ DominanceScale = Literal["qkv", "js", "js_distance"]
 """Effect scales of head dominance: relative Q/K/V change, JS divergence of the attention row, its square root."""
 MaskScale = Literal["qkv", "js"]
 """Scales the weak/strong halves of head dominance can be ranked on."""
+StatisticEdit = Literal["parallel-value", "zero"]
+"""The single-head ablations whose change :func:`~lens_parallel.head_statistics` describes (value space)."""
+HeadStatistic = Literal["para_ratio", "para_over_ref", "edit_over_y", "edit_over_ref"]
+"""The per-head statistics the directional-decomposition paper correlates with sensitivity, in its order."""
+SignFlipWeights = Literal["documents", "tokens"]
+"""What a sign flip flips: each document's mean Δ (every document weighs the same) or its Δ sum (token-weighted)."""
 SplitHalfMethod = Literal["pooled", "cross-half"]
 """How split-half reliability forms rho_raw: the paper's pooled diagnostic, or across halves."""
 Sublayer = Literal["attn", "mlp"]
@@ -61,6 +71,7 @@ HeadsAll = Literal["all"]
 CHOICES = (
     Space,
     HeadSpace,
+    ReferenceGuard,
     EditPositions,
     ScoredPositions,
     Ablation,
@@ -68,6 +79,9 @@ CHOICES = (
     Groups,
     DominanceScale,
     MaskScale,
+    StatisticEdit,
+    HeadStatistic,
+    SignFlipWeights,
     SplitHalfMethod,
     Sublayer,
     Architecture,

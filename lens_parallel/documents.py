@@ -157,6 +157,19 @@ def document_batches(
         yield DocBatch(rows, documents.tokens[rows, : int(lengths.max())], lengths)
 
 
+def prompt_documents(model: TransformerBridge, prompts: str | Sequence[str], *, boundary: bool = False) -> Documents:
+    """Each prompt as one sequence of its own tokens (no special token added; with ``boundary`` the
+    document-boundary token of :mod:`lens_parallel.data` first), e.g. the directional-decomposition paper's Fig. 4
+    prompt ``"Echo the final code exactly once: AX7Q-19"``."""
+    texts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not texts or not all(isinstance(t, str) and t for t in texts):
+        raise LensParallelError("prompts must be a non-empty string or a list of non-empty strings")
+    first = [boundary_token(model.tokenizer)[1]] if boundary else []
+    rows = [[*first, *model.tokenizer(t, add_special_tokens=False)["input_ids"]] for t in texts]
+    source = {"corpus": "prompts", "n_docs": len(rows), "boundary_token": boundary}
+    return Documents.padded(rows, source)
+
+
 def whole_documents(
     model: TransformerBridge,
     texts: str | Sequence[str] = "wikipedia-en",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -31,7 +32,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.choices import Ablation, EditPositions, HeadsAll, HeadSpace, Space
+from lens_parallel.choices import Ablation, EditPositions, HeadsAll, HeadSpace, ReferenceGuard, Space
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
     Hook,
@@ -103,7 +104,10 @@ class ComponentScale:
             default) and ``"all"`` both mean every head. In residual-attn, ``heads=None`` edits the whole sublayer
             update (b_O included) against x_t, while a head list, or ``"all"``, edits each head's own write
             z_h W_O[h] against x_t (b_O untouched).
-        eps: guard on |r|; positions below it scale as purely perpendicular.
+        eps: guard on |r|; with ``guard="exclude"`` positions below it scale as purely perpendicular.
+        guard: ``exclude`` or ``clamp`` (|r|^2 floored at eps^2, every position projected: the
+            directional-decomposition paper's reference clamp is ``guard="clamp", eps=1e-3``;
+            :data:`~lens_parallel.choices.ReferenceGuard`).
         positions: ``all`` or ``after-first`` (position 0 untouched; :data:`POSITIONS`).
     """
 
@@ -114,9 +118,11 @@ class ComponentScale:
     heads: Heads = None
     eps: float = geometry.EPS
     positions: EditPositions = "all"
+    guard: ReferenceGuard = "exclude"
 
     def __post_init__(self) -> None:
         check_choice("space", self.space, Space)
+        check_choice("guard", self.guard, ReferenceGuard)
         check_positions(self.positions)
         check_finite("s_par", self.s_par)
         check_finite("s_perp", self.s_perp)
@@ -144,6 +150,7 @@ class _RowScales:
     s_par: Tensor
     s_perp: Tensor
     eps: float
+    guard: ReferenceGuard
 
 
 _Scaling = ComponentScale | _RowScales
@@ -172,7 +179,7 @@ def scale_signature(edit: object) -> tuple[Any, ...] | None:
     for any other edit."""
     if type(edit) is not ComponentScale:
         return None
-    return (edit.space, edit.layers, edit.heads, edit.eps, edit.positions)
+    return (edit.space, edit.layers, edit.heads, edit.eps, edit.positions, edit.guard)
 
 
 def stacked_scale_hooks(model: TransformerBridge, edits: Sequence[ComponentScale], *, repeat: int) -> list[Hook]:
@@ -183,7 +190,8 @@ def stacked_scale_hooks(model: TransformerBridge, edits: Sequence[ComponentScale
     template = edits[0]
     s_par = torch.tensor([e.s_par for e in edits], dtype=torch.float64).repeat_interleave(repeat)
     s_perp = torch.tensor([e.s_perp for e in edits], dtype=torch.float64).repeat_interleave(repeat)
-    return _scale_hooks(_RowScales(template.space, s_par, s_perp, template.eps), template, model, model_info(model))
+    scales = _RowScales(template.space, s_par, s_perp, template.eps, template.guard)
+    return _scale_hooks(scales, template, model, model_info(model))
 
 
 @dataclass(frozen=True)
@@ -532,6 +540,54 @@ class Edit(Protocol):
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]: ...
 
 
+_BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class SkipFirstLayers:
+    """Any edit (built-in or user-defined) with layers 0 .. ``n`` - 1 left alone: its hooks on those blocks are
+    dropped, so they never fire and those layers compute exactly what the unedited model does. The
+    directional-decomposition paper edits every layer but the first (its code's ``xsa_skip_first_n = 1``). Not to
+    be confused with ``positions="after-first"``, which leaves token position 0 alone in every edited layer.
+
+    ``layers`` (what the engine resumes from) is the wrapped edit's, less the skipped ones; the matched no-op wraps
+    the wrapped edit's own (``noop`` is None when it has none: it is then compared with the unedited model)."""
+
+    edit: Edit
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        as_edits(self.edit)
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise LensParallelError(f"SkipFirstLayers n must be a positive integer (layers to skip), got {self.n!r}")
+
+    @property
+    def layers(self) -> tuple[int, ...] | None:
+        """The wrapped edit's layers at or after ``n`` (None: every layer from ``n``; no attribute if it has none)."""
+        missing = object()
+        inner = getattr(self.edit, "layers", missing)
+        if inner is missing:  # hasattr(self, "layers") is then False, as for the wrapped edit
+            raise AttributeError(f"{type(self.edit).__name__} does not say which layers it edits")
+        return None if inner is None else tuple(layer for layer in cast(tuple[int, ...], inner) if layer >= self.n)
+
+    @property
+    def noop(self) -> Callable[[], SkipFirstLayers] | None:
+        make = getattr(self.edit, "noop", None)
+        return None if not callable(make) else partial(SkipFirstLayers, make(), self.n)
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+        if self.n >= info.n_layers:
+            raise LensParallelError(f"SkipFirstLayers(n={self.n}) leaves no layer of this {info.n_layers}-layer model")
+        out = []
+        for name, fn in self.edit.hooks(model, info):
+            block = _BLOCK_HOOK.match(name)
+            if block is None or int(block.group(1)) >= self.n:
+                out.append((name, fn))
+        if not out:
+            raise LensParallelError(f"{type(self.edit).__name__} edits only layers before {self.n}: nothing is left")
+        return out
+
+
 BUILT_IN_EDITS = (
     ComponentScale,
     DiagonalEdit,
@@ -540,6 +596,7 @@ BUILT_IN_EDITS = (
     HeadEdit,
     GatedRemoval,
     LearnedGate,
+    SkipFirstLayers,
 )
 
 
@@ -572,7 +629,11 @@ def describe_edit(edit: Edit) -> dict[str, Any]:
         if not f.metadata.get("provenance", True):
             continue  # run state (a counter), not a setting
         value = getattr(edit, f.name)
-        out[f.name] = {"tensor": list(value.shape)} if isinstance(value, Tensor) else value
+        if isinstance(value, Tensor):
+            value = {"tensor": list(value.shape)}
+        elif isinstance(value, Edit):  # a wrapped edit (SkipFirstLayers)
+            value = describe_edit(value)
+        out[f.name] = value
     return out
 
 
@@ -601,6 +662,11 @@ def _head_mask(
     return mask
 
 
+def _scaling(edit: _Scaling) -> dict[str, Any]:
+    """The keywords of :func:`~lens_parallel.geometry.scale_delta` a scaling passes: its scales, eps and guard."""
+    return {"s_par": edit.s_par, "s_perp": edit.s_perp, "eps": edit.eps, "clamp": edit.guard == "clamp"}
+
+
 def _value_hooks(
     edit: _Scaling,
     model: TransformerBridge,
@@ -618,7 +684,7 @@ def _value_hooks(
         if info.gated_attention:
             o = geometry.value_aggregate(state.pop("pattern"), v)
         m = o if edit.space == "value" else geometry.split_self(o, v, state.pop("diag"))[1]
-        delta = geometry.scale_delta(m, v, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
+        delta = geometry.scale_delta(m, v, **_scaling(edit))
         if info.gated_attention:
             delta = torch.sigmoid(einops.rearrange(state.pop("gate"), "b p (h d) -> b p h d", h=info.n_heads)) * delta
         mask = _head_mask(heads, info.n_heads, z.shape[0], z.device)
@@ -652,12 +718,12 @@ def _residual_attn_hooks(
     def edit_out(out: Tensor, hook: HookPoint) -> Tensor:
         x = state.pop("x")
         if heads is None:
-            return geometry.scale_components(out, x, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
+            return geometry.scale_components(out, x, **_scaling(edit))
         mask = _head_mask(heads, info.n_heads, out.shape[0], out.device)
         used = mask.any(0).nonzero().flatten().tolist()  # heads some row edits: per-head writes only for these
         m = einops.einsum(state.pop("z")[:, :, used], W_O[used].to(out), "b p h d, h d m -> b p h m")
         x_h = einops.repeat(x, "b p m -> b p h m", h=len(used))
-        delta = geometry.scale_delta(m, x_h, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
+        delta = geometry.scale_delta(m, x_h, **_scaling(edit))
         return out + (delta * mask[:, None, used, None]).sum(2)
 
     out = [(hook_name(layer, "resid_pre"), partial(_store, state=state, key="x"))]
@@ -675,7 +741,7 @@ def _residual_mlp_hooks(
     state: dict[str, Tensor],
 ) -> list[Hook]:
     def edit_out(out: Tensor, hook: HookPoint) -> Tensor:
-        return geometry.scale_components(out, state.pop("x"), s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
+        return geometry.scale_components(out, state.pop("x"), **_scaling(edit))
 
     ref = hook_name(layer, residual_reference_role(info, "mlp"))
     return [(ref, partial(_store, state=state, key="x")), (hook_name(layer, "mlp_out"), edit_out)]
@@ -691,7 +757,7 @@ def _residual_block_hooks(
 ) -> list[Hook]:
     def edit_post(post: Tensor, hook: HookPoint) -> Tensor:
         x = state.pop("x")
-        return post + geometry.scale_delta(post - x, x, s_par=edit.s_par, s_perp=edit.s_perp, eps=edit.eps)
+        return post + geometry.scale_delta(post - x, x, **_scaling(edit))
 
     return [
         (hook_name(layer, "resid_pre"), partial(_store, state=state, key="x")),

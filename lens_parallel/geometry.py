@@ -45,9 +45,18 @@ class Alignment(NamedTuple):
     valid: Bool[Tensor, "*batch"]
 
 
-def project(m: Float[Tensor, "*batch d"], r: Float[Tensor, "*batch d"], *, eps: float = EPS) -> Projection:
-    """Split ``m`` into its component along ``r`` and the rest: m = par + perp exactly (par = coef * r)."""
+def project(
+    m: Float[Tensor, "*batch d"], r: Float[Tensor, "*batch d"], *, eps: float = EPS, clamp: bool = False
+) -> Projection:
+    """Split ``m`` into its component along ``r`` and the rest: m = par + perp exactly (par = coef * r).
+
+    coef = m.r / |r|^2 where |r| > eps, else 0 (the position is not projected); with ``clamp``,
+    coef = m.r / max(|r|^2, eps^2) at every position (``valid`` is then True everywhere)."""
     rr = (r * r).sum(-1)
+    if clamp:
+        coef, valid = (m * r).sum(-1) / rr.clamp_min(eps**2), torch.ones_like(rr, dtype=torch.bool)
+        par = coef.unsqueeze(-1) * r
+        return Projection(par=par, perp=m - par, coef=coef, valid=valid)
     valid = rr > eps**2
     coef = torch.where(valid, (m * r).sum(-1) / torch.where(valid, rr, 1.0), 0.0)
     par = coef.unsqueeze(-1) * r
@@ -93,14 +102,15 @@ def scale_delta(
     s_par: float | Float[Tensor, "*scale"] = 1.0,
     s_perp: float | Float[Tensor, "*scale"] = 1.0,
     eps: float = EPS,
+    clamp: bool = False,
 ) -> Float[Tensor, "*batch d"]:
     """The change a component scaling makes: (s_par - 1) m_par + (s_perp - 1) m_perp (exactly 0 at s = 1).
 
     Scales are numbers, per-position tensors ``[*batch]``, or tensors of the leading axes only (e.g. one scale per
     batch row, ``[batch]``), which broadcast over the axes they lack. Degenerate |r| positions have m_par = 0,
-    m_perp = m.
+    m_perp = m; with ``clamp`` none is degenerate (:func:`project`).
     """
-    proj = project(m, r, eps=eps)
+    proj = project(m, r, eps=eps, clamp=clamp)
 
     def broadcast(s: float | Tensor) -> Tensor:
         t = torch.as_tensor(s, dtype=m.dtype, device=m.device)
@@ -116,9 +126,10 @@ def scale_components(
     s_par: float | Float[Tensor, "*scale"] = 1.0,
     s_perp: float | Float[Tensor, "*scale"] = 1.0,
     eps: float = EPS,
+    clamp: bool = False,
 ) -> Float[Tensor, "*batch d"]:
     """m' = s_par m_par + s_perp m_perp, computed as m + :func:`scale_delta` so that s = 1 returns m bit for bit."""
-    return m + scale_delta(m, r, s_par=s_par, s_perp=s_perp, eps=eps)
+    return m + scale_delta(m, r, s_par=s_par, s_perp=s_perp, eps=eps, clamp=clamp)
 
 
 def value_aggregate(
@@ -284,6 +295,42 @@ def diagonal_change(
     d_a = torch.where(valid, (s_par - 1) * num / torch.where(valid, den, 1.0), 0.0)
     to_heads = "batch pos head_index -> batch head_index pos"
     return DiagonalChange(d_a=einops.rearrange(d_a, to_heads), valid=einops.rearrange(valid, to_heads))
+
+
+class LayerDiagonalChange(NamedTuple):
+    """One δ_t per position shared by every head of a layer, where its denominator was large enough (elsewhere 0),
+    and the change it makes to the layer's attention update: its parts along and across x_t."""
+
+    delta: Float[Tensor, "batch pos"]
+    valid: Bool[Tensor, "batch pos"]
+    change_par: Float[Tensor, "batch pos d_model"]
+    change_perp: Float[Tensor, "batch pos d_model"]
+
+
+def layer_diagonal_change(
+    y: Float[Tensor, "batch pos d_model"],
+    x: Float[Tensor, "batch pos d_model"],
+    v: Float[Tensor, "batch pos head_index d_head"],
+    W_O: Float[Tensor, "head_index d_head d_model"],
+    *,
+    s_par: float,
+    eps: float = EPS,
+) -> LayerDiagonalChange:
+    """The residual-space diagonal view of a whole attention layer (the directional-decomposition paper's Fig. 4):
+    adding the same δ_t to A_tt of every head changes the layer's update y_t (hook_attn_out) by δ_t w_t with
+    w_t = sum_h v_t^h W_O[h] (= W_O applied to the concatenated values), so
+
+        δ_t = (s_par - 1) <y_t, x_t> / <w_t, x_t>
+
+    gives y_t + δ_t w_t the component s_par <y_t, x_t> / |x_t|^2 x_t along x_t exactly; w_t is not parallel to x_t,
+    so the view also changes y_t across x_t by δ_t (w_t)_perp (``change_perp``). ``v`` is expanded to query heads.
+    Positions with |<w_t, x_t>| <= eps |w_t| |x_t| get δ = 0 and ``valid = False``."""
+    w = einops.einsum(v, W_O, "batch pos head_index d_head, head_index d_head d_model -> batch pos d_model")
+    num, den = (y * x).sum(-1), (w * x).sum(-1)
+    valid = den.abs() > eps * w.norm(dim=-1) * x.norm(dim=-1)
+    delta = torch.where(valid, (s_par - 1) * num / torch.where(valid, den, 1.0), 0.0)
+    split = project(delta[..., None] * w, x, eps=eps)
+    return LayerDiagonalChange(delta=delta, valid=valid, change_par=split.par, change_perp=split.perp)
 
 
 def relative_change(

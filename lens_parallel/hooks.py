@@ -257,14 +257,21 @@ def run_to_final(
     by raising :class:`StopForward`. The logits are never computed (losses come from
     :func:`lens_parallel.losses.chunked_token_nll`): TransformerLens 4.3's ``stop_at_layer=n_layers`` still runs the
     unembedding. No key/value cache is built (``use_cache=False``): nothing here decodes, and a checkpointed block's
-    recompute (:func:`checkpointed_blocks`) must not extend one."""
+    recompute (:func:`checkpointed_blocks`) must not extend one. Thread-safe: forwards of other threads on any
+    model wait (the lock of :func:`skip_blocks_before`, re-entrant)."""
     kept: list[Tensor] = []
 
     def stop_at_unembedding(tensor: Tensor, hook: HookPoint) -> None:
         kept.append(tensor)
         raise StopForward
 
-    with model.hooks(fwd_hooks=[*hooks, (FINAL_HOOK, stop_at_unembedding)]), contextlib.suppress(StopForward):
+    # one forward at a time: hooks are the model's shared state, and another thread's stop hook registered on the
+    # same model would end this forward (and keep its residual) first
+    with (
+        _SKIP_LOCK,
+        model.hooks(fwd_hooks=[*hooks, (FINAL_HOOK, stop_at_unembedding)]),
+        contextlib.suppress(StopForward),
+    ):
         if resid is None:
             model(tokens, return_type=None, use_cache=False)
         else:

@@ -272,11 +272,13 @@ def chunked_token_nll(
 
     Under grad (attribution, training) every chunk is checkpointed: the backward recomputes one chunk's logits at a
     time, so it never holds the full logits either; gradients reach ``resid`` and the unembedding's parameters.
+    A chunk's backward holds about four float32 copies of its logits (recomputed logits, their softmax, its
+    gradient, the model-dtype logits), so under grad a chunk has a quarter of the rows.
     The vocabulary is not split: one position's float32 row of a 262,144-token vocabulary is 1 MiB."""
     x = einops.rearrange(resid[:, :-1], "batch pos d_model -> (batch pos) d_model")
     target = einops.rearrange(tokens[:, 1:].to(resid.device), "batch pos -> (batch pos)")
-    rows = max(1, chunk_bytes // (4 * unembed.W_U.shape[0]))
     grad = torch.is_grad_enabled() and (x.requires_grad or unembed.W_U.requires_grad)
+    rows = max(1, chunk_bytes // (4 * unembed.W_U.shape[0] * (4 if grad else 1)))
     parts = [
         cast(Tensor, checkpoint(_chunk_nll, x_c, t_c, unembed, use_reentrant=False))
         if grad

@@ -10,8 +10,10 @@ where the study differs.
 from __future__ import annotations
 
 from lens_parallel.analyses.dominance import DominanceSettings
+from lens_parallel.analyses.head_statistics import HeadStatisticsSettings
 from lens_parallel.analyses.nulls import NullSettings
 from lens_parallel.analyses.reliability import SanitySettings
+from lens_parallel.analyses.scaling import ScaleSettings
 from lens_parallel.analyses.sensitivity import SensitivitySettings
 from lens_parallel.options import PROTOCOLS, NamedProtocol, register_protocol
 from lens_parallel.training.factorial import Design
@@ -57,6 +59,37 @@ XSA_CONTROLS = register_protocol(
                 secondary=("xsa-gated",),
                 contrasts=(("xsa-gated", "random-direction-gated"),),
             ),
+        ),
+    )
+)
+
+DIRECTIONAL_DECOMPOSITION = register_protocol(
+    NamedProtocol(
+        name="directional-decomposition",
+        description="the directional-decomposition paper's component scaling (its Fig. 3): exclude-self value space, "
+        "residual attention and residual MLP; every layer but the first; s_par in {-1, -0.5, 0, 0.25, 0.5, 0.75, 1, "
+        "1.5, 2, 2.5, 3}, s_perp 0..2 (value) and 0..1.5 (residual) step 0.25; |r|^2 clamped at 1e-6; the matched "
+        "no-op checked against the unedited model to 1e-9; head sensitivity (Fig. 7) of value s_par = 0 with 5,000 "
+        "bootstrap resamples and 10,000 token-weighted sign flips, seed 2026 (head_statistics, "
+        "sensitivity_correlations and compare_sensitivity give its statistics and BH across models). Token-level "
+        "loss on the caller's documents: the paper's word perplexity on whole WikiText-2 documents and its C4 text "
+        "selection are not reproduced yet",
+        source="the directional-decomposition paper, arXiv 2609.15975 (Fig. 3; code: Shwai-He/Transformer-Geometry)",
+        settings=(
+            ScaleSettings(
+                space=("value-exclude-self", "residual-attn", "residual-mlp"),
+                s_par=(-1.0, -0.5, 0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0),
+                s_perp=tuple(0.25 * i for i in range(9)),
+                residual_s_perp=tuple(0.25 * i for i in range(7)),
+                skip_first_layers=1,
+                guard="clamp",
+                eps=1e-3,
+                unedited_check=True,
+            ),
+            SensitivitySettings(
+                edit="parallel-value", n_resamples=5000, n_permutations=10000, seed=2026, sign_flip_weights="tokens"
+            ),
+            HeadStatisticsSettings(edit="parallel-value", positions="all", eps=1e-3),
         ),
     )
 )

@@ -55,7 +55,9 @@ def test_chunked_nll_gradient_equals_full_logits_gradient(family: str) -> None:
     grad_x, grad_W = x_full.grad, W.grad
     W.grad = None
     chunked = type(unembed)(W, None if unembed.b_U is None else unembed.b_U.detach(), unembed.softcap)
-    chunked_token_nll(x_chunk, chunked, tokens, chunk_bytes=5 * 4 * model.cfg.d_vocab).sum().backward()
+    chunked_token_nll(
+        x_chunk, chunked, tokens, chunk_bytes=5 * 16 * model.cfg.d_vocab
+    ).sum().backward()  # 5 rows a chunk under grad
     torch.testing.assert_close(x_chunk.grad, grad_x, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(W.grad, grad_W, rtol=1e-5, atol=1e-6)
 

@@ -70,11 +70,13 @@ def test_figure_save_load_and_errors(tmp_path):
     view = diagonal_view(model, blocks, layer=2, head=0)
     fig = view.figure()
     heatmaps = [t for t in fig.data if t.type == "heatmap"]
-    assert len(heatmaps) == 4 and heatmaps[0].y[0].startswith("0:'<|endoftext|>'")
+    assert len(heatmaps) == 5 and heatmaps[0].y[0].startswith("0:'<|endoftext|>'")  # 4 maps and the strip
+    assert "one δ for every head" in fig.layout.annotations[2].text
     assert fig.layout.annotations[0].text == "empirical A"
     view.save(tmp_path / "view")
     again = DiagonalView.load(tmp_path / "view")
     np.testing.assert_array_equal(again.d_a, view.d_a)
+    np.testing.assert_array_equal(again.layer_delta, view.layer_delta)
     assert again.spaces == view.spaces and again.token_labels == view.token_labels
     with pytest.raises(ValueError, match=r"unknown diagonal space 'residual-mlp'; accepted: value"):
         diagonal_view(model, blocks, layer=0, head=0, space="residual-mlp")

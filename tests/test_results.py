@@ -53,6 +53,7 @@ FACTORIES = {
     "SensitivityResult": lambda f: lp.head_sensitivity(
         get_model("toy-gpt2"), _blocks(), layers=[0, 1], n_resamples=50, n_permutations=50, progress=False
     ),
+    "HeadStatistics": lambda f: lp.head_statistics(get_model("toy-qwen2"), _blocks("toy-qwen2")),
     "AttributionResult": lambda f: lp.head_attribution(
         get_model("toy-gpt2"), _blocks(), n_resamples=50, progress=False
     ),

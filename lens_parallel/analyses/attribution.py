@@ -27,7 +27,7 @@ from the exact effect is what :func:`confirm` measures.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -201,7 +201,7 @@ def _reducer(
     info: ModelInfo,
     s: AttributionSettings,
     spaces: tuple[HeadSpace, ...],
-    W_O: dict[int, Tensor],
+    W_O: Callable[[int], Tensor],
     means: dict[int, Tensor],
     weight: Tensor,
     out: dict[str, np.ndarray],
@@ -228,7 +228,7 @@ def _reducer(
 
         derivs = {"value": along(o, v, g_o), "value-exclude-self": along(geometry.split_self(o, v, diag)[1], v, g_o)}
         if "attn_out" in g:
-            d_par, d_perp = geometry.head_write_derivatives(z, W_O[layer], a["resid_pre"], g["attn_out"], eps=eps)
+            d_par, d_perp = geometry.head_write_derivatives(z, W_O(layer), a["resid_pre"], g["attn_out"], eps=eps)
             derivs["residual-attn"] = (_masked_sum(d_par, weight), _masked_sum(d_perp, weight))
         for k, space in enumerate(spaces):
             out["d_s_par"][k, :, i] = derivs[space][0].numpy()
@@ -284,10 +284,9 @@ class _GradientMetric(Metric):
         s: AttributionSettings,
         layers: tuple[int, ...],
         spaces: tuple[HeadSpace, ...],
-        W_O: dict[int, Tensor],
         means: dict[int, Tensor],
     ) -> None:
-        self.info, self.s, self.layers, self.spaces, self.W_O, self.means = info, s, layers, spaces, W_O, means
+        self.info, self.s, self.layers, self.spaces, self.means = info, s, layers, spaces, means
         self.acts, self.grads = _roles(info, s.edit, spaces)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -309,6 +308,8 @@ class _GradientMetric(Metric):
         if self.s.positions == "after-first":
             weight[:, 0] = 0.0
         unembed, rows, per_doc = unembedding(context.model), backward_rows(n, self.info.n_layers), []
+        # each layer's W_O in float64 when its reduction needs it, not every layer's for the whole pass
+        W_O = partial(output_weights, context.model, dtype=torch.float64)
         for start in range(0, n, rows):  # documents are independent: each sub-batch's values are its own
             sub = slice(start, start + rows)
             view = {
@@ -325,9 +326,7 @@ class _GradientMetric(Metric):
                     roles=dict.fromkeys(self.layers, self.acts),
                     grad_roles=dict.fromkeys(self.layers, self.grads),
                     objective=partial(_loss_sums, unembed=unembed, tokens=tokens, lengths=lengths),
-                    reduce=_reducer(
-                        self.info, self.s, self.spaces, self.W_O, self.means, weight[sub], view, self.layers
-                    ),
+                    reduce=_reducer(self.info, self.s, self.spaces, W_O, self.means, weight[sub], view, self.layers),
                 )
             )
         return [{"loss_sum": torch.cat(per_doc).double().cpu().numpy(), **out}]
@@ -358,11 +357,9 @@ def head_attribution(
         raise LensParallelError(head_writes_note(info, "head_attribution(edit='parallel-residual')"))
     spaces: tuple[HeadSpace, ...] = SPACES[:2] if note else SPACES
     skipped_notes = [n for n in (skipped, note) if n]
-    _, grads = _roles(info, s.edit, spaces)
-    W_O = {layer: output_weights(model, layer, dtype=torch.float64) for layer in layer_idx if "attn_out" in grads}
     means_batch = opts.batch_size if isinstance(opts.batch_size, int) else 1  # "auto" sizes the sweep, not this pass
     means = head_means(model, docs, layer_idx, batch_size=means_batch) if s.edit == "mean" else {}
-    metric = _GradientMetric(info, s, layer_idx, spaces, W_O, means)
+    metric = _GradientMetric(info, s, layer_idx, spaces, means)
     job = EditJob("screen", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="attribution")
     out = run.value(job)

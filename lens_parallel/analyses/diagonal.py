@@ -9,6 +9,12 @@ Scaling a head's parallel part by s_par (off-diagonal attention fixed) is the sa
 (``geometry.diagonal_change``). The first two are identities (tested against ``ComponentScale``). The residual form
 is a *view*: W_O v_t is not parallel to x_t, so it reproduces the update's component along x_t but also changes
 the update perpendicular to x_t by dA_tt (W_O v_t)_perp; that change is reported here beside it.
+
+Beside the per-head residual view, the layer-level one of the directional-decomposition paper (its Fig. 4): one
+δ_t shared by every head, δ_t = (s_par - 1) <y_t, x_t> / <W_O concat_h v_t^h, x_t> with y_t the layer's attention
+update (``geometry.layer_diagonal_change``), which reproduces the update's component along x_t, with its own
+perpendicular side effect reported. Documents may be a prompt string: one sequence, its tokens only (the
+boundary token first with ``prompt_boundary=True``).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import geometry
 from lens_parallel.choices import HeadSpace
 from lens_parallel.distributed import TaskContext
-from lens_parallel.documents import Documents, document_batches
+from lens_parallel.documents import Documents, document_batches, prompt_documents
 from lens_parallel.edits import DIAGONAL_SPACES
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
@@ -60,6 +66,10 @@ class DiagonalView(ResultMixin):
     ``residual_perp`` and ``residual_par`` ``[pos]``: the norms of the change the residual view makes to the head's
     update perpendicular to and along x_t. ``da_*`` are ``[space, head]`` over documents and positions t >= 1:
     mean, min and max of dA_tt, the share of positions with A_tt + dA_tt < 0, and positions guarded (dA = 0).
+    ``layer_*``: the layer-level residual view (one δ_t for every head; empty / NaN where residual-attn is not
+    viewed): ``layer_delta`` ``[pos]`` on document ``doc`` with the norms of its change to the layer's update
+    along (``layer_par``) and across (``layer_perp``) x_t; over all documents and t >= 1 the mean, min and max of
+    δ, the mean side effect |δ_t (w_t)_perp| / |y_t| and the positions guarded.
     """
 
     layer: int
@@ -77,10 +87,21 @@ class DiagonalView(ResultMixin):
     da_max: np.ndarray
     da_negative_share: np.ndarray
     da_guarded: np.ndarray
+    layer_delta: np.ndarray
+    layer_par: np.ndarray
+    layer_perp: np.ndarray
+    layer_delta_mean: float
+    layer_delta_min: float
+    layer_delta_max: float
+    layer_side_effect: float
+    layer_guarded: int
     provenance: Provenance
 
     def edited(self, space: str) -> np.ndarray:
-        """The edited map A + diag(dA) of this head and document in ``space``."""
+        """The edited map A + diag(dA) of this head and document in ``space`` (``residual-attn-layer``: the shared
+        δ of the layer-level view)."""
+        if space == "residual-attn-layer":
+            return self.pattern + np.diag(self.layer_delta)
         return self.pattern + np.diag(self.d_a[self.spaces.index(space)])
 
     def to_dataframe(self) -> pd.DataFrame:
@@ -113,6 +134,7 @@ class DiagonalView(ResultMixin):
         for i, space in enumerate(self.spaces):
             row[f"dA_mean[{space}]"] = float(self.da_mean[i].mean())
             row[f"share_negative[{space}]"] = float(self.da_negative_share[i].mean())
+        row |= {"layer_delta_mean": self.layer_delta_mean, "layer_side_effect": self.layer_side_effect}
         return pd.DataFrame([row])
 
     def figure(self, *, max_tokens: int = 48) -> go.Figure:
@@ -120,6 +142,7 @@ class DiagonalView(ResultMixin):
 
 
 _SUMMARIES = ("total", "low", "high", "negative", "guarded", "count")
+_LAYER_SUMMARIES = ("layer_total", "layer_low", "layer_high", "layer_side", "layer_guarded")
 
 
 class _DiagonalMetric(Metric):
@@ -136,36 +159,66 @@ class _DiagonalMetric(Metric):
     def fingerprint(self) -> dict[str, Any]:
         return {"metric": self.name, "layer": self.layer, "spaces": list(self.spaces), "s_par": self.s_par}
 
+    @property
+    def layer_view(self) -> bool:
+        return "residual-attn" in self.spaces
+
     def spec(self, job: Job) -> dict[str, ValueSpec]:
         shape = (len(self.spaces), self.info.n_heads)
-        return {name: ValueSpec(() if name == "count" else shape) for name in _SUMMARIES}
+        out = {name: ValueSpec(() if name == "count" else shape) for name in _SUMMARIES}
+        return out | ({name: ValueSpec(()) for name in _LAYER_SUMMARIES} if self.layer_view else {})
 
     def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
-        t = run_rows(context.model, self.info, batch, capture={self.layer: DIAGONAL_ROLES}).captured[self.layer]
+        roles = {self.layer: _roles(self.spaces)}
+        t = run_rows(context.model, self.info, batch, capture=roles).captured[self.layer]
         d_a, valid = _changes(self.info, t, self.spaces, self.s_par, self.eps, self.W_O)
         diag = torch.diagonal(t["pattern_full"], dim1=-2, dim2=-1)
         docs = batch.docs
-        w = (docs.real & (torch.arange(docs.tokens.shape[1], device=docs.tokens.device) >= 1)).to(d_a.device)
-        w = w[None, :, None, :]  # space batch head pos
-        return [
-            {
-                "total": (d_a * w).sum((1, 3)).numpy(),
-                "low": torch.where(w, d_a, torch.inf).amin((1, 3)).numpy(),
-                "high": torch.where(w, d_a, -torch.inf).amax((1, 3)).numpy(),
-                "negative": (((diag + d_a) < 0) & w).sum((1, 3)).double().numpy(),
-                "guarded": (~valid & w).sum((1, 3)).double().numpy(),
-                "count": np.asarray(float(w.sum())),
+        real = (docs.real & (torch.arange(docs.tokens.shape[1], device=docs.tokens.device) >= 1)).to(d_a.device)
+        w = real[None, :, None, :]  # space batch head pos
+        out = {
+            "total": (d_a * w).sum((1, 3)).numpy(),
+            "low": torch.where(w, d_a, torch.inf).amin((1, 3)).numpy(),
+            "high": torch.where(w, d_a, -torch.inf).amax((1, 3)).numpy(),
+            "negative": (((diag + d_a) < 0) & w).sum((1, 3)).double().numpy(),
+            "guarded": (~valid & w).sum((1, 3)).double().numpy(),
+            "count": np.asarray(float(w.sum())),
+        }
+        if self.layer_view:
+            view = _layer_change(self.info, t, self.s_par, self.eps, self.W_O)
+            side = view.change_perp.norm(dim=-1) / t["attn_out"].norm(dim=-1).clamp_min(self.eps)
+            out |= {
+                "layer_total": np.asarray(float((view.delta * real).sum())),
+                "layer_low": np.asarray(float(torch.where(real, view.delta, torch.inf).min())),
+                "layer_high": np.asarray(float(torch.where(real, view.delta, -torch.inf).max())),
+                "layer_side": np.asarray(float((side * real).sum())),
+                "layer_guarded": np.asarray(float((~view.valid & real).sum())),
             }
-        ]
+        return [out]
 
     def combine(self, job: Job, parts: Sequence[Values]) -> Values:
         out = super().combine(job, parts)  # sums
-        out["low"] = np.min([p["low"] for p in parts], axis=0)
-        out["high"] = np.max([p["high"] for p in parts], axis=0)
+        for low, high in (("low", "high"), ("layer_low", "layer_high")):
+            if low in out:
+                out[low] = np.asarray(np.min([p[low] for p in parts], axis=0))
+                out[high] = np.asarray(np.max([p[high] for p in parts], axis=0))
         return out
 
 
 DIAGONAL_ROLES = ("resid_pre", "v", "pattern_full")
+
+
+def _roles(spaces: tuple[HeadSpace, ...]) -> tuple[str, ...]:
+    """What the view captures: the layer's update too when residual-attn is viewed (the layer-level view)."""
+    return (*DIAGONAL_ROLES, "attn_out") if "residual-attn" in spaces else DIAGONAL_ROLES
+
+
+def _layer_change(
+    info: ModelInfo, t: dict[str, Tensor], s_par: float, eps: float, W_O: Tensor
+) -> geometry.LayerDiagonalChange:
+    """The layer-level residual view of captures ``t`` (:func:`~lens_parallel.geometry.layer_diagonal_change`)."""
+    v = expand_kv(t["v"], info.n_heads)
+    return geometry.layer_diagonal_change(t["attn_out"], t["resid_pre"], v, W_O.to(v), s_par=s_par, eps=eps)
 
 
 def _changes(
@@ -195,6 +248,9 @@ class DiagonalSettings:
     space: tuple[HeadSpace, ...] = field(default=DIAGONAL_SPACES, metadata={"help": "spaces of the view"})
     doc: int = field(default=0, metadata={"help": "the document whose map is shown"})
     eps: float = field(default=geometry.EPS, metadata={"help": "guard on the denominators"})
+    prompt_boundary: bool = field(
+        default=False, metadata={"help": "a prompt string gets the document-boundary token first"}
+    )
 
     def __post_init__(self) -> None:
         if (self.layer is None) != (self.head is None):
@@ -245,6 +301,8 @@ def diagonal_view(
     """
     s, opts = resolve(DiagonalSettings, settings, options, protocol, changes)
     info = model_info(model)
+    if isinstance(documents, str):
+        documents = prompt_documents(model, documents, boundary=s.prompt_boundary)
     docs = Documents.of(documents)
     layer, head = s.layer, s.head
     if layer is None or head is None:
@@ -261,8 +319,14 @@ def diagonal_view(
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="diagonal")
     sums = run.value(job)
     one = next(document_batches(Documents.padded([docs.tokens[s.doc, : int(docs.lengths[s.doc])].tolist()], {}), 1))
-    t = run_rows(model, info, Batch(one), capture={layer: DIAGONAL_ROLES}).captured[layer]
+    t = run_rows(model, info, Batch(one), capture={layer: _roles(spaces)}).captured[layer]
     d_a, _ = _changes(info, t, spaces, s.s_par, s.eps, W_O)
+    empty, nan = np.zeros(0), float("nan")
+    layer_delta, layer_par, layer_perp = empty, empty, empty
+    if "residual-attn" in spaces:
+        view = _layer_change(info, t, s.s_par, s.eps, W_O)
+        layer_delta = view.delta[0].numpy()
+        layer_par, layer_perp = view.change_par[0].norm(dim=-1).numpy(), view.change_perp[0].norm(dim=-1).numpy()
     v, x = expand_kv(t["v"], info.n_heads)[0, :, head], t["resid_pre"][0]
     n = sums["count"]
     residual_par = residual_perp = np.zeros(one.tokens.shape[1])
@@ -287,5 +351,13 @@ def diagonal_view(
         da_max=sums["high"],
         da_negative_share=sums["negative"] / n,
         da_guarded=sums["guarded"].astype(np.int64),
+        layer_delta=layer_delta,
+        layer_par=layer_par,
+        layer_perp=layer_perp,
+        layer_delta_mean=float(sums["layer_total"] / n) if "layer_total" in sums else nan,
+        layer_delta_min=float(sums["layer_low"]) if "layer_low" in sums else nan,
+        layer_delta_max=float(sums["layer_high"]) if "layer_high" in sums else nan,
+        layer_side_effect=float(sums["layer_side"] / n) if "layer_side" in sums else nan,
+        layer_guarded=int(sums["layer_guarded"]) if "layer_guarded" in sums else 0,
         provenance=provenance,
     )

@@ -9,26 +9,32 @@ layer from the cached ``resid_pre``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.choices import EditPositions, HeadsAll, Space
+from lens_parallel import geometry
+from lens_parallel.choices import EditPositions, HeadsAll, ReferenceGuard, Space
 from lens_parallel.documents import Documents
 from lens_parallel.edits import HEAD_SPACES, ComponentScale, check_positions
+from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.hooks import check_indices, softmax_layers
-from lens_parallel.losses import EditEffect, edit_effect
+from lens_parallel.losses import DocLosses, EditEffect, edit_effect
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.scaling import scaling_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
-from lens_parallel.sweep import EditJob, run_sweep
+from lens_parallel.sweep import EditJob, SweepRun, run_sweep
 from lens_parallel.validate import (
     as_indices,
     as_tuple,
+    check_choice,
     check_choices,
     check_finite,
     check_non_negative_int,
@@ -106,9 +112,12 @@ class ScalingResult(ResultMixin):
 @dataclass(frozen=True, kw_only=True)
 class ScaleSettings:
     """What a scaling sweep computes: in each ``space``, s_par over ``s_par`` at s_perp = 1 and s_perp over
-    ``s_perp`` at s_par = 1, editing ``layers`` (None: all) together or, with ``per_layer``, one at a time; ``heads``
-    as :class:`~lens_parallel.edits.ComponentScale`'s; at ``positions``; CIs from ``n_resamples`` bootstrap
-    resamples seeded by ``seed``."""
+    ``s_perp`` (``residual_s_perp`` in the residual spaces, when given) at s_par = 1, editing ``layers`` (None:
+    all) but the first ``skip_first_layers`` together or, with ``per_layer``, one at a time; ``heads``, ``eps`` and
+    ``guard`` as :class:`~lens_parallel.edits.ComponentScale`'s; at ``positions``; CIs from ``n_resamples``
+    bootstrap resamples seeded by ``seed``. ``unedited_check``: also run the unedited model and require each
+    space's matched no-op to give the same loss to 1e-9 nats per document (the paper's scale-1 canary: deltas are
+    against the matched no-op, which this shows to be the unedited model)."""
 
     space: tuple[Space, ...] = field(default=("value",), metadata={"help": "spaces whose components are scaled"})
     s_par: tuple[float, ...] = field(default=DEFAULT_S_PAR, metadata={"help": "s_par values (at s_perp = 1)"})
@@ -123,14 +132,30 @@ class ScaleSettings:
         },
     )
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
+    residual_s_perp: tuple[float, ...] | None = field(
+        default=None, metadata={"help": "s_perp values in the residual spaces", "none": "as s_perp"}
+    )
+    skip_first_layers: int = field(
+        default=0, metadata={"help": "layers 0..n-1 never edited (not the first token: that is positions)"}
+    )
+    guard: ReferenceGuard = field(default="exclude", metadata={"help": "a tiny reference: exclude or clamp"})
+    eps: float = field(default=geometry.EPS, metadata={"help": "guard on |r| (clamp: |r|^2 floored at eps^2)"})
+    unedited_check: bool = field(
+        default=False, metadata={"help": "also run the unedited model: the no-op must equal it to 1e-9"}
+    )
     n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the CIs"})
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "space", check_choices("space", as_tuple(self.space), Space))
-        for name in ("s_par", "s_perp"):
+        for name in ("s_par", "s_perp", "residual_s_perp"):
+            if getattr(self, name) is None:
+                continue
             values = tuple(check_finite(name, v) for v in as_tuple(getattr(self, name)))
             object.__setattr__(self, name, values)
+        check_non_negative_int("skip_first_layers", self.skip_first_layers)
+        check_choice("guard", self.guard, ReferenceGuard)
+        check_finite("eps", self.eps)
         object.__setattr__(self, "layers", as_indices(self.layers))
         if self.heads in ("all", ("all",)):
             object.__setattr__(self, "heads", "all")
@@ -142,41 +167,62 @@ class ScaleSettings:
 
 
 def _space_layers(
-    info: ModelInfo, spaces: tuple[Space, ...], layers: tuple[int, ...] | None
+    info: ModelInfo, spaces: tuple[Space, ...], layers: tuple[int, ...] | None, skip_first: int
 ) -> dict[str, tuple[int, ...]]:
     """The layers each space edits: head-level spaces act on softmax-attention layers only (Qwen3.5's linear blocks
-    are skipped when ``layers=None``; naming one raises)."""
+    are skipped when ``layers=None``; naming one raises); layers before ``skip_first`` never."""
     layer_idx = check_indices("layers", layers, info.n_layers)
-    return {
+    found = {
         sp: softmax_layers(info, layers, what=f"space {sp!r}")[0] if sp in HEAD_SPACES else layer_idx for sp in spaces
     }
+    out: dict[str, tuple[int, ...]] = {sp: tuple(n for n in kept if n >= skip_first) for sp, kept in found.items()}
+    empty = [sp for sp, kept in out.items() if not kept]
+    if empty:
+        raise LensParallelError(f"skip_first_layers={skip_first} leaves no layer to edit in {', '.join(empty)}")
+    return out
+
+
+def _grid(s: ScaleSettings, space: Space) -> list[tuple[str, float, float]]:
+    """The (vary, s_par, s_perp) settings of one space: s_par at s_perp = 1, then s_perp at s_par = 1."""
+    s_perp = s.residual_s_perp if s.residual_s_perp is not None and space.startswith("residual") else s.s_perp
+    return [("s_par", v, 1.0) for v in s.s_par] + [("s_perp", 1.0, v) for v in s_perp]
 
 
 def _jobs(
-    spaces: tuple[Space, ...],
-    settings: list[tuple[str, float, float]],
-    space_layers: dict[str, tuple[int, ...]],
-    per_layer: bool,
-    heads: tuple[int, ...] | HeadsAll | None,
-    positions: EditPositions,
+    s: ScaleSettings, space_layers: dict[str, tuple[int, ...]]
 ) -> tuple[dict[Space, EditJob], dict[str, tuple[EditJob, tuple[Space, str, float, float, int | None]]]]:
     """One matched no-op per space (all its layers, from the tokens) and one job per (space, setting[, layer]);
     per-layer jobs start at their layer (the unedited prefix is reused). Returns the no-op jobs by space and every
     edited job with its (space, vary, s_par, s_perp, layer) point."""
-    noops = {
-        sp: EditJob(f"{sp}|noop", (ComponentScale(sp, layers=space_layers[sp], heads=heads, positions=positions),))
-        for sp in spaces
-    }
+    scale = partial(ComponentScale, heads=s.heads, positions=s.positions, eps=s.eps, guard=s.guard)
+    noops = {sp: EditJob(f"{sp}|noop", (scale(sp, layers=space_layers[sp]),)) for sp in s.space}
     points = {}
-    for sp in spaces:
-        for vary, a, b in settings:
-            for layer in space_layers[sp] if per_layer else [None]:
+    for sp in s.space:
+        for vary, a, b in _grid(s, sp):
+            for layer in space_layers[sp] if s.per_layer else [None]:
                 edited = space_layers[sp] if layer is None else (layer,)
                 key = f"{sp}|{vary}|s_par={a}|s_perp={b}|layer={layer}"
-                scale = ComponentScale(sp, a, b, layers=edited, heads=heads, positions=positions)
-                job = EditJob(key, (scale,), start_layer=layer or 0)
+                job = EditJob(key, (scale(sp, a, b, layers=edited),), start_layer=layer or 0)
                 points[key] = (job, (sp, vary, a, b, layer))
     return noops, points
+
+
+UNEDITED_TOLERANCE = 1e-9
+"""Largest |matched no-op - unedited| loss per document (nats) that ``unedited_check`` accepts."""
+
+
+def _check_unedited(
+    run: SweepRun | Mapping[EditJob, DocLosses], noops: dict[Space, EditJob], unedited: EditJob
+) -> None:
+    """The paper's scale-1 canary: each space's matched no-op gives the unedited model's loss on every document."""
+    base = run[unedited].loss_sum
+    for sp, job in noops.items():
+        worst = float(np.abs(run[job].loss_sum - base).max())
+        if worst > UNEDITED_TOLERANCE:
+            raise LibraryError(
+                f"the matched no-op of {sp!r} differs from the unedited model by {worst:.3g} nats on a document "
+                f"(more than {UNEDITED_TOLERANCE:g}): a scale-1 edit must not change the forward"
+            )
 
 
 def scale_sweep(
@@ -198,16 +244,18 @@ def scale_sweep(
     s, opts = resolve(ScaleSettings, settings, options, protocol, changes)
     info = model_info(model)
     docs = Documents.of(documents)
-    space_layers = _space_layers(info, s.space, s.layers)
-    grid = [("s_par", v, 1.0) for v in s.s_par] + [("s_perp", 1.0, v) for v in s.s_perp]
-    noops, points = _jobs(s.space, grid, space_layers, s.per_layer, s.heads, s.positions)
-    jobs = [*noops.values(), *(job for job, _ in points.values())]
+    space_layers = _space_layers(info, s.space, s.layers, s.skip_first_layers)
+    noops, points = _jobs(s, space_layers)
+    unedited = EditJob("unedited", ())
+    jobs = [*noops.values(), *(job for job, _ in points.values()), *([unedited] if s.unedited_check else [])]
     run = run_sweep(model, docs, jobs, options=opts, desc="scale sweep")
+    if s.unedited_check:
+        _check_unedited(run, noops, unedited)
     sweep_points = tuple(
         SweepPoint(sp, vary, a, b, layer, edit_effect(run[noops[sp]], run[job], n_resamples=s.n_resamples, seed=s.seed))
         for job, (sp, vary, a, b, layer) in points.values()
     )
-    layers = list(check_indices("layers", s.layers, info.n_layers))
+    layers = sorted({layer for kept in space_layers.values() for layer in kept})
     return ScalingResult(
         points=sweep_points, provenance=Provenance.of(info, docs, "scale_sweep", s, run, layers=layers)
     )

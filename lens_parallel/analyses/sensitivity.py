@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.choices import Ablation, EditPositions
+from lens_parallel.choices import Ablation, EditPositions, SignFlipWeights
 from lens_parallel.documents import Documents
 from lens_parallel.edits import check_positions
 from lens_parallel.hooks import softmax_layers
@@ -90,12 +90,15 @@ class SensitivityResult(ResultMixin):
         return sensitivity_figure(self)
 
 
-def _stats(
-    base: DocLosses, edited: DocLosses, n_resamples: int, n_permutations: int, seed: int, label: str
-) -> tuple[float, float, float, float]:
-    effect = edit_effect(base, edited, n_resamples=n_resamples, seed=seed, what=f"{label}: losses")
-    per_doc = (edited.loss_sum - base.loss_sum) / base.n_tokens
-    p = sign_flip_pvalue(per_doc, n_resamples=n_permutations, seed=seed, what=f"{label}: per-document delta loss")
+def _stats(base: DocLosses, edited: DocLosses, s: SensitivitySettings, label: str) -> tuple[float, float, float, float]:
+    """Δloss (token-weighted), its paired bootstrap CI and the sign-flip p-value of one ablation. The sign flips
+    act on each document's mean Δ (``documents``: every document weighs the same) or on its Δ sum (``tokens``:
+    the token-weighted mean, as the directional-decomposition paper's ``paired_sign_flip_pvalue``)."""
+    effect = edit_effect(base, edited, n_resamples=s.n_resamples, seed=s.seed, what=f"{label}: losses")
+    per_doc = edited.loss_sum - base.loss_sum
+    if s.sign_flip_weights == "documents":
+        per_doc = per_doc / base.n_tokens
+    p = sign_flip_pvalue(per_doc, n_resamples=s.n_permutations, seed=s.seed, what=f"{label}: per-document delta loss")
     return effect.delta_loss, *effect.delta_loss_ci, p
 
 
@@ -104,7 +107,8 @@ def _stats(
 class SensitivitySettings:
     """What layer sensitivity computes: each head ablated alone and all heads of a layer jointly (``edit``, at
     ``positions``) on ``layers`` (None: every softmax-attention layer), with ``n_resamples`` bootstrap resamples and
-    ``n_permutations`` sign flips, seeded by ``seed``."""
+    ``n_permutations`` sign flips (of each document's mean Δ, or with ``sign_flip_weights="tokens"`` of its Δ sum:
+    the token-weighted mean), seeded by ``seed``."""
 
     edit: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
@@ -113,6 +117,9 @@ class SensitivitySettings:
     )
     n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the CIs"})
     n_permutations: int = field(default=10000, metadata={"help": "sign flips of the p-values"})
+    sign_flip_weights: SignFlipWeights = field(
+        default="documents", metadata={"help": "sign flips weigh documents equally or by their tokens"}
+    )
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap and the sign flips"})
 
     def __post_init__(self) -> None:
@@ -121,6 +128,7 @@ class SensitivitySettings:
         object.__setattr__(self, "layers", as_indices(self.layers))
         check_positive_int("n_resamples", self.n_resamples)
         check_positive_int("n_permutations", self.n_permutations)
+        check_choice("sign_flip_weights", self.sign_flip_weights, SignFlipWeights)
         check_non_negative_int("seed", self.seed)
 
 
@@ -145,15 +153,8 @@ def head_sensitivity(
     joints = [AblationJob(layer, tuple(range(info.n_heads))) for layer in layer_idx]
     run = run_sweep(model, docs, singles + joints, edit=s.edit, positions=s.positions, options=opts)
     assert run.base is not None
-    single = np.array(
-        [
-            _stats(run.base, run[j], s.n_resamples, s.n_permutations, s.seed, head_label(j.layer, j.heads[0]))
-            for j in singles
-        ]
-    )
-    joint = np.array(
-        [_stats(run.base, run[j], s.n_resamples, s.n_permutations, s.seed, head_label(j.layer)) for j in joints]
-    )
+    single = np.array([_stats(run.base, run[j], s, head_label(j.layer, j.heads[0])) for j in singles])
+    joint = np.array([_stats(run.base, run[j], s, head_label(j.layer)) for j in joints])
     shape = (len(layer_idx), info.n_heads)
     return SensitivityResult(
         edit=s.edit,

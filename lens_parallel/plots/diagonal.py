@@ -15,9 +15,10 @@ if TYPE_CHECKING:
 
 
 def diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Figure:
-    """Row 1: the head's empirical attention map, the residual-space view A + diag(dA) and the exclude-self
-    value-space edited map (first ``max_tokens`` positions, token labels on both axes; one diverging colour scale
-    clipped to [-1, 1], so negative diagonal entries show; hover gives exact values).
+    """Row 1: the head's empirical attention map, the residual-space view A + diag(dA), the layer-level residual view
+    A + diag(δ) (one δ_t for every head) and the exclude-self value-space edited map (first ``max_tokens``
+    positions, token labels on both axes; one diverging colour scale clipped to [-1, 1], so negative diagonal
+    entries show; hover gives exact values).
     Row 2: per-head strip of mean dA_tt over documents and positions t >= 1."""
     n = min(max_tokens, len(view.token_labels))
     labels = list(view.token_labels[:n])
@@ -28,6 +29,10 @@ def diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Figure:
                 par, perp = view.residual_par[1:].sum(), view.residual_perp[1:].sum()
                 title += f"<br>(adds a perpendicular change: Σ|Δ⊥| / Σ|Δ∥| = {perp / max(par, 1e-30):.2f})"
             panels.append((f"{title}: A + diag(dA)", view.edited(space)))
+        if space == "residual-attn" and view.layer_delta.size:
+            par, perp = view.layer_par[1:].sum(), view.layer_perp[1:].sum()
+            title = f"layer-level view, one δ for every head<br>(Σ|Δ⊥| / Σ|Δ∥| = {perp / max(par, 1e-30):.2f})"
+            panels.append((f"{title}: A + diag(δ)", view.edited("residual-attn-layer")))
     maps = [m[:n, :n] for _, m in panels]
     specs = [[{}] * len(panels), [{"colspan": len(panels)}] + [None] * (len(panels) - 1)]
     titles = [t for t, _ in panels] + ["per-head mean dA_tt (all documents, t ≥ 1)"]

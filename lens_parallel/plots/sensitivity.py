@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 if TYPE_CHECKING:
+    from lens_parallel.analyses.head_statistics import HeadStatistics
     from lens_parallel.analyses.sensitivity import SensitivityResult
 
 
@@ -64,4 +68,74 @@ def sensitivity_figure(result: SensitivityResult) -> go.Figure:
         legend={"orientation": "h", "y": -0.2},
     )
     fig.update_xaxes(dtick=max(1, len(x) // 15))
+    return fig
+
+
+def head_statistics_figure(result: HeadStatistics) -> go.Figure:
+    """The four per-head statistics of :mod:`~lens_parallel.analyses.head_statistics`, one layer x head heatmap
+    each (unitless ratios, means over positions)."""
+    titles = {
+        "para_ratio": "para_ratio = |y_par|² / |y|²",
+        "para_over_ref": "para_over_ref = |y_par| / |v|",
+        "edit_over_y": "edit_over_y = |edit| / |y|",
+        "edit_over_ref": "edit_over_ref = |edit| / |v|",
+    }
+    fig = make_subplots(
+        rows=2,
+        cols=2,
+        subplot_titles=[titles[s] for s in result.statistics],
+        horizontal_spacing=0.2,
+        vertical_spacing=0.18,
+    )
+    for i, values in enumerate(result.values):
+        row, col = divmod(i, 2)
+        fig.add_trace(
+            go.Heatmap(
+                z=values,
+                y=list(result.layers),
+                colorscale="Viridis",
+                colorbar={"len": 0.41, "y": 0.795 - 0.59 * row, "x": 0.41 + 0.6 * col, "title": "ratio"},
+                hovertemplate="L%{y}H%{x}: %{z:.4f}<extra></extra>",
+            ),
+            row=row + 1,
+            col=col + 1,
+        )
+        fig.update_xaxes(title_text="head", dtick=max(1, values.shape[1] // 8), row=row + 1, col=col + 1)
+        fig.update_yaxes(title_text="layer", dtick=max(1, len(result.layers) // 8), row=row + 1, col=col + 1)
+    fig.update_layout(
+        title=f"{result.info.name}: per-head statistics of the {result.edit} ablation (means over positions)",
+        height=720,
+        margin={"t": 90},
+    )
+    return fig
+
+
+def head_ratio_figure(
+    pairs: Mapping[str, tuple[SensitivityResult, HeadStatistics]], table: pd.DataFrame, *, statistic: str
+) -> go.Figure:
+    """Signed single-head Δloss against one per-head statistic, one colour per model, Pearson r and Spearman rho
+    (from ``table``, :func:`~lens_parallel.analyses.head_statistics.sensitivity_correlations`) in the legend."""
+    fig = go.Figure()
+    for name, (sens, stat) in pairs.items():
+        i = stat.statistics.index(statistic)
+        row = table[(table.model == name) & (table.statistic == statistic)].iloc[0]
+        labels = [f"L{layer}H{h}" for layer in sens.layers for h in range(sens.head_delta.shape[1])]
+        fig.add_trace(
+            go.Scatter(
+                x=stat.values[i].ravel(),
+                y=sens.head_delta.ravel(),
+                mode="markers",
+                text=labels,
+                name=f"{name}: Pearson r {row.pearson_r:.2f}, Spearman ρ {row.spearman_rho:.2f} ({row.n_heads} heads)",
+                hovertemplate="%{text}<br>" + statistic + " %{x:.3f}<br>Δloss %{y:+.5f} nats/token<extra></extra>",
+            )
+        )
+    fig.add_hline(y=0, line={"color": "#888", "width": 1})
+    fig.update_layout(
+        title=f"Single-head {next(iter(pairs.values()))[0].edit} ablation: Δloss against {statistic}",
+        xaxis_title=f"{statistic} (unitless, mean over positions)",
+        yaxis_title="Δloss, ablated - unedited (nats/token)",
+        legend={"orientation": "h", "y": -0.25},
+        height=480,
+    )
     return fig

@@ -1,0 +1,251 @@
+"""The per-head statistics the directional-decomposition paper sets against single-head sensitivity (its Fig. 7),
+their correlations with signed Δloss across heads, and Benjamini-Hochberg across the models compared.
+
+For head h at position t, with y = o_t (the head's value-space message, hook_z; the pre-gate A v under gated
+attention), ref = v_t, y_par its part along v_t and edit = y' - y the change the ablation makes:
+
+    para_ratio    = |y_par|^2 / |y|^2      (the mean cos^2 of o_t with v_t)
+    para_over_ref = |y_par| / |v_t|
+    edit_over_y   = |edit| / |y|
+    edit_over_ref = |edit| / |v_t|
+
+each a mean over every real position (t = 0 included, as the authors' running statistics are; ``positions=
+"after-first"`` leaves it out). Denominators are floored as in the authors' ``_remove_parallel_and_stats``:
+|v_t|^2 and |y|^2 at eps^2 (1e-6 at the default eps = 1e-3). For ``parallel-value`` (s_par = 0) the edit is -y_par, so
+edit_over_ref equals para_over_ref exactly and edit_over_y is the mean |cos|; for ``zero`` the edit is -y, so
+edit_over_y is 1 and edit_over_ref is |o_t| / |v_t|. Those coincidences are the statistics' definitions, not
+estimates.
+
+The names follow the authors' ``analyze_per_head_causal_sensitivity.py`` (which reads them from its
+``head_sensitivity.csv``) and the formulas their ``_remove_parallel_and_stats`` (para_ratio, para_over_ref); the
+script that writes that file is not in their public repository, so edit_over_y and edit_over_ref are defined by
+their names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import scipy.stats as sps
+import torch
+from torch import Tensor
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel import geometry
+from lens_parallel.analyses.sensitivity import SensitivityResult
+from lens_parallel.choices import EditPositions, HeadStatistic, StatisticEdit
+from lens_parallel.distributed import TaskContext
+from lens_parallel.documents import Documents
+from lens_parallel.edits import check_positions
+from lens_parallel.errors import LensParallelError
+from lens_parallel.hooks import Reducer, expand_kv, softmax_layers
+from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.options import RunOptions, resolve
+from lens_parallel.plots import sensitivity as plots
+from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
+from lens_parallel.stats import benjamini_hochberg
+from lens_parallel.store import Values, ValueSpec
+from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
+from lens_parallel.validate import as_indices, check_choice, check_finite, options
+
+STATISTICS: tuple[HeadStatistic, ...] = options(HeadStatistic)
+"""The four per-head statistics, in the authors' order."""
+
+
+@serializable
+@dataclass(frozen=True)
+class HeadStatistics(ResultMixin):
+    """The four statistics per ``[layer, head]`` (``values`` is ``[statistic, layer, head]``, statistics in
+    :data:`STATISTICS` order), over ``n_positions`` positions per head."""
+
+    edit: str
+    positions: EditPositions
+    layers: tuple[int, ...]
+    values: np.ndarray
+    n_positions: int
+    provenance: Provenance
+
+    @property
+    def statistics(self) -> tuple[HeadStatistic, ...]:
+        """The statistics' names, in the order of ``values``."""
+        return STATISTICS
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per head: the four statistics."""
+        columns = dict(zip(STATISTICS, self.values, strict=True))
+        return head_frame(self.info, self.layers, columns, front={"edit": self.edit, "positions": self.positions})
+
+    def summary(self) -> pd.DataFrame:
+        row: dict[str, Any] = {"model": self.info.name, "edit": self.edit, "n_positions": self.n_positions}
+        row |= {f"mean_{name}": float(np.mean(v)) for name, v in zip(STATISTICS, self.values, strict=True)}
+        return pd.DataFrame([row])
+
+    def figure(self) -> go.Figure:
+        return plots.head_statistics_figure(self)
+
+
+class _StatisticsMetric(Metric):
+    """Per layer and head: the sums of the four statistics over real positions (and the count), summed over
+    batches."""
+
+    name = "head-statistics"
+
+    def __init__(self, info: ModelInfo, layers: tuple[int, ...], edit: str, positions: str, eps: float) -> None:
+        self.info, self.layers, self.edit, self.positions, self.eps = info, layers, edit, positions, eps
+        self.roles = ["z", "v", *(["pattern_full"] if info.gated_attention else [])]
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"metric": self.name, "edit": self.edit, "positions": self.positions, "eps": self.eps}
+
+    def spec(self, job: Job) -> dict[str, ValueSpec]:
+        return {"sums": ValueSpec((len(STATISTICS), len(self.layers), self.info.n_heads)), "count": ValueSpec((1,))}
+
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+        weight = batch.docs.real.to(torch.float64)
+        if self.positions == "after-first":
+            weight[:, 0] = 0.0
+        sums = torch.zeros(len(STATISTICS), len(self.layers), self.info.n_heads, dtype=torch.float64)
+        reduce = self._reducer(sums, weight)
+        run_rows(context.model, self.info, batch, capture=dict.fromkeys(self.layers, self.roles), reduce=reduce)
+        return [{"sums": sums.numpy(), "count": np.array([float(weight.sum())])}]
+
+    def _reducer(self, sums: Tensor, weight: Tensor) -> Reducer:
+        index = {layer: i for i, layer in enumerate(self.layers)}
+        floor = self.eps**2
+
+        def reduce(layer: int, t: dict[str, Tensor]) -> None:
+            v = expand_kv(t["v"], self.info.n_heads)
+            y = geometry.value_aggregate(t["pattern_full"], v) if "pattern_full" in t else t["z"]
+            par = geometry.project(y, v, eps=self.eps, clamp=True).par
+            edit = -par if self.edit == "parallel-value" else -y
+            yy, vv = (y * y).sum(-1).clamp_min(floor), (v * v).sum(-1).clamp_min(floor)
+            per_pos = torch.stack(
+                [
+                    (par * par).sum(-1) / yy,
+                    par.norm(dim=-1) / vv.sqrt(),
+                    edit.norm(dim=-1) / yy.sqrt(),
+                    edit.norm(dim=-1) / vv.sqrt(),
+                ]
+            )  # [statistic, batch, pos, head_index]
+            w = weight.to(per_pos.device)[None, :, :, None]
+            sums[:, index[layer]] += (per_pos * w).sum((1, 2)).cpu()
+
+        return reduce
+
+
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class HeadStatisticsSettings:
+    """What :func:`head_statistics` computes: the statistics of ``edit``'s change on ``layers`` (None: every
+    softmax-attention layer), over every position (``all``: t = 0 included, as the authors) or ``after-first``;
+    denominators floored at ``eps``^2."""
+
+    edit: StatisticEdit = field(default="parallel-value", metadata={"help": "the single-head ablation described"})
+    positions: EditPositions = field(default="all", metadata={"help": "after-first: leave position 0 out"})
+    layers: tuple[int, ...] | None = field(
+        default=None, metadata={"help": "layers", "none": "every softmax-attention layer"}
+    )
+    eps: float = field(default=1e-3, metadata={"help": "|v|^2 and |y|^2 floored at eps^2 (the authors' 1e-6)"})
+
+    def __post_init__(self) -> None:
+        check_choice("edit", self.edit, StatisticEdit)
+        check_positions(self.positions)
+        object.__setattr__(self, "layers", as_indices(self.layers))
+        check_finite("eps", self.eps)
+
+
+def head_statistics(
+    model: TransformerBridge,
+    documents: object,
+    *,
+    settings: HeadStatisticsSettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
+) -> HeadStatistics:
+    """The four statistics of the module docstring for every head (:class:`HeadStatisticsSettings`; run options
+    :class:`~lens_parallel.options.RunOptions`; both as keyword shortcuts), one forward per batch on the engine."""
+    s, opts = resolve(HeadStatisticsSettings, settings, options, protocol, changes)
+    info = model_info(model)
+    docs = Documents.of(documents)
+    layer_idx, skipped = softmax_layers(info, s.layers, what="head_statistics")
+    metric = _StatisticsMetric(info, layer_idx, s.edit, s.positions, s.eps)
+    job = EditJob("statistics", ())
+    run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="head statistics")
+    out = run.value(job)
+    count = float(out["count"][0])
+    return HeadStatistics(
+        edit=s.edit,
+        positions=s.positions,
+        layers=layer_idx,
+        values=out["sums"] / count,
+        n_positions=int(count),
+        provenance=Provenance.of(info, docs, "head_statistics", s, run, layers=list(layer_idx), skipped=skipped),
+    )
+
+
+def sensitivity_correlations(pairs: Mapping[str, tuple[SensitivityResult, HeadStatistics]]) -> pd.DataFrame:
+    """Per model (the mapping's keys) and statistic: Pearson r and Spearman rho (with their p-values, scipy) of the
+    signed single-head Δloss against the statistic across heads, as the authors' ``analyze_model``. The two results
+    of a model must cover the same layers; heads whose Δloss is not finite are left out (counted in n_heads)."""
+    rows = []
+    for name, (sens, stat) in pairs.items():
+        if tuple(sens.layers) != tuple(stat.layers):
+            raise LensParallelError(
+                f"{name}: the sensitivity covers layers {list(sens.layers)}, the statistics {list(stat.layers)}"
+            )
+        if sens.edit != stat.edit:
+            raise LensParallelError(
+                f"{name}: the sensitivity ablates {sens.edit!r}, the statistics describe {stat.edit!r}"
+            )
+        delta = sens.head_delta.ravel()
+        keep = np.isfinite(delta)
+        for statistic, values in zip(STATISTICS, stat.values, strict=True):
+            x, y = values.ravel()[keep], delta[keep]
+            pearson, spearman = sps.pearsonr(x, y), sps.spearmanr(x, y)
+            rows.append(
+                {
+                    "model": name,
+                    "statistic": statistic,
+                    "pearson_r": float(pearson.statistic),
+                    "pearson_p": float(pearson.pvalue),
+                    "spearman_rho": float(spearman.statistic),
+                    "spearman_p": float(spearman.pvalue),
+                    "n_heads": int(keep.sum()),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def head_ratio_figure(
+    pairs: Mapping[str, tuple[SensitivityResult, HeadStatistics]], *, statistic: HeadStatistic = "para_ratio"
+) -> go.Figure:
+    """The paper's head-ratio-against-sensitivity scatter: signed single-head Δloss against ``statistic`` (one of
+    :data:`STATISTICS`), one colour per model, with :func:`sensitivity_correlations`' coefficients."""
+    check_choice("statistic", statistic, HeadStatistic)
+    return plots.head_ratio_figure(pairs, sensitivity_correlations(pairs), statistic=statistic)
+
+
+def compare_sensitivity(results: Mapping[str, SensitivityResult], *, level: float = 0.05) -> pd.DataFrame:
+    """The single heads of several models' sensitivities side by side, with Benjamini-Hochberg q-values within each
+    model (``q_model``) and over the heads of every model pooled (``q_global``), and each head's class at
+    ``level`` under each: ``decrease`` / ``increase`` (signed Δloss, q <= level) or ``not significant``; as the
+    authors' ``fdr_model_class`` / ``fdr_global_class``."""
+    frames = []
+    for name, result in results.items():
+        df = result.to_dataframe()
+        df = df[df["head"].notna()].assign(model=name)
+        frames.append(df.assign(q_model=benjamini_hochberg(df["p"].to_numpy())))
+    out = pd.concat(frames, ignore_index=True)
+    out["q_global"] = benjamini_hochberg(out["p"].to_numpy())
+    for scope in ("model", "global"):
+        q = out[f"q_{scope}"]
+        out[f"class_{scope}"] = np.where(
+            q <= level, np.where(out["delta_loss"] < 0, "decrease", "increase"), "not significant"
+        )
+    return out
