@@ -126,6 +126,7 @@ def test_the_protocol_sweep_runs_its_grids_and_canary(setup):
     counts = df.groupby(["space", "vary"]).size().to_dict()
     assert counts[("value-exclude-self", "s_perp")] == 9 and counts[("residual-mlp", "s_perp")] == 7
     assert counts[("residual-attn", "s_par")] == 11
+    assert "layers 1-2 edited (layer 0 left alone)" in result.figure().layout.title.text
     at_one = df[(df.s_par == 1.0) & (df.s_perp == 1.0)]
     assert len(at_one) == 6 and (at_one.delta_loss == 0.0).all()  # the scale-1 points of both axes, exactly 0
     layers = range(1, model_info(model).n_layers)

@@ -23,6 +23,18 @@ SPACE_COLORS = {
 }
 
 
+def _edited_layers(result: ScalingResult) -> str:
+    """Which layers the all-layer sweep edited together, in words (from the provenance's resolved layers)."""
+    n = result.info.n_layers
+    layers = list(result.provenance.settings.get("layers") or range(n))
+    if layers == list(range(n)):
+        return "all layers edited"
+    if layers == list(range(layers[0], n)):
+        skipped = "layer 0" if layers[0] == 1 else f"layers 0-{layers[0] - 1}"
+        return f"layers {layers[0]}-{n - 1} edited ({skipped} left alone)"
+    return f"layers {', '.join(map(str, layers))} edited"
+
+
 def scaling_figure(result: ScalingResult) -> go.Figure:
     """All-layer sweeps: two panels (vary s_par at s_perp = 1; vary s_perp at s_par = 1), one curve per space,
     error bars = 95% paired bootstrap CI over documents. Per-layer sweeps: one heatmap per space (setting x layer)."""
@@ -59,7 +71,7 @@ def scaling_figure(result: ScalingResult) -> go.Figure:
         fig.update_yaxes(title_text="Δ loss vs no-op (nats/token)", row=1, col=col)
     n = df.n_docs.iloc[0] if len(df) else 0
     fig.update_layout(
-        title=f"Component scaling, all layers edited: {info.name} ({n} docs; bars = 95% paired bootstrap CI)",
+        title=f"Component scaling, {_edited_layers(result)}: {info.name} ({n} docs; bars = 95% paired bootstrap CI)",
         height=480,
         width=1150,
         template="plotly_white",
