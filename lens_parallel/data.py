@@ -32,11 +32,17 @@ CORPORA = ("wikipedia-en", "austen", "moby-dick", "lunyu", "tang-poems")
 BOUNDARY_TOKEN = "<|endoftext|>"
 
 
+def hub_spec(name: str) -> tuple[str, str | None, str | None]:
+    """``hf:DATASET[:CONFIG[:SPLIT]]`` as (dataset, config or None, split or None)."""
+    dataset, config, split = ([*name.removeprefix("hf:").split(":"), None, None])[:3]
+    return str(dataset), config, split
+
+
 def _load_hub_texts(name: str) -> list[str]:
     """``hf:DATASET[:CONFIG[:SPLIT]]`` through ``datasets.load_dataset`` (online, or from the local HF cache)."""
     import datasets
 
-    dataset, config, split = ([*name.removeprefix("hf:").split(":"), None, None])[:3]
+    dataset, config, split = hub_spec(name)
     try:
         rows = datasets.load_dataset(dataset, config, split=split or "test")
     except (OSError, ConnectionError, ValueError) as exc:

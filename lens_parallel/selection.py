@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lens_parallel.data import CORPORA, check_corpus, load_texts
+from lens_parallel.data import CORPORA, check_corpus, hub_spec, load_texts
 from lens_parallel.errors import LensParallelError
 from lens_parallel.results import serializable
 from lens_parallel.validate import check_non_negative_int, check_positive_int
@@ -103,7 +103,7 @@ def _shuffled(source: str | Sequence[str], selection: TextSelection, paragraphs:
     """The texts of ``source`` in ``datasets``' buffer-shuffled order (a hub data set streamed)."""
     datasets = _datasets()
     if isinstance(source, str) and source.startswith("hf:"):
-        name, config, split = ([*source.removeprefix("hf:").split(":"), None, None])[:3]
+        name, config, split = hub_spec(source)
         try:
             stream = datasets.load_dataset(name, config, split=split or "validation", streaming=True)
         except (OSError, ConnectionError, ValueError) as exc:
