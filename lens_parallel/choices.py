@@ -15,6 +15,10 @@ Space = Literal["value", "value-exclude-self", "residual-attn", "residual-mlp", 
 """A decomposition / scaling space (see the README's table): the message m and its reference r."""
 HeadSpace = Literal["value", "value-exclude-self", "residual-attn"]
 """Spaces with a per-head level: the two value spaces and each head's residual write z_h W_O[h]."""
+ScaleMetric = Literal["token_perplexity", "word_perplexity"]
+"""What a scaling sweep scores: next-token loss per token (its exp the token perplexity) on any documents, or lm-eval's
+perplexity per word of whole texts (:class:`~lens_parallel.documents.TextWindows`; the directional-decomposition
+paper's Fig. 3 metric)."""
 ReferenceGuard = Literal["exclude", "clamp"]
 """How a scaling treats a tiny reference r: ``exclude`` (positions with |r| <= eps scale as purely perpendicular) or
 ``clamp`` (the denominator |r|^2 floored at eps^2, every position projected: the directional-decomposition paper's
@@ -69,6 +73,7 @@ HeadsAll = Literal["all"]
 """``heads="all"``: every head, each edited on its own write (no bias); ``heads=None`` is the whole sublayer."""
 
 CHOICES = (
+    ScaleMetric,
     Space,
     HeadSpace,
     ReferenceGuard,

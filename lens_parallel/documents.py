@@ -5,7 +5,9 @@ tensor, a list of token-id lists (documents of any length), or :class:`Documents
 into :class:`Documents`. Documents are right-padded: a causal model's real positions never attend to the padding
 after them, so every real position's activations equal the document run alone (to float rounding: the batch's
 shape changes the kernels' summation order; tested on every toy family), and no attention mask is needed.
-Analyses score and reduce only real tokens: position t predicts token t+1 for t < length - 1.
+Analyses score and reduce only real tokens: position t predicts token t+1 for first_scored <= t < length - 1
+(``first_scored`` is 0 but for lm-eval's rolling windows, :func:`rolling_windows`, whose last window of a text
+predicts only its last tokens from the context before them).
 
 :func:`document_batches` is how every loop over documents batches them: consecutive documents, each batch trimmed
 to its longest document.
@@ -13,6 +15,7 @@ to its longest document.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,11 +40,13 @@ PAD_ID = 0
 class Documents:
     """``tokens [batch, pos]``: each document's tokens, right-padded with :data:`PAD_ID` to the longest;
     ``lengths [batch]``: each document's number of real tokens (>= 2: one scored token at least). ``source``: how
-    they were made (plain data, for provenance)."""
+    they were made (plain data, for provenance). ``first_scored [batch]``: the first position whose next token is
+    scored (None: 0 everywhere; positions before it are context only)."""
 
     tokens: Int[Tensor, "batch pos"]
     lengths: Int[Tensor, " batch"]
     source: dict[str, Any] = field(default_factory=dict)
+    first_scored: Int[Tensor, " batch"] | None = None
 
     @classmethod
     def of(cls, documents: object) -> Documents:
@@ -50,6 +55,8 @@ class Documents:
         tokens, in one line."""
         if isinstance(documents, Documents):
             return documents
+        if isinstance(documents, TextWindows):
+            return documents.windows
         if isinstance(documents, TokenBlocks):
             tokens = documents.tokens
             return cls(tokens, _full_lengths(tokens), documents.describe())
@@ -65,18 +72,21 @@ class Documents:
                 raise LensParallelError("documents must be lists of token ids (integers), none empty")
             return cls.padded(rows, {"corpus": "caller-supplied token lists"})
         raise LensParallelError(
-            "documents must be TokenBlocks, an integer tensor [batch, pos], a list of token-id lists, or Documents; "
+            "documents must be TokenBlocks, an integer tensor [batch, pos], a list of token-id lists, Documents or "
+            "TextWindows; "
             f"got {type(documents).__name__}"
         )
 
     @classmethod
-    def padded(cls, rows: Sequence[Sequence[int]], source: dict[str, Any]) -> Documents:
+    def padded(
+        cls, rows: Sequence[Sequence[int]], source: dict[str, Any], *, first_scored: Tensor | None = None
+    ) -> Documents:
         """Documents from token-id lists of any lengths (right-padded here)."""
         lengths = [len(r) for r in rows]
         tokens = torch.full((len(rows), max(lengths)), PAD_ID, dtype=torch.long)
         for i, row in enumerate(rows):
             tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        return cls(tokens, torch.tensor(lengths, dtype=torch.long), source)
+        return cls(tokens, torch.tensor(lengths, dtype=torch.long), source, first_scored)
 
     def __post_init__(self) -> None:
         if len(self.lengths) != len(self.tokens) or len(self.tokens) == 0:
@@ -86,6 +96,11 @@ class Documents:
                 f"document lengths must be 2..{self.tokens.shape[1]} (a first token and one scored token at least), "
                 f"got {self.lengths.min().item()}..{self.lengths.max().item()}"
             )
+        if self.first_scored is not None and (
+            len(self.first_scored) != len(self.lengths)
+            or bool((self.first_scored < 0).any() or (self.first_scored > self.lengths - 2).any())
+        ):
+            raise LensParallelError("first_scored must be 0..length-2 per document (one scored token at least)")
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -97,15 +112,26 @@ class Documents:
 
     @property
     def n_tokens(self) -> np.ndarray:
-        """Scored tokens per document (``lengths - 1``), int64."""
-        return (self.lengths - 1).cpu().numpy().astype(np.int64)
+        """Scored tokens per document (``lengths - 1 - first_scored``), int64."""
+        return (self.lengths - 1 - self.first).cpu().numpy().astype(np.int64)
+
+    @property
+    def first(self) -> Int[Tensor, " batch"]:
+        """``first_scored``, zeros when None."""
+        return torch.zeros_like(self.lengths) if self.first_scored is None else self.first_scored
 
     def to(self, device: torch.device | str) -> Documents:
-        return Documents(self.tokens.to(device), self.lengths.to(device), self.source)
+        first = None if self.first_scored is None else self.first_scored.to(device)
+        return dataclasses.replace(
+            self, tokens=self.tokens.to(device), lengths=self.lengths.to(device), first_scored=first
+        )
 
     def digest(self) -> str:
-        """A short hash of the tokens and the lengths (padding excluded), for fingerprints."""
+        """A short hash of the tokens, the lengths (padding excluded) and the first scored positions (when any is
+        not 0), for fingerprints."""
         h = hashlib.sha256(self.lengths.cpu().numpy().astype(np.int64).tobytes())
+        if bool(self.first.any()):
+            h.update(b"first_scored" + self.first.cpu().numpy().astype(np.int64).tobytes())
         for row, n in zip(self.tokens.cpu(), self.lengths.tolist(), strict=True):
             h.update(row[:n].numpy().astype(np.int64).tobytes())
         return h.hexdigest()[:16]
@@ -120,17 +146,47 @@ class Documents:
         }
 
 
+@dataclass(frozen=True)
+class TextWindows:
+    """Whole texts cut into lm-eval's disjoint rolling windows, for perplexity per word: ``windows`` (one
+    :class:`Documents` row per window, ``first_scored`` set where a window's context is not scored), ``text_of``
+    the text each window belongs to (``[windows]``, int64), ``n_words`` each text's word count as lm-eval's
+    ``wikitext`` task counts it (``len(re.split(r"\\s+", text))``), ``window`` the tokens a window predicts at
+    most (lm-eval's ``max_length``). Made by :func:`lens_parallel.downstream.perplexity.text_windows`; every
+    analysis takes it as its :attr:`windows` (:meth:`Documents.of`), and ``metric="word_perplexity"`` needs it."""
+
+    windows: Documents
+    text_of: np.ndarray
+    n_words: np.ndarray
+    window: int
+
+    def __post_init__(self) -> None:
+        if len(self.text_of) != len(self.windows) or len(self.n_words) != int(self.text_of.max()) + 1:
+            raise LensParallelError(
+                f"{len(self.windows)} windows, {len(self.text_of)} text indices, {len(self.n_words)} word counts"
+            )
+
+    def __len__(self) -> int:
+        return len(self.n_words)
+
+    def per_text(self, per_window: np.ndarray) -> np.ndarray:
+        """Sums over each text's windows of a per-window array (``[windows] -> [texts]``)."""
+        return np.bincount(self.text_of, weights=per_window, minlength=len(self.n_words))
+
+
 def _full_lengths(tokens: Tensor) -> Int[Tensor, " batch"]:
     return torch.full((len(tokens),), tokens.shape[1], dtype=torch.long, device=tokens.device)
 
 
 @dataclass(frozen=True)
 class DocBatch:
-    """Consecutive documents ``rows`` of a :class:`Documents`: their tokens trimmed to the longest of them."""
+    """Consecutive documents ``rows`` of a :class:`Documents`: their tokens trimmed to the longest of them, their
+    lengths and first scored positions."""
 
     rows: slice
     tokens: Int[Tensor, "batch pos"]
     lengths: Int[Tensor, " batch"]
+    first: Int[Tensor, " batch"]
 
     @property
     def real(self) -> Bool[Tensor, "batch pos"]:
@@ -139,8 +195,9 @@ class DocBatch:
 
     @property
     def scored(self) -> Bool[Tensor, "batch pos"]:
-        """Positions t whose next token t + 1 is real (position t predicts it): t < length - 1."""
-        return torch.arange(self.tokens.shape[1], device=self.tokens.device) < self.lengths[:, None] - 1
+        """Positions t whose next token t + 1 is scored (position t predicts it): first <= t < length - 1."""
+        t = torch.arange(self.tokens.shape[1], device=self.tokens.device)
+        return (t < self.lengths[:, None] - 1) & (t >= self.first[:, None])
 
 
 def document_batches(
@@ -154,7 +211,7 @@ def document_batches(
     for s in bar:
         rows = slice(s, min(s + batch_size, len(documents)))
         lengths = documents.lengths[rows]
-        yield DocBatch(rows, documents.tokens[rows, : int(lengths.max())], lengths)
+        yield DocBatch(rows, documents.tokens[rows, : int(lengths.max())], lengths, documents.first[rows])
 
 
 def prompt_documents(model: TransformerBridge, prompts: str | Sequence[str], *, boundary: bool = False) -> Documents:

@@ -150,12 +150,18 @@ def token_nll(
 
 
 def _unscored_nan(
-    nll: Float[Tensor, "batch scored"], lengths: Int[Tensor, " batch"] | None
+    nll: Float[Tensor, "batch scored"],
+    lengths: Int[Tensor, " batch"] | None,
+    first: Int[Tensor, " batch"] | None = None,
 ) -> Float[Tensor, "batch scored"]:
-    """``nll`` with NaN where token t+1 is past the document's end (nothing masked without ``lengths``)."""
-    if lengths is None:
-        return nll
-    scored = torch.arange(nll.shape[1], device=nll.device) < (lengths.to(nll.device) - 1)[:, None]
+    """``nll`` with NaN where token t+1 is past the document's end, or t is before ``first`` (context only; nothing
+    masked without ``lengths`` and ``first``)."""
+    t = torch.arange(nll.shape[1], device=nll.device)
+    scored = torch.ones_like(nll, dtype=torch.bool)
+    if lengths is not None:
+        scored &= t < (lengths.to(nll.device) - 1)[:, None]
+    if first is not None:
+        scored &= t >= first.to(nll.device)[:, None]
     return torch.where(scored, nll, torch.nan)
 
 
@@ -231,13 +237,15 @@ def chunked_divergence(
     tokens: Int[Tensor, "batch pos"],
     lengths: Int[Tensor, " batch"] | None = None,
     *,
+    first: Int[Tensor, " batch"] | None = None,
     chunk_bytes: int = LOSS_CHUNK_BYTES,
 ) -> tuple[Float[Tensor, "batch scored"], ...]:
     """Per predicting position t < T - 1, from one unembedding of each of two final residuals (p: e.g. the
     unedited model, q: the edited one): the NLL of token t+1 under p and under q (as :func:`token_nll`), KL(p_t ||
     q_t) = sum_v p_t(v) (log p_t(v) - log q_t(v)) (nats), and 1.0 where their top-1 tokens agree (else 0.0); NaN
-    past each document's end. Unembedded in chunks of rows as :func:`chunked_token_nll` (half the rows: two
-    distributions per row), log-softmax in float32; never the full logits or log-probabilities."""
+    past each document's end and before its ``first`` scored position. Unembedded in chunks of rows as
+    :func:`chunked_token_nll` (half the rows: two distributions per row), log-softmax in float32; never the full
+    logits or log-probabilities."""
     x_p = einops.rearrange(resid_p[:, :-1], "batch pos d_model -> (batch pos) d_model")
     x_q = einops.rearrange(resid_q[:, :-1], "batch pos d_model -> (batch pos) d_model")
     target = einops.rearrange(tokens[:, 1:].to(resid_p.device), "batch pos -> (batch pos)")
@@ -252,7 +260,7 @@ def chunked_divergence(
         parts[3].append((log_p.argmax(-1) == log_q.argmax(-1)).to(log_p.dtype))
     batch = resid_p.shape[0]
     return tuple(
-        _unscored_nan(einops.rearrange(torch.cat(part), "(batch pos) -> batch pos", batch=batch), lengths)
+        _unscored_nan(einops.rearrange(torch.cat(part), "(batch pos) -> batch pos", batch=batch), lengths, first)
         for part in parts
     )
 
@@ -263,10 +271,12 @@ def chunked_token_nll(
     tokens: Int[Tensor, "batch pos"],
     lengths: Int[Tensor, " batch"] | None = None,
     *,
+    first: Int[Tensor, " batch"] | None = None,
     chunk_bytes: int = LOSS_CHUNK_BYTES,
 ) -> Float[Tensor, "batch scored"]:
     """:func:`token_nll` of the logits ``unembed`` makes of the final normalised residual ``resid``, without ever
-    holding them: the (batch x (pos-1)) scored positions are unembedded in chunks of
+    holding them (NaN also before each row's ``first`` scored position, when given): the (batch x (pos-1))
+    positions are unembedded in chunks of
     ``max(1, chunk_bytes // (4 d_vocab))`` rows, each reduced to its NLL before the next. Equal to
     ``token_nll(logits, tokens, lengths)`` to float rounding (the same matmul and log-sum-exp, row by row).
 
@@ -286,4 +296,4 @@ def chunked_token_nll(
         for x_c, t_c in zip(x.split(rows), target.split(rows), strict=True)
     ]
     nll = einops.rearrange(torch.cat(parts), "(batch pos) -> batch pos", batch=tokens.shape[0])
-    return _unscored_nan(nll, lengths)
+    return _unscored_nan(nll, lengths, first)

@@ -153,7 +153,7 @@ def run_rows(
     final normalised residual (when nothing is captured, or a loss is asked for)."""
     docs = batch.docs
     index = torch.arange(len(docs.lengths), device=docs.tokens.device) if rows is None else rows
-    tokens, lengths = docs.tokens[index], docs.lengths[index]
+    tokens, lengths, first = docs.tokens[index], docs.lengths[index], docs.first[index]
     if length is not None:
         tokens, lengths = tokens[:, :length], lengths.clamp(max=length)
     resid, start = None, None
@@ -172,7 +172,7 @@ def run_rows(
     if loss is not None:
         assert final is not None  # both forwards return the final residual when a loss is asked for
         with torch.inference_mode():
-            per_token = chunked_token_nll(final, unembedding(model), tokens, lengths)
+            per_token = chunked_token_nll(final, unembedding(model), tokens, lengths, first=first)
         nll = per_token if loss == "token" else per_token.nan_to_num(0.0).sum(-1)
     return Forward(nll, captured, final if keep_final else None)
 
@@ -507,7 +507,7 @@ def _auto_batch_size(
     context = TaskContext(model, info)
 
     def probe(k: int) -> None:
-        sub = Documents(docs.tokens[longest[:k]], docs.lengths[longest[:k]], docs.source)
+        sub = Documents(docs.tokens[longest[:k]], docs.lengths[longest[:k]], docs.source, docs.first[longest[:k]])
         plan = SweepPlan(sub, starts, k, opts.tokens_per_forward, kind, positions, means, metric)
         (batch,) = _reference_pass(model, info, plan, metric.base or kind is not None)
         metric.evaluate(context, plan, metric.chunks(list(jobs), plan)[0], batch)

@@ -186,9 +186,10 @@ def _loss_sums(
     unembed: Unembedding,
     tokens: Int[Tensor, "batch pos"],
     lengths: Tensor,
+    first: Tensor,
 ) -> Float[Tensor, " batch"]:
     """Each document's next-token loss sum from its final normalised residual (chunked: no full logits)."""
-    return chunked_token_nll(final, unembed, tokens, lengths).nan_to_num(0.0).sum(-1)
+    return chunked_token_nll(final, unembed, tokens, lengths, first=first).nan_to_num(0.0).sum(-1)
 
 
 def _masked_sum(per_pos: Tensor, weight: Tensor) -> Tensor:
@@ -317,7 +318,7 @@ class _GradientMetric(Metric):
                 "d_s_par": out["d_s_par"][:, sub],
                 "d_s_perp": out["d_s_perp"][:, sub],
             }
-            tokens, lengths = docs.tokens[sub], docs.lengths[sub]
+            tokens, lengths, first = docs.tokens[sub], docs.lengths[sub], docs.first[sub]
             per_doc.append(
                 gradient_pass(
                     context.model,
@@ -325,7 +326,7 @@ class _GradientMetric(Metric):
                     self.info,
                     roles=dict.fromkeys(self.layers, self.acts),
                     grad_roles=dict.fromkeys(self.layers, self.grads),
-                    objective=partial(_loss_sums, unembed=unembed, tokens=tokens, lengths=lengths),
+                    objective=partial(_loss_sums, unembed=unembed, tokens=tokens, lengths=lengths, first=first),
                     reduce=_reducer(self.info, self.s, self.spaces, W_O, self.means, weight[sub], view, self.layers),
                 )
             )

@@ -73,7 +73,7 @@ class DistributionShift(Metric):
         docs = batch.docs
         with torch.inference_mode():  # both losses and the shift from one unembedding of each residual
             nll_p, nll_q, kl, agree = chunked_divergence(
-                final_p, final_q, unembedding(model), docs.tokens, docs.lengths
+                final_p, final_q, unembedding(model), docs.tokens, docs.lengths, first=docs.first
             )
         names = ("loss_noop", "loss_edited", "kl_sum", "agree_sum")
         per_doc = {name: x.nan_to_num(0.0).sum(-1) for name, x in zip(names, (nll_p, nll_q, kl, agree), strict=True)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -20,8 +20,8 @@ import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.choices import EditPositions, HeadsAll, ReferenceGuard, Space
-from lens_parallel.documents import Documents
+from lens_parallel.choices import EditPositions, HeadsAll, ReferenceGuard, ScaleMetric, Space
+from lens_parallel.documents import Documents, TextWindows
 from lens_parallel.edits import HEAD_SPACES, ComponentScale, check_positions
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.hooks import check_indices, softmax_layers
@@ -61,10 +61,20 @@ class SweepPoint:
 @serializable
 @dataclass(frozen=True)
 class ScalingResult(ResultMixin):
-    """Edited-minus-no-op loss and perplexity for every (space, setting[, layer])."""
+    """Edited-minus-no-op loss and perplexity for every (space, setting[, layer]): per scored token, or with
+    ``metric="word_perplexity"`` per word (loss in nats/word, perplexity the word perplexity, ``n_words``)."""
 
     points: tuple[SweepPoint, ...]
     provenance: Provenance
+
+    @property
+    def metric(self) -> ScaleMetric:
+        return cast(ScaleMetric, self.provenance.settings.get("metric", "token_perplexity"))
+
+    @property
+    def unit(self) -> str:
+        """What the loss is per: ``"token"`` or ``"word"``."""
+        return "word" if self.metric == "word_perplexity" else "token"
 
     def to_dataframe(self) -> pd.DataFrame:
         rows = []
@@ -89,13 +99,13 @@ class ScalingResult(ResultMixin):
                     "delta_ppl_lo": e.delta_ppl_ci[0],
                     "delta_ppl_hi": e.delta_ppl_ci[1],
                     "n_docs": e.n_docs,
-                    "n_tokens": e.n_tokens,
+                    f"n_{self.unit}s": e.n_tokens,
                 }
             )
         return pd.DataFrame(rows).astype({"layer": "Int64"})
 
     def summary(self) -> pd.DataFrame:
-        """One row: the no-op loss and the delta loss (nats/token) of every setting, as
+        """One row: the no-op loss and the delta loss (nats/token, or nats/word) of every setting, as
         ``delta_loss[<space>,s_par=<v>]`` / ``delta_loss[<space>,s_perp=<v>]`` (per-layer sweeps: mean over layers)."""
         df = self.to_dataframe()
         row = {"model": self.info.name, "loss_noop": float(df["loss_noop"].iloc[0])}
@@ -143,6 +153,10 @@ class ScaleSettings:
     unedited_check: bool = field(
         default=False, metadata={"help": "also run the unedited model: the no-op must equal it to 1e-9"}
     )
+    metric: ScaleMetric = field(
+        default="token_perplexity",
+        metadata={"help": "loss per token, or lm-eval's word perplexity of whole texts (TextWindows)"},
+    )
     n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the CIs"})
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
 
@@ -155,6 +169,7 @@ class ScaleSettings:
             object.__setattr__(self, name, values)
         check_non_negative_int("skip_first_layers", self.skip_first_layers)
         check_choice("guard", self.guard, ReferenceGuard)
+        check_choice("metric", self.metric, ScaleMetric)
         check_finite("eps", self.eps)
         object.__setattr__(self, "layers", as_indices(self.layers))
         if self.heads in ("all", ("all",)):
@@ -225,6 +240,13 @@ def _check_unedited(
             )
 
 
+def _losses(run: SweepRun, texts: TextWindows | None, job: EditJob) -> DocLosses:
+    """A job's losses per document, or with ``texts`` per text: NLL summed over its windows, over its words."""
+    if texts is None:
+        return run[job]
+    return DocLosses(texts.per_text(run[job].loss_sum), texts.n_words)
+
+
 def scale_sweep(
     model: TransformerBridge,
     documents: object,
@@ -240,8 +262,19 @@ def scale_sweep(
     Runs on the sweep engine: the settings of one space stack into shared forwards with one scale per row, and the
     edits compute their references inside the forward; per-layer settings resume at the edited layer. The matched
     no-op (the same hooks, scales 1) is exact, so one no-op per space serves every setting and layer.
+
+    ``metric="word_perplexity"`` (the directional-decomposition paper's): ``documents`` are
+    :class:`~lens_parallel.documents.TextWindows` (:func:`lens_parallel.downstream.perplexity.text_windows`: lm-eval's
+    rolling windows of whole texts); each text's NLL is summed over its windows and divided by its words, so the
+    loss is nats per word, the perplexity lm-eval's ``word_perplexity`` and the bootstrap resamples texts.
     """
     s, opts = resolve(ScaleSettings, settings, options, protocol, changes)
+    if s.metric == "word_perplexity" and not isinstance(documents, TextWindows):
+        raise LensParallelError(
+            "metric='word_perplexity' scores whole texts in lm-eval's rolling windows: pass "
+            "lens_parallel.downstream.perplexity.text_windows(model, texts, window=...), "
+            f"not {type(documents).__name__}"
+        )
     info = model_info(model)
     docs = Documents.of(documents)
     space_layers = _space_layers(info, s.space, s.layers, s.skip_first_layers)
@@ -251,8 +284,12 @@ def scale_sweep(
     run = run_sweep(model, docs, jobs, options=opts, desc="scale sweep")
     if s.unedited_check:
         _check_unedited(run, noops, unedited)
+    texts = documents if s.metric == "word_perplexity" and isinstance(documents, TextWindows) else None
+    losses = partial(_losses, run, texts)
     sweep_points = tuple(
-        SweepPoint(sp, vary, a, b, layer, edit_effect(run[noops[sp]], run[job], n_resamples=s.n_resamples, seed=s.seed))
+        SweepPoint(
+            sp, vary, a, b, layer, edit_effect(losses(noops[sp]), losses(job), n_resamples=s.n_resamples, seed=s.seed)
+        )
         for job, (sp, vary, a, b, layer) in points.values()
     )
     layers = sorted({layer for kept in space_layers.values() for layer in kept})

@@ -153,18 +153,23 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         bar.close()
         return results
 
+    def rolling_windows(self, string: str) -> list[tuple[list[int], list[int]]]:
+        """lm-eval's disjoint rolling windows of ``string`` (as its ``hf`` model cuts them): (context,
+        continuation) token lists, the continuation being the tokens the window predicts."""
+        rolling = lm_utils.get_rolling_token_windows(
+            token_list=self.tok_encode(string),
+            prefix_token=self.prefix_token_id,
+            max_seq_len=self.max_length,
+            context_len=1,
+        )
+        return [lm_utils.make_disjoint_window(w) for w in rolling]
+
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """The log-likelihood of each whole string, over lm-eval's disjoint rolling windows of ``max_length``."""
         windows: list[TokenRequest] = []
         counts = []
         for (string,) in (req.args for req in requests):
-            rolling = lm_utils.get_rolling_token_windows(
-                token_list=self.tok_encode(string),
-                prefix_token=self.prefix_token_id,
-                max_seq_len=self.max_length,
-                context_len=1,
-            )
-            found = [(None, *lm_utils.make_disjoint_window(w)) for w in rolling]
+            found: list[TokenRequest] = [(None, *w) for w in self.rolling_windows(string)]
             windows += found
             counts.append(len(found))
         scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)

@@ -39,9 +39,9 @@ def scaling_figure(result: ScalingResult) -> go.Figure:
     """All-layer sweeps: two panels (vary s_par at s_perp = 1; vary s_perp at s_par = 1), one curve per space,
     error bars = 95% paired bootstrap CI over documents. Per-layer sweeps: one heatmap per space (setting x layer)."""
     df = result.to_dataframe()
-    info = result.info
+    info, unit = result.info, result.unit
     if df["layer"].notna().any():
-        return _per_layer_scaling_figure(df, info.name)
+        return _per_layer_scaling_figure(df, info.name, unit)
     fig = make_subplots(rows=1, cols=2, subplot_titles=["vary s_par (s_perp = 1)", "vary s_perp (s_par = 1)"])
     for col, vary in enumerate(("s_par", "s_perp"), start=1):
         for space, d in df[df.vary == vary].groupby("space", sort=False):
@@ -61,17 +61,19 @@ def scaling_figure(result: ScalingResult) -> go.Figure:
                     showlegend=col == 1,
                     line={"color": SPACE_COLORS.get(space)},
                     error_y={"type": "data", "array": hi, "arrayminus": lo, "thickness": 1},
-                    hovertemplate=f"{space}<br>{vary}=%{{x}}<br>Δloss %{{y:.4f}} nats/token<extra></extra>",
+                    hovertemplate=f"{space}<br>{vary}=%{{x}}<br>Δloss %{{y:.4f}} nats/{unit}<extra></extra>",
                 ),
                 row=1,
                 col=col,
             )
         fig.add_vline(x=1.0, line={"dash": "dot", "color": "grey"}, row=1, col=col)
         fig.update_xaxes(title_text=f"{vary} (1 = no-op)", row=1, col=col)
-        fig.update_yaxes(title_text="Δ loss vs no-op (nats/token)", row=1, col=col)
+        label = "Δ log word perplexity vs no-op (nats/word)" if unit == "word" else "Δ loss vs no-op (nats/token)"
+        fig.update_yaxes(title_text=label, row=1, col=col)
     n = df.n_docs.iloc[0] if len(df) else 0
+    docs = f"{n} texts, per word" if unit == "word" else f"{n} docs"
     fig.update_layout(
-        title=f"Component scaling, {_edited_layers(result)}: {info.name} ({n} docs; bars = 95% paired bootstrap CI)",
+        title=f"Component scaling, {_edited_layers(result)}: {info.name} ({docs}; bars = 95% paired bootstrap CI)",
         height=480,
         width=1150,
         template="plotly_white",
@@ -80,7 +82,7 @@ def scaling_figure(result: ScalingResult) -> go.Figure:
     return fig
 
 
-def _per_layer_scaling_figure(df: pd.DataFrame, model_name: str) -> go.Figure:
+def _per_layer_scaling_figure(df: pd.DataFrame, model_name: str, unit: str) -> go.Figure:
     spaces = list(dict.fromkeys(df.space))
     fig = make_subplots(
         rows=len(spaces),
@@ -102,7 +104,11 @@ def _per_layer_scaling_figure(df: pd.DataFrame, model_name: str) -> go.Figure:
                 y=list(grid.index),
                 zmid=0,
                 colorscale="RdBu_r",
-                colorbar={"title": "Δ loss<br>nats/token", "len": 1 / len(spaces), "y": 1 - (row - 0.5) / len(spaces)},
+                colorbar={
+                    "title": f"Δ loss<br>nats/{unit}",
+                    "len": 1 / len(spaces),
+                    "y": 1 - (row - 0.5) / len(spaces),
+                },
                 hovertemplate="%{x} %{y}<br>Δloss %{z:.4f}<extra></extra>",
             ),
             row=row,
