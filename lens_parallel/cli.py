@@ -309,8 +309,10 @@ def _emit(out: Path, name: str, result: Any, shown: pd.DataFrame) -> None:
     print("wrote:", *map(str, written), sep="\n  ")
 
 
-def _load(inv: Invocation, out: Path, opts: RunOptions) -> tuple[Any, Any]:
-    """The model and the documents, after the output folder, the run options and the texts are checked."""
+def _load(inv: Invocation, out: Path, opts: RunOptions, *, whole_texts: bool = False) -> tuple[Any, Any]:
+    """The model and the documents, after the output folder, the run options and the texts are checked.
+    ``whole_texts``: the first ``n_docs`` texts whole, in lm-eval's rolling windows of ``seq_len`` tokens (for word
+    perplexity; ``--texts wikitext``: lm-eval's WikiText-2 task, online)."""
     import torch
 
     from lens_parallel.analyses.dominance import study_texts
@@ -320,9 +322,13 @@ def _load(inv: Invocation, out: Path, opts: RunOptions) -> tuple[Any, Any]:
 
     data = inv.data()
     check_workers(opts.workers, opts.ray_address)  # before loading anything
-    if data.texts != "study":
+    if data.texts != "study" and not (whole_texts and data.texts == "wikitext"):
         check_corpus(data.texts)
     model = load_model(data.model, device=data.device, dtype=getattr(torch, data.dtype))
+    if whole_texts:
+        from lens_parallel.downstream.perplexity import text_windows
+
+        return model, text_windows(model, data.texts, window=data.seq_len, n_docs=data.n_docs)
     if data.texts == "study":
         return model, study_texts(model, seq_len=data.seq_len, seed=data.doc_seed)
     return model, token_blocks(model, data.texts, n_docs=data.n_docs, seq_len=data.seq_len, seed=data.doc_seed)
@@ -351,10 +357,11 @@ def _scale(inv: Invocation) -> None:
     out = inv.out()
     opts = inv.run_options(out)
     s = inv.settings(ScaleSettings)
-    model, docs = _load(inv, out, opts)
+    model, docs = _load(inv, out, opts, whole_texts=s.metric == "word_perplexity")
     result = scale_sweep(model, docs, settings=s, options=opts)
     df = result.to_dataframe()
-    print(f"{result.info.name}: edited minus no-op (nats/token), no-op loss {df['loss_noop'].iloc[0]:.4f}")
+    unit = result.unit
+    print(f"{result.info.name}: edited minus no-op (nats/{unit}), no-op loss {df['loss_noop'].iloc[0]:.4f}")
     cols = ["space", "layer", "s_par", "s_perp", "delta_loss", "delta_loss_lo", "delta_loss_hi"]
     _emit(out, "scale", result, df[cols].round(4).set_index("space"))
 

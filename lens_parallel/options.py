@@ -100,10 +100,14 @@ class DataOptions:
         default="smollm2-135m", metadata={"help": "model spec: a toy, a real model, a folder, a hub name"}
     )
     texts: str = field(
-        default="wikipedia-en", metadata={"help": "bundled corpus, hf:DATASET, or study (the dominance study's texts)"}
+        default="wikipedia-en",
+        metadata={
+            "help": "bundled corpus, hf:DATASET, study (the dominance study's texts), or wikitext (lm-eval's "
+            "WikiText-2 task, online; word perplexity only)"
+        },
     )
     n_docs: int = field(default=16, metadata={"help": "documents (token blocks)"})
-    seq_len: int = field(default=128, metadata={"help": "tokens per block"})
+    seq_len: int = field(default=128, metadata={"help": "tokens per block (word perplexity: per rolling window)"})
     doc_seed: int = field(default=0, metadata={"help": "seed of the order documents are chosen in"})
     device: str = field(default="cpu", metadata={"help": "torch device"})
     dtype: Dtype = field(default="float32", metadata={"help": "model precision"})

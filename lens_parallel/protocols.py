@@ -69,11 +69,11 @@ DIRECTIONAL_DECOMPOSITION = register_protocol(
         description="the directional-decomposition paper's component scaling (its Fig. 3): exclude-self value space, "
         "residual attention and residual MLP; every layer but the first; s_par in {-1, -0.5, 0, 0.25, 0.5, 0.75, 1, "
         "1.5, 2, 2.5, 3}, s_perp 0..2 (value) and 0..1.5 (residual) step 0.25; |r|^2 clamped at 1e-6; the matched "
-        "no-op checked against the unedited model to 1e-9; head sensitivity (Fig. 7) of value s_par = 0 with 5,000 "
-        "bootstrap resamples and 10,000 token-weighted sign flips, seed 2026 (head_statistics, "
-        "sensitivity_correlations and compare_sensitivity give its statistics and BH across models). Token-level "
-        "loss on the caller's documents: the paper's word perplexity on whole WikiText-2 documents and its C4 text "
-        "selection are not reproduced yet",
+        "no-op checked against the unedited model to 1e-9; lm-eval's word perplexity of whole texts (TextWindows; "
+        "the paper: WikiText-2's 62 test documents, --texts wikitext online); head sensitivity (Fig. 7) of value "
+        "s_par = 0 with 5,000 bootstrap resamples and 10,000 token-weighted sign flips, seed 2026 (head_statistics, "
+        "sensitivity_correlations and compare_sensitivity give its statistics and BH across models; sample_texts "
+        "its C4 text selection)",
         source="the directional-decomposition paper, arXiv 2609.15975 (Fig. 3; code: Shwai-He/Transformer-Geometry)",
         settings=(
             ScaleSettings(
@@ -85,6 +85,7 @@ DIRECTIONAL_DECOMPOSITION = register_protocol(
                 guard="clamp",
                 eps=1e-3,
                 unedited_check=True,
+                metric="word_perplexity",
             ),
             SensitivitySettings(
                 edit="parallel-value", n_resamples=5000, n_permutations=10000, seed=2026, sign_flip_weights="tokens"

@@ -121,7 +121,10 @@ def test_the_clamp_changes_nothing_where_no_reference_is_tiny(setup):
 
 def test_the_protocol_sweep_runs_its_grids_and_canary(setup):
     model, blocks = setup
-    result = lp.scale_sweep(model, blocks, protocol="directional-decomposition", n_resamples=50, progress=False)
+    assert SETTINGS.metric == "word_perplexity"  # the paper's; here on token blocks, per token
+    result = lp.scale_sweep(
+        model, blocks, protocol="directional-decomposition", metric="token_perplexity", n_resamples=50, progress=False
+    )
     df = result.to_dataframe()
     counts = df.groupby(["space", "vary"]).size().to_dict()
     assert counts[("value-exclude-self", "s_perp")] == 9 and counts[("residual-mlp", "s_perp")] == 7
@@ -134,7 +137,13 @@ def test_the_protocol_sweep_runs_its_grids_and_canary(setup):
     row = df[(df.space == "residual-mlp") & (df.vary == "s_par") & (df.s_par == 0.0)].iloc[0]
     assert row.delta_loss == pytest.approx(bare.delta_loss, abs=5e-6)  # float32 forwards batched differently
     excluded = lp.scale_sweep(
-        model, blocks, protocol="directional-decomposition", guard="exclude", n_resamples=50, progress=False
+        model,
+        blocks,
+        protocol="directional-decomposition",
+        metric="token_perplexity",
+        guard="exclude",
+        n_resamples=50,
+        progress=False,
     ).to_dataframe()
     np.testing.assert_array_equal(excluded.delta_loss, df.delta_loss)  # the clamp never binds on this toy
 

@@ -104,3 +104,12 @@ def test_first_scored_positions_are_context_only(model):
     np.testing.assert_allclose(got, [full[0, 2:4].sum(), full[1, :2].sum()], rtol=1e-6)
     with pytest.raises(lp.LensParallelError, match="first_scored must be"):
         Documents.padded([[1, 2, 3]], {}, first_scored=torch.tensor([2]))
+
+
+def test_the_protocol_scores_word_perplexity_of_whole_texts(model):
+    texts = text_windows(model, load_texts("austen"), window=24, n_docs=2)
+    result = lp.scale_sweep(model, texts, protocol="directional-decomposition", n_resamples=20)
+    df = result.to_dataframe()
+    assert result.unit == "word" and (df.n_words == texts.n_words.sum()).all() and (df.n_docs == 2).all()
+    assert len(df) == 3 * 11 + 9 + 2 * 7  # the paper's grids in its three spaces
+    assert "nats/word" in result.figure().layout.yaxis.title.text
