@@ -90,7 +90,7 @@ def test_word_perplexity_is_refused_without_word_boundaries_or_windows(model):
         lp.scale_sweep(model, token_blocks(model, "austen", n_docs=2, seq_len=8), metric="word_perplexity")
     with pytest.raises(lp.LensParallelError, match="below the model's context"):
         text_windows(model, TEXTS, window=model.cfg.n_ctx)
-    with pytest.raises(lp.LensParallelError, match="unknown metric .bits.; accepted: token_perplexity"):
+    with pytest.raises(lp.LensParallelError, match=r"unknown metric 'bits'; accepted: token_perplexity"):
         lp.ScaleSettings(metric="bits")
 
 
