@@ -50,6 +50,8 @@ from lens_parallel.validate import as_indices, check_choice, check_finite, optio
 
 SCALE_SPACES = options(Space)
 DIAGONAL_SPACES = HEAD_SPACES = options(HeadSpace)
+ATTENTION_SPACES = (*HEAD_SPACES, "value-merged")
+"""Spaces read from the heads (hook_z, hook_v, ...): softmax-attention layers only."""
 POSITIONS = options(EditPositions)
 """Which positions an edit acts on. ``all`` (the default); ``after-first`` leaves position 0, the boundary token,
 untouched: there o_0 = v_0 (a causal head attends only to itself), so a value-space s_par = 0 removes its whole
@@ -95,6 +97,7 @@ class ComponentScale:
 
     Args:
         space: ``value`` (m = hook_z, r = v_t), ``value-exclude-self`` (o' = d_t + s_par c_par + s_perp c_perp),
+            ``value-merged`` (m = concat_h o_h, r = concat_h v_t^h: one projection over every head's dimensions),
             ``residual-attn`` (m = hook_attn_out, or with ``heads`` each head's z_h W_O[h], r = resid_pre),
             ``residual-mlp`` (m = hook_mlp_out, r = resid_mid, or resid_pre for parallel attn/MLP blocks),
             ``residual-block`` (m = resid_post - resid_pre, r = resid_pre).
@@ -128,11 +131,15 @@ class ComponentScale:
         check_finite("s_perp", self.s_perp)
         object.__setattr__(self, "layers", as_indices(self.layers))
         object.__setattr__(self, "heads", _as_heads(self.heads))
-        if self.heads is not None and self.space not in HEAD_SPACES:
+        if self.heads is not None and self.space not in HEAD_SPACES and not self._all_heads_merged:
             raise LensParallelError(
-                f"space {self.space!r} has no heads (it edits a whole sublayer update); heads are accepted for "
-                f"{', '.join(HEAD_SPACES)}"
+                f"space {self.space!r} has no heads (it edits a whole sublayer update, or all heads' concatenation in "
+                f"value-merged); heads are accepted for {', '.join(HEAD_SPACES)}"
             )
+
+    @property
+    def _all_heads_merged(self) -> bool:
+        return self.space == "value-merged" and self.heads == "all"
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         return _scale_hooks(self, self, model, info)
@@ -159,7 +166,7 @@ _Scaling = ComponentScale | _RowScales
 def _scale_hooks(scales: _Scaling, edit: ComponentScale, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
     """The hooks of ``edit``'s space, layers, heads and positions, scaling by ``scales`` (the edit's own, or one
     per batch row)."""
-    if edit.space in HEAD_SPACES:  # needs hook_z / hook_attn_out: softmax-attention layers only
+    if edit.space in ATTENTION_SPACES:  # needs hook_z / hook_attn_out: softmax-attention layers only
         layers, _ = softmax_layers(info, edit.layers, what=f"ComponentScale({edit.space!r})")
     else:
         layers = check_indices("layers", edit.layers, info.n_layers)
@@ -676,15 +683,19 @@ def _value_hooks(
     state: dict[str, Tensor],
 ) -> list[Hook]:
     """Value-space scaling on hook_z. Gated attention (z = sigmoid(gate) * A v): the scaling acts on the pre-gate
-    aggregate o = A v, rebuilt from the pattern, and its change passes through the gate: z' = z + gate * delta."""
+    aggregate o = A v, rebuilt from the pattern, and its change passes through the gate: z' = z + gate * delta.
+    ``value-merged``: one projection of the heads' concatenation on the values' (every head edited)."""
 
     def edit_z(z: Tensor, hook: HookPoint) -> Tensor:
         v = expand_kv(state.pop("v"), info.n_heads)
         o = z
         if info.gated_attention:
             o = geometry.value_aggregate(state.pop("pattern"), v)
-        m = o if edit.space == "value" else geometry.split_self(o, v, state.pop("diag"))[1]
-        delta = geometry.scale_delta(m, v, **_scaling(edit))
+        if edit.space == "value-merged":
+            delta = geometry.merged_scale_delta(o, v, **_scaling(edit))
+        else:
+            m = o if edit.space == "value" else geometry.split_self(o, v, state.pop("diag"))[1]
+            delta = geometry.scale_delta(m, v, **_scaling(edit))
         if info.gated_attention:
             delta = torch.sigmoid(einops.rearrange(state.pop("gate"), "b p (h d) -> b p h d", h=info.n_heads)) * delta
         mask = _head_mask(heads, info.n_heads, z.shape[0], z.device)
@@ -768,6 +779,7 @@ def _residual_block_hooks(
 _SCALE_BUILDERS = {
     "value": _value_hooks,
     "value-exclude-self": _value_hooks,
+    "value-merged": _value_hooks,
     "residual-attn": _residual_attn_hooks,
     "residual-mlp": _residual_mlp_hooks,
     "residual-block": _residual_block_hooks,

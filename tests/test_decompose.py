@@ -55,6 +55,7 @@ def _reference(model, tokens):
         heads = torch.einsum("bphd,hdm->bphm", z, model.blocks[layer].attn.W_O.detach().double())
         out["value", "head", layer] = stats(o, v)
         out["value-exclude-self", "head", layer] = stats(o - diag * v, v)
+        out["value-merged", "sublayer", layer] = stats(o.flatten(2)[:, :, None], v.flatten(2)[:, :, None])
         out["residual-attn", "head", layer] = stats(heads, x[:, :, None].expand_as(heads))
         out["residual-attn", "sublayer", layer] = stats(c("hook_attn_out")[:, :, None], x[:, :, None])
     return out
@@ -140,7 +141,7 @@ def test_bad_arguments_fail_before_any_forward():
         decompose(model, torch.zeros(8, dtype=torch.long))
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['spaces'\]; accepted: space, layers, eps"):
         decompose(model, tokens, spaces=["value"])
-    assert SPACES == ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
+    assert SPACES == ("value", "value-exclude-self", "value-merged", "residual-attn", "residual-mlp", "residual-block")
 
 
 def test_load_refuses_another_result_type(tmp_path):

@@ -327,3 +327,42 @@ def test_the_layer_view_matches_the_model_with_delta_added_to_every_heads_diagon
     )
     assert np.isfinite(view.layer_side_effect) and view.layer_side_effect > 0 and view.layer_guarded == 0
     assert view.layer_delta_min <= view.layer_delta_mean <= view.layer_delta_max
+
+
+def test_the_merged_value_projection_equals_a_hand_computation_and_differs_per_head(setup):
+    model, blocks = setup
+    tokens, layer = blocks.tokens, 1
+    names = [f"blocks.{layer}.attn.hook_z", f"blocks.{layer}.attn.hook_v"]
+    plain, _ = _run(model, tokens, [], names)
+    o = plain[names[0]].double()
+    v = plain[names[1]].double().repeat_interleave(3, dim=2)  # GQA: 6 query heads read 2 kv heads, kv-major
+    o_cat, v_cat = o.flatten(2), v.flatten(2)
+    coef = (o_cat * v_cat).sum(-1) / (v_cat * v_cat).sum(-1)  # one coefficient per position, shared by the heads
+    for s_par, s_perp in ((0.0, 1.0), (0.5, 1.5)):
+        want = s_par * coef[..., None, None] * v + s_perp * (o - coef[..., None, None] * v)
+        edit = lp.ComponentScale("value-merged", s_par=s_par, s_perp=s_perp, layers=(layer,))
+        edited, _ = _run(model, tokens, compile_hooks(model, edit), names[:1])
+        torch.testing.assert_close(edited[names[0]].double(), want, rtol=1e-4, atol=1e-5)
+    per_head, _ = _run(model, tokens, compile_hooks(model, lp.ComponentScale("value", s_par=0.0, layers=(1,))), names)
+    merged, _ = _run(
+        model, tokens, compile_hooks(model, lp.ComponentScale("value-merged", s_par=0.0, layers=(1,))), names
+    )
+    assert (
+        per_head[names[0]] - merged[names[0]]
+    ).abs().max() > 1e-3  # per-head coefficients differ from the shared one
+    # the merged edit leaves the concatenation with nothing along the concatenated values (position 0: o_0 = v_0,
+    # nothing is left at all)
+    m = merged[names[0]].double().flatten(2)
+    assert m[:, 0].abs().max() < 1e-6
+    cos_left = (m * v_cat).sum(-1)[:, 1:].abs() / (m.norm(dim=-1) * v_cat.norm(dim=-1))[:, 1:]
+    assert cos_left.max() < 1e-4
+    # decomposition: one unit per layer, its mean self-cosine and |m_par|/|m| = |cos| over t >= 1 by hand
+    table = lp.decompose(model, blocks, space="value-merged").table("value-merged", "sublayer")
+    cos = ((o_cat * v_cat).sum(-1) / (o_cat.norm(dim=-1) * v_cat.norm(dim=-1)))[:, 1:]
+    row = table.layers.index(layer)
+    assert table.self_cos[row, 0] == pytest.approx(float(cos.mean()), rel=1e-5)
+    assert table.par_frac[row, 0] == pytest.approx(float(cos.abs().mean()), rel=1e-5)
+    with pytest.raises(lp.LensParallelError, match="value-merged"):
+        lp.ComponentScale("value-merged", heads=(0, 1))
+    noop = lp.scale_sweep(model, blocks, space="value-merged", s_par=(0.0,), s_perp=(), unedited_check=True)
+    assert noop.points[0].effect.delta_loss != 0.0

@@ -43,6 +43,7 @@ from lens_parallel import geometry
 from lens_parallel.choices import HeadSpace, Space
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents
+from lens_parallel.edits import ATTENTION_SPACES
 from lens_parallel.hooks import (
     Reducer,
     check_indices,
@@ -66,10 +67,10 @@ HEAD_SPACES: tuple[HeadSpace, ...] = options(HeadSpace)
 
 def _roles(space: str, info: ModelInfo) -> tuple[str, ...]:
     """The activations a space needs at a layer (gated attention: the full pattern, to rebuild the pre-gate A v)."""
-    if space in ("value", "value-exclude-self"):
+    if space in ("value", "value-exclude-self", "value-merged"):
         if info.gated_attention:
             return ("v", "pattern_full")
-        return ("v", "z") if space == "value" else ("v", "pattern", "z")
+        return ("v", "pattern", "z") if space == "value-exclude-self" else ("v", "z")
     if space == "residual-attn":
         return ("resid_pre", "z", "attn_out")
     if space == "residual-mlp":
@@ -170,7 +171,7 @@ class _Accumulator:
         for space, space_layers in layers.items():
             if space in HEAD_SPACES and not (space == "residual-attn" and head_writes_note(info, space)):
                 self.layers[space, "head"] = space_layers
-            if space.startswith("residual"):
+            if _level(space) == "sublayer":
                 self.layers[space, "sublayer"] = space_layers
         self.sums = {
             key: torch.zeros(len(ls), info.n_heads if key[1] == "head" else 1, len(_SUMS), dtype=torch.float64)
@@ -223,6 +224,12 @@ class _Accumulator:
         return tuple(out)
 
 
+def _level(space: str) -> str:
+    """A space's own level: ``sublayer`` for the residual spaces and value-merged (one unit per layer), else
+    ``head``."""
+    return "sublayer" if space.startswith("residual") or space == "value-merged" else "head"
+
+
 def _residual_message(space: str, t: dict[str, Tensor], info: ModelInfo) -> tuple[Tensor, Tensor]:
     """(m, x) of a residual space: the sublayer's update and the residual state it is added to."""
     if space == "residual-attn":
@@ -246,9 +253,13 @@ def _reducer(acc: _Accumulator, spaces: tuple[Space, ...], W_O: dict[int, Tensor
         else:
             o, diag = t.get("z"), t.get("pattern")
         for space in spaces:
-            if not acc.active((space, "sublayer" if space.startswith("residual") else "head"), layer):
+            if not acc.active((space, _level(space)), layer):
                 continue
-            if space in ("value", "value-exclude-self"):
+            if space == "value-merged":
+                assert o is not None and v is not None
+                m, r = geometry.merge_heads(o).unsqueeze(2), geometry.merge_heads(v).unsqueeze(2)
+                acc.add((space, "sublayer"), layer, geometry.alignment(m, r, eps=eps), real)
+            elif space in ("value", "value-exclude-self"):
                 assert o is not None and v is not None  # captured for both value spaces (_roles)
                 m_h = o
                 if space == "value-exclude-self":
@@ -347,7 +358,7 @@ def decompose(
     space_layers: dict[str, tuple[int, ...]] = {}
     skipped: list[str] = []
     for space in s.space:
-        if space in HEAD_SPACES:
+        if space in ATTENTION_SPACES:
             space_layers[space], note = softmax_layers(info, s.layers, what=f"space {space!r}")
             skipped += [note] if note else []
         else:

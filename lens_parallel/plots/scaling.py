@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 SPACE_COLORS = {
     "value": "#1f77b4",
     "value-exclude-self": "#ff7f0e",
+    "value-merged": "#8c564b",
     "residual-attn": "#2ca02c",
     "residual-mlp": "#d62728",
     "residual-block": "#9467bd",

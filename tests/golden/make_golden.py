@@ -17,6 +17,9 @@ import pandas as pd
 
 import lens_parallel as lp
 
+SPACES_060 = ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
+"""``space="all"`` of 0.6.0, which wrote the reference (value-merged came in 0.11.0)."""
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -30,7 +33,7 @@ def frames() -> dict[str, pd.DataFrame]:
         model = lp.load_model(spec)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out[f"decompose_{spec}"] = lp.decompose(model, blocks(model), space="all", progress=False).to_dataframe()
+            out[f"decompose_{spec}"] = lp.decompose(model, blocks(model), space=SPACES_060, progress=False).to_dataframe()
         out[f"null_sampled_{spec}"] = lp.causal_null(model, blocks(model, n_docs=4), n_resamples=200).to_dataframe()
         out[f"null_exact_{spec}"] = lp.causal_null(
             model, blocks(model, n_docs=4), null="exact", n_resamples=200
