@@ -33,7 +33,9 @@ def frames() -> dict[str, pd.DataFrame]:
         model = lp.load_model(spec)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out[f"decompose_{spec}"] = lp.decompose(model, blocks(model), space=SPACES_060, progress=False).to_dataframe()
+            out[f"decompose_{spec}"] = lp.decompose(
+                model, blocks(model), space=SPACES_060, progress=False
+            ).to_dataframe()
         out[f"null_sampled_{spec}"] = lp.causal_null(model, blocks(model, n_docs=4), n_resamples=200).to_dataframe()
         out[f"null_exact_{spec}"] = lp.causal_null(
             model, blocks(model, n_docs=4), null="exact", n_resamples=200
