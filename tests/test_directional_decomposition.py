@@ -229,6 +229,31 @@ def test_correlations_and_global_bh_equal_scipy_and_statsmodels(setup):
         lp.head_ratio_figure({k: (sens[k], stats[k]) for k in sens}, statistic="cos")
     with pytest.raises(lp.LensParallelError, match="covers layers"):
         lp.sensitivity_correlations({"x": (sens["qwen2"], dataclasses.replace(stats["qwen2"], layers=(0, 1)))})
+    assert table.rho_max_split_half.isna().all()  # 3 documents: no two halves of 2
+    with pytest.raises(lp.LensParallelError, match="other documents"):
+        lp.sensitivity_correlations({"x": (sens["qwen2"], stats["llama"])})
+
+
+def test_the_split_half_ceiling_equals_each_half_run_alone():
+    from lens_parallel.stats import spearman
+
+    model = get_model("toy-qwen2")
+    blocks = token_blocks(model, "austen", n_docs=8, seq_len=12, seed=3)
+    kw = {"n_resamples": 20, "n_permutations": 20, "progress": False}
+    row = lp.sensitivity_correlations(
+        {"m": (lp.head_sensitivity(model, blocks, **kw), lp.head_statistics(model, blocks))}, seed=5
+    ).iloc[1]  # para_over_ref
+    order = np.random.default_rng(5).permutation(8)
+    halves = [blocks.tokens[np.sort(idx)] for idx in (order[:4], order[4:])]
+    stat = [lp.head_statistics(model, h).values[1].ravel() for h in halves]
+    delta = [lp.head_sensitivity(model, h, **kw).head_delta.ravel() for h in halves]
+    assert row.statistic == "para_over_ref"
+    assert row.r_stat_split_half == pytest.approx(spearman(stat[0], stat[1]), abs=1e-9)
+    assert row.r_delta_split_half == pytest.approx(spearman(delta[0], delta[1]), abs=1e-9)
+    product = row.r_stat_split_half * row.r_delta_split_half
+    assert (
+        row.rho_max_split_half == pytest.approx(np.sqrt(product)) if product > 0 else np.isnan(row.rho_max_split_half)
+    )
 
 
 def test_token_weighted_sign_flips_flip_each_documents_delta_sum(setup):

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import einops
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -48,7 +49,7 @@ from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots import sensitivity as plots
 from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
-from lens_parallel.stats import benjamini_hochberg
+from lens_parallel.stats import benjamini_hochberg, split_half_correlations
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import as_indices, check_choice, check_finite, options
@@ -61,13 +62,17 @@ STATISTICS: tuple[HeadStatistic, ...] = options(HeadStatistic)
 @dataclass(frozen=True)
 class HeadStatistics(ResultMixin):
     """The four statistics per ``[layer, head]`` (``values`` is ``[statistic, layer, head]``, statistics in
-    :data:`STATISTICS` order), over ``n_positions`` positions per head."""
+    :data:`STATISTICS` order), over ``n_positions`` positions per head; ``doc_sums`` ``[doc, statistic, layer,
+    head]`` and ``doc_positions`` ``[doc]`` the per-document sums and counts they are the ratio of (for the
+    split-half ceiling of :func:`sensitivity_correlations`)."""
 
     edit: str
     positions: EditPositions
     layers: tuple[int, ...]
     values: np.ndarray
     n_positions: int
+    doc_sums: np.ndarray
+    doc_positions: np.ndarray
     provenance: Provenance
 
     @property
@@ -90,8 +95,7 @@ class HeadStatistics(ResultMixin):
 
 
 class _StatisticsMetric(Metric):
-    """Per layer and head: the sums of the four statistics over real positions (and the count), summed over
-    batches."""
+    """Per document, layer and head: the sums of the four statistics over its real positions (and their count)."""
 
     name = "head-statistics"
 
@@ -103,16 +107,20 @@ class _StatisticsMetric(Metric):
         return {"metric": self.name, "edit": self.edit, "positions": self.positions, "eps": self.eps}
 
     def spec(self, job: Job) -> dict[str, ValueSpec]:
-        return {"sums": ValueSpec((len(STATISTICS), len(self.layers), self.info.n_heads)), "count": ValueSpec((1,))}
+        return {
+            "sums": ValueSpec(("docs", len(STATISTICS), len(self.layers), self.info.n_heads)),
+            "count": ValueSpec(("docs",)),
+        }
 
     def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
         weight = batch.docs.real.to(torch.float64)
         if self.positions == "after-first":
             weight[:, 0] = 0.0
-        sums = torch.zeros(len(STATISTICS), len(self.layers), self.info.n_heads, dtype=torch.float64)
+        n = len(batch.docs.lengths)
+        sums = torch.zeros(n, len(STATISTICS), len(self.layers), self.info.n_heads, dtype=torch.float64)
         reduce = self._reducer(sums, weight)
         run_rows(context.model, self.info, batch, capture=dict.fromkeys(self.layers, self.roles), reduce=reduce)
-        return [{"sums": sums.numpy(), "count": np.array([float(weight.sum())])}]
+        return [{"sums": sums.numpy(), "count": weight.sum(1).cpu().numpy()}]
 
     def _reducer(self, sums: Tensor, weight: Tensor) -> Reducer:
         index = {layer: i for i, layer in enumerate(self.layers)}
@@ -133,7 +141,9 @@ class _StatisticsMetric(Metric):
                 ]
             )  # [statistic, batch, pos, head_index]
             w = weight.to(per_pos.device)[None, :, :, None]
-            sums[:, index[layer]] += (per_pos * w).sum((1, 2)).cpu()
+            sums[:, :, index[layer]] += einops.rearrange(
+                (per_pos * w).sum(2), "stat batch head -> batch stat head"
+            ).cpu()
 
         return reduce
 
@@ -178,23 +188,50 @@ def head_statistics(
     job = EditJob("statistics", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="head statistics")
     out = run.value(job)
-    count = float(out["count"][0])
+    count = float(out["count"].sum())
     return HeadStatistics(
         edit=s.edit,
         positions=s.positions,
         layers=layer_idx,
-        values=out["sums"] / count,
+        values=out["sums"].sum(0) / count,
         n_positions=int(count),
+        doc_sums=out["sums"],
+        doc_positions=out["count"],
         provenance=Provenance.of(info, docs, "head_statistics", s, run, layers=list(layer_idx), skipped=skipped),
     )
 
 
-def sensitivity_correlations(pairs: Mapping[str, tuple[SensitivityResult, HeadStatistics]]) -> pd.DataFrame:
+def _halves(sens: SensitivityResult, stat: HeadStatistics, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each statistic and the single-head Δloss in two seeded halves of the documents (``[2, statistic, layer,
+    head]`` and ``[2, layer, head]``), or None with fewer than 4 documents."""
+    n = len(stat.doc_positions)
+    if n < 4:
+        return None
+    order = np.random.default_rng(seed).permutation(n)
+    stats, deltas = [], []
+    for idx in (order[: n // 2], order[n // 2 :]):
+        stats.append(stat.doc_sums[idx].sum(0) / stat.doc_positions[idx].sum())
+        deltas.append(sens.head_doc_delta[idx].sum(0) / sens.doc_tokens[idx].sum())
+    return np.stack(stats), np.stack(deltas)
+
+
+def sensitivity_correlations(
+    pairs: Mapping[str, tuple[SensitivityResult, HeadStatistics]], *, seed: int = 0
+) -> pd.DataFrame:
     """Per model (the mapping's keys) and statistic: Pearson r and Spearman rho (with their p-values, scipy) of the
     signed single-head Δloss against the statistic across heads, as the authors' ``analyze_model``. The two results
-    of a model must cover the same layers; heads whose Δloss is not finite are left out (counted in n_heads)."""
+    of a model must come from the same documents and cover the same layers; heads whose Δloss is not finite are left
+    out (counted in n_heads).
+
+    Beside them, our addition (not in the paper): the split-half ceiling. The documents are split into two seeded
+    halves (``seed``); ``r_stat`` and ``r_delta`` are the Spearman correlations across heads of the statistic and of
+    Δloss between the halves, and ``rho_max = sqrt(r_stat r_delta)`` bounds how well any statistic measured this
+    noisily can rank an effect measured this noisily (:func:`~lens_parallel.stats.split_half_correlations`; NaN
+    with fewer than 4 documents)."""
     rows = []
     for name, (sens, stat) in pairs.items():
+        if sens.provenance.texts.get("tokens_sha256_16") != stat.provenance.texts.get("tokens_sha256_16"):
+            raise LensParallelError(f"{name}: the sensitivity and the statistics were computed on other documents")
         if tuple(sens.layers) != tuple(stat.layers):
             raise LensParallelError(
                 f"{name}: the sensitivity covers layers {list(sens.layers)}, the statistics {list(stat.layers)}"
@@ -205,9 +242,16 @@ def sensitivity_correlations(pairs: Mapping[str, tuple[SensitivityResult, HeadSt
             )
         delta = sens.head_delta.ravel()
         keep = np.isfinite(delta)
-        for statistic, values in zip(STATISTICS, stat.values, strict=True):
+        halves = _halves(sens, stat, seed)
+        for i, (statistic, values) in enumerate(zip(STATISTICS, stat.values, strict=True)):
             x, y = values.ravel()[keep], delta[keep]
             pearson, spearman = sps.pearsonr(x, y), sps.spearmanr(x, y)
+            ceiling = {"r_stat": np.nan, "r_delta": np.nan, "rho_max": np.nan}
+            if halves is not None:
+                split = split_half_correlations(
+                    halves[0][:, i].reshape(2, -1)[:, keep], halves[1].reshape(2, -1)[:, keep]
+                )
+                ceiling = {k: split[k] for k in ceiling}
             rows.append(
                 {
                     "model": name,
@@ -217,6 +261,7 @@ def sensitivity_correlations(pairs: Mapping[str, tuple[SensitivityResult, HeadSt
                     "spearman_rho": float(spearman.statistic),
                     "spearman_p": float(spearman.pvalue),
                     "n_heads": int(keep.sum()),
+                    **{f"{k}_split_half": v for k, v in ceiling.items()},
                 }
             )
     return pd.DataFrame(rows)

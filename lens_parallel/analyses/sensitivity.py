@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import einops
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -32,7 +33,9 @@ from lens_parallel.validate import as_indices, check_choice, check_non_negative_
 @serializable
 @dataclass(frozen=True)
 class SensitivityResult(ResultMixin):
-    """``head_*`` arrays are ``[layer, head]``; ``joint_*`` are ``[layer]`` (all heads of the layer together)."""
+    """``head_*`` arrays are ``[layer, head]``; ``joint_*`` are ``[layer]`` (all heads of the layer together);
+    ``head_doc_delta`` ``[doc, layer, head]`` each document's edited - base loss sum (nats) of each single-head
+    ablation and ``doc_tokens`` ``[doc]`` its scored tokens (for split-half statistics)."""
 
     edit: Ablation
     layers: tuple[int, ...]
@@ -46,6 +49,8 @@ class SensitivityResult(ResultMixin):
     joint_lo: np.ndarray
     joint_hi: np.ndarray
     joint_p: np.ndarray
+    head_doc_delta: np.ndarray
+    doc_tokens: np.ndarray
     provenance: Provenance
 
     def to_dataframe(self) -> pd.DataFrame:
@@ -169,5 +174,11 @@ def head_sensitivity(
         joint_lo=joint[:, 1],
         joint_hi=joint[:, 2],
         joint_p=joint[:, 3],
+        head_doc_delta=einops.rearrange(
+            np.stack([run[j].loss_sum - run.base.loss_sum for j in singles], axis=-1),
+            "doc (layer head) -> doc layer head",
+            head=info.n_heads,
+        ),
+        doc_tokens=run.base.n_tokens,
         provenance=Provenance.of(info, docs, "head_sensitivity", s, run, layers=list(layer_idx), skipped=skipped),
     )
