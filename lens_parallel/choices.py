@@ -17,6 +17,9 @@ one projection per position of the concatenated head outputs on the concatenated
 paper's ``xsa_middle``; GQA: each query head's own kv head's value)."""
 HeadSpace = Literal["value", "value-exclude-self", "residual-attn"]
 """Spaces with a per-head level: the two value spaces and each head's residual write z_h W_O[h]."""
+DiagonalLayout = Literal["full", "paper"]
+"""The diagonal view's figure: ``full`` (every map, and the per-head strip) or ``paper`` (the directional-decomposition
+paper's Fig. 4: empirical A, the layer-level residual map, the value-space map, one head)."""
 ScaleMetric = Literal["token_perplexity", "word_perplexity"]
 """What a scaling sweep scores: next-token loss per token (its exp the token perplexity) on any documents, or lm-eval's
 perplexity per word of whole texts (:class:`~lens_parallel.documents.TextWindows`; the directional-decomposition
@@ -75,6 +78,7 @@ HeadsAll = Literal["all"]
 """``heads="all"``: every head, each edited on its own write (no bias); ``heads=None`` is the whole sublayer."""
 
 CHOICES = (
+    DiagonalLayout,
     ScaleMetric,
     Space,
     HeadSpace,

@@ -391,3 +391,19 @@ def test_the_merged_value_projection_equals_a_hand_computation_and_differs_per_h
         lp.ComponentScale("value-merged", heads=(0, 1))
     noop = lp.scale_sweep(model, blocks, space="value-merged", s_par=(0.0,), s_perp=(), unedited_check=True)
     assert noop.points[0].effect.delta_loss != 0.0
+
+
+def test_the_paper_layout_of_the_diagonal_view():
+    model = get_model("toy-llama")
+    view = lp.diagonal_view(model, "Echo the final code exactly once: AX7Q-19", layer=1, head=2, s_par=0.0)
+    fig = view.figure(layout="paper")
+    assert len(fig.data) == 3 and "L1H2" in fig.layout.title.text
+    names = [a.text for a in fig.layout.annotations]
+    assert names[1].startswith("residual space, one δ per layer") and names[2].startswith("value space (value)")
+    np.testing.assert_allclose(np.diag(fig.data[1].z), np.diag(view.pattern) + view.layer_delta)
+    np.testing.assert_allclose(np.diag(fig.data[2].z), np.diag(view.pattern) + view.d_a[view.spaces.index("value")])
+    only = lp.diagonal_view(model, "Echo the final code", layer=1, head=2, space="value-exclude-self")
+    with pytest.raises(lp.LensParallelError, match="layout='paper' needs the residual-attn"):
+        only.figure(layout="paper")
+    with pytest.raises(lp.LensParallelError, match="unknown layout 'poster'"):
+        view.figure(layout="poster")

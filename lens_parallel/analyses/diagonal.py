@@ -34,7 +34,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.choices import HeadSpace
+from lens_parallel.choices import DiagonalLayout, HeadSpace
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, document_batches, prompt_documents
 from lens_parallel.edits import DIAGONAL_SPACES
@@ -49,11 +49,11 @@ from lens_parallel.hooks import (
 )
 from lens_parallel.models import ModelInfo, head_label, model_info
 from lens_parallel.options import RunOptions, resolve
-from lens_parallel.plots.diagonal import diagonal_figure
+from lens_parallel.plots.diagonal import diagonal_figure, paper_diagonal_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
-from lens_parallel.validate import as_tuple, check_choices, check_finite, check_non_negative_int
+from lens_parallel.validate import as_tuple, check_choice, check_choices, check_finite, check_non_negative_int
 
 
 @serializable
@@ -137,7 +137,12 @@ class DiagonalView(ResultMixin):
         row |= {"layer_delta_mean": self.layer_delta_mean, "layer_side_effect": self.layer_side_effect}
         return pd.DataFrame([row])
 
-    def figure(self, *, max_tokens: int = 48) -> go.Figure:
+    def figure(self, *, max_tokens: int = 48, layout: DiagonalLayout = "full") -> go.Figure:
+        """``layout="full"``: every map and the per-head strip; ``"paper"``: the directional-decomposition paper's
+        Fig. 4 (empirical A, the layer-level residual map, the value-space map of this head)."""
+        check_choice("layout", layout, DiagonalLayout)
+        if layout == "paper":
+            return paper_diagonal_figure(self, max_tokens=max_tokens)
         return diagonal_figure(self, max_tokens=max_tokens)
 
 

@@ -8,10 +8,65 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from lens_parallel.errors import LensParallelError
 from lens_parallel.models import head_label
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.diagonal import DiagonalView
+
+
+def _map(fig: go.Figure, m: np.ndarray, labels: list[str], title: str, *, col: int) -> None:
+    """One attention map in row 1, column ``col``: token labels on both axes, one diverging scale clipped to ±1."""
+    fig.add_trace(
+        go.Heatmap(
+            z=m,
+            x=labels,
+            y=labels,
+            zmid=0,
+            zmin=-1,
+            zmax=1,
+            colorscale="RdBu_r",
+            showscale=col == 1,
+            colorbar={"title": "attention weight<br>(colour clipped<br>to ±1)", "len": 0.7, "y": 0.62},
+            hovertemplate="query %{y}<br>key %{x}<br>A %{z:.3f}<extra>" + title.split(":")[0] + "</extra>",
+        ),
+        row=1,
+        col=col,
+    )
+    fig.update_xaxes(title_text="key token", tickfont={"size": 8}, row=1, col=col)
+    fig.update_yaxes(
+        title_text="query token" if col == 1 else None, autorange="reversed", tickfont={"size": 8}, row=1, col=col
+    )
+
+
+def paper_diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Figure:
+    """The directional-decomposition paper's Fig. 4 for one head: the empirical map A, the residual-space map with
+    the layer's shared δ on the diagonal (A + diag(δ)), and the value-space map A + diag(dA) (``value``, the full
+    aggregate, where the view has it, as the authors' code; else ``value-exclude-self``, as the caption)."""
+    value = next((sp for sp in ("value", "value-exclude-self") if sp in view.spaces), None)
+    if not view.layer_delta.size or value is None:
+        raise LensParallelError(
+            "layout='paper' needs the residual-attn and a value space in the view (space=('value', 'residual-attn')); "
+            f"this view has {', '.join(view.spaces)}"
+        )
+    n = min(max_tokens, len(view.token_labels))
+    labels = list(view.token_labels[:n])
+    panels = [
+        ("empirical A", view.pattern),
+        ("residual space, one δ per layer: A + diag(δ)", view.edited("residual-attn-layer")),
+        (f"value space ({value}): A + diag(dA)", view.edited(value)),
+    ]
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.07, subplot_titles=[t for t, _ in panels])
+    for col, (title, m) in enumerate(panels, start=1):
+        _map(fig, m[:n, :n], labels, title, col=col)
+    fig.update_layout(
+        title=f"Attention-diagonal form of s_par = {view.s_par:g}: {view.info.name} {head_label(view.layer, view.head)}"
+        f" (first {n} tokens)",
+        height=560,
+        width=1500,
+        template="plotly_white",
+    )
+    return fig
 
 
 def diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Figure:
@@ -46,26 +101,7 @@ def diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Figure:
         subplot_titles=titles,
     )
     for col, (m, (title, _)) in enumerate(zip(maps, panels, strict=True), start=1):
-        fig.add_trace(
-            go.Heatmap(
-                z=m,
-                x=labels,
-                y=labels,
-                zmid=0,
-                zmin=-1,
-                zmax=1,
-                colorscale="RdBu_r",
-                showscale=col == 1,
-                colorbar={"title": "attention weight<br>(colour clipped<br>to ±1)", "len": 0.7, "y": 0.62},
-                hovertemplate="query %{y}<br>key %{x}<br>A %{z:.3f}<extra>" + title.split(":")[0] + "</extra>",
-            ),
-            row=1,
-            col=col,
-        )
-        fig.update_xaxes(title_text="key token", tickfont={"size": 8}, row=1, col=col)
-        fig.update_yaxes(
-            title_text="query token" if col == 1 else None, autorange="reversed", tickfont={"size": 8}, row=1, col=col
-        )
+        _map(fig, m, labels, title, col=col)
     heads = [head_label(view.layer, h) for h in range(view.da_mean.shape[1])]
     fig.add_trace(
         go.Heatmap(
@@ -84,8 +120,8 @@ def diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Figure:
     )
     fig.update_xaxes(title_text="query head", row=2, col=1)
     fig.update_layout(
-        title=f"Attention-diagonal form of s_par = {view.s_par:g}: {view.info.name} L{view.layer}H{view.head}, "
-        f"document {view.doc} (first {n} tokens)",
+        title=f"Attention-diagonal form of s_par = {view.s_par:g}: {view.info.name} "
+        f"{head_label(view.layer, view.head)}, document {view.doc} (first {n} tokens)",
         height=950,
         width=1500,
         template="plotly_white",
