@@ -17,6 +17,10 @@ one projection per position of the concatenated head outputs on the concatenated
 paper's ``xsa_middle``; GQA: each query head's own kv head's value)."""
 HeadSpace = Literal["value", "value-exclude-self", "residual-attn"]
 """Spaces with a per-head level: the two value spaces and each head's residual write z_h W_O[h]."""
+ValueSite = Literal["pre-gate", "post-gate"]
+"""Where a value-space edit reads its message under gated attention (Qwen3.5: z = sigmoid(gate) * A v):
+``pre-gate`` (o = A v, the change passed through the gate; lens_parallel's default) or ``post-gate`` (z itself, the
+input of the output projection: the directional-decomposition authors' site). Without a gate the two coincide."""
 DiagonalLayout = Literal["full", "paper"]
 """The diagonal view's figure: ``full`` (every map, and the per-head strip) or ``paper`` (the directional-decomposition
 paper's Fig. 4: empirical A, the layer-level residual map, the value-space map, one head)."""
@@ -78,6 +82,7 @@ HeadsAll = Literal["all"]
 """``heads="all"``: every head, each edited on its own write (no bias); ``heads=None`` is the whole sublayer."""
 
 CHOICES = (
+    ValueSite,
     DiagonalLayout,
     ScaleMetric,
     Space,

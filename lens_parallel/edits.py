@@ -32,7 +32,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.choices import Ablation, EditPositions, HeadsAll, HeadSpace, ReferenceGuard, Space
+from lens_parallel.choices import Ablation, EditPositions, HeadsAll, HeadSpace, ReferenceGuard, Space, ValueSite
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
     Hook,
@@ -112,6 +112,10 @@ class ComponentScale:
             directional-decomposition paper's reference clamp is ``guard="clamp", eps=1e-3``;
             :data:`~lens_parallel.choices.ReferenceGuard`).
         positions: ``all`` or ``after-first`` (position 0 untouched; :data:`POSITIONS`).
+        site: under gated attention (Qwen3.5), where the value spaces read the message
+            (:data:`~lens_parallel.choices.ValueSite`): ``pre-gate`` o = A v (its change passed through the gate) or
+            ``post-gate`` z = sigmoid(gate) * o, the output projection's input (exclude-self there removes the gated
+            self term sigmoid(gate) * A_tt v_t); refused on a model without a gate, where the two are one.
     """
 
     space: Space
@@ -122,10 +126,14 @@ class ComponentScale:
     eps: float = geometry.EPS
     positions: EditPositions = "all"
     guard: ReferenceGuard = "exclude"
+    site: ValueSite = "pre-gate"
 
     def __post_init__(self) -> None:
         check_choice("space", self.space, Space)
         check_choice("guard", self.guard, ReferenceGuard)
+        check_choice("site", self.site, ValueSite)
+        if self.site == "post-gate" and not self.space.startswith("value"):
+            raise LensParallelError(f"site='post-gate' is a value-space option; space {self.space!r} has no gate site")
         check_positions(self.positions)
         check_finite("s_par", self.s_par)
         check_finite("s_perp", self.s_perp)
@@ -158,6 +166,7 @@ class _RowScales:
     s_perp: Tensor
     eps: float
     guard: ReferenceGuard
+    site: ValueSite
 
 
 _Scaling = ComponentScale | _RowScales
@@ -186,7 +195,7 @@ def scale_signature(edit: object) -> tuple[Any, ...] | None:
     for any other edit."""
     if type(edit) is not ComponentScale:
         return None
-    return (edit.space, edit.layers, edit.heads, edit.eps, edit.positions, edit.guard)
+    return (edit.space, edit.layers, edit.heads, edit.eps, edit.positions, edit.guard, edit.site)
 
 
 def stacked_scale_hooks(model: TransformerBridge, edits: Sequence[ComponentScale], *, repeat: int) -> list[Hook]:
@@ -197,7 +206,7 @@ def stacked_scale_hooks(model: TransformerBridge, edits: Sequence[ComponentScale
     template = edits[0]
     s_par = torch.tensor([e.s_par for e in edits], dtype=torch.float64).repeat_interleave(repeat)
     s_perp = torch.tensor([e.s_perp for e in edits], dtype=torch.float64).repeat_interleave(repeat)
-    scales = _RowScales(template.space, s_par, s_perp, template.eps, template.guard)
+    scales = _RowScales(template.space, s_par, s_perp, template.eps, template.guard, template.site)
     return _scale_hooks(scales, template, model, model_info(model))
 
 
@@ -684,29 +693,39 @@ def _value_hooks(
 ) -> list[Hook]:
     """Value-space scaling on hook_z. Gated attention (z = sigmoid(gate) * A v): the scaling acts on the pre-gate
     aggregate o = A v, rebuilt from the pattern, and its change passes through the gate: z' = z + gate * delta.
-    ``value-merged``: one projection of the heads' concatenation on the values' (every head edited)."""
+    ``value-merged``: one projection of the heads' concatenation on the values' (every head edited). ``site=
+    "post-gate"``: the message is z itself (exclude-self: z minus the gated self term)."""
+    post = edit.site == "post-gate"
+    if post and not info.gated_attention:
+        raise LensParallelError(
+            f"site='post-gate': {info.name}'s attention has no output gate (pre- and post-gate are one there)"
+        )
 
     def edit_z(z: Tensor, hook: HookPoint) -> Tensor:
         v = expand_kv(state.pop("v"), info.n_heads)
-        o = z
+        gate = None
         if info.gated_attention:
-            o = geometry.value_aggregate(state.pop("pattern"), v)
+            gate = torch.sigmoid(einops.rearrange(state.pop("gate"), "b p (h d) -> b p h d", h=info.n_heads))
+        o = z if post or not info.gated_attention else geometry.value_aggregate(state.pop("pattern"), v)
         if edit.space == "value-merged":
             delta = geometry.merged_scale_delta(o, v, **_scaling(edit))
         else:
-            m = o if edit.space == "value" else geometry.split_self(o, v, state.pop("diag"))[1]
+            m = o
+            if edit.space == "value-exclude-self":
+                self_term, m = geometry.split_self(o, v, state.pop("diag"))  # A_tt v_t, o - A_tt v_t
+                if gate is not None and post:
+                    m = o - gate * self_term  # z minus the gated self term
             delta = geometry.scale_delta(m, v, **_scaling(edit))
-        if info.gated_attention:
-            delta = torch.sigmoid(einops.rearrange(state.pop("gate"), "b p (h d) -> b p h d", h=info.n_heads)) * delta
+        if gate is not None and not post:
+            delta = gate * delta
         mask = _head_mask(heads, info.n_heads, z.shape[0], z.device)
         return torch.where(mask[:, None, :, None], z + delta, z)
 
     out = [(hook_name(layer, "v"), partial(_store, state=state, key="v"))]
     if info.gated_attention:
-        out += [
-            (hook_name(layer, "pattern"), partial(_store, state=state, key="pattern")),
-            (hook_name(layer, "q_gate"), partial(_store, state=state, key="gate")),
-        ]
+        out.append((hook_name(layer, "q_gate"), partial(_store, state=state, key="gate")))
+        if not post:
+            out.append((hook_name(layer, "pattern"), partial(_store, state=state, key="pattern")))
     if edit.space == "value-exclude-self":
         out.append((hook_name(layer, "pattern"), partial(_store_diag, state=state)))
     return [*out, (hook_name(layer, "z"), edit_z)]

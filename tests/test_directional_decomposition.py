@@ -407,3 +407,28 @@ def test_the_paper_layout_of_the_diagonal_view():
         only.figure(layout="paper")
     with pytest.raises(lp.LensParallelError, match="unknown layout 'poster'"):
         view.figure(layout="poster")
+
+
+def test_the_post_gate_site_projects_z_itself_on_gated_attention():
+    model = get_model("toy-qwen3.5")
+    info = model_info(model)
+    layer = info.softmax_layers[0]
+    tokens = token_blocks(model, "austen", n_docs=2, seq_len=10, seed=1).tokens
+    names = [f"blocks.{layer}.attn.hook_z", f"blocks.{layer}.attn.hook_v"]
+    plain, _ = _run(model, tokens, [], names)
+    z = plain[names[0]].double()
+    v = plain[names[1]].double().repeat_interleave(info.group_size, dim=2)
+    coef = (z * v).sum(-1, keepdim=True) / (v * v).sum(-1, keepdim=True)
+    post = lp.ComponentScale("value", s_par=0.0, layers=(layer,), site="post-gate")
+    edited, _ = _run(model, tokens, compile_hooks(model, post), names[:1])
+    torch.testing.assert_close(edited[names[0]].double(), z - coef * v, rtol=1e-4, atol=1e-5)
+    pre, _ = _run(model, tokens, compile_hooks(model, dataclasses.replace(post, site="pre-gate")), names[:1])
+    assert (pre[names[0]] - edited[names[0]]).abs().max() > 1e-3  # the gate makes the two sites differ
+    noop = lp.scale_sweep(
+        model, tokens, space="value-exclude-self", site="post-gate", s_par=(0.0,), s_perp=(), unedited_check=True
+    )
+    assert noop.points[0].effect.delta_loss != 0.0
+    with pytest.raises(lp.LensParallelError, match="has no output gate"):
+        compile_hooks(get_model("toy-llama"), dataclasses.replace(post, layers=None))
+    with pytest.raises(lp.LensParallelError, match="value-space option"):
+        lp.ComponentScale("residual-mlp", site="post-gate")

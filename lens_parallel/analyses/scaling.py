@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.choices import EditPositions, HeadsAll, ReferenceGuard, ScaleMetric, Space
+from lens_parallel.choices import EditPositions, HeadsAll, ReferenceGuard, ScaleMetric, Space, ValueSite
 from lens_parallel.documents import Documents, TextWindows
 from lens_parallel.edits import ATTENTION_SPACES, ComponentScale, check_positions
 from lens_parallel.errors import LensParallelError, LibraryError
@@ -153,6 +153,9 @@ class ScaleSettings:
     unedited_check: bool = field(
         default=False, metadata={"help": "also run the unedited model: the no-op must equal it to 1e-9"}
     )
+    site: ValueSite = field(
+        default="pre-gate", metadata={"help": "gated attention: value spaces read A v (pre-gate) or z (post-gate)"}
+    )
     metric: ScaleMetric = field(
         default="token_perplexity",
         metadata={"help": "loss per token, or lm-eval's word perplexity of whole texts (TextWindows)"},
@@ -170,6 +173,7 @@ class ScaleSettings:
         check_non_negative_int("skip_first_layers", self.skip_first_layers)
         check_choice("guard", self.guard, ReferenceGuard)
         check_choice("metric", self.metric, ScaleMetric)
+        check_choice("site", self.site, ValueSite)
         check_finite("eps", self.eps)
         object.__setattr__(self, "layers", as_indices(self.layers))
         if self.heads in ("all", ("all",)):
@@ -204,6 +208,11 @@ def _grid(s: ScaleSettings, space: Space) -> list[tuple[str, float, float]]:
     return [("s_par", v, 1.0) for v in s.s_par] + [("s_perp", 1.0, v) for v in s_perp]
 
 
+def _site(s: ScaleSettings, space: Space) -> ValueSite:
+    """``site`` for the value spaces (the residual spaces have no gate site: pre-gate, the default)."""
+    return s.site if space.startswith("value") else "pre-gate"
+
+
 def _jobs(
     s: ScaleSettings, space_layers: dict[str, tuple[int, ...]]
 ) -> tuple[dict[Space, EditJob], dict[str, tuple[EditJob, tuple[Space, str, float, float, int | None]]]]:
@@ -211,14 +220,14 @@ def _jobs(
     per-layer jobs start at their layer (the unedited prefix is reused). Returns the no-op jobs by space and every
     edited job with its (space, vary, s_par, s_perp, layer) point."""
     scale = partial(ComponentScale, heads=s.heads, positions=s.positions, eps=s.eps, guard=s.guard)
-    noops = {sp: EditJob(f"{sp}|noop", (scale(sp, layers=space_layers[sp]),)) for sp in s.space}
+    noops = {sp: EditJob(f"{sp}|noop", (scale(sp, layers=space_layers[sp], site=_site(s, sp)),)) for sp in s.space}
     points = {}
     for sp in s.space:
         for vary, a, b in _grid(s, sp):
             for layer in space_layers[sp] if s.per_layer else [None]:
                 edited = space_layers[sp] if layer is None else (layer,)
                 key = f"{sp}|{vary}|s_par={a}|s_perp={b}|layer={layer}"
-                job = EditJob(key, (scale(sp, a, b, layers=edited),), start_layer=layer or 0)
+                job = EditJob(key, (scale(sp, a, b, layers=edited, site=_site(s, sp)),), start_layer=layer or 0)
                 points[key] = (job, (sp, vary, a, b, layer))
     return noops, points
 
