@@ -113,3 +113,37 @@ def test_the_protocol_scores_word_perplexity_of_whole_texts(model):
     assert result.unit == "word" and (df.n_words == texts.n_words.sum()).all() and (df.n_docs == 2).all()
     assert len(df) == 3 * 11 + 9 + 2 * 7  # the paper's grids in its three spaces
     assert "nats/word" in result.figure().layout.yaxis.title.text
+
+
+def test_the_command_line_scores_word_perplexity_of_whole_texts(tmp_path, capsys):
+    from lens_parallel.cli import main
+
+    argv = [
+        "scale",
+        "--model",
+        "toy-llama",
+        "--metric",
+        "word_perplexity",
+        "--texts",
+        "austen",
+        "--n-docs",
+        "2",
+        "--seq-len",
+        "16",
+        "--space",
+        "value",
+        "--s-par",
+        "0",
+        "--s-perp",
+        "0.5",
+        "--n-resamples",
+        "10",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    assert "nats/word" in capsys.readouterr().out
+    df = __import__("pandas").read_csv(tmp_path / "scale.csv")
+    want = text_windows(get_model("toy-llama"), "austen", window=16, n_docs=2).n_words.sum()
+    assert (df.n_words == want).all() and len(df) == 2
+    assert main([*argv[:6], "lunyu", *argv[7:]]) == 2  # no word boundaries: one line, status 2
