@@ -107,7 +107,7 @@ def test_first_scored_positions_are_context_only(model):
 
 
 def test_the_protocol_scores_word_perplexity_of_whole_texts(model):
-    texts = text_windows(model, load_texts("austen"), window=24, n_docs=2)
+    texts = text_windows(model, TEXTS, window=8, n_docs=2)
     result = lp.scale_sweep(model, texts, protocol="directional-decomposition", n_resamples=20)
     df = result.to_dataframe()
     assert result.unit == "word" and (df.n_words == texts.n_words.sum()).all() and (df.n_docs == 2).all()
