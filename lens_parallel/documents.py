@@ -6,8 +6,8 @@ into :class:`Documents`. Documents are right-padded: a causal model's real posit
 after them, so every real position's activations equal the document run alone (to float rounding: the batch's
 shape changes the kernels' summation order; tested on every toy family), and no attention mask is needed.
 Analyses score and reduce only real tokens: position t predicts token t+1 for first_scored <= t < length - 1
-(``first_scored`` is 0 but for lm-eval's rolling windows, :func:`rolling_windows`, whose last window of a text
-predicts only its last tokens from the context before them).
+(:func:`scored_mask`; ``first_scored`` is 0 but for lm-eval's rolling windows, :class:`TextWindows`, whose last
+window of a text predicts only its last tokens from the context before them).
 
 :func:`document_batches` is how every loop over documents batches them: consecutive documents, each batch trimmed
 to its longest document.
@@ -151,14 +151,13 @@ class TextWindows:
     """Whole texts cut into lm-eval's disjoint rolling windows, for perplexity per word: ``windows`` (one
     :class:`Documents` row per window, ``first_scored`` set where a window's context is not scored), ``text_of``
     the text each window belongs to (``[windows]``, int64), ``n_words`` each text's word count as lm-eval's
-    ``wikitext`` task counts it (``len(re.split(r"\\s+", text))``), ``window`` the tokens a window predicts at
-    most (lm-eval's ``max_length``). Made by :func:`lens_parallel.downstream.perplexity.text_windows`; every
+    ``wikitext`` task counts it (``len(re.split(r"\\s+", text))``); the window length is in the windows'
+    ``source``. Made by :func:`lens_parallel.downstream.perplexity.text_windows`; every
     analysis takes it as its :attr:`windows` (:meth:`Documents.of`), and ``metric="word_perplexity"`` needs it."""
 
     windows: Documents
     text_of: np.ndarray
     n_words: np.ndarray
-    window: int
 
     def __post_init__(self) -> None:
         if len(self.text_of) != len(self.windows) or len(self.n_words) != int(self.text_of.max()) + 1:
@@ -196,8 +195,22 @@ class DocBatch:
     @property
     def scored(self) -> Bool[Tensor, "batch pos"]:
         """Positions t whose next token t + 1 is scored (position t predicts it): first <= t < length - 1."""
-        t = torch.arange(self.tokens.shape[1], device=self.tokens.device)
-        return (t < self.lengths[:, None] - 1) & (t >= self.first[:, None])
+        return scored_mask(self.tokens.shape[1], self.lengths, self.first)
+
+
+def scored_mask(
+    width: int, lengths: Int[Tensor, " batch"] | None, first: Int[Tensor, " batch"] | None = None
+) -> Bool[Tensor, "batch pos"]:
+    """Which of positions 0..width-1 predict a scored token: first <= t < length - 1 (no bound where ``lengths``
+    or ``first`` is None; with neither, every position, as one row broadcasting over the batch)."""
+    device = next((x.device for x in (lengths, first) if x is not None), None)
+    t = torch.arange(width, device=device)[None, :]
+    scored = torch.ones_like(t, dtype=torch.bool)
+    if lengths is not None:
+        scored = scored & (t < lengths.to(t.device)[:, None] - 1)
+    if first is not None:
+        scored = scored & (t >= first.to(t.device)[:, None])
+    return scored
 
 
 def document_batches(

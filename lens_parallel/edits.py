@@ -139,15 +139,12 @@ class ComponentScale:
         check_finite("s_perp", self.s_perp)
         object.__setattr__(self, "layers", as_indices(self.layers))
         object.__setattr__(self, "heads", _as_heads(self.heads))
-        if self.heads is not None and self.space not in HEAD_SPACES and not self._all_heads_merged:
+        merged_all = self.space == "value-merged" and self.heads == "all"  # value-merged edits every head together
+        if self.heads is not None and self.space not in HEAD_SPACES and not merged_all:
             raise LensParallelError(
                 f"space {self.space!r} has no heads (it edits a whole sublayer update, or all heads' concatenation in "
                 f"value-merged); heads are accepted for {', '.join(HEAD_SPACES)}"
             )
-
-    @property
-    def _all_heads_merged(self) -> bool:
-        return self.space == "value-merged" and self.heads == "all"
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         return _scale_hooks(self, self, model, info)
@@ -708,12 +705,14 @@ def _value_hooks(
             gate = torch.sigmoid(einops.rearrange(state.pop("gate"), "b p (h d) -> b p h d", h=info.n_heads))
         o = z if post or not info.gated_attention else geometry.value_aggregate(state.pop("pattern"), v)
         if edit.space == "value-merged":
-            delta = geometry.merged_scale_delta(o, v, **_scaling(edit))
+            merged = geometry.scale_delta(geometry.merge_heads(o), geometry.merge_heads(v), **_scaling(edit))
+            delta = geometry.split_heads(merged, info.n_heads)
         else:
             m = o
             if edit.space == "value-exclude-self":
                 self_term, m = geometry.split_self(o, v, state.pop("diag"))  # A_tt v_t, o - A_tt v_t
-                if gate is not None and post:
+                if post:
+                    assert gate is not None  # post-gate is refused above without a gate
                     m = o - gate * self_term  # z minus the gated self term
             delta = geometry.scale_delta(m, v, **_scaling(edit))
         if gate is not None and not post:

@@ -120,26 +120,16 @@ def scale_delta(
 
 
 def merge_heads(x: Float[Tensor, "batch pos head_index d_head"]) -> Float[Tensor, "batch pos heads_d_head"]:
-    """The heads' vectors concatenated per position (``value-merged``'s message and reference)."""
+    """The heads' vectors concatenated per position (``value-merged``'s message and reference: one projection of
+    concat_h o_h on concat_h v_h, one coefficient shared by every head)."""
     return einops.rearrange(x, "batch pos head_index d_head -> batch pos (head_index d_head)")
 
 
-def merged_scale_delta(
-    o: Float[Tensor, "batch pos head_index d_head"],
-    v: Float[Tensor, "batch pos head_index d_head"],
-    *,
-    s_par: float | Float[Tensor, "*scale"] = 1.0,
-    s_perp: float | Float[Tensor, "*scale"] = 1.0,
-    eps: float = EPS,
-    clamp: bool = False,
+def split_heads(
+    x: Float[Tensor, "batch pos heads_d_head"], n_heads: int
 ) -> Float[Tensor, "batch pos head_index d_head"]:
-    """:func:`scale_delta` of the concatenated head outputs against the concatenated values (``value-merged``):
-    one coefficient per position, <concat_h o_h, concat_h v_h> / |concat_h v_h|^2, shared by every head; returned
-    per head."""
-    delta = scale_delta(merge_heads(o), merge_heads(v), s_par=s_par, s_perp=s_perp, eps=eps, clamp=clamp)
-    return einops.rearrange(
-        delta, "batch pos (head_index d_head) -> batch pos head_index d_head", head_index=o.shape[2]
-    )
+    """The inverse of :func:`merge_heads`."""
+    return einops.rearrange(x, "batch pos (head_index d_head) -> batch pos head_index d_head", head_index=n_heads)
 
 
 def scale_components(

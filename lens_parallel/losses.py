@@ -26,6 +26,7 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel.documents import scored_mask
 from lens_parallel.errors import LensParallelError
 from lens_parallel.plots.losses import edit_effect_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
@@ -155,14 +156,8 @@ def _unscored_nan(
     first: Int[Tensor, " batch"] | None = None,
 ) -> Float[Tensor, "batch scored"]:
     """``nll`` with NaN where token t+1 is past the document's end, or t is before ``first`` (context only; nothing
-    masked without ``lengths`` and ``first``)."""
-    t = torch.arange(nll.shape[1], device=nll.device)
-    scored = torch.ones_like(nll, dtype=torch.bool)
-    if lengths is not None:
-        scored &= t < (lengths.to(nll.device) - 1)[:, None]
-    if first is not None:
-        scored &= t >= first.to(nll.device)[:, None]
-    return torch.where(scored, nll, torch.nan)
+    masked without ``lengths`` and ``first``): :func:`~lens_parallel.documents.scored_mask`."""
+    return torch.where(scored_mask(nll.shape[1], lengths, first).to(nll.device), nll, torch.nan)
 
 
 LOSS_CHUNK_BYTES = 64 * 2**20

@@ -115,4 +115,4 @@ def text_windows(
     }
     windows = Documents.padded(rows, source, first_scored=torch.tensor(first, dtype=torch.long))
     words = np.array([word_count(counted[i]) for i in keep], dtype=np.int64)
-    return TextWindows(windows.to(model.cfg.device or "cpu"), np.array(text_of, dtype=np.int64), words, window)
+    return TextWindows(windows.to(model.cfg.device or "cpu"), np.array(text_of, dtype=np.int64), words)
