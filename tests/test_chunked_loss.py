@@ -39,27 +39,60 @@ def test_chunked_nll_equals_full_logits_on_every_family(family: str) -> None:
     assert torch.isnan(got[2, 1:]).all() and not torch.isnan(got[0]).any()
 
 
+def _gradients(
+    final: torch.Tensor, unembed, tokens: torch.Tensor, *, chunked: bool, bias: bool = False, chunk_bytes: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """d(sum of NLL)/d(final residual, W_U[, b_U]) through the full logits (autograd of token_nll) or chunked."""
+    x = final.clone().requires_grad_(True)
+    W = unembed.W_U.detach().clone().requires_grad_(True)
+    b = torch.linspace(-1, 1, W.shape[0], dtype=W.dtype).requires_grad_(True) if bias else None
+    leaves = (x, W) if b is None else (x, W, b)
+    if chunked:
+        loss = chunked_token_nll(x, type(unembed)(W, b, unembed.softcap), tokens, chunk_bytes=chunk_bytes)
+    else:
+        logits = torch.nn.functional.linear(x, W, b).float()
+        if unembed.softcap is not None:
+            logits = unembed.softcap * torch.tanh(logits / unembed.softcap)
+        loss = token_nll(logits, tokens)
+    return torch.autograd.grad(loss.sum(), leaves)
+
+
+def _assert_gradients_close(got: tuple[torch.Tensor, ...], expected: tuple[torch.Tensor, ...], rel: float) -> None:
+    """Each gradient equal to within ``rel`` of its own largest entry (float32 rounding of sums over rows and the
+    vocabulary: up to 1.5e-5 seen)."""
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=0, atol=rel * float(e.abs().max()))
+
+
 @pytest.mark.parametrize("family", ["toy-gpt2", "toy-qwen3"])
 def test_chunked_nll_gradient_equals_full_logits_gradient(family: str) -> None:
-    """Gradients with respect to the final residual and to the (tied or untied) unembedding weight."""
+    """Gradients with respect to the final residual, the (tied or untied) unembedding weight and a bias, with
+    5-row chunks (16 bytes a logit under grad: half the no-grad rows)."""
     model = get_model(family)
     tokens = _tokens(model)
     unembed = unembedding(model)
     with torch.inference_mode():
         final = run_to_final(model, tokens)
-    x_full = final.clone().requires_grad_(True)
-    x_chunk = final.clone().requires_grad_(True)
-    W = unembed.W_U.detach().clone().requires_grad_(True)
-    logits = torch.nn.functional.linear(x_full, W, None if unembed.b_U is None else unembed.b_U.detach())
-    token_nll(logits, tokens).sum().backward()
-    grad_x, grad_W = x_full.grad, W.grad
-    W.grad = None
-    chunked = type(unembed)(W, None if unembed.b_U is None else unembed.b_U.detach(), unembed.softcap)
-    chunked_token_nll(
-        x_chunk, chunked, tokens, chunk_bytes=5 * 16 * model.cfg.d_vocab
-    ).sum().backward()  # 5 rows a chunk under grad
-    torch.testing.assert_close(x_chunk.grad, grad_x, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(W.grad, grad_W, rtol=1e-5, atol=1e-6)
+    for bias in (False, True):
+        expected = _gradients(final, unembed, tokens, chunked=False, bias=bias)
+        got = _gradients(final, unembed, tokens, chunked=True, bias=bias, chunk_bytes=5 * 8 * model.cfg.d_vocab)
+        _assert_gradients_close(got, expected, 5e-5)
+        assert all(float(g.abs().max()) > 1e-3 for g in got)  # gradients that are not trivially zero
+
+
+def test_chunked_nll_gradient_in_half_precision() -> None:
+    """A bf16 residual and weight: the matmuls in bf16, the softmax in float32, as autograd of the full logits
+    (cast to float32 before the log-softmax) computes them."""
+    model = get_model("toy-qwen3")
+    tokens = _tokens(model)
+    unembed = unembedding(model)
+    with torch.inference_mode():
+        final = run_to_final(model, tokens)
+    half = type(unembed)(unembed.W_U.detach().bfloat16(), None, None)
+    expected = _gradients(final.bfloat16(), half, tokens, chunked=False)
+    got = _gradients(final.bfloat16(), half, tokens, chunked=True, chunk_bytes=5 * 8 * model.cfg.d_vocab)
+    assert all(g.dtype == torch.bfloat16 for g in got)
+    _assert_gradients_close(got, expected, 2e-2)  # bf16 rounding of the gradients (8 bits of mantissa)
 
 
 def _toy_gemma3(softcap: float | None):
@@ -96,6 +129,15 @@ def test_chunked_nll_applies_the_final_logit_soft_cap() -> None:
         uncapped = chunked_token_nll(final, type(unembed)(unembed.W_U, unembed.b_U, None), tokens)
     torch.testing.assert_close(got, token_nll(logits, tokens), rtol=0, atol=2e-5)
     assert (got - uncapped).abs().max() > 0.1  # the cap matters here
+    # the gradient through the cap's tanh (d logits / d raw = 1 - tanh^2), against autograd of the full logits
+    expected = _gradients(final, unembed, tokens, chunked=False, bias=True)
+    _assert_gradients_close(
+        _gradients(final, unembed, tokens, chunked=True, bias=True, chunk_bytes=3 * 8 * model.cfg.d_vocab),
+        expected,
+        5e-5,
+    )
+    uncapped_grad = _gradients(final, type(unembed)(unembed.W_U, None, None), tokens, chunked=True, bias=True)
+    assert (uncapped_grad[0] - expected[0]).abs().max() > 0.1 * expected[0].abs().max()
 
 
 @pytest.mark.parametrize("family", ["toy-gpt2", "toy-qwen3.5"])

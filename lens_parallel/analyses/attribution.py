@@ -308,7 +308,7 @@ class _GradientMetric(Metric):
         weight = docs.real.to(torch.float64).cpu()
         if self.s.positions == "after-first":
             weight[:, 0] = 0.0
-        unembed, rows, per_doc = unembedding(context.model), backward_rows(n, self.info.n_layers), []
+        unembed, rows, per_doc = unembedding(context.model).frozen(), backward_rows(n, self.info.n_layers), []
         # each layer's W_O in float64 when its reduction needs it, not every layer's for the whole pass
         W_O = partial(output_weights, context.model, dtype=torch.float64)
         for start in range(0, n, rows):  # documents are independent: each sub-batch's values are its own
