@@ -68,8 +68,15 @@ Arm = Literal[
     "random-direction",
     "random-direction-gated",
     "learned-gate",
+    "learned-gate-layer",
+    "xsa-alpha-layer",
 ]
 """The arms of a training experiment (:mod:`lens_parallel.training.arms`)."""
+CurveLoss = Literal["validation", "training"]
+"""Which loss a training figure plots: the periodic validation loss, or the training loss of every step."""
+GateBound = Literal["tanh", "sigmoid"]
+"""How :class:`~lens_parallel.edits.GatedRemoval` bounds its learnable strength: g = tanh(alpha) (``xsa-gated``,
+from 0) or g = sigmoid(alpha) in [0, 1] (``xsa-alpha-layer``, the directional-decomposition paper's)."""
 Dtype = Literal["float32", "bfloat16", "float16", "float64"]
 """Model precisions :func:`lens_parallel.models.load_model` takes (statistics accumulate in float64 anyway)."""
 SensitivityMethod = Literal["exact", "attribution"]
@@ -103,6 +110,8 @@ CHOICES = (
     Architecture,
     Precision,
     Arm,
+    CurveLoss,
+    GateBound,
     Dtype,
     SensitivityMethod,
     ExplorerEdit,

@@ -32,7 +32,16 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.choices import Ablation, EditPositions, HeadsAll, HeadSpace, ReferenceGuard, Space, ValueSite
+from lens_parallel.choices import (
+    Ablation,
+    EditPositions,
+    GateBound,
+    HeadsAll,
+    HeadSpace,
+    ReferenceGuard,
+    Space,
+    ValueSite,
+)
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
     Hook,
@@ -349,14 +358,19 @@ class GatedRemoval:
     ``directions=None``: u_t = v_t, the head's own value at t (self-attention removal, XSA); a tensor
     ``[layer, head_index, d_head]``: a fixed direction per layer and head (the random-direction control).
     ``alpha=None``: g = 1 (fixed removal); a tensor ``[layer, head_index]``: g = tanh(alpha), learnable
-    (``alpha = 0`` gives g = 0, and the edited forward equals the unedited one bit for bit). Rows of the tensors are
-    indexed by layer number; every softmax-attention layer is edited. Not defined for gated attention.
+    (``alpha = 0`` gives g = 0, and the edited forward equals the unedited one bit for bit), or with
+    ``bound="sigmoid"`` g = sigmoid(alpha) in [0, 1]. Rows of the tensors are indexed by layer number; every
+    softmax-attention layer is edited. Not defined for gated attention.
     """
 
     alpha: Float[Tensor, "layer head_index"] | None = None
     directions: Float[Tensor, "layer head_index d_head"] | None = None
     eps: float = geometry.EPS
+    bound: GateBound = "tanh"
     layers: None = None  # every softmax-attention layer
+
+    def __post_init__(self) -> None:
+        check_choice("gate bound", self.bound, GateBound)
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         layers = _training_layers(info, "GatedRemoval")
@@ -383,7 +397,10 @@ class GatedRemoval:
     ) -> Float[Tensor, "batch pos head_index d_head"]:
         d = self.directions
         u = expand_kv(state.pop("v"), n_heads) if d is None else d[layer].to(z).expand_as(z)
-        g = torch.ones((), dtype=z.dtype, device=z.device) if self.alpha is None else torch.tanh(self.alpha[layer])
+        if self.alpha is None:
+            g = torch.ones((), dtype=z.dtype, device=z.device)
+        else:
+            g = (torch.tanh if self.bound == "tanh" else torch.sigmoid)(self.alpha[layer])
         s_par = (1 - g).to(z).expand(z.shape[:-1])
         return z + geometry.scale_delta(z, u, s_par=s_par, eps=self.eps)
 

@@ -29,7 +29,7 @@ from lens_parallel.training import (
     train,
 )
 from lens_parallel.training.factorial import run_factorial
-from lens_parallel.training.loop import batch_indices, build_model, learning_rate, training_data
+from lens_parallel.training.loop import ARM_FILE, batch_indices, build_model, learning_rate, training_data
 
 TINY = PRESETS["tiny"]
 TINY_GQA = dataclasses.replace(TINY, architecture="qwen3", n_heads=4, n_kv_heads=2)
@@ -99,12 +99,59 @@ def test_each_arm_changes_the_forward_as_specified(config, arm):
             expected = y - _par(y, params.directions[layer].expand_as(y))
         elif arm == "random-direction-gated":
             expected = y - torch.tanh(params.alpha[layer])[:, None] * _par(y, params.directions[layer].expand_as(y))
-        else:  # learned-gate
+        elif arm == "learned-gate":
             x = seen[("resid_pre", layer)]
             s = torch.sigmoid(x @ params.weight[layer].T + params.bias[layer])
             expected = y + (s[..., None] - 1) * _par(y, v)
+        elif arm == "learned-gate-layer":  # the removed part scaled by one gate per layer: s_par = 1 - gate
+            x = seen[("resid_pre", layer)]
+            w, b = -params.weight[layer], -params.bias[layer]  # the authors' (w, b), stored negated
+            gate = torch.sigmoid(x @ w + b)  # [batch, pos], every head
+            expected = y - gate[..., None, None] * _par(y, v)
+        else:  # xsa-alpha-layer: alpha = sigmoid(a) per layer, every head
+            expected = y - torch.sigmoid(params.alpha[layer]) * _par(y, v)
         torch.testing.assert_close(seen[("after", layer)], expected.detach(), rtol=1e-5, atol=1e-6)
         assert not torch.allclose(seen[("after", layer)], y, atol=1e-4)  # the edit did something
+
+
+@pytest.mark.parametrize("config", [TINY, TINY_GQA], ids=["gpt2", "qwen3-gqa"])
+def test_the_papers_layer_arms_count_their_parameters_and_start_as_stated(config):
+    """learned-gate-layer: d_model + 1 parameters per layer, s_par = 1 - gate_init at every token at init;
+    xsa-alpha-layer: one per layer, a = logit(1 - 1e-6) = 13.8155, s_par = 1e-6 (full removal) at init."""
+    model = build_model(config, seed=0)
+    info = model_info(model)
+    _, _, val = training_data(config)
+    tokens = val[:2]
+    gate = ArmParameters("learned-gate-layer", info, gate_init=0.3)
+    assert sum(p.numel() for p in gate.parameters()) == info.n_layers * (info.d_model + 1)
+    torch.testing.assert_close(torch.sigmoid(-gate.bias), torch.full((info.n_layers,), 0.3))  # stored as -b
+    alpha = ArmParameters("xsa-alpha-layer", info)
+    assert sum(p.numel() for p in alpha.parameters()) == info.n_layers
+    assert alpha.alpha.tolist() == pytest.approx([13.815509557963773] * info.n_layers, abs=1e-5)
+    torch.testing.assert_close(alpha.gates(), torch.full((info.n_layers, info.n_heads), 1 - 1e-6))
+    for params, s_par in ((gate, 0.7), (alpha, 1e-6)):
+        seen = _capture_around(model, params.edits(), tokens, "z", ("v",))
+        for layer in range(info.n_layers):
+            y, v = seen[("before", layer)], expand_kv(seen[("v", layer)], info.n_heads)
+            expected = y + (s_par - 1) * _par(y, v)
+            torch.testing.assert_close(seen[("after", layer)], expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"gate_init=1\.0 \(a finite number strictly between 0 and 1\)"):
+        dataclasses.replace(TINY, gate_init=1.0)
+
+
+def test_gate_init_is_in_the_digest_and_the_plan_only_where_it_is_set(tmp_path):
+    """Configs of earlier versions keep their digests (gate_init at its default is not written); another gate_init
+    is another config, and a factorial with learned-gate-layer writes it into its plan."""
+    assert PRESETS["tiny"].digest() == "21e271ef04cd" and PRESETS["cpu-small"].digest() == "f3da03045731"
+    assert "gate_init" not in PRESETS["tiny"].to_dict()
+    other = dataclasses.replace(TINY, gate_init=0.9)
+    assert other.digest() != TINY.digest() and TrainConfig.from_dict(other.to_dict()) == other
+    assert TrainConfig.from_dict(TINY.to_dict()).gate_init == 0.5
+    cfg = dataclasses.replace(TINY, steps=4, eval_every=2, gate_init=0.9)
+    plan = tmp_path / "plan.json"
+    run_factorial(cfg, ["baseline", "learned-gate-layer"], [0, 1], out=tmp_path / "runs", plan=plan, progress=False)
+    frozen = json.loads(plan.read_text())
+    assert frozen["gate_init"] == 0.9 and frozen["config"]["gate_init"] == 0.9
 
 
 def test_random_directions_are_unit_seeded_by_layer_and_shared_across_seeds():
@@ -167,7 +214,7 @@ class _Killed(Exception):
     pass
 
 
-@pytest.mark.parametrize("arm", ["baseline", "xsa-gated", "learned-gate"])
+@pytest.mark.parametrize("arm", ["baseline", "xsa-gated", "learned-gate", "learned-gate-layer", "xsa-alpha-layer"])
 def test_killed_and_resumed_run_is_bit_identical(tmp_path, arm):
     full = train(TINY, arm, 0, out=tmp_path / "full", progress=False)
 
@@ -182,6 +229,10 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path, arm):
     assert np.array_equal(full.train_loss, resumed.train_loss) and np.array_equal(full.val_loss, resumed.val_loss)
     if full.gates is not None:
         assert np.array_equal(full.gates, resumed.gates)
+    trained = torch.load(f"{full.model_dir}/{ARM_FILE}", weights_only=True)["state"]
+    init = ArmParameters(arm, model_info(build_model(TINY, seed=0))).state_dict()
+    for name, start in init.items():  # every learnable tensor moved: the compiled hooks saw each update
+        assert name == "directions" or not torch.equal(trained[name], start), name
     m_full, m_res = load_model(full.model_dir), load_model(resumed.model_dir)
     for (k, p), (_, q) in zip(
         m_full.original_model.state_dict().items(), m_res.original_model.state_dict().items(), strict=True
@@ -324,6 +375,20 @@ def test_factorial_runs_pairs_saves_and_plots(tmp_path):
     pd.testing.assert_frame_equal(loaded.paired_table(), table)
     fig = result.figure()
     assert {t.name for t in fig.data} >= {"baseline", "value-parallel-removal", "xsa-gated"}
+    assert fig.layout.yaxis.title.text == "validation loss (nats/token)"
+    # the training loss (Fig. 8 of the directional-decomposition paper): the mean over seeds of a running mean
+    train_fig = result.figure(loss="training", smooth=2)
+    mean = next(t for t in train_fig.data if t.name == "baseline")
+    runs = [r.train_loss for r in result.runs if r.arm == "baseline"]
+    running = [np.convolve(loss, [0.5, 0.5])[: len(loss)] for loss in runs]
+    for r, loss in zip(running, runs, strict=True):
+        r[0] = loss[0]  # the first point is its own mean
+    np.testing.assert_allclose(mean.y, np.mean(running, axis=0), rtol=1e-12)
+    assert list(mean.x) == list(range(1, cfg.steps + 1))
+    assert (
+        train_fig.layout.yaxis.title.text == "training loss (nats/token, batch loss per step, running mean of 2 steps)"
+    )
+    assert set(result.figures()) == {"train", "train_loss", "gates"}
     gates = result.gates()
     assert set(gates["arm"]) == {"xsa-gated"} and len(gates) == 2 * TINY.n_layers * TINY.n_heads
     assert len(result.gates_figure().data) == 2

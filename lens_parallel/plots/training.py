@@ -19,8 +19,18 @@ ARM_COLORS = {
     "random-direction": "#1f77b4",
     "random-direction-gated": "#17becf",
     "learned-gate": "#2ca02c",
+    "learned-gate-layer": "#8c564b",
+    "xsa-alpha-layer": "#e377c2",
 }
 """One colour per training arm, the same in every figure (an arm not listed gets plotly's default sequence)."""
+
+
+GATE_LABELS = {
+    "learned-gate": "s_par = sigmoid(w.x + b), mean over tokens",
+    "learned-gate-layer": "s_par = 1 - sigmoid(w.x + b), mean over tokens",
+    "xsa-alpha-layer": "g = sigmoid(a) (s_par = 1 - g)",
+}
+"""What the gates figure plots for an arm (default: g = tanh(alpha), s_par = 1 - g)."""
 
 
 def _arm_colors(arms: Iterable[str]) -> dict[str, str]:
@@ -28,29 +38,48 @@ def _arm_colors(arms: Iterable[str]) -> dict[str, str]:
     return {arm: ARM_COLORS.get(arm, fallback[i % len(fallback)]) for i, arm in enumerate(arms)}
 
 
-def training_curves(curves: pd.DataFrame, *, title: str) -> go.Figure:
-    """Validation loss against step, one line per (arm, seed)."""
+def _loss_column(curves: pd.DataFrame, smooth: int) -> tuple[str, str]:
+    """The loss column of ``curves`` (``val_loss`` or ``train_loss``) and its axis title."""
+    if smooth < 1:
+        raise ValueError(f"smooth must be a window of >= 1 points, got {smooth}")
+    if "val_loss" in curves:
+        return "val_loss", "validation loss (nats/token)"
+    mean = f", running mean of {smooth} steps" if smooth > 1 else ""
+    return "train_loss", f"training loss (nats/token, batch loss per step{mean})"
+
+
+def _smoothed(curves: pd.DataFrame, column: str, smooth: int) -> pd.DataFrame:
+    """``curves`` with ``column`` a running mean over ``smooth`` rows within each (arm, seed): each row the mean of
+    itself and the ``smooth - 1`` rows before."""
+    mean = curves.groupby(["arm", "seed"], sort=False)[column].transform(lambda x: x.rolling(smooth, 1).mean())
+    return curves.assign(**{column: mean})
+
+
+def training_curves(curves: pd.DataFrame, *, title: str, smooth: int = 1) -> go.Figure:
+    """Validation (or training) loss against step, one line per (arm, seed)."""
+    column, axis = _loss_column(curves, smooth)
     fig = go.Figure()
     colors = _arm_colors(dict.fromkeys(curves["arm"]))
-    for (arm, seed), df in curves.groupby(["arm", "seed"], sort=False):
+    for (arm, seed), df in _smoothed(curves, column, smooth).groupby(["arm", "seed"], sort=False):
         fig.add_trace(
             go.Scatter(
                 x=df["step"],
-                y=df["val_loss"],
-                mode="lines+markers",
+                y=df[column],
+                mode="lines+markers" if column == "val_loss" else "lines",
                 line={"color": colors[arm]},
                 name=f"{arm}, seed {seed}",
             )
         )
-    fig.update_layout(
-        title=title, xaxis_title="optimiser step", yaxis_title="validation loss (nats/token)", template="plotly_white"
-    )
+    fig.update_layout(title=title, xaxis_title="optimiser step", yaxis_title=axis, template="plotly_white")
     return fig
 
 
-def factorial_figure(curves: pd.DataFrame, finals: pd.DataFrame, table: pd.DataFrame) -> go.Figure:
-    """Left: validation loss per arm (line = mean over seeds, band = min-max over seeds). Right: the paired delta
-    (arm - baseline final validation loss) of every seed, with the mean and its 95% bootstrap CI."""
+def factorial_figure(curves: pd.DataFrame, finals: pd.DataFrame, table: pd.DataFrame, *, smooth: int = 1) -> go.Figure:
+    """Left: validation (or training: ``curves`` with ``train_loss``, a running mean of ``smooth`` steps) loss per
+    arm (line = mean over seeds, band = min-max over seeds). Right: the paired delta (arm - baseline final
+    validation loss) of every seed, with the mean and its 95% bootstrap CI."""
+    column, axis = _loss_column(curves, smooth)
+    curves = _smoothed(curves, column, smooth)
     arms = list(dict.fromkeys(curves["arm"]))
     colors = _arm_colors(arms)
     n_seeds = curves.groupby("arm")["seed"].nunique().max()
@@ -60,12 +89,12 @@ def factorial_figure(curves: pd.DataFrame, finals: pd.DataFrame, table: pd.DataF
         column_widths=[0.58, 0.42],
         horizontal_spacing=0.1,
         subplot_titles=[
-            f"validation loss (line: mean over {n_seeds} seeds, band: min-max)",
+            f"{axis.split(' (')[0]} (line: mean over {n_seeds} seeds, band: min-max)",
             "paired delta vs baseline (dots: seeds; bar: mean, 95% bootstrap CI)",
         ],
     )
     for arm in arms:
-        g = curves[curves["arm"] == arm].groupby("step")["val_loss"]
+        g = curves[curves["arm"] == arm].groupby("step")[column]
         x = g.mean().index.to_numpy()
         band(
             fig, x, g.min().to_numpy(), g.max().to_numpy(), colors[arm], f"{arm}: min-max over seeds", arm, 1, 1, False
@@ -116,7 +145,7 @@ def factorial_figure(curves: pd.DataFrame, finals: pd.DataFrame, table: pd.DataF
         )
     fig.add_hline(y=0, line={"color": "black", "width": 1, "dash": "dot"}, row=1, col=2)
     fig.update_xaxes(title_text="optimiser step", row=1, col=1)
-    fig.update_yaxes(title_text="validation loss (nats/token)", row=1, col=1)
+    fig.update_yaxes(title_text=axis, row=1, col=1)
     fig.update_yaxes(title_text="delta final validation loss (nats/token; < 0 helps)", row=1, col=2)
     fig.update_layout(
         title="Training-time interventions: paired by seed", template="plotly_white", height=480, width=1150
@@ -134,7 +163,7 @@ def gates_figure(gates: pd.DataFrame) -> go.Figure:
     for arm, df in gates.groupby("arm", sort=False):
         g = df.groupby("layer")["gate"]
         x = g.mean().index.to_numpy()
-        what = "s_par = sigmoid(w.x + b), mean over tokens" if arm == "learned-gate" else "g = tanh(alpha)"
+        what = GATE_LABELS.get(str(arm), "g = tanh(alpha)")
         band(
             fig,
             x,

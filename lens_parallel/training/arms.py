@@ -15,10 +15,31 @@ Every arm is built from the edits of :mod:`lens_parallel.edits`, the same code t
 ``random-direction-gated``     ``GatedRemoval(alpha, directions=u)``: matched to ``xsa-gated``
 ``learned-gate``               ``LearnedGate``: s_par = sigmoid(w . x_t + b) per token and head, w = 0 and
                                b = 0 at init (s_par = 0.5)
+``learned-gate-layer``         the directional-decomposition paper's gate: one per layer, shared by its heads,
+                               scaling the removed part, s_par = 1 - sigmoid(w . x_t + b) (x_t: the block's
+                               residual input), w = 0 and b = logit(gate_init) at init
+                               (``TrainConfig.gate_init``); d_model + 1
+                               parameters per layer
+``xsa-alpha-layer``            the paper's learnable strength: s_par = 1 - sigmoid(a) per layer (all heads),
+                               ``GatedRemoval(bound="sigmoid")``, a = logit(1 - 1e-6) = 13.8155 at init, as the
+                               authors' ``train.py`` initialises it (its target alpha = 1, clamped into
+                               [1e-6, 1 - 1e-6]): the arm starts at full removal (s_par = 1e-6); one parameter
+                               per layer
 =============================  ===========================================================================
+
+The two ``-layer`` arms follow the authors' code (Shwai-He/Transformer-Geometry, ``pretraining_nanogpt``): its
+token gate is ``sigmoid(Linear(n_embd, 1)(x))`` on the block input with the weight zeroed and the bias at
+logit(``xsa_forward_gate_init``), multiplying the removed component ``(y . v / |v|^2) v`` of every head; its
+learnable alpha is ``alpha_min + (alpha_max - alpha_min) sigmoid(raw)`` with [0, 1] bounds. The gate is written
+here through :class:`~lens_parallel.edits.LearnedGate`, its parameters stored as (-w, -b) (``weight [layer,
+d_model]``, ``bias [layer]``, sigmoid(-u) = 1 - sigmoid(u)) and broadcast over heads as views, so gradients reach
+the one shared pair of each layer. Negation is exact and AdamW's update is odd in the gradient (no weight decay on
+gate parameters), so training them is the authors' parametrisation, sign flipped.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -28,12 +49,17 @@ from lens_parallel.choices import Arm
 from lens_parallel.edits import ComponentScale, Edit, GatedRemoval, LearnedGate
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelInfo
+from lens_parallel.training.config import GATE_INIT
 from lens_parallel.validate import options
 
 ARMS: tuple[str, ...] = options(Arm)
 DIRECTION_SEED = 1_000_003
 """Random directions of layer l come from ``torch.Generator().manual_seed(DIRECTION_SEED + l)``: the same for every
 training seed and every arm that uses them."""
+
+
+ALPHA_INIT = 1 - 1e-6
+"""sigmoid(a) at init for ``xsa-alpha-layer``: the authors' target alpha = 1 clamped to ``alpha_max - 1e-6``."""
 
 
 def check_arms(arms: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -53,17 +79,28 @@ def random_directions(info: ModelInfo) -> torch.Tensor:
 class ArmParameters(nn.Module):
     """The learnable (and fixed) tensors of one arm; ``edits()`` gives the edits that use them."""
 
-    def __init__(self, arm: str, info: ModelInfo):
+    def __init__(self, arm: str, info: ModelInfo, *, gate_init: float = GATE_INIT):
         super().__init__()
         (self.arm,) = check_arms(arm)
+        self.n_heads = info.n_heads
         shape = (info.n_layers, info.n_heads)
         if arm in ("xsa-gated", "random-direction-gated"):
             self.alpha = nn.Parameter(torch.zeros(shape))
+        if arm == "xsa-alpha-layer":
+            self.alpha = nn.Parameter(torch.full((info.n_layers,), math.log(ALPHA_INIT / (1 - ALPHA_INIT))))
         if arm.startswith("random-direction"):
             self.register_buffer("directions", random_directions(info))
         if arm == "learned-gate":
             self.weight = nn.Parameter(torch.zeros(*shape, info.d_model))
             self.bias = nn.Parameter(torch.zeros(shape))
+        if arm == "learned-gate-layer":  # stored as (-w, -b): s_par = sigmoid(-w.x - b) = 1 - sigmoid(w.x + b)
+            self.weight = nn.Parameter(torch.zeros(info.n_layers, info.d_model))
+            self.bias = nn.Parameter(torch.full((info.n_layers,), -math.log(gate_init / (1 - gate_init))))
+
+    def _per_head(self, t: torch.Tensor) -> torch.Tensor:
+        """A per-layer tensor ``[layer, ...]`` broadcast to ``[layer, head_index, ...]`` (a view: gradients sum
+        over heads)."""
+        return t.unsqueeze(1).expand(t.shape[0], self.n_heads, *t.shape[1:])
 
     def edits(self) -> list[Edit]:
         if self.arm == "baseline":
@@ -74,8 +111,15 @@ class ArmParameters(nn.Module):
             return [ComponentScale("residual-attn", s_par=0.0)]
         if self.arm == "learned-gate":
             return [LearnedGate(self.weight, self.bias)]
+        if self.arm == "learned-gate-layer":  # views of the parameters: hooks compiled once see every update
+            return [LearnedGate(self._per_head(self.weight), self._per_head(self.bias))]
+        if self.arm == "xsa-alpha-layer":
+            return [GatedRemoval(alpha=self._per_head(self.alpha), bound="sigmoid")]
         return [GatedRemoval(alpha=getattr(self, "alpha", None), directions=getattr(self, "directions", None))]
 
     def gates(self) -> torch.Tensor | None:
-        """g = tanh(alpha) ``[layer, head_index]`` for the gated arms, else None."""
+        """The removal strength g ``[layer, head_index]`` of the gated arms (s_par = 1 - g): tanh(alpha), or
+        sigmoid(alpha) broadcast over heads for ``xsa-alpha-layer``; else None."""
+        if self.arm == "xsa-alpha-layer":
+            return torch.sigmoid(self._per_head(self.alpha.detach())).cpu()
         return torch.tanh(self.alpha.detach()).cpu() if hasattr(self, "alpha") else None

@@ -18,6 +18,10 @@ from lens_parallel.errors import LensParallelError
 from lens_parallel.tokenizers import BUNDLED_TOKENIZERS
 from lens_parallel.validate import options
 
+GATE_INIT = 0.5
+"""The default removal gate of the ``learned-gate-layer`` arm at init (s_par = 0.5, as ``learned-gate`` starts): the
+authors' ``train.py`` requires a ``xsa_forward_gate_init`` in (0, 1) for a learnable gate (its default 1.0 is
+refused there), and the value of the paper's runs is not in the public code."""
 ARCHITECTURES: tuple[Architecture, ...] = options(Architecture)
 PRECISIONS: tuple[Precision, ...] = options(Precision)
 
@@ -36,6 +40,9 @@ class TrainConfig:
     Optimiser: AdamW (betas 0.9, 0.95; no weight decay on biases, norms and gate parameters), linear warmup over
     ``warmup_steps`` then cosine decay to ``min_lr_ratio * lr`` at ``steps``, gradient-norm clipping at ``grad_clip``.
     ``device``/``precision`` ``auto``: CUDA with bf16 autocast when available, else CPU in float32.
+    ``gate_init``: the removal gate sigmoid(b) of the ``learned-gate-layer`` arm at init, in (0, 1) (no other arm
+    reads it; :meth:`to_dict` and the digest name it only when it is not the default, so earlier configs keep their
+    digests).
     """
 
     architecture: Architecture = "gpt2"
@@ -59,6 +66,7 @@ class TrainConfig:
     checkpoint_every: int = 50
     device: str = "auto"
     precision: Precision = "auto"
+    gate_init: float = GATE_INIT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "texts", (self.texts,) if isinstance(self.texts, str) else tuple(self.texts))
@@ -92,6 +100,7 @@ class TrainConfig:
             "min_lr_ratio": (self.min_lr_ratio, "a finite number in [0, 1]", lambda x: 0 <= x <= 1),
             "weight_decay": (self.weight_decay, "a finite number >= 0", lambda x: x >= 0),
             "grad_clip": (self.grad_clip, "a finite number > 0", lambda x: x > 0),
+            "gate_init": (self.gate_init, "a finite number strictly between 0 and 1", lambda x: 0 < x < 1),
         }
         for name, (value, accepted, ok) in ranges.items():
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -128,6 +137,8 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["texts"] = list(self.texts)
+        if self.gate_init == GATE_INIT:  # added in 0.12.0: earlier configs keep their digest and plans
+            del out["gate_init"]
         return out
 
     def digest(self) -> str:

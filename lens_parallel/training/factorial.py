@@ -30,7 +30,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from lens_parallel import stats
-from lens_parallel.choices import Arm
+from lens_parallel.choices import Arm, CurveLoss
 from lens_parallel.distributed import check_workers, run_remote
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import head_label
@@ -91,6 +91,10 @@ class TrainSettings:
         default=None, metadata={"help": "corpora to train on", "none": "the preset's"}
     )
     device: str = field(default="auto", metadata={"help": "auto (CUDA + bf16 when available), cpu or cuda"})
+    gate_init: float | None = field(
+        default=None,
+        metadata={"help": "learned-gate-layer: the removal gate at init, in (0, 1)", "none": "the preset's (0.5)"},
+    )
     plan: str | None = field(default=None, metadata={"help": "freeze the analysis plan to this JSON file first"})
 
     def __post_init__(self) -> None:
@@ -107,6 +111,7 @@ class TrainSettings:
         changes: dict[str, Any] = {"device": self.device}
         changes |= {"steps": self.steps} if self.steps else {}
         changes |= {"texts": tuple(self.texts)} if self.texts else {}
+        changes |= {"gate_init": self.gate_init} if self.gate_init is not None else {}
         config = dataclasses.replace(PRESETS[self.preset], **changes)
         return config.with_tokens(self.tokens) if self.tokens else config
 
@@ -227,7 +232,7 @@ def _plan(
         "tokens_per_run": config.tokens_per_run,
         "config": config.to_dict(),
         "config_hash": config.digest(),
-    }
+    } | ({"gate_init": config.gate_init} if "learned-gate-layer" in arms else {})
 
 
 def _plan_hash(plan: dict[str, Any]) -> str:
@@ -327,9 +332,10 @@ class FactorialResult(ResultMixin):
     plan_hash: str | None
     provenance: Provenance
 
-    def curves(self) -> pd.DataFrame:
-        """Validation loss per arm, seed and evaluation step."""
-        return pd.concat([run.to_dataframe() for run in self.runs], ignore_index=True)
+    def curves(self, loss: CurveLoss = "validation") -> pd.DataFrame:
+        """Validation loss per arm, seed and evaluation step (``val_loss``), or with ``loss="training"`` the
+        training loss of every step (``train_loss``)."""
+        return pd.concat([run.curve(loss) for run in self.runs], ignore_index=True)
 
     def finals(self) -> pd.DataFrame:
         return pd.DataFrame([{"arm": r.arm, "seed": r.seed, "final_val_loss": r.final_val_loss} for r in self.runs])
@@ -364,7 +370,9 @@ class FactorialResult(ResultMixin):
         )
 
     def figures(self) -> dict[str, go.Figure]:
-        return {"train": self.figure(), "gates": self.gates_figure()}
+        smooth = max(1, min(len(r.train_loss) for r in self.runs) // 50)  # about 50 points of running mean a curve
+        train_loss = self.figure(loss="training", smooth=smooth)
+        return {"train": self.figure(), "train_loss": train_loss, "gates": self.gates_figure()}
 
     def gates(self) -> pd.DataFrame:
         """Learned gates per arm, seed, layer and head (g = tanh(alpha), or the mean learned s_par and its std)."""
@@ -385,8 +393,10 @@ class FactorialResult(ResultMixin):
         ]
         return pd.DataFrame(rows, columns=["arm", "seed", "layer", "head", "label", "gate", "gate_std"])
 
-    def figure(self) -> go.Figure:
-        return factorial_figure(self.curves(), self.finals(), self.paired_table())
+    def figure(self, *, loss: CurveLoss = "validation", smooth: int = 1) -> go.Figure:
+        """Left: the ``loss`` curves per arm (``training``: every step's batch loss, as the directional-decomposition
+        paper's Fig. 8; ``smooth``: running mean over that many points); right: the paired final deltas."""
+        return factorial_figure(self.curves(loss), self.finals(), self.paired_table(), smooth=smooth)
 
     def gates_figure(self) -> go.Figure:
         return gates_figure(self.gates())

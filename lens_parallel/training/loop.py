@@ -35,6 +35,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from transformers import PreTrainedTokenizerBase
 
 from lens_parallel.analyses.evaluate import document_losses
+from lens_parallel.choices import CurveLoss
 from lens_parallel.data import boundary_token, load_texts, stream_blocks
 from lens_parallel.edits import Edit, LearnedGate, apply_edits, compile_hooks
 from lens_parallel.errors import LensParallelError
@@ -46,6 +47,7 @@ from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.tokenizers import BUNDLED_TOKENIZERS, load_bundled_tokenizer, trained_bpe_folder
 from lens_parallel.training.arms import ArmParameters, check_arms
 from lens_parallel.training.config import TrainConfig
+from lens_parallel.validate import check_choice
 
 VAL_SPLIT_SEED = 0
 """The validation blocks are the same for every seed and arm: the first ``n_val_blocks`` of a permutation seeded
@@ -87,6 +89,17 @@ class TrainRun(ResultMixin):
         """One row per evaluation: arm, seed, step, val_loss."""
         return pd.DataFrame({"arm": self.arm, "seed": self.seed, "step": self.eval_steps, "val_loss": self.val_loss})
 
+    def train_curve(self) -> pd.DataFrame:
+        """One row per optimiser step: arm, seed, step (1 = after the first update), train_loss (the step's batch
+        loss, nats/token, before its update)."""
+        steps = np.arange(1, len(self.train_loss) + 1)
+        return pd.DataFrame({"arm": self.arm, "seed": self.seed, "step": steps, "train_loss": self.train_loss})
+
+    def curve(self, loss: CurveLoss = "validation") -> pd.DataFrame:
+        """:meth:`to_dataframe` (validation) or :meth:`train_curve` (training)."""
+        check_choice("loss", loss, CurveLoss)
+        return self.to_dataframe() if loss == "validation" else self.train_curve()
+
     def summary(self) -> pd.DataFrame:
         """One row: the run's final validation loss, its size and its wall time."""
         row = {
@@ -100,8 +113,9 @@ class TrainRun(ResultMixin):
         }
         return pd.DataFrame([row])
 
-    def figure(self) -> go.Figure:
-        return training_curves(self.to_dataframe(), title=f"{self.arm}, seed {self.seed}")
+    def figure(self, *, loss: CurveLoss = "validation", smooth: int = 1) -> go.Figure:
+        """The run's ``loss`` curve (``smooth``: running mean over that many points)."""
+        return training_curves(self.curve(loss), title=f"{self.arm}, seed {self.seed}", smooth=smooth)
 
 
 def check_seed(seed: object) -> int:
@@ -262,7 +276,7 @@ class _Trainer:
     @classmethod
     def start(cls, config: TrainConfig, arm: str, seed: int, device: str, bf16: bool) -> _Trainer:
         model = build_model(config, seed=seed, device=device)
-        params = ArmParameters(arm, model_info(model)).to(device)
+        params = ArmParameters(arm, model_info(model), gate_init=config.gate_init).to(device)
         optimizer = _optimizer(model, params, config)
         state = {"step": 0, "train_loss": [], "evals": [], "wall_s": 0.0}
         return cls(config, arm, seed, device, bf16, model, params, optimizer, state)
