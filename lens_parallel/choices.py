@@ -54,8 +54,11 @@ SignFlipWeights = Literal["documents", "tokens"]
 """What a sign flip flips: each document's mean Δ (every document weighs the same) or its Δ sum (token-weighted)."""
 SplitHalfMethod = Literal["pooled", "cross-half"]
 """How split-half reliability forms rho_raw: the paper's pooled diagnostic, or across halves."""
-Sublayer = Literal["attn", "mlp"]
-"""A block's sublayers whose updates compression error decomposes."""
+Sublayer = Literal["attn", "mlp", "block"]
+"""The updates compression error decomposes: a block's attention and MLP sublayers, and the whole block."""
+CompressionMode = Literal["local", "global"]
+"""How compression error feeds the compressed blocks: ``local`` each the dense model's input (one block swapped at a
+time), ``global`` the compressed model's own (every block compressed, errors compound)."""
 Architecture = Literal["gpt2", "gpt-neox", "qwen3"]
 """Architectures of the small trained models."""
 Precision = Literal["auto", "float32", "bfloat16"]
@@ -107,6 +110,7 @@ CHOICES = (
     SignFlipWeights,
     SplitHalfMethod,
     Sublayer,
+    CompressionMode,
     Architecture,
     Precision,
     Arm,

@@ -6,10 +6,16 @@ Method specs (:meth:`Compression.parse`):
   of each output channel. w' = s * clamp(round(w / s), -2^(b-1), 2^(b-1) - 1), s = max|w| / (2^(b-1) - 1) over the
   channel or group (quantize-dequantize in float: the error analysed is the rounding itself, on any device).
 - ``magnitude-50%``: unstructured magnitude pruning, the smallest |w| of each weight matrix set to 0.
-- ``wanda-50%``: Wanda (Sun et al. 2023), score |w_ij| * ||X_j||_2 with X_j input feature j over calibration
-  tokens; the lowest-scoring weights of each output row are set to 0.
-- ``magnitude-2:4``, ``wanda-4:8``, ...: N:M semi-structured: in every group of M consecutive input weights of a
-  row, only the N highest-scoring survive.
+- ``wanda-50%``: Wanda's score |w_ij| * ||X_j||_2 with X_j input feature j over calibration tokens, every norm
+  taken in one forward of the dense model (a single pass); the lowest-scoring weights of each output row are set to
+  0.
+- ``wanda-seq-50%``: Wanda as its paper (Sun et al. 2023) and its code (``prune_wanda``) compute it, layer by layer:
+  the input norms of block l's linear maps are taken with blocks 0..l-1 already pruned (block l itself dense while
+  its norms are measured), then block l is pruned; the directional-decomposition paper's Wanda checkpoints were
+  made so. Calibration texts default to a corpus apart from the analysed prompts
+  (:func:`lens_parallel.analyses.compression.compression_error`).
+- ``magnitude-2:4``, ``wanda-4:8``, ``wanda-seq-2:4``, ...: N:M semi-structured: in every group of M consecutive
+  input weights of a row, only the N highest-scoring survive.
 - ``none``: no change (the check that e = 0).
 
 Compressed: every linear map inside the transformer blocks (attention q, k, v, o and the MLP; ``nn.Linear`` and
@@ -20,10 +26,13 @@ analysis of the error does not need.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import cast
 
 import einops
@@ -35,17 +44,17 @@ from transformer_lens.model_bridge import TransformerBridge
 from transformers.pytorch_utils import Conv1D
 
 from lens_parallel.errors import LensParallelError
-from lens_parallel.models import export_hf_model, wrap_hf_model
+from lens_parallel.models import export_hf_model, load_model, wrap_hf_model
 
-_SPEC = re.compile(r"^(?:(none)|int(\d+)(?:-g(\d+))?|(magnitude|wanda)-(?:(\d+(?:\.\d+)?)%|(\d+):(\d+)))$")
-SPEC_HELP = "none, int8, int4, int4-g128, magnitude-50%, wanda-50%, magnitude-2:4, wanda-4:8"
+_SPEC = re.compile(r"^(?:(none)|int(\d+)(?:-g(\d+))?|(magnitude|wanda-seq|wanda)-(?:(\d+(?:\.\d+)?)%|(\d+):(\d+)))$")
+SPEC_HELP = "none, int8, int4, int4-g128, magnitude-50%, wanda-50%, wanda-seq-50%, magnitude-2:4, wanda-seq-2:4"
 
 
 @dataclass(frozen=True)
 class Compression:
     """One compression method (see the module docstring); build it with :meth:`parse`."""
 
-    kind: str  # "none", "int", "magnitude" or "wanda"
+    kind: str  # "none", "int", "magnitude", "wanda" or "wanda-seq"
     bits: int | None = None
     group_size: int | None = None
     sparsity: float | None = None
@@ -83,18 +92,33 @@ class Compression:
         assert self.sparsity is not None  # parse sets N:M or a sparsity for pruning
         return f"{self.kind}-{self.sparsity * 100:g}%"
 
+    @property
+    def calibrated(self) -> bool:
+        """Whether the method reads calibration tokens (Wanda's input norms)."""
+        return self.kind.startswith("wanda")
+
     def apply(self, hf_model: transformers.PreTrainedModel, calibration: Int[Tensor, "batch pos"] | None) -> None:
         """Compress ``hf_model``'s block linear maps in place (Wanda reads input norms from ``calibration``)."""
         layers = dict(block_linears(hf_model))
         if self.kind == "none":
             return
+        if self.calibrated and calibration is None:
+            raise LensParallelError("Wanda needs calibration tokens to measure input-feature norms")
+        if self.kind == "wanda-seq" and calibration is not None:
+            for block, names in _by_block(layers).items():  # in order: each block's inputs come from pruned ones
+                group = {name: layers[name] for name in names}
+                block_norms = linear_input_norms(hf_model, group, calibration, stop_after=hf_model.get_submodule(block))
+                self._compress(group, block_norms)
+            return
         norms = None
-        if self.kind == "wanda":
-            if calibration is None:
-                raise LensParallelError("Wanda needs calibration tokens to measure input-feature norms")
+        if self.kind == "wanda" and calibration is not None:  # every norm from one forward of the dense model
             norms = linear_input_norms(hf_model, layers, calibration)
+        self._compress(layers, norms)
+
+    def _compress(self, modules: Mapping[str, nn.Linear | Conv1D], norms: Mapping[str, Tensor] | None) -> None:
+        """Quantize or prune each of ``modules`` in place (Wanda's score with the input ``norms``)."""
         with torch.no_grad():
-            for name, module in layers.items():
+            for name, module in modules.items():
                 w = _as_out_in(module)
                 if self.kind == "int":
                     assert self.bits is not None  # parse sets bits for int
@@ -105,16 +129,29 @@ class Compression:
                         keep = nm_mask(score, self.n, self.m)
                     else:
                         assert self.sparsity is not None  # parse sets N:M or a sparsity for pruning
-                        keep = sparsity_mask(score, self.sparsity, per_row=self.kind == "wanda")
+                        keep = sparsity_mask(score, self.sparsity, per_row=self.kind != "magnitude")
                     new = w * keep
                 _set_out_in(module, new)
+
+
+_BLOCK = re.compile(r"^(.*?(?:^|\.)(?:h|layers)\.\d+)\.")
 
 
 def block_linears(hf_model: nn.Module) -> Iterator[tuple[str, nn.Linear | Conv1D]]:
     """The linear maps inside the transformer blocks (names with a layer index; not embeddings or lm_head)."""
     for name, module in hf_model.named_modules():
-        if isinstance(module, (nn.Linear, Conv1D)) and re.search(r"\.(h|layers)\.\d+\.", f".{name}"):
+        if isinstance(module, (nn.Linear, Conv1D)) and _BLOCK.match(name):
             yield name, module
+
+
+def _by_block(modules: Mapping[str, nn.Module]) -> dict[str, list[str]]:
+    """Module names grouped by the block that holds them (``model.layers.3``), blocks in forward order."""
+    blocks: dict[str, list[str]] = {}
+    for name in modules:
+        match = _BLOCK.match(name)
+        assert match is not None  # block_linears keeps only names inside a block
+        blocks.setdefault(match.group(1), []).append(name)
+    return dict(sorted(blocks.items(), key=lambda item: int(item[0].rsplit(".", 1)[1])))
 
 
 def _as_out_in(module: nn.Linear | Conv1D) -> Float[Tensor, "d_out d_in"]:
@@ -171,11 +208,20 @@ def method_name(method: MethodLike) -> str:
     return getattr(method, "__name__", type(method).__name__)
 
 
+class _Stop(Exception):
+    """Ends a calibration forward once the block whose inputs are measured has run."""
+
+
 def linear_input_norms(
-    hf_model: nn.Module, modules: Mapping[str, nn.Module], tokens: Int[Tensor, "batch pos"]
+    hf_model: nn.Module,
+    modules: Mapping[str, nn.Module],
+    tokens: Int[Tensor, "batch pos"],
+    *,
+    stop_after: nn.Module | None = None,
 ) -> dict[str, Float[Tensor, " d_in"]]:
     """||X_j||_2 of every input feature j of each module over all calibration tokens (one forward of the plain
-    Hugging Face model, torch pre-hooks that only read their input)."""
+    Hugging Face model, torch pre-hooks that only read their input; ``stop_after``: end the forward once that module
+    has run, the rest of the model is not needed)."""
     sums: dict[str, Tensor] = {}
 
     def accumulate(module: nn.Module, args: tuple[Tensor, ...], *, name: str) -> None:
@@ -183,9 +229,14 @@ def linear_input_norms(
         square = einops.reduce(x * x, "... d_in -> d_in", "sum")
         sums[name] = square if name not in sums else sums[name] + square
 
+    def stop(module: nn.Module, args: object, output: object) -> None:
+        raise _Stop
+
     handles = [m.register_forward_pre_hook(partial(accumulate, name=n)) for n, m in modules.items()]
+    if stop_after is not None:
+        handles.append(stop_after.register_forward_hook(stop))
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), contextlib.suppress(_Stop):
             hf_model(tokens)
     finally:
         for handle in handles:
@@ -214,3 +265,60 @@ def compress(
         device=str(model.cfg.device),
         dtype=next(model.parameters()).dtype,  # the original's precision (a bfloat16 model stays bfloat16)
     )
+
+
+ARCHITECTURE_FREE_FIELDS = frozenset(
+    {"quantization_config", "torch_dtype", "dtype", "transformers_version", "name_or_path"}
+    | {"output_attentions", "output_hidden_states", "use_cache", "return_dict", "torchscript"}
+)
+"""Config fields a compressed checkpoint may change without being another architecture (also every ``_``-field):
+its quantization and precision, and run-time flags (the bridge asks its model for attentions)."""
+
+
+def _architecture(model: TransformerBridge) -> dict[str, object]:
+    config = cast(transformers.PretrainedConfig, model.original_model.config).to_dict()
+    return {k: v for k, v in config.items() if k not in ARCHITECTURE_FREE_FIELDS and not k.startswith("_")}
+
+
+def _quant_method(model: TransformerBridge | None, spec: str) -> str | None:
+    """The ``quantization_config.quant_method`` of a loaded model or of a folder's config.json, if any."""
+    config = (
+        cast(transformers.PretrainedConfig, model.original_model.config).to_dict()
+        if model is not None
+        else json.loads(config_path.read_text())
+        if (config_path := Path(spec) / "config.json").is_file()
+        else {}
+    )
+    quant = config.get("quantization_config") or {}
+    return quant.get("quant_method") if isinstance(quant, dict) else None
+
+
+def checked_compressed(model: TransformerBridge, compressed: TransformerBridge | str) -> TransformerBridge:
+    """``compressed`` (a bridge, or a folder / spec loaded on ``model``'s device) after checking that it is
+    ``model`` compressed: the same config up to :data:`ARCHITECTURE_FREE_FIELDS` and the same tokenizer
+    vocabulary. A checkpoint whose quantization kernels cannot run here is refused in one line."""
+    name = compressed if isinstance(compressed, str) else compressed.cfg.model_name
+    if isinstance(compressed, str):
+        device = str(model.cfg.device)
+        try:
+            compressed = load_model(compressed, device=device)
+        except LensParallelError:
+            raise
+        except (ImportError, RuntimeError, ValueError, OSError, NotImplementedError) as exc:
+            quant = _quant_method(None, name)
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise LensParallelError(
+                f"the compressed model {name!r}{f' ({quant})' if quant else ''} cannot run on {device} with the "
+                f"installed kernels: {why}"
+            ) from exc
+    ours, theirs = _architecture(model), _architecture(compressed)
+    differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+    if differ:
+        shown = ", ".join(f"{k} {ours.get(k)!r} vs {theirs.get(k)!r}" for k in differ[:4])
+        raise LensParallelError(
+            f"the compressed model {name!r} is not {model.cfg.model_name}'s architecture: its config differs in "
+            f"{shown}{' ...' if len(differ) > 4 else ''}"
+        )
+    if model.tokenizer.get_vocab() != compressed.tokenizer.get_vocab():
+        raise LensParallelError(f"the compressed model {name!r} has another tokenizer than {model.cfg.model_name}")
+    return compressed

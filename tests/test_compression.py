@@ -10,9 +10,19 @@ import torch
 from lens_parallel.analyses.compression import compression_error
 from lens_parallel.compression import Compression, _as_out_in, block_linears, compress, nm_mask, quantize_rtn
 from lens_parallel.models import export_hf_model
+from lens_parallel.tokenizers import BUNDLED_TOKENIZERS, load_bundled_tokenizer
 from tests.conftest import Killed, KillSwitch, get_model
 
-METHODS = ("int8", "int4-g16", "magnitude-50%", "wanda-50%", "magnitude-2:4", "wanda-4:8")
+METHODS = (
+    "int8",
+    "int4-g16",
+    "magnitude-50%",
+    "wanda-50%",
+    "magnitude-2:4",
+    "wanda-4:8",
+    "wanda-seq-50%",
+    "wanda-seq-2:4",
+)
 
 
 def _tokens(model, n=4, seq=24):
@@ -23,6 +33,7 @@ def test_parse_specs_and_names():
     assert Compression.parse("int4-g128") == Compression("int", bits=4, group_size=128)
     assert Compression.parse("wanda-50%") == Compression("wanda", sparsity=0.5)
     assert Compression.parse("magnitude-2:4") == Compression("magnitude", n=2, m=4)
+    assert Compression.parse("wanda-seq-2:4") == Compression("wanda-seq", n=2, m=4)
     for spec in METHODS:
         assert Compression.parse(spec).name == spec
     for bad in ("int1", "wanda-100%", "magnitude-4:2", "gptq", "int4-gx"):
@@ -110,9 +121,10 @@ def test_compression_error_on_toy_models_table_and_figure():
     toks = _tokens(model, n=6)
     result = compression_error(model, toks, method=["int8", "int4-g16", "wanda-50%"])
     df = result.layer_table()
-    assert len(df) == 3 * 2 * model.cfg.n_layers
+    assert result.sublayers == ("attn", "mlp", "block")
+    assert len(df) == 3 * 3 * model.cfg.n_layers
     tidy = result.to_dataframe()  # one row per (method, sublayer, layer, prompt)
-    assert len(tidy) == 3 * 2 * model.cfg.n_layers * 6
+    assert len(tidy) == 3 * 3 * model.cfg.n_layers * 6
     np.testing.assert_allclose(
         tidy.groupby(["method", "sublayer", "layer"], sort=False).par.mean(), df.par_mean, equal_nan=True
     )
@@ -151,3 +163,183 @@ def test_a_killed_compression_run_resumes_to_identical_results(tmp_path, monkeyp
     assert switch.calls == ["wanda-2:4", "int4-g128"]
     for name in ("par", "perp", "coef", "delta_loss", "delta_loss_ci"):
         np.testing.assert_array_equal(getattr(resumed, name), getattr(fresh, name), err_msg=name)
+
+
+def _independent_errors(model, compressed, tokens, mode: str) -> dict[str, np.ndarray]:
+    """par, perp, coef ``[sublayer, layer, prompt]`` at each prompt's last position and the input drift ``[layer,
+    prompt]``, from TransformerLens caches alone: the compressed block fed the dense resid_pre (a hook replacing it)
+    in local mode, the compressed model on its own in global mode; e = out_c - out_dense, delta = the dense update
+    (attn_out, mlp_out, resid_post - resid_pre)."""
+    n = model.cfg.n_layers
+    names = [
+        f"blocks.{layer}.{h}"
+        for layer in range(n)
+        for h in ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
+    ]
+    with torch.inference_mode():
+        _, dense = model.run_with_cache(tokens, names_filter=names)
+        caches = []
+        if mode == "global":
+            caches = [compressed.run_with_cache(tokens, names_filter=names)[1]] * n
+        else:
+            for layer in range(n):
+                feed = dense[f"blocks.{layer}.hook_resid_pre"]
+                hook = (f"blocks.{layer}.hook_resid_pre", lambda t, hook, feed=feed: feed.clone())
+                with compressed.hooks(fwd_hooks=[hook]):
+                    caches.append(compressed.run_with_cache(tokens, names_filter=names)[1])
+    out = {k: np.zeros((3, n, len(tokens))) for k in ("par", "perp", "coef")}
+    drift = np.zeros((n, len(tokens)))
+    for layer in range(n):
+        got = caches[layer]
+        x = dense[f"blocks.{layer}.hook_resid_pre"][:, -1].double()
+        pairs = [
+            (got[f"blocks.{layer}.hook_{r}"][:, -1].double() - dense[f"blocks.{layer}.hook_{r}"][:, -1].double(), d)
+            for r, d in (
+                ("attn_out", dense[f"blocks.{layer}.hook_attn_out"][:, -1].double()),
+                ("mlp_out", dense[f"blocks.{layer}.hook_mlp_out"][:, -1].double()),
+                ("resid_post", dense[f"blocks.{layer}.hook_resid_post"][:, -1].double() - x),
+            )
+        ]
+        for j, (e, d) in enumerate(pairs):
+            coef = (e * d).sum(-1) / (d * d).sum(-1)
+            e_par = coef[:, None] * d
+            out["par"][j, layer] = (e_par.norm(dim=-1) / d.norm(dim=-1)).numpy()
+            out["perp"][j, layer] = ((e - e_par).norm(dim=-1) / d.norm(dim=-1)).numpy()
+            out["coef"][j, layer] = coef.numpy()
+        x_c = got[f"blocks.{layer}.hook_resid_pre"][:, -1].double()
+        drift[layer] = ((x_c - x).norm(dim=-1) / x.norm(dim=-1)).numpy()
+    return out | {"drift": drift}
+
+
+@pytest.mark.parametrize("spec", ["toy-llama", "toy-gpt2"])
+def test_local_and_global_modes_and_the_block_against_an_independent_computation(spec):
+    """Every sublayer's and the whole block's errors equal a computation from TransformerLens caches alone, in both
+    modes. Local: every block's input is the dense one bit for bit (drift exactly 0). Global: the first compressed
+    layer's errors equal local mode's, later layers' differ (errors compound), and the drift grows from 0."""
+    model = get_model(spec)
+    toks = _tokens(model, n=3, seq=16)
+    compressed = compress(model, "int4-g16")
+    results = {}
+    for mode in ("local", "global"):
+        result = compression_error(model, toks, method="int4-g16", mode=mode, scored="last")
+        results[mode] = result
+        expected = _independent_errors(model, compressed, toks, mode)
+        for field in ("par", "perp", "coef"):
+            np.testing.assert_allclose(getattr(result, field)[0], expected[field], rtol=2e-4, atol=1e-6, err_msg=field)
+        np.testing.assert_allclose(result.input_drift[0], expected["drift"], rtol=1e-4, atol=1e-7)
+        assert result.mode == mode and mode in result.figure(sublayer="block").layout.title.text
+    local, glob = results["local"], results["global"]
+    assert (local.input_drift == 0).all()  # the dense input, bit for bit
+    assert (glob.input_drift[0, 0] == 0).all() and (glob.input_drift[0, 1:] > 1e-4).all()
+    for field in ("par", "perp", "coef"):
+        np.testing.assert_allclose(getattr(glob, field)[:, :, 0], getattr(local, field)[:, :, 0], rtol=1e-6)
+        assert not np.allclose(getattr(glob, field)[:, :, -1], getattr(local, field)[:, :, -1], rtol=1e-3)
+    # in a sequential block the block's error is the attention's plus the MLP's (local mode, last position)
+    np.testing.assert_allclose(local.coef[0, 2], _block_coef(model, compressed, toks), rtol=2e-4, atol=1e-6)
+
+
+def _block_coef(model, compressed, tokens) -> np.ndarray:
+    """e . delta / |delta|^2 of the block with e = e_attn + e_mlp and delta = attn_out + mlp_out (dense), each
+    compressed block fed the dense input: the sum of the sublayers' errors, for a sequential block."""
+    n = model.cfg.n_layers
+    coefs = np.zeros((n, len(tokens)))
+    with torch.inference_mode():
+        _, dense = model.run_with_cache(tokens)
+        for layer in range(n):
+            feed = dense[f"blocks.{layer}.hook_resid_pre"]
+            hook = (f"blocks.{layer}.hook_resid_pre", lambda t, hook, feed=feed: feed.clone())
+            with compressed.hooks(fwd_hooks=[hook]):
+                _, got = compressed.run_with_cache(tokens)
+            a_d, m_d = (dense[f"blocks.{layer}.hook_{r}"][:, -1].double() for r in ("attn_out", "mlp_out"))
+            a_c, m_c = (got[f"blocks.{layer}.hook_{r}"][:, -1].double() for r in ("attn_out", "mlp_out"))
+            e, d = (a_c - a_d) + (m_c - m_d), a_d + m_d
+            coefs[layer] = ((e * d).sum(-1) / (d * d).sum(-1)).numpy()
+    return coefs
+
+
+def test_a_saved_compressed_checkpoint_equals_the_in_place_method(tmp_path):
+    """compressed= a folder holding the same compression gives exactly the in-place method's numbers; another
+    architecture, another tokenizer, or both method= and compressed= are refused in one line."""
+    model = get_model("toy-llama")
+    toks = _tokens(model, n=3, seq=16)
+    folder = tmp_path / "int8"
+    copy = compress(model, "int8")
+    export_hf_model(copy.original_model).save_pretrained(folder)
+    model.tokenizer.save_pretrained(folder)
+    in_place = compression_error(model, toks, method="int8", progress=False)
+    loaded = compression_error(model, toks, compressed=str(folder), progress=False)
+    for field in ("par", "perp", "coef", "input_drift", "delta_loss"):
+        assert np.array_equal(getattr(loaded, field), getattr(in_place, field), equal_nan=True), field
+    assert loaded.methods == (str(folder),) and loaded.provenance.settings["compressed"] == str(folder)
+    with pytest.raises(ValueError, match=r"is not toy-llama's architecture: its config differs in"):
+        compression_error(model, toks, compressed=get_model("toy-qwen3"))
+    other_tok = tmp_path / "other-tokenizer"
+    export_hf_model(copy.original_model).save_pretrained(other_tok)
+    vocab = model.tokenizer.get_vocab()
+    other = next(t for t in map(load_bundled_tokenizer, BUNDLED_TOKENIZERS) if t.get_vocab() != vocab)
+    other.save_pretrained(other_tok)
+    with pytest.raises(ValueError, match="has another tokenizer than toy-llama"):
+        compression_error(model, toks, compressed=str(other_tok))
+    with pytest.raises(ValueError, match=r"give either method= \(compress a copy\) or compressed="):
+        compression_error(model, toks, compressed=str(folder), method="int8")
+
+
+def _reference_sequential_wanda(hf, tokens, sparsity: float):
+    """Wanda layer by layer, written out: for each block in order, a full forward of the model as pruned so far with
+    pre-hooks summing x^2 of each of the block's linear inputs, then each output row's lowest-scoring
+    ``sparsity`` fraction (score |w| sqrt(sum x^2), sorted) set to 0."""
+    blocks: dict[int, list] = {}
+    for name, module in block_linears(hf):
+        blocks.setdefault(int(name.split(".")[2]), []).append(module)
+    sums: dict = {}
+
+    def add(module, args):
+        sums[module] = sums.get(module, 0) + (args[0].double() ** 2).sum((0, 1))
+
+    for index in sorted(blocks):
+        sums.clear()
+        handles = [m.register_forward_pre_hook(add) for m in blocks[index]]
+        with torch.no_grad():
+            hf(tokens)
+        for h in handles:
+            h.remove()
+        with torch.no_grad():
+            for m in blocks[index]:
+                w = _as_out_in(m)
+                score = w.abs().double() * sums[m].sqrt()[None, :]
+                k = int(w.shape[1] * sparsity)
+                order = score.argsort(dim=1)
+                keep = torch.ones_like(w, dtype=torch.bool)
+                keep.scatter_(1, order[:, :k], False)
+                new = w * keep
+                if isinstance(m, torch.nn.Linear):
+                    m.weight.copy_(new)
+                else:
+                    m.weight.copy_(new.T)
+
+
+def test_sequential_wanda_equals_a_layer_by_layer_reference_and_differs_from_one_pass():
+    model = get_model("toy-llama")
+    calib = _tokens(model, n=4, seq=16)
+    seq, ref, one = (export_hf_model(model.original_model) for _ in range(3))
+    Compression.parse("wanda-seq-50%").apply(seq, calib)
+    _reference_sequential_wanda(ref, calib, 0.5)
+    Compression.parse("wanda-50%").apply(one, calib)
+    masks = {}
+    for (name, a), (_, b), (_, c) in zip(block_linears(seq), block_linears(ref), block_linears(one), strict=True):
+        assert torch.equal(_as_out_in(a) != 0, _as_out_in(b) != 0), name  # the same masks as the reference
+        torch.testing.assert_close(_as_out_in(a), _as_out_in(b), rtol=0, atol=0)
+        masks[name] = bool(torch.equal(_as_out_in(a) != 0, _as_out_in(c) != 0))
+    first = [name for name in masks if ".layers.0." in name]
+    later = [name for name in masks if ".layers.0." not in name]
+    assert all(masks[name] for name in first)  # layer 0's inputs are the dense model's either way
+    assert not all(masks[name] for name in later)  # later inputs come from pruned layers: other masks
+
+
+def test_sequential_wanda_calibrates_apart_from_the_prompts_by_default():
+    model = get_model("toy-llama")
+    toks = _tokens(model, n=3, seq=16)
+    default = compression_error(model, toks, method="wanda-seq-50%", progress=False)
+    on_prompts = compression_error(model, toks, method="wanda-seq-50%", calibration=toks, progress=False)
+    assert "apart" in default.provenance.settings["calibration"]
+    assert not np.allclose(default.perp, on_prompts.perp, equal_nan=True)

@@ -1,13 +1,19 @@
 """Directional decomposition of compression error, layer by layer.
 
-For each layer l and sublayer (attention, MLP), the compressed block is fed the *dense* model's input resid_pre[l]
-(errors do not compound across blocks; inside a sequential block the MLP sees the compressed attention's output),
-and its update is compared with the dense one:
+For each layer l, the compressed model's update of each sublayer (attention, MLP) is compared with the dense one,
+and the whole block's output with the dense block's:
 
-    e = delta_compressed - delta_base,   e_par = (e . delta_base / |delta_base|^2) delta_base,   e_perp = e - e_par
+    e = out_compressed - out_dense,   e_par = (e . delta / |delta|^2) delta,   e_perp = e - e_par
 
-reported as |e_par| / |delta_base| and |e_perp| / |delta_base| (mean and std over prompts), with the signed
-coefficient e . delta_base / |delta_base|^2 (< 0: the compressed update is shorter along its own direction).
+with delta the dense update (the sublayer's output; for ``block``, resid_post - resid_pre of the dense model), as
+the directional-decomposition paper's code (Shwai-He/Transformer-Geometry, ``layerwise_para_perp_compare.py``)
+computes it, reported as |e_par| / |delta| and |e_perp| / |delta| (mean and std over prompts), with the signed
+coefficient e . delta / |delta|^2 (< 0: the compressed update is shorter along its own direction).
+
+``mode="local"`` (the paper's one-layer swap): every compressed block is fed the dense model's input resid_pre[l]
+(inside a sequential block the MLP sees the compressed attention's output), so errors do not compound and the block
+error is its own update's. ``mode="global"``: the compressed model runs on its own, every layer compressed, and each
+error includes what earlier layers passed on (the paper's ``effect_scope="global"``).
 ``positions="last"`` scores each prompt's last position; ``"all"`` averages positions 1.. of each prompt (position 0,
 the boundary token, is excluded). Also the end-to-end change in next-token loss of the compressed model.
 """
@@ -17,7 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -29,8 +35,9 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.choices import ScoredPositions, Sublayer
-from lens_parallel.compression import SPEC_HELP, Compression, MethodLike, compress, method_name
+from lens_parallel.choices import CompressionMode, ScoredPositions, Sublayer
+from lens_parallel.compression import SPEC_HELP, Compression, MethodLike, checked_compressed, compress, method_name
+from lens_parallel.data import token_blocks
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import DocBatch, Documents
 from lens_parallel.errors import LensParallelError
@@ -44,9 +51,10 @@ from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, Job, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import check_choice, check_finite, options
 
+DEFAULT_METHODS: tuple[MethodLike, ...] = ("int8", "int4-g128", "wanda-50%", "wanda-2:4")
 SUBLAYERS = options(Sublayer)
-SUBLAYER_ROLES = ("attn_out", "mlp_out")
-"""The hooks of each sublayer's update, in :data:`SUBLAYERS` order."""
+SUBLAYER_ROLES = ("attn_out", "mlp_out", "resid_post")
+"""The hooks of each sublayer's output, in :data:`SUBLAYERS` order."""
 
 
 @serializable
@@ -55,8 +63,6 @@ class CompressionResult(ResultMixin):
     """Per method, sublayer, layer and prompt: ``par`` = |e_par|/|delta|, ``perp`` = |e_perp|/|delta|, ``coef`` =
     e.delta/|delta|^2 (arrays ``[method, sublayer, layer, prompt]``, NaN where |delta| ~ 0), and per method the
     end-to-end delta loss (nats/token, compressed - dense) with its paired bootstrap CI over prompts."""
-
-    sublayers: ClassVar[tuple[str, ...]] = SUBLAYERS
 
     methods: tuple[str, ...]
     layers: tuple[int, ...]
@@ -68,6 +74,11 @@ class CompressionResult(ResultMixin):
     delta_loss: np.ndarray
     delta_loss_ci: np.ndarray
     provenance: Provenance
+    sublayers: tuple[str, ...] = ("attn", "mlp")  # results saved before 0.12.0 have these two
+    mode: CompressionMode = "local"
+    input_drift: np.ndarray | None = None
+    """``[method, layer, prompt]``: |x_c - x| / |x| of each block's input resid_pre, compressed against dense
+    (0 in local mode, where every block is fed the dense input; None in results saved before 0.12.0)."""
 
     def to_dataframe(self) -> pd.DataFrame:
         """Full resolution: one row per (method, sublayer, layer, prompt) with |e_par|/|delta|, |e_perp|/|delta| and
@@ -77,7 +88,7 @@ class CompressionResult(ResultMixin):
             {
                 "model": self.info.name,
                 "method": np.asarray(self.methods)[m.ravel()],
-                "sublayer": np.asarray(SUBLAYERS)[j.ravel()],
+                "sublayer": np.asarray(self.sublayers)[j.ravel()],
                 "layer": np.asarray(self.layers)[k.ravel()],
                 "prompt": d.ravel(),
                 "par": self.par.ravel(),
@@ -90,7 +101,7 @@ class CompressionResult(ResultMixin):
         """One row per method, sublayer and layer: mean and std over prompts."""
         rows = []
         for i, method in enumerate(self.methods):
-            for j, sub in enumerate(SUBLAYERS):
+            for j, sub in enumerate(self.sublayers):
                 for k, layer in enumerate(self.layers):
                     par, perp = self.par[i, j, k], self.perp[i, j, k]
                     rows.append(
@@ -143,22 +154,26 @@ class CompressionResult(ResultMixin):
         return pd.DataFrame([row])
 
     def figures(self) -> dict[str, go.Figure]:
-        return {sub: self.figure(sublayer=sub) for sub in SUBLAYERS}
+        return {sub: self.figure(sublayer=sub) for sub in self.sublayers}
 
-    def figure(self, *, sublayer: str = "attn") -> go.Figure:
-        return compression_figure(self, sublayer=sublayer)
+    def figure(self, *, sublayer: str = "attn", drop_ends: bool = False) -> go.Figure:
+        """One sublayer's errors by layer; ``drop_ends``: leave out the first and last layers, as the paper's
+        Fig. 6 does (their updates dwarf or are dwarfed by the rest)."""
+        return compression_figure(self, sublayer=sublayer, drop_ends=drop_ends)
 
 
 @serializable
 @dataclass(frozen=True, kw_only=True)
 class CompressionSettings:
     """What compression error computes: each of ``method`` (specs such as ``int8``, ``int4-g128``, ``wanda-50%``,
-    :class:`~lens_parallel.compression.Compression` objects, or functions editing a Hugging Face model in place),
-    scored at ``scored`` positions (each prompt's ``last``, or ``all`` positions after the first), projections
-    guarded by ``eps``."""
+    ``wanda-seq-2:4``, :class:`~lens_parallel.compression.Compression` objects, or functions editing a Hugging Face
+    model in place), in ``mode`` (``local``: each compressed block fed the dense input; ``global``: the compressed
+    model on its own), scored at ``scored`` positions (each prompt's ``last``, or ``all`` positions after the
+    first), projections guarded by ``eps``."""
 
-    method: tuple[MethodLike, ...] = field(
-        default=("int8", "int4-g128", "wanda-50%", "wanda-2:4"), metadata={"help": f"compressions: {SPEC_HELP}"}
+    method: tuple[MethodLike, ...] = field(default=DEFAULT_METHODS, metadata={"help": f"compressions: {SPEC_HELP}"})
+    mode: CompressionMode = field(
+        default="local", metadata={"help": "local: every block fed the dense input; global: errors compound"}
     )
     scored: ScoredPositions = field(default="last", metadata={"help": "positions scored: each prompt's last, or all"})
     eps: float = field(default=geometry.EPS, metadata={"help": "guard on the norm of the dense update"})
@@ -175,17 +190,23 @@ class CompressionSettings:
             elif not isinstance(m, Compression) and not callable(m):
                 raise LensParallelError(f"a compression method is a spec, a Compression or a function, got {m!r}")
         object.__setattr__(self, "method", tuple(methods))
+        check_choice("mode", self.mode, CompressionMode)
         check_choice("scored positions", self.scored, ScoredPositions)
         check_finite("eps", self.eps)
 
     def record(self) -> dict[str, Any]:
         """Plain data for provenance (each method by its name)."""
-        return {"method": [method_name(m) for m in self.method], "scored": self.scored, "eps": self.eps}
+        return {
+            "method": [method_name(m) for m in self.method],
+            "mode": self.mode,
+            "scored": self.scored,
+            "eps": self.eps,
+        }
 
 
 @dataclass(frozen=True)
 class MethodJob:
-    """One compression method: a compressed copy of the model, its every block fed the dense input."""
+    """One compression method: a compressed copy of the model (:func:`~lens_parallel.compression.compress`)."""
 
     method: MethodLike
 
@@ -203,6 +224,21 @@ class MethodJob:
         return f"MethodJob({getattr(self.method, '__module__', '')}.{getattr(self.method, '__qualname__', self.key)})"
 
 
+@dataclass(frozen=True)
+class CheckpointJob:
+    """A separately loaded compressed model (``compressed=``): its name is its key."""
+
+    name: str
+
+    @property
+    def key(self) -> str:
+        return self.name
+
+    @property
+    def start_layer(self) -> int:
+        return 0
+
+
 def _scored_weight(docs: DocBatch, scored: ScoredPositions) -> Float[Tensor, "batch pos"]:
     """Per document, the positions scored: its last real one, or every real one after the first."""
     if scored == "last":
@@ -213,71 +249,130 @@ def _scored_weight(docs: DocBatch, scored: ScoredPositions) -> Float[Tensor, "ba
 
 
 def _relative_errors(
-    comp: Float[Tensor, "sublayer batch pos d_model"],
-    base: Float[Tensor, "sublayer batch pos d_model"],
+    error: Float[Tensor, "sublayer batch pos d_model"],
+    ref: Float[Tensor, "sublayer batch pos d_model"],
     weight: Float[Tensor, "batch pos"],
     eps: float,
 ) -> Float[Tensor, "3 sublayer batch"]:
-    """|e_par|/|delta|, |e_perp|/|delta| and e.delta/|delta|^2 of e = comp - base, averaged over each document's
-    scored positions (``weight``), NaN where |delta| ~ 0 at every scored position."""
-    comp, base = comp.double(), base.double()
-    proj = geometry.project(comp - base, base, eps=eps)
-    norm, ok = base.norm(dim=-1), proj.valid
+    """|e_par|/|delta|, |e_perp|/|delta| and e.delta/|delta|^2 of the error e along the dense update delta
+    (``ref``), averaged over each document's scored positions (``weight``), NaN where |delta| ~ 0 at every scored
+    position."""
+    error, ref = error.double(), ref.double()
+    proj = geometry.project(error, ref, eps=eps)
+    norm, ok = ref.norm(dim=-1), proj.valid
     safe = torch.where(ok, norm, 1.0)
-    w = weight.to(comp.device) * ok
+    w = weight.to(error.device) * ok
     ratios = (proj.par.norm(dim=-1) / safe, proj.perp.norm(dim=-1) / safe, proj.coef)
     return torch.stack([(r * w).sum(-1) / w.sum(-1) for r in ratios]).cpu()  # 0/0 -> NaN
 
 
+def _layer_errors(
+    got: dict[str, Tensor], dense: dict[str, Tensor], weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor]:
+    """One layer's relative errors ``[3, sublayer, batch]`` of the compressed outputs ``got`` (attn_out, mlp_out,
+    resid_post and the block's input resid_pre) against the dense ones, and the input drift |x_c - x| / |x| of the
+    block's input ``[batch]`` (0 in local mode), both averaged over the scored positions."""
+    error = torch.stack([got[r].double() - dense[r].double() for r in SUBLAYER_ROLES])
+    block = dense["resid_post"].double() - dense["resid_pre"].double()  # the dense block's update
+    delta = torch.stack([dense["attn_out"].double(), dense["mlp_out"].double(), block])  # SUBLAYER_ROLES order
+    errors = _relative_errors(error, delta, weight, eps)
+    x_c, x = got["resid_pre"].double(), dense["resid_pre"].double()
+    drift = (x_c - x).norm(dim=-1) / x.norm(dim=-1).clamp_min(eps)
+    w = weight.to(drift.device)
+    return errors, ((drift * w).sum(-1) / w.sum(-1)).cpu()
+
+
 class _CompressionMetric(Metric):
-    """Per method: every layer's update errors against the dense update, each block fed the dense input (``errors
-    [3, sublayer, layer, docs]``: par, perp, coef), and the compressed model's per-document losses."""
+    """Per method: every layer's update errors against the dense update (``errors [3, sublayer, layer, docs]``:
+    par, perp, coef), the drift of each block's input, and the compressed model's per-document losses."""
 
     name = "compression-error"
     base = True
 
-    def __init__(self, info: ModelInfo, layers: tuple[int, ...], s: CompressionSettings, calibration: Tensor) -> None:
+    def __init__(
+        self,
+        info: ModelInfo,
+        layers: tuple[int, ...],
+        s: CompressionSettings,
+        calibration: Tensor,
+        *,
+        separate: Tensor | None = None,
+        compressed: TransformerBridge | None = None,
+    ) -> None:
         self.info, self.layers, self.s, self.calibration = info, layers, s, calibration
+        self.separate, self.compressed = separate, compressed
 
     def fingerprint(self) -> dict[str, Any]:
-        calib = hashlib.sha256(self.calibration.cpu().numpy().tobytes()).hexdigest()[:16]
-        return {"metric": self.name, "scored": self.s.scored, "eps": self.s.eps, "calibration": calib}
+        digest = {
+            name: hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest()[:16]
+            for name, t in (("calibration", self.calibration), ("separate", self.separate))
+            if t is not None
+        }
+        mode = {"mode": self.s.mode} if self.s.mode != "local" else {}  # local: the fingerprint of 0.11.0
+        return {"metric": self.name, "scored": self.s.scored, "eps": self.s.eps, **mode, **digest}
 
     def reference_roles(self, info: ModelInfo) -> dict[int, tuple[str, ...]]:
-        return dict.fromkeys(self.layers, ("resid_pre", "attn_out", "mlp_out"))
+        return dict.fromkeys(self.layers, ("resid_pre", "attn_out", "mlp_out", "resid_post"))
 
     def spec(self, job: Job) -> dict[str, ValueSpec]:
         return {
             "errors": ValueSpec((3, len(SUBLAYERS), len(self.layers), "docs"), allow_nan=True),
+            "drift": ValueSpec((len(self.layers), "docs")),
             "loss_sum": ValueSpec(("docs",)),
         }
 
+    def _model(self, context: TaskContext, job: Job) -> TransformerBridge:
+        """The compressed model of ``job``: the given checkpoint, or a compressed copy (one at a time, kept)."""
+        if isinstance(job, CheckpointJob):
+            assert self.compressed is not None  # compression_error makes a CheckpointJob only with a model
+            return self.compressed
+        assert isinstance(job, MethodJob)
+        if context.memo.get("compressed", (None,))[0] != job.key:
+            method = Compression.parse(job.method) if isinstance(job.method, str) else job.method
+            sequential = isinstance(method, Compression) and method.kind == "wanda-seq"
+            calibration = self.separate if sequential and self.separate is not None else self.calibration
+            context.memo["compressed"] = (job.key, compress(context.model, job.method, calibration=calibration))
+        return cast(TransformerBridge, context.memo["compressed"][1])
+
     def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
         (job,) = jobs
-        assert isinstance(job, MethodJob)
-        if context.memo.get("compressed", (None,))[0] != job.key:  # one compressed copy at a time, kept per method
-            context.memo["compressed"] = (job.key, compress(context.model, job.method, calibration=self.calibration))
-        model = context.memo["compressed"][1]
+        model = self._model(context, job)
         weight = _scored_weight(batch.docs, self.s.scored)
-        errors = np.full((3, len(SUBLAYERS), len(self.layers), len(batch.docs.lengths)), np.nan)
-        for k, layer in enumerate(self.layers):
-            dense = batch.reference[layer]
-            fed = Batch(batch.docs, prefix={layer: dense["resid_pre"]})
-            got = run_rows(
-                model, self.info, fed, start_layer=layer, capture={layer: SUBLAYER_ROLES}, dtype=torch.float32
-            )
-            comp = torch.stack([got.captured[layer][r] for r in SUBLAYER_ROLES])
-            base = torch.stack([dense[r] for r in SUBLAYER_ROLES])
-            errors[:, :, k] = _relative_errors(comp, base, weight, self.s.eps).numpy()
+        n_docs = len(batch.docs.lengths)
+        errors = np.full((3, len(SUBLAYERS), len(self.layers), n_docs), np.nan)
+        drift = np.zeros((len(self.layers), n_docs))
+        index = {layer: k for k, layer in enumerate(self.layers)}
+        roles = ("resid_pre", *SUBLAYER_ROLES)
+
+        def reduce(layer: int, got: dict[str, Tensor]) -> None:
+            k = index[layer]
+            layer_errors, layer_drift = _layer_errors(got, batch.reference[layer], weight, self.s.eps)
+            errors[:, :, k], drift[k] = layer_errors.numpy(), layer_drift.numpy()
+
+        if self.s.mode == "global":  # one forward of the compressed model, each layer reduced as it completes
+            run_rows(model, self.info, Batch(batch.docs), capture=dict.fromkeys(self.layers, roles), reduce=reduce)
+        else:  # each block fed the dense input
+            for layer in self.layers:
+                fed = Batch(batch.docs, prefix={layer: batch.reference[layer]["resid_pre"]})
+                got = run_rows(model, self.info, fed, start_layer=layer, capture={layer: roles}, dtype=torch.float32)
+                reduce(layer, got.captured[layer])
         loss = run_rows(model, self.info, Batch(batch.docs), loss="document").nll
         assert loss is not None
-        return [{"errors": errors, "loss_sum": loss.double().cpu().numpy()}]
+        return [{"errors": errors, "drift": drift, "loss_sum": loss.double().cpu().numpy()}]
+
+
+def _separate_calibration(model: TransformerBridge, docs: Documents) -> Tensor:
+    """Wanda calibration apart from the analysed prompts: 16 blocks of up to 512 tokens of a bundled English corpus
+    that is not the prompts' (the Wanda paper: 128 x 2048 tokens of C4; pass ``calibration=`` for that)."""
+    corpus = "moby-dick" if docs.source.get("corpus") == "austen" else "austen"
+    return token_blocks(model, corpus, n_docs=16, seq_len=min(512, model.cfg.n_ctx), seed=0).tokens
 
 
 def compression_error(
     model: TransformerBridge,
     documents: object,
     *,
+    compressed: TransformerBridge | str | None = None,
     calibration: object | None = None,
     settings: CompressionSettings | None = None,
     options: RunOptions | None = None,
@@ -288,24 +383,41 @@ def compression_error(
     (:class:`CompressionSettings`; run options :class:`~lens_parallel.options.RunOptions`: ``store`` makes the run
     resumable method by method, ``workers`` runs one method per Ray worker; both as keyword shortcuts).
 
-    ``calibration``: tokens for Wanda's input norms (default: the documents). Each method compresses a copy (one at
-    a time); ``model`` is never changed. One dense reference pass per batch keeps each layer's input and updates
-    (and the dense losses), then each compressed block is fed the dense input. A function given as a method must be
-    importable or picklable by cloudpickle for Ray workers.
+    ``compressed``: instead of ``method``, a separately loaded compressed model (a bridge, or a folder or spec for
+    :func:`~lens_parallel.models.load_model`): an AWQ, GPTQ or bitsandbytes checkpoint, as the paper measured; it
+    must have ``model``'s architecture (the same config up to quantization fields) and tokenizer. Giving both
+    ``compressed`` and ``method`` is refused; giving neither runs :class:`CompressionSettings`' default methods.
+    ``calibration``: tokens for Wanda's input norms (default: the documents for ``wanda-*``, kept as before; a
+    bundled corpus apart from the documents for ``wanda-seq-*``). Each method compresses a copy (one at a time);
+    ``model`` is never changed. One dense reference pass per batch keeps each layer's input, updates and output
+    (and the dense losses). A function given as a method must be importable or picklable by cloudpickle for Ray
+    workers.
     """
+    if compressed is not None and (
+        "method" in changes or (settings is not None and settings.method != DEFAULT_METHODS)
+    ):
+        raise LensParallelError("give either method= (compress a copy) or compressed= (a compressed model), not both")
     s, opts = resolve(CompressionSettings, settings, options, protocol, changes)
     docs = Documents.of(documents)
-    calib = docs.tokens if calibration is None else Documents.of(calibration).tokens
     info = model_info(model)
+    other = None if compressed is None else checked_compressed(model, compressed)
+    calib = docs.tokens if calibration is None else Documents.of(calibration).tokens
+    specs = [Compression.parse(m) if isinstance(m, str) else m for m in s.method]
+    sequential = other is None and any(isinstance(m, Compression) and m.kind == "wanda-seq" for m in specs)
+    separate = _separate_calibration(model, docs) if sequential and calibration is None else None
     layers, _ = softmax_layers(info, None, what="compression_error")
-    metric = _CompressionMetric(info, layers, s, calib)
-    jobs = [MethodJob(m) for m in s.method]
+    metric = _CompressionMetric(info, layers, s, calib, separate=separate, compressed=other)
+    jobs: list[Job] = [CheckpointJob(other.cfg.model_name)] if other is not None else [MethodJob(m) for m in s.method]
     if len({job.key for job in jobs}) != len(jobs):
         raise LensParallelError(f"two methods share a name: {[job.key for job in jobs]}")
     run = run_sweep(model, docs, jobs, metric=metric, options=opts, desc="compression")
     assert run.base is not None
     errors = np.stack([run.value(job)["errors"] for job in jobs], axis=1)  # [3, method, sublayer, layer, doc]
     effects = [edit_effect(run.base, DocLosses(run.value(job)["loss_sum"], run.n_tokens)) for job in jobs]
+    if calibration is not None:
+        calibration_note = "separate (given)"
+    else:
+        calibration_note = "the documents" + (" (wanda-*), a bundled corpus apart (wanda-seq-*)" if sequential else "")
     return CompressionResult(
         methods=tuple(job.key for job in jobs),
         layers=tuple(layers),
@@ -323,6 +435,10 @@ def compression_error(
             s,
             run,
             methods=[job.key for job in jobs],
-            calibration="the documents" if calibration is None else "separate",
+            calibration=calibration_note,
+            compressed=None if other is None else other.cfg.model_name,
         ),
+        sublayers=SUBLAYERS,
+        mode=s.mode,
+        input_drift=np.stack([run.value(job)["drift"] for job in jobs]),
     )

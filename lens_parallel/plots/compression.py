@@ -15,13 +15,20 @@ if TYPE_CHECKING:
     from lens_parallel.analyses.compression import CompressionResult
 
 
-def compression_figure(result: CompressionResult, *, sublayer: str = "attn") -> go.Figure:
+SUBLAYER_NAMES = {"attn": "attention", "mlp": "MLP", "block": "block"}
+
+
+def compression_figure(result: CompressionResult, *, sublayer: str = "attn", drop_ends: bool = False) -> go.Figure:
     """Perpendicular (left) and parallel (right) error of one sublayer's update by layer, relative to the dense
-    update: line = mean over prompts, band = ±1 std over prompts, one colour per method."""
+    update: line = mean over prompts, band = ±1 std over prompts, one colour per method. ``drop_ends``: without the
+    first and last layers (the directional-decomposition paper's Fig. 6)."""
     if sublayer not in result.sublayers:
         raise LensParallelError(f"sublayer must be one of {result.sublayers}, got {sublayer!r}")
+    if drop_ends and len(result.layers) < 3:
+        raise LensParallelError(f"drop_ends needs at least 3 layers, the result has {len(result.layers)}")
     j = result.sublayers.index(sublayer)
-    what = "attention" if sublayer == "attn" else "MLP"
+    what = SUBLAYER_NAMES[sublayer]
+    shown = slice(1, -1) if drop_ends else slice(None)
     fig = make_subplots(
         rows=1,
         cols=2,
@@ -33,10 +40,10 @@ def compression_figure(result: CompressionResult, *, sublayer: str = "attn") -> 
         ],
     )
     palette = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
-    x = np.array(result.layers)
+    x = np.array(result.layers)[shown]
     for i, method in enumerate(result.methods):
         color = palette[i % len(palette)]
-        for col, values in ((1, result.perp[i, j]), (2, result.par[i, j])):
+        for col, values in ((1, result.perp[i, j, shown]), (2, result.par[i, j, shown])):
             mean, std = np.nanmean(values, -1), np.nanstd(values, -1)
             line_with_band(
                 fig,
@@ -57,9 +64,10 @@ def compression_figure(result: CompressionResult, *, sublayer: str = "attn") -> 
     fig.update_yaxes(title_text="relative error (fraction of |delta_dense|)", row=1, col=1)
     fig.update_yaxes(title_text="relative error (fraction of |delta_dense|)", row=1, col=2)
     n = result.par.shape[-1]
+    ends = f"; layers {x[0]}-{x[-1]} shown (first and last left out)" if drop_ends else ""
     fig.update_layout(
-        title=f"Compression error along / across the dense {what} update ({result.info.name}, {n} prompts, "
-        f"{result.positions} positions; bands: ±1 std over prompts)",
+        title=f"Compression error along / across the dense {what} update ({result.info.name}, {result.mode} mode, "
+        f"{n} prompts, {result.positions} positions; bands: ±1 std over prompts{ends})",
         template="plotly_white",
         height=460,
         width=1150,
