@@ -9,6 +9,7 @@ where the study differs.
 
 from __future__ import annotations
 
+from lens_parallel.analyses.compression import CompressionSettings
 from lens_parallel.analyses.dominance import DominanceSettings
 from lens_parallel.analyses.head_statistics import HeadStatisticsSettings
 from lens_parallel.analyses.nulls import NullSettings
@@ -73,7 +74,9 @@ DIRECTIONAL_DECOMPOSITION = register_protocol(
         "the paper: WikiText-2's 62 test documents, --texts wikitext online); head sensitivity (Fig. 7) of value "
         "s_par = 0 with 5,000 bootstrap resamples and 10,000 token-weighted sign flips, seed 2026 (head_statistics, "
         "sensitivity_correlations and compare_sensitivity give its statistics and BH across models; sample_texts "
-        "its C4 text selection)",
+        "its C4 text selection); compression error (Fig. 6) at each prompt's last token, one layer swapped at a "
+        "time (mode local; global beside), Wanda layer by layer at 50%, 4:8 and 2:4 and 4-bit quantization "
+        "(compression_prompts: 12 prompts, no boundary token; compressed= for the AWQ checkpoint)",
         source="the directional-decomposition paper, arXiv 2609.15975 (Fig. 3; code: Shwai-He/Transformer-Geometry)",
         settings=(
             ScaleSettings(
@@ -91,6 +94,7 @@ DIRECTIONAL_DECOMPOSITION = register_protocol(
                 edit="parallel-value", n_resamples=5000, n_permutations=10000, seed=2026, sign_flip_weights="tokens"
             ),
             HeadStatisticsSettings(edit="parallel-value", positions="all", eps=1e-3),
+            CompressionSettings(method=("int4-g128", "wanda-seq-50%", "wanda-seq-4:8", "wanda-seq-2:4"), scored="last"),
         ),
     )
 )

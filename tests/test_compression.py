@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from lens_parallel.analyses.compression import compression_error
+from lens_parallel.analyses.compression import AUTHORS_PROMPTS, compression_error, compression_prompts
 from lens_parallel.compression import Compression, _as_out_in, block_linears, compress, nm_mask, quantize_rtn
+from lens_parallel.data import boundary_token
 from lens_parallel.models import export_hf_model
 from lens_parallel.tokenizers import BUNDLED_TOKENIZERS, load_bundled_tokenizer
 from tests.conftest import Killed, KillSwitch, get_model
@@ -165,12 +166,15 @@ def test_a_killed_compression_run_resumes_to_identical_results(tmp_path, monkeyp
         np.testing.assert_array_equal(getattr(resumed, name), getattr(fresh, name), err_msg=name)
 
 
-def _independent_errors(model, compressed, tokens, mode: str) -> dict[str, np.ndarray]:
+def _independent_errors(model, compressed, tokens, mode: str, lengths=None) -> dict[str, np.ndarray]:
     """par, perp, coef ``[sublayer, layer, prompt]`` at each prompt's last position and the input drift ``[layer,
-    prompt]``, from TransformerLens caches alone: the compressed block fed the dense resid_pre (a hook replacing it)
+    prompt]`` (the last real token: ``lengths - 1``, right padding), from TransformerLens caches alone: the
+    compressed block fed the dense resid_pre (a hook replacing it)
     in local mode, the compressed model on its own in global mode; e = out_c - out_dense, delta = the dense update
     (attn_out, mlp_out, resid_post - resid_pre)."""
     n = model.cfg.n_layers
+    rows = torch.arange(len(tokens))
+    last = torch.full((len(tokens),), tokens.shape[1] - 1) if lengths is None else lengths - 1
     names = [
         f"blocks.{layer}.{h}"
         for layer in range(n)
@@ -191,13 +195,17 @@ def _independent_errors(model, compressed, tokens, mode: str) -> dict[str, np.nd
     drift = np.zeros((n, len(tokens)))
     for layer in range(n):
         got = caches[layer]
-        x = dense[f"blocks.{layer}.hook_resid_pre"][:, -1].double()
+        x = dense[f"blocks.{layer}.hook_resid_pre"][rows, last].double()
         pairs = [
-            (got[f"blocks.{layer}.hook_{r}"][:, -1].double() - dense[f"blocks.{layer}.hook_{r}"][:, -1].double(), d)
+            (
+                got[f"blocks.{layer}.hook_{r}"][rows, last].double()
+                - dense[f"blocks.{layer}.hook_{r}"][rows, last].double(),
+                d,
+            )
             for r, d in (
-                ("attn_out", dense[f"blocks.{layer}.hook_attn_out"][:, -1].double()),
-                ("mlp_out", dense[f"blocks.{layer}.hook_mlp_out"][:, -1].double()),
-                ("resid_post", dense[f"blocks.{layer}.hook_resid_post"][:, -1].double() - x),
+                ("attn_out", dense[f"blocks.{layer}.hook_attn_out"][rows, last].double()),
+                ("mlp_out", dense[f"blocks.{layer}.hook_mlp_out"][rows, last].double()),
+                ("resid_post", dense[f"blocks.{layer}.hook_resid_post"][rows, last].double() - x),
             )
         ]
         for j, (e, d) in enumerate(pairs):
@@ -206,7 +214,7 @@ def _independent_errors(model, compressed, tokens, mode: str) -> dict[str, np.nd
             out["par"][j, layer] = (e_par.norm(dim=-1) / d.norm(dim=-1)).numpy()
             out["perp"][j, layer] = ((e - e_par).norm(dim=-1) / d.norm(dim=-1)).numpy()
             out["coef"][j, layer] = coef.numpy()
-        x_c = got[f"blocks.{layer}.hook_resid_pre"][:, -1].double()
+        x_c = got[f"blocks.{layer}.hook_resid_pre"][rows, last].double()
         drift[layer] = ((x_c - x).norm(dim=-1) / x.norm(dim=-1)).numpy()
     return out | {"drift": drift}
 
@@ -228,6 +236,9 @@ def test_local_and_global_modes_and_the_block_against_an_independent_computation
             np.testing.assert_allclose(getattr(result, field)[0], expected[field], rtol=2e-4, atol=1e-6, err_msg=field)
         np.testing.assert_allclose(result.input_drift[0], expected["drift"], rtol=1e-4, atol=1e-7)
         assert result.mode == mode and mode in result.figure(sublayer="block").layout.title.text
+        inner = result.figure(sublayer="block", drop_ends=True)  # the paper's Fig. 6 leaves out the end layers
+        line = next(t for t in inner.data if t.mode == "lines+markers")  # the mean line, not its band
+        assert list(line.x) == list(result.layers[1:-1]) and "first and last left out" in inner.layout.title.text
     local, glob = results["local"], results["global"]
     assert (local.input_drift == 0).all()  # the dense input, bit for bit
     assert (glob.input_drift[0, 0] == 0).all() and (glob.input_drift[0, 1:] > 1e-4).all()
@@ -343,3 +354,21 @@ def test_sequential_wanda_calibrates_apart_from_the_prompts_by_default():
     on_prompts = compression_error(model, toks, method="wanda-seq-50%", calibration=toks, progress=False)
     assert "apart" in default.provenance.settings["calibration"]
     assert not np.allclose(default.perp, on_prompts.perp, equal_nan=True)
+
+
+def test_the_papers_prompt_protocol_scores_each_ragged_prompts_last_token():
+    """compression_prompts: 12 prompts, the authors' two defaults first, no boundary token, ragged lengths; under
+    the directional-decomposition protocol each prompt is scored at its own last real token."""
+    model = get_model("toy-llama")
+    prompts = compression_prompts(model)
+    assert len(prompts) == 12 and len(set(prompts.lengths.tolist())) > 1
+    texts = [model.tokenizer.decode(prompts.tokens[i, : prompts.lengths[i]]) for i in range(12)]
+    assert texts[:2] == list(AUTHORS_PROMPTS)
+    boundary = boundary_token(model.tokenizer)[1]
+    assert all(int(prompts.tokens[i, 0]) != boundary for i in range(12))
+    assert int(compression_prompts(model, max_tokens=8).lengths.max()) == 8
+    result = compression_error(model, prompts, protocol="directional-decomposition", method="int4-g16", progress=False)
+    assert result.positions == "last" and result.mode == "local"
+    expected = _independent_errors(model, compress(model, "int4-g16"), prompts.tokens, "local", prompts.lengths)
+    for field in ("par", "perp", "coef"):
+        np.testing.assert_allclose(getattr(result, field)[0], expected[field], rtol=2e-4, atol=1e-6, err_msg=field)

@@ -37,9 +37,9 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import geometry
 from lens_parallel.choices import CompressionMode, ScoredPositions, Sublayer
 from lens_parallel.compression import SPEC_HELP, Compression, MethodLike, checked_compressed, compress, method_name
-from lens_parallel.data import token_blocks
+from lens_parallel.data import load_texts, token_blocks
 from lens_parallel.distributed import TaskContext
-from lens_parallel.documents import DocBatch, Documents
+from lens_parallel.documents import DocBatch, Documents, prompt_documents
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import softmax_layers
 from lens_parallel.losses import DocLosses, edit_effect
@@ -49,7 +49,7 @@ from lens_parallel.plots.compression import compression_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, Job, Metric, SweepPlan, run_rows, run_sweep
-from lens_parallel.validate import check_choice, check_finite, options
+from lens_parallel.validate import check_choice, check_finite, check_positive_int, options
 
 DEFAULT_METHODS: tuple[MethodLike, ...] = ("int8", "int4-g128", "wanda-50%", "wanda-2:4")
 SUBLAYERS = options(Sublayer)
@@ -361,6 +361,27 @@ class _CompressionMetric(Metric):
         return [{"errors": errors, "drift": drift, "loss_sum": loss.double().cpu().numpy()}]
 
 
+AUTHORS_PROMPTS = (
+    "John has twice as many books as Mary. Together they have 18 books. How many books does John have?",
+    "Which animal is a mammal? Choose the correct answer: a) Snake b) Frog c) Dog d) Lizard",
+)
+"""The two default prompts of the authors' ``layerwise_para_perp_compare.py`` (its ``read_prompts``)."""
+
+
+def compression_prompts(model: TransformerBridge, *, n: int = 12, max_tokens: int = 512) -> Documents:
+    """The directional-decomposition paper's prompt protocol for compression error: ``n`` short prompts, each its
+    own sequence of tokens with no boundary token, cut to ``max_tokens`` (ragged lengths; scored at the last token,
+    ``scored="last"``). The paper's 12-prompt file is not public: these are the authors' two default prompts
+    (:data:`AUTHORS_PROMPTS`) and the first sentence of the first ``n - 2`` bundled ``wikipedia-en`` articles."""
+    check_positive_int("n", n)
+    check_positive_int("max_tokens", max_tokens)
+    sentences = [text.split(". ")[0].strip() + "." for text in load_texts("wikipedia-en", n_docs=max(n - 2, 1))]
+    prompts = [*AUTHORS_PROMPTS, *sentences][:n]
+    docs = prompt_documents(model, prompts)
+    rows = [docs.tokens[i, : min(int(length), max_tokens)].tolist() for i, length in enumerate(docs.lengths)]
+    return Documents.padded(rows, docs.source | {"protocol": "directional-decomposition compression prompts"})
+
+
 def _separate_calibration(model: TransformerBridge, docs: Documents) -> Tensor:
     """Wanda calibration apart from the analysed prompts: 16 blocks of up to 512 tokens of a bundled English corpus
     that is not the prompts' (the Wanda paper: 128 x 2048 tokens of C4; pass ``calibration=`` for that)."""
@@ -434,7 +455,7 @@ def compression_error(
             "compression_error",
             s,
             run,
-            methods=[job.key for job in jobs],
+            method=[job.key for job in jobs],
             calibration=calibration_note,
             compressed=None if other is None else other.cfg.model_name,
         ),
