@@ -13,7 +13,7 @@ STAMP := $(VENV)/.lens_parallel-installed
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,distributed,notebook,tasks]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,distributed,notebook,tasks,quantization]'
 	touch $(STAMP)
 
 .PHONY: install run test test-fast lint bench

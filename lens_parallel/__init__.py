@@ -5,7 +5,7 @@ implementing :class:`Result`), the sweep engine, compression, training, the repo
 :func:`load_result`.
 """
 
-__version__ = "0.11.0"
+__version__ = "0.12.0"
 
 from lens_parallel import protocols
 from lens_parallel.analyses.ablation import AblationRun, AblationSettings, run_ablations

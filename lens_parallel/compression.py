@@ -16,12 +16,19 @@ Method specs (:meth:`Compression.parse`):
   (:func:`lens_parallel.analyses.compression.compression_error`).
 - ``magnitude-2:4``, ``wanda-4:8``, ``wanda-seq-2:4``, ...: N:M semi-structured: in every group of M consecutive
   input weights of a row, only the N highest-scoring survive.
+- ``torchao-int8``: torchao's ``Int8WeightOnlyConfig`` (symmetric int8 per output channel, the ``Int8Tensor``
+  subclass); ``torchao-intxB-gG``: ``IntxWeightOnlyConfig(weight_dtype=intB, granularity=PerGroup(G))`` (B = 1..8,
+  symmetric, ``IntxUnpackedToInt8Tensor``: the CPU and edge path); ``torchao-int4-gG``: ``Int4WeightOnlyConfig``
+  (asymmetric, tinygemm; CUDA kernels only, refused on a CPU model). These keep torchao's quantized tensor
+  subclasses as the weights, so the forward runs torchao's own kernels, and need ``torchao``
+  (``pip install 'lens_parallel[quantization]'``). torchao's ``quantize_`` takes ``nn.Linear`` only: models
+  whose blocks use GPT-2's ``Conv1D`` are refused for them.
 - ``none``: no change (the check that e = 0).
 
 Compressed: every linear map inside the transformer blocks (attention q, k, v, o and the MLP; ``nn.Linear`` and
-GPT-2's ``Conv1D``); embeddings, norms and the unembedding stay dense, as in the methods' papers. These few lines
-of torch are the methods' definitions; libraries such as torchao pack weights for fast kernels, which this
-analysis of the error does not need.
+GPT-2's ``Conv1D``); embeddings, norms and the unembedding stay dense, as in the methods' papers. The RTN and
+pruning methods are these few lines of torch (the methods' definitions); the ``torchao-*`` methods are the kernels
+deployed in practice.
 """
 
 from __future__ import annotations
@@ -47,14 +54,18 @@ from lens_parallel.errors import LensParallelError
 from lens_parallel.models import export_hf_model, load_model, wrap_hf_model
 
 _SPEC = re.compile(r"^(?:(none)|int(\d+)(?:-g(\d+))?|(magnitude|wanda-seq|wanda)-(?:(\d+(?:\.\d+)?)%|(\d+):(\d+)))$")
-SPEC_HELP = "none, int8, int4, int4-g128, magnitude-50%, wanda-50%, wanda-seq-50%, magnitude-2:4, wanda-seq-2:4"
+_TORCHAO_SPEC = re.compile(r"^torchao-(?:(int8)|(int4)-g(\d+)|intx(\d)-g(\d+))$")
+SPEC_HELP = (
+    "none, int8, int4, int4-g128, magnitude-50%, wanda-50%, wanda-seq-50%, magnitude-2:4, wanda-seq-2:4, "
+    "torchao-int8, torchao-intx4-g128, torchao-int4-g128 (CUDA)"
+)
 
 
 @dataclass(frozen=True)
 class Compression:
     """One compression method (see the module docstring); build it with :meth:`parse`."""
 
-    kind: str  # "none", "int", "magnitude", "wanda" or "wanda-seq"
+    kind: str  # "none", "int", "magnitude", "wanda", "wanda-seq", "torchao-int8", "torchao-int4" or "torchao-intx"
     bits: int | None = None
     group_size: int | None = None
     sparsity: float | None = None
@@ -63,6 +74,16 @@ class Compression:
 
     @classmethod
     def parse(cls, spec: str) -> Compression:
+        torchao = _TORCHAO_SPEC.match(spec.strip().lower()) if isinstance(spec, str) else None
+        if torchao is not None:
+            int8, int4, int4_group, bits, group = torchao.groups()
+            if int8:
+                return cls("torchao-int8", bits=8)
+            if int4:
+                return cls("torchao-int4", bits=4, group_size=int(int4_group))
+            if not 1 <= int(bits) <= 8:
+                raise LensParallelError(f"torchao's intx takes 1..8 bits, got {bits} in {spec!r}")
+            return cls("torchao-intx", bits=int(bits), group_size=int(group))
         match = _SPEC.match(spec.strip().lower()) if isinstance(spec, str) else None
         if match is None:
             raise LensParallelError(f"unknown compression {spec!r}; accepted forms: {SPEC_HELP}")
@@ -87,6 +108,10 @@ class Compression:
             return "none"
         if self.kind == "int":
             return f"int{self.bits}" + (f"-g{self.group_size}" if self.group_size else "")
+        if self.kind == "torchao-int8":
+            return "torchao-int8"
+        if self.kind.startswith("torchao"):
+            return f"torchao-{'int4' if self.kind == 'torchao-int4' else f'intx{self.bits}'}-g{self.group_size}"
         if self.n:
             return f"{self.kind}-{self.n}:{self.m}"
         assert self.sparsity is not None  # parse sets N:M or a sparsity for pruning
@@ -102,6 +127,9 @@ class Compression:
         layers = dict(block_linears(hf_model))
         if self.kind == "none":
             return
+        if self.kind.startswith("torchao"):
+            self._torchao(hf_model, layers)
+            return
         if self.calibrated and calibration is None:
             raise LensParallelError("Wanda needs calibration tokens to measure input-feature norms")
         if self.kind == "wanda-seq" and calibration is not None:
@@ -114,6 +142,37 @@ class Compression:
         if self.kind == "wanda" and calibration is not None:  # every norm from one forward of the dense model
             norms = linear_input_norms(hf_model, layers, calibration)
         self._compress(layers, norms)
+
+    def _torchao(self, hf_model: nn.Module, modules: Mapping[str, nn.Linear | Conv1D]) -> None:
+        """torchao's ``quantize_`` on each block linear map: its quantized tensor subclass becomes the weight."""
+        try:
+            import torchao.quantization as tq
+            from torchao.quantization.granularity import PerGroup
+        except ImportError as exc:
+            raise LensParallelError(
+                f"{self.name} needs torchao: pip install 'lens_parallel[quantization]' ({exc})"
+            ) from exc
+        conv = [name for name, m in modules.items() if isinstance(m, Conv1D)]
+        if conv:
+            raise LensParallelError(
+                f"{self.name}: torchao's quantize_ takes nn.Linear layers, and this model's blocks use GPT-2's Conv1D "
+                f"({conv[0]}, ...); use int8 / int4-g128 (round-to-nearest) for it"
+            )
+        device = next(hf_model.parameters()).device
+        if self.kind == "torchao-int4" and device.type != "cuda":
+            raise LensParallelError(
+                f"{self.name} (torchao's Int4WeightOnlyConfig, tinygemm) runs on CUDA only and this model is on "
+                f"{device}; on CPU use torchao-intx4-g{self.group_size}"
+            )
+        if self.kind == "torchao-int8":
+            config: object = tq.Int8WeightOnlyConfig()
+        elif self.kind == "torchao-int4":
+            config = tq.Int4WeightOnlyConfig(group_size=self.group_size)
+        else:
+            dtype = getattr(torch, f"int{self.bits}")
+            config = tq.IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerGroup(self.group_size))
+        for module in modules.values():
+            tq.quantize_(module, config)
 
     def _compress(self, modules: Mapping[str, nn.Linear | Conv1D], norms: Mapping[str, Tensor] | None) -> None:
         """Quantize or prune each of ``modules`` in place (Wanda's score with the input ``norms``)."""

@@ -372,3 +372,55 @@ def test_the_papers_prompt_protocol_scores_each_ragged_prompts_last_token():
     expected = _independent_errors(model, compress(model, "int4-g16"), prompts.tokens, "local", prompts.lengths)
     for field in ("par", "perp", "coef"):
         np.testing.assert_allclose(getattr(result, field)[0], expected[field], rtol=2e-4, atol=1e-6, err_msg=field)
+
+
+@pytest.mark.parametrize(
+    ("spec", "block", "qmin", "qmax"), [("torchao-int8", None, -128, 127), ("torchao-intx4-g16", 16, -8, 7)]
+)
+def test_torchao_weights_are_its_quantized_tensors_and_the_forward_uses_them(spec, block, qmin, qmax):
+    """Each block linear keeps its nn.Linear with torchao's quantized tensor subclass as the weight, whose values
+    equal torchao's own quantize-dequantize primitives of the dense weight; the compressed forward equals the forward
+    with those dequantized weights in plain tensors, and differs from the dense one."""
+    from torchao.quantization import Int8Tensor
+    from torchao.quantization.quant_primitives import (
+        MappingType,
+        choose_qparams_affine,
+        dequantize_affine,
+        quantize_affine,
+    )
+    from torchao.quantization.quantize_.workflows import IntxUnpackedToInt8Tensor
+
+    model = get_model("toy-llama")
+    compressed = compress(model, spec)
+    dense = dict(block_linears(export_hf_model(model.original_model)))
+    plain = export_hf_model(model.original_model)
+    subclass = Int8Tensor if spec == "torchao-int8" else IntxUnpackedToInt8Tensor
+    for (name, module), (_, into) in zip(block_linears(compressed.original_model), block_linears(plain), strict=True):
+        assert type(module) is torch.nn.Linear and isinstance(module.weight, subclass), name
+        w = dense[name.replace("._original_component", "")].weight.detach()
+        size = (1, block or w.shape[1])
+        scale, zp = choose_qparams_affine(w, MappingType.SYMMETRIC, size, torch.int8, quant_min=qmin, quant_max=qmax)
+        q = quantize_affine(w, size, scale, zp, torch.int8, quant_min=qmin, quant_max=qmax)
+        expected = dequantize_affine(q, size, scale, zp, torch.int8, quant_min=qmin, quant_max=qmax)
+        assert torch.equal(module.weight.dequantize(), expected), name
+        with torch.no_grad():
+            into.weight.copy_(expected)
+    tokens = _tokens(model, n=2, seq=12)
+    with torch.inference_mode():
+        got = compressed(tokens, return_type="logits")
+        reference = plain(tokens).logits
+        unquantized = model(tokens, return_type="logits")
+    torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-4)
+    assert (got - unquantized).abs().max() > 1e-3
+
+
+def test_torchao_refusals_are_one_line():
+    with pytest.raises(
+        ValueError, match=r"torchao's quantize_ takes nn.Linear layers, and this model's blocks use GPT-2's Conv1D"
+    ):
+        compress(get_model("toy-gpt2"), "torchao-int8")
+    with pytest.raises(ValueError, match=r"runs on CUDA only and this model is on cpu; on CPU use torchao-intx4-g128"):
+        compress(get_model("toy-llama"), "torchao-int4-g128")
+    with pytest.raises(ValueError, match=r"torchao's intx takes 1..8 bits, got 9"):
+        Compression.parse("torchao-intx9-g32")
+    assert Compression.parse("torchao-intx4-g128").name == "torchao-intx4-g128"
