@@ -33,7 +33,6 @@ deployed in practice.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -133,15 +132,51 @@ class Compression:
         if self.calibrated and calibration is None:
             raise LensParallelError("Wanda needs calibration tokens to measure input-feature norms")
         if self.kind == "wanda-seq" and calibration is not None:
-            for block, names in _by_block(layers).items():  # in order: each block's inputs come from pruned ones
-                group = {name: layers[name] for name in names}
-                block_norms = linear_input_norms(hf_model, group, calibration, stop_after=hf_model.get_submodule(block))
-                self._compress(group, block_norms)
+            self._sequential(hf_model, layers, calibration)
             return
         norms = None
         if self.kind == "wanda" and calibration is not None:  # every norm from one forward of the dense model
             norms = linear_input_norms(hf_model, layers, calibration)
         self._compress(layers, norms)
+
+    def _sequential(
+        self, hf_model: nn.Module, modules: Mapping[str, nn.Linear | Conv1D], calibration: Int[Tensor, "batch pos"]
+    ) -> None:
+        """Wanda layer by layer in one forward of the calibration tokens: each block runs dense while pre-hooks sum
+        its linear maps' squared inputs (which come from the blocks before it, already pruned), is then pruned, and
+        runs again on the same inputs to hand the next block the pruned output (2 block forwards a layer, as the
+        Wanda code's ``prune_wanda``: not a forward of every earlier layer per layer)."""
+        sums: dict[str, Tensor] = {}
+        rerun = [False]
+
+        def accumulate(module: nn.Module, args: tuple[Tensor, ...], *, name: str) -> None:
+            if not rerun[0]:
+                x = args[0].detach().double()
+                square = einops.reduce(x * x, "... d_in -> d_in", "sum")
+                sums[name] = square if name not in sums else sums[name] + square
+
+        def prune_and_rerun(
+            block: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object, *, names: list[str]
+        ) -> object:
+            if rerun[0]:
+                return output
+            self._compress({n: modules[n] for n in names}, {n: sums.pop(n).sqrt() for n in names})
+            rerun[0] = True
+            try:
+                return block(*args, **kwargs)
+            finally:
+                rerun[0] = False
+
+        handles = [m.register_forward_pre_hook(partial(accumulate, name=n)) for n, m in modules.items()]
+        for block, names in _by_block(modules).items():
+            hook = partial(prune_and_rerun, names=names)
+            handles.append(hf_model.get_submodule(block).register_forward_hook(hook, with_kwargs=True))
+        try:
+            with torch.inference_mode():  # no KV cache: a block's rerun must not see its first run's keys
+                hf_model(calibration, use_cache=False)
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def _torchao(self, hf_model: nn.Module, modules: Mapping[str, nn.Linear | Conv1D]) -> None:
         """torchao's ``quantize_`` on each block linear map: its quantized tensor subclass becomes the weight."""
@@ -267,20 +302,11 @@ def method_name(method: MethodLike) -> str:
     return getattr(method, "__name__", type(method).__name__)
 
 
-class _Stop(Exception):
-    """Ends a calibration forward once the block whose inputs are measured has run."""
-
-
 def linear_input_norms(
-    hf_model: nn.Module,
-    modules: Mapping[str, nn.Module],
-    tokens: Int[Tensor, "batch pos"],
-    *,
-    stop_after: nn.Module | None = None,
+    hf_model: nn.Module, modules: Mapping[str, nn.Module], tokens: Int[Tensor, "batch pos"]
 ) -> dict[str, Float[Tensor, " d_in"]]:
     """||X_j||_2 of every input feature j of each module over all calibration tokens (one forward of the plain
-    Hugging Face model, torch pre-hooks that only read their input; ``stop_after``: end the forward once that module
-    has run, the rest of the model is not needed)."""
+    Hugging Face model, torch pre-hooks that only read their input)."""
     sums: dict[str, Tensor] = {}
 
     def accumulate(module: nn.Module, args: tuple[Tensor, ...], *, name: str) -> None:
@@ -288,14 +314,9 @@ def linear_input_norms(
         square = einops.reduce(x * x, "... d_in -> d_in", "sum")
         sums[name] = square if name not in sums else sums[name] + square
 
-    def stop(module: nn.Module, args: object, output: object) -> None:
-        raise _Stop
-
     handles = [m.register_forward_pre_hook(partial(accumulate, name=n)) for n, m in modules.items()]
-    if stop_after is not None:
-        handles.append(stop_after.register_forward_hook(stop))
     try:
-        with torch.inference_mode(), contextlib.suppress(_Stop):
+        with torch.inference_mode():
             hf_model(tokens)
     finally:
         for handle in handles:
