@@ -199,6 +199,14 @@ class Compression:
                 f"{self.name} (torchao's Int4WeightOnlyConfig, tinygemm) runs on CUDA only and this model is on "
                 f"{device}; on CPU use torchao-intx4-g{self.group_size}"
             )
+        widths = {int(_as_out_in(m).shape[1]) for m in modules.values()}
+        ragged = sorted(w for w in widths if self.group_size and w % self.group_size)
+        if ragged:
+            raise LensParallelError(
+                f"{self.name}: torchao's groups must divide every input width, and this model has widths {ragged} "
+                f"(not multiples of {self.group_size}); use a group that divides them, or int{self.bits}-g"
+                f"{self.group_size} (round-to-nearest with a shorter last group)"
+            )
         if self.kind == "torchao-int8":
             config: object = tq.Int8WeightOnlyConfig()
         elif self.kind == "torchao-int4":

@@ -421,6 +421,8 @@ def test_torchao_refusals_are_one_line():
         compress(get_model("toy-gpt2"), "torchao-int8")
     with pytest.raises(ValueError, match=r"runs on CUDA only and this model is on cpu; on CPU use torchao-intx4-g128"):
         compress(get_model("toy-llama"), "torchao-int4-g128")
+    with pytest.raises(ValueError, match=r"torchao's groups must divide every input width, and this model has widths"):
+        compress(get_model("toy-llama"), "torchao-intx4-g64")  # widths 96, 192
     with pytest.raises(ValueError, match=r"torchao's intx takes 1..8 bits, got 9"):
         Compression.parse("torchao-intx9-g32")
     assert Compression.parse("torchao-intx4-g128").name == "torchao-intx4-g128"
