@@ -64,7 +64,7 @@ def _assert_gradients_close(got: tuple[torch.Tensor, ...], expected: tuple[torch
         torch.testing.assert_close(g, e, rtol=0, atol=rel * float(e.abs().max()))
 
 
-@pytest.mark.parametrize("family", ["toy-gpt2", "toy-qwen3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_chunked_nll_gradient_equals_full_logits_gradient(family: str) -> None:
     """Gradients with respect to the final residual, the (tied or untied) unembedding weight and a bias, with
     5-row chunks (16 bytes a logit under grad: half the no-grad rows)."""
