@@ -195,7 +195,8 @@ def add_fields(
         default = (defaults or {}).get(f.name, f.default)
         kw = {"dest": f"{cls.__name__}.{f.name}", "default": argparse.SUPPRESS, "help": f.metadata.get("help", "")}
         kw |= _argument(hints[f.name], dict(f.metadata)) | (overrides or {}).get(f.name, {})
-        kw["help"] = f"{kw['help']} (default: {_show(default, f.metadata)})"
+        help_text = f"{kw['help']} (default: {_show(default, f.metadata)})"
+        kw["help"] = help_text.replace("%", "%%")  # argparse %-formats help ("wanda-50%" would break --help)
         if "choices" not in kw and "action" not in kw:
             kw["metavar"] = f.name.upper()
         parser.add_argument(f"--{f.name.replace('_', '-')}", **kw)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -401,3 +402,17 @@ def test_tasks_scores_edit_specs_and_a_settings_file(tmp_path, capsys):
     assert edits["value:s_par=0.5,layers=1+2"][0]["layers"] == {"__tuple__": [1, 2]}
     assert list((tmp_path).glob("tasks_requests-*_rank0.db"))  # resumable by default
     assert "copa" in capsys.readouterr().out
+
+
+def test_every_subcommand_prints_its_help(capsys):
+    """--help of every subcommand (argparse %-formats help texts: a literal "50%" in one broke compress --help)."""
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name in commands:
+        with pytest.raises(SystemExit) as done:
+            cli.build_parser().parse_args([name, "--help"])
+        assert done.value.code == 0, name
+        text = capsys.readouterr().out
+        assert f"usage: lens-parallel {name}" in text
+        if name == "compress":
+            assert "wanda-50%" in text and "--mode {local,global}" in text
