@@ -349,15 +349,18 @@ class _CompressionMetric(Metric):
             layer_errors, layer_drift = _layer_errors(got, batch.reference[layer], weight, self.s.eps)
             errors[:, :, k], drift[k] = layer_errors.numpy(), layer_drift.numpy()
 
-        if self.s.mode == "global":  # one forward of the compressed model, each layer reduced as it completes
-            run_rows(model, self.info, Batch(batch.docs), capture=dict.fromkeys(self.layers, roles), reduce=reduce)
-        else:  # each block fed the dense input
+        capture = dict.fromkeys(self.layers, roles) if self.s.mode == "global" else None
+        # the compressed model's own forward gives the losses and, in global mode, every layer's outputs (each
+        # reduced as it completes): one forward for both
+        loss = run_rows(
+            model, self.info, Batch(batch.docs), capture=capture, loss="document", dtype=torch.float32, reduce=reduce
+        ).nll
+        assert loss is not None
+        if self.s.mode == "local":  # each block fed the dense input
             for layer in self.layers:
                 fed = Batch(batch.docs, prefix={layer: batch.reference[layer]["resid_pre"]})
                 got = run_rows(model, self.info, fed, start_layer=layer, capture={layer: roles}, dtype=torch.float32)
                 reduce(layer, got.captured[layer])
-        loss = run_rows(model, self.info, Batch(batch.docs), loss="document").nll
-        assert loss is not None
         return [{"errors": errors, "drift": drift, "loss_sum": loss.double().cpu().numpy()}]
 
 
