@@ -117,6 +117,11 @@ class Compression:
         return f"{self.kind}-{self.sparsity * 100:g}%"
 
     @property
+    def sequential(self) -> bool:
+        """Whether the method is Wanda layer by layer (calibrated apart from the prompts by default)."""
+        return self.kind == "wanda-seq"
+
+    @property
     def calibrated(self) -> bool:
         """Whether the method reads calibration tokens (Wanda's input norms)."""
         return self.kind.startswith("wanda")
@@ -131,7 +136,7 @@ class Compression:
             return
         if self.calibrated and calibration is None:
             raise LensParallelError("Wanda needs calibration tokens to measure input-feature norms")
-        if self.kind == "wanda-seq" and calibration is not None:
+        if self.sequential and calibration is not None:
             self._sequential(hf_model, layers, calibration)
             return
         norms = None
@@ -151,9 +156,7 @@ class Compression:
 
         def accumulate(module: nn.Module, args: tuple[Tensor, ...], *, name: str) -> None:
             if not rerun[0]:
-                x = args[0].detach().double()
-                square = einops.reduce(x * x, "... d_in -> d_in", "sum")
-                sums[name] = square if name not in sums else sums[name] + square
+                _add_squares(sums, name, args[0])
 
         def prune_and_rerun(
             block: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object, *, names: list[str]
@@ -310,6 +313,13 @@ def method_name(method: MethodLike) -> str:
     return getattr(method, "__name__", type(method).__name__)
 
 
+def _add_squares(sums: dict[str, Tensor], name: str, x: Float[Tensor, "... d_in"]) -> None:
+    """Add sum_t x_tj^2 of one module input (float64) to ``sums[name]``, for Wanda's ||X_j||_2."""
+    x = x.detach().double()
+    square = einops.reduce(x * x, "... d_in -> d_in", "sum")
+    sums[name] = square if name not in sums else sums[name] + square
+
+
 def linear_input_norms(
     hf_model: nn.Module, modules: Mapping[str, nn.Module], tokens: Int[Tensor, "batch pos"]
 ) -> dict[str, Float[Tensor, " d_in"]]:
@@ -318,9 +328,7 @@ def linear_input_norms(
     sums: dict[str, Tensor] = {}
 
     def accumulate(module: nn.Module, args: tuple[Tensor, ...], *, name: str) -> None:
-        x = args[0].detach().double()
-        square = einops.reduce(x * x, "... d_in -> d_in", "sum")
-        sums[name] = square if name not in sums else sums[name] + square
+        _add_squares(sums, name, args[0])
 
     handles = [m.register_forward_pre_hook(partial(accumulate, name=n)) for n, m in modules.items()]
     try:
@@ -368,15 +376,10 @@ def _architecture(model: TransformerBridge) -> dict[str, object]:
     return {k: v for k, v in config.items() if k not in ARCHITECTURE_FREE_FIELDS and not k.startswith("_")}
 
 
-def _quant_method(model: TransformerBridge | None, spec: str) -> str | None:
-    """The ``quantization_config.quant_method`` of a loaded model or of a folder's config.json, if any."""
-    config = (
-        cast(transformers.PretrainedConfig, model.original_model.config).to_dict()
-        if model is not None
-        else json.loads(config_path.read_text())
-        if (config_path := Path(spec) / "config.json").is_file()
-        else {}
-    )
+def _quant_method(spec: str) -> str | None:
+    """The ``quantization_config.quant_method`` of a folder's config.json, if any."""
+    config_path = Path(spec) / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     quant = config.get("quantization_config") or {}
     return quant.get("quant_method") if isinstance(quant, dict) else None
 
@@ -393,7 +396,7 @@ def checked_compressed(model: TransformerBridge, compressed: TransformerBridge |
         except LensParallelError:
             raise
         except (ImportError, RuntimeError, ValueError, OSError, NotImplementedError) as exc:
-            quant = _quant_method(None, name)
+            quant = _quant_method(name)
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise LensParallelError(
                 f"the compressed model {name!r}{f' ({quant})' if quant else ''} cannot run on {device} with the "

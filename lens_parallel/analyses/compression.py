@@ -328,9 +328,7 @@ class _CompressionMetric(Metric):
             return self.compressed
         assert isinstance(job, MethodJob)
         if context.memo.get("compressed", (None,))[0] != job.key:
-            method = Compression.parse(job.method) if isinstance(job.method, str) else job.method
-            sequential = isinstance(method, Compression) and method.kind == "wanda-seq"
-            calibration = self.separate if sequential and self.separate is not None else self.calibration
+            calibration = self.separate if _sequential(job.method) and self.separate is not None else self.calibration
             context.memo["compressed"] = (job.key, compress(context.model, job.method, calibration=calibration))
         return cast(TransformerBridge, context.memo["compressed"][1])
 
@@ -385,6 +383,12 @@ def compression_prompts(model: TransformerBridge, *, n: int = 12, max_tokens: in
     return Documents.padded(rows, docs.source | {"protocol": "directional-decomposition compression prompts"})
 
 
+def _sequential(method: MethodLike) -> bool:
+    """Whether ``method`` is Wanda layer by layer (``wanda-seq-*``)."""
+    spec = Compression.parse(method) if isinstance(method, str) else method
+    return isinstance(spec, Compression) and spec.sequential
+
+
 def _separate_calibration(model: TransformerBridge, docs: Documents) -> Tensor:
     """Wanda calibration apart from the analysed prompts: 16 blocks of up to 512 tokens of a bundled English corpus
     that is not the prompts' (the Wanda paper: 128 x 2048 tokens of C4; pass ``calibration=`` for that)."""
@@ -426,8 +430,7 @@ def compression_error(
     info = model_info(model)
     other = None if compressed is None else checked_compressed(model, compressed)
     calib = docs.tokens if calibration is None else Documents.of(calibration).tokens
-    specs = [Compression.parse(m) if isinstance(m, str) else m for m in s.method]
-    sequential = other is None and any(isinstance(m, Compression) and m.kind == "wanda-seq" for m in specs)
+    sequential = other is None and any(_sequential(m) for m in s.method)
     separate = _separate_calibration(model, docs) if sequential and calibration is None else None
     layers, _ = softmax_layers(info, None, what="compression_error")
     metric = _CompressionMetric(info, layers, s, calib, separate=separate, compressed=other)

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from lens_parallel.errors import LensParallelError
 from lens_parallel.plots.common import band
 
 ARM_COLORS = {
@@ -40,8 +41,8 @@ def _arm_colors(arms: Iterable[str]) -> dict[str, str]:
 
 def _loss_column(curves: pd.DataFrame, smooth: int) -> tuple[str, str]:
     """The loss column of ``curves`` (``val_loss`` or ``train_loss``) and its axis title."""
-    if smooth < 1:
-        raise ValueError(f"smooth must be a window of >= 1 points, got {smooth}")
+    if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
+        raise LensParallelError(f"smooth must be a window of >= 1 points (an integer), got {smooth!r}")
     if "val_loss" in curves:
         return "val_loss", "validation loss (nats/token)"
     mean = f", running mean of {smooth} steps" if smooth > 1 else ""
