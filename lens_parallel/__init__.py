@@ -7,7 +7,7 @@ implementing :class:`Result`), the sweep engine, compression, training, the repo
 
 __version__ = "0.12.0"
 
-from lens_parallel import protocols
+from lens_parallel import logs, protocols  # noqa: F401  (logs first: its filters precede transformers)
 from lens_parallel.analyses.ablation import AblationRun, AblationSettings, run_ablations
 from lens_parallel.analyses.attribution import AttributionResult, AttributionSettings, head_attribution
 from lens_parallel.analyses.compression import CompressionResult, CompressionSettings, compression_error

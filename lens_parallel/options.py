@@ -41,7 +41,7 @@ class RunOptions:
         default=None,
         metadata={
             "help": "with batch_size auto: memory a run may add over the loaded model (4GB, 512MiB, bytes)",
-            "none": "80%% of free CUDA memory or 50%% of available RAM",
+            "none": "80% of free CUDA memory or 50% of available RAM",
         },
     )
     tokens_per_forward: int = field(

@@ -51,7 +51,8 @@ def test_the_command_lines_defaults_are_the_librarys(name):
     expected_run = RunOptions(store=f"OUT/{command.store}" if command.store else None)
     assert dataclasses.replace(inv.run_options(cli.Path("OUT")), store=expected_run.store) == expected_run
     sub = _subparser(parser, name)
-    shown = {a.dest: a.help for a in sub._actions if "." in (a.dest or "")}
+    # argparse's help is a %-format string: a literal % is written %%
+    shown = {a.dest: a.help.replace("%%", "%") for a in sub._actions if "." in (a.dest or "")}
     for cls in (*command.settings, *([DataOptions] if command.data is not None else [])):
         for f in dataclasses.fields(cls):
             if f.metadata.get("cli") is False:
@@ -72,7 +73,7 @@ def test_analyses_take_their_settings_and_run_options_only(function):
     one set of defaults, in the objects); they come as ``settings=`` / ``options=`` or as keyword shortcuts."""
     params = inspect.signature(function).parameters
     own = {n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    assert own <= {"settings", "options", "protocol", "calibration"}, sorted(own)
+    assert own <= {"settings", "options", "protocol", "calibration", "compressed"}, sorted(own)  # data, not settings
     assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 

@@ -18,6 +18,8 @@ import pandas as pd
 import lens_parallel as lp
 
 SPACES_060 = ("value", "value-exclude-self", "residual-attn", "residual-mlp", "residual-block")
+SUBLAYERS_060 = ("attn", "mlp")
+"""Compression's sublayers in 0.6.0 (0.12.0 adds the whole block, which the reference does not have)."""
 """``space="all"`` of 0.6.0, which wrote the reference (value-merged came in 0.11.0)."""
 
 HERE = Path(__file__).resolve().parent
@@ -46,8 +48,11 @@ def frames() -> dict[str, pd.DataFrame]:
         model = lp.load_model(spec)
         for positions in ("last", "all"):
             result = lp.compression_error(model, blocks(model), method=["int8", "wanda-2:4"], scored=positions)
-            out[f"compression_{positions}_{spec}"] = result.to_dataframe()
-            out[f"compression_methods_{positions}_{spec}"] = result.method_table()
+            tidy, methods = result.to_dataframe(), result.method_table()
+            out[f"compression_{positions}_{spec}"] = tidy[tidy.sublayer.isin(SUBLAYERS_060)].reset_index(drop=True)
+            out[f"compression_methods_{positions}_{spec}"] = methods[methods.sublayer.isin(SUBLAYERS_060)].reset_index(
+                drop=True
+            )
         out[f"attribution_{spec}"] = lp.head_attribution(model, blocks(model), n_resamples=200).to_dataframe()
         out[f"sensitivity_{spec}"] = lp.head_sensitivity(
             model, blocks(model), n_resamples=200, n_permutations=200, progress=False
