@@ -66,10 +66,10 @@ def compression_figure(result: CompressionResult, *, sublayer: str = "attn", dro
     n = result.par.shape[-1]
     ends = f"; layers {x[0]}-{x[-1]} shown (first and last left out)" if drop_ends else ""
     fig.update_layout(
-        title=f"Compression error along / across the dense {what} update ({result.info.name}, {result.mode} mode, "
-        f"{n} prompts, {result.positions} positions; bands: ±1 std over prompts{ends})",
+        title=f"Compression error along / across the dense {what} update ({result.info.name}, {result.mode} mode)"
+        f"<br><sup>{n} prompts, {result.positions} positions; bands: ±1 std over prompts{ends}</sup>",
         template="plotly_white",
-        height=460,
+        height=480,
         width=1150,
     )
     return fig
