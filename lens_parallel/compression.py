@@ -23,6 +23,17 @@ Method specs (:meth:`Compression.parse`):
   subclasses as the weights, so the forward runs torchao's own kernels, and need ``torchao``
   (``pip install 'lens_parallel[quantization]'``). torchao's ``quantize_`` takes ``nn.Linear`` only: models
   whose blocks use GPT-2's ``Conv1D`` are refused for them.
+- ``torchao-awq-int8``: AWQ (Lin et al. 2024) through torchao's ``AWQConfig`` over ``Int8WeightOnlyConfig``: per
+  linear map, input-channel scales s = x_max^a / sqrt(max x_max^a * min x_max^a), x_max_j = mean_t |X_tj| over the
+  calibration tokens, a searched on the grid 0, 1/20, ..., 19/20 for the least ||X W^T - (X / s) Q(W s)^T||^2; the
+  weight is Q(W s) and 1/s is kept as its activation pre-scale (a = 0 is plain ``torchao-int8``, so AWQ's output
+  error on the calibration tokens is never larger). As AWQ (and AutoAWQ) each layer's activations come from the
+  dense model; calibrated apart from the analysed prompts by default, like ``wanda-seq-*``. ``torchao-awq-int4-gG``:
+  the same over ``Int4WeightOnlyConfig`` (AWQ's own 4-bit groups; torchao's int4 kernels, from the ``mslk``
+  package, run on CUDA only: refused on a CPU model). torchao's AWQ differs from the AWQ paper's code in three
+  ways: one scale per linear map (the paper's q, k, v and gate, up share one, folded into the preceding norm), the
+  error measured at each linear's output (the paper's at the block's attention or MLP output), and no search over
+  weight clipping.
 - ``none``: no change (the check that e = 0).
 
 Compressed: every linear map inside the transformer blocks (attention q, k, v, o and the MLP; ``nn.Linear`` and
@@ -53,10 +64,10 @@ from lens_parallel.errors import LensParallelError
 from lens_parallel.models import export_hf_model, load_model, wrap_hf_model
 
 _SPEC = re.compile(r"^(?:(none)|int(\d+)(?:-g(\d+))?|(magnitude|wanda-seq|wanda)-(?:(\d+(?:\.\d+)?)%|(\d+):(\d+)))$")
-_TORCHAO_SPEC = re.compile(r"^torchao-(?:(int8)|(int4)-g(\d+)|intx(\d)-g(\d+))$")
+_TORCHAO_SPEC = re.compile(r"^torchao-(awq-)?(?:(int8)|(int4)-g(\d+))$|^torchao-intx(\d)-g(\d+)$")
 SPEC_HELP = (
     "none, int8, int4, int4-g128, magnitude-50%, wanda-50%, wanda-seq-50%, magnitude-2:4, wanda-seq-2:4, "
-    "torchao-int8, torchao-intx4-g128, torchao-int4-g128 (CUDA)"
+    "torchao-int8, torchao-intx4-g128, torchao-int4-g128 (CUDA), torchao-awq-int8, torchao-awq-int4-g128 (CUDA)"
 )
 
 
@@ -64,7 +75,7 @@ SPEC_HELP = (
 class Compression:
     """One compression method (see the module docstring); build it with :meth:`parse`."""
 
-    kind: str  # "none", "int", "magnitude", "wanda", "wanda-seq", "torchao-int8", "torchao-int4" or "torchao-intx"
+    kind: str  # none, int, magnitude, wanda, wanda-seq, torchao-int8, torchao-int4, torchao-intx, torchao-awq
     bits: int | None = None
     group_size: int | None = None
     sparsity: float | None = None
@@ -75,11 +86,11 @@ class Compression:
     def parse(cls, spec: str) -> Compression:
         torchao = _TORCHAO_SPEC.match(spec.strip().lower()) if isinstance(spec, str) else None
         if torchao is not None:
-            int8, int4, int4_group, bits, group = torchao.groups()
+            awq, int8, int4, int4_group, bits, group = torchao.groups()
             if int8:
-                return cls("torchao-int8", bits=8)
+                return cls("torchao-awq" if awq else "torchao-int8", bits=8)
             if int4:
-                return cls("torchao-int4", bits=4, group_size=int(int4_group))
+                return cls("torchao-awq" if awq else "torchao-int4", bits=4, group_size=int(int4_group))
             if not 1 <= int(bits) <= 8:
                 raise LensParallelError(f"torchao's intx takes 1..8 bits, got {bits} in {spec!r}")
             return cls("torchao-intx", bits=int(bits), group_size=int(group))
@@ -107,36 +118,41 @@ class Compression:
             return "none"
         if self.kind == "int":
             return f"int{self.bits}" + (f"-g{self.group_size}" if self.group_size else "")
-        if self.kind == "torchao-int8":
-            return "torchao-int8"
         if self.kind.startswith("torchao"):
-            return f"torchao-{'int4' if self.kind == 'torchao-int4' else f'intx{self.bits}'}-g{self.group_size}"
+            width = f"intx{self.bits}" if self.kind == "torchao-intx" else f"int{self.bits}"
+            return f"torchao-{'awq-' if self.awq else ''}{width}" + (f"-g{self.group_size}" if self.group_size else "")
         if self.n:
             return f"{self.kind}-{self.n}:{self.m}"
         assert self.sparsity is not None  # parse sets N:M or a sparsity for pruning
         return f"{self.kind}-{self.sparsity * 100:g}%"
 
     @property
-    def sequential(self) -> bool:
-        """Whether the method is Wanda layer by layer (calibrated apart from the prompts by default)."""
-        return self.kind == "wanda-seq"
+    def awq(self) -> bool:
+        """Whether the method is AWQ (``torchao-awq-*``)."""
+        return self.kind == "torchao-awq"
 
     @property
     def calibrated(self) -> bool:
-        """Whether the method reads calibration tokens (Wanda's input norms)."""
-        return self.kind.startswith("wanda")
+        """Whether the method reads calibration tokens (Wanda's input norms, AWQ's activation magnitudes)."""
+        return self.kind.startswith("wanda") or self.awq
+
+    @property
+    def calibrated_apart(self) -> bool:
+        """Whether the method is calibrated on texts apart from the analysed prompts by default (``wanda-seq-*``
+        and ``torchao-awq-*``; ``wanda-*`` keeps its calibration on the prompts, as before)."""
+        return self.kind == "wanda-seq" or self.awq
 
     def apply(self, hf_model: transformers.PreTrainedModel, calibration: Int[Tensor, "batch pos"] | None) -> None:
         """Compress ``hf_model``'s block linear maps in place (Wanda reads input norms from ``calibration``)."""
         layers = dict(block_linears(hf_model))
         if self.kind == "none":
             return
-        if self.kind.startswith("torchao"):
-            self._torchao(hf_model, layers)
-            return
         if self.calibrated and calibration is None:
-            raise LensParallelError("Wanda needs calibration tokens to measure input-feature norms")
-        if self.sequential and calibration is not None:
+            raise LensParallelError(f"{self.name} needs calibration tokens (calibration=) to measure its inputs")
+        if self.kind.startswith("torchao"):
+            self._torchao(hf_model, layers, calibration)
+            return
+        if self.kind == "wanda-seq" and calibration is not None:
             self._sequential(hf_model, layers, calibration)
             return
         norms = None
@@ -181,7 +197,12 @@ class Compression:
             for handle in handles:
                 handle.remove()
 
-    def _torchao(self, hf_model: nn.Module, modules: Mapping[str, nn.Linear | Conv1D]) -> None:
+    def _torchao(
+        self,
+        hf_model: nn.Module,
+        modules: Mapping[str, nn.Linear | Conv1D],
+        calibration: Int[Tensor, "batch pos"] | None,
+    ) -> None:
         """torchao's ``quantize_`` on each block linear map: its quantized tensor subclass becomes the weight."""
         try:
             import torchao.quantization as tq
@@ -197,10 +218,11 @@ class Compression:
                 f"({conv[0]}, ...); use int8 / int4-g128 (round-to-nearest) for it"
             )
         device = next(hf_model.parameters()).device
-        if self.kind == "torchao-int4" and device.type != "cuda":
+        if self.kind in ("torchao-int4", "torchao-awq") and self.bits == 4 and device.type != "cuda":
+            instead = "torchao-awq-int8" if self.awq else f"torchao-intx4-g{self.group_size}"
             raise LensParallelError(
-                f"{self.name} (torchao's Int4WeightOnlyConfig, tinygemm) runs on CUDA only and this model is on "
-                f"{device}; on CPU use torchao-intx4-g{self.group_size}"
+                f"{self.name} (torchao's Int4WeightOnlyConfig) runs on CUDA only and this model is on "
+                f"{device}; on CPU use {instead}"
             )
         widths = {int(_as_out_in(m).shape[1]) for m in modules.values()}
         ragged = sorted(w for w in widths if self.group_size and w % self.group_size)
@@ -210,13 +232,17 @@ class Compression:
                 f"(not multiples of {self.group_size}); use a group that divides them, or int{self.bits}-g"
                 f"{self.group_size} (round-to-nearest with a shorter last group)"
             )
-        if self.kind == "torchao-int8":
-            config: object = tq.Int8WeightOnlyConfig()
-        elif self.kind == "torchao-int4":
-            config = tq.Int4WeightOnlyConfig(group_size=self.group_size)
-        else:
+        if self.kind == "torchao-intx":
             dtype = getattr(torch, f"int{self.bits}")
-            config = tq.IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerGroup(self.group_size))
+            config: object = tq.IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerGroup(self.group_size))
+        elif self.bits == 8:
+            config = tq.Int8WeightOnlyConfig()
+        else:
+            config = tq.Int4WeightOnlyConfig(group_size=self.group_size)
+        if self.awq:
+            assert calibration is not None  # apply refuses a calibrated method without tokens
+            _awq(hf_model, modules, config, calibration)
+            return
         for module in modules.values():
             tq.quantize_(module, config)
 
@@ -237,6 +263,31 @@ class Compression:
                         keep = sparsity_mask(score, self.sparsity, per_row=self.kind != "magnitude")
                     new = w * keep
                 _set_out_in(module, new)
+
+
+def _awq(
+    hf_model: nn.Module, modules: Mapping[str, nn.Module], base: object, calibration: Int[Tensor, "batch pos"]
+) -> None:
+    """torchao's AWQ over ``base`` on ``modules`` in one forward of the dense model on ``calibration``: every module
+    is observed (its inputs kept), and each block is converted (its scales searched, its weights quantized) as soon as
+    it has run, so that one block's inputs are held at a time; the observed forward is the dense one throughout, so
+    this equals observing the whole model and converting it afterwards (torchao's own recipe)."""
+    from torchao.prototype.awq import AWQConfig
+    from torchao.quantization import quantize_
+
+    names = set(modules)
+    quantize_(hf_model, AWQConfig(base, step="prepare"), filter_fn=lambda _, fqn: fqn in names)
+
+    def convert(block: nn.Module, args: tuple[object, ...], output: object) -> None:
+        quantize_(block, AWQConfig(base, step="convert"))
+
+    handles = [hf_model.get_submodule(block).register_forward_hook(convert) for block in _by_block(modules)]
+    try:
+        with torch.no_grad():  # not inference_mode: the converted weights are new parameters used after it
+            hf_model(calibration, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 _BLOCK = re.compile(r"^(.*?(?:^|\.)(?:h|layers)\.\d+)\.")

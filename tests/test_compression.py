@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import einops
 import numpy as np
 import pytest
@@ -347,11 +349,12 @@ def test_sequential_wanda_equals_a_layer_by_layer_reference_and_differs_from_one
     assert not all(masks[name] for name in later)  # later inputs come from pruned layers: other masks
 
 
-def test_sequential_wanda_calibrates_apart_from_the_prompts_by_default():
+@pytest.mark.parametrize("spec", ["wanda-seq-50%", "torchao-awq-int8"])
+def test_wanda_seq_and_awq_calibrate_apart_from_the_prompts_by_default(spec):
     model = get_model("toy-llama")
     toks = _tokens(model, n=3, seq=16)
-    default = compression_error(model, toks, method="wanda-seq-50%", progress=False)
-    on_prompts = compression_error(model, toks, method="wanda-seq-50%", calibration=toks, progress=False)
+    default = compression_error(model, toks, method=spec, progress=False)
+    on_prompts = compression_error(model, toks, method=spec, calibration=toks, progress=False)
     assert "apart" in default.provenance.settings["calibration"]
     assert not np.allclose(default.perp, on_prompts.perp, equal_nan=True)
 
@@ -426,3 +429,84 @@ def test_torchao_refusals_are_one_line():
     with pytest.raises(ValueError, match=r"torchao's intx takes 1..8 bits, got 9"):
         Compression.parse("torchao-intx9-g32")
     assert Compression.parse("torchao-intx4-g128").name == "torchao-intx4-g128"
+
+
+def _linear_inputs(hf, tokens) -> dict:
+    """Each block linear's input over ``tokens`` (one forward of ``hf``), flattened to [tokens, d_in]."""
+    inputs: dict = {}
+
+    def keep(module, args, *, name):
+        inputs[name] = args[0].reshape(-1, args[0].shape[-1])
+
+    handles = [m.register_forward_pre_hook(partial(keep, name=name)) for name, m in block_linears(hf)]
+    with torch.no_grad():
+        hf(tokens, use_cache=False)
+    for h in handles:
+        h.remove()
+    return inputs
+
+
+def test_torchao_awq_equals_torchaos_own_recipe_and_never_raises_the_output_error():
+    """torchao-awq-int8 gives bit for bit the weights of torchao's own AWQ recipe (observe the whole model, then
+    convert it): Int8Tensor weights carrying the activation pre-scale 1/s, which the compressed forward uses. The
+    searched scale includes s = 1 (plain int8), so on the calibration inputs every linear's output error is at most
+    torchao-int8's, and smaller in total."""
+    from torchao.prototype.awq import AWQConfig
+    from torchao.quantization import Int8Tensor, Int8WeightOnlyConfig, quantize_
+
+    model = get_model("toy-llama")
+    calib = _tokens(model, n=4, seq=24)
+    awq = compress(model, "torchao-awq-int8", calibration=calib)
+    plain = compress(model, "torchao-int8")
+    reference = export_hf_model(model.original_model)
+    dense = dict(block_linears(export_hf_model(model.original_model)))
+    inputs = _linear_inputs(export_hf_model(model.original_model), calib)
+    names = set(dense)
+    quantize_(reference, AWQConfig(Int8WeightOnlyConfig(), step="prepare"), filter_fn=lambda _, fqn: fqn in names)
+    with torch.no_grad():
+        reference(calib, use_cache=False)
+    quantize_(reference, AWQConfig(Int8WeightOnlyConfig(), step="convert"), filter_fn=lambda _, fqn: fqn in names)
+    errors = {"awq": 0.0, "plain": 0.0}
+    triples = zip(
+        block_linears(awq.original_model), block_linears(plain.original_model), block_linears(reference), strict=True
+    )
+    for (name, got), (_, rtn), (ref_name, ref) in triples:
+        assert name.replace("._original_component", "") == ref_name
+        w = got.weight
+        assert type(got) is torch.nn.Linear and isinstance(w, Int8Tensor) and w.act_pre_scale is not None, name
+        for part in ("qdata", "scale", "act_pre_scale"):
+            assert torch.equal(getattr(w, part), getattr(ref.weight, part)), (name, part)
+        x = inputs[ref_name]
+        with torch.no_grad():
+            exact = torch.nn.functional.linear(x, dense[ref_name].weight)
+            awq_err = (torch.nn.functional.linear(x, w) - exact).pow(2).sum().item()
+            rtn_err = (torch.nn.functional.linear(x, rtn.weight) - exact).pow(2).sum().item()
+        assert awq_err <= rtn_err * (1 + 1e-5), name
+        errors["awq"] += awq_err
+        errors["plain"] += rtn_err
+    assert errors["awq"] < errors["plain"], errors  # random toy weights have no salient channels: ~5% here
+    tokens = _tokens(model, n=2, seq=12)
+    with torch.inference_mode():
+        got_logits = awq(tokens, return_type="logits")
+        ref_logits = reference(tokens).logits
+        plain_logits = plain(tokens, return_type="logits")
+    torch.testing.assert_close(got_logits, ref_logits, rtol=1e-4, atol=1e-4)
+    assert (got_logits - plain_logits).abs().max() > 1e-4  # the pre-scaled weights are what the forward uses
+
+
+def test_torchao_awq_names_and_refusals():
+    assert Compression.parse("torchao-awq-int8").name == "torchao-awq-int8"
+    assert Compression.parse("torchao-awq-int4-g128").name == "torchao-awq-int4-g128"
+    assert Compression.parse("torchao-int4-g64").name == "torchao-int4-g64"
+    assert Compression.parse("torchao-awq-int8").calibrated_apart
+    assert not Compression.parse("wanda-50%").calibrated_apart
+    model = get_model("toy-llama")
+    with pytest.raises(ValueError, match=r"^torchao-awq-int8 needs calibration tokens \(calibration=\)"):
+        compress(model, "torchao-awq-int8")
+    calib = _tokens(model, n=1, seq=8)
+    with pytest.raises(ValueError, match=r"runs on CUDA only and this model is on cpu; on CPU use torchao-awq-int8"):
+        compress(model, "torchao-awq-int4-g32", calibration=calib)
+    with pytest.raises(ValueError, match=r"torchao's quantize_ takes nn.Linear layers"):
+        compress(get_model("toy-gpt2"), "torchao-awq-int8", calibration=calib)
+    with pytest.raises(ValueError, match=r"unknown compression 'torchao-awq-intx4-g32'; accepted forms: .*awq"):
+        Compression.parse("torchao-awq-intx4-g32")

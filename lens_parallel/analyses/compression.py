@@ -328,7 +328,8 @@ class _CompressionMetric(Metric):
             return self.compressed
         assert isinstance(job, MethodJob)
         if context.memo.get("compressed", (None,))[0] != job.key:
-            calibration = self.separate if _sequential(job.method) and self.separate is not None else self.calibration
+            apart = _calibrated_apart(job.method) and self.separate is not None
+            calibration = self.separate if apart else self.calibration
             context.memo["compressed"] = (job.key, compress(context.model, job.method, calibration=calibration))
         return cast(TransformerBridge, context.memo["compressed"][1])
 
@@ -383,15 +384,16 @@ def compression_prompts(model: TransformerBridge, *, n: int = 12, max_tokens: in
     return Documents.padded(rows, docs.source | {"protocol": "directional-decomposition compression prompts"})
 
 
-def _sequential(method: MethodLike) -> bool:
-    """Whether ``method`` is Wanda layer by layer (``wanda-seq-*``)."""
+def _calibrated_apart(method: MethodLike) -> bool:
+    """Whether ``method`` is calibrated apart from the prompts by default (``wanda-seq-*``, ``torchao-awq-*``)."""
     spec = Compression.parse(method) if isinstance(method, str) else method
-    return isinstance(spec, Compression) and spec.sequential
+    return isinstance(spec, Compression) and spec.calibrated_apart
 
 
 def _separate_calibration(model: TransformerBridge, docs: Documents) -> Tensor:
-    """Wanda calibration apart from the analysed prompts: 16 blocks of up to 512 tokens of a bundled English corpus
-    that is not the prompts' (the Wanda paper: 128 x 2048 tokens of C4; pass ``calibration=`` for that)."""
+    """Calibration apart from the analysed prompts (``wanda-seq-*``, ``torchao-awq-*``): 16 blocks of up to 512
+    tokens of a bundled English corpus that is not the prompts' (the Wanda paper: 128 x 2048 tokens of C4; AWQ's:
+    128 x 512 tokens of the Pile; pass ``calibration=`` for those)."""
     corpus = "moby-dick" if docs.source.get("corpus") == "austen" else "austen"
     return token_blocks(model, corpus, n_docs=16, seq_len=min(512, model.cfg.n_ctx), seed=0).tokens
 
@@ -415,11 +417,11 @@ def compression_error(
     :func:`~lens_parallel.models.load_model`): an AWQ, GPTQ or bitsandbytes checkpoint, as the paper measured; it
     must have ``model``'s architecture (the same config up to quantization fields) and tokenizer. Giving both
     ``compressed`` and ``method`` is refused; giving neither runs :class:`CompressionSettings`' default methods.
-    ``calibration``: tokens for Wanda's input norms (default: the documents for ``wanda-*``, kept as before; a
-    bundled corpus apart from the documents for ``wanda-seq-*``). Each method compresses a copy (one at a time);
-    ``model`` is never changed. One dense reference pass per batch keeps each layer's input, updates and output
-    (and the dense losses). A function given as a method must be importable or picklable by cloudpickle for Ray
-    workers.
+    ``calibration``: tokens for Wanda's input norms and AWQ's activation magnitudes (default: the documents for
+    ``wanda-*``, kept as before; a bundled corpus apart from the documents for ``wanda-seq-*`` and
+    ``torchao-awq-*``). Each method compresses a copy (one at a time); ``model`` is never changed. One dense
+    reference pass per batch keeps each layer's input, updates and output (and the dense losses). A function given
+    as a method must be importable or picklable by cloudpickle for Ray workers.
     """
     if compressed is not None and (
         "method" in changes or (settings is not None and settings.method != DEFAULT_METHODS)
@@ -430,8 +432,8 @@ def compression_error(
     info = model_info(model)
     other = None if compressed is None else checked_compressed(model, compressed)
     calib = docs.tokens if calibration is None else Documents.of(calibration).tokens
-    sequential = other is None and any(_sequential(m) for m in s.method)
-    separate = _separate_calibration(model, docs) if sequential and calibration is None else None
+    apart = other is None and any(_calibrated_apart(m) for m in s.method)
+    separate = _separate_calibration(model, docs) if apart and calibration is None else None
     layers, _ = softmax_layers(info, None, what="compression_error")
     metric = _CompressionMetric(info, layers, s, calib, separate=separate, compressed=other)
     jobs: list[Job] = [CheckpointJob(other.cfg.model_name)] if other is not None else [MethodJob(m) for m in s.method]
@@ -444,7 +446,8 @@ def compression_error(
     if calibration is not None:
         calibration_note = "separate (given)"
     else:
-        calibration_note = "the documents" + (" (wanda-*), a bundled corpus apart (wanda-seq-*)" if sequential else "")
+        apart_note = " (wanda-*), a bundled corpus apart (wanda-seq-*, torchao-awq-*)"
+        calibration_note = "the documents" + (apart_note if apart else "")
     return CompressionResult(
         methods=tuple(job.key for job in jobs),
         layers=tuple(layers),
