@@ -1,7 +1,7 @@
 """Today's decompose, causal null, GQA, dominance, compression, attribution, sensitivity and explorer outputs equal
 the reference written by lens_parallel 0.6.0 before these analyses moved onto the one engine
-(``tests/golden/make_golden.py``): exactly, except where the engine's way of computing changes float rounding, with
-the tolerance and the reason stated below."""
+(``tests/golden/make_golden.py``): to the last bits of the float32 forward on another CPU (:data:`OTHER_CPU`), and
+within the tolerances stated below where the engine's way of computing changes float rounding."""
 
 from __future__ import annotations
 
@@ -14,6 +14,14 @@ import pytest
 from .golden import make_golden
 
 GOLDEN = make_golden.HERE
+OTHER_CPU = {"rtol": 1e-5, "atol": 1e-6}
+"""The floor under every comparison: the reference was written on one machine, and float32 kernels (MKL's GEMM,
+ATen's vectorised LayerNorm) round by the CPU's instruction set and MKL's code path, so on another CPU each float32
+forward moves in its last bits and the float64 statistics built on it by as much. Seen on an AVX-512 Xeon
+(2026-12-02): 4.8e-7 on dominance's relative changes, 1.9e-7 on compression's signed coefficient, 4e-8 on cosines,
+in toy-gpt2, toy-pythia and toy-qwen3.5 (LayerNorm or gated norms); the RMSNorm families toy-qwen2 and toy-llama
+stay exact there; no ATEN_CPU_CAPABILITY or MKL_CBWR setting reproduced the reference's rounding. A change of
+what is computed moves these numbers by far more (1e-4 and up)."""
 FLOAT64_MEANS = {"rtol": 1e-13, "atol": 1e-15}
 """Null models and compression over all positions: a mean over positions 1.. is now a weighted sum over each
 document's real positions (documents may differ in length), so float64 sums run in another order (seen: 3e-15)."""
@@ -28,13 +36,17 @@ per-token losses, 2e-6 on per-head delta losses; the float64 statistics built on
 
 
 def _tolerance(name: str) -> dict[str, float]:
+    """The engine's own tolerance for table or array ``name`` (the reason beside each), never below
+    :data:`OTHER_CPU`."""
     if name.startswith(("attribution_", "sensitivity_", "compression_methods_", "explore_")):  # tables of losses
-        return CHUNKED_LOSS
-    if name.startswith(("null_", "gqa_", "compression_all_")):
-        return FLOAT64_MEANS
-    if name.startswith("dominance_") and "joint" in name:
-        return FLOAT32_ROWS
-    return {"rtol": 0.0, "atol": 0.0}
+        engine = CHUNKED_LOSS
+    elif name.startswith(("null_", "gqa_", "compression_all_")):
+        engine = FLOAT64_MEANS
+    elif name.startswith("dominance_") and "joint" in name:
+        engine = FLOAT32_ROWS
+    else:
+        engine = {"rtol": 0.0, "atol": 0.0}
+    return {key: max(engine[key], OTHER_CPU[key]) for key in ("rtol", "atol")}
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +65,7 @@ def test_tables_equal_the_reference(frames):
     for name in names:
         expected = pd.read_csv(GOLDEN / f"{name}.csv")
         got = pd.read_csv(io.StringIO(frames[name].to_csv(index=False, float_format="%.17g")))
-        tol = _tolerance(name)
-        exact = tol["rtol"] == 0 and tol["atol"] == 0
-        pd.testing.assert_frame_equal(got, expected, check_exact=exact, obj=name, **({} if exact else tol))
+        pd.testing.assert_frame_equal(got, expected, check_exact=False, obj=name, **_tolerance(name))
 
 
 def test_arrays_equal_the_reference(arrays):
