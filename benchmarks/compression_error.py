@@ -8,16 +8,18 @@ The directional-decomposition paper's prompt protocol (``compression_prompts``: 
 token, each scored at its own last token). Methods: int8 and int4-g64 (symmetric round-to-nearest, ours),
 torchao-int8 (torchao's Int8WeightOnlyConfig) and torchao-intx4-g64 (its IntxWeightOnlyConfig, int4 groups of 64:
 the CPU path; groups of 64 because smollm2's 576-wide inputs are not a multiple of 128, which torchao requires; the
-paper's AWQ checkpoint is CUDA-only), wanda-50% (input norms from one dense forward) and
+paper's AWQ checkpoint is CUDA-only), torchao-awq-int8 (torchao's AWQ over Int8WeightOnlyConfig, the AWQ that runs
+on a CPU), wanda-50% (input norms from one dense forward) and
 wanda-seq-50% / wanda-seq-2:4 (layer by layer, as the Wanda code and the paper's checkpoints). Every Wanda variant
-is calibrated on the same 16 blocks of ``--calibration-tokens`` tokens of austen (the Wanda paper: 128 x 2048
+and AWQ is calibrated on the same 16 blocks of ``--calibration-tokens`` tokens of austen (the Wanda paper: 128 x 2048
 tokens of C4; shorter here to fit a CPU), apart from the prompts. ``mode=local``: each compressed block fed the
 dense input (the paper's one-layer swap); ``global``: every layer compressed, errors compound.
 
 Prints, per model, mode, method and sublayer (attn, mlp, block), the mean over layers of |e_perp|/|delta| and
 |e_par|/|delta|, the share of squared error that is perpendicular, the mean drift of the blocks' inputs and the
 end-to-end delta loss, beside the paper's Qwen3-4B shape. Each (model, mode) is written as it finishes and read back
-on a rerun (resumable); the per-method sweep store makes a killed run resume method by method.
+on a rerun with the same methods (resumable); the per-method sweep store makes a killed run, or one with methods
+added, compute only the methods it does not hold.
 """
 
 from __future__ import annotations
@@ -32,9 +34,19 @@ import torch
 
 from lens_parallel import load_model, token_blocks
 from lens_parallel.analyses.compression import CompressionResult, compression_error, compression_prompts
+from lens_parallel.compression import method_name
 from lens_parallel.plots import save_figure
 
-METHODS = ("int8", "int4-g64", "torchao-int8", "torchao-intx4-g64", "wanda-50%", "wanda-seq-50%", "wanda-seq-2:4")
+METHODS = (
+    "int8",
+    "int4-g64",
+    "torchao-int8",
+    "torchao-intx4-g64",
+    "torchao-awq-int8",
+    "wanda-50%",
+    "wanda-seq-50%",
+    "wanda-seq-2:4",
+)
 PAPER = (
     "the paper, Qwen3-4B (AWQ 4-bit checkpoint, Wanda 50% / 4:8 / 2:4, dense fp32 vs compressed fp16, 12 prompts, "
     "last token): the perpendicular error dominates the parallel one at every layer and in every component "
@@ -45,7 +57,9 @@ PAPER = (
 def run(model_spec: str, mode: str, methods: list[str], calibration_tokens: int, out: Path) -> CompressionResult:
     folder = out / f"{model_spec}-{mode}"
     if (folder / "result.json").is_file():
-        return CompressionResult.load(folder / "result")
+        saved = CompressionResult.load(folder / "result")
+        if saved.methods == tuple(method_name(m) for m in methods):
+            return saved
     folder.mkdir(parents=True, exist_ok=True)
     model = load_model(model_spec)
     prompts = compression_prompts(model)

@@ -5,7 +5,7 @@ implementing :class:`Result`), the sweep engine, compression, training, the repo
 :func:`load_result`.
 """
 
-__version__ = "0.12.0"
+__version__ = "0.13.0"
 
 from lens_parallel import logs, protocols  # noqa: F401  (logs first: its filters precede transformers)
 from lens_parallel.analyses.ablation import AblationRun, AblationSettings, run_ablations

@@ -356,7 +356,7 @@ def export_hf_model(hf_model: transformers.PreTrainedModel) -> transformers.PreT
     for key, tensor in hf_model.state_dict().items():
         plain = key.replace("._original_component", "")
         if plain in wanted:
-            state[plain] = tensor.detach().clone()
+            state[plain] = tensor.detach()  # load_state_dict copies into fresh's own tensors: no clone held beside
     missing = wanted - set(state)
     if missing:
         raise RuntimeError(f"cannot export the wrapped model: no weights found for {sorted(missing)[:5]}")

@@ -20,6 +20,7 @@ the boundary token, is excluded). Also the end-to-end change in next-token loss 
 
 from __future__ import annotations
 
+import gc
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -328,6 +329,10 @@ class _CompressionMetric(Metric):
             return self.compressed
         assert isinstance(job, MethodJob)
         if context.memo.get("compressed", (None,))[0] != job.key:
+            # the previous method's copy goes before this one is built (a bridge holds reference cycles): never two
+            # compressed copies beside the dense model
+            context.memo.pop("compressed", None)
+            gc.collect()
             apart = _calibrated_apart(job.method) and self.separate is not None
             calibration = self.separate if apart else self.calibration
             context.memo["compressed"] = (job.key, compress(context.model, job.method, calibration=calibration))
