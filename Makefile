@@ -1,7 +1,8 @@
 # Two entry points, each building a fresh virtual environment (.venv) on first use:
 #   make run    installs and runs the main job (lens-parallel decompose on smollm2-135m)
-#   make test   installs and runs the whole test suite (and Debian's Chromium for the browser test when it is
-#               missing and we are allowed to: root or passwordless sudo; otherwise it stops and says what to install)
+#   make test   installs and runs the whole test suite on two pytest-xdist workers of one thread each (and Debian's
+#               Chromium for the browser test when it is missing and we are allowed to: root or passwordless sudo;
+#               otherwise it stops and says what to install)
 #   make test-fast   the inner loop: the unit and integration tiers only (no browser, smollm2, notebooks, CLI
 #                    subprocesses or Ray), on two pytest-xdist workers of one thread each: about 3 minutes here
 # torch is pinned to the 2.13.0 CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build.
@@ -24,7 +25,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	@bash scripts/ensure-chromium
-	$(PY) -m pytest
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2
 
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "unit or integration" -n 2
