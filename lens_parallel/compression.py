@@ -57,6 +57,7 @@ import torch
 import transformers
 from jaxtyping import Float, Int
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 from transformer_lens.model_bridge import TransformerBridge
 from transformers.pytorch_utils import Conv1D
 
@@ -143,7 +144,8 @@ class Compression:
         return self.kind == "wanda-seq" or self.awq
 
     def apply(self, hf_model: transformers.PreTrainedModel, calibration: Int[Tensor, "batch pos"] | None) -> None:
-        """Compress ``hf_model``'s block linear maps in place (Wanda reads input norms from ``calibration``)."""
+        """Compress ``hf_model``'s block linear maps in place (Wanda and AWQ measure the inputs of their linear maps
+        on ``calibration``)."""
         layers = dict(block_linears(hf_model))
         if self.kind == "none":
             return
@@ -190,12 +192,7 @@ class Compression:
         for block, names in _by_block(modules).items():
             hook = partial(prune_and_rerun, names=names)
             handles.append(hf_model.get_submodule(block).register_forward_hook(hook, with_kwargs=True))
-        try:
-            with torch.inference_mode():  # no KV cache: a block's rerun must not see its first run's keys
-                hf_model(calibration, use_cache=False)
-        finally:
-            for handle in handles:
-                handle.remove()
+        _hooked_forward(hf_model, calibration, handles)  # no KV cache: a block's rerun must not see its first keys
 
     def _torchao(
         self,
@@ -218,7 +215,7 @@ class Compression:
                 f"({conv[0]}, ...); use int8 / int4-g128 (round-to-nearest) for it"
             )
         device = next(hf_model.parameters()).device
-        if self.kind in ("torchao-int4", "torchao-awq") and self.bits == 4 and device.type != "cuda":
+        if self.bits == 4 and self.kind != "torchao-intx" and device.type != "cuda":  # torchao-(awq-)int4
             instead = "torchao-awq-int8" if self.awq else f"torchao-intx4-g{self.group_size}"
             raise LensParallelError(
                 f"{self.name} (torchao's Int4WeightOnlyConfig) runs on CUDA only and this model is on "
@@ -282,9 +279,18 @@ def _awq(
         quantize_(block, AWQConfig(base, step="convert"))
 
     handles = [hf_model.get_submodule(block).register_forward_hook(convert) for block in _by_block(modules)]
+    # not inference mode: the converted weights are new parameters, used after this forward
+    _hooked_forward(hf_model, calibration, handles, inference=False)
+
+
+def _hooked_forward(
+    hf_model: nn.Module, tokens: Int[Tensor, "batch pos"], handles: list[RemovableHandle], *, inference: bool = True
+) -> None:
+    """One forward of the plain Hugging Face model on calibration ``tokens`` (no gradients, no KV cache) while the
+    torch hooks of ``handles`` run; they are removed afterwards, whatever happens."""
     try:
-        with torch.no_grad():  # not inference_mode: the converted weights are new parameters used after it
-            hf_model(calibration, use_cache=False)
+        with torch.inference_mode() if inference else torch.no_grad():
+            hf_model(tokens, use_cache=False)
     finally:
         for handle in handles:
             handle.remove()
@@ -382,12 +388,7 @@ def linear_input_norms(
         _add_squares(sums, name, args[0])
 
     handles = [m.register_forward_pre_hook(partial(accumulate, name=n)) for n, m in modules.items()]
-    try:
-        with torch.inference_mode():
-            hf_model(tokens)
-    finally:
-        for handle in handles:
-            handle.remove()
+    _hooked_forward(hf_model, tokens, handles)
     return {name: s.sqrt() for name, s in sums.items()}
 
 
