@@ -377,6 +377,18 @@ def test_the_papers_prompt_protocol_scores_each_ragged_prompts_last_token():
         np.testing.assert_allclose(getattr(result, field)[0], expected[field], rtol=2e-4, atol=1e-6, err_msg=field)
 
 
+def _assert_forward(compressed, *, equals, differs_from, by: float) -> None:
+    """The compressed bridge's logits equal those of ``equals`` (a plain Hugging Face model) to 1e-4 and differ from
+    those of ``differs_from`` (a bridge) by more than ``by`` somewhere: its forward runs the weights under test."""
+    tokens = _tokens(compressed, n=2, seq=12)
+    with torch.inference_mode():
+        got = compressed(tokens, return_type="logits")
+        reference = equals(tokens).logits
+        other = differs_from(tokens, return_type="logits")
+    torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-4)
+    assert (got - other).abs().max() > by
+
+
 @pytest.mark.parametrize(
     ("spec", "block", "qmin", "qmax"), [("torchao-int8", None, -128, 127), ("torchao-intx4-g16", 16, -8, 7)]
 )
@@ -408,13 +420,7 @@ def test_torchao_weights_are_its_quantized_tensors_and_the_forward_uses_them(spe
         assert torch.equal(module.weight.dequantize(), expected), name
         with torch.no_grad():
             into.weight.copy_(expected)
-    tokens = _tokens(model, n=2, seq=12)
-    with torch.inference_mode():
-        got = compressed(tokens, return_type="logits")
-        reference = plain(tokens).logits
-        unquantized = model(tokens, return_type="logits")
-    torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-4)
-    assert (got - unquantized).abs().max() > 1e-3
+    _assert_forward(compressed, equals=plain, differs_from=model, by=1e-3)
 
 
 def test_torchao_refusals_are_one_line():
@@ -485,13 +491,7 @@ def test_torchao_awq_equals_torchaos_own_recipe_and_never_raises_the_output_erro
         errors["awq"] += awq_err
         errors["plain"] += rtn_err
     assert errors["awq"] < errors["plain"], errors  # random toy weights have no salient channels: ~5% here
-    tokens = _tokens(model, n=2, seq=12)
-    with torch.inference_mode():
-        got_logits = awq(tokens, return_type="logits")
-        ref_logits = reference(tokens).logits
-        plain_logits = plain(tokens, return_type="logits")
-    torch.testing.assert_close(got_logits, ref_logits, rtol=1e-4, atol=1e-4)
-    assert (got_logits - plain_logits).abs().max() > 1e-4  # the pre-scaled weights are what the forward uses
+    _assert_forward(awq, equals=reference, differs_from=plain, by=1e-4)  # the pre-scaled weights are used
 
 
 def test_torchao_awq_names_and_refusals():
