@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import logging
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -35,6 +36,28 @@ def test_save_figure_without_a_png_renderer_says_why(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err
     assert "(no PNG for toy-qwen3.5_decompose: Kaleido requires Google Chrome to be installed." in err
     assert err.count("\n") == 1
+
+
+def test_save_figure_keeps_the_renderers_ignored_errors_off_stderr(tmp_path, monkeypatch, caplog):
+    """choreographer logs (with a traceback) a Chromium message it cannot decode and ignores; the PNG is still
+    written, so the user sees neither the record nor a traceback, and the loggers' levels are restored."""
+    before = logging.getLogger("choreographer").level
+
+    def garbled_message(self, path, *args, **kwargs):
+        try:
+            raise ValueError("Expecting property name enclosed in double quotes")
+        except ValueError:
+            logging.getLogger("choreographer.channels.pipe").exception("JSONError decoding message. Ignoring")
+        logging.getLogger("kaleido").error("kaleido noise")
+        Path(path).write_bytes(b"png")
+
+    monkeypatch.setattr(go.Figure, "write_image", garbled_message)
+    with caplog.at_level(logging.DEBUG):
+        written = save_figure(go.Figure(layout={"title": "t"}), tmp_path / "fig")
+        logging.getLogger("choreographer.channels.pipe").error("after the PNG")
+    assert [p.name for p in written] == ["fig.html", "fig.png"]
+    assert [r.getMessage() for r in caplog.records] == ["after the PNG"]
+    assert logging.getLogger("choreographer").level == before
 
 
 def test_plots_never_import_an_analysis_at_run_time():
