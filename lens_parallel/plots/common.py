@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -25,24 +22,6 @@ def png_failure(exc: Exception) -> str:
     return reason
 
 
-@contextmanager
-def _quiet_png_renderer() -> Iterator[None]:
-    """Keep kaleido's and choreographer's log records off the user's stderr while a PNG is written.
-
-    choreographer logs, with a full traceback, a message from Chromium it could not decode and then ignores
-    (the PNG is written all the same); a failure that matters is raised, and :func:`save_figure` reports it.
-    """
-    loggers = [logging.getLogger(name) for name in ("choreographer", "kaleido")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL + 1)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
 def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
     """Write ``stem.html`` (plotly.js inlined: opens offline) and, when kaleido finds a Chrome/Chromium,
     ``stem.png``; returns the files written (a missing PNG renderer is reported on stderr, not raised)."""
@@ -51,8 +30,7 @@ def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
     written = [html]
     fig.write_html(html, include_plotlyjs=True)
     try:
-        with _quiet_png_renderer():
-            fig.write_image(png, scale=2)
+        fig.write_image(png, scale=2)
         written.append(png)
     except (RuntimeError, ValueError, OSError) as exc:  # kaleido missing, or no Chrome/Chromium on this machine
         print(f"(no PNG for {stem.name}: {png_failure(exc)}; the HTML has the figure)", file=sys.stderr)
