@@ -1,7 +1,9 @@
 """Bundled evaluation text and deterministic token blocks.
 
 Bundled corpora (provenance in ``assets/SOURCES.md``): ``wikipedia-en``, ``austen``, ``moby-dick`` (English),
-``lunyu``, ``tang-poems`` (Chinese). A user's own documents (a list of strings) work everywhere a corpus does.
+``lunyu``, ``tang-poems`` (Chinese). A user's own documents work everywhere a corpus does: a list of strings, or a
+file (:func:`read_text_file`: ``.txt``, documents separated by blank lines; ``.jsonl``, one object with a ``text``
+field a line), read as UTF-8 and refused in one line at the first byte that is not.
 
 **BOS policy, the same for every family.** Each block is one document's first ``seq_len - 1`` tokens after a
 document-boundary token at position 0: ``<|endoftext|>`` where the vocabulary has it (GPT-2, Pythia, Qwen,
@@ -13,8 +15,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import einops
@@ -53,24 +57,87 @@ def _load_hub_texts(name: str) -> list[str]:
     return [t for t in rows["text"] if t.strip()]
 
 
+TEXT_FILE_SUFFIXES = (".txt", ".jsonl")
+
+
 def check_corpus(name: str) -> str:
-    """``name`` if it names texts :func:`load_texts` can read (a bundled corpus, or ``hf:DATASET...``), else a
-    :class:`LensParallelError` listing them (nothing is read)."""
+    """``name`` if it names texts :func:`load_texts` can read (a bundled corpus, ``hf:DATASET...``, or an existing
+    ``.txt`` / ``.jsonl`` file), else a :class:`LensParallelError` listing them (nothing is read)."""
+    if isinstance(name, str) and name.endswith(TEXT_FILE_SUFFIXES):
+        if not Path(name).is_file():
+            raise LensParallelError(f"text file {name} does not exist (or is not a file)")
+        return name
     if not isinstance(name, str) or not (name in CORPORA or (name.startswith("hf:") and len(name) > 3)):
         raise LensParallelError(
-            f"unknown corpus {name!r}; bundled corpora: {', '.join(CORPORA)}, or hf:DATASET[:CONFIG]"
+            f"unknown corpus {name!r}; bundled corpora: {', '.join(CORPORA)}, hf:DATASET[:CONFIG], or a .txt "
+            "(documents separated by blank lines) or .jsonl (a text field a line) file"
         )
     return name
+
+
+def read_text_file(path: str | Path) -> list[str]:
+    """The documents of a user's file, read as UTF-8 (a byte-order mark is dropped): ``.txt``, documents separated by
+    blank lines (each stripped); ``.jsonl``, each non-empty line a JSON object whose ``text`` is a string. Invalid
+    UTF-8 is refused in one line naming its byte offset; a bad ``.jsonl`` line names its line number."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise LensParallelError(f"cannot read text file {path} ({exc.strerror})") from exc
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise LensParallelError(
+            f"{path} is not UTF-8: byte offset {exc.start} holds {raw[exc.start : exc.start + 1]!r} ({exc.reason}); "
+            "save the file as UTF-8"
+        ) from exc
+    if path.suffix == ".txt":
+        return [doc.strip() for doc in re.split(r"\n[ \t]*\n", text) if doc.strip()]
+    docs = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise LensParallelError(f"{path} line {number} is not JSON ({exc.msg})") from exc
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise LensParallelError(f"{path} line {number} has no string field 'text' (one object a line)")
+        docs.append(row["text"])
+    return docs
+
+
+def check_texts(texts: Sequence[str]) -> list[str]:
+    """A user's documents as a list, each checked to be text: ``str`` (bytes are refused: decode them first) that
+    encodes as UTF-8 (a lone surrogate, e.g. a byte that ``errors="surrogateescape"`` kept, is refused with its
+    position)."""
+    docs = list(texts)
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, str):
+            raise LensParallelError(
+                f"document {i} is {type(doc).__name__}, not str: decode it (as UTF-8) before passing it as text"
+            )
+        try:
+            doc.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise LensParallelError(
+                f"document {i} is not valid text: character {exc.start} is an undecoded byte ({doc[exc.start]!r}, "
+                "as errors='surrogateescape' leaves it); read the text as UTF-8"
+            ) from exc
+    return docs
 
 
 def load_texts(name: str = "wikipedia-en", *, n_docs: int | None = None) -> list[str]:
     """The documents of a bundled corpus, in their stored order (the first ``n_docs`` if given).
 
-    ``name`` is a bundled corpus (:data:`CORPORA`) or, online, ``hf:DATASET[:CONFIG[:SPLIT]]``
-    (e.g. ``hf:Salesforce/wikitext:wikitext-103-raw-v1:test``) read from its ``text`` column.
+    ``name`` is a bundled corpus (:data:`CORPORA`), a ``.txt`` / ``.jsonl`` file (:func:`read_text_file`) or,
+    online, ``hf:DATASET[:CONFIG[:SPLIT]]`` (e.g. ``hf:Salesforce/wikitext:wikitext-103-raw-v1:test``) read from
+    its ``text`` column.
     """
     if check_corpus(name).startswith("hf:"):
         docs = _load_hub_texts(name)
+    elif name.endswith(TEXT_FILE_SUFFIXES):
+        docs = read_text_file(name)
     else:
         with gzip.open(ASSETS / "corpora" / f"{name}.json.gz", "rt", encoding="utf-8") as f:
             docs = json.load(f)
@@ -79,6 +146,14 @@ def load_texts(name: str = "wikipedia-en", *, n_docs: int | None = None) -> list
             raise LensParallelError(f"n_docs must be >= 1, got {n_docs}")
         docs = docs[:n_docs]
     return docs
+
+
+def texts_of(texts: str | Sequence[str]) -> tuple[str, list[str]]:
+    """(the corpus's name, its documents) of what a caller gave as texts: a name :func:`load_texts` reads, or a list
+    of documents (``"user-texts"``, each checked by :func:`check_texts`)."""
+    if isinstance(texts, str):
+        return texts, load_texts(texts)
+    return "user-texts", check_texts(texts)
 
 
 @dataclass(frozen=True)
@@ -130,12 +205,11 @@ def token_blocks(
 ) -> TokenBlocks:
     """``n_docs`` blocks of ``seq_len`` tokens: documents chosen in a seeded order among those long enough.
 
-    ``texts`` is a bundled corpus name or a list of documents. Raises ``ValueError`` before tokenizing anything
-    if ``seq_len`` exceeds the model's context or is < 2, or the corpus is empty; after, if fewer than ``n_docs``
-    documents have ``seq_len - 1`` tokens.
+    ``texts`` is a bundled corpus name, a ``.txt`` / ``.jsonl`` file or a list of documents. Raises
+    ``ValueError`` before tokenizing anything if ``seq_len`` exceeds the model's context or is < 2, or the corpus is
+    empty; after, if fewer than ``n_docs`` documents have ``seq_len - 1`` tokens.
     """
-    corpus = texts if isinstance(texts, str) else "user-texts"
-    docs = load_texts(texts) if isinstance(texts, str) else list(texts)
+    corpus, docs = texts_of(texts)
     n_ctx = model.cfg.n_ctx
     if seq_len < 2:
         raise LensParallelError(f"seq_len must be >= 2 (a boundary token and one text token), got {seq_len}")

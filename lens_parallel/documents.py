@@ -28,7 +28,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.data import TokenBlocks, boundary_token, load_texts
+from lens_parallel.data import TokenBlocks, boundary_token, texts_of
 from lens_parallel.errors import LensParallelError
 from lens_parallel.validate import check_non_negative_int, check_positive_int
 
@@ -252,7 +252,7 @@ def whole_documents(
     """``n_docs`` whole documents (a seeded choice among those with at least ``min_len`` tokens), each after the
     document-boundary token (the BOS policy of :mod:`lens_parallel.data`), cut at ``max_len`` tokens (default: the
     model's context): documents of different lengths, where :func:`~lens_parallel.data.token_blocks` cuts equal
-    blocks. ``texts``: a bundled corpus name or a list of documents."""
+    blocks. ``texts``: a bundled corpus name, a ``.txt`` / ``.jsonl`` file or a list of documents."""
     check_positive_int("n_docs", n_docs)
     check_non_negative_int("seed", seed)
     limit = model.cfg.n_ctx if max_len is None else check_positive_int("max_len", max_len)
@@ -260,8 +260,7 @@ def whole_documents(
         raise LensParallelError(
             f"need 2 <= min_len ({min_len}) <= max_len ({limit}) <= the model's context ({model.cfg.n_ctx})"
         )
-    corpus = texts if isinstance(texts, str) else "user-texts"
-    docs = load_texts(texts) if isinstance(texts, str) else list(texts)
+    corpus, docs = texts_of(texts)
     token, token_id = boundary_token(model.tokenizer)
     rows, chosen = [], []
     for i in np.random.default_rng(seed).permutation(len(docs)):

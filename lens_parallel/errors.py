@@ -3,6 +3,8 @@
 - :class:`LensParallelError`: **bad input**. Every check of what a caller passed (a model spec, a layer index, a
   scale, a file) raises it with what was wrong and what is accepted, before any expensive work. It subclasses
   ``ValueError``, so ``except ValueError`` keeps working. The CLI prints its message as one line and exits 2.
+  :class:`NonFiniteError` is the one kind found during the work: a model (its weights, its dtype, an edit) whose
+  forward or backward produces NaN or infinity, never read as a number.
 - :class:`EnvironmentFailure`: **the environment failed**, not the input: a download that cannot reach its
   registry, a kernel this device cannot run. The message says what failed and what to do; the CLI prints it
   without a traceback and exits 3.
@@ -16,6 +18,11 @@ from __future__ import annotations
 
 class LensParallelError(ValueError):
     """Bad input: the message says what was wrong and what is accepted."""
+
+
+class NonFiniteError(LensParallelError):
+    """A forward or backward produced NaN or infinity: the message names the model, the first hook point (and any
+    parameter) holding one, and the likely cause."""
 
 
 class EnvironmentFailure(RuntimeError):

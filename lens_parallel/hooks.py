@@ -13,6 +13,8 @@ import functools
 import importlib.metadata
 import numbers
 import threading
+import typing
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any, cast
@@ -26,7 +28,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 from transformer_lens.model_bridge.generalized_components.base import align_offloaded_subtree
 
-from lens_parallel.errors import LensParallelError, LibraryError
+from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
 from lens_parallel.models import ModelInfo
 
 Hook = tuple[str, Callable[..., Tensor | None]]
@@ -258,7 +260,9 @@ def run_to_final(
     :func:`lens_parallel.losses.chunked_token_nll`): TransformerLens 4.3's ``stop_at_layer=n_layers`` still runs the
     unembedding. No key/value cache is built (``use_cache=False``): nothing here decodes, and a checkpointed block's
     recompute (:func:`checkpointed_blocks`) must not extend one. Thread-safe: forwards of other threads on any
-    model wait (the lock of :func:`skip_blocks_before`, re-entrant)."""
+    model wait (the lock of :func:`skip_blocks_before`, re-entrant). Non-finite values are never passed on: a final
+    residual, or an activation a :class:`LayerStream` captures, holding NaN or infinity is refused by
+    :func:`raise_non_finite` (where it first appears, and why)."""
     kept: list[Tensor] = []
 
     def stop_at_unembedding(tensor: Tensor, hook: HookPoint) -> None:
@@ -267,17 +271,93 @@ def run_to_final(
 
     # one forward at a time: hooks are the model's shared state, and another thread's stop hook registered on the
     # same model would end this forward (and keep its residual) first
-    with (
-        _SKIP_LOCK,
-        model.hooks(fwd_hooks=[*hooks, (FINAL_HOOK, stop_at_unembedding)]),
-        contextlib.suppress(StopForward),
-    ):
-        if resid is None:
-            model(tokens, return_type=None, use_cache=False)
-        else:
-            with skip_blocks_before(model, start_at_layer or 0):
-                model(resid, start_at_layer=start_at_layer, return_type=None, use_cache=False)
+    try:
+        with _SKIP_LOCK, model.hooks(fwd_hooks=[*hooks, (FINAL_HOOK, stop_at_unembedding)]):
+            _run(model, tokens, resid, start_at_layer)
+    except StopForward:
+        pass
+    except _NonFinite:  # a capture (LayerStream) received one
+        raise_non_finite(model, tokens, hooks, resid=resid, start_at_layer=start_at_layer)
+    if kept and not is_finite(kept[0]):
+        raise_non_finite(model, tokens, hooks, resid=resid, start_at_layer=start_at_layer)
     return kept[0] if kept else None
+
+
+def _run(
+    model: TransformerBridge,
+    tokens: Int[Tensor, "batch pos"],
+    resid: Float[Tensor, "batch pos d_model"] | None,
+    start_at_layer: int | None,
+) -> None:
+    """The bridge's forward over ``tokens``, or from ``resid`` entering block ``start_at_layer`` (no logits are
+    returned, no key/value cache is built)."""
+    if resid is None:
+        model(tokens, return_type=None, use_cache=False)
+    else:
+        with skip_blocks_before(model, start_at_layer or 0):
+            model(resid, start_at_layer=start_at_layer, return_type=None, use_cache=False)
+
+
+class _NonFinite(Exception):
+    """Raised inside a forward by a hook that received NaN or infinity (``hook``: its name)."""
+
+    def __init__(self, hook: str) -> None:
+        super().__init__(hook)
+        self.hook = hook
+
+
+def is_finite(tensor: Tensor) -> bool:
+    """Whether every element of ``tensor`` is finite (neither NaN nor infinite)."""
+    return bool(torch.isfinite(tensor).all())
+
+
+def raise_non_finite(
+    model: TransformerBridge,
+    tokens: Int[Tensor, "batch pos"],
+    hooks: Sequence[Hook] = (),
+    *,
+    resid: Float[Tensor, "batch pos d_model"] | None = None,
+    start_at_layer: int | None = None,
+) -> typing.NoReturn:
+    """Refuse a forward that produced NaN or infinity, naming where it first appears: the forward is rerun with
+    ``hooks`` and a check after them at every hook point (attention scores excepted: masked scores are -inf by
+    design; an overflow there reaches the pattern), and the model's parameters are searched for non-finite values.
+    Raises :class:`~lens_parallel.errors.NonFiniteError`, whose message names the model, that hook point, any
+    non-finite parameter and the likely cause."""
+    found: list[str] = []
+
+    def check(tensor: Tensor, hook: HookPoint) -> None:
+        if not found and isinstance(tensor, Tensor) and tensor.is_floating_point() and not is_finite(tensor):
+            found.append(str(hook.name))
+            raise StopForward
+
+    def checked(name: str) -> bool:
+        return name != FINAL_HOOK and not name.endswith("hook_attn_scores")
+
+    try:  # a name filter: hook points switched off (hook_mlp_in, ...) are skipped, with a warning kept quiet
+        with warnings.catch_warnings(), _SKIP_LOCK:
+            warnings.simplefilter("ignore")
+            with model.hooks(fwd_hooks=[*hooks, (checked, check)]):
+                _run(model, tokens, resid, start_at_layer)
+    except StopForward:
+        pass
+    except _NonFinite as exc:  # a capture hook at that point saw it first
+        found.append(exc.hook)
+    params = model.original_model.named_parameters()
+    param = next((n.replace("._original_component", "") for n, p in params if not is_finite(p.detach())), None)
+    dtype = next(model.parameters()).dtype
+    where = f"first at {found[0]}" if found else "in the final residual"
+    dtype_name = str(dtype).removeprefix("torch.")
+    if param is not None:
+        cause = f"the parameter {param} holds NaN or infinity: check the weights"
+    elif dtype in (torch.float16, torch.bfloat16):
+        cause = f"likely a {dtype_name} overflow: load the model in float32"
+        cause += " or bfloat16" if dtype == torch.float16 else ""
+    else:
+        cause = "likely an edit or a hook that divides by zero, or weights too large for the dtype"
+    raise NonFiniteError(
+        f"{model.cfg.model_name}: the forward produced non-finite activations {where} ({dtype_name}); {cause}"
+    )
 
 
 def forward(
@@ -343,6 +423,8 @@ class LayerStream:
 
     def _capture(self, tensor: Tensor, hook: HookPoint, *, layer: int, role: str) -> None:
         check_shape(hook_name(layer, role), tensor, expected_shape(role, self.info))
+        if not is_finite(tensor):
+            raise _NonFinite(hook_name(layer, role))
         if role == "pattern":
             tensor = torch.diagonal(tensor, dim1=-2, dim2=-1)
         buffer = self._buffers.setdefault(layer, {})
@@ -452,6 +534,11 @@ def gradient_pass(
         return root
 
     def on_grad(g: Tensor, *, layer: int, role: str) -> None:
+        if not is_finite(g):
+            raise NonFiniteError(
+                f"{info.name}: the loss gradient at {hook_name(layer, role)} is not finite (the forward was; "
+                f"{g.dtype} gradients overflow more easily): run in float32"
+            )
         grads[layer][role] = g.detach().to(device=tokens.device, dtype=torch.float64)
         if len(grads[layer]) == len(grad_roles[layer]):
             reduce(layer, acts.pop(layer), grads.pop(layer))

@@ -159,6 +159,18 @@ def _unscored_nan(
     return torch.where(scored_mask(nll.shape[1], lengths, first).to(nll.device), nll, torch.nan)
 
 
+def scored_sums(
+    per_token: Float[Tensor, "batch scored"],
+    lengths: Int[Tensor, " batch"] | None,
+    first: Int[Tensor, " batch"] | None = None,
+) -> Float[Tensor, " batch"]:
+    """Each document's sum of ``per_token`` over its scored positions (:func:`~lens_parallel.documents.scored_mask`):
+    positions not scored (NaN by convention) are left out, and a NaN or infinity at a scored position stays in
+    the sum: a non-finite loss is never read as 0."""
+    scored = scored_mask(per_token.shape[1], lengths, first).to(per_token.device)
+    return torch.where(scored, per_token, 0.0).sum(-1)
+
+
 LOSS_CHUNK_BYTES = 64 * 2**20
 """The float32 logits one chunk of :func:`chunked_token_nll` may hold (64 MiB: 64 positions of a 262,144-token
 vocabulary); the chunk's model-dtype logits and, under grad, its softmax come on top."""

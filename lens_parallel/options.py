@@ -134,9 +134,25 @@ def split_changes(changes: dict[str, Any], settings_fields: tuple[str, ...]) -> 
     return settings, {k: v for k, v in changes.items() if k in RUN_FIELDS and k not in settings_fields}
 
 
-def resolve_options(options: RunOptions | None, changes: dict[str, Any]) -> RunOptions:
-    """``options`` (default :class:`RunOptions`) with ``changes`` applied."""
-    return dataclasses.replace(options or RunOptions(), **changes)
+def resolve_options(
+    options: RunOptions | None, changes: dict[str, Any], *, defaults: dict[str, Any] | None = None
+) -> RunOptions:
+    """``options`` (default: :class:`RunOptions` with a caller's ``defaults``) with ``changes`` applied; a field
+    given in ``options`` and as a keyword with another value is refused (:func:`check_given_once`)."""
+    if options is None:
+        return RunOptions(**((defaults or {}) | changes))
+    check_given_once(options, changes, "options=")
+    return dataclasses.replace(options, **changes)
+
+
+def check_given_once(given: object, changes: dict[str, Any], where: str) -> None:
+    """Refuse a field of the dataclass ``given`` that ``changes`` (keywords) sets to another value: one line naming
+    the field and both values, never one of them silently."""
+    for name, value in changes.items():
+        if getattr(given, name) != value:
+            raise LensParallelError(
+                f"{name} is given twice: {getattr(given, name)!r} in {where} and {value!r} as a keyword; give it once"
+            )
 
 
 @dataclass(frozen=True)
@@ -179,19 +195,26 @@ def resolve(
 ) -> tuple[S, RunOptions]:
     """An analysis's settings and run options: ``settings`` (default: ``protocol``'s, else ``cls()``) and
     ``options`` (default :class:`RunOptions`), with the keyword shortcuts ``changes`` applied to whichever owns
-    each name (an unknown name, or both a settings object and a protocol, is one line)."""
+    each name (an unknown name, both a settings object and a protocol, or a field given in ``settings`` and as a
+    keyword with another value, is one line)."""
     names = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
     setting_changes, option_changes = split_changes(changes, names)
     if settings is not None and protocol is not None:
         raise LensParallelError("give settings= or protocol=, not both (a protocol is a saved settings object)")
+    given = settings
     if protocol is not None:
+        import lens_parallel.protocols  # noqa: F401  (registers the package's protocols; imported on first use)
+
         if protocol not in PROTOCOLS:
             raise LensParallelError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS) or 'none'}")
         settings = PROTOCOLS[protocol].settings_for(cls)
     base = cls() if settings is None else settings
     if not isinstance(base, cls):
         raise LensParallelError(f"settings must be a {cls.__name__}, got {type(base).__name__}")
-    settings_out = dataclasses.replace(base, **coerce(cls, setting_changes))  # type: ignore[type-var]
+    coerced = coerce(cls, setting_changes)
+    if given is not None:  # a protocol's fields may be overridden by keywords; a settings object's may not
+        check_given_once(given, coerced, "settings=")
+    settings_out = dataclasses.replace(base, **coerced)  # type: ignore[type-var]
     return settings_out, resolve_options(options, option_changes)
 
 

@@ -2,31 +2,37 @@
 one finished job's value (named arrays, checked against the metric's :class:`ValueSpec` s when read back).
 
 A store is crash-safe: each row is written with one ``write`` and flushed to disk, a last line cut by a kill is
-dropped (its job reruns), a row of the wrong shapes or types is dropped with a warning, and a store whose
-fingerprint differs from this run's (other weights, documents, metric, edit, batch size, ...) is refused with what
-differs. Creation and appends hold the store's file lock (``<store>.lock``).
+dropped (its job reruns), a row whose value does not match the checksum written with it (edited or damaged) or is
+of the wrong shapes or types is dropped with a warning naming it (its job reruns), and a store whose fingerprint
+differs from this run's (other weights, documents, metric, edit, batch size, ...) is refused with what differs.
+
+One writer at a time: a run holds the store's writer lock (``<store>.lock``, an OS lock released when its process
+ends, however it ends: a killed holder never blocks the next run) from reading the finished jobs to its last row, so
+a second process on the same store waits, then reads the first one's rows instead of computing them again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from lens_parallel.errors import LensParallelError
 from lens_parallel.paths import add_suffix
 
-STORE_FORMAT = "lens_parallel.sweep/2"
-"""2: values of any metric, validated by its :class:`ValueSpec` s; 1 held next-token NLL sums only (refused)."""
+STORE_FORMAT = "lens_parallel.sweep/3"
+"""3: every row carries the sha256 of its value (:func:`value_checksum`); 2 had none and 1 held next-token NLL sums
+only (both refused)."""
 STORE_ADVICE = "delete it to recompute, or give another store (store= in Python, --store on the command line)"
 
 
@@ -46,6 +52,12 @@ def job_digest(job: Keyed) -> str:
 
 Values = dict[str, np.ndarray]
 """What a metric returns for one job: named arrays."""
+
+
+def value_checksum(encoded: dict[str, Any]) -> str:
+    """The sha256 of a row's encoded value (nested lists, NaN as null) in canonical JSON (sorted keys, no NaN): a
+    number changed after the row was written no longer matches."""
+    return hashlib.sha256(json.dumps(encoded, sort_keys=True, allow_nan=False).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -68,16 +80,40 @@ class ValueSpec:
 
 
 class SweepStore:
-    """The JSON-lines store of a sweep: line 1 ``{"format", "fingerprint"}``, then one ``{"job", "digest", "value"}``
-    per finished job (each array as nested lists, NaN as null), each written with one ``write`` and flushed to disk.
-    Opening (header written or checked) and every append hold the store's file lock (``<store>.lock``), so two
-    processes never both write a header, and rows are appended whole."""
+    """The JSON-lines store of a sweep: line 1 ``{"format", "fingerprint"}``, then one ``{"job", "digest", "value",
+    "sha256"}`` per finished job (each array as nested lists, NaN as null; ``sha256``: :func:`value_checksum`),
+    each written with one ``write`` and flushed to disk. :meth:`session` holds the writer lock (``<store>.lock``)
+    while a run reads its finished jobs and appends the others, so two processes never compute the same job."""
 
     def __init__(
         self, path: str | Path, fingerprint: dict[str, Any], n_docs: int, spec: Callable[[Any], dict[str, ValueSpec]]
     ) -> None:
         self.path, self.fingerprint, self.n_docs, self.spec = Path(path), fingerprint, n_docs, spec
         self.lock = FileLock(str(add_suffix(self.path, ".lock")))
+
+    @contextlib.contextmanager
+    def session(self, jobs: Sequence[Keyed]) -> Iterator[dict[str, Values]]:
+        """Hold the writer lock (waiting, with a warning, while another process holds it) and yield the finished
+        jobs (:meth:`open`); rows are appended (:meth:`append`) inside the session. The lock is the operating
+        system's: it is released when the session ends or its process dies."""
+        if self.path.is_dir():
+            raise LensParallelError(f"store {self.path} is a folder; give a file path for the sweep store")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.lock.acquire(timeout=0)
+        except Timeout:
+            warnings.warn(
+                f"{self.path}: another process is writing this store; waiting for it to finish (its finished jobs "
+                "are then read, not computed again)",
+                stacklevel=3,
+            )
+            self.lock.acquire()
+        except OSError as exc:
+            raise LensParallelError(f"store {self.path}: cannot write there ({exc.strerror}); {STORE_ADVICE}") from exc
+        try:
+            yield self.open(jobs)
+        finally:
+            self.lock.release()
 
     @staticmethod
     def stored_fingerprint(path: str | Path) -> dict[str, Any] | None:
@@ -92,48 +128,46 @@ class SweepStore:
         return found if isinstance(found, dict) else None
 
     def open(self, jobs: Sequence[Keyed]) -> dict[str, Values]:
-        """Finished jobs, after writing the header of a new (or empty) store or checking an existing one's: refuses
-        a store of another run, or one holding a job under the key of one of ``jobs`` with other content. A row
-        that is not a finished job of this sweep (cut by a kill, or not of the metric's shapes and types) is dropped
-        with a warning, so that job is recomputed."""
-        if self.path.is_dir():
-            raise LensParallelError(f"store {self.path} is a folder; give a file path for the sweep store")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Finished jobs, after writing the header of a new (or empty) store or checking an existing one's (call it
+        inside :meth:`session`): refuses a store of another run, or one holding a job under the key of one of
+        ``jobs`` with other content. A row that is not a verified finished job of this sweep (cut by a kill, not
+        matching its checksum, not of the metric's shapes and types) is dropped with a warning naming it, so that
+        job is recomputed."""
         by_key = {job.key: job for job in jobs}
-        with self.lock:
-            raw = self.path.read_bytes() if self.path.is_file() else b""
-            lines = raw.split(b"\n")
-            complete, tail = lines[:-1], lines[-1]  # tail: text after the last newline (a cut line, or empty)
-            if not complete:  # new, or the header itself was cut: nothing was finished
-                self._rewrite([])
-                return {}
-            self._check_header(complete[0])
-            done: dict[str, Values] = {}
-            digests: dict[str, str] = {}
-            kept, dropped = [], []
-            for i, line in enumerate(complete[1:], start=2):
-                row, problem = self._row(line, by_key)
-                if problem:
-                    dropped.append(f"line {i}: {problem}")
-                    continue
-                if row["job"] in by_key:
-                    done[row["job"]] = row["value"]
-                digests[row["job"]] = row["digest"]
-                kept.append(line)
-            for job in jobs:
-                if job.key in digests and digests[job.key] != job_digest(job):
-                    raise LensParallelError(
-                        f"{self.path} holds a job {job.key!r} computed with other settings than {job!r}; {STORE_ADVICE}"
-                    )
-            if dropped:
-                warnings.warn(
-                    f"{self.path}: dropped {len(dropped)} row(s) that are not finished jobs of this sweep "
-                    f"({'; '.join(dropped[:3])}); those jobs are recomputed",
-                    stacklevel=3,
+        raw = self.path.read_bytes() if self.path.is_file() else b""
+        lines = raw.split(b"\n")
+        complete, tail = lines[:-1], lines[-1]  # tail: text after the last newline (a cut line, or empty)
+        if not complete:  # new, or the header itself was cut: nothing was finished
+            self._rewrite([])
+            return {}
+        self._check_header(complete[0])
+        done: dict[str, Values] = {}
+        digests: dict[str, str] = {}
+        kept, dropped = [], []
+        for i, line in enumerate(complete[1:], start=2):
+            row, problem = self._row(line, by_key)
+            if problem:
+                job = f" (job {row['job']})" if "job" in row else ""
+                dropped.append(f"line {i}{job}: {problem}")
+                continue
+            if row["job"] in by_key:
+                done[row["job"]] = row["value"]
+            digests[row["job"]] = row["digest"]
+            kept.append(line)
+        for job in jobs:
+            if job.key in digests and digests[job.key] != job_digest(job):
+                raise LensParallelError(
+                    f"{self.path} holds a job {job.key!r} computed with other settings than {job!r}; {STORE_ADVICE}"
                 )
-            if dropped or tail.strip():  # a line cut by a kill mid-write is dropped silently: its job reruns
-                self._rewrite(kept)
-            return done
+        if dropped:
+            warnings.warn(
+                f"{self.path}: dropped {len(dropped)} row(s) that are not verified finished jobs of this sweep "
+                f"({'; '.join(dropped[:3])}); those jobs are recomputed",
+                stacklevel=4,
+            )
+        if dropped or tail.strip():  # a line cut by a kill mid-write is dropped silently: its job reruns
+            self._rewrite(kept)
+        return done
 
     def _row(self, line: bytes, jobs: dict[str, Keyed]) -> tuple[dict[str, Any], str]:
         """The row of one line with its value decoded, or why it is not a finished job of this sweep (a job of
@@ -147,6 +181,12 @@ class SweepStore:
         value = row.get("value")
         if not isinstance(value, dict):
             return {}, "no value"
+        try:
+            intact = row.get("sha256") == value_checksum(value)
+        except ValueError:  # NaN or infinity written as a JSON number: not written by this store
+            intact = False
+        if not intact:
+            return {"job": row["job"]}, "its value does not match its checksum (edited or damaged)"
         if row["job"] not in jobs:
             return row, ""
         specs = self.spec(jobs[row["job"]])
@@ -195,10 +235,11 @@ class SweepStore:
         os.replace(tmp, self.path)
 
     def append(self, job: Keyed, value: Values) -> None:
+        """Append one finished job's row with its checksum (inside :meth:`session`)."""
         encoded = {name: _encode(array) for name, array in value.items()}
-        line = json.dumps({"job": job.key, "digest": job_digest(job), "value": encoded}, allow_nan=False)
+        row = {"job": job.key, "digest": job_digest(job), "value": encoded, "sha256": value_checksum(encoded)}
         with self.lock, open(self.path, "a") as f:
-            f.write(line + "\n")
+            f.write(json.dumps(row, allow_nan=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
 

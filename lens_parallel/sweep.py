@@ -34,6 +34,7 @@ change only the kernels' summation order.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
@@ -53,9 +54,9 @@ from lens_parallel.choices import Ablation, EditPositions
 from lens_parallel.distributed import TaskContext, check_workers, run_tasks
 from lens_parallel.documents import DocBatch, Documents, document_batches
 from lens_parallel.edits import Edit, HeadEdit, check_positions, compile_hooks, scale_signature, stacked_scale_hooks
-from lens_parallel.errors import LensParallelError, LibraryError
+from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
 from lens_parallel.hooks import Hook, LayerStream, Reducer, check_indices, forward, softmax_layers
-from lens_parallel.losses import DocLosses, chunked_token_nll, unembedding
+from lens_parallel.losses import DocLosses, chunked_token_nll, scored_sums, unembedding
 from lens_parallel.models import ModelInfo, head_label, model_info, weights_digest
 from lens_parallel.options import RunOptions, resolve_options
 from lens_parallel.results import serializable
@@ -173,7 +174,7 @@ def run_rows(
         assert final is not None  # both forwards return the final residual when a loss is asked for
         with torch.inference_mode():
             per_token = chunked_token_nll(final, unembedding(model), tokens, lengths, first=first)
-        nll = per_token if loss == "token" else per_token.nan_to_num(0.0).sum(-1)
+        nll = per_token if loss == "token" else scored_sums(per_token, lengths, first)
     return Forward(nll, captured, final if keep_final else None)
 
 
@@ -563,50 +564,58 @@ def run_sweep(
     plan_fields |= {} if positions == "all" else {"positions": positions}
     sweep_store, digest = None, None
     done: dict[str, Values] = {}
-    if opts.store is not None:
-        digest = weights_digest(model)
-        sweep_store = SweepStore(
-            opts.store, fingerprint(model, docs, metric, plan_fields, weights=digest), len(docs), metric.spec
-        )
-        done = sweep_store.open(jobs)
-    todo = [job for job in jobs if job.key not in done]
-    head_layers = sorted({j.layer for j in todo if isinstance(j, AblationJob)})
-    means = head_means(model, docs, head_layers, batch_size=batch_size) if kind == "mean" and head_layers else {}
-    starts = tuple(sorted({job.start_layer for job in todo} - {0}))
-    plan = SweepPlan(docs, starts, batch_size, opts.tokens_per_forward, kind, positions, means, metric)
-    memo = {} if memo is None else memo
-    need_base = metric.base or kind is not None  # ablations are compared with the unedited model
-    base = None
-    if need_base or (starts and not distributed):  # the caller's own reference pass: base losses, and prefixes here
-        key = ("reference", docs.digest(), starts, json.dumps(metric.fingerprint(), sort_keys=True))
-        if key not in memo or (need_base and any(b.base is None for b in memo[key])):
-            memo[key] = _reference_pass(model, info, plan, need_base)
-        batches = memo[key]
-        if need_base and all(b.base is not None for b in batches):
-            base = torch.cat([b.base for b in batches if b.base is not None])
-    chunks = metric.chunks(todo, plan)
-    bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=desc, unit="job", disable=not opts.progress)
-    finished = run_tasks(
-        model, _sweep_task, plan, chunks, workers=opts.workers, ray_address=opts.ray_address, memo=memo, digest=digest
-    )
-    for i, values in finished:
-        bad = []
-        for job, value in zip(chunks[i], values, strict=True):
-            problems = {n: s.problem(value[n], len(docs)) for n, s in metric.spec(job).items()}
-            if any(problems.values()):
-                bad.append(job.key)
-                continue
-            done[job.key] = value
-            if sweep_store is not None:
-                sweep_store.append(job, value)
-        if bad:
-            raise LensParallelError(
-                f"job(s) {', '.join(bad)} gave a value that is not finite (the edited forward overflowed or produced "
-                f"NaN, e.g. in {next(model.parameters()).dtype}); {metric.name} needs finite values: run in float32, "
-                "or change the edit"
+    with contextlib.ExitStack() as writing:  # a store: its writer lock held from reading it to the last row
+        if opts.store is not None:
+            digest = weights_digest(model)
+            sweep_store = SweepStore(
+                opts.store, fingerprint(model, docs, metric, plan_fields, weights=digest), len(docs), metric.spec
             )
-        bar.update(len(chunks[i]))
-    bar.close()
+            done = writing.enter_context(sweep_store.session(jobs))
+        todo = [job for job in jobs if job.key not in done]
+        head_layers = sorted({j.layer for j in todo if isinstance(j, AblationJob)})
+        means = head_means(model, docs, head_layers, batch_size=batch_size) if kind == "mean" and head_layers else {}
+        starts = tuple(sorted({job.start_layer for job in todo} - {0}))
+        plan = SweepPlan(docs, starts, batch_size, opts.tokens_per_forward, kind, positions, means, metric)
+        memo = {} if memo is None else memo
+        need_base = metric.base or kind is not None  # ablations are compared with the unedited model
+        base = None
+        if need_base or (starts and not distributed):  # the caller's own reference pass: base losses, and prefixes here
+            key = ("reference", docs.digest(), starts, json.dumps(metric.fingerprint(), sort_keys=True))
+            if key not in memo or (need_base and any(b.base is None for b in memo[key])):
+                memo[key] = _reference_pass(model, info, plan, need_base)
+            batches = memo[key]
+            if need_base and all(b.base is not None for b in batches):
+                base = torch.cat([b.base for b in batches if b.base is not None])
+        chunks = metric.chunks(todo, plan)
+        bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=desc, unit="job", disable=not opts.progress)
+        finished = run_tasks(
+            model,
+            _sweep_task,
+            plan,
+            chunks,
+            workers=opts.workers,
+            ray_address=opts.ray_address,
+            memo=memo,
+            digest=digest,
+        )
+        for i, values in finished:
+            bad = []
+            for job, value in zip(chunks[i], values, strict=True):
+                problems = {n: s.problem(value[n], len(docs)) for n, s in metric.spec(job).items()}
+                if any(problems.values()):
+                    bad.append(job.key)
+                    continue
+                done[job.key] = value
+                if sweep_store is not None:
+                    sweep_store.append(job, value)
+            if bad:
+                raise NonFiniteError(
+                    f"job(s) {', '.join(bad)} gave a value that is not finite (from finite activations: e.g. a "
+                    f"division by a near-zero norm in {next(model.parameters()).dtype}); {metric.name} needs finite "
+                    "values: run in float32, or change the edit"
+                )
+            bar.update(len(chunks[i]))
+        bar.close()
     n_tokens = docs.n_tokens
     base_losses = None if base is None else DocLosses(base.double().cpu().numpy(), n_tokens)
     values = {job.key: done[job.key] for job in jobs}

@@ -48,7 +48,7 @@ from lens_parallel.documents import Documents
 from lens_parallel.edits import check_positions
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import GradReducer, expand_kv, gradient_pass, head_writes_note, output_weights, softmax_layers
-from lens_parallel.losses import Unembedding, chunked_token_nll, unembedding
+from lens_parallel.losses import Unembedding, chunked_token_nll, scored_sums, unembedding
 from lens_parallel.models import ModelInfo, head_label, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import attribution_figure
@@ -189,7 +189,7 @@ def _loss_sums(
     first: Tensor,
 ) -> Float[Tensor, " batch"]:
     """Each document's next-token loss sum from its final normalised residual (chunked: no full logits)."""
-    return chunked_token_nll(final, unembed, tokens, lengths, first=first).nan_to_num(0.0).sum(-1)
+    return scored_sums(chunked_token_nll(final, unembed, tokens, lengths, first=first), lengths, first)
 
 
 def _masked_sum(per_pos: Tensor, weight: Tensor) -> Tensor:

@@ -18,7 +18,15 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents
 from lens_parallel.edits import Edit, as_edits, compile_hooks, describe_edit, noop
-from lens_parallel.losses import DocLosses, EditEffect, chunked_divergence, distribution_shift, edit_effect, unembedding
+from lens_parallel.losses import (
+    DocLosses,
+    EditEffect,
+    chunked_divergence,
+    distribution_shift,
+    edit_effect,
+    scored_sums,
+    unembedding,
+)
 from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve_options
 from lens_parallel.results import Provenance
@@ -37,7 +45,7 @@ def document_losses(
     """Per-document NLL sums of the model under ``edits`` (validated before the first forward): one job of the
     engine, one full forward per batch. ``options`` / keywords: :class:`~lens_parallel.options.RunOptions`
     (default here: no progress bar)."""
-    opts = resolve_options(options, {"progress": False, **changes})
+    opts = resolve_options(options, changes, defaults={"progress": False})
     job = EditJob("edited", as_edits(edits))
     return run_sweep(model, documents, [job], options=opts, desc="loss")[job]
 
@@ -76,7 +84,8 @@ class DistributionShift(Metric):
                 final_p, final_q, unembedding(model), docs.tokens, docs.lengths, first=docs.first
             )
         names = ("loss_noop", "loss_edited", "kl_sum", "agree_sum")
-        per_doc = {name: x.nan_to_num(0.0).sum(-1) for name, x in zip(names, (nll_p, nll_q, kl, agree), strict=True)}
+        values = (nll_p, nll_q, kl, agree)
+        per_doc = {name: scored_sums(x, docs.lengths, docs.first) for name, x in zip(names, values, strict=True)}
         return [{k: v.double().cpu().numpy() for k, v in per_doc.items()}]
 
 
@@ -94,7 +103,7 @@ def evaluate(
     the next-token distribution moves: KL(no-op || edited) per scored position and the fraction of positions whose
     top-1 token is unchanged, each with a paired bootstrap CI over documents (``n_resamples``, ``seed``); both runs
     on the same batches of one sweep (:class:`DistributionShift`)."""
-    opts = resolve_options(options, {"progress": False, **changes})
+    opts = resolve_options(options, changes, defaults={"progress": False})
     edits = as_edits(edits)
     job = EditJob("edited", edits)
     run = run_sweep(model, documents, [job], metric=DistributionShift(noop(edits)), options=opts, desc="evaluate")

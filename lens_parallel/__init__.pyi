@@ -1,0 +1,171 @@
+"""The names :mod:`lens_parallel` exports, for type checkers and for ``lazy_loader`` (each is imported on first
+use, so that ``import lens_parallel`` and the command line's ``--help`` stay fast)."""
+
+__version__: str
+
+from . import geometry, protocols
+from .analyses.ablation import AblationRun, AblationSettings, run_ablations
+from .analyses.attribution import AttributionResult, AttributionSettings, head_attribution
+from .analyses.compression import CompressionResult, CompressionSettings, compression_error
+from .analyses.confirm import ConfirmResult, ConfirmSettings, confirm
+from .analyses.decompose import SPACES, DecomposeSettings, DecompositionResult, decompose
+from .analyses.diagonal import DiagonalSettings, DiagonalView, diagonal_view
+from .analyses.dominance import DominanceResult, DominanceSettings, head_dominance, study_texts
+from .analyses.evaluate import document_losses, evaluate
+from .analyses.head_statistics import (
+    HeadStatistics,
+    HeadStatisticsSettings,
+    compare_sensitivity,
+    head_ratio_figure,
+    head_statistics,
+    sensitivity_correlations,
+)
+from .analyses.nulls import NullResult, NullSettings, causal_null, gqa_alignment
+from .analyses.reliability import (
+    SanityReport,
+    SanitySettings,
+    SplitHalfResult,
+    sanity_report,
+    split_half_reliability,
+)
+from .analyses.scaling import ScaleSettings, ScalingResult, scale_sweep
+from .analyses.sensitivity import SensitivityResult, SensitivitySettings, head_sensitivity
+from .compression import Compression, compress
+from .data import TokenBlocks, load_texts, token_blocks
+from .documents import Documents, whole_documents
+from .downstream.effects import TaskResult, TaskSettings, task_effects
+from .edits import (
+    ABLATIONS,
+    ComponentScale,
+    DiagonalEdit,
+    Edit,
+    GatedRemoval,
+    HeadEdit,
+    LearnedGate,
+    RandomDirectionRemoval,
+    SkipFirstLayers,
+    ZeroDiagonal,
+    apply_edits,
+)
+from .errors import EnvironmentFailure, LensParallelError, LibraryError
+from .explore import Explorer, View, explore
+from .losses import DocLosses, EditEffect
+from .models import ModelInfo, ModelSpecError, load_model, model_info
+from .options import PROTOCOLS, DataOptions, RunOptions
+from .report import ModelReport, ReportSettings, run_battery, write_report
+from .results import Provenance, Result, load_result, result_classes
+from .selection import TextSample, TextSelection, sample_texts
+from .sweep import AblationJob, DocumentNLL, EditJob, Metric, SweepRun, TokenNLL, run_sweep
+from .training import FactorialResult, TrainConfig, TrainRun, run_design, run_factorial, train
+
+__all__ = [
+    "ABLATIONS",
+    "PROTOCOLS",
+    "SPACES",
+    "AblationJob",
+    "AblationRun",
+    "AblationSettings",
+    "AttributionResult",
+    "AttributionSettings",
+    "ComponentScale",
+    "Compression",
+    "CompressionResult",
+    "CompressionSettings",
+    "ConfirmResult",
+    "ConfirmSettings",
+    "DataOptions",
+    "DecomposeSettings",
+    "DecompositionResult",
+    "DiagonalEdit",
+    "DiagonalSettings",
+    "DiagonalView",
+    "DocLosses",
+    "DocumentNLL",
+    "Documents",
+    "DominanceResult",
+    "DominanceSettings",
+    "Edit",
+    "EditEffect",
+    "EditJob",
+    "EnvironmentFailure",
+    "Explorer",
+    "FactorialResult",
+    "GatedRemoval",
+    "HeadEdit",
+    "HeadStatistics",
+    "HeadStatisticsSettings",
+    "LearnedGate",
+    "LensParallelError",
+    "LibraryError",
+    "Metric",
+    "ModelInfo",
+    "ModelReport",
+    "ModelSpecError",
+    "NullResult",
+    "NullSettings",
+    "Provenance",
+    "RandomDirectionRemoval",
+    "ReportSettings",
+    "Result",
+    "RunOptions",
+    "SanityReport",
+    "SanitySettings",
+    "ScaleSettings",
+    "ScalingResult",
+    "SensitivityResult",
+    "SensitivitySettings",
+    "SkipFirstLayers",
+    "SplitHalfResult",
+    "SweepRun",
+    "TaskResult",
+    "TaskSettings",
+    "TextSample",
+    "TextSelection",
+    "TokenBlocks",
+    "TokenNLL",
+    "TrainConfig",
+    "TrainRun",
+    "View",
+    "ZeroDiagonal",
+    "__version__",
+    "apply_edits",
+    "causal_null",
+    "compare_sensitivity",
+    "compress",
+    "compression_error",
+    "confirm",
+    "decompose",
+    "diagonal_view",
+    "document_losses",
+    "evaluate",
+    "explore",
+    "geometry",
+    "gqa_alignment",
+    "head_attribution",
+    "head_dominance",
+    "head_ratio_figure",
+    "head_sensitivity",
+    "head_statistics",
+    "load_model",
+    "load_result",
+    "load_texts",
+    "model_info",
+    "protocols",
+    "result_classes",
+    "run_ablations",
+    "run_battery",
+    "run_design",
+    "run_factorial",
+    "run_sweep",
+    "sample_texts",
+    "sanity_report",
+    "scale_sweep",
+    "sensitivity_correlations",
+    "split_half_reliability",
+    "study_texts",
+    "task_effects",
+    "token_blocks",
+    "train",
+    "whole_documents",
+    "write_report",
+]
