@@ -47,11 +47,12 @@ from .edits import (
     ZeroDiagonal,
     apply_edits,
 )
-from .errors import EnvironmentFailure, LensParallelError, LibraryError
+from .errors import EnvironmentFailure, LensParallelError, LibraryError, NonFiniteError
 from .explore import Explorer, View, explore
 from .losses import DocLosses, EditEffect
 from .models import ModelInfo, ModelSpecError, load_model, model_info
-from .options import PROTOCOLS, DataOptions, RunOptions
+from .options import DataOptions, RunOptions
+from .protocols import PROTOCOLS
 from .report import ModelReport, ReportSettings, run_battery, write_report
 from .results import Provenance, Result, load_result, result_classes
 from .selection import TextSample, TextSelection, sample_texts
@@ -101,6 +102,7 @@ __all__ = [
     "ModelInfo",
     "ModelReport",
     "ModelSpecError",
+    "NonFiniteError",
     "NullResult",
     "NullSettings",
     "Provenance",

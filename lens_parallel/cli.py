@@ -1,46 +1,40 @@
-"""``lens-parallel``: the command line, generated from the package's options objects.
+"""``lens-parallel``: the command line.
 
     lens-parallel decompose|scale|diagonal|sensitivity|dominance|checks|compress [--model M] [options] [--out DIR]
     lens-parallel report [--model M [M ...]]        # the standard battery, one self-contained report.html
     lens-parallel train --preset cpu-small          # training-time interventions, paired by seed
+    lens-parallel tasks --settings value:s_par=0    # downstream tasks (lm-evaluation-harness) under edits
     lens-parallel models                            # what loads offline now, what needs the hub
     lens-parallel protocols                         # the named protocols (a study's saved settings)
 
-Every option of a subcommand is a field of one of the objects it runs with: the analysis's settings (e.g.
-:class:`~lens_parallel.analyses.scaling.ScaleSettings`), :class:`~lens_parallel.options.RunOptions` and
-:class:`~lens_parallel.options.DataOptions` (the model and the documents). An option's default is the field's
-default, shown in ``--help``; only what is typed is passed on, so a ``--protocol`` supplies every setting not typed.
-
-Every analysis writes a CSV table, the result as JSON (+ .npz, with provenance), its figures as interactive HTML
-(and PNG when kaleido can find a Chrome/Chromium), and prints a short table. Bad input exits with status 2 and one
-line on stderr (:class:`~lens_parallel.errors.LensParallelError`); a failed environment (no registry, no Ray) with
-status 3 and what failed and what to do (:class:`~lens_parallel.errors.EnvironmentFailure`); anything else (a
-:class:`~lens_parallel.errors.LibraryError`, a bug) keeps its traceback.
+This module only parses: it builds argparse from the saved parser (``assets/cli_spec.json``, generated from the
+package's options objects by :func:`lens_parallel.commands.parser_spec`) with the standard library alone, so
+``--help`` and a bad command line answer before torch, TransformerLens or any analysis is imported. A parsed
+command runs in :mod:`lens_parallel.commands`. Bad input exits with status 2 and one line on stderr; a failed
+environment with status 3; anything else keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
-import operator
-import os
+import json
 import sys
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import UnionType
-from typing import Any, Literal, Union
+from typing import Any
 
-import pandas as pd
+SPEC_PATH = Path(__file__).resolve().parent / "assets" / "cli_spec.json"
+"""The saved parser: :func:`lens_parallel.commands.write_spec` writes it, a test checks that it is current."""
 
-from lens_parallel.choices import DominanceScale, SensitivityMethod
-from lens_parallel.errors import EnvironmentFailure, LensParallelError
-from lens_parallel.options import PROTOCOLS, DataOptions, RunOptions, resolve
-from lens_parallel.validate import check_non_negative_int, options
 
-OUTPUT_SUFFIXES = (".csv", ".json", ".npz", ".html", ".png")
+def _int_or_word(text: str) -> int | str:
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+ARGUMENT_TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str, "int_or_word": _int_or_word}
+"""How an option's values are read, by the name the saved parser gives its type."""
+ACTIONS: dict[str, type[argparse.Action]] = {"boolean_optional": argparse.BooleanOptionalAction}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,691 +44,36 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-# -- options of the command line only ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class SensitivityCommand:
-    """How ``sensitivity`` measures: ``method`` ``exact`` (one ablation per head on the engine) or ``attribution``
-    (every head from one forward and one backward), the top ``confirm`` heads of a screen then run exactly."""
-
-    method: SensitivityMethod = field(default="exact", metadata={"help": "exact ablations, or an attribution screen"})
-    confirm: int = field(default=0, metadata={"help": "attribution: rerun the top K heads (and K random) exactly"})
-
-    def __post_init__(self) -> None:
-        check_non_negative_int("confirm", self.confirm)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DominanceCommand:
-    """Which scale ``dominance`` prints its table on (every scale is in the files)."""
-
-    scale: DominanceScale = field(default="qkv", metadata={"help": "scale of the printed table"})
-
-
-@dataclass(frozen=True, kw_only=True)
-class TasksCommand:
-    """What ``tasks`` scores: the ``settings`` (edit specs such as ``value:s_par=0`` or a YAML / JSON file naming
-    them) and the ``tasks`` (a preset or task names), each against the unedited model."""
-
-    settings: tuple[str, ...] = field(
-        default=("value:s_par=0",), metadata={"help": "edit specs (value:s_par=0, zero-diagonal, ...) or a file"}
-    )
-    tasks: tuple[str, ...] = field(default=("quick",), metadata={"help": "a task preset, or task names"})
-
-
-@dataclass(frozen=True)
-class Command:
-    """A subcommand: its help, the settings classes whose fields are its options (the first is the analysis's),
-    its defaults for :class:`DataOptions` (None: no model or documents), the :class:`RunOptions` fields it takes,
-    the stem of its output files and, where it keeps one, the default name of its store."""
-
-    help: str
-    run: Callable[[Invocation], None]
-    settings: tuple[type, ...] = ()
-    data: dict[str, Any] | None = None
-    run_fields: tuple[str, ...] = ("batch_size", "progress")
-    stem: str = ""
-    store: str | None = None
-    many_models: bool = False
-    data_fields: tuple[str, ...] | None = None
-
-
-SWEEP = ("batch_size", "memory_budget", "tokens_per_forward", "store", "progress", "workers", "ray_address")
-
-
-# -- the generator -----------------------------------------------------------------------------------------------
-
-
-def _members(hint: Any) -> list[Any]:
-    if typing.get_origin(hint) in (Union, UnionType):
-        return [a for a in typing.get_args(hint) if a is not type(None)]
-    return [hint]
-
-
-def _scalar(hint: Any) -> tuple[Callable[[str], Any], tuple[str, ...] | None]:
-    """How one value of a field is read from the command line: (type, choices)."""
-    members = _members(hint)
-    literals = [m for m in members if typing.get_origin(m) is Literal]
-    if literals and all(typing.get_origin(m) is Literal for m in members):
-        return str, tuple(v for m in literals for v in options(m))
-    if int in members and any(typing.get_origin(m) is Literal for m in members):  # heads: indices or "all"
-        return _int_or_word, None
-    if members == [int]:
-        return int, None
-    if members == [float]:
-        return float, None
-    return str, None
-
-
-def _int_or_word(text: str) -> int | str:
-    return int(text) if text.lstrip("-").isdigit() else text
-
-
-def _argument(hint: Any, metadata: dict[str, Any]) -> dict[str, Any]:
-    """argparse keywords for a field of type ``hint``."""
-    members = _members(hint)
-    if members == [bool]:
-        return {"action": argparse.BooleanOptionalAction}
-    sequence = next((m for m in members if typing.get_origin(m) is tuple), None)
-    kw: dict[str, Any] = {}
-    if sequence is not None:
-        element = typing.get_args(sequence)[0]
-        extra = [m for m in members if m is not sequence]
-        scalar, choices = _scalar(functools.reduce(operator.or_, extra, element))
-        kw = {"nargs": "+", "type": scalar}
-    else:
-        scalar, choices = _scalar(hint)
-        kw = {"type": scalar}
-    named = metadata.get("choices")
-    if isinstance(named, str):
-        choices = tuple(_NAMED_CHOICES[named]())
-    elif named is not None:
-        choices = tuple(named)
-    if choices:
-        kw["choices"] = list(choices) + list(metadata.get("also", ()))
-    return kw
-
-
-def _named_presets() -> list[str]:
-    from lens_parallel.training import PRESETS
-
-    return sorted(PRESETS)
-
-
-def _named_designs() -> list[str]:
-    from lens_parallel.protocols import designs
-
-    return sorted(designs())
-
-
-_NAMED_CHOICES: dict[str, Callable[[], list[str]]] = {"presets": _named_presets, "designs": _named_designs}
-
-
-def _show(value: Any, metadata: Any) -> str:
-    if isinstance(value, tuple):
-        return " ".join(map(str, value)) or "none"
-    return str(metadata.get("none", "none")) if value is None else str(value)
-
-
-def add_fields(
-    parser: argparse.ArgumentParser,
-    cls: type,
-    defaults: dict[str, Any] | None = None,
-    *,
-    only: tuple[str, ...] | None = None,
-    overrides: dict[str, dict[str, Any]] | None = None,
-) -> None:
-    """One option per field of the dataclass ``cls`` (``--field-name``; help and default from the field, or from
-    ``defaults`` where the subcommand has its own), stored as ``<class>.<field>`` and only when typed
-    (argparse.SUPPRESS); ``overrides``: argparse keywords replacing a field's (several models for one option)."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if (only is not None and f.name not in only) or f.metadata.get("cli") is False:
-            continue
-        default = (defaults or {}).get(f.name, f.default)
-        kw = {"dest": f"{cls.__name__}.{f.name}", "default": argparse.SUPPRESS, "help": f.metadata.get("help", "")}
-        kw |= _argument(hints[f.name], dict(f.metadata)) | (overrides or {}).get(f.name, {})
-        help_text = f"{kw['help']} (default: {_show(default, f.metadata)})"
-        kw["help"] = help_text.replace("%", "%%")  # argparse %-formats help ("wanda-50%" would break --help)
-        if "choices" not in kw and "action" not in kw:
-            kw["metavar"] = f.name.upper()
-        parser.add_argument(f"--{f.name.replace('_', '-')}", **kw)
-
-
-def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    """The fields of ``cls`` typed on the command line (lists as tuples)."""
-    prefix = f"{cls.__name__}."
-    return {
-        k.removeprefix(prefix): tuple(v) if isinstance(v, list) else v
-        for k, v in vars(args).items()
-        if k.startswith(prefix)
-    }
-
-
-@dataclass(frozen=True)
-class Invocation:
-    """A parsed command line: the command, its arguments, and the objects built from what was typed."""
-
-    name: str
-    command: Command
-    args: argparse.Namespace
-
-    @property
-    def protocol(self) -> str | None:
-        return getattr(self.args, "protocol", None)
-
-    def settings(self, cls: type) -> Any:
-        """The settings object ``cls``: the protocol's (when given and it covers ``cls``) or the defaults, with
-        the typed fields applied."""
-        protocol = self.protocol
-        if protocol is not None and not any(type(s) is cls for s in PROTOCOLS[protocol].settings):
-            protocol = None  # a protocol covers some of a command's settings; the others keep their defaults
-        return resolve(cls, None, None, protocol, given(self.args, cls))[0]
-
-    def data(self) -> DataOptions:
-        documents = PROTOCOLS[self.protocol].documents if self.protocol else {}
-        return DataOptions(**((self.command.data or {}) | documents | given(self.args, DataOptions)))
-
-    def run_options(self, out: Path) -> RunOptions:
-        typed = given(self.args, RunOptions)
-        if self.command.store is not None and "store" not in typed:
-            typed["store"] = str(out / self.command.store)
-        return RunOptions(**typed)
-
-    def out(self, *stems: str) -> Path:
-        return output_dir(self.args.out, self.name, *(stems or (self.command.stem or self.name,)))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="lens-parallel", description="Parallel/perpendicular geometry of heads.")
+def build_parser(spec: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The ``lens-parallel`` parser, from ``spec`` (default: the saved one, :data:`SPEC_PATH`)."""
+    if spec is None:
+        spec = json.loads(SPEC_PATH.read_text(encoding="utf-8"))
+    parser = _Parser(prog=spec["prog"], description=spec["description"])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, command in COMMANDS.items():
-        p = sub.add_parser(name, help=command.help, description=command.help)
-        if command.data is not None:
-            several = {"model": {"nargs": "+", "help": "model spec(s); several: side by side"}}
-            overrides = several if command.many_models else None
-            add_fields(p, DataOptions, command.data, only=command.data_fields, overrides=overrides)
-        for cls in command.settings:
-            add_fields(p, cls)
-        store = {"store": f"OUT/{command.store}"} if command.store else {}
-        add_fields(p, RunOptions, store, only=command.run_fields)
-        covering = sorted(n for n, prot in PROTOCOLS.items() if any(type(s) in command.settings for s in prot.settings))
-        if covering:
-            p.add_argument("--protocol", default=None, choices=covering, help="a named protocol's settings, documents")
-        p.add_argument("--out", default=None, help=f"output folder (default: results/{name})")
+    for name, command in spec["commands"].items():
+        p = sub.add_parser(name, help=command["help"], description=command["help"])
+        for argument in command["arguments"]:
+            kwargs = dict(argument["kwargs"])
+            if kwargs.get("default") == argparse.SUPPRESS:  # argparse compares its sentinel by identity
+                kwargs["default"] = argparse.SUPPRESS
+            if "type" in kwargs:
+                kwargs["type"] = ARGUMENT_TYPES[kwargs["type"]]
+            if "action" in kwargs:
+                kwargs["action"] = ACTIONS[kwargs["action"]]
+            p.add_argument(argument["flag"], **kwargs)
     return parser
 
 
-# -- output ------------------------------------------------------------------------------------------------------
-
-
-def _writable_dir(path: str) -> Path:
-    if not path.strip():
-        raise LensParallelError("--out is empty: give the folder to write to (or leave --out out for the default)")
-    out = Path(path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise LensParallelError(f"--out {path}: cannot create the folder ({exc.strerror})") from exc
-    if not os.access(out, os.W_OK):
-        raise LensParallelError(f"--out {path}: the folder is not writable")
-    return out
-
-
-def output_dir(out: str | None, command: str, *names: str) -> Path:
-    """The output folder (``--out``, else ``results/<subcommand>``), created and checked before any work: no file
-    this subcommand writes (``<name>*.csv|json|npz|html|png``) may be a folder there."""
-    folder = _writable_dir(out if out is not None else f"results/{command}")
-    for name in names:
-        for path in folder.glob(f"{name}*"):
-            if path.is_dir() and path.suffix in OUTPUT_SUFFIXES:
-                raise LensParallelError(
-                    f"--out {folder}: {path.name} is a folder, where an output file goes; remove it"
-                )
-    return folder
-
-
-def _emit(out: Path, name: str, result: Any, shown: pd.DataFrame) -> None:
-    """Write ``name.csv`` (the tidy table), ``name_summary.csv``, the result (JSON + npz) and every figure
-    (``name`` for the main one, ``name_<figure>`` for the others); print ``shown`` and the files."""
-    from lens_parallel.plots import save_figure
-
-    result.to_dataframe().to_csv(out / f"{name}.csv", index=False)
-    result.summary().to_csv(out / f"{name}_summary.csv", index=False)
-    written = [out / f"{name}.csv", out / f"{name}_summary.csv", result.save(out / name)]
-    for i, (fig_name, fig) in enumerate(result.figures().items()):
-        written += save_figure(fig, out / (name if i == 0 else f"{name}_{fig_name}"))
-    with pd.option_context("display.width", 160, "display.max_columns", 20):
-        print(shown.to_string())
-    print("wrote:", *map(str, written), sep="\n  ")
-
-
-def _load(inv: Invocation, out: Path, opts: RunOptions, *, whole_texts: bool = False) -> tuple[Any, Any]:
-    """The model and the documents, after the output folder, the run options and the texts are checked.
-    ``whole_texts``: the first ``n_docs`` texts whole, in lm-eval's rolling windows of ``seq_len`` tokens (for word
-    perplexity; ``--texts wikitext``: lm-eval's WikiText-2 task, online)."""
-    import torch
-
-    from lens_parallel.analyses.dominance import study_texts
-    from lens_parallel.data import check_corpus, token_blocks
-    from lens_parallel.distributed import check_workers
-    from lens_parallel.models import load_model
-
-    data = inv.data()
-    check_workers(opts.workers, opts.ray_address)  # before loading anything
-    if data.texts != "study" and not (whole_texts and data.texts == "wikitext"):
-        check_corpus(data.texts)
-    model = load_model(data.model, device=data.device, dtype=getattr(torch, data.dtype))
-    if whole_texts:
-        from lens_parallel.downstream.perplexity import text_windows
-
-        return model, text_windows(model, data.texts, window=data.seq_len, n_docs=data.n_docs)
-    if data.texts == "study":
-        return model, study_texts(model, seq_len=data.seq_len, seed=data.doc_seed)
-    return model, token_blocks(model, data.texts, n_docs=data.n_docs, seq_len=data.seq_len, seed=data.doc_seed)
-
-
-# -- the subcommands ---------------------------------------------------------------------------------------------
-
-
-def _decompose(inv: Invocation) -> None:
-    from lens_parallel.analyses.decompose import DecomposeSettings, decompose
-
-    out = inv.out()
-    opts = inv.run_options(out)
-    s = inv.settings(DecomposeSettings)
-    model, docs = _load(inv, out, opts)
-    result = decompose(model, docs, settings=s, options=opts)
-    df = result.to_dataframe()
-    print(f"{result.info.name}: means over layers and heads, positions t >= 1")
-    shown = df.groupby(["space", "level"])[["self_cos", "par_frac", "perp_frac", "par_coef"]].mean().round(4)
-    _emit(out, "decompose", result, shown)
-
-
-def _scale(inv: Invocation) -> None:
-    from lens_parallel.analyses.scaling import ScaleSettings, scale_sweep
-
-    out = inv.out()
-    opts = inv.run_options(out)
-    s = inv.settings(ScaleSettings)
-    model, docs = _load(inv, out, opts, whole_texts=s.metric == "word_perplexity")
-    result = scale_sweep(model, docs, settings=s, options=opts)
-    df = result.to_dataframe()
-    unit = result.unit
-    print(f"{result.info.name}: edited minus no-op (nats/{unit}), no-op loss {df['loss_noop'].iloc[0]:.4f}")
-    cols = ["space", "layer", "s_par", "s_perp", "delta_loss", "delta_loss_lo", "delta_loss_hi"]
-    _emit(out, "scale", result, df[cols].round(4).set_index("space"))
-
-
-def _diagonal(inv: Invocation) -> None:
-    from lens_parallel.analyses.diagonal import DiagonalSettings, diagonal_view
-
-    out = inv.out()
-    opts = inv.run_options(out)
-    s = inv.settings(DiagonalSettings)
-    model, docs = _load(inv, out, opts)
-    result = diagonal_view(model, docs, settings=s, options=opts)
-    print(
-        f"{result.info.name}: dA_tt per head at layer {result.layer} for s_par = {s.s_par} (figure: head {result.head})"
-    )
-    _emit(out, "diagonal", result, result.to_dataframe().head(12))
-
-
-def _sensitivity(inv: Invocation) -> None:
-    from lens_parallel.analyses.sensitivity import SensitivitySettings, head_sensitivity
-
-    how = inv.settings(SensitivityCommand)
-    if how.confirm and how.method != "attribution":
-        raise LensParallelError("--confirm K checks an attribution screen: use it with --method attribution")
-    s = inv.settings(SensitivitySettings)
-    if how.method == "attribution":
-        _attribution(inv, s, how.confirm)
-        return
-    out = inv.out()
-    opts = inv.run_options(out)
-    model, docs = _load(inv, out, opts)
-    result = head_sensitivity(model, docs, settings=s, options=opts)
-    joint = result.to_dataframe()
-    joint = joint[joint["head"].isna()]
-    print(f"{result.info.name}: joint {s.edit} ablation per layer (delta loss, nats/token)")
-    _emit(out, "sensitivity", result, joint[["label", "delta_loss", "ci_lo", "ci_hi", "p"]].round(4))
-
-
-def _attribution(inv: Invocation, s: Any, top: int) -> None:
-    from lens_parallel.analyses.attribution import AttributionSettings, head_attribution
-    from lens_parallel.analyses.confirm import confirm
-    from lens_parallel.hooks import softmax_layers
-    from lens_parallel.models import model_info
-
-    run = given(inv.args, RunOptions)
-    if run.get("workers", 1) > 1 or run.get("ray_address"):
-        raise LensParallelError(
-            "--method attribution is one forward + backward per batch: it runs here, without --workers"
-        )
-    out = inv.out("attribution")
-    opts = inv.run_options(out)
-    model, docs = _load(inv, out, opts)
-    info = model_info(model)
-    n_heads = info.n_heads * len(softmax_layers(info, s.layers, what="attribution")[0])
-    if top > n_heads:
-        raise LensParallelError(f"--confirm {top} exceeds the {n_heads} heads screened")
-    screen_settings = AttributionSettings(
-        edit=s.edit, positions=s.positions, layers=s.layers, n_resamples=s.n_resamples, seed=s.seed
-    )
-    result = head_attribution(model, docs, settings=screen_settings, options=dataclasses.replace(opts, store=None))
-    heads = result.to_dataframe().dropna(subset=["head"])
-    shown = heads.loc[heads["estimate"].abs().nlargest(10).index]
-    print(f"{result.info.name}: first-order estimate of {s.edit} per head (nats/token), largest 10")
-    _emit(out, "attribution", result, shown.head(10)[["label", "estimate", "ci_lo", "ci_hi"]].round(5))
-    if top:
-        checked = confirm(model, docs, result, top_k=top, n_random=min(top, n_heads - top), seed=s.seed, options=opts)
-        print(f"exact check of the top {top} heads and as many random ones:")
-        _emit(out, "attribution_confirm", checked, checked.summary().drop(columns="note").round(4))
-        print(checked.summary()["note"].iloc[0])
-
-
-def _dominance(inv: Invocation) -> None:
-    from lens_parallel.analyses.dominance import DominanceSettings, head_dominance
-
-    out = inv.out()
-    opts = inv.run_options(out)
-    s = inv.settings(DominanceSettings)
-    scale = inv.settings(DominanceCommand).scale
-    model, docs = _load(inv, out, opts)
-    result = head_dominance(model, docs, settings=s, options=opts)
-    table = result.group_table()
-    table = table[(table.level == "pair") & (table.scale == scale) & table.mask_scale.isin(["", "qkv"])]
-    shown = table.pivot(index="group", columns="metric", values="median")
-    shown = shown.reindex(index=list(dict.fromkeys(table.group)), columns=_DOMINANCE_COLUMNS)
-    print(
-        f"{result.info.name}: dominance of upstream heads over the next layer, {scale} scale: medians over "
-        "observations (text, query token, receiving head); weak_smaller = share of observations"
-    )
-    shown["weak_smaller"] = table[table.metric == "weak_smaller"].set_index("group")["mean"]
-    _emit(out, "dominance", result, shown.round(4))
-
-
-_DOMINANCE_COLUMNS = [
-    "effective_fraction",
-    "top25_share",
-    "bottom25_share",
-    "heads_for_90",
-    "joint_weak",
-    "joint_strong",
-    "joint_all",
-    "strong_weak_ratio",
-    "weak_smaller",
-]
-
-
-def _checks(inv: Invocation) -> None:
-    from lens_parallel.analyses.reliability import SanitySettings, check_documents, sanity_report
-
-    out = inv.out()
-    opts = inv.run_options(out)
-    s = inv.settings(SanitySettings)
-    check_documents(inv.data().n_docs)
-    model, docs = _load(inv, out, opts)
-    result = sanity_report(model, docs, settings=s, options=opts)
-    print(f"{result.info.name}: sanity checks on {len(docs.tokens)} documents")
-    _emit(out, "checks", result, result.summary().T.rename(columns={0: ""}))
-
-
-def _compress(inv: Invocation) -> None:
-    from lens_parallel.analyses.compression import CompressionSettings, compression_error
-
-    s = inv.settings(CompressionSettings)  # every method checked before loading anything
-    out = inv.out()
-    opts = inv.run_options(out)
-    model, docs = _load(inv, out, opts)
-    result = compression_error(model, docs, settings=s, options=opts)
-    table = result.method_table()
-    table.to_csv(out / "compress_methods.csv", index=False)
-    print(f"{result.info.name}: error relative to the dense update, mean over layers; delta loss in nats/token")
-    _emit(out, "compress", result, table.round(4).set_index(["method", "sublayer"]))
-
-
-def _report(inv: Invocation) -> None:
-    import time
-
-    import torch
-
-    from lens_parallel.analyses.reliability import check_documents
-    from lens_parallel.data import check_corpus, token_blocks
-    from lens_parallel.models import check_device, check_spec, load_model
-    from lens_parallel.report import ReportSettings, run_battery, write_report
-
-    typed = given(inv.args, DataOptions)
-    specs = typed.pop("model", None) or (DataOptions().model,)
-    data = DataOptions(**((inv.command.data or {}) | typed))
-    check_device(data.device)
-    for spec in specs:  # every spec, and every step's settings, before the first (long) battery
-        check_spec(spec)
-    check_documents(data.n_docs)
-    check_corpus(data.texts)
-    s = inv.settings(ReportSettings)
-    out = inv.out("report")
-    for folder in ("tables", "results"):
-        if (out / folder).exists() and not (out / folder).is_dir():
-            raise LensParallelError(f"--out {out}: {folder} is a file, where the report writes a folder; remove it")
-    opts = inv.run_options(out)
-    t0 = time.perf_counter()
-    reports = []
-    for spec in specs:
-        print(f"[{spec}] running the battery")
-        model = load_model(spec, device=data.device, dtype=getattr(torch, data.dtype))
-        docs = token_blocks(model, data.texts, n_docs=data.n_docs, seq_len=data.seq_len, seed=data.doc_seed)
-        reports.append(run_battery(model, docs, settings=s, options=opts))
-    settings = {"texts": data.texts, "n_docs": data.n_docs, "seq_len": data.seq_len, "seed": s.seed}
-    path = write_report(reports, out, settings=settings)
-    summary = pd.concat([r.summary() for r in reports]).set_index("model")
-    with pd.option_context("display.width", 160, "display.max_columns", 30):
-        print(summary.T.to_string())
-    print(f"report: {path} ({time.perf_counter() - t0:.0f} s); tables in {out / 'tables'}")
-
-
-def _train(inv: Invocation) -> None:
-    from lens_parallel.distributed import check_workers
-    from lens_parallel.training import run_design, run_factorial
-    from lens_parallel.training.factorial import TrainSettings
-
-    s = inv.settings(TrainSettings)
-    run = given(inv.args, RunOptions)
-    workers, address = run.get("workers", 1), run.get("ray_address")
-    check_workers(workers, address)
-    out = inv.out("train", "paired", "curves")
-    if s.design:
-        changes: dict[str, Any] = {"device": s.device} | ({"steps": s.steps} if s.steps else {})
-        changes |= {"texts": tuple(s.texts)} if s.texts else {}
-        result = run_design(
-            s.design, out=out, plan=s.plan, tokens=s.tokens, workers=workers, ray_address=address, **changes
-        )
-        name = f"design {s.design}"
-    else:
-        result = run_factorial(
-            s.config(),
-            s.arms,
-            s.seeds,
-            out=out,
-            primary=s.primary,
-            plan=s.plan,
-            progress=run.get("progress", True),
-            workers=workers,
-            ray_address=address,
-        )
-        name = f"preset {s.preset}"
-    table = result.paired_table()
-    table.to_csv(out / "paired.csv", index=False)
-    result.curves().to_csv(out / "curves.csv", index=False)
-    print(
-        f"{name}: delta = arm - reference final validation loss (nats/token), paired by seed; mde_paper = the paper's "
-        "2.9 sigma/sqrt(n) approximation, mde_80 / mde_90 = exact noncentral-t MDE at 80% / 90% power"
-    )
-    cols = ["role", "n_seeds", "mean_delta", "ci_lo", "ci_hi", "p", "p_holm", "cohens_dz", "mde_paper", "mde_80"]
-    _emit(out, "train", result, table.set_index("contrast")[cols].round(5))
-
-
-def _tasks(inv: Invocation) -> None:
-    import torch
-
-    from lens_parallel.downstream.effects import TaskSettings, task_effects
-    from lens_parallel.downstream.specs import parse_settings
-    from lens_parallel.models import load_model
-
-    out = inv.out()
-    opts = inv.run_options(out)
-    s, what = inv.settings(TaskSettings), inv.settings(TasksCommand)
-    named = parse_settings(what.settings)  # every spec checked before the model loads
-    tasks = what.tasks[0] if len(what.tasks) == 1 else list(what.tasks)
-    data = inv.data()
-    model = load_model(data.model, device=data.device, dtype=getattr(torch, data.dtype))
-    result = task_effects(model, named, tasks, task_settings=s, options=opts)
-    table = result.differences()
-    table.to_csv(out / "tasks_differences.csv", index=False)
-    print(f"{result.info.name}: edited - unedited per task (lm-eval's metrics; CI: paired bootstrap over items)")
-    cols = ["task", "metric", "setting", "n_items", "unedited", "edited", "difference", "ci_low", "ci_high", "p_holm"]
-    _emit(out, "tasks", result, table[cols].round(4).set_index("task"))
-
-
-def _models(inv: Invocation) -> None:
-    from lens_parallel.models import available_models
-
-    table = available_models()
-    left = {col: f"{{:<{table[col].astype(str).str.len().max()}}}".format for col in table.columns}
-    print(table.to_string(index=False, formatters=left, justify="left"))
-    if inv.args.out is not None:
-        path = inv.out("models") / "models.csv"
-        table.to_csv(path, index=False)
-        print("wrote:", path)
-
-
-def _protocols(inv: Invocation) -> None:
-    rows = [
-        {
-            "protocol": p.name,
-            "covers": ", ".join(type(s).__name__ for s in p.settings),
-            "documents": ", ".join(f"{k}={v}" for k, v in p.documents.items()) or "the caller's",
-            "source": p.source,
-        }
-        for p in PROTOCOLS.values()
-    ]
-    with pd.option_context("display.width", 200, "display.max_colwidth", 80):
-        print(pd.DataFrame(rows).to_string(index=False))
-    for p in PROTOCOLS.values():
-        print(f"\n{p.name}: {p.description}")
-
-
-def _commands() -> dict[str, Command]:
-    from lens_parallel.analyses.compression import CompressionSettings
-    from lens_parallel.analyses.decompose import DecomposeSettings
-    from lens_parallel.analyses.diagonal import DiagonalSettings
-    from lens_parallel.analyses.dominance import DominanceSettings
-    from lens_parallel.analyses.reliability import SanitySettings
-    from lens_parallel.analyses.scaling import ScaleSettings
-    from lens_parallel.analyses.sensitivity import SensitivitySettings
-    from lens_parallel.downstream.effects import TaskSettings
-    from lens_parallel.report import ReportSettings
-    from lens_parallel.training.factorial import TrainSettings
-
-    return {
-        "decompose": Command(
-            "self-alignment of head outputs and residual updates", _decompose, (DecomposeSettings,), {}
-        ),
-        "scale": Command(
-            "loss when parallel / perpendicular parts are rescaled",
-            _scale,
-            (ScaleSettings,),
-            {},
-            SWEEP,
-            store="scale_store.jsonl",
-        ),
-        "diagonal": Command(
-            "attention-diagonal form of parallel scaling for one head", _diagonal, (DiagonalSettings,), {"n_docs": 4}
-        ),
-        "sensitivity": Command(
-            "per-head and joint ablation effects, layer by layer",
-            _sensitivity,
-            (SensitivitySettings, SensitivityCommand),
-            {"n_docs": 8},
-            SWEEP,
-            store="sensitivity_store.jsonl",
-        ),
-        "dominance": Command(
-            "how strongly each upstream head drives the next layer's q/k/v",
-            _dominance,
-            (DominanceSettings, DominanceCommand),
-            {"texts": "study", "seq_len": 32, "n_docs": 4},
-            SWEEP,
-            store="dominance_store.jsonl",
-        ),
-        "checks": Command(
-            "sanity checks: causal null, GQA groups, split-half reliability",
-            _checks,
-            (SanitySettings,),
-            {"n_docs": 8},
-            SWEEP,
-            store="ablations.jsonl",
-        ),
-        "compress": Command(
-            "compression error along / across each layer's update",
-            _compress,
-            (CompressionSettings,),
-            {"n_docs": 12},
-            SWEEP,
-            store="compress_store.jsonl",
-        ),
-        "report": Command(
-            "the standard battery on one or several models: report.html + tables",
-            _report,
-            (ReportSettings,),
-            {"n_docs": 8},
-            ("batch_size", "tokens_per_forward", "progress"),
-            many_models=True,
-        ),
-        "train": Command(
-            "train small LMs with each arm, paired by seed",
-            _train,
-            (TrainSettings,),
-            None,
-            ("progress", "workers", "ray_address"),
-        ),
-        "tasks": Command(
-            "downstream task scores under edits (lm-evaluation-harness), paired per item",
-            _tasks,
-            (TaskSettings, TasksCommand),
-            {},
-            ("batch_size", "tokens_per_forward", "store", "progress"),
-            store="tasks_requests",
-            data_fields=("model", "device", "dtype"),
-        ),
-        "models": Command("list the models that load offline now and those that need the hub", _models, run_fields=()),
-        "protocols": Command("list the named protocols (a study's saved settings)", _protocols, run_fields=()),
-    }
-
-
-COMMANDS: dict[str, Command] = _commands()
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    """Parse ``argv`` (default: the process's arguments) and run the command (:func:`lens_parallel.commands.run`);
+    returns the exit status."""
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a bad command line (one line on stderr, status 2)
         return int(exc.code or 0)
-    try:
-        COMMANDS[args.command].run(Invocation(args.command, COMMANDS[args.command], args))
-    except LensParallelError as exc:  # bad input: one line
-        print(f"lens-parallel {args.command}: error: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    except EnvironmentFailure as exc:  # the environment failed: what failed and what to do, no traceback
-        print(f"lens-parallel {args.command}: could not run: {_one_line(exc)}", file=sys.stderr)
-        return 3
-    return 0  # anything else (LibraryError, a bug inside the package) shows its traceback
+    from lens_parallel.commands import run
 
-
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -99,12 +99,19 @@ class ModelRecipe:
 
 @dataclass
 class TaskContext:
-    """What a task sees: the model, its :class:`ModelInfo`, and ``memo``, a per-worker cache of what every task of a
-    run needs once (an unedited prefix pass, a dense capture), kept for the worker's life."""
+    """What a task sees: the model, its :class:`ModelInfo`, ``memo``, a per-worker cache of what every task of a
+    run needs once (an unedited prefix pass, a dense capture), kept for the worker's life, and ``progress``, called
+    with the units of work a task has just finished (in this process; None on a Ray worker, whose tasks are counted
+    when their results arrive)."""
 
     model: TransformerBridge
     info: ModelInfo
     memo: dict[Any, Any] = field(default_factory=dict)
+    progress: Callable[[int], object] | None = None
+
+    def advance(self, units: int) -> None:
+        if self.progress is not None:
+            self.progress(units)
 
     def cached(self, key: Any, make: Callable[[], Any]) -> Any:
         if key not in self.memo:
@@ -159,13 +166,15 @@ def run_tasks(
     ray_address: str | None = None,
     memo: dict[Any, Any] | None = None,
     digest: str | None = None,
+    progress: Callable[[int], object] | None = None,
 ) -> Iterator[tuple[int, Any]]:
     """``(i, task(context, shared, items[i]))`` for every item: in order in this process (``workers=1``, no
     address), else in the order they finish on ``workers`` Ray actors (module docstring). ``memo``: what the caller
     already computed on its own model, seeding the context in this process (workers compute it themselves);
-    ``digest``: the model's weights digest when the caller computed it already (for its store)."""
+    ``digest``: the model's weights digest when the caller computed it already (for its store); ``progress``: the
+    context's in this process (:class:`TaskContext`)."""
     if not check_workers(workers, ray_address):
-        context = TaskContext(model, model_info(model), dict(memo or {}))
+        context = TaskContext(model, model_info(model), dict(memo or {}), progress)
         for i, item in enumerate(items):
             yield i, task(context, shared, item)
         return

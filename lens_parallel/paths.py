@@ -26,6 +26,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from lens_parallel.errors import LensParallelError
+
 ASSETS = Path(__file__).resolve().parent / "assets"
 STALE_AFTER_S = 24 * 3600
 """A scratch folder written by another host is taken as abandoned once it is this old (its pid cannot be checked)."""
@@ -39,6 +41,24 @@ def cache_dir() -> Path:
         root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lens_parallel"
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def check_writable(path: str | Path, what: str = "output") -> Path:
+    """``path`` as a :class:`Path` once it is sure that a file can be written there, before any work: not a folder,
+    writable if it exists, in a folder that exists (created here) and is writable. Otherwise one
+    :class:`~lens_parallel.errors.LensParallelError` line naming ``what``, the path and why."""
+    path = Path(path)
+    if path.is_dir():
+        raise LensParallelError(f"{what} {path} is a folder, where a file goes; remove it or give another path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LensParallelError(f"{what} {path}: cannot create its folder ({exc.strerror})") from exc
+    if path.exists() and not os.access(path, os.W_OK):
+        raise LensParallelError(f"{what} {path} exists and is not writable; make it writable or give another path")
+    if not os.access(path.parent, os.W_OK):
+        raise LensParallelError(f"{what} {path}: its folder is not writable")
+    return path
 
 
 def add_suffix(stem: Path, suffix: str) -> Path:

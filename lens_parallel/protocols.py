@@ -16,7 +16,8 @@ from lens_parallel.analyses.nulls import NullSettings
 from lens_parallel.analyses.reliability import SanitySettings
 from lens_parallel.analyses.scaling import ScaleSettings
 from lens_parallel.analyses.sensitivity import SensitivitySettings
-from lens_parallel.options import PROTOCOLS, NamedProtocol, register_protocol
+from lens_parallel.options import PROTOCOLS as PROTOCOLS  # re-exported: importing this module fills it
+from lens_parallel.options import NamedProtocol, register_protocol
 from lens_parallel.training.factorial import Design
 
 SANITY_CHECKS = register_protocol(

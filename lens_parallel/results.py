@@ -33,7 +33,7 @@ import plotly.graph_objects as go
 from lens_parallel.documents import Documents
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelInfo, head_label
-from lens_parallel.paths import add_suffix, sha256_file
+from lens_parallel.paths import add_suffix, check_writable, sha256_file
 
 FORMAT = "lens_parallel.result"
 FORMAT_VERSION = 2
@@ -290,25 +290,26 @@ def save_result(result: Any, path: str | Path) -> Path:
 
     ``path`` may end in ``.json`` or have no suffix; any other dot in the name is kept (``toy-qwen3.5_scaling``)."""
     stem = _stem(path)
-    stem.parent.mkdir(parents=True, exist_ok=True)
     json_path, npz_path = add_suffix(stem, ".json"), add_suffix(stem, ".npz")
     for target in (json_path, npz_path):
-        if target.is_dir():
-            raise LensParallelError(f"cannot save the result: {target} is a folder")
+        check_writable(target, "cannot save the result:")
     arrays: dict[str, np.ndarray] = {}
     data = _encode(result, arrays, "root")
     result_id = uuid.uuid4().hex
     arrays[_ID_KEY] = np.array(result_id)
-    _write_atomic(npz_path, lambda f: np.savez_compressed(f, allow_pickle=False, **arrays))
-    payload = {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
-        "id": result_id,
-        "npz_sha256": sha256_file(npz_path),
-        "data": data,
-    }
-    text = json.dumps(payload, indent=1, allow_nan=False)
-    _write_atomic(json_path, lambda f: f.write(text.encode()))
+    try:
+        _write_atomic(npz_path, lambda f: np.savez_compressed(f, allow_pickle=False, **arrays))
+        payload = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "id": result_id,
+            "npz_sha256": sha256_file(npz_path),
+            "data": data,
+        }
+        text = json.dumps(payload, indent=1, allow_nan=False)
+        _write_atomic(json_path, lambda f: f.write(text.encode()))
+    except OSError as exc:  # the disk filled, or the folder changed under us
+        raise LensParallelError(f"cannot save the result to {json_path} ({exc.strerror})") from exc
     return json_path
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from lens_parallel.errors import LensParallelError
-from lens_parallel.paths import add_suffix
+from lens_parallel.paths import add_suffix, check_writable
 
 STORE_FORMAT = "lens_parallel.sweep/3"
 """3: every row carries the sha256 of its value (:func:`value_checksum`); 2 had none and 1 held next-token NLL sums
@@ -98,8 +98,8 @@ class SweepStore:
         system's: it is released when the session ends or its process dies."""
         if self.path.is_dir():
             raise LensParallelError(f"store {self.path} is a folder; give a file path for the sweep store")
+        check_writable(self.path, "store")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             self.lock.acquire(timeout=0)
         except Timeout:
             warnings.warn(
@@ -109,7 +109,7 @@ class SweepStore:
             )
             self.lock.acquire()
         except OSError as exc:
-            raise LensParallelError(f"store {self.path}: cannot write there ({exc.strerror}); {STORE_ADVICE}") from exc
+            raise LensParallelError(f"store {self.path}: cannot take its lock ({exc.strerror})") from exc
         try:
             yield self.open(jobs)
         finally:
@@ -147,8 +147,8 @@ class SweepStore:
         for i, line in enumerate(complete[1:], start=2):
             row, problem = self._row(line, by_key)
             if problem:
-                job = f" (job {row['job']})" if "job" in row else ""
-                dropped.append(f"line {i}{job}: {problem}")
+                named = f" (job {row['job']})" if "job" in row else ""
+                dropped.append(f"line {i}{named}: {problem}")
                 continue
             if row["job"] in by_key:
                 done[row["job"]] = row["value"]

@@ -396,7 +396,10 @@ def _sweep_task(context: TaskContext, plan: SweepPlan, chunk: list[Job]) -> list
     """One chunk of jobs on every batch: the reference pass is computed once per worker and kept."""
     key = ("reference", plan.documents.digest(), plan.starts, json.dumps(plan.metric.fingerprint(), sort_keys=True))
     batches = context.cached(key, lambda: _reference_pass(context.model, context.info, plan, False))
-    parts = [plan.metric.evaluate(context, plan, chunk, batch) for batch in batches]
+    parts = []
+    for batch in batches:
+        parts.append(plan.metric.evaluate(context, plan, chunk, batch))
+        context.advance(len(chunk))  # progress: one unit per job and batch
     return [plan.metric.combine(job, [part[i] for part in parts]) for i, job in enumerate(chunk)]
 
 
@@ -587,7 +590,10 @@ def run_sweep(
             if need_base and all(b.base is not None for b in batches):
                 base = torch.cat([b.base for b in batches if b.base is not None])
         chunks = metric.chunks(todo, plan)
-        bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=desc, unit="job", disable=not opts.progress)
+        n_batches = len(range(0, len(docs), batch_size))  # the bar moves per job and batch, not per job only
+        desc = f"{desc} ({len(jobs)} job{'s' * (len(jobs) > 1)} x {n_batches} batch{'es' * (n_batches > 1)})"
+        bar = tqdm(total=len(jobs) * n_batches, desc=desc, unit="step", disable=not opts.progress)
+        bar.update((len(jobs) - len(todo)) * n_batches)
         finished = run_tasks(
             model,
             _sweep_task,
@@ -597,6 +603,7 @@ def run_sweep(
             ray_address=opts.ray_address,
             memo=memo,
             digest=digest,
+            progress=bar.update,
         )
         for i, values in finished:
             bad = []
@@ -614,7 +621,7 @@ def run_sweep(
                     f"division by a near-zero norm in {next(model.parameters()).dtype}); {metric.name} needs finite "
                     "values: run in float32, or change the edit"
                 )
-            bar.update(len(chunks[i]))
+            bar.update(len(done) * n_batches - bar.n)  # chunks from Ray workers: counted as they arrive
         bar.close()
     n_tokens = docs.n_tokens
     base_losses = None if base is None else DocLosses(base.double().cpu().numpy(), n_tokens)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import lens_parallel as lp
-from lens_parallel import LensParallelError, cli
+from lens_parallel import LensParallelError, cli, commands
 from lens_parallel.cli import main
 from lens_parallel.report import SECTIONS
 
@@ -280,7 +280,7 @@ def _fill(line: str, workspace: dict[str, str]) -> str:
 
 def test_the_battery_covers_every_subcommand():
     commands = {line.split()[0] for line, _ in BAD_COMMAND_LINES if line}
-    assert commands >= set(cli.COMMANDS) and len(BAD_COMMAND_LINES) >= 40
+    assert commands >= set(commands.COMMANDS) and len(BAD_COMMAND_LINES) >= 40
 
 
 def test_a_bug_inside_the_package_keeps_its_traceback(monkeypatch):
@@ -289,26 +289,26 @@ def test_a_bug_inside_the_package_keeps_its_traceback(monkeypatch):
     def broken(args):
         raise KeyError("an internal bug")
 
-    monkeypatch.setitem(cli.COMMANDS, "models", dataclasses.replace(cli.COMMANDS["models"], run=broken))
+    monkeypatch.setitem(commands.COMMANDS, "models", dataclasses.replace(commands.COMMANDS["models"], run=broken))
     with pytest.raises(KeyError, match="an internal bug"):
         main(["models"])
 
     def bad_input(args):
         raise LensParallelError("layers [9] out of range")
 
-    monkeypatch.setitem(cli.COMMANDS, "models", dataclasses.replace(cli.COMMANDS["models"], run=bad_input))
+    monkeypatch.setitem(commands.COMMANDS, "models", dataclasses.replace(commands.COMMANDS["models"], run=bad_input))
     assert main(["models"]) == 2
 
     def offline(args):
         raise lp.EnvironmentFailure("could not download x==1 from the package registry; rerun to fetch the rest")
 
-    monkeypatch.setitem(cli.COMMANDS, "models", dataclasses.replace(cli.COMMANDS["models"], run=offline))
+    monkeypatch.setitem(commands.COMMANDS, "models", dataclasses.replace(commands.COMMANDS["models"], run=offline))
     assert main(["models"]) == 3  # the environment failed: what and what to do, no traceback
 
     def incompatible(args):
         raise lp.LibraryError("hook blocks.0.attn.hook_z: expected shape [batch, pos, n_heads=4, d_head=16]")
 
-    monkeypatch.setitem(cli.COMMANDS, "models", dataclasses.replace(cli.COMMANDS["models"], run=incompatible))
+    monkeypatch.setitem(commands.COMMANDS, "models", dataclasses.replace(commands.COMMANDS["models"], run=incompatible))
     with pytest.raises(lp.LibraryError):  # a library incompatibility is not bad input: it keeps its traceback
         main(["models"])
 
@@ -407,8 +407,8 @@ def test_tasks_scores_edit_specs_and_a_settings_file(tmp_path, capsys):
 def test_every_subcommand_prints_its_help(capsys):
     """--help of every subcommand (argparse %-formats help texts: a literal "50%" in one broke compress --help)."""
     parser = cli.build_parser()
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    for name in commands:
+    choices = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name in choices:
         with pytest.raises(SystemExit) as done:
             cli.build_parser().parse_args([name, "--help"])
         assert done.value.code == 0, name

@@ -6,11 +6,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import json
+import subprocess
+import sys
 
 import pytest
 
 import lens_parallel as lp
-from lens_parallel import cli
+from lens_parallel import cli, commands
 from lens_parallel.options import PROTOCOLS, DataOptions, RunOptions
 
 ANALYSES = [
@@ -36,20 +39,20 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
     return sub.choices[name]
 
 
-@pytest.mark.parametrize("name", list(cli.COMMANDS))
+@pytest.mark.parametrize("name", list(commands.COMMANDS))
 def test_the_command_lines_defaults_are_the_librarys(name):
     """Nothing typed: every settings object equals its class's defaults, the documents the subcommand's stated
     defaults, the run options RunOptions' (the store placed in --out); and every option's help shows the field's
     default."""
     parser = cli.build_parser()
-    command = cli.COMMANDS[name]
-    inv = cli.Invocation(name, command, parser.parse_args([name]))
+    command = commands.COMMANDS[name]
+    inv = commands.Invocation(name, command, parser.parse_args([name]))
     for cls in command.settings:
         assert inv.settings(cls) == cls()
     if command.data is not None:
         assert inv.data() == DataOptions(**command.data)
     expected_run = RunOptions(store=f"OUT/{command.store}" if command.store else None)
-    assert dataclasses.replace(inv.run_options(cli.Path("OUT")), store=expected_run.store) == expected_run
+    assert dataclasses.replace(inv.run_options(commands.Path("OUT")), store=expected_run.store) == expected_run
     sub = _subparser(parser, name)
     # argparse's help is a %-format string: a literal % is written %%
     shown = {a.dest: a.help.replace("%%", "%") for a in sub._actions if "." in (a.dest or "")}
@@ -61,10 +64,35 @@ def test_the_command_lines_defaults_are_the_librarys(name):
                 assert f"DataOptions.{f.name}" not in shown, f.name  # a command that loads no documents
                 continue
             default = (command.data or {}).get(f.name, f.default) if cls is DataOptions else f.default
-            assert shown[f"{cls.__name__}.{f.name}"].endswith(f"(default: {cli._show(default, f.metadata)})"), f.name
+            assert shown[f"{cls.__name__}.{f.name}"].endswith(f"(default: {commands._show(default, f.metadata)})"), (
+                f.name
+            )
     for f in dataclasses.fields(RunOptions):
         if f.name in command.run_fields and f.name != "store":
-            assert shown[f"RunOptions.{f.name}"].endswith(f"(default: {cli._show(f.default, f.metadata)})")
+            assert shown[f"RunOptions.{f.name}"].endswith(f"(default: {commands._show(f.default, f.metadata)})")
+
+
+def test_the_saved_parser_is_current():
+    """The command line parses with the parser saved in assets (no analysis imported); it must be what the options
+    objects generate today."""
+    saved = json.loads(cli.SPEC_PATH.read_text(encoding="utf-8"))
+    assert saved == json.loads(json.dumps(commands.parser_spec())), "run: python scripts/build_cli_spec.py"
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["decompose", "--help"], ["decompsoe"], ["decompose", "--space", "nope"], ["scale"]]
+)
+def test_help_and_bad_command_lines_import_no_heavy_module(argv):
+    """--help and argument errors are answered before torch, TransformerLens, pandas or any analysis is imported
+    (a command that parses, the last case, is run after the check)."""
+    heavy = ("torch", "transformer_lens", "pandas", "lens_parallel.commands", "lens_parallel.analyses")
+    code = (
+        "import sys, lens_parallel.cli as cli\n"
+        f"try:\n    cli.build_parser().parse_args({argv!r})\nexcept SystemExit:\n    pass\n"
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
 
 
 @pytest.mark.parametrize("function", ANALYSES, ids=lambda f: f.__name__)

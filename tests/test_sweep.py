@@ -14,7 +14,7 @@ from lens_parallel import LensParallelError, load_model, sweep
 from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ComponentScale, HeadEdit
-from lens_parallel.store import SweepStore
+from lens_parallel.store import SweepStore, value_checksum
 from lens_parallel.sweep import AblationJob, DocumentNLL, EditJob, run_sweep
 
 from .conftest import get_model
@@ -97,13 +97,17 @@ def test_damaged_rows_are_dropped_with_a_warning_and_recomputed(tmp_path):
     header, first, second = store.read_text().splitlines()
     row = json.loads(first)
     values = row["value"]["loss_sum"]
+
+    def checked(value: dict) -> str:  # a row with a matching checksum: its shapes and types are what is wrong
+        return json.dumps(row | {"value": value, "sha256": value_checksum(value)})
+
     damaged = [
         "{not json}",
         '"a string"',
-        json.dumps(row | {"value": {"loss_sum": [str(v) for v in values]}}),
-        json.dumps(row | {"value": {"loss_sum": [None] * 5}}),  # null is NaN, which this metric does not define
-        json.dumps(row | {"value": {"loss_sum": [True] * 5}}),
-        json.dumps(row | {"value": {"loss_sum": values[:3]}}),
+        checked({"loss_sum": [str(v) for v in values]}),
+        checked({"loss_sum": [None] * 5}),  # null is NaN, which this metric does not define
+        checked({"loss_sum": [True] * 5}),
+        checked({"loss_sum": values[:3]}),
     ]
     store.write_text("\n".join([header, *damaged, second]) + "\n")
     with pytest.warns(UserWarning, match=r"dropped 6 row\(s\).*line 2: not JSON.*recomputed"):
@@ -129,7 +133,8 @@ def test_weights_changed_in_memory_make_the_store_refused(tmp_path):
 
 def _open_store(path: str, barrier) -> None:
     barrier.wait()
-    SweepStore(path, {"run": 1}, 5, DocumentNLL().spec).open([])
+    with SweepStore(path, {"run": 1}, 5, DocumentNLL().spec).session([]):
+        pass
 
 
 def test_concurrent_store_creation_writes_one_header(tmp_path):
@@ -146,6 +151,94 @@ def test_concurrent_store_creation_writes_one_header(tmp_path):
         assert [p.exitcode for p in procs] == [0] * 6
         lines = Path(path).read_text().splitlines()
         assert len(lines) == 1 and json.loads(lines[0])["fingerprint"] == {"run": 1}
+
+
+def test_a_row_whose_numbers_were_changed_is_recomputed_with_a_warning(tmp_path):
+    """Each row carries the sha256 of its value: one float edited by hand (valid JSON, right shape) no longer
+    matches, so the row is dropped with a one-line warning naming it and its job computed again."""
+    model, blocks = _setup()
+    store = tmp_path / "sweep.jsonl"
+    kwargs = {"edit": "zero", "batch_size": 2, "store": store, "progress": False}
+    fresh = run_sweep(model, blocks, JOBS[:2], **kwargs)
+    header, first, second = store.read_text().splitlines()
+    row = json.loads(first)
+    row["value"]["loss_sum"][3] *= 10  # L0H1's fourth document, now ten times its loss
+    store.write_text("\n".join([header, json.dumps(row), second]) + "\n")
+    with pytest.warns(UserWarning, match=r"line 2 \(job L0H1\): its value does not match its checksum") as caught:
+        again = run_sweep(model, blocks, JOBS[:2], **kwargs)
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    np.testing.assert_array_equal(again[JOBS[0]].loss_sum, fresh[JOBS[0]].loss_sum)  # not the edited number
+    assert sorted(store.read_text().splitlines()) == sorted([header, first, second])
+
+
+_SWEEP_SCRIPT = """
+import json, sys
+from lens_parallel import load_model, token_blocks
+from lens_parallel.sweep import AblationJob, run_sweep
+model = load_model("toy-gpt2")
+blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=16, seed=1)
+jobs = [AblationJob(layer, (head,)) for layer in range(3) for head in range(4)]
+run = run_sweep(model, blocks, jobs, edit="zero", batch_size=2, store=sys.argv[1], progress=False)
+print(json.dumps({key: value["loss_sum"].tolist() for key, value in run.values.items()}))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_on_one_store_compute_each_job_once(tmp_path):
+    """Two real processes started together on one store: the writer lock makes the second wait and read the first's
+    rows, so each job is one row, and both print what one process alone computes."""
+    import subprocess
+    import sys
+
+    store = tmp_path / "shared.jsonl"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _SWEEP_SCRIPT, str(store)], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [json.loads(p.communicate(timeout=600)[0]) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    keys = [json.loads(line)["job"] for line in store.read_text().splitlines()[1:]]
+    assert len(keys) == 12 and len(set(keys)) == 12  # every job once
+    assert outputs[0] == outputs[1]
+    alone = subprocess.run(
+        [sys.executable, "-c", _SWEEP_SCRIPT, str(tmp_path / "alone.jsonl")], capture_output=True, text=True, check=True
+    )
+    assert json.loads(alone.stdout) == outputs[0]
+
+
+_HOLD_SCRIPT = """
+import sys, time
+from lens_parallel.store import SweepStore
+with SweepStore(sys.argv[1], {"run": 1}, 4, lambda job: {}).session([]):
+    print("holding", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_lock_holder_does_not_block_the_next_run(tmp_path):
+    """The writer lock is the operating system's: a holder killed with SIGKILL (no cleanup runs) leaves its lock
+    file behind, and the next run takes the lock at once and runs."""
+    import subprocess
+    import sys
+
+    from filelock import FileLock
+
+    store = tmp_path / "sweep.jsonl"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_SCRIPT, str(store)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+    lock = FileLock(str(tmp_path / "sweep.jsonl.lock"))
+    with pytest.raises(TimeoutError):
+        lock.acquire(timeout=0.2)  # held while the holder lives
+    holder.kill()
+    holder.wait(60)
+    assert (tmp_path / "sweep.jsonl.lock").exists()  # its lock file is still there
+    with lock.acquire(timeout=5):  # and no longer held
+        pass
+    store.unlink()  # the holder's header is of another run
+    model, blocks = _setup()
+    run = run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
+    assert set(run.values) == {job.key for job in JOBS[:2]}
 
 
 def test_a_non_finite_loss_is_refused_naming_the_job(tmp_path, monkeypatch):

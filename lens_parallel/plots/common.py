@@ -9,7 +9,8 @@ import numpy as np
 import plotly.graph_objects as go
 from numpy.typing import ArrayLike
 
-from lens_parallel.paths import add_suffix
+from lens_parallel.errors import LensParallelError
+from lens_parallel.paths import add_suffix, check_writable
 
 
 def png_failure(exc: Exception) -> str:
@@ -27,8 +28,11 @@ def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
     ``stem.png``; returns the files written (a missing PNG renderer is reported on stderr, not raised)."""
     stem = Path(stem)
     html, png = add_suffix(stem, ".html"), add_suffix(stem, ".png")
-    written = [html]
-    fig.write_html(html, include_plotlyjs=True)
+    written = [check_writable(html, "figure")]
+    try:
+        fig.write_html(html, include_plotlyjs=True)
+    except OSError as exc:
+        raise LensParallelError(f"cannot write the figure {html} ({exc.strerror})") from exc
     try:
         fig.write_image(png, scale=2)
         written.append(png)
