@@ -66,6 +66,7 @@ def check_corpus(name: str) -> str:
     if isinstance(name, str) and name.endswith(TEXT_FILE_SUFFIXES):
         if not Path(name).is_file():
             raise LensParallelError(f"text file {name} does not exist (or is not a file)")
+        read_text_file(name)  # all of it checked (UTF-8, .jsonl rows) before any model loads
         return name
     if not isinstance(name, str) or not (name in CORPORA or (name.startswith("hf:") and len(name) > 3)):
         raise LensParallelError(
@@ -107,12 +108,12 @@ def read_text_file(path: str | Path) -> list[str]:
     return docs
 
 
-def check_texts(texts: Sequence[str]) -> list[str]:
+def check_texts(texts: Sequence[object]) -> list[str]:
     """A user's documents as a list, each checked to be text: ``str`` (bytes are refused: decode them first) that
     encodes as UTF-8 (a lone surrogate, e.g. a byte that ``errors="surrogateescape"`` kept, is refused with its
     position)."""
-    docs = list(texts)
-    for i, doc in enumerate(docs):
+    docs = []
+    for i, doc in enumerate(texts):
         if not isinstance(doc, str):
             raise LensParallelError(
                 f"document {i} is {type(doc).__name__}, not str: decode it (as UTF-8) before passing it as text"
@@ -124,6 +125,7 @@ def check_texts(texts: Sequence[str]) -> list[str]:
                 f"document {i} is not valid text: character {exc.start} is an undecoded byte ({doc[exc.start]!r}, "
                 "as errors='surrogateescape' leaves it); read the text as UTF-8"
             ) from exc
+        docs.append(doc)
     return docs
 
 

@@ -96,8 +96,6 @@ class SweepStore:
         """Hold the writer lock (waiting, with a warning, while another process holds it) and yield the finished
         jobs (:meth:`open`); rows are appended (:meth:`append`) inside the session. The lock is the operating
         system's: it is released when the session ends or its process dies."""
-        if self.path.is_dir():
-            raise LensParallelError(f"store {self.path} is a folder; give a file path for the sweep store")
         check_writable(self.path, "store")
         try:
             self.lock.acquire(timeout=0)

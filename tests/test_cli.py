@@ -45,6 +45,46 @@ def test_decompose_writes_table_result_and_figure(tmp_path, capsys):
     assert "toy-gpt2: means over layers and heads" in capsys.readouterr().out
 
 
+def _listed(stdout: str, folder: Path) -> set[str]:
+    """The names of the files under ``folder`` that the "wrote:" lists of ``stdout`` name."""
+    return {Path(line.strip()).name for line in stdout.splitlines() if line.startswith(f"  {folder}")}
+
+
+def _on_disk(folder: Path) -> set[str]:
+    """The files in ``folder`` (a store's lock file is the lock's, not an output)."""
+    return {p.name for p in folder.iterdir() if not p.name.endswith(".lock")}
+
+
+def test_texts_from_a_users_file_and_every_written_file_listed(tmp_path, capsys):
+    texts = tmp_path / "mine.txt"
+    texts.write_text("\n\n".join(f"Document {i} says: " + "lorem ipsum dolor sit amet " * 8 for i in range(3)))
+    out = tmp_path / "dec"
+    argv = ["decompose", "--model", "toy-gpt2", "--texts", str(texts), "--n-docs", "3", "--seq-len", "16"]
+    assert main([*argv, "--out", str(out)]) == 0
+    meta = json.loads((out / "decompose.json").read_text())
+    assert meta["data"]["provenance"]["texts"]["corpus"] == str(texts)
+    listed = _listed(capsys.readouterr().out, out)
+    assert {"decompose.json", "decompose.npz", "decompose.csv"} <= listed and listed == _on_disk(out)
+
+
+def test_a_read_only_output_file_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """An output file that exists and cannot be written (immutable: read-only even to root, who runs CI) is one line
+    and exit 2 before the model loads (loading fails the test)."""
+    from lens_parallel import models
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "decompose.csv").write_text("an earlier run's table")
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded the model first"))
+    subprocess.run(["chattr", "+i", str(out / "decompose.csv")], check=True)
+    try:
+        assert main(["decompose", "--model", "toy-gpt2", "--out", str(out)]) == 2
+    finally:
+        subprocess.run(["chattr", "-i", str(out / "decompose.csv")], check=True)
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"output file {out / 'decompose.csv'} exists and is not writable" in line
+
+
 def _run(*args):
     return subprocess.run([sys.executable, "-m", "lens_parallel.cli", *args], capture_output=True, text=True)
 
@@ -111,6 +151,7 @@ def test_each_subcommand_writes_its_files(tmp_path, command):
     assert provenance["model"]["name"] == "toy-gpt2"
     assert len(pd.read_csv(tmp_path / files[0])) > 0
     assert "wrote:" in proc.stdout and "Traceback" not in proc.stderr
+    assert _on_disk(tmp_path) == _listed(proc.stdout, tmp_path)  # every file written is named (the store too)
     if command == "dominance":  # the study's texts by default, the window and scale as given
         assert "js_distance scale" in proc.stdout and "L0→L1" in proc.stdout
         assert provenance["settings"]["query_positions"] == list(range(4, 20))
@@ -161,6 +202,8 @@ def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad")
     (root / "blocker").write_text("a file, not a folder")
     (root / "table.csv").write_text("arm,loss\nbaseline,1.0\n")
+    (root / "latin1.txt").write_bytes("caf\u00e9 au lait, a document in Latin-1".encode("latin-1"))
+    (root / "broken.jsonl").write_text('{"text": "fine"}\n{"text": \n')
     (root / "empty_config").mkdir()
     (root / "empty_config" / "config.json").write_text("{}")
     config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, architectures=["GPT2LMHeadModel"])
@@ -194,7 +237,7 @@ BAD_COMMAND_LINES = [  # (command line, what its one line says); {name}: a path 
     ("decompose --model {empty_config} --out {out}", "names no model_type or architectures"),
     ("decompose --model {no_weights} --out {out}", "holds a config.json but no weights"),
     (f"decompose {T} --texts nope --out {{out}}", "unknown corpus 'nope'"),
-    (f"decompose {T} --out {{collide}}", "decompose.csv is a folder, where an output file goes"),
+    (f"decompose {T} --out {{collide}}", "decompose.csv is a folder, where a file goes"),
     ("decompose --model smollm2-135m --out {out}", "lens_parallel_manifest.json is damaged"),
     ("decompose --bogus", "unrecognized arguments: --bogus"),
     (f"scale {T} --s-par nan --out {{out}}", "finite"),
@@ -203,7 +246,11 @@ BAD_COMMAND_LINES = [  # (command line, what its one line says); {name}: a path 
     ("scale --workers 0", "must be a positive integer, got 0"),
     (f"scale {T} --layers -1 --out {{out}}", "layers [-1] out of range"),
     (f"scale {T} --store {{table.csv}} --out {{out}}", "first line is not a sweep header"),
-    (f"scale {T} --store {{plan_dir}} --out {{out}}", "is a folder; give a file path for the sweep store"),
+    (f"scale {T} --store {{plan_dir}} --out {{out}}", "is a folder, where a file goes"),
+    (f"scale {T} --store {{blocker}}/s.jsonl --out {{out}}", "s.jsonl: cannot create its folder"),
+    (f"decompose {T} --texts {{latin1.txt}} --out {{out}}", "latin1.txt is not UTF-8: byte offset 3 holds b'\\xe9'"),
+    (f"decompose {T} --texts {{root}}/missing.txt --out {{out}}", "missing.txt does not exist"),
+    (f"decompose {T} --texts {{broken.jsonl}} --out {{out}}", "broken.jsonl line 2 is not JSON"),
     (f"diagonal {T} --layer 7 --head 0 --out {{out}}", "out of range"),
     (f"diagonal {T} --layer 1 --out {{out}}", "give both layer and head, or neither"),
     (f"diagonal {T} --layer 1 --head 9 --out {{out}}", "heads [9] out of range"),
