@@ -52,13 +52,13 @@ def test_save_to_an_unwritable_path_raises_the_packages_error(tmp_path, model_an
     model, docs = model_and_docs
     result = lp.decompose(model, docs, progress=False)
     (tmp_path / "blocker").write_text("a file")
-    with pytest.raises(LensParallelError, match="cannot save the result: .*cannot create its folder") as refused:
+    with pytest.raises(LensParallelError, match=r"cannot save the result: .*cannot create its folder") as refused:
         result.save(tmp_path / "blocker" / "decompose")
     _one_line(refused)
     (tmp_path / "decompose.json").mkdir()
     with pytest.raises(LensParallelError, match=r"decompose\.json is a folder"):
         result.save(tmp_path / "decompose")
-    with pytest.raises(LensParallelError, match="figure .* cannot create its folder"):
+    with pytest.raises(LensParallelError, match=r"figure .* cannot create its folder"):
         save_figure(result.figure(), tmp_path / "blocker" / "figure")
 
 
