@@ -548,6 +548,11 @@ def run_sweep(
     distributed = check_workers(opts.workers, opts.ray_address, model)
     info = model_info(model)
     docs = Documents.of(documents)
+    if int(docs.lengths.max()) > model.cfg.n_ctx:
+        raise LensParallelError(
+            f"a document of {int(docs.lengths.max())} tokens exceeds {info.name}'s context length n_ctx="
+            f"{model.cfg.n_ctx}: cut the documents to at most {model.cfg.n_ctx} tokens"
+        )
     if edit is not None:
         check_choice("ablation", edit, Ablation)
     jobs = _validate(jobs, info, edit)
