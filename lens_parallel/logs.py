@@ -1,4 +1,4 @@
-"""Filters for three known, harmless notices. Two are logged by importing torchao on every process where it is
+"""Filters for four known, harmless notices. Two are logged by importing torchao on every process where it is
 installed (``transformers`` imports it when it is present, so every model load triggers them):
 
 - torchao's ``Failed to load .../_C_*.so``: its CUDA-only kernel libraries, absent from a CPU build of torch;
@@ -9,6 +9,10 @@ The third comes from writing a figure's PNG: choreographer (kaleido's Chromium d
 ``JSONError decoding message. Ignoring``, with a full traceback, when a message from Chromium does not decode, and
 carries on (the PNG is written all the same; a failure that matters is raised and reported by
 :func:`lens_parallel.plots.save_figure`). It happens now and then.
+
+The fourth is lm-evaluation-harness's ``Task '...' from ... overrides existing task from ...``, once per task each
+time a task manager is built: the package's offline task folders (:mod:`lens_parallel.downstream.data`) define the
+tasks lm-eval ships under the same names, on purpose, so that they read the local data.
 
 Only records with exactly these messages are dropped; every other record of these loggers passes. Installed when
 this module is imported, which ``lens_parallel/__init__`` does first, before anything imports ``transformers``.
@@ -43,6 +47,7 @@ def quiet_known_notices() -> None:
     """Attach the filters (idempotent)."""
     _drop("torchao", "Failed to load", ".so")
     _drop("torch.utils._pytree", "is an Enum subclass and is now natively supported")
+    _drop("lm_eval.tasks._index", "overrides existing task from")
     try:  # imported first: its module makes its logger, of logistro's class (it calls .debug2; a plain one has none)
         importlib.import_module("choreographer.channels.pipe")
     except ImportError:  # kaleido, which brings choreographer, is not installed: no PNGs, no notice

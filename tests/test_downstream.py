@@ -372,3 +372,17 @@ def test_the_report_has_an_opt_in_tasks_section(tmp_path):
     page = write_report([report], tmp_path).read_text()
     assert 'id="tasks"' in page and "accuracy change under each edit" in page
     assert (tmp_path / "results" / "toy-gpt2_tasks.json").is_file()
+
+
+def test_lm_evals_notices_that_our_task_folders_override_its_tasks_are_kept_off_the_screen(caplog):
+    """The offline task folders define lm-eval's tasks again on purpose (local data): lm-eval warns once per task
+    each time a task manager is built; those records are dropped, any other record of that logger passes."""
+    import logging
+
+    from lens_parallel.downstream.effects import _load_tasks
+
+    with caplog.at_level(logging.WARNING):
+        _load_tasks([("copa", 0)], None)
+        logging.getLogger("lm_eval.tasks._index").warning("Task 'x' from a.yaml is another notice")
+    assert not [r for r in caplog.records if "overrides existing task" in r.getMessage()]
+    assert "is another notice" in caplog.text

@@ -35,8 +35,8 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
     ('method=["int8", "torchao-intx4-g64", "wanda-seq-50%"]', 'method=["int8"]'),
     (
         'PRESETS["cpu-small"],\n    ["baseline", "random-direction-gated", "xsa-gated"],\n    seeds=[0, 1, 2, 3],',
-        'dataclasses.replace(PRESETS["tiny"], steps=3, warmup_steps=1),\n    ["baseline", "random-direction-gated", "xsa-gated"],\n'
-        "    seeds=[0, 1],",
+        'dataclasses.replace(PRESETS["tiny"], steps=3, warmup_steps=1),\n'
+        '    ["baseline", "random-direction-gated", "xsa-gated"],\n    seeds=[0, 1],',
     ),
     ('"quick", store="results/tasks"', '[("copa", 0)], limit=3, store="results/tasks"'),
     (
