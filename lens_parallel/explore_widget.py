@@ -1,8 +1,18 @@
 """The explorer's live widget: four Plotly ``FigureWidget`` s and ipywidgets controls bound to an
-:class:`~lens_parallel.explore.Explorer` (needs ``ipywidgets`` and ``anywidget``, the ``notebook`` extra)."""
+:class:`~lens_parallel.explore.Explorer` (needs ``ipywidgets`` and ``anywidget``, the ``notebook`` extra).
+
+Plotly's ``FigureWidget`` syncs its front-end code (plotly.js and the widget, 5 MB) as part of every widget's
+state, so a notebook saved with its widget state held one copy per figure (20 MB for the explorer's four). Here each
+figure's front-end code is a small loader (:data:`LOADER`) that asks the kernel for plotly's bundle once per page
+and runs it: the saved state holds the figures' data only. Without a kernel (a saved notebook reopened) the live
+figures stay empty; :meth:`~lens_parallel.explore.Explorer.to_html` is the kernel-free page.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+import importlib.resources
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,6 +21,7 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from lens_parallel.choices import ExplorerEdit
+from lens_parallel.errors import LibraryError
 from lens_parallel.explore import SPACES
 from lens_parallel.plots.explore import setting_label
 from lens_parallel.validate import options
@@ -20,6 +31,79 @@ if TYPE_CHECKING:
 
 WIDTH = 560
 """Pixels per figure: two side by side fit a notebook's output area."""
+
+BUNDLE_REQUEST = "lens-parallel:plotly-widget-bundle"
+LOADER = f"""
+const KEY = "{BUNDLE_REQUEST}";
+function bundle(model) {{  // plotly's widget code, asked of the kernel once per page
+  if (!globalThis[KEY]) {{
+    globalThis[KEY] = new Promise((resolve, reject) => {{
+      const received = (message, buffers) => {{
+        if (!message || message.type !== KEY) return;
+        model.off("msg:custom", received);
+        const url = URL.createObjectURL(new Blob([buffers[0]], {{ type: "text/javascript" }}));
+        import(url).then((module) => resolve(module.default), reject);
+      }};
+      model.on("msg:custom", received);
+      model.send({{ type: KEY }});
+    }});
+  }}
+  return globalThis[KEY];
+}}
+export default () => {{
+  let ready;  // plotly's widget for this model, once its code is here and it is initialised
+  return {{
+    initialize(context) {{  // returns at once: the bundle arrives as a message, which must not wait for this
+      ready = bundle(context.model).then((factory) => {{
+        const widget = factory();
+        widget.initialize(context);
+        return widget;
+      }});
+    }},
+    async render(context) {{
+      return (await ready).render(context);
+    }},
+  }};
+}};
+"""
+"""The front-end code of :class:`FigureWidget`: plotly's bundle (a factory of ``{initialize, render}``, as
+anywidget runs it) fetched from the kernel by a custom message, cached on the page."""
+
+PLOTLY_WIDGET_VERSIONS = ((6, 0), (8, 0))
+"""plotly versions [from, to) whose ``FigureWidget`` is an anywidget running ``package_data/widgetbundle.js``, whose
+default export is that factory (checked when a widget is made; tests/test_explore_browser.py renders it)."""
+
+
+@functools.cache
+def _plotly_bundle() -> bytes:
+    """plotly's widget bundle (``plotly/package_data/widgetbundle.js``, what ``go.FigureWidget`` runs), after
+    checking the installed plotly's version."""
+    version = importlib.metadata.version("plotly")
+    major_minor = tuple(int(x) for x in version.split(".")[:2])
+    low, high = PLOTLY_WIDGET_VERSIONS
+    bundle = importlib.resources.files("plotly") / "package_data" / "widgetbundle.js"
+    if not low <= major_minor < high or not bundle.is_file():
+        raise LibraryError(
+            f"the explorer's figures load plotly {low[0]}.x-{high[0] - 1}.x's widget bundle (package_data/"
+            f"widgetbundle.js); plotly {version} is installed: pip install 'plotly>={low[0]},<{high[0]}'"
+        )
+    return bundle.read_bytes()
+
+
+class FigureWidget(go.FigureWidget):  # type: ignore[misc]
+    """plotly's ``FigureWidget`` whose front-end code is :data:`LOADER` (module docstring): the bundle is sent to
+    the page on its request, never synced as state."""
+
+    _esm = LOADER
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _plotly_bundle()  # the installed plotly checked before any widget is shown
+        super().__init__(*args, **kwargs)
+        self.on_msg(self._send_bundle)
+
+    def _send_bundle(self, widget: Any, content: Any, buffers: Any) -> None:
+        if isinstance(content, dict) and content.get("type") == BUNDLE_REQUEST:
+            self.send({"type": BUNDLE_REQUEST}, buffers=[_plotly_bundle()])
 
 
 class ExplorerWidget:
@@ -31,7 +115,7 @@ class ExplorerWidget:
         self.explorer, self.save_to = explorer, Path(save_to)
         st = explorer.state
         figs = explorer.figures()
-        self.figures = {name: go.FigureWidget(fig.update_layout(width=WIDTH)) for name, fig in figs.items()}
+        self.figures = {name: FigureWidget(fig.update_layout(width=WIDTH)) for name, fig in figs.items()}
         self.space = w.Dropdown(options=list(SPACES), value=st["space"], description="space")
         self.doc = w.BoundedIntText(value=st["doc"], min=0, max=len(explorer.documents) - 1, description="document")
         self.s_par = w.FloatSlider(value=st["s_par"], min=-1.0, max=2.0, step=0.1, description="s_par")
