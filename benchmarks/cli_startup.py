@@ -53,8 +53,8 @@ def _importtime(root: Path) -> list[tuple[float, str]]:
     for line in proc.stderr.splitlines():
         if not line.startswith("import time:") or "cumulative" in line:
             continue
-        _, cumulative, name = (part.strip() for part in line.removeprefix("import time:").split("|"))
-        if not name.startswith(" "):  # top level only (nested imports are indented)
+        _, cumulative, name = line.removeprefix("import time:").split("|")
+        if not name.startswith("  "):  # top level only: one space after the bar (nested imports are indented)
             rows.append((int(cumulative) / 1e6, name.strip()))
     return sorted(rows, reverse=True)
 

@@ -269,16 +269,8 @@ def run_to_final(
         kept.append(tensor)
         raise StopForward
 
-    # one forward at a time: hooks are the model's shared state, and another thread's stop hook registered on the
-    # same model would end this forward (and keep its residual) first
-    try:
-        with _SKIP_LOCK, model.hooks(fwd_hooks=[*hooks, (FINAL_HOOK, stop_at_unembedding)]):
-            _run(model, tokens, resid, start_at_layer)
-    except StopForward:
-        pass
-    except _NonFinite:  # a capture (LayerStream) received one
-        raise_non_finite(model, tokens, hooks, resid=resid, start_at_layer=start_at_layer)
-    if kept and not is_finite(kept[0]):
+    seen = _run(model, tokens, [*hooks, (FINAL_HOOK, stop_at_unembedding)], resid, start_at_layer)
+    if seen is not None or (kept and not is_finite(kept[0])):
         raise_non_finite(model, tokens, hooks, resid=resid, start_at_layer=start_at_layer)
     return kept[0] if kept else None
 
@@ -286,16 +278,27 @@ def run_to_final(
 def _run(
     model: TransformerBridge,
     tokens: Int[Tensor, "batch pos"],
+    hooks: Sequence[tuple[str | Callable[[str], bool], Callable[..., Tensor | None]]],
     resid: Float[Tensor, "batch pos d_model"] | None,
     start_at_layer: int | None,
-) -> None:
-    """The bridge's forward over ``tokens``, or from ``resid`` entering block ``start_at_layer`` (no logits are
-    returned, no key/value cache is built)."""
-    if resid is None:
-        model(tokens, return_type=None, use_cache=False)
-    else:
-        with skip_blocks_before(model, start_at_layer or 0):
-            model(resid, start_at_layer=start_at_layer, return_type=None, use_cache=False)
+) -> str | None:
+    """The bridge's forward over ``tokens``, or from ``resid`` entering block ``start_at_layer``, under ``hooks``
+    (a hook name or a name filter each; no logits are returned, no key/value cache is built), ended quietly by
+    :class:`StopForward`. One forward at a time: hooks are the model's shared state, and another thread's stop hook
+    registered on the same model would end this forward first. Returns the hook point at which a
+    :class:`LayerStream` capture received NaN or infinity (None: none did)."""
+    try:
+        with _SKIP_LOCK, model.hooks(fwd_hooks=list(hooks)):
+            if resid is None:
+                model(tokens, return_type=None, use_cache=False)
+            else:
+                with skip_blocks_before(model, start_at_layer or 0):
+                    model(resid, start_at_layer=start_at_layer, return_type=None, use_cache=False)
+    except StopForward:
+        pass
+    except _NonFinite as exc:
+        return exc.hook
+    return None
 
 
 class _NonFinite(Exception):
@@ -334,15 +337,10 @@ def raise_non_finite(
     def checked(name: str) -> bool:
         return name != FINAL_HOOK and not name.endswith("hook_attn_scores")
 
-    try:  # a name filter: hook points switched off (hook_mlp_in, ...) are skipped, with a warning kept quiet
-        with warnings.catch_warnings(), _SKIP_LOCK:
-            warnings.simplefilter("ignore")
-            with model.hooks(fwd_hooks=[*hooks, (checked, check)]):
-                _run(model, tokens, resid, start_at_layer)
-    except StopForward:
-        pass
-    except _NonFinite as exc:  # a capture hook at that point saw it first
-        found.append(exc.hook)
+    with warnings.catch_warnings():  # a name filter: hook points switched off (hook_mlp_in, ...) are skipped, warned
+        warnings.simplefilter("ignore")
+        seen = _run(model, tokens, [*hooks, (checked, check)], resid, start_at_layer)
+    found += [seen] if seen is not None else []  # a capture hook at that point saw it first
     params = model.original_model.named_parameters()
     param = next((n.replace("._original_component", "") for n, p in params if not is_finite(p.detach())), None)
     dtype = next(model.parameters()).dtype

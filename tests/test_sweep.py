@@ -87,13 +87,18 @@ def test_a_store_from_another_batch_size_or_run_is_refused(tmp_path):
         run_sweep(model, blocks, [same_key], batch_size=2, store=tmp_path / "edits.jsonl", progress=False)
 
 
+def _stored_run(tmp_path):
+    """The first two jobs run into a new store: (model, blocks, the sweep's keywords, the run)."""
+    model, blocks = _setup()
+    kwargs = {"edit": "zero", "batch_size": 2, "store": tmp_path / "sweep.jsonl", "progress": False}
+    return model, blocks, kwargs, run_sweep(model, blocks, JOBS[:2], **kwargs)
+
+
 def test_damaged_rows_are_dropped_with_a_warning_and_recomputed(tmp_path):
     """Store rows are validated on read (n_docs finite numbers under a job key and digest), not trusted: strings,
     nulls, NaN, a wrong count or a line that is not JSON are dropped, and their job is recomputed."""
-    model, blocks = _setup()
-    store = tmp_path / "sweep.jsonl"
-    kwargs = {"edit": "zero", "batch_size": 2, "store": store, "progress": False}
-    fresh = run_sweep(model, blocks, JOBS[:2], **kwargs)
+    model, blocks, kwargs, fresh = _stored_run(tmp_path)
+    store = kwargs["store"]
     header, first, second = store.read_text().splitlines()
     row = json.loads(first)
     values = row["value"]["loss_sum"]
@@ -156,10 +161,8 @@ def test_concurrent_store_creation_writes_one_header(tmp_path):
 def test_a_row_whose_numbers_were_changed_is_recomputed_with_a_warning(tmp_path):
     """Each row carries the sha256 of its value: one float edited by hand (valid JSON, right shape) no longer
     matches, so the row is dropped with a one-line warning naming it and its job computed again."""
-    model, blocks = _setup()
-    store = tmp_path / "sweep.jsonl"
-    kwargs = {"edit": "zero", "batch_size": 2, "store": store, "progress": False}
-    fresh = run_sweep(model, blocks, JOBS[:2], **kwargs)
+    model, blocks, kwargs, fresh = _stored_run(tmp_path)
+    store = kwargs["store"]
     header, first, second = store.read_text().splitlines()
     row = json.loads(first)
     row["value"]["loss_sum"][3] *= 10  # L0H1's fourth document, now ten times its loss
@@ -200,10 +203,12 @@ def test_two_processes_on_one_store_compute_each_job_once(tmp_path):
     keys = [json.loads(line)["job"] for line in store.read_text().splitlines()[1:]]
     assert len(keys) == 12 and len(set(keys)) == 12  # every job once
     assert outputs[0] == outputs[1]
-    alone = subprocess.run(
-        [sys.executable, "-c", _SWEEP_SCRIPT, str(tmp_path / "alone.jsonl")], capture_output=True, text=True, check=True
-    )
-    assert json.loads(alone.stdout) == outputs[0]
+    model = load_model("toy-gpt2")  # one process alone (this one), on the same documents and jobs
+    blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=16, seed=1)
+    jobs = [AblationJob(layer, (head,)) for layer in range(3) for head in range(4)]
+    alone = run_sweep(model, blocks, jobs, edit="zero", batch_size=2, store=tmp_path / "alone.jsonl", progress=False)
+    for key, value in alone.values.items():
+        np.testing.assert_allclose(outputs[0][key], value["loss_sum"], rtol=1e-6, err_msg=key)
 
 
 _HOLD_SCRIPT = """
