@@ -260,17 +260,17 @@ def run_to_final(
     :func:`lens_parallel.losses.chunked_token_nll`): TransformerLens 4.3's ``stop_at_layer=n_layers`` still runs the
     unembedding. No key/value cache is built (``use_cache=False``): nothing here decodes, and a checkpointed block's
     recompute (:func:`checkpointed_blocks`) must not extend one. Thread-safe: forwards of other threads on any
-    model wait (the lock of :func:`skip_blocks_before`, re-entrant). Non-finite values are never passed on: a final
-    residual, or an activation a :class:`LayerStream` captures, holding NaN or infinity is refused by
-    :func:`raise_non_finite` (where it first appears, and why)."""
+    model wait (the lock of :func:`skip_blocks_before`, re-entrant). A final residual holding NaN or infinity is
+    refused by :func:`raise_non_finite` (where it first appears, and why); :meth:`LayerStream.run` does the same for
+    its captures."""
     kept: list[Tensor] = []
 
     def stop_at_unembedding(tensor: Tensor, hook: HookPoint) -> None:
         kept.append(tensor)
         raise StopForward
 
-    seen = _run(model, tokens, [*hooks, (FINAL_HOOK, stop_at_unembedding)], resid, start_at_layer)
-    if seen is not None or (kept and not is_finite(kept[0])):
+    _run(model, tokens, [*hooks, (FINAL_HOOK, stop_at_unembedding)], resid, start_at_layer)
+    if kept and not is_finite(kept[0]):
         raise_non_finite(model, tokens, hooks, resid=resid, start_at_layer=start_at_layer)
     return kept[0] if kept else None
 
@@ -281,12 +281,11 @@ def _run(
     hooks: Sequence[tuple[str | Callable[[str], bool], Callable[..., Tensor | None]]],
     resid: Float[Tensor, "batch pos d_model"] | None,
     start_at_layer: int | None,
-) -> str | None:
+) -> None:
     """The bridge's forward over ``tokens``, or from ``resid`` entering block ``start_at_layer``, under ``hooks``
     (a hook name or a name filter each; no logits are returned, no key/value cache is built), ended quietly by
     :class:`StopForward`. One forward at a time: hooks are the model's shared state, and another thread's stop hook
-    registered on the same model would end this forward first. Returns the hook point at which a
-    :class:`LayerStream` capture received NaN or infinity (None: none did)."""
+    registered on the same model would end this forward first."""
     try:
         with _SKIP_LOCK, model.hooks(fwd_hooks=list(hooks)):
             if resid is None:
@@ -296,17 +295,6 @@ def _run(
                     model(resid, start_at_layer=start_at_layer, return_type=None, use_cache=False)
     except StopForward:
         pass
-    except _NonFinite as exc:
-        return exc.hook
-    return None
-
-
-class _NonFinite(Exception):
-    """Raised inside a forward by a hook that received NaN or infinity (``hook``: its name)."""
-
-    def __init__(self, hook: str) -> None:
-        super().__init__(hook)
-        self.hook = hook
 
 
 def is_finite(tensor: Tensor) -> bool:
@@ -339,8 +327,7 @@ def raise_non_finite(
 
     with warnings.catch_warnings():  # a name filter: hook points switched off (hook_mlp_in, ...) are skipped, warned
         warnings.simplefilter("ignore")
-        seen = _run(model, tokens, [*hooks, (checked, check)], resid, start_at_layer)
-    found += [seen] if seen is not None else []  # a capture hook at that point saw it first
+        _run(model, tokens, [*hooks, (checked, check)], resid, start_at_layer)
     params = model.original_model.named_parameters()
     param = next((n.replace("._original_component", "") for n, p in params if not is_finite(p.detach())), None)
     dtype = next(model.parameters()).dtype
@@ -411,6 +398,7 @@ class LayerStream:
         self.device: torch.device | None = None
         self.stop = True
         self._buffers: dict[int, dict[str, Tensor]] = {}
+        self._finite: list[Tensor] = []  # per capture: whether it held only finite values (a 0-d bool tensor)
 
     def fwd_hooks(self) -> list[Hook]:
         return [
@@ -421,8 +409,7 @@ class LayerStream:
 
     def _capture(self, tensor: Tensor, hook: HookPoint, *, layer: int, role: str) -> None:
         check_shape(hook_name(layer, role), tensor, expected_shape(role, self.info))
-        if not is_finite(tensor):
-            raise _NonFinite(hook_name(layer, role))
+        self._finite.append(torch.isfinite(tensor).all())  # on the tensor's device: read after the forward
         if role == "pattern":
             tensor = torch.diagonal(tensor, dim1=-2, dim2=-1)
         buffer = self._buffers.setdefault(layer, {})
@@ -446,12 +433,15 @@ class LayerStream:
         not computed), with ``edit_hooks`` (compiled edits) applied first. Stops after the last layer's reduction,
         or with ``final=True`` goes on and returns the final normalised residual."""
         self._buffers.clear()
+        self._finite.clear()
         self.device, self.stop = tokens.device, not final
         hooks = [*edit_hooks, *self.fwd_hooks()]
         out = forward(model, tokens, hooks, resid=resid, start_at_layer=start_at_layer)
         if self._buffers:
             missing = {layer: sorted(set(self.roles[layer]) - set(b)) for layer, b in self._buffers.items()}
             raise LibraryError(f"hooks never fired for layer/roles {missing}")
+        if not all(bool(finite) for finite in self._finite):  # one read per capture, after the forward
+            raise_non_finite(model, tokens, edit_hooks, resid=resid, start_at_layer=start_at_layer)
         return out
 
 
