@@ -8,7 +8,7 @@ from .analyses.ablation import AblationRun, AblationSettings, run_ablations
 from .analyses.attribution import AttributionResult, AttributionSettings, head_attribution
 from .analyses.compression import CompressionResult, CompressionSettings, compression_error
 from .analyses.confirm import ConfirmResult, ConfirmSettings, confirm
-from .analyses.decompose import SPACES, DecomposeSettings, DecompositionResult, decompose
+from .analyses.decompose import DecomposeSettings, DecompositionResult, decompose
 from .analyses.diagonal import DiagonalSettings, DiagonalView, diagonal_view
 from .analyses.dominance import DominanceResult, DominanceSettings, head_dominance, study_texts
 from .analyses.evaluate import document_losses, evaluate
@@ -36,9 +36,12 @@ from .documents import Documents, whole_documents
 from .downstream.effects import TaskResult, TaskSettings, task_effects
 from .edits import (
     ABLATIONS,
+    EDITS,
     ComponentScale,
     DiagonalEdit,
     Edit,
+    EditBase,
+    Footprint,
     GatedRemoval,
     HeadEdit,
     LearnedGate,
@@ -56,11 +59,13 @@ from .protocols import PROTOCOLS
 from .report import ModelReport, ReportSettings, run_battery, write_report
 from .results import Provenance, Result, load_result, result_classes
 from .selection import TextSample, TextSelection, sample_texts
+from .spaces import SPACES, SpaceSpec
 from .sweep import AblationJob, DocumentNLL, EditJob, Metric, SweepRun, TokenNLL, run_sweep
 from .training import FactorialResult, TrainConfig, TrainRun, run_design, run_factorial, train
 
 __all__ = [
     "ABLATIONS",
+    "EDITS",
     "PROTOCOLS",
     "SPACES",
     "AblationJob",
@@ -86,11 +91,13 @@ __all__ = [
     "DominanceResult",
     "DominanceSettings",
     "Edit",
+    "EditBase",
     "EditEffect",
     "EditJob",
     "EnvironmentFailure",
     "Explorer",
     "FactorialResult",
+    "Footprint",
     "GatedRemoval",
     "HeadEdit",
     "HeadStatistics",
@@ -117,6 +124,7 @@ __all__ = [
     "SensitivityResult",
     "SensitivitySettings",
     "SkipFirstLayers",
+    "SpaceSpec",
     "SplitHalfResult",
     "SweepRun",
     "TaskResult",

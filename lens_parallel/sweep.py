@@ -53,7 +53,7 @@ from lens_parallel.budget import choose_batch_size, default_budget, parse_bytes
 from lens_parallel.choices import Ablation, EditPositions
 from lens_parallel.distributed import TaskContext, check_workers, run_tasks
 from lens_parallel.documents import DocBatch, Documents, document_batches
-from lens_parallel.edits import Edit, HeadEdit, check_positions, compile_hooks, scale_signature, stacked_scale_hooks
+from lens_parallel.edits import Edit, EditBase, HeadEdit, check_positions, compile_hooks, edit_layers, stacked_hooks
 from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
 from lens_parallel.hooks import Hook, LayerStream, Reducer, check_indices, forward, softmax_layers
 from lens_parallel.losses import DocLosses, chunked_token_nll, scored_sums, unembedding
@@ -300,7 +300,8 @@ def _stack_key(job: Job) -> Any:
     """Jobs with the same key (not None) can share forwards."""
     if isinstance(job, AblationJob):
         return ("ablation", job.layer)
-    if isinstance(job, EditJob) and len(job.edits) == 1 and (signature := scale_signature(job.edits[0])):
+    edit = job.edits[0] if isinstance(job, EditJob) and len(job.edits) == 1 else None
+    if isinstance(edit, EditBase) and (signature := edit.stack_signature()) is not None:
         return ("scale", job.start_layer, signature)
     return None
 
@@ -322,9 +323,10 @@ def _stacked_nll(
         hooks = HeadEdit(plan.ablation, first.layer, head_rows, plan.means.get(first.layer), positions=plan.positions)
         compiled = hooks.hooks(model, info)
     elif k > 1:
-        compiled = stacked_scale_hooks(model, [job.edits[0] for job in jobs], repeat=n)  # type: ignore[attr-defined]
+        edits = [job.edits[0] for job in cast(Sequence[EditJob], jobs)]  # one stack key: one EditBase each
+        compiled = stacked_hooks(model, cast(list[EditBase], edits), repeat=n)
     else:
-        compiled = compile_hooks(model, first.edits)  # type: ignore[attr-defined]
+        compiled = compile_hooks(model, cast(EditJob, first).edits)
     out = run_rows(model, info, batch, rows=rows, hooks=compiled, start_layer=first.start_layer, loss=loss)
     assert out.nll is not None
     return list(einops.rearrange(out.nll, "(k b) ... -> k b ...", k=k))
@@ -442,15 +444,16 @@ def _validate(jobs: Sequence[Job], info: ModelInfo, edit: Ablation | None) -> li
             check_indices("heads", job.heads, info.n_heads)
         else:
             check_indices("start layer", job.start_layer, info.n_layers)
-        for e in getattr(job, "edits", ()):
-            if not hasattr(e, "layers"):
+        for e in job.edits if isinstance(job, EditJob) else ():
+            layers = edit_layers(e)
+            if layers == "undeclared":
                 if job.start_layer > 0:
                     raise LensParallelError(
                         f"job {job.key!r} starts at layer {job.start_layer}, but {type(e).__name__} does not say which "
                         "layers it edits (give it a layers attribute): it can only run from layer 0"
                     )
                 continue
-            first = min(e.layers) if e.layers else 0  # None: every layer
+            first = min(layers) if layers else 0  # None: every layer
             if first < job.start_layer:
                 raise LensParallelError(
                     f"job {job.key!r} edits layer {first}, before its start layer {job.start_layer}"

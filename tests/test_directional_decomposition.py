@@ -14,7 +14,7 @@ import lens_parallel as lp
 from lens_parallel import geometry
 from lens_parallel.analyses import scaling
 from lens_parallel.data import token_blocks
-from lens_parallel.edits import compile_hooks, describe_edit, noop
+from lens_parallel.edits import compile_hooks, describe_edit, edit_layers, noop
 from lens_parallel.losses import DocLosses
 from lens_parallel.models import model_info
 from lens_parallel.protocols import DIRECTIONAL_DECOMPOSITION
@@ -92,7 +92,8 @@ def test_skip_first_layers_wraps_any_edit(setup):
         def hooks(self, model, info):
             return lp.ZeroDiagonal().hooks(model, info)
 
-    assert not hasattr(lp.SkipFirstLayers(Unlayered()), "layers")
+    assert edit_layers(lp.SkipFirstLayers(Unlayered())) == "undeclared"  # the engine runs it from layer 0 only
+    assert edit_layers(lp.SkipFirstLayers(lp.ZeroDiagonal(layers=[0, 2]))) == (2,)
 
 
 def test_the_clamp_projects_every_position_as_a_hand_computation():

@@ -9,7 +9,8 @@ import torch
 from lens_parallel import geometry
 from lens_parallel.analyses.evaluate import evaluate
 from lens_parallel.data import token_blocks
-from lens_parallel.edits import SCALE_SPACES, ComponentScale, DiagonalEdit, HeadEdit, apply_edits, noop
+from lens_parallel.spaces import SPACE_NAMES
+from lens_parallel.edits import ComponentScale, DiagonalEdit, HeadEdit, apply_edits, noop
 from lens_parallel.hooks import expand_kv
 from lens_parallel.models import model_info
 
@@ -35,7 +36,7 @@ def rel(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-EVERY_NOOP = [ComponentScale(space) for space in SCALE_SPACES] + [
+EVERY_NOOP = [ComponentScale(space) for space in SPACE_NAMES] + [
     ComponentScale("residual-attn", heads=[0, 2]),
     DiagonalEdit("value", s_par=1.0),
     DiagonalEdit("value-exclude-self", s_par=1.0),

@@ -19,7 +19,8 @@ from transformers import AutoModelForCausalLM
 from lens_parallel.analyses.ablation import run_ablations
 from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.data import token_blocks
-from lens_parallel.edits import SCALE_SPACES, ComponentScale, DiagonalEdit, HeadEdit, apply_edits
+from lens_parallel.spaces import SPACE_NAMES
+from lens_parallel.edits import ComponentScale, DiagonalEdit, HeadEdit, apply_edits
 from lens_parallel.hooks import hook_name
 from lens_parallel.models import model_info
 from lens_parallel.sweep import AblationJob
@@ -78,7 +79,7 @@ def test_loss_and_hook_v_equal_the_hugging_face_model_outside_transformer_lens(s
 def test_no_op_edit_in_every_space_changes_no_logit(spec):
     model, tokens = get_model(spec), blocks_for(spec).tokens
     info = model_info(model)
-    noops = [ComponentScale(space) for space in SCALE_SPACES] + [
+    noops = [ComponentScale(space) for space in SPACE_NAMES] + [
         DiagonalEdit("value", s_par=1.0),
         DiagonalEdit("value-exclude-self", s_par=1.0),
     ]

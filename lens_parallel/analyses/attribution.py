@@ -47,18 +47,17 @@ from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents
 from lens_parallel.edits import check_positions
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import GradReducer, expand_kv, gradient_pass, head_writes_note, output_weights, softmax_layers
+from lens_parallel.hooks import GradReducer, gradient_pass, head_writes_note, output_weights, softmax_layers
 from lens_parallel.losses import Unembedding, chunked_token_nll, scored_sums, unembedding
 from lens_parallel.models import ModelInfo, head_label, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import attribution_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
+from lens_parallel.spaces import HEAD_SPACES, value_parts, value_roles
 from lens_parallel.stats import paired_bootstrap_ci
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, head_means, run_sweep
 from lens_parallel.validate import as_indices, check_choice, check_finite, check_non_negative_int, check_positive_int
-
-SPACES: tuple[HeadSpace, ...] = ("value", "value-exclude-self", "residual-attn")
 
 
 @serializable
@@ -163,8 +162,7 @@ class AttributionResult(ResultMixin):
 
 def _roles(info: ModelInfo, edit: str, spaces: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """Activations read (forward) and activations whose loss gradient is needed (backward) at each layer."""
-    acts = ["z", "v"]
-    acts += ["pattern_full", "q_gate"] if info.gated_attention else ["pattern"]
+    acts = list(dict.fromkeys(["z", *value_roles(info, diagonal=True, gate=True)]))
     grads = ["z"]
     if "residual-attn" in spaces or edit == "parallel-residual":
         acts.append("resid_pre")
@@ -215,19 +213,15 @@ def _reducer(
     def reduce(layer: int, a: dict[str, Tensor], g: dict[str, Tensor]) -> None:
         i = li[layer]
         z, g_z = a["z"], g["z"]
-        v = expand_kv(a["v"], info.n_heads)
-        if info.gated_attention:  # z = sigmoid(gate) * o: value-space edits act on o, their change passes the gate
-            o = geometry.value_aggregate(a["pattern_full"], v)
-            gate = torch.sigmoid(a["q_gate"].reshape(*z.shape))
-            g_o, diag = g_z * gate, torch.diagonal(a["pattern_full"], dim1=-2, dim2=-1)
-        else:
-            o, g_o, diag = z, g_z, a["pattern"]
+        parts = value_parts(a, info)  # gated attention: o = A v, z = sigmoid(gate) * o; edits' changes pass the gate
+        o, v = parts.o, parts.v
+        g_o = g_z if parts.gate is None else g_z * parts.gate
 
         def along(m: Tensor, r: Tensor, g_m: Tensor) -> tuple[Tensor, Tensor]:
             split = geometry.project(m, r, eps=eps)  # the edits' own split and guard
             return _masked_sum((g_m * split.par).sum(-1), weight), _masked_sum((g_m * split.perp).sum(-1), weight)
 
-        derivs = {"value": along(o, v, g_o), "value-exclude-self": along(geometry.split_self(o, v, diag)[1], v, g_o)}
+        derivs = {"value": along(o, v, g_o), "value-exclude-self": along(parts.exclude_self(), v, g_o)}
         if "attn_out" in g:
             d_par, d_perp = geometry.head_write_derivatives(z, W_O(layer), a["resid_pre"], g["attn_out"], eps=eps)
             derivs["residual-attn"] = (_masked_sum(d_par, weight), _masked_sum(d_perp, weight))
@@ -356,7 +350,7 @@ def head_attribution(
     note = head_writes_note(info, "the per-head residual-attn derivative")
     if s.edit == "parallel-residual" and note:
         raise LensParallelError(head_writes_note(info, "head_attribution(edit='parallel-residual')"))
-    spaces: tuple[HeadSpace, ...] = SPACES[:2] if note else SPACES
+    spaces: tuple[HeadSpace, ...] = tuple(sp for sp in HEAD_SPACES if sp != "residual-attn") if note else HEAD_SPACES
     skipped_notes = [n for n in (skipped, note) if n]
     means_batch = opts.batch_size if isinstance(opts.batch_size, int) else 1  # "auto" sizes the sweep, not this pass
     means = head_means(model, docs, layer_idx, batch_size=means_batch) if s.edit == "mean" else {}

@@ -40,43 +40,24 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.choices import HeadSpace, Space
+from lens_parallel.choices import Space
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents
-from lens_parallel.edits import ATTENTION_SPACES
 from lens_parallel.hooks import (
     Reducer,
     check_indices,
-    expand_kv,
     head_writes_note,
     output_weights,
-    residual_reference_role,
     softmax_layers,
 )
 from lens_parallel.models import ModelInfo, layer_label, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.decompose import decomposition_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
+from lens_parallel.spaces import SPACE_NAMES, SPACES, residual_message, value_parts
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
-from lens_parallel.validate import as_indices, as_tuple, check_choices, check_finite, options
-
-SPACES: tuple[Space, ...] = options(Space)
-HEAD_SPACES: tuple[HeadSpace, ...] = options(HeadSpace)
-
-
-def _roles(space: str, info: ModelInfo) -> tuple[str, ...]:
-    """The activations a space needs at a layer (gated attention: the full pattern, to rebuild the pre-gate A v)."""
-    if space in ("value", "value-exclude-self", "value-merged"):
-        if info.gated_attention:
-            return ("v", "pattern_full")
-        return ("v", "pattern", "z") if space == "value-exclude-self" else ("v", "z")
-    if space == "residual-attn":
-        return ("resid_pre", "z", "attn_out")
-    if space == "residual-mlp":
-        return (residual_reference_role(info, "mlp"), "mlp_out")
-    return ("resid_pre", "resid_post")
-
+from lens_parallel.validate import as_indices, as_tuple, check_choices, check_finite
 
 _SUMS = ("n", "n_degenerate", "cos", "cos_sq", "par_frac", "perp_frac", "coef")
 
@@ -158,7 +139,7 @@ def _normalise_spaces(space: object) -> tuple[Space, ...]:
     """A space, a list of them, or ``"all"`` (every space; also inside a list) as a tuple of spaces."""
     spaces = as_tuple(space)
     if "all" in spaces:
-        return SPACES
+        return SPACE_NAMES
     return check_choices("space", spaces, Space)
 
 
@@ -169,9 +150,10 @@ class _Accumulator:
         self.info, self.eps = info, eps
         self.layers: dict[tuple[str, str], tuple[int, ...]] = {}
         for space, space_layers in layers.items():
-            if space in HEAD_SPACES and not (space == "residual-attn" and head_writes_note(info, space)):
+            spec = SPACES[space]
+            if spec.per_head and not (space == "residual-attn" and head_writes_note(info, space)):
                 self.layers[space, "head"] = space_layers
-            if _level(space) == "sublayer":
+            if spec.level == "sublayer":
                 self.layers[space, "sublayer"] = space_layers
         self.sums = {
             key: torch.zeros(len(ls), info.n_heads if key[1] == "head" else 1, len(_SUMS), dtype=torch.float64)
@@ -224,50 +206,24 @@ class _Accumulator:
         return tuple(out)
 
 
-def _level(space: str) -> str:
-    """A space's own level: ``sublayer`` for the residual spaces and value-merged (one unit per layer), else
-    ``head``."""
-    return "sublayer" if space.startswith("residual") or space == "value-merged" else "head"
-
-
-def _residual_message(space: str, t: dict[str, Tensor], info: ModelInfo) -> tuple[Tensor, Tensor]:
-    """(m, x) of a residual space: the sublayer's update and the residual state it is added to."""
-    if space == "residual-attn":
-        return t["attn_out"], t["resid_pre"]
-    if space == "residual-mlp":
-        return t["mlp_out"], t[residual_reference_role(info, "mlp")]
-    return t["resid_post"] - t["resid_pre"], t["resid_pre"]
-
-
 def _reducer(acc: _Accumulator, spaces: tuple[Space, ...], W_O: dict[int, Tensor], real: Tensor) -> Reducer:
     """The reduction of one batch's captures into ``acc`` (``real``: the batch's real positions)."""
     info, eps = acc.info, acc.eps
 
     def reduce(layer: int, t: dict[str, Tensor]) -> None:
-        v = expand_kv(t["v"], info.n_heads) if "v" in t else None
-        o: Tensor | None
-        diag: Tensor | None
-        if v is not None and "pattern_full" in t:  # gated attention: hook_z = sigmoid(gate) * (A v); use A v
-            o = geometry.value_aggregate(t["pattern_full"], v)
-            diag = torch.diagonal(t["pattern_full"], dim1=-2, dim2=-1)
-        else:
-            o, diag = t.get("z"), t.get("pattern")
+        parts = value_parts(t, info) if "v" in t else None
         for space in spaces:
-            if not acc.active((space, _level(space)), layer):
+            if not acc.active((space, SPACES[space].level), layer):
                 continue
             if space == "value-merged":
-                assert o is not None and v is not None
-                m, r = geometry.merge_heads(o).unsqueeze(2), geometry.merge_heads(v).unsqueeze(2)
+                assert parts is not None  # v is captured for every value space (SpaceSpec.roles)
+                m, r = geometry.merge_heads(parts.o).unsqueeze(2), geometry.merge_heads(parts.v).unsqueeze(2)
                 acc.add((space, "sublayer"), layer, geometry.alignment(m, r, eps=eps), real)
-            elif space in ("value", "value-exclude-self"):
-                assert o is not None and v is not None  # captured for both value spaces (_roles)
-                m_h = o
-                if space == "value-exclude-self":
-                    assert diag is not None
-                    m_h = geometry.split_self(o, v, diag)[1]
-                acc.add((space, "head"), layer, geometry.alignment(m_h, v, eps=eps), real)
+            elif SPACES[space].value:
+                assert parts is not None
+                acc.add((space, "head"), layer, geometry.alignment(parts.message(space), parts.v, eps=eps), real)
             else:
-                m, x = _residual_message(space, t, info)
+                m, x = residual_message(space, t, info)
                 a = geometry.alignment(m.unsqueeze(2), x.unsqueeze(2), eps=eps)
                 acc.add((space, "sublayer"), layer, a, real)
                 if acc.active((space, "head"), layer):
@@ -358,7 +314,7 @@ def decompose(
     space_layers: dict[str, tuple[int, ...]] = {}
     skipped: list[str] = []
     for space in s.space:
-        if space in ATTENTION_SPACES:
+        if SPACES[space].attention:
             space_layers[space], note = softmax_layers(info, s.layers, what=f"space {space!r}")
             skipped += [note] if note else []
         else:
@@ -367,7 +323,10 @@ def decompose(
         skipped.append(note)
     for note in skipped:
         warnings.warn(note, stacklevel=2)
-    roles = {layer: [r for sp in s.space if layer in space_layers[sp] for r in _roles(sp, info)] for layer in layer_idx}
+    roles = {
+        layer: [r for sp in s.space if layer in space_layers[sp] for r in SPACES[sp].roles(info, heads=True)]
+        for layer in layer_idx
+    }
     roles = {layer: list(dict.fromkeys(r)) for layer, r in roles.items() if r}
     W_O = {}
     if "residual-attn" in s.space:

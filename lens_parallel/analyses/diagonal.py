@@ -37,7 +37,7 @@ from lens_parallel import geometry
 from lens_parallel.choices import DiagonalLayout, HeadSpace
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, document_batches, prompt_documents
-from lens_parallel.edits import DIAGONAL_SPACES
+from lens_parallel.spaces import HEAD_SPACES
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
     check_indices,
@@ -250,7 +250,7 @@ class DiagonalSettings:
     layer: int | None = field(default=None, metadata={"help": "layer", "none": "the most self-aligned head's"})
     head: int | None = field(default=None, metadata={"help": "query head", "none": "the most self-aligned head"})
     s_par: float = field(default=0.0, metadata={"help": "the parallel scale whose diagonal form is shown"})
-    space: tuple[HeadSpace, ...] = field(default=DIAGONAL_SPACES, metadata={"help": "spaces of the view"})
+    space: tuple[HeadSpace, ...] = field(default=HEAD_SPACES, metadata={"help": "spaces of the view"})
     doc: int = field(default=0, metadata={"help": "the document whose map is shown"})
     eps: float = field(default=geometry.EPS, metadata={"help": "guard on the denominators"})
     prompt_boundary: bool = field(

@@ -44,11 +44,12 @@ from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents
 from lens_parallel.edits import check_positions
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import Reducer, expand_kv, softmax_layers
+from lens_parallel.hooks import Reducer, softmax_layers
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots import sensitivity as plots
 from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
+from lens_parallel.spaces import value_parts, value_roles
 from lens_parallel.stats import benjamini_hochberg, split_half_correlations
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
@@ -101,7 +102,7 @@ class _StatisticsMetric(Metric):
 
     def __init__(self, info: ModelInfo, layers: tuple[int, ...], edit: str, positions: str, eps: float) -> None:
         self.info, self.layers, self.edit, self.positions, self.eps = info, layers, edit, positions, eps
-        self.roles = ["z", "v", *(["pattern_full"] if info.gated_attention else [])]
+        self.roles = list(value_roles(info))
 
     def fingerprint(self) -> dict[str, Any]:
         return {"metric": self.name, "edit": self.edit, "positions": self.positions, "eps": self.eps}
@@ -127,8 +128,8 @@ class _StatisticsMetric(Metric):
         floor = self.eps**2
 
         def reduce(layer: int, t: dict[str, Tensor]) -> None:
-            v = expand_kv(t["v"], self.info.n_heads)
-            y = geometry.value_aggregate(t["pattern_full"], v) if "pattern_full" in t else t["z"]
+            parts = value_parts(t, self.info)
+            y, v = parts.o, parts.v
             par = geometry.project(y, v, eps=self.eps, clamp=True).par
             edit = -par if self.edit == "parallel-value" else -y
             yy, vv = (y * y).sum(-1).clamp_min(floor), (v * v).sum(-1).clamp_min(floor)

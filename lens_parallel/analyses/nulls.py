@@ -47,6 +47,7 @@ from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.nulls import null_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
+from lens_parallel.spaces import value_parts, value_roles
 from lens_parallel.stats import bootstrap_mean_ci
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
@@ -82,25 +83,18 @@ def default_gate_layers(layers: tuple[int, ...]) -> list[int]:
     return sorted({layers[0], layers[len(layers) // 2], layers[-1]})
 
 
-def _aggregate(t: dict[str, Tensor], info: ModelInfo) -> tuple[Tensor, Tensor]:
-    """(y, v expanded): y = hook_z, or for gated attention the pre-gate A v rebuilt from the pattern."""
-    v = expand_kv(t["v"], info.n_heads)
-    if info.gated_attention:
-        return geometry.value_aggregate(t["pattern_full"], v), v
-    return t["z"], v
-
-
 def reconstruction_error(model: TransformerBridge, documents: Documents, layers: list[int]) -> float:
     """Max over layers of |A @ expand(v) (x sigmoid(gate) if gated) - hook_z| / |hook_z|, on the first document."""
     info = model_info(model)
-    roles = ["v", "pattern_full", "z", *(["q_gate"] if info.gated_attention else [])]
+    roles = ["pattern_full", *value_roles(info, gate=True), "z"]
     first = next(document_batches(documents, 1))
     got = run_rows(model, info, Batch(first), capture={layer: roles for layer in layers}).captured
     worst = 0.0
     for t in got.values():
-        y = geometry.value_aggregate(t["pattern_full"], expand_kv(t["v"], info.n_heads))
-        if info.gated_attention:
-            y = torch.sigmoid(einops.rearrange(t["q_gate"], "b p (h d) -> b p h d", h=info.n_heads)) * y
+        parts = value_parts(t, info)
+        y = geometry.value_aggregate(t["pattern_full"], parts.v)  # A @ expand(v), from the pattern in every model
+        if parts.gate is not None:
+            y = parts.gate * y
         error = ((y - t["z"]).norm() / t["z"].norm().clamp_min(1e-30)).item()
         worst = max(worst, error) if np.isfinite(error) else float("inf")
     return worst
@@ -210,7 +204,7 @@ class _NullMetric(Metric):
 
     def __init__(self, info: ModelInfo, layers: tuple[int, ...], settings: NullSettings, seq_len: int, n_docs: int):
         self.info, self.layers, self.s = info, layers, settings
-        self.roles = ["v", "pattern_full"] if info.gated_attention else ["v", "z"]
+        self.roles = list(value_roles(info))
         self.draws = {}
         if settings.null == "sampled":
             self.draws = {
@@ -235,7 +229,8 @@ class _NullMetric(Metric):
         index = {layer: i for i, layer in enumerate(self.layers)}
 
         def reduce(layer: int, t: dict[str, Tensor]) -> None:  # each layer in the forward, then dropped
-            y, v = _aggregate(t, info)
+            parts = value_parts(t, info)
+            y, v = parts.o, parts.v
             w = weight.to(y.device)
 
             def mean(x: Tensor) -> np.ndarray:  # over the real positions t >= 1 of each document

@@ -22,7 +22,8 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import geometry
 from lens_parallel.choices import EditPositions, HeadsAll, ReferenceGuard, ScaleMetric, Space, ValueSite
 from lens_parallel.documents import Documents, TextWindows
-from lens_parallel.edits import ATTENTION_SPACES, ComponentScale, check_positions
+from lens_parallel.edits import ComponentScale, check_positions
+from lens_parallel.spaces import SPACES
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.hooks import check_indices, softmax_layers
 from lens_parallel.losses import DocLosses, EditEffect, edit_effect
@@ -192,7 +193,7 @@ def _space_layers(
     are skipped when ``layers=None``; naming one raises); layers before ``skip_first`` never."""
     layer_idx = check_indices("layers", layers, info.n_layers)
     found = {
-        sp: softmax_layers(info, layers, what=f"space {sp!r}")[0] if sp in ATTENTION_SPACES else layer_idx
+        sp: softmax_layers(info, layers, what=f"space {sp!r}")[0] if SPACES[sp].attention else layer_idx
         for sp in spaces
     }
     out: dict[str, tuple[int, ...]] = {sp: tuple(n for n in kept if n >= skip_first) for sp, kept in found.items()}

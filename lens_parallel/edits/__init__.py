@@ -1,0 +1,88 @@
+"""Interventions as frozen dataclasses, compiled to TransformerLens forward hooks.
+
+This package holds the only hooks that change activations. An *intervention* is a sequence of edits, applied in
+order (an edit sees the activations earlier edits produced); :func:`apply_edits` attaches them within the model's
+own hook context (hooks never stay attached after an exception). Every built-in edit is registered in
+:data:`EDITS` under its kind and declares its :class:`Footprint` (the hooks it reads and writes, how it uses
+attention rows, whether it is defined at a decode step):
+
+====================  ===============================  ================================================
+kind                  class                            module
+====================  ===============================  ================================================
+scale                 :class:`ComponentScale`          :mod:`~lens_parallel.edits.scaling`
+diagonal-scale        :class:`DiagonalEdit`            :mod:`~lens_parallel.edits.diagonal`
+zero-diagonal         :class:`ZeroDiagonal`            :mod:`~lens_parallel.edits.diagonal`
+head-ablation         :class:`HeadEdit`                :mod:`~lens_parallel.edits.heads`
+random-direction      :class:`RandomDirectionRemoval`  :mod:`~lens_parallel.edits.directions`
+gated-removal         :class:`GatedRemoval`            :mod:`~lens_parallel.edits.gates`
+learned-gate          :class:`LearnedGate`             :mod:`~lens_parallel.edits.gates`
+skip-first-layers     :class:`SkipFirstLayers`         :mod:`~lens_parallel.edits.wrappers`
+====================  ===============================  ================================================
+
+Heads are query heads. Under GQA an edit of query head h changes only h: the kv head it reads is shared, but the
+edit acts on h's own aggregate (or attention row), never on v. Head-level edits act on softmax-attention layers
+only: with ``layers=None`` Qwen3.5's linear-attention layers are left alone; naming one raises.
+
+Adding an edit: one module here defining a frozen dataclass deriving :class:`EditBase`, decorated with
+:func:`register_edit`, with ``hooks`` and ``footprint``; import it below.
+"""
+
+from lens_parallel.edits.base import (
+    EDITS,
+    POSITIONS,
+    Edit,
+    EditBase,
+    EditKind,
+    Footprint,
+    Heads,
+    PatternUse,
+    apply_edits,
+    as_edits,
+    check_positions,
+    compile_hooks,
+    describe_edit,
+    edit_kind,
+    edit_layers,
+    edit_noop,
+    hook_roles,
+    noop,
+    register_edit,
+)
+from lens_parallel.edits.diagonal import DiagonalEdit, ZeroDiagonal
+from lens_parallel.edits.directions import RandomDirectionRemoval
+from lens_parallel.edits.gates import GatedRemoval, LearnedGate
+from lens_parallel.edits.heads import ABLATIONS, HeadEdit
+from lens_parallel.edits.scaling import ComponentScale, stacked_hooks
+from lens_parallel.edits.wrappers import SkipFirstLayers
+
+__all__ = [
+    "ABLATIONS",
+    "EDITS",
+    "POSITIONS",
+    "ComponentScale",
+    "DiagonalEdit",
+    "Edit",
+    "EditBase",
+    "EditKind",
+    "Footprint",
+    "GatedRemoval",
+    "HeadEdit",
+    "Heads",
+    "LearnedGate",
+    "PatternUse",
+    "RandomDirectionRemoval",
+    "SkipFirstLayers",
+    "ZeroDiagonal",
+    "apply_edits",
+    "as_edits",
+    "check_positions",
+    "compile_hooks",
+    "describe_edit",
+    "edit_kind",
+    "edit_layers",
+    "edit_noop",
+    "hook_roles",
+    "noop",
+    "register_edit",
+    "stacked_hooks",
+]

@@ -1,0 +1,319 @@
+"""What every edit shares: the :class:`Edit` protocol, the :class:`EditBase` of the built-in edits, what an edit
+declares about its forward (:class:`Footprint`), the edit registry and the helpers that compile edits to hooks.
+
+An edit is frozen data with ``hooks(model, info)``. A built-in edit derives from :class:`EditBase` and is registered
+with :func:`register_edit` under its kind (the name the command line's specs, the explorer's menu and the error
+messages use); a user-defined edit only needs ``hooks``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast, runtime_checkable
+
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel.choices import EditPositions, HeadsAll
+from lens_parallel.errors import LensParallelError, LibraryError
+from lens_parallel.hooks import ROLE_HOOKS, Hook
+from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.validate import as_indices, check_choice, options
+
+PatternUse = Literal["none", "diagonal", "rows"]
+"""How an edit uses attention-pattern rows: not at all; only each row's diagonal A_tt and its row sum (what a
+fused kernel can supply without the T x T pattern); or whole rows (it reads or rewrites A_ts for every key s)."""
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What an edit needs from a forward (read by the engine's hook selection; checked against what the edit's
+    hooks touch by ``tests/test_edit_footprints.py``).
+
+    Attributes:
+        reads: activation roles (:data:`lens_parallel.hooks.ROLE_HOOKS`) its hooks read without changing.
+        writes: roles whose activation it replaces.
+        pattern: how it uses attention-pattern rows (:data:`PatternUse`).
+        decode_safe: whether it is defined when a forward step sees one new query position against cached keys and
+            values (every quantity it reads is the current position's own, or the current attention row).
+    """
+
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    pattern: PatternUse
+    decode_safe: bool
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.reads + self.writes) - set(ROLE_HOOKS))
+        if unknown:
+            raise LibraryError(f"a footprint names unknown roles {unknown}; roles: {', '.join(ROLE_HOOKS)}")
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """Every role it reads or writes."""
+        return tuple(dict.fromkeys(self.reads + self.writes))
+
+
+@runtime_checkable
+class Edit(Protocol):
+    """An intervention, built-in or user-defined: frozen data (a frozen dataclass, so that it can be hashed into a
+    store, sent to workers and described in provenance) with ``hooks(model, info)`` returning its forward hooks
+    (checking its settings against the model first, before any forward). Optionally ``noop()``: its matched no-op
+    (the same hooks with every scale at 1; None or absent: it is compared with the unedited model). Optionally
+    ``layers``: the layers it edits (None: every layer), which lets the engine resume a job at the first of them;
+    an edit that does not say runs from layer 0. :class:`EditBase` gives both typed defaults."""
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]: ...
+
+
+class EditBase:
+    """The base of the built-in edits: the typed defaults of the optional parts of :class:`Edit` and the
+    declarations the engine reads. A subclass is a frozen dataclass registered with :func:`register_edit`."""
+
+    kind: ClassVar[str] = ""
+    """The edit's registered name (set by :func:`register_edit`)."""
+
+    @property
+    def layers(self) -> int | Sequence[int] | None:
+        """The layers it edits (None, the default: every layer; an edit's ``layers`` field, a sorted tuple once
+        the edit is built, overrides this)."""
+        return None
+
+    def declared_layers(self) -> tuple[int, ...] | Literal["undeclared"] | None:
+        """:attr:`layers`, or ``"undeclared"`` where the edit cannot say (a wrapper of an edit that does not)."""
+        return cast(tuple[int, ...] | None, self.layers)
+
+    def noop(self) -> Edit | None:
+        """Its matched no-op (the same hooks with every scale at 1), or None: compared with the unedited model."""
+        return None
+
+    def stack_signature(self) -> tuple[Any, ...] | None:
+        """What the edit is but for per-row scales: edits of one signature can share a forward, one per batch row
+        (:func:`~lens_parallel.edits.stacked_hooks`); None: it runs alone."""
+        return None
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+        raise NotImplementedError
+
+    def footprint(self, info: ModelInfo) -> Footprint | None:
+        """What this edit, with these settings, needs from a forward of a model like ``info`` (None: it does not
+        say, e.g. a wrapper of a user-defined edit)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class EditKind:
+    """A registered edit: its name, class, a one-line summary, whether a command-line spec can build it (scalar
+    settings only) and the explorer's menu entries it provides (each a name and the settings it fixes)."""
+
+    name: str
+    cls: type[EditBase]
+    summary: str
+    spec: bool
+    explorer: Mapping[str, Mapping[str, Any]]
+
+
+EDITS: dict[str, EditKind] = {}
+"""Every registered edit kind, by name."""
+
+_E = TypeVar("_E", bound=type[EditBase])
+
+
+def register_edit(
+    name: str, summary: str, *, spec: bool = False, explorer: Mapping[str, Mapping[str, Any]] | None = None
+) -> Callable[[_E], _E]:
+    """Class decorator: register an edit class under ``name`` (the one list the CLI specs, the explorer's menu and
+    the error messages read)."""
+
+    def register(cls: _E) -> _E:
+        if name in EDITS and EDITS[name].cls is not cls:
+            raise LensParallelError(f"edit kind {name!r} is already registered by {EDITS[name].cls.__name__}")
+        cls.kind = name
+        EDITS[name] = EditKind(name, cls, summary, spec, dict(explorer or {}))
+        return cls
+
+    return register
+
+
+def edit_kind(name: str) -> EditKind:
+    """The registered edit ``name``, or a :class:`LensParallelError` listing the registered ones."""
+    if name not in EDITS:
+        raise LensParallelError(f"unknown edit kind {name!r}; registered: {', '.join(EDITS)}")
+    return EDITS[name]
+
+
+POSITIONS = options(EditPositions)
+"""Which positions an edit acts on. ``all`` (the default); ``after-first`` leaves position 0, the boundary token,
+untouched: there o_0 = v_0 (a causal head attends only to itself), so a value-space s_par = 0 removes its whole
+output while exclude-self leaves it alone. The sanity-checks paper's frozen interventions exclude the first token;
+its trained arms include every position."""
+
+Heads = int | Sequence[int] | HeadsAll | None
+"""The heads an edit acts on: a head, a list, ``"all"`` (every head, each on its own write) or None (the default:
+every head in the value spaces, where a head is all there is; the whole sublayer update, b_O included, in
+residual-attn)."""
+
+HeadSet = tuple[int, ...] | Bool[Tensor, "batch head_index"]
+"""The heads an edit acts on: the same query heads in every batch row, or one set per row (a bool mask)."""
+
+
+def check_positions(positions: object) -> EditPositions:
+    """``positions`` if it is one of :data:`POSITIONS`, else a :class:`LensParallelError`."""
+    return cast(EditPositions, check_choice("positions", positions, EditPositions))
+
+
+def after_first(hooks: list[Hook]) -> list[Hook]:
+    """The same hooks, each restoring position 0 of what it returns (the query axis of an attention pattern);
+    hooks that only read return None and stay as they are."""
+
+    def keep_first(fn: Callable[..., Tensor | None], axis: int, tensor: Tensor, hook: HookPoint) -> Tensor | None:
+        out = fn(tensor, hook)
+        if out is None:
+            return None
+        rest = out.narrow(axis, 1, out.shape[axis] - 1)
+        return torch.cat([tensor.narrow(axis, 0, 1).to(out.dtype), rest], dim=axis)
+
+    return [(name, partial(keep_first, fn, 2 if name.endswith("hook_pattern") else 1)) for name, fn in hooks]
+
+
+def as_heads(heads: Heads) -> tuple[int, ...] | HeadsAll | None:
+    """``heads`` checked: ``"all"``, None, or sorted head indices."""
+    if heads == "all":
+        return "all"
+    if isinstance(heads, str):
+        raise LensParallelError(f"heads must be head indices, 'all' or None, got {heads!r}")
+    return as_indices(heads, what="heads")
+
+
+def store(tensor: Tensor, hook: HookPoint, *, state: dict[str, Tensor], key: str) -> None:
+    """A reading hook: keep ``tensor`` under ``key`` for a later hook of the same forward."""
+    state[key] = tensor
+
+
+def store_diagonal(pattern: Tensor, hook: HookPoint, *, state: dict[str, Tensor]) -> None:
+    """A reading hook on hook_pattern keeping only its diagonal A_tt (the role ``pattern``)."""
+    state["pattern"] = torch.diagonal(pattern, dim1=-2, dim2=-1)
+
+
+def head_mask(
+    heads: HeadSet | None, n_heads: int, batch: int, device: torch.device
+) -> Bool[Tensor, "batch head_index"]:
+    """The heads as a mask ``[batch, head_index]`` (None: every head)."""
+    if heads is None:
+        return torch.ones(batch, n_heads, dtype=torch.bool, device=device)
+    if isinstance(heads, Tensor):
+        if heads.shape != (batch, n_heads):
+            raise LensParallelError(
+                f"a per-row head mask must have shape ({batch}, {n_heads}), got {tuple(heads.shape)}"
+            )
+        return heads.to(device)
+    mask = torch.zeros(batch, n_heads, dtype=torch.bool, device=device)
+    mask[:, list(heads)] = True
+    return mask
+
+
+def as_edits(edits: object) -> tuple[Edit, ...]:
+    """One edit or a sequence of edits (one combined intervention, applied in order) as a tuple, each checked to
+    follow the :class:`Edit` protocol."""
+    if isinstance(edits, Edit):
+        found: tuple[object, ...] = (edits,)
+    elif isinstance(edits, (list, tuple)):
+        found = tuple(edits)
+    else:
+        found = (edits,)
+    bad = [e for e in found if not isinstance(e, Edit)]
+    if bad:
+        raise LensParallelError(
+            "an edit has a hooks(model, info) method (the Edit protocol: the built-in "
+            f"{', '.join(k.cls.__name__ for k in EDITS.values())}, or your own frozen dataclass); "
+            f"got {type(bad[0]).__name__}"
+        )
+    return cast(tuple[Edit, ...], found)
+
+
+UNDECLARED = "undeclared"
+""":func:`edit_layers` of a user-defined edit without a ``layers`` attribute."""
+
+
+def edit_layers(edit: Edit) -> tuple[int, ...] | Literal["undeclared"] | None:
+    """The layers ``edit`` edits (None: every layer), or :data:`UNDECLARED` for a user-defined edit that does not
+    say (the one place the optional attribute of the :class:`Edit` protocol is looked up)."""
+    if isinstance(edit, EditBase):
+        return edit.declared_layers()
+    return cast(tuple[int, ...] | Literal["undeclared"] | None, getattr(edit, "layers", UNDECLARED))
+
+
+def edit_noop(edit: Edit) -> Edit | None:
+    """``edit``'s matched no-op, or None (the one place the optional ``noop`` of :class:`Edit` is looked up)."""
+    if isinstance(edit, EditBase):
+        return edit.noop()
+    make = getattr(edit, "noop", None)
+    return cast(Edit, make()) if callable(make) else None
+
+
+def describe_edit(edit: Edit) -> dict[str, Any]:
+    """A plain-data description of an edit for provenance: its type and fields (a dataclass; otherwise its repr);
+    a tensor field is given by its shape (``{"tensor": [...]}``), since its values live in the run that made it."""
+    out: dict[str, Any] = {"type": f"{type(edit).__module__}.{type(edit).__qualname__}"}
+    if not dataclasses.is_dataclass(edit):
+        return out | {"repr": repr(edit)}
+    for f in dataclasses.fields(edit):
+        if not f.metadata.get("provenance", True):
+            continue  # run state (a counter), not a setting
+        value = getattr(edit, f.name)
+        if isinstance(value, Tensor):
+            value = {"tensor": list(value.shape)}
+        elif isinstance(value, Edit):  # a wrapped edit (SkipFirstLayers)
+            value = describe_edit(value)
+        out[f.name] = value
+    return out
+
+
+_LAYER = re.compile(r"^blocks\.(\d+)\.")
+
+
+def hook_roles(name: str) -> frozenset[str]:
+    """The roles a full hook name serves (``blocks.3.attn.hook_z`` -> {``z``}; hook_pattern -> {``pattern``,
+    ``pattern_full``}: the diagonal and the whole map are read at the same hook)."""
+    generic = _LAYER.sub("blocks.{layer}.", name)
+    return frozenset(role for role, template in ROLE_HOOKS.items() if template == generic)
+
+
+def compile_hooks(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> list[Hook]:
+    """Validate every edit against the model (before any forward) and return their hooks, in order. A built-in
+    edit's hooks are checked against its :class:`Footprint`: a hook on an undeclared role is a library bug."""
+    info = model_info(model)
+    out: list[Hook] = []
+    for edit in as_edits(edits):
+        hooks = edit.hooks(model, info)
+        footprint = edit.footprint(info) if isinstance(edit, EditBase) else None
+        if footprint is not None:
+            declared = set(footprint.roles)
+            stray = sorted({name for name, _ in hooks if not hook_roles(name) & declared})
+            if stray:
+                raise LibraryError(f"{type(edit).__name__} hooks {stray} outside its declared footprint")
+        out += hooks
+    return out
+
+
+def noop(edits: Edit | Sequence[Edit]) -> tuple[Edit, ...]:
+    """The matched no-op: each edit's own no-op (the same hooks with every scale at 1: ``ComponentScale``,
+    ``DiagonalEdit``, or a user-defined edit that defines one); edits without one (``HeadEdit``, ``GatedRemoval``,
+    ``LearnedGate``, ...) have no single scale: their no-op is the unedited model, so they are dropped."""
+    return tuple(n for e in as_edits(edits) if (n := edit_noop(e)) is not None)
+
+
+@contextlib.contextmanager
+def apply_edits(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> Iterator[TransformerBridge]:
+    """``with apply_edits(model, edits): model(tokens)`` runs the edited model; hooks are removed on exit."""
+    hooks = compile_hooks(model, edits)
+    with model.hooks(fwd_hooks=hooks):
+        yield model

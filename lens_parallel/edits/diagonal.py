@@ -1,0 +1,164 @@
+"""Edits of the attention pattern: the diagonal form of parallel scaling, and hard diagonal removal."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel import geometry
+from lens_parallel.choices import EditPositions, HeadSpace
+from lens_parallel.edits.base import (
+    EditBase,
+    Footprint,
+    Heads,
+    HeadSet,
+    after_first,
+    as_heads,
+    check_positions,
+    head_mask,
+    register_edit,
+    store,
+)
+from lens_parallel.hooks import (
+    Hook,
+    check_head_writes,
+    check_indices,
+    check_not_gated,
+    expand_kv,
+    hook_name,
+    output_weights,
+    softmax_layers,
+)
+from lens_parallel.models import ModelInfo
+from lens_parallel.validate import as_indices, check_choice, check_finite
+
+
+@register_edit("diagonal-scale", "parallel-only scaling written as a change of the attention diagonal A_tt")
+@dataclass(frozen=True)
+class DiagonalEdit(EditBase):
+    """Parallel-only scaling written as a change of the attention diagonal: A'_tt = A_tt + dA_tt.
+
+    value: dA_tt = (s_par - 1) (o_t . v_t) / |v_t|^2; value-exclude-self: (s_par - 1) (c_t . v_t) / |v_t|^2, with
+    o_t = sum_s A_ts v_s and c_t = o_t - A_tt v_t from this forward. In those spaces the edited forward equals
+    ``ComponentScale(space, s_par)`` exactly (up to float rounding). residual-attn (per head):
+    dA_tt = (s_par - 1) (m_t . x_t) / ((W_O v_t) . x_t) with m_t = o_t W_O[h]: it reproduces the head's update
+    along x_t but adds a perpendicular change (a view, not an identity). Positions where the denominator is below
+    ``eps`` (|v_t|^2, or |(W_O v_t) . x_t| relative to |W_O v_t| |x_t|) get dA_tt = 0. ``positions``: ``all`` or
+    ``after-first`` (query position 0 untouched).
+    """
+
+    space: HeadSpace
+    s_par: float = 0.0
+    layers: int | Sequence[int] | None = None
+    heads: Heads = None
+    eps: float = geometry.EPS
+    positions: EditPositions = "all"
+
+    def __post_init__(self) -> None:
+        check_choice("diagonal space", self.space, HeadSpace)
+        check_positions(self.positions)
+        check_finite("s_par", self.s_par)
+        object.__setattr__(self, "layers", as_indices(self.layers))
+        object.__setattr__(self, "heads", as_heads(self.heads))
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+        layers, _ = softmax_layers(info, self.layers, what="DiagonalEdit")
+        if self.space == "residual-attn":
+            check_not_gated(info, "DiagonalEdit('residual-attn')", alternative="use value or value-exclude-self")
+            check_head_writes(info, "DiagonalEdit('residual-attn')")
+        heads = check_indices("heads", None if self.heads == "all" else self.heads, info.n_heads)
+        out: list[Hook] = []
+        for layer in layers:
+            state: dict[str, Tensor] = {}
+            out.append((hook_name(layer, "v"), partial(store, state=state, key="v")))
+            if self.space == "residual-attn":
+                out.append((hook_name(layer, "resid_pre"), partial(store, state=state, key="x")))
+            W_O = output_weights(model, layer) if self.space == "residual-attn" else None
+            out.append((hook_name(layer, "pattern"), partial(self._edit_pattern, state=state, heads=heads, W_O=W_O)))
+        return after_first(out) if self.positions == "after-first" else out
+
+    def _edit_pattern(
+        self,
+        pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+        hook: HookPoint,
+        *,
+        state: dict[str, Tensor],
+        heads: HeadSet,
+        W_O: Float[Tensor, "head_index d_head d_model"] | None,
+    ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+        v = expand_kv(state.pop("v"), pattern.shape[1])
+        W_O = None if W_O is None else W_O.to(v)
+        d_a = geometry.diagonal_change(
+            pattern, v, self.space, s_par=self.s_par, x=state.pop("x", None), W_O=W_O, eps=self.eps
+        ).d_a
+        d_a = torch.where(head_mask(heads, pattern.shape[1], pattern.shape[0], pattern.device)[:, :, None], d_a, 0.0)
+        return pattern + torch.diag_embed(d_a)
+
+    def noop(self) -> DiagonalEdit:
+        """The matched no-op: the same hooks at s_par = 1 (dA_tt = 0)."""
+        return dataclasses.replace(self, s_par=1.0)
+
+    def footprint(self, info: ModelInfo) -> Footprint:
+        """Reads v (and x_t in residual-attn); changes only A_tt of each row, from the row's own diagonal, o_t and
+        v_t (o_t = A_t. v needs the whole row against every value: not decode-safe without the cached values)."""
+        reads = ("v", *(("resid_pre",) if self.space == "residual-attn" else ()))
+        return Footprint(reads, ("pattern_full",), "rows", decode_safe=False)
+
+
+@register_edit(
+    "zero-diagonal",
+    "every head's attention to its own token set to 0, rows renormalised",
+    spec=True,
+    explorer={"zero-diagonal": {}},
+)
+@dataclass(frozen=True)
+class ZeroDiagonal(EditBase):
+    """Hard diagonal removal (the directional-decomposition paper's comparison edit): every head's attention to
+    its own token is set to 0 and each row renormalised over the other positions,
+    A'_tt = 0, A'_ts = A_ts / (1 - A_tt) (:func:`lens_parallel.geometry.zero_diagonal`), on ``hook_pattern``.
+    Query position 0 is kept (its row has no other position); a row with 1 - A_tt < ``eps`` is left unchanged and
+    counted in :attr:`unchanged_rows` (summed over the forwards run since the edit was made). ``layers``: default
+    every softmax-attention layer (as the authors ran it); ``heads``: default every head. No matched no-op: it is
+    compared with the unedited model. Not to be confused with :class:`DiagonalEdit` (a scaling of A_tt)."""
+
+    layers: int | Sequence[int] | None = None
+    heads: Heads = None
+    eps: float = 1e-6
+    counts: dict[str, int] = dataclasses.field(
+        default_factory=lambda: {"unchanged_rows": 0}, compare=False, repr=False, metadata={"provenance": False}
+    )
+
+    def __post_init__(self) -> None:
+        check_finite("eps", self.eps)
+        object.__setattr__(self, "layers", as_indices(self.layers))
+        object.__setattr__(self, "heads", as_heads(self.heads))
+
+    def footprint(self, info: ModelInfo) -> Footprint:
+        """Rewrites whole attention rows (every A_ts is renormalised); the current row is all it needs."""
+        return Footprint((), ("pattern_full",), "rows", decode_safe=True)
+
+    @property
+    def unchanged_rows(self) -> int:
+        """Rows (query positions > 0, over batch, heads and forwards) left unchanged because 1 - A_tt < eps."""
+        return self.counts["unchanged_rows"]
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+        layers, _ = softmax_layers(info, self.layers, what="ZeroDiagonal")
+        heads = check_indices("heads", None if self.heads == "all" else self.heads, info.n_heads)
+        return [(hook_name(layer, "pattern"), partial(self._edit_pattern, heads=heads)) for layer in layers]
+
+    def _edit_pattern(
+        self, pattern: Float[Tensor, "batch head_index query_pos key_pos"], hook: HookPoint, *, heads: HeadSet
+    ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+        edited, unchanged = geometry.zero_diagonal(pattern, eps=self.eps)
+        mask = head_mask(heads, pattern.shape[1], pattern.shape[0], pattern.device)
+        self.counts["unchanged_rows"] += int((unchanged & mask[:, :, None]).sum())
+        return torch.where(mask[:, :, None, None], edited, pattern)

@@ -1,0 +1,111 @@
+"""Head ablations: a head's contribution at one layer removed (zeroed, mean-replaced, or its parallel part)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel.choices import Ablation, EditPositions
+from lens_parallel.edits.base import (
+    EditBase,
+    Footprint,
+    after_first,
+    check_positions,
+    head_mask,
+    register_edit,
+)
+from lens_parallel.edits.scaling import ComponentScale, layer_hooks
+from lens_parallel.errors import LensParallelError
+from lens_parallel.hooks import (
+    Hook,
+    check_head_writes,
+    check_indices,
+    hook_name,
+    softmax_layers,
+)
+from lens_parallel.models import ModelInfo
+from lens_parallel.validate import as_indices, check_choice, options
+
+ABLATIONS = options(Ablation)
+
+
+@register_edit("head-ablation", "remove heads' contribution at one layer: zero, mean, parallel-value or -residual")
+@dataclass(frozen=True, eq=False)
+class HeadEdit(EditBase):
+    """Remove heads' contribution at one layer, in one of four ways (``kind``):
+
+    - ``zero``: z_h = 0 (hook_z). On a linear-attention layer (Qwen3.5's gated delta rule) the head's gate input
+      is zeroed (hook_gate_input): its gated-norm output ``norm(o_h) * silu(0)`` is exactly 0, i.e. the head's
+      slice of the output projection's input, so its projected output is removed (heads = value heads there);
+    - ``mean``: z_h = ``means[h]``, a fixed mean of hook_z (``[head_index, d_head]``, e.g. over a data set);
+    - ``parallel-value``: ``ComponentScale("value", s_par=0)`` on those heads;
+    - ``parallel-residual``: ``ComponentScale("residual-attn", s_par=0)`` on those heads' own writes.
+
+    ``heads`` is a tuple of heads (every batch row) or a bool mask ``[batch, head_index]`` giving each row its own
+    head set, which lets the ablation engine run many edits in one forward. Only ``zero`` is defined for
+    linear-attention layers. ``positions``: ``all`` or ``after-first`` (position 0 untouched, as the sanity-checks
+    paper's frozen single-head interventions).
+    """
+
+    ablation: Ablation
+    layer: int
+    heads: int | Sequence[int] | Bool[Tensor, "batch head_index"]
+    means: Float[Tensor, "head_index d_head"] | None = None
+    positions: EditPositions = "all"
+
+    def __post_init__(self) -> None:
+        check_choice("ablation", self.ablation, Ablation)
+        check_positions(self.positions)
+        if self.ablation == "mean" and self.means is None:
+            raise LensParallelError(
+                "a mean ablation needs means [n_heads, d_head] (e.g. from lens_parallel.sweep.head_means)"
+            )
+        if not isinstance(self.heads, Tensor):
+            heads = as_indices(self.heads, what="heads")
+            if not heads:
+                raise LensParallelError("empty head set: give at least one query head")
+            object.__setattr__(self, "heads", heads)
+
+    @property
+    def layers(self) -> tuple[int]:
+        return (self.layer,)
+
+    def footprint(self, info: ModelInfo) -> Footprint:
+        if self.ablation == "parallel-value":
+            return ComponentScale("value", s_par=0.0).footprint(info)
+        if self.ablation == "parallel-residual":
+            return ComponentScale("residual-attn", s_par=0.0, heads="all").footprint(info)
+        return Footprint((), ("lin_gate",) if self.ablation == "zero" and self._linear(info) else ("z",), "none", True)
+
+    def _linear(self, info: ModelInfo) -> bool:
+        """Whether the edited layer is a linear-attention block (Qwen3.5)."""
+        return 0 <= self.layer < info.n_layers and info.layer_types[self.layer] == "linear"
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+        if self.ablation == "zero" and self._linear(info):
+            layer, role = self.layer, "lin_gate"
+        else:
+            (layer,), _ = softmax_layers(info, [self.layer], what=f"HeadEdit({self.ablation!r})")
+            role = "z"
+        n_heads = info.output_heads(layer)
+        heads = self.heads if isinstance(self.heads, Tensor) else check_indices("heads", self.heads, n_heads)
+        if self.ablation == "parallel-value":
+            out = layer_hooks(ComponentScale("value", s_par=0.0), model, info, layer, heads)
+        elif self.ablation == "parallel-residual":
+            check_head_writes(info, "HeadEdit('parallel-residual')")
+            out = layer_hooks(ComponentScale("residual-attn", s_par=0.0), model, info, layer, heads)
+        else:
+
+            def replace(z: Tensor, hook: HookPoint) -> Tensor:
+                fill = torch.zeros_like(z) if self.means is None else self.means.to(z).expand_as(z)
+                mask = head_mask(heads, n_heads, z.shape[0], z.device)
+                return torch.where(mask[:, None, :, None], fill, z)
+
+            out = [(hook_name(layer, role), replace)]
+        return after_first(out) if self.positions == "after-first" else out

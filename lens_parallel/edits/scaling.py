@@ -1,0 +1,315 @@
+"""Component scaling: m' = m + (s_par - 1) m_par + (s_perp - 1) m_perp in one space
+(:mod:`lens_parallel.spaces`), written so that s_par = s_perp = 1 returns m bit for bit (the matched no-op is
+exact); several scalings alike but for their scales stack as batch rows of one forward."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, cast
+
+import einops
+import torch
+from torch import Tensor
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel import geometry
+from lens_parallel.choices import EditPositions, ReferenceGuard, Space, ValueSite
+from lens_parallel.edits.base import (
+    EditBase,
+    Footprint,
+    Heads,
+    HeadSet,
+    PatternUse,
+    after_first,
+    as_heads,
+    check_positions,
+    head_mask,
+    register_edit,
+    store,
+    store_diagonal,
+)
+from lens_parallel.errors import LensParallelError
+from lens_parallel.hooks import (
+    Hook,
+    check_head_writes,
+    check_indices,
+    hook_name,
+    output_weights,
+    residual_reference_role,
+    softmax_layers,
+)
+from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.spaces import HEAD_SPACES, SPACES, value_parts
+from lens_parallel.validate import as_indices, check_choice, check_finite
+
+
+@register_edit("scale", "scale the parallel and perpendicular parts of a message in one space", spec=True)
+@dataclass(frozen=True)
+class ComponentScale(EditBase):
+    """Scale the parallel and perpendicular parts of a message in one space.
+
+    Args:
+        space: ``value`` (m = hook_z, r = v_t), ``value-exclude-self`` (o' = d_t + s_par c_par + s_perp c_perp),
+            ``value-merged`` (m = concat_h o_h, r = concat_h v_t^h: one projection over every head's dimensions),
+            ``residual-attn`` (m = hook_attn_out, or with ``heads`` each head's z_h W_O[h], r = resid_pre),
+            ``residual-mlp`` (m = hook_mlp_out, r = resid_mid, or resid_pre for parallel attn/MLP blocks),
+            ``residual-block`` (m = resid_post - resid_pre, r = resid_pre).
+        s_par, s_perp: scales of the parallel and perpendicular parts (finite).
+        layers: layers to edit (default all).
+        heads: query heads to edit; only for the value spaces and residual-attn. In the value spaces ``None`` (the
+            default) and ``"all"`` both mean every head. In residual-attn, ``heads=None`` edits the whole sublayer
+            update (b_O included) against x_t, while a head list, or ``"all"``, edits each head's own write
+            z_h W_O[h] against x_t (b_O untouched).
+        eps: guard on |r|; with ``guard="exclude"`` positions below it scale as purely perpendicular.
+        guard: ``exclude`` or ``clamp`` (|r|^2 floored at eps^2, every position projected: the
+            directional-decomposition paper's reference clamp is ``guard="clamp", eps=1e-3``;
+            :data:`~lens_parallel.choices.ReferenceGuard`).
+        positions: ``all`` or ``after-first`` (position 0 untouched; :data:`POSITIONS`).
+        site: under gated attention (Qwen3.5), where the value spaces read the message
+            (:data:`~lens_parallel.choices.ValueSite`): ``pre-gate`` o = A v (its change passed through the gate) or
+            ``post-gate`` z = sigmoid(gate) * o, the output projection's input (exclude-self there removes the gated
+            self term sigmoid(gate) * A_tt v_t); refused on a model without a gate, where the two are one.
+    """
+
+    space: Space
+    s_par: float = 1.0
+    s_perp: float = 1.0
+    layers: int | Sequence[int] | None = None
+    heads: Heads = None
+    eps: float = geometry.EPS
+    positions: EditPositions = "all"
+    guard: ReferenceGuard = "exclude"
+    site: ValueSite = "pre-gate"
+
+    def __post_init__(self) -> None:
+        check_choice("space", self.space, Space)
+        check_choice("guard", self.guard, ReferenceGuard)
+        check_choice("site", self.site, ValueSite)
+        if self.site == "post-gate" and not self.space.startswith("value"):
+            raise LensParallelError(f"site='post-gate' is a value-space option; space {self.space!r} has no gate site")
+        check_positions(self.positions)
+        check_finite("s_par", self.s_par)
+        check_finite("s_perp", self.s_perp)
+        object.__setattr__(self, "layers", as_indices(self.layers))
+        object.__setattr__(self, "heads", as_heads(self.heads))
+        merged_all = self.space == "value-merged" and self.heads == "all"  # value-merged edits every head together
+        if self.heads is not None and not SPACES[self.space].per_head and not merged_all:
+            raise LensParallelError(
+                f"space {self.space!r} has no heads (it edits a whole sublayer update, or all heads' concatenation in "
+                f"value-merged); heads are accepted for {', '.join(HEAD_SPACES)}"
+            )
+
+    def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+        return _scale_hooks(self, self, model, info)
+
+    def noop(self) -> ComponentScale:
+        """The matched no-op: the same hooks with both scales 1 (exact: it returns every activation bit for bit)."""
+        return dataclasses.replace(self, s_par=1.0, s_perp=1.0)
+
+    def stack_signature(self) -> tuple[Any, ...]:
+        """Everything but the scales: scalings of one signature stack as batch rows of one forward."""
+        return (type(self), self.space, self.layers, self.heads, self.eps, self.positions, self.guard, self.site)
+
+    def footprint(self, info: ModelInfo) -> Footprint:
+        spec = SPACES[self.space]
+        if spec.value:
+            pre_gate = info.gated_attention and self.site == "pre-gate"
+            diagonal = self.space == "value-exclude-self"
+            reads = ("v", *(("q_gate", "pattern_full") if pre_gate else ("q_gate",) if info.gated_attention else ()))
+            reads += ("pattern",) if diagonal and not pre_gate else ()
+            pattern: PatternUse = "rows" if pre_gate else "diagonal" if diagonal else "none"
+            return Footprint(reads, ("z",), pattern, decode_safe=not pre_gate)
+        if self.space == "residual-attn":
+            return Footprint(("resid_pre", *(("z",) if self.heads is not None else ())), ("attn_out",), "none", True)
+        if self.space == "residual-mlp":
+            return Footprint((residual_reference_role(info, "mlp"),), ("mlp_out",), "none", True)
+        return Footprint(("resid_pre",), ("resid_post",), "none", True)
+
+
+@dataclass(frozen=True, eq=False)
+class _RowScales:
+    """The scales of stacked :class:`ComponentScale` jobs, one per batch row (``s_par`` / ``s_perp`` ``[row]``)."""
+
+    space: str
+    s_par: Tensor
+    s_perp: Tensor
+    eps: float
+    guard: ReferenceGuard
+    site: ValueSite
+
+
+_Scaling = ComponentScale | _RowScales
+
+
+def _scale_hooks(scales: _Scaling, edit: ComponentScale, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
+    """The hooks of ``edit``'s space, layers, heads and positions, scaling by ``scales`` (the edit's own, or one
+    per batch row)."""
+    if SPACES[edit.space].attention:  # needs hook_z / hook_attn_out: softmax-attention layers only
+        layers, _ = softmax_layers(info, edit.layers, what=f"ComponentScale({edit.space!r})")
+    else:
+        layers = check_indices("layers", edit.layers, info.n_layers)
+    heads: tuple[int, ...] | None = check_indices("heads", None if edit.heads == "all" else edit.heads, info.n_heads)
+    if edit.space == "residual-attn" and edit.heads is None:
+        heads = None  # the whole sublayer update
+    elif edit.space == "residual-attn":
+        check_head_writes(info, "ComponentScale('residual-attn') on single heads")
+    out: list[Hook] = []
+    for layer in layers:
+        out += _builder(edit.space)(scales, model, info, layer, heads, {})
+    return after_first(out) if edit.positions == "after-first" else out
+
+
+def stacked_hooks(model: TransformerBridge, edits: Sequence[EditBase], *, repeat: int) -> list[Hook]:
+    """One set of hooks running several edits of one :meth:`~EditBase.stack_signature` in one forward: rows
+    ``[i * repeat, (i + 1) * repeat)`` get ``edits[i]``'s scales (the documents tiled once per edit)."""
+    signatures = {e.stack_signature() for e in edits}
+    if len(signatures) != 1 or None in signatures or not isinstance(edits[0], ComponentScale):
+        raise LensParallelError("stacked edits must be ComponentScales alike but for s_par and s_perp")
+    scalings = [e for e in edits if isinstance(e, ComponentScale)]
+    template = scalings[0]
+    s_par = torch.tensor([e.s_par for e in scalings], dtype=torch.float64).repeat_interleave(repeat)
+    s_perp = torch.tensor([e.s_perp for e in scalings], dtype=torch.float64).repeat_interleave(repeat)
+    scales = _RowScales(template.space, s_par, s_perp, template.eps, template.guard, template.site)
+    return _scale_hooks(scales, template, model, model_info(model))
+
+
+def _scaling(edit: _Scaling) -> dict[str, Any]:
+    """The keywords of :func:`~lens_parallel.geometry.scale_delta` a scaling passes: its scales, eps and guard."""
+    return {"s_par": edit.s_par, "s_perp": edit.s_perp, "eps": edit.eps, "clamp": edit.guard == "clamp"}
+
+
+def _value_hooks(
+    edit: _Scaling,
+    model: TransformerBridge,
+    info: ModelInfo,
+    layer: int,
+    heads: HeadSet | None,
+    state: dict[str, Tensor],
+) -> list[Hook]:
+    """Value-space scaling on hook_z. Gated attention (z = sigmoid(gate) * A v): the scaling acts on the pre-gate
+    aggregate o = A v, rebuilt from the pattern, and its change passes through the gate: z' = z + gate * delta.
+    ``value-merged``: one projection of the heads' concatenation on the values' (every head edited). ``site=
+    "post-gate"``: the message is z itself (exclude-self: z minus the gated self term)."""
+    post = edit.site == "post-gate"
+    if post and not info.gated_attention:
+        raise LensParallelError(
+            f"site='post-gate': {info.name}'s attention has no output gate (pre- and post-gate are one there)"
+        )
+
+    pre_gate = info.gated_attention and not post
+
+    def edit_z(z: Tensor, hook: HookPoint) -> Tensor:
+        parts = value_parts({**state, "z": z}, info)  # pre-gate: o = A v from the pattern; post-gate or no gate: z
+        state.clear()
+        o, v = parts.o, parts.v
+        if edit.space == "value-merged":
+            merged = geometry.scale_delta(geometry.merge_heads(o), geometry.merge_heads(v), **_scaling(edit))
+            delta = geometry.split_heads(merged, info.n_heads)
+        else:
+            m = o
+            if edit.space == "value-exclude-self" and post:
+                assert parts.gate is not None and parts.diag is not None  # post-gate is refused without a gate
+                m = o - parts.gate * geometry.split_self(o, v, parts.diag)[0]  # z minus the gated self term
+            elif edit.space == "value-exclude-self":
+                m = parts.exclude_self()  # o - A_tt v_t
+            delta = geometry.scale_delta(m, v, **_scaling(edit))
+        if parts.gate is not None and not post:
+            delta = parts.gate * delta
+        mask = head_mask(heads, info.n_heads, z.shape[0], z.device)
+        return torch.where(mask[:, None, :, None], z + delta, z)
+
+    out = [(hook_name(layer, "v"), partial(store, state=state, key="v"))]
+    if info.gated_attention:
+        out.append((hook_name(layer, "q_gate"), partial(store, state=state, key="q_gate")))
+    if pre_gate:
+        out.append((hook_name(layer, "pattern_full"), partial(store, state=state, key="pattern_full")))
+    elif edit.space == "value-exclude-self":
+        out.append((hook_name(layer, "pattern"), partial(store_diagonal, state=state)))
+    return [*out, (hook_name(layer, "z"), edit_z)]
+
+
+def _residual_attn_hooks(
+    edit: _Scaling,
+    model: TransformerBridge,
+    info: ModelInfo,
+    layer: int,
+    heads: HeadSet | None,
+    state: dict[str, Tensor],
+) -> list[Hook]:
+    W_O = output_weights(model, layer)
+
+    def edit_out(out: Tensor, hook: HookPoint) -> Tensor:
+        x = state.pop("x")
+        if heads is None:
+            return geometry.scale_components(out, x, **_scaling(edit))
+        mask = head_mask(heads, info.n_heads, out.shape[0], out.device)
+        used = mask.any(0).nonzero().flatten().tolist()  # heads some row edits: per-head writes only for these
+        m = einops.einsum(state.pop("z")[:, :, used], W_O[used].to(out), "b p h d, h d m -> b p h m")
+        x_h = einops.repeat(x, "b p m -> b p h m", h=len(used))
+        delta = geometry.scale_delta(m, x_h, **_scaling(edit))
+        return out + (delta * mask[:, None, used, None]).sum(2)
+
+    out = [(hook_name(layer, "resid_pre"), partial(store, state=state, key="x"))]
+    if heads is not None:
+        out.append((hook_name(layer, "z"), partial(store, state=state, key="z")))
+    return [*out, (hook_name(layer, "attn_out"), edit_out)]
+
+
+def _residual_mlp_hooks(
+    edit: _Scaling,
+    model: TransformerBridge,
+    info: ModelInfo,
+    layer: int,
+    heads: HeadSet | None,
+    state: dict[str, Tensor],
+) -> list[Hook]:
+    def edit_out(out: Tensor, hook: HookPoint) -> Tensor:
+        return geometry.scale_components(out, state.pop("x"), **_scaling(edit))
+
+    ref = hook_name(layer, residual_reference_role(info, "mlp"))
+    return [(ref, partial(store, state=state, key="x")), (hook_name(layer, "mlp_out"), edit_out)]
+
+
+def _residual_block_hooks(
+    edit: _Scaling,
+    model: TransformerBridge,
+    info: ModelInfo,
+    layer: int,
+    heads: HeadSet | None,
+    state: dict[str, Tensor],
+) -> list[Hook]:
+    def edit_post(post: Tensor, hook: HookPoint) -> Tensor:
+        x = state.pop("x")
+        return post + geometry.scale_delta(post - x, x, **_scaling(edit))
+
+    return [
+        (hook_name(layer, "resid_pre"), partial(store, state=state, key="x")),
+        (hook_name(layer, "resid_post"), edit_post),
+    ]
+
+
+_SCALE_BUILDERS = {
+    "value": _value_hooks,
+    "attn": _residual_attn_hooks,
+    "mlp": _residual_mlp_hooks,
+    "block": _residual_block_hooks,
+}
+"""Hook builders by where a space's message lives: the heads' value aggregate, or a residual update of the
+attention sublayer, the MLP or the whole block (:attr:`~lens_parallel.spaces.SpaceSpec.family` / ``sublayer``)."""
+
+
+def _builder(space: str) -> Any:
+    spec = SPACES[space]
+    return _SCALE_BUILDERS["value" if spec.value else spec.sublayer]
+
+
+def layer_hooks(
+    edit: ComponentScale, model: TransformerBridge, info: ModelInfo, layer: int, heads: HeadSet | None
+) -> list[Hook]:
+    """``edit``'s hooks at one layer on ``heads`` (a per-row mask allowed): what :class:`~lens_parallel.edits.
+    HeadEdit`'s parallel ablations run."""
+    return cast(list[Hook], _builder(edit.space)(edit, model, info, layer, heads, {}))

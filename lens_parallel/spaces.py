@@ -1,0 +1,183 @@
+"""The decomposition spaces: one registry entry per space, read by the edits, every analysis, the explorer and the
+report (each ``*_SPACES`` tuple of the package is derived here).
+
+A space names a message m and the reference r it is split against (m_par = (m.r / |r|^2) r, m_perp = m - m_par):
+
+=====================  =========================================  ===========================  ========  =========
+space                  message m                                   reference r                  level     per head
+=====================  =========================================  ===========================  ========  =========
+value                  o_t = sum_s A_ts v_s (hook_z)               v_t (hook_v)                 head      yes
+value-exclude-self     c_t = o_t - A_tt v_t                        v_t                          head      yes
+value-merged           concat_h o_t^h                              concat_h v_t^h               sublayer  no
+residual-attn          hook_attn_out (per head: z_h W_O[h])        x_t = resid_pre              sublayer  yes
+residual-mlp           hook_mlp_out                                resid_mid (resid_pre when    sublayer  no
+                                                                   attention and MLP are
+                                                                   parallel)
+residual-block         resid_post - resid_pre                      resid_pre                    sublayer  no
+=====================  =========================================  ===========================  ========  =========
+
+Under gated attention (Qwen3.5: hook_z = sigmoid(gate) * A v) the value spaces read the *pre-gate* aggregate
+o = A v, rebuilt from the full pattern by :func:`value_parts` (the one place that rebuild is written).
+
+Adding a space: its name in :data:`lens_parallel.choices.Space` (the ``Literal`` the type checker and the CLI read)
+and its :class:`SpaceSpec` here; ``tests/test_registries.py`` checks that the two agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, cast
+
+import einops
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from lens_parallel import geometry
+from lens_parallel.choices import HeadSpace, Space
+from lens_parallel.errors import LensParallelError
+from lens_parallel.hooks import expand_kv, residual_reference_role
+from lens_parallel.models import ModelInfo
+
+Level = Literal["head", "sublayer"]
+"""A space's unit: one query head, or a whole sublayer update (one per layer)."""
+Family = Literal["value", "residual"]
+"""Where a space's message lives: a head's value aggregate (hook_z), or an update of the residual stream."""
+
+
+@dataclass(frozen=True)
+class SpaceSpec:
+    """One space: what it splits, where it is read and which levels it has.
+
+    Attributes:
+        name: the space's name (:data:`~lens_parallel.choices.Space`).
+        message, reference: m and r in words (help texts, the README's table).
+        family: ``value`` (read from the heads: m from hook_z or the pre-gate A v, r = v_t) or ``residual``.
+        level: the space's own unit: ``head`` (value, value-exclude-self) or ``sublayer`` (one unit per layer).
+        per_head: whether it also has a head level (the value spaces; residual-attn's per-head writes z_h W_O[h]).
+        attention: whether it reads the heads (hook_z / hook_pattern), so it exists on softmax-attention layers only.
+        sublayer: the sublayer whose output an edit of this space changes (``attn``: hook_z or hook_attn_out;
+            ``mlp``: hook_mlp_out; ``block``: hook_resid_post).
+    """
+
+    name: Space
+    message: str
+    reference: str
+    family: Family
+    level: Level
+    per_head: bool
+    attention: bool
+    sublayer: Literal["attn", "mlp", "block"]
+
+    @property
+    def value(self) -> bool:
+        """Whether this is a value space (the gate site applies; gated models read the pre-gate aggregate)."""
+        return self.family == "value"
+
+    def roles(self, info: ModelInfo, *, heads: bool = False) -> tuple[str, ...]:
+        """The activation roles (:data:`lens_parallel.hooks.ROLE_HOOKS`) this space's (m, r) are formed from at one
+        layer; ``heads``: also what its per-head level needs (residual-attn: hook_z for z_h W_O[h])."""
+        if self.value:
+            return value_roles(info, diagonal=self.name == "value-exclude-self")
+        if self.name == "residual-attn":
+            return ("resid_pre", *(("z",) if heads else ()), "attn_out")
+        if self.name == "residual-mlp":
+            return (residual_reference_role(info, "mlp"), "mlp_out")
+        return ("resid_pre", "resid_post")
+
+
+def _value(name: Space, message: str, reference: str, *, level: Level) -> SpaceSpec:
+    return SpaceSpec(name, message, reference, "value", level, level == "head", True, "attn")
+
+
+def _residual(name: Space, message: str, reference: str, *, sublayer: Literal["attn", "mlp", "block"]) -> SpaceSpec:
+    return SpaceSpec(name, message, reference, "residual", "sublayer", sublayer == "attn", sublayer == "attn", sublayer)
+
+
+SPACES: Mapping[str, SpaceSpec] = {
+    spec.name: spec
+    for spec in (
+        _value("value", "o_t = sum_s A_ts v_s (hook_z)", "v_t", level="head"),
+        _value("value-exclude-self", "c_t = o_t - A_tt v_t", "v_t", level="head"),
+        _value("value-merged", "concat_h o_t^h", "concat_h v_t^h", level="sublayer"),
+        _residual("residual-attn", "hook_attn_out (per head: z_h W_O[h])", "resid_pre", sublayer="attn"),
+        _residual(
+            "residual-mlp", "hook_mlp_out", "resid_mid (resid_pre when attention and MLP are parallel)", sublayer="mlp"
+        ),
+        _residual("residual-block", "resid_post - resid_pre", "resid_pre", sublayer="block"),
+    )
+}
+"""Every space, in the order of :data:`lens_parallel.choices.Space`."""
+
+SPACE_NAMES: tuple[Space, ...] = tuple(s.name for s in SPACES.values())
+"""Every space's name."""
+HEAD_SPACES = cast(tuple[HeadSpace, ...], tuple(s.name for s in SPACES.values() if s.per_head))
+"""Spaces with a per-head level (:data:`~lens_parallel.choices.HeadSpace`): scalings and diagonal views per head."""
+ATTENTION_SPACES: tuple[Space, ...] = tuple(s.name for s in SPACES.values() if s.attention)
+"""Spaces read from the heads (hook_z, hook_v, ...): softmax-attention layers only."""
+VALUE_SPACES: tuple[Space, ...] = tuple(s.name for s in SPACES.values() if s.value)
+"""The value spaces (the gate site applies)."""
+
+
+def value_roles(info: ModelInfo, *, diagonal: bool = False, gate: bool = False) -> tuple[str, ...]:
+    """The roles :func:`value_parts` reads: v and the aggregate (hook_z; under gated attention the full pattern, to
+    rebuild the pre-gate A v), the pattern's diagonal when ``diagonal``, the gate input when ``gate`` (gated
+    models only)."""
+    if info.gated_attention:
+        return ("v", "pattern_full", *(("q_gate",) if gate else ()))
+    return ("v", "z", *(("pattern",) if diagonal else ()))
+
+
+@dataclass(frozen=True)
+class ValueParts:
+    """A layer's value-space quantities, per query head (``v`` expanded under GQA):
+
+    - ``o``: the value aggregate sum_s A_ts v_s (hook_z; the pre-gate A v under gated attention) ``[batch pos
+      head_index d_head]``;
+    - ``v``: the values ``[batch pos head_index d_head]``;
+    - ``diag``: A_tt ``[batch head_index pos]`` (None when not captured);
+    - ``gate``: sigmoid(gate) ``[batch pos head_index d_head]`` under gated attention when captured, else None.
+    """
+
+    o: Float[Tensor, "batch pos head_index d_head"]
+    v: Float[Tensor, "batch pos head_index d_head"]
+    diag: Float[Tensor, "batch head_index pos"] | None
+    gate: Float[Tensor, "batch pos head_index d_head"] | None
+
+    def exclude_self(self) -> Float[Tensor, "batch pos head_index d_head"]:
+        """c_t = o_t - A_tt v_t (needs ``diag``)."""
+        if self.diag is None:
+            raise LensParallelError("exclude-self needs A_tt: capture value_roles(info, diagonal=True)")
+        return geometry.split_self(self.o, self.v, self.diag)[1]
+
+    def message(self, space: str) -> Float[Tensor, "batch pos head_index d_head"]:
+        """The per-head message m of a head-level value space (value: o; value-exclude-self: c)."""
+        return self.exclude_self() if space == "value-exclude-self" else self.o
+
+
+def value_parts(captured: Mapping[str, Tensor], info: ModelInfo) -> ValueParts:
+    """:class:`ValueParts` from a layer's captured roles (:func:`value_roles`): the one rebuild of the pre-gate
+    aggregate A v under gated attention (Qwen3.5, where hook_z = sigmoid(gate) * A v)."""
+    v = expand_kv(captured["v"], info.n_heads)
+    gate: Tensor | None = None
+    diag: Tensor | None
+    if "q_gate" in captured:
+        gate = torch.sigmoid(einops.rearrange(captured["q_gate"], "b p (h d) -> b p h d", h=info.n_heads))
+    if info.gated_attention and "pattern_full" in captured:
+        pattern = captured["pattern_full"]
+        o, diag = geometry.value_aggregate(pattern, v), torch.diagonal(pattern, dim1=-2, dim2=-1)
+    else:  # hook_z itself (also the post-gate site of gated attention, when the pattern is not captured)
+        o, diag = captured["z"], captured.get("pattern")
+    return ValueParts(o=o, v=v, diag=diag, gate=gate)
+
+
+def residual_message(
+    space: str, captured: Mapping[str, Tensor], info: ModelInfo
+) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"]]:
+    """(m, x) of a residual space at one layer: the sublayer's update and the residual state it is added to."""
+    if space == "residual-attn":
+        return captured["attn_out"], captured["resid_pre"]
+    if space == "residual-mlp":
+        return captured["mlp_out"], captured[residual_reference_role(info, "mlp")]
+    return captured["resid_post"] - captured["resid_pre"], captured["resid_pre"]
