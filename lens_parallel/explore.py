@@ -49,17 +49,18 @@ from lens_parallel.analyses.decompose import decompose
 from lens_parallel.choices import ExplorerEdit, HeadSpace
 from lens_parallel.data import TokenBlocks
 from lens_parallel.documents import Documents, document_batches
-from lens_parallel.edits import ComponentScale, Edit, Heads, RandomDirectionRemoval, ZeroDiagonal, compile_hooks
+from lens_parallel.edits import Edit, Heads, compile_hooks, edit_noop, explorer_edits
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import check_indices, expand_kv, output_weights, softmax_layers
 from lens_parallel.models import head_label, model_info
 from lens_parallel.plots import explore as plots
 from lens_parallel.results import Provenance
+from lens_parallel.spaces import HEAD_SPACES
 from lens_parallel.sweep import Batch, EditJob, TokenNLL, run_rows, run_sweep
-from lens_parallel.validate import check_choice, check_finite, check_non_negative_int, options
+from lens_parallel.validate import check_choice, check_finite, check_non_negative_int
 
-SPACES: tuple[HeadSpace, ...] = options(HeadSpace)
-"""Spaces the explorer shows: the two value spaces and each head's residual write."""
+SPACES: tuple[HeadSpace, ...] = HEAD_SPACES
+"""Spaces the explorer shows: those with a per-head level (the two value spaces and each head's residual write)."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,8 @@ class Explorer:
         check_indices("doc", state["doc"], len(self.documents))
         for name in ("s_par", "s_perp"):
             check_finite(name, state[name])
-        check_choice("edit", state["edit"], ExplorerEdit)
+        if state["edit"] not in explorer_edits():
+            raise LensParallelError(f"unknown explorer edit {state['edit']!r}; accepted: {', '.join(explorer_edits())}")
         check_non_negative_int("seed", state["seed"])
         compile_hooks(self.model, self._edits(state, reference=False))  # the edit is valid on this model
         before, self.state = self.state, state
@@ -186,16 +188,14 @@ class Explorer:
         """The loss view's edit of ``state`` on the selected head (or every head of the layer, each on its own
         write), or with ``reference`` what it is compared with: the matched no-op of ``scale``, the unedited model
         (no edit) for the comparison edits."""
-        layers, heads = (state["layer"],), cast(Heads, "all" if state["all_heads"] else (state["head"],))
-        if state["edit"] == "scale":
-            s_par, s_perp = (1.0, 1.0) if reference else (state["s_par"], state["s_perp"])
-            return (ComponentScale(state["space"], s_par=s_par, s_perp=s_perp, layers=layers, heads=heads),)
-        if reference:
-            return ()
-        if state["edit"] == "zero-diagonal":
-            return (ZeroDiagonal(layers=layers, heads=heads),)
-        matched = state["edit"] == "random-direction-norm-matched"
-        return (RandomDirectionRemoval(seed=state["seed"], norm_matched=matched, layers=layers, heads=heads),)
+        kind, fixed = explorer_edits()[state["edit"]]
+        settings = {f.name: state[f.name] for f in dataclasses.fields(cast(Any, kind.cls)) if f.name in state}
+        heads = cast(Heads, "all" if state["all_heads"] else (state["head"],))
+        edit = kind.cls(**settings | {"layers": (state["layer"],), "heads": heads} | dict(fixed))
+        if not reference:
+            return (edit,)
+        matched = edit_noop(edit)  # the same hooks at scales 1, or None: the unedited model
+        return () if matched is None else (matched,)
 
     def _losses(self, edits: tuple[Edit, ...], layer: int, doc: int) -> np.ndarray:
         """Per-token NLL of ``doc`` under ``edits`` of ``layer`` (one forward resumed at ``layer``: the engine's

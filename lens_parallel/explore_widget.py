@@ -20,11 +20,10 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from lens_parallel.choices import ExplorerEdit
+from lens_parallel.edits import explorer_edits
 from lens_parallel.errors import LibraryError
 from lens_parallel.explore import SPACES
 from lens_parallel.plots.explore import setting_label
-from lens_parallel.validate import options
 
 if TYPE_CHECKING:
     from lens_parallel.explore import Explorer
@@ -121,7 +120,7 @@ class ExplorerWidget:
         self.s_par = w.FloatSlider(value=st["s_par"], min=-1.0, max=2.0, step=0.1, description="s_par")
         self.s_perp = w.FloatSlider(value=st["s_perp"], min=0.0, max=2.0, step=0.1, description="s_perp")
         self.all_heads = w.Checkbox(value=st["all_heads"], description="all heads of the layer")
-        self.edit = w.Dropdown(options=list(options(ExplorerEdit)), value=st["edit"], description="edit")
+        self.edit = w.Dropdown(options=list(explorer_edits()), value=st["edit"], description="edit")
         self.seed = w.BoundedIntText(value=st["seed"], min=0, max=2**31 - 1, description="seed")
         self.save = w.Button(description="save view", icon="save")
         self.status = w.HTML()

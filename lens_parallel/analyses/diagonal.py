@@ -37,7 +37,6 @@ from lens_parallel import geometry
 from lens_parallel.choices import DiagonalLayout, HeadSpace
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, document_batches, prompt_documents
-from lens_parallel.spaces import HEAD_SPACES
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
     check_indices,
@@ -51,6 +50,7 @@ from lens_parallel.models import ModelInfo, head_label, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.diagonal import diagonal_figure, paper_diagonal_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.spaces import HEAD_SPACES
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import as_tuple, check_choice, check_choices, check_finite, check_non_negative_int

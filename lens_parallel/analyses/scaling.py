@@ -23,7 +23,6 @@ from lens_parallel import geometry
 from lens_parallel.choices import EditPositions, HeadsAll, ReferenceGuard, ScaleMetric, Space, ValueSite
 from lens_parallel.documents import Documents, TextWindows
 from lens_parallel.edits import ComponentScale, check_positions
-from lens_parallel.spaces import SPACES
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.hooks import check_indices, softmax_layers
 from lens_parallel.losses import DocLosses, EditEffect, edit_effect
@@ -31,6 +30,7 @@ from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.scaling import scaling_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.spaces import SPACES
 from lens_parallel.sweep import EditJob, SweepRun, run_sweep
 from lens_parallel.validate import (
     as_indices,

@@ -2,11 +2,10 @@
 
 A spec is ``KIND`` or ``KIND:key=value,key=value``:
 
-- ``KIND`` a space of :class:`~lens_parallel.edits.ComponentScale` (``value``, ``value-exclude-self``,
-  ``residual-attn``, ``residual-mlp``, ``residual-block``): ``value:s_par=0`` is ``ComponentScale("value",
-  s_par=0.0)``;
-- ``zero-diagonal`` (:class:`~lens_parallel.edits.ZeroDiagonal`), ``random-direction``
-  (:class:`~lens_parallel.edits.RandomDirectionRemoval`: ``random-direction:seed=1,norm_matched=true``);
+- ``KIND`` a space (:data:`lens_parallel.spaces.SPACES`), short for :class:`~lens_parallel.edits.ComponentScale`
+  in it: ``value:s_par=0`` is ``ComponentScale("value", s_par=0.0)``;
+- or a registered edit kind whose settings are all scalars (:data:`lens_parallel.edits.EDITS` entries with
+  ``spec=True``: ``zero-diagonal``, ``random-direction:seed=1,norm_matched=true``, ``scale:space=value,s_par=0``);
 
 values are numbers, ``true``/``false``, or layer / head lists joined by ``+`` (``layers=0+1+2``). A settings file
 (YAML or JSON) maps each setting's name to one spec or a list of specs (applied together).
@@ -14,15 +13,20 @@ values are numbers, ``true``/``false``, or layer / head lists joined by ``+`` (`
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import Any, cast
 
 from lens_parallel.choices import Space
-from lens_parallel.edits import ComponentScale, Edit, RandomDirectionRemoval, ZeroDiagonal
+from lens_parallel.edits import EDITS, ComponentScale, Edit
 from lens_parallel.errors import LensParallelError
+from lens_parallel.spaces import SPACES
 
-KINDS: dict[str, Any] = {"zero-diagonal": ZeroDiagonal, "random-direction": RandomDirectionRemoval}
-"""The spec kinds besides the spaces of ComponentScale."""
+
+def spec_kinds() -> tuple[str, ...]:
+    """Every kind a spec can name: the spaces (short for a ComponentScale), then the registered spec edits."""
+    return (*SPACES, *(name for name, kind in EDITS.items() if kind.spec))
 
 
 def _value(text: str) -> Any:
@@ -47,14 +51,14 @@ def parse_spec(spec: str) -> Edit:
         if not sep:
             raise LensParallelError(f"edit spec {spec!r}: {part!r} is not key=value")
         fields[key.strip().replace("-", "_")] = _value(value.strip())
-    spaces = get_args(Space)
-    if kind not in spaces and kind not in KINDS:
-        raise LensParallelError(f"edit spec {spec!r}: unknown kind {kind!r}; accepted: {', '.join((*spaces, *KINDS))}")
+    if kind not in spec_kinds():
+        raise LensParallelError(f"edit spec {spec!r}: unknown kind {kind!r}; accepted: {', '.join(spec_kinds())}")
     for name in ("s_par", "s_perp", "eps"):
         if isinstance(fields.get(name), int):
             fields[name] = float(fields[name])
     try:
-        edit: Edit = ComponentScale(cast(Space, kind), **fields) if kind in spaces else KINDS[kind](**fields)
+        make: Callable[..., Edit] = partial(ComponentScale, cast(Space, kind)) if kind in SPACES else EDITS[kind].cls
+        edit = make(**fields)
     except TypeError as exc:
         raise LensParallelError(f"edit spec {spec!r}: {exc}") from None
     return edit

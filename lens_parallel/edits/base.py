@@ -143,6 +143,13 @@ def register_edit(
     return register
 
 
+def explorer_edits() -> dict[str, tuple[EditKind, Mapping[str, Any]]]:
+    """The explorer's edit menu from the registry: each entry's name, its edit kind and the settings it fixes
+    (``scale`` first: the explorer's default)."""
+    menu = {entry: (kind, fixed) for kind in EDITS.values() for entry, fixed in kind.explorer.items()}
+    return dict(sorted(menu.items(), key=lambda item: item[0] != "scale"))
+
+
 def edit_kind(name: str) -> EditKind:
     """The registered edit ``name``, or a :class:`LensParallelError` listing the registered ones."""
     if name not in EDITS:

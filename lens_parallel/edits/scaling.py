@@ -47,7 +47,9 @@ from lens_parallel.spaces import HEAD_SPACES, SPACES, value_parts
 from lens_parallel.validate import as_indices, check_choice, check_finite
 
 
-@register_edit("scale", "scale the parallel and perpendicular parts of a message in one space", spec=True)
+@register_edit(
+    "scale", "scale the parallel and perpendicular parts of a message in one space", spec=True, explorer={"scale": {}}
+)
 @dataclass(frozen=True)
 class ComponentScale(EditBase):
     """Scale the parallel and perpendicular parts of a message in one space.
