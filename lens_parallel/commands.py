@@ -42,7 +42,7 @@ from typing import Any, Literal, Union
 import pandas as pd
 
 from lens_parallel import protocols  # noqa: F401  (registers the named protocols the parser lists)
-from lens_parallel.choices import DominanceScale, SensitivityMethod
+from lens_parallel.choices import SensitivityMethod
 from lens_parallel.cli import SPEC_PATH
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.options import PROTOCOLS, DataOptions, RunOptions, resolve
@@ -65,13 +65,6 @@ class SensitivityCommand:
 
     def __post_init__(self) -> None:
         check_non_negative_int("confirm", self.confirm)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DominanceCommand:
-    """Which scale ``dominance`` prints its table on (every scale is in the files)."""
-
-    scale: DominanceScale = field(default="qkv", metadata={"help": "scale of the printed table"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -363,51 +356,28 @@ def _load(inv: Invocation, out: Path, opts: RunOptions, *, whole_texts: bool = F
 # -- the subcommands ---------------------------------------------------------------------------------------------
 
 
-def _decompose(inv: Invocation) -> None:
-    from lens_parallel.analyses.decompose import DecomposeSettings, decompose
-
+def _analysis(inv: Invocation) -> None:
+    """Run a registered analysis (:mod:`lens_parallel.analyses.registry`): its settings and display options from
+    the command line, the output folder and run options checked, the model and documents loaded, the analysis run,
+    its files written and its table printed."""
+    analysis = _registry()[inv.name]
+    s = inv.settings(analysis.settings)
+    display = inv.settings(analysis.display) if analysis.display else None
     out = inv.out()
     opts = inv.run_options(out)
-    s = inv.settings(DecomposeSettings)
-    model, docs = _load(inv, out, opts)
-    result = decompose(model, docs, settings=s, options=opts)
-    df = result.to_dataframe()
-    print(f"{result.info.name}: means over layers and heads, positions t >= 1")
-    shown = df.groupby(["space", "level"])[["self_cos", "par_frac", "perp_frac", "par_coef"]].mean().round(4)
-    _emit(out, "decompose", result, shown)
-
-
-def _scale(inv: Invocation) -> None:
-    from lens_parallel.analyses.scaling import ScaleSettings, scale_sweep
-
-    out = inv.out()
-    opts = inv.run_options(out)
-    s = inv.settings(ScaleSettings)
-    model, docs = _load(inv, out, opts, whole_texts=s.metric == "word_perplexity")
-    result = scale_sweep(model, docs, settings=s, options=opts)
-    df = result.to_dataframe()
-    unit = result.unit
-    print(f"{result.info.name}: edited minus no-op (nats/{unit}), no-op loss {df['loss_noop'].iloc[0]:.4f}")
-    cols = ["space", "layer", "s_par", "s_perp", "delta_loss", "delta_loss_lo", "delta_loss_hi"]
-    _emit(out, "scale", result, df[cols].round(4).set_index("space"), store=opts.store)
-
-
-def _diagonal(inv: Invocation) -> None:
-    from lens_parallel.analyses.diagonal import DiagonalSettings, diagonal_view
-
-    out = inv.out()
-    opts = inv.run_options(out)
-    s = inv.settings(DiagonalSettings)
-    model, docs = _load(inv, out, opts)
-    result = diagonal_view(model, docs, settings=s, options=opts)
-    print(
-        f"{result.info.name}: dA_tt per head at layer {result.layer} for s_par = {s.s_par} (figure: head {result.head})"
-    )
-    _emit(out, "diagonal", result, result.to_dataframe().head(12))
+    if analysis.check_data is not None:
+        analysis.check_data(inv.data())
+    whole_texts = analysis.whole_texts is not None and analysis.whole_texts(s)
+    model, docs = _load(inv, out, opts, whole_texts=whole_texts)
+    result = analysis.function(model, docs, settings=s, options=opts)
+    title, shown = analysis.printer(result, s, display)
+    print(title)
+    also = analysis.files(result, out) if analysis.files else ()
+    _emit(out, analysis.name, result, shown, store=opts.store if analysis.sweep else None, also=also)
 
 
 def _sensitivity(inv: Invocation) -> None:
-    from lens_parallel.analyses.sensitivity import SensitivitySettings, head_sensitivity
+    from lens_parallel.analyses.sensitivity import SensitivitySettings
 
     how = inv.settings(SensitivityCommand)
     if how.confirm and how.method != "attribution":
@@ -416,14 +386,7 @@ def _sensitivity(inv: Invocation) -> None:
     if how.method == "attribution":
         _attribution(inv, s, how.confirm)
         return
-    out = inv.out()
-    opts = inv.run_options(out)
-    model, docs = _load(inv, out, opts)
-    result = head_sensitivity(model, docs, settings=s, options=opts)
-    joint = result.to_dataframe()
-    joint = joint[joint["head"].isna()]
-    print(f"{result.info.name}: joint {s.edit} ablation per layer (delta loss, nats/token)")
-    _emit(out, "sensitivity", result, joint[["label", "delta_loss", "ci_lo", "ci_hi", "p"]].round(4), store=opts.store)
+    _analysis(inv)
 
 
 def _attribution(inv: Invocation, s: Any, top: int) -> None:
@@ -457,68 +420,6 @@ def _attribution(inv: Invocation, s: Any, top: int) -> None:
         print(f"exact check of the top {top} heads and as many random ones:")
         _emit(out, "attribution_confirm", checked, checked.summary().drop(columns="note").round(4), store=opts.store)
         print(checked.summary()["note"].iloc[0])
-
-
-def _dominance(inv: Invocation) -> None:
-    from lens_parallel.analyses.dominance import DominanceSettings, head_dominance
-
-    out = inv.out()
-    opts = inv.run_options(out)
-    s = inv.settings(DominanceSettings)
-    scale = inv.settings(DominanceCommand).scale
-    model, docs = _load(inv, out, opts)
-    result = head_dominance(model, docs, settings=s, options=opts)
-    table = result.group_table()
-    table = table[(table.level == "pair") & (table.scale == scale) & table.mask_scale.isin(["", "qkv"])]
-    shown = table.pivot(index="group", columns="metric", values="median")
-    shown = shown.reindex(index=list(dict.fromkeys(table.group)), columns=_DOMINANCE_COLUMNS)
-    print(
-        f"{result.info.name}: dominance of upstream heads over the next layer, {scale} scale: medians over "
-        "observations (text, query token, receiving head); weak_smaller = share of observations"
-    )
-    shown["weak_smaller"] = table[table.metric == "weak_smaller"].set_index("group")["mean"]
-    _emit(out, "dominance", result, shown.round(4), store=opts.store)
-
-
-_DOMINANCE_COLUMNS = [
-    "effective_fraction",
-    "top25_share",
-    "bottom25_share",
-    "heads_for_90",
-    "joint_weak",
-    "joint_strong",
-    "joint_all",
-    "strong_weak_ratio",
-    "weak_smaller",
-]
-
-
-def _checks(inv: Invocation) -> None:
-    from lens_parallel.analyses.reliability import SanitySettings, check_documents, sanity_report
-
-    out = inv.out()
-    opts = inv.run_options(out)
-    s = inv.settings(SanitySettings)
-    check_documents(inv.data().n_docs)
-    model, docs = _load(inv, out, opts)
-    result = sanity_report(model, docs, settings=s, options=opts)
-    print(f"{result.info.name}: sanity checks on {len(docs.tokens)} documents")
-    _emit(out, "checks", result, result.summary().T.rename(columns={0: ""}), store=opts.store)
-
-
-def _compress(inv: Invocation) -> None:
-    from lens_parallel.analyses.compression import CompressionSettings, compression_error
-
-    s = inv.settings(CompressionSettings)  # every method checked before loading anything
-    out = inv.out()
-    opts = inv.run_options(out)
-    model, docs = _load(inv, out, opts)
-    result = compression_error(model, docs, settings=s, options=opts)
-    table = result.method_table()
-    table.to_csv(out / "compress_methods.csv", index=False)
-    print(f"{result.info.name}: error relative to the dense update, mean over layers; delta loss in nats/token")
-    also = (out / "compress_methods.csv",)
-    _emit(out, "compress", result, table.round(4).set_index(["method", "sublayer"]), store=opts.store, also=also)
 
 
 def _report(inv: Invocation) -> None:
@@ -653,65 +554,31 @@ def _protocols(inv: Invocation) -> None:
         print(f"\n{p.name}: {p.description}")
 
 
+def _registry() -> dict[str, Any]:
+    from lens_parallel.analyses.registry import analyses
+
+    return analyses()
+
+
+_CUSTOM_RUNS: dict[str, tuple[Callable[[Invocation], None], tuple[type, ...]]] = {
+    "sensitivity": (_sensitivity, (SensitivityCommand,)),
+}
+"""Analyses whose subcommand does more than :func:`_analysis` (sensitivity's attribution screen), with the extra
+options classes of that subcommand."""
+
+
 def _commands() -> dict[str, Command]:
-    from lens_parallel.analyses.compression import CompressionSettings
-    from lens_parallel.analyses.decompose import DecomposeSettings
-    from lens_parallel.analyses.diagonal import DiagonalSettings
-    from lens_parallel.analyses.dominance import DominanceSettings
-    from lens_parallel.analyses.reliability import SanitySettings
-    from lens_parallel.analyses.scaling import ScaleSettings
-    from lens_parallel.analyses.sensitivity import SensitivitySettings
     from lens_parallel.downstream.effects import TaskSettings
     from lens_parallel.report import ReportSettings
     from lens_parallel.training.factorial import TrainSettings
 
-    return {
-        "decompose": Command(
-            "self-alignment of head outputs and residual updates", _decompose, (DecomposeSettings,), {}
-        ),
-        "scale": Command(
-            "loss when parallel / perpendicular parts are rescaled",
-            _scale,
-            (ScaleSettings,),
-            {},
-            SWEEP,
-            store="scale_store.jsonl",
-        ),
-        "diagonal": Command(
-            "attention-diagonal form of parallel scaling for one head", _diagonal, (DiagonalSettings,), {"n_docs": 4}
-        ),
-        "sensitivity": Command(
-            "per-head and joint ablation effects, layer by layer",
-            _sensitivity,
-            (SensitivitySettings, SensitivityCommand),
-            {"n_docs": 8},
-            SWEEP,
-            store="sensitivity_store.jsonl",
-        ),
-        "dominance": Command(
-            "how strongly each upstream head drives the next layer's q/k/v",
-            _dominance,
-            (DominanceSettings, DominanceCommand),
-            {"texts": "study", "seq_len": 32, "n_docs": 4},
-            SWEEP,
-            store="dominance_store.jsonl",
-        ),
-        "checks": Command(
-            "sanity checks: causal null, GQA groups, split-half reliability",
-            _checks,
-            (SanitySettings,),
-            {"n_docs": 8},
-            SWEEP,
-            store="ablations.jsonl",
-        ),
-        "compress": Command(
-            "compression error along / across each layer's update",
-            _compress,
-            (CompressionSettings,),
-            {"n_docs": 12},
-            SWEEP,
-            store="compress_store.jsonl",
-        ),
+    analyses = {}
+    for name, a in _registry().items():
+        run, extra = _CUSTOM_RUNS.get(name, (_analysis, ()))
+        settings = (a.settings, *((a.display,) if a.display else ()), *extra)
+        run_fields = SWEEP if a.sweep else ("batch_size", "progress")
+        analyses[name] = Command(a.help, run, settings, dict(a.data), run_fields, store=a.store)
+    return analyses | {
         "report": Command(
             "the standard battery on one or several models: report.html + tables",
             _report,

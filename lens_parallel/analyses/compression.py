@@ -24,6 +24,7 @@ import gc
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -36,6 +37,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
+from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import CompressionMode, ScoredPositions, Sublayer
 from lens_parallel.compression import SPEC_HELP, Compression, MethodLike, checked_compressed, compress, method_name
 from lens_parallel.data import load_texts, token_blocks
@@ -477,3 +479,29 @@ def compression_error(
         mode=s.mode,
         input_drift=np.stack([run.value(job)["drift"] for job in jobs]),
     )
+
+
+def _printed(result: CompressionResult, s: CompressionSettings, display: None) -> tuple[str, pd.DataFrame]:
+    title = f"{result.info.name}: error relative to the dense update, mean over layers; delta loss in nats/token"
+    return title, result.method_table().round(4).set_index(["method", "sublayer"])
+
+
+def _method_table(result: CompressionResult, folder: Path) -> tuple[Path, ...]:
+    result.method_table().to_csv(folder / "compress_methods.csv", index=False)
+    return (folder / "compress_methods.csv",)
+
+
+register_analysis(
+    Analysis(
+        "compress",
+        "compression error along / across each layer's update",
+        compression_error,
+        CompressionSettings,
+        CompressionResult,
+        _printed,
+        data={"n_docs": 12},
+        sweep=True,
+        store="compress_store.jsonl",
+        files=_method_table,
+    )
+)

@@ -40,6 +40,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
+from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import Space
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents
@@ -348,3 +349,20 @@ def decompose(
         skipped=skipped,
     )
     return DecompositionResult(tables=tables, provenance=provenance)
+
+
+def _printed(result: DecompositionResult, s: DecomposeSettings, display: None) -> tuple[str, pd.DataFrame]:
+    shown = result.to_dataframe().groupby(["space", "level"])[["self_cos", "par_frac", "perp_frac", "par_coef"]]
+    return f"{result.info.name}: means over layers and heads, positions t >= 1", shown.mean().round(4)
+
+
+register_analysis(
+    Analysis(
+        "decompose",
+        "self-alignment of head outputs and residual updates",
+        decompose,
+        DecomposeSettings,
+        DecompositionResult,
+        _printed,
+    )
+)

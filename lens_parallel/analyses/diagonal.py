@@ -34,6 +34,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
+from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import DiagonalLayout, HeadSpace
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, document_batches, prompt_documents
@@ -366,3 +367,23 @@ def diagonal_view(
         layer_guarded=int(sums["layer_guarded"]) if "layer_guarded" in sums else 0,
         provenance=provenance,
     )
+
+
+def _printed(result: DiagonalView, s: DiagonalSettings, display: None) -> tuple[str, pd.DataFrame]:
+    title = (
+        f"{result.info.name}: dA_tt per head at layer {result.layer} for s_par = {s.s_par} (figure: head {result.head})"
+    )
+    return title, result.to_dataframe().head(12)
+
+
+register_analysis(
+    Analysis(
+        "diagonal",
+        "attention-diagonal form of parallel scaling for one head",
+        diagonal_view,
+        DiagonalSettings,
+        DiagonalView,
+        _printed,
+        data={"n_docs": 4},
+    )
+)

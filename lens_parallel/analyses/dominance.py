@@ -57,6 +57,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
+from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import DominanceScale, MaskScale
 from lens_parallel.data import TokenBlocks, token_blocks
 from lens_parallel.distributed import TaskContext, check_workers
@@ -743,3 +744,53 @@ def head_dominance(
         provenance=provenance,
         **{key: _pad(v, axes=(1, 3)) for key, v in arrays.items()},
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DominanceDisplay:
+    """Which scale the ``dominance`` subcommand prints its table on (every scale is in the files)."""
+
+    scale: DominanceScale = field(default="qkv", metadata={"help": "scale of the printed table"})
+
+
+_PRINTED_COLUMNS = [
+    "effective_fraction",
+    "top25_share",
+    "bottom25_share",
+    "heads_for_90",
+    "joint_weak",
+    "joint_strong",
+    "joint_all",
+    "strong_weak_ratio",
+    "weak_smaller",
+]
+
+
+def _printed(result: DominanceResult, s: DominanceSettings, display: DominanceDisplay) -> tuple[str, pd.DataFrame]:
+    scale = display.scale
+    table = result.group_table()
+    table = table[(table.level == "pair") & (table.scale == scale) & table.mask_scale.isin(["", "qkv"])]
+    shown = table.pivot(index="group", columns="metric", values="median")
+    shown = shown.reindex(index=list(dict.fromkeys(table.group)), columns=_PRINTED_COLUMNS)
+    shown["weak_smaller"] = table[table.metric == "weak_smaller"].set_index("group")["mean"]
+    title = (
+        f"{result.info.name}: dominance of upstream heads over the next layer, {scale} scale: medians over "
+        "observations (text, query token, receiving head); weak_smaller = share of observations"
+    )
+    return title, shown.round(4)
+
+
+register_analysis(
+    Analysis(
+        "dominance",
+        "how strongly each upstream head drives the next layer's q/k/v",
+        head_dominance,
+        DominanceSettings,
+        DominanceResult,
+        _printed,
+        data={"texts": "study", "seq_len": 32, "n_docs": 4},
+        sweep=True,
+        store="dominance_store.jsonl",
+        display=DominanceDisplay,
+    )
+)

@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.analyses.nulls import NullResult, NullSettings, causal_null, gqa_alignment, is_grouped
+from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import Ablation, EditPositions, Null
 from lens_parallel.distributed import check_workers
 from lens_parallel.documents import Documents
@@ -266,3 +267,24 @@ def sanity_report(
     else:
         nulls = causal_null(model, docs, settings=null_settings, options=alone)
     return SanityReport(null=nulls, split_half=_split_half(model, docs, nulls, s, opts))
+
+
+def _printed(result: SanityReport, s: SanitySettings, display: None) -> tuple[str, pd.DataFrame]:
+    title = f"{result.info.name}: sanity checks on {result.provenance.texts['n_docs']} documents"
+    return title, result.summary().T.rename(columns={0: ""})
+
+
+register_analysis(
+    Analysis(
+        "checks",
+        "sanity checks: causal null, GQA groups, split-half reliability",
+        sanity_report,
+        SanitySettings,
+        SanityReport,
+        _printed,
+        data={"n_docs": 8},
+        sweep=True,
+        store="ablations.jsonl",
+        check_data=lambda data: check_documents(data.n_docs),
+    )
+)

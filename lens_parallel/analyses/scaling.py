@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
+from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import EditPositions, HeadsAll, ReferenceGuard, ScaleMetric, Space, ValueSite
 from lens_parallel.documents import Documents, TextWindows
 from lens_parallel.edits import ComponentScale, check_positions
@@ -307,3 +308,25 @@ def scale_sweep(
     return ScalingResult(
         points=sweep_points, provenance=Provenance.of(info, docs, "scale_sweep", s, run, layers=layers)
     )
+
+
+def _printed(result: ScalingResult, s: ScaleSettings, display: None) -> tuple[str, pd.DataFrame]:
+    df = result.to_dataframe()
+    title = f"{result.info.name}: edited minus no-op (nats/{result.unit}), no-op loss {df['loss_noop'].iloc[0]:.4f}"
+    cols = ["space", "layer", "s_par", "s_perp", "delta_loss", "delta_loss_lo", "delta_loss_hi"]
+    return title, df[cols].round(4).set_index("space")
+
+
+register_analysis(
+    Analysis(
+        "scale",
+        "loss when parallel / perpendicular parts are rescaled",
+        scale_sweep,
+        ScaleSettings,
+        ScalingResult,
+        _printed,
+        sweep=True,
+        store="scale_store.jsonl",
+        whole_texts=lambda s: s.metric == "word_perplexity",
+    )
+)

@@ -16,6 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import Ablation, EditPositions, SignFlipWeights
 from lens_parallel.documents import Documents
 from lens_parallel.edits import check_positions
@@ -182,3 +183,25 @@ def head_sensitivity(
         doc_tokens=run.base.n_tokens,
         provenance=Provenance.of(info, docs, "head_sensitivity", s, run, layers=list(layer_idx), skipped=skipped),
     )
+
+
+def _printed(result: SensitivityResult, s: SensitivitySettings, display: None) -> tuple[str, pd.DataFrame]:
+    joint = result.to_dataframe()
+    joint = joint[joint["head"].isna()]
+    title = f"{result.info.name}: joint {s.edit} ablation per layer (delta loss, nats/token)"
+    return title, joint[["label", "delta_loss", "ci_lo", "ci_hi", "p"]].round(4)
+
+
+register_analysis(
+    Analysis(
+        "sensitivity",
+        "per-head and joint ablation effects, layer by layer",
+        head_sensitivity,
+        SensitivitySettings,
+        SensitivityResult,
+        _printed,
+        data={"n_docs": 8},
+        sweep=True,
+        store="sensitivity_store.jsonl",
+    )
+)
