@@ -107,7 +107,9 @@ def test_sanity_report_row_and_figure():
     assert [t.xaxis for t in heads] == ["x3", "x4"]
     assert len(heads[0].x) == len(report.split_half.layers) * model_info(model).n_heads
     # one kv head (no GQA panel): the null panel spans the top row, the scatters stay in the bottom row
-    single = SanityReport(null=causal_null(model, blocks, n_resamples=100), split_half=report.split_half)
+    single = SanityReport(
+        null=causal_null(model, blocks, n_resamples=100), split_half=report.split_half, provenance=report.provenance
+    )
     fig = single.figure()
     assert [a.text for a in fig.layout.annotations][:2] == ["self-cosine vs earlier-position null", titles[2]]
     assert fig.layout.xaxis.domain == (0.0, 1.0)

@@ -215,10 +215,7 @@ class SanityReport(ResultMixin):
 
     null: NullResult
     split_half: SplitHalfResult
-
-    @property
-    def provenance(self) -> Provenance:
-        return self.null.provenance
+    provenance: Provenance
 
     def to_dataframe(self) -> pd.DataFrame:
         """Full resolution: one row per (layer, head) of the null (:meth:`NullResult.head_table`) with the head's
@@ -266,7 +263,9 @@ def sanity_report(
         nulls = gqa_alignment(model, docs, settings=null_settings, options=alone)
     else:
         nulls = causal_null(model, docs, settings=null_settings, options=alone)
-    return SanityReport(null=nulls, split_half=_split_half(model, docs, nulls, s, opts))
+    split_half = _split_half(model, docs, nulls, s, opts)
+    provenance = Provenance.of(model_info(model), docs, "sanity_report", s, opts)
+    return SanityReport(null=nulls, split_half=split_half, provenance=provenance)
 
 
 def _printed(result: SanityReport, s: SanitySettings, display: None) -> tuple[str, pd.DataFrame]:
