@@ -553,5 +553,5 @@ def gradient_pass(
         per_doc = objective(final)
         torch.autograd.grad(per_doc.sum(), roots)  # the hooks on the way down read the gradients
     if grads:
-        raise RuntimeError(f"no gradient reached layers {sorted(grads)}")
+        raise LibraryError(f"no gradient reached layers {sorted(grads)}")
     return per_doc.detach()

@@ -29,7 +29,7 @@ from lens_parallel.documents import scored_mask
 from lens_parallel.errors import LensParallelError
 from lens_parallel.plots.losses import edit_effect_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
-from lens_parallel.stats import paired_bootstrap_ci
+from lens_parallel.stats import N_RESAMPLES, paired_bootstrap_ci
 
 
 @serializable
@@ -100,7 +100,7 @@ def _interval(ci: tuple[float, float] | tuple[np.ndarray, np.ndarray]) -> tuple[
 
 
 def distribution_shift(
-    kl_sum: np.ndarray, agree_sum: np.ndarray, n_tokens: np.ndarray, *, n_resamples: int = 2000, seed: int = 0
+    kl_sum: np.ndarray, agree_sum: np.ndarray, n_tokens: np.ndarray, *, n_resamples: int = N_RESAMPLES, seed: int = 0
 ) -> dict[str, Any]:
     """The :class:`EditEffect` fields of a distribution shift from per-document sums: the token-weighted mean KL
     (nats) and top-1 agreement, each with a bootstrap CI over documents (ratio of sums)."""
@@ -116,7 +116,12 @@ def distribution_shift(
 
 
 def edit_effect(
-    noop_losses: DocLosses, edited: DocLosses, *, n_resamples: int = 2000, seed: int = 0, what: str = "edited losses"
+    noop_losses: DocLosses,
+    edited: DocLosses,
+    *,
+    n_resamples: int = N_RESAMPLES,
+    seed: int = 0,
+    what: str = "edited losses",
 ) -> EditEffect:
     """Compare two :class:`DocLosses` of the same documents (``what`` names them in the error for a non-finite
     loss)."""

@@ -35,7 +35,7 @@ from accelerate.utils import align_module_device
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import tokenizers as _tok
-from lens_parallel.errors import EnvironmentFailure, LensParallelError
+from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
 from lens_parallel.paths import cache_dir, cached_folder
 from lens_parallel.weights import REAL_MODELS, real_model_folder
 
@@ -313,7 +313,7 @@ def weights_digest(model: TransformerBridge) -> str:
             for name, tensor in named:
                 values = tensor.detach().reshape(-1).contiguous()
                 if values.device.type == "meta":
-                    raise RuntimeError(f"cannot digest {module_name}.{name}: its values are not materialised (meta)")
+                    raise LibraryError(f"cannot digest {module_name}.{name}: its values are not materialised (meta)")
                 digest.update(f"{module_name}.{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
                 digest.update(values.view(torch.uint8).cpu().numpy())
     return digest.hexdigest()
@@ -359,7 +359,7 @@ def export_hf_model(hf_model: transformers.PreTrainedModel) -> transformers.PreT
             state[plain] = tensor.detach()  # load_state_dict copies into fresh's own tensors: no clone held beside
     missing = wanted - set(state)
     if missing:
-        raise RuntimeError(f"cannot export the wrapped model: no weights found for {sorted(missing)[:5]}")
+        raise LibraryError(f"cannot export the wrapped model: no weights found for {sorted(missing)[:5]}")
     fresh.load_state_dict(state)
     fresh.eval()
     return fresh

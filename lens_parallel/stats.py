@@ -27,6 +27,10 @@ power, alpha 0.05" (the normal approximation gives z_{0.975} + z_{0.8} = 2.80; t
 small n is larger: :func:`mde`)."""
 
 
+N_RESAMPLES = 2000
+"""Bootstrap resamples of every confidence interval by default (one place: settings, statistics, losses)."""
+
+
 def require_finite(values: np.ndarray, what: str) -> np.ndarray:
     """``values`` as float64, or a :class:`LensParallelError` saying how many of them (and which first) are not
     finite, for ``what`` (e.g. ``"L3H2: per-document delta loss"``)."""
@@ -56,7 +60,7 @@ def paired_bootstrap_ci(
     weights: np.ndarray,
     *,
     statistic: Callable[..., np.ndarray | float] = ratio_of_sums_delta,
-    n_resamples: int = 2000,
+    n_resamples: int = N_RESAMPLES,
     confidence: float = 0.95,
     seed: int = 0,
     what: str = "paired bootstrap",
@@ -237,7 +241,12 @@ def split_half_correlations(stat: np.ndarray, delta: np.ndarray, *, method: str 
 
 
 def bootstrap_mean_ci(
-    values: np.ndarray, *, n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0, what: str = "bootstrap"
+    values: np.ndarray,
+    *,
+    n_resamples: int = N_RESAMPLES,
+    confidence: float = 0.95,
+    seed: int = 0,
+    what: str = "bootstrap",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Percentile CI of the mean over axis 0 (documents), for every column at once (``scipy.stats.bootstrap``);
     non-finite values are refused (``what`` names them)."""

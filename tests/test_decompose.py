@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from lens_parallel.analyses.decompose import DecompositionResult, decompose
-from lens_parallel.spaces import SPACE_NAMES
 from lens_parallel.data import token_blocks
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import model_info
+from lens_parallel.spaces import SPACE_NAMES
 
 from .conftest import get_model
 
@@ -142,7 +142,8 @@ def test_bad_arguments_fail_before_any_forward():
         decompose(model, torch.zeros(8, dtype=torch.long))
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['spaces'\]; accepted: space, layers, eps"):
         decompose(model, tokens, spaces=["value"])
-    assert SPACE_NAMES == ("value", "value-exclude-self", "value-merged", "residual-attn", "residual-mlp", "residual-block")
+    every = ("value", "value-exclude-self", "value-merged", "residual-attn", "residual-mlp", "residual-block")
+    assert SPACE_NAMES == every
 
 
 def test_load_refuses_another_result_type(tmp_path):

@@ -9,10 +9,10 @@ import torch
 from lens_parallel import geometry
 from lens_parallel.analyses.evaluate import evaluate
 from lens_parallel.data import token_blocks
-from lens_parallel.spaces import SPACE_NAMES
 from lens_parallel.edits import ComponentScale, DiagonalEdit, HeadEdit, apply_edits, noop
 from lens_parallel.hooks import expand_kv
 from lens_parallel.models import model_info
+from lens_parallel.spaces import SPACE_NAMES
 
 from .conftest import get_model
 

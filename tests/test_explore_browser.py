@@ -89,9 +89,13 @@ def _browser(p, errors: list, external: list):
     return browser, page
 
 
-def _wait_for_title(page, fragment: str) -> list[str]:
-    page.wait_for_function(f"{TITLES}.some(t => t.includes({fragment!r}))", timeout=60_000)
-    return page.evaluate(TITLES)
+def _wait_for_titles(page, *fragments: str) -> list[str]:
+    """The figures' titles once every fragment is in one of them, read in the same evaluation that saw them (a
+    figure being redrawn has no title for a moment: waiting for one fragment and reading later can miss another)."""
+    condition = " && ".join(f"titles.some(t => t.includes({f!r}))" for f in fragments)
+    script = f"(() => {{ const titles = {TITLES}; return ({condition}) && titles; }})()"
+    found = page.wait_for_function(script, timeout=60_000)
+    return found.json_value()
 
 
 def test_the_notebook_widget_reacts_to_a_slider_and_a_heatmap_click(lab):
@@ -106,24 +110,26 @@ def test_the_notebook_widget_reacts_to_a_slider_and_a_heatmap_click(lab):
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
         page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 4", timeout=180_000)
-        before = _wait_for_title(page, "loss change per token")
+        before = _wait_for_titles(page, "loss change per token", "attention pattern")
         loss_before = next(t for t in before if t.startswith("loss change"))
         assert "s_par=0," in loss_before
 
         handle = page.locator(".widget-slider .noUi-handle").first  # s_par
         handle.focus()
         page.keyboard.press("ArrowRight")
-        after_slider = _wait_for_title(page, "s_par=0.1,")
+        after_slider = _wait_for_titles(page, "s_par=0.1,", "attention pattern")
         assert next(t for t in after_slider if t.startswith("loss change")) != loss_before
 
         pattern_before = next(t for t in after_slider if "attention pattern" in t)
         heat = page.locator(".js-plotly-plot").first.locator(".nsewdrag").first
         box = heat.bounding_box()
         page.mouse.click(box["x"] + box["width"] * 0.1, box["y"] + box["height"] * 0.9)  # head 0 of the first layer
-        page.wait_for_function(
-            f"{TITLES}.some(t => t.includes('attention pattern') && t !== {pattern_before!r})", timeout=60_000
+        found = page.wait_for_function(
+            f"(() => {{ const titles = {TITLES}; return titles.some(t => t.includes('attention pattern') && "
+            f"t !== {pattern_before!r}) && titles; }})()",
+            timeout=60_000,
         )
-        titles = page.evaluate(TITLES)
+        titles = found.json_value()
         browser.close()
     assert any("L0H0 attention pattern" in t for t in titles), titles
     assert errors == [], errors

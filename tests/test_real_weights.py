@@ -19,10 +19,10 @@ from transformers import AutoModelForCausalLM
 from lens_parallel.analyses.ablation import run_ablations
 from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.data import token_blocks
-from lens_parallel.spaces import SPACE_NAMES
 from lens_parallel.edits import ComponentScale, DiagonalEdit, HeadEdit, apply_edits
 from lens_parallel.hooks import hook_name
 from lens_parallel.models import model_info
+from lens_parallel.spaces import SPACE_NAMES
 from lens_parallel.sweep import AblationJob
 from lens_parallel.weights import real_model_folder
 

@@ -54,7 +54,7 @@ from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import attribution_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
 from lens_parallel.spaces import HEAD_SPACES, value_parts, value_roles
-from lens_parallel.stats import paired_bootstrap_ci
+from lens_parallel.stats import N_RESAMPLES, paired_bootstrap_ci
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, head_means, run_sweep
 from lens_parallel.validate import as_indices, check_choice, check_finite, check_non_negative_int, check_positive_int
@@ -253,7 +253,7 @@ class AttributionSettings:
     layers: tuple[int, ...] | None = field(
         default=None, metadata={"help": "layers", "none": "every softmax-attention layer"}
     )
-    n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the CIs"})
+    n_resamples: int = field(default=N_RESAMPLES, metadata={"help": "bootstrap resamples of the CIs"})
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
     eps: float = field(default=geometry.EPS, metadata={"help": "guard on the norms of the references"})
 

@@ -30,6 +30,7 @@ from lens_parallel.losses import (
 from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve_options
 from lens_parallel.results import Provenance
+from lens_parallel.stats import N_RESAMPLES
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
 
@@ -94,7 +95,7 @@ def evaluate(
     documents: object,
     edits: Edit | Sequence[Edit],
     *,
-    n_resamples: int = 2000,
+    n_resamples: int = N_RESAMPLES,
     seed: int = 0,
     options: RunOptions | None = None,
     **changes: Any,

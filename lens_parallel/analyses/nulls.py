@@ -48,7 +48,7 @@ from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.nulls import null_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
 from lens_parallel.spaces import value_parts, value_roles
-from lens_parallel.stats import bootstrap_mean_ci
+from lens_parallel.stats import N_RESAMPLES, bootstrap_mean_ci
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import (
@@ -180,7 +180,7 @@ class NullSettings:
     null: Null = field(default="sampled", metadata={"help": "causal null: sampled (the paper's) or exact"})
     groups: Groups | None = field(default=None, metadata={"help": "GQA across-group comparison", "none": "none"})
     seed: int = field(default=0, metadata={"help": "seed of the null draws and the bootstrap"})
-    n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the excess CI"})
+    n_resamples: int = field(default=N_RESAMPLES, metadata={"help": "bootstrap resamples of the excess CI"})
     gate_tol: float = field(default=RECONSTRUCTION_TOL, metadata={"help": "reconstruction gate tolerance"})
     gate_layers: tuple[int, ...] | None = field(
         default=None, metadata={"help": "layers the gate checks", "none": "first, middle and last"}

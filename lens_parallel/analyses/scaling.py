@@ -32,6 +32,7 @@ from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.scaling import scaling_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.spaces import SPACES
+from lens_parallel.stats import N_RESAMPLES
 from lens_parallel.sweep import EditJob, SweepRun, run_sweep
 from lens_parallel.validate import (
     as_indices,
@@ -162,7 +163,7 @@ class ScaleSettings:
         default="token_perplexity",
         metadata={"help": "loss per token, or lm-eval's word perplexity of whole texts (TextWindows)"},
     )
-    n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the CIs"})
+    n_resamples: int = field(default=N_RESAMPLES, metadata={"help": "bootstrap resamples of the CIs"})
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
 
     def __post_init__(self) -> None:

@@ -26,7 +26,7 @@ from lens_parallel.models import head_label, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.sensitivity import sensitivity_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
-from lens_parallel.stats import benjamini_hochberg, sign_flip_pvalue
+from lens_parallel.stats import N_RESAMPLES, benjamini_hochberg, sign_flip_pvalue
 from lens_parallel.sweep import AblationJob, run_sweep
 from lens_parallel.validate import as_indices, check_choice, check_non_negative_int, check_positive_int
 
@@ -121,7 +121,7 @@ class SensitivitySettings:
     layers: tuple[int, ...] | None = field(
         default=None, metadata={"help": "layers", "none": "every softmax-attention layer"}
     )
-    n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the CIs"})
+    n_resamples: int = field(default=N_RESAMPLES, metadata={"help": "bootstrap resamples of the CIs"})
     n_permutations: int = field(default=10000, metadata={"help": "sign flips of the p-values"})
     sign_flip_weights: SignFlipWeights = field(
         default="documents", metadata={"help": "sign flips weigh documents equally or by their tokens"}

@@ -41,7 +41,7 @@ from lens_parallel.errors import LensParallelError
 from lens_parallel.models import model_info, weights_digest
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.results import WEIGHT_PROCESSING, Provenance, ResultMixin, serializable
-from lens_parallel.stats import holm, paired_bootstrap_ci
+from lens_parallel.stats import N_RESAMPLES, holm, paired_bootstrap_ci
 from lens_parallel.sweep import model_fingerprint
 from lens_parallel.validate import check_non_negative_int, check_positive_int
 
@@ -63,7 +63,7 @@ class TaskSettings:
     num_fewshot: int | None = field(default=None, metadata={"help": "few-shot examples", "none": "the preset's"})
     limit: int | None = field(default=None, metadata={"help": "items per task", "none": "all (or the preset's)"})
     fewshot_seed: int = field(default=1234, metadata={"help": "seed of the few-shot sampling (lm-eval's default)"})
-    n_resamples: int = field(default=2000, metadata={"help": "bootstrap resamples of the CIs"})
+    n_resamples: int = field(default=N_RESAMPLES, metadata={"help": "bootstrap resamples of the CIs"})
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
     add_bos_token: bool | None = field(
         default=None, metadata={"help": "prepend BOS as lm-eval's hf model", "none": "the tokenizer's default"}
