@@ -143,7 +143,7 @@ def test_bad_arguments_fail_before_any_forward():
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['spaces'\]; accepted: space, layers, eps"):
         decompose(model, tokens, spaces=["value"])
     every = ("value", "value-exclude-self", "value-merged", "residual-attn", "residual-mlp", "residual-block")
-    assert SPACE_NAMES == every
+    assert every == SPACE_NAMES
 
 
 def test_load_refuses_another_result_type(tmp_path):
