@@ -158,7 +158,7 @@ class Explorer:
         for name in ("s_par", "s_perp"):
             check_finite(name, state[name])
         if state["edit"] not in explorer_edits():
-            raise LensParallelError(f"unknown explorer edit {state['edit']!r}; accepted: {', '.join(explorer_edits())}")
+            raise LensParallelError(f"unknown edit {state['edit']!r}; the explorer's: {', '.join(explorer_edits())}")
         check_non_negative_int("seed", state["seed"])
         compile_hooks(self.model, self._edits(state, reference=False))  # the edit is valid on this model
         before, self.state = self.state, state
