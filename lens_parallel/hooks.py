@@ -9,12 +9,11 @@ logits: each ends at the unembedding's input (:func:`run_to_final`).
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib.metadata
 import numbers
 import threading
 import typing
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any, cast
@@ -26,8 +25,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
-from transformer_lens.model_bridge.generalized_components.base import align_offloaded_subtree
 
+from lens_parallel import compat
 from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
 from lens_parallel.models import ModelInfo
 
@@ -150,7 +149,7 @@ def output_weights(
     """W_O of ``layer`` (a detached copy, in ``dtype`` when given), also when accelerate has offloaded that layer's
     weights to CPU or disk (``load_model(..., device_map=...)``): they are materialised for the read."""
     attn = model.blocks[layer].attn
-    with align_offloaded_subtree(attn):
+    with compat.weights_materialised(attn):
         weights: Tensor = attn.W_O.detach().clone()
     return weights if dtype is None else weights.to(dtype)
 
@@ -188,27 +187,19 @@ def residual_reference_role(info: ModelInfo, sublayer: str) -> str:
     return "resid_mid" if sublayer == "mlp" and not info.parallel_attn_mlp else "resid_pre"
 
 
-def _passthrough(hidden_states: Tensor, *args: object, **kwargs: object) -> Tensor:
-    return hidden_states
-
-
-PREFIX_REUSE_VERSIONS = ((4, 3), (5, 0))
-"""TransformerLens versions [from, to) whose ``start_at_layer`` swaps the caller's residual in at block k, which
-:func:`skip_blocks_before` relies on (checked on first use; ``tests/test_hooks.py`` fails if it stops holding)."""
-_SKIP_LOCK = threading.RLock()
 _SKIP_DEPTH: dict[int, int] = {}
+_LOCKS: weakref.WeakKeyDictionary[TransformerBridge, Any] = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = threading.Lock()
 
 
-@functools.cache
-def _check_prefix_reuse() -> None:
-    version = importlib.metadata.version("transformer-lens")
-    major_minor = tuple(int(x) for x in version.split(".")[:2])
-    low, high = PREFIX_REUSE_VERSIONS
-    if not low <= major_minor < high:
-        raise LibraryError(
-            f"prefix reuse relies on TransformerLens {low[0]}.{low[1]}.x's start_at_layer (the residual swapped in at "
-            f"block k); transformer-lens {version} is installed: pip install 'transformer-lens>=4.3,<5'"
-        )
+def model_lock(model: TransformerBridge) -> contextlib.AbstractContextManager[bool]:
+    """The lock of one model's forwards (re-entrant): its hooks and patched blocks are that model's shared state,
+    so forwards of one model from several threads take turns, while forwards of different models run at once."""
+    with _LOCKS_LOCK:
+        if model not in _LOCKS:
+            _LOCKS[model] = threading.RLock()
+        lock: contextlib.AbstractContextManager[bool] = _LOCKS[model]
+        return lock
 
 
 @contextlib.contextmanager
@@ -220,25 +211,11 @@ def skip_blocks_before(model: TransformerBridge, layer: int) -> Iterator[None]:
     Inside this context the earlier blocks' Hugging Face layers (which in transformers 5 return the bare
     hidden-state tensor) are skipped; their output was discarded anyway, so the forward's result is unchanged
     (tested against the full forward on every toy family). Re-entrant (nested contexts count per block) and
-    thread-safe (one lock held for the context's duration: forwards of other threads wait); the installed
-    TransformerLens is checked first (:data:`PREFIX_REUSE_VERSIONS`).
+    thread-safe (the model's lock, :func:`model_lock`, held for the context's duration: forwards of the same model
+    in other threads wait); the installed TransformerLens is checked first (:data:`lens_parallel.compat.CHECKED`).
     """
-    _check_prefix_reuse()
-    with _SKIP_LOCK:
-        skipped = [model.blocks[i].original_component for i in range(layer)]
-        for module in skipped:
-            depth = _SKIP_DEPTH.get(id(module), 0)
-            if depth == 0:
-                module.forward = _passthrough
-            _SKIP_DEPTH[id(module)] = depth + 1
-        try:
-            yield
-        finally:
-            for module in skipped:
-                _SKIP_DEPTH[id(module)] -= 1
-                if _SKIP_DEPTH[id(module)] == 0:
-                    del _SKIP_DEPTH[id(module)]
-                    del module.forward
+    with model_lock(model), compat.passthrough([compat.hf_module(model.blocks[i]) for i in range(layer)], _SKIP_DEPTH):
+        yield
 
 
 FINAL_HOOK = "unembed.hook_in"
@@ -259,8 +236,8 @@ def run_to_final(
     by raising :class:`StopForward`. The logits are never computed (losses come from
     :func:`lens_parallel.losses.chunked_token_nll`): TransformerLens 4.3's ``stop_at_layer=n_layers`` still runs the
     unembedding. No key/value cache is built (``use_cache=False``): nothing here decodes, and a checkpointed block's
-    recompute (:func:`checkpointed_blocks`) must not extend one. Thread-safe: forwards of other threads on any
-    model wait (the lock of :func:`skip_blocks_before`, re-entrant). A final residual holding NaN or infinity is
+    recompute (:func:`checkpointed_blocks`) must not extend one. Thread-safe: forwards of the same model in other
+    threads wait (:func:`model_lock`). A final residual holding NaN or infinity is
     refused by :func:`raise_non_finite` (where it first appears, and why); :meth:`LayerStream.run` does the same for
     its captures."""
     kept: list[Tensor] = []
@@ -287,7 +264,7 @@ def _run(
     :class:`StopForward`. One forward at a time: hooks are the model's shared state, and another thread's stop hook
     registered on the same model would end this forward first."""
     try:
-        with _SKIP_LOCK, model.hooks(fwd_hooks=list(hooks)):
+        with model_lock(model), model.hooks(fwd_hooks=list(hooks)):
             if resid is None:
                 model(tokens, return_type=None, use_cache=False)
             else:
@@ -329,7 +306,7 @@ def raise_non_finite(
         warnings.simplefilter("ignore")
         _run(model, tokens, [*hooks, (checked, check)], resid, start_at_layer)
     params = model.original_model.named_parameters()
-    param = next((n.replace("._original_component", "") for n, p in params if not is_finite(p.detach())), None)
+    param = next((compat.plain_name(n) for n, p in params if not is_finite(p.detach())), None)
     dtype = next(model.parameters()).dtype
     where = f"first at {found[0]}" if found else "in the final residual"
     dtype_name = str(dtype).removeprefix("torch.")
@@ -448,9 +425,6 @@ class LayerStream:
 GradReducer = Callable[[int, dict[str, Tensor], dict[str, Tensor]], None]
 
 
-_CHECKPOINT_LOCK = threading.Lock()
-
-
 @contextlib.contextmanager
 def checkpointed_blocks(model: TransformerBridge, recomputing: list[bool]) -> Iterator[None]:
     """Activation checkpointing of every block, for a forward whose backward follows: each block keeps only its
@@ -459,7 +433,7 @@ def checkpointed_blocks(model: TransformerBridge, recomputing: list[bool]) -> It
     has ended (the recompute runs them again). ``recomputing[0]`` is True while a block is being recomputed, so
     hooks can tell the recompute (same values, its graph never backpropagated) from the
     forward. Non-reentrant :func:`torch.utils.checkpoint.checkpoint` without early stop (every hook of a recomputed
-    block fires). One gradient pass at a time per process (the blocks are patched for its duration)."""
+    block fires). One gradient pass at a time per model (its blocks are patched meanwhile: :func:`model_lock`)."""
 
     @contextlib.contextmanager
     def recompute() -> Iterator[None]:
@@ -479,15 +453,14 @@ def checkpointed_blocks(model: TransformerBridge, recomputing: list[bool]) -> It
 
         return forward
 
-    with _CHECKPOINT_LOCK, torch.utils.checkpoint.set_checkpoint_early_stop(False):
-        blocks = list(model.blocks)
-        for block in blocks:  # the instance dict directly: a bridge component passes attribute writes through
-            vars(block)["forward"] = wrap(block)
-        try:
-            yield
-        finally:
-            for block in blocks:
-                del vars(block)["forward"]
+    blocks = list(model.blocks)
+    forwards = [wrap(block) for block in blocks]
+    with (
+        model_lock(model),
+        torch.utils.checkpoint.set_checkpoint_early_stop(False),
+        compat.component_forwards(blocks, forwards),
+    ):
+        yield
 
 
 def gradient_pass(

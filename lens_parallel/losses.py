@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.nn import functional as F
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel import compat
 from lens_parallel.documents import scored_mask
 from lens_parallel.errors import LensParallelError
 from lens_parallel.plots.losses import edit_effect_figure
@@ -201,7 +202,7 @@ class Unembedding:
 
 def unembedding(model: TransformerBridge) -> Unembedding:
     """The :class:`Unembedding` of a bridge: its Hugging Face ``lm_head`` and the config's final-logit soft cap."""
-    head = cast(torch.nn.Linear, model.unembed.original_component)
+    head = cast(torch.nn.Linear, compat.hf_module(model.unembed))
     config = cast(transformers.PretrainedConfig, model.original_model.config)
     softcap = getattr(config, "final_logit_softcapping", None) or getattr(
         getattr(config, "text_config", None), "final_logit_softcapping", None

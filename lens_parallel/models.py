@@ -34,6 +34,7 @@ import xxhash
 from accelerate.utils import align_module_device
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel import compat
 from lens_parallel import tokenizers as _tok
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
 from lens_parallel.paths import cache_dir, cached_folder
@@ -354,7 +355,7 @@ def export_hf_model(hf_model: transformers.PreTrainedModel) -> transformers.PreT
     wanted = set(fresh.state_dict())
     state = {}
     for key, tensor in hf_model.state_dict().items():
-        plain = key.replace("._original_component", "")
+        plain = compat.plain_name(key)
         if plain in wanted:
             state[plain] = tensor.detach()  # load_state_dict copies into fresh's own tensors: no clone held beside
     missing = wanted - set(state)

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from lens_parallel import compat
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.paths import cache_dir, cached_folder, remove_abandoned, scratch_folder, sha256_file
 
@@ -219,7 +220,7 @@ def _dequantize(gguf: Path, into: Path) -> None:
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # the GGUF-loaded model carries a (non-serialisable) quantizer: save a plain float32 model sharing its tensors.
     config = loaded.config
-    config.__dict__.pop("quantization_config", None)
+    compat.drop_config_field(config, "quantization_config")
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict(), assign=True)

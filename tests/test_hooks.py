@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from lens_parallel import hooks
+from lens_parallel import compat
 from lens_parallel.errors import LibraryError
 from lens_parallel.hooks import (
     FINAL_HOOK,
@@ -126,10 +126,10 @@ def test_prefix_skipping_is_reentrant_thread_safe_and_version_checked(monkeypatc
         t.join()
     for k in (1, 2):
         torch.testing.assert_close(results[k], full, rtol=0, atol=1e-5)
-    monkeypatch.setattr(hooks.importlib.metadata, "version", lambda name: "5.1.0")
-    hooks._check_prefix_reuse.cache_clear()
+    monkeypatch.setattr(compat.importlib.metadata, "version", lambda name: "5.1.0")
+    compat.check.cache_clear()
     try:
         with pytest.raises(LibraryError, match=r"transformer-lens 5\.1\.0 is installed"):
             forward(model, tokens, resid=cache[hook_name(1, "resid_pre")], start_at_layer=1)
     finally:
-        hooks._check_prefix_reuse.cache_clear()
+        compat.check.cache_clear()

@@ -26,10 +26,11 @@ import torch
 import transformers
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
-from lm_eval.models.utils import _add_special_kwargs, has_bos_prefix
+from lm_eval.models.utils import has_bos_prefix
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel import compat
 from lens_parallel.edits import Edit, compile_hooks
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.hooks import forward
@@ -95,7 +96,7 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         return self._max_length
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
-        special = _add_special_kwargs(add_special_tokens, self.add_bos_token)
+        special = compat.add_special_kwargs(add_special_tokens, self.add_bos_token)
         if add_special_tokens is None and has_bos_prefix(string, self.tokenizer.decode(self.prefix_token_id)):
             special["add_special_tokens"] = False
         return list(self.tokenizer.encode(string, **special))

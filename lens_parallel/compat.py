@@ -1,0 +1,134 @@
+"""Every use of another package's private API or internals, in one place, each checked against the version range it
+was verified on (:data:`CHECKED`): a newer release that may have moved them fails loudly, in one line naming the
+package and its version, instead of silently computing something else. Nothing else in lens_parallel imports a
+private name of another package (``tests/test_compat.py`` checks both).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
+
+from torch import nn
+
+from lens_parallel.errors import LibraryError
+
+CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
+    "transformer-lens": (
+        (4, 3),
+        (5, 0),
+        "TransformerBridge internals: a component's wrapped Hugging Face module (original_component, the "
+        "'._original_component' segment of parameter names), align_offloaded_subtree, and start_at_layer swapping "
+        "the caller's residual in at block k (prefix reuse)",
+    ),
+    "lm_eval": ((0, 4), (0, 5), "lm_eval.models.utils._add_special_kwargs (how the hf model sets add_special_tokens)"),
+    "transformers": ((5, 0), (6, 0), "a config's quantization_config removed through its __dict__ (GGUF export)"),
+}
+"""Package -> [from, to) major.minor versions on which each use was verified, and what is used."""
+
+
+def version_of(package: str) -> tuple[int, int]:
+    """The installed major.minor version of ``package``."""
+    text = importlib.metadata.version(package)
+    major, minor = (int("".join(c for c in part if c.isdigit()) or 0) for part in text.split(".")[:2])
+    return major, minor
+
+
+@functools.cache
+def check(package: str) -> None:
+    """Raise :class:`LibraryError` (one line) when the installed ``package`` leaves its :data:`CHECKED` range."""
+    low, high, what = CHECKED[package]
+    installed = version_of(package)
+    if not low <= installed < high:
+        raise LibraryError(
+            f"{package} {importlib.metadata.version(package)} is installed, but lens_parallel's use of its internals "
+            f"({what}) was checked on {package}>={low[0]}.{low[1]},<{high[0]}.{high[1]}: install that range"
+        )
+
+
+# -- TransformerLens ---------------------------------------------------------------------------------------------
+
+
+def hf_module(component: nn.Module) -> nn.Module:
+    """The Hugging Face module a TransformerBridge component wraps."""
+    check("transformer-lens")
+    return cast(nn.Module, component.original_component)
+
+
+def plain_name(name: str) -> str:
+    """A bridge parameter or state-dict name as the Hugging Face model spells it."""
+    check("transformer-lens")
+    return name.replace("._original_component", "")
+
+
+@contextlib.contextmanager
+def weights_materialised(module: nn.Module) -> Iterator[None]:
+    """``module``'s weights present on their device while inside, also when accelerate offloaded them."""
+    check("transformer-lens")
+    from transformer_lens.model_bridge.generalized_components.base import align_offloaded_subtree
+
+    with align_offloaded_subtree(module):
+        yield
+
+
+def _passthrough(hidden_states: Any, *args: object, **kwargs: object) -> Any:
+    return hidden_states
+
+
+@contextlib.contextmanager
+def passthrough(modules: Sequence[nn.Module], depth: dict[int, int]) -> Iterator[None]:
+    """Each module's forward replaced by the identity on its first argument while inside (re-entrant through the
+    caller's ``depth`` counts). With TransformerLens 4.3's ``start_at_layer``, which still runs every earlier block
+    and then swaps the caller's residual in, this skips blocks whose output is discarded anyway."""
+    check("transformer-lens")
+    for module in modules:
+        count = depth.get(id(module), 0)
+        if count == 0:
+            module.forward = _passthrough
+        depth[id(module)] = count + 1
+    try:
+        yield
+    finally:
+        for module in modules:
+            depth[id(module)] -= 1
+            if depth[id(module)] == 0:
+                del depth[id(module)]
+                del module.forward
+
+
+@contextlib.contextmanager
+def component_forwards(components: Sequence[nn.Module], forwards: Sequence[Any]) -> Iterator[None]:
+    """Each bridge component's forward replaced by the matching one while inside, written into the instance's own
+    dictionary (a bridge component passes attribute writes through to the module it wraps)."""
+    check("transformer-lens")
+    for component, forward in zip(components, forwards, strict=True):
+        vars(component)["forward"] = forward
+    try:
+        yield
+    finally:
+        for component in components:
+            del vars(component)["forward"]
+
+
+# -- lm-evaluation-harness ---------------------------------------------------------------------------------------
+
+
+def add_special_kwargs(add_special_tokens: bool | None, add_bos_token: bool | None) -> dict[str, Any]:
+    """The tokenizer keywords lm-eval's ``hf`` model passes (its private ``_add_special_kwargs``)."""
+    check("lm_eval")
+    from lm_eval.models.utils import _add_special_kwargs
+
+    out: dict[str, Any] = _add_special_kwargs(add_special_tokens, add_bos_token)
+    return out
+
+
+# -- transformers ------------------------------------------------------------------------------------------------
+
+
+def drop_config_field(config: Any, name: str) -> None:
+    """Remove ``name`` from a transformers config (a GGUF-loaded model's quantizer, which cannot be saved)."""
+    check("transformers")
+    config.__dict__.pop(name, None)
