@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
@@ -143,6 +144,13 @@ def resolve_options(
         return RunOptions(**((defaults or {}) | changes))
     check_given_once(options, changes, "options=")
     return dataclasses.replace(options, **changes)
+
+
+def refuse_renamed(changes: Mapping[str, Any], renamed: Mapping[str, str], *, where: str) -> None:
+    """Refuse a keyword that has been renamed, in one line naming the new spelling (``renamed``: old -> new)."""
+    for old, new in renamed.items():
+        if old in changes:
+            raise LensParallelError(f"{where}: {old}= is now {new}= (give {new}={changes[old]!r})")
 
 
 def check_given_once(given: object, changes: dict[str, Any], where: str) -> None:

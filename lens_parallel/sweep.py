@@ -37,9 +37,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, cast, runtime_checkable
+from typing import Any, Generic, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 import einops
 import numpy as np
@@ -58,7 +58,7 @@ from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
 from lens_parallel.hooks import Hook, LayerStream, Reducer, check_indices, forward, softmax_layers
 from lens_parallel.losses import DocLosses, chunked_token_nll, scored_sums, unembedding
 from lens_parallel.models import ModelInfo, head_label, model_info, weights_digest
-from lens_parallel.options import RunOptions, resolve_options
+from lens_parallel.options import RunOptions, refuse_renamed, resolve_options
 from lens_parallel.results import serializable
 from lens_parallel.store import SweepStore, Values, ValueSpec
 from lens_parallel.validate import check_choice
@@ -80,7 +80,7 @@ class Job(Protocol):
 @serializable
 @dataclass(frozen=True)
 class AblationJob:
-    """Remove query ``heads`` of ``layer`` together (how: the sweep's ``edit``, one of the ablations)."""
+    """Remove query ``heads`` of ``layer`` together (how: the sweep's ``ablation``)."""
 
     layer: int
     heads: tuple[int, ...]
@@ -193,7 +193,7 @@ class SweepPlan:
     ablation: Ablation | None
     positions: EditPositions
     means: dict[int, Tensor]
-    metric: Metric
+    metric: Metric[Any]
 
     def batches(self) -> list[DocBatch]:
         return list(document_batches(self.documents, self.batch_size))
@@ -205,7 +205,11 @@ class SweepPlan:
         return max(1, self.tokens_per_forward // tokens)
 
 
-class Metric:
+J = TypeVar("J", bound=Job)
+"""The job type a metric measures."""
+
+
+class Metric(Generic[J]):
     """What a sweep measures of each job (subclass it: the module docstring lists the package's metrics).
 
     ``name`` and :meth:`fingerprint` identify its numbers (in a store's fingerprint); ``base``: whether it needs
@@ -223,16 +227,16 @@ class Metric:
     def reference_roles(self, info: ModelInfo) -> dict[int, tuple[str, ...]]:
         return {}
 
-    def spec(self, job: Job) -> dict[str, ValueSpec]:
+    def spec(self, job: J) -> dict[str, ValueSpec]:
         raise NotImplementedError
 
-    def chunks(self, jobs: Sequence[Job], plan: SweepPlan) -> list[list[Job]]:
+    def chunks(self, jobs: Sequence[J], plan: SweepPlan) -> list[list[J]]:
         return [[job] for job in jobs]
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[J], batch: Batch) -> list[Values]:
         raise NotImplementedError
 
-    def combine(self, job: Job, parts: Sequence[Values]) -> Values:
+    def combine(self, job: J, parts: Sequence[Values]) -> Values:
         out: Values = {}
         for name, spec in self.spec(job).items():
             arrays = [np.asarray(p[name], dtype=np.float64) for p in parts]
@@ -243,7 +247,7 @@ class Metric:
         return out
 
 
-class DocumentNLL(Metric):
+class DocumentNLL(Metric[Job]):
     """Next-token NLL summed over each document's scored tokens (nats): ``loss_sum [docs]``.
 
     Chunks: :class:`AblationJob` s of one layer stack as rows with their own head masks; :class:`EditJob` s whose
@@ -349,7 +353,7 @@ def model_fingerprint(model: TransformerBridge, *, weights: str | None = None) -
 def fingerprint(
     model: TransformerBridge,
     documents: Documents,
-    metric: Metric,
+    metric: Metric[Any],
     plan_fields: dict[str, Any],
     *,
     weights: str | None = None,
@@ -396,8 +400,7 @@ def _reference_pass(model: TransformerBridge, info: ModelInfo, plan: SweepPlan, 
 
 def _sweep_task(context: TaskContext, plan: SweepPlan, chunk: list[Job]) -> list[Values]:
     """One chunk of jobs on every batch: the reference pass is computed once per worker and kept."""
-    key = ("reference", plan.documents.digest(), plan.starts, json.dumps(plan.metric.fingerprint(), sort_keys=True))
-    batches = context.cached(key, lambda: _reference_pass(context.model, context.info, plan, False))
+    batches = context.cached(reference_key(plan), lambda: _reference_pass(context.model, context.info, plan, False))
     parts = []
     for batch in batches:
         parts.append(plan.metric.evaluate(context, plan, chunk, batch))
@@ -429,15 +432,15 @@ class SweepRun:
         return DocLosses(self.values[job.key]["loss_sum"], self.n_tokens)
 
 
-def _validate(jobs: Sequence[Job], info: ModelInfo, edit: Ablation | None) -> list[Job]:
+def _validate(jobs: Sequence[Job], info: ModelInfo, ablation: Ablation | None) -> list[Job]:
     if not jobs:
         raise LensParallelError("no sweep jobs given")
     for job in jobs:
         if not isinstance(job, Job):
             raise LensParallelError(f"a sweep job has a key and a start_layer, got {type(job).__name__}")
         if isinstance(job, AblationJob):
-            if edit is None:
-                raise LensParallelError("ablation jobs need edit= (how heads are removed), e.g. edit='zero'")
+            if ablation is None:
+                raise LensParallelError("ablation jobs need ablation= (how heads are removed), e.g. ablation='zero'")
             if not job.heads:
                 raise LensParallelError(f"job at layer {job.layer} has an empty head set: give at least one query head")
             softmax_layers(info, [job.layer], what="head ablation")
@@ -485,7 +488,7 @@ def _auto_batch_size(
     model: TransformerBridge,
     info: ModelInfo,
     docs: Documents,
-    metric: Metric,
+    metric: Metric[Any],
     jobs: Sequence[Job],
     opts: RunOptions,
     kind: Ablation | None,
@@ -528,8 +531,8 @@ def run_sweep(
     documents: object,
     jobs: Sequence[Job],
     *,
-    metric: Metric | None = None,
-    edit: Ablation | None = None,
+    metric: Metric[Any] | None = None,
+    ablation: Ablation | None = None,
     positions: EditPositions = "all",
     options: RunOptions | None = None,
     desc: str = "sweep",
@@ -538,14 +541,69 @@ def run_sweep(
 ) -> SweepRun:
     """Run every job and measure it with ``metric`` (default :class:`DocumentNLL`; see the module docstring).
 
-    ``documents``: anything :meth:`Documents.of` takes. ``edit`` / ``positions``: how :class:`AblationJob` s remove
-    their heads (zero, mean, parallel-value, parallel-residual; at ``all`` positions or ``after-first``).
+    ``documents``: anything :meth:`Documents.of` takes. ``ablation`` / ``positions``: how :class:`AblationJob` s
+    remove their heads (zero, mean, parallel-value, parallel-residual; at ``all`` positions or ``after-first``).
     ``options`` (:class:`~lens_parallel.options.RunOptions`, or its fields as keywords: ``batch_size``,
     ``tokens_per_forward``, ``store``, ``progress``, ``workers``, ``ray_address``): ``store`` makes the sweep
     resumable; ``workers`` / ``ray_address`` run the chunks of jobs on Ray actors that each load the model by its
     spec (this process writes the store, so a run killed midway resumes with or without workers, and the numbers
     equal a single-process run's exactly). ``memo``: a cache a caller keeps across sweeps on the same documents
-    (the reference pass is computed once), e.g. an interactive explorer."""
+    (the reference pass is computed once), e.g. an interactive explorer. Three steps: :func:`plan_sweep` (every
+    check, the batch size), the store's session (:func:`_stored`), :func:`_execute`."""
+    refuse_renamed(changes, {"edit": "ablation"}, where="run_sweep")
+    setup = plan_sweep(
+        model, documents, jobs, metric=metric, ablation=ablation, positions=positions, options=options, changes=changes
+    )
+    with _stored(model, setup) as (store, done, digest):
+        base = _execute(model, setup, store, done, digest, memo=memo, desc=desc)
+    n_tokens = setup.documents.n_tokens
+    base_losses = None if base is None else DocLosses(base.double().cpu().numpy(), n_tokens)
+    values = {job.key: done[job.key] for job in setup.jobs}
+    return SweepRun(base=base_losses, values=values, n_tokens=n_tokens, options=setup.options, auto_batch=setup.auto)
+
+
+@dataclass(frozen=True)
+class SweepSetup:
+    """A checked sweep, before any forward: the model's info, the documents, the unique jobs, the metric, how
+    ablation jobs remove heads (``ablation`` None when there are none), the run options with the batch size
+    resolved (``auto``: how ``batch_size="auto"`` chose it) and whether chunks run on Ray."""
+
+    info: ModelInfo
+    documents: Documents
+    jobs: list[Job]
+    metric: Metric[Any]
+    ablation: Ablation | None
+    positions: EditPositions
+    options: RunOptions
+    auto: dict[str, Any] | None
+    distributed: bool
+
+    @property
+    def batch_size(self) -> int:
+        size = self.options.batch_size
+        assert isinstance(size, int)  # "auto" is resolved by plan_sweep
+        return size
+
+    def plan_fields(self) -> dict[str, Any]:
+        """What the store's fingerprint holds of the run besides the model, documents and metric."""
+        out: dict[str, Any] = {"edit": self.ablation, **self.options.numbers()}
+        out |= {} if self.auto is None else {"batch_size_auto": self.auto["memory_budget"]}
+        return out | ({} if self.positions == "all" else {"positions": self.positions})
+
+
+def plan_sweep(
+    model: TransformerBridge,
+    documents: object,
+    jobs: Sequence[Job],
+    *,
+    metric: Metric[Any] | None,
+    ablation: Ablation | None,
+    positions: EditPositions,
+    options: RunOptions | None,
+    changes: dict[str, Any],
+) -> SweepSetup:
+    """Every check of a sweep (options, workers, document lengths, jobs, every edit against the model) and its
+    batch size (``batch_size="auto"`` measured here), before any forward of the run."""
     opts = resolve_options(options, changes)
     metric = DocumentNLL() if metric is None else metric
     distributed = check_workers(opts.workers, opts.ray_address, model)
@@ -556,82 +614,101 @@ def run_sweep(
             f"a document of {int(docs.lengths.max())} tokens exceeds {info.name}'s context length n_ctx="
             f"{model.cfg.n_ctx}: cut the documents to at most {model.cfg.n_ctx} tokens"
         )
-    if edit is not None:
-        check_choice("ablation", edit, Ablation)
-    jobs = _validate(jobs, info, edit)
+    if ablation is not None:
+        check_choice("ablation", ablation, Ablation)
+    unique = _validate(jobs, info, ablation)
     check_positions(positions)
-    for job in jobs:
-        for_edits = getattr(job, "edits", None)
-        if for_edits is not None:
-            compile_hooks(model, for_edits)  # every edit checked against the model before the first forward
-    kind = edit if any(isinstance(j, AblationJob) for j in jobs) else None
+    for job in unique:
+        if isinstance(job, EditJob):
+            compile_hooks(model, job.edits)  # every edit checked against the model before the first forward
+    kind = ablation if any(isinstance(j, AblationJob) for j in unique) else None
     auto: dict[str, Any] | None = None
     if opts.batch_size == "auto":
-        opts, auto = _auto_batch_size(model, info, docs, metric, jobs, opts, kind, positions)
-    batch_size = opts.batch_size
-    assert isinstance(batch_size, int)  # "auto" is resolved above
-    plan_fields: dict[str, Any] = {"edit": kind, **opts.numbers()}
-    plan_fields |= {} if auto is None else {"batch_size_auto": auto["memory_budget"]}
-    plan_fields |= {} if positions == "all" else {"positions": positions}
-    sweep_store, digest = None, None
-    done: dict[str, Values] = {}
-    with contextlib.ExitStack() as writing:  # a store: its writer lock held from reading it to the last row
-        if opts.store is not None:
-            digest = weights_digest(model)
-            sweep_store = SweepStore(
-                opts.store, fingerprint(model, docs, metric, plan_fields, weights=digest), len(docs), metric.spec
+        opts, auto = _auto_batch_size(model, info, docs, metric, unique, opts, kind, positions)
+    return SweepSetup(info, docs, unique, metric, kind, positions, opts, auto, distributed)
+
+
+@contextlib.contextmanager
+def _stored(
+    model: TransformerBridge, setup: SweepSetup
+) -> Iterator[tuple[SweepStore | None, dict[str, Values], str | None]]:
+    """The run's store (None without one), the values it already holds and the weights' digest; its writer lock
+    is held from reading the finished jobs to the last row written."""
+    if setup.options.store is None:
+        yield None, {}, None
+        return
+    digest = weights_digest(model)
+    print_ = fingerprint(model, setup.documents, setup.metric, setup.plan_fields(), weights=digest)
+    store = SweepStore(setup.options.store, print_, len(setup.documents), setup.metric.spec)
+    with store.session(setup.jobs) as done:
+        yield store, done, digest
+
+
+def reference_key(plan: SweepPlan) -> tuple[Any, ...]:
+    """The key of a plan's reference pass in a memo or a worker's cache (documents, start layers, metric)."""
+    return ("reference", plan.documents.digest(), plan.starts, json.dumps(plan.metric.fingerprint(), sort_keys=True))
+
+
+def _execute(
+    model: TransformerBridge,
+    setup: SweepSetup,
+    store: SweepStore | None,
+    done: dict[str, Values],
+    digest: str | None,
+    *,
+    memo: dict[Any, Any] | None,
+    desc: str,
+) -> Tensor | None:
+    """Run the jobs ``done`` does not hold (adding each finished job's value to ``done`` and the store) and return
+    the unedited per-document losses when the reference pass computed them."""
+    docs, metric, kind, info = setup.documents, setup.metric, setup.ablation, setup.info
+    todo = [job for job in setup.jobs if job.key not in done]
+    head_layers = sorted({j.layer for j in todo if isinstance(j, AblationJob)})
+    batch_size = setup.batch_size
+    means = head_means(model, docs, head_layers, batch_size=batch_size) if kind == "mean" and head_layers else {}
+    starts = tuple(sorted({job.start_layer for job in todo} - {0}))
+    plan = SweepPlan(docs, starts, batch_size, setup.options.tokens_per_forward, kind, setup.positions, means, metric)
+    memo = {} if memo is None else memo
+    need_base = metric.base or kind is not None  # ablations are compared with the unedited model
+    base = None
+    if need_base or (starts and not setup.distributed):  # the caller's own reference pass: base losses, prefixes here
+        key = reference_key(plan)
+        if key not in memo or (need_base and any(b.base is None for b in memo[key])):
+            memo[key] = _reference_pass(model, info, plan, need_base)
+        batches = memo[key]
+        if need_base and all(b.base is not None for b in batches):
+            base = torch.cat([b.base for b in batches if b.base is not None])
+    chunks = metric.chunks(todo, plan)
+    n_jobs, n_batches = len(setup.jobs), len(range(0, len(docs), batch_size))  # the bar moves per job and batch
+    desc = f"{desc} ({n_jobs} job{'s' * (n_jobs > 1)} x {n_batches} batch{'es' * (n_batches > 1)})"
+    bar = tqdm(total=n_jobs * n_batches, desc=desc, unit="step", disable=not setup.options.progress)
+    bar.update((n_jobs - len(todo)) * n_batches)
+    finished = run_tasks(
+        model,
+        _sweep_task,
+        plan,
+        chunks,
+        workers=setup.options.workers,
+        ray_address=setup.options.ray_address,
+        memo=memo,
+        digest=digest,
+        progress=bar.update,
+    )
+    for i, values in finished:
+        bad = []
+        for job, value in zip(chunks[i], values, strict=True):
+            if any(spec.problem(value[n], len(docs)) for n, spec in metric.spec(job).items()):
+                bad.append(job.key)
+                continue
+            done[job.key] = value
+            if store is not None:
+                store.append(job, value)
+        if bad:
+            raise NonFiniteError(
+                f"job(s) {', '.join(bad)} gave a value that is not finite (from finite activations: e.g. a "
+                f"division by a near-zero norm in {next(model.parameters()).dtype}); {metric.name} needs finite "
+                "values: run in float32, or change the edit"
             )
-            done = writing.enter_context(sweep_store.session(jobs))
-        todo = [job for job in jobs if job.key not in done]
-        head_layers = sorted({j.layer for j in todo if isinstance(j, AblationJob)})
-        means = head_means(model, docs, head_layers, batch_size=batch_size) if kind == "mean" and head_layers else {}
-        starts = tuple(sorted({job.start_layer for job in todo} - {0}))
-        plan = SweepPlan(docs, starts, batch_size, opts.tokens_per_forward, kind, positions, means, metric)
-        memo = {} if memo is None else memo
-        need_base = metric.base or kind is not None  # ablations are compared with the unedited model
-        base = None
-        if need_base or (starts and not distributed):  # the caller's own reference pass: base losses, and prefixes here
-            key = ("reference", docs.digest(), starts, json.dumps(metric.fingerprint(), sort_keys=True))
-            if key not in memo or (need_base and any(b.base is None for b in memo[key])):
-                memo[key] = _reference_pass(model, info, plan, need_base)
-            batches = memo[key]
-            if need_base and all(b.base is not None for b in batches):
-                base = torch.cat([b.base for b in batches if b.base is not None])
-        chunks = metric.chunks(todo, plan)
-        n_batches = len(range(0, len(docs), batch_size))  # the bar moves per job and batch, not per job only
-        desc = f"{desc} ({len(jobs)} job{'s' * (len(jobs) > 1)} x {n_batches} batch{'es' * (n_batches > 1)})"
-        bar = tqdm(total=len(jobs) * n_batches, desc=desc, unit="step", disable=not opts.progress)
-        bar.update((len(jobs) - len(todo)) * n_batches)
-        finished = run_tasks(
-            model,
-            _sweep_task,
-            plan,
-            chunks,
-            workers=opts.workers,
-            ray_address=opts.ray_address,
-            memo=memo,
-            digest=digest,
-            progress=bar.update,
-        )
-        for i, values in finished:
-            bad = []
-            for job, value in zip(chunks[i], values, strict=True):
-                problems = {n: s.problem(value[n], len(docs)) for n, s in metric.spec(job).items()}
-                if any(problems.values()):
-                    bad.append(job.key)
-                    continue
-                done[job.key] = value
-                if sweep_store is not None:
-                    sweep_store.append(job, value)
-            if bad:
-                raise NonFiniteError(
-                    f"job(s) {', '.join(bad)} gave a value that is not finite (from finite activations: e.g. a "
-                    f"division by a near-zero norm in {next(model.parameters()).dtype}); {metric.name} needs finite "
-                    "values: run in float32, or change the edit"
-                )
-            bar.update(len(done) * n_batches - bar.n)  # chunks from Ray workers: counted as they arrive
-        bar.close()
-    n_tokens = docs.n_tokens
-    base_losses = None if base is None else DocLosses(base.double().cpu().numpy(), n_tokens)
-    values = {job.key: done[job.key] for job in jobs}
-    return SweepRun(base=base_losses, values=values, n_tokens=n_tokens, options=opts, auto_batch=auto)
+        bar.update(len(done) * n_batches - bar.n)  # chunks from Ray workers: counted as they arrive
+    bar.close()
+    return base

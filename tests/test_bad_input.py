@@ -44,7 +44,7 @@ def test_a_store_in_an_unwritable_place_is_refused_before_any_forward(tmp_path, 
     model, docs = model_and_docs
     (tmp_path / "blocker").write_text("a file, where the store's folder would be")
     with pytest.raises(LensParallelError) as refused:
-        run_sweep(model, docs, [AblationJob(0, (1,))], edit="zero", store=tmp_path / "blocker" / "s.jsonl")
+        run_sweep(model, docs, [AblationJob(0, (1,))], ablation="zero", store=tmp_path / "blocker" / "s.jsonl")
     assert "store" in _one_line(refused) and "cannot create its folder" in str(refused.value)
 
 

@@ -261,7 +261,7 @@ def test_token_weighted_sign_flips_flip_each_documents_delta_sum(setup):
     model, blocks = setup
     kw = {"layers": [1], "n_resamples": 50, "n_permutations": 500, "progress": False}
     weighted = lp.head_sensitivity(model, blocks, sign_flip_weights="tokens", **kw)
-    run = lp.run_sweep(model, blocks, [lp.AblationJob(1, (0,))], edit="parallel-value", progress=False)
+    run = lp.run_sweep(model, blocks, [lp.AblationJob(1, (0,))], ablation="parallel-value", progress=False)
     delta_sums = run[lp.AblationJob(1, (0,))].loss_sum - run.base.loss_sum
     from lens_parallel.stats import sign_flip_pvalue
 

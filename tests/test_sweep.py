@@ -34,7 +34,7 @@ def _setup(spec: str = "toy-qwen2"):
 
 def test_mixed_jobs_equal_the_naive_loop():
     model, blocks = _setup()
-    run = run_sweep(model, blocks, JOBS, edit="zero", batch_size=2, tokens_per_forward=64, progress=False)
+    run = run_sweep(model, blocks, JOBS, ablation="zero", batch_size=2, tokens_per_forward=64, progress=False)
     np.testing.assert_allclose(run.base.loss_sum, document_losses(model, blocks).loss_sum, atol=1e-5)
     for job in JOBS:
         edits = HeadEdit("zero", job.layer, job.heads) if isinstance(job, AblationJob) else job.edits
@@ -67,20 +67,22 @@ def test_a_store_cut_mid_line_is_repaired_and_gives_identical_results(tmp_path):
 def test_a_store_from_another_batch_size_or_run_is_refused(tmp_path):
     model, blocks = _setup()
     store = tmp_path / "sweep.jsonl"
-    run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
+    run_sweep(model, blocks, JOBS[:2], ablation="zero", batch_size=2, store=store, progress=False)
     with pytest.raises(LensParallelError, match="batch_size: store has 2, this run 3"):
-        run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=3, store=store, progress=False)
+        run_sweep(model, blocks, JOBS[:2], ablation="zero", batch_size=3, store=store, progress=False)
     with pytest.raises(LensParallelError, match="edit: store has 'zero', this run 'mean'"):
-        run_sweep(model, blocks, JOBS[:2], edit="mean", batch_size=2, store=store, progress=False)
+        run_sweep(model, blocks, JOBS[:2], ablation="mean", batch_size=2, store=store, progress=False)
     with pytest.raises(LensParallelError, match="positions: store has None, this run 'after-first'"):
-        run_sweep(model, blocks, JOBS[:2], edit="zero", positions="after-first", batch_size=2, store=store)
+        run_sweep(model, blocks, JOBS[:2], ablation="zero", positions="after-first", batch_size=2, store=store)
     first = tmp_path / "after-first.jsonl"
-    run_sweep(model, blocks, JOBS[:2], edit="zero", positions="after-first", batch_size=2, store=first, progress=False)
+    run_sweep(
+        model, blocks, JOBS[:2], ablation="zero", positions="after-first", batch_size=2, store=first, progress=False
+    )
     with pytest.raises(LensParallelError, match="positions: store has 'after-first', this run None"):
-        run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=first, progress=False)
+        run_sweep(model, blocks, JOBS[:2], ablation="zero", batch_size=2, store=first, progress=False)
     other = token_blocks(model, "austen", n_docs=5, seq_len=16)
     with pytest.raises(LensParallelError, match="documents: store has"):
-        run_sweep(model, other, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
+        run_sweep(model, other, JOBS[:2], ablation="zero", batch_size=2, store=store, progress=False)
     same_key = EditJob(JOBS[2].key, (ComponentScale("value", s_par=0.5, layers=1),), start_layer=1)
     run_sweep(model, blocks, [JOBS[2]], batch_size=2, store=tmp_path / "edits.jsonl", progress=False)
     with pytest.raises(LensParallelError, match="holds a job 'value s_par=0 at L1' computed with other settings"):
@@ -127,12 +129,14 @@ def test_weights_changed_in_memory_make_the_store_refused(tmp_path):
     model = load_model("toy-qwen2")
     blocks = token_blocks(model, "wikipedia-en", n_docs=5, seq_len=16, seed=1)
     store = tmp_path / "sweep.jsonl"
-    run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
+    run_sweep(model, blocks, JOBS[:2], ablation="zero", batch_size=2, store=store, progress=False)
     model.original_model.model.embed_tokens.weight.data[1, 1] += 1e-3  # .data: no version counter sees it
     with pytest.raises(LensParallelError, match=r"weights: store has '[0-9a-f]+', this run '[0-9a-f]+'.*--store"):
-        run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
-    fresh = run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, progress=False)
-    stored = run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=tmp_path / "new.jsonl", progress=False)
+        run_sweep(model, blocks, JOBS[:2], ablation="zero", batch_size=2, store=store, progress=False)
+    fresh = run_sweep(model, blocks, JOBS[:2], ablation="zero", batch_size=2, progress=False)
+    stored = run_sweep(
+        model, blocks, JOBS[:2], ablation="zero", batch_size=2, store=tmp_path / "new.jsonl", progress=False
+    )
     np.testing.assert_array_equal(stored[JOBS[0]].loss_sum, fresh[JOBS[0]].loss_sum)
 
 
@@ -181,7 +185,7 @@ from lens_parallel.sweep import AblationJob, run_sweep
 model = load_model("toy-gpt2")
 blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=16, seed=1)
 jobs = [AblationJob(layer, (head,)) for layer in range(3) for head in range(4)]
-run = run_sweep(model, blocks, jobs, edit="zero", batch_size=2, store=sys.argv[1], progress=False)
+run = run_sweep(model, blocks, jobs, ablation="zero", batch_size=2, store=sys.argv[1], progress=False)
 print(json.dumps({key: value["loss_sum"].tolist() for key, value in run.values.items()}))
 """
 
@@ -206,7 +210,9 @@ def test_two_processes_on_one_store_compute_each_job_once(tmp_path):
     model = load_model("toy-gpt2")  # one process alone (this one), on the same documents and jobs
     blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=16, seed=1)
     jobs = [AblationJob(layer, (head,)) for layer in range(3) for head in range(4)]
-    alone = run_sweep(model, blocks, jobs, edit="zero", batch_size=2, store=tmp_path / "alone.jsonl", progress=False)
+    alone = run_sweep(
+        model, blocks, jobs, ablation="zero", batch_size=2, store=tmp_path / "alone.jsonl", progress=False
+    )
     for key, value in alone.values.items():
         np.testing.assert_allclose(outputs[0][key], value["loss_sum"], rtol=1e-6, err_msg=key)
 
@@ -242,7 +248,7 @@ def test_a_killed_lock_holder_does_not_block_the_next_run(tmp_path):
         pass
     store.unlink()  # the holder's header is of another run
     model, blocks = _setup()
-    run = run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
+    run = run_sweep(model, blocks, JOBS[:2], ablation="zero", batch_size=2, store=store, progress=False)
     assert set(run.values) == {job.key for job in JOBS[:2]}
 
 
@@ -257,14 +263,14 @@ def test_a_non_finite_loss_is_refused_naming_the_job(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "_stacked_nll", overflowing)
     store = tmp_path / "sweep.jsonl"
     with pytest.raises(LensParallelError, match=r"job\(s\) L2H0\+3 gave a value that is not finite"):
-        run_sweep(model, blocks, JOBS[:2], edit="zero", batch_size=2, store=store, progress=False)
+        run_sweep(model, blocks, JOBS[:2], ablation="zero", batch_size=2, store=store, progress=False)
     assert [json.loads(line)["job"] for line in store.read_text().splitlines()[1:]] == ["L0H1"]  # finished: kept
 
 
 def test_bad_jobs_are_refused_before_any_forward():
     model, blocks = _setup()
     with pytest.raises(LensParallelError, match="unknown positions 'first'; accepted: all, after-first"):
-        run_sweep(model, blocks, JOBS[:2], edit="zero", positions="first")
+        run_sweep(model, blocks, JOBS[:2], ablation="zero", positions="first")
     with pytest.raises(LensParallelError, match="edits layer 0, before its start layer 2"):
         run_sweep(model, blocks, [EditJob("early", (ComponentScale("value", layers=0),), start_layer=2)])
     with pytest.raises(LensParallelError, match="share a key"):
@@ -272,4 +278,6 @@ def test_bad_jobs_are_refused_before_any_forward():
             model, blocks, [EditJob("a", (ComponentScale("value"),)), EditJob("a", (ComponentScale("residual-mlp"),))]
         )
     with pytest.raises(LensParallelError, match="batch_size must be a positive integer or 'auto', got 0"):
-        run_sweep(model, blocks, JOBS[:1], edit="zero", batch_size=0)
+        run_sweep(model, blocks, JOBS[:1], ablation="zero", batch_size=0)
+    with pytest.raises(LensParallelError, match=r"^run_sweep: edit= is now ablation= \(give ablation='zero'\)$"):
+        run_sweep(model, blocks, JOBS[:1], edit="zero")

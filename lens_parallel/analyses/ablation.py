@@ -130,7 +130,7 @@ def run_ablations(
     s, opts = resolve(AblationSettings, settings, options, protocol, changes)
     docs = Documents.of(documents)
     jobs = tuple(dict.fromkeys(jobs))
-    run = run_sweep(model, docs, jobs, edit=s.edit, positions=s.positions, options=opts, desc=f"ablate ({s.edit})")
+    run = run_sweep(model, docs, jobs, ablation=s.edit, positions=s.positions, options=opts, desc=f"ablate ({s.edit})")
     assert run.base is not None
     return AblationRun(
         edit=s.edit,

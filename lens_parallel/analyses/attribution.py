@@ -56,7 +56,7 @@ from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_fra
 from lens_parallel.spaces import HEAD_SPACES, value_parts, value_roles
 from lens_parallel.stats import N_RESAMPLES, paired_bootstrap_ci
 from lens_parallel.store import Values, ValueSpec
-from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, head_means, run_sweep
+from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, head_means, run_sweep
 from lens_parallel.validate import as_indices, check_choice, check_finite, check_non_negative_int, check_positive_int
 
 
@@ -266,7 +266,7 @@ class AttributionSettings:
         check_finite("eps", self.eps)
 
 
-class _GradientMetric(Metric):
+class _GradientMetric(Metric[EditJob]):
     """Per document: the loss sum, the first-order estimates and the exact scale derivatives of every head, from
     one forward and one backward per sub-batch of :func:`backward_rows` documents
     (:func:`~lens_parallel.hooks.gradient_pass`)."""
@@ -287,12 +287,12 @@ class _GradientMetric(Metric):
     def fingerprint(self) -> dict[str, Any]:
         return {"metric": self.name, "edit": self.s.edit, "positions": self.s.positions, "eps": self.s.eps}
 
-    def spec(self, job: Job) -> dict[str, ValueSpec]:
+    def spec(self, job: EditJob) -> dict[str, ValueSpec]:
         shape = ("docs", len(self.layers), self.info.n_heads)
         derivs = ValueSpec((len(self.spaces), *shape))
         return {"loss_sum": ValueSpec(("docs",)), "estimate": ValueSpec(shape), "d_s_par": derivs, "d_s_perp": derivs}
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         docs, n, n_l, n_h = batch.docs, len(batch.docs.lengths), len(self.layers), self.info.n_heads
         out = {
             "estimate": np.zeros((n, n_l, n_h)),

@@ -285,7 +285,7 @@ def _layer_errors(
     return errors, ((drift * w).sum(-1) / w.sum(-1)).cpu()
 
 
-class _CompressionMetric(Metric):
+class _CompressionMetric(Metric[MethodJob | CheckpointJob]):
     """Per method: every layer's update errors against the dense update (``errors [3, sublayer, layer, docs]``:
     par, perp, coef), the drift of each block's input, and the compressed model's per-document losses."""
 
@@ -317,19 +317,18 @@ class _CompressionMetric(Metric):
     def reference_roles(self, info: ModelInfo) -> dict[int, tuple[str, ...]]:
         return dict.fromkeys(self.layers, ("resid_pre", "attn_out", "mlp_out", "resid_post"))
 
-    def spec(self, job: Job) -> dict[str, ValueSpec]:
+    def spec(self, job: MethodJob | CheckpointJob) -> dict[str, ValueSpec]:
         return {
             "errors": ValueSpec((3, len(SUBLAYERS), len(self.layers), "docs"), allow_nan=True),
             "drift": ValueSpec((len(self.layers), "docs")),
             "loss_sum": ValueSpec(("docs",)),
         }
 
-    def _model(self, context: TaskContext, job: Job) -> TransformerBridge:
+    def _model(self, context: TaskContext, job: MethodJob | CheckpointJob) -> TransformerBridge:
         """The compressed model of ``job``: the given checkpoint, or a compressed copy (one at a time, kept)."""
         if isinstance(job, CheckpointJob):
             assert self.compressed is not None  # compression_error makes a CheckpointJob only with a model
             return self.compressed
-        assert isinstance(job, MethodJob)
         if context.memo.get("compressed", (None,))[0] != job.key:
             # the previous method's copy goes before this one is built (a bridge holds reference cycles): never two
             # compressed copies beside the dense model
@@ -340,7 +339,9 @@ class _CompressionMetric(Metric):
             context.memo["compressed"] = (job.key, compress(context.model, job.method, calibration=calibration))
         return cast(TransformerBridge, context.memo["compressed"][1])
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+    def evaluate(
+        self, context: TaskContext, plan: SweepPlan, jobs: Sequence[MethodJob | CheckpointJob], batch: Batch
+    ) -> list[Values]:
         (job,) = jobs
         model = self._model(context, job)
         weight = _scored_weight(batch.docs, self.s.scored)

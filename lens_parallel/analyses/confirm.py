@@ -150,7 +150,7 @@ def confirm(
     pick = np.random.default_rng(s.seed).choice(len(rest), size=s.n_random, replace=False)
     chosen = [*top, *[rest[i] for i in sorted(pick)]]
     jobs = [AblationJob(layer, (h,)) for layer, h in chosen]
-    run = run_sweep(model, docs, jobs, edit=result.edit, positions=result.positions, options=opts, desc="confirm")
+    run = run_sweep(model, docs, jobs, ablation=result.edit, positions=result.positions, options=opts, desc="confirm")
     assert run.base is not None
     exact = np.stack([run[j].loss_sum for j in jobs], axis=1)  # [doc, job]
     base = np.broadcast_to(run.base.loss_sum[:, None], exact.shape)

@@ -57,7 +57,7 @@ from lens_parallel.plots.decompose import decomposition_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
 from lens_parallel.spaces import SPACE_NAMES, SPACES, residual_message, value_parts
 from lens_parallel.store import Values, ValueSpec
-from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
+from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import as_indices, as_tuple, check_choices, check_finite
 
 _SUMS = ("n", "n_degenerate", "cos", "cos_sq", "par_frac", "perp_frac", "coef")
@@ -235,7 +235,7 @@ def _reducer(acc: _Accumulator, spaces: tuple[Space, ...], W_O: dict[int, Tensor
     return reduce
 
 
-class _AlignmentMetric(Metric):
+class _AlignmentMetric(Metric[EditJob]):
     """The running sums of the alignment statistics of every (space, level), per layer and unit, over every
     document's real positions t >= 1 (summed over batches)."""
 
@@ -263,11 +263,11 @@ class _AlignmentMetric(Metric):
     def fingerprint(self) -> dict[str, Any]:
         return {"metric": self.name, "spaces": list(self.spaces), "eps": self.eps}
 
-    def spec(self, job: Job) -> dict[str, ValueSpec]:
+    def spec(self, job: EditJob) -> dict[str, ValueSpec]:
         acc = _Accumulator(self.info, self.space_layers, self.eps)
         return {f"{sp}|{level}": ValueSpec(tuple(acc.sums[sp, level].shape)) for sp, level in self.keys}
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         acc = _Accumulator(self.info, self.space_layers, self.eps)
         reduce = _reducer(acc, self.spaces, self.W_O, batch.docs.real)
         run_rows(context.model, self.info, batch, capture=self.roles, reduce=reduce)

@@ -53,7 +53,7 @@ from lens_parallel.plots.diagonal import diagonal_figure, paper_diagonal_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.spaces import HEAD_SPACES
 from lens_parallel.store import Values, ValueSpec
-from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
+from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import as_tuple, check_choice, check_choices, check_finite, check_non_negative_int
 
 
@@ -151,7 +151,7 @@ _SUMMARIES = ("total", "low", "high", "negative", "guarded", "count")
 _LAYER_SUMMARIES = ("layer_total", "layer_low", "layer_high", "layer_side", "layer_guarded")
 
 
-class _DiagonalMetric(Metric):
+class _DiagonalMetric(Metric[EditJob]):
     """Per (space, head) over every document's real positions 1 <= t < length: the sum, min and max of dA_tt, the
     number of positions with A_tt + dA_tt < 0 and of guarded positions, and the number of positions."""
 
@@ -169,12 +169,12 @@ class _DiagonalMetric(Metric):
     def layer_view(self) -> bool:
         return "residual-attn" in self.spaces
 
-    def spec(self, job: Job) -> dict[str, ValueSpec]:
+    def spec(self, job: EditJob) -> dict[str, ValueSpec]:
         shape = (len(self.spaces), self.info.n_heads)
         out = {name: ValueSpec(() if name == "count" else shape) for name in _SUMMARIES}
         return out | ({name: ValueSpec(()) for name in _LAYER_SUMMARIES} if self.layer_view else {})
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         roles = {self.layer: _roles(self.spaces)}
         t = run_rows(context.model, self.info, batch, capture=roles).captured[self.layer]
         d_a, valid = _changes(self.info, t, self.spaces, self.s_par, self.eps, self.W_O)
@@ -202,7 +202,7 @@ class _DiagonalMetric(Metric):
             }
         return [out]
 
-    def combine(self, job: Job, parts: Sequence[Values]) -> Values:
+    def combine(self, job: EditJob, parts: Sequence[Values]) -> Values:
         out = super().combine(job, parts)  # sums
         for low, high in (("low", "high"), ("layer_low", "layer_high")):
             if low in out:

@@ -71,7 +71,7 @@ from lens_parallel.plots.dominance import dominance_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.stats import concentration
 from lens_parallel.store import Values, ValueSpec
-from lens_parallel.sweep import Batch, Job, Metric, SweepPlan, run_rows, run_sweep
+from lens_parallel.sweep import Batch, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import as_indices, as_tuple, check_choice, check_choices, check_non_negative_int, options
 
 SCALES = options(DominanceScale)
@@ -574,7 +574,7 @@ class PairJob:
         return self.up
 
 
-class _DominanceMetric(Metric):
+class _DominanceMetric(Metric[PairJob]):
     """Per layer pair and text: the single-head effects (``rel_q``, ``rel_k``, ``rel_v``, ``qkv``, ``js``) and the
     joint controls (``joint_qkv``, ``joint_js``) of the study's protocol (module docstring)."""
 
@@ -591,8 +591,7 @@ class _DominanceMetric(Metric):
             "masks": list(self.mask_scales),
         }
 
-    def spec(self, job: Job) -> dict[str, ValueSpec]:
-        assert isinstance(job, PairJob)
+    def spec(self, job: PairJob) -> dict[str, ValueSpec]:
         n_up, n_recv, n_q, n_k, n_v = _receiver_heads(self.info, job.up)
         pos = len(self.positions)
         joint = ValueSpec(("docs", pos, n_recv, len(self.mask_scales), len(JOINT)), allow_nan=True)
@@ -606,9 +605,8 @@ class _DominanceMetric(Metric):
             "joint_js": joint,
         }
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[PairJob], batch: Batch) -> list[Values]:
         (job,) = jobs
-        assert isinstance(job, PairJob)
         receive = context.cached(("receiver", job.up), lambda: _Receiver(context.model, context.info, job.up))
         out = _pair_batch(
             receive,

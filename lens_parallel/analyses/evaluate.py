@@ -32,7 +32,7 @@ from lens_parallel.options import RunOptions, resolve_options
 from lens_parallel.results import Provenance
 from lens_parallel.stats import N_RESAMPLES
 from lens_parallel.store import Values, ValueSpec
-from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
+from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
 
 
 def document_losses(
@@ -51,7 +51,7 @@ def document_losses(
     return run_sweep(model, documents, [job], options=opts, desc="loss")[job]
 
 
-class DistributionShift(Metric):
+class DistributionShift(Metric[EditJob]):
     """Per document, the matched no-op and the edit run on the same rows (two forwards to the final residual): both
     NLL sums, the summed KL(no-op || edited) of the next-token distributions and the number of predicting
     positions whose top-1 tokens agree (:func:`~lens_parallel.losses.chunked_divergence`: no full logits)."""
@@ -64,12 +64,11 @@ class DistributionShift(Metric):
     def fingerprint(self) -> dict[str, Any]:
         return {"metric": self.name, "noop": [describe_edit(e) for e in self.matched]}
 
-    def spec(self, job: Job) -> dict[str, ValueSpec]:
+    def spec(self, job: EditJob) -> dict[str, ValueSpec]:
         return {k: ValueSpec(("docs",)) for k in ("loss_noop", "loss_edited", "kl_sum", "agree_sum")}
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         (job,) = jobs
-        assert isinstance(job, EditJob)
         model, info = context.model, context.info
         finals = [
             run_rows(

@@ -52,7 +52,7 @@ from lens_parallel.results import Provenance, ResultMixin, head_frame, serializa
 from lens_parallel.spaces import value_parts, value_roles
 from lens_parallel.stats import benjamini_hochberg, split_half_correlations
 from lens_parallel.store import Values, ValueSpec
-from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
+from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import as_indices, check_choice, check_finite, options
 
 STATISTICS: tuple[HeadStatistic, ...] = options(HeadStatistic)
@@ -95,7 +95,7 @@ class HeadStatistics(ResultMixin):
         return plots.head_statistics_figure(self)
 
 
-class _StatisticsMetric(Metric):
+class _StatisticsMetric(Metric[EditJob]):
     """Per document, layer and head: the sums of the four statistics over its real positions (and their count)."""
 
     name = "head-statistics"
@@ -107,13 +107,13 @@ class _StatisticsMetric(Metric):
     def fingerprint(self) -> dict[str, Any]:
         return {"metric": self.name, "edit": self.edit, "positions": self.positions, "eps": self.eps}
 
-    def spec(self, job: Job) -> dict[str, ValueSpec]:
+    def spec(self, job: EditJob) -> dict[str, ValueSpec]:
         return {
             "sums": ValueSpec(("docs", len(STATISTICS), len(self.layers), self.info.n_heads)),
             "count": ValueSpec(("docs",)),
         }
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         weight = batch.docs.real.to(torch.float64)
         if self.positions == "after-first":
             weight[:, 0] = 0.0

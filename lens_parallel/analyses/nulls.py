@@ -50,7 +50,7 @@ from lens_parallel.results import Provenance, ResultMixin, head_frame, serializa
 from lens_parallel.spaces import value_parts, value_roles
 from lens_parallel.stats import N_RESAMPLES, bootstrap_mean_ci
 from lens_parallel.store import Values, ValueSpec
-from lens_parallel.sweep import Batch, EditJob, Job, Metric, SweepPlan, run_rows, run_sweep
+from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import (
     as_indices,
     check_choice,
@@ -196,7 +196,7 @@ class NullSettings:
         object.__setattr__(self, "gate_layers", as_indices(self.gate_layers, what="gate_layers"))
 
 
-class _NullMetric(Metric):
+class _NullMetric(Metric[EditJob]):
     """Per document, layer and head: the means over positions 1 <= t < length of cos_self, cos_null (and the
     across-group cosine)."""
 
@@ -215,12 +215,12 @@ class _NullMetric(Metric):
     def fingerprint(self) -> dict[str, Any]:
         return {"metric": self.name, "null": self.s.null, "groups": self.s.groups, "seed": self.s.seed}
 
-    def spec(self, job: Job) -> dict[str, ValueSpec]:
+    def spec(self, job: EditJob) -> dict[str, ValueSpec]:
         shape = ("docs", len(self.layers), self.info.n_heads)
         names = ("self", "null", "across") if self.s.groups else ("self", "null")
         return {name: ValueSpec(shape) for name in names}
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         info, docs = self.info, batch.docs
         weight = (docs.real & (torch.arange(docs.tokens.shape[1], device=docs.tokens.device) >= 1)).double()[..., None]
         out: Values = {

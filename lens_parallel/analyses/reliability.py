@@ -177,7 +177,7 @@ def _split_half(
     order = np.random.default_rng(s.seed).permutation(len(docs))
     halves = (tuple(sorted(order[: len(docs) // 2].tolist())), tuple(sorted(order[len(docs) // 2 :].tolist())))
     jobs = [AblationJob(layer, (h,)) for layer in null.layers for h in range(info.n_heads)]
-    run = run_sweep(model, docs, jobs, edit=s.edit, positions=s.positions, options=opts)
+    run = run_sweep(model, docs, jobs, ablation=s.edit, positions=s.positions, options=opts)
     assert run.base is not None
     cos_self, excess, deltas = [], [], []
     for half in halves:

@@ -157,7 +157,7 @@ def head_sensitivity(
     layer_idx, skipped = softmax_layers(info, s.layers, what="head_sensitivity")
     singles = [AblationJob(layer, (h,)) for layer in layer_idx for h in range(info.n_heads)]
     joints = [AblationJob(layer, tuple(range(info.n_heads))) for layer in layer_idx]
-    run = run_sweep(model, docs, singles + joints, edit=s.edit, positions=s.positions, options=opts)
+    run = run_sweep(model, docs, singles + joints, ablation=s.edit, positions=s.positions, options=opts)
     assert run.base is not None
     single = np.array([_stats(run.base, run[j], s, head_label(j.layer, j.heads[0])) for j in singles])
     joint = np.array([_stats(run.base, run[j], s, head_label(j.layer)) for j in joints])
