@@ -49,7 +49,7 @@ def test_mixed_jobs_equal_the_naive_loop():
 def test_a_store_cut_mid_line_is_repaired_and_gives_identical_results(tmp_path):
     model, blocks = _setup()
     store = tmp_path / "sweep.jsonl"
-    kwargs = {"edit": "zero", "batch_size": 2, "tokens_per_forward": 32, "progress": False}
+    kwargs = {"ablation": "zero", "batch_size": 2, "tokens_per_forward": 32, "progress": False}
     full = run_sweep(model, blocks, JOBS, store=store, **kwargs)
     lines = store.read_text().splitlines(keepends=True)
     assert len(lines) == 1 + len(JOBS)
@@ -92,7 +92,7 @@ def test_a_store_from_another_batch_size_or_run_is_refused(tmp_path):
 def _stored_run(tmp_path):
     """The first two jobs run into a new store: (model, blocks, the sweep's keywords, the run)."""
     model, blocks = _setup()
-    kwargs = {"edit": "zero", "batch_size": 2, "store": tmp_path / "sweep.jsonl", "progress": False}
+    kwargs = {"ablation": "zero", "batch_size": 2, "store": tmp_path / "sweep.jsonl", "progress": False}
     return model, blocks, kwargs, run_sweep(model, blocks, JOBS[:2], **kwargs)
 
 
