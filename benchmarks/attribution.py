@@ -130,7 +130,7 @@ def main() -> None:
             exact_hi=hi,
             spearman=stats["spearman"],
             pearson=stats["pearson"],
-            provenance=Provenance.collect(info, blocks, analysis="benchmarks/attribution.py", edit=edit),
+            provenance=Provenance.of(info, blocks, "benchmarks/attribution.py", {"edit": edit}, None),
         ).figure()
         figure.update_traces(name=f"all {len(df)} heads", selector={"mode": "markers"})
         save_figure(figure, out / f"estimate_vs_exact_{edit}")

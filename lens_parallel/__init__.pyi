@@ -11,7 +11,7 @@ from .analyses.confirm import ConfirmResult, ConfirmSettings, confirm
 from .analyses.decompose import DecomposeSettings, DecompositionResult, decompose
 from .analyses.diagonal import DiagonalSettings, DiagonalView, diagonal_view
 from .analyses.dominance import DominanceResult, DominanceSettings, head_dominance, study_texts
-from .analyses.evaluate import document_losses, evaluate
+from .analyses.evaluate import EvaluateSettings, document_losses, evaluate
 from .analyses.head_statistics import (
     HeadStatistics,
     HeadStatisticsSettings,
@@ -95,6 +95,7 @@ __all__ = [
     "EditEffect",
     "EditJob",
     "EnvironmentFailure",
+    "EvaluateSettings",
     "Explorer",
     "FactorialResult",
     "Footprint",

@@ -518,7 +518,7 @@ def _tasks(inv: Invocation) -> None:
     tasks = what.tasks[0] if len(what.tasks) == 1 else list(what.tasks)
     data = inv.data()
     model = load_model(data.model, device=data.device, dtype=getattr(torch, data.dtype))
-    result = task_effects(model, named, tasks, task_settings=s, options=opts)
+    result = task_effects(model, named, tasks, settings=s, options=opts)
     table = result.differences()
     table.to_csv(out / "tasks_differences.csv", index=False)
     print(f"{result.info.name}: edited - unedited per task (lm-eval's metrics; CI: paired bootstrap over items)")

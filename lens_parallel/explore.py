@@ -255,7 +255,7 @@ class Explorer:
         return plots.explorer_figures(self.view, self.info.name)
 
     def provenance(self) -> Provenance:
-        return Provenance.collect(self.info, self._blocks, analysis="explore", **{k: v for k, v in self.state.items()})
+        return Provenance.of(self.info, self._blocks, "explore", self.state, None)
 
     def save_view(self, folder: str | Path) -> list[Path]:
         """Write the current figures as HTML (PNG too when kaleido finds Chromium) and ``view.json`` (the settings

@@ -200,11 +200,13 @@ def resolve(
     options: RunOptions | None,
     protocol: str | None,
     changes: dict[str, Any],
+    *,
+    option_defaults: dict[str, Any] | None = None,
 ) -> tuple[S, RunOptions]:
     """An analysis's settings and run options: ``settings`` (default: ``protocol``'s, else ``cls()``) and
-    ``options`` (default :class:`RunOptions`), with the keyword shortcuts ``changes`` applied to whichever owns
-    each name (an unknown name, both a settings object and a protocol, or a field given in ``settings`` and as a
-    keyword with another value, is one line)."""
+    ``options`` (default :class:`RunOptions` with ``option_defaults``), with the keyword shortcuts ``changes``
+    applied to whichever owns each name (an unknown name, both a settings object and a protocol, or a field given
+    in ``settings`` and as a keyword with another value, is one line)."""
     names = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
     setting_changes, option_changes = split_changes(changes, names)
     if settings is not None and protocol is not None:
@@ -223,7 +225,7 @@ def resolve(
     if given is not None:  # a protocol's fields may be overridden by keywords; a settings object's may not
         check_given_once(given, coerced, "settings=")
     settings_out = dataclasses.replace(base, **coerced)  # type: ignore[type-var]
-    return settings_out, resolve_options(options, option_changes)
+    return settings_out, resolve_options(options, option_changes, defaults=option_defaults)
 
 
 def _tuple_field(hint: Any) -> bool:

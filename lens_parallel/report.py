@@ -41,6 +41,7 @@ from lens_parallel.analyses.evaluate import evaluate
 from lens_parallel.analyses.reliability import SanityReport, check_documents, sanity_report
 from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
 from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivity
+from lens_parallel.choices import Space
 from lens_parallel.documents import Documents
 from lens_parallel.downstream.data import check_task_names
 from lens_parallel.downstream.effects import TaskResult, task_effects
@@ -51,7 +52,7 @@ from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.comparison import comparison_figure
 from lens_parallel.results import Provenance, Result, ResultMixin, serializable
-from lens_parallel.validate import check_non_negative_int, check_positive_int
+from lens_parallel.validate import as_tuple, check_choices, check_non_negative_int, check_positive_int
 
 SECTIONS = {
     "decomposition": "Decomposition: how much of each message lies along its own reference (value v_t, residual x_t)",
@@ -63,7 +64,6 @@ SECTIONS = {
     "edits": "Further edits (built-in or user-defined): loss change against the matched no-op",
     "tasks": "Downstream tasks (lm-evaluation-harness) under the edits, paired per item (opt-in: tasks=...)",
 }
-SCALE_SPACES = ("value-exclude-self", "residual-attn")
 T = TypeVar("T")
 
 
@@ -106,7 +106,7 @@ class ModelReport(ResultMixin):
             "loss_noop": scale["loss_noop"].iloc[0],
         }
         row |= {f"self_cos_{space}": heads.get(space) for space in ("value", "value-exclude-self", "residual-attn")}
-        row |= {f"delta_loss_s_par0_{space}": removal.get(space) for space in SCALE_SPACES}
+        row |= {f"delta_loss_s_par0_{space}": removal.get(space) for space in dict.fromkeys(scale["space"])}
         row |= {"most_sensitive_layer": int(joint.idxmax()), "max_joint_delta_loss": joint.max()}
         if self.confirmation is not None:
             row |= {"attribution_spearman": self.confirmation.spearman}
@@ -210,9 +210,21 @@ class ReportSettings:
         default=(), metadata={"help": "downstream tasks under the edits (a preset or task names; the tasks extra)"}
     )
     task_limit: int | None = field(default=40, metadata={"help": "items per task", "none": "all"})
+    scale_space: tuple[Space, ...] = field(
+        default=("value-exclude-self", "residual-attn"), metadata={"help": "spaces of the scaling section"}
+    )
+    scale_s_par: tuple[float, ...] = field(default=(0.0, 0.5, 1.5), metadata={"help": "s_par of the scaling section"})
+    scale_s_perp: tuple[float, ...] = field(default=(0.5,), metadata={"help": "s_perp of the scaling section"})
+    diagonal_heads: int = field(default=2, metadata={"help": "most self-aligned heads given a diagonal view"})
+    confirm_heads: int = field(
+        default=10, metadata={"help": "top attribution heads (and as many random ones) confirmed exactly"}
+    )
 
     def __post_init__(self) -> None:
         check_non_negative_int("seed", self.seed)
+        object.__setattr__(self, "scale_space", check_choices("scale_space", as_tuple(self.scale_space), Space))
+        check_positive_int("diagonal_heads", self.diagonal_heads)
+        check_positive_int("confirm_heads", self.confirm_heads)
         for edit in self.edits:
             as_edits(edit)
         if self.task_limit is not None:
@@ -224,9 +236,14 @@ class ReportSettings:
             "edits": [[describe_edit(e) for e in as_edits(x)] for x in self.edits],
             "tasks": list(self.tasks),
             "task_limit": self.task_limit,
+            "scale_space": list(self.scale_space),
+            "scale_s_par": list(self.scale_s_par),
+            "scale_s_perp": list(self.scale_s_perp),
+            "diagonal_heads": self.diagonal_heads,
+            "confirm_heads": self.confirm_heads,
         }
 
-    def task_settings(self) -> dict[str, tuple[Edit, ...]]:
+    def task_edits(self) -> dict[str, tuple[Edit, ...]]:
         """The settings the tasks section scores: each further edit, or value-parallel removal without any."""
         if not self.edits:
             return {"value-parallel removal": (ComponentScale("value", s_par=0.0),)}
@@ -270,10 +287,10 @@ def run_battery(
     scaling = timed(
         "scaling",
         lambda: scale_sweep(
-            model, docs, space=SCALE_SPACES, s_par=(0.0, 0.5, 1.5), s_perp=(0.5,), seed=s.seed, options=opts
+            model, docs, space=s.scale_space, s_par=s.scale_s_par, s_perp=s.scale_s_perp, seed=s.seed, options=opts
         ),
     )
-    heads = strongest_parallel_heads(dec)
+    heads = strongest_parallel_heads(dec, s.diagonal_heads)
     views = timed(
         "diagonal",
         lambda: tuple(diagonal_view(model, docs, layer=lay, head=h, options=opts) for lay, h in heads),
@@ -286,10 +303,12 @@ def run_battery(
         )
         screen = timed("attribution", lambda: head_attribution(model, docs, positions="after-first", options=opts))
         n_heads = screen.estimate.shape[1] * screen.estimate.shape[2]
-        k = min(10, n_heads // 2)
+        k = min(s.confirm_heads, n_heads // 2)
         confirmation = timed(  # its exact jobs are sensitivity's, already in the shared store
             "confirm",
-            lambda: confirm(model, docs, screen, top_k=k, n_random=min(10, n_heads - k), seed=s.seed, options=shared),
+            lambda: confirm(
+                model, docs, screen, top_k=k, n_random=min(s.confirm_heads, n_heads - k), seed=s.seed, options=shared
+            ),
         )
         sanity = timed("sanity", lambda: sanity_report(model, docs, seed=s.seed, options=shared))
     effects = timed("edits", lambda: tuple(evaluate(model, docs, edit, seed=s.seed, options=opts) for edit in s.edits))
@@ -299,7 +318,7 @@ def run_battery(
         task_opts = dataclasses.replace(opts, store=None)
         tasks = timed(
             "tasks",
-            lambda: task_effects(model, s.task_settings(), plan, limit=s.task_limit, seed=s.seed, options=task_opts),
+            lambda: task_effects(model, s.task_edits(), plan, limit=s.task_limit, seed=s.seed, options=task_opts),
         )
     return ModelReport(
         name=model_info(model).name,

@@ -88,31 +88,43 @@ class Provenance:
         return {p: _version(p) for p in ("lens_parallel", "transformer-lens", "transformers", "torch")}
 
     @classmethod
-    def collect(cls, info: ModelInfo, documents: object, **settings: Any) -> Provenance:
-        """The provenance of a run of ``info``'s model on ``documents`` (anything
-        :meth:`~lens_parallel.documents.Documents.of` takes: described with their source, lengths and a hash of the
-        tokens) with ``settings``."""
-        texts = Documents.of(documents).describe()
+    def of(
+        cls,
+        info: ModelInfo,
+        documents: object,
+        analysis: str,
+        settings: Any,
+        options: Any,
+        *,
+        texts: Mapping[str, Any] | None = None,
+        versions: Mapping[str, str] | None = None,
+        **extra: Any,
+    ) -> Provenance:
+        """The provenance of ``analysis`` run on ``info``'s model: ``documents`` (anything
+        :meth:`~lens_parallel.documents.Documents.of` takes: their source, lengths and a hash of the tokens; or
+        ``texts``, a description of what else it read, e.g. lm-eval's tasks), its settings object's fields (its
+        ``record()`` where it has one; a mapping as it is), ``extra`` facts of the run (resolved layers, skipped
+        ones, a reconstruction error, ...; they override a setting of the same name) and the run options under
+        ``options``: a :class:`~lens_parallel.options.RunOptions`, or the :class:`~lens_parallel.sweep.SweepRun`
+        that ran with them (its ``record()`` holds the batch size ``batch_size="auto"`` chose); None where the run
+        takes none. ``versions``: packages beside :meth:`installed_versions` that made the numbers."""
+        if hasattr(settings, "record"):
+            plain = settings.record()
+        elif isinstance(settings, Mapping):
+            plain = dict(settings)
+        else:
+            plain = dataclasses.asdict(settings)
+        recorded = {"analysis": analysis, **(plain | extra)}
+        if options is not None:
+            recorded["options"] = options.record()
         return cls(
             model=info.to_dict(),
-            texts=texts,
+            texts=dict(texts) if texts is not None else Documents.of(documents).describe(),
             weight_processing=WEIGHT_PROCESSING,
-            settings=settings,
-            versions=cls.installed_versions(),
+            settings=recorded,
+            versions=cls.installed_versions() | dict(versions or {}),
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         )
-
-    @classmethod
-    def of(
-        cls, info: ModelInfo, documents: object, analysis: str, settings: Any, options: Any, **extra: Any
-    ) -> Provenance:
-        """The provenance of ``analysis``: its settings object's fields (its ``record()`` where it has one), ``extra``
-        facts of the run (resolved layers, skipped ones, a reconstruction error, ...; they override a setting of the
-        same name) and the run options under ``options``: a :class:`~lens_parallel.options.RunOptions`, or the
-        :class:`~lens_parallel.sweep.SweepRun` that ran with them (its ``record()`` holds the batch size
-        ``batch_size="auto"`` chose)."""
-        plain = settings.record() if hasattr(settings, "record") else dataclasses.asdict(settings)
-        return cls.collect(info, documents, analysis=analysis, **(plain | extra), options=options.record())
 
 
 def head_frame(

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 from scipy import stats as sps
+from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
@@ -298,3 +299,29 @@ def concentration(effects: np.ndarray) -> dict[str, np.ndarray]:
         "heads_for_90": heads_for_90,
     }
     return {name: np.asarray(values) for name, values in metrics.items()}  # 0-d arrays for one vector
+
+
+def mcnemar_exact(unedited: np.ndarray, edited: np.ndarray) -> float:
+    """Exact (binomial) McNemar p-value of paired 0/1 outcomes: statsmodels' ``mcnemar(exact=True)`` on the 2 x 2
+    table; 1.0 when no item is discordant."""
+    a, b = unedited.astype(bool), edited.astype(bool)
+    table = [[int((a & b).sum()), int((a & ~b).sum())], [int((~a & b).sum()), int((~a & ~b).sum())]]
+    if table[0][1] + table[1][0] == 0:
+        return 1.0
+    return float(mcnemar(table, exact=True).pvalue)
+
+
+def mean_of_means_ci(
+    per_group: list[np.ndarray], *, n_resamples: int = N_RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
+    """95% percentile CI of the unweighted mean over groups (tasks) of each group's mean paired difference
+    mean(b - a), items resampled within each group; ``per_group``: one ``[2, item]`` array (a, b) per group."""
+    rng = np.random.default_rng(seed)
+    draws = np.zeros(n_resamples)
+    for values in per_group:
+        d = values[1] - values[0]
+        idx = rng.integers(0, len(d), size=(n_resamples, len(d)))
+        draws += d[idx].mean(1)
+    draws /= len(per_group)
+    low, high = np.quantile(draws, [0.025, 0.975])
+    return float(low), float(high)

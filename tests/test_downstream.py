@@ -29,11 +29,12 @@ from lens_parallel import (
     geometry,
 )
 from lens_parallel.downstream import data as task_data
-from lens_parallel.downstream.effects import _aggregate, mcnemar_exact, task_effects
+from lens_parallel.downstream.effects import _aggregate, task_effects
 from lens_parallel.downstream.lm import EditedLM
 from lens_parallel.downstream.presets import resolve_tasks
 from lens_parallel.losses import token_nll
 from lens_parallel.models import model_info
+from lens_parallel.stats import mcnemar_exact
 from lens_parallel.weights import WeightsFetchError
 from tests.conftest import FAMILIES, get_model
 

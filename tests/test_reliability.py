@@ -35,7 +35,9 @@ def test_verdict_thresholds():
 def test_identical_halves_give_r_one():
     rng = np.random.default_rng(0)
     stat, delta = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
-    provenance = Provenance.collect(model_info(get_model("toy-gpt2")), torch.zeros(4, 10, dtype=torch.long))
+    provenance = Provenance.of(
+        model_info(get_model("toy-gpt2")), torch.zeros(4, 10, dtype=torch.long), "test", {}, None
+    )
     same = SplitHalfResult(
         edit="zero",
         layers=(0, 1, 2),

@@ -125,3 +125,15 @@ def test_corrections_keep_undefined_p_values_undefined():
     assert np.isnan(stats.holm(np.full(3, np.nan))).all()
     with pytest.raises(stats.LensParallelError, match=r"p-values must lie in \[0, 1\]"):
         stats.benjamini_hochberg(np.array([0.2, np.inf]))
+
+
+def test_the_mean_of_means_ci_is_exact_where_every_draw_is_the_same():
+    """Constant differences within each group: every resample gives the mean over groups of those constants."""
+    from lens_parallel.stats import mean_of_means_ci
+
+    a = [np.stack([np.zeros(5), np.full(5, 0.2)]), np.stack([np.ones(3), np.full(3, 0.4)])]  # d = 0.2 and -0.6
+    low, high = mean_of_means_ci(a, n_resamples=200, seed=1)
+    assert low == pytest.approx(-0.2) and high == pytest.approx(-0.2)
+    spread = [np.stack([np.zeros(40), np.r_[np.zeros(20), np.ones(20)]])]  # d: half 0, half 1; mean 0.5
+    low, high = mean_of_means_ci(spread, n_resamples=4000, seed=0)
+    assert low < 0.5 < high and high - low == pytest.approx(2 * 1.96 * 0.5 / np.sqrt(40), abs=0.05)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,11 +29,12 @@ from lens_parallel.losses import (
     unembedding,
 )
 from lens_parallel.models import model_info
-from lens_parallel.options import RunOptions, resolve_options
+from lens_parallel.options import RunOptions, resolve, resolve_options
 from lens_parallel.results import Provenance
 from lens_parallel.stats import N_RESAMPLES
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
+from lens_parallel.validate import check_non_negative_int, check_positive_int
 
 
 def document_losses(
@@ -89,21 +91,36 @@ class DistributionShift(Metric[EditJob]):
         return [{k: v.double().cpu().numpy() for k, v in per_doc.items()}]
 
 
+@dataclass(frozen=True, kw_only=True)
+class EvaluateSettings:
+    """How :func:`evaluate` states its effects: paired bootstrap CIs over documents from ``n_resamples`` resamples
+    seeded by ``seed``."""
+
+    n_resamples: int = field(default=N_RESAMPLES, metadata={"help": "bootstrap resamples of the CIs"})
+    seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
+
+    def __post_init__(self) -> None:
+        check_positive_int("n_resamples", self.n_resamples)
+        check_non_negative_int("seed", self.seed)
+
+
 def evaluate(
     model: TransformerBridge,
     documents: object,
     edits: Edit | Sequence[Edit],
     *,
-    n_resamples: int = N_RESAMPLES,
-    seed: int = 0,
+    settings: EvaluateSettings | None = None,
     options: RunOptions | None = None,
+    protocol: str | None = None,
     **changes: Any,
 ) -> EditEffect:
     """Loss and perplexity under ``edits`` minus the matched no-op (:func:`~lens_parallel.edits.noop`), and how far
     the next-token distribution moves: KL(no-op || edited) per scored position and the fraction of positions whose
-    top-1 token is unchanged, each with a paired bootstrap CI over documents (``n_resamples``, ``seed``); both runs
-    on the same batches of one sweep (:class:`DistributionShift`)."""
-    opts = resolve_options(options, changes, defaults={"progress": False})
+    top-1 token is unchanged, each with a paired bootstrap CI over documents (:class:`EvaluateSettings`); both runs
+    on the same batches of one sweep (:class:`DistributionShift`). Run options
+    :class:`~lens_parallel.options.RunOptions` (default here: no progress bar); both as keyword shortcuts."""
+    s, opts = resolve(EvaluateSettings, settings, options, protocol, changes, option_defaults={"progress": False})
+    n_resamples, seed = s.n_resamples, s.seed
     edits = as_edits(edits)
     job = EditJob("edited", edits)
     run = run_sweep(model, documents, [job], metric=DistributionShift(noop(edits)), options=opts, desc="evaluate")
@@ -115,13 +132,7 @@ def evaluate(
         seed=seed,
     )
     shift = distribution_shift(values["kl_sum"], values["agree_sum"], n_tokens, n_resamples=n_resamples, seed=seed)
-    provenance = Provenance.collect(
-        model_info(model),
-        Documents.of(documents),
-        analysis="evaluate",
-        edits=[describe_edit(e) for e in edits],
-        n_resamples=n_resamples,
-        seed=seed,
-        options=run.record(),
+    provenance = Provenance.of(
+        model_info(model), Documents.of(documents), "evaluate", s, run, edits=[describe_edit(e) for e in edits]
     )
     return dataclasses.replace(effect, **shift, provenance=provenance)

