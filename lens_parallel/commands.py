@@ -47,7 +47,7 @@ from lens_parallel.cli import SPEC_PATH
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.options import PROTOCOLS, DataOptions, RunOptions, resolve
 from lens_parallel.paths import add_suffix, check_writable
-from lens_parallel.validate import check_non_negative_int, options
+from lens_parallel.validate import check_non_negative_int, literal_values
 
 OUTPUT_SUFFIXES = (".csv", ".json", ".npz", ".html", ".png")
 
@@ -113,7 +113,7 @@ def _scalar(hint: Any) -> tuple[str, tuple[str, ...] | None]:
     members = _members(hint)
     literals = [m for m in members if typing.get_origin(m) is Literal]
     if literals and all(typing.get_origin(m) is Literal for m in members):
-        return "str", tuple(v for m in literals for v in options(m))
+        return "str", tuple(v for m in literals for v in literal_values(m))
     if int in members and any(typing.get_origin(m) is Literal for m in members):  # heads: indices or "all"
         return "int_or_word", None
     if members == [int]:

@@ -40,7 +40,7 @@ ROLE_HOOKS: dict[str, str] = {
     "rot_q": "blocks.{layer}.attn.hook_rot_q",
     "rot_k": "blocks.{layer}.attn.hook_rot_k",
     "v": "blocks.{layer}.attn.hook_v",
-    "pattern": "blocks.{layer}.attn.hook_pattern",
+    "pattern_diag": "blocks.{layer}.attn.hook_pattern",
     "pattern_full": "blocks.{layer}.attn.hook_pattern",
     "z": "blocks.{layer}.attn.hook_z",
     "attn_out": "blocks.{layer}.hook_attn_out",
@@ -53,8 +53,9 @@ ROLE_HOOKS: dict[str, str] = {
     "lin_v": "blocks.{layer}.linear_attn.hook_v",
     "lin_gate": "blocks.{layer}.linear_attn.hook_gate_input",
 }
-"""Activation roles and their TransformerLens hook names. ``pattern`` is kept as its diagonal A_tt only,
-``pattern_full`` as the whole map; ``rot_q``/``rot_k`` are queries/keys after rotary (and after Qwen3's q/k norms).
+"""Activation roles and their TransformerLens hook names. ``pattern_diag`` is kept as its diagonal A_tt only,
+``pattern_full`` as the whole map (both read hook_pattern); ``rot_q``/``rot_k`` are queries/keys after rotary (and
+after Qwen3's q/k norms).
 ``lin_q``/``lin_k``/``lin_v``: a linear-attention block's queries, keys (per key head) and values (per value head)
 after its causal convolution, before the kernel's L2 normalisation; ``lin_gate``: the gate z of its gated RMSNorm,
 ``norm(recurrence_out) * silu(z)``, per value head."""
@@ -67,7 +68,16 @@ def effective_qk_roles(info: ModelInfo) -> tuple[str, str]:
     return ("rot_q", "rot_k") if info.positional == "rotary" and info.family != "pythia" else ("q", "k")
 
 
+RENAMED_ROLES = {"pattern": "pattern_diag (its diagonal A_tt) or pattern_full (the whole map)"}
+"""Roles renamed, with their new names (an old one is refused in one line)."""
+
+
 def hook_name(layer: int, role: str) -> str:
+    """The full hook name of ``role`` at ``layer``."""
+    if role not in ROLE_HOOKS:
+        if role in RENAMED_ROLES:
+            raise LensParallelError(f"the role {role!r} is now {RENAMED_ROLES[role]}")
+        raise LensParallelError(f"unknown role {role!r}; roles: {', '.join(ROLE_HOOKS)}")
     return ROLE_HOOKS[role].format(layer=layer)
 
 
@@ -82,7 +92,7 @@ def expected_shape(role: str, info: ModelInfo) -> tuple[tuple[str, int | None], 
         return batch, pos, ("n_kv_heads", info.n_kv_heads), ("d_head", info.d_head)
     if role in ("z", "q", "rot_q"):
         return batch, pos, ("n_heads", info.n_heads), ("d_head", info.d_head)
-    if role in ("pattern", "pattern_full"):
+    if role in ("pattern_diag", "pattern_full"):
         return batch, ("n_heads", info.n_heads), ("query_pos", None), ("key_pos", None)
     if role in ("lin_q", "lin_k", "lin_v", "lin_gate"):
         return batch, pos, ("heads", None), ("d_head", None)
@@ -347,7 +357,7 @@ class LayerStream:
 
     ``roles`` is one list for every layer or a dict layer -> roles (layers of different kinds need different hooks).
 
-    ``pattern`` is stored as its diagonal ``[batch, head_index, pos]`` only (A_tt), never as the full map.
+    ``pattern_diag`` is stored as its diagonal ``[batch, head_index, pos]`` only (A_tt), never as the full map.
     Tensors are detached copies in ``dtype`` (float64 by default, so that streamed sums match a cache to 1e-6), on
     the device of the tokens: a model whose layers sit on several devices hands the reducer tensors on one device.
     """
@@ -387,7 +397,7 @@ class LayerStream:
     def _capture(self, tensor: Tensor, hook: HookPoint, *, layer: int, role: str) -> None:
         check_shape(hook_name(layer, role), tensor, expected_shape(role, self.info))
         self._finite.append(torch.isfinite(tensor).all())  # on the tensor's device: read after the forward
-        if role == "pattern":
+        if role == "pattern_diag":
             tensor = torch.diagonal(tensor, dim1=-2, dim2=-1)
         buffer = self._buffers.setdefault(layer, {})
         buffer[role] = tensor.detach().to(device=self.device, dtype=self.dtype)
@@ -473,7 +483,7 @@ def gradient_pass(
     reduce: GradReducer,
 ) -> Float[Tensor, " batch"]:
     """One forward and one backward over ``tokens``: per layer, the activations of ``roles`` (detached float64
-    copies; ``pattern`` kept as its diagonal) and the gradients of ``objective(final).sum()`` (``final``: the final
+    copies; ``pattern_diag`` kept as its diagonal) and the gradients of ``objective(final).sum()`` (``final``: the final
     normalised residual) with respect to the activations of ``grad_roles`` (float64; both on the tokens' device),
     handed to ``reduce(layer, acts, grads)`` as soon as the backward has passed the layer. Documents are
     independent, so each document's gradient is that of its own objective.
@@ -507,7 +517,7 @@ def gradient_pass(
     def capture(tensor: Tensor, hook: HookPoint, *, layer: int, role: str) -> Tensor:
         check_shape(hook_name(layer, role), tensor, expected_shape(role, info))
         if recomputing[0] and role in roles.get(layer, ()):
-            kept = torch.diagonal(tensor, dim1=-2, dim2=-1) if role == "pattern" else tensor
+            kept = torch.diagonal(tensor, dim1=-2, dim2=-1) if role == "pattern_diag" else tensor
             acts[layer][role] = kept.detach().to(device=tokens.device, dtype=torch.float64)
         if not recomputing[0] and role in grad_roles.get(layer, ()):
             tensor.register_hook(partial(on_grad, layer=layer, role=role))  # holds no reference to the tensor

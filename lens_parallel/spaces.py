@@ -126,7 +126,7 @@ def value_roles(info: ModelInfo, *, diagonal: bool = False, gate: bool = False) 
     models only)."""
     if info.gated_attention:
         return ("v", "pattern_full", *(("q_gate",) if gate else ()))
-    return ("v", "z", *(("pattern",) if diagonal else ()))
+    return ("v", "z", *(("pattern_diag",) if diagonal else ()))
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def value_parts(captured: Mapping[str, Tensor], info: ModelInfo) -> ValueParts:
         pattern = captured["pattern_full"]
         o, diag = geometry.value_aggregate(pattern, v), torch.diagonal(pattern, dim1=-2, dim2=-1)
     else:  # hook_z itself (also the post-gate site of gated attention, when the pattern is not captured)
-        o, diag = captured["z"], captured.get("pattern")
+        o, diag = captured["z"], captured.get("pattern_diag")
     return ValueParts(o=o, v=v, diag=diag, gate=gate)
 
 

@@ -215,11 +215,16 @@ class Metric(Generic[J]):
     ``name`` and :meth:`fingerprint` identify its numbers (in a store's fingerprint); ``base``: whether it needs
     the unedited per-document losses of the reference pass; :meth:`reference_roles`: activations the reference
     pass captures for it; :meth:`spec`: the arrays a job's value holds; :meth:`chunks`: which jobs share forwards
-    (default: one job per chunk); :meth:`evaluate`: a chunk's values on one batch; :meth:`combine`: the batches'
+    (default: one job per chunk); :meth:`measure`: a chunk's values on one batch; :meth:`combine`: the batches'
     values of one job, concatenated along ``"docs"`` axes or summed."""
 
     name = "metric"
     base = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "evaluate" in vars(cls):
+            raise LensParallelError(f"{cls.__name__}.evaluate: a metric's method is now measure (same arguments)")
 
     def fingerprint(self) -> dict[str, Any]:
         return {"metric": self.name}
@@ -233,7 +238,7 @@ class Metric(Generic[J]):
     def chunks(self, jobs: Sequence[J], plan: SweepPlan) -> list[list[J]]:
         return [[job] for job in jobs]
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[J], batch: Batch) -> list[Values]:
+    def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[J], batch: Batch) -> list[Values]:
         raise NotImplementedError
 
     def combine(self, job: J, parts: Sequence[Values]) -> Values:
@@ -269,7 +274,7 @@ class DocumentNLL(Metric[Job]):
             out += [group[i : i + size] for i in range(0, len(group), size)]
         return sorted(out, key=lambda chunk: chunk[0].start_layer)
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+    def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
         nll = _stacked_nll(context, plan, jobs, batch, loss="document")
         return [{"loss_sum": row.double().cpu().numpy()} for row in nll]
 
@@ -289,7 +294,7 @@ class TokenNLL(DocumentNLL):
     def spec(self, job: Job) -> dict[str, ValueSpec]:
         return {"nll": ValueSpec(("docs", self.n_positions - 1), allow_nan=True)}
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
+    def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
         nll = _stacked_nll(context, plan, jobs, batch, loss="token")
         width = self.n_positions - 1
         out = []
@@ -403,7 +408,7 @@ def _sweep_task(context: TaskContext, plan: SweepPlan, chunk: list[Job]) -> list
     batches = context.cached(reference_key(plan), lambda: _reference_pass(context.model, context.info, plan, False))
     parts = []
     for batch in batches:
-        parts.append(plan.metric.evaluate(context, plan, chunk, batch))
+        parts.append(plan.metric.measure(context, plan, chunk, batch))
         context.advance(len(chunk))  # progress: one unit per job and batch
     return [plan.metric.combine(job, [part[i] for part in parts]) for i, job in enumerate(chunk)]
 
@@ -520,7 +525,7 @@ def _auto_batch_size(
         sub = Documents(docs.tokens[longest[:k]], docs.lengths[longest[:k]], docs.source, docs.first[longest[:k]])
         plan = SweepPlan(sub, starts, k, opts.tokens_per_forward, kind, positions, means, metric)
         (batch,) = _reference_pass(model, info, plan, metric.base or kind is not None)
-        metric.evaluate(context, plan, metric.chunks(list(jobs), plan)[0], batch)
+        metric.measure(context, plan, metric.chunks(list(jobs), plan)[0], batch)
 
     chosen = choose_batch_size(probe, n_docs=len(docs), tokens=int(docs.lengths.max()), budget=budget, device=device)
     return dataclasses.replace(resolved, batch_size=chosen.batch_size), {"memory_budget": label, **chosen.record()}

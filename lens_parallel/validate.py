@@ -14,14 +14,14 @@ from typing import Any
 from lens_parallel.errors import LensParallelError
 
 
-def options(choice: Any) -> tuple[Any, ...]:
+def literal_values(choice: Any) -> tuple[Any, ...]:
     """The accepted values of a ``Literal`` choice type, in their declared order."""
     return tuple(typing.get_args(choice))
 
 
 def check_choice(what: str, value: object, choice: Any) -> Any:
     """``value`` if it is one of ``choice``'s values, else a :class:`LensParallelError` naming them."""
-    accepted = options(choice)
+    accepted = literal_values(choice)
     if not isinstance(value, str) or value not in accepted:
         raise LensParallelError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
     return value
@@ -31,7 +31,7 @@ def check_choices(what: str, values: Iterable[object], choice: Any) -> tuple[Any
     """Each of ``values`` checked by :func:`check_choice` (at least one; repeats dropped, order kept)."""
     values = tuple(values)
     if not values:
-        raise LensParallelError(f"give at least one {what}; accepted: {', '.join(options(choice))}")
+        raise LensParallelError(f"give at least one {what}; accepted: {', '.join(literal_values(choice))}")
     return tuple(dict.fromkeys(check_choice(what, v, choice) for v in values))
 
 

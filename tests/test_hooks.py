@@ -69,9 +69,9 @@ def test_stream_stops_early_and_leaves_no_hooks():
     with torch.inference_mode():
         before = model(TOKENS)
     seen = []
-    stream = LayerStream(info, [0, 1], ["v", "pattern", "z"], lambda layer, t: seen.append((layer, sorted(t))))
+    stream = LayerStream(info, [0, 1], ["v", "pattern_diag", "z"], lambda layer, t: seen.append((layer, sorted(t))))
     stream.run(model, TOKENS)
-    assert seen == [(0, ["pattern", "v", "z"]), (1, ["pattern", "v", "z"])]
+    assert seen == [(0, ["pattern_diag", "v", "z"]), (1, ["pattern_diag", "v", "z"])]
     with torch.inference_mode():
         assert torch.equal(model(TOKENS), before)
     with pytest.raises(ValueError, match="has no resid_mid"):

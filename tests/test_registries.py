@@ -201,8 +201,8 @@ def _logits_and_patterns(model, tokens, hooks, layers):
 
         return fn
 
-    before = [(hook_name(layer, "pattern"), keep("before", layer)) for layer in layers]
-    after = [(hook_name(layer, "pattern"), keep("after", layer)) for layer in layers]
+    before = [(hook_name(layer, "pattern_full"), keep("before", layer)) for layer in layers]
+    after = [(hook_name(layer, "pattern_full"), keep("after", layer)) for layer in layers]
     with model.hooks(fwd_hooks=[*before, *hooks, *after]):
         logits = model(tokens)
     return logits, seen
@@ -244,11 +244,11 @@ def test_every_edit_runs_with_only_the_hooks_it_declares(name):
             full, _ = _logits_and_patterns(model, tokens, hooks, layers)
             torch.testing.assert_close(edited, full, rtol=0, atol=0)
             assert not torch.equal(edited, clean), edit  # every example changes something
-            if footprint.pattern == "none" or not {"pattern", "pattern_full"} & writes:
+            if footprint.pattern == "none" or not {"pattern_diag", "pattern_full"} & writes:
                 for layer in layers:
                     torch.testing.assert_close(patterns["after", layer], patterns["before", layer], rtol=0, atol=0)
             if footprint.pattern == "none":
-                assert not {"pattern", "pattern_full"} & declared
+                assert not {"pattern_diag", "pattern_full"} & declared
             assert isinstance(edit, EditBase) and edit.kind in EDITS
 
 

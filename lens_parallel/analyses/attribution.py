@@ -292,7 +292,7 @@ class _GradientMetric(Metric[EditJob]):
         derivs = ValueSpec((len(self.spaces), *shape))
         return {"loss_sum": ValueSpec(("docs",)), "estimate": ValueSpec(shape), "d_s_par": derivs, "d_s_perp": derivs}
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
+    def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         docs, n, n_l, n_h = batch.docs, len(batch.docs.lengths), len(self.layers), self.info.n_heads
         out = {
             "estimate": np.zeros((n, n_l, n_h)),

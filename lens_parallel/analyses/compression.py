@@ -52,10 +52,10 @@ from lens_parallel.plots.compression import compression_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, Job, Metric, SweepPlan, run_rows, run_sweep
-from lens_parallel.validate import check_choice, check_finite, check_positive_int, options
+from lens_parallel.validate import check_choice, check_finite, check_positive_int, literal_values
 
 DEFAULT_METHODS: tuple[MethodLike, ...] = ("int8", "int4-g128", "wanda-50%", "wanda-2:4")
-SUBLAYERS = options(Sublayer)
+SUBLAYERS = literal_values(Sublayer)
 SUBLAYER_ROLES = ("attn_out", "mlp_out", "resid_post")
 """The hooks of each sublayer's output, in :data:`SUBLAYERS` order."""
 
@@ -339,7 +339,7 @@ class _CompressionMetric(Metric[MethodJob | CheckpointJob]):
             context.memo["compressed"] = (job.key, compress(context.model, job.method, calibration=calibration))
         return cast(TransformerBridge, context.memo["compressed"][1])
 
-    def evaluate(
+    def measure(
         self, context: TaskContext, plan: SweepPlan, jobs: Sequence[MethodJob | CheckpointJob], batch: Batch
     ) -> list[Values]:
         (job,) = jobs

@@ -267,7 +267,7 @@ class _AlignmentMetric(Metric[EditJob]):
         acc = _Accumulator(self.info, self.space_layers, self.eps)
         return {f"{sp}|{level}": ValueSpec(tuple(acc.sums[sp, level].shape)) for sp, level in self.keys}
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
+    def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         acc = _Accumulator(self.info, self.space_layers, self.eps)
         reduce = _reducer(acc, self.spaces, self.W_O, batch.docs.real)
         run_rows(context.model, self.info, batch, capture=self.roles, reduce=reduce)

@@ -174,7 +174,7 @@ class _DiagonalMetric(Metric[EditJob]):
         out = {name: ValueSpec(() if name == "count" else shape) for name in _SUMMARIES}
         return out | ({name: ValueSpec(()) for name in _LAYER_SUMMARIES} if self.layer_view else {})
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
+    def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         roles = {self.layer: _roles(self.spaces)}
         t = run_rows(context.model, self.info, batch, capture=roles).captured[self.layer]
         d_a, valid = _changes(self.info, t, self.spaces, self.s_par, self.eps, self.W_O)

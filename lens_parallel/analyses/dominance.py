@@ -72,11 +72,18 @@ from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.stats import concentration
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, Metric, SweepPlan, run_rows, run_sweep
-from lens_parallel.validate import as_indices, as_tuple, check_choice, check_choices, check_non_negative_int, options
+from lens_parallel.validate import (
+    as_indices,
+    as_tuple,
+    check_choice,
+    check_choices,
+    check_non_negative_int,
+    literal_values,
+)
 
-SCALES = options(DominanceScale)
+SCALES = literal_values(DominanceScale)
 """Effect scales: combined relative Q/K/V change; JS divergence of the attention row; its square root."""
-MASK_SCALES = options(MaskScale)
+MASK_SCALES = literal_values(MaskScale)
 """Scales the weak/strong halves can be ranked on (``js`` and ``js_distance`` rank heads identically)."""
 JOINT = ("weak", "strong", "random", "all")
 METRICS = (
@@ -605,7 +612,7 @@ class _DominanceMetric(Metric[PairJob]):
             "joint_js": joint,
         }
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[PairJob], batch: Batch) -> list[Values]:
+    def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[PairJob], batch: Batch) -> list[Values]:
         (job,) = jobs
         receive = context.cached(("receiver", job.up), lambda: _Receiver(context.model, context.info, job.up))
         out = _pair_batch(

@@ -69,7 +69,7 @@ class DistributionShift(Metric[EditJob]):
     def spec(self, job: EditJob) -> dict[str, ValueSpec]:
         return {k: ValueSpec(("docs",)) for k in ("loss_noop", "loss_edited", "kl_sum", "agree_sum")}
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
+    def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         (job,) = jobs
         model, info = context.model, context.info
         finals = [

@@ -53,9 +53,9 @@ from lens_parallel.spaces import value_parts, value_roles
 from lens_parallel.stats import benjamini_hochberg, split_half_correlations
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
-from lens_parallel.validate import as_indices, check_choice, check_finite, options
+from lens_parallel.validate import as_indices, check_choice, check_finite, literal_values
 
-STATISTICS: tuple[HeadStatistic, ...] = options(HeadStatistic)
+STATISTICS: tuple[HeadStatistic, ...] = literal_values(HeadStatistic)
 """The four per-head statistics, in the authors' order."""
 
 
@@ -113,7 +113,7 @@ class _StatisticsMetric(Metric[EditJob]):
             "count": ValueSpec(("docs",)),
         }
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
+    def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         weight = batch.docs.real.to(torch.float64)
         if self.positions == "after-first":
             weight[:, 0] = 0.0

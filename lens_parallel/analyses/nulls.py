@@ -57,12 +57,12 @@ from lens_parallel.validate import (
     check_finite,
     check_non_negative_int,
     check_positive_int,
-    options,
+    literal_values,
 )
 
 RECONSTRUCTION_TOL = 1e-2
-NULLS = options(Null)
-GROUPS = options(Groups)
+NULLS = literal_values(Null)
+GROUPS = literal_values(Groups)
 
 
 class ReconstructionError(LibraryError):
@@ -220,7 +220,7 @@ class _NullMetric(Metric[EditJob]):
         names = ("self", "null", "across") if self.s.groups else ("self", "null")
         return {name: ValueSpec(shape) for name in names}
 
-    def evaluate(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
+    def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         info, docs = self.info, batch.docs
         weight = (docs.real & (torch.arange(docs.tokens.shape[1], device=docs.tokens.device) >= 1)).double()[..., None]
         out: Values = {

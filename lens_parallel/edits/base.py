@@ -26,7 +26,7 @@ from lens_parallel.choices import EditPositions, HeadsAll
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.hooks import ROLE_HOOKS, Hook
 from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.validate import as_indices, check_choice, options
+from lens_parallel.validate import as_indices, check_choice, literal_values
 
 PatternUse = Literal["none", "diagonal", "rows"]
 """How an edit uses attention-pattern rows: not at all; only each row's diagonal A_tt and its row sum (what a
@@ -157,7 +157,7 @@ def edit_kind(name: str) -> EditKind:
     return EDITS[name]
 
 
-POSITIONS = options(EditPositions)
+POSITIONS = literal_values(EditPositions)
 """Which positions an edit acts on. ``all`` (the default); ``after-first`` leaves position 0, the boundary token,
 untouched: there o_0 = v_0 (a causal head attends only to itself), so a value-space s_par = 0 removes its whole
 output while exclude-self leaves it alone. The sanity-checks paper's frozen interventions exclude the first token;
@@ -207,7 +207,7 @@ def store(tensor: Tensor, hook: HookPoint, *, state: dict[str, Tensor], key: str
 
 def store_diagonal(pattern: Tensor, hook: HookPoint, *, state: dict[str, Tensor]) -> None:
     """A reading hook on hook_pattern keeping only its diagonal A_tt (the role ``pattern``)."""
-    state["pattern"] = torch.diagonal(pattern, dim1=-2, dim2=-1)
+    state["pattern_diag"] = torch.diagonal(pattern, dim1=-2, dim2=-1)
 
 
 def head_mask(

@@ -82,7 +82,9 @@ class DiagonalEdit(EditBase):
             if self.space == "residual-attn":
                 out.append((hook_name(layer, "resid_pre"), partial(store, state=state, key="x")))
             W_O = output_weights(model, layer) if self.space == "residual-attn" else None
-            out.append((hook_name(layer, "pattern"), partial(self._edit_pattern, state=state, heads=heads, W_O=W_O)))
+            out.append(
+                (hook_name(layer, "pattern_full"), partial(self._edit_pattern, state=state, heads=heads, W_O=W_O))
+            )
         return after_first(out) if self.positions == "after-first" else out
 
     def _edit_pattern(
@@ -153,7 +155,7 @@ class ZeroDiagonal(EditBase):
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         layers, _ = softmax_layers(info, self.layers, what="ZeroDiagonal")
         heads = check_indices("heads", None if self.heads == "all" else self.heads, info.n_heads)
-        return [(hook_name(layer, "pattern"), partial(self._edit_pattern, heads=heads)) for layer in layers]
+        return [(hook_name(layer, "pattern_full"), partial(self._edit_pattern, heads=heads)) for layer in layers]
 
     def _edit_pattern(
         self, pattern: Float[Tensor, "batch head_index query_pos key_pos"], hook: HookPoint, *, heads: HeadSet

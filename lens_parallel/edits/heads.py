@@ -30,9 +30,9 @@ from lens_parallel.hooks import (
     softmax_layers,
 )
 from lens_parallel.models import ModelInfo
-from lens_parallel.validate import as_indices, check_choice, options
+from lens_parallel.validate import as_indices, check_choice, literal_values
 
-ABLATIONS = options(Ablation)
+ABLATIONS = literal_values(Ablation)
 
 
 @register_edit("head-ablation", "remove heads' contribution at one layer: zero, mean, parallel-value or -residual")

@@ -122,7 +122,7 @@ class ComponentScale(EditBase):
             pre_gate = info.gated_attention and self.site == "pre-gate"
             diagonal = self.space == "value-exclude-self"
             reads = ("v", *(("q_gate", "pattern_full") if pre_gate else ("q_gate",) if info.gated_attention else ()))
-            reads += ("pattern",) if diagonal and not pre_gate else ()
+            reads += ("pattern_diag",) if diagonal and not pre_gate else ()
             pattern: PatternUse = "rows" if pre_gate else "diagonal" if diagonal else "none"
             return Footprint(reads, ("z",), pattern, decode_safe=not pre_gate)
         if self.space == "residual-attn":
@@ -230,7 +230,7 @@ def _value_hooks(
     if pre_gate:
         out.append((hook_name(layer, "pattern_full"), partial(store, state=state, key="pattern_full")))
     elif edit.space == "value-exclude-self":
-        out.append((hook_name(layer, "pattern"), partial(store_diagonal, state=state)))
+        out.append((hook_name(layer, "pattern_diag"), partial(store_diagonal, state=state)))
     return [*out, (hook_name(layer, "z"), edit_z)]
 
 

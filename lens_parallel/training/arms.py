@@ -50,9 +50,9 @@ from lens_parallel.edits import ComponentScale, Edit, GatedRemoval, LearnedGate
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelInfo
 from lens_parallel.training.config import GATE_INIT
-from lens_parallel.validate import options
+from lens_parallel.validate import literal_values
 
-ARMS: tuple[str, ...] = options(Arm)
+ARMS: tuple[str, ...] = literal_values(Arm)
 DIRECTION_SEED = 1_000_003
 """Random directions of layer l come from ``torch.Generator().manual_seed(DIRECTION_SEED + l)``: the same for every
 training seed and every arm that uses them."""

@@ -16,14 +16,14 @@ from lens_parallel.choices import Architecture, Precision
 from lens_parallel.data import CORPORA
 from lens_parallel.errors import LensParallelError
 from lens_parallel.tokenizers import BUNDLED_TOKENIZERS
-from lens_parallel.validate import options
+from lens_parallel.validate import literal_values
 
 GATE_INIT = 0.5
 """The default removal gate of the ``learned-gate-layer`` arm at init (s_par = 0.5, as ``learned-gate`` starts): the
 authors' ``train.py`` requires a ``xsa_forward_gate_init`` in (0, 1) for a learnable gate (its default 1.0 is
 refused there), and the value of the paper's runs is not in the public code."""
-ARCHITECTURES: tuple[Architecture, ...] = options(Architecture)
-PRECISIONS: tuple[Precision, ...] = options(Precision)
+ARCHITECTURES: tuple[Architecture, ...] = literal_values(Architecture)
+PRECISIONS: tuple[Precision, ...] = literal_values(Precision)
 
 
 @dataclass(frozen=True)
