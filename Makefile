@@ -3,6 +3,8 @@
 #   make test   installs and runs the whole test suite on two pytest-xdist workers of one thread each (and Debian's
 #               Chromium for the browser test when it is missing and we are allowed to: root or passwordless sudo;
 #               otherwise it stops and says what to install)
+#   make test-shuffled   the whole suite in a shuffled order (pytest-randomly; SEED=N repeats an order), to show that no
+#                        test depends on the order tests run in
 #   make test-fast   the inner loop: the unit and integration tiers only (no browser, smollm2, notebooks, CLI
 #                    subprocesses or Ray), on two pytest-xdist workers of one thread each: about 3 minutes here
 # torch is pinned to the 2.13.0 CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build.
@@ -17,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,distributed,notebook,tasks,quantization]'
 	touch $(STAMP)
 
-.PHONY: install run test test-fast lint bench
+.PHONY: install run test test-fast test-shuffled lint bench
 install: $(STAMP)
 
 run: $(STAMP)
@@ -26,6 +28,10 @@ run: $(STAMP)
 test: $(STAMP)
 	@bash scripts/ensure-chromium
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2
+
+test-shuffled: $(STAMP)
+	@bash scripts/ensure-chromium
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 -p randomly $(if $(SEED),--randomly-seed=$(SEED),)
 
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "unit or integration" -n 2

@@ -268,11 +268,12 @@ def run_battery(
     *,
     settings: ReportSettings | None = None,
     options: RunOptions | None = None,
+    protocol: str | None = None,
     **changes: Any,
 ) -> ModelReport:
     """Run the sections on ``model`` (see the module docstring; :class:`ReportSettings`, run options
     :class:`~lens_parallel.options.RunOptions`); every setting is checked first (:func:`check_battery`)."""
-    s, opts = resolve(ReportSettings, settings, options, None, changes)
+    s, opts = resolve(ReportSettings, settings, options, protocol, changes)
     docs = Documents.of(documents)
     check_battery(docs, s, opts)
     seconds: dict[str, float] = {}

@@ -14,24 +14,22 @@ import pytest
 
 import lens_parallel as lp
 from lens_parallel import cli, commands
+from lens_parallel.analyses.registry import analyses
 from lens_parallel.options import PROTOCOLS, DataOptions, RunOptions
 
-ANALYSES = [
-    lp.decompose,
-    lp.scale_sweep,
-    lp.diagonal_view,
-    lp.head_sensitivity,
+LIBRARY_ONLY = [  # analyses with inputs beyond a model and documents (a screen, edits, tasks, jobs): no subcommand
     lp.head_attribution,
     lp.confirm,
-    lp.head_dominance,
     lp.causal_null,
     lp.gqa_alignment,
     lp.split_half_reliability,
-    lp.sanity_report,
-    lp.compression_error,
+    lp.head_statistics,
     lp.run_ablations,
     lp.run_battery,
+    lp.evaluate,
+    lp.task_effects,
 ]
+ANALYSES = [a.function for a in analyses().values()] + LIBRARY_ONLY
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
@@ -101,6 +99,7 @@ def test_analyses_take_their_settings_and_run_options_only(function):
     one set of defaults, in the objects); they come as ``settings=`` / ``options=`` or as keyword shortcuts."""
     params = inspect.signature(function).parameters
     own = {n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert {"settings", "options"} <= own, sorted(own)
     assert own <= {"settings", "options", "protocol", "calibration", "compressed"}, sorted(own)  # data, not settings
     assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 

@@ -181,6 +181,16 @@ def test_every_registered_edit_has_an_example_here():
     assert set(_examples(model_info(lp.load_model("toy-gpt2")))) == set(EDITS)
 
 
+def test_every_training_arm_declares_the_registered_edit_it_trains_with():
+    from lens_parallel.training.arms import ARM_EDITS, ARMS, ArmParameters
+
+    info = model_info(lp.load_model("toy-gpt2"))
+    assert set(ARM_EDITS) == set(ARMS)
+    for arm, kind in ARM_EDITS.items():
+        edits = ArmParameters(arm, info).edits()
+        assert (not edits) if kind is None else edits and all(isinstance(e, EDITS[kind].cls) for e in edits), arm
+
+
 def test_the_explorer_menu_and_the_specs_come_from_the_registry():
     assert set(explorer_edits()) == set(get_args(ExplorerEdit))
     assert set(spec_kinds()) == set(SPACES) | {name for name, kind in EDITS.items() if kind.spec}

@@ -53,6 +53,21 @@ from lens_parallel.training.config import GATE_INIT
 from lens_parallel.validate import literal_values
 
 ARMS: tuple[str, ...] = literal_values(Arm)
+ARM_EDITS: dict[str, str | None] = {
+    "baseline": None,
+    "value-parallel-removal": "scale",
+    "xsa-gated": "gated-removal",
+    "residual-parallel-removal": "scale",
+    "random-direction": "gated-removal",
+    "random-direction-gated": "gated-removal",
+    "learned-gate": "learned-gate",
+    "learned-gate-layer": "learned-gate",
+    "xsa-alpha-layer": "gated-removal",
+}
+"""The registered edit kind (:data:`lens_parallel.edits.EDITS`) each arm trains with (None: no edit). An arm is
+not an edit kind: the ``random-direction`` arm is the ``gated-removal`` edit along fixed random directions (g = 1),
+the training form of the frozen ``random-direction`` edit (:class:`~lens_parallel.edits.RandomDirectionRemoval`),
+which removes along the same kind of direction with no gate; both are seeded per layer."""
 DIRECTION_SEED = 1_000_003
 """Random directions of layer l come from ``torch.Generator().manual_seed(DIRECTION_SEED + l)``: the same for every
 training seed and every arm that uses them."""
@@ -103,6 +118,7 @@ class ArmParameters(nn.Module):
         return t.unsqueeze(1).expand(t.shape[0], self.n_heads, *t.shape[1:])
 
     def edits(self) -> list[Edit]:
+        """The arm's edits, each an instance of its :data:`ARM_EDITS` kind (``tests/test_registries.py``)."""
         if self.arm == "baseline":
             return []
         if self.arm == "value-parallel-removal":
