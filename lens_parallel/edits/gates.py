@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -70,26 +71,20 @@ class GatedRemoval(EditBase):
             state: dict[str, Tensor] = {}
             if self.directions is None:
                 out.append((hook_name(layer, "v"), partial(store, state=state, key="v")))
-            out.append((hook_name(layer, "z"), partial(self._edit_z, state=state, layer=layer, n_heads=info.n_heads)))
+            out.append((hook_name(layer, "z"), _edit_z(self, state, layer, info.n_heads)))
         return out
 
-    def _edit_z(
-        self,
-        z: Float[Tensor, "batch pos head_index d_head"],
-        hook: HookPoint,
-        *,
-        state: dict[str, Tensor],
-        layer: int,
-        n_heads: int,
-    ) -> Float[Tensor, "batch pos head_index d_head"]:
+    def direction_and_scale(
+        self, z: Tensor, state: dict[str, Tensor], layer: int, n_heads: int
+    ) -> tuple[Float[Tensor, "batch pos head_index d_head"], Float[Tensor, "batch pos head_index"]]:
+        """u_t (the head's own value, or the layer's fixed direction) and s_par = 1 - g at every position."""
         d = self.directions
         u = expand_kv(state.pop("v"), n_heads) if d is None else d[layer].to(z).expand_as(z)
         if self.alpha is None:
             g = torch.ones((), dtype=z.dtype, device=z.device)
         else:
             g = (torch.tanh if self.bound == "tanh" else torch.sigmoid)(self.alpha[layer])
-        s_par = (1 - g).to(z).expand(z.shape[:-1])
-        return z + geometry.scale_delta(z, u, s_par=s_par, eps=self.eps)
+        return u, (1 - g).to(z).expand(z.shape[:-1])
 
 
 @register_edit("learned-gate", "value-space parallel scaling with a learned per-token scale")
@@ -122,11 +117,10 @@ class LearnedGate(EditBase):
         out: list[Hook] = []
         for layer in layers:
             state: dict[str, Tensor] = {}
-            edit = partial(self._edit_z, state=state, layer=layer, n_heads=info.n_heads)
             out += [
                 (hook_name(layer, "resid_pre"), partial(store, state=state, key="x")),
                 (hook_name(layer, "v"), partial(store, state=state, key="v")),
-                (hook_name(layer, "z"), edit),
+                (hook_name(layer, "z"), _edit_z(self, state, layer, info.n_heads)),
             ]
         return out
 
@@ -135,17 +129,23 @@ class LearnedGate(EditBase):
         w, b = self.weight[layer].to(x), self.bias[layer].to(x)
         return torch.sigmoid(einops.einsum(x, w, "b p m, h m -> b p h") + b)
 
-    def _edit_z(
-        self,
-        z: Float[Tensor, "batch pos head_index d_head"],
-        hook: HookPoint,
-        *,
-        state: dict[str, Tensor],
-        layer: int,
-        n_heads: int,
-    ) -> Float[Tensor, "batch pos head_index d_head"]:
-        v = expand_kv(state.pop("v"), n_heads)
-        return z + geometry.scale_delta(z, v, s_par=self.scale(state.pop("x"), layer), eps=self.eps)
+    def direction_and_scale(
+        self, z: Tensor, state: dict[str, Tensor], layer: int, n_heads: int
+    ) -> tuple[Float[Tensor, "batch pos head_index d_head"], Float[Tensor, "batch pos head_index"]]:
+        """u_t = v_t and s_par = s_t at every position."""
+        return expand_kv(state.pop("v"), n_heads), self.scale(state.pop("x"), layer)
+
+
+def _edit_z(
+    edit: GatedRemoval | LearnedGate, state: dict[str, Tensor], layer: int, n_heads: int
+) -> Callable[[Tensor, HookPoint], Tensor]:
+    """The hook on ``layer``'s hook_z: z' = z + (s_par - 1) z_par along u, from ``edit.direction_and_scale``."""
+
+    def edit_z(z: Float[Tensor, "batch pos head_index d_head"], hook: HookPoint) -> Tensor:
+        u, s_par = edit.direction_and_scale(z, state, layer, n_heads)
+        return z + geometry.scale_delta(z, u, s_par=s_par, eps=edit.eps)
+
+    return edit_z
 
 
 def _training_layers(info: ModelInfo, what: str) -> tuple[int, ...]:

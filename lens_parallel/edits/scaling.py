@@ -147,6 +147,16 @@ class _RowScales:
 _Scaling = ComponentScale | _RowScales
 
 
+@dataclass(frozen=True)
+class _Site:
+    """Where a scaling's hooks go: the model, its info, one layer and the heads (None: the whole sublayer)."""
+
+    model: TransformerBridge
+    info: ModelInfo
+    layer: int
+    heads: HeadSet | None
+
+
 def _scale_hooks(scales: _Scaling, edit: ComponentScale, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
     """The hooks of ``edit``'s space, layers, heads and positions, scaling by ``scales`` (the edit's own, or one
     per batch row)."""
@@ -161,7 +171,7 @@ def _scale_hooks(scales: _Scaling, edit: ComponentScale, model: TransformerBridg
         check_head_writes(info, "ComponentScale('residual-attn') on single heads")
     out: list[Hook] = []
     for layer in layers:
-        out += _builder(edit.space)(scales, model, info, layer, heads, {})
+        out += _builder(edit.space)(scales, _Site(model, info, layer, heads))
     return after_first(out) if edit.positions == "after-first" else out
 
 
@@ -184,18 +194,13 @@ def _scaling(edit: _Scaling) -> dict[str, Any]:
     return {"s_par": edit.s_par, "s_perp": edit.s_perp, "eps": edit.eps, "clamp": edit.guard == "clamp"}
 
 
-def _value_hooks(
-    edit: _Scaling,
-    model: TransformerBridge,
-    info: ModelInfo,
-    layer: int,
-    heads: HeadSet | None,
-    state: dict[str, Tensor],
-) -> list[Hook]:
+def _value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
     """Value-space scaling on hook_z. Gated attention (z = sigmoid(gate) * A v): the scaling acts on the pre-gate
     aggregate o = A v, rebuilt from the pattern, and its change passes through the gate: z' = z + gate * delta.
     ``value-merged``: one projection of the heads' concatenation on the values' (every head edited). ``site=
     "post-gate"``: the message is z itself (exclude-self: z minus the gated self term)."""
+    info, layer, heads = at.info, at.layer, at.heads
+    state: dict[str, Tensor] = {}
     post = edit.site == "post-gate"
     if post and not info.gated_attention:
         raise LensParallelError(
@@ -234,14 +239,9 @@ def _value_hooks(
     return [*out, (hook_name(layer, "z"), edit_z)]
 
 
-def _residual_attn_hooks(
-    edit: _Scaling,
-    model: TransformerBridge,
-    info: ModelInfo,
-    layer: int,
-    heads: HeadSet | None,
-    state: dict[str, Tensor],
-) -> list[Hook]:
+def _residual_attn_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
+    model, info, layer, heads = at.model, at.info, at.layer, at.heads
+    state: dict[str, Tensor] = {}
     W_O = output_weights(model, layer)
 
     def edit_out(out: Tensor, hook: HookPoint) -> Tensor:
@@ -261,14 +261,10 @@ def _residual_attn_hooks(
     return [*out, (hook_name(layer, "attn_out"), edit_out)]
 
 
-def _residual_mlp_hooks(
-    edit: _Scaling,
-    model: TransformerBridge,
-    info: ModelInfo,
-    layer: int,
-    heads: HeadSet | None,
-    state: dict[str, Tensor],
-) -> list[Hook]:
+def _residual_mlp_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
+    info, layer = at.info, at.layer
+    state: dict[str, Tensor] = {}
+
     def edit_out(out: Tensor, hook: HookPoint) -> Tensor:
         return geometry.scale_components(out, state.pop("x"), **_scaling(edit))
 
@@ -276,14 +272,10 @@ def _residual_mlp_hooks(
     return [(ref, partial(store, state=state, key="x")), (hook_name(layer, "mlp_out"), edit_out)]
 
 
-def _residual_block_hooks(
-    edit: _Scaling,
-    model: TransformerBridge,
-    info: ModelInfo,
-    layer: int,
-    heads: HeadSet | None,
-    state: dict[str, Tensor],
-) -> list[Hook]:
+def _residual_block_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
+    layer = at.layer
+    state: dict[str, Tensor] = {}
+
     def edit_post(post: Tensor, hook: HookPoint) -> Tensor:
         x = state.pop("x")
         return post + geometry.scale_delta(post - x, x, **_scaling(edit))
@@ -314,4 +306,4 @@ def layer_hooks(
 ) -> list[Hook]:
     """``edit``'s hooks at one layer on ``heads`` (a per-row mask allowed): what :class:`~lens_parallel.edits.
     HeadEdit`'s parallel ablations run."""
-    return cast(list[Hook], _builder(edit.space)(edit, model, info, layer, heads, {}))
+    return cast(list[Hook], _builder(edit.space)(edit, _Site(model, info, layer, heads)))
