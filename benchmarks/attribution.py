@@ -70,7 +70,7 @@ def main() -> None:
         screen.save(out / f"attribution_{edit}")
         run, times[f"exact engine {edit}"] = timed(
             lambda edit=edit: run_sweep(
-                model, blocks, jobs, edit=edit, batch_size=bs, tokens_per_forward=8 * bs * args.seq_len
+                model, blocks, jobs, ablation=edit, batch_size=bs, tokens_per_forward=8 * bs * args.seq_len
             )
         )
         exact_docs = np.stack([run[j].loss_sum for j in jobs], axis=1) - run.base.loss_sum[:, None]
