@@ -34,6 +34,7 @@ from lens_parallel.choices import Arm, CurveLoss
 from lens_parallel.distributed import check_workers, run_remote
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import head_label
+from lens_parallel.options import RunOptions, resolve_options, split_changes
 from lens_parallel.plots.training import factorial_figure, gates_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.training.arms import check_arms
@@ -413,9 +414,8 @@ def run_factorial(
     contrasts: Sequence[tuple[str, str]] = (),
     alpha: float = 0.05,
     plan: str | Path | None = None,
-    progress: bool = True,
-    workers: int = 1,
-    ray_address: str | None = None,
+    options: RunOptions | None = None,
+    **changes: Any,
 ) -> FactorialResult:
     """Train every arm with every seed into ``out/<arm>/seed<k>`` (finished runs are read back, interrupted ones
     resume), all arms of a seed before the next seed, so that an interrupted factorial holds complete pairs; save
@@ -425,11 +425,14 @@ def run_factorial(
     endpoints and families, alpha, tokens per run, config and its hash) is written to before the first run; a later
     call whose plan differs, after training started, is refused. The paper's design: the ``xsa-controls`` protocol.
 
-    ``workers`` / ``ray_address``: each (arm, seed) run is a Ray task, ``workers`` at a time (one GPU each when the
+    ``options`` (:class:`~lens_parallel.options.RunOptions`, or its fields as keywords): ``progress``; ``workers`` /
+    ``ray_address``: each (arm, seed) run is a Ray task, ``workers`` at a time (one GPU each when the
     config trains on CUDA, or on ``auto`` with GPUs in the cluster; else an equal share of the cores), writing its
     checkpoints into its own folder as above; a run whose process dies is rerun by Ray and resumes from its last
     checkpoint. ``out`` must then be a folder every node sees (a shared file system), as must the plan. The paired
     analysis runs once every run is done, with the same numbers as the sequential factorial."""
+    opts = resolve_options(options, changes)
+    progress, workers, ray_address = opts.progress, opts.workers, opts.ray_address
     arms = check_arms(tuple(arms))
     seeds = tuple(check_seed(s) for s in seeds)
     if BASELINE not in arms or len(arms) < 2:
@@ -497,13 +500,12 @@ def run_design(
     *,
     out: str | Path,
     plan: str | Path | None = None,
-    workers: int = 1,
-    ray_address: str | None = None,
+    options: RunOptions | None = None,
     **changes: Any,
 ) -> FactorialResult:
     """Run the factorial of the protocol ``name`` (a :class:`Design`: preset, arms, seeds and endpoints, e.g.
     ``xsa-controls``); ``changes`` replace config fields (e.g. ``texts``, ``device``; ``tokens=`` sets the tokens per
-    run). ``workers`` / ``ray_address``: as in :func:`run_factorial`."""
+    run) or run options (``options``, as in :func:`run_factorial`: ``progress``, ``workers``, ``ray_address``)."""
     from lens_parallel.protocols import designs  # the registry imports this module
 
     known = designs()
@@ -511,7 +513,8 @@ def run_design(
         raise LensParallelError(f"unknown design {name!r}; known: {', '.join(known)}")
     design = known[name]
     tokens = changes.pop("tokens", None)
-    config = dataclasses.replace(PRESETS[design.preset], **changes)
+    config_changes, option_changes = split_changes(changes, tuple(f.name for f in dataclasses.fields(TrainConfig)))
+    config = dataclasses.replace(PRESETS[design.preset], **config_changes)
     config = config.with_tokens(tokens) if tokens else config
     return run_factorial(
         config,
@@ -522,6 +525,5 @@ def run_design(
         secondary=design.secondary,
         contrasts=design.contrasts,
         plan=plan,
-        workers=workers,
-        ray_address=ray_address,
+        options=resolve_options(options, option_changes),
     )
