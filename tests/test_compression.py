@@ -156,7 +156,7 @@ def test_a_killed_compression_run_resumes_to_identical_results(tmp_path, monkeyp
     fresh = compression_error(model, toks, method=methods, progress=False)
     store = tmp_path / "compress.jsonl"
     switch = KillSwitch(
-        monkeypatch, analysis._CompressionMetric, "evaluate", at=2, record=lambda self, ctx, plan, jobs, b: jobs[0].key
+        monkeypatch, analysis._CompressionMetric, "measure", at=2, record=lambda self, ctx, plan, jobs, b: jobs[0].key
     )
     with pytest.raises(Killed):
         compression_error(model, toks, method=methods, store=store, progress=False)

@@ -317,7 +317,7 @@ def test_a_killed_dominance_run_resumes_to_identical_results(tmp_path, monkeypat
     fresh = head_dominance(model, blocks, **kw)
     store = tmp_path / "dominance.jsonl"
     switch = KillSwitch(
-        monkeypatch, dominance._DominanceMetric, "evaluate", at=3, record=lambda self, ctx, plan, jobs, b: jobs[0].key
+        monkeypatch, dominance._DominanceMetric, "measure", at=3, record=lambda self, ctx, plan, jobs, b: jobs[0].key
     )
     with pytest.raises(Killed):
         head_dominance(model, blocks, store=store, **kw)
