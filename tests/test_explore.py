@@ -20,10 +20,20 @@ SPEC = "toy-qwen2"
 
 
 @pytest.fixture(scope="module")
-def setup():
+def _explorer():
     model = get_model(SPEC)
     blocks = token_blocks(model, "wikipedia-en", n_docs=3, seq_len=16)
-    return model, blocks, explore(model, blocks)
+    ex = explore(model, blocks)
+    return model, blocks, ex, dict(ex.state)
+
+
+@pytest.fixture
+def setup(_explorer):
+    """The module's explorer (built once), back in its initial state: tests change it, and none may depend on
+    what another left (the suite runs in any order: ``make test-shuffled``)."""
+    model, blocks, ex, initial = _explorer
+    ex.update(**initial)
+    return model, blocks, ex
 
 
 def _full_forward_token_losses(model, tokens, edit) -> np.ndarray:
