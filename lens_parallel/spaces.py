@@ -114,10 +114,6 @@ SPACE_NAMES: tuple[Space, ...] = tuple(s.name for s in SPACES.values())
 """Every space's name."""
 HEAD_SPACES = cast(tuple[HeadSpace, ...], tuple(s.name for s in SPACES.values() if s.per_head))
 """Spaces with a per-head level (:data:`~lens_parallel.choices.HeadSpace`): scalings and diagonal views per head."""
-ATTENTION_SPACES: tuple[Space, ...] = tuple(s.name for s in SPACES.values() if s.attention)
-"""Spaces read from the heads (hook_z, hook_v, ...): softmax-attention layers only."""
-VALUE_SPACES: tuple[Space, ...] = tuple(s.name for s in SPACES.values() if s.value)
-"""The value spaces (the gate site applies)."""
 
 
 def value_roles(info: ModelInfo, *, diagonal: bool = False, gate: bool = False) -> tuple[str, ...]:
