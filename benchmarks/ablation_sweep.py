@@ -28,7 +28,7 @@ def sweep(model, args) -> None:
     jobs = [AblationJob(layer, (h,)) for layer in range(info.n_layers) for h in range(info.n_heads)]
     document_losses(model, blocks, batch_size=args.n_docs)  # warm-up
     t0 = time.perf_counter()
-    run = run_ablations(model, blocks, jobs, edit="parallel-value", batch_size=args.n_docs, progress=True)
+    run = run_ablations(model, blocks, jobs, ablation="parallel-value", batch_size=args.n_docs, progress=True)
     engine = time.perf_counter() - t0
     t0 = time.perf_counter()
     naive = {

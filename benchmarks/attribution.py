@@ -63,18 +63,18 @@ def main() -> None:
     jobs = [AblationJob(layer, (h,)) for layer, h in heads]
     n_tok = base.n_tokens.sum()
     rows, times, results = {}, {"plain forward": t_forward}, {}
-    for edit in ("parallel-value", "zero"):
-        screen, times[f"attribution {edit}"] = timed(
-            lambda edit=edit: head_attribution(model, blocks, edit=edit, batch_size=bs, progress=False)
+    for ablation in ("parallel-value", "zero"):
+        screen, times[f"attribution {ablation}"] = timed(
+            lambda ablation=ablation: head_attribution(model, blocks, ablation=ablation, batch_size=bs, progress=False)
         )
-        screen.save(out / f"attribution_{edit}")
-        run, times[f"exact engine {edit}"] = timed(
-            lambda edit=edit: run_sweep(
-                model, blocks, jobs, ablation=edit, batch_size=bs, tokens_per_forward=8 * bs * args.seq_len
+        screen.save(out / f"attribution_{ablation}")
+        run, times[f"exact engine {ablation}"] = timed(
+            lambda ablation=ablation: run_sweep(
+                model, blocks, jobs, ablation=ablation, batch_size=bs, tokens_per_forward=8 * bs * args.seq_len
             )
         )
         exact_docs = np.stack([run[j].loss_sum for j in jobs], axis=1) - run.base.loss_sum[:, None]
-        rows[edit] = pd.DataFrame(
+        rows[ablation] = pd.DataFrame(
             {
                 "label": [head_label(layer, h) for layer, h in heads],
                 "layer": [layer for layer, _ in heads],
@@ -83,7 +83,7 @@ def main() -> None:
                 "exact": exact_docs.sum(0) / n_tok,
             }
         )
-        results[edit] = (screen, exact_docs)
+        results[ablation] = (screen, exact_docs)
     n_naive = args.naive_heads or len(jobs)
     naive, t_naive = timed(
         lambda: [
@@ -102,7 +102,7 @@ def main() -> None:
         print(f"(naive loop timed on the first {n_naive} heads, {t_naive:.1f} s, scaled to {len(jobs)})")
     print(f"engine vs naive loop, largest difference over {n_naive} heads: {naive_diff:.2e} nats/token")
     summary = {"times": times, "naive_max_diff": naive_diff, "n_naive_timed": n_naive}
-    for edit, df in rows.items():
+    for ablation, df in rows.items():
         est, exact = df["estimate"].to_numpy(), df["exact"].to_numpy()
         top_est = set(df.loc[np.argsort(-np.abs(est))[:10], "label"])
         top_exact = set(df.loc[np.argsort(-np.abs(exact))[:10], "label"])
@@ -112,14 +112,17 @@ def main() -> None:
             "top10_overlap": len(top_est & top_exact),
             "median_exact_over_estimate": float(np.median(exact / est)),
         }
-        summary[edit] = stats
-        print(f"{edit}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items()))
-        df.to_csv(out / f"heads_{edit}.csv", index=False)
-        screen, exact_docs = results[edit]
+        summary[ablation] = stats
+        print(
+            f"{ablation}: "
+            + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items())
+        )
+        df.to_csv(out / f"heads_{ablation}.csv", index=False)
+        screen, exact_docs = results[ablation]
         weights = np.broadcast_to(screen.n_tokens[:, None], exact_docs.shape)
         lo, hi = paired_bootstrap_ci(exact_docs, np.zeros_like(exact_docs), weights)
         figure = ConfirmResult(
-            edit=edit,
+            ablation=ablation,
             labels=tuple(df["label"]),
             layers=df["layer"].to_numpy(),
             heads=df["head"].to_numpy(),
@@ -130,11 +133,11 @@ def main() -> None:
             exact_hi=hi,
             spearman=stats["spearman"],
             pearson=stats["pearson"],
-            provenance=Provenance.of(info, blocks, "benchmarks/attribution.py", {"edit": edit}, None),
+            provenance=Provenance.of(info, blocks, "benchmarks/attribution.py", {"ablation": ablation}, None),
         ).figure()
         figure.update_traces(name=f"all {len(df)} heads", selector={"mode": "markers"})
-        save_figure(figure, out / f"estimate_vs_exact_{edit}")
-        save_figure(screen.figure(), out / f"attribution_{edit}")
+        save_figure(figure, out / f"estimate_vs_exact_{ablation}")
+        save_figure(screen.figure(), out / f"attribution_{ablation}")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
 
 

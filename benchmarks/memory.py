@@ -75,7 +75,7 @@ def child(call: str, spec: str, n_docs: int, seq_len: int, threads: int) -> dict
         "forward-final": forward_final,
         "evaluate": lambda: evaluate(model, blocks, ComponentScale("value", s_par=0.0), batch_size=n_docs),
         "sweep-job": lambda: run_sweep(model, blocks, [AblationJob(0, (0,))], ablation="zero", **kw),
-        "attribution": lambda: head_attribution(model, blocks, edit="parallel-value", **kw),
+        "attribution": lambda: head_attribution(model, blocks, ablation="parallel-value", **kw),
     }[call]
     if device == "cuda":
         torch.cuda.synchronize()

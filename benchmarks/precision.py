@@ -32,8 +32,8 @@ def headline(model, blocks, batch_size: int) -> dict[str, np.ndarray]:
     kw = {"batch_size": batch_size, "progress": False}
     table = decompose(model, blocks, space="value", **kw).table("value")
     null = causal_null(model, blocks, **kw)
-    sens = head_sensitivity(model, blocks, edit="zero", n_resamples=200, n_permutations=200, **kw)
-    attr = head_attribution(model, blocks, edit="parallel-value", **kw)
+    sens = head_sensitivity(model, blocks, ablation="zero", n_resamples=200, n_permutations=200, **kw)
+    attr = head_attribution(model, blocks, ablation="parallel-value", **kw)
     return {
         "decompose cos_self": table.self_cos,
         "null cos_self": null.cos_self.mean(0),

@@ -46,7 +46,7 @@ DominanceScale = Literal["qkv", "js", "js_distance"]
 """Effect scales of head dominance: relative Q/K/V change, JS divergence of the attention row, its square root."""
 MaskScale = Literal["qkv", "js"]
 """Scales the weak/strong halves of head dominance can be ranked on."""
-StatisticEdit = Literal["parallel-value", "zero"]
+StatisticAblation = Literal["parallel-value", "zero"]
 """The single-head ablations whose change :func:`~lens_parallel.head_statistics` describes (value space)."""
 HeadStatistic = Literal["para_ratio", "para_over_ref", "edit_over_y", "edit_over_ref"]
 """The per-head statistics the directional-decomposition paper correlates with sensitivity, in its order."""
@@ -105,7 +105,7 @@ CHOICES = (
     Groups,
     DominanceScale,
     MaskScale,
-    StatisticEdit,
+    StatisticAblation,
     HeadStatistic,
     SignFlipWeights,
     SplitHalfMethod,

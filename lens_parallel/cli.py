@@ -38,9 +38,18 @@ ACTIONS: dict[str, type[argparse.Action]] = {"boolean_optional": argparse.Boolea
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with the package's error contract: a bad command line is one line on stderr and exit status 2."""
+    """argparse with the package's error contract: a bad command line is one line on stderr and exit status 2; a
+    renamed flag (the saved parser's ``renamed``: old -> new) is named with its new spelling."""
+
+    renamed: typing.ClassVar[dict[str, str]] = {}
 
     def error(self, message: str) -> typing.NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            given = message.split(":", 1)[1].split()
+            for old in (flag.split("=")[0] for flag in given):
+                if old in self.renamed:
+                    message = f"{old} is now {self.renamed[old]}"
+                    break
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -48,6 +57,7 @@ def build_parser(spec: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     """The ``lens-parallel`` parser, from ``spec`` (default: the saved one, :data:`SPEC_PATH`)."""
     if spec is None:
         spec = json.loads(SPEC_PATH.read_text(encoding="utf-8"))
+    _Parser.renamed = dict(spec.get("renamed", {}))
     parser = _Parser(prog=spec["prog"], description=spec["description"])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, command in spec["commands"].items():

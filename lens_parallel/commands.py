@@ -45,7 +45,7 @@ from lens_parallel import protocols  # noqa: F401  (registers the named protocol
 from lens_parallel.choices import SensitivityMethod
 from lens_parallel.cli import SPEC_PATH
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
-from lens_parallel.options import PROTOCOLS, DataOptions, RunOptions, resolve
+from lens_parallel.options import PROTOCOLS, RENAMED, DataOptions, RunOptions, resolve
 from lens_parallel.paths import add_suffix, check_writable
 from lens_parallel.validate import check_non_negative_int, literal_values
 
@@ -169,6 +169,11 @@ def _show(value: Any, metadata: Any) -> str:
     return str(metadata.get("none", "none")) if value is None else str(value)
 
 
+def _flag(name: str) -> str:
+    """A field's command-line flag: ``memory_budget`` -> ``--memory-budget``."""
+    return f"--{name.replace('_', '-')}"
+
+
 def field_arguments(
     cls: type,
     defaults: dict[str, Any] | None = None,
@@ -192,7 +197,7 @@ def field_arguments(
         kw["help"] = help_text.replace("%", "%%")  # argparse %-formats help ("wanda-50%" would break --help)
         if "choices" not in kw and "action" not in kw:
             kw["metavar"] = f.name.upper()
-        out.append({"flag": f"--{f.name.replace('_', '-')}", "kwargs": kw})
+        out.append({"flag": _flag(f.name), "kwargs": kw})
     return out
 
 
@@ -265,7 +270,9 @@ def parser_spec() -> dict[str, Any]:
         out = {"default": None, "help": f"output folder (default: results/{name})"}
         arguments.append({"flag": "--out", "kwargs": out})
         commands[name] = {"help": command.help, "arguments": arguments}
-    return {"prog": "lens-parallel", "description": "Parallel/perpendicular geometry of heads.", "commands": commands}
+    renamed = {_flag(old): _flag(new) for old, new in RENAMED.items()}
+    description = "Parallel/perpendicular geometry of heads."
+    return {"prog": "lens-parallel", "description": description, "commands": commands, "renamed": renamed}
 
 
 def write_spec(path: Path = SPEC_PATH) -> Path:
@@ -408,12 +415,12 @@ def _attribution(inv: Invocation, s: Any, top: int) -> None:
     if top > n_heads:
         raise LensParallelError(f"--confirm {top} exceeds the {n_heads} heads screened")
     screen_settings = AttributionSettings(
-        edit=s.edit, positions=s.positions, layers=s.layers, n_resamples=s.n_resamples, seed=s.seed
+        ablation=s.ablation, positions=s.positions, layers=s.layers, n_resamples=s.n_resamples, seed=s.seed
     )
     result = head_attribution(model, docs, settings=screen_settings, options=dataclasses.replace(opts, store=None))
     heads = result.to_dataframe().dropna(subset=["head"])
     shown = heads.loc[heads["estimate"].abs().nlargest(10).index]
-    print(f"{result.info.name}: first-order estimate of {s.edit} per head (nats/token), largest 10")
+    print(f"{result.info.name}: first-order estimate of {s.ablation} per head (nats/token), largest 10")
     _emit(out, "attribution", result, shown.head(10)[["label", "estimate", "ci_lo", "ci_hi"]].round(5))
     if top:
         checked = confirm(model, docs, result, top_k=top, n_random=min(top, n_heads - top), seed=s.seed, options=opts)

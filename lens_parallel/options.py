@@ -122,9 +122,18 @@ class DataOptions:
 
 S = TypeVar("S")
 
+RENAMED: dict[str, str] = {"edit": "ablation"}
+"""Settings fields renamed (old -> new): ``edit`` held an ablation kind, a name now kept for :class:`Edit` objects.
+The old keyword (:func:`split_changes`) and the old command-line flag (the saved parser's ``renamed``) are refused in
+one line naming the new one."""
 
-def split_changes(changes: dict[str, Any], settings_fields: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Keyword shortcuts split into (settings changes, run-option changes); an unknown name is one line listing both."""
+
+def split_changes(
+    changes: dict[str, Any], settings_fields: tuple[str, ...], *, where: str = "settings"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Keyword shortcuts split into (settings changes, run-option changes); an unknown name is one line listing both,
+    a renamed one (:data:`RENAMED`) one line naming its new spelling."""
+    refuse_renamed(changes, {old: new for old, new in RENAMED.items() if new in settings_fields}, where=where)
     unknown = sorted(set(changes) - set(settings_fields) - set(RUN_FIELDS))
     if unknown:
         raise LensParallelError(
@@ -208,7 +217,7 @@ def resolve(
     applied to whichever owns each name (an unknown name, both a settings object and a protocol, or a field given
     in ``settings`` and as a keyword with another value, is one line)."""
     names = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
-    setting_changes, option_changes = split_changes(changes, names)
+    setting_changes, option_changes = split_changes(changes, names, where=cls.__name__)
     if settings is not None and protocol is not None:
         raise LensParallelError("give settings= or protocol=, not both (a protocol is a saved settings object)")
     given = settings

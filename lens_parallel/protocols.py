@@ -28,9 +28,9 @@ SANITY_CHECKS = register_protocol(
         "64 documents x 128 tokens per half",
         source="the sanity-checks paper, arXiv 2611.13543 (Checks 1 and 3)",
         settings=(
-            SanitySettings(edit="parallel-value", positions="after-first", null="sampled"),
+            SanitySettings(ablation="parallel-value", positions="after-first", null="sampled"),
             NullSettings(null="sampled"),
-            SensitivitySettings(edit="parallel-value", positions="after-first"),
+            SensitivitySettings(ablation="parallel-value", positions="after-first"),
         ),
         documents={"texts": "wikipedia-en", "n_docs": 128, "seq_len": 128},
     )
@@ -92,9 +92,9 @@ DIRECTIONAL_DECOMPOSITION = register_protocol(
                 metric="word_perplexity",
             ),
             SensitivitySettings(
-                edit="parallel-value", n_resamples=5000, n_permutations=10000, seed=2026, sign_flip_weights="tokens"
+                ablation="parallel-value", n_resamples=5000, n_permutations=10000, seed=2026, sign_flip_weights="tokens"
             ),
-            HeadStatisticsSettings(edit="parallel-value", positions="all", eps=1e-3),
+            HeadStatisticsSettings(ablation="parallel-value", positions="all", eps=1e-3),
             CompressionSettings(method=("int4-g128", "wanda-seq-50%", "wanda-seq-4:8", "wanda-seq-2:4"), scored="last"),
         ),
     )

@@ -591,7 +591,7 @@ class SweepSetup:
 
     def plan_fields(self) -> dict[str, Any]:
         """What the store's fingerprint holds of the run besides the model, documents and metric."""
-        out: dict[str, Any] = {"edit": self.ablation, **self.options.numbers()}
+        out: dict[str, Any] = {"ablation": self.ablation, **self.options.numbers()}
         out |= {} if self.auto is None else {"batch_size_auto": self.auto["memory_budget"]}
         return out | ({} if self.positions == "all" else {"positions": self.positions})
 

@@ -34,7 +34,7 @@ def test_engine_equals_the_naive_loop(spec, kind):
         AblationJob(b, (0, 1, 2)),
         AblationJob(a, (0, 3)),
     ]
-    run = run_ablations(model, blocks, jobs, edit=kind, batch_size=2, tokens_per_forward=96, progress=False)
+    run = run_ablations(model, blocks, jobs, ablation=kind, batch_size=2, tokens_per_forward=96, progress=False)
     means = head_means(model, blocks.tokens, [a, b]) if kind == "mean" else {}
     np.testing.assert_allclose(run.base.loss_sum, document_losses(model, blocks).loss_sum, atol=1e-5)
     for job in jobs:
@@ -73,7 +73,7 @@ def test_interrupted_sweep_resumes_to_identical_results(tmp_path, monkeypatch):
         run_ablations(model, blocks, jobs, batch_size=2, tokens_per_forward=64, store=store, progress=False)
     written = store.read_text().splitlines()
     assert (
-        json.loads(written[0])["fingerprint"]["edit"] == "parallel-value" and len(written) - 1 == 8
+        json.loads(written[0])["fingerprint"]["ablation"] == "parallel-value" and len(written) - 1 == 8
     )  # 4 chunks of 2 jobs
     switch.disarm()
     resumed = run_ablations(model, blocks, jobs, batch_size=2, tokens_per_forward=64, store=store, progress=False)
@@ -81,7 +81,7 @@ def test_interrupted_sweep_resumes_to_identical_results(tmp_path, monkeypatch):
     for job in jobs:
         np.testing.assert_array_equal(resumed[job].loss_sum, full[job].loss_sum)
     with pytest.raises(ValueError, match="was written by a run whose numbers differ"):
-        run_ablations(model, blocks, jobs, edit="zero", store=store, progress=False)
+        run_ablations(model, blocks, jobs, ablation="zero", store=store, progress=False)
 
 
 def test_bad_jobs():
@@ -92,7 +92,7 @@ def test_bad_jobs():
     with pytest.raises(ValueError, match=r"heads \[4\] out of range: this model has heads 0..3"):
         run_ablations(model, tokens, [AblationJob(0, (4,))])
     with pytest.raises(ValueError, match=r"unknown ablation 'delete'; accepted: zero, mean"):
-        run_ablations(model, tokens, [AblationJob(0, (0,))], edit="delete")
+        run_ablations(model, tokens, [AblationJob(0, (0,))], ablation="delete")
     with pytest.raises(ValueError, match="empty head set"):
         HeadEdit("zero", 0, ())
     with pytest.raises(ValueError, match=r"head ablation needs softmax attention.*layers \[3\]"):
@@ -102,7 +102,7 @@ def test_bad_jobs():
 def test_head_sensitivity_statistics_and_figure(tmp_path):
     model = get_model("toy-pythia")
     blocks = token_blocks(model, "moby-dick", n_docs=6, seq_len=20)
-    result = head_sensitivity(model, blocks, edit="zero", layers=[0, 2], n_resamples=500, progress=False)
+    result = head_sensitivity(model, blocks, ablation="zero", layers=[0, 2], n_resamples=500, progress=False)
     df = result.to_dataframe()
     assert len(df) == 2 * (4 + 1) and df.label.tolist()[:5] == ["L0H0", "L0H1", "L0H2", "L0H3", "L0*"]
     heads = df[df["head"].notna()]

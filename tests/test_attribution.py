@@ -38,9 +38,9 @@ def test_estimates_and_derivatives_equal_finite_differences(spec):
     info, blocks = model_info(model), blocks_of(model)
     layer, head = info.softmax_layers[-1], 1
     li = -1
-    result = head_attribution(model, blocks, edit="parallel-value", n_resamples=10, progress=False)
-    zero = head_attribution(model, blocks, edit="zero", n_resamples=10, progress=False)
-    residual = head_attribution(model, blocks, edit="parallel-residual", n_resamples=10, progress=False)
+    result = head_attribution(model, blocks, ablation="parallel-value", n_resamples=10, progress=False)
+    zero = head_attribution(model, blocks, ablation="zero", n_resamples=10, progress=False)
+    residual = head_attribution(model, blocks, ablation="parallel-residual", n_resamples=10, progress=False)
     assert result.spaces == ("value", "value-exclude-self", "residual-attn")
     # the edit's first-order estimate: the loss change of a tiny step of the same edit, per unit of step
     cases = [
@@ -51,7 +51,7 @@ def test_estimates_and_derivatives_equal_finite_differences(spec):
     for res, step in cases:
         fd = loss_change(model, blocks, step) / EPS
         scale = np.abs(fd).max()
-        np.testing.assert_allclose(res.estimate[:, li, head], fd, rtol=0, atol=2 * EPS * scale, err_msg=res.edit)
+        np.testing.assert_allclose(res.estimate[:, li, head], fd, rtol=0, atol=2 * EPS * scale, err_msg=res.ablation)
         assert np.abs(fd).max() > 1e-4  # the head matters: the comparison is not 0 = 0
     # exact derivatives at s = 1: central differences, O(eps^2)
     for s, space in enumerate(result.spaces):
@@ -72,7 +72,7 @@ def test_a_head_whose_edit_changes_nothing_gets_exactly_zero():
         model.blocks[1].attn.v.original_component.weight[:16] = 0.0
     blocks = blocks_of(model)
     for edit in ("zero", "parallel-value"):
-        result = head_attribution(model, blocks, edit=edit, n_resamples=10, progress=False)
+        result = head_attribution(model, blocks, ablation=edit, n_resamples=10, progress=False)
         assert (result.estimate[:, 1, :3] == 0).all(), edit  # exactly: the edit's change dz is 0
         assert (result.d_s_par[:2, :, 1, :3] == 0).all() and (result.d_s_perp[:2, :, 1, :3] == 0).all()
         assert np.abs(result.estimate[:, 1, 3:]).max() > 0
@@ -93,14 +93,14 @@ def test_results_identical_across_batch_sizes():
 def test_after_first_leaves_position_zero_out_and_joint_is_the_sum():
     model = float64_toy("toy-gpt2")
     blocks = blocks_of(model)
-    after = head_attribution(model, blocks, edit="zero", positions="after-first", n_resamples=10, progress=False)
+    after = head_attribution(model, blocks, ablation="zero", positions="after-first", n_resamples=10, progress=False)
     step = ComponentScale("value", 1 - EPS, 1 - EPS, layers=[2], heads=[0], positions="after-first")
     fd = loss_change(model, blocks, step) / EPS
     np.testing.assert_allclose(after.estimate[:, 2, 0], fd, rtol=0, atol=2 * EPS * np.abs(fd).max())
     df = after.to_dataframe()
     joint = df[df["head"].isna()].set_index("layer")["estimate"]
     np.testing.assert_allclose(joint.to_numpy(), after.head_estimate().sum(1), rtol=1e-12)
-    assert list(df.columns) == ["model", "edit", "layer", "head", "kv_head", "label", "estimate", "ci_lo", "ci_hi"]
+    assert list(df.columns) == ["model", "ablation", "layer", "head", "kv_head", "label", "estimate", "ci_lo", "ci_hi"]
     assert (df["ci_lo"] <= df["estimate"]).all() and (df["estimate"] <= df["ci_hi"]).all()
 
 
@@ -108,7 +108,7 @@ def test_after_first_leaves_position_zero_out_and_joint_is_the_sum():
 def test_confirm_runs_the_exact_engine_on_the_top_and_random_heads(edit):
     model = float64_toy("toy-gpt2")
     blocks = blocks_of(model, n_docs=4)
-    screen = head_attribution(model, blocks, edit=edit, n_resamples=50, progress=False)
+    screen = head_attribution(model, blocks, ablation=edit, n_resamples=50, progress=False)
     checked = confirm(model, blocks, screen, top_k=4, n_random=3, seed=1, progress=False)
     df = checked.to_dataframe()
     assert list(df["chosen"]) == ["top"] * 4 + ["random"] * 3
@@ -131,7 +131,7 @@ def test_bad_input_is_refused_before_any_forward():
     model = float64_toy("toy-gpt2")
     blocks = blocks_of(model)
     with pytest.raises(ValueError, match="unknown ablation 'scale'; accepted: zero, mean, parallel-value"):
-        head_attribution(model, blocks, edit="scale")
+        head_attribution(model, blocks, ablation="scale")
     with pytest.raises(ValueError, match="positions"):
         head_attribution(model, blocks, positions="last")
     screen = head_attribution(model, blocks, n_resamples=10, progress=False)

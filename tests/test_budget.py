@@ -74,7 +74,7 @@ def test_auto_batch_size_runs_the_sweep_as_the_chosen_size_does_and_records_it(t
     monkeypatch.setattr("lens_parallel.sweep.choose_batch_size", spy)
     store = tmp_path / "sens.jsonl"
     auto = head_sensitivity(
-        model, blocks, edit="zero", batch_size="auto", memory_budget="8GB", store=store, progress=False
+        model, blocks, ablation="zero", batch_size="auto", memory_budget="8GB", store=store, progress=False
     )
     chosen = auto.provenance.settings["options"]["batch_size_auto"]
     assert calls and calls[0]["budget"] == 8 * 10**9 and calls[0]["tokens"] == 16
@@ -82,12 +82,12 @@ def test_auto_batch_size_runs_the_sweep_as_the_chosen_size_does_and_records_it(t
     assert auto.provenance.settings["options"]["batch_size"] == chosen["batch_size"]
     header = SweepStore.stored_fingerprint(store)
     assert header["batch_size"] == chosen["batch_size"] and header["batch_size_auto"] == "8GB"
-    fixed = head_sensitivity(model, blocks, edit="zero", batch_size=chosen["batch_size"], progress=False)
+    fixed = head_sensitivity(model, blocks, ablation="zero", batch_size=chosen["batch_size"], progress=False)
     np.testing.assert_array_equal(auto.head_delta, fixed.head_delta)
     # a resumed run takes the size from its store: no probe
     monkeypatch.setattr("lens_parallel.sweep.choose_batch_size", lambda *a, **k: pytest.fail("probed again"))
     again = head_sensitivity(
-        model, blocks, edit="zero", batch_size="auto", memory_budget="8GB", store=store, progress=False
+        model, blocks, ablation="zero", batch_size="auto", memory_budget="8GB", store=store, progress=False
     )
     np.testing.assert_array_equal(again.head_delta, auto.head_delta)
     assert again.provenance.settings["options"]["batch_size_auto"]["from"] == "store"

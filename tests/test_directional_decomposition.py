@@ -159,7 +159,7 @@ def test_the_canary_refuses_a_no_op_that_moves_the_loss():
         scaling._check_unedited(run, {"value": noop_job}, unedited)
 
 
-def _by_hand(model, tokens, edit: str, layer: int, *, first: bool = True) -> np.ndarray:
+def _by_hand(model, tokens, ablation: str, layer: int, *, first: bool = True) -> np.ndarray:
     """The four statistics of every head of ``layer`` from a cache, in numpy (float64)."""
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(("hook_z", "hook_v")))
     z = cache[f"blocks.{layer}.attn.hook_z"].double().numpy()
@@ -169,7 +169,7 @@ def _by_hand(model, tokens, edit: str, layer: int, *, first: bool = True) -> np.
         z, v = z[:, 1:], v[:, 1:]
     dot, yy, vv = (z * v).sum(-1), (z * z).sum(-1), (v * v).sum(-1)
     par = (dot / np.maximum(vv, 1e-6))[..., None] * v
-    edit_vec = -par if edit == "parallel-value" else -z
+    edit_vec = -par if ablation == "parallel-value" else -z
     norm = lambda x: np.sqrt((x * x).sum(-1))  # noqa: E731
     per_pos = [
         (par * par).sum(-1) / np.maximum(yy, 1e-6),
@@ -180,24 +180,24 @@ def _by_hand(model, tokens, edit: str, layer: int, *, first: bool = True) -> np.
     return np.stack([x.mean((0, 1)) for x in per_pos])  # [statistic, head]
 
 
-@pytest.mark.parametrize("edit", ["parallel-value", "zero"])
-def test_the_four_statistics_equal_a_hand_computation(setup, edit):
+@pytest.mark.parametrize("ablation", ["parallel-value", "zero"])
+def test_the_four_statistics_equal_a_hand_computation(setup, ablation):
     model, blocks = setup
-    stats = lp.head_statistics(model, blocks, edit=edit, batch_size=2)
+    stats = lp.head_statistics(model, blocks, ablation=ablation, batch_size=2)
     for i, layer in enumerate(stats.layers):
-        np.testing.assert_allclose(stats.values[:, i], _by_hand(model, blocks.tokens, edit, layer), rtol=1e-5)
+        np.testing.assert_allclose(stats.values[:, i], _by_hand(model, blocks.tokens, ablation, layer), rtol=1e-5)
     para_ratio, para_over_ref, edit_over_y, edit_over_ref = stats.values
-    if edit == "parallel-value":  # the edit is -y_par: |edit|/|v| is |y_par|/|v|, and |edit|/|y| the mean |cos|
+    if ablation == "parallel-value":  # the edit is -y_par: |edit|/|v| is |y_par|/|v|, and |edit|/|y| the mean |cos|
         np.testing.assert_allclose(edit_over_ref, para_over_ref, rtol=1e-12)
         assert (edit_over_y >= para_ratio).all()  # |cos| >= cos^2
     else:
         np.testing.assert_allclose(edit_over_y, 1.0, rtol=1e-6)
-    later = lp.head_statistics(model, blocks, edit=edit, positions="after-first")
-    np.testing.assert_allclose(later.values[:, 0], _by_hand(model, blocks.tokens, edit, 0, first=False), rtol=1e-5)
+    later = lp.head_statistics(model, blocks, ablation=ablation, positions="after-first")
+    np.testing.assert_allclose(later.values[:, 0], _by_hand(model, blocks.tokens, ablation, 0, first=False), rtol=1e-5)
     assert stats.n_positions == blocks.tokens.numel() and later.n_positions == blocks.tokens.numel() - 3
     assert list(stats.to_dataframe().columns[-4:]) == ["para_ratio", "para_over_ref", "edit_over_y", "edit_over_ref"]
-    with pytest.raises(lp.LensParallelError, match="unknown edit 'mean'"):
-        lp.head_statistics(model, blocks, edit="mean")
+    with pytest.raises(lp.LensParallelError, match="unknown ablation 'mean'"):
+        lp.head_statistics(model, blocks, ablation="mean")
 
 
 def test_correlations_and_global_bh_equal_scipy_and_statsmodels(setup):

@@ -116,6 +116,9 @@ def test_keyword_shortcuts_settings_and_protocols_agree():
     assert protocol.null == "sampled" and protocol.provenance.settings["null"] == "sampled"
     with pytest.raises(lp.LensParallelError, match=r"unknown option\(s\) \['nul'\]; accepted: null, groups"):
         lp.causal_null(model, blocks, nul="exact")
+    renamed = r"^SensitivitySettings: edit= is now ablation= \(give ablation='zero'\)$"
+    with pytest.raises(lp.LensParallelError, match=renamed):
+        lp.head_sensitivity(model, blocks, edit="zero")
     with pytest.raises(lp.LensParallelError, match="protocol 'xsa-controls' has no NullSettings; it covers: Design"):
         lp.causal_null(model, blocks, protocol="xsa-controls")
     with pytest.raises(lp.LensParallelError, match="unknown protocol 'nope'; known: sanity-checks"):

@@ -35,11 +35,14 @@ ANALYSES = {
     "causal_null": (lambda m, d: lp.causal_null(m, d, progress=False).excess, 0.03),
     "head_sensitivity": (
         lambda m, d: (
-            lp.head_sensitivity(m, d, edit="zero", n_resamples=50, n_permutations=50, progress=False).head_delta
+            lp.head_sensitivity(m, d, ablation="zero", n_resamples=50, n_permutations=50, progress=False).head_delta
         ),
         0.02,
     ),
-    "head_attribution": (lambda m, d: lp.head_attribution(m, d, edit="parallel-value", progress=False).estimate, 0.02),
+    "head_attribution": (
+        lambda m, d: lp.head_attribution(m, d, ablation="parallel-value", progress=False).estimate,
+        0.02,
+    ),
     "evaluate": (lambda m, d: lp.evaluate(m, d, ComponentScale("value", s_par=0.0)).delta_loss, 0.02),
     "scale_sweep": (
         lambda m, d: np.array(

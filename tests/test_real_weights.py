@@ -117,7 +117,7 @@ def test_ablation_engine_equals_the_naive_loop(spec):
     jobs = [AblationJob(a, (1,)), AblationJob(b, (0,)), AblationJob(c, (2,)), AblationJob(b, (0, 3))]
     kinds = ["zero", "parallel-value"] + ([] if info.post_norm else ["parallel-residual"])
     for kind in kinds:
-        run = run_ablations(model, blocks, jobs, edit=kind, batch_size=2, tokens_per_forward=64, progress=False)
+        run = run_ablations(model, blocks, jobs, ablation=kind, batch_size=2, tokens_per_forward=64, progress=False)
         np.testing.assert_allclose(run.base.loss_sum, document_losses(model, blocks).loss_sum, atol=1e-4)
         for job in jobs:
             naive = document_losses(model, blocks, HeadEdit(kind, job.layer, job.heads))

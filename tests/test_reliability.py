@@ -39,7 +39,7 @@ def test_identical_halves_give_r_one():
         model_info(get_model("toy-gpt2")), torch.zeros(4, 10, dtype=torch.long), "test", {}, None
     )
     same = SplitHalfResult(
-        edit="zero",
+        ablation="zero",
         layers=(0, 1, 2),
         halves=((0, 1), (2, 3)),
         cos_self=np.stack([stat, stat]),
@@ -55,7 +55,7 @@ def test_identical_halves_give_r_one():
 def test_split_half_uses_disjoint_halves_and_the_ablation_effects():
     model = get_model("toy-qwen3")
     blocks = token_blocks(model, "wikipedia-en", n_docs=6, seq_len=16)
-    result = split_half_reliability(model, blocks, edit="zero", seed=3, progress=False)
+    result = split_half_reliability(model, blocks, ablation="zero", seed=3, progress=False)
     a, b = result.halves
     assert sorted(a + b) == list(range(6)) and not set(a) & set(b) and len(a) == 3
     half = blocks.tokens[list(b)]

@@ -83,9 +83,9 @@ def test_smollm2_bfloat16_statistics_within_the_stated_tolerance_of_float32():
         kw = {"batch_size": 2, "progress": False}
         null = causal_null(model, blocks, **kw)
         sens = head_sensitivity(
-            model, blocks, edit="zero", layers=[0, 10, 20, 29], n_resamples=20, n_permutations=20, **kw
+            model, blocks, ablation="zero", layers=[0, 10, 20, 29], n_resamples=20, n_permutations=20, **kw
         )
-        attr = head_attribution(model, blocks, edit="parallel-value", **kw)
+        attr = head_attribution(model, blocks, ablation="parallel-value", **kw)
         stats[dtype] = {
             "cos": np.stack([null.cos_self.mean(0), null.excess]),
             "nats": np.concatenate([sens.head_delta.ravel(), (attr.estimate.sum(0) / attr.n_tokens.sum()).ravel()]),

@@ -70,7 +70,7 @@ def test_a_store_from_another_batch_size_or_run_is_refused(tmp_path):
     run_sweep(model, blocks, JOBS[:2], ablation="zero", batch_size=2, store=store, progress=False)
     with pytest.raises(LensParallelError, match="batch_size: store has 2, this run 3"):
         run_sweep(model, blocks, JOBS[:2], ablation="zero", batch_size=3, store=store, progress=False)
-    with pytest.raises(LensParallelError, match="edit: store has 'zero', this run 'mean'"):
+    with pytest.raises(LensParallelError, match="ablation: store has 'zero', this run 'mean'"):
         run_sweep(model, blocks, JOBS[:2], ablation="mean", batch_size=2, store=store, progress=False)
     with pytest.raises(LensParallelError, match="positions: store has None, this run 'after-first'"):
         run_sweep(model, blocks, JOBS[:2], ablation="zero", positions="after-first", batch_size=2, store=store)

@@ -36,7 +36,7 @@ class AblationRun(ResultMixin):
     (``loss_sum [job, document]``), ``n_tokens [document]`` scored tokens; ``run[job]`` gives a job's
     :class:`DocLosses`."""
 
-    edit: Ablation
+    ablation: Ablation
     jobs: tuple[AblationJob, ...]
     base_loss_sum: np.ndarray
     loss_sum: np.ndarray
@@ -63,7 +63,7 @@ class AblationRun(ResultMixin):
             [
                 {
                     "model": self.info.name,
-                    "edit": self.edit,
+                    "ablation": self.ablation,
                     "label": job.key,
                     "layer": job.layer,
                     "heads": "+".join(map(str, job.heads)),
@@ -82,7 +82,7 @@ class AblationRun(ResultMixin):
             [
                 {
                     "model": self.info.name,
-                    "edit": self.edit,
+                    "ablation": self.ablation,
                     "n_jobs": len(self.jobs),
                     "n_docs": self.loss_sum.shape[1],
                     "loss_base": self.base.loss,
@@ -103,14 +103,14 @@ class AblationRun(ResultMixin):
 @serializable
 @dataclass(frozen=True, kw_only=True)
 class AblationSettings:
-    """What an ablation run computes: how heads are removed (``edit``: zero, mean, parallel-value,
+    """What an ablation run computes: how heads are removed (``ablation``: zero, mean, parallel-value,
     parallel-residual) and at which positions (``positions``: all, or after-first: the boundary token untouched)."""
 
-    edit: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
+    ablation: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
 
     def __post_init__(self) -> None:
-        check_choice("ablation", self.edit, Ablation)
+        check_choice("ablation", self.ablation, Ablation)
         check_positions(self.positions)
 
 
@@ -124,16 +124,18 @@ def run_ablations(
     protocol: str | None = None,
     **changes: Any,
 ) -> AblationRun:
-    """Run every ablation job on the sweep engine (:class:`AblationSettings`: ``edit``, ``positions``; run options:
+    """Run every ablation job on the sweep engine (:class:`AblationSettings`: ``ablation``, ``positions``; run options:
     :class:`~lens_parallel.options.RunOptions`, e.g. ``store=`` to make it resumable, ``workers=`` for Ray); both as
     keyword shortcuts too."""
     s, opts = resolve(AblationSettings, settings, options, protocol, changes)
     docs = Documents.of(documents)
     jobs = tuple(dict.fromkeys(jobs))
-    run = run_sweep(model, docs, jobs, ablation=s.edit, positions=s.positions, options=opts, desc=f"ablate ({s.edit})")
+    run = run_sweep(
+        model, docs, jobs, ablation=s.ablation, positions=s.positions, options=opts, desc=f"ablate ({s.ablation})"
+    )
     assert run.base is not None
     return AblationRun(
-        edit=s.edit,
+        ablation=s.ablation,
         jobs=jobs,
         base_loss_sum=run.base.loss_sum,
         loss_sum=np.stack([run[job].loss_sum for job in jobs]),

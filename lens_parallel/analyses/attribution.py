@@ -69,7 +69,7 @@ class AttributionResult(ResultMixin):
     ``spaces``); ``loss_sum`` and ``n_tokens`` are ``[doc]``.
     """
 
-    edit: Ablation
+    ablation: Ablation
     positions: EditPositions
     layers: tuple[int, ...]
     spaces: tuple[str, ...]
@@ -113,7 +113,7 @@ class AttributionResult(ResultMixin):
         per_doc = np.concatenate([self.estimate.reshape(n_docs, -1), self.estimate.sum(2)], axis=1)
         est, lo, hi = self._per_token(per_doc)
         k = n_layers * n_heads
-        front = {"edit": self.edit}
+        front = {"ablation": self.ablation}
         heads = head_frame(
             self.info,
             self.layers,
@@ -144,7 +144,7 @@ class AttributionResult(ResultMixin):
     def summary(self) -> pd.DataFrame:
         est = self.head_estimate()
         layer, head = self.top_heads(1)[0]
-        row = {"model": self.info.name, "edit": self.edit, "positions": self.positions, "loss": self.loss}
+        row = {"model": self.info.name, "ablation": self.ablation, "positions": self.positions, "loss": self.loss}
         row |= {
             "n_heads": est.size,
             "top_head": head_label(layer, head),
@@ -160,11 +160,11 @@ class AttributionResult(ResultMixin):
         return attribution_figure(self)
 
 
-def _roles(info: ModelInfo, edit: str, spaces: tuple[str, ...]) -> tuple[list[str], list[str]]:
+def _roles(info: ModelInfo, ablation: str, spaces: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """Activations read (forward) and activations whose loss gradient is needed (backward) at each layer."""
     acts = list(dict.fromkeys(["z", *value_roles(info, diagonal=True, gate=True)]))
     grads = ["z"]
-    if "residual-attn" in spaces or edit == "parallel-residual":
+    if "residual-attn" in spaces or ablation == "parallel-residual":
         acts.append("resid_pre")
         grads.append("attn_out")
     return acts, grads
@@ -208,7 +208,7 @@ def _reducer(
 ) -> GradReducer:
     """The reduction of one batch's activations and gradients into ``out`` (estimates and scale derivatives)."""
     li = {layer: i for i, layer in enumerate(layers)}
-    edit, eps = s.edit, s.eps
+    ablation, eps = s.ablation, s.eps
 
     def reduce(layer: int, a: dict[str, Tensor], g: dict[str, Tensor]) -> None:
         i = li[layer]
@@ -228,11 +228,11 @@ def _reducer(
         for k, space in enumerate(spaces):
             out["d_s_par"][k, :, i] = derivs[space][0].numpy()
             out["d_s_perp"][k, :, i] = derivs[space][1].numpy()
-        if edit == "zero":
+        if ablation == "zero":
             est = _masked_sum((g_z * -z).sum(-1), weight)
-        elif edit == "mean":
+        elif ablation == "mean":
             est = _masked_sum((g_z * (means[layer].double() - z)).sum(-1), weight)
-        elif edit == "parallel-value":
+        elif ablation == "parallel-value":
             est = -derivs["value"][0]
         else:
             est = -derivs["residual-attn"][0]
@@ -244,11 +244,11 @@ def _reducer(
 @serializable
 @dataclass(frozen=True, kw_only=True)
 class AttributionSettings:
-    """What an attribution screen computes: the first-order estimate of ``edit`` (at ``positions``) on ``layers``
+    """What an attribution screen computes: the first-order estimate of ``ablation`` (at ``positions``) on ``layers``
     (None: every softmax layer), CIs from ``n_resamples`` bootstrap resamples seeded by ``seed``, projections
     guarded by ``eps``."""
 
-    edit: Ablation = field(default="parallel-value", metadata={"help": "the edit whose effect is estimated"})
+    ablation: Ablation = field(default="parallel-value", metadata={"help": "the edit whose effect is estimated"})
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
     layers: tuple[int, ...] | None = field(
         default=None, metadata={"help": "layers", "none": "every softmax-attention layer"}
@@ -258,7 +258,7 @@ class AttributionSettings:
     eps: float = field(default=geometry.EPS, metadata={"help": "guard on the norms of the references"})
 
     def __post_init__(self) -> None:
-        check_choice("ablation", self.edit, Ablation)
+        check_choice("ablation", self.ablation, Ablation)
         check_positions(self.positions)
         object.__setattr__(self, "layers", as_indices(self.layers))
         check_positive_int("n_resamples", self.n_resamples)
@@ -282,10 +282,10 @@ class _GradientMetric(Metric[EditJob]):
         means: dict[int, Tensor],
     ) -> None:
         self.info, self.s, self.layers, self.spaces, self.means = info, s, layers, spaces, means
-        self.acts, self.grads = _roles(info, s.edit, spaces)
+        self.acts, self.grads = _roles(info, s.ablation, spaces)
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"metric": self.name, "edit": self.s.edit, "positions": self.s.positions, "eps": self.s.eps}
+        return {"metric": self.name, "ablation": self.s.ablation, "positions": self.s.positions, "eps": self.s.eps}
 
     def spec(self, job: EditJob) -> dict[str, ValueSpec]:
         shape = ("docs", len(self.layers), self.info.n_heads)
@@ -336,7 +336,7 @@ def head_attribution(
     protocol: str | None = None,
     **changes: Any,
 ) -> AttributionResult:
-    """Screen every head: first-order estimate of ``edit``'s effect (zero, mean, parallel-value,
+    """Screen every head: first-order estimate of ``ablation``'s effect (zero, mean, parallel-value,
     parallel-residual) and exact dloss/ds_par, dloss/ds_perp at s = 1 in value, value-exclude-self and (per head)
     residual-attn space, from one forward and one backward per batch (module docstring for the formulas;
     :class:`AttributionSettings`, run options :class:`~lens_parallel.options.RunOptions`). ``positions``: ``all``
@@ -348,12 +348,12 @@ def head_attribution(
     docs = Documents.of(documents)
     layer_idx, skipped = softmax_layers(info, s.layers, what="head_attribution")
     note = head_writes_note(info, "the per-head residual-attn derivative")
-    if s.edit == "parallel-residual" and note:
-        raise LensParallelError(head_writes_note(info, "head_attribution(edit='parallel-residual')"))
+    if s.ablation == "parallel-residual" and note:
+        raise LensParallelError(head_writes_note(info, "head_attribution(ablation='parallel-residual')"))
     spaces: tuple[HeadSpace, ...] = tuple(sp for sp in HEAD_SPACES if sp != "residual-attn") if note else HEAD_SPACES
     skipped_notes = [n for n in (skipped, note) if n]
     means_batch = opts.batch_size if isinstance(opts.batch_size, int) else 1  # "auto" sizes the sweep, not this pass
-    means = head_means(model, docs, layer_idx, batch_size=means_batch) if s.edit == "mean" else {}
+    means = head_means(model, docs, layer_idx, batch_size=means_batch) if s.ablation == "mean" else {}
     metric = _GradientMetric(info, s, layer_idx, spaces, means)
     job = EditJob("screen", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="attribution")
@@ -362,7 +362,7 @@ def head_attribution(
         info, docs, "head_attribution", s, run, layers=list(layer_idx), spaces=list(spaces), skipped=skipped_notes
     )
     return AttributionResult(
-        edit=s.edit,
+        ablation=s.ablation,
         positions=s.positions,
         layers=layer_idx,
         spaces=spaces,

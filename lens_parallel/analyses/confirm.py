@@ -37,7 +37,7 @@ from lens_parallel.validate import check_non_negative_int, check_positive_int
 class ConfirmResult(ResultMixin):
     """Estimate vs exact effect (nats/token) per confirmed head; ``chosen`` is ``top`` or ``random``."""
 
-    edit: Ablation
+    ablation: Ablation
     labels: tuple[str, ...]
     layers: np.ndarray
     heads: np.ndarray
@@ -60,7 +60,7 @@ class ConfirmResult(ResultMixin):
         return pd.DataFrame(
             {
                 "model": self.info.name,
-                "edit": self.edit,
+                "ablation": self.ablation,
                 "label": self.labels,
                 "layer": self.layers,
                 "head": self.heads,
@@ -79,13 +79,13 @@ class ConfirmResult(ResultMixin):
             [
                 {
                     "model": self.info.name,
-                    "edit": self.edit,
+                    "ablation": self.ablation,
                     "n_confirmed": len(self.labels),
                     "spearman": self.spearman,
                     "pearson": self.pearson,
                     "median_exact_over_estimate": self.median_ratio,
                     "top_sign_agreement": float(np.mean(np.sign(self.exact[top]) == np.sign(self.estimate[top]))),
-                    "note": _linearity_note(self.edit),
+                    "note": _linearity_note(self.ablation),
                 }
             ]
         )
@@ -94,11 +94,11 @@ class ConfirmResult(ResultMixin):
         return confirm_figure(self)
 
 
-def _linearity_note(edit: str) -> str:
-    if edit == "mean":
+def _linearity_note(ablation: str) -> str:
+    if ablation == "mean":
         return "first order in z_h - mean: close where a head's output varies little around its mean"
     return (
-        f"{edit} removes a whole component (s = 0 is not a small change from s = 1): the estimate is a "
+        f"{ablation} removes a whole component (s = 0 is not a small change from s = 1): the estimate is a "
         "linearisation, good for ranking, not for size"
     )
 
@@ -150,7 +150,9 @@ def confirm(
     pick = np.random.default_rng(s.seed).choice(len(rest), size=s.n_random, replace=False)
     chosen = [*top, *[rest[i] for i in sorted(pick)]]
     jobs = [AblationJob(layer, (h,)) for layer, h in chosen]
-    run = run_sweep(model, docs, jobs, ablation=result.edit, positions=result.positions, options=opts, desc="confirm")
+    run = run_sweep(
+        model, docs, jobs, ablation=result.ablation, positions=result.positions, options=opts, desc="confirm"
+    )
     assert run.base is not None
     exact = np.stack([run[j].loss_sum for j in jobs], axis=1)  # [doc, job]
     base = np.broadcast_to(run.base.loss_sum[:, None], exact.shape)
@@ -159,9 +161,11 @@ def confirm(
     exact_mean = np.asarray(ratio_of_sums_delta(exact, base, weights, axis=0))
     est_grid = result.head_estimate()
     estimate = np.array([est_grid[result.layers.index(layer), h] for layer, h in chosen])
-    provenance = Provenance.of(result.info, docs, "confirm", s, run, edit=result.edit, positions=result.positions)
+    provenance = Provenance.of(
+        result.info, docs, "confirm", s, run, ablation=result.ablation, positions=result.positions
+    )
     return ConfirmResult(
-        edit=result.edit,
+        ablation=result.ablation,
         labels=tuple(head_label(layer, h) for layer, h in chosen),
         layers=np.array([layer for layer, _ in chosen]),
         heads=np.array([h for _, h in chosen]),

@@ -39,7 +39,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.analyses.sensitivity import SensitivityResult
-from lens_parallel.choices import EditPositions, HeadStatistic, StatisticEdit
+from lens_parallel.choices import EditPositions, HeadStatistic, StatisticAblation
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents
 from lens_parallel.edits import check_positions
@@ -67,7 +67,7 @@ class HeadStatistics(ResultMixin):
     head]`` and ``doc_positions`` ``[doc]`` the per-document sums and counts they are the ratio of (for the
     split-half ceiling of :func:`sensitivity_correlations`)."""
 
-    edit: str
+    ablation: str
     positions: EditPositions
     layers: tuple[int, ...]
     values: np.ndarray
@@ -84,10 +84,12 @@ class HeadStatistics(ResultMixin):
     def to_dataframe(self) -> pd.DataFrame:
         """One row per head: the four statistics."""
         columns = dict(zip(STATISTICS, self.values, strict=True))
-        return head_frame(self.info, self.layers, columns, front={"edit": self.edit, "positions": self.positions})
+        return head_frame(
+            self.info, self.layers, columns, front={"ablation": self.ablation, "positions": self.positions}
+        )
 
     def summary(self) -> pd.DataFrame:
-        row: dict[str, Any] = {"model": self.info.name, "edit": self.edit, "n_positions": self.n_positions}
+        row: dict[str, Any] = {"model": self.info.name, "ablation": self.ablation, "n_positions": self.n_positions}
         row |= {f"mean_{name}": float(np.mean(v)) for name, v in zip(STATISTICS, self.values, strict=True)}
         return pd.DataFrame([row])
 
@@ -100,12 +102,12 @@ class _StatisticsMetric(Metric[EditJob]):
 
     name = "head-statistics"
 
-    def __init__(self, info: ModelInfo, layers: tuple[int, ...], edit: str, positions: str, eps: float) -> None:
-        self.info, self.layers, self.edit, self.positions, self.eps = info, layers, edit, positions, eps
+    def __init__(self, info: ModelInfo, layers: tuple[int, ...], ablation: str, positions: str, eps: float) -> None:
+        self.info, self.layers, self.ablation, self.positions, self.eps = info, layers, ablation, positions, eps
         self.roles = list(value_roles(info))
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"metric": self.name, "edit": self.edit, "positions": self.positions, "eps": self.eps}
+        return {"metric": self.name, "ablation": self.ablation, "positions": self.positions, "eps": self.eps}
 
     def spec(self, job: EditJob) -> dict[str, ValueSpec]:
         return {
@@ -131,7 +133,7 @@ class _StatisticsMetric(Metric[EditJob]):
             parts = value_parts(t, self.info)
             y, v = parts.o, parts.v
             par = geometry.project(y, v, eps=self.eps, clamp=True).par
-            edit = -par if self.edit == "parallel-value" else -y
+            edit = -par if self.ablation == "parallel-value" else -y
             yy, vv = (y * y).sum(-1).clamp_min(floor), (v * v).sum(-1).clamp_min(floor)
             per_pos = torch.stack(
                 [
@@ -152,11 +154,13 @@ class _StatisticsMetric(Metric[EditJob]):
 @serializable
 @dataclass(frozen=True, kw_only=True)
 class HeadStatisticsSettings:
-    """What :func:`head_statistics` computes: the statistics of ``edit``'s change on ``layers`` (None: every
+    """What :func:`head_statistics` computes: the statistics of ``ablation``'s change on ``layers`` (None: every
     softmax-attention layer), over every position (``all``: t = 0 included, as the authors) or ``after-first``;
     denominators floored at ``eps``^2."""
 
-    edit: StatisticEdit = field(default="parallel-value", metadata={"help": "the single-head ablation described"})
+    ablation: StatisticAblation = field(
+        default="parallel-value", metadata={"help": "the single-head ablation described"}
+    )
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave position 0 out"})
     layers: tuple[int, ...] | None = field(
         default=None, metadata={"help": "layers", "none": "every softmax-attention layer"}
@@ -164,7 +168,7 @@ class HeadStatisticsSettings:
     eps: float = field(default=1e-3, metadata={"help": "|v|^2 and |y|^2 floored at eps^2 (the authors' 1e-6)"})
 
     def __post_init__(self) -> None:
-        check_choice("edit", self.edit, StatisticEdit)
+        check_choice("ablation", self.ablation, StatisticAblation)
         check_positions(self.positions)
         object.__setattr__(self, "layers", as_indices(self.layers))
         check_finite("eps", self.eps)
@@ -185,13 +189,13 @@ def head_statistics(
     info = model_info(model)
     docs = Documents.of(documents)
     layer_idx, skipped = softmax_layers(info, s.layers, what="head_statistics")
-    metric = _StatisticsMetric(info, layer_idx, s.edit, s.positions, s.eps)
+    metric = _StatisticsMetric(info, layer_idx, s.ablation, s.positions, s.eps)
     job = EditJob("statistics", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="head statistics")
     out = run.value(job)
     count = float(out["count"].sum())
     return HeadStatistics(
-        edit=s.edit,
+        ablation=s.ablation,
         positions=s.positions,
         layers=layer_idx,
         values=out["sums"].sum(0) / count,
@@ -237,9 +241,9 @@ def sensitivity_correlations(
             raise LensParallelError(
                 f"{name}: the sensitivity covers layers {list(sens.layers)}, the statistics {list(stat.layers)}"
             )
-        if sens.edit != stat.edit:
+        if sens.ablation != stat.ablation:
             raise LensParallelError(
-                f"{name}: the sensitivity ablates {sens.edit!r}, the statistics describe {stat.edit!r}"
+                f"{name}: the sensitivity ablates {sens.ablation!r}, the statistics describe {stat.ablation!r}"
             )
         delta = sens.head_delta.ravel()
         keep = np.isfinite(delta)

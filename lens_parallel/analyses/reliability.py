@@ -66,7 +66,7 @@ def verdict(r_delta: float) -> str:
 class SplitHalfResult(ResultMixin):
     """Per-head values in each half, ``[half, layer, head]``: ``cos_self``, ``excess``, ``delta`` (nats/token)."""
 
-    edit: Ablation
+    ablation: Ablation
     layers: tuple[int, ...]
     halves: tuple[tuple[int, ...], tuple[int, ...]]
     cos_self: np.ndarray
@@ -84,7 +84,7 @@ class SplitHalfResult(ResultMixin):
     def to_dataframe(self) -> pd.DataFrame:
         """Full resolution: one row per (half, layer, head) with that half's cos_self, excess and delta."""
         values = {"cos_self": self.cos_self, "excess": self.excess, "delta_loss": self.delta}
-        return head_frame(self.info, self.layers, values, front={"edit": self.edit}, outer=("half", ["A", "B"]))
+        return head_frame(self.info, self.layers, values, front={"ablation": self.ablation}, outer=("half", ["A", "B"]))
 
     def correlation_table(self) -> pd.DataFrame:
         """One row per statistic and method (``pooled``: the paper's diagnostic; ``cross-half``) with its split-half
@@ -93,7 +93,7 @@ class SplitHalfResult(ResultMixin):
             [
                 {
                     "model": self.info.name,
-                    "edit": self.edit,
+                    "ablation": self.ablation,
                     "statistic": s,
                     "method": m,
                     **self.correlations(s, method=m),
@@ -108,7 +108,7 @@ class SplitHalfResult(ResultMixin):
         return {f"{k}_{s}": v for s in STATISTICS for k, v in self.correlations(s).items()}
 
     def summary(self) -> pd.DataFrame:
-        return pd.DataFrame([{"model": self.info.name, "edit": self.edit, **self.correlation_row()}])
+        return pd.DataFrame([{"model": self.info.name, "ablation": self.ablation, **self.correlation_row()}])
 
     def figure(self) -> go.Figure:
         return split_half_figure(self)
@@ -118,10 +118,10 @@ class SplitHalfResult(ResultMixin):
 @dataclass(frozen=True, kw_only=True)
 class SanitySettings:
     """What the sanity checks compute: the causal null (``null``: ``sampled``, the paper's, or ``exact``) and the
-    split-half reliability of single-head ablations (``edit`` at ``positions``: ``after-first``, the paper's frozen
+    split-half reliability of single-head ablations (``ablation`` at ``positions``: ``after-first``, the paper's frozen
     protocol), both seeded by ``seed`` (the null draws and the halves)."""
 
-    edit: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
+    ablation: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
     positions: EditPositions = field(
         default="after-first", metadata={"help": "the paper's frozen protocol: after-first"}
     )
@@ -129,7 +129,7 @@ class SanitySettings:
     seed: int = field(default=0, metadata={"help": "seed of the null draws and the halves"})
 
     def __post_init__(self) -> None:
-        check_choice("ablation", self.edit, Ablation)
+        check_choice("ablation", self.ablation, Ablation)
         check_positions(self.positions)
         check_choice("null", self.null, Null)
         check_non_negative_int("seed", self.seed)
@@ -177,7 +177,7 @@ def _split_half(
     order = np.random.default_rng(s.seed).permutation(len(docs))
     halves = (tuple(sorted(order[: len(docs) // 2].tolist())), tuple(sorted(order[len(docs) // 2 :].tolist())))
     jobs = [AblationJob(layer, (h,)) for layer in null.layers for h in range(info.n_heads)]
-    run = run_sweep(model, docs, jobs, ablation=s.edit, positions=s.positions, options=opts)
+    run = run_sweep(model, docs, jobs, ablation=s.ablation, positions=s.positions, options=opts)
     assert run.base is not None
     cos_self, excess, deltas = [], [], []
     for half in halves:
@@ -198,7 +198,7 @@ def _split_half(
         skipped=null.provenance.settings["skipped"],
     )
     return SplitHalfResult(
-        edit=s.edit,
+        ablation=s.ablation,
         layers=null.layers,
         halves=halves,
         cos_self=np.stack(cos_self),

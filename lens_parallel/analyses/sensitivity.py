@@ -38,7 +38,7 @@ class SensitivityResult(ResultMixin):
     ``head_doc_delta`` ``[doc, layer, head]`` each document's edited - base loss sum (nats) of each single-head
     ablation and ``doc_tokens`` ``[doc]`` its scored tokens (for split-half statistics)."""
 
-    edit: Ablation
+    ablation: Ablation
     layers: tuple[int, ...]
     loss_base: float
     head_delta: np.ndarray
@@ -57,7 +57,7 @@ class SensitivityResult(ResultMixin):
     def to_dataframe(self) -> pd.DataFrame:
         """One row per single head and, after each layer's heads, one per layer's joint edit (head <NA>, label
         ``L{l}*``)."""
-        front = {"edit": self.edit}
+        front = {"ablation": self.ablation}
         heads = head_frame(
             self.info,
             self.layers,
@@ -82,7 +82,7 @@ class SensitivityResult(ResultMixin):
         )
         row = {
             "model": self.info.name,
-            "edit": self.edit,
+            "ablation": self.ablation,
             "loss_base": self.loss_base,
             "most_sensitive_layer": self.layers[i],
             "max_joint_delta_loss": float(self.joint_delta[i]),
@@ -111,12 +111,12 @@ def _stats(base: DocLosses, edited: DocLosses, s: SensitivitySettings, label: st
 @serializable
 @dataclass(frozen=True, kw_only=True)
 class SensitivitySettings:
-    """What layer sensitivity computes: each head ablated alone and all heads of a layer jointly (``edit``, at
+    """What layer sensitivity computes: each head ablated alone and all heads of a layer jointly (``ablation``, at
     ``positions``) on ``layers`` (None: every softmax-attention layer), with ``n_resamples`` bootstrap resamples and
     ``n_permutations`` sign flips (of each document's mean Δ, or with ``sign_flip_weights="tokens"`` of its Δ sum:
     the token-weighted mean), seeded by ``seed``."""
 
-    edit: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
+    ablation: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
     layers: tuple[int, ...] | None = field(
         default=None, metadata={"help": "layers", "none": "every softmax-attention layer"}
@@ -129,7 +129,7 @@ class SensitivitySettings:
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap and the sign flips"})
 
     def __post_init__(self) -> None:
-        check_choice("ablation", self.edit, Ablation)
+        check_choice("ablation", self.ablation, Ablation)
         check_positions(self.positions)
         object.__setattr__(self, "layers", as_indices(self.layers))
         check_positive_int("n_resamples", self.n_resamples)
@@ -157,13 +157,13 @@ def head_sensitivity(
     layer_idx, skipped = softmax_layers(info, s.layers, what="head_sensitivity")
     singles = [AblationJob(layer, (h,)) for layer in layer_idx for h in range(info.n_heads)]
     joints = [AblationJob(layer, tuple(range(info.n_heads))) for layer in layer_idx]
-    run = run_sweep(model, docs, singles + joints, ablation=s.edit, positions=s.positions, options=opts)
+    run = run_sweep(model, docs, singles + joints, ablation=s.ablation, positions=s.positions, options=opts)
     assert run.base is not None
     single = np.array([_stats(run.base, run[j], s, head_label(j.layer, j.heads[0])) for j in singles])
     joint = np.array([_stats(run.base, run[j], s, head_label(j.layer)) for j in joints])
     shape = (len(layer_idx), info.n_heads)
     return SensitivityResult(
-        edit=s.edit,
+        ablation=s.ablation,
         layers=layer_idx,
         loss_base=run.base.loss,
         head_delta=single[:, 0].reshape(shape),
@@ -188,7 +188,7 @@ def head_sensitivity(
 def _printed(result: SensitivityResult, s: SensitivitySettings, display: None) -> tuple[str, pd.DataFrame]:
     joint = result.to_dataframe()
     joint = joint[joint["head"].isna()]
-    title = f"{result.info.name}: joint {s.edit} ablation per layer (delta loss, nats/token)"
+    title = f"{result.info.name}: joint {s.ablation} ablation per layer (delta loss, nats/token)"
     return title, joint[["label", "delta_loss", "ci_lo", "ci_hi", "p"]].round(4)
 
 

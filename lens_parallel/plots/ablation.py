@@ -15,7 +15,7 @@ def ablation_figure(run: AblationRun) -> go.Figure:
     """Single-head jobs only: a layer x head heatmap of Δ loss. Otherwise one bar per job. Δ loss is the
     token-weighted next-token loss change, ablated minus unedited (nats/token), over all documents."""
     delta = run.delta()
-    title = f"Head ablation ({run.edit}): {run.info.name}, {run.loss_sum.shape[1]} documents"
+    title = f"Head ablation ({run.ablation}): {run.info.name}, {run.loss_sum.shape[1]} documents"
     if all(len(job.heads) == 1 for job in run.jobs):
         layers = sorted({job.layer for job in run.jobs})
         n_heads = max(job.heads[0] for job in run.jobs) + 1

@@ -37,7 +37,7 @@ def attribution_figure(result: AttributionResult) -> go.Figure:
     negative = turning the component up would lower the loss). Colour scales are symmetric around 0."""
     n_tok = result.n_tokens.sum()
     panels = [
-        (result.head_estimate(), f"estimated Δ loss of {result.edit} (first order)", "Δ nats/token"),
+        (result.head_estimate(), f"estimated Δ loss of {result.ablation} (first order)", "Δ nats/token"),
         (result.d_s_par[0].sum(0) / n_tok, "dloss/ds_par at s = 1, value space", "nats/token per unit s"),
         (result.d_s_perp[0].sum(0) / n_tok, "dloss/ds_perp at s = 1, value space", "nats/token per unit s"),
     ]
@@ -85,7 +85,7 @@ def confirm_figure(result: ConfirmResult) -> go.Figure:
         x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dash", "color": "grey"}, name="estimate = exact"
     )
     fig.update_layout(
-        title=f"{result.edit}: first-order estimate vs exact ablation<br><sup>{result.info.name}, "
+        title=f"{result.ablation}: first-order estimate vs exact ablation<br><sup>{result.info.name}, "
         f"Spearman {result.spearman:.2f}, Pearson {result.pearson:.2f} across {len(result.labels)} heads</sup>",
         xaxis_title="estimated Δ loss (nats/token, first order)",
         yaxis_title="exact Δ loss (nats/token, 95% CI)",

@@ -75,7 +75,7 @@ def null_figure(result: NullResult) -> go.Figure:
 
 def split_half_titles(result: SplitHalfResult) -> tuple[str, str]:
     c = result.correlations("excess")
-    return f"excess: r_stat = {c['r_stat']:.2f}", f"Δ loss ({result.edit}): r_delta = {c['r_delta']:.2f}"
+    return f"excess: r_stat = {c['r_stat']:.2f}", f"Δ loss ({result.ablation}): r_delta = {c['r_delta']:.2f}"
 
 
 def split_half_panels(fig: go.Figure, result: SplitHalfResult, *, row: int) -> None:

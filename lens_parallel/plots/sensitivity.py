@@ -58,7 +58,7 @@ def sensitivity_figure(result: SensitivityResult) -> go.Figure:
     )
     fig.add_hline(y=0, line={"color": "grey", "width": 1})
     fig.update_layout(
-        title=f"Layer sensitivity to {result.edit} ablation: {result.info.name} "
+        title=f"Layer sensitivity to {result.ablation} ablation: {result.info.name} "
         f"(base loss {result.loss_base:.3f} nats/token)",
         xaxis_title="layer",
         yaxis_title="Δ loss vs unedited (nats/token)",
@@ -103,7 +103,7 @@ def head_statistics_figure(result: HeadStatistics) -> go.Figure:
         fig.update_xaxes(title_text="head", dtick=max(1, values.shape[1] // 8), row=row + 1, col=col + 1)
         fig.update_yaxes(title_text="layer", dtick=max(1, len(result.layers) // 8), row=row + 1, col=col + 1)
     fig.update_layout(
-        title=f"{result.info.name}: per-head statistics of the {result.edit} ablation (means over positions)",
+        title=f"{result.info.name}: per-head statistics of the {result.ablation} ablation (means over positions)",
         height=720,
         margin={"t": 90},
     )
@@ -132,7 +132,7 @@ def head_ratio_figure(
         )
     fig.add_hline(y=0, line={"color": "#888", "width": 1})
     fig.update_layout(
-        title=f"Single-head {next(iter(pairs.values()))[0].edit} ablation: Δloss against {statistic}",
+        title=f"Single-head {next(iter(pairs.values()))[0].ablation} ablation: Δloss against {statistic}",
         xaxis_title=f"{statistic} (unitless, mean over positions)",
         yaxis_title="Δloss, ablated - unedited (nats/token)",
         legend={"orientation": "h", "y": -0.25},
