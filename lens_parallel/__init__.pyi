@@ -52,6 +52,7 @@ from .edits import (
 )
 from .errors import EnvironmentFailure, LensParallelError, LibraryError, NonFiniteError
 from .explore import Explorer, View, explore
+from .generation import GenerateSettings, GenerationResult, generate
 from .losses import DocLosses, EditEffect
 from .models import ModelInfo, ModelSpecError, load_model, model_info
 from .options import DataOptions, RunOptions
@@ -100,6 +101,8 @@ __all__ = [
     "FactorialResult",
     "Footprint",
     "GatedRemoval",
+    "GenerateSettings",
+    "GenerationResult",
     "HeadEdit",
     "HeadStatistics",
     "HeadStatisticsSettings",
@@ -150,6 +153,7 @@ __all__ = [
     "document_losses",
     "evaluate",
     "explore",
+    "generate",
     "geometry",
     "gqa_alignment",
     "head_attribution",

@@ -22,10 +22,16 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
         (5, 0),
         "TransformerBridge internals: a component's wrapped Hugging Face module (original_component, the "
         "'._original_component' segment of parameter names), align_offloaded_subtree, and start_at_layer swapping "
-        "the caller's residual in at block k (prefix reuse)",
+        "the caller's residual in at block k (prefix reuse), attention bridges' _update_kv_cache reading the cache "
+        "only as past_key_values / layer_past",
     ),
     "lm_eval": ((0, 4), (0, 5), "lm_eval.models.utils._add_special_kwargs (how the hf model sets add_special_tokens)"),
-    "transformers": ((5, 0), (6, 0), "a config's quantization_config removed through its __dict__ (GGUF export)"),
+    "transformers": (
+        (5, 0),
+        (6, 0),
+        "a config's quantization_config removed through its __dict__ (GGUF export); decoder layers handing their "
+        "attention the key/value cache as cache=",
+    ),
 }
 """Package -> [from, to) major.minor versions on which each use was verified, and what is used."""
 
@@ -111,6 +117,38 @@ def component_forwards(components: Sequence[nn.Module], forwards: Sequence[Any])
     finally:
         for component in components:
             del vars(component)["forward"]
+
+
+def _update_kv_cache_reading_cache(original: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+    if kwargs.get("past_key_values") is None and kwargs.get("layer_past") is None and "cache" in kwargs:
+        kwargs["past_key_values"] = kwargs["cache"]
+    return original(k, v, **kwargs)
+
+
+@contextlib.contextmanager
+def cache_reaches_attention(model: nn.Module) -> Iterator[None]:
+    """While inside, the key/value cache reaches every attention bridge of ``model``.
+
+    TransformerLens 4.3's attention bridges extend a cache only when it arrives as ``past_key_values`` or
+    ``layer_past`` (``AttentionBridge._update_kv_cache``); transformers 5's decoder layers hand it over as ``cache=``,
+    so the bridge's cached decoding lets each new token attend to itself alone (its ``generate`` with the cache is
+    wrong on Llama-family models). Inside, each attention component's ``_update_kv_cache`` also takes ``cache``
+    (written into the instance's own dictionary, as :func:`component_forwards`). Thread-safety is the caller's
+    (:func:`lens_parallel.hooks.model_lock`)."""
+    check("transformer-lens")
+    check("transformers")
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+
+    components = [m for m in model.modules() if isinstance(m, AttentionBridge)]
+    for component in components:
+        vars(component)["_update_kv_cache"] = functools.partial(
+            _update_kv_cache_reading_cache, component._update_kv_cache
+        )
+    try:
+        yield
+    finally:
+        for component in components:
+            del vars(component)["_update_kv_cache"]
 
 
 # -- lm-evaluation-harness ---------------------------------------------------------------------------------------

@@ -214,13 +214,13 @@ class Explorer:
         pattern, x = t["pattern_full"], t["resid_pre"]
         v = expand_kv(t["v"], self.info.n_heads)
         W_O = output_weights(self.model, layer, dtype=torch.float64).to(x.device)
-        diag = torch.diagonal(pattern, dim1=-2, dim2=-1)[0, head]
+        diag = geometry.self_weights(pattern)[0, head]
         if st["edit"] == "scale":
             diag_edited = (
                 diag + geometry.diagonal_change(pattern, v, space, s_par=st["s_par"], x=x, W_O=W_O).d_a[0, head]
             )
         elif st["edit"] == "zero-diagonal":
-            diag_edited = torch.diagonal(geometry.zero_diagonal(pattern)[0], dim1=-2, dim2=-1)[0, head]
+            diag_edited = geometry.self_weights(geometry.zero_diagonal(pattern)[0])[0, head]
         else:  # a removal along a random direction of z has no diagonal form
             diag_edited = torch.full_like(diag, float("nan"))
         coef = geometry.parallel_coefficient(pattern, v, space, x=x, W_O=W_O)[0, :, head]

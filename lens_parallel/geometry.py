@@ -225,7 +225,7 @@ def parallel_coefficient(
     if space == "value":
         return project(o, v, eps=eps).coef
     if space == "value-exclude-self":
-        return project(split_self(o, v, torch.diagonal(pattern, dim1=-2, dim2=-1))[1], v, eps=eps).coef
+        return project(split_self(o, v, self_weights(pattern))[1], v, eps=eps).coef
     if space == "residual-attn":
         if x is None or W_O is None:
             raise LensParallelError("the residual-attn coefficient needs the residual state x and W_O")
@@ -298,7 +298,7 @@ def diagonal_change(
         valid = den.abs() > eps * wv_norm * x.norm(dim=-1, keepdim=True)
     elif space in ("value", "value-exclude-self"):
         if space == "value-exclude-self":
-            diag = torch.diagonal(pattern, dim1=-2, dim2=-1)
+            diag = self_weights(pattern)
             o = o - einops.rearrange(diag, "batch head_index pos -> batch pos head_index 1") * v
         num = (o * v).sum(-1)
         den = (v * v).sum(-1)
@@ -369,18 +369,29 @@ def js_divergence(p: Float[Tensor, "*batch n"], q: Float[Tensor, "*batch n"]) ->
     return (0.5 * kl(p) + 0.5 * kl(q)).clamp_min(0.0)
 
 
+def self_weights(
+    pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+) -> Float[Tensor, "batch head_index query_pos"]:
+    """A_tt: each query's weight on its own position. The queries are the last ``query_pos`` of the ``key_pos``
+    positions, so with cached keys (a decoding step: key_pos = cached + query_pos) query i is key
+    i + key_pos - query_pos; for a whole sequence (query_pos = key_pos) this is the diagonal."""
+    return torch.diagonal(pattern, offset=pattern.shape[-1] - pattern.shape[-2], dim1=-2, dim2=-1)
+
+
 def zero_diagonal(
     pattern: Float[Tensor, "batch head_index query_pos key_pos"], *, eps: float = 1e-6
 ) -> tuple[Float[Tensor, "batch head_index query_pos key_pos"], Bool[Tensor, "batch head_index query_pos"]]:
     """Hard diagonal removal: A'_tt = 0 and every other entry of row t renormalised, A'_ts = A_ts / (1 - A_tt), so
     each row still sums to 1. Row 0 (query position 0, which attends only to itself) and any row with
     1 - A_tt < ``eps`` (nearly all its weight on itself: nothing to renormalise) are left unchanged; returns the
-    edited pattern and the rows left unchanged for that reason (row 0 not among them)."""
-    diag = torch.diagonal(pattern, dim1=-2, dim2=-1)
-    rest = 1 - diag
-    later = torch.arange(pattern.shape[-1], device=pattern.device) > 0
+    edited pattern and the rows left unchanged for that reason (row 0 not among them). With cached keys (a decoding
+    step) the queries are the last rows of the square (:func:`self_weights`)."""
+    n_query, n_key = pattern.shape[-2:]
+    rest = 1 - self_weights(pattern)
+    position = torch.arange(n_key - n_query, n_key, device=pattern.device)  # each query's own key
+    later = position > 0
     editable = (rest >= eps) & later
-    eye = torch.eye(pattern.shape[-1], dtype=torch.bool, device=pattern.device)
+    eye = position[:, None] == torch.arange(n_key, device=pattern.device)
     edited = torch.where(eye, 0.0, pattern) / torch.where(editable, rest, 1.0)[..., None]
     return torch.where(editable[..., None], edited, pattern), (rest < eps) & later
 

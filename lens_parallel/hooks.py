@@ -26,7 +26,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import compat
+from lens_parallel import compat, geometry
 from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
 from lens_parallel.models import ModelInfo
 
@@ -398,7 +398,7 @@ class LayerStream:
         check_shape(hook_name(layer, role), tensor, expected_shape(role, self.info))
         self._finite.append(torch.isfinite(tensor).all())  # on the tensor's device: read after the forward
         if role == "pattern_diag":
-            tensor = torch.diagonal(tensor, dim1=-2, dim2=-1)
+            tensor = geometry.self_weights(tensor)
         buffer = self._buffers.setdefault(layer, {})
         buffer[role] = tensor.detach().to(device=self.device, dtype=self.dtype)
         if len(buffer) == len(self.roles[layer]):
@@ -517,7 +517,7 @@ def gradient_pass(
     def capture(tensor: Tensor, hook: HookPoint, *, layer: int, role: str) -> Tensor:
         check_shape(hook_name(layer, role), tensor, expected_shape(role, info))
         if recomputing[0] and role in roles.get(layer, ()):
-            kept = torch.diagonal(tensor, dim1=-2, dim2=-1) if role == "pattern_diag" else tensor
+            kept = geometry.self_weights(tensor) if role == "pattern_diag" else tensor
             acts[layer][role] = kept.detach().to(device=tokens.device, dtype=torch.float64)
         if not recomputing[0] and role in grad_roles.get(layer, ()):
             tensor.register_hook(partial(on_grad, layer=layer, role=role))  # holds no reference to the tensor

@@ -210,7 +210,7 @@ def unembedding(model: TransformerBridge) -> Unembedding:
     return Unembedding(head.weight, head.bias, float(softcap) if softcap else None)
 
 
-def _logits(resid: Float[Tensor, "row d_model"], unembed: Unembedding) -> Float[Tensor, "row d_vocab"]:
+def logits_of(resid: Float[Tensor, "row d_model"], unembed: Unembedding) -> Float[Tensor, "row d_vocab"]:
     """The logits of rows of final residual: the matmul in the model's dtype (as its own lm_head computes them),
     then float32 (float64 for a float64 model) and the soft cap."""
     logits = F.linear(resid, unembed.W_U, unembed.b_U)
@@ -233,7 +233,7 @@ def scored_rows(
     rows = max(1, chunk_bytes // (4 * unembed.W_U.shape[0]))
     nll, greedy = [], []
     for x_c, t_c in zip(resid.split(rows), target.to(resid.device).split(rows), strict=True):
-        logits = _logits(x_c, unembed)
+        logits = logits_of(x_c, unembed)
         nll.append(torch.logsumexp(logits, dim=-1) - logits.gather(-1, t_c[:, None]).squeeze(-1))
         greedy.append(logits.argmax(-1) == t_c)
     return torch.cat(nll), torch.cat(greedy)
@@ -261,8 +261,8 @@ def chunked_divergence(
     rows = max(1, chunk_bytes // (8 * unembed.W_U.shape[0]))
     parts: list[list[Tensor]] = [[], [], [], []]
     for p_c, q_c, t_c in zip(x_p.split(rows), x_q.split(rows), target.split(rows), strict=True):
-        log_p = torch.log_softmax(_logits(p_c, unembed), dim=-1)
-        log_q = torch.log_softmax(_logits(q_c, unembed), dim=-1)
+        log_p = torch.log_softmax(logits_of(p_c, unembed), dim=-1)
+        log_q = torch.log_softmax(logits_of(q_c, unembed), dim=-1)
         parts[0].append(-log_p.gather(-1, t_c[:, None]).squeeze(-1))
         parts[1].append(-log_q.gather(-1, t_c[:, None]).squeeze(-1))
         parts[2].append((log_p.exp() * (log_p - log_q)).sum(-1))
@@ -312,7 +312,7 @@ def chunked_token_nll(
 def _chunk_logits(
     x: Float[Tensor, "row d_model"], unembed: Unembedding, raw: Tensor, out: Tensor, *, capped: bool = True
 ) -> Float[Tensor, "row d_vocab"]:
-    """:func:`_logits` of ``x`` written into preallocated buffers: ``raw`` (model dtype) takes the matmul, ``out``
+    """:func:`logits_of` of ``x`` written into preallocated buffers: ``raw`` (model dtype) takes the matmul, ``out``
     (float32, float64 for a float64 model; may be ``raw`` itself) the logits, soft-capped unless ``capped`` is
     False."""
     W_T = unembed.W_U.t()

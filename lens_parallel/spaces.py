@@ -162,7 +162,7 @@ def value_parts(captured: Mapping[str, Tensor], info: ModelInfo) -> ValueParts:
         gate = torch.sigmoid(einops.rearrange(captured["q_gate"], "b p (h d) -> b p h d", h=info.n_heads))
     if info.gated_attention and "pattern_full" in captured:
         pattern = captured["pattern_full"]
-        o, diag = geometry.value_aggregate(pattern, v), torch.diagonal(pattern, dim1=-2, dim2=-1)
+        o, diag = geometry.value_aggregate(pattern, v), geometry.self_weights(pattern)
     else:  # hook_z itself (also the post-gate site of gated attention, when the pattern is not captured)
         o, diag = captured["z"], captured.get("pattern_diag")
     return ValueParts(o=o, v=v, diag=diag, gate=gate)

@@ -12,11 +12,12 @@ import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.paths import ASSETS, cache_dir, cached_folder
 
 BUNDLED_TOKENIZERS = ("gpt2", "gpt-neox", "qwen3")
@@ -95,3 +96,16 @@ def trained_bpe_folder(docs: Sequence[str], vocab_size: int) -> Path:
         (into / "lens_parallel_format").write_text(str(_FORMAT))
 
     return cached_folder(folder, build, _current)
+
+
+def hf_tokenizer(model: Any) -> Any:
+    """The model's tokenizer with Hugging Face's defaults, loaded again from where the bridge's came from
+    (``tokenizer.name_or_path``: the model's folder, a bundled tokenizer, or a hub name, which needs the hub)."""
+    source = getattr(model.tokenizer, "name_or_path", "")
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise EnvironmentFailure(
+            f"could not load the tokenizer {source!r} with Hugging Face's defaults ({exc}); pass tokenizer= (the "
+            "one Hugging Face or lm-eval's hf model would use)"
+        ) from None

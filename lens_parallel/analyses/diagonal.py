@@ -178,7 +178,7 @@ class _DiagonalMetric(Metric[EditJob]):
         roles = {self.layer: _roles(self.spaces)}
         t = run_rows(context.model, self.info, batch, capture=roles).captured[self.layer]
         d_a, valid = _changes(self.info, t, self.spaces, self.s_par, self.eps, self.W_O)
-        diag = torch.diagonal(t["pattern_full"], dim1=-2, dim2=-1)
+        diag = geometry.self_weights(t["pattern_full"])
         docs = batch.docs
         real = (docs.real & (torch.arange(docs.tokens.shape[1], device=docs.tokens.device) >= 1)).to(d_a.device)
         w = real[None, :, None, :]  # space batch head pos

@@ -33,7 +33,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.downstream.data import LOCAL_TASKS, OLMO_EVAL, check_task_names, task_definitions, task_manager
 from lens_parallel.downstream.presets import TaskList, resolve_tasks
-from lens_parallel.edits import Edit, as_edits, compile_hooks, describe_edit
+from lens_parallel.edits import UNEDITED, Edit, Settings, compile_hooks, describe_edit, named_edits
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import model_info, weights_digest
 from lens_parallel.options import RunOptions, refuse_renamed, resolve
@@ -41,9 +41,6 @@ from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.stats import N_RESAMPLES, holm, mcnemar_exact, mean_of_means_ci, paired_bootstrap_ci
 from lens_parallel.sweep import model_fingerprint
 from lens_parallel.validate import check_non_negative_int, check_positive_int
-
-UNEDITED = "unedited"
-"""The name of the baseline setting in every table."""
 
 BINARY_METRICS = ("acc", "acc_norm")
 """Per-item 0/1 metrics: paired by McNemar's exact test."""
@@ -74,21 +71,6 @@ class TaskSettings:
         check_non_negative_int("fewshot_seed", self.fewshot_seed)
         check_positive_int("n_resamples", self.n_resamples)
         check_non_negative_int("seed", self.seed)
-
-
-Settings = Edit | Sequence[Edit] | dict[str, Edit | Sequence[Edit]]
-"""One edit, one list of edits (one combined intervention), or several named settings."""
-
-
-def _named_settings(settings: object) -> dict[str, tuple[Edit, ...]]:
-    if isinstance(settings, dict):
-        if not settings:
-            raise LensParallelError("edits is an empty dict; give at least one name -> edit (or list of edits)")
-        if UNEDITED in settings:
-            raise LensParallelError(f"{UNEDITED!r} names the baseline every setting is compared with; rename it")
-        return {str(name): as_edits(edits) for name, edits in settings.items()}
-    edits = as_edits(settings)
-    return {"+".join(type(e).__name__ for e in edits) or "no edit": edits}
 
 
 # -- statistics --------------------------------------------------------------------------------------------------
@@ -350,7 +332,7 @@ def task_effects(
     ``store``: resumable, ``progress``). Every name, edit and option is checked before the first forward."""
     refuse_renamed(changes, {"task_settings": "settings"}, where="task_effects")
     s, opts = resolve(TaskSettings, settings, options, protocol, changes)
-    named = _named_settings(edits)
+    named = named_edits(edits)
     plan, preset_limit = resolve_tasks(tasks)
     check_task_names([name for name, _ in plan])
     limit = s.limit if s.limit is not None else preset_limit

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import transformers
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import has_bos_prefix
@@ -32,25 +31,13 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import compat
 from lens_parallel.edits import Edit, compile_hooks
-from lens_parallel.errors import EnvironmentFailure, LensParallelError
+from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import forward
 from lens_parallel.losses import scored_rows, unembedding
+from lens_parallel.tokenizers import hf_tokenizer
 
 TokenRequest = tuple[tuple[str, str] | None, list[int], list[int]]
 """lm-eval's tokenised loglikelihood request: the (context, continuation) strings, and their tokens."""
-
-
-def hf_tokenizer(model: TransformerBridge) -> Any:
-    """The model's tokenizer with Hugging Face's defaults, loaded again from where the bridge's came from
-    (``tokenizer.name_or_path``: the model's folder, a bundled tokenizer, or a hub name, which needs the hub)."""
-    source = getattr(model.tokenizer, "name_or_path", "")
-    try:
-        return transformers.AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as exc:
-        raise EnvironmentFailure(
-            f"could not load the tokenizer {source!r} with Hugging Face's defaults ({exc}); pass tokenizer= to "
-            "EditedLM (the one lm-eval's hf model would use)"
-        ) from None
 
 
 class EditedLM(TemplateLM):  # type: ignore[misc]

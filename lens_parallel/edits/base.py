@@ -9,6 +9,7 @@ messages use); a user-defined edit only needs ``hooks``.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,6 +23,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel import geometry
 from lens_parallel.choices import EditPositions, HeadsAll
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.hooks import ROLE_HOOKS, Hook
@@ -177,16 +179,28 @@ def check_positions(positions: object) -> EditPositions:
     return cast(EditPositions, check_choice("positions", positions, EditPositions))
 
 
+FIRST_INDEX: contextvars.ContextVar[Literal[0] | Tensor | None] = contextvars.ContextVar("first_index", default=0)
+"""Where position 0 (the first token) lies on the position axis of the forward being run: 0 in every whole-sequence
+forward; per row (``[batch]``) in a left-padded prompt's forward; None in a decoding step, which holds only later
+positions. Set by the decoding loop (:mod:`lens_parallel.generation`) for the forwards it runs; read by
+:func:`after_first`."""
+
+
 def after_first(hooks: list[Hook]) -> list[Hook]:
-    """The same hooks, each restoring position 0 of what it returns (the query axis of an attention pattern);
-    hooks that only read return None and stay as they are."""
+    """The same hooks, each restoring position 0 of what it returns (the query axis of an attention pattern; where
+    position 0 lies: :data:`FIRST_INDEX`); hooks that only read return None and stay as they are."""
 
     def keep_first(fn: Callable[..., Tensor | None], axis: int, tensor: Tensor, hook: HookPoint) -> Tensor | None:
         out = fn(tensor, hook)
-        if out is None:
-            return None
-        rest = out.narrow(axis, 1, out.shape[axis] - 1)
-        return torch.cat([tensor.narrow(axis, 0, 1).to(out.dtype), rest], dim=axis)
+        first = FIRST_INDEX.get()
+        if out is None or first is None:
+            return out
+        if isinstance(first, int):
+            rest = out.narrow(axis, 1, out.shape[axis] - 1)
+            return torch.cat([tensor.narrow(axis, 0, 1).to(out.dtype), rest], dim=axis)
+        at = torch.arange(out.shape[axis], device=out.device) == first.to(out.device)[:, None]  # [batch, pos]
+        shape = [out.shape[0]] + [out.shape[axis] if d == axis else 1 for d in range(1, out.ndim)]
+        return torch.where(at.view(shape), tensor.to(out.dtype), out)
 
     return [(name, partial(keep_first, fn, 2 if name.endswith("hook_pattern") else 1)) for name, fn in hooks]
 
@@ -206,8 +220,9 @@ def store(tensor: Tensor, hook: HookPoint, *, state: dict[str, Tensor], key: str
 
 
 def store_diagonal(pattern: Tensor, hook: HookPoint, *, state: dict[str, Tensor]) -> None:
-    """A reading hook on hook_pattern keeping only its diagonal A_tt (the role ``pattern``)."""
-    state["pattern_diag"] = torch.diagonal(pattern, dim1=-2, dim2=-1)
+    """A reading hook on hook_pattern keeping only each query's own weight A_tt (the role ``pattern_diag``; the
+    last column of a decoding step's row: :func:`lens_parallel.geometry.self_weights`)."""
+    state["pattern_diag"] = geometry.self_weights(pattern)
 
 
 def head_mask(
@@ -246,6 +261,26 @@ def as_edits(edits: object) -> tuple[Edit, ...]:
     return cast(tuple[Edit, ...], found)
 
 
+UNEDITED = "unedited"
+"""The name of the baseline setting in every table that compares settings."""
+
+Settings = Edit | Sequence[Edit] | dict[str, Edit | Sequence[Edit]]
+"""One edit, one list of edits (one combined intervention), or several named settings."""
+
+
+def named_edits(settings: object) -> dict[str, tuple[Edit, ...]]:
+    """``settings`` (:data:`Settings`) as named interventions, each a tuple of edits applied together: a dict's
+    names, else one setting named after its edits' types. The name :data:`UNEDITED` is the baseline's."""
+    if isinstance(settings, dict):
+        if not settings:
+            raise LensParallelError("edits is an empty dict; give at least one name -> edit (or list of edits)")
+        if UNEDITED in settings:
+            raise LensParallelError(f"{UNEDITED!r} names the baseline every setting is compared with; rename it")
+        return {str(name): as_edits(edits) for name, edits in settings.items()}
+    edits = as_edits(settings)
+    return {"+".join(type(e).__name__ for e in edits) or "no edit": edits}
+
+
 UNDECLARED = "undeclared"
 """:func:`edit_layers` of a user-defined edit without a ``layers`` attribute."""
 
@@ -264,6 +299,34 @@ def edit_noop(edit: Edit) -> Edit | None:
         return edit.noop()
     make = getattr(edit, "noop", None)
     return cast(Edit, make()) if callable(make) else None
+
+
+def edit_footprint(edit: Edit, info: ModelInfo) -> Footprint | None:
+    """``edit``'s :class:`Footprint` on a model like ``info``, or None where it does not declare one (the one place
+    the optional ``footprint`` of a user-defined edit is looked up)."""
+    if isinstance(edit, EditBase):
+        return edit.footprint(info)
+    declare = getattr(edit, "footprint", None)
+    return cast(Footprint | None, declare(info)) if callable(declare) else None
+
+
+def check_decode_safe(edits: Sequence[Edit], info: ModelInfo) -> None:
+    """Refuse (one line) an edit that is not defined on a decoding step (one new query position against cached
+    keys and values), or that does not say (:attr:`Footprint.decode_safe`)."""
+    for edit in edits:
+        footprint = edit_footprint(edit, info)
+        if footprint is None:
+            raise LensParallelError(
+                f"{type(edit).__name__} does not say whether it is decode-safe: give it footprint(info) returning "
+                "lens_parallel.Footprint(reads, writes, pattern, decode_safe=True) if each hook only reads the "
+                "current positions (or the current attention row)"
+            )
+        if not footprint.decode_safe:
+            raise LensParallelError(
+                f"{edit!r} is not decode-safe on {info.name}: it reads quantities of every position (e.g. all values "
+                "to rebuild A.v), which a cached decoding step does not have; generate without the cache is not "
+                "offered, use an equivalent decode-safe edit"
+            )
 
 
 def describe_edit(edit: Edit) -> dict[str, Any]:
@@ -301,7 +364,7 @@ def compile_hooks(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> lis
     out: list[Hook] = []
     for edit in as_edits(edits):
         hooks = edit.hooks(model, info)
-        footprint = edit.footprint(info) if isinstance(edit, EditBase) else None
+        footprint = edit.footprint(info) if isinstance(edit, EditBase) else None  # a user's: not checked
         if footprint is not None:
             declared = set(footprint.roles)
             stray = sorted({name for name, _ in hooks if not hook_roles(name) & declared})

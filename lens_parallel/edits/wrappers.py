@@ -13,6 +13,7 @@ from lens_parallel.edits.base import (
     EditBase,
     Footprint,
     as_edits,
+    edit_footprint,
     edit_layers,
     edit_noop,
     register_edit,
@@ -62,7 +63,7 @@ class SkipFirstLayers(EditBase):
 
     def footprint(self, info: ModelInfo) -> Footprint | None:
         """The wrapped edit's (None when it declares none)."""
-        return self.edit.footprint(info) if isinstance(self.edit, EditBase) else None
+        return edit_footprint(self.edit, info)
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         if self.n >= info.n_layers:

@@ -1,0 +1,251 @@
+"""What the edited model says: :func:`generate`, several settings side by side on the same prompts."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from transformer_lens.model_bridge import TransformerBridge
+
+from lens_parallel.edits import UNEDITED, Settings, check_decode_safe, compile_hooks, describe_edit, named_edits
+from lens_parallel.errors import LensParallelError
+from lens_parallel.generation.decode import Decoded, Sampling, decode_batch, end_of_sequence
+from lens_parallel.losses import unembedding
+from lens_parallel.models import model_info
+from lens_parallel.options import RunOptions, resolve
+from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.tokenizers import hf_tokenizer
+from lens_parallel.validate import check_non_negative_int, check_positive_int
+
+
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class GenerateSettings:
+    """How continuations are generated: at most ``max_new_tokens`` tokens, greedy or (``do_sample``) sampled at
+    ``temperature`` from the ``top_p`` nucleus with ``seed``; a continuation also ends at the end-of-sequence token
+    or at the first of the ``stop`` strings (cut from the text, as lm-eval's ``until``). Prompts are tokenised as the
+    model's own tokenizer does by default (Hugging Face's defaults; ``add_bos_token`` True / False overrides)."""
+
+    max_new_tokens: int = field(default=32, metadata={"help": "the most tokens generated per prompt"})
+    do_sample: bool = field(default=False, metadata={"help": "sample (default: greedy)"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (> 0)"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling: the smallest top set of this mass"})
+    seed: int = field(default=0, metadata={"help": "seed of the sampling (each prompt its own generator)"})
+    stop: tuple[str, ...] = field(default=(), metadata={"help": "stop strings (cut from the text)"})
+    add_bos_token: bool | None = field(
+        default=None, metadata={"help": "prepend BOS to each prompt", "none": "the tokenizer's default"}
+    )
+
+    def __post_init__(self) -> None:
+        check_positive_int("max_new_tokens", self.max_new_tokens)
+        check_non_negative_int("seed", self.seed)
+        if not (
+            isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0
+        ):
+            raise LensParallelError(f"temperature must be a finite number > 0, got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise LensParallelError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise LensParallelError(f"stop strings must be non-empty strings, got {list(stop)!r}")
+        object.__setattr__(self, "stop", stop)
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(self.do_sample, float(self.temperature), float(self.top_p), self.seed)
+
+
+@serializable
+@dataclass(frozen=True, kw_only=True)
+class GenerationResult(ResultMixin):
+    """Each prompt's continuation under each setting (``settings[0]`` is the unedited model): ``texts[s][p]``,
+    ``tokens[s][p]`` (token ids) and ``finish[s][p]`` (``eos``, ``stop`` or ``length``)."""
+
+    prompts: tuple[str, ...]
+    settings: tuple[str, ...]
+    texts: tuple[tuple[str, ...], ...]
+    tokens: tuple[tuple[tuple[int, ...], ...], ...]
+    finish: tuple[tuple[str, ...], ...]
+    provenance: Provenance | None = None
+
+    def departs_at(self, setting: int, prompt: int) -> int | None:
+        """The first generated token where ``setting``'s continuation of ``prompt`` departs from the unedited one
+        (None: identical)."""
+        a, b = self.tokens[0][prompt], self.tokens[setting][prompt]
+        same = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        return None if a == b else same
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per prompt x setting: ``prompt_index``, ``prompt``, ``setting``, ``text``, ``n_tokens``,
+        ``finish`` and ``departs_at`` (the first token that differs from the unedited continuation; <NA>: none)."""
+        rows = [
+            {
+                "prompt_index": p,
+                "prompt": prompt,
+                "setting": setting,
+                "text": self.texts[s][p],
+                "n_tokens": len(self.tokens[s][p]),
+                "finish": self.finish[s][p],
+                "departs_at": self.departs_at(s, p),
+            }
+            for p, prompt in enumerate(self.prompts)
+            for s, setting in enumerate(self.settings)
+        ]
+        frame = pd.DataFrame(rows)
+        frame["departs_at"] = frame["departs_at"].astype("Int64")
+        return frame
+
+    def _repr_html_(self) -> str:
+        """A table: one row per prompt, one column per setting; in each edited setting, the text from where it
+        departs from the unedited one is highlighted."""
+        head = "".join(f"<th>{html.escape(s)}</th>" for s in ("prompt", *self.settings))
+        body = []
+        for p, prompt in enumerate(self.prompts):
+            cells = [f"<td>{html.escape(prompt)}</td>"]
+            base = self.texts[0][p]
+            for s in range(len(self.settings)):
+                text = self.texts[s][p]
+                common = _shared_chars(base, text) if s else len(text)
+                same, rest = html.escape(text[:common]), html.escape(text[common:])
+                cells.append(f'<td>{same}<mark title="departs from the unedited text">{rest}</mark></td>')
+            body.append("<tr>" + "".join(cells) + "</tr>")
+        style = "white-space: pre-wrap; vertical-align: top; text-align: left"
+        return (
+            f'<table style="{style}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+            if body
+            else "<p>no prompts</p>"
+        )
+
+    def figure(self) -> go.Figure:
+        """Per edited setting, how many tokens each continuation shares with the unedited one before it departs
+        (a prompt whose continuation never departs is drawn at its length, marked "same")."""
+        fig = go.Figure()
+        for s, setting in enumerate(self.settings[1:], start=1):
+            at = [self.departs_at(s, p) for p in range(len(self.prompts))]
+            shared = np.array([len(self.tokens[s][p]) if a is None else a for p, a in enumerate(at)])
+            fig.add_trace(
+                go.Box(
+                    x=shared,
+                    name=setting,
+                    boxpoints="all",
+                    text=[f"{self.prompts[p][:40]} ({'same' if a is None else 'departs'})" for p, a in enumerate(at)],
+                    hovertemplate="%{text}: %{x} tokens<extra></extra>",
+                )
+            )
+        model = self.info.name if self.provenance else "model"
+        fig.update_layout(
+            title=f"{model}: generated tokens shared with the unedited continuation, per prompt",
+            xaxis_title="tokens before the continuation departs (greedy: then it differs)",
+            yaxis_title="setting",
+            showlegend=False,
+        )
+        return fig
+
+
+def _shared_chars(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def _prompt_ids(tokenizer: Any, prompts: Sequence[str], add_bos_token: bool | None) -> list[list[int]]:
+    special = {} if add_bos_token is None else {"add_special_tokens": False}
+    out = []
+    for prompt in prompts:
+        ids = list(tokenizer.encode(prompt, **special))
+        if add_bos_token and tokenizer.bos_token_id is not None:
+            ids = [tokenizer.bos_token_id, *ids]
+        out.append(ids)
+    return out
+
+
+def _check_prompts(prompts: object) -> tuple[str, ...]:
+    if isinstance(prompts, str):
+        prompts = (prompts,)
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise LensParallelError(f"prompts must be a non-empty list of strings, got {prompts!r}")
+    bad = [i for i, p in enumerate(prompts) if not isinstance(p, str) or not p]
+    if bad:
+        raise LensParallelError(f"prompt {bad[0]} is {prompts[bad[0]]!r}: every prompt must be a non-empty string")
+    return tuple(prompts)
+
+
+def generate(
+    model: TransformerBridge,
+    prompts: str | Sequence[str],
+    edits: Settings | None = None,
+    *,
+    settings: GenerateSettings | None = None,
+    options: RunOptions | None = None,
+    protocol: str | None = None,
+    **changes: Any,
+) -> GenerationResult:
+    """Continue ``prompts`` with the unedited model and under each of ``edits`` (None: the unedited model only; one
+    edit, a list applied together, or a dict naming several settings), the edits active at every decoding step
+    (KV-cached: :mod:`lens_parallel.generation.decode`). ``settings`` / keywords: :class:`GenerateSettings`
+    (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_p``, ``seed``, ``stop``); run options:
+    ``batch_size`` prompts per forward, ``progress``. Every prompt, setting and edit is checked before the first
+    forward: an edit must be decode-safe (:func:`~lens_parallel.edits.check_decode_safe`)."""
+    s, opts = resolve(GenerateSettings, settings, options, protocol, changes)
+    texts = _check_prompts(prompts)
+    if opts.batch_size == "auto":
+        raise LensParallelError("generate takes an integer batch_size (prompts per forward), not 'auto'")
+    info = model_info(model)
+    named = {UNEDITED: (), **({} if edits is None else named_edits(edits))}
+    hooks = {}
+    for name, setting in named.items():
+        check_decode_safe(setting, info)
+        hooks[name] = compile_hooks(model, setting)
+    tokenizer = hf_tokenizer(model)
+    ids = _prompt_ids(tokenizer, texts, s.add_bos_token)
+    n_ctx = int(model.cfg.n_ctx)
+    for i, prompt in enumerate(ids):
+        if len(prompt) + s.max_new_tokens > n_ctx:
+            raise LensParallelError(
+                f"prompt {i} has {len(prompt)} tokens: with max_new_tokens={s.max_new_tokens} it exceeds the model's "
+                f"context of {n_ctx} tokens"
+            )
+    unembed, eos = unembedding(model), end_of_sequence(model, tokenizer)
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    batches = [order[k : k + opts.batch_size] for k in range(0, len(order), opts.batch_size)]
+    results: dict[str, list[Decoded | None]] = {}
+    for name in named:
+        done: list[Decoded | None] = [None] * len(ids)
+        for batch in batches:
+            decoded = decode_batch(
+                model,
+                [ids[i] for i in batch],
+                hooks[name],
+                max_new_tokens=s.max_new_tokens,
+                sampling=s.sampling,
+                stop=s.stop,
+                tokenizer=tokenizer,
+                unembed=unembed,
+                indices=batch,
+                eos=eos,
+            )
+            for i, d in zip(batch, decoded, strict=True):
+                done[i] = d
+        results[name] = done
+    rows = {name: [d for d in got if d is not None] for name, got in results.items()}
+    provenance = Provenance.of(
+        info,
+        None,
+        "generate",
+        s,
+        opts,
+        texts={"prompts": list(texts)},
+        edits={k: [describe_edit(e) for e in v] for k, v in named.items() if v},
+    )
+    return GenerationResult(
+        prompts=texts,
+        settings=tuple(named),
+        texts=tuple(tuple(d.text for d in rows[n]) for n in named),
+        tokens=tuple(tuple(d.tokens for d in rows[n]) for n in named),
+        finish=tuple(tuple(d.finish for d in rows[n]) for n in named),
+        provenance=provenance,
+    )

@@ -1,0 +1,173 @@
+"""KV-cached decoding over the bridge with edits active at every step.
+
+One batch of prompts is left-padded (the real tokens of every row end at the same column, as Hugging Face's
+``generate`` pads), its attention mask marks the padding, and every position's id counts only the row's real tokens
+(``cumsum(mask) - 1``). The prompt runs once (the prefill), filling a Hugging Face ``DynamicCache``; each later step
+feeds one token per row against it. Every forward ends at the unembedding's input (:data:`FINAL_HOOK`): only the
+last position's residual is kept and unembedded (:class:`~lens_parallel.losses.Unembedding`), so no
+[batch, pos, vocab] logits exist. The edits' hooks are registered for the whole loop: at the prefill they see the
+prompt as a whole-sequence forward does (position 0 of each row where its real tokens start:
+:data:`~lens_parallel.edits.FIRST_INDEX`), at each step one query position against the cached keys (only
+decode-safe edits are accepted: :func:`~lens_parallel.edits.check_decode_safe`).
+
+TransformerLens 4.3's attention bridges drop the cache transformers 5 hands them (:func:`lens_parallel.compat.
+cache_reaches_attention` passes it on); ``tests/test_generation.py`` checks the tokens against Hugging Face's own
+``generate`` on the same weights and token ids.
+
+Choosing a token: greedy (argmax; ties to the lowest id, as ``torch.argmax``), or sampled from
+softmax(logits / temperature) restricted to the smallest set of tokens whose probability reaches ``top_p`` (nucleus
+sampling), each prompt with its own generator seeded by (seed, the prompt's index), so a prompt's text does not
+depend on the batch it ran in. A row stops at the end-of-sequence token or when its text contains a stop string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.model_bridge import TransformerBridge
+from transformers import DynamicCache, PreTrainedConfig
+
+from lens_parallel import compat
+from lens_parallel.edits import FIRST_INDEX
+from lens_parallel.hooks import FINAL_HOOK, Hook, StopForward, model_lock
+from lens_parallel.losses import Unembedding, logits_of
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a token is chosen: greedy, or sampled at ``temperature`` from the top-``top_p`` nucleus with ``seed``."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One prompt's continuation: its ``tokens`` (up to and including the one that ended it; the end-of-sequence
+    token is not kept), its ``text`` (cut before the first stop string), and why it ended (``eos``, ``stop``: a stop
+    string, ``length``: max_new_tokens)."""
+
+    tokens: tuple[int, ...]
+    text: str
+    finish: str
+
+
+def _step(
+    model: TransformerBridge,
+    tokens: Int[Tensor, "batch pos"],
+    mask: Int[Tensor, "batch key_pos"],
+    positions: Int[Tensor, "batch pos"],
+    cache: DynamicCache,
+    unembed: Unembedding,
+) -> Float[Tensor, "batch d_vocab"]:
+    """One forward of ``tokens`` against ``cache`` (extended in place): the logits of each row's last position."""
+    kept: list[Tensor] = []
+
+    def last_position(resid: Tensor, hook: HookPoint) -> None:
+        kept.append(resid[:, -1])
+        raise StopForward
+
+    try:
+        with model.hooks(fwd_hooks=[(FINAL_HOOK, last_position)]):
+            model(tokens, past_key_values=cache, attention_mask=mask, position_ids=positions, return_type=None)
+    except StopForward:
+        pass
+    return logits_of(kept[0], unembed)
+
+
+def end_of_sequence(model: TransformerBridge, tokenizer: Any) -> frozenset[int]:
+    """The tokens that end a continuation: the model's generation config's ``eos_token_id`` (one or several, as
+    Hugging Face's ``generate`` reads it) and the tokenizer's."""
+    config = getattr(model.original_model, "generation_config", None)
+    ids = getattr(config, "eos_token_id", None)
+    found = {ids} if isinstance(ids, int) else set(ids or ())
+    return frozenset(found | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
+
+
+def _choose(logits: Float[Tensor, "batch d_vocab"], sampling: Sampling, generators: list[torch.Generator]) -> Tensor:
+    if not sampling.do_sample:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.double() / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the tokens ranked above each one
+        sorted_probs = torch.where(before < sampling.top_p, sorted_probs, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    rows = [torch.multinomial(p.cpu(), 1, generator=g) for p, g in zip(probs, generators, strict=True)]
+    return torch.cat(rows).to(logits.device)
+
+
+def _cut(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    at = min((i for s in stop if (i := text.find(s)) >= 0), default=-1)
+    return (text, False) if at < 0 else (text[:at], True)
+
+
+def decode_batch(
+    model: TransformerBridge,
+    prompts: Sequence[Sequence[int]],
+    hooks: Sequence[Hook],
+    *,
+    max_new_tokens: int,
+    sampling: Sampling,
+    stop: Sequence[str],
+    tokenizer: Any,
+    unembed: Unembedding,
+    indices: Sequence[int],
+    eos: frozenset[int],
+) -> list[Decoded]:
+    """Continue every prompt (token ids, left-padded here) under ``hooks`` for at most ``max_new_tokens`` tokens,
+    ending a row at a token of ``eos`` (:func:`end_of_sequence`) or a ``stop`` string; ``indices``: each prompt's
+    index in the whole call (its sampling generator's seed)."""
+    device = unembed.W_U.device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
+    width = max(len(p) for p in prompts)
+    starts = torch.tensor([width - len(p) for p in prompts], device=device)
+    tokens = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)
+    mask = (torch.arange(width, device=device) >= starts[:, None]).long()
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    generators = [torch.Generator().manual_seed(sampling.seed * 1_000_003 + i) for i in indices]
+    cache = DynamicCache(config=cast(PreTrainedConfig, model.original_model.config))
+    out: list[list[int]] = [[] for _ in prompts]
+    finish: list[str | None] = [None] * len(prompts)
+    texts = [""] * len(prompts)
+    with (
+        torch.inference_mode(),
+        model_lock(model),
+        compat.cache_reaches_attention(model),
+        model.hooks(fwd_hooks=list(hooks)),
+    ):
+        first = FIRST_INDEX.set(starts)
+        try:
+            logits = _step(model, tokens, mask, positions, cache, unembed)
+        finally:
+            FIRST_INDEX.reset(first)
+        first = FIRST_INDEX.set(None)
+        try:
+            for step in range(max_new_tokens):
+                chosen = _choose(logits, sampling, generators).tolist()
+                for row, token in enumerate(chosen):
+                    if finish[row] is not None:
+                        continue
+                    if token in eos:
+                        finish[row] = "eos"
+                        continue
+                    out[row].append(token)
+                    texts[row], stopped = _cut(tokenizer.decode(out[row]), stop)
+                    finish[row] = "stop" if stopped else None
+                if all(f is not None for f in finish) or step == max_new_tokens - 1:
+                    break
+                fed = torch.tensor([[pad if finish[r] else t] for r, t in enumerate(chosen)], device=device)
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                positions = positions[:, -1:] + 1
+                logits = _step(model, fed, mask, positions, cache, unembed)
+        finally:
+            FIRST_INDEX.reset(first)
+    return [Decoded(tuple(o), t, f or "length") for o, t, f in zip(out, texts, finish, strict=True)]

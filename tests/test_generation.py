@@ -1,0 +1,191 @@
+"""Generation under edits: KV-cached decoding equals Hugging Face's own ``generate`` (unedited) and, under every
+built-in decode-safe edit, a recomputation of the whole sequence at every step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import lens_parallel as lp
+from lens_parallel.edits import (
+    ComponentScale,
+    HeadEdit,
+    RandomDirectionRemoval,
+    SkipFirstLayers,
+    ZeroDiagonal,
+    compile_hooks,
+)
+from lens_parallel.generation import decode
+from lens_parallel.hooks import forward
+from lens_parallel.losses import logits_of, unembedding
+from lens_parallel.models import toy_folder
+from lens_parallel.tokenizers import hf_tokenizer
+from lens_parallel.weights import real_model_folder
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = ["The capital of France is", "Once upon a time there was a little girl who", "1, 2, 3,"]
+TOYS = ["toy-gpt2", "toy-pythia", "toy-qwen2", "toy-qwen3", "toy-llama", "toy-qwen3.5"]
+
+
+def _hugging_face(spec: str) -> AutoModelForCausalLM:
+    """An independent copy of the same weights, run by transformers alone (the bridge's own Hugging Face model has
+    TransformerLens's attention in it)."""
+    folder = toy_folder(spec) if spec.startswith("toy-") else real_model_folder(spec)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("spec", [*TOYS, "smollm2-135m"])
+def test_unedited_greedy_generation_equals_hugging_face_generate(spec):
+    model = lp.load_model(spec)
+    n = 8
+    batched = lp.generate(model, PROMPTS, max_new_tokens=n, batch_size=3, progress=False)
+    tokenizer, hf = hf_tokenizer(model), _hugging_face(spec)
+    eos = hf.generation_config.eos_token_id
+    for i, prompt in enumerate(PROMPTS):
+        encoded = tokenizer(prompt, return_tensors="pt")
+        with torch.inference_mode():
+            out = hf.generate(**encoded, max_new_tokens=n, do_sample=False, pad_token_id=eos)
+        expected = [t for t in out[0, encoded["input_ids"].shape[1] :].tolist()]
+        expected = expected[: expected.index(eos)] if eos in expected else expected
+        assert list(batched.tokens[0][i]) == expected, (spec, prompt)
+        alone = lp.generate(model, prompt, max_new_tokens=n, progress=False)
+        assert alone.tokens[0][0] == batched.tokens[0][i] and alone.texts[0][0] == batched.texts[0][i]
+    if spec == "smollm2-135m":  # the text DESIGN.md records for Hugging Face's generate
+        assert batched.texts[0][0] == " Paris.\n\nThe answer is:"
+
+
+def _recomputed(model, prompt_ids, hooks, n):
+    """Greedy continuation by a whole-sequence forward at every step (no cache): its tokens and step logits."""
+    unembed, tokens, logits = unembedding(model), list(prompt_ids), []
+    for _ in range(n):
+        final = forward(model, torch.tensor([tokens]), hooks)
+        with torch.inference_mode():
+            logits.append(logits_of(final[:, -1], unembed)[0])
+        tokens.append(int(logits[-1].argmax()))
+    return tokens[len(prompt_ids) :], torch.stack(logits)
+
+
+def _cached(model, prompt_ids, hooks, n, monkeypatch):
+    seen = []
+
+    def recording(resid, unembed):
+        out = logits_of(resid, unembed)
+        seen.append(out[0])
+        return out
+
+    monkeypatch.setattr(decode, "logits_of", recording)
+    got = decode.decode_batch(
+        model,
+        [prompt_ids],
+        hooks,
+        max_new_tokens=n,
+        sampling=decode.Sampling(),
+        stop=(),
+        tokenizer=hf_tokenizer(model),
+        unembed=unembedding(model),
+        indices=[0],
+        eos=frozenset(),
+    )
+    return list(got[0].tokens), torch.stack(seen)
+
+
+EDITS = {
+    "value s_par=0": ComponentScale("value", s_par=0.0),
+    "value after-first": ComponentScale("value", s_par=0.0, s_perp=1.5, positions="after-first"),
+    "value-exclude-self": ComponentScale("value-exclude-self", s_par=0.0, layers=(0, 1)),
+    "residual-attn": ComponentScale("residual-attn", s_par=0.0),
+    "residual-mlp": ComponentScale("residual-mlp", s_par=0.5, s_perp=0.8),
+    "residual-block": ComponentScale("residual-block", s_par=0.5),
+    "zero-diagonal": ZeroDiagonal(),
+    "zero-diagonal heads": ZeroDiagonal(layers=(1,), heads=(0, 2)),
+    "head zero": HeadEdit("zero", 1, (0, 1)),
+    "head parallel-value after-first": HeadEdit("parallel-value", 0, (1,), positions="after-first"),
+    "random-direction": RandomDirectionRemoval(seed=3),
+    "skip-first-layers": SkipFirstLayers(ComponentScale("value", s_par=0.0), 1),
+}
+
+
+@pytest.mark.parametrize("spec", ["toy-gpt2", "toy-qwen3"])
+@pytest.mark.parametrize("name", list(EDITS))
+def test_cached_generation_under_each_edit_equals_recomputing_the_whole_sequence(spec, name, monkeypatch):
+    model = lp.load_model(spec)
+    edit = EDITS[name]
+    hooks = compile_hooks(model, edit)
+    prompt = hf_tokenizer(model).encode(PROMPTS[1])
+    n = 6
+    tokens, logits = _cached(model, prompt, hooks, n, monkeypatch)
+    expected, expected_logits = _recomputed(model, prompt, hooks, n)
+    assert tokens == expected
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-4, atol=1e-4)
+    unedited, _ = _recomputed(model, prompt, [], n)
+    if name not in ("head parallel-value after-first",):  # an edit that changes nothing would pass vacuously
+        assert not torch.equal(expected_logits, _recomputed(model, prompt, [], n)[1]), name
+    assert len(unedited) == n
+
+
+def test_mean_ablation_and_a_left_padded_batch_under_an_edit_equal_each_prompt_alone():
+    model = lp.load_model("toy-qwen3")
+    means = torch.randn(model.cfg.n_heads, model.cfg.d_head)
+    edits = {"mean": HeadEdit("mean", 1, (0, 3), means=means), "value": ComponentScale("value", s_par=0.0)}
+    batched = lp.generate(model, PROMPTS, edits, max_new_tokens=6, batch_size=3, progress=False)
+    for i, prompt in enumerate(PROMPTS):
+        alone = lp.generate(model, prompt, edits, max_new_tokens=6, progress=False)
+        assert [t[0] for t in alone.tokens] == [t[i] for t in batched.tokens], prompt
+    assert batched.settings == ("unedited", "mean", "value")
+    frame = batched.to_dataframe()
+    assert list(frame.columns) == ["prompt_index", "prompt", "setting", "text", "n_tokens", "finish", "departs_at"]
+    assert len(frame) == 9 and (frame[frame.setting == "unedited"]["departs_at"].isna()).all()
+
+
+def test_sampling_is_reproducible_and_independent_of_the_batch():
+    model = lp.load_model("toy-qwen2")
+    kw = dict(max_new_tokens=8, do_sample=True, temperature=1.5, top_p=0.9, seed=7, progress=False)
+    one = lp.generate(model, PROMPTS, batch_size=3, **kw)
+    two = lp.generate(model, PROMPTS, batch_size=1, **kw)
+    assert one.tokens == two.tokens
+    other = lp.generate(model, PROMPTS, batch_size=3, **(kw | {"seed": 8}))
+    assert other.tokens != one.tokens
+    greedy = lp.generate(model, PROMPTS, max_new_tokens=8, progress=False)
+    assert greedy.tokens != one.tokens
+
+
+def test_a_stop_string_ends_the_text_before_it():
+    model = lp.load_model("smollm2-135m")
+    full = lp.generate(model, "The capital of France is", max_new_tokens=8, progress=False)
+    assert full.texts[0][0].startswith(" Paris.\n\n")
+    stopped = lp.generate(model, "The capital of France is", max_new_tokens=8, stop=("\n",), progress=False)
+    assert stopped.texts[0][0] == " Paris." and stopped.finish[0][0] == "stop"
+    assert stopped.tokens[0][0] == full.tokens[0][0][: len(stopped.tokens[0][0])]
+    assert "<mark" in stopped._repr_html_()
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda m: lp.generate(m, []), "prompts must be a non-empty list of strings"),
+        (lambda m: lp.generate(m, ["fine", ""]), "prompt 1 is '': every prompt must be a non-empty string"),
+        (lambda m: lp.generate(m, "x", max_new_tokens=0), "max_new_tokens must be a positive integer, got 0"),
+        (lambda m: lp.generate(m, "x", max_new_tokens=10**6), "exceeds the model's context of"),
+        (lambda m: lp.generate(m, "x", stop=("",)), "stop strings must be non-empty strings"),
+        (lambda m: lp.generate(m, "x", top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (lambda m: lp.generate(m, "x", lp.DiagonalEdit("value")), "is not decode-safe on toy-gpt2"),
+        (lambda m: lp.generate(m, "x", _Undeclared()), "_Undeclared does not say whether it is decode-safe"),
+    ],
+)
+def test_bad_input_is_refused_before_any_forward(call, message, monkeypatch):
+    model = lp.load_model("toy-gpt2")
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("a forward ran")
+
+    monkeypatch.setattr(decode, "decode_batch", no_forward)
+    monkeypatch.setattr("lens_parallel.generation.api.decode_batch", no_forward)
+    with pytest.raises(lp.LensParallelError, match=message):
+        call(model)
+
+
+class _Undeclared:
+    def hooks(self, model, info):
+        return []
