@@ -114,11 +114,27 @@ def test_rolling_loglikelihood_is_the_sum_over_every_token_and_windows_cover_it(
     assert total_w == pytest.approx(want_w, abs=2e-4)
 
 
-def test_generate_until_is_refused_in_one_line():
-    lm = EditedLM(get_model("toy-gpt2"), (), progress=False)
-    with pytest.raises(LensParallelError, match="generate_until tasks are not supported") as err:
-        lm.generate_until([Instance("generate_until", {}, ("Q:", {"until": ["\n"]}), 0)])
-    assert "\n" not in str(err.value)
+@pytest.mark.parametrize("spec", ["toy-gpt2", "toy-qwen3"])
+def test_generate_until_equals_lm_evals_own_hf_model(spec):
+    from lm_eval.models.huggingface import HFLM
+
+    from lens_parallel.models import toy_folder
+
+    requests = [
+        Instance("generate_until", {}, ("Q: How many legs has a cat?\nA:", {"until": [" is"], "max_gen_toks": 7}), 0),
+        Instance("generate_until", {}, ("The capital", {"until": ["\n"], "max_gen_toks": 7}), 1),
+        Instance("generate_until", {}, ("1, 2,", {"until": ["Q:"], "max_gen_toks": 5, "do_sample": False}), 2),
+    ]
+    hf = HFLM(pretrained=str(toy_folder(spec)), dtype="float32", batch_size=2, device="cpu")
+    expected = hf.generate_until(requests, disable_tqdm=True)
+    ours = EditedLM(get_model(spec), (), batch_size=2, progress=False).generate_until(requests)
+    assert ours == expected
+    assert any(expected) and len(set(expected)) > 1
+    removal = (ZeroDiagonal(), ComponentScale("value", s_par=0.0, s_perp=0.0))
+    edited = EditedLM(get_model(spec), removal, batch_size=2, progress=False).generate_until(requests)
+    assert edited != expected
+    with pytest.raises(LensParallelError, match="is not decode-safe"):
+        EditedLM(get_model(spec), (DiagonalEdit("value"),), progress=False).generate_until(requests)
 
 
 # -- the comparison edits ---------------------------------------------------------------------------------------

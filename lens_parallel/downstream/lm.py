@@ -7,8 +7,8 @@ context conditioned on the prefix token) and cuts rolling windows for perplexity
 A batch is a set of requests of similar length (longest first), right-padded, run through the bridge with the
 edits' hooks to the final normalised residual (:func:`lens_parallel.hooks.forward`: no logits), and only the
 continuation's positions are unembedded (:func:`lens_parallel.losses.scored_rows`). Right padding changes nothing
-a scored position sees (causal attention). ``generate_until`` is refused in one line: lens_parallel scores
-loglikelihoods only (see ``docs/downstream.md``).
+a scored position sees (causal attention). ``generate_until`` decodes with the edits at every step
+(:meth:`EditedLM.generate_until`, lm-eval's ``hf`` semantics; see ``docs/downstream.md``).
 
 Tokenisation follows lm-eval's ``hf`` model: the tokenizer as Hugging Face loads it from the model's tokenizer
 folder or name (:func:`hf_tokenizer`; TransformerLens reloads it with ``add_bos_token=True``, which would prepend a
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
-from lm_eval.models.utils import has_bos_prefix
+from lm_eval.models import utils as lm_models_utils
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
@@ -34,6 +34,7 @@ from lens_parallel.edits import Edit, compile_hooks
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import forward
 from lens_parallel.losses import scored_rows, unembedding
+from lens_parallel.models import model_info
 from lens_parallel.tokenizers import hf_tokenizer
 
 TokenRequest = tuple[tuple[str, str] | None, list[int], list[int]]
@@ -54,6 +55,7 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         tokens_per_forward: int = 8192,
         add_bos_token: bool | None = None,
         max_length: int | None = None,
+        max_gen_toks: int = 256,
         progress: bool = True,
         desc: str = "scoring requests",
         tokenizer: Any = None,
@@ -65,6 +67,7 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         self.batch_size, self.tokens_per_forward, self.progress = batch_size, tokens_per_forward, progress
         self.add_bos_token = add_bos_token
         self._max_length = max_length or int(model.cfg.n_ctx)
+        self.max_gen_toks = max_gen_toks  # lm-eval's hf default, where a task's generation kwargs give none
         self.unembed = unembedding(model)
         self._device = next(model.parameters()).device
         self.desc = desc
@@ -84,7 +87,8 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
         special = compat.add_special_kwargs(add_special_tokens, self.add_bos_token)
-        if add_special_tokens is None and has_bos_prefix(string, self.tokenizer.decode(self.prefix_token_id)):
+        bos_text = self.tokenizer.decode(self.prefix_token_id)
+        if add_special_tokens is None and lm_models_utils.has_bos_prefix(string, bos_text):
             special["add_special_tokens"] = False
         return list(self.tokenizer.encode(string, **special))
 
@@ -170,7 +174,55 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         return out
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        raise LensParallelError(
-            "generate_until tasks are not supported: lens_parallel scores loglikelihood and loglikelihood_rolling "
-            "tasks only (multiple choice, LAMBADA, perplexity); choose those tasks"
-        )
+        """Each request's continuation with lm-eval's ``hf`` semantics: its generation kwargs normalised by lm-eval
+        (``max_gen_toks``, default 256; greedy unless ``do_sample``), the EOS text added to its ``until`` strings,
+        the context left-truncated to ``max_length - max_gen_toks`` tokens, the text cut at the first stop string
+        (lm-eval's ``postprocess_generated_text``). Requests with the same kwargs run in batches, longest first,
+        KV-cached with the edits at every step (:mod:`lens_parallel.generation.decode`; every edit must be
+        decode-safe); each finished answer goes to lm-eval's request cache at once (resumable)."""
+        from lens_parallel.edits import check_decode_safe
+        from lens_parallel.generation.decode import Sampling, decode_batch, end_of_sequence
+
+        check_decode_safe(self.edits, model_info(self.model))
+        eos_text = self.tokenizer.decode(self.eot_token_id)
+        eos_ids = end_of_sequence(self.model, self.tokenizer)
+        planned = []
+        for context, gen_kwargs in (req.args for req in requests):
+            kwargs = lm_models_utils.normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+            until = lm_models_utils.handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
+            max_gen = int(kwargs.pop("max_gen_toks"))
+            if max_gen >= self.max_length:
+                raise LensParallelError(f"max_gen_toks {max_gen} leaves no room for a context in {self.max_length}")
+            do_sample = bool(kwargs.pop("do_sample", False))
+            temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
+            sampling = Sampling(do_sample, temperature if do_sample else 1.0, float(kwargs.pop("top_p", 1.0)))
+            ids = self.tok_encode(context)[-(self.max_length - max_gen) :]
+            planned.append((ids, tuple(until), max_gen, sampling))
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, (_, until, max_gen, sampling) in enumerate(planned):
+            groups.setdefault((until, max_gen, sampling), []).append(i)
+        results = [""] * len(requests)
+        bar = tqdm(total=len(requests), desc=self.desc, disable=not self.progress or disable_tqdm)
+        for (until, max_gen, sampling), members in groups.items():
+            members.sort(key=lambda i: -len(planned[i][0]))
+            for k in range(0, len(members), self.batch_size):
+                batch = members[k : k + self.batch_size]
+                decoded = decode_batch(
+                    self.model,
+                    [planned[i][0] for i in batch],
+                    self.hooks,
+                    max_new_tokens=max_gen,
+                    sampling=sampling,
+                    stop=until,
+                    tokenizer=self.tokenizer,
+                    unembed=self.unembed,
+                    indices=batch,
+                    eos=eos_ids,
+                )
+                for i, d in zip(batch, decoded, strict=True):
+                    text = self.tokenizer.decode(list(d.tokens), skip_special_tokens=True)
+                    results[i] = lm_models_utils.postprocess_generated_text(text, list(until), None)
+                    self.cache_hook.add_partial("generate_until", requests[i].args, results[i])
+                bar.update(len(batch))
+        bar.close()
+        return results
