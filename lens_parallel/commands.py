@@ -78,6 +78,32 @@ class TasksCommand:
     tasks: tuple[str, ...] = field(default=("quick",), metadata={"help": "a task preset, or task names"})
 
 
+@dataclass(frozen=True, kw_only=True)
+class GenerateCommand:
+    """What ``generate`` continues: the ``prompt`` texts and/or a ``prompts_file`` (one prompt a line, UTF-8), under
+    each of the ``settings`` (edit specs, as ``tasks``) beside the unedited model."""
+
+    prompt: tuple[str, ...] = field(default=(), metadata={"help": "prompt text(s)"})
+    prompts_file: str | None = field(default=None, metadata={"help": "a file of prompts, one a line", "none": "none"})
+    settings: tuple[str, ...] = field(
+        default=(), metadata={"help": "edit specs (value:s_par=0, zero-diagonal, ...) or a file", "none": "none"}
+    )
+
+    def prompts(self) -> list[str]:
+        """The prompts given, the file's non-empty lines after them; refused in one line when there are none or the
+        file cannot be read."""
+        found = list(self.prompt)
+        if self.prompts_file is not None:
+            path = Path(self.prompts_file)
+            try:
+                found += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            except (OSError, UnicodeDecodeError) as exc:
+                raise LensParallelError(f"cannot read the prompts file {path}: {exc}") from None
+        if not found:
+            raise LensParallelError("give at least one prompt: --prompt TEXT or --prompts-file PATH")
+        return found
+
+
 @dataclass(frozen=True)
 class Command:
     """A subcommand: its help, the settings classes whose fields are its options (the first is the analysis's),
@@ -533,6 +559,26 @@ def _tasks(inv: Invocation) -> None:
     _emit(out, "tasks", result, table[cols].round(4).set_index("task"), also=(out / "tasks_differences.csv",))
 
 
+def _generate(inv: Invocation) -> None:
+    import torch
+
+    from lens_parallel.downstream.specs import parse_settings
+    from lens_parallel.generation import GenerateSettings, generate
+    from lens_parallel.models import load_model
+
+    out = inv.out()
+    opts = inv.run_options(out)
+    s, what = inv.settings(GenerateSettings), inv.settings(GenerateCommand)
+    prompts = what.prompts()  # checked before the model loads, as every spec
+    named = parse_settings(what.settings) if what.settings else None
+    data = inv.data()
+    model = load_model(data.model, device=data.device, dtype=getattr(torch, data.dtype))
+    result = generate(model, prompts, named, settings=s, options=opts)
+    frame = result.to_dataframe()
+    print(f"{result.info.name}: continuations per setting (departs_at: first token unlike the unedited one)")
+    _emit(out, "generate", result, frame.set_index(["prompt_index", "setting"])[["text", "n_tokens", "departs_at"]])
+
+
 def _models(inv: Invocation) -> None:
     from lens_parallel.models import available_models
 
@@ -576,6 +622,7 @@ options classes of that subcommand."""
 
 def _commands() -> dict[str, Command]:
     from lens_parallel.downstream.effects import TaskSettings
+    from lens_parallel.generation import GenerateSettings
     from lens_parallel.report import ReportSettings
     from lens_parallel.training.factorial import TrainSettings
 
@@ -608,6 +655,14 @@ def _commands() -> dict[str, Command]:
             {},
             ("batch_size", "tokens_per_forward", "store", "progress"),
             store="tasks_requests",
+            data_fields=("model", "device", "dtype"),
+        ),
+        "generate": Command(
+            "continue prompts with the unedited model and under edits (KV-cached, the edits at every step)",
+            _generate,
+            (GenerateSettings, GenerateCommand),
+            {},
+            ("batch_size", "progress"),
             data_fields=("model", "device", "dtype"),
         ),
         "models": Command("list the models that load offline now and those that need the hub", _models, run_fields=()),

@@ -151,6 +151,16 @@ def cache_reaches_attention(model: nn.Module) -> Iterator[None]:
             del vars(component)["_update_kv_cache"]
 
 
+def cache_keywords(hf_model: nn.Module, cache: Any) -> dict[str, Any]:
+    """The keywords that hand ``cache`` to ``hf_model``'s forward: ``cache=`` where it takes that name (transformers
+    5.24 deprecates ``past_key_values``, to be removed in 5.40), else ``past_key_values=``; ``use_cache`` on."""
+    check("transformers")
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(hf_model.forward).parameters else "past_key_values"
+    return {name: cache, "use_cache": True}
+
+
 # -- lm-evaluation-harness ---------------------------------------------------------------------------------------
 
 

@@ -158,6 +158,34 @@ def test_each_subcommand_writes_its_files(tmp_path, command):
         assert "lunyu" in provenance["texts"]["corpus"]
 
 
+def test_generate_subcommand_continues_prompts_from_the_line_and_a_file(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Once upon a time\n\nThe capital of France is\n", encoding="utf-8")
+    out = tmp_path / "out"
+    proc = _run(
+        "generate",
+        "--model",
+        "toy-gpt2",
+        "--prompt",
+        "1, 2, 3,",
+        "--prompts-file",
+        str(prompts),
+        "--settings",
+        "value:s_par=0",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        str(out),
+    )
+    assert proc.returncode == 0, proc.stderr
+    frame = pd.read_csv(out / "generate.csv")
+    assert list(frame["prompt"].unique()) == ["1, 2, 3,", "Once upon a time", "The capital of France is"]
+    assert list(frame["setting"].unique()) == ["unedited", "value:s_par=0"] and (frame["n_tokens"] <= 4).all()
+    meta = json.loads((out / "generate.json").read_text())
+    assert meta["data"]["provenance"]["settings"]["max_new_tokens"] == 4
+    assert _on_disk(out) == _listed(proc.stdout, out)
+
+
 def test_train_and_models_subcommands(tmp_path):
     proc = _run(
         "train",
@@ -258,6 +286,8 @@ BAD_COMMAND_LINES = [  # (command line, what its one line says); {name}: a path 
     (f"sensitivity {T} --method attribution --confirm 13 --out {{out}}", "exceeds the 12 heads screened"),
     ("sensitivity --ablation erase", "invalid choice: 'erase'"),
     ("sensitivity --edit zero", "--edit is now --ablation"),
+    ("generate --model toy-gpt2 --out {out}", "give at least one prompt: --prompt TEXT or --prompts-file PATH"),
+    ("generate --model toy-gpt2 --prompt x --max-new-tokens 0 --out {out}", "must be a positive integer, got 0"),
     ("checks --edit=zero", "--edit is now --ablation"),
     (f"sensitivity {T} --method attribution --workers 2 --out {{out}}", "runs here, without --workers"),
     (f"dominance {T} --query-start -5 --out {{out}}", "must satisfy 0 <= start < stop <= 16"),

@@ -17,7 +17,7 @@ from lens_parallel import cli, commands
 from lens_parallel.analyses.registry import analyses
 from lens_parallel.options import PROTOCOLS, DataOptions, RunOptions
 
-LIBRARY_ONLY = [  # analyses with inputs beyond a model and documents (a screen, edits, tasks, jobs): no subcommand
+LIBRARY_ONLY = [  # inputs beyond a model and documents (a screen, edits, tasks, jobs, prompts): no analysis subcommand
     lp.head_attribution,
     lp.confirm,
     lp.causal_null,
@@ -28,6 +28,7 @@ LIBRARY_ONLY = [  # analyses with inputs beyond a model and documents (a screen,
     lp.run_battery,
     lp.evaluate,
     lp.task_effects,
+    lp.generate,
 ]
 ANALYSES = [a.function for a in analyses().values()] + LIBRARY_ONLY
 

@@ -264,14 +264,14 @@ def as_edits(edits: object) -> tuple[Edit, ...]:
 UNEDITED = "unedited"
 """The name of the baseline setting in every table that compares settings."""
 
-Settings = Edit | Sequence[Edit] | dict[str, Edit | Sequence[Edit]]
+Settings = Edit | Sequence[Edit] | Mapping[str, Edit | Sequence[Edit]]
 """One edit, one list of edits (one combined intervention), or several named settings."""
 
 
 def named_edits(settings: object) -> dict[str, tuple[Edit, ...]]:
     """``settings`` (:data:`Settings`) as named interventions, each a tuple of edits applied together: a dict's
     names, else one setting named after its edits' types. The name :data:`UNEDITED` is the baseline's."""
-    if isinstance(settings, dict):
+    if isinstance(settings, Mapping):
         if not settings:
             raise LensParallelError("edits is an empty dict; give at least one name -> edit (or list of edits)")
         if UNEDITED in settings:

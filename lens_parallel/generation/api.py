@@ -101,6 +101,25 @@ class GenerationResult(ResultMixin):
         frame["departs_at"] = frame["departs_at"].astype("Int64")
         return frame
 
+    def summary(self) -> pd.DataFrame:
+        """One row per setting: prompts, mean tokens generated, the share of continuations that depart from the
+        unedited one and the mean token where they do."""
+        frame = self.to_dataframe()
+        rows = []
+        for setting, part in frame.groupby("setting", sort=False):
+            departed = part["departs_at"].dropna()
+            rows.append(
+                {
+                    "model": self.info.name if self.provenance else None,
+                    "setting": setting,
+                    "n_prompts": len(part),
+                    "mean_tokens": float(part["n_tokens"].mean()),
+                    "share_departing": len(departed) / len(part),
+                    "mean_departs_at": float(departed.mean()) if len(departed) else math.nan,
+                }
+            )
+        return pd.DataFrame(rows)
+
     def _repr_html_(self) -> str:
         """A table: one row per prompt, one column per setting; in each edited setting, the text from where it
         departs from the unedited one is highlighted."""
@@ -140,7 +159,8 @@ class GenerationResult(ResultMixin):
             )
         model = self.info.name if self.provenance else "model"
         fig.update_layout(
-            title=f"{model}: generated tokens shared with the unedited continuation, per prompt",
+            title=f"{model}: generated tokens shared with the unedited continuation<br><sup>box: quartiles over "
+            "prompts; dots: prompts (one that never departs is drawn at its length)</sup>",
             xaxis_title="tokens before the continuation departs (greedy: then it differs)",
             yaxis_title="setting",
             showlegend=False,

@@ -77,7 +77,8 @@ def _step(
 
     try:
         with model.hooks(fwd_hooks=[(FINAL_HOOK, last_position)]):
-            model(tokens, past_key_values=cache, attention_mask=mask, position_ids=positions, return_type=None)
+            keywords = compat.cache_keywords(model.original_model, cache)
+            model(tokens, attention_mask=mask, position_ids=positions, return_type=None, **keywords)
     except StopForward:
         pass
     return logits_of(kept[0], unembed)
