@@ -479,3 +479,29 @@ def test_a_generation_task_gives_per_item_exact_match_paired_across_settings():
     table = result.differences()
     assert set(table["metric"]) == {"exact_match,strict-match", "exact_match,flexible-extract"}
     assert table["p_mcnemar"].notna().all() and table["p_holm"].notna().all()
+
+
+def test_a_killed_generation_run_resumes_without_regenerating_finished_items(tmp_path, monkeypatch):
+    from lens_parallel.generation import decode
+
+    model = get_model("toy-gpt2")
+    store, settings = tmp_path / "tasks", {"zero diagonal": ZeroDiagonal()}
+    run = dict(limit=4, max_gen_toks=3, n_resamples=20, store=store, batch_size=1, progress=False)
+    real, calls = decode.decode_batch, []
+
+    def counted(*args, **kwargs):
+        calls.append(len(args[1]))
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # killed during its third batch: two items finished
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decode, "decode_batch", counted)
+    with pytest.raises(KeyboardInterrupt):
+        task_effects(model, settings, ["gsm8k_cot"], **run)
+    monkeypatch.setattr(decode, "decode_batch", lambda *a, **k: calls.append(len(a[1])) or real(*a, **k))
+    calls.clear()
+    resumed = task_effects(model, settings, ["gsm8k_cot"], **run)
+    assert sum(calls) == 2 + 4  # the two unedited items the killed run had not finished, then the edited setting
+    monkeypatch.setattr(decode, "decode_batch", real)
+    fresh = task_effects(model, settings, ["gsm8k_cot"], **(run | {"store": None}))
+    assert resumed.scores == fresh.scores
