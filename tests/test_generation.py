@@ -23,8 +23,6 @@ from lens_parallel.models import toy_folder
 from lens_parallel.tokenizers import hf_tokenizer
 from lens_parallel.weights import real_model_folder
 
-pytestmark = pytest.mark.integration
-
 PROMPTS = ["The capital of France is", "Once upon a time there was a little girl who", "1, 2, 3,"]
 TOYS = ["toy-gpt2", "toy-pythia", "toy-qwen2", "toy-qwen3", "toy-llama", "toy-qwen3.5"]
 
@@ -36,7 +34,7 @@ def _hugging_face(spec: str) -> AutoModelForCausalLM:
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-@pytest.mark.parametrize("spec", [*TOYS, "smollm2-135m"])
+@pytest.mark.parametrize("spec", [*TOYS, pytest.param("smollm2-135m", marks=pytest.mark.slow)])
 def test_unedited_greedy_generation_equals_hugging_face_generate(spec):
     model = lp.load_model(spec)
     n = 8
@@ -151,7 +149,8 @@ def test_sampling_is_reproducible_and_independent_of_the_batch():
     assert greedy.tokens != one.tokens
 
 
-def test_a_stop_string_ends_the_text_before_it():
+@pytest.mark.slow
+def test_a_stop_string_ends_the_text_before_it(tmp_path):
     model = lp.load_model("smollm2-135m")
     full = lp.generate(model, "The capital of France is", max_new_tokens=8, progress=False)
     assert full.texts[0][0].startswith(" Paris.\n\n")
@@ -159,6 +158,8 @@ def test_a_stop_string_ends_the_text_before_it():
     assert stopped.texts[0][0] == " Paris." and stopped.finish[0][0] == "stop"
     assert stopped.tokens[0][0] == full.tokens[0][0][: len(stopped.tokens[0][0])]
     assert "<mark" in stopped._repr_html_()
+    loaded = lp.GenerationResult.load(stopped.save(tmp_path / "generated"))
+    assert loaded.tokens == stopped.tokens and loaded.texts == stopped.texts and loaded.finish == stopped.finish
 
 
 @pytest.mark.parametrize(
