@@ -22,6 +22,7 @@ import argparse
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from lens_parallel import ComponentScale, RandomDirectionRemoval, ZeroDiagonal, load_model, task_effects
@@ -33,6 +34,15 @@ PAPER_QWEN3_17B = {
     "residual-attn parallel removal": 42.4,
     "zero diagonal": 26.9,
 }
+
+
+def in_points(table: pd.DataFrame) -> pd.DataFrame:
+    """``task_effects``' differences with the scores in % and the difference and its CI in percentage points."""
+    out = table.copy()
+    out["unedited %"], out["edited %"] = 100 * out["unedited"], 100 * out["edited"]
+    out["diff pp"] = 100 * out["difference"]
+    out["95% CI pp"] = [f"[{100 * lo:+.1f}, {100 * hi:+.1f}]" for lo, hi in zip(out.ci_low, out.ci_high, strict=True)]
+    return out
 
 
 def settings() -> dict[str, object]:
@@ -73,13 +83,7 @@ def main() -> None:
         for name, fig in result.figures().items():
             save_figure(fig, args.out / f"{spec}-{name}")
         table = result.differences()
-        acc = table[table["metric"] == "acc"].copy()
-        acc["edited %"] = 100 * acc["edited"]
-        acc["unedited %"] = 100 * acc["unedited"]
-        acc["diff pp"] = 100 * acc["difference"]
-        acc["95% CI pp"] = [
-            f"[{100 * lo:+.1f}, {100 * hi:+.1f}]" for lo, hi in zip(acc.ci_low, acc.ci_high, strict=True)
-        ]
+        acc = in_points(table[table["metric"] == "acc"])
         cols = ["task", "setting", "n_items", "unedited %", "edited %", "diff pp", "95% CI pp", "p_holm"]
         print(f"\n== {spec}: preset {args.preset!r}, {wall:.1f} s ({args.threads} threads) ==")
         print(acc[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from downstream import in_points  # benchmarks/downstream.py: the same table in percentage points
 from transformers import AutoModelForCausalLM
 
 from lens_parallel import ComponentScale, ZeroDiagonal, generate, load_model, load_texts, task_effects
@@ -102,12 +103,7 @@ def gsm8k(spec: str, limit: int, max_gen_toks: int, out: Path) -> None:
     wall = time.perf_counter() - start
     result.save(out / f"{spec}-gsm8k")
     save_figure(result.figure(), out / f"{spec}-gsm8k")
-    table = result.differences()
-    table["unedited %"], table["edited %"] = 100 * table["unedited"], 100 * table["edited"]
-    table["diff pp"] = 100 * table["difference"]
-    table["95% CI pp"] = [
-        f"[{100 * lo:+.1f}, {100 * hi:+.1f}]" for lo, hi in zip(table.ci_low, table.ci_high, strict=True)
-    ]
+    table = in_points(result.differences())
     cols = ["metric", "setting", "n_items", "unedited %", "edited %", "diff pp", "95% CI pp", "p_mcnemar"]
     print(f"\n== GSM8K (gsm8k_cot, 8-shot, {limit} test items, <= {max_gen_toks} tokens): {spec}, {wall:.0f} s ==")
     print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
