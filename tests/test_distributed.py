@@ -38,12 +38,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A Ray head with 2 CPUs on localhost, started as `ray start --head --block` would be on a cluster's head node
-    (token authentication off: a cluster reachable by others keeps Ray's default, see the README)."""
+def _start_head(temp: Path) -> tuple[subprocess.Popen, int] | None:
+    """``ray start --head --block`` on a free port: the running head and its port, or None when the head exited
+    before its runtime started (under heavy load Ray's own start can fail: "Failed to get node info: RPC error:
+    Deadline Exceeded"); its daemons are killed then."""
     port = _free_port()
-    temp = tmp_path_factory.mktemp("ray")
     log = temp / "head.log"
     command = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}"]
     command += ["--num-cpus=2", "--object-store-memory=500000000", "--include-dashboard=false"]
@@ -51,11 +50,29 @@ def cluster(tmp_path_factory):
     env = os.environ | {"RAY_AUTH_MODE": "disabled"}
     with open(log, "w") as out:
         head = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    deadline = time.monotonic() + 120
+    while "Ray runtime started" not in log.read_text():  # a driver connecting earlier keeps failing
+        if head.poll() is not None:
+            subprocess.run(["pkill", "-9", "-f", str(temp)], check=False)
+            return None
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    return head, port
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A Ray head with 2 CPUs on localhost, started as `ray start --head --block` would be on a cluster's head node
+    (token authentication off: a cluster reachable by others keeps Ray's default, see the README); a head whose
+    own start fails is started again, three tries at most."""
+    for _ in range(3):
+        temp = tmp_path_factory.mktemp("ray")
+        started = _start_head(temp)
+        if started is not None:
+            break
+    assert started is not None, (temp / "head.log").read_text()[-3000:]
+    head, port = started
     try:
-        deadline = time.monotonic() + 120
-        while "Ray runtime started" not in log.read_text():  # a driver connecting earlier keeps failing
-            assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
         ray.init(address=f"127.0.0.1:{port}", include_dashboard=False, log_to_driver=False)
         assert ray.cluster_resources()["CPU"] == 2
         yield f"127.0.0.1:{port}"
