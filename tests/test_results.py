@@ -69,12 +69,20 @@ FACTORIES = {
     "TaskResult": lambda f: lp.task_effects(
         get_model("toy-gpt2"), lp.ComponentScale("value", s_par=0.0), [("copa", 0)], limit=3, progress=False
     ),
+    "GenerationResult": lambda f: lp.generate(
+        get_model("toy-gpt2"), ["Once upon", "1, 2,"], lp.ZeroDiagonal(), max_new_tokens=3, progress=False
+    ),
     "TrainRun": lambda f: f.runs[1],
     "FactorialResult": lambda f: f,
 }
 
 
 def test_every_result_class_has_a_protocol_check():
+    import importlib
+    import pkgutil
+
+    for module in pkgutil.walk_packages(lp.__path__, "lens_parallel."):  # every result class registered, whatever
+        importlib.import_module(module.name)  # ran before this test in this process
     assert {cls.__name__ for cls in result_classes()} == set(FACTORIES)
 
 

@@ -102,23 +102,18 @@ class GenerationResult(ResultMixin):
         return frame
 
     def summary(self) -> pd.DataFrame:
-        """One row per setting: prompts, mean tokens generated, the share of continuations that depart from the
-        unedited one and the mean token where they do."""
+        """One row: the model, the number of prompts, and per setting the mean tokens generated
+        (``mean_tokens[<setting>]``), and per edited setting the share of continuations that depart from the
+        unedited one (``share_departing[<setting>]``) and the mean token where they do (``mean_departs_at[...]``)."""
         frame = self.to_dataframe()
-        rows = []
+        row: dict[str, Any] = {"model": self.info.name if self.provenance else None, "n_prompts": len(self.prompts)}
         for setting, part in frame.groupby("setting", sort=False):
-            departed = part["departs_at"].dropna()
-            rows.append(
-                {
-                    "model": self.info.name if self.provenance else None,
-                    "setting": setting,
-                    "n_prompts": len(part),
-                    "mean_tokens": float(part["n_tokens"].mean()),
-                    "share_departing": len(departed) / len(part),
-                    "mean_departs_at": float(departed.mean()) if len(departed) else math.nan,
-                }
-            )
-        return pd.DataFrame(rows)
+            row[f"mean_tokens[{setting}]"] = float(part["n_tokens"].mean())
+            if setting != self.settings[0]:
+                departed = part["departs_at"].dropna()
+                row[f"share_departing[{setting}]"] = len(departed) / len(part)
+                row[f"mean_departs_at[{setting}]"] = float(departed.mean()) if len(departed) else math.nan
+        return pd.DataFrame([row])
 
     def _repr_html_(self) -> str:
         """A table: one row per prompt, one column per setting; in each edited setting, the text from where it
