@@ -78,8 +78,7 @@ class GenerationResult(ResultMixin):
         """The first generated token where ``setting``'s continuation of ``prompt`` departs from the unedited one
         (None: identical)."""
         a, b = self.tokens[0][prompt], self.tokens[setting][prompt]
-        same = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-        return None if a == b else same
+        return None if a == b else _shared_prefix(a, b)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per prompt x setting: ``prompt_index``, ``prompt``, ``setting``, ``text``, ``n_tokens``,
@@ -125,7 +124,7 @@ class GenerationResult(ResultMixin):
             base = self.texts[0][p]
             for s in range(len(self.settings)):
                 text = self.texts[s][p]
-                common = _shared_chars(base, text) if s else len(text)
+                common = _shared_prefix(base, text) if s else len(text)
                 same, rest = html.escape(text[:common]), html.escape(text[common:])
                 cells.append(f'<td>{same}<mark title="departs from the unedited text">{rest}</mark></td>')
             body.append("<tr>" + "".join(cells) + "</tr>")
@@ -163,7 +162,8 @@ class GenerationResult(ResultMixin):
         return fig
 
 
-def _shared_chars(a: str, b: str) -> int:
+def _shared_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading items (tokens, characters) ``a`` and ``b`` share."""
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
