@@ -12,6 +12,7 @@ import importlib.metadata
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
+import einops
 from torch import nn
 
 from lens_parallel.errors import LibraryError
@@ -23,7 +24,9 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
         "TransformerBridge internals: a component's wrapped Hugging Face module (original_component, the "
         "'._original_component' segment of parameter names), align_offloaded_subtree, and start_at_layer swapping "
         "the caller's residual in at block k (prefix reuse), attention bridges' _update_kv_cache reading the cache "
-        "only as past_key_values / layer_past",
+        "only as past_key_values / layer_past and returning the whole [batch, head, pos, d_head] values, each "
+        "attention bridge's _layer_idx; GatedDeltaNetBridge taking HF's cached path (_native_forward) only for "
+        "cache_params",
     ),
     "lm_eval": ((0, 4), (0, 5), "lm_eval.models.utils._add_special_kwargs (how the hf model sets add_special_tokens)"),
     "transformers": (
@@ -119,36 +122,59 @@ def component_forwards(components: Sequence[nn.Module], forwards: Sequence[Any])
             del vars(component)["forward"]
 
 
-def _update_kv_cache_reading_cache(original: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+def _update_kv_cache_reading_cache(
+    original: Any, layer: int | None, values: dict[int, Any] | None, k: Any, v: Any, **kwargs: Any
+) -> Any:
     if kwargs.get("past_key_values") is None and kwargs.get("layer_past") is None and "cache" in kwargs:
         kwargs["past_key_values"] = kwargs["cache"]
-    return original(k, v, **kwargs)
+    k, v = original(k, v, **kwargs)
+    if values is not None and layer is not None:
+        values[layer] = einops.rearrange(v, "batch head_index pos d_head -> batch pos head_index d_head")
+    return k, v
+
+
+def _recurrent_forward_reading_cache(component: Any, *args: Any, **kwargs: Any) -> Any:
+    if kwargs.get("cache") is not None and kwargs.get("cache_params") is None:
+        return component._native_forward(*args, **kwargs)
+    return type(component).forward(component, *args, **kwargs)
 
 
 @contextlib.contextmanager
-def cache_reaches_attention(model: nn.Module) -> Iterator[None]:
+def cache_reaches_attention(model: nn.Module, *, values: dict[int, Any] | None = None) -> Iterator[None]:
     """While inside, the key/value cache reaches every attention bridge of ``model``.
 
     TransformerLens 4.3's attention bridges extend a cache only when it arrives as ``past_key_values`` or
     ``layer_past`` (``AttentionBridge._update_kv_cache``); transformers 5's decoder layers hand it over as ``cache=``,
     so the bridge's cached decoding lets each new token attend to itself alone (its ``generate`` with the cache is
     wrong on Llama-family models). Inside, each attention component's ``_update_kv_cache`` also takes ``cache``
-    (written into the instance's own dictionary, as :func:`component_forwards`). Thread-safety is the caller's
-    (:func:`lens_parallel.hooks.model_lock`)."""
+    (written into the instance's own dictionary, as :func:`component_forwards`). Linear-attention blocks
+    (``GatedDeltaNetBridge``, Qwen3.5) take Hugging Face's own cached path only when the cache arrives as
+    ``cache_params``; inside, one handed ``cache=`` takes it too (else the prefill stores no recurrent state and
+    each step starts from none). ``values``, if given, receives at
+    each forward every layer's values over all the positions its attention reads, cached and new
+    (``values[layer]``: [batch, key_pos, head_index, d_head], key-value heads, a view of the cache), for the
+    edits that need more than the current positions' own (:data:`lens_parallel.edits.STEP_VALUES`).
+    Thread-safety is the caller's (:func:`lens_parallel.hooks.model_lock`)."""
     check("transformer-lens")
     check("transformers")
     from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+    from transformer_lens.model_bridge.generalized_components.gated_delta_net import GatedDeltaNetBridge
 
     components = [m for m in model.modules() if isinstance(m, AttentionBridge)]
+    recurrent = [m for m in model.modules() if isinstance(m, GatedDeltaNetBridge)]
     for component in components:
         vars(component)["_update_kv_cache"] = functools.partial(
-            _update_kv_cache_reading_cache, component._update_kv_cache
+            _update_kv_cache_reading_cache, component._update_kv_cache, component._layer_idx, values
         )
+    for mixer in recurrent:
+        vars(mixer)["forward"] = functools.partial(_recurrent_forward_reading_cache, mixer)
     try:
         yield
     finally:
         for component in components:
             del vars(component)["_update_kv_cache"]
+        for mixer in recurrent:
+            del vars(mixer)["forward"]
 
 
 def cache_keywords(hf_model: nn.Module, cache: Any) -> dict[str, Any]:

@@ -270,13 +270,16 @@ def diagonal_change(
     space: str,
     *,
     s_par: float,
-    x: Float[Tensor, "batch key_pos d_model"] | None = None,
+    x: Float[Tensor, "batch query_pos d_model"] | None = None,
     W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
     eps: float = EPS,
 ) -> DiagonalChange:
-    """dA_tt such that A + diag(dA) is the attention-diagonal form of scaling the parallel part by ``s_par``.
+    """dA_tt such that A + diag(dA) (:func:`add_self_weights`) is the attention-diagonal form of scaling the
+    parallel part by ``s_par``.
 
-    ``v`` is expanded to query heads. With o_t = sum_s A_ts v_s:
+    ``v``: the values at every key position, expanded to query heads; the queries are the last ``query_pos`` keys
+    (all of them in a whole-sequence forward; with cached keys, the new ones: :func:`self_weights`), and v_t, x_t
+    are each query's own. With o_t = sum_s A_ts v_s:
 
     - ``value``: dA_tt = (s_par - 1) (o_t . v_t) / |v_t|^2
     - ``value-exclude-self``: dA_tt = (s_par - 1) (c_t . v_t) / |v_t|^2 with c_t = o_t - A_tt v_t
@@ -287,6 +290,7 @@ def diagonal_change(
     dA = 0 and ``valid = False``.
     """
     o = value_aggregate(pattern, v)
+    v = v[:, v.shape[1] - pattern.shape[-2] :]  # each query's own value v_t
     if space == "residual-attn":
         if x is None or W_O is None:
             raise LensParallelError("the residual-attn diagonal needs the residual state x and W_O")
@@ -376,6 +380,15 @@ def self_weights(
     positions, so with cached keys (a decoding step: key_pos = cached + query_pos) query i is key
     i + key_pos - query_pos; for a whole sequence (query_pos = key_pos) this is the diagonal."""
     return torch.diagonal(pattern, offset=pattern.shape[-1] - pattern.shape[-2], dim1=-2, dim2=-1)
+
+
+def add_self_weights(
+    pattern: Float[Tensor, "batch head_index query_pos key_pos"], d_a: Float[Tensor, "batch head_index query_pos"]
+) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+    """A + diag(dA): ``d_a`` added to each query's weight on its own position (:func:`self_weights`: the diagonal,
+    offset by key_pos - query_pos with cached keys)."""
+    n_query, n_key = pattern.shape[-2:]
+    return pattern + torch.diag_embed(d_a, offset=n_key - n_query)[..., :n_query, :]
 
 
 def zero_diagonal(

@@ -154,7 +154,9 @@ class ValueParts:
 
 def value_parts(captured: Mapping[str, Tensor], info: ModelInfo) -> ValueParts:
     """:class:`ValueParts` from a layer's captured roles (:func:`value_roles`): the one rebuild of the pre-gate
-    aggregate A v under gated attention (Qwen3.5, where hook_z = sigmoid(gate) * A v)."""
+    aggregate A v under gated attention (Qwen3.5, where hook_z = sigmoid(gate) * A v). In a decoding step, where v
+    holds only the new positions, ``captured["v_keys"]`` gives the values at every key position
+    (:func:`lens_parallel.edits.all_values`)."""
     v = expand_kv(captured["v"], info.n_heads)
     gate: Tensor | None = None
     diag: Tensor | None
@@ -162,7 +164,8 @@ def value_parts(captured: Mapping[str, Tensor], info: ModelInfo) -> ValueParts:
         gate = torch.sigmoid(einops.rearrange(captured["q_gate"], "b p (h d) -> b p h d", h=info.n_heads))
     if info.gated_attention and "pattern_full" in captured:
         pattern = captured["pattern_full"]
-        o, diag = geometry.value_aggregate(pattern, v), geometry.self_weights(pattern)
+        keys = expand_kv(captured["v_keys"], info.n_heads) if "v_keys" in captured else v
+        o, diag = geometry.value_aggregate(pattern, keys), geometry.self_weights(pattern)
     else:  # hook_z itself (also the post-gate site of gated attention, when the pattern is not captured)
         o, diag = captured["z"], captured.get("pattern_diag")
     return ValueParts(o=o, v=v, diag=diag, gate=gate)

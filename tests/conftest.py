@@ -16,10 +16,12 @@ Every test carries exactly one tier marker, given here by module (``pytest -m un
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from lens_parallel.edits import Footprint
 from lens_parallel.models import TOY_MODELS, load_model
 
 FAMILIES = tuple(TOY_MODELS)
@@ -96,3 +98,14 @@ class KillSwitch:
     def disarm(self) -> None:
         self.calls.clear()
         self.at = None
+
+
+@dataclass(frozen=True)
+class NotDecodeSafe:
+    """A user-defined edit whose footprint says it cannot run against cached keys and values."""
+
+    def hooks(self, model: Any, info: Any) -> list[Any]:
+        return []
+
+    def footprint(self, info: Any) -> Footprint:
+        return Footprint(("v",), ("z",), "rows", decode_safe=False)

@@ -37,7 +37,7 @@ from lens_parallel.losses import token_nll
 from lens_parallel.models import model_info
 from lens_parallel.stats import mcnemar_exact
 from lens_parallel.weights import WeightsFetchError
-from tests.conftest import FAMILIES, get_model
+from tests.conftest import FAMILIES, NotDecodeSafe, get_model
 
 PAIRS = [
     ("The cat sat on the", " mat"),
@@ -135,7 +135,7 @@ def test_generate_until_equals_lm_evals_own_hf_model(spec):
     edited = EditedLM(get_model(spec), removal, batch_size=2, progress=False).generate_until(requests)
     assert edited != expected
     with pytest.raises(LensParallelError, match="is not decode-safe"):
-        EditedLM(get_model(spec), (DiagonalEdit("value"),), progress=False).generate_until(requests)
+        EditedLM(get_model(spec), (NotDecodeSafe(),), progress=False).generate_until(requests)
 
 
 # -- the comparison edits ---------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Generation under edits: KV-cached decoding equals Hugging Face's own ``generate`` (unedited) and, under every
-built-in decode-safe edit, a recomputation of the whole sequence at every step."""
+built-in edit, a recomputation of the whole sequence at every step."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from transformers import AutoModelForCausalLM
 import lens_parallel as lp
 from lens_parallel.edits import (
     ComponentScale,
+    DiagonalEdit,
+    GatedRemoval,
     HeadEdit,
+    LearnedGate,
     RandomDirectionRemoval,
     SkipFirstLayers,
     ZeroDiagonal,
@@ -19,9 +22,10 @@ from lens_parallel.edits import (
 from lens_parallel.generation import decode
 from lens_parallel.hooks import forward
 from lens_parallel.losses import logits_of, unembedding
-from lens_parallel.models import toy_folder
+from lens_parallel.models import model_info, toy_folder
 from lens_parallel.tokenizers import hf_tokenizer
 from lens_parallel.weights import real_model_folder
+from tests.conftest import NotDecodeSafe
 
 PROMPTS = ["The capital of France is", "Once upon a time there was a little girl who", "1, 2, 3,"]
 TOYS = ["toy-gpt2", "toy-pythia", "toy-qwen2", "toy-qwen3", "toy-llama", "toy-qwen3.5"]
@@ -35,7 +39,7 @@ def _hugging_face(spec: str) -> AutoModelForCausalLM:
 
 
 @pytest.mark.parametrize("spec", [*TOYS, pytest.param("smollm2-135m", marks=pytest.mark.slow)])
-def test_unedited_greedy_generation_equals_hugging_face_generate(spec):
+def test_unedited_greedy_generation_equals_hugging_face_generate(spec, monkeypatch):
     model = lp.load_model(spec)
     n = 8
     batched = lp.generate(model, PROMPTS, max_new_tokens=n, batch_size=3, progress=False)
@@ -44,12 +48,23 @@ def test_unedited_greedy_generation_equals_hugging_face_generate(spec):
     for i, prompt in enumerate(PROMPTS):
         encoded = tokenizer(prompt, return_tensors="pt")
         with torch.inference_mode():
-            out = hf.generate(**encoded, max_new_tokens=n, do_sample=False, pad_token_id=eos)
-        expected = [t for t in out[0, encoded["input_ids"].shape[1] :].tolist()]
+            out = hf.generate(
+                **encoded,
+                max_new_tokens=n,
+                do_sample=False,
+                pad_token_id=eos,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        expected = [t for t in out.sequences[0, encoded["input_ids"].shape[1] :].tolist()]
         expected = expected[: expected.index(eos)] if eos in expected else expected
         assert list(batched.tokens[0][i]) == expected, (spec, prompt)
         alone = lp.generate(model, prompt, max_new_tokens=n, progress=False)
         assert alone.tokens[0][0] == batched.tokens[0][i] and alone.texts[0][0] == batched.texts[0][i]
+        # every step's logits, not only their argmax (a cache that drops state can keep the argmax on a toy model)
+        _, logits = _cached(model, encoded["input_ids"][0].tolist(), [], len(expected), monkeypatch)
+        expected_logits = torch.stack([step[0] for step in out.logits[: len(expected)]])
+        torch.testing.assert_close(logits.float(), expected_logits.float(), rtol=1e-4, atol=2e-4)
     if spec == "smollm2-135m":  # the text DESIGN.md records for Hugging Face's generate
         assert batched.texts[0][0] == " Paris.\n\nThe answer is:"
 
@@ -101,15 +116,34 @@ EDITS = {
     "head zero": HeadEdit("zero", 1, (0, 1)),
     "head parallel-value after-first": HeadEdit("parallel-value", 0, (1,), positions="after-first"),
     "random-direction": RandomDirectionRemoval(seed=3),
+    "diagonal value": DiagonalEdit("value", s_par=0.0),
+    "diagonal exclude-self heads": DiagonalEdit("value-exclude-self", s_par=-0.5, heads=(1, 2), layers=(1,)),
+    "diagonal residual-attn after-first": DiagonalEdit("residual-attn", s_par=0.0, heads=(0,), positions="after-first"),
     "skip-first-layers": SkipFirstLayers(ComponentScale("value", s_par=0.0), 1),
 }
 
 
-@pytest.mark.parametrize("spec", ["toy-gpt2", "toy-qwen3"])
-@pytest.mark.parametrize("name", list(EDITS))
+SIZED_EDITS = {  # edits holding a tensor per layer and head: made for the model at hand
+    "gated-removal": lambda info: GatedRemoval(alpha=torch.full((info.n_layers, info.n_heads), 0.7)),
+    "learned-gate": lambda info: LearnedGate(
+        torch.randn(info.n_layers, info.n_heads, info.d_model, generator=torch.Generator().manual_seed(0)),
+        torch.zeros(info.n_layers, info.n_heads),
+    ),
+}
+GATED_EDITS = {  # gated attention (toy-qwen3.5): the pre-gate A v is rebuilt from the pattern and every value
+    "gated value pre-gate": ComponentScale("value", s_par=0.0),
+    "gated value-exclude-self pre-gate": ComponentScale("value-exclude-self", s_par=0.0, s_perp=1.2),
+    "gated diagonal value": DiagonalEdit("value", s_par=0.0),
+}
+CASES = [(spec, name) for spec in ("toy-gpt2", "toy-qwen3") for name in [*EDITS, *SIZED_EDITS]] + [
+    ("toy-qwen3.5", name) for name in GATED_EDITS
+]
+
+
+@pytest.mark.parametrize(("spec", "name"), CASES)
 def test_cached_generation_under_each_edit_equals_recomputing_the_whole_sequence(spec, name, monkeypatch):
     model = lp.load_model(spec)
-    edit = EDITS[name]
+    edit = SIZED_EDITS[name](model_info(model)) if name in SIZED_EDITS else (EDITS | GATED_EDITS)[name]
     hooks = compile_hooks(model, edit)
     prompt = hf_tokenizer(model).encode(PROMPTS[1])
     n = 6
@@ -121,6 +155,12 @@ def test_cached_generation_under_each_edit_equals_recomputing_the_whole_sequence
     if name not in ("head parallel-value after-first",):  # an edit that changes nothing would pass vacuously
         assert not torch.equal(expected_logits, _recomputed(model, prompt, [], n)[1]), name
     assert len(unedited) == n
+
+
+def test_every_registered_edit_kind_has_a_cached_generation_case():
+    info = model_info(lp.load_model("toy-gpt2"))
+    made = [*EDITS.values(), *GATED_EDITS.values(), *(make(info) for make in SIZED_EDITS.values())]
+    assert {type(edit).kind for edit in made} == set(lp.EDITS)
 
 
 def test_mean_ablation_and_a_left_padded_batch_under_an_edit_equal_each_prompt_alone():
@@ -171,7 +211,7 @@ def test_a_stop_string_ends_the_text_before_it(tmp_path):
         (lambda m: lp.generate(m, "x", max_new_tokens=10**6), "exceeds the model's context of"),
         (lambda m: lp.generate(m, "x", stop=("",)), "stop strings must be non-empty strings"),
         (lambda m: lp.generate(m, "x", top_p=0.0), r"top_p must be in \(0, 1\]"),
-        (lambda m: lp.generate(m, "x", lp.DiagonalEdit("value")), "is not decode-safe on toy-gpt2"),
+        (lambda m: lp.generate(m, "x", NotDecodeSafe()), "is not decode-safe on toy-gpt2"),
         (lambda m: lp.generate(m, "x", _Undeclared()), "_Undeclared does not say whether it is decode-safe"),
     ],
 )

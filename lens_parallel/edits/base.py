@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 import torch
-from jaxtyping import Bool
+from jaxtyping import Bool, Float
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
@@ -45,7 +45,8 @@ class Footprint:
         writes: roles whose activation it replaces.
         pattern: how it uses attention-pattern rows (:data:`PatternUse`).
         decode_safe: whether it is defined when a forward step sees one new query position against cached keys and
-            values (every quantity it reads is the current position's own, or the current attention row).
+            values (every quantity it reads is the current position's own, the current attention row, or the
+            values at every key position through :func:`all_values`). Every built-in edit is.
     """
 
     reads: tuple[str, ...]
@@ -186,6 +187,29 @@ positions. Set by the decoding loop (:mod:`lens_parallel.generation`) for the fo
 :func:`after_first`."""
 
 
+STEP_VALUES: contextvars.ContextVar[Mapping[int, Tensor] | None] = contextvars.ContextVar("step_values", default=None)
+"""In a forward against cached keys and values, each layer's values over every position its attention reads
+(cached and new: ``[batch, key_pos, head_index, d_head]``, key-value heads), filled as the forward runs by the
+decoding loop (:mod:`lens_parallel.generation`); None elsewhere. Read through :func:`all_values`."""
+
+
+def all_values(
+    v: Float[Tensor, "batch pos head_index d_head"], layer: int, n_key: int
+) -> Float[Tensor, "batch key_pos head_index d_head"]:
+    """The values at all ``n_key`` key positions of ``layer`` in the current forward: ``v`` (hook_v) itself in a
+    whole-sequence forward; in a decoding step, whose hook_v holds only the new positions, the cached ones too
+    (:data:`STEP_VALUES`)."""
+    if v.shape[1] == n_key:
+        return v
+    values = STEP_VALUES.get()
+    if values is None or layer not in values:
+        raise LibraryError(
+            f"layer {layer}'s hook_v holds {v.shape[1]} positions against {n_key} keys and no cached values were "
+            "handed over (run cached forwards through lens_parallel.generate)"
+        )
+    return values[layer]
+
+
 def after_first(hooks: list[Hook]) -> list[Hook]:
     """The same hooks, each restoring position 0 of what it returns (the query axis of an attention pattern; where
     position 0 lies: :data:`FIRST_INDEX`); hooks that only read return None and stay as they are."""
@@ -323,9 +347,9 @@ def check_decode_safe(edits: Sequence[Edit], info: ModelInfo) -> None:
             )
         if not footprint.decode_safe:
             raise LensParallelError(
-                f"{edit!r} is not decode-safe on {info.name}: it reads quantities of every position (e.g. all values "
-                "to rebuild A.v), which a cached decoding step does not have; generate without the cache is not "
-                "offered, use an equivalent decode-safe edit"
+                f"{edit!r} is not decode-safe on {info.name} (its footprint says so): a cached decoding step feeds "
+                "one new position against cached keys and values (every layer's values: lens_parallel.edits."
+                "all_values); generating without the cache is not offered"
             )
 
 

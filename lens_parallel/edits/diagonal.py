@@ -21,6 +21,7 @@ from lens_parallel.edits.base import (
     Heads,
     HeadSet,
     after_first,
+    all_values,
     as_heads,
     check_positions,
     head_mask,
@@ -82,9 +83,8 @@ class DiagonalEdit(EditBase):
             if self.space == "residual-attn":
                 out.append((hook_name(layer, "resid_pre"), partial(store, state=state, key="x")))
             W_O = output_weights(model, layer) if self.space == "residual-attn" else None
-            out.append(
-                (hook_name(layer, "pattern_full"), partial(self._edit_pattern, state=state, heads=heads, W_O=W_O))
-            )
+            edit = partial(self._edit_pattern, layer=layer, state=state, heads=heads, W_O=W_O)
+            out.append((hook_name(layer, "pattern_full"), edit))
         return after_first(out) if self.positions == "after-first" else out
 
     def _edit_pattern(
@@ -92,17 +92,18 @@ class DiagonalEdit(EditBase):
         pattern: Float[Tensor, "batch head_index query_pos key_pos"],
         hook: HookPoint,
         *,
+        layer: int,
         state: dict[str, Tensor],
         heads: HeadSet,
         W_O: Float[Tensor, "head_index d_head d_model"] | None,
     ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
-        v = expand_kv(state.pop("v"), pattern.shape[1])
+        v = expand_kv(all_values(state.pop("v"), layer, pattern.shape[-1]), pattern.shape[1])
         W_O = None if W_O is None else W_O.to(v)
         d_a = geometry.diagonal_change(
             pattern, v, self.space, s_par=self.s_par, x=state.pop("x", None), W_O=W_O, eps=self.eps
         ).d_a
         d_a = torch.where(head_mask(heads, pattern.shape[1], pattern.shape[0], pattern.device)[:, :, None], d_a, 0.0)
-        return pattern + torch.diag_embed(d_a)
+        return geometry.add_self_weights(pattern, d_a)
 
     def noop(self) -> DiagonalEdit:
         """The matched no-op: the same hooks at s_par = 1 (dA_tt = 0)."""
@@ -110,9 +111,10 @@ class DiagonalEdit(EditBase):
 
     def footprint(self, info: ModelInfo) -> Footprint:
         """Reads v (and x_t in residual-attn); changes only A_tt of each row, from the row's own diagonal, o_t and
-        v_t (o_t = A_t. v needs the whole row against every value: not decode-safe without the cached values)."""
+        v_t (o_t = A_t. v reads the whole row against every value: at a decoding step the cached values,
+        :func:`~lens_parallel.edits.all_values`)."""
         reads = ("v", *(("resid_pre",) if self.space == "residual-attn" else ()))
-        return Footprint(reads, ("pattern_full",), "rows", decode_safe=False)
+        return Footprint(reads, ("pattern_full",), "rows", decode_safe=True)
 
 
 @register_edit(

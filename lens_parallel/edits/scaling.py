@@ -25,6 +25,7 @@ from lens_parallel.edits.base import (
     HeadSet,
     PatternUse,
     after_first,
+    all_values,
     as_heads,
     check_positions,
     head_mask,
@@ -124,7 +125,7 @@ class ComponentScale(EditBase):
             reads = ("v", *(("q_gate", "pattern_full") if pre_gate else ("q_gate",) if info.gated_attention else ()))
             reads += ("pattern_diag",) if diagonal and not pre_gate else ()
             pattern: PatternUse = "rows" if pre_gate else "diagonal" if diagonal else "none"
-            return Footprint(reads, ("z",), pattern, decode_safe=not pre_gate)
+            return Footprint(reads, ("z",), pattern, decode_safe=True)
         if self.space == "residual-attn":
             return Footprint(("resid_pre", *(("z",) if self.heads is not None else ())), ("attn_out",), "none", True)
         if self.space == "residual-mlp":
@@ -210,7 +211,10 @@ def _value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
     pre_gate = info.gated_attention and not post
 
     def edit_z(z: Tensor, hook: HookPoint) -> Tensor:
-        parts = value_parts({**state, "z": z}, info)  # pre-gate: o = A v from the pattern; post-gate or no gate: z
+        captured = {**state, "z": z}
+        if pre_gate:  # o = A v from the pattern, against every value (the cached ones too at a decoding step)
+            captured["v_keys"] = all_values(state["v"], layer, state["pattern_full"].shape[-1])
+        parts = value_parts(captured, info)  # post-gate or no gate: o = z
         state.clear()
         o, v = parts.o, parts.v
         if edit.space == "value-merged":

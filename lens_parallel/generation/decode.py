@@ -8,7 +8,8 @@ last position's residual is kept and unembedded (:class:`~lens_parallel.losses.U
 [batch, pos, vocab] logits exist. The edits' hooks are registered for the whole loop: at the prefill they see the
 prompt as a whole-sequence forward does (position 0 of each row where its real tokens start:
 :data:`~lens_parallel.edits.FIRST_INDEX`), at each step one query position against the cached keys (only
-decode-safe edits are accepted: :func:`~lens_parallel.edits.check_decode_safe`).
+decode-safe edits are accepted: :func:`~lens_parallel.edits.check_decode_safe`; an edit that reads every value, as
+``DiagonalEdit``'s o_t, finds the cached ones in :data:`~lens_parallel.edits.STEP_VALUES`).
 
 TransformerLens 4.3's attention bridges drop the cache transformers 5 hands them (:func:`lens_parallel.compat.
 cache_reaches_attention` passes it on); ``tests/test_generation.py`` checks the tokens against Hugging Face's own
@@ -22,7 +23,9 @@ depend on the batch it ran in. A row stops at the end-of-sequence token or when 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -34,7 +37,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from transformers import DynamicCache, PreTrainedConfig
 
 from lens_parallel import compat
-from lens_parallel.edits import FIRST_INDEX
+from lens_parallel.edits import FIRST_INDEX, STEP_VALUES
 from lens_parallel.hooks import FINAL_HOOK, Hook, StopForward, model_lock
 from lens_parallel.losses import Unembedding, logits_of
 
@@ -106,6 +109,16 @@ def _choose(logits: Float[Tensor, "batch d_vocab"], sampling: Sampling, generato
     return torch.cat(rows).to(logits.device)
 
 
+@contextlib.contextmanager
+def _bound(variable: contextvars.ContextVar[Any], value: Any) -> Iterator[None]:
+    """``variable`` set to ``value`` while inside."""
+    token = variable.set(value)
+    try:
+        yield
+    finally:
+        variable.reset(token)
+
+
 def _cut(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     at = min((i for s in stop if (i := text.find(s)) >= 0), default=-1)
     return (text, False) if at < 0 else (text[:at], True)
@@ -139,19 +152,17 @@ def decode_batch(
     out: list[list[int]] = [[] for _ in prompts]
     finish: list[str | None] = [None] * len(prompts)
     texts = [""] * len(prompts)
+    values: dict[int, Tensor] = {}  # each layer's cached and new values, for the edits that read them all
     with (
         torch.inference_mode(),
         model_lock(model),
-        compat.cache_reaches_attention(model),
+        compat.cache_reaches_attention(model, values=values),
         model.hooks(fwd_hooks=list(hooks)),
+        _bound(STEP_VALUES, values),
     ):
-        first = FIRST_INDEX.set(starts)
-        try:
+        with _bound(FIRST_INDEX, starts):
             logits = _step(model, tokens, mask, positions, cache, unembed)
-        finally:
-            FIRST_INDEX.reset(first)
-        first = FIRST_INDEX.set(None)
-        try:
+        with _bound(FIRST_INDEX, None):
             for step in range(max_new_tokens):
                 chosen = _choose(logits, sampling, generators).tolist()
                 for row, token in enumerate(chosen):
@@ -169,6 +180,4 @@ def decode_batch(
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 positions = positions[:, -1:] + 1
                 logits = _step(model, fed, mask, positions, cache, unembed)
-        finally:
-            FIRST_INDEX.reset(first)
     return [Decoded(tuple(o), t, f or "length") for o, t, f in zip(out, texts, finish, strict=True)]
