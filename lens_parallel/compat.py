@@ -28,7 +28,12 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
         "attention bridge's _layer_idx; GatedDeltaNetBridge taking HF's cached path (_native_forward) only for "
         "cache_params",
     ),
-    "lm_eval": ((0, 4), (0, 5), "lm_eval.models.utils._add_special_kwargs (how the hf model sets add_special_tokens)"),
+    "lm_eval": (
+        (0, 4),
+        (0, 5),
+        "lm_eval.models.utils._add_special_kwargs (how the hf model sets add_special_tokens), "
+        "lm_eval.tasks._yaml_loader.load_yaml (a task's YAML read without importing its !function helpers)",
+    ),
     "transformers": (
         (5, 0),
         (6, 0),
@@ -197,6 +202,15 @@ def add_special_kwargs(add_special_tokens: bool | None, add_bos_token: bool | No
 
     out: dict[str, Any] = _add_special_kwargs(add_special_tokens, add_bos_token)
     return out
+
+
+def task_yaml(path: str) -> dict[str, Any]:
+    """An lm-eval task YAML (its ``include:`` chain merged) as data, its ``!function`` helpers left unimported (some
+    import metrics from the Hugging Face hub: HumanEval's ``code_eval``)."""
+    check("lm_eval")
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    return cast(dict[str, Any], load_yaml(path, resolve_func=False, recursive=True))
 
 
 # -- transformers ------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import json
 import logging
+import os
 import zipfile
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from lens_parallel.losses import token_nll
 from lens_parallel.models import model_info
 from lens_parallel.stats import mcnemar_exact
 from lens_parallel.weights import WeightsFetchError
-from tests.conftest import FAMILIES, NotDecodeSafe, get_model
+from tests.conftest import FAMILIES, Killed, NotDecodeSafe, get_model
 
 PAIRS = [
     ("The cat sat on the", " mat"),
@@ -260,7 +261,7 @@ def test_an_unknown_task_is_one_line_listing_the_offline_ones():
 def test_bad_task_lists_and_settings_are_refused_before_any_forward():
     with pytest.raises(LensParallelError, match=r"a task is a name or a \(name, shots\) pair"):
         resolve_tasks([("piqa", "zero")])
-    assert resolve_tasks("quick")[1] == 60
+    assert resolve_tasks("quick")[1].limit == 60
     model = get_model("toy-gpt2")
     with pytest.raises(LensParallelError, match="'unedited' names the baseline"):
         task_effects(model, {"unedited": ComponentScale("value", s_par=0.0)}, ["piqa"])
@@ -268,6 +269,28 @@ def test_bad_task_lists_and_settings_are_refused_before_any_forward():
         task_effects(model, {"x": "not an edit"}, ["piqa"])
     with pytest.raises(LensParallelError, match="limit must be"):
         task_effects(model, ComponentScale("value", s_par=0.0), ["piqa"], limit=0)
+
+
+def test_a_task_that_runs_model_written_code_needs_the_opt_in(monkeypatch):
+    assert task_data.code_executing(["piqa", "humaneval", "mbpp", "gsm8k_cot", "mmlu_anatomy"]) == ["humaneval", "mbpp"]
+    model = get_model("toy-gpt2")
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
+
+    def load(plan, num_fewshot):
+        raise Killed(os.environ.get("HF_ALLOW_CODE_EVAL"), [name for name, _ in plan])
+
+    monkeypatch.setattr("lens_parallel.downstream.effects._load_tasks", load)
+    with pytest.raises(LensParallelError, match="'humaneval' is scored by running the code the model writes; pass "):
+        task_effects(model, ComponentScale("value", s_par=0.0), ["piqa", "humaneval"])
+    with pytest.raises(Killed) as e:  # with the opt-in it goes on to load the tasks, code execution allowed there
+        task_effects(model, ComponentScale("value", s_par=0.0), ["mbpp"], allow_code_execution=True)
+    assert e.value.args == ("1", ["mbpp"]) and "HF_ALLOW_CODE_EVAL" not in os.environ
+    general = [name for name, _ in resolve_tasks("directional-decomposition-general")[0]]
+    assert len(general) == 14 and general[-2:] == ["humaneval", "mbpp"]
+    with pytest.warns(UserWarning, match="humaneval, mbpp left out of the preset: runs the code the model writes"):
+        with pytest.raises(Killed) as e:  # a preset runs the rest and says what it left out
+            task_effects(model, ComponentScale("value", s_par=0.0), "directional-decomposition-general")
+    assert e.value.args == (None, general[:-2])
 
 
 # -- the offline data ---------------------------------------------------------------------------------------------
@@ -524,3 +547,30 @@ def test_mmlu_requests_are_lm_evals_five_dev_shots_and_the_test_question():
     question = f"{doc['question'].strip()}\nA. {doc['choices'][0]}\nB. {doc['choices'][1]}\n"
     assert context.endswith(question + f"C. {doc['choices'][2]}\nD. {doc['choices'][3]}\nAnswer:")
     assert [r.args[1] for r in requests] == [" A", " B", " C", " D"]
+
+
+def test_mmlu_as_a_group_is_scored_as_lm_eval_weights_it():
+    """lm-eval's ``mmlu`` group (the offline subjects) is one task of the result: its items pooled over the 57
+    subjects, so its acc equals lm-eval's own size-weighted group acc on the same items."""
+    from lm_eval.evaluator import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    from lens_parallel.downstream.data import task_definitions, task_manager
+    from lens_parallel.models import toy_folder
+
+    model = get_model("toy-qwen3")
+    run = dict(limit=2, num_fewshot=1, batch_size=8, progress=False, n_resamples=50)
+    result = task_effects(model, ComponentScale("value", s_par=0.0), ["mmlu", "piqa"], **run)
+    assert result.tasks == ("mmlu", "piqa") and len(result.doc_ids["mmlu"]) == 57 * 2
+    hf = HFLM(pretrained=str(toy_folder("toy-qwen3")), dtype="float32", batch_size=8, device="cpu")
+    expected = simple_evaluate(
+        model=hf,
+        tasks=["mmlu"],
+        limit=2,
+        num_fewshot=1,
+        bootstrap_iters=0,
+        task_manager=task_manager(task_definitions()),
+        verbosity="ERROR",
+    )
+    assert result.scores["mmlu"]["acc"]["unedited"] == pytest.approx(expected["results"]["mmlu"]["acc,none"], abs=1e-9)
+    assert result.provenance.texts["tasks"]["mmlu"]["pooled"][0] == "mmlu_abstract_algebra"

