@@ -287,9 +287,9 @@ def test_a_task_that_runs_model_written_code_needs_the_opt_in(monkeypatch):
     assert e.value.args == ("1", ["mbpp"]) and "HF_ALLOW_CODE_EVAL" not in os.environ
     general = [name for name, _ in resolve_tasks("directional-decomposition-general")[0]]
     assert len(general) == 14 and general[-2:] == ["humaneval", "mbpp"]
-    with pytest.warns(UserWarning, match="humaneval, mbpp left out of the preset: runs the code the model writes"):
-        with pytest.raises(Killed) as e:  # a preset runs the rest and says what it left out
-            task_effects(model, ComponentScale("value", s_par=0.0), "directional-decomposition-general")
+    left_out = "humaneval, mbpp left out of the preset: runs the code the model writes"
+    with pytest.warns(UserWarning, match=left_out), pytest.raises(Killed) as e:  # the rest runs, and it says so
+        task_effects(model, ComponentScale("value", s_par=0.0), "directional-decomposition-general")
     assert e.value.args == (None, general[:-2])
 
 
