@@ -51,6 +51,7 @@ from lens_parallel.data import TokenBlocks
 from lens_parallel.documents import Documents, document_batches
 from lens_parallel.edits import Edit, Heads, compile_hooks, edit_noop, explorer_edits
 from lens_parallel.errors import LensParallelError
+from lens_parallel.generation import GenerationResult, generate
 from lens_parallel.hooks import check_indices, expand_kv, output_weights, softmax_layers
 from lens_parallel.models import head_label, model_info
 from lens_parallel.plots import explore as plots
@@ -256,6 +257,15 @@ class Explorer:
 
     def provenance(self) -> Provenance:
         return Provenance.of(self.info, self._blocks, "explore", self.state, None)
+
+    def generate(self, prompt: str, *, max_new_tokens: int = 24) -> GenerationResult:
+        """``prompt`` continued greedily by the unedited model and under the current view's edit (on the selected
+        head, or every head of its layer), KV-cached with the edit at every step (:func:`lens_parallel.generate`);
+        shown in a notebook as the two texts side by side, the edited one marked from where it departs."""
+        where = f"layer {self.view.layer}" if self.view.all_heads else self.view.label
+        setting = f"{plots.setting_label(self.view)} on {where}"
+        edits = self._edits(self.state, reference=False)
+        return generate(self.model, prompt, {setting: edits}, max_new_tokens=max_new_tokens, progress=False)
 
     def save_view(self, folder: str | Path) -> list[Path]:
         """Write the current figures as HTML (PNG too when kaleido finds Chromium) and ``view.json`` (the settings

@@ -11,6 +11,7 @@ figures stay empty; :meth:`~lens_parallel.explore.Explorer.to_html` is the kerne
 from __future__ import annotations
 
 import functools
+import html
 import importlib.metadata
 import importlib.resources
 import time
@@ -108,7 +109,9 @@ class FigureWidget(go.FigureWidget):  # type: ignore[misc]
 class ExplorerWidget:
     """Controls -> ``explorer.update(...)`` -> every figure's data and title replaced in place (``box`` shows it).
 
-    Click a heatmap cell to select its head; the status line gives the last update's time in seconds."""
+    Click a heatmap cell to select its head; the status line gives the last update's time in seconds. Below the
+    figures, a prompt and ``generate``: its continuation unedited and under the view's edit, side by side, the
+    edited text marked from where it departs."""
 
     def __init__(self, explorer: Explorer, *, save_to: str | Path = "explorer_views") -> None:
         self.explorer, self.save_to = explorer, Path(save_to)
@@ -124,6 +127,10 @@ class ExplorerWidget:
         self.seed = w.BoundedIntText(value=st["seed"], min=0, max=2**31 - 1, description="seed")
         self.save = w.Button(description="save view", icon="save")
         self.status = w.HTML()
+        self.prompt = w.Text(value="The capital of France is", description="prompt", layout=w.Layout(width="420px"))
+        self.new_tokens = w.BoundedIntText(value=24, min=1, max=256, description="new tokens")
+        self.run_generation = w.Button(description="generate", icon="play")
+        self.generated = w.HTML()
         for control, key in (
             (self.space, "space"),
             (self.doc, "doc"),
@@ -136,6 +143,7 @@ class ExplorerWidget:
             control.observe(lambda change, key=key: self.apply(**{key: change["new"]}), names="value")
         self.figures["heatmap"].data[0].on_click(self._clicked)
         self.save.on_click(lambda _: self._save())
+        self.run_generation.on_click(lambda _: self._generate())
         controls = w.VBox(
             [
                 w.HBox([self.space, self.doc, self.all_heads]),
@@ -149,7 +157,8 @@ class ExplorerWidget:
                 w.HBox([self.figures["diagonal"], self.figures["loss"]]),
             ]
         )
-        self.box = w.VBox([controls, self.status, grid])
+        generation = w.VBox([w.HBox([self.prompt, self.new_tokens, self.run_generation]), self.generated])
+        self.box = w.VBox([controls, self.status, grid, generation])
         self._enable()
         self._show_status(0.0)
 
@@ -188,6 +197,16 @@ class ExplorerWidget:
             f"{v.label}, {v.space}, document {v.doc}, {setting_label(v)}: mean loss change "
             f"{v.loss_change.mean():+.4f} nats/token (updated in {seconds:.2f} s; click a heatmap cell: another head)"
         )
+
+    def _generate(self) -> None:
+        """The prompt continued unedited and under the view's edit, side by side (:meth:`Explorer.generate`)."""
+        self.generated.value = "<i>generating ...</i>"
+        try:
+            result = self.explorer.generate(self.prompt.value, max_new_tokens=self.new_tokens.value)
+        except ValueError as exc:  # LensParallelError: an empty prompt, too many tokens
+            self.generated.value = f"<b>not generated</b>: {html.escape(str(exc))}"
+            return
+        self.generated.value = result._repr_html_()
 
     def _save(self) -> None:
         written = self.explorer.save_view(self.save_to)

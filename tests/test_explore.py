@@ -165,6 +165,24 @@ def test_the_widget_follows_its_controls_and_a_heatmap_click(setup, tmp_path):
     assert any(n.endswith("_pattern.html") for n in saved) and any(n.endswith("_view.json") for n in saved)
 
 
+def test_the_generation_panel_shows_the_prompt_continued_unedited_and_under_the_views_edit(setup, tmp_path):
+    model, _, ex = setup
+    ex.update(space="value", layer=1, s_par=-1.0, s_perp=1.0, all_heads=True)
+    widget = ExplorerWidget(ex, save_to=tmp_path)
+    widget.prompt.value, widget.new_tokens.value = "Once upon a time", 8
+    widget.run_generation.click()
+    edit = lp.ComponentScale("value", s_par=-1.0, layers=(1,), heads="all")
+    expected = lp.generate(model, "Once upon a time", {"edited": edit}, max_new_tokens=8, progress=False)
+    assert expected.texts[1] != expected.texts[0]  # the edit changes the continuation: something to mark
+    shown = widget.generated.value
+    assert "s_par=-1, s_perp=1 on layer 1" in shown and "<mark" in shown
+    assert all(text[0] and text[0][:4] in shown for text in expected.texts)
+    assert widget.generated.value == ex.generate("Once upon a time", max_new_tokens=8)._repr_html_()
+    widget.prompt.value = ""
+    widget.run_generation.click()
+    assert "not generated" in widget.generated.value and "non-empty string" in widget.generated.value
+
+
 def test_bad_settings_are_refused_and_leave_the_state(setup):
     _, _, ex = setup
     state = dict(ex.state)

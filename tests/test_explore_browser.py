@@ -1,6 +1,7 @@
 """The explorer in a real browser: a JupyterLab server on localhost, notebooks/06_explorer.ipynb opened in Debian's
-Chromium through Playwright and run, a slider moved and a heatmap cell clicked, the figures seen to change; no
-console error, no request leaving the machine. And the exported page rendering offline."""
+Chromium through Playwright and run, a slider moved and a heatmap cell clicked, the figures seen to change, a prompt
+generated under the clicked head's edit beside the unedited model; no console error, no request leaving the machine.
+And the exported page rendering offline."""
 
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def _wait_for_titles(page, *fragments: str) -> list[str]:
     return found.json_value()
 
 
-def test_the_notebook_widget_reacts_to_a_slider_and_a_heatmap_click(lab):
+def test_the_notebook_widget_reacts_to_a_slider_a_heatmap_click_and_a_prompt(lab):
     assert CHROMIUM, "Chromium is needed for this test: apt-get install chromium (make test installs it)"
     url, token = lab
     errors, external = [], []
@@ -130,7 +131,17 @@ def test_the_notebook_widget_reacts_to_a_slider_and_a_heatmap_click(lab):
             timeout=60_000,
         )
         titles = found.json_value()
+
+        page.locator(".widget-text input[type='text']").first.fill("The capital of France is")  # the prompt
+        page.locator("button", has_text="generate").first.click()
+        headers = "Array.from(document.querySelectorAll('.widget-html th')).map(t => t.textContent)"
+        shown = page.wait_for_function(
+            f"(() => {{ const h = {headers}; return h.includes('unedited') && h; }})()", timeout=120_000
+        ).json_value()
+        cells = page.evaluate("Array.from(document.querySelectorAll('.widget-html td')).map(t => t.textContent)")
         browser.close()
+    assert shown[:2] == ["prompt", "unedited"] and "L0H0" in shown[2], shown  # the clicked head's edit
+    assert cells[0] == "The capital of France is" and len(cells) == 3, cells
     assert any("L0H0 attention pattern" in t for t in titles), titles
     assert errors == [], errors
     assert external == [], external
