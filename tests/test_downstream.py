@@ -532,6 +532,8 @@ def test_a_killed_generation_run_resumes_without_regenerating_finished_items(tmp
     monkeypatch.setattr(decode, "decode_batch", real)
     fresh = task_effects(model, settings, ["gsm8k_cot"], **(run | {"store": None}))
     assert resumed.scores == fresh.scores
+    shown = "gsm8k_cot (exact_match,strict-match)"  # the figures draw a generation task's exact match
+    assert list(fresh.figure().data[0].x) == [shown] and list(fresh.figures()["scores"].data[0].x) == [shown]
 
 
 def test_mmlu_requests_are_lm_evals_five_dev_shots_and_the_test_question():

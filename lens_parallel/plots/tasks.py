@@ -12,9 +12,21 @@ if TYPE_CHECKING:
 
 
 def _metric(result: TaskResult, task: str) -> str:
-    """The metric a figure shows for ``task``: acc where the task has it (the paper's average), else the first."""
+    """The metric a figure shows for ``task``: acc where the task has it (the paper's average), else a generation
+    task's exact match under its first filter (``exact_match,strict-match``), else the first."""
     metrics = [key.split("|", 1)[1] for key in result.values if key.split("|", 1)[0] == task]
-    return "acc" if "acc" in metrics else metrics[0]
+    matches = [m for m in metrics if m.split(",")[0] == "exact_match"]
+    return "acc" if "acc" in metrics else matches[0] if matches else metrics[0]
+
+
+def _shown(result: TaskResult) -> dict[str, str]:
+    """The tasks the figures show (a 0/1 metric: acc or exact match), each with its metric."""
+    metrics = {t: _metric(result, t) for t in result.tasks}
+    return {t: m for t, m in metrics.items() if m.split(",")[0] in ("acc", "exact_match")}
+
+
+def _label(task: str, metric: str) -> str:
+    return task if metric == "acc" else f"{task} ({metric})"
 
 
 def _layout(fig: go.Figure, result: TaskResult, title: str, **axes: str) -> go.Figure:
@@ -35,13 +47,13 @@ def task_difference_figure(result: TaskResult) -> go.Figure:
     bootstrap CI over items; the last group is the unweighted average over tasks."""
     table = result.differences()
     fig = go.Figure()
-    tasks = [t for t in result.tasks if _metric(result, t) == "acc"]
+    shown = _shown(result) | {"average": "acc"}
     for k, setting in enumerate(result.settings[1:]):
-        rows = table[(table["setting"] == setting) & (table["metric"] == "acc")]
-        rows = rows.set_index("task").reindex([*tasks, "average"]).dropna(subset=["difference"])
+        rows = table[(table["setting"] == setting) & (table["metric"] == table["task"].map(shown))]
+        rows = rows.set_index("task").reindex(list(shown)).dropna(subset=["difference"])
         fig.add_trace(
             go.Scatter(
-                x=list(rows.index),
+                x=[_label(t, shown[t]) for t in rows.index],
                 y=100 * rows["difference"],
                 mode="markers",
                 marker={"size": 10, "color": qualitative.D3[k % 10]},
@@ -64,20 +76,21 @@ def task_difference_figure(result: TaskResult) -> go.Figure:
         fig,
         result,
         "accuracy change under each edit (bars: 95% paired bootstrap CI over items)",
-        xaxis_title="task (average: unweighted mean over tasks)",
+        xaxis_title="task (generation tasks: exact match; average: unweighted mean of the tasks' acc)",
         yaxis_title="edited − unedited accuracy (percentage points)",
     )
 
 
 def task_scores_figure(result: TaskResult) -> go.Figure:
-    """Absolute accuracy per task (lm-eval's aggregate, %) for the unedited model and each setting."""
+    """Absolute accuracy per task (lm-eval's aggregate, %; a generation task's exact match) for the unedited model
+    and each setting."""
     fig = go.Figure()
-    tasks = [t for t in result.tasks if _metric(result, t) == "acc"]
+    shown = _shown(result)
     for k, setting in enumerate(result.settings):
         fig.add_trace(
             go.Bar(
-                x=tasks,
-                y=[100 * result.scores[t]["acc"][setting] for t in tasks],
+                x=[_label(t, m) for t, m in shown.items()],
+                y=[100 * result.scores[t][m][setting] for t, m in shown.items()],
                 name=setting,
                 marker_color="#7f7f7f" if k == 0 else qualitative.D3[(k - 1) % 10],
                 hovertemplate="%{x}: %{y:.1f}%<extra>" + setting + "</extra>",
