@@ -372,7 +372,7 @@ def test_unedited_smollm2_answers_as_lm_evals_own_hf_model():
     model = get_model("smollm2-135m")
     result = task_effects(model, {"noop": ComponentScale("value", s_par=1.0)}, ["piqa", "lambada_openai"], limit=6)
     hf = HFLM(pretrained=str(real_model_folder("smollm2-135m")), dtype="float32", batch_size=4, device="cpu")
-    manager, tasks = _load_tasks([("piqa", None), ("lambada_openai", None)], None)
+    manager, tasks, _ = _load_tasks([("piqa", None), ("lambada_openai", None)], None)
     theirs = simple_evaluate(model=hf, tasks=list(tasks.values()), limit=6, task_manager=manager, bootstrap_iters=0)
     for task in ("piqa", "lambada_openai"):
         rows = sorted(theirs["samples"][task], key=lambda r: r["doc_id"])
@@ -450,7 +450,7 @@ def _records_of(name: str):
 def _generation_requests(name: str, n: int, shots: int | None = None) -> list[Instance]:
     from lens_parallel.downstream.effects import _load_tasks
 
-    _, tasks = _load_tasks([(name, shots)], None)
+    _, tasks, _ = _load_tasks([(name, shots)], None)
     task = tasks[name]
     task.build_all_requests(limit=n, rank=0, world_size=1)
     return sorted(task.instances, key=lambda inst: inst.doc_id)
