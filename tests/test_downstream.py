@@ -576,3 +576,38 @@ def test_mmlu_as_a_group_is_scored_as_lm_eval_weights_it():
     )
     assert result.scores["mmlu"]["acc"]["unedited"] == pytest.approx(expected["results"]["mmlu"]["acc,none"], abs=1e-9)
     assert result.provenance.texts["tasks"]["mmlu"]["pooled"][0] == "mmlu_abstract_algebra"
+
+
+def test_requests_in_the_chat_template_are_lm_evals_hf_models():
+    """With apply_chat_template, lm-eval renders every request through the model's ``apply_chat_template``: ours
+    gives the hf model's strings (toy-qwen3 carries Qwen3's template), for a generation task with multi-turn shots."""
+    from lm_eval.models.huggingface import HFLM
+
+    from lens_parallel.downstream.effects import _load_tasks
+    from lens_parallel.models import toy_folder
+
+    ours = EditedLM(get_model("toy-qwen3"), (), progress=False)
+    hf = HFLM(pretrained=str(toy_folder("toy-qwen3")), dtype="float32", device="cpu")
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"}]
+    for prompt in (True, False):
+        assert ours.apply_chat_template(history, prompt) == hf.apply_chat_template(history, prompt)
+    contexts = []
+    for lm in (ours, hf):
+        _, tasks, _ = _load_tasks([("gsm8k_cot", None)], None)
+        tasks["gsm8k_cot"].build_all_requests(
+            limit=1,
+            apply_chat_template=True,
+            fewshot_as_multiturn=True,
+            chat_template=lm.apply_chat_template,
+            tokenizer_name=lm.tokenizer_name,
+        )
+        contexts.append(tasks["gsm8k_cot"].instances[0].args[0])
+    assert contexts[0] == contexts[1] and contexts[0].count("<|im_start|>user") == 9  # 8 shots + the question
+    run = dict(limit=1, max_gen_toks=4, apply_chat_template=True, fewshot_as_multiturn=True, progress=False)
+    result = task_effects(get_model("toy-qwen3"), ComponentScale("value", s_par=0.0), ["gsm8k_cot"], **run)
+    assert result.provenance.settings["apply_chat_template"] and len(result.doc_ids["gsm8k_cot"]) == 1
+    model = get_model("toy-gpt2")
+    with pytest.raises(LensParallelError, match="tokenizer has no chat template"):
+        task_effects(model, ComponentScale("value", s_par=0.0), ["gsm8k_cot"], apply_chat_template=True)
+    with pytest.raises(LensParallelError, match="fewshot_as_multiturn needs apply_chat_template=True"):
+        task_effects(model, ComponentScale("value", s_par=0.0), ["gsm8k_cot"], fewshot_as_multiturn=True)

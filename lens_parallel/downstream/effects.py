@@ -50,6 +50,7 @@ from lens_parallel.options import RunOptions, refuse_renamed, resolve
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.stats import N_RESAMPLES, holm, mcnemar_exact, mean_of_means_ci, paired_bootstrap_ci
 from lens_parallel.sweep import model_fingerprint
+from lens_parallel.tokenizers import hf_tokenizer
 from lens_parallel.validate import check_non_negative_int, check_positive_int
 
 BINARY_METRICS = ("acc", "acc_norm", "exact_match")
@@ -62,9 +63,11 @@ class TaskSettings:
     """How tasks are scored: ``num_fewshot`` (None: each task's shots from its preset, else lm-eval's default),
     ``limit`` items per task (None: all), few-shot examples drawn with ``fewshot_seed`` (lm-eval's default 1234),
     CIs from ``n_resamples`` bootstrap resamples seeded by ``seed``, ``add_bos_token`` as lm-eval's ``hf`` model
-    (None: the tokenizer's default), ``max_gen_toks`` for generation tasks. A task scored by running the code the
-    model writes (lm-eval's ``unsafe_code``: HumanEval, MBPP) is refused unless ``allow_code_execution`` (then
-    lm-eval's ``confirm_run_unsafe_code`` and Hugging Face's ``HF_ALLOW_CODE_EVAL=1`` are set for the run)."""
+    (None: the tokenizer's default), ``max_gen_toks`` for generation tasks, ``apply_chat_template`` (each request
+    rendered in the tokenizer's chat template, as lm-eval's option; ``fewshot_as_multiturn``: a turn per shot). A
+    task scored by running the code the model writes (lm-eval's ``unsafe_code``: HumanEval, MBPP) is refused unless
+    ``allow_code_execution`` (then lm-eval's ``confirm_run_unsafe_code`` and Hugging Face's ``HF_ALLOW_CODE_EVAL=1``
+    are set for the run)."""
 
     num_fewshot: int | None = field(default=None, metadata={"help": "few-shot examples", "none": "the preset's"})
     limit: int | None = field(default=None, metadata={"help": "items per task", "none": "all (or the preset's)"})
@@ -81,6 +84,14 @@ class TaskSettings:
             "none": "the task's, else lm-eval's 256",
         },
     )
+    apply_chat_template: bool = field(
+        default=False,
+        metadata={"help": "render each request in the tokenizer's chat template (lm-eval's apply_chat_template)"},
+    )
+    fewshot_as_multiturn: bool = field(
+        default=False,
+        metadata={"help": "with the chat template: each few-shot example a turn of its own (lm-eval's option)"},
+    )
     allow_code_execution: bool = field(
         default=False,
         metadata={"help": "run tasks scored by executing the code the model writes (HumanEval, MBPP): trusted hosts"},
@@ -96,6 +107,10 @@ class TaskSettings:
         check_non_negative_int("fewshot_seed", self.fewshot_seed)
         check_positive_int("n_resamples", self.n_resamples)
         check_non_negative_int("seed", self.seed)
+        if self.fewshot_as_multiturn and not self.apply_chat_template:
+            raise LensParallelError(
+                "fewshot_as_multiturn needs apply_chat_template=True (the turns are the template's)"
+            )
 
 
 # -- statistics --------------------------------------------------------------------------------------------------
@@ -287,6 +302,7 @@ def _fingerprint(
         "tokens_per_forward": opts.tokens_per_forward,
         "add_bos_token": s.add_bos_token,
         "max_gen_toks": s.max_gen_toks,
+        "chat_template": [s.apply_chat_template, s.fewshot_as_multiturn],
         "tokenized": probe,  # how the tokenizer encodes a fixed text (BOS or not)
     }
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -333,6 +349,8 @@ def _run(
         task_manager=manager,
         verbosity="ERROR",
         confirm_run_unsafe_code=s.allow_code_execution,
+        apply_chat_template=s.apply_chat_template,
+        fewshot_as_multiturn=s.fewshot_as_multiturn,
     )
     assert out is not None
     return dict(out)
@@ -400,6 +418,11 @@ def task_effects(
     limit = s.limit if s.limit is not None else None if preset is None else preset.limit
     for edits in named.values():  # each edit checked against the model now, not after the baseline's run
         compile_hooks(model, edits)
+    if s.apply_chat_template and not getattr(hf_tokenizer(model), "chat_template", None):
+        raise LensParallelError(
+            f"{model_info(model).name}'s tokenizer has no chat template: run without apply_chat_template (a base "
+            "model's tokenizer often has none)"
+        )
     weights = None if opts.store is None else weights_digest(model)  # once: it reads every weight
     runs = {}
     with _code_execution(s.allow_code_execution):  # lm-eval's code tasks check code execution as they load

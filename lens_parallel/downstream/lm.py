@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jinja2
 import torch
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
@@ -85,6 +86,23 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
     @property
     def max_length(self) -> int:
         return self._max_length
+
+    @property
+    def tokenizer_name(self) -> str:
+        """The tokenizer's name or folder, as lm-eval's ``hf`` model names it (part of its request-cache key)."""
+        return str(self.tokenizer.name_or_path).replace("/", "__")
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """``chat_history`` in the tokenizer's chat template, as lm-eval's ``hf`` model renders it (the model's turn
+        opened, or with ``add_generation_prompt=False`` the last message continued); a template without a system
+        role gets the history without system messages, as there."""
+        kwargs = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+        kwargs["continue_final_message"] = not add_generation_prompt
+        try:
+            return str(self.tokenizer.apply_chat_template(chat_history, **kwargs))
+        except jinja2.exceptions.TemplateError:
+            history = [message for message in chat_history if message["role"] != "system"]
+            return str(self.tokenizer.apply_chat_template(history, **kwargs))
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
         special = compat.add_special_kwargs(add_special_tokens, self.add_bos_token)
