@@ -405,16 +405,17 @@ def task_effects(
     plan, preset = resolve_tasks(tasks)
     check_task_names([name for name, _ in plan])
     unsafe = code_executing([name for name, _ in plan])
-    left_out: dict[str, str] = {}
+    left_out: list[str] = []
     if unsafe and not s.allow_code_execution and preset is None:
         raise LensParallelError(
             f"task {unsafe[0]!r} is scored by running the code the model writes; pass allow_code_execution=True "
             "(command line: --allow-code-execution) to run it, on a machine where that is safe"
         )
     if unsafe and not s.allow_code_execution:  # a preset's: run the rest, and say what was left out
-        left_out = dict.fromkeys(unsafe, "runs the code the model writes: pass allow_code_execution=True")
+        left_out = unsafe
         plan = [(name, k) for name, k in plan if name not in left_out]
-        warnings.warn(f"{', '.join(left_out)} left out of the preset: {next(iter(left_out.values()))}", stacklevel=2)
+        why = "runs the code the model writes: pass allow_code_execution=True"
+        warnings.warn(f"{', '.join(left_out)} left out of the preset: {why}", stacklevel=2)
     limit = s.limit if s.limit is not None else None if preset is None else preset.limit
     for edits in named.values():  # each edit checked against the model now, not after the baseline's run
         compile_hooks(model, edits)

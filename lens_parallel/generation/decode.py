@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -68,10 +68,11 @@ def _step(
     tokens: Int[Tensor, "batch pos"],
     mask: Int[Tensor, "batch key_pos"],
     positions: Int[Tensor, "batch pos"],
-    cache: DynamicCache,
+    cache: Mapping[str, Any],
     unembed: Unembedding,
 ) -> Float[Tensor, "batch d_vocab"]:
-    """One forward of ``tokens`` against ``cache`` (extended in place): the logits of each row's last position."""
+    """One forward of ``tokens`` against the cache ``cache`` hands over (:func:`lens_parallel.compat.
+    cache_keywords`; extended in place): the logits of each row's last position."""
     kept: list[Tensor] = []
 
     def last_position(resid: Tensor, hook: HookPoint) -> None:
@@ -80,8 +81,7 @@ def _step(
 
     try:
         with model.hooks(fwd_hooks=[(FINAL_HOOK, last_position)]):
-            keywords = compat.cache_keywords(model.original_model, cache)
-            model(tokens, attention_mask=mask, position_ids=positions, return_type=None, **keywords)
+            model(tokens, attention_mask=mask, position_ids=positions, return_type=None, **cache)
     except StopForward:
         pass
     return logits_of(kept[0], unembed)
@@ -148,7 +148,9 @@ def decode_batch(
     mask = (torch.arange(width, device=device) >= starts[:, None]).long()
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     generators = [torch.Generator().manual_seed(sampling.seed * 1_000_003 + i) for i in indices]
-    cache = DynamicCache(config=cast(PreTrainedConfig, model.original_model.config))
+    cache = compat.cache_keywords(
+        model.original_model, DynamicCache(config=cast(PreTrainedConfig, model.original_model.config))
+    )
     out: list[list[int]] = [[] for _ in prompts]
     finish: list[str | None] = [None] * len(prompts)
     texts = [""] * len(prompts)
