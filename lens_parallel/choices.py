@@ -89,6 +89,9 @@ ExplorerEdit = Literal["scale", "random-direction", "random-direction-norm-match
 are the paper's comparison edits (``RandomDirectionRemoval``, norm-matched or not, and ``ZeroDiagonal``) against the
 unedited model."""
 HeadsAll = Literal["all"]
+
+AttentionPath = Literal["auto", "fused", "blocked", "eager"]
+"""How softmax attention is computed (:func:`lens_parallel.attention.attention_path`)."""
 """``heads="all"``: every head, each edited on its own write (no bias); ``heads=None`` is the whole sublayer."""
 
 CHOICES = (
@@ -120,5 +123,6 @@ CHOICES = (
     SensitivityMethod,
     ExplorerEdit,
     HeadsAll,
+    AttentionPath,
 )
 """Every choice type above."""

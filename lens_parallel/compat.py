@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.metadata
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import einops
+import torch
 from torch import nn
 
 from lens_parallel.errors import LibraryError
@@ -180,6 +182,202 @@ def cache_reaches_attention(model: nn.Module, *, values: dict[int, Any] | None =
             del vars(component)["_update_kv_cache"]
         for mixer in recurrent:
             del vars(mixer)["forward"]
+
+
+ATTENTION_SOURCES = {
+    "PositionEmbeddingsAttentionBridge.forward": "792c3e1b665a0ae2",
+    "JointQKVAttentionBridge._reconstruct_attention": "6b9aae7f4356029e",
+    "JointQKVPositionEmbeddingsAttentionBridge._reconstruct_attention": "b507ec0b79b97b83",
+}
+"""The TransformerLens 4.3.0 attention forwards lens_parallel's own path reproduces (:func:`install_attention`),
+each by the first 16 hex digits of the SHA-256 of its source: a release that changes one must be checked again."""
+
+
+def attention_sources() -> dict[str, str]:
+    """The installed TransformerLens's versions of :data:`ATTENTION_SOURCES` (the same digests of their source)."""
+    import hashlib
+    import inspect
+
+    from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
+    from transformer_lens.model_bridge.generalized_components.joint_qkv_position_embeddings_attention import (
+        JointQKVPositionEmbeddingsAttentionBridge,
+    )
+    from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
+        PositionEmbeddingsAttentionBridge,
+    )
+
+    functions = (
+        PositionEmbeddingsAttentionBridge.forward,
+        JointQKVAttentionBridge._reconstruct_attention,
+        JointQKVPositionEmbeddingsAttentionBridge._reconstruct_attention,
+    )
+    return {f.__qualname__: hashlib.sha256(inspect.getsource(f).encode()).hexdigest()[:16] for f in functions}
+
+
+_OWN_ATTENTION: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def own_attention_reason(component: nn.Module) -> str:
+    """Why ``component`` keeps TransformerLens's own attention forward ("" when lens_parallel's path,
+    :mod:`lens_parallel.attention`, reproduces it: the three bridge classes it was checked against, causal
+    self-attention, and none of the options those forwards handle that it does not)."""
+    check("transformer-lens")
+    from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
+    from transformer_lens.model_bridge.generalized_components.joint_qkv_position_embeddings_attention import (
+        JointQKVPositionEmbeddingsAttentionBridge,
+    )
+    from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
+        PositionEmbeddingsAttentionBridge,
+    )
+
+    kinds = (PositionEmbeddingsAttentionBridge, JointQKVAttentionBridge, JointQKVPositionEmbeddingsAttentionBridge)
+    hf_attn: Any = component.original_component
+    config: Any = getattr(hf_attn, "config", None)
+    rope = getattr(config, "rope_parameters", None)
+    checks = {
+        f"{type(component).__name__} is not one of {[k.__name__ for k in kinds]}": type(component) not in kinds,
+        "not causal self-attention": not component.is_causal or component.is_cross_attention,
+        "a key multiplier": getattr(hf_attn, "key_multiplier", None) is not None,
+        "clip_qkv": getattr(config, "clip_qkv", None) is not None,
+        "attention sinks": getattr(hf_attn, "sinks", None) is not None,
+        "llama-4 query scaling": isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None,
+        "a separate gate projection": component._modules.get("gate") is not None,
+        "a query/key norm before the head reshape or after rotary": getattr(component, "_qk_norm_phase", None)
+        not in (None, "post_reshape")
+        or bool(getattr(component.config, "qk_norm_after_rope", False)),
+        "interleaved or adjacent-pair rotary": any(
+            getattr(component.config, flag, False) for flag in ("rotary_interleaved_cos_sin", "rotary_adjacent_pairs")
+        ),
+        "float32-upcast attention (reorder_and_upcast_attn)": bool(
+            getattr(component, "_reorder_and_upcast_attn", False)
+        ),
+    }
+    return "; ".join(reason for reason, found in checks.items() if found)
+
+
+def _eager_now(component: Any) -> bool:
+    """Options switched on after boot that only TransformerLens's forward serves."""
+    config = component.config
+    dropout = getattr(component.original_component, "attention_dropout", 0.0)
+    return (
+        component.compatibility_mode
+        or any(bool(getattr(config, flag, False)) for flag in ("use_split_qkv_input", "use_attn_in", "use_attn_result"))
+        or (component.training and isinstance(dropout, float) and dropout > 0.0)
+    )
+
+
+def _position_forward(component: Any, attend: Any, choose: Any, *args: Any, **kwargs: Any) -> Any:
+    """PositionEmbeddingsAttentionBridge.forward (TransformerLens 4.3) with the attention itself from ``attend``."""
+    hf_attn: Any = component.original_component
+    softcap = getattr(hf_attn, "attn_logit_softcapping", None)
+    path = "eager" if _eager_now(component) else choose(component, softcap=softcap)
+    if path == "eager":
+        return type(component).forward(component, *args, **kwargs)
+    hidden = kwargs.pop("hidden_states") if "hidden_states" in kwargs else args[0]
+    position_embeddings = kwargs.pop("position_embeddings", None)
+    mask = kwargs.pop("attention_mask", None)
+    hidden = component.hook_in(hidden)
+    shape, head_dim = hidden.shape[:-1], hf_attn.head_dim
+    q, k, v = component.q(hidden), component.k(hidden), component.v(hidden)
+    gate = None
+    if getattr(component.config, "gated_q_proj", False) and q.shape[-1] == 2 * component.config.n_heads * head_dim:
+        q, gate = torch.chunk(q.view(*shape, -1, head_dim * 2), 2, dim=-1)
+        q, gate = q.reshape(*shape, -1), gate.reshape(*shape, -1)
+    q, k, v = (einops.rearrange(t, "... pos (head d) -> ... head pos d", d=head_dim) for t in (q, k, v))
+    if "q_norm" in component.submodules and component._qk_norm_phase == "post_reshape":
+        if component._qk_norm_per_head:
+            q = component.hook_q_normed(component.q_norm(q.transpose(1, 2)).transpose(1, 2))
+            if "k_norm" in component.submodules:
+                k = component.hook_k_normed(component.k_norm(k.transpose(1, 2)).transpose(1, 2))
+        else:
+            q = component.hook_q_normed(component.q_norm(q))
+            if "k_norm" in component.submodules:
+                k = component.hook_k_normed(component.k_norm(k))
+    if position_embeddings is not None:
+        from transformer_lens.utilities.hf_utils import get_rotary_pct_from_config
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        cos, sin = component._apply_position_embedding_hooks(position_embeddings)
+        rotary = cos.shape[-1]
+        if rotary * 2 == head_dim and get_rotary_pct_from_config(component.config) == 1.0:
+            cos, sin, rotary = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1), head_dim  # GPT-OSS
+        q_rot, k_rot = apply_rotary_pos_emb(q[..., :rotary], k[..., :rotary], cos, sin)
+        q, k = torch.cat([q_rot, q[..., rotary:]], dim=-1), torch.cat([k_rot, k[..., rotary:]], dim=-1)
+    if hasattr(component, "hook_rot_q"):
+        q = component.hook_rot_q(q)
+    if hasattr(component, "hook_rot_k"):
+        k = component.hook_rot_k(k)
+    k, v = component._update_kv_cache(k, v, **kwargs)
+    scale = getattr(hf_attn, "scaling", head_dim**-0.5)
+    z = attend(component, q, k, v, mask, path=path, scale=scale, softcap=softcap, layer=component._layer_idx)
+    out = einops.rearrange(z, "batch head pos d -> batch pos (head d)")
+    if gate is not None:
+        out = out * torch.sigmoid(component.hook_q_gate(gate) if hasattr(component, "hook_q_gate") else gate)
+    out = component._pre_output_projection(out)
+    weight = getattr(getattr(component.o, "original_component", None), "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dtype.is_floating_point and out.dtype != weight.dtype:
+        out = out.to(weight.dtype)
+    return component.hook_out(component.o(out)), None
+
+
+def _joint_attention(
+    component: Any, attend: Any, choose: Any, rotary: bool, q: Any, k: Any, v: Any, **kwargs: Any
+) -> Any:
+    """JointQKV(PositionEmbeddings)AttentionBridge._reconstruct_attention (TransformerLens 4.3) with the attention
+    itself from ``attend``."""
+    path = "eager" if _eager_now(component) else choose(component, softcap=None)
+    if path == "eager":
+        return type(component)._reconstruct_attention(component, q, k, v, **kwargs)
+    n_heads = component.config.n_heads
+    n_kv = getattr(component.config, "n_key_value_heads", None) or n_heads
+    q, k, v, batch, pos, head_dim = component._reshape_qkv_to_heads(q, k, v, n_heads, n_kv)
+    embeddings = kwargs.get("position_embeddings")
+    if rotary and isinstance(embeddings, tuple):
+        cos, sin = component._apply_position_embedding_hooks(embeddings)
+        q, k = component._apply_rotary_pos_emb(q, k, cos, sin)
+    k, v = component._update_kv_cache(k, v, **kwargs)
+    scale = head_dim**-0.5
+    if not rotary and getattr(component.config, "scale_attn_by_inverse_layer_idx", False):
+        scale /= float(component._layer_idx + 1)
+    mask = kwargs.get("attention_mask")
+    z = attend(component, q, k, v, mask, path=path, scale=scale, softcap=None, layer=component._layer_idx)
+    out = component._reshape_attn_output(z, batch, pos, n_heads, head_dim)
+    return component._apply_output_projection(out), None
+
+
+def install_attention(model: nn.Module, attend: Any, choose: Any) -> int:
+    """Give every attention component of ``model`` for which :func:`own_attention_reason` is empty lens_parallel's
+    attention (``attend``, on the path ``choose(component, softcap=)`` picks), written into the instance's own
+    dictionary: the forward of a PositionEmbeddingsAttentionBridge, the ``_reconstruct_attention`` of a joint-QKV
+    bridge. The Hugging Face model builds its masks for SDPA (a boolean mask, or none when causal alone suffices)
+    instead of eager's additive float square, which every path reads. Returns how many components took it."""
+    check("transformer-lens")
+    check("transformers")
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+    from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
+    from transformer_lens.model_bridge.generalized_components.joint_qkv_position_embeddings_attention import (
+        JointQKVPositionEmbeddingsAttentionBridge,
+    )
+
+    taken = 0
+    for component in [m for m in model.modules() if isinstance(m, AttentionBridge)]:
+        if own_attention_reason(component):
+            continue
+        taken += 1
+        if component in _OWN_ATTENTION:
+            continue
+        if isinstance(component, JointQKVAttentionBridge):
+            rotary = isinstance(component, JointQKVPositionEmbeddingsAttentionBridge)
+            vars(component)["_reconstruct_attention"] = functools.partial(
+                _joint_attention, component, attend, choose, rotary
+            )
+        else:
+            vars(component)["forward"] = functools.partial(_position_forward, component, attend, choose)
+        _OWN_ATTENTION.add(component)
+    if taken:
+        hf_model: Any = model.original_model
+        hf_model.set_attn_implementation("sdpa")
+    return taken
 
 
 def cache_keywords(hf_model: nn.Module, cache: Any) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import compat, geometry
+from lens_parallel.attention import QUERY_BLOCK, rows_hook
 from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
 from lens_parallel.models import ModelInfo
 
@@ -385,22 +386,29 @@ class LayerStream:
         self.device: torch.device | None = None
         self.stop = True
         self._buffers: dict[int, dict[str, Tensor]] = {}
+        self._partial: dict[int, Tensor] = {}  # a diagonal's first blocks (the blocked attention path)
         self._finite: list[Tensor] = []  # per capture: whether it held only finite values (a 0-d bool tensor)
 
     def fwd_hooks(self) -> list[Hook]:
-        return [
-            (hook_name(layer, role), partial(self._capture, layer=layer, role=role))
-            for layer in self.layers
-            for role in self.roles[layer]
-        ]
+        def capture(layer: int, role: str) -> Callable[..., Tensor | None]:
+            fn = partial(self._capture, layer=layer, role=role)
+            return rows_hook(fn) if role == "pattern_diag" else fn  # the diagonal is row-wise: blocks are joined
+
+        return [(hook_name(layer, role), capture(layer, role)) for layer in self.layers for role in self.roles[layer]]
 
     def _capture(self, tensor: Tensor, hook: HookPoint, *, layer: int, role: str) -> None:
         check_shape(hook_name(layer, role), tensor, expected_shape(role, self.info))
         self._finite.append(torch.isfinite(tensor).all())  # on the tensor's device: read after the forward
-        if role == "pattern_diag":
-            tensor = geometry.self_weights(tensor)
         buffer = self._buffers.setdefault(layer, {})
-        buffer[role] = tensor.detach().to(device=self.device, dtype=self.dtype)
+        kept = tensor.detach()
+        if role == "pattern_diag":
+            kept, block = geometry.self_weights(kept), QUERY_BLOCK.get()
+            if block is not None and block.start > 0:
+                kept = torch.cat([self._partial.pop(layer), kept.to(device=self.device, dtype=self.dtype)], -1)
+            if block is not None and block.stop < block.total:
+                self._partial[layer] = kept.to(device=self.device, dtype=self.dtype)
+                return
+        buffer[role] = kept.to(device=self.device, dtype=self.dtype)
         if len(buffer) == len(self.roles[layer]):
             self.reduce(layer, self._buffers.pop(layer))
             if layer == self.layers[-1] and self.stop:
@@ -420,6 +428,7 @@ class LayerStream:
         not computed), with ``edit_hooks`` (compiled edits) applied first. Stops after the last layer's reduction,
         or with ``final=True`` goes on and returns the final normalised residual."""
         self._buffers.clear()
+        self._partial.clear()
         self._finite.clear()
         self.device, self.stop = tokens.device, not final
         hooks = [*edit_hooks, *self.fwd_hooks()]

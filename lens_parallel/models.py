@@ -34,7 +34,7 @@ import xxhash
 from accelerate.utils import align_module_device
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import compat
+from lens_parallel import attention, compat
 from lens_parallel import tokenizers as _tok
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
 from lens_parallel.paths import cache_dir, cached_folder
@@ -325,6 +325,7 @@ def _boot(source: str, *, device: str | None, dtype: torch.dtype, **kwargs: Any)
         warnings.simplefilter("ignore")
         model = TransformerBridge.boot_transformers(source, device=device, dtype=dtype, **kwargs)
     model.eval()
+    attention.install(model)
     return model
 
 

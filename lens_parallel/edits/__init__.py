@@ -27,11 +27,11 @@ Adding an edit: one module here defining a frozen dataclass deriving :class:`Edi
 :func:`register_edit`, with ``hooks`` and ``footprint``; import it below.
 """
 
+from lens_parallel.attention import STEP_VALUES
 from lens_parallel.edits.base import (
     EDITS,
     FIRST_INDEX,
     POSITIONS,
-    STEP_VALUES,
     UNEDITED,
     Edit,
     EditBase,

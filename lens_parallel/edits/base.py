@@ -24,6 +24,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
+from lens_parallel.attention import QUERY_BLOCK, STEP_VALUES, RowsHook, rows_hook
 from lens_parallel.choices import EditPositions, HeadsAll
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.hooks import ROLE_HOOKS, Hook
@@ -187,18 +188,13 @@ positions. Set by the decoding loop (:mod:`lens_parallel.generation`) for the fo
 :func:`after_first`."""
 
 
-STEP_VALUES: contextvars.ContextVar[Mapping[int, Tensor] | None] = contextvars.ContextVar("step_values", default=None)
-"""In a forward against cached keys and values, each layer's values over every position its attention reads
-(cached and new: ``[batch, key_pos, head_index, d_head]``, key-value heads), filled as the forward runs by the
-decoding loop (:mod:`lens_parallel.generation`); None elsewhere. Read through :func:`all_values`."""
-
-
 def all_values(
     v: Float[Tensor, "batch pos head_index d_head"], layer: int, n_key: int
 ) -> Float[Tensor, "batch key_pos head_index d_head"]:
-    """The values at all ``n_key`` key positions of ``layer`` in the current forward: ``v`` (hook_v) itself in a
-    whole-sequence forward; in a decoding step, whose hook_v holds only the new positions, the cached ones too
-    (:data:`STEP_VALUES`)."""
+    """The values at the ``n_key`` key positions an attention pattern of ``layer`` holds in the current forward:
+    ``v`` (hook_v) itself when it holds them all; on a decoding step (hook_v holds only the new positions) and on
+    the blocked attention path (a block of queries sees the keys up to its last one) the first ``n_key`` of the
+    layer's values over every key (:data:`lens_parallel.attention.STEP_VALUES`)."""
     if v.shape[1] == n_key:
         return v
     values = STEP_VALUES.get()
@@ -207,7 +203,7 @@ def all_values(
             f"layer {layer}'s hook_v holds {v.shape[1]} positions against {n_key} keys and no cached values were "
             "handed over (run cached forwards through lens_parallel.generate)"
         )
-    return values[layer]
+    return values[layer][:, :n_key]
 
 
 def after_first(hooks: list[Hook]) -> list[Hook]:
@@ -219,14 +215,19 @@ def after_first(hooks: list[Hook]) -> list[Hook]:
         first = FIRST_INDEX.get()
         if out is None or first is None:
             return out
+        block = QUERY_BLOCK.get() if axis == 2 else None  # a block of the queries (the blocked attention path)
+        start = 0 if block is None else block.start
         if isinstance(first, int):
-            rest = out.narrow(axis, 1, out.shape[axis] - 1)
-            return torch.cat([tensor.narrow(axis, 0, 1).to(out.dtype), rest], dim=axis)
-        at = torch.arange(out.shape[axis], device=out.device) == first.to(out.device)[:, None]  # [batch, pos]
+            first = torch.full((out.shape[0],), first, device=out.device)
+        at = torch.arange(start, start + out.shape[axis], device=out.device) == first.to(out.device)[:, None]
         shape = [out.shape[0]] + [out.shape[axis] if d == axis else 1 for d in range(1, out.ndim)]
         return torch.where(at.view(shape), tensor.to(out.dtype), out)
 
-    return [(name, partial(keep_first, fn, 2 if name.endswith("hook_pattern") else 1)) for name, fn in hooks]
+    def wrapped(name: str, fn: Callable[..., Tensor | None]) -> Callable[..., Tensor | None]:
+        kept = partial(keep_first, fn, 2 if name.endswith("hook_pattern") else 1)
+        return rows_hook(kept) if isinstance(fn, RowsHook) else kept
+
+    return [(name, wrapped(name, fn)) for name, fn in hooks]
 
 
 def as_heads(heads: Heads) -> tuple[int, ...] | HeadsAll | None:
@@ -243,10 +244,17 @@ def store(tensor: Tensor, hook: HookPoint, *, state: dict[str, Tensor], key: str
     state[key] = tensor
 
 
-def store_diagonal(pattern: Tensor, hook: HookPoint, *, state: dict[str, Tensor]) -> None:
-    """A reading hook on hook_pattern keeping only each query's own weight A_tt (the role ``pattern_diag``; the
-    last column of a decoding step's row: :func:`lens_parallel.geometry.self_weights`)."""
-    state["pattern_diag"] = geometry.self_weights(pattern)
+def _store_diagonal(pattern: Tensor, hook: HookPoint, *, state: dict[str, Tensor]) -> None:
+    diag = geometry.self_weights(pattern)
+    block = QUERY_BLOCK.get()
+    state["pattern_diag"] = diag if block is None or block.start == 0 else torch.cat([state["pattern_diag"], diag], -1)
+
+
+def store_diagonal(state: dict[str, Tensor]) -> RowsHook:
+    """A reading hook on hook_pattern keeping only each query's own weight A_tt in ``state["pattern_diag"]`` (the
+    role ``pattern_diag``; the last column of a decoding step's row: :func:`lens_parallel.geometry.self_weights`),
+    the blocks of the blocked attention path joined in order."""
+    return rows_hook(partial(_store_diagonal, state=state))
 
 
 def head_mask(

@@ -14,6 +14,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
+from lens_parallel.attention import block_rows, rows_hook
 from lens_parallel.choices import EditPositions, HeadSpace
 from lens_parallel.edits.base import (
     EditBase,
@@ -84,7 +85,7 @@ class DiagonalEdit(EditBase):
                 out.append((hook_name(layer, "resid_pre"), partial(store, state=state, key="x")))
             W_O = output_weights(model, layer) if self.space == "residual-attn" else None
             edit = partial(self._edit_pattern, layer=layer, state=state, heads=heads, W_O=W_O)
-            out.append((hook_name(layer, "pattern_full"), edit))
+            out.append((hook_name(layer, "pattern_full"), rows_hook(edit)))
         return after_first(out) if self.positions == "after-first" else out
 
     def _edit_pattern(
@@ -97,11 +98,10 @@ class DiagonalEdit(EditBase):
         heads: HeadSet,
         W_O: Float[Tensor, "head_index d_head d_model"] | None,
     ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
-        v = expand_kv(all_values(state.pop("v"), layer, pattern.shape[-1]), pattern.shape[1])
+        v = expand_kv(all_values(state["v"], layer, pattern.shape[-1]), pattern.shape[1])
         W_O = None if W_O is None else W_O.to(v)
-        d_a = geometry.diagonal_change(
-            pattern, v, self.space, s_par=self.s_par, x=state.pop("x", None), W_O=W_O, eps=self.eps
-        ).d_a
+        x = block_rows(state["x"]) if "x" in state else None
+        d_a = geometry.diagonal_change(pattern, v, self.space, s_par=self.s_par, x=x, W_O=W_O, eps=self.eps).d_a
         d_a = torch.where(head_mask(heads, pattern.shape[1], pattern.shape[0], pattern.device)[:, :, None], d_a, 0.0)
         return geometry.add_self_weights(pattern, d_a)
 
@@ -157,7 +157,8 @@ class ZeroDiagonal(EditBase):
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         layers, _ = softmax_layers(info, self.layers, what="ZeroDiagonal")
         heads = check_indices("heads", None if self.heads == "all" else self.heads, info.n_heads)
-        return [(hook_name(layer, "pattern_full"), partial(self._edit_pattern, heads=heads)) for layer in layers]
+        edit = rows_hook(partial(self._edit_pattern, heads=heads))
+        return [(hook_name(layer, "pattern_full"), edit) for layer in layers]
 
     def _edit_pattern(
         self, pattern: Float[Tensor, "batch head_index query_pos key_pos"], hook: HookPoint, *, heads: HeadSet

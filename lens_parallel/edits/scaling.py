@@ -233,13 +233,13 @@ def _value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
         mask = head_mask(heads, info.n_heads, z.shape[0], z.device)
         return torch.where(mask[:, None, :, None], z + delta, z)
 
-    out = [(hook_name(layer, "v"), partial(store, state=state, key="v"))]
+    out: list[Hook] = [(hook_name(layer, "v"), partial(store, state=state, key="v"))]
     if info.gated_attention:
         out.append((hook_name(layer, "q_gate"), partial(store, state=state, key="q_gate")))
     if pre_gate:
         out.append((hook_name(layer, "pattern_full"), partial(store, state=state, key="pattern_full")))
     elif edit.space == "value-exclude-self":
-        out.append((hook_name(layer, "pattern_diag"), partial(store_diagonal, state=state)))
+        out.append((hook_name(layer, "pattern_diag"), store_diagonal(state)))
     return [*out, (hook_name(layer, "z"), edit_z)]
 
 

@@ -1,0 +1,244 @@
+"""lens_parallel's own attention path: softmax attention without the square pattern nobody reads.
+
+TransformerLens 4.3 forces eager attention and its attention bridges build the whole ``[batch, head_index,
+query_pos, key_pos]`` scores and pattern in every layer, whether a hook reads them or not. Once :func:`install`\\ ed
+(every model :func:`lens_parallel.load_model` boots), each softmax-attention component of the bridge chooses, at
+each forward, the cheapest of three exact paths that serves the hooks attached to it:
+
+- ``fused``: :func:`torch.nn.functional.scaled_dot_product_attention` (flash / memory-efficient kernels on CUDA,
+  the fused CPU kernel here) when nothing hooks ``hook_pattern`` or ``hook_attn_scores``. ``hook_q``, ``hook_k``,
+  ``hook_v``, ``hook_rot_q``/``hook_rot_k``, ``hook_z`` and ``hook_attn_out`` fire with the same values.
+- ``blocked``: the pattern computed ``block_size`` queries at a time (memory O(block x T) instead of O(T^2)) when
+  every hook on ``hook_pattern`` is a :class:`RowsHook` (a hook that reads or edits rows independently: every
+  lens_parallel capture of the diagonal and every pattern edit). A block of queries ``[start, stop)`` sees keys
+  ``[0, offset + stop)`` only (the causal mask hides the rest), so each hook receives a pattern whose queries are
+  its last positions, exactly as at a cached decoding step; :data:`QUERY_BLOCK` says which queries they are.
+- ``eager``: TransformerLens's own forward, when any other hook reads ``hook_pattern`` (a whole-square cache,
+  ``run_with_cache``) or anything hooks ``hook_attn_scores``.
+
+:func:`attention_path` forces one of them where the hooks allow it (``auto`` restores the choice). Scores, masks,
+soft-capping, grouped-query heads, sliding windows (through the mask Hugging Face builds), query/key norms and
+Qwen3.5's gate follow the bridge's own forward step for step; a component whose configuration uses anything else
+keeps TransformerLens's forward (:func:`lens_parallel.compat.own_attention_reason`). Fully masked query rows (the
+pads of a left-padded batch) get the mean of every value, as the eager softmax over equal masked scores gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import einops
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float
+from torch import Tensor
+from transformer_lens.hook_points import HookPoint
+
+from lens_parallel import compat
+from lens_parallel.choices import AttentionPath
+from lens_parallel.errors import LensParallelError
+from lens_parallel.validate import check_choice
+
+BLOCK_ELEMENTS = 1 << 24
+"""The query block's size in ``auto``: as many queries as keep one block's scores within this many elements
+(batch x heads x block x keys; 64 MB in float32), at least 16."""
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryBlock:
+    """The queries a blocked pattern holds: rows ``start .. stop - 1`` of the ``total`` queries of the call."""
+
+    start: int
+    stop: int
+    total: int
+
+
+QUERY_BLOCK: contextvars.ContextVar[QueryBlock | None] = contextvars.ContextVar("query_block", default=None)
+"""While a hook on ``hook_pattern`` runs on the blocked path, the block of queries it holds; None when it holds
+every query of the call (the eager path, a decoding step)."""
+
+STEP_VALUES: contextvars.ContextVar[dict[int, Tensor] | None] = contextvars.ContextVar("step_values", default=None)
+"""Each layer's values over every key position its attention reads in the current forward (cached and new:
+``[batch, key_pos, head_index, d_head]``, key-value heads), where hook_v does not hold them all: filled by the
+decoding loop (:mod:`lens_parallel.generation`, through :func:`lens_parallel.compat.cache_reaches_attention`) and by
+the blocked path for its blocks; None elsewhere. Read through :func:`lens_parallel.edits.all_values`."""
+
+_PATH: contextvars.ContextVar[tuple[AttentionPath, int | None]] = contextvars.ContextVar(
+    "attention_path", default=("auto", None)
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsHook:
+    """A hook on ``hook_pattern`` that treats each query row on its own (it reads or rewrites rows, with the keys
+    each row has), so the blocked path may hand it the pattern a block of queries at a time (:data:`QUERY_BLOCK`)."""
+
+    fn: Callable[..., Tensor | None]
+
+    def __call__(self, tensor: Tensor, hook: HookPoint) -> Tensor | None:
+        return self.fn(tensor, hook)
+
+
+def rows_hook(fn: Callable[..., Tensor | None]) -> RowsHook:
+    """``fn`` marked as row-wise (:class:`RowsHook`)."""
+    return fn if isinstance(fn, RowsHook) else RowsHook(fn)
+
+
+@contextlib.contextmanager
+def attention_path(path: AttentionPath, *, block_size: int | None = None) -> Iterator[None]:
+    """Force every installed attention component to ``path`` while inside, where its hooks allow it (a hook that
+    needs the whole pattern keeps the eager path; one that reads rows keeps a pattern), ``auto``: chosen per forward,
+    queries blocked ``block_size`` at a time on the blocked path (default: :data:`BLOCK_ELEMENTS`)."""
+    check_choice("attention path", path, AttentionPath)
+    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
+        raise LensParallelError(f"block_size must be a positive integer, got {block_size!r}")
+    token = _PATH.set((path, block_size))
+    try:
+        yield
+    finally:
+        _PATH.reset(token)
+
+
+def block_rows(tensor: Tensor, axis: int = 1) -> Tensor:
+    """The rows of a per-query ``tensor`` (one row per query of the call along ``axis``) that the pattern being
+    hooked holds (:data:`QUERY_BLOCK`): all of them outside the blocked path."""
+    block = QUERY_BLOCK.get()
+    if block is None or tensor.shape[axis] != block.total:
+        return tensor
+    return tensor.narrow(axis, block.start, block.stop - block.start)
+
+
+def chosen_path(component: Any, *, softcap: float | None) -> Literal["fused", "blocked", "eager"]:
+    """The path ``component`` takes in this forward: eager when forced or when a hook needs the whole square (any
+    hook on ``hook_attn_scores``, a backward hook or a hook other than a :class:`RowsHook` on ``hook_pattern``);
+    else blocked when a hook reads rows of the pattern, when the scores are soft-capped (no kernel does that) or
+    when forced; else fused."""
+    forced, _ = _PATH.get()
+    scores, pattern = component.hook_attn_scores, component.hook_pattern
+    readers = [handle.user_hook for handle in pattern.fwd_hooks]
+    whole = scores.has_hooks() or pattern.has_hooks(dir="bwd") or any(not isinstance(f, RowsHook) for f in readers)
+    if forced == "eager" or whole:
+        return "eager"
+    return "blocked" if readers or softcap is not None or forced == "blocked" else "fused"
+
+
+def _grouped(x: Tensor, n_kv: int) -> Tensor:
+    """Query heads gathered under the key-value head they read: ``[batch, kv, group * query, last]``."""
+    return einops.rearrange(x, "batch (kv group) query last -> batch kv (group query) last", kv=n_kv)
+
+
+def _ungrouped(x: Tensor, group: int) -> Tensor:
+    """The inverse of :func:`_grouped`, ``group`` query heads per key-value head."""
+    return einops.rearrange(x, "batch kv (group query) last -> batch (kv group) query last", group=group)
+
+
+def _mask_rows(mask: Tensor, start: int, stop: int, end: int) -> Tensor:
+    return mask[..., start:stop, :end]
+
+
+def _dead_rows(mask: Tensor | None, n_query: int) -> Bool[Tensor, "batch heads query"] | None:
+    if mask is None:
+        return None
+    hidden = ~mask if mask.dtype == torch.bool else mask <= torch.finfo(mask.dtype).min
+    dead = hidden.all(-1)
+    return dead if bool(dead.any()) else None
+
+
+def attend(
+    component: Any,
+    q: Float[Tensor, "batch head_index query_pos d_head"],
+    k: Float[Tensor, "batch kv_head_index key_pos d_head"],
+    v: Float[Tensor, "batch kv_head_index key_pos d_head"],
+    mask: Tensor | None,
+    *,
+    path: Literal["fused", "blocked"],
+    scale: float,
+    softcap: float | None,
+    layer: int | None,
+) -> Float[Tensor, "batch head_index query_pos d_head"]:
+    """Softmax attention of causal queries (the last ``query_pos`` of the ``key_pos`` positions) over keys and values
+    with key-value heads shared by ``head_index / kv_head_index`` query heads each (query head h reads key-value head
+    h // group):
+
+        s_ts = scale q_t . k_s (soft-capped: c tanh(s / c)), masked by ``mask`` (bool: allowed; float: added) or,
+        without one, causally; A_t = softmax_s(s_t) in float32, hook_pattern; z_t = sum_s A_ts v_s.
+
+    ``fused``: one scaled_dot_product_attention call (no pattern, no softcap). ``blocked``: the queries
+    ``block_size`` at a time, each block against the keys up to its last query, hook_pattern fired per block
+    (:data:`QUERY_BLOCK` set, :data:`STEP_VALUES` holding ``layer``'s values). Returns z ``[batch, head_index,
+    query_pos, d_head]`` in the queries' dtype."""
+    n_heads, n_kv, n_query, n_key = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
+    if path == "fused":
+        causal = mask is None and n_query == n_key and n_query > 1
+        if mask is None and 1 < n_query < n_key:
+            mask = torch.ones(n_query, n_key, dtype=torch.bool, device=q.device).tril(n_key - n_query)
+        z = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=n_kv != n_heads
+        )
+    else:
+        z = _blocked(component, q, k, v, mask, scale=scale, softcap=softcap, layer=layer)
+    dead = _dead_rows(mask, n_query)
+    if dead is not None:  # eager: every masked score equal, so the softmax is uniform over all keys
+        mean = einops.repeat(v.mean(2), "batch kv d -> batch (kv group) d", group=n_heads // n_kv)
+        z = torch.where(dead.expand(z.shape[0], n_heads, n_query)[..., None], mean[:, :, None].to(z.dtype), z)
+    return z
+
+
+def _blocked(
+    component: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    *,
+    scale: float,
+    softcap: float | None,
+    layer: int | None,
+) -> Tensor:
+    batch, n_heads, n_query, _ = q.shape
+    n_kv, n_key = k.shape[1], k.shape[2]
+    offset, group = n_key - n_query, n_heads // n_kv
+    _, forced_block = _PATH.get()
+    block = forced_block or max(16, BLOCK_ELEMENTS // max(1, batch * n_heads * n_key))
+    low = torch.finfo(q.dtype).min
+    values = dict(STEP_VALUES.get() or {})
+    if layer is not None:
+        values[layer] = einops.rearrange(v, "batch kv key d -> batch key kv d")
+    values_token = STEP_VALUES.set(values)
+    out = []
+    try:
+        for start in range(0, n_query, block):
+            stop = min(n_query, start + block)
+            end = offset + stop
+            scores = _ungrouped(_grouped(q[:, :, start:stop], n_kv) @ k[:, :, :end].transpose(-1, -2), group) * scale
+            if softcap is not None:
+                scores = torch.tanh(scores / softcap) * softcap
+            if mask is None:
+                allowed = torch.ones(stop - start, end, dtype=torch.bool, device=q.device).tril(end - (stop - start))
+                scores = scores.masked_fill(~allowed, low)
+            elif mask.dtype == torch.bool:
+                scores = scores.masked_fill(~_mask_rows(mask, start, stop, end), low)
+            else:
+                scores = scores + _mask_rows(mask, start, stop, end)
+            pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            token = QUERY_BLOCK.set(None if (start, stop) == (0, n_query) else QueryBlock(start, stop, n_query))
+            try:
+                pattern = component.hook_pattern(pattern)
+            finally:
+                QUERY_BLOCK.reset(token)
+            out.append(_ungrouped(_grouped(pattern, n_kv) @ v[:, :, :end], group))
+    finally:
+        STEP_VALUES.reset(values_token)
+    return torch.cat(out, dim=2)
+
+
+def install(model: Any) -> int:
+    """Give every softmax-attention component of ``model`` (a TransformerBridge) lens_parallel's attention path;
+    returns how many components took it (the others keep TransformerLens's forward). Idempotent."""
+    return compat.install_attention(model, attend, chosen_path)

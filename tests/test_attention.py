@@ -1,0 +1,170 @@
+"""lens_parallel's own attention path (fused / blocked) against TransformerLens's eager attention: the same logits,
+hook values, analyses and edits, on every toy family, padded documents and blocks that do not divide the length."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from lens_parallel import attention, compat
+from lens_parallel.analyses.decompose import decompose
+from lens_parallel.analyses.evaluate import evaluate
+from lens_parallel.attention import attention_path, chosen_path, rows_hook
+from lens_parallel.data import token_blocks
+from lens_parallel.edits import ComponentScale, DiagonalEdit, ZeroDiagonal
+from lens_parallel.errors import LensParallelError
+from lens_parallel.models import model_info
+
+from .conftest import get_model
+
+ATOL = 2e-5
+"""Float32 logits of the toys (|logit| < 5): the paths sum the same products in another order."""
+
+PATHS = ("fused", "blocked")
+WATCHED = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_attn_out")
+
+
+def _tokens(model, n_docs: int = 2, seq_len: int = 29):
+    return token_blocks(model, "austen", n_docs=n_docs, seq_len=seq_len).tokens
+
+
+def _run(model, tokens, mask, path):
+    captured: dict[str, torch.Tensor] = {}
+
+    def keep(tensor, hook):
+        captured[hook.name] = tensor.detach().clone()
+
+    watched = [(name, keep) for name in model.hook_dict if name.rsplit(".", 1)[-1] in WATCHED]
+    with attention_path(path, block_size=6), torch.inference_mode(), model.hooks(fwd_hooks=watched):
+        logits = model(tokens, attention_mask=mask, return_type="logits")
+    return logits, captured
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_paths_reproduce_eager_logits_and_hooks(toy, padded):
+    tokens = _tokens(toy)
+    mask = torch.ones_like(tokens)
+    if padded:
+        mask[1, :7] = 0  # a left-padded row: its pads attend to nothing
+    reference, hooks = _run(toy, tokens, mask, "eager")
+    real = mask.bool()
+    for path in PATHS:
+        logits, got = _run(toy, tokens, mask, path)
+        np.testing.assert_allclose(logits[real].numpy(), reference[real].numpy(), atol=ATOL, err_msg=path)
+        assert got.keys() == hooks.keys() and len(got) >= 5
+        for name, tensor in got.items():
+            np.testing.assert_allclose(tensor.numpy(), hooks[name].numpy(), atol=ATOL, err_msg=f"{path} {name}")
+
+
+def test_bridge_matches_hugging_face_on_the_fused_path():
+    model = get_model("toy-qwen2")
+    tokens = _tokens(model)
+    with torch.inference_mode():
+        ours = model(tokens, return_type="logits")
+        hf = model.original_model(tokens).logits
+    np.testing.assert_allclose(ours.numpy(), hf.numpy(), atol=ATOL)
+
+
+def test_path_follows_the_hooks_attached():
+    model = get_model("toy-llama")
+    component = model.blocks[1].attn
+    name = "blocks.1.attn.hook_pattern"
+
+    def plain(tensor, hook):
+        return None
+
+    assert chosen_path(component, softcap=None) == "fused"
+    assert chosen_path(component, softcap=30.0) == "blocked"  # no kernel soft-caps
+    with model.hooks(fwd_hooks=[(name, rows_hook(plain))]):
+        assert chosen_path(component, softcap=None) == "blocked"
+        with model.hooks(fwd_hooks=[(name, plain)]):
+            assert chosen_path(component, softcap=None) == "eager"  # a user's hook sees the whole square
+    with model.hooks(fwd_hooks=[("blocks.1.attn.hook_attn_scores", plain)]):
+        assert chosen_path(component, softcap=None) == "eager"
+    with attention_path("eager"):
+        assert chosen_path(component, softcap=None) == "eager"
+
+
+def test_blocked_hooks_see_rows_with_their_keys():
+    model = get_model("toy-qwen3")
+    tokens = _tokens(model, seq_len=23)
+    shapes: list[tuple[int, ...]] = []
+
+    def keep(tensor, hook):
+        shapes.append((*tensor.shape[-2:], attention.QUERY_BLOCK.get().start))
+
+    with (
+        attention_path("blocked", block_size=10),
+        model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", rows_hook(keep))]),
+    ):
+        model(tokens, return_type=None)
+    assert shapes == [(10, 10, 0), (10, 20, 10), (3, 23, 20)]
+
+
+@pytest.mark.parametrize("family", ["toy-gpt2", "toy-qwen2", "toy-qwen3.5"])
+def test_decompose_is_the_same_on_every_path(family):
+    model = get_model(family)
+    tokens = _tokens(model, n_docs=3, seq_len=21)
+    spaces = ["value", "value-exclude-self", "residual-attn"]
+    if model_info(model).post_norm or model_info(model).gated_attention:
+        spaces = ["value", "value-exclude-self"]
+    results = {}
+    for path in ("eager", "auto", "blocked"):
+        with attention_path(path, block_size=8), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            results[path] = decompose(model, tokens, space=spaces, progress=False).to_dataframe()
+    numeric = results["eager"].select_dtypes("number").columns
+    for path in ("auto", "blocked"):
+        pd.testing.assert_frame_equal(results[path][numeric], results["eager"][numeric], atol=1e-6, rtol=1e-5)
+
+
+EDITS = {
+    "zero-diagonal": ZeroDiagonal(),
+    "diagonal-value": DiagonalEdit("value", s_par=0.0),
+    "diagonal-residual": DiagonalEdit("residual-attn", s_par=0.0, positions="after-first"),
+    "value-exclude-self": ComponentScale("value-exclude-self", s_par=0.0),
+    "value": ComponentScale("value", s_par=0.0),
+}
+
+
+@pytest.mark.parametrize("edit", EDITS)
+def test_edits_give_the_same_losses_on_every_path(edit):
+    model = get_model("toy-llama")
+    tokens = _tokens(model, n_docs=3, seq_len=25)
+    frames = {}
+    for path in ("eager", "auto", "blocked"):
+        with attention_path(path, block_size=7):
+            frames[path] = evaluate(model, tokens, EDITS[edit], n_resamples=50).to_dataframe()
+    # perplexities exp(loss) of a random-weight toy are ~5e4: compare the losses and the shift they come from
+    numeric = [c for c in frames["eager"].select_dtypes("number").columns if "ppl" not in c]
+    assert len(numeric) >= 4
+    for path in ("auto", "blocked"):  # float32 losses of ~11 nats: one rounding step is 1e-6
+        pd.testing.assert_frame_equal(frames[path][numeric], frames["eager"][numeric], atol=1e-5, rtol=1e-5)
+
+
+def test_installed_on_every_softmax_layer():
+    for family in ("toy-gpt2", "toy-pythia", "toy-qwen2", "toy-qwen3", "toy-llama", "toy-qwen3.5"):
+        model = get_model(family)
+        assert attention.install(model) == len(model_info(model).softmax_layers), family
+
+
+def test_wrapped_forwards_are_the_ones_checked():
+    """The own path mirrors TransformerLens 4.3's attention forwards step for step; a release that changes them
+    must be checked again (the hashes of their source, :data:`lens_parallel.compat.ATTENTION_SOURCES`)."""
+    assert compat.attention_sources() == compat.ATTENTION_SOURCES
+
+
+def test_bad_path_and_block_size_are_refused():
+    with (
+        pytest.raises(LensParallelError, match="accepted: auto, fused, blocked, eager"),
+        attention_path("flash"),  # type: ignore[arg-type]
+    ):
+        pass
+    with pytest.raises(LensParallelError, match="positive integer"), attention_path("blocked", block_size=0):
+        pass
+    assert "block_size" in inspect.signature(attention_path).parameters
