@@ -1,0 +1,182 @@
+"""The attention path: every analysis against a Hugging Face SDPA forward, before (TransformerLens's eager attention)
+and after (lens_parallel's own path), time and peak memory.
+
+    python benchmarks/attention_path.py [--config smollm2-135m:4x512 --config smollm2-135m:1x4096 ...]
+                                        [--cases hf-sdpa,decompose-value,decompose-3,evaluate,causal-null]
+                                        [--repeats 3] [--threads 2] [--out benchmarks/out/attention_path]
+
+Each measurement runs in a fresh process (so that its peak memory is its own): the model is loaded, one short warm-up
+forward runs, the peak is reset (``/proc/self/clear_refs``; on CUDA ``reset_peak_memory_stats``), the case runs once
+and reports its wall time and the peak resident memory (CUDA: ``max_memory_allocated``) it added over the loaded
+model. Cases (``before``: ``attention_path("eager")``, TransformerLens's square pattern in every layer; ``after``:
+``auto``):
+
+- ``hf-sdpa``: Hugging Face's own model (an independent load, ``attn_implementation="sdpa"``) to its last hidden
+  state, no logits: the cheapest forward a user could run, the denominator of every ratio;
+- ``decompose-value``: ``decompose(space="value")``; ``decompose-3``: value, value-exclude-self, residual-attn;
+- ``evaluate``: ``evaluate(ComponentScale("value", s_par=0))`` (the edited and the no-op forward);
+- ``causal-null``: ``causal_null(null="exact")``.
+
+Rounds of every case are interleaved (``--repeats``; median time, memory from the first round). Text: Moby-Dick,
+``batch`` blocks of ``length`` tokens. Every finished measurement is appended to ``results.jsonl`` in ``--out`` and
+skipped on a rerun (resumable); the table is printed and written as ``table.md``. On a CUDA device add
+``--device cuda`` (the GPU section: time and ``max_memory_allocated`` at 4k and 32k).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CASES = ("hf-sdpa", "decompose-value", "decompose-3", "evaluate", "causal-null")
+DEFAULT_CONFIGS = ("smollm2-135m:4x512", "smollm2-135m:1x4096")
+
+
+def _status(field: str) -> int:
+    """A field of /proc/self/status in bytes (VmRSS, VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def measure(spec: str, batch: int, length: int, case: str, path: str, device: str) -> dict[str, float]:
+    """One case in this process: seconds and bytes added at peak over the loaded model."""
+    import torch
+
+    from lens_parallel import ComponentScale, causal_null, decompose, evaluate, load_model
+    from lens_parallel.attention import attention_path
+    from lens_parallel.data import token_blocks
+
+    model = load_model(spec, device=device)
+    tokens = token_blocks(model, "moby-dick", n_docs=batch, seq_len=length).tokens.to(device)
+    if case == "hf-sdpa":
+        from transformers import AutoModelForCausalLM
+
+        from lens_parallel.weights import real_model_folder
+
+        del model
+        hf = AutoModelForCausalLM.from_pretrained(real_model_folder(spec), dtype=torch.float32)
+        hf = hf.to(device).eval()
+        hf.set_attn_implementation("sdpa")
+
+        def run(t: torch.Tensor) -> None:
+            with torch.inference_mode():
+                hf.model(input_ids=t)
+    else:
+        runs = {
+            "decompose-value": lambda t: decompose(model, t, space="value", batch_size=batch, progress=False),
+            "decompose-3": lambda t: decompose(
+                model, t, space=["value", "value-exclude-self", "residual-attn"], batch_size=batch, progress=False
+            ),
+            "evaluate": lambda t: evaluate(model, t, ComponentScale("value", s_par=0.0), batch_size=batch, n_resamples=100),
+            "causal-null": lambda t: causal_null(model, t, null="exact", batch_size=batch, progress=False),
+        }
+
+        def run(t: torch.Tensor) -> None:
+            with attention_path("eager" if path == "before" else "auto"):
+                runs[case](t)
+
+    run(tokens[:1, :64])  # warm-up: kernels chosen, lazy imports done
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+        base = _status("VmRSS")
+    start = time.perf_counter()
+    run(tokens)
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() if cuda else _status("VmHWM")
+    return {"seconds": seconds, "added_gb": (peak - base) / 1e9}
+
+
+def _table(rows: list[dict]) -> str:
+    lines = [
+        "| model | shape | case | path | seconds (median) | x HF SDPA | GB added | x HF SDPA's |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["config"], row["case"], row["path"]), []).append(row)
+    for config in dict.fromkeys(r["config"] for r in rows):
+        spec, shape = config.split(":")
+        base = groups.get((config, "hf-sdpa", "hf"))
+        base_s = statistics.median(r["seconds"] for r in base) if base else float("nan")
+        base_gb = base[0]["added_gb"] if base else float("nan")
+        for (cfg, case, path), found in groups.items():
+            if cfg != config:
+                continue
+            seconds = statistics.median(r["seconds"] for r in found)
+            gb = found[0]["added_gb"]
+            lines.append(
+                f"| {spec} | {shape} | {case} | {path} | {seconds:.2f} | {seconds / base_s:.2f} | {gb:.2f} | "
+                f"{gb / base_gb if base_gb > 0 else float('nan'):.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", action="append", help="MODEL:BATCHxLENGTH (repeatable)")
+    parser.add_argument("--cases", default="hf-sdpa,decompose-value,decompose-3,evaluate")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out/attention_path"))
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one measurement, as JSON
+    args = parser.parse_args()
+    if args.one:
+        job = json.loads(args.one)
+        print(json.dumps(measure(**job)))
+        return
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        parser.error(f"unknown cases {unknown}; known: {', '.join(CASES)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = args.out / "results.jsonl"
+    done = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+    seen = {(r["config"], r["case"], r["path"], r["round"]) for r in done}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    for round_ in range(args.repeats):
+        for config in args.config or DEFAULT_CONFIGS:
+            spec, shape = config.split(":")
+            batch, length = (int(x) for x in shape.split("x"))
+            for case in cases:
+                for path in ("hf",) if case == "hf-sdpa" else ("before", "after"):
+                    if (config, case, path, round_) in seen:
+                        continue
+                    job = {"spec": spec, "batch": batch, "length": length, "case": case, "path": path}
+                    job["device"] = args.device
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--one", json.dumps(job)], env=env, capture_output=True, text=True
+                    )
+                    if out.returncode != 0:
+                        print(f"{config} {case} {path}: failed (rc {out.returncode}): {out.stderr[-400:]}", flush=True)
+                        row = {"config": config, "case": case, "path": path, "round": round_, "failed": True}
+                        row["error"] = out.stderr[-400:]
+                    else:
+                        row = {"config": config, "case": case, "path": path, "round": round_}
+                        row.update(json.loads(out.stdout.strip().splitlines()[-1]))
+                        print(json.dumps(row), flush=True)
+                    with results.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    done.append(row)
+    table = _table([r for r in done if not r.get("failed")])
+    (args.out / "table.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
