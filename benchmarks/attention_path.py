@@ -75,7 +75,9 @@ def measure(spec: str, batch: int, length: int, case: str, path: str, device: st
             "decompose-3": lambda t: decompose(
                 model, t, space=["value", "value-exclude-self", "residual-attn"], batch_size=batch, progress=False
             ),
-            "evaluate": lambda t: evaluate(model, t, ComponentScale("value", s_par=0.0), batch_size=batch, n_resamples=100),
+            "evaluate": lambda t: evaluate(
+                model, t, ComponentScale("value", s_par=0.0), batch_size=batch, n_resamples=100
+            ),
             "causal-null": lambda t: causal_null(model, t, null="exact", batch_size=batch, progress=False),
         }
 

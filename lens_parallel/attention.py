@@ -165,7 +165,8 @@ def attend(
     h // group):
 
         s_ts = scale q_t . k_s (soft-capped: c tanh(s / c)), masked by ``mask`` (bool: allowed; float: added) or,
-        without one, causally; A_t = softmax_s(s_t) in float32, hook_pattern; z_t = sum_s A_ts v_s.
+        without one, causally; A_t = softmax_s(s_t) in float32 (float64 in a float64 model, where
+        TransformerLens's eager path rounds it to float32), hook_pattern; z_t = sum_s A_ts v_s.
 
     ``fused``: one scaled_dot_product_attention call (no pattern, no softcap). ``blocked``: the queries
     ``block_size`` at a time, each block against the keys up to its last query, hook_pattern fired per block
@@ -207,6 +208,7 @@ def _blocked(
     _, forced_block = _PATH.get()
     block = forced_block or max(16, BLOCK_ELEMENTS // max(1, batch * n_heads * n_key))
     low = torch.finfo(q.dtype).min
+    precise = torch.promote_types(q.dtype, torch.float32)  # float32 softmax, float64 for a float64 model
     values = dict(STEP_VALUES.get() or {})
     if layer is not None:
         values[layer] = einops.rearrange(v, "batch kv key d -> batch key kv d")
@@ -226,7 +228,7 @@ def _blocked(
                 scores = scores.masked_fill(~_mask_rows(mask, start, stop, end), low)
             else:
                 scores = scores + _mask_rows(mask, start, stop, end)
-            pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            pattern = torch.softmax(scores, dim=-1, dtype=precise).to(q.dtype)
             token = QUERY_BLOCK.set(None if (start, stop) == (0, n_query) else QueryBlock(start, stop, n_query))
             try:
                 pattern = component.hook_pattern(pattern)

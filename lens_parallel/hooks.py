@@ -527,7 +527,11 @@ def gradient_pass(
         check_shape(hook_name(layer, role), tensor, expected_shape(role, info))
         if recomputing[0] and role in roles.get(layer, ()):
             kept = geometry.self_weights(tensor) if role == "pattern_diag" else tensor
-            acts[layer][role] = kept.detach().to(device=tokens.device, dtype=torch.float64)
+            kept = kept.detach().to(device=tokens.device, dtype=torch.float64)
+            block = QUERY_BLOCK.get() if role == "pattern_diag" else None
+            if block is not None and block.start > 0:  # the blocked attention path: the diagonal's blocks in order
+                kept = torch.cat([acts[layer][role], kept], -1)
+            acts[layer][role] = kept
         if not recomputing[0] and role in grad_roles.get(layer, ()):
             tensor.register_hook(partial(on_grad, layer=layer, role=role))  # holds no reference to the tensor
         # returned unchanged: the bridge hands some hooks a reshaped view and, when a hook returns nothing, goes on
@@ -535,8 +539,14 @@ def gradient_pass(
         return tensor
 
     names = {(layer, role) for layer, rs in [*roles.items(), *grad_roles.items()] for role in rs}
-    hooks = [(hook_name(0, "resid_pre"), grad_root)]
-    hooks += [(hook_name(layer, role), partial(capture, layer=layer, role=role)) for layer, role in sorted(names)]
+    hooks: list[Hook] = [(hook_name(0, "resid_pre"), grad_root)]
+
+    def hook(layer: int, role: str) -> Callable[..., Tensor | None]:
+        fn = partial(capture, layer=layer, role=role)
+        row_wise = role == "pattern_diag" and role not in grad_roles.get(layer, ())
+        return rows_hook(fn) if row_wise else fn
+
+    hooks += [(hook_name(layer, role), hook(layer, role)) for layer, role in sorted(names)]
     # the hooks stay attached through the backward: the recomputed blocks run them again
     with torch.enable_grad(), checkpointed_blocks(model, recomputing), model.hooks(fwd_hooks=hooks):
         final = run_to_final(model, tokens)

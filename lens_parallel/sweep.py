@@ -49,11 +49,21 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel.attention import attention_path
 from lens_parallel.budget import choose_batch_size, default_budget, parse_bytes
 from lens_parallel.choices import Ablation, EditPositions
 from lens_parallel.distributed import TaskContext, check_workers, run_tasks
 from lens_parallel.documents import DocBatch, Documents, document_batches
-from lens_parallel.edits import Edit, EditBase, HeadEdit, check_positions, compile_hooks, edit_layers, stacked_hooks
+from lens_parallel.edits import (
+    Edit,
+    EditBase,
+    HeadEdit,
+    check_positions,
+    compile_hooks,
+    edit_footprint,
+    edit_layers,
+    stacked_hooks,
+)
 from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
 from lens_parallel.hooks import Hook, LayerStream, Reducer, check_indices, forward, softmax_layers
 from lens_parallel.losses import DocLosses, chunked_token_nll, scored_sums, unembedding
@@ -559,12 +569,25 @@ def run_sweep(
     setup = plan_sweep(
         model, documents, jobs, metric=metric, ablation=ablation, positions=positions, options=options, changes=changes
     )
-    with _stored(model, setup) as (store, done, digest):
+    with _stored(model, setup) as (store, done, digest), _one_attention_path(setup):
         base = _execute(model, setup, store, done, digest, memo=memo, desc=desc)
     n_tokens = setup.documents.n_tokens
     base_losses = None if base is None else DocLosses(base.double().cpu().numpy(), n_tokens)
     values = {job.key: done[job.key] for job in setup.jobs}
     return SweepRun(base=base_losses, values=values, n_tokens=n_tokens, options=setup.options, auto_batch=setup.auto)
+
+
+def _one_attention_path(setup: SweepSetup) -> contextlib.AbstractContextManager[None]:
+    """Every forward of a sweep on one attention path: the blocked one when an edit reads or rewrites pattern rows
+    (or says nothing of what it reads), so that the reference pass, the matched no-ops and the edited runs round
+    alike and a no-op still reproduces the unedited losses bit for bit; else each layer's own choice (fused)."""
+    rows = any(
+        (footprint := edit_footprint(edit, setup.info)) is None or footprint.pattern != "none"
+        for job in setup.jobs
+        if isinstance(job, EditJob)
+        for edit in job.edits
+    )
+    return attention_path("blocked") if rows else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)

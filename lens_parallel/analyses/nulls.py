@@ -83,11 +83,20 @@ def default_gate_layers(layers: tuple[int, ...]) -> list[int]:
     return sorted({layers[0], layers[len(layers) // 2], layers[-1]})
 
 
+GATE_POSITIONS = 512
+"""The reconstruction gate reads the first document's first this many positions: attention is causal, so they are
+exactly those of the whole document, and the whole pattern it compares (T x T per head) stays small at any length."""
+
+
 def reconstruction_error(model: TransformerBridge, documents: Documents, layers: list[int]) -> float:
-    """Max over layers of |A @ expand(v) (x sigmoid(gate) if gated) - hook_z| / |hook_z|, on the first document."""
+    """Max over layers of |A @ expand(v) (x sigmoid(gate) if gated) - hook_z| / |hook_z|, on the first document's
+    first :data:`GATE_POSITIONS` positions."""
     info = model_info(model)
     roles = ["pattern_full", *value_roles(info, gate=True), "z"]
-    first = next(document_batches(documents, 1))
+    whole = next(document_batches(documents, 1))
+    first = dataclasses.replace(
+        whole, tokens=whole.tokens[:, :GATE_POSITIONS], lengths=whole.lengths.clamp(max=GATE_POSITIONS)
+    )
     got = run_rows(model, info, Batch(first), capture={layer: roles for layer in layers}).captured
     worst = 0.0
     for t in got.values():
