@@ -6,7 +6,8 @@ and after (lens_parallel's own path), time and peak memory.
                                         [--repeats 3] [--threads 2] [--out benchmarks/out/attention_path]
 
 Each measurement runs in a fresh process (so that its peak memory is its own): the model is loaded, one short warm-up
-forward runs, the peak is reset (``/proc/self/clear_refs``; on CUDA ``reset_peak_memory_stats``), the case runs once
+forward runs, freed heap memory is returned to the system (``malloc_trim``) and the peak is reset
+(``/proc/self/clear_refs``; on CUDA ``reset_peak_memory_stats``), the case runs once
 and reports its wall time and the peak resident memory (CUDA: ``max_memory_allocated``) it added over the loaded
 model. Cases (``before``: ``attention_path("eager")``, TransformerLens's square pattern in every layer; ``after``:
 ``auto``):
@@ -26,6 +27,7 @@ skipped on a rerun (resumable); the table is printed and written as ``table.md``
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -92,6 +94,7 @@ def measure(spec: str, batch: int, length: int, case: str, path: str, device: st
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed heap back to the system: the case's peak shows in the RSS
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
         base = _status("VmRSS")
     start = time.perf_counter()

@@ -38,6 +38,7 @@ from lens_parallel.downstream.presets import resolve_tasks
 from lens_parallel.losses import token_nll
 from lens_parallel.models import model_info
 from lens_parallel.stats import mcnemar_exact
+from lens_parallel.tokenizers import hf_tokenizer
 from lens_parallel.weights import WeightsFetchError
 from tests.conftest import FAMILIES, Killed, NotDecodeSafe, get_model
 
@@ -613,3 +614,36 @@ def test_requests_in_the_chat_template_are_lm_evals_hf_models():
         task_effects(model, ComponentScale("value", s_par=0.0), ["gsm8k_cot"], apply_chat_template=True)
     with pytest.raises(LensParallelError, match="fewshot_as_multiturn needs apply_chat_template=True"):
         task_effects(model, ComponentScale("value", s_par=0.0), ["gsm8k_cot"], fewshot_as_multiturn=True)
+
+
+def test_ruler_tasks_get_the_tokenizer_and_lengths_and_online_ones_are_refused_offline(monkeypatch):
+    import huggingface_hub
+
+    from lens_parallel.downstream.presets import TASK_PRESETS
+
+    tokenizer = hf_tokenizer(get_model("toy-qwen2"))
+    preset = TASK_PRESETS["long-context"]
+    names = [name for name, _ in preset.tasks]
+    assert set(names) == task_data.RULER_SYNTHETIC and preset.max_seq_lengths == (4096,)
+    index = task_data.task_manager(None).task_index
+    assert all(name in index for name in task_data.RULER_SYNTHETIC | task_data.RULER_ONLINE)
+    metadata = dict(task_data.ruler_metadata(names, tokenizer, (1024, 2048)))
+    assert metadata == {"tokenizer": tokenizer.name_or_path, "max_seq_lengths": (1024, 2048)}
+    assert task_data.ruler_metadata(["piqa"], tokenizer, (4096,)) is None
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(LensParallelError, match=r"niah_single_2 read .* hub \(online only\); offline: niah_multikey_2"):
+        task_data.ruler_metadata(["niah_single_2", "piqa"], tokenizer, (4096,))
+    with pytest.raises(LensParallelError, match="max_seq_lengths must be a positive integer"):
+        task_effects(get_model("toy-qwen2"), (), "long-context", max_seq_lengths=(0,))
+
+
+@pytest.mark.slow
+def test_the_long_context_preset_scores_ruler_items_at_the_length_asked_for():
+    model = get_model("toy-qwen2")
+    tasks = [("niah_single_1", 0), ("ruler_vt", 0)]
+    result = task_effects(model, ZeroDiagonal(), tasks, limit=2, max_gen_toks=4, max_seq_lengths=(4096,))
+    df = result.to_dataframe()
+    assert set(df.task) == {"niah_single_1", "ruler_vt"} and set(df.setting) == set(result.settings)
+    assert len(result.settings) == 2
+    assert "4096" in df.columns and "8192" not in df.columns  # RULER's metric per length: only the one asked for
+    assert df["4096"].between(0, 1).all() and len(df) == 2 * 2 * 2

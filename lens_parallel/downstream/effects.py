@@ -567,6 +567,8 @@ def _scored(task: str, task_object: Any, runs: dict[str, Any], settings: Sequenc
         }
         doc_ids = np.asarray([row["doc_id"] for row in per_setting[UNEDITED]])
         for metric, agg in task_object.aggregation().items():
+            if per_setting[UNEDITED] and metric not in per_setting[UNEDITED][0]:
+                continue  # RULER declares a metric per length (4096 ... 131072): only the lengths asked for are scored
             label = metric if flt == "none" else f"{metric},{flt}"
             values[label] = np.stack([_item_values(per_setting[k], metric) for k in settings])
             aggregations[label] = getattr(agg, "__name__", str(agg))
