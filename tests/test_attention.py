@@ -168,3 +168,48 @@ def test_bad_path_and_block_size_are_refused():
     with pytest.raises(LensParallelError, match="positive integer"), attention_path("blocked", block_size=0):
         pass
     assert "block_size" in inspect.signature(attention_path).parameters
+
+
+@pytest.mark.parametrize("softcap", [None, 20.0])
+def test_gemma3_sliding_windows_norms_and_soft_capping(softcap):
+    """A Gemma 3 built here (no toy of the family is bundled): sliding-window layers with a window of 8 on 29
+    tokens, query/key norms, grouped heads, a padded row, and (as Gemma 2 does) soft-capped scores, which no kernel
+    computes: the own path takes the blocked softmax for them."""
+    import transformers
+
+    from lens_parallel.models import wrap_hf_model
+    from lens_parallel.tokenizers import load_bundled_tokenizer
+
+    config = transformers.Gemma3TextConfig(
+        num_hidden_layers=3,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=151936,
+        sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        attn_logit_softcapping=softcap,
+        max_position_embeddings=512,
+        architectures=["Gemma3ForCausalLM"],
+    )
+    torch.manual_seed(0)
+    hf_model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = wrap_hf_model(hf_model, load_bundled_tokenizer("qwen3"), name="toy-gemma3")
+    assert attention.install(model) == 3
+    tokens = torch.randint(100, 5000, (2, 29))
+    mask = torch.ones_like(tokens)
+    mask[1, :4] = 0
+    reference, hooks = _run(model, tokens, mask, "eager")
+    real = mask.bool()
+    for path in PATHS:
+        logits, got = _run(model, tokens, mask, path)
+        np.testing.assert_allclose(logits[real].numpy(), reference[real].numpy(), atol=ATOL, err_msg=path)
+        assert got.keys() == hooks.keys() and len(got) >= 3
+        for name, tensor in got.items():
+            np.testing.assert_allclose(tensor.numpy(), hooks[name].numpy(), atol=ATOL, err_msg=f"{path} {name}")
+    component = model.blocks[0].attn
+    assert chosen_path(component, softcap=component.original_component.attn_logit_softcapping) == (
+        "fused" if softcap is None else "blocked"
+    )
