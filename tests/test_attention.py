@@ -45,20 +45,25 @@ def _run(model, tokens, mask, path):
     return logits, captured
 
 
+def _assert_paths_match_eager(model, tokens, mask):
+    """The logits at real positions and every watched hook of the fused and blocked paths equal eager's."""
+    reference, hooks = _run(model, tokens, mask, "eager")
+    real = mask.bool()
+    for path in PATHS:
+        logits, got = _run(model, tokens, mask, path)
+        np.testing.assert_allclose(logits[real].numpy(), reference[real].numpy(), atol=ATOL, err_msg=path)
+        assert got.keys() == hooks.keys() and len(got) >= len(WATCHED)
+        for name, tensor in got.items():
+            np.testing.assert_allclose(tensor.numpy(), hooks[name].numpy(), atol=ATOL, err_msg=f"{path} {name}")
+
+
 @pytest.mark.parametrize("padded", [False, True])
 def test_paths_reproduce_eager_logits_and_hooks(toy, padded):
     tokens = _tokens(toy)
     mask = torch.ones_like(tokens)
     if padded:
         mask[1, :7] = 0  # a left-padded row: its pads attend to nothing
-    reference, hooks = _run(toy, tokens, mask, "eager")
-    real = mask.bool()
-    for path in PATHS:
-        logits, got = _run(toy, tokens, mask, path)
-        np.testing.assert_allclose(logits[real].numpy(), reference[real].numpy(), atol=ATOL, err_msg=path)
-        assert got.keys() == hooks.keys() and len(got) >= 5
-        for name, tensor in got.items():
-            np.testing.assert_allclose(tensor.numpy(), hooks[name].numpy(), atol=ATOL, err_msg=f"{path} {name}")
+    _assert_paths_match_eager(toy, tokens, mask)
 
 
 def test_bridge_matches_hugging_face_on_the_fused_path():
@@ -201,14 +206,7 @@ def test_gemma3_sliding_windows_norms_and_soft_capping(softcap):
     tokens = torch.randint(100, 5000, (2, 29))
     mask = torch.ones_like(tokens)
     mask[1, :4] = 0
-    reference, hooks = _run(model, tokens, mask, "eager")
-    real = mask.bool()
-    for path in PATHS:
-        logits, got = _run(model, tokens, mask, path)
-        np.testing.assert_allclose(logits[real].numpy(), reference[real].numpy(), atol=ATOL, err_msg=path)
-        assert got.keys() == hooks.keys() and len(got) >= 3
-        for name, tensor in got.items():
-            np.testing.assert_allclose(tensor.numpy(), hooks[name].numpy(), atol=ATOL, err_msg=f"{path} {name}")
+    _assert_paths_match_eager(model, tokens, mask)
     component = model.blocks[0].attn
     assert chosen_path(component, softcap=component.original_component.attn_logit_softcapping) == (
         "fused" if softcap is None else "blocked"
