@@ -279,7 +279,7 @@ def test_a_task_that_runs_model_written_code_needs_the_opt_in(monkeypatch):
     model = get_model("toy-gpt2")
     monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
 
-    def load(plan, num_fewshot):
+    def load(plan, num_fewshot, metadata):
         raise Killed(os.environ.get("HF_ALLOW_CODE_EVAL"), [name for name, _ in plan])
 
     monkeypatch.setattr("lens_parallel.downstream.effects._load_tasks", load)
