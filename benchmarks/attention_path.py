@@ -36,16 +36,10 @@ import sys
 import time
 from pathlib import Path
 
+from memory import _status_kb  # benchmarks/memory.py: the same /proc reader
+
 CASES = ("hf-sdpa", "decompose-value", "decompose-3", "evaluate", "causal-null")
 DEFAULT_CONFIGS = ("smollm2-135m:4x512", "smollm2-135m:1x4096")
-
-
-def _status(field: str) -> int:
-    """A field of /proc/self/status in bytes (VmRSS, VmHWM)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def measure(spec: str, batch: int, length: int, case: str, path: str, device: str) -> dict[str, float]:
@@ -96,13 +90,13 @@ def measure(spec: str, batch: int, length: int, case: str, path: str, device: st
     else:
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed heap back to the system: the case's peak shows in the RSS
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-        base = _status("VmRSS")
+        base = _status_kb("VmRSS") * 1024
     start = time.perf_counter()
     run(tokens)
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated() if cuda else _status("VmHWM")
+    peak = torch.cuda.max_memory_allocated() if cuda else _status_kb("VmHWM") * 1024
     return {"seconds": seconds, "added_gb": (peak - base) / 1e9}
 
 

@@ -136,11 +136,7 @@ def _ungrouped(x: Tensor, group: int) -> Tensor:
     return einops.rearrange(x, "batch kv (group query) last -> batch (kv group) query last", group=group)
 
 
-def _mask_rows(mask: Tensor, start: int, stop: int, end: int) -> Tensor:
-    return mask[..., start:stop, :end]
-
-
-def _dead_rows(mask: Tensor | None, n_query: int) -> Bool[Tensor, "batch heads query"] | None:
+def _dead_rows(mask: Tensor | None) -> Bool[Tensor, "batch heads query"] | None:
     if mask is None:
         return None
     hidden = ~mask if mask.dtype == torch.bool else mask <= torch.finfo(mask.dtype).min
@@ -184,7 +180,7 @@ def attend(
         )
     else:
         z = _blocked(component, q, k, v, mask, scale=scale, softcap=softcap, layer=layer)
-    dead = _dead_rows(mask, n_query)
+    dead = _dead_rows(mask)
     if dead is not None:  # eager: every masked score equal, so the softmax is uniform over all keys
         mean = einops.repeat(v.mean(2), "batch kv d -> batch (kv group) d", group=n_heads // n_kv)
         z = torch.where(dead.expand(z.shape[0], n_heads, n_query)[..., None], mean[:, :, None].to(z.dtype), z)
@@ -225,9 +221,9 @@ def _blocked(
                 allowed = torch.ones(stop - start, end, dtype=torch.bool, device=q.device).tril(end - (stop - start))
                 scores = scores.masked_fill(~allowed, low)
             elif mask.dtype == torch.bool:
-                scores = scores.masked_fill(~_mask_rows(mask, start, stop, end), low)
+                scores = scores.masked_fill(~mask[..., start:stop, :end], low)
             else:
-                scores = scores + _mask_rows(mask, start, stop, end)
+                scores = scores + mask[..., start:stop, :end]
             pattern = torch.softmax(scores, dim=-1, dtype=precise).to(q.dtype)
             token = QUERY_BLOCK.set(None if (start, stop) == (0, n_query) else QueryBlock(start, stop, n_query))
             try:
