@@ -3,13 +3,19 @@ and after (lens_parallel's own path), time and peak memory.
 
     python benchmarks/attention_path.py [--config smollm2-135m:4x512 --config smollm2-135m:1x4096 ...]
                                         [--cases hf-sdpa,decompose-value,decompose-3,evaluate,causal-null]
-                                        [--repeats 3] [--threads 2] [--out benchmarks/out/attention_path]
+                                        [--paths before,after] [--repeats 3] [--threads 2]
+                                        [--out benchmarks/out/attention_path]
 
 Each measurement runs in a fresh process (so that its peak memory is its own): the model is loaded, one short warm-up
 forward runs, freed heap memory is returned to the system (``malloc_trim``) and the peak is reset
-(``/proc/self/clear_refs``; on CUDA ``reset_peak_memory_stats``), the case runs once
-and reports its wall time and the peak resident memory (CUDA: ``max_memory_allocated``) it added over the loaded
-model. Cases (``before``: ``attention_path("eager")``, TransformerLens's square pattern in every layer; ``after``:
+(``/proc/self/clear_refs``; on CUDA ``reset_peak_memory_stats``), the case runs once and reports its wall time and
+the peak resident memory (CUDA: ``max_memory_allocated``) it added over the loaded model. Time and memory come from
+separate processes (``--modes``): a *memory* process runs glibc's allocator with a fixed mmap threshold
+(``MALLOC_MMAP_THRESHOLD_``), so that every tensor buffer over 128 KiB is its own mapping, returned to the system
+when freed, and the resident peak is the peak of live buffers (with glibc's default threshold, which grows as
+buffers are freed, freed buffers stay resident in the heap: one case read 2.7 GB in one process and 1.7 GB in the
+next); mapping every buffer afresh costs time (about 25% at 4,096 tokens), so a *time* process keeps glibc's
+default. Cases (``before``: ``attention_path("eager")``, TransformerLens's square pattern in every layer; ``after``:
 ``auto``):
 
 - ``hf-sdpa``: Hugging Face's own model (an independent load, ``attn_implementation="sdpa"``) to its last hidden
@@ -18,7 +24,11 @@ model. Cases (``before``: ``attention_path("eager")``, TransformerLens's square 
 - ``evaluate``: ``evaluate(ComponentScale("value", s_par=0))`` (the edited and the no-op forward);
 - ``causal-null``: ``causal_null(null="exact")``.
 
-Rounds of every case are interleaved (``--repeats``; median time, memory from the first round). Text: Moby-Dick,
+``--paths after`` skips the eager runs (at 32k tokens one layer's eager pattern alone outgrows this machine).
+
+Rounds of every case are interleaved (``--repeats``): the median time of the time processes, the memory of the
+first round's memory process (``--modes memory`` alone: the time is the memory process's, marked ``*``, HF's
+forward measured the same way). Text: Moby-Dick,
 ``batch`` blocks of ``length`` tokens. Every finished measurement is appended to ``results.jsonl`` in ``--out`` and
 skipped on a rerun (resumable); the table is printed and written as ``table.md``. On a CUDA device add
 ``--device cuda`` (the GPU section: time and ``max_memory_allocated`` at 4k and 32k).
@@ -101,6 +111,8 @@ def measure(spec: str, batch: int, length: int, case: str, path: str, device: st
 
 
 def _table(rows: list[dict]) -> str:
+    """Per config, case and path: median seconds of the time processes (else the memory process's, marked *) and
+    the memory process's GB added, each beside the HF SDPA forward's measured the same way."""
     lines = [
         "| model | shape | case | path | seconds (median) | x HF SDPA | GB added | x HF SDPA's |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -108,19 +120,28 @@ def _table(rows: list[dict]) -> str:
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["config"], row["case"], row["path"]), []).append(row)
+
+    def seconds(found: list[dict]) -> tuple[float, str]:
+        timed = [r["seconds"] for r in found if r.get("mode", "time") == "time"]
+        if timed:
+            return statistics.median(timed), ""
+        return statistics.median(r["seconds"] for r in found), "*"
+
+    def gb(found: list[dict]) -> float:
+        first = [r for r in found if r.get("mode") == "memory"]
+        return first[0]["added_gb"] if first else float("nan")
+
     for config in dict.fromkeys(r["config"] for r in rows):
         spec, shape = config.split(":")
-        base = groups.get((config, "hf-sdpa", "hf"))
-        base_s = statistics.median(r["seconds"] for r in base) if base else float("nan")
-        base_gb = base[0]["added_gb"] if base else float("nan")
+        base = groups.get((config, "hf-sdpa", "hf"), [])
+        base_s, base_gb = (seconds(base)[0], gb(base)) if base else (float("nan"), float("nan"))
         for (cfg, case, path), found in groups.items():
             if cfg != config:
                 continue
-            seconds = statistics.median(r["seconds"] for r in found)
-            gb = found[0]["added_gb"]
+            (sec, mark), mem = seconds(found), gb(found)
             lines.append(
-                f"| {spec} | {shape} | {case} | {path} | {seconds:.2f} | {seconds / base_s:.2f} | {gb:.2f} | "
-                f"{gb / base_gb if base_gb > 0 else float('nan'):.2f} |"
+                f"| {spec} | {shape} | {case} | {path} | {sec:.2f}{mark} | {sec / base_s:.2f} | {mem:.2f} | "
+                f"{mem / base_gb if base_gb > 0 else float('nan'):.2f} |"
             )
     return "\n".join(lines)
 
@@ -129,6 +150,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", help="MODEL:BATCHxLENGTH (repeatable)")
     parser.add_argument("--cases", default="hf-sdpa,decompose-value,decompose-3,evaluate")
+    parser.add_argument("--paths", default="before,after", help="which of before,after to run")
+    parser.add_argument("--modes", default="time,memory", help="which of time,memory to measure")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
@@ -143,35 +166,41 @@ def main() -> None:
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
         parser.error(f"unknown cases {unknown}; known: {', '.join(CASES)}")
+    paths = [p for p in args.paths.split(",") if p]
+    if not paths or set(paths) - {"before", "after"}:
+        parser.error(f"--paths takes before, after or both, got {args.paths!r}")
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - {"time", "memory"}:
+        parser.error(f"--modes takes time, memory or both, got {args.modes!r}")
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    envs = {"time": env, "memory": {**env, "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}}
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.jsonl"
     done = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
-    seen = {(r["config"], r["case"], r["path"], r["round"]) for r in done}
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    seen = {(r["config"], r["case"], r["path"], r.get("mode", "time"), r["round"]) for r in done}
     for round_ in range(args.repeats):
         for config in args.config or DEFAULT_CONFIGS:
             spec, shape = config.split(":")
             batch, length = (int(x) for x in shape.split("x"))
             for case in cases:
-                for path in ("hf",) if case == "hf-sdpa" else ("before", "after"):
-                    if (config, case, path, round_) in seen:
-                        continue
-                    job = {"spec": spec, "batch": batch, "length": length, "case": case, "path": path}
-                    job["device"] = args.device
-                    out = subprocess.run(
-                        [sys.executable, __file__, "--one", json.dumps(job)], env=env, capture_output=True, text=True
-                    )
-                    if out.returncode != 0:
-                        print(f"{config} {case} {path}: failed (rc {out.returncode}): {out.stderr[-400:]}", flush=True)
-                        row = {"config": config, "case": case, "path": path, "round": round_, "failed": True}
-                        row["error"] = out.stderr[-400:]
-                    else:
-                        row = {"config": config, "case": case, "path": path, "round": round_}
-                        row.update(json.loads(out.stdout.strip().splitlines()[-1]))
-                        print(json.dumps(row), flush=True)
-                    with results.open("a") as f:
-                        f.write(json.dumps(row) + "\n")
-                    done.append(row)
+                for path in ("hf",) if case == "hf-sdpa" else paths:
+                    for mode in modes if round_ == 0 else [m for m in modes if m == "time"]:
+                        if (config, case, path, mode, round_) in seen:
+                            continue
+                        job = {"spec": spec, "batch": batch, "length": length, "case": case, "path": path}
+                        job["device"] = args.device
+                        command = [sys.executable, __file__, "--one", json.dumps(job)]
+                        out = subprocess.run(command, env=envs[mode], capture_output=True, text=True)
+                        row = {"config": config, "case": case, "path": path, "mode": mode, "round": round_}
+                        if out.returncode != 0:
+                            print(f"{config} {case} {path} {mode}: failed (rc {out.returncode}): {out.stderr[-400:]}")
+                            row.update(failed=True, error=out.stderr[-400:])
+                        else:
+                            row.update(json.loads(out.stdout.strip().splitlines()[-1]))
+                            print(json.dumps(row), flush=True)
+                        with results.open("a") as f:
+                            f.write(json.dumps(row) + "\n")
+                        done.append(row)
     table = _table([r for r in done if not r.get("failed")])
     (args.out / "table.md").write_text(table + "\n")
     print(table)

@@ -1,13 +1,15 @@
 """What the paper's edits do to downstream tasks, through lm-evaluation-harness, on real models offline.
 
     python benchmarks/downstream.py [--models smollm2-135m qwen2.5-coder-1.5b] [--preset quick] [--limit N]
-                                    [--threads 2] [--batch-size 8] [--out benchmarks/out/downstream]
+                                    [--settings NAME ...] [--threads 2] [--batch-size 8]
+                                    [--out benchmarks/out/downstream]
 
 Per model, one ``task_effects`` call (lm-eval's task definitions on the offline data; one unedited run shared by
 every setting): value-parallel removal on every layer (``ComponentScale("value", s_par=0)``), its random-direction
 control (the same rank-one removal along a fixed random unit direction per head, ``RandomDirectionRemoval``, plain
 and norm-matched), residual-attn parallel removal (``ComponentScale("residual-attn", s_par=0)``) and hard diagonal
-removal (``ZeroDiagonal``). Prints per task the accuracy of each setting and the paired difference with its 95%
+removal (``ZeroDiagonal``); ``--settings`` runs some of them. Prints per task the score of each setting (accuracy;
+RULER's ``long-context`` preset: its score at the length asked for) and the paired difference with its 95%
 bootstrap CI and Holm-adjusted McNemar p, and the unweighted average over tasks; writes each result
 (``<model>.json`` + ``.npz``) and its figures. Resumable: the request caches live in ``--out``.
 
@@ -60,6 +62,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["smollm2-135m", "qwen2.5-coder-1.5b"])
     parser.add_argument("--preset", default="quick")
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--settings", nargs="+", choices=sorted(settings()), default=sorted(settings()))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/downstream"))
@@ -71,7 +74,7 @@ def main() -> None:
         start = time.perf_counter()
         result = task_effects(
             model,
-            settings(),
+            {name: edit for name, edit in settings().items() if name in args.settings},
             args.preset,
             limit=args.limit,
             batch_size=args.batch_size,
@@ -83,12 +86,13 @@ def main() -> None:
         for name, fig in result.figures().items():
             save_figure(fig, args.out / f"{spec}-{name}")
         table = result.differences()
-        acc = in_points(table[table["metric"] == "acc"])
+        metric = "acc" if (table["metric"] == "acc").any() else str(table["metric"].iloc[0])
+        acc = in_points(table[table["metric"] == metric])
         cols = ["task", "setting", "n_items", "unedited %", "edited %", "diff pp", "95% CI pp", "p_holm"]
-        print(f"\n== {spec}: preset {args.preset!r}, {wall:.1f} s ({args.threads} threads) ==")
+        print(f"\n== {spec}: preset {args.preset!r}, metric {metric!r}, {wall:.1f} s ({args.threads} threads) ==")
         print(acc[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
         average = acc[acc["task"] == "average"].set_index("setting")
-        print("\naverage accuracy over tasks (%), beside the paper's Qwen3-1.7B general-task averages (context only):")
+        print(f"\naverage {metric} over tasks (%), beside the paper's Qwen3-1.7B general-task averages (context only):")
         print(f"  {'unedited':34s} {100 * average['unedited'].iloc[0]:6.1f}   paper {PAPER_QWEN3_17B['unedited']}")
         for setting, row in average.iterrows():
             paper = PAPER_QWEN3_17B.get(str(setting))

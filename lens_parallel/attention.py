@@ -17,7 +17,8 @@ each forward, the cheapest of three exact paths that serves the hooks attached t
   ``run_with_cache``) or anything hooks ``hook_attn_scores``.
 
 :func:`attention_path` forces one of them where the hooks allow it (``auto`` restores the choice). Scores, masks,
-soft-capping, grouped-query heads, sliding windows (through the mask Hugging Face builds), query/key norms and
+soft-capping, grouped-query heads, sliding windows (the mask Hugging Face builds; a block of queries reads only the
+keys its window reaches), query/key norms and
 Qwen3.5's gate follow the bridge's own forward step for step; a component whose configuration uses anything else
 keeps TransformerLens's forward (:func:`lens_parallel.compat.own_attention_reason`). Fully masked query rows (the
 pads of a left-padded batch) get the mean of every value, as the eager softmax over equal masked scores gives.
@@ -46,6 +47,11 @@ from lens_parallel.validate import check_choice
 BLOCK_ELEMENTS = 1 << 24
 """The query block's size in ``auto``: as many queries as keep one block's scores within this many elements
 (batch x heads x block x keys; 64 MB in float32), at least 16."""
+
+FUSED_BLOCK = 1024
+"""Queries per kernel call on the fused path when a mask is given and the queries outnumber it (a sliding-window
+layer: its window, if smaller): each call reads only the keys its queries may see, so the kernel skips the
+masked-out square (a mask disables the kernel's own causal skipping)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,11 +143,21 @@ def _ungrouped(x: Tensor, group: int) -> Tensor:
 
 
 def _dead_rows(mask: Tensor | None) -> Bool[Tensor, "batch heads query"] | None:
+    """Query rows that the mask hides from every key (reduced without a mask-sized temporary)."""
     if mask is None:
         return None
-    hidden = ~mask if mask.dtype == torch.bool else mask <= torch.finfo(mask.dtype).min
-    dead = hidden.all(-1)
+    dead = ~mask.any(-1) if mask.dtype == torch.bool else mask.amax(-1) <= torch.finfo(mask.dtype).min
     return dead if bool(dead.any()) else None
+
+
+def _spans(n_query: int, n_key: int, block: int, window: int | None) -> Iterator[tuple[int, int, int, int]]:
+    """Per block of ``block`` queries: its queries ``[start, stop)`` and the keys ``[begin, end)`` they may see
+    (the queries are the last ``n_query`` of ``n_key`` positions; a sliding ``window`` hides keys more than
+    ``window`` positions back, one spare key kept for either convention of the window's edge)."""
+    offset = n_key - n_query
+    for start in range(0, n_query, block):
+        stop = min(n_query, start + block)
+        yield start, stop, 0 if window is None else max(0, offset + start - window), offset + stop
 
 
 def attend(
@@ -155,6 +171,7 @@ def attend(
     scale: float,
     softcap: float | None,
     layer: int | None,
+    window: int | None = None,
 ) -> Float[Tensor, "batch head_index query_pos d_head"]:
     """Softmax attention of causal queries (the last ``query_pos`` of the ``key_pos`` positions) over keys and values
     with key-value heads shared by ``head_index / kv_head_index`` query heads each (query head h reads key-value head
@@ -164,22 +181,44 @@ def attend(
         without one, causally; A_t = softmax_s(s_t) in float32 (float64 in a float64 model, where
         TransformerLens's eager path rounds it to float32), hook_pattern; z_t = sum_s A_ts v_s.
 
-    ``fused``: one scaled_dot_product_attention call (no pattern, no softcap). ``blocked``: the queries
-    ``block_size`` at a time, each block against the keys up to its last query, hook_pattern fired per block
-    (:data:`QUERY_BLOCK` set, :data:`STEP_VALUES` holding ``layer``'s values). Returns z ``[batch, head_index,
-    query_pos, d_head]`` in the queries' dtype."""
+    ``fused``: scaled_dot_product_attention (no pattern, no softcap), in one call, or, with a mask and more
+    queries than a block (:data:`FUSED_BLOCK`, the window if smaller, a forced ``block_size``), a block of queries
+    per call against the keys it may see. ``blocked``: the queries
+    ``block_size`` at a time, each block against the keys it may see, hook_pattern fired per block with the keys
+    up to its last query (zeros left of a sliding ``window``; :data:`QUERY_BLOCK` set, :data:`STEP_VALUES` holding
+    ``layer``'s values). A block of queries ``[start, stop)`` sees the keys ``[offset + start - window, offset +
+    stop)`` (``window``: the layer's sliding window, which its mask also applies; none: from key 0). Returns z
+    ``[batch, head_index, query_pos, d_head]`` in the queries' dtype."""
     n_heads, n_kv, n_query, n_key = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
-    if path == "fused":
+    _, forced_block = _PATH.get()
+    fused_block = forced_block or min(FUSED_BLOCK, window or FUSED_BLOCK)
+    if path == "fused" and (mask is None or n_query <= fused_block):
         causal = mask is None and n_query == n_key and n_query > 1
         if mask is None and 1 < n_query < n_key:
             mask = torch.ones(n_query, n_key, dtype=torch.bool, device=q.device).tril(n_key - n_query)
         z = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=n_kv != n_heads
         )
+    elif path == "fused":
+        assert mask is not None
+        z = torch.cat(
+            [
+                F.scaled_dot_product_attention(
+                    q[:, :, start:stop],
+                    k[:, :, begin:end],
+                    v[:, :, begin:end],
+                    attn_mask=mask[..., start:stop, begin:end],
+                    scale=scale,
+                    enable_gqa=n_kv != n_heads,
+                )
+                for start, stop, begin, end in _spans(n_query, n_key, fused_block, window)
+            ],
+            dim=2,
+        )
     else:
-        z = _blocked(component, q, k, v, mask, scale=scale, softcap=softcap, layer=layer)
+        z = _blocked(component, q, k, v, mask, scale=scale, softcap=softcap, layer=layer, window=window)
     dead = _dead_rows(mask)
     if dead is not None:  # eager: every masked score equal, so the softmax is uniform over all keys
         mean = einops.repeat(v.mean(2), "batch kv d -> batch (kv group) d", group=n_heads // n_kv)
@@ -197,10 +236,11 @@ def _blocked(
     scale: float,
     softcap: float | None,
     layer: int | None,
+    window: int | None,
 ) -> Tensor:
     batch, n_heads, n_query, _ = q.shape
     n_kv, n_key = k.shape[1], k.shape[2]
-    offset, group = n_key - n_query, n_heads // n_kv
+    group = n_heads // n_kv
     _, forced_block = _PATH.get()
     block = forced_block or max(16, BLOCK_ELEMENTS // max(1, batch * n_heads * n_key))
     low = torch.finfo(q.dtype).min
@@ -211,26 +251,27 @@ def _blocked(
     values_token = STEP_VALUES.set(values)
     out = []
     try:
-        for start in range(0, n_query, block):
-            stop = min(n_query, start + block)
-            end = offset + stop
-            scores = _ungrouped(_grouped(q[:, :, start:stop], n_kv) @ k[:, :, :end].transpose(-1, -2), group) * scale
+        for start, stop, begin, end in _spans(n_query, n_key, block, window if mask is not None else None):
+            keys = k[:, :, begin:end].transpose(-1, -2)
+            scores = _ungrouped(_grouped(q[:, :, start:stop], n_kv) @ keys, group) * scale
             if softcap is not None:
                 scores = torch.tanh(scores / softcap) * softcap
             if mask is None:
                 allowed = torch.ones(stop - start, end, dtype=torch.bool, device=q.device).tril(end - (stop - start))
                 scores = scores.masked_fill(~allowed, low)
             elif mask.dtype == torch.bool:
-                scores = scores.masked_fill(~mask[..., start:stop, :end], low)
+                scores = scores.masked_fill(~mask[..., start:stop, begin:end], low)
             else:
-                scores = scores + mask[..., start:stop, :end]
-            pattern = torch.softmax(scores, dim=-1, dtype=precise).to(q.dtype)
+                scores = scores + mask[..., start:stop, begin:end]
+            pattern = F.pad(torch.softmax(scores, dim=-1, dtype=precise).to(q.dtype), (begin, 0))
             token = QUERY_BLOCK.set(None if (start, stop) == (0, n_query) else QueryBlock(start, stop, n_query))
             try:
                 pattern = component.hook_pattern(pattern)
             finally:
                 QUERY_BLOCK.reset(token)
-            out.append(_ungrouped(_grouped(pattern, n_kv) @ v[:, :, :end], group))
+            if begin and bool(pattern[..., :begin].any()):  # a hook wrote outside the window: every key
+                begin = 0
+            out.append(_ungrouped(_grouped(pattern[..., begin:], n_kv) @ v[:, :, begin:end], group))
     finally:
         STEP_VALUES.reset(values_token)
     return torch.cat(out, dim=2)

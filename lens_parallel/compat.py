@@ -236,7 +236,10 @@ def own_attention_reason(component: nn.Module) -> str:
     rope = getattr(config, "rope_parameters", None)
     checks = {
         f"{type(component).__name__} is not one of {[k.__name__ for k in kinds]}": type(component) not in kinds,
-        "not causal self-attention": not component.is_causal or component.is_cross_attention,
+        "not causal self-attention": not component.is_causal
+        or component.is_cross_attention
+        or getattr(hf_attn, "is_causal", True) is False
+        or bool(getattr(config, "use_bidirectional_attention", False)),
         "a key multiplier": getattr(hf_attn, "key_multiplier", None) is not None,
         "clip_qkv": getattr(config, "clip_qkv", None) is not None,
         "attention sinks": getattr(hf_attn, "sinks", None) is not None,
@@ -309,7 +312,10 @@ def _position_forward(component: Any, attend: Any, choose: Any, *args: Any, **kw
         k = component.hook_rot_k(k)
     k, v = component._update_kv_cache(k, v, **kwargs)
     scale = getattr(hf_attn, "scaling", head_dim**-0.5)
-    z = attend(component, q, k, v, mask, path=path, scale=scale, softcap=softcap, layer=component._layer_idx)
+    window = getattr(hf_attn, "sliding_window", None)
+    z = attend(
+        component, q, k, v, mask, path=path, scale=scale, softcap=softcap, layer=component._layer_idx, window=window
+    )
     out = einops.rearrange(z, "batch head pos d -> batch pos (head d)")
     if gate is not None:
         out = out * torch.sigmoid(component.hook_q_gate(gate) if hasattr(component, "hook_q_gate") else gate)

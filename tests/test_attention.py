@@ -211,3 +211,17 @@ def test_gemma3_sliding_windows_norms_and_soft_capping(softcap):
     assert chosen_path(component, softcap=component.original_component.attn_logit_softcapping) == (
         "fused" if softcap is None else "blocked"
     )
+    spans = list(attention._spans(29, 29, 6, 8))  # blocks of 6 queries (forced above) read the window's keys only
+    assert spans[0] == (0, 6, 0, 6) and spans[2] == (12, 18, 4, 18) and spans[-1] == (24, 29, 16, 29)
+
+    @rows_hook
+    def uniform(pattern, hook):  # writes left of the window: the blocked path must then read every key
+        n_query, n_key = pattern.shape[-2:]
+        seen = torch.ones(n_query, n_key).tril(n_key - n_query)
+        return (seen / seen.sum(-1, keepdim=True)).expand_as(pattern)
+
+    hooks = [(f"blocks.{layer}.attn.hook_pattern", uniform) for layer in range(3)]
+    with model.hooks(fwd_hooks=hooks):
+        reference = _run(model, tokens, torch.ones_like(tokens), "eager")[0]
+        blocked = _run(model, tokens, torch.ones_like(tokens), "blocked")[0]
+    np.testing.assert_allclose(blocked.numpy(), reference.numpy(), atol=ATOL)

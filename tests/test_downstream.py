@@ -647,3 +647,11 @@ def test_the_long_context_preset_scores_ruler_items_at_the_length_asked_for():
     assert len(result.settings) == 2
     assert "4096" in df.columns and "8192" not in df.columns  # RULER's metric per length: only the one asked for
     assert df["4096"].between(0, 1).all() and len(df) == 2 * 2 * 2
+    table = result.differences()
+    average = table[(table.task == "average") & (table.metric == "4096")].iloc[0]  # RULER's score averaged
+    per_task = table[(table.task != "average") & (table.metric == "4096")]
+    assert average.n_items == 4 and average.unedited == pytest.approx(per_task.unedited.mean())
+    assert average.edited == pytest.approx(per_task.edited.mean())
+    drawn = list(result.figure().data[0].x)  # the figures draw RULER's score, the average included
+    assert drawn == ["niah_single_1 (4096 tokens)", "ruler_vt (4096 tokens)", "average (4096 tokens)"]
+    assert list(result.figures()["scores"].data[0].x) == drawn[:2]

@@ -205,7 +205,8 @@ class TaskResult(ResultMixin):
 
     def differences(self) -> pd.DataFrame:
         """Per task, metric and edited setting: unedited, edited, difference, its CI, McNemar p and Holm p (0/1
-        metrics); task ``average``: the unweighted mean of the tasks' acc."""
+        metrics); task ``average``: the unweighted mean over tasks of acc and of RULER's score at each length (its
+        metric is named by the length), with a CI from resampling each task's items."""
         return pd.DataFrame(self.effects)
 
     def summary(self) -> pd.DataFrame:
@@ -274,27 +275,28 @@ def _effects_table(
         sel = frame["metric"] == metric
         if metric.split(",")[0] in BINARY_METRICS:
             frame.loc[sel, "p_holm"] = holm(frame.loc[sel, "p_mcnemar"].to_numpy())
-    with_acc = [t for t in tasks if f"{t}|acc" in values]
-    for s, setting in enumerate(settings[1:], 1):
-        if not with_acc:
-            break
-        base = float(np.mean([scores[t]["acc"][UNEDITED] for t in with_acc]))
-        edited = float(np.mean([scores[t]["acc"][setting] for t in with_acc]))
-        low, high = mean_of_means_ci([values[f"{t}|acc"][[0, s]] for t in with_acc], n_resamples=n_resamples, seed=seed)
-        average = {
-            "task": "average",
-            "metric": "acc",
-            "setting": setting,
-            "n_items": sum(values[f"{t}|acc"].shape[1] for t in with_acc),
-            "unedited": base,
-            "edited": edited,
-            "difference": edited - base,
-            "ci_low": low,
-            "ci_high": high,
-            "p_mcnemar": math.nan,
-            "p_holm": math.nan,
-        }
-        frame = pd.concat([frame, pd.DataFrame([average])], ignore_index=True)
+    averaged = dict.fromkeys(m for m in frame["metric"] if m == "acc" or m.isdigit())  # acc; RULER's per length
+    for metric in averaged:
+        having = [t for t in tasks if f"{t}|{metric}" in values]
+        for s, setting in enumerate(settings[1:], 1):
+            base = float(np.mean([scores[t][metric][UNEDITED] for t in having]))
+            edited = float(np.mean([scores[t][metric][setting] for t in having]))
+            pairs = [values[f"{t}|{metric}"][[0, s]] for t in having]
+            low, high = mean_of_means_ci(pairs, n_resamples=n_resamples, seed=seed)
+            average = {
+                "task": "average",
+                "metric": metric,
+                "setting": setting,
+                "n_items": sum(values[f"{t}|{metric}"].shape[1] for t in having),
+                "unedited": base,
+                "edited": edited,
+                "difference": edited - base,
+                "ci_low": low,
+                "ci_high": high,
+                "p_mcnemar": math.nan,
+                "p_holm": math.nan,
+            }
+            frame = pd.concat([frame, pd.DataFrame([average])], ignore_index=True)
     return {c: frame[c].tolist() for c in frame.columns}
 
 

@@ -13,20 +13,21 @@ if TYPE_CHECKING:
 
 def _metric(result: TaskResult, task: str) -> str:
     """The metric a figure shows for ``task``: acc where the task has it (the paper's average), else a generation
-    task's exact match under its first filter (``exact_match,strict-match``), else the first."""
+    task's exact match under its first filter (``exact_match,strict-match``), else RULER's score at its first
+    length (a metric named by the length), else the first."""
     metrics = [key.split("|", 1)[1] for key in result.values if key.split("|", 1)[0] == task]
-    matches = [m for m in metrics if m.split(",")[0] == "exact_match"]
+    matches = [m for m in metrics if m.split(",")[0] == "exact_match" or m.isdigit()]
     return "acc" if "acc" in metrics else matches[0] if matches else metrics[0]
 
 
 def _shown(result: TaskResult) -> dict[str, str]:
-    """The tasks the figures show (a 0/1 metric: acc or exact match), each with its metric."""
+    """The tasks the figures show (a score in [0, 1]: acc, exact match, RULER's), each with its metric."""
     metrics = {t: _metric(result, t) for t in result.tasks}
-    return {t: m for t, m in metrics.items() if m.split(",")[0] in ("acc", "exact_match")}
+    return {t: m for t, m in metrics.items() if m.split(",")[0] in ("acc", "exact_match") or m.isdigit()}
 
 
 def _label(task: str, metric: str) -> str:
-    return task if metric == "acc" else f"{task} ({metric})"
+    return task if metric == "acc" else f"{task} ({metric} tokens)" if metric.isdigit() else f"{task} ({metric})"
 
 
 def _layout(fig: go.Figure, result: TaskResult, title: str, **axes: str) -> go.Figure:
@@ -47,7 +48,8 @@ def task_difference_figure(result: TaskResult) -> go.Figure:
     bootstrap CI over items; the last group is the unweighted average over tasks."""
     table = result.differences()
     fig = go.Figure()
-    shown = _shown(result) | {"average": "acc"}
+    averaged = set(table.loc[table["task"] == "average", "metric"])
+    shown = _shown(result) | {"average": "acc" if "acc" in averaged else min(averaged, key=int, default="acc")}
     for k, setting in enumerate(result.settings[1:]):
         rows = table[(table["setting"] == setting) & (table["metric"] == table["task"].map(shown))]
         rows = rows.set_index("task").reindex(list(shown)).dropna(subset=["difference"])
@@ -76,7 +78,8 @@ def task_difference_figure(result: TaskResult) -> go.Figure:
         fig,
         result,
         "accuracy change under each edit (bars: 95% paired bootstrap CI over items)",
-        xaxis_title="task (generation tasks: exact match; average: unweighted mean of the tasks' acc)",
+        xaxis_title="task (generation tasks: exact match; RULER: its score at the length; average: unweighted mean "
+        "over tasks of acc, else of RULER's score)",
         yaxis_title="edited − unedited accuracy (percentage points)",
     )
 
