@@ -26,11 +26,12 @@ default. Cases (``before``: ``attention_path("eager")``, TransformerLens's squar
 
 ``--paths after`` skips the eager runs (at 32k tokens one layer's eager pattern alone outgrows this machine).
 
-Rounds of every case are interleaved (``--repeats``): the median time of the time processes, the memory of the
-first round's memory process (``--modes memory`` alone: the time is the memory process's, marked ``*``, HF's
-forward measured the same way). Text: Moby-Dick,
-``batch`` blocks of ``length`` tokens. Every finished measurement is appended to ``results.jsonl`` in ``--out`` and
-skipped on a rerun (resumable); the table is printed and written as ``table.md``. On a CUDA device add
+Text: Moby-Dick, ``batch`` chapters' first ``length`` tokens; past 4,096 tokens (longer than any chapter) the
+whole book as one document. Rounds of every case are interleaved (``--repeats``): the median time of the time
+processes, the memory of the first round's memory process (``--modes memory`` alone: the time is the memory
+process's, marked ``*``, HF's forward measured the same way). Every finished measurement is appended to
+``results.jsonl`` in ``--out`` and skipped on a rerun (resumable); the table is printed and written as
+``table.md``. On a CUDA device add
 ``--device cuda`` (the GPU section: time and ``max_memory_allocated`` at 4k and 32k).
 """
 
@@ -49,6 +50,8 @@ from pathlib import Path
 from memory import _status_kb  # benchmarks/memory.py: the same /proc reader
 
 CASES = ("hf-sdpa", "decompose-value", "decompose-3", "evaluate", "causal-null")
+LONGEST_CHAPTER = 4096
+"""Tokens up to which the text is ``batch`` chapters (every tokenizer here finds enough chapters this long)."""
 DEFAULT_CONFIGS = ("smollm2-135m:4x512", "smollm2-135m:1x4096")
 
 
@@ -58,10 +61,12 @@ def measure(spec: str, batch: int, length: int, case: str, path: str, device: st
 
     from lens_parallel import ComponentScale, causal_null, decompose, evaluate, load_model
     from lens_parallel.attention import attention_path
-    from lens_parallel.data import token_blocks
+    from lens_parallel.data import texts_of, token_blocks
 
     model = load_model(spec, device=device)
-    tokens = token_blocks(model, "moby-dick", n_docs=batch, seq_len=length).tokens.to(device)
+    chapters = texts_of("moby-dick")[1]
+    texts = chapters if length <= LONGEST_CHAPTER else ["\n\n".join(chapters)]
+    tokens = token_blocks(model, texts, n_docs=batch, seq_len=length).tokens.to(device)
     if case == "hf-sdpa":
         from transformers import AutoModelForCausalLM
 

@@ -81,17 +81,22 @@ _PATH: contextvars.ContextVar[tuple[AttentionPath, int | None]] = contextvars.Co
 @dataclasses.dataclass(frozen=True)
 class RowsHook:
     """A hook on ``hook_pattern`` that treats each query row on its own (it reads or rewrites rows, with the keys
-    each row has), so the blocked path may hand it the pattern a block of queries at a time (:data:`QUERY_BLOCK`)."""
+    each row has), so the blocked path may hand it the pattern a block of queries at a time (:data:`QUERY_BLOCK`).
+    ``detached``: it only reads the pattern and keeps nothing that needs its gradient (a detached capture), so when
+    gradients flow the output may come from the fused kernel, the pattern rows computed for it without a graph."""
 
     fn: Callable[..., Tensor | None]
+    detached: bool = False
 
     def __call__(self, tensor: Tensor, hook: HookPoint) -> Tensor | None:
         return self.fn(tensor, hook)
 
 
-def rows_hook(fn: Callable[..., Tensor | None]) -> RowsHook:
-    """``fn`` marked as row-wise (:class:`RowsHook`)."""
-    return fn if isinstance(fn, RowsHook) else RowsHook(fn)
+def rows_hook(fn: Callable[..., Tensor | None], *, detached: bool = False) -> RowsHook:
+    """``fn`` marked as row-wise (:class:`RowsHook`), ``detached`` if it only reads without a gradient."""
+    if isinstance(fn, RowsHook):
+        return fn if fn.detached == detached else RowsHook(fn.fn, detached)
+    return RowsHook(fn, detached)
 
 
 @contextlib.contextmanager
@@ -187,36 +192,20 @@ def attend(
     ``block_size`` at a time, each block against the keys it may see, hook_pattern fired per block with the keys
     up to its last query (zeros left of a sliding ``window``; :data:`QUERY_BLOCK` set, :data:`STEP_VALUES` holding
     ``layer``'s values). A block of queries ``[start, stop)`` sees the keys ``[offset + start - window, offset +
-    stop)`` (``window``: the layer's sliding window, which its mask also applies; none: from key 0). Returns z
-    ``[batch, head_index, query_pos, d_head]`` in the queries' dtype."""
-    n_heads, n_kv, n_query, n_key = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    stop)`` (``window``: the layer's sliding window, which its mask also applies; none: from key 0). When gradients
+    flow and every hook on hook_pattern is a detached reader (:class:`RowsHook`: the captures of the diagonal), z
+    comes from the fused kernel and the blocks are formed for the readers without a graph, so the backward holds
+    O(T) per layer instead of every block's pattern. Returns z ``[batch, head_index, query_pos, d_head]`` in the
+    queries' dtype."""
+    n_heads, n_kv, n_query = q.shape[1], k.shape[1], q.shape[2]
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
-    _, forced_block = _PATH.get()
-    fused_block = forced_block or min(FUSED_BLOCK, window or FUSED_BLOCK)
-    if path == "fused" and (mask is None or n_query <= fused_block):
-        causal = mask is None and n_query == n_key and n_query > 1
-        if mask is None and 1 < n_query < n_key:
-            mask = torch.ones(n_query, n_key, dtype=torch.bool, device=q.device).tril(n_key - n_query)
-        z = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=n_kv != n_heads
-        )
+    if path == "blocked" and softcap is None and _detached_readers(component) and _needs_grad(q, k, v):
+        z = _fused(q, k, v, mask, scale=scale, window=window)  # its backward holds O(T), not every block's pattern
+        with torch.no_grad():
+            _blocked(component, q, k, v, mask, scale=scale, softcap=None, layer=layer, window=window, outputs=False)
     elif path == "fused":
-        assert mask is not None
-        z = torch.cat(
-            [
-                F.scaled_dot_product_attention(
-                    q[:, :, start:stop],
-                    k[:, :, begin:end],
-                    v[:, :, begin:end],
-                    attn_mask=mask[..., start:stop, begin:end],
-                    scale=scale,
-                    enable_gqa=n_kv != n_heads,
-                )
-                for start, stop, begin, end in _spans(n_query, n_key, fused_block, window)
-            ],
-            dim=2,
-        )
+        z = _fused(q, k, v, mask, scale=scale, window=window)
     else:
         z = _blocked(component, q, k, v, mask, scale=scale, softcap=softcap, layer=layer, window=window)
     dead = _dead_rows(mask)
@@ -224,6 +213,43 @@ def attend(
         mean = einops.repeat(v.mean(2), "batch kv d -> batch (kv group) d", group=n_heads // n_kv)
         z = torch.where(dead.expand(z.shape[0], n_heads, n_query)[..., None], mean[:, :, None].to(z.dtype), z)
     return z
+
+
+def _needs_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _detached_readers(component: Any) -> bool:
+    """Whether every hook on the component's hook_pattern is a detached :class:`RowsHook`."""
+    readers = [handle.user_hook for handle in component.hook_pattern.fwd_hooks]
+    return bool(readers) and all(isinstance(f, RowsHook) and f.detached for f in readers)
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None) -> Tensor:
+    n_heads, n_kv, n_query, n_key = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    _, forced_block = _PATH.get()
+    block = forced_block or min(FUSED_BLOCK, window or FUSED_BLOCK)
+    if mask is None or n_query <= block:
+        causal = mask is None and n_query == n_key and n_query > 1
+        if mask is None and 1 < n_query < n_key:
+            mask = torch.ones(n_query, n_key, dtype=torch.bool, device=q.device).tril(n_key - n_query)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=n_kv != n_heads
+        )
+    return torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                q[:, :, start:stop],
+                k[:, :, begin:end],
+                v[:, :, begin:end],
+                attn_mask=mask[..., start:stop, begin:end],
+                scale=scale,
+                enable_gqa=n_kv != n_heads,
+            )
+            for start, stop, begin, end in _spans(n_query, n_key, block, window)
+        ],
+        dim=2,
+    )
 
 
 def _blocked(
@@ -237,7 +263,10 @@ def _blocked(
     softcap: float | None,
     layer: int | None,
     window: int | None,
+    outputs: bool = True,
 ) -> Tensor:
+    """The blocked path (:func:`attend`); ``outputs=False``: the hooks only (z not formed; returns an empty
+    tensor)."""
     batch, n_heads, n_query, _ = q.shape
     n_kv, n_key = k.shape[1], k.shape[2]
     group = n_heads // n_kv
@@ -269,12 +298,14 @@ def _blocked(
                 pattern = component.hook_pattern(pattern)
             finally:
                 QUERY_BLOCK.reset(token)
+            if not outputs:
+                continue
             if begin and bool(pattern[..., :begin].any()):  # a hook wrote outside the window: every key
                 begin = 0
             out.append(_ungrouped(_grouped(pattern[..., begin:], n_kv) @ v[:, :, begin:end], group))
     finally:
         STEP_VALUES.reset(values_token)
-    return torch.cat(out, dim=2)
+    return torch.cat(out, dim=2) if out else q.new_zeros(0)
 
 
 def install(model: Any) -> int:

@@ -392,7 +392,8 @@ class LayerStream:
     def fwd_hooks(self) -> list[Hook]:
         def capture(layer: int, role: str) -> Callable[..., Tensor | None]:
             fn = partial(self._capture, layer=layer, role=role)
-            return rows_hook(fn) if role == "pattern_diag" else fn  # the diagonal is row-wise: blocks are joined
+            # the diagonal is row-wise (blocks are joined) and kept detached
+            return rows_hook(fn, detached=True) if role == "pattern_diag" else fn
 
         return [(hook_name(layer, role), capture(layer, role)) for layer in self.layers for role in self.roles[layer]]
 
@@ -544,7 +545,7 @@ def gradient_pass(
     def hook(layer: int, role: str) -> Callable[..., Tensor | None]:
         fn = partial(capture, layer=layer, role=role)
         row_wise = role == "pattern_diag" and role not in grad_roles.get(layer, ())
-        return rows_hook(fn) if row_wise else fn
+        return rows_hook(fn, detached=True) if row_wise else fn
 
     hooks += [(hook_name(layer, role), hook(layer, role)) for layer, role in sorted(names)]
     # the hooks stay attached through the backward: the recomputed blocks run them again

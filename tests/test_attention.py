@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from lens_parallel import attention, compat
+from lens_parallel import attention, compat, geometry
 from lens_parallel.analyses.decompose import decompose
 from lens_parallel.analyses.evaluate import evaluate
 from lens_parallel.attention import attention_path, chosen_path, rows_hook
@@ -225,3 +225,44 @@ def test_gemma3_sliding_windows_norms_and_soft_capping(softcap):
         reference = _run(model, tokens, torch.ones_like(tokens), "eager")[0]
         blocked = _run(model, tokens, torch.ones_like(tokens), "blocked")[0]
     np.testing.assert_allclose(blocked.numpy(), reference.numpy(), atol=ATOL)
+
+
+def _loss_with_gradient(model, tokens, path):
+    """Loss, its gradient at the residual entering block 0, the diagonal a detached row reader captured in every
+    layer, and the shapes of the 4-d tensors saved for the backward whose last axis is every key."""
+    diagonals, leaves, saved = [], [], []
+
+    def leaf(resid, hook):
+        leaves.append(resid.detach().requires_grad_(True))
+        return leaves[-1]
+
+    def pack(tensor):
+        saved.append(tuple(tensor.shape))
+        return tensor
+
+    reader = rows_hook(lambda pattern, hook: diagonals.append(geometry.self_weights(pattern)), detached=True)
+    hooks = [("blocks.0.hook_resid_pre", leaf)]
+    hooks += [(f"blocks.{layer}.attn.hook_pattern", reader) for layer in range(model_info(model).n_layers)]
+    with (
+        attention_path(path, block_size=16),
+        model.hooks(fwd_hooks=hooks),
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+    ):
+        loss = model(tokens, return_type="loss")
+    (grad,) = torch.autograd.grad(loss, leaves)
+    patterns = [shape for shape in saved if len(shape) == 4 and shape[-1] == tokens.shape[1] and shape[-2] > 1]
+    return loss.detach(), grad, torch.cat(diagonals, -1).detach(), patterns
+
+
+def test_gradients_with_detached_row_readers_keep_no_pattern_for_the_backward():
+    """With gradients flowing and only detached readers of the pattern's rows (the captures of the diagonal), the
+    blocked path takes its output from the fused kernel and forms the blocks without a graph: the same diagonal,
+    loss and gradient as eager, and nothing saved for the backward is a [batch, head, query, key] pattern."""
+    model = get_model("toy-qwen2")
+    tokens = _tokens(model, n_docs=1, seq_len=40)
+    loss, grad, diagonal, patterns = _loss_with_gradient(model, tokens, "eager")
+    loss_auto, grad_auto, diagonal_auto, patterns_auto = _loss_with_gradient(model, tokens, "auto")
+    assert patterns and not patterns_auto  # eager keeps every layer's pattern for the backward; the own path none
+    np.testing.assert_allclose(diagonal_auto.numpy(), diagonal.numpy(), atol=ATOL)
+    np.testing.assert_allclose(loss_auto.item(), loss.item(), atol=ATOL)
+    np.testing.assert_allclose(grad_auto.numpy(), grad.numpy(), atol=ATOL)

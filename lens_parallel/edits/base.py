@@ -225,7 +225,7 @@ def after_first(hooks: list[Hook]) -> list[Hook]:
 
     def wrapped(name: str, fn: Callable[..., Tensor | None]) -> Callable[..., Tensor | None]:
         kept = partial(keep_first, fn, 2 if name.endswith("hook_pattern") else 1)
-        return rows_hook(kept) if isinstance(fn, RowsHook) else kept
+        return rows_hook(kept, detached=fn.detached) if isinstance(fn, RowsHook) else kept
 
     return [(name, wrapped(name, fn)) for name, fn in hooks]
 
