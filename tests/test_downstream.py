@@ -425,7 +425,7 @@ def test_the_report_has_an_opt_in_tasks_section(tmp_path):
     assert report.tasks is not None and report.tasks.settings == ("unedited", "value-parallel removal")
     assert set(report.tables()["tasks"]["task"]) == {"copa", "average"}
     page = write_report([report], tmp_path).read_text()
-    assert 'id="tasks"' in page and "accuracy change under each edit" in page
+    assert 'id="tasks"' in page and "score change under each edit" in page
     assert (tmp_path / "results" / "toy-gpt2_tasks.json").is_file()
 
 
@@ -653,5 +653,5 @@ def test_the_long_context_preset_scores_ruler_items_at_the_length_asked_for():
     assert average.n_items == 4 and average.unedited == pytest.approx(per_task.unedited.mean())
     assert average.edited == pytest.approx(per_task.edited.mean())
     drawn = list(result.figure().data[0].x)  # the figures draw RULER's score, the average included
-    assert drawn == ["niah_single_1 (4096 tokens)", "ruler_vt (4096 tokens)", "average (4096 tokens)"]
+    assert drawn == ["niah_single_1 (4k)", "ruler_vt (4k)", "average (4k)"]
     assert list(result.figures()["scores"].data[0].x) == drawn[:2]

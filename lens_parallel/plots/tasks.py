@@ -27,7 +27,10 @@ def _shown(result: TaskResult) -> dict[str, str]:
 
 
 def _label(task: str, metric: str) -> str:
-    return task if metric == "acc" else f"{task} ({metric} tokens)" if metric.isdigit() else f"{task} ({metric})"
+    """``task``, with its metric where that is not acc (RULER's length in k tokens: ``niah_single_1 (4k)``)."""
+    if metric.isdigit():
+        return f"{task} ({int(metric) / 1024:g}k)"
+    return task if metric == "acc" else f"{task} ({metric})"
 
 
 def _layout(fig: go.Figure, result: TaskResult, title: str, **axes: str) -> go.Figure:
@@ -38,7 +41,8 @@ def _layout(fig: go.Figure, result: TaskResult, title: str, **axes: str) -> go.F
         template="plotly_white",
         height=460,
         width=860,
-        legend={"title": "setting", "orientation": "h", "y": -0.25},
+        legend={"title": "setting"},
+        showlegend=True,
         **axes,
     )
 
@@ -77,10 +81,9 @@ def task_difference_figure(result: TaskResult) -> go.Figure:
     return _layout(
         fig,
         result,
-        "accuracy change under each edit (bars: 95% paired bootstrap CI over items)",
-        xaxis_title="task (generation tasks: exact match; RULER: its score at the length; average: unweighted mean "
-        "over tasks of acc, else of RULER's score)",
-        yaxis_title="edited − unedited accuracy (percentage points)",
+        "score change under each edit (bars: 95% paired bootstrap CI over items)",
+        xaxis_title="task (acc; generation: exact match; RULER: score at its length; average: mean over the tasks)",
+        yaxis_title="edited − unedited score (percentage points)",
     )
 
 
@@ -103,7 +106,7 @@ def task_scores_figure(result: TaskResult) -> go.Figure:
     return _layout(
         fig,
         result,
-        "task accuracy per setting (lm-eval's own metric)",
+        "task score per setting (lm-eval's own metric)",
         xaxis_title="task",
-        yaxis_title="accuracy (%)",
+        yaxis_title="score (%)",
     )
