@@ -2,7 +2,7 @@
 and after (lens_parallel's own path), time and peak memory.
 
     python benchmarks/attention_path.py [--config smollm2-135m:4x512 --config smollm2-135m:1x4096 ...]
-                                        [--cases hf-sdpa,decompose-value,decompose-3,evaluate,causal-null]
+                                        [--cases hf-sdpa,hf-sdpa-loss,decompose-value,decompose-3,evaluate,causal-null]
                                         [--paths before,after] [--repeats 3] [--threads 2]
                                         [--out benchmarks/out/attention_path]
 
@@ -20,6 +20,8 @@ default. Cases (``before``: ``attention_path("eager")``, TransformerLens's squar
 
 - ``hf-sdpa``: Hugging Face's own model (an independent load, ``attn_implementation="sdpa"``) to its last hidden
   state, no logits: the cheapest forward a user could run, the denominator of every ratio;
+- ``hf-sdpa-loss``: the same forward with ``labels=``, so through the unembedding and the loss: the cheapest
+  forward that measures a loss (``evaluate`` needs two);
 - ``decompose-value``: ``decompose(space="value")``; ``decompose-3``: value, value-exclude-self, residual-attn;
 - ``evaluate``: ``evaluate(ComponentScale("value", s_par=0))`` (the edited and the no-op forward);
 - ``causal-null``: ``causal_null(null="exact")``.
@@ -30,9 +32,9 @@ Text: Moby-Dick, ``batch`` chapters' first ``length`` tokens; past 4,096 tokens 
 whole book as one document. Rounds of every case are interleaved (``--repeats``): the median time of the time
 processes, the memory of the first round's memory process (``--modes memory`` alone: the time is the memory
 process's, marked ``*``, HF's forward measured the same way). Every finished measurement is appended to
-``results.jsonl`` in ``--out`` and skipped on a rerun (resumable); the table is printed and written as
-``table.md``. On a CUDA device add
-``--device cuda`` (the GPU section: time and ``max_memory_allocated`` at 4k and 32k).
+``results.jsonl`` in ``--out`` and skipped on a rerun (resumable; a failed one is run again); the table is
+printed and written as ``table.md``. On a CUDA device add ``--device cuda`` (the GPU section: time and
+``max_memory_allocated`` at 4k and 32k).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from pathlib import Path
 
 from memory import _status_kb  # benchmarks/memory.py: the same /proc reader
 
-CASES = ("hf-sdpa", "decompose-value", "decompose-3", "evaluate", "causal-null")
+CASES = ("hf-sdpa", "hf-sdpa-loss", "decompose-value", "decompose-3", "evaluate", "causal-null")
 LONGEST_CHAPTER = 4096
 """Tokens up to which the text is ``batch`` chapters (every tokenizer here finds enough chapters this long)."""
 DEFAULT_CONFIGS = ("smollm2-135m:4x512", "smollm2-135m:1x4096")
@@ -67,7 +69,7 @@ def measure(spec: str, batch: int, length: int, case: str, path: str, device: st
     chapters = texts_of("moby-dick")[1]
     texts = chapters if length <= LONGEST_CHAPTER else ["\n\n".join(chapters)]
     tokens = token_blocks(model, texts, n_docs=batch, seq_len=length).tokens.to(device)
-    if case == "hf-sdpa":
+    if case in ("hf-sdpa", "hf-sdpa-loss"):
         from transformers import AutoModelForCausalLM
 
         from lens_parallel.weights import real_model_folder
@@ -79,7 +81,10 @@ def measure(spec: str, batch: int, length: int, case: str, path: str, device: st
 
         def run(t: torch.Tensor) -> None:
             with torch.inference_mode():
-                hf.model(input_ids=t)
+                if case == "hf-sdpa":
+                    hf.model(input_ids=t)
+                else:
+                    hf(input_ids=t, labels=t)
     else:
         runs = {
             "decompose-value": lambda t: decompose(model, t, space="value", batch_size=batch, progress=False),
@@ -182,13 +187,13 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.jsonl"
     done = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
-    seen = {(r["config"], r["case"], r["path"], r.get("mode", "time"), r["round"]) for r in done}
+    seen = {(r["config"], r["case"], r["path"], r.get("mode", "time"), r["round"]) for r in done if not r.get("failed")}
     for round_ in range(args.repeats):
         for config in args.config or DEFAULT_CONFIGS:
             spec, shape = config.split(":")
             batch, length = (int(x) for x in shape.split("x"))
             for case in cases:
-                for path in ("hf",) if case == "hf-sdpa" else paths:
+                for path in ("hf",) if case.startswith("hf-") else paths:
                     for mode in modes if round_ == 0 else [m for m in modes if m == "time"]:
                         if (config, case, path, mode, round_) in seen:
                             continue

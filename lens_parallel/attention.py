@@ -3,11 +3,17 @@
 TransformerLens 4.3 forces eager attention and its attention bridges build the whole ``[batch, head_index,
 query_pos, key_pos]`` scores and pattern in every layer, whether a hook reads them or not. Once :func:`install`\\ ed
 (every model :func:`lens_parallel.load_model` boots), each softmax-attention component of the bridge chooses, at
-each forward, the cheapest of three exact paths that serves the hooks attached to it:
+each forward, the cheapest of four exact paths that serves the hooks attached to it:
 
 - ``fused``: :func:`torch.nn.functional.scaled_dot_product_attention` (flash / memory-efficient kernels on CUDA,
   the fused CPU kernel here) when nothing hooks ``hook_pattern`` or ``hook_attn_scores``. ``hook_q``, ``hook_k``,
   ``hook_v``, ``hook_rot_q``/``hook_rot_k``, ``hook_z`` and ``hook_attn_out`` fire with the same values.
+- ``diagonal``: the fused kernel again, when every hook on ``hook_pattern`` needs only each query's own weight
+  (a :class:`RowsHook` with a ``diagonal`` form: the captures of A_tt, ``ZeroDiagonal``, ``DiagonalEdit``, the
+  exclude-self space). The kernel runs with each query's own key masked out and returns each row's log-sum-exp
+  lse'_t over the other keys, so with the own score s_tt: A_tt = sigmoid(s_tt - lse'_t), the rest of the row
+  sums to sigmoid(lse'_t - s_tt) and its output is the kernel's times that (:class:`Diagonal`); the hooks read
+  or edit those, and z_t = rest_t + A_tt v_t. Memory and time of the fused path; no pattern row is formed.
 - ``blocked``: the pattern computed ``block_size`` queries at a time (memory O(block x T) instead of O(T^2)) when
   every hook on ``hook_pattern`` is a :class:`RowsHook` (a hook that reads or edits rows independently: every
   lens_parallel capture of the diagonal and every pattern edit). A block of queries ``[start, stop)`` sees keys
@@ -15,6 +21,10 @@ each forward, the cheapest of three exact paths that serves the hooks attached t
   its last positions, exactly as at a cached decoding step; :data:`QUERY_BLOCK` says which queries they are.
 - ``eager``: TransformerLens's own forward, when any other hook reads ``hook_pattern`` (a whole-square cache,
   ``run_with_cache``) or anything hooks ``hook_attn_scores``.
+
+The diagonal path needs a kernel that returns the log-sum-exp (PyTorch's fused CPU kernel,
+:func:`lens_parallel.compat.attention_with_lse`); elsewhere (a GPU, for now) and for edits of the diagonal while
+gradients flow, the blocked path serves the same hooks.
 
 :func:`attention_path` forces one of them where the hooks allow it (``auto`` restores the choice). Scores, masks,
 soft-capping, grouped-query heads, sliding windows (the mask Hugging Face builds; a block of queries reads only the
@@ -79,24 +89,80 @@ _PATH: contextvars.ContextVar[tuple[AttentionPath, int | None]] = contextvars.Co
 
 
 @dataclasses.dataclass(frozen=True)
+class Diagonal:
+    """A softmax pattern's rows reduced to what a hook that reads or edits only each query's own weight needs (the
+    ``diagonal`` path), for the queries of the call, the last ``query_pos`` of the keys (key ``first_key + t`` is
+    query t's own):
+
+        weight = A_tt, others = sum_{s != t} A_ts (1 - A_tt, kept apart: exact where A_tt is near 1),
+        rest = sum_{s != t} A_ts v_s, value = v_t (per query head), so z_t = rest + weight v_t.
+
+    Held in float32 (float64 in a float64 model); ``dtype`` is the model's, the pattern's on the other paths. An
+    edit of the diagonal returns the rows it leaves: adding dA to A_tt is ``replace(weight=weight + dA)``."""
+
+    weight: Float[Tensor, "batch head_index query_pos"]
+    others: Float[Tensor, "batch head_index query_pos"]
+    rest: Float[Tensor, "batch head_index query_pos d_head"]
+    value: Float[Tensor, "batch head_index query_pos d_head"]
+    first_key: int
+    dtype: torch.dtype
+
+    @property
+    def z(self) -> Float[Tensor, "batch head_index query_pos d_head"]:
+        """The attention output z_t = rest + A_tt v_t."""
+        return self.rest + self.weight[..., None] * self.value
+
+    def replace(
+        self, *, weight: Tensor | None = None, others: Tensor | None = None, rest: Tensor | None = None
+    ) -> Diagonal:
+        """The same rows with ``weight``, ``others`` or ``rest`` replaced (an edit of the rows; v_t stays)."""
+        return Diagonal(
+            self.weight if weight is None else weight,
+            self.others if others is None else others,
+            self.rest if rest is None else rest,
+            self.value,
+            self.first_key,
+            self.dtype,
+        )
+
+    def where(self, keep: Bool[Tensor, "batch head_index query_pos"], other: Diagonal) -> Diagonal:
+        """These rows where ``keep`` (broadcast to ``[batch, head_index, query_pos]``), ``other``'s elsewhere."""
+        return Diagonal(
+            torch.where(keep, self.weight, other.weight),
+            torch.where(keep, self.others, other.others),
+            torch.where(keep[..., None], self.rest, other.rest),
+            torch.where(keep[..., None], self.value, other.value),
+            self.first_key,
+            self.dtype,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class RowsHook:
     """A hook on ``hook_pattern`` that treats each query row on its own (it reads or rewrites rows, with the keys
     each row has), so the blocked path may hand it the pattern a block of queries at a time (:data:`QUERY_BLOCK`).
     ``detached``: it only reads the pattern and keeps nothing that needs its gradient (a detached capture), so when
-    gradients flow the output may come from the fused kernel, the pattern rows computed for it without a graph."""
+    gradients flow the output may come from the fused kernel, the pattern rows computed for it without a graph.
+    ``diagonal``: the same hook written on each row's own weight alone (:class:`Diagonal` in, the rows it leaves
+    out, None if it only reads), which lets the ``diagonal`` path serve it from the fused kernel."""
 
     fn: Callable[..., Tensor | None]
     detached: bool = False
+    diagonal: Callable[[Diagonal, HookPoint], Diagonal | None] | None = None
 
     def __call__(self, tensor: Tensor, hook: HookPoint) -> Tensor | None:
         return self.fn(tensor, hook)
 
 
-def rows_hook(fn: Callable[..., Tensor | None], *, detached: bool = False) -> RowsHook:
-    """``fn`` marked as row-wise (:class:`RowsHook`), ``detached`` if it only reads without a gradient."""
-    if isinstance(fn, RowsHook):
-        return fn if fn.detached == detached else RowsHook(fn.fn, detached)
-    return RowsHook(fn, detached)
+def rows_hook(
+    fn: Callable[..., Tensor | None],
+    *,
+    detached: bool = False,
+    diagonal: Callable[[Diagonal, HookPoint], Diagonal | None] | None = None,
+) -> RowsHook:
+    """``fn`` marked as row-wise (:class:`RowsHook`), ``detached`` if it only reads without a gradient, with its
+    ``diagonal`` form if it needs only each row's own weight."""
+    return RowsHook(fn.fn if isinstance(fn, RowsHook) else fn, detached, diagonal)
 
 
 @contextlib.contextmanager
@@ -123,18 +189,24 @@ def block_rows(tensor: Tensor, axis: int = 1) -> Tensor:
     return tensor.narrow(axis, block.start, block.stop - block.start)
 
 
-def chosen_path(component: Any, *, softcap: float | None) -> Literal["fused", "blocked", "eager"]:
+def chosen_path(component: Any, *, softcap: float | None) -> Literal["fused", "diagonal", "blocked", "eager"]:
     """The path ``component`` takes in this forward: eager when forced or when a hook needs the whole square (any
     hook on ``hook_attn_scores``, a backward hook or a hook other than a :class:`RowsHook` on ``hook_pattern``);
-    else blocked when a hook reads rows of the pattern, when the scores are soft-capped (no kernel does that) or
-    when forced; else fused."""
+    else, when hooks read or edit rows of the pattern, diagonal if each has its diagonal form (and the scores are
+    not soft-capped, and blocked is not forced), blocked otherwise; with no such hook, blocked when soft-capped (no
+    kernel does that) or forced, diagonal when forced (z formed as the hooked layers form it), else fused. (:func:`attend` serves a diagonal choice on the blocked path where no
+    kernel returns the log-sum-exp, and where an edit of the diagonal needs its gradient.)"""
     forced, _ = _PATH.get()
     scores, pattern = component.hook_attn_scores, component.hook_pattern
     readers = [handle.user_hook for handle in pattern.fwd_hooks]
     whole = scores.has_hooks() or pattern.has_hooks(dir="bwd") or any(not isinstance(f, RowsHook) for f in readers)
     if forced == "eager" or whole:
         return "eager"
-    return "blocked" if readers or softcap is not None or forced == "blocked" else "fused"
+    if softcap is not None or forced == "blocked":
+        return "blocked"
+    if not readers:
+        return "diagonal" if forced == "diagonal" else "fused"
+    return "diagonal" if all(f.diagonal is not None for f in readers) else "blocked"
 
 
 def _grouped(x: Tensor, n_kv: int) -> Tensor:
@@ -172,7 +244,7 @@ def attend(
     v: Float[Tensor, "batch kv_head_index key_pos d_head"],
     mask: Tensor | None,
     *,
-    path: Literal["fused", "blocked"],
+    path: Literal["fused", "diagonal", "blocked"],
     scale: float,
     softcap: float | None,
     layer: int | None,
@@ -186,7 +258,9 @@ def attend(
         without one, causally; A_t = softmax_s(s_t) in float32 (float64 in a float64 model, where
         TransformerLens's eager path rounds it to float32), hook_pattern; z_t = sum_s A_ts v_s.
 
-    ``fused``: scaled_dot_product_attention (no pattern, no softcap), in one call, or, with a mask and more
+    ``diagonal``: the fused kernel's rows reduced to each query's own weight (:func:`_diagonal_rows`), the hooks'
+    diagonal forms applied to them. ``fused``: scaled_dot_product_attention (no pattern, no softcap), in one call,
+    or, with a mask and more
     queries than a block (:data:`FUSED_BLOCK`, the window if smaller, a forced ``block_size``), a block of queries
     per call against the keys it may see. ``blocked``: the queries
     ``block_size`` at a time, each block against the keys it may see, hook_pattern fired per block with the keys
@@ -200,7 +274,10 @@ def attend(
     n_heads, n_kv, n_query = q.shape[1], k.shape[1], q.shape[2]
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
-    if path == "blocked" and softcap is None and _detached_readers(component) and _needs_grad(q, k, v):
+    z = _on_diagonal(component, q, k, v, mask, scale=scale, window=window) if path == "diagonal" else None
+    if z is not None:
+        pass
+    elif path in ("blocked", "diagonal") and softcap is None and _detached_readers(component) and _needs_grad(q, k, v):
         z = _fused(q, k, v, mask, scale=scale, window=window)  # its backward holds O(T), not every block's pattern
         with torch.no_grad():
             _blocked(component, q, k, v, mask, scale=scale, softcap=None, layer=layer, window=window, outputs=False)
@@ -215,6 +292,102 @@ def attend(
     return z
 
 
+def _on_diagonal(
+    component: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None
+) -> Tensor | None:
+    """The diagonal path: the rows from :func:`_diagonal_rows`, each hook's diagonal form applied in order, z from
+    the rows they leave (when gradients flow, and every hook only reads, from the fused kernel: the rows are formed
+    without a graph). None where this path cannot serve (no kernel returns the log-sum-exp; an edit under
+    gradients): the blocked path does."""
+    hooks = [handle.user_hook for handle in component.hook_pattern.fwd_hooks]
+    grad = _needs_grad(q, k, v)
+    if grad and not all(f.detached for f in hooks):
+        return None
+    with torch.no_grad() if grad else contextlib.nullcontext():
+        rows = _diagonal_rows(q, k, v, mask, scale=scale, window=window)
+        if rows is None:
+            return None
+        for f in hooks:
+            edited = f.diagonal(rows, component.hook_pattern)
+            rows = rows if edited is None else edited
+    return _fused(q, k, v, mask, scale=scale, window=window) if grad else rows.z.to(q.dtype)
+
+
+def _diagonal_rows(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None
+) -> Diagonal | None:
+    """Each row's :class:`Diagonal` from the fused kernel run with each query's own key masked out
+    (:func:`lens_parallel.compat.attention_with_lse`), O(T) memory beyond the kernel's:
+
+        lse'_t = log sum_{s != t} exp(s_ts), u_t = s_tt - lse'_t: A_tt = sigmoid(u_t), sum_{s != t} A_ts =
+        sigmoid(-u_t), rest_t = sigmoid(-u_t) * (the kernel's output, sum_{s != t} A_ts v_s / sum_{s != t} A_ts),
+
+    with s_tt the query's own score (plus its mask entry); a row with no other key has A_tt = 1. Without a mask and
+    with as many queries as keys, one causal call of queries 1.. against keys ..T-2 is the strictly causal attention
+    (no mask to read); otherwise the queries go a block at a time (as on the fused path), each against the keys it
+    may see, its own masked. Fully masked rows (pads) get A_tt = 1 / key_pos, as eager's uniform row has. None where
+    no kernel returns the log-sum-exp."""
+    n_heads, n_kv, n_query, n_key = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    offset, precise = n_key - n_query, torch.promote_types(q.dtype, torch.float32)
+    k, v = (einops.repeat(t, "batch kv key d -> batch (kv group) key d", group=n_heads // n_kv) for t in (k, v))
+    own_value = v[:, :, offset:].to(precise)
+    own_score = scale * einops.einsum(q.to(precise), k[:, :, offset:].to(precise), "b h q d, b h q d -> b h q")
+    low = torch.finfo(q.dtype).min
+    if mask is None and offset == 0:
+        out, lse = q.new_zeros(q.shape), q.new_full(q.shape[:-1], float("-inf"), dtype=precise)
+        if n_query > 1:
+            found = compat.attention_with_lse(q[:, :, 1:], k[:, :, :-1], v[:, :, :-1], None, causal=True, scale=scale)
+            if found is None:
+                return None
+            out[:, :, 1:], lse[:, :, 1:] = found
+    else:
+        outs, lses = [], []
+        for start, stop, begin, end in _spans(
+            n_query, n_key, _fused_block(window), window if mask is not None else None
+        ):
+            own = torch.arange(offset + start, offset + stop, device=q.device)[:, None] == torch.arange(
+                begin, end, device=q.device
+            )
+            if mask is None:
+                hidden = ~torch.ones(stop - start, end - begin, dtype=torch.bool, device=q.device).tril(
+                    end - (stop - start)
+                )
+                additive = torch.zeros_like(hidden, dtype=q.dtype).masked_fill(hidden | own, low)
+            elif mask.dtype == torch.bool:
+                additive = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(
+                    ~mask[..., start:stop, begin:end] | own, low
+                )
+            else:
+                additive = mask[..., start:stop, begin:end].masked_fill(own, low)
+            found = compat.attention_with_lse(
+                q[:, :, start:stop], k[:, :, begin:end], v[:, :, begin:end], additive, causal=False, scale=scale
+            )
+            if found is None:
+                return None
+            outs.append(found[0])
+            lses.append(found[1])
+        out, lse = torch.cat(outs, 2), torch.cat(lses, 2)
+        if mask is not None:
+            own_mask = torch.diagonal(mask, offset=offset, dim1=-2, dim2=-1)
+            own_score = own_score + (
+                torch.where(own_mask, 0.0, low) if mask.dtype == torch.bool else own_mask.to(precise)
+            )
+    logit = own_score - lse.to(precise)
+    rows = Diagonal(
+        torch.sigmoid(logit),
+        torch.sigmoid(-logit),
+        torch.sigmoid(-logit)[..., None] * out.to(precise),
+        own_value,
+        offset,
+        q.dtype,
+    )
+    dead = _dead_rows(mask)
+    if dead is None:
+        return rows
+    uniform = torch.full_like(rows.weight, 1 / n_key)
+    return rows.where(~dead, rows.replace(weight=uniform, others=1 - uniform))
+
+
 def _needs_grad(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
@@ -225,10 +398,16 @@ def _detached_readers(component: Any) -> bool:
     return bool(readers) and all(isinstance(f, RowsHook) and f.detached for f in readers)
 
 
+def _fused_block(window: int | None) -> int:
+    """Queries per kernel call when a mask is given: a forced block size, else :data:`FUSED_BLOCK` (the sliding
+    ``window`` if smaller)."""
+    _, forced_block = _PATH.get()
+    return forced_block or min(FUSED_BLOCK, window or FUSED_BLOCK)
+
+
 def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None) -> Tensor:
     n_heads, n_kv, n_query, n_key = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
-    _, forced_block = _PATH.get()
-    block = forced_block or min(FUSED_BLOCK, window or FUSED_BLOCK)
+    block = _fused_block(window)
     if mask is None or n_query <= block:
         causal = mask is None and n_query == n_key and n_query > 1
         if mask is None and 1 < n_query < n_key:

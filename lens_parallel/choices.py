@@ -90,7 +90,7 @@ are the paper's comparison edits (``RandomDirectionRemoval``, norm-matched or no
 unedited model."""
 HeadsAll = Literal["all"]
 
-AttentionPath = Literal["auto", "fused", "blocked", "eager"]
+AttentionPath = Literal["auto", "fused", "diagonal", "blocked", "eager"]
 """How softmax attention is computed (:func:`lens_parallel.attention.attention_path`)."""
 """``heads="all"``: every head, each edited on its own write (no bias); ``heads=None`` is the whole sublayer."""
 

@@ -36,6 +36,12 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
         "lm_eval.models.utils._add_special_kwargs (how the hf model sets add_special_tokens), "
         "lm_eval.tasks._yaml_loader.load_yaml (a task's YAML read without importing its !function helpers)",
     ),
+    "torch": (
+        (2, 13),
+        (3, 0),
+        "aten._scaled_dot_product_flash_attention_for_cpu (the fused CPU kernel, which also returns each row's "
+        "log-sum-exp); outside this range the diagonal attention path falls back to the blocked one",
+    ),
     "transformers": (
         (5, 0),
         (6, 0),
@@ -384,6 +390,22 @@ def install_attention(model: nn.Module, attend: Any, choose: Any) -> int:
         hf_model: Any = model.original_model
         hf_model.set_attn_implementation("sdpa")
     return taken
+
+
+def attention_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Softmax attention from PyTorch's fused CPU kernel with each row's log-sum-exp, log sum_s exp(s_ts):
+    ``(out [batch, head, query, d], lse [batch, head, query])``; ``q``, ``k``, ``v`` with the same heads, ``mask``
+    additive in the queries' dtype (``causal``: queries and keys aligned at the top-left). None where no such kernel
+    serves (a device other than the CPU, a torch outside :data:`CHECKED`, values of another head size than the
+    keys'): the caller computes the rows itself."""
+    low, high, _ = CHECKED["torch"]
+    if q.device.type != "cpu" or v.shape[-1] != k.shape[-1] or not low <= version_of("torch") < high:
+        return None
+    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out, lse = kernel(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+    return out, lse
 
 
 def cache_keywords(hf_model: nn.Module, cache: Any) -> dict[str, Any]:

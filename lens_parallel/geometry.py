@@ -291,6 +291,22 @@ def diagonal_change(
     """
     o = value_aggregate(pattern, v)
     v = v[:, v.shape[1] - pattern.shape[-2] :]  # each query's own value v_t
+    return self_weight_change(o, v, self_weights(pattern), space, s_par=s_par, x=x, W_O=W_O, eps=eps)
+
+
+def self_weight_change(
+    o: Float[Tensor, "batch pos head_index d_head"],
+    v: Float[Tensor, "batch pos head_index d_head"],
+    a_self: Float[Tensor, "batch head_index pos"],
+    space: str,
+    *,
+    s_par: float,
+    x: Float[Tensor, "batch pos d_model"] | None = None,
+    W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
+    eps: float = EPS,
+) -> DiagonalChange:
+    """:func:`diagonal_change` from each query's own o_t = sum_s A_ts v_s, v_t and A_tt (what the fused kernel's
+    diagonal path supplies without the pattern)."""
     if space == "residual-attn":
         if x is None or W_O is None:
             raise LensParallelError("the residual-attn diagonal needs the residual state x and W_O")
@@ -302,8 +318,7 @@ def diagonal_change(
         valid = den.abs() > eps * wv_norm * x.norm(dim=-1, keepdim=True)
     elif space in ("value", "value-exclude-self"):
         if space == "value-exclude-self":
-            diag = self_weights(pattern)
-            o = o - einops.rearrange(diag, "batch head_index pos -> batch pos head_index 1") * v
+            o = o - einops.rearrange(a_self, "batch head_index pos -> batch pos head_index 1") * v
         num = (o * v).sum(-1)
         den = (v * v).sum(-1)
         valid = den > eps**2
@@ -407,6 +422,35 @@ def zero_diagonal(
     eye = position[:, None] == torch.arange(n_key, device=pattern.device)
     edited = torch.where(eye, 0.0, pattern) / torch.where(editable, rest, 1.0)[..., None]
     return torch.where(editable[..., None], edited, pattern), (rest < eps) & later
+
+
+class ZeroedRows(NamedTuple):
+    """Rows after hard diagonal removal, in the reduced form (own weight, the others' total weight, their output)."""
+
+    weight: Float[Tensor, "batch head_index query_pos"]
+    others: Float[Tensor, "batch head_index query_pos"]
+    rest: Float[Tensor, "batch head_index query_pos d_head"]
+    unchanged: Bool[Tensor, "batch head_index query_pos"]
+
+
+def zero_diagonal_rows(
+    weight: Float[Tensor, "batch head_index query_pos"],
+    others: Float[Tensor, "batch head_index query_pos"],
+    rest: Float[Tensor, "batch head_index query_pos d_head"],
+    position: Int[Tensor, " query_pos"],
+    *,
+    eps: float = 1e-6,
+) -> ZeroedRows:
+    """:func:`zero_diagonal` on rows held as A_tt, sum_{s != t} A_ts and c_t = sum_{s != t} A_ts v_s (the
+    diagonal attention path), ``position`` each query's own key: A'_tt = 0, sum_{s != t} A'_ts = 1,
+    c'_t = c_t / sum_{s != t} A_ts, so z'_t = c'_t; position 0 and rows with sum_{s != t} A_ts < ``eps`` unchanged
+    (the latter returned as ``unchanged``, position 0 not among them)."""
+    later = position > 0
+    editable = (others >= eps) & later
+    rest = torch.where(editable[..., None], rest / torch.where(editable, others, 1.0)[..., None], rest)
+    return ZeroedRows(
+        torch.where(editable, 0.0, weight), torch.where(editable, 1.0, others), rest, (others < eps) & later
+    )
 
 
 def random_unit_directions(

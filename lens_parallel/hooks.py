@@ -27,7 +27,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import compat, geometry
-from lens_parallel.attention import QUERY_BLOCK, rows_hook
+from lens_parallel.attention import QUERY_BLOCK, Diagonal, rows_hook
 from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
 from lens_parallel.models import ModelInfo
 
@@ -392,15 +392,15 @@ class LayerStream:
     def fwd_hooks(self) -> list[Hook]:
         def capture(layer: int, role: str) -> Callable[..., Tensor | None]:
             fn = partial(self._capture, layer=layer, role=role)
-            # the diagonal is row-wise (blocks are joined) and kept detached
-            return rows_hook(fn, detached=True) if role == "pattern_diag" else fn
+            if role != "pattern_diag":
+                return fn
+            # the diagonal is row-wise (blocks are joined), kept detached, and on the diagonal path comes as A_tt
+            return rows_hook(fn, detached=True, diagonal=partial(self._capture_self_weights, layer=layer))
 
         return [(hook_name(layer, role), capture(layer, role)) for layer in self.layers for role in self.roles[layer]]
 
     def _capture(self, tensor: Tensor, hook: HookPoint, *, layer: int, role: str) -> None:
         check_shape(hook_name(layer, role), tensor, expected_shape(role, self.info))
-        self._finite.append(torch.isfinite(tensor).all())  # on the tensor's device: read after the forward
-        buffer = self._buffers.setdefault(layer, {})
         kept = tensor.detach()
         if role == "pattern_diag":
             kept, block = geometry.self_weights(kept), QUERY_BLOCK.get()
@@ -409,6 +409,14 @@ class LayerStream:
             if block is not None and block.stop < block.total:
                 self._partial[layer] = kept.to(device=self.device, dtype=self.dtype)
                 return
+        self._keep(kept, layer=layer, role=role)
+
+    def _capture_self_weights(self, rows: Diagonal, hook: HookPoint, *, layer: int) -> None:
+        self._keep(rows.weight.to(rows.dtype), layer=layer, role="pattern_diag")
+
+    def _keep(self, kept: Tensor, *, layer: int, role: str) -> None:
+        self._finite.append(torch.isfinite(kept).all())  # on the tensor's device: read after the forward
+        buffer = self._buffers.setdefault(layer, {})
         buffer[role] = kept.to(device=self.device, dtype=self.dtype)
         if len(buffer) == len(self.roles[layer]):
             self.reduce(layer, self._buffers.pop(layer))
@@ -542,10 +550,15 @@ def gradient_pass(
     names = {(layer, role) for layer, rs in [*roles.items(), *grad_roles.items()] for role in rs}
     hooks: list[Hook] = [(hook_name(0, "resid_pre"), grad_root)]
 
+    def capture_self_weights(rows: Diagonal, hook: HookPoint, *, layer: int) -> None:
+        if recomputing[0]:
+            acts[layer]["pattern_diag"] = rows.weight.to(rows.dtype).to(device=tokens.device, dtype=torch.float64)
+
     def hook(layer: int, role: str) -> Callable[..., Tensor | None]:
         fn = partial(capture, layer=layer, role=role)
-        row_wise = role == "pattern_diag" and role not in grad_roles.get(layer, ())
-        return rows_hook(fn, detached=True) if row_wise else fn
+        if role != "pattern_diag" or role in grad_roles.get(layer, ()):
+            return fn
+        return rows_hook(fn, detached=True, diagonal=partial(capture_self_weights, layer=layer))
 
     hooks += [(hook_name(layer, role), hook(layer, role)) for layer, role in sorted(names)]
     # the hooks stay attached through the backward: the recomputed blocks run them again

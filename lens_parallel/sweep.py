@@ -578,16 +578,19 @@ def run_sweep(
 
 
 def _one_attention_path(setup: SweepSetup) -> contextlib.AbstractContextManager[None]:
-    """Every forward of a sweep on one attention path: the blocked one when an edit reads or rewrites pattern rows
-    (or says nothing of what it reads), so that the reference pass, the matched no-ops and the edited runs round
-    alike and a no-op still reproduces the unedited losses bit for bit; else each layer's own choice (fused)."""
-    rows = any(
-        (footprint := edit_footprint(edit, setup.info)) is None or footprint.pattern != "none"
+    """Every forward of a sweep on one attention path, so that the reference pass, the matched no-ops and the
+    edited runs round alike and a no-op still reproduces the unedited losses bit for bit: the diagonal one when the
+    edits that use the pattern use only its diagonal, the blocked one when one reads or rewrites whole rows (or
+    says nothing of what it reads); else each layer's own choice (fused)."""
+    uses = {
+        "rows" if (footprint := edit_footprint(edit, setup.info)) is None else footprint.pattern
         for job in setup.jobs
         if isinstance(job, EditJob)
         for edit in job.edits
-    )
-    return attention_path("blocked") if rows else contextlib.nullcontext()
+    }
+    if "rows" in uses:
+        return attention_path("blocked")
+    return attention_path("diagonal") if "diagonal" in uses else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)

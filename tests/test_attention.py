@@ -87,12 +87,76 @@ def test_path_follows_the_hooks_attached():
     assert chosen_path(component, softcap=30.0) == "blocked"  # no kernel soft-caps
     with model.hooks(fwd_hooks=[(name, rows_hook(plain))]):
         assert chosen_path(component, softcap=None) == "blocked"
+        with model.hooks(fwd_hooks=[(name, rows_hook(plain, diagonal=lambda rows, hook: None))]):
+            assert chosen_path(component, softcap=None) == "blocked"  # one hook without a diagonal form
+    with model.hooks(fwd_hooks=[(name, rows_hook(plain, diagonal=lambda rows, hook: None))]):
+        assert chosen_path(component, softcap=None) == "diagonal"
+        assert chosen_path(component, softcap=30.0) == "blocked"
+        with attention_path("blocked"):
+            assert chosen_path(component, softcap=None) == "blocked"
         with model.hooks(fwd_hooks=[(name, plain)]):
             assert chosen_path(component, softcap=None) == "eager"  # a user's hook sees the whole square
     with model.hooks(fwd_hooks=[("blocks.1.attn.hook_attn_scores", plain)]):
         assert chosen_path(component, softcap=None) == "eager"
     with attention_path("eager"):
         assert chosen_path(component, softcap=None) == "eager"
+    with attention_path("diagonal"):  # hooked or not, every layer forms z alike (a sweep's forwards round alike)
+        assert chosen_path(component, softcap=None) == "diagonal"
+
+
+def _softmax_rows(q, k, v, mask, scale):
+    """Float64 reference: A = softmax(scale q k^T + mask), own weight, the rest's weight and output, z."""
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    n_query, n_key = q.shape[2], k.shape[2]
+    scores = q @ k.transpose(-1, -2) * scale
+    pattern = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    own = torch.arange(n_key - n_query, n_key)[:, None] == torch.arange(n_key)
+    weight = geometry.self_weights(pattern)
+    others = pattern.masked_fill(own, 0.0)
+    return weight, others.sum(-1), others @ v, pattern @ v
+
+
+@pytest.mark.parametrize("n_query", [31, 5, 1])
+@pytest.mark.parametrize("mask_kind", ["causal", "padded", "window"])
+def test_diagonal_rows_from_the_kernel_equal_the_softmax_rows(n_query, mask_kind):
+    """A_tt, sum_{s != t} A_ts, sum_{s != t} A_ts v_s and z from the fused kernel's log-sum-exp equal the rows of
+    an explicit float64 softmax: grouped heads, a padded row, a sliding window, queries fewer than keys (a decoding
+    step), blocks of 7 queries (not dividing 31)."""
+    torch.manual_seed(0)
+    n_key = 31
+    q, k, v = torch.randn(2, 6, n_query, 8), torch.randn(2, 2, n_key, 8), torch.randn(2, 2, n_key, 8)
+    allowed = torch.ones(2, 1, n_key, n_key, dtype=torch.bool).tril()
+    if mask_kind == "padded":
+        allowed[1, :, :, :4] = False  # row 1 left-padded: its first four queries see nothing
+    if mask_kind == "window":
+        allowed &= ~torch.ones(n_key, n_key, dtype=torch.bool).tril(-9)
+    allowed = allowed[..., n_key - n_query :, :]
+    given = None if mask_kind == "causal" else allowed
+    with attention_path("auto", block_size=7):
+        rows = attention._diagonal_rows(q, k, v, given, scale=0.4, window=8 if mask_kind == "window" else None)
+    live = allowed.any(-1).expand(2, 6, n_query)
+    expected = _softmax_rows(q, k, v, allowed, 0.4)
+    got = (rows.weight, rows.others, rows.rest, rows.z)
+    for name, value, reference in zip(("weight", "others", "rest", "z"), got, expected, strict=True):
+        np.testing.assert_allclose(value[live].numpy(), reference[live].numpy(), atol=1e-6, err_msg=name)
+    assert rows.first_key == n_key - n_query and rows.dtype == torch.float32
+    if mask_kind == "padded" and n_query == n_key:  # a fully masked row is eager's uniform row: A_tt = 1 / T
+        np.testing.assert_allclose(rows.weight[1, :, :4].numpy(), 1 / n_key)
+
+
+def test_diagonal_rows_keep_the_rest_exact_where_a_row_is_almost_all_its_own():
+    """Own score 16, every other 0: 1 - A_tt = t / (e^16 + t) ~ t 1e-7, which 1 - A_tt in float32 would round to
+    a multiple of 6e-8; the kernel's row without its own key gives it to float32's relative precision, and the
+    rest's output (the mean of the earlier values) exactly."""
+    eye = torch.eye(12)[None, None]  # query t and key t: the t-th unit vector, so s_ts = 16 [s = t]
+    v = torch.randn(1, 1, 12, 12, generator=torch.Generator().manual_seed(1))
+    rows = attention._diagonal_rows(eye * 4, eye * 4, v, None, scale=1.0, window=None)
+    t = torch.arange(12, dtype=torch.float64)
+    np.testing.assert_allclose(rows.others[0, 0].double().numpy(), (t / (np.exp(16) + t)).numpy(), rtol=1e-5)
+    earlier_mean = (v[0, 0].double().cumsum(0) - v[0, 0].double())[1:] / t[1:, None]
+    np.testing.assert_allclose((rows.rest[0, 0, 1:] / rows.others[0, 0, 1:, None]).numpy(), earlier_mean, atol=1e-5)
 
 
 def test_blocked_hooks_see_rows_with_their_keys():
@@ -119,12 +183,12 @@ def test_decompose_is_the_same_on_every_path(family):
     if model_info(model).post_norm or model_info(model).gated_attention:
         spaces = ["value", "value-exclude-self"]
     results = {}
-    for path in ("eager", "auto", "blocked"):
+    for path in ("eager", "auto", "diagonal", "blocked"):
         with attention_path(path, block_size=8), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             results[path] = decompose(model, tokens, space=spaces, progress=False).to_dataframe()
     numeric = results["eager"].select_dtypes("number").columns
-    for path in ("auto", "blocked"):
+    for path in ("auto", "diagonal", "blocked"):
         pd.testing.assert_frame_equal(results[path][numeric], results["eager"][numeric], atol=1e-6, rtol=1e-5)
 
 
@@ -138,17 +202,22 @@ EDITS = {
 
 
 @pytest.mark.parametrize("edit", EDITS)
-def test_edits_give_the_same_losses_on_every_path(edit):
+def test_edits_give_the_same_losses_on_every_path(edit, monkeypatch):
     model = get_model("toy-llama")
     tokens = _tokens(model, n_docs=3, seq_len=25)
+    kernel_calls = []
+    with_lse = compat.attention_with_lse
+    monkeypatch.setattr(compat, "attention_with_lse", lambda *a, **kw: kernel_calls.append(1) or with_lse(*a, **kw))
     frames = {}
-    for path in ("eager", "auto", "blocked"):
+    for path in ("eager", "auto", "diagonal", "blocked"):
         with attention_path(path, block_size=7):
             frames[path] = evaluate(model, tokens, EDITS[edit], n_resamples=50).to_dataframe()
+        if path == "auto":  # every edit of the pattern here has a diagonal form: auto took the diagonal path
+            assert bool(kernel_calls) == (edit != "value")
     # perplexities exp(loss) of a random-weight toy are ~5e4: compare the losses and the shift they come from
     numeric = [c for c in frames["eager"].select_dtypes("number").columns if "ppl" not in c]
     assert len(numeric) >= 4
-    for path in ("auto", "blocked"):  # float32 losses of ~11 nats: one rounding step is 1e-6
+    for path in ("auto", "diagonal", "blocked"):  # float32 losses of ~11 nats: one rounding step is 1e-6
         pd.testing.assert_frame_equal(frames[path][numeric], frames["eager"][numeric], atol=1e-5, rtol=1e-5)
 
 
@@ -166,7 +235,7 @@ def test_wrapped_forwards_are_the_ones_checked():
 
 def test_bad_path_and_block_size_are_refused():
     with (
-        pytest.raises(LensParallelError, match="accepted: auto, fused, blocked, eager"),
+        pytest.raises(LensParallelError, match="accepted: auto, fused, diagonal, blocked, eager"),
         attention_path("flash"),  # type: ignore[arg-type]
     ):
         pass
@@ -225,9 +294,15 @@ def test_gemma3_sliding_windows_norms_and_soft_capping(softcap):
         reference = _run(model, tokens, torch.ones_like(tokens), "eager")[0]
         blocked = _run(model, tokens, torch.ones_like(tokens), "blocked")[0]
     np.testing.assert_allclose(blocked.numpy(), reference.numpy(), atol=ATOL)
+    info = model_info(model)  # edits of the diagonal through the windows, a padded row, GQA: diagonal = eager
+    edits = [*ZeroDiagonal(layers=[0, 2]).hooks(model, info), *DiagonalEdit("value", s_par=0.5).hooks(model, info)]
+    with model.hooks(fwd_hooks=edits):
+        reference = _run(model, tokens, mask, "eager")[0]
+        diagonal = _run(model, tokens, mask, "diagonal")[0]
+    np.testing.assert_allclose(diagonal[mask.bool()].numpy(), reference[mask.bool()].numpy(), atol=ATOL)
 
 
-def _loss_with_gradient(model, tokens, path):
+def _loss_with_gradient(model, tokens, path, *, diagonal_form=False):
     """Loss, its gradient at the residual entering block 0, the diagonal a detached row reader captured in every
     layer, and the shapes of the 4-d tensors saved for the backward whose last axis is every key."""
     diagonals, leaves, saved = [], [], []
@@ -240,7 +315,11 @@ def _loss_with_gradient(model, tokens, path):
         saved.append(tuple(tensor.shape))
         return tensor
 
-    reader = rows_hook(lambda pattern, hook: diagonals.append(geometry.self_weights(pattern)), detached=True)
+    reader = rows_hook(
+        lambda pattern, hook: diagonals.append(geometry.self_weights(pattern)),
+        detached=True,
+        diagonal=(lambda rows, hook: diagonals.append(rows.weight)) if diagonal_form else None,
+    )
     hooks = [("blocks.0.hook_resid_pre", leaf)]
     hooks += [(f"blocks.{layer}.attn.hook_pattern", reader) for layer in range(model_info(model).n_layers)]
     with (
@@ -254,14 +333,18 @@ def _loss_with_gradient(model, tokens, path):
     return loss.detach(), grad, torch.cat(diagonals, -1).detach(), patterns
 
 
-def test_gradients_with_detached_row_readers_keep_no_pattern_for_the_backward():
+@pytest.mark.parametrize("diagonal_form", [False, True])
+def test_gradients_with_detached_row_readers_keep_no_pattern_for_the_backward(diagonal_form):
     """With gradients flowing and only detached readers of the pattern's rows (the captures of the diagonal), the
-    blocked path takes its output from the fused kernel and forms the blocks without a graph: the same diagonal,
-    loss and gradient as eager, and nothing saved for the backward is a [batch, head, query, key] pattern."""
+    blocked path (or, for readers with a diagonal form, the diagonal path) takes its output from the fused kernel
+    and forms the rows without a graph: the same diagonal, loss and gradient as eager, and nothing saved for the
+    backward is a [batch, head, query, key] pattern."""
     model = get_model("toy-qwen2")
     tokens = _tokens(model, n_docs=1, seq_len=40)
     loss, grad, diagonal, patterns = _loss_with_gradient(model, tokens, "eager")
-    loss_auto, grad_auto, diagonal_auto, patterns_auto = _loss_with_gradient(model, tokens, "auto")
+    loss_auto, grad_auto, diagonal_auto, patterns_auto = _loss_with_gradient(
+        model, tokens, "auto", diagonal_form=diagonal_form
+    )
     assert patterns and not patterns_auto  # eager keeps every layer's pattern for the backward; the own path none
     np.testing.assert_allclose(diagonal_auto.numpy(), diagonal.numpy(), atol=ATOL)
     np.testing.assert_allclose(loss_auto.item(), loss.item(), atol=ATOL)

@@ -24,7 +24,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.attention import QUERY_BLOCK, STEP_VALUES, RowsHook, rows_hook
+from lens_parallel.attention import QUERY_BLOCK, STEP_VALUES, Diagonal, RowsHook, rows_hook
 from lens_parallel.choices import EditPositions, HeadsAll
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.hooks import ROLE_HOOKS, Hook
@@ -223,9 +223,23 @@ def after_first(hooks: list[Hook]) -> list[Hook]:
         shape = [out.shape[0]] + [out.shape[axis] if d == axis else 1 for d in range(1, out.ndim)]
         return torch.where(at.view(shape), tensor.to(out.dtype), out)
 
+    def keep_first_diagonal(
+        fn: Callable[[Diagonal, HookPoint], Diagonal | None], rows: Diagonal, hook: HookPoint
+    ) -> Diagonal | None:
+        out = fn(rows, hook)
+        first = FIRST_INDEX.get()
+        if out is None or first is None:
+            return out
+        device = rows.weight.device
+        at = torch.arange(rows.weight.shape[-1], device=device) == torch.as_tensor(first, device=device)[..., None]
+        return rows.where(at.view(-1, 1, at.shape[-1]), out)  # position 0's row as it came
+
     def wrapped(name: str, fn: Callable[..., Tensor | None]) -> Callable[..., Tensor | None]:
         kept = partial(keep_first, fn, 2 if name.endswith("hook_pattern") else 1)
-        return rows_hook(kept, detached=fn.detached) if isinstance(fn, RowsHook) else kept
+        if not isinstance(fn, RowsHook):
+            return kept
+        diagonal = None if fn.diagonal is None else partial(keep_first_diagonal, fn.diagonal)
+        return rows_hook(kept, detached=fn.detached, diagonal=diagonal)
 
     return [(name, wrapped(name, fn)) for name, fn in hooks]
 
@@ -250,11 +264,15 @@ def _store_diagonal(pattern: Tensor, hook: HookPoint, *, state: dict[str, Tensor
     state["pattern_diag"] = diag if block is None or block.start == 0 else torch.cat([state["pattern_diag"], diag], -1)
 
 
+def _store_self_weights(rows: Diagonal, hook: HookPoint, *, state: dict[str, Tensor]) -> None:
+    state["pattern_diag"] = rows.weight.to(rows.dtype)
+
+
 def store_diagonal(state: dict[str, Tensor]) -> RowsHook:
     """A reading hook on hook_pattern keeping only each query's own weight A_tt in ``state["pattern_diag"]`` (the
     role ``pattern_diag``; the last column of a decoding step's row: :func:`lens_parallel.geometry.self_weights`),
-    the blocks of the blocked attention path joined in order."""
-    return rows_hook(partial(_store_diagonal, state=state))
+    the blocks of the blocked attention path joined in order; on the diagonal path, A_tt as it comes."""
+    return rows_hook(partial(_store_diagonal, state=state), diagonal=partial(_store_self_weights, state=state))
 
 
 def head_mask(

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+import einops
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -14,7 +15,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.attention import block_rows, rows_hook
+from lens_parallel.attention import Diagonal, block_rows, rows_hook
 from lens_parallel.choices import EditPositions, HeadSpace
 from lens_parallel.edits.base import (
     EditBase,
@@ -85,7 +86,8 @@ class DiagonalEdit(EditBase):
                 out.append((hook_name(layer, "resid_pre"), partial(store, state=state, key="x")))
             W_O = output_weights(model, layer) if self.space == "residual-attn" else None
             edit = partial(self._edit_pattern, layer=layer, state=state, heads=heads, W_O=W_O)
-            out.append((hook_name(layer, "pattern_full"), rows_hook(edit)))
+            diagonal = partial(self._edit_diagonal, state=state, heads=heads, W_O=W_O)
+            out.append((hook_name(layer, "pattern_full"), rows_hook(edit, diagonal=diagonal)))
         return after_first(out) if self.positions == "after-first" else out
 
     def _edit_pattern(
@@ -105,16 +107,36 @@ class DiagonalEdit(EditBase):
         d_a = torch.where(head_mask(heads, pattern.shape[1], pattern.shape[0], pattern.device)[:, :, None], d_a, 0.0)
         return geometry.add_self_weights(pattern, d_a)
 
+    def _edit_diagonal(
+        self,
+        rows: Diagonal,
+        hook: HookPoint,
+        *,
+        state: dict[str, Tensor],
+        heads: HeadSet,
+        W_O: Float[Tensor, "head_index d_head d_model"] | None,
+    ) -> Diagonal:
+        """The same edit on the diagonal path: A'_tt = A_tt + dA_tt, so z'_t = z_t + dA_tt v_t."""
+        o, v = (einops.rearrange(t, "batch head_index pos d -> batch pos head_index d") for t in (rows.z, rows.value))
+        x = state["x"].to(v) if "x" in state else None
+        W_O = None if W_O is None else W_O.to(v)
+        d_a = geometry.self_weight_change(
+            o, v, rows.weight, self.space, s_par=self.s_par, x=x, W_O=W_O, eps=self.eps
+        ).d_a
+        batch, n_heads = d_a.shape[:2]
+        d_a = torch.where(head_mask(heads, n_heads, batch, d_a.device)[:, :, None], d_a, 0.0)
+        return rows.replace(weight=rows.weight + d_a)
+
     def noop(self) -> DiagonalEdit:
         """The matched no-op: the same hooks at s_par = 1 (dA_tt = 0)."""
         return dataclasses.replace(self, s_par=1.0)
 
     def footprint(self, info: ModelInfo) -> Footprint:
         """Reads v (and x_t in residual-attn); changes only A_tt of each row, from the row's own diagonal, o_t and
-        v_t (o_t = A_t. v reads the whole row against every value: at a decoding step the cached values,
-        :func:`~lens_parallel.edits.all_values`)."""
+        v_t (on the blocked path o_t = A_t. v reads the whole row against every value: at a decoding step the cached
+        values, :func:`~lens_parallel.edits.all_values`; the diagonal path hands it o_t)."""
         reads = ("v", *(("resid_pre",) if self.space == "residual-attn" else ()))
-        return Footprint(reads, ("pattern_full",), "rows", decode_safe=True)
+        return Footprint(reads, ("pattern_full",), "diagonal", decode_safe=True)
 
 
 @register_edit(
@@ -146,8 +168,9 @@ class ZeroDiagonal(EditBase):
         object.__setattr__(self, "heads", as_heads(self.heads))
 
     def footprint(self, info: ModelInfo) -> Footprint:
-        """Rewrites whole attention rows (every A_ts is renormalised); the current row is all it needs."""
-        return Footprint((), ("pattern_full",), "rows", decode_safe=True)
+        """Rewrites whole attention rows (every A_ts is renormalised), which needs only A_tt and the rest of the row's
+        weight and output (the diagonal path)."""
+        return Footprint((), ("pattern_full",), "diagonal", decode_safe=True)
 
     @property
     def unchanged_rows(self) -> int:
@@ -157,7 +180,7 @@ class ZeroDiagonal(EditBase):
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         layers, _ = softmax_layers(info, self.layers, what="ZeroDiagonal")
         heads = check_indices("heads", None if self.heads == "all" else self.heads, info.n_heads)
-        edit = rows_hook(partial(self._edit_pattern, heads=heads))
+        edit = rows_hook(partial(self._edit_pattern, heads=heads), diagonal=partial(self._edit_diagonal, heads=heads))
         return [(hook_name(layer, "pattern_full"), edit) for layer in layers]
 
     def _edit_pattern(
@@ -167,3 +190,13 @@ class ZeroDiagonal(EditBase):
         mask = head_mask(heads, pattern.shape[1], pattern.shape[0], pattern.device)
         self.counts["unchanged_rows"] += int((unchanged & mask[:, :, None]).sum())
         return torch.where(mask[:, :, None, None], edited, pattern)
+
+    def _edit_diagonal(self, rows: Diagonal, hook: HookPoint, *, heads: HeadSet) -> Diagonal:
+        """The same edit on the diagonal path (:func:`lens_parallel.geometry.zero_diagonal_rows`): z'_t = c_t /
+        sum_{s != t} A_ts."""
+        position = torch.arange(rows.weight.shape[-1], device=rows.weight.device) + rows.first_key
+        zeroed = geometry.zero_diagonal_rows(rows.weight, rows.others, rows.rest, position, eps=self.eps)
+        mask = head_mask(heads, rows.weight.shape[1], rows.weight.shape[0], rows.weight.device)[:, :, None]
+        self.counts["unchanged_rows"] += int((zeroed.unchanged & mask).sum())
+        edited = rows.replace(weight=zeroed.weight, others=zeroed.others, rest=zeroed.rest)
+        return edited.where(mask, rows)
