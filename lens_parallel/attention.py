@@ -194,8 +194,9 @@ def chosen_path(component: Any, *, softcap: float | None) -> Literal["fused", "d
     hook on ``hook_attn_scores``, a backward hook or a hook other than a :class:`RowsHook` on ``hook_pattern``);
     else, when hooks read or edit rows of the pattern, diagonal if each has its diagonal form (and the scores are
     not soft-capped, and blocked is not forced), blocked otherwise; with no such hook, blocked when soft-capped (no
-    kernel does that) or forced, diagonal when forced (z formed as the hooked layers form it), else fused. (:func:`attend` serves a diagonal choice on the blocked path where no
-    kernel returns the log-sum-exp, and where an edit of the diagonal needs its gradient.)"""
+    kernel does that) or forced, diagonal when forced (z formed as the hooked layers form it), else fused.
+    (:func:`attend` serves a diagonal choice on the blocked path where no kernel returns the log-sum-exp, and
+    where an edit of the diagonal needs its gradient.)"""
     forced, _ = _PATH.get()
     scores, pattern = component.hook_attn_scores, component.hook_pattern
     readers = [handle.user_hook for handle in pattern.fwd_hooks]
