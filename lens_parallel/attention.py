@@ -320,8 +320,8 @@ def _diagonal_rows(
     """Each row's :class:`Diagonal` from the fused kernel run with each query's own key masked out
     (:func:`lens_parallel.compat.attention_with_lse`), O(T) memory beyond the kernel's:
 
-        lse'_t = log sum_{s != t} exp(s_ts), u_t = s_tt - lse'_t: A_tt = sigmoid(u_t), sum_{s != t} A_ts =
-        sigmoid(-u_t), rest_t = sigmoid(-u_t) * (the kernel's output, sum_{s != t} A_ts v_s / sum_{s != t} A_ts),
+        lse'_t = log sum_{s != t} exp(s_ts): [A_tt, sum_{s != t} A_ts] = softmax([s_tt, lse'_t]) (= sigmoid(+-(s_tt
+        - lse'_t))), rest_t = sum_{s != t} A_ts * (the kernel's output, sum_{s != t} A_ts v_s / sum_{s != t} A_ts),
 
     with s_tt the query's own score (plus its mask entry); a row with no other key has A_tt = 1. Without a mask and
     with as many queries as keys, one causal call of queries 1.. against keys ..T-2 is the strictly causal attention
@@ -332,7 +332,7 @@ def _diagonal_rows(
     offset, precise = n_key - n_query, torch.promote_types(q.dtype, torch.float32)
     k, v = (einops.repeat(t, "batch kv key d -> batch (kv group) key d", group=n_heads // n_kv) for t in (k, v))
     own_value = v[:, :, offset:].to(precise)
-    own_score = scale * einops.einsum(q.to(precise), k[:, :, offset:].to(precise), "b h q d, b h q d -> b h q")
+    own_score = scale * (q.to(precise) * k[:, :, offset:].to(precise)).sum(-1)
     low = torch.finfo(q.dtype).min
     if mask is None and offset == 0:
         out, lse = q.new_zeros(q.shape), q.new_full(q.shape[:-1], float("-inf"), dtype=precise)
@@ -373,15 +373,10 @@ def _diagonal_rows(
             own_score = own_score + (
                 torch.where(own_mask, 0.0, low) if mask.dtype == torch.bool else own_mask.to(precise)
             )
-    logit = own_score - lse.to(precise)
-    rows = Diagonal(
-        torch.sigmoid(logit),
-        torch.sigmoid(-logit),
-        torch.sigmoid(-logit)[..., None] * out.to(precise),
-        own_value,
-        offset,
-        q.dtype,
-    )
+    # [A_tt, sum_{s != t} A_ts] = softmax([s_tt, lse'_t]): a row-wise kernel, so each row rounds alike whatever the
+    # batch (an elementwise sigmoid rounds the elements of a vector loop's scalar tail differently)
+    weight, others = torch.softmax(torch.stack([own_score, lse.to(precise)], -1), -1).unbind(-1)
+    rows = Diagonal(weight, others, others[..., None] * out.to(precise), own_value, offset, q.dtype)
     dead = _dead_rows(mask)
     if dead is None:
         return rows
