@@ -93,3 +93,41 @@ def test_smollm2_bfloat16_statistics_within_the_stated_tolerance_of_float32():
     for kind, (median, largest) in {"cos": (0.005, 0.06), "nats": (0.005, 0.1)}.items():
         diff = np.abs(stats[torch.bfloat16][kind] - stats[torch.float32][kind])
         assert np.median(diff) < median and diff.max() < largest, (kind, np.median(diff), diff.max())
+
+
+def test_smollm2_analyses_and_edits_are_the_same_on_every_attention_path():
+    """The own attention path on the real model: decompose (three spaces), the exact causal null and evaluate of
+    the pattern edits and of the value scaling give eager's numbers on the diagonal, blocked and automatic paths,
+    over whole documents of different lengths (a padded batch) with blocks of 13 queries (dividing none of them)."""
+    import pandas as pd
+
+    from lens_parallel import ComponentScale, DiagonalEdit, ZeroDiagonal, causal_null, evaluate, whole_documents
+    from lens_parallel.attention import attention_path
+
+    model = get_model("smollm2-135m")
+    texts = [
+        "The river rose in the night and by morning the mill stood in water to its first windows.",
+        "She read the letter twice, folded it, and put it in the drawer with the others.",
+        "Attention heads write back, in large part, their own token's value vector; the rest of each head's output "
+        "comes from the tokens before it, weighted by how much the head attends to each of them.",
+    ]
+    docs = whole_documents(model, texts, n_docs=3)
+    assert len(set(docs.lengths.tolist())) > 1  # ragged: the batch is padded
+    edits = {
+        "zero-diagonal": ZeroDiagonal(),
+        "diagonal-exclude-self": DiagonalEdit("value-exclude-self", s_par=0.0),
+        "value": ComponentScale("value", s_par=0.0),
+    }
+    spaces = ["value", "value-exclude-self", "residual-attn"]
+    frames: dict[str, list[pd.DataFrame]] = {}
+    for path in ("eager", "auto", "diagonal", "blocked"):
+        with attention_path(path, block_size=13):
+            frames[path] = [
+                decompose(model, docs, space=spaces, batch_size=3, progress=False).to_dataframe(),
+                causal_null(model, docs, null="exact", batch_size=3, progress=False).to_dataframe(),
+                *(evaluate(model, docs, e, batch_size=3, n_resamples=20).to_dataframe() for e in edits.values()),
+            ]
+    for path in ("auto", "diagonal", "blocked"):
+        for got, reference in zip(frames[path], frames["eager"], strict=True):
+            numeric = [c for c in reference.select_dtypes("number").columns if "ppl" not in c]
+            pd.testing.assert_frame_equal(got[numeric], reference[numeric], atol=2e-5, rtol=1e-4, obj=path)
