@@ -275,9 +275,9 @@ def attend(
     n_heads, n_kv, n_query = q.shape[1], k.shape[1], q.shape[2]
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
-    z = _on_diagonal(component, q, k, v, mask, scale=scale, window=window) if path == "diagonal" else None
-    if z is not None:
-        pass
+    diagonal = _on_diagonal(component, q, k, v, mask, scale=scale, window=window) if path == "diagonal" else None
+    if diagonal is not None:
+        z = diagonal
     elif path in ("blocked", "diagonal") and softcap is None and _detached_readers(component) and _needs_grad(q, k, v):
         z = _fused(q, k, v, mask, scale=scale, window=window)  # its backward holds O(T), not every block's pattern
         with torch.no_grad():

@@ -417,11 +417,19 @@ def zero_diagonal(
     n_query, n_key = pattern.shape[-2:]
     rest = 1 - self_weights(pattern)
     position = torch.arange(n_key - n_query, n_key, device=pattern.device)  # each query's own key
-    later = position > 0
-    editable = (rest >= eps) & later
+    editable, unchanged = _zeroable(rest, position, eps=eps)
     eye = position[:, None] == torch.arange(n_key, device=pattern.device)
     edited = torch.where(eye, 0.0, pattern) / torch.where(editable, rest, 1.0)[..., None]
-    return torch.where(editable[..., None], edited, pattern), (rest < eps) & later
+    return torch.where(editable[..., None], edited, pattern), unchanged
+
+
+def _zeroable(
+    others: Float[Tensor, "batch head_index query_pos"], position: Int[Tensor, " query_pos"], *, eps: float
+) -> tuple[Bool[Tensor, "batch head_index query_pos"], Bool[Tensor, "batch head_index query_pos"]]:
+    """The rows hard diagonal removal renormalises (a query after position 0 with sum_{s != t} A_ts >= eps) and
+    those it leaves unchanged for want of weight elsewhere (after position 0, below eps)."""
+    later = position > 0
+    return (others >= eps) & later, (others < eps) & later
 
 
 class ZeroedRows(NamedTuple):
@@ -445,12 +453,9 @@ def zero_diagonal_rows(
     diagonal attention path), ``position`` each query's own key: A'_tt = 0, sum_{s != t} A'_ts = 1,
     c'_t = c_t / sum_{s != t} A_ts, so z'_t = c'_t; position 0 and rows with sum_{s != t} A_ts < ``eps`` unchanged
     (the latter returned as ``unchanged``, position 0 not among them)."""
-    later = position > 0
-    editable = (others >= eps) & later
+    editable, unchanged = _zeroable(others, position, eps=eps)
     rest = torch.where(editable[..., None], rest / torch.where(editable, others, 1.0)[..., None], rest)
-    return ZeroedRows(
-        torch.where(editable, 0.0, weight), torch.where(editable, 1.0, others), rest, (others < eps) & later
-    )
+    return ZeroedRows(torch.where(editable, 0.0, weight), torch.where(editable, 1.0, others), rest, unchanged)
 
 
 def random_unit_directions(

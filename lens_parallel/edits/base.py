@@ -206,6 +206,12 @@ def all_values(
     return values[layer][:, :n_key]
 
 
+def at_first(first: int | Tensor, start: int, n: int, device: torch.device) -> Bool[Tensor, "row n"]:
+    """Which of positions ``start .. start + n - 1`` is position 0 (:data:`FIRST_INDEX`: one index, ``[1, n]``,
+    or one per row, ``[batch, n]``)."""
+    return torch.arange(start, start + n, device=device) == torch.as_tensor(first, device=device).reshape(-1, 1)
+
+
 def after_first(hooks: list[Hook]) -> list[Hook]:
     """The same hooks, each restoring position 0 of what it returns (the query axis of an attention pattern; where
     position 0 lies: :data:`FIRST_INDEX`); hooks that only read return None and stay as they are."""
@@ -217,11 +223,9 @@ def after_first(hooks: list[Hook]) -> list[Hook]:
             return out
         block = QUERY_BLOCK.get() if axis == 2 else None  # a block of the queries (the blocked attention path)
         start = 0 if block is None else block.start
-        if isinstance(first, int):
-            first = torch.full((out.shape[0],), first, device=out.device)
-        at = torch.arange(start, start + out.shape[axis], device=out.device) == first.to(out.device)[:, None]
+        at = at_first(first, start, out.shape[axis], out.device).expand(out.shape[0], -1)
         shape = [out.shape[0]] + [out.shape[axis] if d == axis else 1 for d in range(1, out.ndim)]
-        return torch.where(at.view(shape), tensor.to(out.dtype), out)
+        return torch.where(at.reshape(shape), tensor.to(out.dtype), out)
 
     def keep_first_diagonal(
         fn: Callable[[Diagonal, HookPoint], Diagonal | None], rows: Diagonal, hook: HookPoint
@@ -230,9 +234,8 @@ def after_first(hooks: list[Hook]) -> list[Hook]:
         first = FIRST_INDEX.get()
         if out is None or first is None:
             return out
-        device = rows.weight.device
-        at = torch.arange(rows.weight.shape[-1], device=device) == torch.as_tensor(first, device=device)[..., None]
-        return rows.where(at.view(-1, 1, at.shape[-1]), out)  # position 0's row as it came
+        at = at_first(first, 0, rows.weight.shape[-1], rows.weight.device)
+        return rows.where(at[:, None, :], out)  # position 0's row as it came
 
     def wrapped(name: str, fn: Callable[..., Tensor | None]) -> Callable[..., Tensor | None]:
         kept = partial(keep_first, fn, 2 if name.endswith("hook_pattern") else 1)
