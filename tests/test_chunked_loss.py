@@ -170,3 +170,25 @@ def test_kl_and_top1_agreement_by_hand_and_zero_for_a_no_op(family: str) -> None
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(whole[0], chunked_token_nll(final_p, unembed, blocks.tokens))
     torch.testing.assert_close(whole[1], chunked_token_nll(final_q, unembed, blocks.tokens))
+
+
+def test_divergence_rows_equal_float64_log_softmax_where_the_maxima_lie_far_apart() -> None:
+    from lens_parallel.losses import _divergence_rows
+
+    g = torch.Generator().manual_seed(0)
+    l_p = 4.0 * torch.randn(6, 500, generator=g, dtype=torch.float64)
+    l_q = l_p + 0.5 * torch.randn(6, 500, generator=g, dtype=torch.float64)
+    l_q[0, 7] += 60.0  # q's top token far above everything p predicts
+    l_q[1] = l_p[1] - 1000.0  # the same distribution, every logit shifted
+    l_q[2] = l_p[2]  # identical rows: KL exactly 0
+    target = torch.tensor([7, 3, 0, 499, 250, 1])
+    l_p, l_q = l_p.float(), l_q.float()  # the reference: float64 of the same float32 logits
+    log_p, log_q = torch.log_softmax(l_p.double(), -1), torch.log_softmax(l_q.double(), -1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+    nll_p, nll_q, kl_rows, agree = _divergence_rows(l_p.clone(), l_q.clone(), target)
+    torch.testing.assert_close(nll_p.double(), -log_p.gather(-1, target[:, None]).squeeze(-1), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(nll_q.double(), -log_q.gather(-1, target[:, None]).squeeze(-1), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(kl_rows.double(), kl, rtol=1e-4, atol=1e-5)
+    assert kl_rows[2] == 0.0 and float(kl[0]) > 30.0 and abs(float(kl_rows[1])) < 1e-5
+    assert agree.tolist() == (log_p.argmax(-1) == log_q.argmax(-1)).double().tolist()
+    assert agree[0] == 0.0 and agree[1] == 1.0 and agree[2] == 1.0
