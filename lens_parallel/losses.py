@@ -178,14 +178,17 @@ def scored_sums(
 
 
 LOSS_CHUNK_BYTES = 64 * 2**20
-"""The float32 logits one chunk of :func:`chunked_token_nll` may hold (64 MiB: 64 positions of a 262,144-token
-vocabulary); the chunk's model-dtype logits and, under grad, its softmax come on top."""
+"""The float32 logits one chunk of :func:`chunked_token_nll`'s backward may hold (64 MiB: 64 positions of a
+262,144-token vocabulary, half of them under grad); the chunk's model-dtype logits and its softmax come on top."""
 
 
-CACHED_BYTES = 2 * 2**20
-"""The float32 logits :func:`chunked_divergence` reduces at once (2 MiB, at least one row: about what the cores'
-caches hold, so that its passes over them stay there: the passes over 170 rows of smollm2's 49,152-token
-vocabulary at once took about twice as long as over 10 at a time)."""
+SCAN_ROWS = 1024
+"""Positions per unembedding matmul of :func:`_vocab_scan` (a matmul over more rows uses the cores better: the
+4,096 x 49,152 logits of smollm2 took 2.6 s in blocks of 170 rows and 2.1 s in blocks of 1,024)."""
+
+SCAN_BYTES = 2 * 2**20
+"""The float32 logits of one block of :func:`_vocab_scan` (rows x vocabulary columns: 1,024 x 512), so that the
+passes over a block stay in the cores' caches."""
 
 
 @dataclass(frozen=True)
@@ -227,22 +230,12 @@ def logits_of(resid: Float[Tensor, "row d_model"], unembed: Unembedding) -> Floa
 
 
 def scored_rows(
-    resid: Float[Tensor, "row d_model"],
-    unembed: Unembedding,
-    target: Int[Tensor, " row"],
-    *,
-    chunk_bytes: int = LOSS_CHUNK_BYTES,
+    resid: Float[Tensor, "row d_model"], unembed: Unembedding, target: Int[Tensor, " row"]
 ) -> tuple[Float[Tensor, " row"], Bool[Tensor, " row"]]:
     """Per row of final normalised residual: the NLL of ``target`` and whether ``target`` is the argmax of the
-    logits (greedy), unembedded ``max(1, chunk_bytes // (4 d_vocab))`` rows at a time as
-    :func:`chunked_token_nll` (never the full logits; no gradients)."""
-    rows = max(1, chunk_bytes // (4 * unembed.W_U.shape[0]))
-    nll, greedy = [], []
-    for x_c, t_c in zip(resid.split(rows), target.to(resid.device).split(rows), strict=True):
-        logits = logits_of(x_c, unembed)
-        nll.append(torch.logsumexp(logits, dim=-1) - logits.gather(-1, t_c[:, None]).squeeze(-1))
-        greedy.append(logits.argmax(-1) == t_c)
-    return torch.cat(nll), torch.cat(greedy)
+    logits (greedy), from :func:`_vocab_scan` (never the full logits; no gradients)."""
+    ((lse, picked, arg),), _ = _vocab_scan((resid,), target.to(resid.device), unembed)
+    return lse - picked, arg == target.to(resid.device)
 
 
 def chunked_divergence(
@@ -253,57 +246,96 @@ def chunked_divergence(
     lengths: Int[Tensor, " batch"] | None = None,
     *,
     first: Int[Tensor, " batch"] | None = None,
-    chunk_bytes: int = LOSS_CHUNK_BYTES,
+    rows: int = SCAN_ROWS,
+    block_bytes: int = SCAN_BYTES,
 ) -> tuple[Float[Tensor, "batch scored"], ...]:
     """Per predicting position t < T - 1, from one unembedding of each of two final residuals (p: e.g. the
     unedited model, q: the edited one): the NLL of token t+1 under p and under q (as :func:`token_nll`), KL(p_t ||
     q_t) = sum_v p_t(v) (log p_t(v) - log q_t(v)) (nats), and 1.0 where their top-1 tokens agree (else 0.0); NaN
-    past each document's end and before its ``first`` scored position. Unembedded in chunks of rows as
-    :func:`chunked_token_nll` (half the rows: two distributions per row), each chunk reduced
-    :data:`CACHED_BYTES` of logits at a time (:func:`_divergence_rows`), in float32 and without gradients; never
-    the full logits or log-probabilities."""
+    past each document's end and before its ``first`` scored position. Unembedded a block of ``rows`` positions
+    and vocabulary columns (``block_bytes`` of float32 logits) at a time (:func:`_vocab_scan`), without gradients;
+    never the full logits or log-probabilities."""
     x_p = einops.rearrange(resid_p[:, :-1], "batch pos d_model -> (batch pos) d_model")
     x_q = einops.rearrange(resid_q[:, :-1], "batch pos d_model -> (batch pos) d_model")
     target = einops.rearrange(tokens[:, 1:].to(resid_p.device), "batch pos -> (batch pos)")
-    rows = max(1, chunk_bytes // (8 * unembed.W_U.shape[0]))
-    cached = max(1, CACHED_BYTES // (4 * unembed.W_U.shape[0]))
-    parts: list[list[Tensor]] = [[], [], [], []]
-    with torch.no_grad():
-        for p_c, q_c, t_c in zip(x_p.split(rows), x_q.split(rows), target.split(rows), strict=True):
-            l_p, l_q = logits_of(p_c, unembed), logits_of(q_c, unembed)
-            for b_p, b_q, t in zip(l_p.split(cached), l_q.split(cached), t_c.split(cached), strict=True):
-                for part, value in zip(parts, _divergence_rows(b_p, b_q, t), strict=True):
-                    part.append(value)
+    ((lse_p, picked_p, arg_p), (lse_q, picked_q, arg_q)), kl = _vocab_scan(
+        (x_p, x_q), target, unembed, rows=rows, block_bytes=block_bytes
+    )
+    assert kl is not None
+    per_row = (lse_p - picked_p, lse_q - picked_q, kl, (arg_p == arg_q).to(kl.dtype))
     batch = resid_p.shape[0]
     return tuple(
-        _unscored_nan(einops.rearrange(torch.cat(part), "(batch pos) -> batch pos", batch=batch), lengths, first)
-        for part in parts
+        _unscored_nan(einops.rearrange(x, "(batch pos) -> batch pos", batch=batch), lengths, first) for x in per_row
     )
 
 
-def _divergence_rows(
-    l_p: Float[Tensor, "row d_vocab"], l_q: Float[Tensor, "row d_vocab"], target: Int[Tensor, " row"]
-) -> tuple[Float[Tensor, " row"], ...]:
-    """Per row of two blocks of logits (overwritten): the NLL of ``target`` under p and q, KL(p || q) and whether
-    their argmaxes agree (1.0 or 0.0). With m = max_v l_v, a = l - m, S = sum_v exp(a_v) (so log p_v = a_v - log
-    S_p) and d = a_p - a_q:
+def _vocab_scan(
+    xs: tuple[Float[Tensor, "row d_model"], ...],
+    target: Int[Tensor, " row"],
+    unembed: Unembedding,
+    *,
+    rows: int = SCAN_ROWS,
+    block_bytes: int = SCAN_BYTES,
+) -> tuple[list[tuple[Tensor, Tensor, Tensor]], Tensor | None]:
+    """For each of one or two sets of rows of final residual, per row: the log-sum-exp of its logits, the logit of
+    ``target`` and the argmax; for two (p and q), also KL(p || q). The logits are formed a block of ``rows`` rows
+    and ``block_bytes // (4 rows)`` vocabulary columns at a time (:func:`_chunk_logits`: the model's matmul, float32,
+    the soft cap) and folded into running sums, as an online softmax does: with r the row's largest logit in the
+    first block, a = l - r, M the largest a so far and S = sum exp(a - M) (rescaled by exp(M_old - M_new) when M
+    grows), lse = r + M + log S; for the pair, with d = a_p - a_q and D = sum exp(a_p - M_p) d likewise,
 
-        KL = sum_v exp(a_p,v) d_v / S_p - log S_p + log S_q
+        KL = sum_v p_v (log p_v - log q_v) = D / S_p - (M_p + log S_p) + (M_q + log S_q)
 
-    (exactly 0 where l_p = l_q), from logits relative to their row's maximum, so that a shift of every logit costs
-    no precision: one pass each for the maxima, a, d, the exponentials, their sums and the weighted sum, and no
-    log-probabilities."""
-    nll = [-logits.gather(-1, target[:, None]).squeeze(-1) for logits in (l_p, l_q)]
-    (top_p, arg_p), (top_q, arg_q) = l_p.max(-1, keepdim=True), l_q.max(-1, keepdim=True)
-    a_p, a_q = l_p.sub_(top_p), l_q.sub_(top_q)
-    d = a_p - a_q
-    log_sum_q = a_q.exp_().sum(-1).log_()
-    e_p = a_p.exp_()
-    sum_p = e_p.sum(-1)
-    log_sum_p = sum_p.log()
-    kl = torch.linalg.vecdot(e_p, d).div_(sum_p).sub_(log_sum_p).add_(log_sum_q)
-    lse_p, lse_q = log_sum_p.add_(top_p.squeeze(-1)), log_sum_q.add_(top_q.squeeze(-1))
-    return nll[0].add_(lse_p), nll[1].add_(lse_q), kl, (arg_p == arg_q).squeeze(-1).to(kl.dtype)
+    (exactly 0 where the logits agree). Logits are taken relative to r, so that no term is the size of a logit and
+    a shift of every logit costs no precision. No gradients; memory: three blocks."""
+    n_vocab = unembed.W_U.shape[0]
+    cols = min(n_vocab, max(1, block_bytes // (4 * rows)))  # one split of the vocabulary, whatever the batch
+    found: list[list[list[Tensor]]] = [[[], [], []] for _ in xs]
+    kls: list[Tensor] = []
+    with torch.no_grad():
+        for start in range(0, len(target), rows):
+            x_rows, t = [x[start : start + rows] for x in xs], target[start : start + rows]
+            n = len(t)
+            raw, bufs = _buffers(xs[0], n, cols, n=len(xs) + 1)  # each set's logits, d
+            states: list[dict[str, Tensor]] = [{} for _ in xs]
+            for v0 in range(0, n_vocab, cols):
+                v1 = min(n_vocab, v0 + cols)
+                block = Unembedding(
+                    unembed.W_U[v0:v1], None if unembed.b_U is None else unembed.b_U[v0:v1], unembed.softcap
+                )
+                inside, column = (t >= v0) & (t < v1), (t - v0).clamp(0, v1 - v0 - 1)[:, None]
+                shifted = []
+                for x_c, buf, state in zip(x_rows, bufs, states, strict=False):
+                    out = buf[:, : v1 - v0]
+                    logits = _chunk_logits(x_c, block, out if raw is bufs[0] else raw[:, : v1 - v0], out)
+                    top, arg = logits.max(-1)
+                    picked = logits.gather(-1, column).squeeze(-1)
+                    if not state:
+                        zero = torch.zeros_like(top)
+                        state.update(top=top, arg=arg, picked=picked, ref=top.clone(), M=zero, S=zero, D=zero)
+                    else:
+                        better = top > state["top"]
+                        state["arg"] = torch.where(better, arg + v0, state["arg"])
+                        state["top"] = torch.maximum(top, state["top"])
+                        state["picked"] = torch.where(inside, picked, state["picked"])
+                    shifted.append(logits.sub_(state["ref"][:, None]))
+                d = torch.sub(shifted[0], shifted[1], out=bufs[-1][:, : v1 - v0]) if len(xs) == 2 else None
+                for a, state in zip(shifted, states, strict=True):
+                    grown = torch.maximum(state["M"], state["top"] - state["ref"])
+                    rescale = (state["M"] - grown).exp_()
+                    e = a.sub_(grown[:, None]).exp_()
+                    state["S"] = state["S"] * rescale + e.sum(-1)
+                    if d is not None and a is shifted[0]:
+                        state["D"] = state["D"] * rescale + torch.linalg.vecdot(e, d)
+                    state["M"] = grown
+            log_sums = [state["M"] + state["S"].log() for state in states]
+            for store, state, log_sum in zip(found, states, log_sums, strict=True):
+                for part, value in zip(store, (state["ref"] + log_sum, state["picked"], state["arg"]), strict=True):
+                    part.append(value)
+            if len(xs) == 2:
+                kls.append(states[0]["D"] / states[0]["S"] - log_sums[0] + log_sums[1])
+    per_x = [(torch.cat(lse), torch.cat(picked), torch.cat(arg)) for lse, picked, arg in found]
+    return per_x, torch.cat(kls) if kls else None
 
 
 def chunked_token_nll(
@@ -317,26 +349,27 @@ def chunked_token_nll(
 ) -> Float[Tensor, "batch scored"]:
     """:func:`token_nll` of the logits ``unembed`` makes of the final normalised residual ``resid``, without ever
     holding them (NaN also before each row's ``first`` scored position, when given): the (batch x (pos-1))
-    positions are unembedded ``max(1, chunk_bytes // (4 d_vocab))`` rows at a time into one reused buffer, each
-    chunk reduced to its NLL before the next. Equal to ``token_nll(logits, tokens, lengths)`` to float rounding
-    (the same matmul; the log-sum-exp as max + log sum exp(l - max), in float32).
+    positions are unembedded a block of :data:`SCAN_ROWS` positions and vocabulary columns at a time, each block
+    folded into running log-sum-exps (:func:`_vocab_scan`). Equal to ``token_nll(logits, tokens, lengths)`` to
+    float rounding (the same matmul; the log-sum-exp in float32).
 
     Under grad (attribution, training) the gradients come from :class:`_ChunkedNLL`'s backward, which recomputes
-    one chunk's logits at a time (half the rows) into reused buffers: d nll / d logits = softmax - onehot(target),
-    through the soft cap's 1 - tanh^2, then to ``resid`` (x W_U) and the unembedding's parameters. The backward never
+    the logits ``max(1, chunk_bytes // (8 d_vocab))`` positions at a time into reused buffers: d nll / d logits =
+    softmax - onehot(target), through the soft cap's 1 - tanh^2, then to ``resid`` (x W_U) and the unembedding's
+    parameters. The backward never
     holds the full logits, and no chunk allocates afresh: with glibc, freshly allocated and freed chunks of logits
     left the process's heap growing by hundreds of MB (0.46 GB over 8 x 512 tokens of gemma-3-270m under the
-    checkpointed chunks this replaces). The vocabulary is not split: one position's float32 row of a 262,144-token
-    vocabulary is 1 MiB."""
+    checkpointed chunks this replaces). The backward does not split the vocabulary: one position's float32 row of a
+    262,144-token vocabulary is 1 MiB."""
     x = einops.rearrange(resid[:, :-1], "batch pos d_model -> (batch pos) d_model")
     target = einops.rearrange(tokens[:, 1:].to(resid.device), "batch pos -> (batch pos)")
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, unembed.W_U, unembed.b_U))
-    rows = max(1, chunk_bytes // (4 * unembed.W_U.shape[0] * (2 if grad else 1)))
     if grad:
+        rows = max(1, chunk_bytes // (8 * unembed.W_U.shape[0]))
         args = (x, target, unembed.W_U, unembed.b_U, unembed.softcap, rows)
         flat = cast(Tensor, _ChunkedNLL.apply(*args))  # type: ignore[no-untyped-call]
     else:
-        flat = _nll_and_lse(x, target, unembed, rows)[0]
+        flat = _nll_and_lse(x, target, unembed)[0]
     nll = einops.rearrange(flat, "(batch pos) -> batch pos", batch=tokens.shape[0])
     return _unscored_nan(nll, lengths, first)
 
@@ -359,30 +392,21 @@ def _chunk_logits(
     return out
 
 
-def _buffers(x: Tensor, unembed: Unembedding, rows: int, n: int = 1) -> tuple[Tensor, list[Tensor]]:
-    """One model-dtype buffer of ``rows`` logits and ``n`` float32 ones (float64 for a float64 model; the first is
-    the model-dtype one when the dtypes agree)."""
-    shape = (min(rows, len(x)), unembed.W_U.shape[0])
-    raw = x.new_empty(shape)
+def _buffers(x: Tensor, rows: int, cols: int, n: int = 1) -> tuple[Tensor, list[Tensor]]:
+    """One model-dtype buffer of ``rows x cols`` logits and ``n`` float32 ones (float64 for a float64 model; the
+    first is the model-dtype one when the dtypes agree)."""
+    raw = x.new_empty(rows, cols)
     wide = torch.promote_types(raw.dtype, torch.float32)
-    out = [raw if (i == 0 and wide == raw.dtype) else x.new_empty(shape, dtype=wide) for i in range(n)]
+    out = [raw if (i == 0 and wide == raw.dtype) else x.new_empty(rows, cols, dtype=wide) for i in range(n)]
     return raw, out
 
 
 def _nll_and_lse(
-    x: Float[Tensor, "row d_model"], target: Int[Tensor, " row"], unembed: Unembedding, rows: int
+    x: Float[Tensor, "row d_model"], target: Int[Tensor, " row"], unembed: Unembedding
 ) -> tuple[Float[Tensor, " row"], Float[Tensor, " row"]]:
-    """Per row: -log softmax(logits)[target] and log sum_v exp(logits_v), ``rows`` rows at a time in one buffer."""
-    raw, (buf,) = _buffers(x, unembed, rows)
-    nll, lse = [], []
-    with torch.no_grad():
-        for x_c, t_c in zip(x.split(rows), target.split(rows), strict=True):
-            logits = _chunk_logits(x_c, unembed, raw[: len(x_c)], buf[: len(x_c)])
-            picked = logits.gather(-1, t_c[:, None]).squeeze(-1)
-            top = logits.amax(-1)
-            lse.append(logits.sub_(top[:, None]).exp_().sum(-1).log_().add_(top))
-            nll.append(lse[-1] - picked)
-    return torch.cat(nll), torch.cat(lse)
+    """Per row: -log softmax(logits)[target] and log sum_v exp(logits_v) (:func:`_vocab_scan`)."""
+    ((lse, picked, _),), _ = _vocab_scan((x,), target, unembed)
+    return lse - picked, lse
 
 
 class _ChunkedNLL(torch.autograd.Function):
@@ -399,7 +423,7 @@ class _ChunkedNLL(torch.autograd.Function):
         softcap: float | None,
         rows: int,
     ) -> Tensor:
-        nll, lse = _nll_and_lse(x, target, Unembedding(W_U, b_U, softcap), rows)
+        nll, lse = _nll_and_lse(x, target, Unembedding(W_U, b_U, softcap))
         ctx.save_for_backward(x, target, W_U, b_U, lse)
         ctx.softcap, ctx.rows = softcap, rows
         return nll
@@ -412,7 +436,7 @@ class _ChunkedNLL(torch.autograd.Function):
         grad_x = torch.empty_like(x) if need_x else None
         grad_W = torch.zeros_like(W_U) if need_W else None
         grad_b = torch.zeros_like(b_U) if need_b else None
-        raw, bufs = _buffers(x, unembed, rows, n=2 if cap is not None else 1)
+        raw, bufs = _buffers(x, min(rows, len(x)), W_U.shape[0], n=2 if cap is not None else 1)
         for start in range(0, len(x), rows):
             x_c, n = x[start : start + rows], min(rows, len(x) - start)
             # g = d nll / d logits = softmax - onehot(target), times the incoming gradient

@@ -165,30 +165,39 @@ def test_kl_and_top1_agreement_by_hand_and_zero_for_a_no_op(family: str) -> None
         final_q = run_to_final(model, blocks.tokens)
     unembed = unembedding(model)
     whole = chunked_divergence(final_p, final_q, unembed, blocks.tokens)
-    one_row = chunked_divergence(final_p, final_q, unembed, blocks.tokens, chunk_bytes=1)  # a row per chunk
-    for a, b in zip(whole, one_row, strict=True):
+    blocked = chunked_divergence(final_p, final_q, unembed, blocks.tokens, rows=5, block_bytes=4 * 5 * 1031)
+    for a, b in zip(whole, blocked, strict=True):  # blocks of 5 rows x 1,031 columns
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(whole[0], chunked_token_nll(final_p, unembed, blocks.tokens))
     torch.testing.assert_close(whole[1], chunked_token_nll(final_q, unembed, blocks.tokens))
 
 
-def test_divergence_rows_equal_float64_log_softmax_where_the_maxima_lie_far_apart() -> None:
-    from lens_parallel.losses import _divergence_rows
+@pytest.mark.parametrize(("rows", "block_bytes"), [(1024, 2**21), (4, 4 * 4 * 37)])
+def test_vocab_scan_equals_float64_log_softmax_where_the_maxima_lie_far_apart(rows: int, block_bytes: int) -> None:
+    """The online scan over blocks of the vocabulary (one block; blocks of 4 rows and 37 columns, dividing neither
+    6 rows nor 500 columns), on logits given directly (an identity unembedding), against float64."""
+    from lens_parallel.losses import Unembedding, _vocab_scan
 
     g = torch.Generator().manual_seed(0)
     l_p = 4.0 * torch.randn(6, 500, generator=g, dtype=torch.float64)
     l_q = l_p + 0.5 * torch.randn(6, 500, generator=g, dtype=torch.float64)
-    l_q[0, 7] += 60.0  # q's top token far above everything p predicts
+    l_q[0, 7] += 60.0  # q's top token far above everything p predicts (and past the first block)
     l_q[1] = l_p[1] - 1000.0  # the same distribution, every logit shifted
     l_q[2] = l_p[2]  # identical rows: KL exactly 0
+    l_p[3, 450] += 30.0  # p's largest logit in the last block
     target = torch.tensor([7, 3, 0, 499, 250, 1])
     l_p, l_q = l_p.float(), l_q.float()  # the reference: float64 of the same float32 logits
     log_p, log_q = torch.log_softmax(l_p.double(), -1), torch.log_softmax(l_q.double(), -1)
     kl = (log_p.exp() * (log_p - log_q)).sum(-1)
-    nll_p, nll_q, kl_rows, agree = _divergence_rows(l_p.clone(), l_q.clone(), target)
-    torch.testing.assert_close(nll_p.double(), -log_p.gather(-1, target[:, None]).squeeze(-1), rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(nll_q.double(), -log_q.gather(-1, target[:, None]).squeeze(-1), rtol=1e-5, atol=1e-4)
+    identity = Unembedding(torch.eye(500), None, None)
+    ((lse_p, picked_p, arg_p), (lse_q, picked_q, arg_q)), kl_rows = _vocab_scan(
+        (l_p, l_q), target, identity, rows=rows, block_bytes=block_bytes
+    )
+    for lse, picked, log in ((lse_p, picked_p, log_p), (lse_q, picked_q, log_q)):
+        expected = -log.gather(-1, target[:, None]).squeeze(-1)
+        torch.testing.assert_close((lse - picked).double(), expected, rtol=1e-5, atol=1e-4)
+    assert kl_rows is not None
     torch.testing.assert_close(kl_rows.double(), kl, rtol=1e-4, atol=1e-5)
     assert kl_rows[2] == 0.0 and float(kl[0]) > 30.0 and abs(float(kl_rows[1])) < 1e-5
-    assert agree.tolist() == (log_p.argmax(-1) == log_q.argmax(-1)).double().tolist()
-    assert agree[0] == 0.0 and agree[1] == 1.0 and agree[2] == 1.0
+    assert arg_p.tolist() == l_p.argmax(-1).tolist() and arg_q.tolist() == l_q.argmax(-1).tolist()
+    assert arg_p[3] == 450 and arg_q[0] == 7
