@@ -178,8 +178,8 @@ def scored_sums(
 
 
 LOSS_CHUNK_BYTES = 64 * 2**20
-"""The float32 logits one chunk of :func:`chunked_token_nll`'s backward may hold (64 MiB: 64 positions of a
-262,144-token vocabulary, half of them under grad); the chunk's model-dtype logits and its softmax come on top."""
+"""The logits one chunk of :func:`chunked_token_nll`'s backward may hold, with their softmax beside them (64 MiB:
+32 positions of a 262,144-token vocabulary in float32)."""
 
 
 SCAN_ROWS = 1024
@@ -305,7 +305,7 @@ def _vocab_scan(
                 )
                 inside, column = (t >= v0) & (t < v1), (t - v0).clamp(0, v1 - v0 - 1)[:, None]
                 shifted = []
-                for x_c, buf, state in zip(x_rows, bufs, states, strict=False):
+                for x_c, buf, state in zip(x_rows, bufs[: len(xs)], states, strict=True):
                     out = buf[:, : v1 - v0]
                     logits = _chunk_logits(x_c, block, out if raw is bufs[0] else raw[:, : v1 - v0], out)
                     top, arg = logits.max(-1)
@@ -320,12 +320,12 @@ def _vocab_scan(
                         state["picked"] = torch.where(inside, picked, state["picked"])
                     shifted.append(logits.sub_(state["ref"][:, None]))
                 d = torch.sub(shifted[0], shifted[1], out=bufs[-1][:, : v1 - v0]) if len(xs) == 2 else None
-                for a, state in zip(shifted, states, strict=True):
+                for i, (a, state) in enumerate(zip(shifted, states, strict=True)):
                     grown = torch.maximum(state["M"], state["top"] - state["ref"])
                     rescale = (state["M"] - grown).exp_()
                     e = a.sub_(grown[:, None]).exp_()
                     state["S"] = state["S"] * rescale + e.sum(-1)
-                    if d is not None and a is shifted[0]:
+                    if d is not None and i == 0:  # p's weights of d
                         state["D"] = state["D"] * rescale + torch.linalg.vecdot(e, d)
                     state["M"] = grown
             log_sums = [state["M"] + state["S"].log() for state in states]
@@ -356,11 +356,10 @@ def chunked_token_nll(
     Under grad (attribution, training) the gradients come from :class:`_ChunkedNLL`'s backward, which recomputes
     the logits ``max(1, chunk_bytes // (8 d_vocab))`` positions at a time into reused buffers: d nll / d logits =
     softmax - onehot(target), through the soft cap's 1 - tanh^2, then to ``resid`` (x W_U) and the unembedding's
-    parameters. The backward never
-    holds the full logits, and no chunk allocates afresh: with glibc, freshly allocated and freed chunks of logits
-    left the process's heap growing by hundreds of MB (0.46 GB over 8 x 512 tokens of gemma-3-270m under the
-    checkpointed chunks this replaces). The backward does not split the vocabulary: one position's float32 row of a
-    262,144-token vocabulary is 1 MiB."""
+    parameters. The backward never holds the full logits, and no chunk allocates afresh: with glibc, freshly
+    allocated and freed chunks of logits left the process's heap growing by hundreds of MB (0.46 GB over 8 x 512
+    tokens of gemma-3-270m under the checkpointed chunks this replaces). The backward does not split the
+    vocabulary: one position's float32 row of a 262,144-token vocabulary is 1 MiB."""
     x = einops.rearrange(resid[:, :-1], "batch pos d_model -> (batch pos) d_model")
     target = einops.rearrange(tokens[:, 1:].to(resid.device), "batch pos -> (batch pos)")
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, unembed.W_U, unembed.b_U))
