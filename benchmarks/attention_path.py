@@ -2,7 +2,8 @@
 and after (lens_parallel's own path), time and peak memory.
 
     python benchmarks/attention_path.py [--config smollm2-135m:4x512 --config smollm2-135m:1x4096 ...]
-                                        [--cases hf-sdpa,hf-sdpa-loss,decompose-value,decompose-3,evaluate,causal-null]
+                                        [--cases hf-sdpa,hf-sdpa-loss,hf-sdpa-pair,decompose-value,
+                                                 decompose-3,evaluate,causal-null]
                                         [--paths before,after] [--repeats 3] [--threads 2]
                                         [--out benchmarks/out/attention_path]
 
@@ -22,6 +23,9 @@ default. Cases (``before``: ``attention_path("eager")``, TransformerLens's squar
   state, no logits: the cheapest forward a user could run, the denominator of every ratio;
 - ``hf-sdpa-loss``: the same forward with ``labels=``, so through the unembedding and the loss: the cheapest
   forward that measures a loss (``evaluate`` needs two);
+- ``hf-sdpa-pair``: the floor of any comparison of two next-token distributions, ``evaluate``'s included: two such
+  forwards to the last hidden state, each unembedded over the whole vocabulary (``lm_head``, 1,024 positions at a
+  time, nothing reduced);
 - ``decompose-value``: ``decompose(space="value")``; ``decompose-3``: value, value-exclude-self, residual-attn;
 - ``evaluate``: ``evaluate(ComponentScale("value", s_par=0))`` (the edited and the no-op forward);
 - ``causal-null``: ``causal_null(null="exact")``.
@@ -51,7 +55,7 @@ from pathlib import Path
 
 from memory import _status_kb  # benchmarks/memory.py: the same /proc reader
 
-CASES = ("hf-sdpa", "hf-sdpa-loss", "decompose-value", "decompose-3", "evaluate", "causal-null")
+CASES = ("hf-sdpa", "hf-sdpa-loss", "hf-sdpa-pair", "decompose-value", "decompose-3", "evaluate", "causal-null")
 LONGEST_CHAPTER = 4096
 """Tokens up to which the text is ``batch`` chapters (every tokenizer here finds enough chapters this long)."""
 DEFAULT_CONFIGS = ("smollm2-135m:4x512", "smollm2-135m:1x4096")
@@ -69,7 +73,7 @@ def measure(spec: str, batch: int, length: int, case: str, path: str, device: st
     chapters = texts_of("moby-dick")[1]
     texts = chapters if length <= LONGEST_CHAPTER else ["\n\n".join(chapters)]
     tokens = token_blocks(model, texts, n_docs=batch, seq_len=length).tokens.to(device)
-    if case in ("hf-sdpa", "hf-sdpa-loss"):
+    if case.startswith("hf-"):
         from transformers import AutoModelForCausalLM
 
         from lens_parallel.weights import real_model_folder
@@ -83,8 +87,13 @@ def measure(spec: str, batch: int, length: int, case: str, path: str, device: st
             with torch.inference_mode():
                 if case == "hf-sdpa":
                     hf.model(input_ids=t)
-                else:
+                elif case == "hf-sdpa-loss":
                     hf(input_ids=t, labels=t)
+                else:
+                    for _ in range(2):
+                        hidden = hf.model(input_ids=t).last_hidden_state
+                        for rows in hidden.flatten(0, 1).split(1024):
+                            hf.lm_head(rows)
     else:
         runs = {
             "decompose-value": lambda t: decompose(model, t, space="value", batch_size=batch, progress=False),
