@@ -50,24 +50,12 @@ def test_every_ignore_names_its_error_code():
     assert bare == []
 
 
-def test_every_test_has_a_tier():
-    """No test falls outside the tiers (unit, integration, browser, slow, real: tests/conftest.py), so that
-    ``make test-fast`` and ``make test`` together cover the suite."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-m",
-            "not (unit or integration or browser or slow or real)",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 5, proc.stdout[-2000:] + proc.stderr[-2000:]  # 5: no test selected
-    assert "deselected" in proc.stdout
+def test_every_test_has_exactly_one_tier(request):
+    """Every test this session collected carries exactly one tier (unit, integration, browser, slow, real:
+    tests/conftest.py), so that ``make test-fast`` and ``make test`` together cover the suite."""
+    from .conftest import TIERS
+
+    items = request.session.items
+    assert request.node in items
+    tiers_of = {item.nodeid: [t for t in TIERS if item.get_closest_marker(t)] for item in items}
+    assert not {name: tiers for name, tiers in tiers_of.items() if len(tiers) != 1}
