@@ -9,6 +9,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 import lens_parallel.plots
+import lens_parallel.plots.common
 from lens_parallel.plots import save_figure
 from lens_parallel.plots.common import png_failure
 
@@ -27,10 +28,10 @@ def test_png_failure_names_the_cause_and_the_fix():
 
 
 def test_save_figure_without_a_png_renderer_says_why(tmp_path, monkeypatch, capsys):
-    def no_chrome(self, *args, **kwargs):
+    def no_chrome(fig, *, scale):
         raise RuntimeError(KALEIDO_NO_CHROME)
 
-    monkeypatch.setattr(go.Figure, "write_image", no_chrome)
+    monkeypatch.setattr(lens_parallel.plots.common, "png_bytes", no_chrome)
     written = save_figure(go.Figure(layout={"title": "t"}), tmp_path / "toy-qwen3.5_decompose")
     assert [p.name for p in written] == ["toy-qwen3.5_decompose.html"]
     err = capsys.readouterr().err
@@ -45,15 +46,15 @@ def test_save_figure_keeps_the_renderers_ignored_error_off_stderr(tmp_path, monk
     pipe = logging.getLogger("choreographer.channels.pipe")
     assert hasattr(pipe, "debug2")
 
-    def garbled_message(self, path, *args, **kwargs):
+    def garbled_message(fig, *, scale):
         try:
             raise ValueError("Expecting property name enclosed in double quotes")
         except ValueError:
             pipe.exception("JSONError decoding message. Ignoring")
         pipe.error("Error in trying to decode JSON off our read.")
-        Path(path).write_bytes(b"png")
+        return b"png"
 
-    monkeypatch.setattr(go.Figure, "write_image", garbled_message)
+    monkeypatch.setattr(lens_parallel.plots.common, "png_bytes", garbled_message)
     with caplog.at_level(logging.DEBUG):
         written = save_figure(go.Figure(layout={"title": "t"}), tmp_path / "fig")
     assert [p.name for p in written] == ["fig.html", "fig.png"]

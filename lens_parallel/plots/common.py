@@ -11,6 +11,7 @@ from numpy.typing import ArrayLike
 
 from lens_parallel.errors import LensParallelError
 from lens_parallel.paths import add_suffix, check_writable
+from lens_parallel.plots.png import png_bytes
 
 
 def png_failure(exc: Exception) -> str:
@@ -25,7 +26,8 @@ def png_failure(exc: Exception) -> str:
 
 def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
     """Write ``stem.html`` (plotly.js inlined: opens offline) and, when kaleido finds a Chrome/Chromium,
-    ``stem.png``; returns the files written (a missing PNG renderer is reported on stderr, not raised)."""
+    ``stem.png`` (:func:`~lens_parallel.plots.png.png_bytes`: one browser kept for the process); returns the files
+    written (a missing PNG renderer, or a failed render, is reported on stderr, not raised)."""
     stem = Path(stem)
     html, png = add_suffix(stem, ".html"), add_suffix(stem, ".png")
     written = [check_writable(html, "figure")]
@@ -34,11 +36,15 @@ def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
     except OSError as exc:
         raise LensParallelError(f"cannot write the figure {html} ({exc.strerror})") from exc
     try:
-        fig.write_image(png, scale=2)
-        written.append(png)
-    except (RuntimeError, ValueError, OSError) as exc:  # kaleido missing, or no Chrome/Chromium on this machine
+        image = png_bytes(fig, scale=2.0)
+    except Exception as exc:  # no kaleido, no Chrome/Chromium, a failed render: the HTML stands
         print(f"(no PNG for {stem.name}: {png_failure(exc)}; the HTML has the figure)", file=sys.stderr)
-    return written
+        return written
+    try:
+        png.write_bytes(image)
+    except OSError as exc:
+        raise LensParallelError(f"cannot write the figure {png} ({exc.strerror})") from exc
+    return [*written, png]
 
 
 def band(
