@@ -34,8 +34,9 @@ _CURRENT_TIER: list[str] = []
 
 
 def tier_of(item: pytest.Item) -> str:
-    """A test's tier: its own ``slow`` / ``real`` marker, else its module's."""
-    for tier in ("real", "slow"):
+    """A test's tier: its own marker (or its module's ``pytestmark``), the most expensive first, else its module's
+    listing here."""
+    for tier in ("real", "slow", "browser", "integration", "unit"):
         if item.get_closest_marker(tier):
             return tier
     module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
