@@ -1,6 +1,7 @@
 # Two entry points, each building a fresh virtual environment (.venv) on first use:
 #   make run    installs and runs the main job (lens-parallel decompose on smollm2-135m)
-#   make test   installs and runs the whole test suite on two pytest-xdist workers of one thread each (and Debian's
+#   make test   installs and runs the whole test suite on two pytest-xdist workers of one thread each (the Ray tests
+#               on one of them: one local cluster, its workers kept between tests; and Debian's
 #               Chromium for the browser test when it is missing and we are allowed to: root or passwordless sudo;
 #               otherwise it stops and says what to install)
 #   make test-shuffled   the whole suite in a shuffled order (pytest-randomly; SEED=N repeats an order), to show that no
@@ -27,11 +28,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	@bash scripts/ensure-chromium
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadgroup
 
 test-shuffled: $(STAMP)
 	@bash scripts/ensure-chromium
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 -p randomly $(if $(SEED),--randomly-seed=$(SEED),)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadgroup -p randomly $(if $(SEED),--randomly-seed=$(SEED),)
 
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "unit or integration" -n 2
