@@ -15,22 +15,13 @@ An actor asks Ray for one GPU when the model is on CUDA, else for an equal share
 (``torch.set_num_threads`` set to that share). An actor whose process dies is restarted by Ray (it loads the model
 again) and its unfinished task is retried, so a sweep survives a killed worker with the same results.
 
-**Workers are kept between runs**: a run that ends normally leaves its actors, model loaded, for the next run on
-the same Ray connection, model (spec, dtype, device type and weights digest) and worker count, which starts at once
-instead of loading the model on every worker again (seconds for a toy, minutes for a large model); each run starts
-with an empty per-worker cache. A run on another model or worker count, a run that fails or is interrupted, and
-every :func:`run_remote` (whose tasks need the cores the actors hold) end the kept actors first;
-:func:`release_workers` ends them by hand, e.g. to give their cores to other Ray work.
-
 Results equal a single-process run exactly: every worker computes the same chunks with the same batch composition
 on the same weights, dtype and device type as the caller (the store's fingerprint names those).
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,70 +125,18 @@ item of a run (sent to the cluster once), ``item`` one chunk of jobs."""
 
 
 class _Worker:
-    """The Ray actor: loads the model once (and digests its weights once), then runs tasks, each run's with a
-    fresh :class:`TaskContext` (the cache of one run is not the next run's)."""
+    """The Ray actor: loads the model once, then runs tasks."""
 
     def __init__(self, recipe: ModelRecipe, threads: int) -> None:
         torch.set_num_threads(threads)
         model = recipe.load()
-        self.weights = weights_digest(model)
         self.context = TaskContext(model, model_info(model))
-        self.run_id = ""
 
     def digest(self) -> str:
-        return self.weights
+        return weights_digest(self.context.model)
 
-    def run(self, run_id: str, task: Task, shared: Any, index: int, item: Any) -> tuple[int, Any]:
-        if run_id != self.run_id:
-            self.context, self.run_id = TaskContext(self.context.model, self.context.info), run_id
+    def run(self, task: Task, shared: Any, index: int, item: Any) -> tuple[int, Any]:
         return index, task(self.context, shared, item)
-
-
-@dataclass
-class _Kept:
-    """The actors kept from the last run that ended normally, and what they were made for: the Ray job (a new
-    connection is a new job), the recipe, the actor options and threads."""
-
-    key: tuple[Any, ...]
-    actors: list[Any]
-
-
-_KEPT: list[_Kept] = []  # at most one set
-
-
-def release_workers() -> None:
-    """End the worker actors kept from the last run (module docstring); nothing to do when none are kept."""
-    while _KEPT:
-        kept = _KEPT.pop()
-        if importlib.util.find_spec("ray") is None:
-            continue
-        import ray
-
-        for actor in kept.actors:
-            with contextlib.suppress(Exception):  # already dead, or its Ray connection is gone
-                ray.kill(actor)
-
-
-def _workers(ray: Any, recipe: ModelRecipe, options: dict[str, int], threads: int, n: int) -> list[Any]:
-    """``n`` actors with ``recipe``'s model loaded and its weights checked: the kept ones when they were made for the
-    same job, recipe and options (more are started if fewer are kept), else new ones (the kept ones ended). Kept
-    actors answer the digest call too, so one that died between runs is restarted by Ray before any task."""
-    key = (ray.get_runtime_context().get_job_id(), recipe, tuple(sorted(options.items())), threads)
-    kept = _KEPT[0].actors if _KEPT and _KEPT[0].key == key else []
-    if not kept:
-        release_workers()
-    actor = ray.remote(max_restarts=-1, max_task_retries=MAX_RETRIES)(_Worker)
-    actors = kept[:n] + [actor.options(**options).remote(recipe, threads) for _ in range(n - len(kept))]
-    _KEPT[:] = [_Kept(key, actors + kept[n:])]
-    found = ray.get([a.digest.remote() for a in actors])
-    if any(d != recipe.digest for d in found):
-        release_workers()
-        raise LensParallelError(
-            f"a worker loaded {recipe.spec!r} with other weights than this process's model (digest "
-            f"{found[0]} vs {recipe.digest}): the model was changed in memory, or the worker's copy differs; "
-            "save the model with save_pretrained and load_model the folder"
-        )
-    return actors
 
 
 def connect(ray_address: str | None) -> Any:
@@ -246,16 +185,22 @@ def run_tasks(
     from ray.util import ActorPool
 
     options, threads = _actor_options(ray, recipe.device_type, workers)
-    finished = False
+    actor = ray.remote(max_restarts=MAX_RETRIES, max_task_retries=MAX_RETRIES)(_Worker)
+    actors = [actor.options(**options).remote(recipe, threads) for _ in range(min(workers, len(items)))]
     try:
-        actors = _workers(ray, recipe, options, threads, min(workers, len(items)))
-        ref, run_id = ray.put(shared), uuid.uuid4().hex
+        found = ray.get([a.digest.remote() for a in actors])
+        if any(d != recipe.digest for d in found):
+            raise LensParallelError(
+                f"a worker loaded {recipe.spec!r} with other weights than this process's model (digest "
+                f"{found[0]} vs {recipe.digest}): the model was changed in memory, or the worker's copy differs; "
+                "save the model with save_pretrained and load_model the folder"
+            )
+        ref = ray.put(shared)
         pool = ActorPool(actors)
-        yield from pool.map_unordered(lambda a, job: a.run.remote(run_id, task, ref, *job), list(enumerate(items)))
-        finished = True
+        yield from pool.map_unordered(lambda a, job: a.run.remote(task, ref, *job), list(enumerate(items)))
     finally:
-        if not finished:  # failed or interrupted: the actors may still be running its tasks, or be broken
-            release_workers()
+        for a in actors:
+            ray.kill(a)
 
 
 def run_remote(
@@ -271,7 +216,6 @@ def run_remote(
     to :data:`MAX_RETRIES` times if its process dies; ``function`` must make a rerun resume (a training run restarts
     from its last checkpoint)."""
     check_workers(workers, ray_address)
-    release_workers()  # the kept actors hold the cores these tasks need
     ray = connect(ray_address)
     gpus = device.startswith("cuda") or (device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     options, threads = _actor_options(ray, "cuda" if gpus else "cpu", workers)

@@ -197,42 +197,6 @@ def test_a_killed_worker_is_replaced_and_the_sweep_ends_with_the_same_numbers(cl
         np.testing.assert_array_equal(here[job].loss_sum, there[job].loss_sum)
 
 
-def _worker_pids(expected: int) -> list[int]:
-    """The PIDs of the worker actors' processes, once ``expected`` of them run (Ray titles them by class)."""
-    deadline = time.monotonic() + 60
-    while len(pids := sorted(_pids("ray::_Worker"))) != expected:
-        assert time.monotonic() < deadline, pids
-        time.sleep(0.1)
-    return pids
-
-
-def test_workers_are_kept_between_calls_until_released(cluster):
-    """A second call on the same model and worker count runs on the first call's actors (no model loaded again); a
-    kept actor killed between calls is restarted by Ray; another model replaces them; release_workers ends them."""
-    model = get_model(SPEC)
-    blocks = _blocks(model)
-    jobs = [EditJob(space, (lp.ComponentScale(space, s_par=0.0),)) for space in ("value", "residual-attn")]
-    here = run_sweep(model, blocks, jobs, progress=False)
-
-    def on_the_cluster(model=model, blocks=blocks) -> list[int]:
-        there = run_sweep(model, blocks, jobs, progress=False, workers=2, ray_address=cluster)
-        if model.cfg.model_name == SPEC:
-            for job in jobs:
-                np.testing.assert_array_equal(here[job].loss_sum, there[job].loss_sum)
-        return _worker_pids(2)
-
-    distributed.release_workers()
-    first = on_the_cluster()
-    assert on_the_cluster() == first  # the second call started no worker
-    os.kill(first[0], signal.SIGKILL)
-    restarted = on_the_cluster()
-    assert first[1] in restarted and first[0] not in restarted  # the killed one restarted, alone
-    other = get_model("toy-gpt2")
-    assert not set(on_the_cluster(other, _blocks(other))) & set(restarted)  # another model: new actors
-    distributed.release_workers()
-    _worker_pids(0)
-
-
 DRIVER = """
 import sys
 from lens_parallel import ComponentScale, load_model
