@@ -1,7 +1,7 @@
 # Two entry points, each building a fresh virtual environment (.venv) on first use:
 #   make run    installs and runs the main job (lens-parallel decompose on smollm2-135m)
 #   make test   installs and runs the whole test suite on two pytest-xdist workers of one thread each (the Ray tests
-#               on one of them: one local cluster, its workers kept between tests; and Debian's
+#               on one of them: one local cluster; and Debian's
 #               Chromium for the browser test when it is missing and we are allowed to: root or passwordless sudo;
 #               otherwise it stops and says what to install)
 #   make test-shuffled   the whole suite in a shuffled order (pytest-randomly; SEED=N repeats an order), to show that no

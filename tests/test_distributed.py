@@ -30,7 +30,7 @@ from lens_parallel.training.config import PRESETS
 from .conftest import get_model
 
 SPEC = "toy-qwen2"
-pytestmark = pytest.mark.xdist_group("ray-cluster")  # one pytest worker runs them all: one head, workers kept
+pytestmark = pytest.mark.xdist_group("ray-cluster")  # one pytest worker runs them all: one Ray head
 
 
 def _free_port() -> int:
