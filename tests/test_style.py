@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .conftest import TIERS
+
 ROOT = Path(__file__).resolve().parents[1]
 FMT_DIRECTIVE = re.compile(r"#\s*fmt:\s*(skip|off)")
 PATHS = ["lens_parallel", "tests", "benchmarks", "scripts", "notebooks"]
@@ -53,8 +55,6 @@ def test_every_ignore_names_its_error_code():
 def test_every_test_has_exactly_one_tier(request):
     """Every test this session collected carries exactly one tier (unit, integration, browser, slow, real:
     tests/conftest.py), so that ``make test-fast`` and ``make test`` together cover the suite."""
-    from .conftest import TIERS
-
     items = request.session.items
     assert request.node in items
     tiers_of = {item.nodeid: [t for t in TIERS if item.get_closest_marker(t)] for item in items}
