@@ -297,12 +297,14 @@ def raise_non_finite(
     *,
     resid: Float[Tensor, "batch pos d_model"] | None = None,
     start_at_layer: int | None = None,
+    output: str = "the final residual",
 ) -> typing.NoReturn:
     """Refuse a forward that produced NaN or infinity, naming where it first appears: the forward is rerun with
     ``hooks`` and a check after them at every hook point (attention scores excepted: masked scores are -inf by
     design; an overflow there reaches the pattern), and the model's parameters are searched for non-finite values.
-    Raises :class:`~lens_parallel.errors.NonFiniteError`, whose message names the model, that hook point, any
-    non-finite parameter and the likely cause."""
+    Raises :class:`~lens_parallel.errors.NonFiniteError`, whose message names the model, that hook point (else
+    ``output``, where the caller found it: the final residual, or a decoding step's logits), any non-finite
+    parameter and the likely cause."""
     found: list[str] = []
 
     def check(tensor: Tensor, hook: HookPoint) -> None:
@@ -319,7 +321,7 @@ def raise_non_finite(
     params = model.original_model.named_parameters()
     param = next((compat.plain_name(n) for n, p in params if not is_finite(p.detach())), None)
     dtype = next(model.parameters()).dtype
-    where = f"first at {found[0]}" if found else "in the final residual"
+    where = f"first at {found[0]}" if found else f"in {output}"
     dtype_name = str(dtype).removeprefix("torch.")
     if param is not None:
         cause = f"the parameter {param} holds NaN or infinity: check the weights"

@@ -19,7 +19,14 @@ from typing import Any, Literal, TypeVar, Union
 from lens_parallel.budget import parse_bytes
 from lens_parallel.choices import Dtype
 from lens_parallel.errors import LensParallelError
-from lens_parallel.validate import as_tuple, check_choice, check_non_negative_int, check_positive_int, check_ray_address
+from lens_parallel.validate import (
+    as_tuple,
+    check_bool,
+    check_choice,
+    check_non_negative_int,
+    check_positive_int,
+    check_ray_address,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +79,7 @@ class RunOptions:
         if self.store is not None:
             object.__setattr__(self, "store", str(self.store))
         check_ray_address(self.ray_address)
+        check_bool("progress", self.progress)
 
     @property
     def store_path(self) -> Path | None:

@@ -56,6 +56,17 @@ def check_non_negative_int(name: str, value: object) -> int:
     return int(value)
 
 
+def check_bool(name: str, value: object, *, optional: bool = False) -> bool | None:
+    """``value`` if it is True or False (or, with ``optional``, None), else a :class:`LensParallelError`: a string
+    such as ``"no"`` or a number is never read as a truth value."""
+    if isinstance(value, bool):
+        return value
+    if optional and value is None:
+        return None
+    accepted = "True, False or None" if optional else "True or False"
+    raise LensParallelError(f"{name} must be {accepted}, got {value!r}")
+
+
 def check_ray_address(address: object) -> str | None:
     """A Ray address (``auto``, ``host:6379``) or None, else a :class:`LensParallelError`."""
     if address is not None and (not isinstance(address, str) or not address.strip()):

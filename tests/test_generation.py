@@ -209,7 +209,7 @@ def test_a_stop_string_ends_the_text_before_it(tmp_path):
         (lambda m: lp.generate(m, ["fine", ""]), "prompt 1 is '': every prompt must be a non-empty string"),
         (lambda m: lp.generate(m, "x", max_new_tokens=0), "max_new_tokens must be a positive integer, got 0"),
         (lambda m: lp.generate(m, "x", max_new_tokens=10**6), "exceeds the model's context of"),
-        (lambda m: lp.generate(m, "x", stop=("",)), "stop strings must be non-empty strings"),
+        (lambda m: lp.generate(m, "x", stop=("",)), "stop must be a string, a list of non-empty strings or None"),
         (lambda m: lp.generate(m, "x", top_p=0.0), r"top_p must be in \(0, 1\]"),
         (lambda m: lp.generate(m, "x", NotDecodeSafe()), "is not decode-safe on toy-gpt2"),
         (lambda m: lp.generate(m, "x", _Undeclared()), "_Undeclared does not say whether it is decode-safe"),

@@ -54,7 +54,14 @@ from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.spaces import HEAD_SPACES
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
-from lens_parallel.validate import as_tuple, check_choice, check_choices, check_finite, check_non_negative_int
+from lens_parallel.validate import (
+    as_tuple,
+    check_bool,
+    check_choice,
+    check_choices,
+    check_finite,
+    check_non_negative_int,
+)
 
 
 @serializable
@@ -265,6 +272,7 @@ class DiagonalSettings:
         check_finite("s_par", self.s_par)
         check_non_negative_int("doc", self.doc)
         check_finite("eps", self.eps)
+        check_bool("prompt_boundary", self.prompt_boundary)
 
 
 def _check_view(

@@ -37,6 +37,7 @@ from lens_parallel.sweep import EditJob, SweepRun, run_sweep
 from lens_parallel.validate import (
     as_indices,
     as_tuple,
+    check_bool,
     check_choice,
     check_choices,
     check_finite,
@@ -174,6 +175,8 @@ class ScaleSettings:
             values = tuple(check_finite(name, v) for v in as_tuple(getattr(self, name)))
             object.__setattr__(self, name, values)
         check_non_negative_int("skip_first_layers", self.skip_first_layers)
+        check_bool("per_layer", self.per_layer)
+        check_bool("unedited_check", self.unedited_check)
         check_choice("guard", self.guard, ReferenceGuard)
         check_choice("metric", self.metric, ScaleMetric)
         check_choice("site", self.site, ValueSite)

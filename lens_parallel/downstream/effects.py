@@ -54,7 +54,7 @@ from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.stats import N_RESAMPLES, holm, mcnemar_exact, mean_of_means_ci, paired_bootstrap_ci
 from lens_parallel.sweep import model_fingerprint
 from lens_parallel.tokenizers import hf_tokenizer
-from lens_parallel.validate import check_non_negative_int, check_positive_int
+from lens_parallel.validate import check_bool, check_non_negative_int, check_positive_int
 
 BINARY_METRICS = ("acc", "acc_norm", "exact_match")
 """Per-item 0/1 metrics: paired by McNemar's exact test (a generation task's ``exact_match,<filter>`` too)."""
@@ -109,6 +109,9 @@ class TaskSettings:
     )
 
     def __post_init__(self) -> None:
+        check_bool("add_bos_token", self.add_bos_token, optional=True)
+        for name in ("apply_chat_template", "fewshot_as_multiturn", "allow_code_execution"):
+            check_bool(name, getattr(self, name))
         if self.max_seq_lengths is not None:
             lengths = tuple(self.max_seq_lengths)
             for length in lengths:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import html
+import contextlib
+import dataclasses
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -11,17 +13,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.edits import UNEDITED, Settings, check_decode_safe, compile_hooks, describe_edit, named_edits
 from lens_parallel.errors import LensParallelError
-from lens_parallel.generation.decode import Decoded, Sampling, decode_batch, end_of_sequence
+from lens_parallel.generation.decode import Decoded, Sampling, cut_at_stop, decode_batch, end_of_sequence
 from lens_parallel.losses import unembedding
 from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve
+from lens_parallel.paths import check_writable
+from lens_parallel.plots.texts import html_page, shared_prefix, texts_table
 from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.store import SweepStore, Values, ValueSpec
+from lens_parallel.sweep import model_fingerprint
 from lens_parallel.tokenizers import hf_tokenizer
-from lens_parallel.validate import check_non_negative_int, check_positive_int
+from lens_parallel.validate import check_bool, check_finite, check_non_negative_int, check_positive_int
 
 
 @serializable
@@ -45,16 +52,18 @@ class GenerateSettings:
     def __post_init__(self) -> None:
         check_positive_int("max_new_tokens", self.max_new_tokens)
         check_non_negative_int("seed", self.seed)
-        if not (
-            isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0
-        ):
+        check_bool("do_sample", self.do_sample)
+        check_bool("add_bos_token", self.add_bos_token, optional=True)
+        if not check_finite("temperature", self.temperature) > 0:
             raise LensParallelError(f"temperature must be a finite number > 0, got {self.temperature!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+        if not 0 < check_finite("top_p", self.top_p) <= 1:
             raise LensParallelError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if any(not isinstance(s, str) or not s for s in stop):
-            raise LensParallelError(f"stop strings must be non-empty strings, got {list(stop)!r}")
-        object.__setattr__(self, "stop", stop)
+        stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
+            raise LensParallelError(
+                f"stop must be a string, a list of non-empty strings or None (no stop strings), got {self.stop!r}"
+            )
+        object.__setattr__(self, "stop", tuple(stop))
 
     @property
     def sampling(self) -> Sampling:
@@ -78,7 +87,7 @@ class GenerationResult(ResultMixin):
         """The first generated token where ``setting``'s continuation of ``prompt`` departs from the unedited one
         (None: identical)."""
         a, b = self.tokens[0][prompt], self.tokens[setting][prompt]
-        return None if a == b else _shared_prefix(a, b)
+        return None if a == b else shared_prefix(a, b)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per prompt x setting: ``prompt_index``, ``prompt``, ``setting``, ``text``, ``n_tokens``,
@@ -117,23 +126,15 @@ class GenerationResult(ResultMixin):
     def _repr_html_(self) -> str:
         """A table: one row per prompt, one column per setting; in each edited setting, the text from where it
         departs from the unedited one is highlighted."""
-        head = "".join(f"<th>{html.escape(s)}</th>" for s in ("prompt", *self.settings))
-        body = []
-        for p, prompt in enumerate(self.prompts):
-            cells = [f"<td>{html.escape(prompt)}</td>"]
-            base = self.texts[0][p]
-            for s in range(len(self.settings)):
-                text = self.texts[s][p]
-                common = _shared_prefix(base, text) if s else len(text)
-                same, rest = html.escape(text[:common]), html.escape(text[common:])
-                cells.append(f'<td>{same}<mark title="departs from the unedited text">{rest}</mark></td>')
-            body.append("<tr>" + "".join(cells) + "</tr>")
-        style = "white-space: pre-wrap; vertical-align: top; text-align: left"
-        return (
-            f'<table style="{style}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
-            if body
-            else "<p>no prompts</p>"
-        )
+        rows = [
+            ((prompt,), [self.texts[s][p] for s in range(len(self.settings))]) for p, prompt in enumerate(self.prompts)
+        ]
+        return texts_table(("prompt", *self.settings), rows)
+
+    def html(self) -> str:
+        """A self-contained page: the texts side by side (:meth:`_repr_html_`), then :meth:`figure`."""
+        model = self.info.name if self.provenance else "model"
+        return html_page(f"{model}: continuations under each setting", [self._repr_html_(), self.figure()])
 
     def figure(self) -> go.Figure:
         """Per edited setting, how many tokens each continuation shares with the unedited one before it departs
@@ -162,11 +163,6 @@ class GenerationResult(ResultMixin):
         return fig
 
 
-def _shared_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """How many leading items (tokens, characters) ``a`` and ``b`` share."""
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-
-
 def _prompt_ids(tokenizer: Any, prompts: Sequence[str], add_bos_token: bool | None) -> list[list[int]]:
     special = {} if add_bos_token is None else {"add_special_tokens": False}
     out = []
@@ -189,6 +185,38 @@ def _check_prompts(prompts: object) -> tuple[str, ...]:
     return tuple(prompts)
 
 
+@dataclass(frozen=True)
+class _Continuation:
+    """One prompt continued under one setting: a unit of the generation store (its repr, hashed into the store's
+    row, holds the prompt's text and the setting's edits, so a store never hands back another prompt's text)."""
+
+    setting: str
+    prompt: int
+    text: str
+    edits: str  # the setting's edits as described in provenance (JSON)
+
+    @property
+    def key(self) -> str:
+        return f"{self.setting}|{self.prompt}"
+
+
+_FINISH = ("eos", "stop", "length")
+
+
+def _stored(decoded: Decoded, max_new_tokens: int) -> Values:
+    """A continuation as the store's row: its tokens padded with NaN to ``max_new_tokens``, its finish's index."""
+    tokens = np.full(max_new_tokens, np.nan)
+    tokens[: len(decoded.tokens)] = decoded.tokens
+    return {"tokens": tokens, "finish": np.array(float(_FINISH.index(decoded.finish)))}
+
+
+def _restored(value: Values, tokenizer: Any, stop: Sequence[str]) -> Decoded:
+    """A stored continuation (:func:`_stored`), its text decoded and cut again (as the decoding loop cuts it)."""
+    tokens = tuple(int(t) for t in value["tokens"] if not np.isnan(t))
+    text, _ = cut_at_stop(tokenizer.decode(list(tokens)), stop)
+    return Decoded(tokens, text, _FINISH[int(value["finish"])])
+
+
 def generate(
     model: TransformerBridge,
     prompts: str | Sequence[str],
@@ -203,8 +231,13 @@ def generate(
     edit, a list applied together, or a dict naming several settings), the edits active at every decoding step
     (KV-cached: :mod:`lens_parallel.generation.decode`). ``settings`` / keywords: :class:`GenerateSettings`
     (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_p``, ``seed``, ``stop``); run options:
-    ``batch_size`` prompts per forward, ``progress``. Every prompt, setting and edit is checked before the first
-    forward: an edit must be decode-safe (:func:`~lens_parallel.edits.check_decode_safe`)."""
+    ``batch_size`` prompts per forward, ``progress`` (one bar over the tokens of the call: every setting's prompts
+    times ``max_new_tokens``, a continuation that ends early counting its unused budget), ``store``: a JSON-lines
+    file that makes the call resumable (each batch's continuations written as it finishes; a rerun decodes only the
+    prompts not stored, in the same batches, so its texts equal an uninterrupted run's; a store written with
+    another model, weights, settings or batch size is refused). Every prompt, setting and edit is checked before
+    the first forward: an edit must be decode-safe (:func:`~lens_parallel.edits.check_decode_safe`). A NaN or an
+    infinite logit is refused (:class:`~lens_parallel.errors.NonFiniteError`), never decoded into a token."""
     s, opts = resolve(GenerateSettings, settings, options, protocol, changes)
     texts = _check_prompts(prompts)
     if opts.batch_size == "auto":
@@ -224,28 +257,51 @@ def generate(
                 f"prompt {i} has {len(prompt)} tokens: with max_new_tokens={s.max_new_tokens} it exceeds the model's "
                 f"context of {n_ctx} tokens"
             )
+    if opts.store is not None:
+        check_writable(opts.store, "store")
     unembed, eos = unembedding(model), end_of_sequence(model, tokenizer)
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     batches = [order[k : k + opts.batch_size] for k in range(0, len(order), opts.batch_size)]
-    results: dict[str, list[Decoded | None]] = {}
-    for name in named:
-        done: list[Decoded | None] = [None] * len(ids)
-        for batch in batches:
-            decoded = decode_batch(
-                model,
-                [ids[i] for i in batch],
-                hooks[name],
-                max_new_tokens=s.max_new_tokens,
-                sampling=s.sampling,
-                stop=s.stop,
-                tokenizer=tokenizer,
-                unembed=unembed,
-                indices=batch,
-                eos=eos,
-            )
-            for i, d in zip(batch, decoded, strict=True):
-                done[i] = d
-        results[name] = done
+    described = {k: [describe_edit(e) for e in v] for k, v in named.items()}
+    as_json = {k: json.dumps(v, sort_keys=True, default=str) for k, v in described.items()}
+    jobs = [_Continuation(name, i, texts[i], as_json[name]) for name in named for i in range(len(ids))]
+    spec = {"tokens": ValueSpec((s.max_new_tokens,), allow_nan=True), "finish": ValueSpec(())}
+    store = None
+    if opts.store is not None:
+        record = {"analysis": "generate", "settings": dataclasses.asdict(s), "batch_size": opts.batch_size}
+        plain = json.loads(json.dumps(model_fingerprint(model) | record))  # as the store's header reads back
+        store = SweepStore(opts.store, plain, 0, lambda job: spec)
+    results: dict[str, list[Decoded | None]] = {name: [None] * len(ids) for name in named}
+    with contextlib.ExitStack() as stack:
+        done = stack.enter_context(store.session(jobs)) if store is not None else {}
+        bar = stack.enter_context(
+            tqdm(total=len(jobs) * s.max_new_tokens, desc="generating", unit="tok", disable=not opts.progress)
+        )
+        for job in jobs:
+            if job.key in done:
+                results[job.setting][job.prompt] = _restored(done[job.key], tokenizer, s.stop)
+                bar.update(s.max_new_tokens)
+        for name in named:
+            for batch in batches:
+                if all(results[name][i] is not None for i in batch):
+                    continue
+                decoded = decode_batch(
+                    model,
+                    [ids[i] for i in batch],
+                    hooks[name],
+                    max_new_tokens=s.max_new_tokens,
+                    sampling=s.sampling,
+                    stop=s.stop,
+                    tokenizer=tokenizer,
+                    unembed=unembed,
+                    indices=batch,
+                    eos=eos,
+                    advance=lambda tokens, rows: bar.update(tokens),
+                )
+                for i, d in zip(batch, decoded, strict=True):
+                    results[name][i] = d
+                    if store is not None:
+                        store.append(_Continuation(name, i, texts[i], as_json[name]), _stored(d, s.max_new_tokens))
     rows = {name: [d for d in got if d is not None] for name, got in results.items()}
     provenance = Provenance.of(
         info,
@@ -254,7 +310,7 @@ def generate(
         s,
         opts,
         texts={"prompts": list(texts)},
-        edits={k: [describe_edit(e) for e in v] for k, v in named.items() if v},
+        edits={k: v for k, v in described.items() if v},
     )
     return GenerationResult(
         prompts=texts,

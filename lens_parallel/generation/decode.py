@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -38,7 +38,7 @@ from transformers import DynamicCache, PreTrainedConfig
 
 from lens_parallel import compat
 from lens_parallel.edits import FIRST_INDEX, STEP_VALUES
-from lens_parallel.hooks import FINAL_HOOK, Hook, StopForward, model_lock
+from lens_parallel.hooks import FINAL_HOOK, Hook, StopForward, model_lock, raise_non_finite
 from lens_parallel.losses import Unembedding, logits_of
 
 
@@ -97,8 +97,11 @@ def end_of_sequence(model: TransformerBridge, tokenizer: Any) -> frozenset[int]:
 
 
 def _choose(logits: Float[Tensor, "batch d_vocab"], sampling: Sampling, generators: list[torch.Generator]) -> Tensor:
+    """Each row's next token. A row whose logits are not finite (refused after the batch: :func:`decode_batch`)
+    samples from a uniform distribution meanwhile, so that nothing here raises or waits for the device."""
     if not sampling.do_sample:
         return logits.argmax(-1)
+    logits = torch.where(torch.isfinite(logits).all(-1, keepdim=True), logits, 0.0)
     probs = torch.softmax(logits.double() / sampling.temperature, dim=-1)
     if sampling.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
@@ -119,9 +122,15 @@ def _bound(variable: contextvars.ContextVar[Any], value: Any) -> Iterator[None]:
         variable.reset(token)
 
 
-def _cut(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """``text`` cut before the first of the ``stop`` strings, and whether one was found."""
     at = min((i for s in stop if (i := text.find(s)) >= 0), default=-1)
     return (text, False) if at < 0 else (text[:at], True)
+
+
+Advance = Callable[[int, int], None]
+"""Progress of a decoding loop: ``advance(tokens, rows)`` after each step, with the token budget used up in it (one
+per row still decoding, plus the unused budget of each row that ended) and the rows that ended."""
 
 
 def decode_batch(
@@ -136,10 +145,17 @@ def decode_batch(
     unembed: Unembedding,
     indices: Sequence[int],
     eos: frozenset[int],
+    advance: Advance | None = None,
 ) -> list[Decoded]:
     """Continue every prompt (token ids, left-padded here) under ``hooks`` for at most ``max_new_tokens`` tokens,
     ending a row at a token of ``eos`` (:func:`end_of_sequence`) or a ``stop`` string; ``indices``: each prompt's
-    index in the whole call (its sampling generator's seed)."""
+    index in the whole call (its sampling generator's seed); ``advance``: progress (:data:`Advance`).
+
+    Non-finite logits are never a token: each step ORs, on the device, whether a row still decoding had a NaN or an
+    infinite logit into a per-row flag, read once when the batch ends (no wait for the device per step on its
+    account); a flagged batch is refused with :class:`~lens_parallel.errors.NonFiniteError` naming the first hook
+    point (or parameter) holding one, found by recomputing the first flagged row's whole sequence under ``hooks``
+    (:func:`~lens_parallel.hooks.raise_non_finite`), before any of its texts is returned."""
     device = unembed.W_U.device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
     width = max(len(p) for p in prompts)
@@ -154,6 +170,8 @@ def decode_batch(
     out: list[list[int]] = [[] for _ in prompts]
     finish: list[str | None] = [None] * len(prompts)
     texts = [""] * len(prompts)
+    non_finite = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    decoding = torch.ones(len(prompts), dtype=torch.bool, device=device)
     values: dict[int, Tensor] = {}  # each layer's cached and new values, for the edits that read them all
     with (
         torch.inference_mode(),
@@ -166,20 +184,34 @@ def decode_batch(
             logits = _step(model, tokens, mask, positions, cache, unembed)
         with _bound(FIRST_INDEX, None):
             for step in range(max_new_tokens):
+                non_finite |= decoding & ~torch.isfinite(logits).all(-1)
                 chosen = _choose(logits, sampling, generators).tolist()
+                used, ended = 0, 0
                 for row, token in enumerate(chosen):
                     if finish[row] is not None:
                         continue
+                    used += 1
                     if token in eos:
                         finish[row] = "eos"
-                        continue
-                    out[row].append(token)
-                    texts[row], stopped = _cut(tokenizer.decode(out[row]), stop)
-                    finish[row] = "stop" if stopped else None
-                if all(f is not None for f in finish) or step == max_new_tokens - 1:
+                    else:
+                        out[row].append(token)
+                        texts[row], stopped = cut_at_stop(tokenizer.decode(out[row]), stop)
+                        finish[row] = "stop" if stopped else None
+                    if finish[row] is not None:
+                        ended += 1
+                        used += max_new_tokens - step - 1
+                last = all(f is not None for f in finish) or step == max_new_tokens - 1
+                if advance is not None:
+                    advance(used, ended + (sum(f is None for f in finish) if last else 0))
+                if last:
                     break
                 fed = torch.tensor([[pad if finish[r] else t] for r, t in enumerate(chosen)], device=device)
+                decoding = torch.tensor([f is None for f in finish], device=device)
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 positions = positions[:, -1:] + 1
                 logits = _step(model, fed, mask, positions, cache, unembed)
+    if bool(non_finite.any()):  # the batch's one read of the flag
+        row = int(non_finite.nonzero()[0, 0])
+        sequence = torch.tensor([[*prompts[row], *out[row]]], device=device)
+        raise_non_finite(model, sequence, hooks, output="a decoding step's logits")
     return [Decoded(tuple(o), t, f or "length") for o, t, f in zip(out, texts, finish, strict=True)]
