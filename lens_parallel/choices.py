@@ -89,10 +89,11 @@ ExplorerEdit = Literal["scale", "random-direction", "random-direction-norm-match
 are the paper's comparison edits (``RandomDirectionRemoval``, norm-matched or not, and ``ZeroDiagonal``) against the
 unedited model."""
 HeadsAll = Literal["all"]
-
+"""``heads="all"``: every head, each edited on its own write (no bias); ``heads=None`` is the whole sublayer."""
 AttentionPath = Literal["auto", "fused", "diagonal", "blocked", "eager"]
 """How softmax attention is computed (:func:`lens_parallel.attention.attention_path`)."""
-"""``heads="all"``: every head, each edited on its own write (no bias); ``heads=None`` is the whole sublayer."""
+ContextForm = Literal["short", "full"]
+"""How :meth:`~lens_parallel.downstream.effects.TaskResult.samples` shows an item's context: its end, or whole."""
 
 CHOICES = (
     ValueSite,
@@ -124,5 +125,6 @@ CHOICES = (
     ExplorerEdit,
     HeadsAll,
     AttentionPath,
+    ContextForm,
 )
 """Every choice type above."""

@@ -49,7 +49,7 @@ from lens_parallel.options import PROTOCOLS, RENAMED, DataOptions, RunOptions, r
 from lens_parallel.paths import add_suffix, check_writable
 from lens_parallel.validate import check_non_negative_int, literal_values
 
-OUTPUT_SUFFIXES = (".csv", ".json", ".npz", ".html", ".png")
+OUTPUT_SUFFIXES = (".csv", ".json", ".jsonl", ".npz", ".html", ".png", ".sqlite")
 
 
 # -- options of the command line only ----------------------------------------------------------------------------
@@ -554,9 +554,14 @@ def _tasks(inv: Invocation) -> None:
     result = task_effects(model, named, tasks, settings=s, options=opts)
     table = result.differences()
     table.to_csv(out / "tasks_differences.csv", index=False)
+    samples = out / "tasks_samples.jsonl"
+    result.samples(context="full").to_json(samples, orient="records", lines=True, force_ascii=False)
+    page = out / "tasks_samples.html"
+    page.write_text(result.samples_html(), encoding="utf-8")
     print(f"{result.info.name}: edited - unedited per task (lm-eval's metrics; CI: paired bootstrap over items)")
     cols = ["task", "metric", "setting", "n_items", "unedited", "edited", "difference", "ci_low", "ci_high", "p_holm"]
-    _emit(out, "tasks", result, table[cols].round(4).set_index("task"), also=(out / "tasks_differences.csv",))
+    shown = table[cols].round(4).set_index("task")
+    _emit(out, "tasks", result, shown, store=opts.store, also=(out / "tasks_differences.csv", samples, page))
 
 
 def _generate(inv: Invocation) -> None:
@@ -575,8 +580,11 @@ def _generate(inv: Invocation) -> None:
     model = load_model(data.model, device=data.device, dtype=getattr(torch, data.dtype))
     result = generate(model, prompts, named, settings=s, options=opts)
     frame = result.to_dataframe()
+    page = out / "generate_texts.html"
+    page.write_text(result.html(), encoding="utf-8")
     print(f"{result.info.name}: continuations per setting (departs_at: first token unlike the unedited one)")
-    _emit(out, "generate", result, frame.set_index(["prompt_index", "setting"])[["text", "n_tokens", "departs_at"]])
+    shown = frame.set_index(["prompt_index", "setting"])[["text", "n_tokens", "departs_at"]]
+    _emit(out, "generate", result, shown, store=opts.store, also=(page,))
 
 
 def _models(inv: Invocation) -> None:
@@ -654,7 +662,7 @@ def _commands() -> dict[str, Command]:
             (TaskSettings, TasksCommand),
             {},
             ("batch_size", "tokens_per_forward", "store", "progress"),
-            store="tasks_requests",
+            store="tasks_requests.sqlite",
             data_fields=("model", "device", "dtype"),
         ),
         "generate": Command(
@@ -662,7 +670,7 @@ def _commands() -> dict[str, Command]:
             _generate,
             (GenerateSettings, GenerateCommand),
             {},
-            ("batch_size", "progress"),
+            ("batch_size", "store", "progress"),
             data_fields=("model", "device", "dtype"),
         ),
         "models": Command("list the models that load offline now and those that need the hub", _models, run_fields=()),

@@ -34,7 +34,15 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
         (0, 4),
         (0, 5),
         "lm_eval.models.utils._add_special_kwargs (how the hf model sets add_special_tokens), "
-        "lm_eval.tasks._yaml_loader.load_yaml (a task's YAML read without importing its !function helpers)",
+        "lm_eval.tasks._yaml_loader.load_yaml (a task's YAML read without importing its !function helpers), "
+        "lm_eval.evaluator's get_git_commit_hash (run in the working folder, its git's stderr shown), "
+        "lm_eval.tasks.ruler.prepare_niah importing nltk and downloading punkt_tab when nltk.data.find fails",
+    ),
+    "datasets": (
+        (4, 0),
+        (6, 0),
+        "datasets.config.HF_HUB_OFFLINE read at each load_dataset call (offline: the local cache or one error, "
+        "no retries)",
     ),
     "torch": (
         (2, 13),
@@ -437,6 +445,68 @@ def task_yaml(path: str) -> dict[str, Any]:
     from lm_eval.tasks._yaml_loader import load_yaml
 
     return cast(dict[str, Any], load_yaml(path, resolve_func=False, recursive=True))
+
+
+@contextlib.contextmanager
+def lm_eval_quietly() -> Iterator[None]:
+    """Inside, lm-eval's evaluator records no git commit (its ``get_git_commit_hash`` runs ``git describe`` in the
+    working folder, which prints ``fatal: not a git repository`` outside a checkout: the run's provenance holds
+    lens_parallel's version instead)."""
+    check("lm_eval")
+    import lm_eval.evaluator
+
+    real = lm_eval.evaluator.get_git_commit_hash
+    lm_eval.evaluator.get_git_commit_hash = lambda: None
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.get_git_commit_hash = real
+
+
+def import_ruler_without_download() -> None:
+    """Import lm-eval's RULER haystack module, which on import downloads NLTK's ``punkt_tab`` when it is missing
+    (and then prints that it did, even when the download failed offline), with that download skipped: ``punkt_tab``
+    serves only the essay haystacks (Paul Graham's essays, a hub dataset), which
+    :func:`lens_parallel.downstream.data.ruler_metadata` refuses without it."""
+    import sys
+
+    name = "lm_eval.tasks.ruler.prepare_niah"
+    if name in sys.modules:
+        return
+    check("lm_eval")
+    import importlib
+
+    import nltk
+
+    real = nltk.data.find
+
+    def find(resource: str, *args: Any, **kwargs: Any) -> Any:
+        return None if resource == "tokenizers/punkt_tab" else real(resource, *args, **kwargs)
+
+    nltk.data.find = find
+    try:
+        importlib.import_module(name)
+    finally:
+        nltk.data.find = real
+
+
+@contextlib.contextmanager
+def hub_offline_mode(offline: bool) -> Iterator[None]:
+    """Inside, when ``offline``, ``datasets`` and ``huggingface_hub`` act as under ``HF_HUB_OFFLINE=1`` (read from
+    their caches or fail at once, where they would otherwise retry the network for about a minute)."""
+    if not offline:
+        yield
+        return
+    check("datasets")
+    import datasets.config
+    import huggingface_hub.constants
+
+    before = datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = before
 
 
 # -- transformers ------------------------------------------------------------------------------------------------

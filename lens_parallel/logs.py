@@ -1,4 +1,4 @@
-"""Filters for four known, harmless notices. Two are logged by importing torchao on every process where it is
+"""Filters for seven known, harmless notices. Two are logged by importing torchao on every process where it is
 installed (``transformers`` imports it when it is present, so every model load triggers them):
 
 - torchao's ``Failed to load .../_C_*.so``: its CUDA-only kernel libraries, absent from a CPU build of torch;
@@ -12,7 +12,15 @@ carries on (the PNG is written all the same; a failure that matters is raised an
 
 The fourth is lm-evaluation-harness's ``Task '...' from ... overrides existing task from ...``, once per task each
 time a task manager is built: the package's offline task folders (:mod:`lens_parallel.downstream.data`) define the
-tasks lm-eval ships under the same names, on purpose, so that they read the local data.
+tasks lm-eval ships under the same names, on purpose, so that they read the local data. The fifth is lm-eval's
+``<task>: Custom kwargs can be passed to `--metadata` ...``, once per RULER task it builds: lens_parallel passes
+those (``max_seq_lengths``, the tokenizer) itself. The sixth and seventh are lm-eval's ``[Task: ...] metric acc is
+defined, but aggregation (higher_is_better) is not. using default ...`` for its own task definitions that leave the
+default implied (RTE, BoolQ, COPA): the defaults are what lm-eval's own command line uses.
+
+Beside the loggers, RULER's variable-tracking task prints one ``Max length ... | Current length ...`` line per
+haystack size it tries (with ``print``): :func:`drop_printed_lines` drops those lines from standard output while
+its tasks are built, and lets every other line through.
 
 Only records with exactly these messages are dropped; every other record of these loggers passes. Installed when
 this module is imported, which ``lens_parallel/__init__`` does first, before anything imports ``transformers``.
@@ -20,8 +28,14 @@ this module is imported, which ``lens_parallel/__init__`` does first, before any
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import logging
+import re
+import sys
+import typing
+from collections.abc import Iterator
 
 
 class _Drop(logging.Filter):
@@ -39,7 +53,7 @@ class _Drop(logging.Filter):
 def _drop(name: str, *parts: str) -> None:
     """Attach a :class:`_Drop` of ``parts`` to the logger ``name`` (once)."""
     logger = logging.getLogger(name)
-    if not any(isinstance(f, _Drop) for f in logger.filters):
+    if not any(isinstance(f, _Drop) and f.parts == parts for f in logger.filters):
         logger.addFilter(_Drop(*parts))
 
 
@@ -48,11 +62,58 @@ def quiet_known_notices() -> None:
     _drop("torchao", "Failed to load", ".so")
     _drop("torch.utils._pytree", "is an Enum subclass and is now natively supported")
     _drop("lm_eval.tasks._index", "overrides existing task from")
+    _drop("lm_eval.api.task", "Custom kwargs can be passed to `--metadata`")
+    for default in ("aggregation", "higher_is_better"):
+        _drop("lm_eval.api.task", "is defined, but", f"{default} is not. using default")
     try:  # imported first: its module makes its logger, of logistro's class (it calls .debug2; a plain one has none)
         importlib.import_module("choreographer.channels.pipe")
     except ImportError:  # kaleido, which brings choreographer, is not installed: no PNGs, no notice
         return
     _drop("choreographer.channels.pipe", "JSONError decoding message", "Ignoring")
+
+
+RULER_PROGRESS_LINE = re.compile(r"^Max length \d+ \| Current length \d+")
+"""RULER's variable-tracking task's line per haystack size it tries."""
+
+
+@typing.runtime_checkable
+class _Stream(typing.Protocol):
+    """What a line filter writes to: standard output, or whatever replaced it (a notebook's, a test's capture)."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+class _LineFilter(io.TextIOBase):
+    """A text stream passing every line to ``target`` except those matching ``pattern`` (whole lines: a partial
+    one is held until its newline arrives, or until :meth:`flush`)."""
+
+    def __init__(self, target: _Stream, pattern: re.Pattern[str]) -> None:
+        self.target, self.pattern, self.pending = target, pattern, ""
+
+    def write(self, text: str) -> int:
+        lines = (self.pending + text).split("\n")
+        self.pending = lines.pop()
+        self.target.write("".join(line + "\n" for line in lines if not self.pattern.match(line)))
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending and not self.pattern.match(self.pending):
+            self.target.write(self.pending)
+        self.pending = ""
+        self.target.flush()
+
+
+@contextlib.contextmanager
+def drop_printed_lines(pattern: re.Pattern[str]) -> Iterator[None]:
+    """Inside, lines printed to standard output that match ``pattern`` are dropped; every other line passes."""
+    stream = _LineFilter(sys.stdout, pattern)
+    try:
+        with contextlib.redirect_stdout(stream):
+            yield
+    finally:
+        stream.flush()
 
 
 quiet_known_notices()

@@ -37,9 +37,11 @@ class RunOptions:
     ``memory_budget`` (:mod:`lens_parallel.budget`; the chosen size is what the run's provenance and store record,
     and a resumed run takes it from its store). ``tokens_per_forward``: the most tokens (rows x positions) one forward
     may hold when the engine stacks several jobs, or several settings of one job, into it. Both change float
-    rounding (the batch composition), so both are part of a store's fingerprint. ``store``: a JSON-lines file that
-    makes the run resumable. ``progress``: progress bars. ``workers`` / ``ray_address``: run the units of work on Ray
-    (:mod:`lens_parallel.distributed`): ``workers > 1`` or an address; the numbers equal a single process's.
+    rounding (the batch composition), so both are part of a store's fingerprint. ``store``: the path of a file that
+    makes the run resumable (a sweep's and generation's: JSON lines; downstream tasks': SQLite, a table per
+    setting); finished work is read back from it, never recomputed. ``progress``: progress bars. ``workers`` /
+    ``ray_address``: run the units of work on Ray (:mod:`lens_parallel.distributed`): ``workers > 1`` or an
+    address; the numbers equal a single process's.
     """
 
     batch_size: int | Literal["auto"] = field(
@@ -57,7 +59,7 @@ class RunOptions:
     )
     store: str | Path | None = field(
         default=None,
-        metadata={"help": "a JSON-lines file that makes the run resumable (skips finished jobs)", "none": "none"},
+        metadata={"help": "a file that makes the run resumable (finished work is read back)", "none": "none"},
     )
     progress: bool = field(default=True, metadata={"help": "show progress bars"})
     workers: int = field(default=1, metadata={"help": "Ray workers (pip install 'lens_parallel[distributed]')"})

@@ -464,6 +464,8 @@ def test_tasks_scores_edit_specs_and_a_settings_file(tmp_path, capsys):
     settings.write_text("own direction: value:s_par=0\nboth: [zero-diagonal, random-direction:seed=2]\n")
     line = ["tasks", "--model", "smollm2-135m", "--tasks", "copa", "--limit", "4", "--no-progress"]
     assert main([*line, "--settings", str(settings), "value:s_par=0.5,layers=1+2", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "copa" in printed
     for name in (
         "tasks.csv",
         "tasks_summary.csv",
@@ -471,16 +473,23 @@ def test_tasks_scores_edit_specs_and_a_settings_file(tmp_path, capsys):
         "tasks.json",
         "tasks.html",
         "tasks_scores.html",
+        "tasks_samples.jsonl",
+        "tasks_samples.html",
+        "tasks_requests.sqlite",
     ):
         assert (tmp_path / name).stat().st_size > 100, name
+        assert f"  {tmp_path / name}\n" in printed, name  # the "wrote:" list names every file, the store too
     frame = pd.read_csv(tmp_path / "tasks.csv")
     assert set(frame["setting"]) == {"unedited", "own direction", "both", "value:s_par=0.5,layers=1+2"}
     assert len(frame) == 4 * 4
     edits = json.loads((tmp_path / "tasks.json").read_text())["data"]["provenance"]["settings"]["edits"]
     assert [e["type"].rsplit(".", 1)[1] for e in edits["both"]] == ["ZeroDiagonal", "RandomDirectionRemoval"]
     assert edits["value:s_par=0.5,layers=1+2"][0]["layers"] == {"__tuple__": [1, 2]}
-    assert list((tmp_path).glob("tasks_requests-*_rank0.db"))  # resumable by default
-    assert "copa" in capsys.readouterr().out
+    samples = pd.read_json(tmp_path / "tasks_samples.jsonl", lines=True)
+    assert len(samples) == 4 * 4 and samples["response"].str.len().min() > 0  # every answer readable
+    joined = samples.merge(frame, on=["doc_id", "setting"], suffixes=("", "_scored"))
+    assert (joined["acc"] == joined["acc_scored"]).all() and len(joined) == 16
+    assert (joined["acc"] == (joined["response"] == joined["target"])).all()  # the chosen option is scored
 
 
 def test_every_subcommand_prints_its_help(capsys):

@@ -24,6 +24,7 @@ from scipy import stats as sps
 from lens_parallel import (
     ComponentScale,
     DiagonalEdit,
+    EnvironmentFailure,
     LensParallelError,
     RandomDirectionRemoval,
     ZeroDiagonal,
@@ -395,9 +396,12 @@ def test_a_task_run_saves_loads_resumes_and_draws(tmp_path):
 
     model = get_model("smollm2-135m")
     settings = {"value s_par=0": ComponentScale("value", s_par=0.0), "zero diagonal": ZeroDiagonal()}
-    store = tmp_path / "tasks"
+    store = tmp_path / "tasks.sqlite"
     first = task_effects(model, settings, [("copa", 0)], limit=8, store=store, progress=False)
-    assert len(list(tmp_path.glob("tasks-*_rank0.db"))) == 3  # the baseline and each setting
+    assert [p.name for p in tmp_path.iterdir()] == ["tasks.sqlite"]  # one file: a table per setting
+    from sqlitedict import SqliteDict
+
+    assert len(SqliteDict.get_tablenames(str(store))) == 3  # the baseline and each setting
     again = task_effects(model, settings, [("copa", 0)], limit=8, store=store, progress=False)
     np.testing.assert_array_equal(first.values["copa|acc"], again.values["copa|acc"])
     frame = first.to_dataframe()
@@ -525,14 +529,16 @@ def test_a_killed_generation_run_resumes_without_regenerating_finished_items(tmp
             raise KeyboardInterrupt  # killed during its third batch: two items finished
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(decode, "decode_batch", counted)
+    monkeypatch.setattr("lens_parallel.downstream.lm.decode_batch", counted)
     with pytest.raises(KeyboardInterrupt):
         task_effects(model, settings, ["gsm8k_cot"], **run)
-    monkeypatch.setattr(decode, "decode_batch", lambda *a, **k: calls.append(len(a[1])) or real(*a, **k))
+    monkeypatch.setattr(
+        "lens_parallel.downstream.lm.decode_batch", lambda *a, **k: calls.append(len(a[1])) or real(*a, **k)
+    )
     calls.clear()
     resumed = task_effects(model, settings, ["gsm8k_cot"], **run)
     assert sum(calls) == 2 + 4  # the two unedited items the killed run had not finished, then the edited setting
-    monkeypatch.setattr(decode, "decode_batch", real)
+    monkeypatch.setattr("lens_parallel.downstream.lm.decode_batch", real)
     fresh = task_effects(model, settings, ["gsm8k_cot"], **(run | {"store": None}))
     assert resumed.scores == fresh.scores
     shown = "gsm8k_cot (exact_match,strict-match)"  # the figures draw a generation task's exact match
@@ -617,8 +623,6 @@ def test_requests_in_the_chat_template_are_lm_evals_hf_models():
 
 
 def test_ruler_tasks_get_the_tokenizer_and_lengths_and_online_ones_are_refused_offline(monkeypatch):
-    import huggingface_hub
-
     from lens_parallel.downstream.presets import TASK_PRESETS
 
     tokenizer = hf_tokenizer(get_model("toy-qwen2"))
@@ -630,8 +634,8 @@ def test_ruler_tasks_get_the_tokenizer_and_lengths_and_online_ones_are_refused_o
     metadata = dict(task_data.ruler_metadata(names, tokenizer, (1024, 2048)))
     assert metadata == {"tokenizer": tokenizer.name_or_path, "max_seq_lengths": (1024, 2048)}
     assert task_data.ruler_metadata(["piqa"], tokenizer, (4096,)) is None
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(LensParallelError, match=r"niah_single_2 read .* hub \(online only\); offline: niah_multikey_2"):
+    monkeypatch.setattr("lens_parallel.downstream.offline.hub_offline", lambda: True)
+    with pytest.raises(EnvironmentFailure, match=r"niah_single_2 read .* hub, which cannot be reached; offline: niah_"):
         task_data.ruler_metadata(["niah_single_2", "piqa"], tokenizer, (4096,))
     with pytest.raises(LensParallelError, match="max_seq_lengths must be a positive integer"):
         task_effects(get_model("toy-qwen2"), (), "long-context", max_seq_lengths=(0,))

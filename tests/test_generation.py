@@ -230,3 +230,63 @@ def test_bad_input_is_refused_before_any_forward(call, message, monkeypatch):
 class _Undeclared:
     def hooks(self, model, info):
         return []
+
+
+def test_a_killed_generate_resumes_only_the_unfinished_prompts_and_equals_an_uninterrupted_run(tmp_path, monkeypatch):
+    from tests.conftest import Killed, KillSwitch
+
+    model = lp.load_model("toy-qwen3")
+    prompts = [*PROMPTS, "Two roads diverged in a yellow wood", "It was the best of times"]
+    edits = {"zero diagonal": ZeroDiagonal()}
+    run = dict(max_new_tokens=5, batch_size=2, progress=False)
+    whole = lp.generate(model, prompts, edits, **run)
+    store = tmp_path / "generate.jsonl"
+    switch = KillSwitch(monkeypatch, decode, "decode_batch", at=4, record=lambda m, batch, *a, **k: len(batch))
+    monkeypatch.setattr("lens_parallel.generation.api.decode_batch", decode.decode_batch)
+    with pytest.raises(Killed):
+        lp.generate(model, prompts, edits, store=store, **run)
+    assert switch.calls == [2, 2, 1, 2]  # killed in the edited setting's first batch: the unedited run is stored
+    switch.disarm()
+    resumed = lp.generate(model, prompts, edits, store=store, **run)
+    assert switch.calls == [2, 2, 1]  # only the edited setting's three batches ran again
+    assert resumed.tokens == whole.tokens and resumed.texts == whole.texts and resumed.finish == whole.finish
+    switch.calls.clear()
+    assert lp.generate(model, prompts, edits, store=store, **run).texts == whole.texts and switch.calls == []
+    with pytest.raises(lp.LensParallelError, match="was written by a run whose numbers differ"):
+        lp.generate(model, prompts, edits, store=store, **(run | {"max_new_tokens": 6}))
+
+
+def test_progress_counts_every_token_of_the_call_and_every_finished_row():
+    model = lp.load_model("toy-gpt2")
+    tokenizer = hf_tokenizer(model)
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    common = dict(
+        max_new_tokens=7, sampling=decode.Sampling(), stop=(), tokenizer=tokenizer, unembed=unembedding(model)
+    )
+    eos = decode.end_of_sequence(model, tokenizer)
+    plain = decode.decode_batch(model, prompts, [], indices=range(3), eos=eos, **common)
+    early = plain[0].tokens[2]  # the first row's third token, made an end-of-sequence token: that row ends early
+    seen: list[tuple[int, int]] = []
+    decoded = decode.decode_batch(
+        model, prompts, [], indices=range(3), eos=eos | {early}, advance=lambda t, r: seen.append((t, r)), **common
+    )
+    assert decoded[0].finish == "eos" and len(decoded[0].tokens) == plain[0].tokens.index(early)
+    assert sum(t for t, _ in seen) == 3 * 7 and sum(r for _, r in seen) == 3  # the bar ends full
+    assert seen[plain[0].tokens.index(early)][1] >= 1  # the row that ended early counted at its step
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("do_sample", "no", "do_sample must be True or False, got 'no'"),
+        ("add_bos_token", "yes", "add_bos_token must be True, False or None, got 'yes'"),
+        ("temperature", True, "temperature must be a finite number, got True"),
+        ("stop", 3, "stop must be a string, a list of non-empty strings or None"),
+    ],
+)
+def test_generate_settings_are_typed(field, value, message):
+    from tests.test_task_answers import unchecked
+
+    with pytest.raises(lp.LensParallelError, match=message):
+        unchecked(lp.GenerateSettings, **{field: value})
+    assert lp.GenerateSettings(stop=None).stop == () and unchecked(lp.GenerateSettings, stop="Q:").stop == ("Q:",)

@@ -27,16 +27,19 @@ def test_png_failure_names_the_cause_and_the_fix():
     assert png_failure(ValueError("")) == "ValueError"
 
 
-def test_save_figure_without_a_png_renderer_says_why(tmp_path, monkeypatch, capsys):
+def test_save_figure_without_a_png_renderer_says_why_once_per_process(tmp_path, monkeypatch, capsys):
     def no_chrome(fig, *, scale):
         raise RuntimeError(KALEIDO_NO_CHROME)
 
     monkeypatch.setattr(lens_parallel.plots.common, "png_bytes", no_chrome)
+    monkeypatch.setattr(lens_parallel.plots.common, "_PNG_FAILURES_SAID", set())
     written = save_figure(go.Figure(layout={"title": "t"}), tmp_path / "toy-qwen3.5_decompose")
     assert [p.name for p in written] == ["toy-qwen3.5_decompose.html"]
     err = capsys.readouterr().err
     assert "(no PNG for toy-qwen3.5_decompose: Kaleido requires Google Chrome to be installed." in err
     assert err.count("\n") == 1
+    again = save_figure(go.Figure(layout={"title": "u"}), tmp_path / "second")
+    assert [p.name for p in again] == ["second.html"] and capsys.readouterr().err == ""  # said once
 
 
 def test_save_figure_keeps_the_renderers_ignored_error_off_stderr(tmp_path, monkeypatch, caplog):

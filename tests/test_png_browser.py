@@ -7,6 +7,7 @@ import struct
 
 import plotly.graph_objects as go
 
+import lens_parallel.plots.common
 from lens_parallel.plots import png, save_figure
 
 
@@ -30,6 +31,7 @@ def test_one_kept_browser_writes_plotlys_own_bytes(tmp_path):
 
 
 def test_a_failed_render_closes_the_browser_and_the_next_figure_opens_another(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(lens_parallel.plots.common, "_PNG_FAILURES_SAID", set())
     fig = go.Figure(go.Scatter(y=[1, 2]), layout={"title": "t"})
     save_figure(fig, tmp_path / "first")
     broken = png._OPEN[0]

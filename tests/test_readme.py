@@ -39,7 +39,7 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
         'dataclasses.replace(PRESETS["tiny"], steps=3, warmup_steps=1),\n'
         '    ["baseline", "random-direction-gated", "xsa-gated"],\n    seeds=[0, 1],',
     ),
-    ('"quick", store="results/tasks"', '[("copa", 0)], limit=3, store="results/tasks"'),
+    ('"quick", store="results/tasks.sqlite"', '[("copa", 0)], limit=3, store="results/tasks.sqlite"'),
     (
         'run_factorial(PRESETS["cpu-small"], arms, [0, 1, 2, 3]',
         'run_factorial(dataclasses.replace(PRESETS["tiny"], steps=3, warmup_steps=1), arms, [0, 1]',

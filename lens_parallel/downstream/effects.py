@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import html
 import json
 import math
 import os
@@ -34,10 +35,14 @@ import pandas as pd
 import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel import compat
+from lens_parallel.choices import ContextForm
 from lens_parallel.downstream.data import (
     LOCAL_TASKS,
     OLMO_EVAL,
     RULER_LENGTHS,
+    RULER_ONLINE,
+    RULER_SYNTHETIC,
     TaskMetadata,
     check_task_names,
     code_executing,
@@ -45,16 +50,21 @@ from lens_parallel.downstream.data import (
     task_definitions,
     task_manager,
 )
+from lens_parallel.downstream.offline import hub_offline, unreachable_message
 from lens_parallel.downstream.presets import TaskList, resolve_tasks
+from lens_parallel.downstream.samples import short_context, task_answers
 from lens_parallel.edits import UNEDITED, Edit, Settings, compile_hooks, describe_edit, named_edits
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import EnvironmentFailure, LensParallelError
+from lens_parallel.logs import RULER_PROGRESS_LINE, drop_printed_lines
 from lens_parallel.models import model_info, weights_digest
 from lens_parallel.options import RunOptions, refuse_renamed, resolve
+from lens_parallel.paths import check_writable
+from lens_parallel.plots.texts import html_page, texts_table
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.stats import N_RESAMPLES, holm, mcnemar_exact, mean_of_means_ci, paired_bootstrap_ci
 from lens_parallel.sweep import model_fingerprint
 from lens_parallel.tokenizers import hf_tokenizer
-from lens_parallel.validate import check_bool, check_non_negative_int, check_positive_int
+from lens_parallel.validate import check_bool, check_choice, check_non_negative_int, check_positive_int
 
 BINARY_METRICS = ("acc", "acc_norm", "exact_match")
 """Per-item 0/1 metrics: paired by McNemar's exact test (a generation task's ``exact_match,<filter>`` too)."""
@@ -181,7 +191,10 @@ class TaskResult(ResultMixin):
 
     ``values[f"{task}|{metric}"]``: [setting, item] (a weighted metric, e.g. word perplexity: [setting, item, 2],
     the log-likelihood and its words / bytes); ``aggregations``: lm-eval's aggregation of each; ``scores``: lm-eval's
-    own aggregate per task, metric and setting; ``effects``: the paired comparisons (:meth:`differences`)."""
+    own aggregate per task, metric and setting; ``effects``: the paired comparisons (:meth:`differences`);
+    ``truncated[task][setting]``: how many of the task's items had a context cut to fit the model (lm-eval's
+    left-truncation); ``contexts[task]``: each item's context (doc-id order) and ``answers[task]``: what the model
+    answered, per item and setting (:mod:`~lens_parallel.downstream.samples`; read them with :meth:`samples`)."""
 
     tasks: tuple[str, ...]
     settings: tuple[str, ...]
@@ -191,6 +204,9 @@ class TaskResult(ResultMixin):
     aggregations: dict[str, str]
     scores: dict[str, dict[str, dict[str, float]]]
     effects: dict[str, list[Any]]
+    truncated: dict[str, dict[str, int]]
+    contexts: dict[str, list[str]]
+    answers: dict[str, dict[str, list[Any]]]
     provenance: Provenance | None = None
 
     def to_dataframe(self) -> pd.DataFrame:
@@ -205,6 +221,65 @@ class TaskResult(ResultMixin):
                     frame[metric] = v if v.ndim == 1 else v[:, 0]
                 frames.append(frame)
         return pd.concat(frames, ignore_index=True)
+
+    def samples(self, *, context: ContextForm = "short") -> pd.DataFrame:
+        """One row per task x item x setting: ``task``, ``doc_id``, ``setting``, the item's ``context`` (``short``:
+        its last characters, :func:`~lens_parallel.downstream.samples.short_context`; ``full``; the whole one also
+        from :meth:`context`), ``target``, the model's ``response`` (generated text, or the chosen option),
+        ``chosen`` / ``chosen_norm`` (multiple choice), each filter's ``answer[<filter>]`` (generation), and every
+        metric of the item (:meth:`to_dataframe`'s columns)."""
+        check_choice("context", context, ContextForm)
+        frames = []
+        for task in self.tasks:
+            frame = pd.DataFrame(self.answers[task])
+            items = frame.pop("item").to_numpy()
+            contexts = [self.contexts[task][i] for i in items]
+            frame.insert(0, "context", contexts if context == "full" else [short_context(c) for c in contexts])
+            frame.insert(0, "doc_id", self.doc_ids[task][items])
+            frame.insert(0, "task", task)
+            frames.append(frame)
+        if not frames:
+            return pd.DataFrame(columns=["task", "doc_id", "setting", "context", "target", "response"])
+        order = {name: i for i, name in enumerate(self.settings)}
+        merged = pd.concat(frames, ignore_index=True).merge(
+            self.to_dataframe(), on=["task", "doc_id", "setting"], how="left"
+        )
+        front = ["task", "doc_id", "setting", "context", "target", "response"]
+        merged = merged[front + [c for c in merged.columns if c not in front]]
+        key = merged["setting"].map(order)
+        return merged.assign(_s=key).sort_values(["task", "doc_id", "_s"], kind="stable").drop(columns="_s")
+
+    def context(self, task: str, doc_id: int) -> str:
+        """The whole context of item ``doc_id`` of ``task`` (its few-shot examples included)."""
+        if task not in self.contexts:
+            raise LensParallelError(f"no task {task!r} in this result; its tasks: {', '.join(self.tasks)}")
+        found = np.flatnonzero(self.doc_ids[task] == doc_id)
+        if not len(found):
+            raise LensParallelError(f"{task} has no item {doc_id!r} in this result ({len(self.doc_ids[task])} items)")
+        return self.contexts[task][int(found[0])]
+
+    def samples_html(self, *, max_items: int | None = 50) -> str:
+        """A self-contained page: per task, a table of items x settings (the item's short context and target, then
+        each setting's answer; an edited answer highlighted from where it departs from the unedited one), the first
+        ``max_items`` items of each task (None: all)."""
+        frame = self.samples()
+        parts = []
+        for task in self.tasks:
+            part = frame[frame["task"] == task]
+            doc_ids = list(dict.fromkeys(part["doc_id"]))[:max_items]
+            cut = self.truncated.get(task, {}).get(UNEDITED, 0)
+            note = f" ({cut:,} contexts cut to fit the model)" if cut else ""
+            rows = []
+            for doc in doc_ids:
+                item = part[part["doc_id"] == doc].set_index("setting")
+                first = item.iloc[0]
+                answers = [_answer_text(item.loc[name]) for name in self.settings]
+                rows.append(((str(doc), str(first["context"]), str(first["target"])), answers))
+            shown = f"{len(doc_ids)} of {part['doc_id'].nunique()} items" + note
+            parts.append(f"<h2>{html.escape(task)}: {html.escape(shown)}</h2>")
+            parts.append(texts_table(("doc_id", "context (end)", "target", *self.settings), rows))
+        model = self.info.name if self.provenance else "model"
+        return html_page(f"{model}: answers per item under each setting", parts)
 
     def differences(self) -> pd.DataFrame:
         """Per task, metric and edited setting: unedited, edited, difference, its CI, McNemar p and Holm p (0/1
@@ -235,6 +310,12 @@ class TaskResult(ResultMixin):
         from lens_parallel.plots.tasks import task_scores_figure
 
         return {"difference": self.figure(), "scores": task_scores_figure(self)}
+
+
+def _answer_text(row: pd.Series) -> str:
+    """One answer as the samples page shows it: the response, each filter's extracted answer after it."""
+    filters = [f"{c[7:-1]}: {row[c]}" for c in row.index if c.startswith("answer[") and isinstance(row[c], str)]
+    return str(row["response"] or "") + ("".join(f"\n[{f}]" for f in filters))
 
 
 def _effects_table(
@@ -344,6 +425,7 @@ def _run(
     weights: str | None,
 ) -> dict[str, Any]:
     from lm_eval.evaluator import simple_evaluate
+    from sqlitedict import SqliteDict
 
     from lens_parallel.downstream.lm import EditedLM
 
@@ -359,24 +441,49 @@ def _run(
         progress=opts.progress,
         desc=desc,
     )
-    out = simple_evaluate(
-        model=lm,
-        use_cache=None
-        if weights is None
-        else f"{opts.store}-{_fingerprint(model, edits, opts, s, weights=weights, probe=lm.tok_encode('Hello world'))}",
-        tasks=list(task_objects.values()),
-        limit=limit,
-        bootstrap_iters=0,
-        log_samples=True,
-        fewshot_random_seed=s.fewshot_seed,
-        task_manager=manager,
-        verbosity="ERROR",
-        confirm_run_unsafe_code=s.allow_code_execution,
-        apply_chat_template=s.apply_chat_template,
-        fewshot_as_multiturn=s.fewshot_as_multiturn,
-    )
+    with contextlib.ExitStack() as stack:
+        if weights is not None:
+            table = _fingerprint(model, edits, opts, s, weights=weights, probe=lm.tok_encode("Hello world"))
+            store = SqliteDict(str(opts.store), tablename=f"requests_{table}", autocommit=True)
+            stack.callback(store.close)
+            lm.attach_store(store)
+        stack.enter_context(compat.lm_eval_quietly())
+        out = simple_evaluate(
+            model=lm,
+            tasks=list(task_objects.values()),
+            limit=limit,
+            bootstrap_iters=0,
+            log_samples=True,
+            fewshot_random_seed=s.fewshot_seed,
+            task_manager=manager,
+            verbosity="ERROR",
+            confirm_run_unsafe_code=s.allow_code_execution,
+            apply_chat_template=s.apply_chat_template,
+            fewshot_as_multiturn=s.fewshot_as_multiturn,
+        )
     assert out is not None
-    return dict(out)
+    return dict(out) | {"cut": _cut_items(out["samples"], task_objects, lm.cut)}
+
+
+def _cut_items(
+    samples: dict[str, list[dict[str, Any]]], task_objects: dict[str, Any], cut: dict[str, int]
+) -> dict[str, tuple[int, int, tuple[int, ...]]]:
+    """Per task, how many items had a context cut to fit the model, out of how many, and the lengths in tokens the
+    contexts were cut to (from the requests the model recorded as cut: :attr:`EditedLM.cut`)."""
+    from lm_eval.api.model import hash_args
+
+    out = {}
+    for task, rows in samples.items():
+        kind = task_objects[task].OUTPUT_TYPE
+        request = "loglikelihood" if kind == "multiple_choice" else kind
+        items: dict[int, int] = {}
+        for row in rows:
+            for args in row["arguments"]:
+                kept = cut.get(hash_args(request, args))
+                if kept is not None:
+                    items[int(row["doc_id"])] = kept
+        out[task] = (len(items), len({int(r["doc_id"]) for r in rows}), tuple(sorted(set(items.values()))))
+    return out
 
 
 @contextlib.contextmanager
@@ -426,6 +533,12 @@ def task_effects(
     s, opts = resolve(TaskSettings, settings, options, protocol, changes)
     named = named_edits(edits)
     plan, preset = resolve_tasks(tasks)
+    lengths = s.max_seq_lengths or (preset.max_seq_lengths if preset is not None else None) or RULER_LENGTHS
+    _check_for_model(model, s, [name for name, _ in plan], lengths)
+    for edits in named.values():  # each edit checked against the model now, not after the baseline's run
+        compile_hooks(model, edits)
+    if opts.store is not None:
+        check_writable(opts.store, "store")
     check_task_names([name for name, _ in plan])
     unsafe = code_executing([name for name, _ in plan])
     left_out: list[str] = []
@@ -440,15 +553,7 @@ def task_effects(
         why = "runs the code the model writes: pass allow_code_execution=True"
         warnings.warn(f"{', '.join(left_out)} left out of the preset: {why}", stacklevel=2)
     limit = s.limit if s.limit is not None else None if preset is None else preset.limit
-    lengths = s.max_seq_lengths or (preset.max_seq_lengths if preset is not None else None) or RULER_LENGTHS
     metadata = ruler_metadata([name for name, _ in plan], hf_tokenizer(model), lengths)
-    for edits in named.values():  # each edit checked against the model now, not after the baseline's run
-        compile_hooks(model, edits)
-    if s.apply_chat_template and not getattr(hf_tokenizer(model), "chat_template", None):
-        raise LensParallelError(
-            f"{model_info(model).name}'s tokenizer has no chat template: run without apply_chat_template (a base "
-            "model's tokenizer often has none)"
-        )
     weights = None if opts.store is None else weights_digest(model)  # once: it reads every weight
     runs = {}
     with _code_execution(s.allow_code_execution):  # lm-eval's code tasks check code execution as they load
@@ -462,11 +567,11 @@ def task_effects(
     pooled = {name: parts for name, parts in reported if name not in task_objects}
     scored = {name: _pooled([leaf[t] for t in parts]) if name in pooled else leaf[name] for name, parts in reported}
     names = tuple(scored)
-    doc_ids = {t: x.doc_ids for t, x in scored.items()}
     values = {f"{t}|{label}": v for t, x in scored.items() for label, v in x.values.items()}
     aggregations = {f"{t}|{label}": agg for t, x in scored.items() for label, agg in x.aggregations.items()}
     scores = {t: x.scores for t, x in scored.items()}
     effects = _effects_table(names, setting_names, values, aggregations, scores, n_resamples=s.n_resamples, seed=s.seed)
+    truncated = _warn_cut(model, runs, reported)
     import lm_eval
 
     configs = runs[UNEDITED]["configs"]
@@ -487,6 +592,7 @@ def task_effects(
         tasks=[list(p) for p in plan],
         left_out=left_out,
         limit=limit,
+        truncated=truncated,
         edits={k: [describe_edit(e) for e in v] for k, v in named.items()},
     )
     n_shot = runs[UNEDITED]["n-shot"]
@@ -494,13 +600,61 @@ def task_effects(
         tasks=names,
         settings=setting_names,
         shots={t: int(n_shot[pooled[t][0]] if t in pooled else n_shot[t]) for t in names},
-        doc_ids=doc_ids,
+        doc_ids={t: x.doc_ids for t, x in scored.items()},
         values=values,
         aggregations=aggregations,
         scores=scores,
         effects=effects,
+        truncated=truncated,
+        contexts={t: x.contexts for t, x in scored.items()},
+        answers={t: x.answers for t, x in scored.items()},
         provenance=provenance,
     )
+
+
+def _check_for_model(model: TransformerBridge, s: TaskSettings, names: Sequence[str], lengths: Sequence[int]) -> None:
+    """The settings that depend on the model, checked before any task loads: ``max_gen_toks`` must leave room for a
+    context, RULER's lengths must fit the model's context (a length that was not run is never reported), a chat
+    template must exist where asked for."""
+    info, n_ctx = model_info(model), int(model.cfg.n_ctx)
+    if s.max_gen_toks is not None and s.max_gen_toks >= n_ctx:
+        raise LensParallelError(
+            f"max_gen_toks={s.max_gen_toks:,} leaves no room for a context in {info.name}'s {n_ctx:,} tokens: give "
+            f"at most {n_ctx - 1:,}"
+        )
+    ruler = [n for n in names if n in RULER_SYNTHETIC | RULER_ONLINE]
+    too_long = [length for length in lengths if length > n_ctx]
+    if ruler and too_long:
+        raise LensParallelError(
+            f"RULER at {', '.join(f'{x:,}' for x in too_long)} tokens cannot run on {info.name}, whose context is "
+            f"{n_ctx:,} tokens: the longest length it can serve is {n_ctx:,} (max_seq_lengths=({n_ctx},))"
+        )
+    if s.apply_chat_template and not getattr(hf_tokenizer(model), "chat_template", None):
+        raise LensParallelError(
+            f"{info.name}'s tokenizer has no chat template: run without apply_chat_template (a base model's "
+            "tokenizer often has none)"
+        )
+
+
+def _warn_cut(
+    model: TransformerBridge, runs: dict[str, Any], reported: Sequence[tuple[str, tuple[str, ...]]]
+) -> dict[str, dict[str, int]]:
+    """Per reported task (a pooled group: its members summed) and setting, the items whose context was cut to fit
+    the model; one warning line per task with any (the counts are the unedited run's)."""
+    out: dict[str, dict[str, int]] = {}
+    for name, parts in reported:
+        out[name] = {k: sum(run["cut"][t][0] for t in parts) for k, run in runs.items()}
+        n_cut = out[name][UNEDITED]
+        if n_cut:
+            total = sum(runs[UNEDITED]["cut"][t][1] for t in parts)
+            kept = sorted({x for t in parts for x in runs[UNEDITED]["cut"][t][2]})
+            to = f"{kept[0]:,}" if len(kept) == 1 else f"{kept[0]:,}-{kept[-1]:,}"
+            warnings.warn(
+                f"{n_cut:,} of {total:,} {name} contexts were cut to {to} tokens (to fit "
+                f"{model_info(model).name}'s context of {int(model.cfg.n_ctx):,} tokens with the answer)",
+                stacklevel=3,
+            )
+    return out
 
 
 def _task_description(task: str, config: Any, n_items: int, shots: int) -> dict[str, Any]:
@@ -523,7 +677,24 @@ def _load_tasks(
     its members' items (:func:`_poolable`) or as its members one by one."""
     local = any(name in LOCAL_TASKS for name, _ in plan)
     manager = task_manager(task_definitions() if local else None, metadata)
-    loaded = manager.load([name for name, _ in plan])
+    offline = any(name not in LOCAL_TASKS for name, _ in plan) and hub_offline()
+    loaded: dict[str, dict[str, Any]] = {"tasks": {}, "groups": {}}
+    unreachable = []
+    if metadata is not None:
+        compat.import_ruler_without_download()
+    with compat.hub_offline_mode(offline), drop_printed_lines(RULER_PROGRESS_LINE):
+        for name, _ in plan:  # one at a time: every task whose data cannot be reached is named
+            try:
+                part = manager.load([name])
+            except (ConnectionError, OSError):
+                if not offline:
+                    raise
+                unreachable.append(name)
+                continue
+            for key in loaded:
+                loaded[key] |= part.get(key, {})
+    if unreachable:
+        raise EnvironmentFailure(unreachable_message(unreachable))
     out: dict[str, Any] = {}
     reported: list[tuple[str, tuple[str, ...]]] = []
     for name, shots in plan:
@@ -556,6 +727,8 @@ class _Scored:
     values: dict[str, np.ndarray]
     aggregations: dict[str, str]
     scores: dict[str, dict[str, float]]
+    contexts: list[str]
+    answers: dict[str, list[Any]]
 
 
 def _scored(task: str, task_object: Any, runs: dict[str, Any], settings: Sequence[str]) -> _Scored:
@@ -578,7 +751,8 @@ def _scored(task: str, task_object: Any, runs: dict[str, Any], settings: Sequenc
             values[label] = np.stack([_item_values(per_setting[k], metric) for k in settings])
             aggregations[label] = getattr(agg, "__name__", str(agg))
             scores[label] = {k: float(runs[k]["results"][task][f"{metric},{flt}"]) for k in settings}
-    return _Scored(doc_ids, values, aggregations, scores)
+    contexts, answers = task_answers(task_object, {k: runs[k]["samples"][task] for k in settings}, settings)
+    return _Scored(doc_ids, values, aggregations, scores, contexts, answers)
 
 
 def _pooled(members: Sequence[_Scored]) -> _Scored:
@@ -587,9 +761,19 @@ def _pooled(members: Sequence[_Scored]) -> _Scored:
     labels = [label for label in members[0].values if all(label in m.values for m in members)]
     values = {label: np.concatenate([m.values[label] for m in members], axis=1) for label in labels}
     settings = list(members[0].scores[labels[0]]) if labels else []
+    offsets = np.cumsum([0] + [len(m.contexts) for m in members])
+    columns = list(dict.fromkeys(c for m in members for c in m.answers))
+    answers: dict[str, list[Any]] = {c: [] for c in columns}
+    for m, offset in zip(members, offsets, strict=False):
+        n = len(m.answers["item"])
+        for c in columns:
+            got = m.answers.get(c, [None] * n)
+            answers[c] += [int(i) + int(offset) for i in got] if c == "item" else list(got)
     return _Scored(
         doc_ids=np.arange(sum(len(m.doc_ids) for m in members)),
         values=values,
         aggregations=dict.fromkeys(labels, "mean"),
         scores={label: {k: float(values[label][i].mean()) for i, k in enumerate(settings)} for label in labels},
+        contexts=[c for m in members for c in m.contexts],
+        answers=answers,
     )

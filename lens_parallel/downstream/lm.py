@@ -20,19 +20,21 @@ EOS), the maximum length the model's context.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jinja2
 import torch
 from lm_eval import utils as lm_utils
-from lm_eval.api.model import TemplateLM
+from lm_eval.api.model import TemplateLM, hash_args
 from lm_eval.models import utils as lm_models_utils
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import compat
-from lens_parallel.edits import Edit, compile_hooks
+from lens_parallel.edits import Edit, check_decode_safe, compile_hooks
 from lens_parallel.errors import LensParallelError
+from lens_parallel.generation.decode import Sampling, decode_batch, end_of_sequence
 from lens_parallel.hooks import forward
 from lens_parallel.losses import scored_rows, unembedding
 from lens_parallel.models import model_info
@@ -73,6 +75,17 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         self.unembed = unembedding(model)
         self._device = next(model.parameters()).device
         self.desc = desc
+        self.store: Any = None
+        self.cut: dict[str, int] = {}
+        """Requests whose context was cut to fit the model (lm-eval's ``hash_args`` of the request -> the tokens of
+        context kept), counted for every request asked for, stored answers included."""
+
+    def attach_store(self, store: Any) -> None:
+        """Keep every answer in ``store`` (a mapping: a ``SqliteDict`` table, committed as written) under lm-eval's
+        ``hash_args`` of its request, as each batch finishes, and read answers found there instead of computing them
+        (greedy generations only, as lm-eval's own request cache)."""
+        self.store = store
+        self.set_cache_hook(_StoreHook(store))
 
     @property
     def eot_token_id(self) -> int:
@@ -126,17 +139,31 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
                 out.append([i])
         return out
 
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """lm-eval's tokenisation of each (context, continuation), then :meth:`_loglikelihood_tokens`."""
+        return list(super().loglikelihood(requests, disable_tqdm=disable_tqdm or not self.progress))
+
     def _loglikelihood_tokens(self, requests: list[TokenRequest], **kwargs: Any) -> list[tuple[float, bool]]:
         """(sum of log-probabilities of the continuation, whether every continuation token is the argmax) per
-        request: the input is (context + continuation)[-(max_length + 1):][:-1], as lm-eval's ``hf`` model."""
+        request: the input is (context + continuation)[-(max_length + 1):][:-1], as lm-eval's ``hf`` model (a
+        request whose context loses tokens so is recorded in :attr:`cut`). Answers in the store are read, not
+        computed; each computed one goes to the store as its batch finishes."""
         inputs = [(ctx + cont)[-(self.max_length + 1) :][:-1] for _, ctx, cont in requests]
-        for (_, _, cont), inp in zip(requests, inputs, strict=True):
+        results: list[tuple[float, bool] | None] = [None] * len(requests)
+        for i, ((key, ctx, cont), inp) in enumerate(zip(requests, inputs, strict=True)):
             if not cont or len(cont) > len(inp):
                 raise LensParallelError(f"a continuation of {len(cont)} tokens does not fit {self.max_length} tokens")
+            if key is None:
+                continue
+            hashed = hash_args("loglikelihood", key)
+            if len(ctx) + len(cont) > self.max_length + 1:
+                self.cut[hashed] = self.max_length + 1 - len(cont)
+            if self.store is not None and hashed in self.store:
+                results[i] = (float(self.store[hashed][0]), bool(self.store[hashed][1]))
+        todo = [i for i, r in enumerate(results) if r is None]
         lengths = [len(x) for x in inputs]
-        order = sorted(range(len(requests)), key=lambda i: -lengths[i])
-        results: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
-        bar = tqdm(total=len(requests), desc=self.desc, disable=not self.progress or kwargs.get("disable_tqdm"))
+        order = sorted(todo, key=lambda i: -lengths[i])
+        bar = tqdm(total=len(todo), desc=self.desc, disable=not self.progress or kwargs.get("disable_tqdm"))
         for batch in self._batches(order, lengths):
             width = lengths[batch[0]]
             tokens = torch.full((len(batch), width), self.eot_token_id, dtype=torch.long)
@@ -162,7 +189,7 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
                 start += n
             bar.update(len(batch))
         bar.close()
-        return results
+        return [r for r in results if r is not None]
 
     def rolling_windows(self, string: str) -> list[tuple[list[int], list[int]]]:
         """lm-eval's disjoint rolling windows of ``string`` (as its ``hf`` model cuts them): (context,
@@ -176,62 +203,82 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         return [lm_utils.make_disjoint_window(w) for w in rolling]
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
-        """The log-likelihood of each whole string, over lm-eval's disjoint rolling windows of ``max_length``."""
+        """The log-likelihood of each whole string, over lm-eval's disjoint rolling windows of ``max_length`` (a
+        string in the store is read, not computed)."""
         windows: list[TokenRequest] = []
         counts = []
-        for (string,) in (req.args for req in requests):
-            found: list[TokenRequest] = [(None, *w) for w in self.rolling_windows(string)]
+        stored: dict[int, float] = {}
+        for i, req in enumerate(requests):
+            hashed = hash_args("loglikelihood_rolling", req.args)
+            if self.store is not None and hashed in self.store:
+                stored[i] = float(self.store[hashed])
+                continue
+            found: list[TokenRequest] = [(None, *w) for w in self.rolling_windows(req.args[0])]
             windows += found
             counts.append(len(found))
         scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)
-        out, start = [], 0
-        for req, n in zip(requests, counts, strict=True):
+        out, start, fresh = [], 0, iter(counts)
+        for i, req in enumerate(requests):
+            if i in stored:
+                out.append(stored[i])
+                continue
+            n = next(fresh)
             total = sum(s for s, _ in scores[start : start + n])
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
             out.append(total)
             start += n
         return out
 
-    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        """Each request's continuation with lm-eval's ``hf`` semantics: its generation kwargs normalised by lm-eval
-        (``max_gen_toks``, default 256, or this model's ``max_gen_toks`` where given; greedy unless ``do_sample``),
-        the EOS text added to its ``until`` strings, the context left-truncated to ``max_length - max_gen_toks``
-        tokens, the text cut at the first stop string (lm-eval's ``postprocess_generated_text``). Requests with the
-        same kwargs run in batches, longest first, KV-cached with the edits at every step
-        (:mod:`lens_parallel.generation.decode`; every edit must be decode-safe); each finished answer goes to
-        lm-eval's request cache at once (resumable)."""
-        from lens_parallel.edits import check_decode_safe
-        from lens_parallel.generation.decode import Sampling, decode_batch, end_of_sequence
+    def plan_generation(self, context: str, gen_kwargs: dict[str, Any]) -> GenerationPlan:
+        """How one ``generate_until`` request runs, with lm-eval's ``hf`` semantics: its generation kwargs
+        normalised by lm-eval (``max_gen_toks``, default 256, or this model's ``max_gen_toks`` where given; greedy
+        unless ``do_sample``), the EOS text added to its ``until`` strings, the context left-truncated to
+        ``max_length - max_gen_toks`` tokens."""
+        kwargs = lm_models_utils.normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+        if self.gen_toks_override:
+            kwargs["max_gen_toks"] = self.max_gen_toks
+        until = lm_models_utils.handle_stop_sequences(
+            kwargs.pop("until", None), eos=self.tokenizer.decode(self.eot_token_id)
+        )
+        max_gen = int(kwargs.pop("max_gen_toks"))
+        if max_gen >= self.max_length:
+            raise LensParallelError(f"max_gen_toks {max_gen} leaves no room for a context in {self.max_length}")
+        do_sample = bool(kwargs.pop("do_sample", False))
+        temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
+        sampling = Sampling(do_sample, temperature if do_sample else 1.0, float(kwargs.pop("top_p", 1.0)))
+        ids = self.tok_encode(context)
+        room = self.max_length - max_gen
+        return GenerationPlan(ids[-room:], tuple(until), max_gen, sampling, room if len(ids) > room else None)
 
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        """Each request's continuation (:meth:`plan_generation`; a request whose context was cut is recorded in
+        :attr:`cut`), the text cut at the first stop string (lm-eval's ``postprocess_generated_text``). Requests
+        with the same kwargs run in batches, longest first, KV-cached with the edits at every step
+        (:mod:`lens_parallel.generation.decode`; every edit must be decode-safe); a greedy answer in the store is
+        read, not computed, and each finished answer goes to the store at once (resumable). Progress: one step
+        per request finished."""
         check_decode_safe(self.edits, model_info(self.model))
-        eos_text = self.tokenizer.decode(self.eot_token_id)
         eos_ids = end_of_sequence(self.model, self.tokenizer)
-        planned = []
-        for context, gen_kwargs in (req.args for req in requests):
-            kwargs = lm_models_utils.normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
-            if self.gen_toks_override:
-                kwargs["max_gen_toks"] = self.max_gen_toks
-            until = lm_models_utils.handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
-            max_gen = int(kwargs.pop("max_gen_toks"))
-            if max_gen >= self.max_length:
-                raise LensParallelError(f"max_gen_toks {max_gen} leaves no room for a context in {self.max_length}")
-            do_sample = bool(kwargs.pop("do_sample", False))
-            temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
-            sampling = Sampling(do_sample, temperature if do_sample else 1.0, float(kwargs.pop("top_p", 1.0)))
-            ids = self.tok_encode(context)[-(self.max_length - max_gen) :]
-            planned.append((ids, tuple(until), max_gen, sampling))
+        planned = [self.plan_generation(*req.args) for req in requests]
+        results: list[str | None] = [None] * len(requests)
         groups: dict[tuple[Any, ...], list[int]] = {}
-        for i, (_, until, max_gen, sampling) in enumerate(planned):
-            groups.setdefault((until, max_gen, sampling), []).append(i)
-        results = [""] * len(requests)
-        bar = tqdm(total=len(requests), desc=self.desc, disable=not self.progress or disable_tqdm)
+        for i, (req, plan) in enumerate(zip(requests, planned, strict=True)):
+            hashed = hash_args("generate_until", req.args)
+            if plan.cut_to is not None:
+                self.cut[hashed] = plan.cut_to
+            if self.store is not None and not plan.sampling.do_sample and hashed in self.store:
+                results[i] = str(self.store[hashed])
+                continue
+            groups.setdefault((plan.until, plan.max_gen, plan.sampling), []).append(i)
+        todo = sum(len(members) for members in groups.values())
+        bar = tqdm(total=todo, desc=self.desc, disable=not self.progress or disable_tqdm)
         for (until, max_gen, sampling), members in groups.items():
-            members.sort(key=lambda i: -len(planned[i][0]))
+            members.sort(key=lambda i: -len(planned[i].ids))
             for k in range(0, len(members), self.batch_size):
                 batch = members[k : k + self.batch_size]
                 decoded = decode_batch(
                     self.model,
-                    [planned[i][0] for i in batch],
+                    [planned[i].ids for i in batch],
                     self.hooks,
                     max_new_tokens=max_gen,
                     sampling=sampling,
@@ -240,11 +287,35 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
                     unembed=self.unembed,
                     indices=batch,
                     eos=eos_ids,
+                    advance=lambda tokens, rows: bar.update(rows),
                 )
                 for i, d in zip(batch, decoded, strict=True):
                     text = self.tokenizer.decode(list(d.tokens), skip_special_tokens=True)
                     results[i] = lm_models_utils.postprocess_generated_text(text, list(until), None)
                     self.cache_hook.add_partial("generate_until", requests[i].args, results[i])
-                bar.update(len(batch))
         bar.close()
-        return results
+        return [r for r in results if r is not None]
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """One ``generate_until`` request as it runs: the context's token ``ids`` (after any cut), the ``until``
+    strings, ``max_gen`` tokens at most, the ``sampling``, and ``cut_to``: the tokens kept of a context that was cut
+    to fit the model (None: whole)."""
+
+    ids: list[int]
+    until: tuple[str, ...]
+    max_gen: int
+    sampling: Sampling
+    cut_to: int | None
+
+
+class _StoreHook:
+    """lm-eval's cache hook, writing each finished answer into a request store (a ``SqliteDict`` table, committed
+    as it is written) under lm-eval's ``hash_args`` of the request."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def add_partial(self, attr: str, req: Any, res: Any) -> None:
+        self.store[hash_args(attr, req)] = res

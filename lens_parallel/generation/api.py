@@ -44,7 +44,9 @@ class GenerateSettings:
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature (> 0)"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling: the smallest top set of this mass"})
     seed: int = field(default=0, metadata={"help": "seed of the sampling (each prompt its own generator)"})
-    stop: tuple[str, ...] = field(default=(), metadata={"help": "stop strings (cut from the text)"})
+    stop: tuple[str, ...] | None = field(
+        default=(), metadata={"help": "stop strings (cut from the text)", "none": "none"}
+    )
     add_bos_token: bool | None = field(
         default=None, metadata={"help": "prepend BOS to each prompt", "none": "the tokenizer's default"}
     )
@@ -279,7 +281,7 @@ def generate(
         )
         for job in jobs:
             if job.key in done:
-                results[job.setting][job.prompt] = _restored(done[job.key], tokenizer, s.stop)
+                results[job.setting][job.prompt] = _restored(done[job.key], tokenizer, s.stop or ())
                 bar.update(s.max_new_tokens)
         for name in named:
             for batch in batches:
@@ -291,7 +293,7 @@ def generate(
                     hooks[name],
                     max_new_tokens=s.max_new_tokens,
                     sampling=s.sampling,
-                    stop=s.stop,
+                    stop=s.stop or (),
                     tokenizer=tokenizer,
                     unembed=unembed,
                     indices=batch,

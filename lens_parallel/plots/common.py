@@ -24,10 +24,15 @@ def png_failure(exc: Exception) -> str:
     return reason
 
 
+_PNG_FAILURES_SAID: set[str] = set()
+"""Why PNGs could not be written, each said once per process."""
+
+
 def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
     """Write ``stem.html`` (plotly.js inlined: opens offline) and, when kaleido finds a Chrome/Chromium,
     ``stem.png`` (:func:`~lens_parallel.plots.png.png_bytes`: one browser kept for the process); returns the files
-    written (a missing PNG renderer, or a failed render, is reported on stderr, not raised)."""
+    written (a missing PNG renderer, or a failed render, is reported on stderr once per process and reason, not
+    raised; the files written say which figures have a PNG)."""
     stem = Path(stem)
     html, png = add_suffix(stem, ".html"), add_suffix(stem, ".png")
     written = [check_writable(html, "figure")]
@@ -38,7 +43,10 @@ def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
     try:
         image = png_bytes(fig, scale=2.0)
     except Exception as exc:  # no kaleido, no Chrome/Chromium, a failed render: the HTML stands
-        print(f"(no PNG for {stem.name}: {png_failure(exc)}; the HTML has the figure)", file=sys.stderr)
+        reason = png_failure(exc)
+        if reason not in _PNG_FAILURES_SAID:
+            _PNG_FAILURES_SAID.add(reason)
+            print(f"(no PNG for {stem.name}: {reason}; the HTML has the figure)", file=sys.stderr)
         return written
     try:
         png.write_bytes(image)

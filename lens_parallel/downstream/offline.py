@@ -1,0 +1,61 @@
+"""Whether the Hugging Face hub can be reached (found once per process), and the offline task standing in for an
+lm-eval task whose data live on the hub.
+
+Offline, ``datasets`` retries the hub for about a minute before failing with a traceback. :func:`hub_offline`
+answers at once (``HF_HUB_OFFLINE``, else one connection attempt to the hub's endpoint with a short timeout), and
+while it says offline the task loading runs with the hub switched off
+(:func:`lens_parallel.compat.hub_offline_mode`: the ``datasets`` cache, else one error per task), so a task whose
+data cannot be reached is named at once, with its offline alternative where there is one (:func:`alternative`).
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+from urllib.parse import urlparse
+
+from lens_parallel.downstream.data import LOCAL_TASKS
+
+HUB_TIMEOUT_S = 3.0
+"""How long the one connection attempt to the hub may take before the hub counts as unreachable."""
+
+STAND_INS = {"gsm8k": "gsm8k_cot", "nq_open": "nq_open_validation_shots"}
+"""lm-eval tasks whose offline alternative is another task than theirs on another split: GSM8K's test items with
+``gsm8k_cot``'s 8 fixed exemplars; NQ-Open with its shots drawn from validation (no training split ships)."""
+
+
+@functools.cache
+def hub_offline() -> bool:
+    """Whether the Hugging Face hub cannot be reached: ``HF_HUB_OFFLINE`` set, or no connection to its endpoint
+    (``HF_ENDPOINT``, default huggingface.co) within :data:`HUB_TIMEOUT_S`. Asked once per process."""
+    import huggingface_hub.constants
+
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        return True
+    url = urlparse(huggingface_hub.constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "huggingface.co", port), timeout=HUB_TIMEOUT_S).close()
+    except OSError:
+        return True
+    return False
+
+
+def alternative(task: str) -> str | None:
+    """The offline task that stands in for lm-eval's ``task`` (the same task on the split that ships, or
+    :data:`STAND_INS`), None where there is none."""
+    if task in STAND_INS:
+        return STAND_INS[task]
+    return next((name for name, local in LOCAL_TASKS.items() if local.base == task and name != task), None)
+
+
+def unreachable_message(tasks: list[str]) -> str:
+    """One line naming the ``tasks`` whose data could not be reached offline, and the alternatives."""
+    pairs = [f"{t} -> {alt}" for t in tasks if (alt := alternative(t))]
+    none = [t for t in tasks if alternative(t) is None]
+    parts = [f"offline alternatives: {', '.join(pairs)}"] if pairs else []
+    parts += [f"none for {', '.join(none)}"] if none else []
+    return (
+        f"the Hugging Face hub cannot be reached and the data of {', '.join(tasks)} are not in the datasets cache; "
+        + "; ".join(parts)
+    )
