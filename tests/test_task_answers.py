@@ -173,3 +173,47 @@ def test_offline_alternatives_are_the_local_tasks_of_the_same_name():
     assert offline.alternative("arc_easy") == "arc_easy_validation" and offline.alternative("piqa") is None
     assert offline.alternative("gsm8k") == "gsm8k_cot" and offline.alternative("drop") is None
     assert json.loads(json.dumps(offline.STAND_INS)) == offline.STAND_INS
+
+
+def test_a_run_outside_a_checkout_prints_no_git_error(monkeypatch, tmp_path, capfd):
+    monkeypatch.chdir(tmp_path)  # not a git repository: lm-eval's ``git describe`` would say "fatal: ..."
+    result = task_effects(get_model("toy-gpt2"), (), [("copa", 0)], limit=2, n_resamples=20, progress=False)
+    assert result.scores["copa"]["acc"]["unedited"] in (0.0, 0.5, 1.0)
+    assert "fatal" not in capfd.readouterr().err
+
+
+def test_ruler_is_imported_without_an_nltk_download_or_its_false_report(monkeypatch, capsys):
+    import sys
+
+    import nltk
+
+    from lens_parallel import compat
+
+    real_find = nltk.data.find
+
+    def missing(resource, *args, **kwargs):
+        if resource == "tokenizers/punkt_tab":
+            raise LookupError(resource)
+        return real_find(resource, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "lm_eval.tasks.ruler.prepare_niah", raising=False)
+    monkeypatch.setattr(nltk.data, "find", missing)
+    monkeypatch.setattr(nltk, "download", _no_forward)  # any download attempt fails the test
+    compat.import_ruler_without_download()
+    assert "lm_eval.tasks.ruler.prepare_niah" in sys.modules and nltk.data.find is missing
+    assert "punkt_tab" not in capsys.readouterr().out
+
+
+def test_printed_lines_are_dropped_by_pattern_and_every_other_line_passes(capsys):
+    import re
+
+    from lens_parallel.logs import RULER_PROGRESS_LINE, drop_printed_lines
+
+    with drop_printed_lines(RULER_PROGRESS_LINE):
+        print("Max length 4096 | Current length 1234 | Noises: 5")
+        print("kept line")
+        print("Max length 512 | Current length 600 | Noises: 1\nalso kept", end="")
+    assert capsys.readouterr().out == "kept line\nalso kept"
+    with drop_printed_lines(re.compile("x")):
+        print("Max length 4096 | Current length 1234")
+    assert capsys.readouterr().out == "Max length 4096 | Current length 1234\n"
