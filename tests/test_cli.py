@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import html
 import json
 import os
 import shlex
@@ -174,11 +175,18 @@ def test_generate_subcommand_continues_prompts_from_the_line_and_a_file(tmp_path
         "value:s_par=0",
         "--max-new-tokens",
         "4",
+        "--store",
+        str(out / "generate_store.jsonl"),
         "--out",
         str(out),
     )
     assert proc.returncode == 0, proc.stderr
     frame = pd.read_csv(out / "generate.csv")
+    page = (out / "generate_texts.html").read_text()  # the texts side by side, each prompt a row
+    unedited = frame[frame["setting"] == "unedited"]
+    assert page.count("<tr>") == 1 + 3 and all(f"<td>{html.escape(p)}</td>" in page for p in unedited["prompt"])
+    assert all(f"<td>{html.escape(t)}</td>" in page for t in unedited["text"].fillna(""))
+    assert len((out / "generate_store.jsonl").read_text().splitlines()) == 1 + 3 * 2  # header, prompts x settings
     assert list(frame["prompt"].unique()) == ["1, 2, 3,", "Once upon a time", "The capital of France is"]
     assert list(frame["setting"].unique()) == ["unedited", "value:s_par=0"] and (frame["n_tokens"] <= 4).all()
     meta = json.loads((out / "generate.json").read_text())
