@@ -81,7 +81,7 @@ def main() -> None:
             args.preset,
             limit=args.limit,
             batch_size=args.batch_size,
-            store=args.out / f"{spec}-requests",
+            store=args.out / f"{spec}-requests.sqlite",
             progress=False,
         )
         wall = time.perf_counter() - start

@@ -12,9 +12,11 @@ generated tokens of every prompt. Goals (the issue's): unedited within 1.5x of H
 
 GSM8K: ``task_effects`` on the offline ``gsm8k_cot`` (lm-eval's 8 fixed exemplars, test items) with ``--limit``
 items, unedited / value-parallel removal / attention-output (residual-attn) parallel removal / hard diagonal
-removal, greedy, ``--max-gen-toks`` tokens at most (lm-eval's default 256), exact match per item paired by McNemar.
+removal, greedy, ``--max-gen-toks`` tokens at most (lm-eval's default 256), exact match per item paired by McNemar;
+what each setting wrote on every item (``TaskResult.samples``) in ``--out`` as JSON lines and a page, the first
+item's answers printed.
 The paper's Qwen3-1.7B 5-shot numbers (68.0 unedited, 0.2 under attention-output parallel removal) are printed as
-context only: another model, shots and items. Resumable (lm-eval's request caches in ``--out``).
+context only: another model, shots and items. Resumable (the request store in ``--out``).
 """
 
 from __future__ import annotations
@@ -97,17 +99,24 @@ def gsm8k(spec: str, limit: int, max_gen_toks: int, out: Path) -> None:
         limit=limit,
         max_gen_toks=max_gen_toks,
         batch_size=4,
-        store=out / f"{spec}-gsm8k-requests",
+        store=out / f"{spec}-gsm8k-requests.sqlite",
         progress=False,
     )
     wall = time.perf_counter() - start
     result.save(out / f"{spec}-gsm8k")
     save_figure(result.figure(), out / f"{spec}-gsm8k")
+    samples = result.samples()
+    samples.to_json(out / f"{spec}-gsm8k-samples.jsonl", orient="records", lines=True, force_ascii=False)
+    (out / f"{spec}-gsm8k-samples.html").write_text(result.samples_html(), encoding="utf-8")
     table = in_points(result.differences())
     cols = ["metric", "setting", "n_items", "unedited %", "edited %", "diff pp", "95% CI pp", "p_mcnemar"]
     print(f"\n== GSM8K (gsm8k_cot, 8-shot, {limit} test items, <= {max_gen_toks} tokens): {spec}, {wall:.0f} s ==")
     print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     print("paper, Qwen3-1.7B, GSM8K 5-shot (context only):", PAPER_QWEN3_17B_GSM8K)
+    first = samples[samples["doc_id"] == samples["doc_id"].min()]
+    print(f"\nwhat each setting wrote for item {first['doc_id'].iloc[0]} (target {first['target'].iloc[0]!r}):")
+    for _, row in first.iterrows():
+        print(f"  {row['setting']:34s} {row['response'][:100]!r}")
 
 
 def main() -> None:

@@ -20,6 +20,8 @@ from lens_parallel.downstream.lm import EditedLM
 from lens_parallel.tokenizers import hf_tokenizer
 from tests.conftest import get_model
 
+pytestmark = pytest.mark.xdist_group("task_answers")  # one worker: the module's shared run is built once
+
 TASKS = [("copa", 0), ("lambada_openai", 0), "gsm8k_cot"]
 
 

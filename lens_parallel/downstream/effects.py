@@ -260,8 +260,8 @@ class TaskResult(ResultMixin):
 
     def samples_html(self, *, max_items: int | None = 50) -> str:
         """A self-contained page: per task, a table of items x settings (the item's short context and target, then
-        each setting's answer; an edited answer highlighted from where it departs from the unedited one), the first
-        ``max_items`` items of each task (None: all)."""
+        each setting's answer, ✓ / ✗ by the task's first 0/1 metric; an edited answer highlighted from where it
+        departs from the unedited one), the first ``max_items`` items of each task (None: all)."""
         frame = self.samples()
         parts = []
         for task in self.tasks:
@@ -313,9 +313,12 @@ class TaskResult(ResultMixin):
 
 
 def _answer_text(row: pd.Series) -> str:
-    """One answer as the samples page shows it: the response, each filter's extracted answer after it."""
+    """One answer as the samples page shows it: the response, each filter's extracted answer after it, and ✓ / ✗
+    for the item's first 0/1 metric (acc, exact match)."""
     filters = [f"{c[7:-1]}: {row[c]}" for c in row.index if c.startswith("answer[") and isinstance(row[c], str)]
-    return str(row["response"] or "") + ("".join(f"\n[{f}]" for f in filters))
+    binary = [c for c in row.index if c.split(",")[0] in BINARY_METRICS and pd.notna(row[c])]
+    mark = (" ✓" if row[binary[0]] == 1 else " ✗") if binary else ""
+    return str(row["response"] or "") + mark + "".join(f"\n[{f}]" for f in filters)
 
 
 def _effects_table(

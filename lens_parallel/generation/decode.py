@@ -205,8 +205,9 @@ def decode_batch(
                     advance(used, ended + (sum(f is None for f in finish) if last else 0))
                 if last:
                     break
-                fed = torch.tensor([[pad if finish[r] else t] for r, t in enumerate(chosen)], device=device)
-                decoding = torch.tensor([f is None for f in finish], device=device)
+                rows = [[pad, 0] if finish[r] else [t, 1] for r, t in enumerate(chosen)]  # one copy to the device
+                fed_and_decoding = torch.tensor(rows, device=device)
+                fed, decoding = fed_and_decoding[:, :1], fed_and_decoding[:, 1].bool()
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 positions = positions[:, -1:] + 1
                 logits = _step(model, fed, mask, positions, cache, unembed)
