@@ -33,6 +33,7 @@ import operator
 import os
 import sys
 import typing
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -683,9 +684,16 @@ COMMANDS: dict[str, Command] = _commands()
 
 def run(args: argparse.Namespace) -> int:
     """Run a parsed command line (:func:`lens_parallel.cli.main` parsed it): 0 when it ran, 2 and one line on
-    stderr for bad input, 3 and what failed for a failed environment; anything else keeps its traceback."""
+    stderr for bad input, 3 and what failed for a failed environment; anything else keeps its traceback. A warning
+    is one line on stderr too (``lens-parallel <command>: warning: ...``), without Python's file and source line."""
+
+    def one_line_warning(message: Warning | str, category: type[Warning], *rest: Any, **kwargs: Any) -> None:
+        print(f"lens-parallel {args.command}: warning: {_one_line(message)}", file=sys.stderr)
+
     try:
-        COMMANDS[args.command].run(Invocation(args.command, COMMANDS[args.command], args))
+        with warnings.catch_warnings():
+            warnings.showwarning = one_line_warning
+            COMMANDS[args.command].run(Invocation(args.command, COMMANDS[args.command], args))
     except LensParallelError as exc:  # bad input: one line
         print(f"lens-parallel {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -695,5 +703,5 @@ def run(args: argparse.Namespace) -> int:
     return 0  # anything else (LibraryError, a bug inside the package) shows its traceback
 
 
-def _one_line(exc: Exception) -> str:
+def _one_line(exc: object) -> str:
     return " ".join(str(exc).split())

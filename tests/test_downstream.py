@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -641,11 +642,25 @@ def test_ruler_tasks_get_the_tokenizer_and_lengths_and_online_ones_are_refused_o
         task_effects(get_model("toy-qwen2"), (), "long-context", max_seq_lengths=(0,))
 
 
+def long_context_toy(tmp_path: Path):
+    """toy-qwen2 with an 8,192-token context (its saved folder, max_position_embeddings raised): RULER's shortest
+    scored length, 4,096, fits it whole."""
+    from lens_parallel.models import load_model, toy_folder
+
+    folder = tmp_path / "toy-qwen2-8k"
+    shutil.copytree(toy_folder("toy-qwen2"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 8192}))
+    return load_model(str(folder))
+
+
 @pytest.mark.slow
-def test_the_long_context_preset_scores_ruler_items_at_the_length_asked_for(capsys):
-    model = get_model("toy-qwen2")
+def test_the_long_context_preset_scores_ruler_items_at_the_length_asked_for(capsys, tmp_path):
+    model = long_context_toy(tmp_path)
+    assert int(model.cfg.n_ctx) == 8192
     tasks = [("niah_single_1", 0), ("ruler_vt", 0)]
     result = task_effects(model, ZeroDiagonal(), tasks, limit=2, max_gen_toks=4, max_seq_lengths=(4096,))
+    assert result.truncated == {t: {"unedited": 0, "ZeroDiagonal": 0} for t, _ in tasks}  # run at 4,096 whole
     assert "Max length" not in capsys.readouterr().out  # RULER's line per haystack size tried: dropped
     df = result.to_dataframe()
     assert set(df.task) == {"niah_single_1", "ruler_vt"} and set(df.setting) == set(result.settings)

@@ -130,9 +130,23 @@ def test_ruler_beyond_the_models_context_is_refused_in_one_line_before_any_task_
     with pytest.raises(lp.LensParallelError) as refused:
         task_effects(get_model("toy-gpt2"), lp.ZeroDiagonal(), "long-context", limit=1)
     assert str(refused.value) == (
-        "RULER at 4,096 tokens cannot run on toy-gpt2, whose context is 512 tokens: the longest length it can serve "
-        "is 512 (max_seq_lengths=(512,))"
+        "RULER at 4,096 tokens cannot run on toy-gpt2, whose context is 512 tokens: RULER's shortest length is "
+        "4,096, so it can serve none"
     )
+    with pytest.raises(
+        lp.LensParallelError, match="max_seq_lengths 512: lm-eval's RULER tasks score only 4,096, 8,192"
+    ):
+        task_effects(get_model("toy-gpt2"), lp.ZeroDiagonal(), "long-context", max_seq_lengths=(512,))
+
+
+def test_the_scored_ruler_lengths_are_the_ones_every_ruler_task_declares():
+    from lens_parallel import compat
+    from lens_parallel.downstream import data
+
+    index = data.task_manager(None).task_index
+    for name in data.RULER_SYNTHETIC | data.RULER_ONLINE:
+        declared = [m["metric"] for m in compat.task_yaml(str(index[name].yaml_path))["metric_list"]]
+        assert tuple(int(m) for m in declared) == data.RULER_SCORED_LENGTHS, name
 
 
 def test_task_settings_are_typed_and_checked_before_any_task_loads(monkeypatch):
@@ -163,11 +177,15 @@ def test_the_general_preset_offline_is_one_line_naming_the_alternatives_and_exit
     monkeypatch.setattr(effects, "hub_offline", lambda: True)
     line = ["tasks", "--model", "toy-gpt2", "--tasks", "directional-decomposition-general", "--limit", "1"]
     assert main([*line, "--no-progress", "--out", str(tmp_path)]) == 3
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("lens-parallel tasks: could not run: the Hugging Face hub cannot be")
+    warned, failed = capsys.readouterr().err.strip().splitlines()  # each one line
+    assert warned == (
+        "lens-parallel tasks: warning: humaneval, mbpp left out of the preset: runs the code the model writes: pass "
+        "allow_code_execution=True"
+    )
+    assert failed.startswith("lens-parallel tasks: could not run: the Hugging Face hub cannot be reached")
     for pair in ("openbookqa -> openbookqa_validation", "gsm8k -> gsm8k_cot", "nq_open -> nq_open_validation_shots"):
-        assert pair in err[0]
-    assert "none for drop, bbh_cot_fewshot" in err[0] and "humaneval" not in err[0]  # left out: no code execution
+        assert pair in failed
+    assert "none for drop, bbh_cot_fewshot" in failed and "humaneval" not in failed  # left out: no code execution
     assert not list(tmp_path.glob("tasks*.json"))
 
 

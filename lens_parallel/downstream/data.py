@@ -374,6 +374,12 @@ SQuAD, HotpotQA): online only."""
 RULER_LENGTHS = (4096,)
 """RULER's default prompt length in tokens (lm-eval's ``DEFAULT_SEQ_LENGTHS``)."""
 
+RULER_SCORED_LENGTHS = (4096, 8192, 16384, 32768, 65536, 131072)
+"""The lengths lm-eval's RULER tasks score: each declares one metric per length (its ``metric_list``); an item of
+any other length gets a score no aggregate reads (lost), and every declared length without items aggregates to -1
+(``aggregate_metrics``: "no samples with this length"), so these are the only lengths a run may ask for, and a
+length not asked for is never reported (:func:`~lens_parallel.downstream.effects.task_effects`)."""
+
 
 RULER_ESSAYS = frozenset({"niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multiquery", "niah_multivalue"})
 """lm-eval's RULER tasks whose haystack is Paul Graham's essays, cut into sentences by NLTK's ``punkt_tab``."""

@@ -42,6 +42,7 @@ from lens_parallel.downstream.data import (
     OLMO_EVAL,
     RULER_LENGTHS,
     RULER_ONLINE,
+    RULER_SCORED_LENGTHS,
     RULER_SYNTHETIC,
     TaskMetadata,
     check_task_names,
@@ -81,7 +82,8 @@ class TaskSettings:
     task scored by running the code the model writes (lm-eval's ``unsafe_code``: HumanEval, MBPP) is refused unless
     ``allow_code_execution`` (then lm-eval's ``confirm_run_unsafe_code`` and Hugging Face's ``HF_ALLOW_CODE_EVAL=1``
     are set for the run). RULER's synthetic tasks build their prompts with the model's own tokenizer at
-    ``max_seq_lengths`` tokens (lm-eval's task metadata)."""
+    ``max_seq_lengths`` tokens (lm-eval's task metadata), of the lengths it scores
+    (:data:`~lens_parallel.downstream.data.RULER_SCORED_LENGTHS`), each at most the model's context."""
 
     num_fewshot: int | None = field(default=None, metadata={"help": "few-shot examples", "none": "the preset's"})
     limit: int | None = field(default=None, metadata={"help": "items per task", "none": "all (or the preset's)"})
@@ -113,7 +115,7 @@ class TaskSettings:
     max_seq_lengths: tuple[int, ...] | None = field(
         default=None,
         metadata={
-            "help": "RULER's synthetic tasks: the prompt lengths in tokens (its max_seq_lengths)",
+            "help": "RULER's synthetic tasks: the prompt lengths in tokens, of those it scores (4096, ..., 131072)",
             "none": "the preset's, else RULER's 4096",
         },
     )
@@ -128,7 +130,13 @@ class TaskSettings:
                 check_positive_int("max_seq_lengths", length)
             if not lengths:
                 raise LensParallelError("max_seq_lengths: give at least one length in tokens, e.g. (4096,)")
-            object.__setattr__(self, "max_seq_lengths", lengths)
+            unscored = [x for x in lengths if x not in RULER_SCORED_LENGTHS]
+            if unscored:
+                raise LensParallelError(
+                    f"max_seq_lengths {unscored[0]:,}: lm-eval's RULER tasks score only "
+                    f"{', '.join(f'{x:,}' for x in RULER_SCORED_LENGTHS)} tokens"
+                )
+            object.__setattr__(self, "max_seq_lengths", tuple(sorted(set(lengths))))
         if self.max_gen_toks is not None:
             check_positive_int("max_gen_toks", self.max_gen_toks)
         if self.num_fewshot is not None:
@@ -246,6 +254,8 @@ class TaskResult(ResultMixin):
         )
         front = ["task", "doc_id", "setting", "context", "target", "response"]
         merged = merged[front + [c for c in merged.columns if c not in front]]
+        typed = {"chosen": "Int64", "chosen_norm": "Int64", "is_greedy": "boolean"}  # absent on other tasks: <NA>
+        merged = merged.astype({c: t for c, t in typed.items() if c in merged.columns})
         key = merged["setting"].map(order)
         return merged.assign(_s=key).sort_values(["task", "doc_id", "_s"], kind="stable").drop(columns="_s")
 
@@ -628,9 +638,15 @@ def _check_for_model(model: TransformerBridge, s: TaskSettings, names: Sequence[
     ruler = [n for n in names if n in RULER_SYNTHETIC | RULER_ONLINE]
     too_long = [length for length in lengths if length > n_ctx]
     if ruler and too_long:
+        served = [x for x in RULER_SCORED_LENGTHS if x <= n_ctx]
+        longest = (
+            f"the longest RULER length it can serve is {served[-1]:,} (max_seq_lengths=({served[-1]},))"
+            if served
+            else f"RULER's shortest length is {RULER_SCORED_LENGTHS[0]:,}, so it can serve none"
+        )
         raise LensParallelError(
             f"RULER at {', '.join(f'{x:,}' for x in too_long)} tokens cannot run on {info.name}, whose context is "
-            f"{n_ctx:,} tokens: the longest length it can serve is {n_ctx:,} (max_seq_lengths=({n_ctx},))"
+            f"{n_ctx:,} tokens: {longest}"
         )
     if s.apply_chat_template and not getattr(hf_tokenizer(model), "chat_template", None):
         raise LensParallelError(
@@ -750,6 +766,8 @@ def _scored(task: str, task_object: Any, runs: dict[str, Any], settings: Sequenc
         for metric, agg in task_object.aggregation().items():
             if per_setting[UNEDITED] and metric not in per_setting[UNEDITED][0]:
                 continue  # RULER declares a metric per length (4096 ... 131072): only the lengths asked for are scored
+            if metric.isdigit() and all(row[metric] == -1 for k in settings for row in per_setting[k]):
+                continue  # RULER's items carry its default length as -1 ("no sample at this length"): not run
             label = metric if flt == "none" else f"{metric},{flt}"
             values[label] = np.stack([_item_values(per_setting[k], metric) for k in settings])
             aggregations[label] = getattr(agg, "__name__", str(agg))
