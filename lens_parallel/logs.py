@@ -18,9 +18,10 @@ those (``max_seq_lengths``, the tokenizer) itself. The sixth and seventh are lm-
 defined, but aggregation (higher_is_better) is not. using default ...`` for its own task definitions that leave the
 default implied (RTE, BoolQ, COPA): the defaults are what lm-eval's own command line uses.
 
-Beside the loggers, RULER's variable-tracking task prints one ``Max length ... | Current length ...`` line per
-haystack size it tries (with ``print``): :func:`drop_printed_lines` drops those lines from standard output while
-its tasks are built, and lets every other line through.
+Beside the loggers, RULER's variable-tracking task prints (with ``print``) one ``Max length ... | Current length
+...`` line per haystack size it tries, ``Num noises: N`` and ``reduces chain length for not enough noises``:
+:func:`drop_printed_lines` drops those lines from standard output while its tasks are built, and lets every other
+line through.
 
 Only records with exactly these messages are dropped; every other record of these loggers passes. Installed when
 this module is imported, which ``lens_parallel/__init__`` does first, before anything imports ``transformers``.
@@ -72,8 +73,11 @@ def quiet_known_notices() -> None:
     _drop("choreographer.channels.pipe", "JSONError decoding message", "Ignoring")
 
 
-RULER_PROGRESS_LINE = re.compile(r"^Max length \d+ \| Current length \d+")
-"""RULER's variable-tracking task's line per haystack size it tries."""
+RULER_PRINTED_LINE = re.compile(
+    r"^(Max length \d+ \| Current length \d+|Num noises: \d+$|reduces chain length for not enough noises$)"
+)
+"""What RULER's variable-tracking task prints while it sizes its haystacks: a line per size tried, the size found,
+and a line per item it shortens."""
 
 
 @typing.runtime_checkable

@@ -227,11 +227,13 @@ def test_ruler_is_imported_without_an_nltk_download_or_its_false_report(monkeypa
 def test_printed_lines_are_dropped_by_pattern_and_every_other_line_passes(capsys):
     import re
 
-    from lens_parallel.logs import RULER_PROGRESS_LINE, drop_printed_lines
+    from lens_parallel.logs import RULER_PRINTED_LINE, drop_printed_lines
 
-    with drop_printed_lines(RULER_PROGRESS_LINE):
+    with drop_printed_lines(RULER_PRINTED_LINE):
         print("Max length 4096 | Current length 1234 | Noises: 5")
         print("kept line")
+        print("Num noises: 140")
+        print("reduces chain length for not enough noises")
         print("Max length 512 | Current length 600 | Noises: 1\nalso kept", end="")
     assert capsys.readouterr().out == "kept line\nalso kept"
     with drop_printed_lines(re.compile("x")):

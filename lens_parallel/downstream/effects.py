@@ -56,7 +56,7 @@ from lens_parallel.downstream.presets import TaskList, resolve_tasks
 from lens_parallel.downstream.samples import short_context, task_answers
 from lens_parallel.edits import UNEDITED, Edit, Settings, compile_hooks, describe_edit, named_edits
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
-from lens_parallel.logs import RULER_PROGRESS_LINE, drop_printed_lines
+from lens_parallel.logs import RULER_PRINTED_LINE, drop_printed_lines
 from lens_parallel.models import model_info, weights_digest
 from lens_parallel.options import RunOptions, refuse_renamed, resolve
 from lens_parallel.paths import check_writable
@@ -701,7 +701,7 @@ def _load_tasks(
     unreachable = []
     if metadata is not None:
         compat.import_ruler_without_download()
-    with compat.hub_offline_mode(offline), drop_printed_lines(RULER_PROGRESS_LINE):
+    with compat.hub_offline_mode(offline), drop_printed_lines(RULER_PRINTED_LINE):
         for name, _ in plan:  # one at a time: every task whose data cannot be reached is named
             try:
                 part = manager.load([name])
