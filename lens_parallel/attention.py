@@ -22,9 +22,11 @@ each forward, the cheapest of four exact paths that serves the hooks attached to
 - ``eager``: TransformerLens's own forward, when any other hook reads ``hook_pattern`` (a whole-square cache,
   ``run_with_cache``) or anything hooks ``hook_attn_scores``.
 
-The diagonal path needs a kernel that returns the log-sum-exp (PyTorch's fused CPU kernel,
-:func:`lens_parallel.compat.attention_with_lse`); elsewhere (a GPU, for now) and for edits of the diagonal while
-gradients flow, the blocked path serves the same hooks.
+The diagonal path needs a kernel that returns the log-sum-exp (:func:`lens_parallel.compat.attention_with_lse`:
+PyTorch's fused CPU kernel on a CPU, its memory-efficient kernel on CUDA); where none serves, and for edits of the
+diagonal while gradients flow, the blocked path serves the same hooks. Block sizes are the device's
+(:mod:`lens_parallel.devices`: cache-sized on a CPU, few and large on a GPU), and nothing in a forward is read on
+the host (a fully masked row is replaced on the device whether there is one or not).
 
 :func:`attention_path` forces one of them where the hooks allow it (``auto`` restores the choice). Scores, masks,
 soft-capping, grouped-query heads, sliding windows (the mask Hugging Face builds; a block of queries reads only the
@@ -49,19 +51,10 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
-from lens_parallel import compat
+from lens_parallel import compat, devices
 from lens_parallel.choices import AttentionPath
 from lens_parallel.errors import LensParallelError
 from lens_parallel.validate import check_choice
-
-BLOCK_ELEMENTS = 1 << 24
-"""The query block's size in ``auto``: as many queries as keep one block's scores within this many elements
-(batch x heads x block x keys; 64 MB in float32), at least 16."""
-
-FUSED_BLOCK = 1024
-"""Queries per kernel call on the fused path when a mask is given and the queries outnumber it (a sliding-window
-layer: its window, if smaller): each call reads only the keys its queries may see, so the kernel skips the
-masked-out square (a mask disables the kernel's own causal skipping)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +162,8 @@ def rows_hook(
 def attention_path(path: AttentionPath, *, block_size: int | None = None) -> Iterator[None]:
     """Force every installed attention component to ``path`` while inside, where its hooks allow it (a hook that
     needs the whole pattern keeps the eager path; one that reads rows keeps a pattern), ``auto``: chosen per forward,
-    queries blocked ``block_size`` at a time on the blocked path (default: :data:`BLOCK_ELEMENTS`)."""
+    queries blocked ``block_size`` at a time on the blocked path (default: as many as keep one block's scores within
+    the device's ``attention_elements``, :class:`~lens_parallel.devices.WorkSizes`, at least 16)."""
     check_choice("attention path", path, AttentionPath)
     if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
         raise LensParallelError(f"block_size must be a positive integer, got {block_size!r}")
@@ -221,11 +215,11 @@ def _ungrouped(x: Tensor, group: int) -> Tensor:
 
 
 def _dead_rows(mask: Tensor | None) -> Bool[Tensor, "batch heads query"] | None:
-    """Query rows that the mask hides from every key (reduced without a mask-sized temporary)."""
+    """Query rows that the mask hides from every key (reduced without a mask-sized temporary); None without a
+    mask. Never read on the host (a read per layer would make the host wait for the device)."""
     if mask is None:
         return None
-    dead = ~mask.any(-1) if mask.dtype == torch.bool else mask.amax(-1) <= torch.finfo(mask.dtype).min
-    return dead if bool(dead.any()) else None
+    return ~mask.any(-1) if mask.dtype == torch.bool else mask.amax(-1) <= torch.finfo(mask.dtype).min
 
 
 def _spans(n_query: int, n_key: int, block: int, window: int | None) -> Iterator[tuple[int, int, int, int]]:
@@ -261,8 +255,8 @@ def attend(
 
     ``diagonal``: the fused kernel's rows reduced to each query's own weight (:func:`_diagonal_rows`), the hooks'
     diagonal forms applied to them. ``fused``: scaled_dot_product_attention (no pattern, no softcap), in one call,
-    or, with a mask and more
-    queries than a block (:data:`FUSED_BLOCK`, the window if smaller, a forced ``block_size``), a block of queries
+    or, with a mask and more queries than a block (the device's ``fused_block``,
+    :class:`~lens_parallel.devices.WorkSizes`; the window if smaller; a forced ``block_size``), a block of queries
     per call against the keys it may see. ``blocked``: the queries
     ``block_size`` at a time, each block against the keys it may see, hook_pattern fired per block with the keys
     up to its last query (zeros left of a sliding ``window``; :data:`QUERY_BLOCK` set, :data:`STEP_VALUES` holding
@@ -344,7 +338,7 @@ def _diagonal_rows(
     else:
         outs, lses = [], []
         for start, stop, begin, end in _spans(
-            n_query, n_key, _fused_block(window), window if mask is not None else None
+            n_query, n_key, _fused_block(q.device, window), window if mask is not None else None
         ):
             own = torch.arange(offset + start, offset + stop, device=q.device)[:, None] == torch.arange(
                 begin, end, device=q.device
@@ -394,16 +388,17 @@ def _detached_readers(component: Any) -> bool:
     return bool(readers) and all(isinstance(f, RowsHook) and f.detached for f in readers)
 
 
-def _fused_block(window: int | None) -> int:
-    """Queries per kernel call when a mask is given: a forced block size, else :data:`FUSED_BLOCK` (the sliding
-    ``window`` if smaller)."""
+def _fused_block(device: torch.device, window: int | None) -> int:
+    """Queries per kernel call when a mask is given: a forced block size, else the device's ``fused_block`` (the
+    sliding ``window`` if smaller)."""
     _, forced_block = _PATH.get()
-    return forced_block or min(FUSED_BLOCK, window or FUSED_BLOCK)
+    block = devices.sizes(device).fused_block
+    return forced_block or min(block, window or block)
 
 
 def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None) -> Tensor:
     n_heads, n_kv, n_query, n_key = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
-    block = _fused_block(window)
+    block = _fused_block(q.device, window)
     if mask is None or n_query <= block:
         causal = mask is None and n_query == n_key and n_query > 1
         if mask is None and 1 < n_query < n_key:
@@ -446,7 +441,8 @@ def _blocked(
     n_kv, n_key = k.shape[1], k.shape[2]
     group = n_heads // n_kv
     _, forced_block = _PATH.get()
-    block = forced_block or max(16, BLOCK_ELEMENTS // max(1, batch * n_heads * n_key))
+    elements = devices.sizes(q.device).attention_elements
+    block = forced_block or max(16, elements // max(1, batch * n_heads * n_key))
     low = torch.finfo(q.dtype).min
     precise = torch.promote_types(q.dtype, torch.float32)  # float32 softmax, float64 for a float64 model
     values = dict(STEP_VALUES.get() or {})

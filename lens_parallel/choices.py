@@ -94,6 +94,8 @@ AttentionPath = Literal["auto", "fused", "diagonal", "blocked", "eager"]
 """How softmax attention is computed (:func:`lens_parallel.attention.attention_path`)."""
 ContextForm = Literal["short", "full"]
 """How :meth:`~lens_parallel.downstream.effects.TaskResult.samples` shows an item's context: its end, or whole."""
+DeviceKind = Literal["cpu", "cuda"]
+"""The kinds of device whose work sizes differ (:mod:`lens_parallel.devices`)."""
 
 CHOICES = (
     ValueSite,
@@ -126,5 +128,6 @@ CHOICES = (
     HeadsAll,
     AttentionPath,
     ContextForm,
+    DeviceKind,
 )
 """Every choice type above."""

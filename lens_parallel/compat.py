@@ -6,6 +6,7 @@ private name of another package (``tests/test_compat.py`` checks both).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import importlib.metadata
@@ -48,7 +49,10 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
         (2, 13),
         (3, 0),
         "aten._scaled_dot_product_flash_attention_for_cpu (the fused CPU kernel, which also returns each row's "
-        "log-sum-exp); outside this range the diagonal attention path falls back to the blocked one",
+        "log-sum-exp) and aten._scaled_dot_product_efficient_attention (CUDA's memory-efficient kernel, which "
+        "returns it with compute_log_sumexp, padded to a multiple of 32 queries); outside this range the diagonal "
+        "attention path falls back to the blocked one; torch.utils._python_dispatch.TorchDispatchMode (counting "
+        "the operations a call dispatches)",
     ),
     "transformers": (
         (5, 0),
@@ -403,17 +407,70 @@ def install_attention(model: nn.Module, attend: Any, choose: Any) -> int:
 def attention_with_lse(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *, causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Softmax attention from PyTorch's fused CPU kernel with each row's log-sum-exp, log sum_s exp(s_ts):
+    """Softmax attention from a fused kernel that also returns each row's log-sum-exp, log sum_s exp(s_ts):
     ``(out [batch, head, query, d], lse [batch, head, query])``; ``q``, ``k``, ``v`` with the same heads, ``mask``
-    additive in the queries' dtype (``causal``: queries and keys aligned at the top-left). None where no such kernel
-    serves (a device other than the CPU, a torch outside :data:`CHECKED`, values of another head size than the
-    keys'): the caller computes the rows itself."""
+    additive in the queries' dtype (``causal``: queries and keys aligned at the top-left). On a CPU, PyTorch's fused
+    CPU kernel; on CUDA (and on the ``meta`` device, which checks its shapes without a GPU), the memory-efficient
+    kernel with ``compute_log_sumexp`` (its log-sum-exp is padded to a multiple of 32 queries, and its bias must
+    have rows aligned to 16 elements: the mask is copied into such rows where they are not, as PyTorch's own
+    ``scaled_dot_product_attention`` does). None where no such kernel serves (another device, a torch outside
+    :data:`CHECKED`, values of another head size than the keys', a configuration the CUDA kernel refuses): the
+    caller computes the rows itself."""
     low, high, _ = CHECKED["torch"]
-    if q.device.type != "cpu" or v.shape[-1] != k.shape[-1] or not low <= version_of("torch") < high:
+    if v.shape[-1] != k.shape[-1] or not low <= version_of("torch") < high:
         return None
-    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out, lse = kernel(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
-    return out, lse
+    if q.device.type == "cpu":
+        kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        out, lse = kernel(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+        return out, lse
+    if q.device.type not in ("cuda", "meta"):
+        return None
+    bias = None
+    if mask is not None:  # broadcast over batch and heads as given (stride 0), rows aligned to 16 elements
+        bias = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        if bias.stride(-2) % 16 or bias.stride(-1) != 1:
+            width = -(-k.shape[2] // 16) * 16
+            bias = bias.new_empty(*bias.shape[:-1], width)[..., : k.shape[2]].copy_(bias)
+        bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    try:
+        out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, bias, True, 0.0, causal, scale=scale
+        )
+    except RuntimeError:  # a head size, dtype or alignment the kernel does not take: the caller's own rows
+        return None
+    return out, lse[..., : q.shape[2]]
+
+
+class _Counting:
+    """The operations dispatched while a :func:`dispatch_counts` block runs: ``kernels`` excludes views (operations
+    whose outputs alias an input without writing it: reshapes, slices, transposes), which launch no kernel."""
+
+    def __init__(self) -> None:
+        self.all: collections.Counter[str] = collections.Counter()
+        self.kernels: collections.Counter[str] = collections.Counter()
+
+
+@contextlib.contextmanager
+def dispatch_counts() -> Iterator[_Counting]:
+    """Count every aten operation dispatched inside (PyTorch's ``TorchDispatchMode``): a device-independent measure
+    of how many kernels a computation launches, so that a loop of small blocks (cheap on a CPU, launch-bound on a
+    GPU) shows on a CPU too."""
+    check("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts = _Counting()
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            name = str(func.overloadpacket.__name__)
+            counts.all[name] += 1
+            returns = func._schema.returns
+            if not (returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)):
+                counts.kernels[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Mode():  # type: ignore[no-untyped-call]
+        yield counts
 
 
 def cache_keywords(hf_model: nn.Module, cache: Any) -> dict[str, Any]:

@@ -266,4 +266,6 @@ def stream_blocks(tokenizer: PreTrainedTokenizerBase, docs: Sequence[str], *, se
     n = len(ids) // seq_len
     if n == 0:
         raise LensParallelError(f"the texts hold {len(ids)} tokens, fewer than one block of seq_len={seq_len}")
-    return einops.rearrange(torch.tensor(ids[: n * seq_len], dtype=torch.long), "(batch pos) -> batch pos", pos=seq_len)
+    return einops.rearrange(
+        torch.tensor(ids[: n * seq_len], dtype=torch.long, device="cpu"), "(batch pos) -> batch pos", pos=seq_len
+    )

@@ -83,10 +83,10 @@ class Documents:
     ) -> Documents:
         """Documents from token-id lists of any lengths (right-padded here)."""
         lengths = [len(r) for r in rows]
-        tokens = torch.full((len(rows), max(lengths)), PAD_ID, dtype=torch.long)
+        tokens = torch.full((len(rows), max(lengths)), PAD_ID, dtype=torch.long, device="cpu")
         for i, row in enumerate(rows):
-            tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        return cls(tokens, torch.tensor(lengths, dtype=torch.long), source, first_scored)
+            tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long, device="cpu")
+        return cls(tokens, torch.tensor(lengths, dtype=torch.long, device="cpu"), source, first_scored)
 
     def __post_init__(self) -> None:
         if len(self.lengths) != len(self.tokens) or len(self.tokens) == 0:

@@ -466,7 +466,7 @@ def random_unit_directions(
     on how many layers there are."""
     rows = []
     for layer in range(n_layers):
-        u = torch.randn(n_heads, d_head, generator=torch.Generator().manual_seed(seed + layer))
+        u = torch.randn(n_heads, d_head, generator=torch.Generator().manual_seed(seed + layer), device="cpu")
         rows.append(u / u.norm(dim=-1, keepdim=True))
     return torch.stack(rows)
 

@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.nn import functional as F
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import compat
+from lens_parallel import compat, devices
 from lens_parallel.documents import scored_mask
 from lens_parallel.errors import LensParallelError
 from lens_parallel.plots.losses import edit_effect_figure
@@ -177,20 +177,6 @@ def scored_sums(
     return torch.where(scored, per_token, 0.0).sum(-1)
 
 
-LOSS_CHUNK_BYTES = 64 * 2**20
-"""The logits one chunk of :func:`chunked_token_nll`'s backward may hold, with their softmax beside them (64 MiB:
-32 positions of a 262,144-token vocabulary in float32)."""
-
-
-SCAN_ROWS = 1024
-"""Positions per unembedding matmul of :func:`_vocab_scan` (a matmul over more rows uses the cores better: the
-4,096 x 49,152 logits of smollm2 took 2.6 s in blocks of 170 rows and 2.1 s in blocks of 1,024)."""
-
-SCAN_BYTES = 2 * 2**20
-"""The float32 logits of one block of :func:`_vocab_scan` (rows x vocabulary columns: 1,024 x 512), so that the
-passes over a block stay in the cores' caches."""
-
-
 @dataclass(frozen=True)
 class Unembedding:
     """The model's map from the final normalised residual to logits:
@@ -246,15 +232,16 @@ def chunked_divergence(
     lengths: Int[Tensor, " batch"] | None = None,
     *,
     first: Int[Tensor, " batch"] | None = None,
-    rows: int = SCAN_ROWS,
-    block_bytes: int = SCAN_BYTES,
+    rows: int | None = None,
+    block_bytes: int | None = None,
 ) -> tuple[Float[Tensor, "batch scored"], ...]:
     """Per predicting position t < T - 1, from one unembedding of each of two final residuals (p: e.g. the
     unedited model, q: the edited one): the NLL of token t+1 under p and under q (as :func:`token_nll`), KL(p_t ||
     q_t) = sum_v p_t(v) (log p_t(v) - log q_t(v)) (nats), and 1.0 where their top-1 tokens agree (else 0.0); NaN
     past each document's end and before its ``first`` scored position. Unembedded a block of ``rows`` positions
-    and vocabulary columns (``block_bytes`` of float32 logits) at a time (:func:`_vocab_scan`), without gradients;
-    never the full logits or log-probabilities."""
+    and vocabulary columns (``block_bytes`` of float32 logits) at a time (:func:`_vocab_scan`; default: the
+    device's :class:`~lens_parallel.devices.WorkSizes`), without gradients; never the full logits or
+    log-probabilities."""
     x_p = einops.rearrange(resid_p[:, :-1], "batch pos d_model -> (batch pos) d_model")
     x_q = einops.rearrange(resid_q[:, :-1], "batch pos d_model -> (batch pos) d_model")
     target = einops.rearrange(tokens[:, 1:].to(resid_p.device), "batch pos -> (batch pos)")
@@ -274,8 +261,8 @@ def _vocab_scan(
     target: Int[Tensor, " row"],
     unembed: Unembedding,
     *,
-    rows: int = SCAN_ROWS,
-    block_bytes: int = SCAN_BYTES,
+    rows: int | None = None,
+    block_bytes: int | None = None,
 ) -> tuple[list[tuple[Tensor, Tensor, Tensor]], Tensor | None]:
     """For each of one or two sets of rows of final residual, per row: the log-sum-exp of its logits, the logit of
     ``target`` and the argmax; for two (p and q), also KL(p || q). The logits are formed a block of ``rows`` rows
@@ -287,7 +274,12 @@ def _vocab_scan(
         KL = sum_v p_v (log p_v - log q_v) = D / S_p - (M_p + log S_p) + (M_q + log S_q)
 
     (exactly 0 where the logits agree). Logits are taken relative to r, so that no term is the size of a logit and
-    a shift of every logit costs no precision. No gradients; memory: three blocks."""
+    a shift of every logit costs no precision. No gradients; memory: three blocks. ``rows`` and ``block_bytes``
+    default to the device's :class:`~lens_parallel.devices.WorkSizes` (``scan_rows``, ``scan_bytes``: cache-sized
+    on a CPU, few large blocks on a GPU)."""
+    sized = devices.sizes(xs[0].device)
+    rows = sized.scan_rows if rows is None else rows
+    block_bytes = sized.scan_bytes if block_bytes is None else block_bytes
     n_vocab = unembed.W_U.shape[0]
     cols = min(n_vocab, max(1, block_bytes // (4 * rows)))  # one split of the vocabulary, whatever the batch
     found: list[list[list[Tensor]]] = [[[], [], []] for _ in xs]
@@ -345,16 +337,17 @@ def chunked_token_nll(
     lengths: Int[Tensor, " batch"] | None = None,
     *,
     first: Int[Tensor, " batch"] | None = None,
-    chunk_bytes: int = LOSS_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
 ) -> Float[Tensor, "batch scored"]:
     """:func:`token_nll` of the logits ``unembed`` makes of the final normalised residual ``resid``, without ever
     holding them (NaN also before each row's ``first`` scored position, when given): the (batch x (pos-1))
-    positions are unembedded a block of :data:`SCAN_ROWS` positions and vocabulary columns at a time, each block
-    folded into running log-sum-exps (:func:`_vocab_scan`). Equal to ``token_nll(logits, tokens, lengths)`` to
-    float rounding (the same matmul; the log-sum-exp in float32).
+    positions are unembedded a block of the device's ``scan_rows`` positions and vocabulary columns at a time,
+    each block folded into running log-sum-exps (:func:`_vocab_scan`). Equal to ``token_nll(logits, tokens,
+    lengths)`` to float rounding (the same matmul; the log-sum-exp in float32).
 
     Under grad (attribution, training) the gradients come from :class:`_ChunkedNLL`'s backward, which recomputes
-    the logits ``max(1, chunk_bytes // (8 d_vocab))`` positions at a time into reused buffers: d nll / d logits =
+    the logits ``max(1, chunk_bytes // (8 d_vocab))`` positions at a time (default: the device's
+    ``loss_chunk_bytes``, :class:`~lens_parallel.devices.WorkSizes`) into reused buffers: d nll / d logits =
     softmax - onehot(target), through the soft cap's 1 - tanh^2, then to ``resid`` (x W_U) and the unembedding's
     parameters. The backward never holds the full logits, and no chunk allocates afresh: with glibc, freshly
     allocated and freed chunks of logits left the process's heap growing by hundreds of MB (0.46 GB over 8 x 512
@@ -364,6 +357,7 @@ def chunked_token_nll(
     target = einops.rearrange(tokens[:, 1:].to(resid.device), "batch pos -> (batch pos)")
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, unembed.W_U, unembed.b_U))
     if grad:
+        chunk_bytes = devices.sizes(x.device).loss_chunk_bytes if chunk_bytes is None else chunk_bytes
         rows = max(1, chunk_bytes // (8 * unembed.W_U.shape[0]))
         args = (x, target, unembed.W_U, unembed.b_U, unembed.softcap, rows)
         flat = cast(Tensor, _ChunkedNLL.apply(*args))  # type: ignore[no-untyped-call]

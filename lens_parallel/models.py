@@ -38,6 +38,7 @@ from lens_parallel import attention, compat
 from lens_parallel import tokenizers as _tok
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
 from lens_parallel.paths import cache_dir, cached_folder
+from lens_parallel.validate import check_positive_int
 from lens_parallel.weights import REAL_MODELS, real_model_folder
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
@@ -340,7 +341,7 @@ def wrap_hf_model(
     """Boot a bridge around an in-memory Hugging Face model (wrapped in place: its modules become the bridge's, so
     training the bridge trains ``hf_model``). The tokenizer must have been loaded from a folder."""
     _check_architecture(hf_model.config, f"model {name!r}")
-    hf_model.to(dtype)  # type: ignore[arg-type]  # transformers types .to() oddly; in place: the bridge wraps it
+    hf_model.to(device=device, dtype=dtype)  # type: ignore[call-arg]  # typed oddly; in place: the bridge wraps it
     model = _boot(name, device=device, dtype=dtype, hf_model=hf_model, tokenizer=tokenizer)
     model.cfg.model_name = name
     return model
@@ -367,9 +368,13 @@ def export_hf_model(hf_model: transformers.PreTrainedModel) -> transformers.PreT
     return fresh
 
 
-def _toy_hf_model(spec: str) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
+def _toy_hf_model(
+    spec: str, n_ctx: int | None = None
+) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
     make_config, tokenizer_family = TOY_MODELS[spec]
     config = make_config()
+    if n_ctx is not None:
+        setattr(config, "n_positions" if hasattr(config, "n_positions") else "max_position_embeddings", n_ctx)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TOY_SEED)
         hf_model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
@@ -381,18 +386,23 @@ def _build_toy(spec: str, *, device: str, dtype: torch.dtype) -> TransformerBrid
     return wrap_hf_model(hf_model, tokenizer, name=spec, device=device, dtype=dtype)
 
 
-def toy_folder(spec: str) -> Path:
+def toy_folder(spec: str, *, n_ctx: int | None = None) -> Path:
     """The toy ``spec`` written once as a Hugging Face folder in the cache (``cache/toys/<spec>``), for loads that
     place layers with ``device_map`` (accelerate dispatches a model it loads from files). Built in a private folder
     and renamed into place (:func:`lens_parallel.paths.cached_folder`), so a killed or concurrent write leaves
-    nothing half-written."""
+    nothing half-written. ``n_ctx``: the same toy with a context of ``n_ctx`` positions (``cache/toys/<spec>-
+    ctx<n_ctx>``; a rotary family's weights are the same, GPT-2's position embedding has ``n_ctx`` rows), for
+    long-context checks: every toy has 512."""
+    if n_ctx is not None:
+        check_positive_int("n_ctx", n_ctx)
 
     def build(into: Path) -> None:
-        hf_model, tokenizer = _toy_hf_model(spec)
+        hf_model, tokenizer = _toy_hf_model(spec, n_ctx)
         hf_model.save_pretrained(into)
         tokenizer.save_pretrained(into)
 
-    return cached_folder(cache_dir() / "toys" / spec, build, lambda folder: (folder / "config.json").is_file())
+    name = spec if n_ctx is None else f"{spec}-ctx{n_ctx}"
+    return cached_folder(cache_dir() / "toys" / name, build, lambda folder: (folder / "config.json").is_file())
 
 
 WEIGHT_FILES = (

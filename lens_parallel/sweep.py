@@ -489,7 +489,7 @@ def head_means(
     """Mean of hook_z per layer and head over every real position of every document (for mean ablation)."""
     info = model_info(model)
     documents = Documents.of(documents)
-    sums = {layer: torch.zeros(info.n_heads, info.d_head, dtype=torch.float64) for layer in layers}
+    sums = {layer: torch.zeros(info.n_heads, info.d_head, dtype=torch.float64, device="cpu") for layer in layers}
     for docs in document_batches(documents, batch_size):
         got = run_rows(model, info, Batch(docs), capture={layer: ["z"] for layer in layers})
         real = docs.real.to(torch.float64)
@@ -528,7 +528,7 @@ def _auto_batch_size(
     longest = torch.argsort(docs.lengths, descending=True, stable=True)
     starts = tuple(sorted({job.start_layer for job in jobs} - {0}))
     ablated = sorted({j.layer for j in jobs if isinstance(j, AblationJob)})
-    means = {layer: torch.zeros(info.n_heads, info.d_head) for layer in ablated} if kind == "mean" else {}
+    means = {layer: torch.zeros(info.n_heads, info.d_head, device="cpu") for layer in ablated} if kind == "mean" else {}
     context = TaskContext(model, info)
 
     def probe(k: int) -> None:

@@ -26,7 +26,7 @@ from lens_parallel.models import TOY_MODELS, load_model
 
 FAMILIES = tuple(TOY_MODELS)
 TIERS = ("unit", "integration", "browser", "slow", "real")
-UNIT_MODULES = frozenset({"test_cache", "test_geometry", "test_messages", "test_stats", "test_style"})
+UNIT_MODULES = frozenset({"test_cache", "test_devices", "test_geometry", "test_messages", "test_stats", "test_style"})
 BROWSER_MODULES = frozenset({"test_explore_browser", "test_png_browser", "test_report_browser"})
 SLOW_MODULES = frozenset({"test_cli", "test_distributed", "test_notebooks", "test_readme", "test_smollm2"})
 _MODELS: dict[str, Any] = {}

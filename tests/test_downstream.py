@@ -10,7 +10,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import zipfile
 from pathlib import Path
 
@@ -642,21 +641,11 @@ def test_ruler_tasks_get_the_tokenizer_and_lengths_and_online_ones_are_refused_o
         task_effects(get_model("toy-qwen2"), (), "long-context", max_seq_lengths=(0,))
 
 
-def long_context_toy(tmp_path: Path):
-    """toy-qwen2 with an 8,192-token context (its saved folder, max_position_embeddings raised): RULER's shortest
-    scored length, 4,096, fits it whole."""
+@pytest.mark.slow
+def test_the_long_context_preset_scores_ruler_items_at_the_length_asked_for(capsys):
     from lens_parallel.models import load_model, toy_folder
 
-    folder = tmp_path / "toy-qwen2-8k"
-    shutil.copytree(toy_folder("toy-qwen2"), folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 8192}))
-    return load_model(str(folder))
-
-
-@pytest.mark.slow
-def test_the_long_context_preset_scores_ruler_items_at_the_length_asked_for(capsys, tmp_path):
-    model = long_context_toy(tmp_path)
+    model = load_model(str(toy_folder("toy-qwen2", n_ctx=8192)))  # RULER's shortest scored length fits whole
     assert int(model.cfg.n_ctx) == 8192
     tasks = [("niah_single_1", 0), ("ruler_vt", 0)]
     result = task_effects(model, ZeroDiagonal(), tasks, limit=2, max_gen_toks=4, max_seq_lengths=(4096,))

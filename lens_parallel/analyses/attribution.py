@@ -203,10 +203,11 @@ def _reducer(
     W_O: Callable[[int], Tensor],
     means: dict[int, Tensor],
     weight: Tensor,
-    out: dict[str, np.ndarray],
+    out: dict[str, Tensor],
     layers: tuple[int, ...],
 ) -> GradReducer:
-    """The reduction of one batch's activations and gradients into ``out`` (estimates and scale derivatives)."""
+    """The reduction of one batch's activations and gradients into ``out`` (estimates and scale derivatives, on the
+    gradients' device: nothing waits for the device while the backward runs)."""
     li = {layer: i for i, layer in enumerate(layers)}
     ablation, eps = s.ablation, s.eps
 
@@ -226,17 +227,17 @@ def _reducer(
             d_par, d_perp = geometry.head_write_derivatives(z, W_O(layer), a["resid_pre"], g["attn_out"], eps=eps)
             derivs["residual-attn"] = (_masked_sum(d_par, weight), _masked_sum(d_perp, weight))
         for k, space in enumerate(spaces):
-            out["d_s_par"][k, :, i] = derivs[space][0].numpy()
-            out["d_s_perp"][k, :, i] = derivs[space][1].numpy()
+            out["d_s_par"][k, :, i] = derivs[space][0]
+            out["d_s_perp"][k, :, i] = derivs[space][1]
         if ablation == "zero":
             est = _masked_sum((g_z * -z).sum(-1), weight)
         elif ablation == "mean":
-            est = _masked_sum((g_z * (means[layer].double() - z)).sum(-1), weight)
+            est = _masked_sum((g_z * (means[layer].to(z) - z)).sum(-1), weight)
         elif ablation == "parallel-value":
             est = -derivs["value"][0]
         else:
             est = -derivs["residual-attn"][0]
-        out["estimate"][:, i] = est.numpy()
+        out["estimate"][:, i] = est
 
     return reduce
 
@@ -294,12 +295,13 @@ class _GradientMetric(Metric[EditJob]):
 
     def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         docs, n, n_l, n_h = batch.docs, len(batch.docs.lengths), len(self.layers), self.info.n_heads
+        device = docs.tokens.device  # the gradients' (gradient_pass): every reduction stays there until the end
         out = {
-            "estimate": np.zeros((n, n_l, n_h)),
-            "d_s_par": np.zeros((len(self.spaces), n, n_l, n_h)),
-            "d_s_perp": np.zeros((len(self.spaces), n, n_l, n_h)),
+            "estimate": torch.zeros((n, n_l, n_h), dtype=torch.float64, device=device),
+            "d_s_par": torch.zeros((len(self.spaces), n, n_l, n_h), dtype=torch.float64, device=device),
+            "d_s_perp": torch.zeros((len(self.spaces), n, n_l, n_h), dtype=torch.float64, device=device),
         }
-        weight = docs.real.to(torch.float64).cpu()
+        weight = docs.real.to(device=device, dtype=torch.float64)
         if self.s.positions == "after-first":
             weight[:, 0] = 0.0
         unembed, rows, per_doc = unembedding(context.model).frozen(), backward_rows(n, self.info.n_layers), []
@@ -324,7 +326,8 @@ class _GradientMetric(Metric[EditJob]):
                     reduce=_reducer(self.info, self.s, self.spaces, W_O, self.means, weight[sub], view, self.layers),
                 )
             )
-        return [{"loss_sum": torch.cat(per_doc).double().cpu().numpy(), **out}]
+        arrays = {name: value.cpu().numpy() for name, value in out.items()}  # one copy to the host per batch
+        return [{"loss_sum": torch.cat(per_doc).double().cpu().numpy(), **arrays}]
 
 
 def head_attribution(

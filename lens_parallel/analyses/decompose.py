@@ -145,9 +145,12 @@ def _normalise_spaces(space: object) -> tuple[Space, ...]:
 
 
 class _Accumulator:
-    """Running float64 sums of the alignment statistics, per (space, level), per layer and unit."""
+    """Running float64 sums of the alignment statistics, per (space, level), per layer and unit, on ``device`` (the
+    tokens': nothing is read on the host until the forward has ended)."""
 
-    def __init__(self, info: ModelInfo, layers: dict[str, tuple[int, ...]], eps: float) -> None:
+    def __init__(
+        self, info: ModelInfo, layers: dict[str, tuple[int, ...]], eps: float, device: torch.device | str = "cpu"
+    ) -> None:
         self.info, self.eps = info, eps
         self.layers: dict[tuple[str, str], tuple[int, ...]] = {}
         for space, space_layers in layers.items():
@@ -157,7 +160,9 @@ class _Accumulator:
             if spec.level == "sublayer":
                 self.layers[space, "sublayer"] = space_layers
         self.sums = {
-            key: torch.zeros(len(ls), info.n_heads if key[1] == "head" else 1, len(_SUMS), dtype=torch.float64)
+            key: torch.zeros(
+                len(ls), info.n_heads if key[1] == "head" else 1, len(_SUMS), dtype=torch.float64, device=device
+            )
             for key, ls in self.layers.items()
         }
 
@@ -181,7 +186,8 @@ class _Accumulator:
             ],
             dim=-1,
         )
-        self.sums[key][self.layers[key].index(layer)] += sums.cpu()
+        into = self.sums[key]
+        into[self.layers[key].index(layer)] += sums.to(into.device, non_blocking=True)
 
     def tables(self, sums: dict[tuple[str, str], np.ndarray]) -> tuple[AlignmentTable, ...]:
         out = []
@@ -268,10 +274,10 @@ class _AlignmentMetric(Metric[EditJob]):
         return {f"{sp}|{level}": ValueSpec(tuple(acc.sums[sp, level].shape)) for sp, level in self.keys}
 
     def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
-        acc = _Accumulator(self.info, self.space_layers, self.eps)
+        acc = _Accumulator(self.info, self.space_layers, self.eps, device=batch.docs.tokens.device)
         reduce = _reducer(acc, self.spaces, self.W_O, batch.docs.real)
         run_rows(context.model, self.info, batch, capture=self.roles, reduce=reduce)
-        return [{f"{sp}|{level}": sums.numpy() for (sp, level), sums in acc.sums.items()}]
+        return [{f"{sp}|{level}": sums.cpu().numpy() for (sp, level), sums in acc.sums.items()}]
 
 
 @serializable

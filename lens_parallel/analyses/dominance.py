@@ -394,7 +394,7 @@ def _effects(
         rows_new = einops.rearrange(new["pattern"][:, :, at].double(), "row head pos key -> row pos head key")
         js = geometry.js_divergence(rows_new, rows_base)
     else:
-        js = torch.full(num.shape, float("nan"), dtype=num.dtype)
+        js = num.new_full(num.shape, float("nan"))
     return {
         "rel_q": geometry.relative_change(q2, q),
         "rel_k": geometry.relative_change(k2, k),
@@ -423,7 +423,7 @@ def _measure(
         own = owners[start : start + step]
         texts, inverse = torch.unique(own, return_inverse=True)
         n = len(texts)
-        mask = torch.cat([torch.zeros(n, masks.shape[1], dtype=torch.bool), masks[start : start + step]])
+        mask = torch.cat([masks.new_zeros(n, masks.shape[1]), masks[start : start + step]])
         rows = torch.cat([texts, own]).to(batch.docs.tokens.device)
         out = receive(batch, rows, mask.to(rows.device), length)
         base = {k: None if t is None else t[:n][inverse] for k, t in out.items()}
@@ -438,8 +438,10 @@ def _single_effects(
     """Every upstream head removed alone, and all of them together (the last row of each text): effects
     ``[text, upstream (+ all), pos, head]``."""
     n, h = len(batch.docs.lengths), receive.n_up
-    owners = einops.repeat(torch.arange(n), "text -> (text u)", u=h + 1)
-    masks = einops.repeat(torch.cat([torch.eye(h), torch.ones(1, h)]).bool(), "u h -> (text u) h", text=n)
+    owners = einops.repeat(torch.arange(n, device="cpu"), "text -> (text u)", u=h + 1)  # host bookkeeping
+    masks = einops.repeat(
+        torch.cat([torch.eye(h, device="cpu"), torch.ones(1, h, device="cpu")]).bool(), "u h -> (text u) h", text=n
+    )
     length = batch.docs.tokens.shape[1]
     eff = _measure(receive, batch, owners, masks, length=length, at=positions, tokens_per_forward=tokens_per_forward)
     return {k: einops.rearrange(v, "(text u) pos head -> text u pos head", text=n) for k, v in eff.items()}
@@ -454,7 +456,7 @@ def _half_masks(
     ``default_rng([seed, up, i])``, one draw per (query token, receiving head) in that order."""
     n, h, n_pos, n_recv = single["qkv"].shape
     half = h // 2
-    masks = torch.zeros(n, n_pos, n_recv, 1 + 2 * len(mask_scales), h, dtype=torch.bool)
+    masks = torch.zeros(n, n_pos, n_recv, 1 + 2 * len(mask_scales), h, dtype=torch.bool, device="cpu")
     for b, text in enumerate(texts):
         rng = np.random.default_rng([seed, up, text])
         for j in range(n_pos):
@@ -484,15 +486,15 @@ def _joint_effects(
     ``tokens_per_forward`` tokens, each run at its longest row's length."""
     n, n_pos, n_recv, n_half, _ = masks.shape
     requests = einops.rearrange(masks, "text pos recv half up -> text (pos recv half) up")
-    token = einops.repeat(torch.tensor(positions), "pos -> (pos recv half)", recv=n_recv, half=n_half)
-    at_pos = einops.repeat(torch.arange(n_pos), "pos -> (pos recv half)", recv=n_recv, half=n_half)
-    head = einops.repeat(torch.arange(n_recv), "recv -> (pos recv half)", pos=n_pos, half=n_half)
+    token = einops.repeat(torch.tensor(positions, device="cpu"), "pos -> (pos recv half)", recv=n_recv, half=n_half)
+    at_pos = einops.repeat(torch.arange(n_pos, device="cpu"), "pos -> (pos recv half)", recv=n_recv, half=n_half)
+    head = einops.repeat(torch.arange(n_recv, device="cpu"), "recv -> (pos recv half)", pos=n_pos, half=n_half)
     owners, rows, last, which, offset = [], [], [], [], 0
     for text in range(n):
         unique, inverse = torch.unique(requests[text], dim=0, return_inverse=True)
-        owners.append(torch.full((len(unique),), text))
+        owners.append(torch.full((len(unique),), text, device="cpu"))
         rows.append(unique)
-        last.append(torch.full((len(unique),), -1).scatter_reduce(0, inverse, token, "amax"))
+        last.append(token.new_full((len(unique),), -1).scatter_reduce(0, inverse, token, "amax"))
         which.append(inverse + offset)
         offset += len(unique)
     owner, row_mask, length = torch.cat(owners), torch.cat(rows), torch.cat(last) + 1

@@ -120,10 +120,11 @@ class _StatisticsMetric(Metric[EditJob]):
         if self.positions == "after-first":
             weight[:, 0] = 0.0
         n = len(batch.docs.lengths)
-        sums = torch.zeros(n, len(STATISTICS), len(self.layers), self.info.n_heads, dtype=torch.float64)
+        shape = (n, len(STATISTICS), len(self.layers), self.info.n_heads)
+        sums = torch.zeros(shape, dtype=torch.float64, device=weight.device)  # read on the host after the forward
         reduce = self._reducer(sums, weight)
         run_rows(context.model, self.info, batch, capture=dict.fromkeys(self.layers, self.roles), reduce=reduce)
-        return [{"sums": sums.numpy(), "count": weight.sum(1).cpu().numpy()}]
+        return [{"sums": sums.cpu().numpy(), "count": weight.sum(1).cpu().numpy()}]
 
     def _reducer(self, sums: Tensor, weight: Tensor) -> Reducer:
         index = {layer: i for i, layer in enumerate(self.layers)}
@@ -144,9 +145,9 @@ class _StatisticsMetric(Metric[EditJob]):
                 ]
             )  # [statistic, batch, pos, head_index]
             w = weight.to(per_pos.device)[None, :, :, None]
-            sums[:, :, index[layer]] += einops.rearrange(
-                (per_pos * w).sum(2), "stat batch head -> batch stat head"
-            ).cpu()
+            sums[:, :, index[layer]] += einops.rearrange((per_pos * w).sum(2), "stat batch head -> batch stat head").to(
+                sums.device, non_blocking=True
+            )
 
         return reduce
 

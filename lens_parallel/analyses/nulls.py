@@ -232,8 +232,9 @@ class _NullMetric(Metric[EditJob]):
     def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         info, docs = self.info, batch.docs
         weight = (docs.real & (torch.arange(docs.tokens.shape[1], device=docs.tokens.device) >= 1)).double()[..., None]
-        out: Values = {
-            name: np.zeros((len(docs.lengths), len(self.layers), info.n_heads)) for name in self.spec(jobs[0])
+        shape = (len(docs.lengths), len(self.layers), info.n_heads)
+        out = {  # on the tokens' device: read on the host once the forward has ended
+            name: torch.zeros(shape, dtype=torch.float64, device=weight.device) for name in self.spec(jobs[0])
         }
         index = {layer: i for i, layer in enumerate(self.layers)}
 
@@ -242,8 +243,8 @@ class _NullMetric(Metric[EditJob]):
             y, v = parts.o, parts.v
             w = weight.to(y.device)
 
-            def mean(x: Tensor) -> np.ndarray:  # over the real positions t >= 1 of each document
-                return ((x * w).sum(1) / w.sum(1)).cpu().numpy()
+            def mean(x: Tensor) -> Tensor:  # over the real positions t >= 1 of each document
+                return ((x * w).sum(1) / w.sum(1)).to(weight.device, non_blocking=True)
 
             if self.s.null == "sampled":
                 j = self.draws[layer][docs.rows, : y.shape[1]].to(y.device)
@@ -256,7 +257,7 @@ class _NullMetric(Metric[EditJob]):
                 out["across"][:, i] = mean(_across(y, t["v"], info, self.s.groups))
 
         run_rows(context.model, info, batch, capture={layer: self.roles for layer in self.layers}, reduce=reduce)
-        return [out]
+        return [{name: value.cpu().numpy() for name, value in out.items()}]
 
 
 def causal_null(

@@ -166,9 +166,9 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         bar = tqdm(total=len(todo), desc=self.desc, disable=not self.progress or kwargs.get("disable_tqdm"))
         for batch in self._batches(order, lengths):
             width = lengths[batch[0]]
-            tokens = torch.full((len(batch), width), self.eot_token_id, dtype=torch.long)
+            tokens = torch.full((len(batch), width), self.eot_token_id, dtype=torch.long, device="cpu")
             for row, i in enumerate(batch):
-                tokens[row, : lengths[i]] = torch.tensor(inputs[i])
+                tokens[row, : lengths[i]] = torch.tensor(inputs[i], device="cpu")
             final = forward(self.model, tokens.to(self._device), self.hooks)
             assert final is not None
             rows, targets = [], []
@@ -177,7 +177,7 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
                 rows.append(final[row, lengths[i] - len(cont) : lengths[i]])
                 targets += cont
             with torch.inference_mode():
-                nll, greedy = scored_rows(torch.cat(rows), self.unembed, torch.tensor(targets))
+                nll, greedy = scored_rows(torch.cat(rows), self.unembed, torch.tensor(targets, device=final.device))
             nll64, greedy_cpu = nll.double().cpu(), greedy.cpu()
             start = 0
             for i in batch:

@@ -113,6 +113,6 @@ def text_windows(
         "words": "len(re.split(r'\\s+', text)) of the text"
         + (" before lm-eval's wikitext detokenisation" if texts == WIKITEXT else ""),
     }
-    windows = Documents.padded(rows, source, first_scored=torch.tensor(first, dtype=torch.long))
+    windows = Documents.padded(rows, source, first_scored=torch.tensor(first, dtype=torch.long, device="cpu"))
     words = np.array([word_count(counted[i]) for i in keep], dtype=np.int64)
     return TextWindows(windows.to(model.cfg.device or "cpu"), np.array(text_of, dtype=np.int64), words)

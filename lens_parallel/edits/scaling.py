@@ -184,8 +184,8 @@ def stacked_hooks(model: TransformerBridge, edits: Sequence[EditBase], *, repeat
         raise LensParallelError("stacked edits must be ComponentScales alike but for s_par and s_perp")
     scalings = [e for e in edits if isinstance(e, ComponentScale)]
     template = scalings[0]
-    s_par = torch.tensor([e.s_par for e in scalings], dtype=torch.float64).repeat_interleave(repeat)
-    s_perp = torch.tensor([e.s_perp for e in scalings], dtype=torch.float64).repeat_interleave(repeat)
+    s_par = torch.tensor([e.s_par for e in scalings], dtype=torch.float64, device="cpu").repeat_interleave(repeat)
+    s_perp = torch.tensor([e.s_perp for e in scalings], dtype=torch.float64, device="cpu").repeat_interleave(repeat)
     scales = _RowScales(template.space, s_par, s_perp, template.eps, template.guard, template.site)
     return _scale_hooks(scales, template, model, model_info(model))
 
@@ -253,7 +253,9 @@ def _residual_attn_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
         if heads is None:
             return geometry.scale_components(out, x, **_scaling(edit))
         mask = head_mask(heads, info.n_heads, out.shape[0], out.device)
-        used = mask.any(0).nonzero().flatten().tolist()  # heads some row edits: per-head writes only for these
+        # heads some row edits (per-head writes only for these), from the heads as given: a tuple, or a per-row mask
+        # built on the host (read there, never on the device inside the forward)
+        used = sorted(heads) if not isinstance(heads, Tensor) else heads.any(0).nonzero().flatten().tolist()
         m = einops.einsum(state.pop("z")[:, :, used], W_O[used].to(out), "b p h d, h d m -> b p h m")
         x_h = einops.repeat(x, "b p m -> b p h m", h=len(used))
         delta = geometry.scale_delta(m, x_h, **_scaling(edit))

@@ -100,17 +100,19 @@ class ArmParameters(nn.Module):
         self.n_heads = info.n_heads
         shape = (info.n_layers, info.n_heads)
         if arm in ("xsa-gated", "random-direction-gated"):
-            self.alpha = nn.Parameter(torch.zeros(shape))
+            self.alpha = nn.Parameter(torch.zeros(shape, device="cpu"))  # moved with the module
         if arm == "xsa-alpha-layer":
-            self.alpha = nn.Parameter(torch.full((info.n_layers,), math.log(ALPHA_INIT / (1 - ALPHA_INIT))))
+            self.alpha = nn.Parameter(
+                torch.full((info.n_layers,), math.log(ALPHA_INIT / (1 - ALPHA_INIT)), device="cpu")
+            )
         if arm.startswith("random-direction"):
             self.register_buffer("directions", random_directions(info))
         if arm == "learned-gate":
-            self.weight = nn.Parameter(torch.zeros(*shape, info.d_model))
-            self.bias = nn.Parameter(torch.zeros(shape))
+            self.weight = nn.Parameter(torch.zeros(*shape, info.d_model, device="cpu"))
+            self.bias = nn.Parameter(torch.zeros(shape, device="cpu"))
         if arm == "learned-gate-layer":  # stored as (-w, -b): s_par = sigmoid(-w.x - b) = 1 - sigmoid(w.x + b)
-            self.weight = nn.Parameter(torch.zeros(info.n_layers, info.d_model))
-            self.bias = nn.Parameter(torch.full((info.n_layers,), -math.log(gate_init / (1 - gate_init))))
+            self.weight = nn.Parameter(torch.zeros(info.n_layers, info.d_model, device="cpu"))
+            self.bias = nn.Parameter(torch.full((info.n_layers,), -math.log(gate_init / (1 - gate_init)), device="cpu"))
 
     def _per_head(self, t: torch.Tensor) -> torch.Tensor:
         """A per-layer tensor ``[layer, ...]`` broadcast to ``[layer, head_index, ...]`` (a view: gradients sum

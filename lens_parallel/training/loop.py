@@ -178,7 +178,7 @@ def batch_indices(step: int, *, batch_size: int, n_train: int, seed: int) -> Int
     idx = np.arange(step * batch_size, (step + 1) * batch_size)
     epochs = idx // n_train
     perms = {e: np.random.default_rng([seed, int(e)]).permutation(n_train) for e in np.unique(epochs)}
-    return torch.tensor([perms[e][i % n_train] for e, i in zip(epochs, idx, strict=True)])
+    return torch.tensor([perms[e][i % n_train] for e, i in zip(epochs, idx, strict=True)], device="cpu")
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
