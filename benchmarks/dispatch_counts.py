@@ -6,9 +6,10 @@ on a CPU is launch-bound there).
                                          [--out benchmarks/out/dispatch_counts.json]
 
 The model is a toy with its context raised to the longest length (``toy_folder(spec, n_ctx=...)``), one document of
-random token ids of each length (what is counted does not depend on the text). Every case runs under :func:`lens_parallel.compat.dispatch_counts` (PyTorch's ``TorchDispatchMode``)
-with the block sizes of ``--sized-as`` (:func:`lens_parallel.devices.sized_as`: ``cuda`` makes every size choice
-a GPU would, on this CPU), once after a warm-up; it counts kernels (operations that are not views). Cases: HF SDPA
+random token ids of each length (what is counted does not depend on the text). Every case runs under
+:func:`lens_parallel.compat.dispatch_counts` (PyTorch's ``TorchDispatchMode``) with the block sizes of
+``--sized-as`` (:func:`lens_parallel.devices.sized_as`: ``cuda`` makes every size choice a GPU would, on this
+CPU), once after a warm-up; it counts kernels (operations that are not views). Cases: HF SDPA
 forward to the last hidden state (``hf-sdpa``); two such forwards, each unembedded over the whole vocabulary
 (``hf-sdpa-pair``); decompose in each of value, value-exclude-self, residual-attn and the three together; evaluate
 of ComponentScale("value", s_par=0); causal_null(null="exact"). Per case: kernels per layer, that over HF's, and its
