@@ -7,6 +7,7 @@ each one is written to ``cache_dir()/tokenizers/<family>`` and loaded back from 
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -100,8 +101,14 @@ def trained_bpe_folder(docs: Sequence[str], vocab_size: int) -> Path:
 
 def hf_tokenizer(model: Any) -> Any:
     """The model's tokenizer with Hugging Face's defaults, loaded again from where the bridge's came from
-    (``tokenizer.name_or_path``: the model's folder, a bundled tokenizer, or a hub name, which needs the hub)."""
-    source = getattr(model.tokenizer, "name_or_path", "")
+    (``tokenizer.name_or_path``: the model's folder, a bundled tokenizer, or a hub name, which needs the hub). Loaded
+    once per source and process (about 0.1 s each: every ``generate`` call asked for it) and shared: copy it before
+    changing it."""
+    return _load_tokenizer(str(getattr(model.tokenizer, "name_or_path", "")))
+
+
+@functools.lru_cache(maxsize=16)
+def _load_tokenizer(source: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as exc:

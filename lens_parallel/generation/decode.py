@@ -27,6 +27,7 @@ import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -70,21 +71,19 @@ def _step(
     positions: Int[Tensor, "batch pos"],
     cache: Mapping[str, Any],
     unembed: Unembedding,
+    kept: list[Tensor],
 ) -> Float[Tensor, "batch d_vocab"]:
     """One forward of ``tokens`` against the cache ``cache`` hands over (:func:`lens_parallel.compat.
-    cache_keywords`; extended in place): the logits of each row's last position."""
-    kept: list[Tensor] = []
+    cache_keywords`; extended in place), ended at the unembedding's input by :func:`_last_position` (registered
+    once for the whole loop, not per step), which leaves each row's last position in ``kept``: its logits."""
+    with contextlib.suppress(StopForward):
+        model(tokens, attention_mask=mask, position_ids=positions, return_type=None, **cache)
+    return logits_of(kept.pop(), unembed)
 
-    def last_position(resid: Tensor, hook: HookPoint) -> None:
-        kept.append(resid[:, -1])
-        raise StopForward
 
-    try:
-        with model.hooks(fwd_hooks=[(FINAL_HOOK, last_position)]):
-            model(tokens, attention_mask=mask, position_ids=positions, return_type=None, **cache)
-    except StopForward:
-        pass
-    return logits_of(kept[0], unembed)
+def _last_position(resid: Tensor, hook: HookPoint, *, kept: list[Tensor]) -> None:
+    kept.append(resid[:, -1])
+    raise StopForward
 
 
 def end_of_sequence(model: TransformerBridge, tokenizer: Any) -> frozenset[int]:
@@ -173,15 +172,16 @@ def decode_batch(
     non_finite = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     decoding = torch.ones(len(prompts), dtype=torch.bool, device=device)
     values: dict[int, Tensor] = {}  # each layer's cached and new values, for the edits that read them all
+    kept: list[Tensor] = []
     with (
         torch.inference_mode(),
         model_lock(model),
         compat.cache_reaches_attention(model, values=values),
-        model.hooks(fwd_hooks=list(hooks)),
+        model.hooks(fwd_hooks=[*hooks, (FINAL_HOOK, partial(_last_position, kept=kept))]),
         _bound(STEP_VALUES, values),
     ):
         with _bound(FIRST_INDEX, starts):
-            logits = _step(model, tokens, mask, positions, cache, unembed)
+            logits = _step(model, tokens, mask, positions, cache, unembed, kept)
         with _bound(FIRST_INDEX, None):
             for step in range(max_new_tokens):
                 non_finite |= decoding & ~torch.isfinite(logits).all(-1)
@@ -210,7 +210,7 @@ def decode_batch(
                 fed, decoding = fed_and_decoding[:, :1], fed_and_decoding[:, 1].bool()
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 positions = positions[:, -1:] + 1
-                logits = _step(model, fed, mask, positions, cache, unembed)
+                logits = _step(model, fed, mask, positions, cache, unembed, kept)
     if bool(non_finite.any()):  # the batch's one read of the flag
         row = int(non_finite.nonzero()[0, 0])
         sequence = torch.tensor([[*prompts[row], *out[row]]], device=device)
