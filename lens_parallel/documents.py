@@ -128,7 +128,14 @@ class Documents:
 
     def digest(self) -> str:
         """A short hash of the tokens, the lengths (padding excluded) and the first scored positions (when any is
-        not 0), for fingerprints."""
+        not 0), for fingerprints; computed once per object (it reads every token on the host)."""
+        found: str | None = self.__dict__.get("_digest")
+        if found is None:
+            found = self._digest_of()
+            object.__setattr__(self, "_digest", found)
+        return found
+
+    def _digest_of(self) -> str:
         h = hashlib.sha256(self.lengths.cpu().numpy().astype(np.int64).tobytes())
         if bool(self.first.any()):
             h.update(b"first_scored" + self.first.cpu().numpy().astype(np.int64).tobytes())

@@ -286,7 +286,8 @@ class DocumentNLL(Metric[Job]):
 
     def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
         nll = _stacked_nll(context, plan, jobs, batch, loss="document")
-        return [{"loss_sum": row.double().cpu().numpy()} for row in nll]
+        host = torch.stack(nll).double().cpu().numpy()  # one read on the host per forward, not one per job
+        return [{"loss_sum": row} for row in host]
 
 
 class TokenNLL(DocumentNLL):
@@ -306,13 +307,10 @@ class TokenNLL(DocumentNLL):
 
     def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[Job], batch: Batch) -> list[Values]:
         nll = _stacked_nll(context, plan, jobs, batch, loss="token")
-        width = self.n_positions - 1
-        out = []
-        for row in nll:
-            padded = np.full((row.shape[0], width), np.nan)
-            padded[:, : row.shape[1]] = row.double().cpu().numpy()
-            out.append({"nll": padded})
-        return out
+        host = torch.stack(nll).double().cpu().numpy()  # one read on the host per forward, not one per job
+        padded = np.full((*host.shape[:2], self.n_positions - 1), np.nan)
+        padded[..., : host.shape[2]] = host
+        return [{"nll": row} for row in padded]
 
 
 def _stack_key(job: Job) -> Any:
