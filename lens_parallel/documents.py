@@ -16,6 +16,7 @@ to its longest document.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -129,13 +130,10 @@ class Documents:
     def digest(self) -> str:
         """A short hash of the tokens, the lengths (padding excluded) and the first scored positions (when any is
         not 0), for fingerprints; computed once per object (it reads every token on the host)."""
-        found: str | None = self.__dict__.get("_digest")
-        if found is None:
-            found = self._digest_of()
-            object.__setattr__(self, "_digest", found)
-        return found
+        return self._digest
 
-    def _digest_of(self) -> str:
+    @functools.cached_property
+    def _digest(self) -> str:
         h = hashlib.sha256(self.lengths.cpu().numpy().astype(np.int64).tobytes())
         if bool(self.first.any()):
             h.update(b"first_scored" + self.first.cpu().numpy().astype(np.int64).tobytes())
