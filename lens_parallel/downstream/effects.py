@@ -51,9 +51,10 @@ from lens_parallel.downstream.data import (
     task_definitions,
     task_manager,
 )
-from lens_parallel.downstream.offline import hub_offline, unreachable_message
+from lens_parallel.downstream.offline import OWN_SHOTS, alternative, hub_offline, unreachable_message, why_missing
 from lens_parallel.downstream.presets import TaskList, resolve_tasks
 from lens_parallel.downstream.samples import short_context, task_answers
+from lens_parallel.downstream.sandbox import ALLOW_ENV
 from lens_parallel.edits import UNEDITED, Edit, Settings, compile_hooks, describe_edit, named_edits
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.logs import RULER_PRINTED_LINE, drop_printed_lines
@@ -67,7 +68,7 @@ from lens_parallel.sweep import model_fingerprint
 from lens_parallel.tokenizers import hf_tokenizer
 from lens_parallel.validate import check_bool, check_choice, check_non_negative_int, check_positive_int
 
-BINARY_METRICS = ("acc", "acc_norm", "exact_match")
+BINARY_METRICS = ("acc", "acc_norm", "exact_match", "em", "pass_at_1")
 """Per-item 0/1 metrics: paired by McNemar's exact test (a generation task's ``exact_match,<filter>`` too)."""
 
 
@@ -201,8 +202,10 @@ class TaskResult(ResultMixin):
     the log-likelihood and its words / bytes); ``aggregations``: lm-eval's aggregation of each; ``scores``: lm-eval's
     own aggregate per task, metric and setting; ``effects``: the paired comparisons (:meth:`differences`);
     ``truncated[task][setting]``: how many of the task's items had a context cut to fit the model (lm-eval's
-    left-truncation); ``contexts[task]``: each item's context (doc-id order) and ``answers[task]``: what the model
-    answered, per item and setting (:mod:`~lens_parallel.downstream.samples`; read them with :meth:`samples`)."""
+    left-truncation); ``stand_ins``: the offline tasks that stood in for a preset's tasks whose data could not be
+    reached (stand-in -> lm-eval's task); ``contexts[task]``: each item's context (doc-id order) and
+    ``answers[task]``: what the model answered, per item and setting (:mod:`~lens_parallel.downstream.samples`; read
+    them with :meth:`samples`)."""
 
     tasks: tuple[str, ...]
     settings: tuple[str, ...]
@@ -213,6 +216,7 @@ class TaskResult(ResultMixin):
     scores: dict[str, dict[str, dict[str, float]]]
     effects: dict[str, list[Any]]
     truncated: dict[str, dict[str, int]]
+    stand_ins: dict[str, str]
     contexts: dict[str, list[str]]
     answers: dict[str, dict[str, list[Any]]]
     provenance: Provenance | None = None
@@ -229,6 +233,36 @@ class TaskResult(ResultMixin):
                     frame[metric] = v if v.ndim == 1 else v[:, 0]
                 frames.append(frame)
         return pd.concat(frames, ignore_index=True)
+
+    def table(self) -> pd.DataFrame:
+        """The directional-decomposition paper's table: one row per setting, each task's score
+        (:func:`score_metric`, percent, lm-eval's aggregate) and the average over tasks (``score``, else ``acc``)
+        with its 95% CI (items resampled within each task), then the paired difference to the unedited model
+        (percentage points) with its CI; a task that stands in for another is named ``stand-in (for task)``."""
+        averages = _averaged(self.tasks, self.values)
+        name = "score" if "score" in averages else "acc" if "acc" in averages else None
+        if name is None:
+            raise LensParallelError("no task of this result has a score to average (acc or a 0/1 metric)")
+        members = averages[name]
+        settings = self.provenance.settings if self.provenance else {}
+        n_resamples, seed = int(settings.get("n_resamples", N_RESAMPLES)), int(settings.get("seed", 0))
+        effects = self.differences()
+        rows = []
+        for s, setting in enumerate(self.settings):
+            row: dict[str, Any] = {"setting": setting}
+            for t, label in members:
+                shown = f"{t} (for {self.stand_ins[t]})" if t in self.stand_ins else t
+                row[shown] = 100 * self.scores[t][label][setting]
+            level = [np.stack([np.zeros_like(v), v]) for t, label in members for v in [self.values[f"{t}|{label}"][s]]]
+            low, high = mean_of_means_ci(level, n_resamples=n_resamples, seed=seed)
+            row |= {"average": float(np.mean([self.scores[t][label][setting] for t, label in members])) * 100}
+            row |= {"average_ci_low": 100 * low, "average_ci_high": 100 * high}
+            if s:
+                found = effects[(effects["task"] == "average") & (effects["metric"] == name)]
+                diff = found[found["setting"] == setting].iloc[0]
+                row |= {k: 100 * float(diff[k]) for k in ("difference", "ci_low", "ci_high")}
+            rows.append(row)
+        return pd.DataFrame(rows).set_index("setting")
 
     def samples(self, *, context: ContextForm = "short") -> pd.DataFrame:
         """One row per task x item x setting: ``task``, ``doc_id``, ``setting``, the item's ``context`` (``short``:
@@ -331,6 +365,32 @@ def _answer_text(row: pd.Series) -> str:
     return str(row["response"] or "") + mark + "".join(f"\n[{f}]" for f in filters)
 
 
+def score_metric(labels: Sequence[str]) -> str:
+    """A task's score among its metric labels (``metric`` or ``metric,filter``), the one its figures show and the
+    average over tasks takes: ``acc`` where it has one, else its first 0/1 metric (a generation task's exact match
+    under its first filter, DROP's ``em``, ``pass_at_1``), else RULER's score at its first length (a metric named
+    by the length), else its first."""
+    binary = [m for m in labels if m.split(",")[0] in BINARY_METRICS or m.isdigit()]
+    return "acc" if "acc" in labels else binary[0] if binary else labels[0]
+
+
+def _averaged(tasks: Sequence[str], values: dict[str, np.ndarray]) -> dict[str, list[tuple[str, str]]]:
+    """The averages over tasks and their members (task, metric label): ``acc`` over the tasks that have it (the
+    directional-decomposition paper's pretrained average); RULER's score at each length (named by the length);
+    and, where the tasks' scores are not all acc, ``score``: each task's :func:`score_metric` (the paper's general
+    average, e.g. GSM8K's exact match beside PIQA's acc)."""
+    labels = {t: [key.split("|", 1)[1] for key in values if key.split("|", 1)[0] == t] for t in tasks}
+    out: dict[str, list[tuple[str, str]]] = {}
+    for t in tasks:
+        for label in labels[t]:
+            if label == "acc" or label.isdigit():
+                out.setdefault(label, []).append((t, label))
+    scores = {t: score_metric(labels[t]) for t in tasks if labels[t]}
+    if any(m != "acc" and not m.isdigit() for m in scores.values()):
+        out["score"] = [(t, m) for t, m in scores.items() if not m.isdigit()]
+    return out
+
+
 def _effects_table(
     tasks: Sequence[str],
     settings: Sequence[str],
@@ -372,19 +432,17 @@ def _effects_table(
         sel = frame["metric"] == metric
         if metric.split(",")[0] in BINARY_METRICS:
             frame.loc[sel, "p_holm"] = holm(frame.loc[sel, "p_mcnemar"].to_numpy())
-    averaged = dict.fromkeys(m for m in frame["metric"] if m == "acc" or m.isdigit())  # acc; RULER's per length
-    for metric in averaged:
-        having = [t for t in tasks if f"{t}|{metric}" in values]
+    for metric, members in _averaged(tasks, values).items():
         for s, setting in enumerate(settings[1:], 1):
-            base = float(np.mean([scores[t][metric][UNEDITED] for t in having]))
-            edited = float(np.mean([scores[t][metric][setting] for t in having]))
-            pairs = [values[f"{t}|{metric}"][[0, s]] for t in having]
+            base = float(np.mean([scores[t][label][UNEDITED] for t, label in members]))
+            edited = float(np.mean([scores[t][label][setting] for t, label in members]))
+            pairs = [values[f"{t}|{label}"][[0, s]] for t, label in members]
             low, high = mean_of_means_ci(pairs, n_resamples=n_resamples, seed=seed)
             average = {
                 "task": "average",
                 "metric": metric,
                 "setting": setting,
-                "n_items": sum(values[f"{t}|{metric}"].shape[1] for t in having),
+                "n_items": sum(values[f"{t}|{label}"].shape[1] for t, label in members),
                 "unedited": base,
                 "edited": edited,
                 "difference": edited - base,
@@ -501,20 +559,23 @@ def _cut_items(
 
 @contextlib.contextmanager
 def _code_execution(allowed: bool) -> Iterator[None]:
-    """Inside, Hugging Face ``evaluate``'s ``code_eval`` (lm-eval's HumanEval and MBPP metric) may run code when
-    ``allowed`` (its ``HF_ALLOW_CODE_EVAL``), restored on exit."""
+    """Inside, when ``allowed``, the code a model writes may run: the offline HumanEval and MBPP through
+    :mod:`~lens_parallel.downstream.sandbox` (its :data:`~lens_parallel.downstream.sandbox.ALLOW_ENV`), an online
+    code task through Hugging Face ``evaluate``'s ``code_eval`` (its ``HF_ALLOW_CODE_EVAL``); both restored on exit."""
     if not allowed:
         yield
         return
-    before = os.environ.get("HF_ALLOW_CODE_EVAL")
-    os.environ["HF_ALLOW_CODE_EVAL"] = "1"
+    names = ("HF_ALLOW_CODE_EVAL", ALLOW_ENV)
+    before = {name: os.environ.get(name) for name in names}
+    os.environ.update(dict.fromkeys(names, "1"))
     try:
         yield
     finally:
-        if before is None:
-            del os.environ["HF_ALLOW_CODE_EVAL"]
-        else:
-            os.environ["HF_ALLOW_CODE_EVAL"] = before
+        for name, value in before.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def _doc_id(row: dict[str, Any]) -> int:
@@ -570,7 +631,9 @@ def task_effects(
     weights = None if opts.store is None else weights_digest(model)  # once: it reads every weight
     runs = {}
     with _code_execution(s.allow_code_execution):  # lm-eval's code tasks check code execution as they load
-        manager, task_objects, reported = _load_tasks(plan, s.num_fewshot, metadata)
+        loaded = _load_tasks(plan, s.num_fewshot, metadata, substitute=preset is not None)
+        manager, task_objects, reported = loaded.manager, loaded.tasks, loaded.reported
+        _say_stand_ins(loaded, len(reported))
         for name, edits in {UNEDITED: (), **named}.items():
             runs[name] = _run(
                 model, edits, manager, task_objects, s=s, opts=opts, limit=limit, desc=name, weights=weights
@@ -604,6 +667,8 @@ def task_effects(
         versions={"lm-eval": lm_eval.__version__},
         tasks=[list(p) for p in plan],
         left_out=left_out,
+        stand_ins=loaded.stand_ins,
+        missing=loaded.missing,
         limit=limit,
         truncated=truncated,
         edits={k: [describe_edit(e) for e in v] for k, v in named.items()},
@@ -619,10 +684,20 @@ def task_effects(
         scores=scores,
         effects=effects,
         truncated=truncated,
+        stand_ins=loaded.stand_ins,
         contexts={t: x.contexts for t, x in scored.items()},
         answers={t: x.answers for t, x in scored.items()},
         provenance=provenance,
     )
+
+
+def _say_stand_ins(loaded: _Loaded, n_reported: int) -> None:
+    """One warning line naming the offline stand-ins a preset's run uses and the tasks it leaves out, with why."""
+    parts = [f"{stand_in} stands in for {task}" for stand_in, task in loaded.stand_ins.items()]
+    parts += [f"{task} left out ({why})" for task, why in loaded.missing.items()]
+    if parts:
+        where = "the Hugging Face hub cannot be reached"
+        warnings.warn(f"{where}: {'; '.join(parts)}; the average is over {n_reported} tasks", stacklevel=3)
 
 
 def _check_for_model(model: TransformerBridge, s: TaskSettings, names: Sequence[str], lengths: Sequence[int]) -> None:
@@ -687,36 +762,68 @@ def _task_description(task: str, config: Any, n_items: int, shots: int) -> dict[
     return out | {"data": data, "split": local.split, "licence": local.licence, "lm_eval_task": local.base}
 
 
+@dataclass(frozen=True)
+class _Loaded:
+    """The tasks a run scores: lm-eval's task manager, the task objects (a group's members in its place), what is
+    reported (:func:`_load_tasks`), the offline stand-ins used (stand-in -> the task it stands in for) and the tasks
+    left out (name -> why)."""
+
+    manager: Any
+    tasks: dict[str, Any]
+    reported: list[tuple[str, tuple[str, ...]]]
+    stand_ins: dict[str, str]
+    missing: dict[str, str]
+
+
 def _load_tasks(
-    plan: Sequence[tuple[str, int | None]], num_fewshot: int | None, metadata: TaskMetadata = None
-) -> tuple[Any, dict[str, Any], list[tuple[str, tuple[str, ...]]]]:
-    """lm-eval's task manager, the task objects of ``plan`` (local definitions included; a group's member tasks in
-    its place; ``metadata`` handed to every task, :func:`~lens_parallel.downstream.data.ruler_metadata`), each with
-    its number of shots, and what is reported, in order: each task on its own, a group either as one task pooling
-    its members' items (:func:`_poolable`) or as its members one by one."""
-    local = any(name in LOCAL_TASKS for name, _ in plan)
-    manager = task_manager(task_definitions() if local else None, metadata)
+    plan: Sequence[tuple[str, int | None]],
+    num_fewshot: int | None,
+    metadata: TaskMetadata = None,
+    *,
+    substitute: bool = False,
+) -> _Loaded:
+    """lm-eval's task manager and the task objects of ``plan`` (local definitions included; ``metadata`` handed to
+    every task, :func:`~lens_parallel.downstream.data.ruler_metadata`), each with its number of shots, and what is
+    reported, in order: each task on its own, a group either as one task pooling its members' items
+    (:func:`_poolable`) or as its members one by one. Each task is loaded on its own, the hub switched off when it
+    cannot be reached (:func:`~lens_parallel.downstream.offline.hub_offline`); one whose data cannot be reached is,
+    with ``substitute`` (a preset), replaced by its offline stand-in (:func:`~lens_parallel.downstream.offline.
+    alternative`) or left out and said why; otherwise every such task is named in one line
+    (:class:`~lens_parallel.errors.EnvironmentFailure`)."""
     offline = any(name not in LOCAL_TASKS for name, _ in plan) and hub_offline()
+    candidates = {name for name, _ in plan} | {alt for name, _ in plan if (alt := alternative(name))}
+    local = bool(candidates & set(LOCAL_TASKS)) if offline else any(name in LOCAL_TASKS for name, _ in plan)
+    manager = task_manager(task_definitions() if local else None, metadata)
     loaded: dict[str, dict[str, Any]] = {"tasks": {}, "groups": {}}
+    kept: list[tuple[str, int | None]] = []
+    stand_ins: dict[str, str] = {}
+    missing: dict[str, str] = {}
     unreachable = []
     if metadata is not None:
         compat.import_ruler_without_download()
     with compat.hub_offline_mode(offline), drop_printed_lines(RULER_PRINTED_LINE):
-        for name, _ in plan:  # one at a time: every task whose data cannot be reached is named
+        for name, shots in plan:  # one at a time: every task whose data cannot be reached is named
             try:
                 part = manager.load([name])
             except (ConnectionError, OSError):
                 if not offline:
                     raise
-                unreachable.append(name)
-                continue
+                stand_in = alternative(name) if substitute else None
+                if stand_in is None and substitute:
+                    missing[name] = why_missing(name)
+                if stand_in is None:
+                    unreachable += [] if substitute else [name]
+                    continue
+                part, stand_ins[stand_in] = manager.load([stand_in]), name
+                name, shots = stand_in, None if stand_in in OWN_SHOTS else shots
+            kept.append((name, shots))
             for key in loaded:
                 loaded[key] |= part.get(key, {})
     if unreachable:
         raise EnvironmentFailure(unreachable_message(unreachable))
     out: dict[str, Any] = {}
     reported: list[tuple[str, tuple[str, ...]]] = []
-    for name, shots in plan:
+    for name, shots in kept:
         group = loaded["groups"].get(name)
         members = {name: loaded["tasks"][name]} if group is None else {t.task_name: t for t in group.get_all_tasks()}
         pool = group is not None and _poolable(group)
@@ -726,7 +833,7 @@ def _load_tasks(
             if k is not None:
                 task.set_config(key="num_fewshot", value=k)
         out |= members
-    return manager, out, reported
+    return _Loaded(manager, out, reported, stand_ins, missing)
 
 
 def _poolable(group: Any) -> bool:

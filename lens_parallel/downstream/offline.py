@@ -23,6 +23,17 @@ STAND_INS = {"gsm8k": "gsm8k_cot", "nq_open": "nq_open_validation_shots"}
 """lm-eval tasks whose offline alternative is another task than theirs on another split: GSM8K's test items with
 ``gsm8k_cot``'s 8 fixed exemplars; NQ-Open with its shots drawn from validation (no training split ships)."""
 
+OWN_SHOTS = frozenset({"gsm8k_cot"})
+"""Stand-ins that keep their own fixed exemplars whatever the shots asked of the task they stand in for."""
+
+NO_OFFLINE_SOURCE = {
+    "bbh": (
+        "BIG-Bench Hard's items are on the Hugging Face hub only (lukaemon/bbh); PyPI's bigbench (0.0.1, its only "
+        "release) ships BIG-bench's code without its tasks' data"
+    ),
+}
+"""Why a task family has no offline alternative (by the task name's first part), said when it is left out."""
+
 
 @functools.cache
 def hub_offline() -> bool:
@@ -47,6 +58,12 @@ def alternative(task: str) -> str | None:
     if task in STAND_INS:
         return STAND_INS[task]
     return next((name for name, local in LOCAL_TASKS.items() if local.base == task and name != task), None)
+
+
+def why_missing(task: str) -> str:
+    """Why ``task`` cannot run offline, in a few words."""
+    family = task.split("_")[0]
+    return NO_OFFLINE_SOURCE.get(family, "its data are on the Hugging Face hub and no offline copy ships")
 
 
 def unreachable_message(tasks: list[str]) -> str:

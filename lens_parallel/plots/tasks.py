@@ -12,18 +12,18 @@ if TYPE_CHECKING:
 
 
 def _metric(result: TaskResult, task: str) -> str:
-    """The metric a figure shows for ``task``: acc where the task has it (the paper's average), else a generation
-    task's exact match under its first filter (``exact_match,strict-match``), else RULER's score at its first
-    length (a metric named by the length), else the first."""
-    metrics = [key.split("|", 1)[1] for key in result.values if key.split("|", 1)[0] == task]
-    matches = [m for m in metrics if m.split(",")[0] == "exact_match" or m.isdigit()]
-    return "acc" if "acc" in metrics else matches[0] if matches else metrics[0]
+    """The metric a figure shows for ``task``: its score (:func:`~lens_parallel.downstream.effects.score_metric`)."""
+    from lens_parallel.downstream.effects import score_metric
+
+    return score_metric([key.split("|", 1)[1] for key in result.values if key.split("|", 1)[0] == task])
 
 
 def _shown(result: TaskResult) -> dict[str, str]:
-    """The tasks the figures show (a score in [0, 1]: acc, exact match, RULER's), each with its metric."""
+    """The tasks the figures show (a score in [0, 1]: acc, a 0/1 metric, RULER's), each with its metric."""
+    from lens_parallel.downstream.effects import BINARY_METRICS
+
     metrics = {t: _metric(result, t) for t in result.tasks}
-    return {t: m for t, m in metrics.items() if m.split(",")[0] in ("acc", "exact_match") or m.isdigit()}
+    return {t: m for t, m in metrics.items() if m.split(",")[0] in BINARY_METRICS or m.isdigit()}
 
 
 def _label(task: str, metric: str) -> str:
@@ -53,7 +53,8 @@ def task_difference_figure(result: TaskResult) -> go.Figure:
     table = result.differences()
     fig = go.Figure()
     averaged = set(table.loc[table["task"] == "average", "metric"])
-    shown = _shown(result) | {"average": "acc" if "acc" in averaged else min(averaged, key=int, default="acc")}
+    first = "score" if "score" in averaged else "acc" if "acc" in averaged else None
+    shown = _shown(result) | {"average": first or min(averaged, key=int, default="acc")}
     for k, setting in enumerate(result.settings[1:]):
         rows = table[(table["setting"] == setting) & (table["metric"] == table["task"].map(shown))]
         rows = rows.set_index("task").reindex(list(shown)).dropna(subset=["difference"])
