@@ -30,14 +30,14 @@ import pandas as pd
 import torch
 
 from lens_parallel import ComponentScale, RandomDirectionRemoval, ZeroDiagonal, load_model, task_effects
+from lens_parallel.downstream.presets import TASK_PRESETS
 from lens_parallel.plots.common import save_figure
 
-PAPER_QWEN3_17B = {
-    "unedited": 53.0,
-    "value-parallel removal": 53.2,
-    "residual-attn parallel removal": 42.4,
-    "zero diagonal": 26.9,
+PAPER_NAMES = {
+    "residual-attn parallel removal": "attention-output parallel removal",
+    "zero diagonal": "hard diagonal removal",
 }
+"""This script's setting names -> the paper's (the presets' ``reference``)."""
 PAPER_RULER_LLAMA32_3B_4K = {"unedited": 77.2, "value-parallel removal": 76.2, "residual-attn parallel removal": 52.6}
 
 
@@ -68,6 +68,8 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", choices=sorted(settings()), default=sorted(settings()))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-gen-toks", type=int, default=None, help="generation tasks: the most tokens per item")
+    parser.add_argument("--allow-code-execution", action="store_true", help="HumanEval, MBPP: run the model's code")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/downstream"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -80,6 +82,8 @@ def main() -> None:
             {name: edit for name, edit in settings().items() if name in args.settings},
             args.preset,
             limit=args.limit,
+            max_gen_toks=args.max_gen_toks,
+            allow_code_execution=args.allow_code_execution,
             batch_size=args.batch_size,
             store=args.out / f"{spec}-requests.sqlite",
             progress=False,
@@ -88,22 +92,30 @@ def main() -> None:
         result.save(args.out / spec)
         for name, fig in result.figures().items():
             save_figure(fig, args.out / f"{spec}-{name}")
+        samples = result.samples(context="full")
+        samples.to_json(args.out / f"{spec}-samples.jsonl", orient="records", lines=True, force_ascii=False)
+        (args.out / f"{spec}-samples.html").write_text(result.samples_html(), encoding="utf-8")
         table = result.differences()
-        metric = "acc" if (table["metric"] == "acc").any() else str(table["metric"].iloc[0])
-        acc = in_points(table[table["metric"] == metric])
-        cols = ["task", "setting", "n_items", "unedited %", "edited %", "diff pp", "95% CI pp", "p_holm"]
-        print(f"\n== {spec}: preset {args.preset!r}, metric {metric!r}, {wall:.1f} s ({args.threads} threads) ==")
-        print(acc[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-        average = acc[acc["task"] == "average"].set_index("setting")
+        averaged = set(table.loc[table["task"] == "average", "metric"])
+        metric = "score" if "score" in averaged else "acc" if "acc" in averaged else str(table["metric"].iloc[0])
+        shown = in_points(table[(table["metric"] == metric) | (table["task"] != "average")])
+        cols = ["task", "metric", "setting", "n_items", "unedited %", "edited %", "diff pp", "95% CI pp", "p_holm"]
+        print(f"\n== {spec}: preset {args.preset!r}, {wall:.1f} s ({args.threads} threads) ==")
+        print(shown[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+        if metric in ("score", "acc"):
+            print("\nper setting, each task's score and the average over tasks (%; CI and difference in pp):")
+            print(result.table().round(1).to_string())
         paper, what = (
             (PAPER_RULER_LLAMA32_3B_4K, "Llama-3.2-3B RULER averages at 4k")
             if args.preset == "long-context"
-            else (PAPER_QWEN3_17B, "Qwen3-1.7B general-task averages")
+            else (TASK_PRESETS["directional-decomposition-general"].reference or {}, "Qwen3-1.7B general averages")
         )
+        average = shown[(shown["task"] == "average") & (shown["metric"] == metric)].set_index("setting")
         print(f"\naverage {metric} over tasks (%), beside the paper's {what} (context only):")
         print(f"  {'unedited':34s} {100 * average['unedited'].iloc[0]:6.1f}   paper {paper['unedited']}")
         for setting, row in average.iterrows():
-            print(f"  {setting!s:34s} {row['edited %']:6.1f}   paper {paper.get(str(setting), '-')}")
+            reference = paper.get(PAPER_NAMES.get(str(setting), str(setting)), "-")
+            print(f"  {setting!s:34s} {row['edited %']:6.1f}   paper {reference}")
 
 
 if __name__ == "__main__":

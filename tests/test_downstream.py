@@ -309,7 +309,7 @@ def _fake_data_wheel(folder) -> task_data.TaskData:
             if task.member.endswith(".jsonl.gz"):
                 row = {
                     "request": {"context": "It was a dark and stormy", "continuation": " night"},
-                    "doc": {"question": "1 + 1?", "answer": "#### 2"},
+                    "doc": {field: f"{field} 1" for field in task.fields},
                 }
                 zf.writestr(f"fake_root/{task.member}", gzip.compress((json.dumps(row) + "\n").encode()))
             else:

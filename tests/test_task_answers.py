@@ -173,26 +173,26 @@ def unchecked(cls, **fields):
     return obj
 
 
-def test_the_general_preset_offline_is_one_line_naming_the_alternatives_and_exit_3(monkeypatch, tmp_path, capsys):
+def test_hub_tasks_named_offline_are_one_line_naming_the_alternatives_and_exit_3(monkeypatch, tmp_path, capsys):
+    """Tasks named one by one (not a preset, which substitutes) are refused offline in one line that names each
+    offline alternative, before any forward."""
     monkeypatch.setattr(offline, "hub_offline", lambda: True)
     monkeypatch.setattr(effects, "hub_offline", lambda: True)
-    line = ["tasks", "--model", "toy-gpt2", "--tasks", "directional-decomposition-general", "--limit", "1"]
+    names = ["openbookqa", "gsm8k", "nq_open", "drop", "bbh_cot_fewshot"]
+    line = ["tasks", "--model", "toy-gpt2", "--tasks", *names, "--limit", "1"]
     assert main([*line, "--no-progress", "--out", str(tmp_path)]) == 3
-    warned, failed = capsys.readouterr().err.strip().splitlines()  # each one line
-    assert warned == (
-        "lens-parallel tasks: warning: humaneval, mbpp left out of the preset: runs the code the model writes: pass "
-        "allow_code_execution=True"
-    )
+    (failed,) = capsys.readouterr().err.strip().splitlines()  # one line
     assert failed.startswith("lens-parallel tasks: could not run: the Hugging Face hub cannot be reached")
-    for pair in ("openbookqa -> openbookqa_validation", "gsm8k -> gsm8k_cot", "nq_open -> nq_open_validation_shots"):
-        assert pair in failed
-    assert "none for drop, bbh_cot_fewshot" in failed and "humaneval" not in failed  # left out: no code execution
+    pairs = ("openbookqa -> openbookqa_validation", "gsm8k -> gsm8k_cot", "nq_open -> nq_open_validation_shots")
+    assert all(pair in failed for pair in (*pairs, "drop -> drop_validation1000"))
+    assert failed.endswith("none for bbh_cot_fewshot")
     assert not list(tmp_path.glob("tasks*.json"))
 
 
 def test_offline_alternatives_are_the_local_tasks_of_the_same_name():
     assert offline.alternative("arc_easy") == "arc_easy_validation" and offline.alternative("piqa") is None
-    assert offline.alternative("gsm8k") == "gsm8k_cot" and offline.alternative("drop") is None
+    assert offline.alternative("gsm8k") == "gsm8k_cot" and offline.alternative("bbh_cot_fewshot") is None
+    assert offline.alternative("drop") == "drop_validation1000" and offline.alternative("humaneval") is None
     assert json.loads(json.dumps(offline.STAND_INS)) == offline.STAND_INS
 
 

@@ -377,8 +377,8 @@ def score_metric(labels: Sequence[str]) -> str:
 def _averaged(tasks: Sequence[str], values: dict[str, np.ndarray]) -> dict[str, list[tuple[str, str]]]:
     """The averages over tasks and their members (task, metric label): ``acc`` over the tasks that have it (the
     directional-decomposition paper's pretrained average); RULER's score at each length (named by the length);
-    and, where the tasks' scores are not all acc, ``score``: each task's :func:`score_metric` (the paper's general
-    average, e.g. GSM8K's exact match beside PIQA's acc)."""
+    and, over two tasks or more whose scores are not all acc, ``score``: each task's :func:`score_metric` (the
+    paper's general average, e.g. GSM8K's exact match beside PIQA's acc)."""
     labels = {t: [key.split("|", 1)[1] for key in values if key.split("|", 1)[0] == t] for t in tasks}
     out: dict[str, list[tuple[str, str]]] = {}
     for t in tasks:
@@ -386,7 +386,7 @@ def _averaged(tasks: Sequence[str], values: dict[str, np.ndarray]) -> dict[str, 
             if label == "acc" or label.isdigit():
                 out.setdefault(label, []).append((t, label))
     scores = {t: score_metric(labels[t]) for t in tasks if labels[t]}
-    if any(m != "acc" and not m.isdigit() for m in scores.values()):
+    if len(scores) > 1 and any(m != "acc" and not m.isdigit() for m in scores.values()):
         out["score"] = [(t, m) for t, m in scores.items() if not m.isdigit()]
     return out
 

