@@ -225,7 +225,7 @@ class TaskResult(ResultMixin):
         """One row per task x item x setting: the item's value of every metric of its task."""
         frames = []
         for task in self.tasks:
-            metrics = [key.split("|", 1)[1] for key in self.values if key.split("|", 1)[0] == task]
+            metrics = _labels(self.values, task)
             for s, setting in enumerate(self.settings):
                 frame = pd.DataFrame({"task": task, "doc_id": self.doc_ids[task], "setting": setting})
                 for metric in metrics:
@@ -233,6 +233,12 @@ class TaskResult(ResultMixin):
                     frame[metric] = v if v.ndim == 1 else v[:, 0]
                 frames.append(frame)
         return pd.concat(frames, ignore_index=True)
+
+    def score_metrics(self) -> dict[str, str]:
+        """Each task whose score lies in [0, 1] (acc, a 0/1 metric, RULER's score at a length) with that metric
+        (:func:`score_metric`): what the figures draw."""
+        metrics = {t: score_metric(_labels(self.values, t)) for t in self.tasks}
+        return {t: m for t, m in metrics.items() if m.split(",")[0] in BINARY_METRICS or m.isdigit()}
 
     def table(self) -> pd.DataFrame:
         """The directional-decomposition paper's table: one row per setting, each task's score
@@ -374,12 +380,17 @@ def score_metric(labels: Sequence[str]) -> str:
     return "acc" if "acc" in labels else binary[0] if binary else labels[0]
 
 
+def _labels(values: dict[str, np.ndarray], task: str) -> list[str]:
+    """The metric labels (``metric`` or ``metric,filter``) of ``task`` among ``values``' keys (``task|label``)."""
+    return [key.split("|", 1)[1] for key in values if key.split("|", 1)[0] == task]
+
+
 def _averaged(tasks: Sequence[str], values: dict[str, np.ndarray]) -> dict[str, list[tuple[str, str]]]:
     """The averages over tasks and their members (task, metric label): ``acc`` over the tasks that have it (the
     directional-decomposition paper's pretrained average); RULER's score at each length (named by the length);
     and, over two tasks or more whose scores are not all acc, ``score``: each task's :func:`score_metric` (the
     paper's general average, e.g. GSM8K's exact match beside PIQA's acc)."""
-    labels = {t: [key.split("|", 1)[1] for key in values if key.split("|", 1)[0] == t] for t in tasks}
+    labels = {t: _labels(values, t) for t in tasks}
     out: dict[str, list[tuple[str, str]]] = {}
     for t in tasks:
         for label in labels[t]:

@@ -11,21 +11,6 @@ if TYPE_CHECKING:
     from lens_parallel.downstream.effects import TaskResult
 
 
-def _metric(result: TaskResult, task: str) -> str:
-    """The metric a figure shows for ``task``: its score (:func:`~lens_parallel.downstream.effects.score_metric`)."""
-    from lens_parallel.downstream.effects import score_metric
-
-    return score_metric([key.split("|", 1)[1] for key in result.values if key.split("|", 1)[0] == task])
-
-
-def _shown(result: TaskResult) -> dict[str, str]:
-    """The tasks the figures show (a score in [0, 1]: acc, a 0/1 metric, RULER's), each with its metric."""
-    from lens_parallel.downstream.effects import BINARY_METRICS
-
-    metrics = {t: _metric(result, t) for t in result.tasks}
-    return {t: m for t, m in metrics.items() if m.split(",")[0] in BINARY_METRICS or m.isdigit()}
-
-
 def _label(task: str, metric: str) -> str:
     """``task``, with its metric where that is not acc (RULER's length in k tokens: ``niah_single_1 (4k)``)."""
     if metric.isdigit():
@@ -54,7 +39,7 @@ def task_difference_figure(result: TaskResult) -> go.Figure:
     fig = go.Figure()
     averaged = set(table.loc[table["task"] == "average", "metric"])
     first = "score" if "score" in averaged else "acc" if "acc" in averaged else None
-    shown = _shown(result) | {"average": first or min(averaged, key=int, default="acc")}
+    shown = result.score_metrics() | {"average": first or min(averaged, key=int, default="acc")}
     for k, setting in enumerate(result.settings[1:]):
         rows = table[(table["setting"] == setting) & (table["metric"] == table["task"].map(shown))]
         rows = rows.set_index("task").reindex(list(shown)).dropna(subset=["difference"])
@@ -92,7 +77,7 @@ def task_scores_figure(result: TaskResult) -> go.Figure:
     """Absolute accuracy per task (lm-eval's aggregate, %; a generation task's exact match) for the unedited model
     and each setting."""
     fig = go.Figure()
-    shown = _shown(result)
+    shown = result.score_metrics()
     for k, setting in enumerate(result.settings):
         fig.add_trace(
             go.Bar(
