@@ -8,6 +8,9 @@
 #                        test depends on the order tests run in
 #   make test-fast   the inner loop: the unit and integration tiers only (no browser, smollm2, notebooks, CLI
 #                    subprocesses or Ray), on two pytest-xdist workers of one thread each: about 3 minutes here
+#   make docs   the documentation site from docs/ (mkdocs-material, the API reference from the docstrings, the
+#               notebooks rendered; LENS_PARALLEL_DOCS_EXECUTE=true runs them for their outputs) into site/,
+#               strictly: a broken link or a missing reference fails
 # torch is pinned to the 2.13.0 CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build.
 
 VENV ?= .venv
@@ -17,10 +20,10 @@ STAMP := $(VENV)/.lens_parallel-installed
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,distributed,notebook,tasks,quantization]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,distributed,notebook,tasks,quantization,docs]'
 	touch $(STAMP)
 
-.PHONY: install run test test-fast test-shuffled lint bench
+.PHONY: install run test test-fast test-shuffled lint bench docs
 install: $(STAMP)
 
 run: $(STAMP)
@@ -40,6 +43,9 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check lens_parallel tests benchmarks scripts notebooks
 	$(VENV)/bin/ruff format --check lens_parallel tests benchmarks scripts notebooks
+
+docs: $(STAMP)
+	LENS_PARALLEL_DOCS_EXECUTE=true PLOTLY_RENDERER=sphinx_gallery $(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(PY) benchmarks/decompose_overhead.py

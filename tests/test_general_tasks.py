@@ -82,6 +82,8 @@ def test_humaneval_pass_at_1_equals_human_evals_own(allowed, tmp_path):
         for t, p in problems.items()
     ]
     assert ours == [1.0, 0.0] * 5 and theirs["pass@1"] == pytest.approx(np.mean(ours))
+    per_item = [json.loads(line) for line in (tmp_path / "samples.jsonl_results.jsonl").read_text().splitlines()]
+    assert [float(row["passed"]) for row in per_item] == ours  # item by item, not only on average
 
 
 def test_the_shipped_humaneval_is_human_evals_own():

@@ -1,5 +1,6 @@
-"""The README runs: every Python block of README.md, in order, in one namespace (as a reader pastes them into one
-notebook), with no name left undefined.
+"""The README and the documentation's pages run: every Python block of README.md, then of each page of the site's
+guides in reading order (:data:`PAGES`), in one namespace (as a reader pastes them into one notebook), with no name
+left undefined.
 
 What the test changes, and why (each substitution must match the README, so a README edit that drops one fails
 here rather than silently running something else):
@@ -22,7 +23,24 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [
+    ROOT / "docs" / page
+    for page in (
+        "getting-started.md",
+        "guides/edits.md",
+        "guides/heads.md",
+        "guides/nulls.md",
+        "guides/training.md",
+        "guides/compression.md",
+        "guides/downstream.md",
+        "guides/explorer.md",
+        "guides/models.md",
+        "guides/scale.md",
+    )
+]
+"""The pages whose examples build on the README's (``model``, ``blocks``), in the order the site reads them."""
 
 SUBSTITUTIONS: list[tuple[str, str]] = [
     ('load_model("smollm2-135m")', 'load_model("toy-qwen2")'),
@@ -49,10 +67,11 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
 
 
 def readme_blocks() -> list[str]:
-    """The README's Python blocks, dedented, with :data:`SUBSTITUTIONS` applied (each must be found)."""
-    text = README.read_text(encoding="utf-8")
+    """The Python blocks of the README and then of :data:`PAGES`, dedented, with :data:`SUBSTITUTIONS` applied (each
+    must be found)."""
+    text = "\n".join(path.read_text(encoding="utf-8") for path in (README, *PAGES))
     for old, new in SUBSTITUTIONS:
-        assert old in text, f"the README no longer holds {old!r}: update SUBSTITUTIONS"
+        assert old in text, f"neither the README nor the guides hold {old!r}: update SUBSTITUTIONS"
         text = text.replace(old, new)
     return [textwrap.dedent(body) for _, body in re.findall(r"^( *)```python\n(.*?)^\1```", text, re.S | re.M)]
 
@@ -69,7 +88,7 @@ def test_every_python_block_of_the_readme_runs(tmp_path, monkeypatch):
     exec("import dataclasses", namespace)  # for the shrunk training presets above
     for i, block in enumerate(readme_blocks()):
         try:
-            exec(compile(block, f"README.md block {i}", "exec"), namespace)
+            exec(compile(block, f"README / guides block {i}", "exec"), namespace)
         except NameError as exc:  # a name the README uses before any block defines it
-            pytest.fail(f"README block {i}: {exc}")
+            pytest.fail(f"README / guides block {i}: {exc}")
     assert (tmp_path / "out" / "smollm2.json").is_file()  # the first block's save

@@ -1,0 +1,101 @@
+"""mkdocs hooks: the pages generated from the package itself, so that they cannot fall out of date.
+
+- ``reference/api.md``: one mkdocstrings entry per name of ``lens_parallel.__all__``, grouped by the module that
+  defines it (its docstring, signature with jaxtyping shapes, a dataclass's fields);
+- ``reference/cli.md``: every subcommand and option of ``lens-parallel`` from the saved parser
+  (``lens_parallel/assets/cli_spec.json``, the one the command line itself is built from);
+
+and ``js/plotly.min.js``, the installed plotly's own, which the notebooks' pages load for their figures.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import plotly.offline
+
+import lens_parallel
+from lens_parallel.cli import SPEC_PATH
+
+ROLE = re.compile(r":(?:func|class|mod|data|meth|attr|obj|exc):(?=<code>)")
+"""A Sphinx role before an inline literal in a rendered docstring (``:func:`name```), dropped."""
+SHORTENED = re.compile(r"<code>~(?:[\w]+\.)*([\w]+)</code>")
+"""A literal shortened Sphinx's way (``~package.module.name``), shown as its last part."""
+API_MARK = "<!-- api -->"
+CLI_MARK = "<!-- cli -->"
+
+
+def _defined_in(name: str) -> str:
+    """The module that defines ``lens_parallel.<name>`` (the package itself for a registry or a plain value)."""
+    obj = getattr(lens_parallel, name)
+    module = inspect.getmodule(obj) if (inspect.isclass(obj) or inspect.isfunction(obj)) else None
+    if inspect.ismodule(obj):
+        return obj.__name__
+    return module.__name__ if module is not None else "lens_parallel"
+
+
+def api_page() -> str:
+    """Markdown: a section per defining module, an mkdocstrings entry per public name (``lens_parallel.<name>``;
+    a public module with its functions)."""
+    by_module: dict[str, list[str]] = defaultdict(list)
+    for name in lens_parallel.__all__:
+        by_module[_defined_in(name)].append(name)
+    lines = []
+    for module in sorted(by_module):
+        lines += [f"## `{module}`", ""]
+        for name in by_module[module]:
+            if inspect.ismodule(getattr(lens_parallel, name)):
+                lines += [f"::: {module}", ""]  # a module of functions (geometry): each with its formula
+            else:
+                lines += [f"::: lens_parallel.{name}", ""]
+    return "\n".join(lines)
+
+
+def _option(argument: dict[str, Any]) -> str:
+    """One option of a subcommand as a table row: flag, type or choices, default, help."""
+    kwargs = argument["kwargs"]
+    kind = " / ".join(f"`{c}`" for c in kwargs["choices"]) if "choices" in kwargs else f"`{kwargs.get('type', '')}`"
+    if kwargs.get("action") == "boolean_optional":
+        kind = "flag"
+    if kwargs.get("nargs") in ("+", "*"):
+        kind += " ..."
+    text = str(kwargs.get("help", "")).replace("|", "\\|").replace("\n", " ")
+    return f"| `{argument['flag']}` | {kind} | {text} |"
+
+
+def cli_page() -> str:
+    """Markdown: per subcommand of the saved parser, its help and a table of its options."""
+    spec = json.loads(SPEC_PATH.read_text(encoding="utf-8"))
+    lines = [f"`{spec['prog']}`: {spec['description']}", ""]
+    for name, command in spec["commands"].items():
+        lines += [f"## `{spec['prog']} {name}`", "", command["help"], ""]
+        lines += ["| option | value | help |", "| --- | --- | --- |"]
+        lines += [_option(argument) for argument in command["arguments"]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
+    """Fill the generated pages' marks."""
+    if API_MARK in markdown:
+        markdown = markdown.replace(API_MARK, api_page())
+    if CLI_MARK in markdown:
+        markdown = markdown.replace(CLI_MARK, cli_page())
+    return markdown
+
+
+def on_post_build(config: Any, **_: Any) -> None:
+    """Ship plotly.js (the installed plotly's, so that it matches the figures' JSON) for the notebooks' figures."""
+    target = Path(config["site_dir"]) / "js" / "plotly.min.js"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(plotly.offline.get_plotlyjs(), encoding="utf-8")
+
+
+def on_page_content(html: str, **_: Any) -> str:
+    """The docstrings' Sphinx roles (the package's docstrings are read in Sphinx style) rendered as plain literals."""
+    return SHORTENED.sub(r"<code>\1</code>", ROLE.sub("", html))

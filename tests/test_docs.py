@@ -1,0 +1,70 @@
+"""The documentation site builds strictly (a broken link, a page outside the navigation or a reference
+mkdocstrings cannot resolve fails the build), its API reference holds every public name, its command-line
+reference every subcommand and option of the saved parser, and every page with Python examples is run by
+tests/test_readme.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lens_parallel
+from lens_parallel.cli import SPEC_PATH
+from tests.test_readme import PAGES, ROOT
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"NO_MKDOCS_2_WARNING": "1", "LENS_PARALLEL_DOCS_EXECUTE": "false"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_the_api_reference_holds_every_public_name(site: Path) -> None:
+    html = (site / "reference" / "api" / "index.html").read_text(encoding="utf-8")
+    anchors = set(re.findall(r'id="(lens_parallel\.[\w.]+)"', html))
+    assert [n for n in lens_parallel.__all__ if f"lens_parallel.{n}" not in anchors] == []
+    assert "lens_parallel.geometry.project" in anchors  # a public module's functions, each with its docstring
+    assert "head_index d_head" in re.sub(r"<[^>]+>", "", html)  # jaxtyping shapes in the signatures
+
+
+def test_the_cli_reference_holds_every_subcommand_and_option(site: Path) -> None:
+    text = re.sub(r"<[^>]+>", "", (site / "reference" / "cli" / "index.html").read_text(encoding="utf-8"))
+    spec = json.loads(SPEC_PATH.read_text(encoding="utf-8"))
+    for name, command in spec["commands"].items():
+        assert f"lens-parallel {name}" in text
+        assert all(argument["flag"] in text for argument in command["arguments"])
+
+
+def test_every_notebook_and_guide_is_a_page(site: Path) -> None:
+    notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert notebooks and all((site / "notebooks" / n / "index.html").is_file() for n in notebooks)
+    for page in PAGES:
+        assert (site / page.relative_to(ROOT / "docs").with_suffix("") / "index.html").is_file()
+
+
+NOT_RUN = {Path("downstream.md"), Path("directional-decomposition.md")}
+"""Pages whose examples the suite does not run: the real smollm2-135m on the quick preset (minutes) and lm-eval's
+WikiText-2 (online); the same calls on toys are in tests/test_downstream.py and
+tests/test_directional_decomposition.py."""
+
+
+def test_every_page_with_python_examples_is_run_by_the_readme_test() -> None:
+    ran = {page.relative_to(ROOT / "docs") for page in PAGES}
+    examples = {p.relative_to(ROOT / "docs") for p in (ROOT / "docs").rglob("*.md") if "```python" in p.read_text()}
+    assert examples - ran == NOT_RUN
