@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 Space = Literal["value", "value-exclude-self", "value-merged", "residual-attn", "residual-mlp", "residual-block"]
-"""A decomposition / scaling space (see the README's table): the message m and its reference r. ``value-merged``:
+"""A decomposition / scaling space (the spaces' guide): the message m and its reference r. ``value-merged``:
 one projection per position of the concatenated head outputs on the concatenated values (the directional-decomposition
 paper's ``xsa_middle``; GQA: each query head's own kv head's value)."""
 HeadSpace = Literal["value", "value-exclude-self", "residual-attn"]

@@ -185,7 +185,7 @@ def check_given_once(given: object, changes: dict[str, Any], where: str) -> None
 @dataclass(frozen=True)
 class NamedProtocol:
     """A published protocol as saved settings: the settings object of each analysis it covers (``settings``), how
-    its documents are made (``documents``: plain data, see the README; empty: the caller's), what it reproduces
+    its documents are made (``documents``: plain data, see the guides; empty: the caller's), what it reproduces
     (``source``), and a one-line ``description``. Listed by ``lens-parallel protocols``."""
 
     name: str

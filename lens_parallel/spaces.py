@@ -52,7 +52,7 @@ class SpaceSpec:
 
     Attributes:
         name: the space's name (:data:`~lens_parallel.choices.Space`).
-        message, reference: m and r in words (help texts, the README's table).
+        message, reference: m and r in words (help texts, the spaces' table in docs/guides/decompositions.md).
         family: ``value`` (read from the heads: m from hook_z or the pre-gate A v, r = v_t) or ``residual``.
         level: the space's own unit: ``head`` (value, value-exclude-self) or ``sublayer`` (one unit per layer).
         per_head: whether it also has a head level (the value spaces; residual-attn's per-head writes z_h W_O[h]).

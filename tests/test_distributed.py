@@ -64,7 +64,7 @@ def _start_head(temp: Path) -> tuple[subprocess.Popen, int] | None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A Ray head with 2 CPUs on localhost, started as `ray start --head --block` would be on a cluster's head node
-    (token authentication off: a cluster reachable by others keeps Ray's default, see the README); a head whose
+    (token authentication off: a cluster reachable by others keeps Ray's default, see the scale guide); a head whose
     own start fails is started again, three tries at most."""
     for _ in range(3):
         temp = tmp_path_factory.mktemp("ray")

@@ -3,7 +3,7 @@ the float32 model gives, to bfloat16's rounding of the weights and activations (
 
 The tolerances are loose on purpose: a random-weight toy in bfloat16 carries 8 mantissa bits through every
 layer; what is tested is that each path runs, stays finite, and lands where float32 does. The real model's
-measured differences are in the README (``benchmarks/precision.py``) and asserted in ``tests/test_smollm2.py``.
+measured differences are in the models guide (``benchmarks/precision.py``) and asserted in ``tests/test_smollm2.py``.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def test_smollm2_chunked_loss_equals_full_logits_and_its_gradient():
 
 
 def test_smollm2_bfloat16_statistics_within_the_stated_tolerance_of_float32():
-    """The README's bfloat16 tolerances (benchmarks/precision.py on 4 x 64 tokens): per head, median |diff| of
+    """The models guide's bfloat16 tolerances (benchmarks/precision.py on 4 x 64 tokens): per head, median |diff| of
     cosines under 0.005 and max under 0.06; of loss effects (nats) median under 0.005 and max under 0.1."""
     from lens_parallel import causal_null, head_attribution, head_sensitivity, load_model
 
