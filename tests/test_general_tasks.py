@@ -177,6 +177,9 @@ def test_a_preset_offline_runs_its_stand_ins_and_says_what_it_left_out(monkeypat
     edited = table.iloc[1]
     assert edited["difference"] == pytest.approx(edited["average"] - table.iloc[0]["average"])
     assert "average" in set(result.differences()["task"]) and "score" in set(result.differences()["metric"])
+    drawn = list(result.figure().data[0].x)  # the figure names each stand-in with the task it stands for
+    assert drawn[:2] == ["gsm8k_cot for gsm8k (exact_match,strict-match)", "openbookqa_validation for openbookqa"]
+    assert drawn[-1] == "average (score)"
 
 
 def test_the_sandbox_is_allowed_only_inside_a_run_that_opted_in(monkeypatch):

@@ -11,11 +11,13 @@ if TYPE_CHECKING:
     from lens_parallel.downstream.effects import TaskResult
 
 
-def _label(task: str, metric: str) -> str:
-    """``task``, with its metric where that is not acc (RULER's length in k tokens: ``niah_single_1 (4k)``)."""
+def _label(result: TaskResult, task: str, metric: str) -> str:
+    """``task``, with the task it stands in for (``gsm8k_cot for gsm8k``) and its metric where that is not acc
+    (RULER's length in k tokens: ``niah_single_1 (4k)``)."""
+    name = f"{task} for {result.stand_ins[task]}" if task in result.stand_ins else task
     if metric.isdigit():
-        return f"{task} ({int(metric) / 1024:g}k)"
-    return task if metric == "acc" else f"{task} ({metric})"
+        return f"{name} ({int(metric) / 1024:g}k)"
+    return name if metric == "acc" else f"{name} ({metric})"
 
 
 def _layout(fig: go.Figure, result: TaskResult, title: str, **axes: str) -> go.Figure:
@@ -45,7 +47,7 @@ def task_difference_figure(result: TaskResult) -> go.Figure:
         rows = rows.set_index("task").reindex(list(shown)).dropna(subset=["difference"])
         fig.add_trace(
             go.Scatter(
-                x=[_label(t, shown[t]) for t in rows.index],
+                x=[_label(result, t, shown[t]) for t in rows.index],
                 y=100 * rows["difference"],
                 mode="markers",
                 marker={"size": 10, "color": qualitative.D3[k % 10]},
@@ -81,7 +83,7 @@ def task_scores_figure(result: TaskResult) -> go.Figure:
     for k, setting in enumerate(result.settings):
         fig.add_trace(
             go.Bar(
-                x=[_label(t, m) for t, m in shown.items()],
+                x=[_label(result, t, m) for t, m in shown.items()],
                 y=[100 * result.scores[t][m][setting] for t, m in shown.items()],
                 name=setting,
                 marker_color="#7f7f7f" if k == 0 else qualitative.D3[(k - 1) % 10],
