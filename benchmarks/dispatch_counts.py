@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,20 +35,23 @@ from lens_parallel.documents import Documents
 from lens_parallel.models import toy_folder
 
 
-def cases(model: Any, hf: Any, docs: Documents) -> dict[str, Any]:
-    tokens = docs.tokens
+def cases(model: Any, hf: Any) -> dict[str, Callable[[Any], Any]]:
+    """Each analysis case (and Hugging Face's SDPA forward and its pair, the floors) as a function of the documents
+    or token ids, run in one batch: what this script counts and ``benchmarks/gpu.py`` times."""
 
-    def hf_forward() -> None:
+    def hf_forward(t: Any) -> None:
         with torch.inference_mode():
-            hf.model(tokens)
+            hf.model(input_ids=tokens_of(t), use_cache=False)
 
-    def hf_pair() -> None:
+    def hf_pair(t: Any) -> None:
         with torch.inference_mode():
-            for _ in range(2):
-                hf.lm_head(hf.model(tokens).last_hidden_state)
+            for _ in range(2):  # two forwards, each unembedded over the whole vocabulary, 4,096 positions at a time
+                hidden = hf.model(input_ids=tokens_of(t), use_cache=False).last_hidden_state
+                for rows in hidden.flatten(0, 1).split(4096):
+                    hf.lm_head(rows)
 
-    def decompose(*spaces: str) -> Any:
-        return lambda: lp.decompose(model, docs, space=list(spaces), progress=False)
+    def decompose(*spaces: str) -> Callable[[Any], Any]:
+        return lambda t: lp.decompose(model, t, space=list(spaces), batch_size=len(t), progress=False)
 
     return {
         "hf-sdpa": hf_forward,
@@ -56,15 +60,23 @@ def cases(model: Any, hf: Any, docs: Documents) -> dict[str, Any]:
         "decompose(value-exclude-self)": decompose("value-exclude-self"),
         "decompose(residual-attn)": decompose("residual-attn"),
         "decompose(3 spaces)": decompose("value", "value-exclude-self", "residual-attn"),
-        "evaluate": lambda: lp.evaluate(model, docs, lp.ComponentScale("value", s_par=0.0), n_resamples=20),
-        "causal_null(exact)": lambda: lp.causal_null(model, docs, null="exact"),
+        "evaluate": lambda t: lp.evaluate(
+            model, t, lp.ComponentScale("value", s_par=0.0), batch_size=len(t), n_resamples=100
+        ),
+        "causal_null(exact)": lambda t: lp.causal_null(model, t, null="exact", batch_size=len(t), progress=False),
     }
 
 
-def count(fn: Any) -> int:
-    fn()  # warm-up: lazy initialisation dispatches once
+def tokens_of(t: Any) -> torch.Tensor:
+    """The token ids of documents or of a tensor of them."""
+    return t.tokens if isinstance(t, Documents) else t
+
+
+def count(fn: Callable[[Any], Any], docs: Documents) -> int:
+    """Kernels dispatched by ``fn(docs)``, after one warm-up call (lazy initialisation dispatches once)."""
+    fn(docs)
     with compat.dispatch_counts() as counts:
-        fn()
+        fn(docs)
     return sum(counts.kernels.values())
 
 
@@ -85,8 +97,9 @@ def main() -> None:
             ids = torch.randint(model.cfg.d_vocab, (length,), generator=torch.Generator().manual_seed(length))
             docs = Documents.padded([ids.tolist()], {"source": "random token ids", "seed": length})
             with sized_as(kind):
-                for name, fn in cases(model, hf, docs).items():
-                    rows.append({"sized_as": kind, "length": length, "case": name, "kernels": count(fn)})
+                for name, fn in cases(model, hf).items():
+                    kernels = count(fn, docs)
+                    rows.append({"sized_as": kind, "length": length, "case": name, "kernels": kernels})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1))
     first, last = min(args.lengths), max(args.lengths)

@@ -52,6 +52,7 @@ for _key, _value in {
 }.items():
     os.environ.setdefault(_key, _value)
 
+import dispatch_counts  # noqa: E402  (benchmarks/: the cases it counts are the cases timed here)
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
@@ -232,31 +233,7 @@ def step_speed(run: Run, model: Any, hf: Any) -> None:
         tokens = tokens.to(run.device)
         warm = tokens[:1, :64]
 
-        def hf_forward(t: Any) -> None:
-            with torch.inference_mode():
-                hf.model(input_ids=t, use_cache=False)
-
-        def hf_pair(t: Any) -> None:
-            with torch.inference_mode():
-                for _ in range(2):
-                    hidden = hf.model(input_ids=t, use_cache=False).last_hidden_state
-                    for rows in hidden.flatten(0, 1).split(4096):
-                        hf.lm_head(rows)
-
-        def decompose(*spaces: str) -> Callable[[Any], Any]:
-            return lambda t: lp.decompose(model, t, space=list(spaces), batch_size=len(t), progress=False)
-
-        cases: dict[str, Callable[[Any], Any]] = {
-            "hf-sdpa": hf_forward,
-            "hf-sdpa-pair": hf_pair,
-            "decompose(value)": decompose("value"),
-            "decompose(value-exclude-self)": decompose("value-exclude-self"),
-            "decompose(residual-attn)": decompose("residual-attn"),
-            "decompose(3 spaces)": decompose("value", "value-exclude-self", "residual-attn"),
-            "evaluate": lambda t: lp.evaluate(
-                model, t, lp.ComponentScale("value", s_par=0.0), batch_size=len(t), n_resamples=100
-            ),
-            "causal_null(exact)": lambda t: lp.causal_null(model, t, null="exact", batch_size=len(t), progress=False),
+        cases: dict[str, Callable[[Any], Any]] = dispatch_counts.cases(model, hf) | {
             "head_attribution": lambda t: lp.head_attribution(
                 model, t, batch_size=len(t), n_resamples=100, progress=False
             ),
