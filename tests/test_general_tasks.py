@@ -170,7 +170,7 @@ def test_a_preset_offline_runs_its_stand_ins_and_says_what_it_left_out(monkeypat
     assert result.shots == {"gsm8k_cot": 8, "openbookqa_validation": 0, "piqa": 0}  # gsm8k_cot keeps its 8 shots
     assert result.provenance.settings["missing"] == {"bbh_cot_zeroshot": offline.why_missing("bbh_cot_zeroshot")}
     table = result.table()
-    assert list(table.columns[:3]) == ["gsm8k_cot (for gsm8k)", "openbookqa_validation (for openbookqa)", "piqa"]
+    assert list(table.columns[:3]) == ["gsm8k_cot for gsm8k", "openbookqa_validation for openbookqa", "piqa"]
     scores = table.iloc[:, :3].to_numpy()
     np.testing.assert_allclose(table["average"], scores.mean(1))  # each task's score, averaged unweighted
     assert (table["average_ci_low"] <= table["average"]).all() and (table["average"] <= table["average_ci_high"]).all()

@@ -234,6 +234,11 @@ class TaskResult(ResultMixin):
                 frames.append(frame)
         return pd.concat(frames, ignore_index=True)
 
+    def shown_name(self, task: str) -> str:
+        """``task`` as tables and figures name it: a stand-in with the task it stands for (``gsm8k_cot for
+        gsm8k``)."""
+        return f"{task} for {self.stand_ins[task]}" if task in self.stand_ins else task
+
     def score_metrics(self) -> dict[str, str]:
         """Each task whose score lies in [0, 1] (acc, a 0/1 metric, RULER's score at a length) with that metric
         (:func:`score_metric`): what the figures draw."""
@@ -244,7 +249,7 @@ class TaskResult(ResultMixin):
         """The directional-decomposition paper's table: one row per setting, each task's score
         (:func:`score_metric`, percent, lm-eval's aggregate) and the average over tasks (``score``, else ``acc``)
         with its 95% CI (items resampled within each task), then the paired difference to the unedited model
-        (percentage points) with its CI; a task that stands in for another is named ``stand-in (for task)``."""
+        (percentage points) with its CI; each task named by :meth:`shown_name`."""
         averages = _averaged(self.tasks, self.values)
         name = "score" if "score" in averages else "acc" if "acc" in averages else None
         if name is None:
@@ -257,8 +262,7 @@ class TaskResult(ResultMixin):
         for s, setting in enumerate(self.settings):
             row: dict[str, Any] = {"setting": setting}
             for t, label in members:
-                shown = f"{t} (for {self.stand_ins[t]})" if t in self.stand_ins else t
-                row[shown] = 100 * self.scores[t][label][setting]
+                row[self.shown_name(t)] = 100 * self.scores[t][label][setting]
             level = [np.stack([np.zeros_like(v), v]) for t, label in members for v in [self.values[f"{t}|{label}"][s]]]
             low, high = mean_of_means_ci(level, n_resamples=n_resamples, seed=seed)
             row |= {"average": float(np.mean([self.scores[t][label][setting] for t, label in members])) * 100}

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def _label(result: TaskResult, task: str, metric: str) -> str:
     """``task``, with the task it stands in for (``gsm8k_cot for gsm8k``) and its metric where that is not acc
     (RULER's length in k tokens: ``niah_single_1 (4k)``)."""
-    name = f"{task} for {result.stand_ins[task]}" if task in result.stand_ins else task
+    name = result.shown_name(task)
     if metric.isdigit():
         return f"{name} ({int(metric) / 1024:g}k)"
     return name if metric == "acc" else f"{name} ({metric})"
