@@ -1,6 +1,7 @@
-"""Sweeps, dominance, compression and a factorial on a real local Ray cluster (``ray start --head`` in a
-subprocess, two worker actors): the same numbers as one process, a killed worker replaced, a killed driver resumed
-in one process from its store."""
+"""The least that proves distribution, on a real local Ray cluster (``ray start --head`` in a subprocess, two
+worker actors): a sweep and a training factorial give the numbers of one process with a worker killed midway, a
+killed driver's sweep resumes in one process from its store, a worker with other weights is refused. That every
+analysis ships to workers and gives one process's numbers is checked without a cluster (``test_workers``)."""
 
 from __future__ import annotations
 
@@ -118,50 +119,8 @@ def _job_lines(path: Path) -> int:
     return max(0, len(path.read_text().splitlines()) - 1) if path.is_file() else 0
 
 
-def test_sensitivity_and_scaling_on_two_workers_equal_one_process(cluster):
-    model = get_model(SPEC)
-    blocks = _blocks(model)
-    kw = {"layers": [0, 2], "n_resamples": 200, "n_permutations": 200, "progress": False}
-    here = lp.head_sensitivity(model, blocks, **kw)
-    there = lp.head_sensitivity(model, blocks, **kw, workers=2, ray_address=cluster)
-    pd.testing.assert_frame_equal(here.to_dataframe(), there.to_dataframe(), check_exact=True)
-    kw = {"space": ["value", "residual-attn"], "s_par": [0.0, 1.5], "s_perp": [0.5], "n_resamples": 200}
-    here = lp.scale_sweep(model, blocks, **kw, progress=False)
-    there = lp.scale_sweep(model, blocks, **kw, progress=False, workers=2, ray_address=cluster)
-    pd.testing.assert_frame_equal(here.to_dataframe(), there.to_dataframe(), check_exact=True)
-
-
-def test_split_half_dominance_and_compression_on_two_workers_equal_one_process(cluster):
-    model = get_model(SPEC)
-    blocks = _blocks(model, seq_len=16)
-    here = lp.split_half_reliability(model, blocks, progress=False)
-    there = lp.split_half_reliability(model, blocks, progress=False, workers=2, ray_address=cluster)
-    pd.testing.assert_frame_equal(here.to_dataframe(), there.to_dataframe(), check_exact=True)
-    kw = {"query_positions": slice(4, 12), "batch_size": 2, "progress": False}
-    here = lp.head_dominance(model, blocks, **kw)
-    there = lp.head_dominance(model, blocks, **kw, workers=2, ray_address=cluster)
-    pd.testing.assert_frame_equal(here.to_dataframe(), there.to_dataframe(), check_exact=True)
-    pd.testing.assert_frame_equal(here.joint_table(), there.joint_table(), check_exact=True)
-    kw = {"method": ["int8", "magnitude-50%"], "batch_size": 2}
-    here = lp.compression_error(model, blocks, **kw)
-    there = lp.compression_error(model, blocks, **kw, workers=2, ray_address=cluster)
-    pd.testing.assert_frame_equal(here.to_dataframe(), there.to_dataframe(), check_exact=True)
-    np.testing.assert_array_equal(here.delta_loss, there.delta_loss)
-
-
-def test_factorial_on_two_workers_equals_the_sequential_one(cluster, tmp_path):
-    cfg = dataclasses.replace(PRESETS["tiny"], steps=4, eval_every=2)
-    arms, seeds = ["baseline", "xsa-gated"], [0, 1]
-    here = lp.run_factorial(cfg, arms, seeds, out=tmp_path / "here", progress=False)
-    there = lp.run_factorial(cfg, arms, seeds, out=tmp_path / "there", workers=2, ray_address=cluster)
-    assert [r.final_val_loss for r in here.runs] == [r.final_val_loss for r in there.runs]
-    pd.testing.assert_frame_equal(here.curves(), there.curves(), check_exact=True)
-    pd.testing.assert_frame_equal(here.paired_table(), there.paired_table(), check_exact=True)
-    assert (tmp_path / "there" / "xsa-gated" / "seed1" / "run.json").is_file()
-
-
 def test_a_killed_training_run_is_rerun_from_its_checkpoint_with_the_same_numbers(cluster, tmp_path):
-    cfg = dataclasses.replace(PRESETS["tiny"], steps=40, eval_every=10, checkpoint_every=5)
+    cfg = dataclasses.replace(PRESETS["tiny"], steps=24, eval_every=8, checkpoint_every=4)
     arms, seeds = ["baseline", "xsa-gated"], [0, 1]
     out = tmp_path / "there"
     killed: list[int] = []
@@ -176,6 +135,8 @@ def test_a_killed_training_run_is_rerun_from_its_checkpoint_with_the_same_number
     here = lp.run_factorial(cfg, arms, seeds, out=tmp_path / "here", progress=False)
     pd.testing.assert_frame_equal(here.curves(), there.curves(), check_exact=True)
     pd.testing.assert_frame_equal(here.paired_table(), there.paired_table(), check_exact=True)
+    assert [r.final_val_loss for r in here.runs] == [r.final_val_loss for r in there.runs]
+    assert (out / "xsa-gated" / "seed1" / "run.json").is_file()
 
 
 def test_a_killed_worker_is_replaced_and_the_sweep_ends_with_the_same_numbers(cluster, tmp_path):
@@ -251,26 +212,9 @@ def test_bad_worker_settings_are_refused_before_any_work(monkeypatch):
 
 
 def test_a_worker_whose_weights_differ_is_refused(cluster):
+    """(that one changed value changes the digest: ``test_models.test_weights_digest_is_exact``)"""
     model = lp.load_model(SPEC)
     with torch.no_grad():
         model.original_model.lm_head.weight.mul_(1.01)
     with pytest.raises(lp.LensParallelError, match="a worker loaded 'toy-qwen2' with other weights"):
         run_sweep(model, _blocks(model), _scale_jobs(2), progress=False, workers=2, ray_address=cluster)
-    one_value = lp.load_model(SPEC)  # one embedding value between the strided samples the digest once read
-    one_value.original_model.model.embed_tokens.weight.data[1, 1] += 1e-3
-    with pytest.raises(lp.LensParallelError, match="a worker loaded 'toy-qwen2' with other weights"):
-        run_sweep(one_value, _blocks(one_value), _scale_jobs(2), progress=False, workers=2, ray_address=cluster)
-
-
-def test_the_cli_runs_a_sweep_on_the_cluster_with_the_same_table(cluster, tmp_path, capsys):
-    from lens_parallel import cli
-
-    args = ["sensitivity", "--model", "toy-gpt2", "--n-docs", "3", "--seq-len", "12", "--layers", "1", "--out"]
-    assert cli.main([*args, str(tmp_path / "here")]) == 0
-    assert cli.main([*args, str(tmp_path / "there"), "--workers", "2", "--ray-address", cluster]) == 0
-    here, there = (pd.read_csv(tmp_path / d / "sensitivity.csv") for d in ("here", "there"))
-    pd.testing.assert_frame_equal(here, there, check_exact=True)
-    assert _job_lines(tmp_path / "there" / "sensitivity_store.jsonl") == 5  # 4 heads + the joint ablation
-    capsys.readouterr()
-    assert cli.main([*args, str(tmp_path / "x"), "--method", "attribution", "--workers", "2"]) == 2
-    assert "runs here, without --workers" in capsys.readouterr().err
