@@ -571,14 +571,14 @@ def test_mmlu_as_a_group_is_scored_as_lm_eval_weights_it():
     from lens_parallel.models import toy_folder
 
     model = get_model("toy-qwen3")
-    run = dict(limit=2, num_fewshot=0, batch_size=16, progress=False, n_resamples=50)
+    run = dict(limit=1, num_fewshot=0, batch_size=16, progress=False, n_resamples=50)
     result = task_effects(model, ComponentScale("value", s_par=0.0), ["mmlu", "piqa"], **run)
-    assert result.tasks == ("mmlu", "piqa") and len(result.doc_ids["mmlu"]) == 57 * 2
+    assert result.tasks == ("mmlu", "piqa") and len(result.doc_ids["mmlu"]) == 57
     hf = HFLM(pretrained=str(toy_folder("toy-qwen3")), dtype="float32", batch_size=16, device="cpu")
     expected = simple_evaluate(
         model=hf,
         tasks=["mmlu"],
-        limit=2,
+        limit=1,
         num_fewshot=0,
         bootstrap_iters=0,
         task_manager=task_manager(task_definitions()),
