@@ -19,9 +19,15 @@ from lens_parallel.sweep import AblationJob, head_means
 
 from .conftest import Killed, KillSwitch, get_model
 
+ENGINE_CASES = [("toy-qwen3.5", kind) for kind in ABLATIONS] + [
+    (("toy-gpt2", "toy-qwen3")[i % 2], kind) for i, kind in enumerate(ABLATIONS)
+]
+"""Every kind on gated GQA with linear-attention layers (toy-qwen3.5), and each kind once more on plain multi-head
+(toy-gpt2) or grouped-query attention (toy-qwen3), alternately: every kind on two families, every family on two
+kinds or more."""
 
-@pytest.mark.parametrize("spec", ["toy-gpt2", "toy-qwen3", "toy-qwen3.5"])  # MHA, GQA, gated GQA + linear layers
-@pytest.mark.parametrize("kind", ABLATIONS)
+
+@pytest.mark.parametrize(("spec", "kind"), ENGINE_CASES)
 def test_engine_equals_the_naive_loop(spec, kind):
     model = get_model(spec)
     a, b = model_info(model).softmax_layers[-2:]

@@ -25,7 +25,7 @@ from lens_parallel.losses import logits_of, unembedding
 from lens_parallel.models import model_info, toy_folder
 from lens_parallel.tokenizers import hf_tokenizer
 from lens_parallel.weights import real_model_folder
-from tests.conftest import NotDecodeSafe
+from tests.conftest import NotDecodeSafe, get_model
 
 PROMPTS = ["The capital of France is", "Once upon a time there was a little girl who", "1, 2, 3,"]
 TOYS = ["toy-gpt2", "toy-pythia", "toy-qwen2", "toy-qwen3", "toy-llama", "toy-qwen3.5"]
@@ -40,7 +40,7 @@ def _hugging_face(spec: str) -> AutoModelForCausalLM:
 
 @pytest.mark.parametrize("spec", [*TOYS, pytest.param("smollm2-135m", marks=pytest.mark.slow)])
 def test_unedited_greedy_generation_equals_hugging_face_generate(spec, monkeypatch):
-    model = lp.load_model(spec)
+    model = get_model(spec)
     n = 8
     batched = lp.generate(model, PROMPTS, max_new_tokens=n, batch_size=3, progress=False)
     tokenizer, hf = hf_tokenizer(model), _hugging_face(spec)
@@ -142,7 +142,7 @@ CASES = [(spec, name) for spec in ("toy-gpt2", "toy-qwen3") for name in [*EDITS,
 
 @pytest.mark.parametrize(("spec", "name"), CASES)
 def test_cached_generation_under_each_edit_equals_recomputing_the_whole_sequence(spec, name, monkeypatch):
-    model = lp.load_model(spec)
+    model = get_model(spec)
     edit = SIZED_EDITS[name](model_info(model)) if name in SIZED_EDITS else (EDITS | GATED_EDITS)[name]
     hooks = compile_hooks(model, edit)
     prompt = hf_tokenizer(model).encode(PROMPTS[1])
@@ -151,20 +151,20 @@ def test_cached_generation_under_each_edit_equals_recomputing_the_whole_sequence
     expected, expected_logits = _recomputed(model, prompt, hooks, n)
     assert tokens == expected
     torch.testing.assert_close(logits, expected_logits, rtol=1e-4, atol=1e-4)
-    unedited, _ = _recomputed(model, prompt, [], n)
+    unedited, unedited_logits = _recomputed(model, prompt, [], n)
     if name not in ("head parallel-value after-first",):  # an edit that changes nothing would pass vacuously
-        assert not torch.equal(expected_logits, _recomputed(model, prompt, [], n)[1]), name
+        assert not torch.equal(expected_logits, unedited_logits), name
     assert len(unedited) == n
 
 
 def test_every_registered_edit_kind_has_a_cached_generation_case():
-    info = model_info(lp.load_model("toy-gpt2"))
+    info = model_info(get_model("toy-gpt2"))
     made = [*EDITS.values(), *GATED_EDITS.values(), *(make(info) for make in SIZED_EDITS.values())]
     assert {type(edit).kind for edit in made} == set(lp.EDITS)
 
 
 def test_mean_ablation_and_a_left_padded_batch_under_an_edit_equal_each_prompt_alone():
-    model = lp.load_model("toy-qwen3")
+    model = get_model("toy-qwen3")
     means = torch.randn(model.cfg.n_heads, model.cfg.d_head)
     edits = {"mean": HeadEdit("mean", 1, (0, 3), means=means), "value": ComponentScale("value", s_par=0.0)}
     batched = lp.generate(model, PROMPTS, edits, max_new_tokens=6, batch_size=3, progress=False)
@@ -178,7 +178,7 @@ def test_mean_ablation_and_a_left_padded_batch_under_an_edit_equal_each_prompt_a
 
 
 def test_sampling_is_reproducible_and_independent_of_the_batch():
-    model = lp.load_model("toy-qwen2")
+    model = get_model("toy-qwen2")
     kw = dict(max_new_tokens=8, do_sample=True, temperature=1.5, top_p=0.9, seed=7, progress=False)
     one = lp.generate(model, PROMPTS, batch_size=3, **kw)
     two = lp.generate(model, PROMPTS, batch_size=1, **kw)
@@ -191,7 +191,7 @@ def test_sampling_is_reproducible_and_independent_of_the_batch():
 
 @pytest.mark.slow
 def test_a_stop_string_ends_the_text_before_it(tmp_path):
-    model = lp.load_model("smollm2-135m")
+    model = get_model("smollm2-135m")
     full = lp.generate(model, "The capital of France is", max_new_tokens=8, progress=False)
     assert full.texts[0][0].startswith(" Paris.\n\n")
     stopped = lp.generate(model, "The capital of France is", max_new_tokens=8, stop=("\n",), progress=False)
@@ -216,7 +216,7 @@ def test_a_stop_string_ends_the_text_before_it(tmp_path):
     ],
 )
 def test_bad_input_is_refused_before_any_forward(call, message, monkeypatch):
-    model = lp.load_model("toy-gpt2")
+    model = get_model("toy-gpt2")
 
     def no_forward(*args, **kwargs):
         raise AssertionError("a forward ran")
@@ -235,7 +235,7 @@ class _Undeclared:
 def test_a_killed_generate_resumes_only_the_unfinished_prompts_and_equals_an_uninterrupted_run(tmp_path, monkeypatch):
     from tests.conftest import Killed, KillSwitch
 
-    model = lp.load_model("toy-qwen3")
+    model = get_model("toy-qwen3")
     prompts = [*PROMPTS, "Two roads diverged in a yellow wood", "It was the best of times"]
     edits = {"zero diagonal": ZeroDiagonal()}
     run = dict(max_new_tokens=5, batch_size=2, progress=False)
@@ -257,7 +257,7 @@ def test_a_killed_generate_resumes_only_the_unfinished_prompts_and_equals_an_uni
 
 
 def test_progress_counts_every_token_of_the_call_and_every_finished_row():
-    model = lp.load_model("toy-gpt2")
+    model = get_model("toy-gpt2")
     tokenizer = hf_tokenizer(model)
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     common = dict(

@@ -434,12 +434,14 @@ TaskMetadata = tuple[tuple[str, Any], ...] | None
 @functools.cache
 def task_manager(include_path: Path | None, metadata: TaskMetadata = None) -> Any:
     """lm-eval's ``TaskManager`` (its index of every task YAML: about 20 s to build here, so built once per
-    process, folder and metadata), with the local definitions in ``include_path`` added and ``metadata`` handed to
-    every task it loads."""
+    process and folder), with the local definitions in ``include_path`` added and ``metadata`` handed to every task
+    it loads (a copy of the folder's manager: the same index)."""
+    if metadata is not None:
+        meta = {k: list(v) if isinstance(v, tuple) else v for k, v in metadata}
+        return compat.task_manager_with_metadata(task_manager(include_path), meta)
     from lm_eval.tasks import TaskManager
 
-    meta = None if metadata is None else {k: list(v) if isinstance(v, tuple) else v for k, v in metadata}
-    return TaskManager(include_path=None if include_path is None else str(include_path), metadata=meta)
+    return TaskManager(include_path=None if include_path is None else str(include_path))
 
 
 RULER_SYNTHETIC = frozenset(
