@@ -19,8 +19,8 @@ STAMP := $(VENV)/.lens_parallel-installed
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e '.[dev,distributed,notebook,tasks,quantization,docs]'
+	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,distributed,notebook,tasks,quantization,docs]'
 	touch $(STAMP)
 
 .PHONY: install run test test-fast test-shuffled lint bench docs

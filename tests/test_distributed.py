@@ -62,11 +62,12 @@ def _start_head(temp: Path) -> tuple[subprocess.Popen, int] | None:
     return head, port
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     """A Ray head with 2 CPUs on localhost, started as `ray start --head --block` would be on a cluster's head node
     (token authentication off: a cluster reachable by others keeps Ray's default, see the scale guide); a head whose
-    own start fails is started again, three tries at most."""
+    own start fails is started again, three tries at most. One per session: pytest-xdist runs this module's tests on
+    one worker, but not always one after another, and a module-scoped head would be started again after a break."""
     for _ in range(3):
         temp = tmp_path_factory.mktemp("ray")
         started = _start_head(temp)
