@@ -47,8 +47,11 @@ def allowed(monkeypatch):
     ids=["right", "wrong", "writes-inside", "loops", "allocates", "writes-outside", "socket", "subprocess", "exits"],
 )
 def test_a_program_is_fenced_and_scored(body, passed, result, allowed, tmp_path):
+    """Only the endless loop meets the timeout (1 s); every other program has 30 s, so that on a loaded machine the
+    fence, not the clock, decides (the allocation grows to the memory limit, a right program finishes)."""
     outside = tmp_path / "escaped.txt"
-    got = run_program(PROBLEM, body.replace("{outside}", str(outside)), timeout=1.0)
+    timeout = 1.0 if result == "timed out" else 30.0
+    got = run_program(PROBLEM, body.replace("{outside}", str(outside)), timeout=timeout)
     assert got.passed is passed and got.result.startswith(result.replace("{outside}", str(outside))), got
     assert not outside.exists()
 
