@@ -5,8 +5,9 @@ Every test carries exactly one tier marker, given here by module (``pytest -m un
 - ``unit``: no model is loaded (pure math, statistics, messages, options, style and types); seconds;
 - ``integration``: the toy models of every family (built in memory in about a second each);
 - ``browser``: a real Chromium page (playwright) renders the report or the explorer;
-- ``slow``: the real smollm2-135m (fetched once from PyPI), the notebooks executed end to end, the CLI run in
-  subprocesses and the Ray cluster tests (each starts processes that import torch afresh);
+- ``slow``: the real smollm2-135m (fetched once from PyPI), the notebooks executed end to end, the CLI's
+  subcommands end to end (one as a console process), the documentation's build and examples, and the Ray cluster
+  tests (each starts processes that import torch afresh);
 - ``real``: the larger real models (deselected by default: ``pytest -m real``).
 
 ``make test-fast`` runs ``unit or integration`` (the inner loop, a few minutes); ``make test`` runs everything but
