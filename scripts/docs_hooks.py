@@ -33,10 +33,9 @@ CLI_MARK = "<!-- cli -->"
 def _defined_in(name: str) -> str:
     """The module that defines ``lens_parallel.<name>`` (the package itself for a registry or a plain value)."""
     obj = getattr(lens_parallel, name)
-    module = inspect.getmodule(obj) if (inspect.isclass(obj) or inspect.isfunction(obj)) else None
     if inspect.ismodule(obj):
         return obj.__name__
-    return module.__name__ if module is not None else "lens_parallel"
+    return obj.__module__ if inspect.isclass(obj) or inspect.isfunction(obj) else "lens_parallel"
 
 
 def api_page() -> str:
