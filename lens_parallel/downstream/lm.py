@@ -25,15 +25,18 @@ from typing import Any
 
 import jinja2
 import torch
+from jaxtyping import Bool, Float
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM, hash_args
 from lm_eval.models import utils as lm_models_utils
+from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import compat
-from lens_parallel.edits import Edit, check_decode_safe, compile_hooks
+from lens_parallel.edits import Edit, check_decode_safe, compile_hooks, decode_safe
 from lens_parallel.errors import LensParallelError
+from lens_parallel.generation.continuations import score_continuations
 from lens_parallel.generation.decode import Sampling, decode_batch, end_of_sequence
 from lens_parallel.hooks import forward
 from lens_parallel.losses import scored_rows, unembedding
@@ -124,19 +127,19 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
             special["add_special_tokens"] = False
         return list(self.tokenizer.encode(string, **special))
 
-    def _batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
-        """``order`` (longest first) cut into batches of at most ``batch_size`` requests and ``tokens_per_forward``
-        padded tokens."""
+    def _batches(self, order: list[int], lengths: list[int], cost: Sequence[int] | None = None) -> list[list[int]]:
+        """``order`` (longest first) cut into batches of at most ``batch_size`` items and ``tokens_per_forward``
+        padded tokens, an item of ``lengths[i]`` tokens holding ``cost[i]`` (default 1) padded sequences (a first
+        item over the budget runs alone)."""
+        weight = [1] * len(lengths) if cost is None else cost
         out: list[list[int]] = []
         for i in order:
-            if (
-                out
-                and len(out[-1]) < self.batch_size
-                and lengths[out[-1][0]] * (len(out[-1]) + 1) <= max(self.tokens_per_forward, lengths[out[-1][0]])
-            ):
-                out[-1].append(i)
-            else:
-                out.append([i])
+            if out and len(out[-1]) < self.batch_size:
+                width, held = lengths[out[-1][0]], sum(weight[j] for j in out[-1])
+                if width * (held + weight[i]) <= max(self.tokens_per_forward, width * weight[out[-1][0]]):
+                    out[-1].append(i)
+                    continue
+            out.append([i])
         return out
 
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
@@ -147,7 +150,11 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         """(sum of log-probabilities of the continuation, whether every continuation token is the argmax) per
         request: the input is (context + continuation)[-(max_length + 1):][:-1], as lm-eval's ``hf`` model (a
         request whose context loses tokens so is recorded in :attr:`cut`). Answers in the store are read, not
-        computed; each computed one goes to the store as its batch finishes."""
+        computed; each computed one goes to the store as its batch finishes.
+
+        Requests whose (cut) contexts are the same token ids, as the choices of a multiple-choice item, are scored
+        against one run of that context (:func:`~lens_parallel.generation.continuations.score_continuations`,
+        every edit decode-safe); the others, a batch of whole sequences right-padded."""
         inputs = [(ctx + cont)[-(self.max_length + 1) :][:-1] for _, ctx, cont in requests]
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         for i, ((key, ctx, cont), inp) in enumerate(zip(requests, inputs, strict=True)):
@@ -161,35 +168,67 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
             if self.store is not None and hashed in self.store:
                 results[i] = (float(self.store[hashed][0]), bool(self.store[hashed][1]))
         todo = [i for i, r in enumerate(results) if r is None]
-        lengths = [len(x) for x in inputs]
-        order = sorted(todo, key=lambda i: -lengths[i])
         bar = tqdm(total=len(todo), desc=self.desc, disable=not self.progress or kwargs.get("disable_tqdm"))
-        for batch in self._batches(order, lengths):
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i in todo if decode_safe(self.edits, model_info(self.model)) else ():
+            groups.setdefault(tuple(inputs[i][: len(inputs[i]) - len(requests[i][2]) + 1]), []).append(i)
+        shared = [members for members in groups.values() if len(members) > 1]
+        alone = sorted(set(todo) - {i for members in shared for i in members}, key=lambda i: -len(inputs[i]))
+        lengths = [len(x) for x in inputs]
+        for batch in self._batches(alone, lengths):
             width = lengths[batch[0]]
             tokens = torch.full((len(batch), width), self.eot_token_id, dtype=torch.long, device="cpu")
             for row, i in enumerate(batch):
                 tokens[row, : lengths[i]] = torch.tensor(inputs[i], device="cpu")
             final = forward(self.model, tokens.to(self._device), self.hooks)
             assert final is not None
-            rows, targets = [], []
-            for row, i in enumerate(batch):
-                cont = requests[i][2]
-                rows.append(final[row, lengths[i] - len(cont) : lengths[i]])
-                targets += cont
+            rows = [final[row, lengths[i] - len(requests[i][2]) : lengths[i]] for row, i in enumerate(batch)]
+            targets = torch.tensor([t for i in batch for t in requests[i][2]], device=final.device)
             with torch.inference_mode():
-                nll, greedy = scored_rows(torch.cat(rows), self.unembed, torch.tensor(targets, device=final.device))
-            nll64, greedy_cpu = nll.double().cpu(), greedy.cpu()
-            start = 0
-            for i in batch:
-                n = len(requests[i][2])
-                answer = (-float(nll64[start : start + n].sum()), bool(greedy_cpu[start : start + n].all()))
-                results[i] = answer
-                if requests[i][0] is not None:
-                    self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
-                start += n
+                self._answer(
+                    [requests[i] for i in batch], batch, results, *scored_rows(torch.cat(rows), self.unembed, targets)
+                )
             bar.update(len(batch))
+        contexts = [
+            inputs[members[0]][: len(inputs[members[0]]) - len(requests[members[0]][2]) + 1] for members in shared
+        ]
+        widths = [len(c) for c in contexts]
+        held = [1 + sum(len(requests[i][2]) > 1 for i in members) for members in shared]
+        for batch in self._batches(sorted(range(len(shared)), key=lambda g: -widths[g]), widths, held):
+            members = [i for g in batch for i in shared[g]]
+            owner = [k for k, g in enumerate(batch) for _ in shared[g]]
+            scored = score_continuations(
+                self.model,
+                self.hooks,
+                [contexts[g] for g in batch],
+                [requests[i][2] for i in members],
+                owner,
+                unembed=self.unembed,
+                pad=self.eot_token_id,
+            )
+            self._answer([requests[i] for i in members], members, results, *scored)
+            bar.update(len(members))
         bar.close()
         return [r for r in results if r is not None]
+
+    def _answer(
+        self,
+        requests: list[TokenRequest],
+        indices: list[int],
+        results: list[tuple[float, bool] | None],
+        nll: Float[Tensor, " token"],
+        greedy: Bool[Tensor, " token"],
+    ) -> None:
+        """Each request's answer from its continuation tokens' NLL and greedy flags (the requests' continuations one
+        after another): (-sum NLL in float64, every token greedy), into ``results[indices[k]]`` and the store."""
+        nll64, greedy_cpu = nll.double().cpu(), greedy.cpu()
+        start = 0
+        for (key, _, cont), i in zip(requests, indices, strict=True):
+            n = len(cont)
+            results[i] = (-float(nll64[start : start + n].sum()), bool(greedy_cpu[start : start + n].all()))
+            if key is not None:
+                self.cache_hook.add_partial("loglikelihood", key, results[i])
+            start += n
 
     def rolling_windows(self, string: str) -> list[tuple[list[int], list[int]]]:
         """lm-eval's disjoint rolling windows of ``string`` (as its ``hf`` model cuts them): (context,

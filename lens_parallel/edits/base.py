@@ -363,6 +363,12 @@ def edit_footprint(edit: Edit, info: ModelInfo) -> Footprint | None:
     return cast(Footprint | None, declare(info)) if callable(declare) else None
 
 
+def decode_safe(edits: Sequence[Edit], info: ModelInfo) -> bool:
+    """Whether every edit says it is decode-safe (:attr:`Footprint.decode_safe`; :func:`check_decode_safe` says
+    why one is not)."""
+    return all((footprint := edit_footprint(edit, info)) is not None and footprint.decode_safe for edit in edits)
+
+
 def check_decode_safe(edits: Sequence[Edit], info: ModelInfo) -> None:
     """Refuse (one line) an edit that is not defined on a decoding step (one new query position against cached
     keys and values), or that does not say (:attr:`Footprint.decode_safe`)."""

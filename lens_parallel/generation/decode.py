@@ -4,7 +4,7 @@ One batch of prompts is left-padded (the real tokens of every row end at the sam
 ``generate`` pads), its attention mask marks the padding, and every position's id counts only the row's real tokens
 (``cumsum(mask) - 1``). The prompt runs once (the prefill), filling a Hugging Face ``DynamicCache``; each later step
 feeds one token per row against it. Every forward ends at the unembedding's input (:data:`FINAL_HOOK`): only the
-last position's residual is kept and unembedded (:class:`~lens_parallel.losses.Unembedding`), so no
+last position's residual is unembedded (:class:`~lens_parallel.losses.Unembedding`), so no
 [batch, pos, vocab] logits exist. The edits' hooks are registered for the whole loop: at the prefill they see the
 prompt as a whole-sequence forward does (position 0 of each row where its real tokens start:
 :data:`~lens_parallel.edits.FIRST_INDEX`), at each step one query position against the cached keys (only
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
@@ -64,26 +64,72 @@ class Decoded:
     finish: str
 
 
-def _step(
-    model: TransformerBridge,
-    tokens: Int[Tensor, "batch pos"],
-    mask: Int[Tensor, "batch key_pos"],
-    positions: Int[Tensor, "batch pos"],
-    cache: Mapping[str, Any],
-    unembed: Unembedding,
-    kept: list[Tensor],
-) -> Float[Tensor, "batch d_vocab"]:
-    """One forward of ``tokens`` against the cache ``cache`` hands over (:func:`lens_parallel.compat.
-    cache_keywords`; extended in place), ended at the unembedding's input by :func:`_last_position` (registered
-    once for the whole loop, not per step), which leaves each row's last position in ``kept``: its logits."""
-    with contextlib.suppress(StopForward):
-        model(tokens, attention_mask=mask, position_ids=positions, return_type=None, **cache)
-    return logits_of(kept.pop(), unembed)
+class CachedForwards:
+    """Forwards of one batch against one growing Hugging Face ``DynamicCache``, under hooks (opened by
+    :func:`cached_forwards`): each call runs ``tokens`` after whatever the cache holds and returns the final
+    normalised residual of its positions (the unembedding's input, :data:`FINAL_HOOK`: the forward ends there, no
+    logits); :meth:`select` keeps chosen rows of the cache for the next call."""
+
+    def __init__(self, model: TransformerBridge, cache: DynamicCache, kept: list[Tensor]) -> None:
+        self.model, self.cache, self.kept = model, cache, kept
+        self.keywords = compat.cache_keywords(model.original_model, cache)
+
+    def __call__(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        mask: Int[Tensor, "batch key_pos"],
+        positions: Int[Tensor, "batch pos"],
+        *,
+        first: Tensor | None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """One forward of ``tokens`` (``mask``: every key position's, cached and new; ``positions``: the new
+        tokens' position ids) extending the cache; ``first``: where position 0 of each row lies in ``tokens``
+        (:data:`~lens_parallel.edits.FIRST_INDEX`: the real tokens' start in a left-padded prompt; None: every new
+        position comes after it)."""
+        with _bound(FIRST_INDEX, first), contextlib.suppress(StopForward):
+            self.model(tokens, attention_mask=mask, position_ids=positions, return_type=None, **self.keywords)
+        return self.kept.pop()
+
+    def select(self, rows: Int[Tensor, " row"]) -> None:
+        """Keep the cache's rows ``rows`` (in that order, a row repeated as often as named) for the next forward."""
+        self.cache.reorder_cache(cast(torch.LongTensor, rows))
 
 
-def _last_position(resid: Tensor, hook: HookPoint, *, kept: list[Tensor]) -> None:
-    kept.append(resid[:, -1])
+def _keep_final(resid: Tensor, hook: HookPoint, *, kept: list[Tensor]) -> None:
+    kept.append(resid)
     raise StopForward
+
+
+@contextlib.contextmanager
+def cached_forwards(model: TransformerBridge, hooks: Sequence[Hook]) -> Iterator[CachedForwards]:
+    """Cached forwards of ``model`` under ``hooks`` (registered once for every forward inside, not per step),
+    without gradients, the model held (:func:`~lens_parallel.hooks.model_lock`), the cache handed to every
+    attention bridge (:func:`lens_parallel.compat.cache_reaches_attention`) and every layer's cached values to the
+    edits that read them (:data:`~lens_parallel.edits.STEP_VALUES`)."""
+    values: dict[int, Tensor] = {}  # each layer's cached and new values, for the edits that read them all
+    kept: list[Tensor] = []
+    cache = DynamicCache(config=cast(PreTrainedConfig, model.original_model.config))
+    with (
+        torch.inference_mode(),
+        model_lock(model),
+        compat.cache_reaches_attention(model, values=values),
+        model.hooks(fwd_hooks=[*hooks, (FINAL_HOOK, partial(_keep_final, kept=kept))]),
+        _bound(STEP_VALUES, values),
+    ):
+        yield CachedForwards(model, cache, kept)
+
+
+def left_padded(
+    prompts: Sequence[Sequence[int]], pad: int, device: torch.device
+) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"], Int[Tensor, "batch pos"], Int[Tensor, " batch"]]:
+    """``prompts`` left-padded with ``pad`` to one width, as Hugging Face's ``generate`` pads: the tokens, the
+    attention mask (1: a real token), each position's id counting the row's real tokens only (``cumsum(mask) -
+    1``, 0 on the pads) and where each row's real tokens start."""
+    width = max(len(p) for p in prompts)
+    starts = torch.tensor([width - len(p) for p in prompts], device=device)
+    tokens = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)
+    mask = (torch.arange(width, device=device) >= starts[:, None]).long()
+    return tokens, mask, (mask.cumsum(-1) - 1).clamp_min(0), starts
 
 
 def end_of_sequence(model: TransformerBridge, tokenizer: Any) -> frozenset[int]:
@@ -157,60 +203,43 @@ def decode_batch(
     (:func:`~lens_parallel.hooks.raise_non_finite`), before any of its texts is returned."""
     device = unembed.W_U.device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
-    width = max(len(p) for p in prompts)
-    starts = torch.tensor([width - len(p) for p in prompts], device=device)
-    tokens = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)
-    mask = (torch.arange(width, device=device) >= starts[:, None]).long()
-    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    tokens, mask, positions, starts = left_padded(prompts, pad, device)
     generators = [torch.Generator().manual_seed(sampling.seed * 1_000_003 + i) for i in indices]
-    cache = compat.cache_keywords(
-        model.original_model, DynamicCache(config=cast(PreTrainedConfig, model.original_model.config))
-    )
     out: list[list[int]] = [[] for _ in prompts]
     finish: list[str | None] = [None] * len(prompts)
     texts = [""] * len(prompts)
     non_finite = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     decoding = torch.ones(len(prompts), dtype=torch.bool, device=device)
-    values: dict[int, Tensor] = {}  # each layer's cached and new values, for the edits that read them all
-    kept: list[Tensor] = []
-    with (
-        torch.inference_mode(),
-        model_lock(model),
-        compat.cache_reaches_attention(model, values=values),
-        model.hooks(fwd_hooks=[*hooks, (FINAL_HOOK, partial(_last_position, kept=kept))]),
-        _bound(STEP_VALUES, values),
-    ):
-        with _bound(FIRST_INDEX, starts):
-            logits = _step(model, tokens, mask, positions, cache, unembed, kept)
-        with _bound(FIRST_INDEX, None):
-            for step in range(max_new_tokens):
-                non_finite |= decoding & ~torch.isfinite(logits).all(-1)
-                chosen = _choose(logits, sampling, generators).tolist()
-                used, ended = 0, 0
-                for row, token in enumerate(chosen):
-                    if finish[row] is not None:
-                        continue
-                    used += 1
-                    if token in eos:
-                        finish[row] = "eos"
-                    else:
-                        out[row].append(token)
-                        texts[row], stopped = cut_at_stop(tokenizer.decode(out[row]), stop)
-                        finish[row] = "stop" if stopped else None
-                    if finish[row] is not None:
-                        ended += 1
-                        used += max_new_tokens - step - 1
-                last = all(f is not None for f in finish) or step == max_new_tokens - 1
-                if advance is not None:
-                    advance(used, ended + (sum(f is None for f in finish) if last else 0))
-                if last:
-                    break
-                rows = [[pad, 0] if finish[r] else [t, 1] for r, t in enumerate(chosen)]  # one copy to the device
-                fed_and_decoding = torch.tensor(rows, device=device)
-                fed, decoding = fed_and_decoding[:, :1], fed_and_decoding[:, 1].bool()
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-                positions = positions[:, -1:] + 1
-                logits = _step(model, fed, mask, positions, cache, unembed, kept)
+    with cached_forwards(model, hooks) as run:
+        logits = logits_of(run(tokens, mask, positions, first=starts)[:, -1], unembed)
+        for step in range(max_new_tokens):
+            non_finite |= decoding & ~torch.isfinite(logits).all(-1)
+            chosen = _choose(logits, sampling, generators).tolist()
+            used, ended = 0, 0
+            for row, token in enumerate(chosen):
+                if finish[row] is not None:
+                    continue
+                used += 1
+                if token in eos:
+                    finish[row] = "eos"
+                else:
+                    out[row].append(token)
+                    texts[row], stopped = cut_at_stop(tokenizer.decode(out[row]), stop)
+                    finish[row] = "stop" if stopped else None
+                if finish[row] is not None:
+                    ended += 1
+                    used += max_new_tokens - step - 1
+            last = all(f is not None for f in finish) or step == max_new_tokens - 1
+            if advance is not None:
+                advance(used, ended + (sum(f is None for f in finish) if last else 0))
+            if last:
+                break
+            rows = [[pad, 0] if finish[r] else [t, 1] for r, t in enumerate(chosen)]  # one copy to the device
+            fed_and_decoding = torch.tensor(rows, device=device)
+            fed, decoding = fed_and_decoding[:, :1], fed_and_decoding[:, 1].bool()
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            positions = positions[:, -1:] + 1
+            logits = logits_of(run(fed, mask, positions, first=None)[:, -1], unembed)
     if bool(non_finite.any()):  # the batch's one read of the flag
         row = int(non_finite.nonzero()[0, 0])
         sequence = torch.tensor([[*prompts[row], *out[row]]], device=device)
