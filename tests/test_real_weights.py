@@ -175,3 +175,25 @@ def test_every_analysis_runs_and_says_what_is_undefined(spec, tmp_path):
     if info.n_layers * info.n_heads <= 100:
         split = split_half_reliability(model, halves, batch_size=4, progress=False).summary().iloc[0]
         assert -1 <= split["r_delta_cos_self"] <= 1
+
+
+@pytest.mark.parametrize("spec", REAL)
+def test_choices_sharing_a_long_context_score_as_the_whole_sequence(spec):
+    """A context longer than Gemma-3's sliding window (512): its cached run (sliding-window layers keep the last
+    keys only) and then the continuations score as the whole sequence's logits under an edit do."""
+    from lm_eval.api.instance import Instance
+
+    from lens_parallel.downstream.lm import EditedLM
+    from tests.test_downstream import _own_loglikelihood
+
+    model = get_model(spec)
+    context = " ".join(f"word{i} is number {i}." for i in range(80))
+    pairs = [(context, " word3"), (context, " 81 and more words to come")]
+    edits = (ComponentScale("value", s_par=0.0),)
+    lm = EditedLM(model, edits, progress=False)
+    assert len(lm.tok_encode(context)) > 600
+    got = lm.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)])
+    for (ctx, continuation), (ll, greedy) in zip(pairs, got, strict=True):
+        want_ll, want_greedy = _own_loglikelihood(model, lm, edits, ctx, continuation)
+        assert ll == pytest.approx(want_ll, abs=1e-3, rel=1e-5)
+        assert greedy == want_greedy
