@@ -8,8 +8,9 @@ A batch is a set of requests of similar length (longest first), right-padded, ru
 edits' hooks to the final normalised residual (:func:`lens_parallel.hooks.forward`: no logits), and only the
 continuation's positions are unembedded (:func:`lens_parallel.losses.scored_rows`). Right padding changes nothing
 a scored position sees (causal attention). Requests sharing a context (a multiple-choice item's choices) are scored
-against one key/value-cached run of it (:mod:`lens_parallel.generation.continuations`). ``generate_until`` decodes with the edits at every step
-(:meth:`EditedLM.generate_until`, lm-eval's ``hf`` semantics; see ``docs/downstream.md``).
+against one key/value-cached run of it (:mod:`lens_parallel.generation.continuations`). ``generate_until``
+decodes with the edits at every step (:meth:`EditedLM.generate_until`, lm-eval's ``hf`` semantics; see
+``docs/downstream.md``).
 
 Tokenisation follows lm-eval's ``hf`` model: the tokenizer as Hugging Face loads it from the model's tokenizer
 folder or name (:func:`hf_tokenizer`; TransformerLens reloads it with ``add_bos_token=True``, which would prepend a
