@@ -11,6 +11,7 @@ never gives p = 0.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -315,7 +316,11 @@ def mean_of_means_ci(
     per_group: list[np.ndarray], *, n_resamples: int = N_RESAMPLES, seed: int = 0
 ) -> tuple[float, float]:
     """95% percentile CI of the unweighted mean over groups (tasks) of each group's mean paired difference
-    mean(b - a), items resampled within each group; ``per_group``: one ``[2, item]`` array (a, b) per group."""
+    mean(b - a), items resampled within each group; ``per_group``: one ``[2, item]`` array (a, b) per group. With a
+    group of fewer than 2 items the interval is nan, as :func:`paired_bootstrap_ci`'s: resampling one item shows
+    none of its group's variation, and the interval would be as narrow as the other groups alone make it."""
+    if any(np.shape(values)[1] < 2 for values in per_group):
+        return math.nan, math.nan
     rng = np.random.default_rng(seed)
     draws = np.zeros(n_resamples)
     for values in per_group:

@@ -137,3 +137,5 @@ def test_the_mean_of_means_ci_is_exact_where_every_draw_is_the_same():
     spread = [np.stack([np.zeros(40), np.r_[np.zeros(20), np.ones(20)]])]  # d: half 0, half 1; mean 0.5
     low, high = mean_of_means_ci(spread, n_resamples=4000, seed=0)
     assert low < 0.5 < high and high - low == pytest.approx(2 * 1.96 * 0.5 / np.sqrt(40), abs=0.05)
+    one_item = [*spread, np.stack([np.zeros(1), np.ones(1)])]  # a task of one item: no CI, not a narrow one
+    assert all(np.isnan(mean_of_means_ci(one_item, n_resamples=200, seed=0)))
