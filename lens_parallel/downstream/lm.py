@@ -174,6 +174,7 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         groups: dict[tuple[int, ...], list[int]] = {}
         for i in todo if decode_safe(self.edits, model_info(self.model)) else ():
             groups.setdefault(tuple(inputs[i][: len(inputs[i]) - len(requests[i][2]) + 1]), []).append(i)
+        contexts = [list(context) for context, members in groups.items() if len(members) > 1]
         shared = [members for members in groups.values() if len(members) > 1]
         alone = sorted(set(todo) - {i for members in shared for i in members}, key=lambda i: -len(inputs[i]))
         lengths = [len(x) for x in inputs]
@@ -191,9 +192,6 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
                     [requests[i] for i in batch], batch, results, *scored_rows(torch.cat(rows), self.unembed, targets)
                 )
             bar.update(len(batch))
-        contexts = [
-            inputs[members[0]][: len(inputs[members[0]]) - len(requests[members[0]][2]) + 1] for members in shared
-        ]
         widths = [len(c) for c in contexts]
         held = [1 + sum(len(requests[i][2]) > 1 for i in members) for members in shared]
         for batch in self._batches(sorted(range(len(shared)), key=lambda g: -widths[g]), widths, held):
