@@ -519,19 +519,23 @@ def task_manager_with_metadata(manager: Any, metadata: dict[str, Any]) -> Any:
 
 
 @contextlib.contextmanager
-def lm_eval_quietly() -> Iterator[None]:
+def lm_eval_quietly(*, progress: bool) -> Iterator[None]:
     """Inside, lm-eval's evaluator records no git commit (its ``get_git_commit_hash`` runs ``git describe`` in the
     working folder, which prints ``fatal: not a git repository`` outside a checkout: the run's provenance holds
-    lens_parallel's version instead)."""
+    lens_parallel's version instead), and without ``progress`` its tasks build their requests without a progress
+    bar (``Task.build_all_requests`` draws one that no argument turns off)."""
     check("lm_eval")
+    import lm_eval.api.task
     import lm_eval.evaluator
 
-    real = lm_eval.evaluator.get_git_commit_hash
+    real_commit, real_bar = lm_eval.evaluator.get_git_commit_hash, lm_eval.api.task.tqdm
     lm_eval.evaluator.get_git_commit_hash = lambda: None
+    if not progress:
+        lm_eval.api.task.tqdm = functools.partial(real_bar, disable=True)
     try:
         yield
     finally:
-        lm_eval.evaluator.get_git_commit_hash = real
+        lm_eval.evaluator.get_git_commit_hash, lm_eval.api.task.tqdm = real_commit, real_bar
 
 
 def import_ruler_without_download() -> None:

@@ -516,6 +516,14 @@ def test_a_generation_task_gives_per_item_exact_match_paired_across_settings():
     assert table["p_mcnemar"].notna().all() and table["p_holm"].notna().all()
 
 
+@pytest.mark.parametrize("progress", [True, False])
+def test_progress_off_draws_no_bar_not_even_lm_evals_own(progress, capsys):
+    task_effects(get_model("toy-gpt2"), ZeroDiagonal(), [("copa", 0)], limit=2, progress=progress)
+    err = capsys.readouterr().err
+    assert ("2/2 [" in err) is progress  # lm-eval's request building draws "100%|...| 2/2 [...]"
+    assert ("it/s" in err) is progress
+
+
 def test_a_killed_generation_run_resumes_without_regenerating_finished_items(tmp_path, monkeypatch):
     from lens_parallel.generation import decode
 

@@ -533,7 +533,7 @@ def _run(
             store = SqliteDict(str(opts.store), tablename=f"requests_{table}", autocommit=True)
             stack.callback(store.close)
             lm.attach_store(store)
-        stack.enter_context(compat.lm_eval_quietly())
+        stack.enter_context(compat.lm_eval_quietly(progress=opts.progress))
         out = simple_evaluate(
             model=lm,
             tasks=list(task_objects.values()),
