@@ -552,6 +552,8 @@ def test_a_killed_generation_run_resumes_without_regenerating_finished_items(tmp
     assert resumed.scores == fresh.scores
     shown = "gsm8k_cot (exact_match,strict-match)"  # the figures draw a generation task's exact match
     assert list(fresh.figure().data[0].x) == [shown] and list(fresh.figures()["scores"].data[0].x) == [shown]
+    # taller by 5 px a character of the longest label past 20, the plot keeping its height under the slanted labels
+    assert [f.layout.height for f in fresh.figures().values()] == [460 + 5 * (len(shown) - 20)] * 2
 
 
 def test_mmlu_requests_are_lm_evals_five_dev_shots_and_the_test_question():
