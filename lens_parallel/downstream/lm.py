@@ -174,8 +174,8 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
         groups: dict[tuple[int, ...], list[int]] = {}
         for i in todo if decode_safe(self.edits, model_info(self.model)) else ():
             groups.setdefault(tuple(inputs[i][: len(inputs[i]) - len(requests[i][2]) + 1]), []).append(i)
-        contexts = [list(context) for context, members in groups.items() if len(members) > 1]
-        shared = [members for members in groups.values() if len(members) > 1]
+        kept = {context: members for context, members in groups.items() if len(members) > 1}
+        contexts, shared = [list(context) for context in kept], list(kept.values())
         alone = sorted(set(todo) - {i for members in shared for i in members}, key=lambda i: -len(inputs[i]))
         lengths = [len(x) for x in inputs]
         for batch in self._batches(alone, lengths):
