@@ -1,9 +1,9 @@
 # Two entry points, each building a fresh virtual environment (.venv) on first use:
 #   make run    installs and runs the main job (lens-parallel decompose on smollm2-135m)
 #   make test   installs and runs the whole test suite on two pytest-xdist workers of one thread each (the Ray tests
-#               on one of them: one local cluster; and Debian's
-#               Chromium for the browser test when it is missing and we are allowed to: root or passwordless sudo;
-#               otherwise it stops and says what to install)
+#               on one of them: one local cluster), after Debian's Chromium (the browser test) and bubblewrap (the
+#               sandbox for model-written code) when missing and we are allowed to: root or passwordless sudo;
+#               otherwise it stops and says what to install
 #   make test-shuffled   the whole suite in a shuffled order (pytest-randomly; SEED=N repeats an order), to show that no
 #                        test depends on the order tests run in
 #   make test-fast   the inner loop: the unit and integration tiers only (no browser, smollm2, notebooks, CLI
@@ -30,11 +30,11 @@ run: $(STAMP)
 	$(VENV)/bin/lens-parallel decompose --space value value-exclude-self residual-attn --out results/decompose
 
 test: $(STAMP)
-	@bash scripts/ensure-chromium
+	@bash scripts/ensure-system-packages
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadgroup
 
 test-shuffled: $(STAMP)
-	@bash scripts/ensure-chromium
+	@bash scripts/ensure-system-packages
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadgroup -p randomly $(if $(SEED),--randomly-seed=$(SEED),)
 
 test-fast: $(STAMP)

@@ -34,6 +34,7 @@ from .compression import Compression, compress
 from .data import TokenBlocks, load_texts, token_blocks
 from .documents import Documents, whole_documents
 from .downstream.effects import TaskResult, TaskSettings, task_effects
+from .downstream.sandbox import Execution, SandboxLimits, run_program
 from .edits import (
     ABLATIONS,
     EDITS,
@@ -97,6 +98,7 @@ __all__ = [
     "EditJob",
     "EnvironmentFailure",
     "EvaluateSettings",
+    "Execution",
     "Explorer",
     "FactorialResult",
     "Footprint",
@@ -121,6 +123,7 @@ __all__ = [
     "ReportSettings",
     "Result",
     "RunOptions",
+    "SandboxLimits",
     "SanityReport",
     "SanitySettings",
     "ScaleSettings",
@@ -171,6 +174,7 @@ __all__ = [
     "run_battery",
     "run_design",
     "run_factorial",
+    "run_program",
     "run_sweep",
     "sample_texts",
     "sanity_report",

@@ -36,6 +36,7 @@ from lens_parallel.downstream import data as task_data
 from lens_parallel.downstream.effects import _aggregate, task_effects
 from lens_parallel.downstream.lm import EditedLM
 from lens_parallel.downstream.presets import resolve_tasks
+from lens_parallel.downstream.sandbox import ALLOW_ENV
 from lens_parallel.losses import token_nll
 from lens_parallel.models import model_info
 from lens_parallel.stats import mcnemar_exact
@@ -278,17 +279,25 @@ def test_bad_task_lists_and_settings_are_refused_before_any_forward():
 def test_a_task_that_runs_model_written_code_needs_the_opt_in(monkeypatch):
     assert task_data.code_executing(["piqa", "humaneval", "mbpp", "gsm8k_cot", "mmlu_anatomy"]) == ["humaneval", "mbpp"]
     model = get_model("toy-gpt2")
-    monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
+    monkeypatch.delenv(ALLOW_ENV, raising=False)
 
     def load(plan, num_fewshot, metadata, **kwargs):
-        raise Killed(os.environ.get("HF_ALLOW_CODE_EVAL"), [name for name, _ in plan])
+        raise Killed(os.environ.get(ALLOW_ENV), [name for name, _ in plan])
 
     monkeypatch.setattr("lens_parallel.downstream.effects._load_tasks", load)
     with pytest.raises(LensParallelError, match="'humaneval' is scored by running the code the model writes; pass "):
         task_effects(model, ComponentScale("value", s_par=0.0), ["piqa", "humaneval"])
     with pytest.raises(Killed) as e:  # with the opt-in it goes on to load the tasks, code execution allowed there
         task_effects(model, ComponentScale("value", s_par=0.0), ["mbpp"], allow_code_execution=True)
-    assert e.value.args == ("1", ["mbpp"]) and "HF_ALLOW_CODE_EVAL" not in os.environ
+    assert e.value.args == ("1", ["mbpp"]) and ALLOW_ENV not in os.environ
+    with pytest.raises(
+        LensParallelError,
+        match=(  # lm-eval's own code runner is never used
+            r"^task 'mbpp_instruct' would run the code the model writes through lm-eval's own runner \(Hugging Face "
+            r"code_eval\), outside lens_parallel's sandbox; the code tasks scored in the sandbox: humaneval, mbpp$"
+        ),
+    ):
+        task_effects(model, ComponentScale("value", s_par=0.0), ["mbpp_instruct"], allow_code_execution=True)
     general = [name for name, _ in resolve_tasks("directional-decomposition-general")[0]]
     assert len(general) == 14 and {"humaneval", "mbpp"} < set(general)
     left_out = "humaneval, mbpp left out of the preset: runs the code the model writes"

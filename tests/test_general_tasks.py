@@ -17,50 +17,16 @@ import lens_parallel as lp
 from lens_parallel import compat
 from lens_parallel.downstream import data as task_data
 from lens_parallel.downstream import effects, offline, presets
-from lens_parallel.downstream.sandbox import ALLOW_ENV, run_program
+from lens_parallel.downstream.sandbox import ALLOW_ENV
 from lens_parallel.downstream.task_functions import pass_at_1
 from tests.conftest import get_model
 
 pytestmark = pytest.mark.xdist_group("general_tasks")
 
-PROBLEM = {"task_id": "t", "prompt": "def f(x):\n", "test": "def check(c):\n    assert c(2) == 4\n", "entry_point": "f"}
-
 
 @pytest.fixture
 def allowed(monkeypatch):
     monkeypatch.setenv(ALLOW_ENV, "1")
-
-
-@pytest.mark.parametrize(
-    ("body", "passed", "result"),
-    [
-        ("    return x * 2\n", True, "passed"),
-        ("    return x + 3\n", False, "failed: "),
-        ("    open('ok.txt', 'w').write('x')\n    return x * 2\n", True, "passed"),  # its own folder: allowed
-        ("    while True:\n        pass\n", False, "timed out"),
-        ("    a = []\n    while True:\n        a.append(' ' * 10**7)\n", False, "failed: "),  # MemoryError
-        ("    open('{outside}', 'w').write('x')\n    return 4\n", False, "failed: writing '{outside}' outside"),
-        ("    import socket\n    socket.socket().connect(('127.0.0.1', 9))\n    return 4\n", False, "failed: socket."),
-        ("    import subprocess\n    subprocess.run(['true'])\n    return 4\n", False, "failed: "),
-        ("    import os\n    os._exit(0)\n", False, "killed: exit status 0"),
-    ],
-    ids=["right", "wrong", "writes-inside", "loops", "allocates", "writes-outside", "socket", "subprocess", "exits"],
-)
-def test_a_program_is_fenced_and_scored(body, passed, result, allowed, tmp_path):
-    """Only the endless loop meets the timeout (1 s); every other program has 30 s, so that on a loaded machine the
-    fence, not the clock, decides (the allocation grows to the memory limit, a right program finishes)."""
-    outside = tmp_path / "escaped.txt"
-    timeout = 1.0 if result == "timed out" else 30.0
-    got = run_program(PROBLEM, body.replace("{outside}", str(outside)), timeout=timeout)
-    assert got.passed is passed and got.result.startswith(result.replace("{outside}", str(outside))), got
-    assert not outside.exists()
-
-
-def test_nothing_runs_without_the_opt_in(monkeypatch):
-    monkeypatch.delenv(ALLOW_ENV, raising=False)
-    monkeypatch.setattr("subprocess.run", lambda *a, **k: pytest.fail("a program ran"))
-    with pytest.raises(lp.LensParallelError, match=r"^not executed: scoring this task runs the code the model writes"):
-        run_program(PROBLEM, "    return x * 2\n")
 
 
 def test_humaneval_pass_at_1_equals_human_evals_own(allowed, tmp_path):
@@ -187,8 +153,9 @@ def test_a_preset_offline_runs_its_stand_ins_and_says_what_it_left_out(monkeypat
 
 def test_the_sandbox_is_allowed_only_inside_a_run_that_opted_in(monkeypatch):
     monkeypatch.delenv(ALLOW_ENV, raising=False)
-    with effects._code_execution(True):
-        assert os.environ[ALLOW_ENV] == "1" and os.environ["HF_ALLOW_CODE_EVAL"] == "1"
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
+    with effects._code_execution(True):  # nothing runs through Hugging Face's code_eval: its switch stays off
+        assert os.environ[ALLOW_ENV] == "1" and "HF_ALLOW_CODE_EVAL" not in os.environ
     assert ALLOW_ENV not in os.environ
     with effects._code_execution(False):
         assert ALLOW_ENV not in os.environ

