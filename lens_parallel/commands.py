@@ -31,6 +31,8 @@ import functools
 import json
 import operator
 import os
+import re
+import shutil
 import sys
 import typing
 import warnings
@@ -541,15 +543,18 @@ def _train(inv: Invocation) -> None:
 def _tasks(inv: Invocation) -> None:
     import torch
 
+    from lens_parallel.downstream.data import check_task_names
     from lens_parallel.downstream.effects import TaskSettings, task_effects
+    from lens_parallel.downstream.presets import resolve_tasks
     from lens_parallel.downstream.specs import parse_settings
     from lens_parallel.models import load_model
 
     out = inv.out()
     opts = inv.run_options(out)
     s, what = inv.settings(TaskSettings), inv.settings(TasksCommand)
-    named = parse_settings(what.settings)  # every spec checked before the model loads
+    named = parse_settings(what.settings)  # every spec and task name checked before the model loads
     tasks = what.tasks[0] if len(what.tasks) == 1 else list(what.tasks)
+    check_task_names([name for name, _ in resolve_tasks(tasks)[0]])
     data = inv.data()
     model = load_model(data.model, device=data.device, dtype=getattr(torch, data.dtype))
     result = task_effects(model, named, tasks, settings=s, options=opts)
@@ -584,8 +589,18 @@ def _generate(inv: Invocation) -> None:
     page = out / "generate_texts.html"
     page.write_text(result.html(), encoding="utf-8")
     print(f"{result.info.name}: continuations per setting (departs_at: first token unlike the unedited one)")
-    shown = frame.set_index(["prompt_index", "setting"])[["text", "n_tokens", "departs_at"]]
+    shown = frame.set_index(["prompt_index", "setting"])[["n_tokens", "departs_at", "text"]]
+    used = max(len(line) for line in shown.assign(text="").to_string().splitlines())  # all but the texts
+    room = max(shutil.get_terminal_size((120, 24)).columns - used - 1, 20)
+    shown = shown.assign(text=[_cut(t, room) for t in shown["text"]])
     _emit(out, "generate", result, shown, store=opts.store, also=(page,))
+
+
+def _cut(text: str, width: int) -> str:
+    """One line of at most ``width`` characters, padded to it (left-aligned in a table): line breaks shown as ⏎,
+    a longer text cut with …; the whole texts are in the files."""
+    line = text.replace("\r\n", "⏎").replace("\n", "⏎")
+    return (line if len(line) <= width else line[: width - 1] + "…").ljust(width)
 
 
 def _models(inv: Invocation) -> None:
@@ -695,13 +710,39 @@ def run(args: argparse.Namespace) -> int:
             warnings.showwarning = one_line_warning
             COMMANDS[args.command].run(Invocation(args.command, COMMANDS[args.command], args))
     except LensParallelError as exc:  # bad input: one line
-        print(f"lens-parallel {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"lens-parallel {args.command}: error: {as_flags(args.command, _one_line(exc))}", file=sys.stderr)
         return 2
     except EnvironmentFailure as exc:  # the environment failed: what failed and what to do, no traceback
-        print(f"lens-parallel {args.command}: could not run: {_one_line(exc)}", file=sys.stderr)
+        print(f"lens-parallel {args.command}: could not run: {as_flags(args.command, _one_line(exc))}", file=sys.stderr)
         return 3
     return 0  # anything else (LibraryError, a bug inside the package) shows its traceback
 
 
 def _one_line(exc: object) -> str:
     return " ".join(str(exc).split())
+
+
+def as_flags(command: str, message: str) -> str:
+    """A library message as the command line says it: ``name=value`` of an option ``command`` takes as its flag
+    (``max_gen_toks=2048`` -> ``--max-gen-toks 2048``, ``name=True`` -> ``--name``, ``name=False`` ->
+    ``--no-name``); the asides written for both (``(command line: --flag)``, ``(name= in Python, --flag on the
+    command line)``) as the flag alone."""
+    spec = COMMANDS[command]
+    classes = [*([DataOptions] if spec.data is not None else []), *spec.settings, RunOptions]
+    names = {f.name for cls in classes for f in dataclasses.fields(cls)}
+    message = re.sub(r"\s*\(command line: [^)]*\)", "", message)
+    message = re.sub(r"\(\w+= in Python, (--[\w-]+) on the command line\)", r"(\1)", message)
+
+    def flag(match: re.Match[str]) -> str:
+        name, value = match.group(1), match.group(2)
+        if name not in names:
+            return match.group(0)
+        return (
+            _flag(name)
+            if value == "True"
+            else f"--no-{name.replace('_', '-')}"
+            if value == "False"
+            else (f"{_flag(name)} {value}")
+        )
+
+    return re.sub(r"\b([a-z][a-z0-9_]*)=([^\s,;)]+)", flag, message)

@@ -212,6 +212,10 @@ class SweepStore:
                 f"{self.path} is not a sweep store of format {STORE_FORMAT} (found {kind!r}); {STORE_ADVICE}"
             )
         stored = header.get("fingerprint")
+        if "sha256" in header and header["sha256"] != value_checksum({"fingerprint": stored}):
+            raise LensParallelError(
+                f"{self.path} is damaged: its header does not match the checksum written with it; {STORE_ADVICE}"
+            )
         found: dict[str, Any] = stored if isinstance(stored, dict) else {}
         keys = dict.fromkeys([*self.fingerprint, *found])  # both ways: a key only one side has differs too
         differ = {k: (found.get(k), self.fingerprint.get(k)) for k in keys if found.get(k) != self.fingerprint.get(k)}
@@ -224,7 +228,8 @@ class SweepStore:
 
     def _rewrite(self, rows: list[bytes]) -> None:
         """Replace the store by its header and ``rows`` in one rename (the lock is held)."""
-        header = json.dumps({"format": STORE_FORMAT, "fingerprint": self.fingerprint}).encode()
+        checksum = value_checksum({"fingerprint": self.fingerprint})  # a header without one: an earlier version's
+        header = json.dumps({"format": STORE_FORMAT, "fingerprint": self.fingerprint, "sha256": checksum}).encode()
         tmp = add_suffix(self.path, f".tmp-{os.getpid()}")
         with open(tmp, "wb") as f:
             f.write(b"\n".join([header, *rows]) + b"\n")

@@ -136,3 +136,47 @@ def test_a_cached_forward_keeps_chosen_cache_rows():
                 sequence, torch.ones_like(sequence), torch.arange(len(prompt) + 1)[None], first=torch.tensor([0])
             )
         torch.testing.assert_close(after[row, -1], want[0, -1], rtol=1e-5, atol=1e-5)
+
+
+def _requests_past_the_context(tokenizer, n_ctx: int) -> list[Instance]:
+    """Multiple-choice items whose choices of 1 to 9 words share a context: one context far past ``n_ctx`` tokens,
+    one ending a few tokens before it (its longer choices cross it), a short one; and two plain requests past it."""
+    from lens_parallel.data import load_texts
+
+    words = " ".join(load_texts("wikipedia-en")[:8]).split()
+
+    def text_of(n_tokens: int) -> str:
+        kept = words[:n_tokens]
+        while len(tokenizer(" ".join(kept))["input_ids"]) > n_tokens:
+            kept = kept[:-1]
+        return " ".join(kept)
+
+    choices = [" " + " ".join(words[100 + k : 101 + k + n]) for k, n in enumerate(range(9))]  # 1 to 9 words
+    contexts = [text_of(n_ctx + 120), text_of(n_ctx - 4), "The answer is"]
+    pairs = [(context, choice) for context in contexts for choice in choices]
+    pairs += [(text_of(n_ctx + 40), " and so on"), (text_of(n_ctx - 1), words[7])]
+    return [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+
+
+@pytest.mark.parametrize("spec", ["toy-gpt2", "toy-pythia", "toy-llama"])  # learned positions, rotary, rotary
+def test_requests_past_the_context_score_as_lm_evals_own_hf_model(spec):
+    """lm-eval's ``hf`` model cuts (context + continuation) to its last ``max_length + 1`` tokens; so does
+    EditedLM, on the shared-context path (a batch's shorter continuations padded past the context, whose positions
+    must stay inside it) and on the plain one, at every batch size."""
+    from lm_eval.models.huggingface import HFLM
+
+    from lens_parallel.models import toy_folder
+
+    model = get_model(spec)
+    n_ctx = int(model.cfg.n_ctx)
+    hf = HFLM(pretrained=str(toy_folder(spec)), dtype="float32", batch_size=1, max_length=n_ctx, device="cpu")
+    requests = _requests_past_the_context(hf.tokenizer, n_ctx)
+    expected = hf.loglikelihood(requests, disable_tqdm=True)
+    lengths = [len(hf.tok_encode(r.args[0] + r.args[1])) for r in requests]
+    assert max(lengths) > n_ctx + 100 and sum(n > n_ctx + 1 for n in lengths) >= 11  # cut, shared and alone
+    for batch_size in (1, 3, 8):
+        lm = EditedLM(model, (), batch_size=batch_size, progress=False)
+        got = lm.loglikelihood(requests)
+        for (ll, greedy), (want_ll, want_greedy) in zip(got, expected, strict=True):
+            assert ll == pytest.approx(want_ll, rel=1e-5, abs=2e-4) and greedy == want_greedy
+        assert len(lm.cut) == sum(n > n_ctx + 1 for n in lengths)  # every cut request recorded as cut

@@ -59,3 +59,23 @@ def test_every_test_has_exactly_one_tier(request):
     assert request.node in items
     tiers_of = {item.nodeid: [t for t in TIERS if item.get_closest_marker(t)] for item in items}
     assert not {name: tiers for name, tiers in tiers_of.items() if len(tiers) != 1}
+
+
+def test_no_large_file_is_tracked_outside_the_package_assets():
+    """The repository holds source, not binaries: a tracked file over 1 MB may only be one of the package's own
+    assets (the toy models' tokenizers, the shipped corpora)."""
+    proc = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
+    large = [
+        name
+        for name in proc.stdout.split("\0")
+        if name and (ROOT / name).is_file() and (ROOT / name).stat().st_size > 1 << 20
+    ]
+    assert [name for name in large if not name.startswith("lens_parallel/assets/")] == []
+
+
+def test_the_changelog_names_this_version_first():
+    """Each capability that lands raises the version and says what changed (Keep a Changelog's form)."""
+    import lens_parallel
+
+    releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert releases and releases[0] == lens_parallel.__version__

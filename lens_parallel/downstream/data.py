@@ -25,6 +25,7 @@ the scored item itself excluded (lm-eval's rule when a task has no training spli
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import gzip
 import json
@@ -538,13 +539,21 @@ def code_executing(names: Sequence[str]) -> list[str]:
 
 
 def check_task_names(names: list[str]) -> None:
-    """Raise, in one line, for a name that is neither an offline task nor one of the installed lm-eval's."""
+    """Raise, in one line, for a name that is neither an offline task, a preset, nor one of the installed
+    lm-eval's: the closest names, and where the rest are listed."""
+    from lens_parallel.downstream.presets import TASK_PRESETS
+
     bad = [n for n in names if n not in LOCAL_TASKS]
+    if not bad:
+        return
+    index = task_manager(None).task_index
+    bad = [n for n in bad if n not in index]
     if bad:
-        index = task_manager(None).task_index
-        bad = [n for n in bad if n not in index]
-    if bad:
+        known = list(dict.fromkeys([*TASK_PRESETS, *LOCAL_TASKS, *index]))
+        close = difflib.get_close_matches(bad[0], known, n=2, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}?" if close else "no task is named like it"
+        subjects = sum(name.startswith("mmlu_") for name in LOCAL_TASKS)
         raise LensParallelError(
-            f"unknown task {bad[0]!r}; offline tasks: {', '.join(sorted(LOCAL_TASKS))} (online: any lm-eval task "
-            "name, e.g. from `lm_eval --tasks list`)"
+            f"unknown task {bad[0][:60]!r} ({hint}); offline: {len(LOCAL_TASKS) - subjects} tasks and mmlu's "
+            f"{subjects} subjects; presets: {', '.join(TASK_PRESETS)}; online: any lm-eval task"
         )

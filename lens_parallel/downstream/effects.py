@@ -320,7 +320,7 @@ class TaskResult(ResultMixin):
         each setting's answer, ✓ / ✗ by the task's first 0/1 metric; an edited answer highlighted from where it
         departs from the unedited one), the first ``max_items`` items of each task (None: all)."""
         frame = self.samples()
-        parts = []
+        parts = [f"<p>{html.escape(line)}</p>" for line in self._what_ran()]
         for task in self.tasks:
             part = frame[frame["task"] == task]
             doc_ids = list(dict.fromkeys(part["doc_id"]))[:max_items]
@@ -333,10 +333,24 @@ class TaskResult(ResultMixin):
                 answers = [_answer_text(item.loc[name]) for name in self.settings]
                 rows.append(((str(doc), str(first["context"]), str(first["target"])), answers))
             shown = f"{len(doc_ids)} of {part['doc_id'].nunique()} items" + note
-            parts.append(f"<h2>{html.escape(task)}: {html.escape(shown)}</h2>")
-            parts.append(texts_table(("doc_id", "context (end)", "target", *self.settings), rows))
+            parts.append(f"<h2>{html.escape(self.shown_name(task))}: {html.escape(shown)}</h2>")
+            code = "execution" in part.columns and part["execution"].notna().any()  # a program per answer
+            parts.append(texts_table(("doc_id", "context (end)", "target", *self.settings), rows, code=bool(code)))
         model = self.info.name if self.provenance else "model"
         return html_page(f"{model}: answers per item under each setting", parts)
+
+    def _what_ran(self) -> list[str]:
+        """What a reader must know before the items: the offline stand-ins and the tasks left out, with why."""
+        settings = self.provenance.settings if self.provenance else {}
+        lines = [f"{stand_in} stands in for {task} (offline)" for stand_in, task in self.stand_ins.items()]
+        missing = settings.get("missing") or {}
+        lines += [f"{task} left out: {why}" for task, why in missing.items()]
+        if settings.get("left_out"):
+            lines.append(
+                f"{', '.join(settings['left_out'])} left out: they run the code the model writes "
+                "(allow_code_execution=True, --allow-code-execution)"
+            )
+        return lines
 
     def differences(self) -> pd.DataFrame:
         """Per task, metric and edited setting: unedited, edited, difference, its CI, McNemar p and Holm p (0/1
@@ -345,17 +359,20 @@ class TaskResult(ResultMixin):
         return pd.DataFrame(self.effects)
 
     def summary(self) -> pd.DataFrame:
-        """One row: the model, the tasks, and per edited setting the average accuracy difference over tasks
-        (``average_acc_difference[<setting>]``) with its CI."""
+        """One row: the model, the tasks, and per average over tasks (``acc``: over the tasks that have it;
+        ``score``: each task's score; RULER's score at a length) and edited setting, the average's difference to the
+        unedited model with its CI (``average_<metric>_difference[<setting>]``, ``..._lo``, ``..._hi``), one number
+        per cell, as fractions."""
         table = self.differences()
-        average = table[table["task"] == "average"].set_index("setting")
+        average = table[table["task"] == "average"]
         row: dict[str, Any] = {"model": self.info.name if self.provenance else None, "tasks": " ".join(self.tasks)}
-        for setting in self.settings[1:]:
-            if setting in average.index:
-                a = average.loc[setting]
-                row[f"average_acc_difference[{setting}]"] = a["difference"]
-                row[f"average_acc_difference_lo[{setting}]"] = a["ci_low"]
-                row[f"average_acc_difference_hi[{setting}]"] = a["ci_high"]
+        for _, a in average.iterrows():
+            for key, column in (
+                ("difference", "difference"),
+                ("difference_lo", "ci_low"),
+                ("difference_hi", "ci_high"),
+            ):
+                row[f"average_{a['metric']}_{key}[{a['setting']}]"] = float(a[column])
         return pd.DataFrame([row])
 
     def figure(self) -> go.Figure:
@@ -375,7 +392,8 @@ def _answer_text(row: pd.Series) -> str:
     filters = [f"{c[7:-1]}: {row[c]}" for c in row.index if c.startswith("answer[") and isinstance(row[c], str)]
     binary = [c for c in row.index if c.split(",")[0] in BINARY_METRICS and pd.notna(row[c])]
     mark = (" ✓" if row[binary[0]] == 1 else " ✗") if binary else ""
-    return str(row["response"] or "") + mark + "".join(f"\n[{f}]" for f in filters)
+    ran = f"\n[execution: {row['execution']}]" if isinstance(row.get("execution"), str) else ""
+    return str(row["response"] or "") + mark + ran + "".join(f"\n[{f}]" for f in filters)
 
 
 def score_metric(labels: Sequence[str]) -> str:
@@ -732,7 +750,7 @@ def _check_for_model(model: TransformerBridge, s: TaskSettings, names: Sequence[
     info, n_ctx = model_info(model), int(model.cfg.n_ctx)
     if s.max_gen_toks is not None and s.max_gen_toks >= n_ctx:
         raise LensParallelError(
-            f"max_gen_toks={s.max_gen_toks:,} leaves no room for a context in {info.name}'s {n_ctx:,} tokens: give "
+            f"max_gen_toks={s.max_gen_toks} leaves no room for a context in {info.name}'s {n_ctx:,} tokens: give "
             f"at most {n_ctx - 1:,}"
         )
     ruler = [n for n in names if n in RULER_SYNTHETIC | RULER_ONLINE]
@@ -816,8 +834,7 @@ def _load_tasks(
     alternative`) or left out and said why; otherwise every such task is named in one line
     (:class:`~lens_parallel.errors.EnvironmentFailure`)."""
     offline = any(name not in LOCAL_TASKS for name, _ in plan) and hub_offline()
-    candidates = {name for name, _ in plan} | {alt for name, _ in plan if (alt := alternative(name))}
-    local = bool(candidates & set(LOCAL_TASKS)) if offline else any(name in LOCAL_TASKS for name, _ in plan)
+    local = offline or any(name in LOCAL_TASKS for name, _ in plan)  # offline, a group may be of local tasks (mmlu)
     manager = task_manager(task_definitions() if local else None, metadata)
     loaded: dict[str, dict[str, Any]] = {"tasks": {}, "groups": {}}
     kept: list[tuple[str, int | None]] = []

@@ -108,5 +108,8 @@ def task_answers(
 
 
 def _first(value: Any) -> Any:
-    """A filter's answer: lm-eval keeps one per repeat (a list); the first."""
-    return value[0] if isinstance(value, list) and value else value
+    """A filter's answer: lm-eval keeps one per repeat (a list), a code task's filter a list of candidate programs
+    per repeat: the first, as text (never a list's repr)."""
+    while isinstance(value, list) and value:
+        value = value[0]
+    return value

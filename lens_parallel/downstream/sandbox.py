@@ -192,7 +192,7 @@ def _size(n: int) -> str:
 def sandbox_fence() -> Fence:
     """This machine's :class:`Fence`, after one program has run in it and passed; else, in one line, why code
     cannot run here and what to install (:class:`~lens_parallel.errors.EnvironmentFailure`)."""
-    fix = "or run without --allow-code-execution (allow_code_execution=False)"
+    fix = "or run without allow_code_execution=True"
     if not sys.platform.startswith("linux"):
         raise EnvironmentFailure(
             f"running the code a model writes needs Linux (bubblewrap's namespaces), not {sys.platform}: {fix}"

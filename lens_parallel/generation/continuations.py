@@ -58,7 +58,11 @@ def score_continuations(
             run.select(chosen)
             fed = [[*continuations[i][:-1], *[pad] * (width + 1 - len(continuations[i]))] for i in longer]
             seen = torch.cat([mask[chosen], mask.new_ones(len(longer), width)], dim=1)
-            after = mask.sum(-1)[chosen, None] + torch.arange(width, device=device)
+            # a shorter continuation's padding may run past the context (the batch's widest sets the width): its
+            # positions are clamped; every real token lies inside it (the caller cuts each request to fit)
+            after = (mask.sum(-1)[chosen, None] + torch.arange(width, device=device)).clamp(
+                max=int(model.cfg.n_ctx) - 1
+            )
             rest = run(torch.tensor(fed, device=device), seen, after, first=None)
         else:
             rest = final.new_zeros(0, 0, final.shape[-1])

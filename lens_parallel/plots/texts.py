@@ -28,9 +28,12 @@ def _cell(text: str, base: str | None) -> str:
     return f'<td>{same}<mark title="departs from the unedited text">{rest}</mark></td>'
 
 
-def texts_table(labels: Sequence[str], rows: Sequence[tuple[Sequence[str], Sequence[str]]]) -> str:
+def texts_table(
+    labels: Sequence[str], rows: Sequence[tuple[Sequence[str], Sequence[str]]], *, code: bool = False
+) -> str:
     """An HTML table: ``labels`` head the columns; each row is (its leading cells, escaped as text; its texts, one
-    per setting, the first the unedited one). Empty: a line saying so."""
+    per setting, the first the unedited one); ``code``: the texts are programs (monospace, their line breaks and
+    indentation kept). Empty: a line saying so."""
     if not rows:
         return "<p>no rows</p>"
     head = "".join(f"<th>{html.escape(label)}</th>" for label in labels)
@@ -39,7 +42,8 @@ def texts_table(labels: Sequence[str], rows: Sequence[tuple[Sequence[str], Seque
         cells = [f"<td>{html.escape(c)}</td>" for c in lead]
         cells += [_cell(text, None if s == 0 else texts[0]) for s, text in enumerate(texts)]
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return f'<table style="{_STYLE}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    kind = ' class="code"' if code else ""
+    return f'<table{kind} style="{_STYLE}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
 def html_page(title: str, parts: Sequence[str | go.Figure]) -> str:
@@ -55,6 +59,7 @@ def html_page(title: str, parts: Sequence[str | go.Figure]) -> str:
     return (
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
         "<style>body{font-family:sans-serif;margin:1.5em} td,th{border:1px solid #ccc;padding:4px;"
-        "max-width:40em} table{border-collapse:collapse} mark{background:#ffe08a}</style></head>"
+        "overflow-wrap:anywhere} table{border-collapse:collapse;width:100%;table-layout:fixed}"
+        " table.code td{font-family:monospace;font-size:90%} mark{background:#ffe08a}</style></head>"
         f"<body><h1>{html.escape(title)}</h1>{''.join(body)}</body></html>"
     )
