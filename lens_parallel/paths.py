@@ -19,6 +19,7 @@ import hashlib
 import os
 import shutil
 import socket
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -58,14 +59,16 @@ def check_writable(path: str | Path, what: str = "output") -> Path:
         raise LensParallelError(f"{what} {path} exists and is not writable; make it writable or give another path")
     if not os.access(path.parent, os.W_OK):
         raise LensParallelError(f"{what} {path}: its folder is not writable")
-    existed = path.exists()
-    try:  # what os.access cannot tell (root, /proc, a read-only mount): a file actually opened for writing
-        with open(path, "ab"):
-            pass
+    try:  # what os.access cannot tell (root, /proc, a read-only mount): a file actually opened for writing, never
+        # the target created and removed (another process may be creating it now)
+        if path.exists():
+            with open(path, "ab"):
+                pass
+        else:
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}."):
+                pass
     except OSError as exc:
         raise LensParallelError(f"{what} {path} cannot be written ({exc.strerror}); give another path") from exc
-    if not existed:
-        path.unlink()
     return path
 
 

@@ -18,6 +18,7 @@ import torch
 import lens_parallel as lp
 from lens_parallel import LensParallelError, cli, commands
 from lens_parallel.cli import main
+from lens_parallel.commands import COMMANDS, as_flags
 from lens_parallel.report import SECTIONS
 
 
@@ -252,6 +253,19 @@ def workspace(tmp_path_factory):
     trained = ["train", "--preset", "tiny", "--arms", "baseline", "xsa-gated", "--seeds", "0", "1", "--steps", "3"]
     assert main([*trained, "--device", "cpu", "--plan", str(root / "plan.json"), "--out", str(root / "trained")]) == 0
     (root / "malformed.json").write_text((root / "plan.json").read_text()[:50])
+    scaled = [
+        "scale",
+        *T.split(),
+        "--s-par",
+        "0",
+        "--store",
+        str(root / "damaged.jsonl"),
+        "--out",
+        str(root / "scaled"),
+    ]
+    assert main(scaled) == 0
+    store = (root / "damaged.jsonl").read_bytes()  # one byte of the header's fingerprint flipped
+    (root / "damaged.jsonl").write_bytes(store.replace(b"toy-gpt2", b"toy-gpt3", 1))
     run_json = root / "trained" / "baseline" / "seed0" / "run.json"
     run_json.write_text(run_json.read_text()[:300])
     return {name: str(root / name) for name in os.listdir(root)} | {"out": str(root / "out"), "root": str(root)}
@@ -331,7 +345,12 @@ BAD_COMMAND_LINES = [  # (command line, what its one line says); {name}: a path 
     ("tasks --model toy-gpt2 --settings value:s_par --out {out}", "'s_par' is not key=value"),
     ("tasks --model toy-gpt2 --settings value:colour=2 --out {out}", "unexpected keyword argument 'colour'"),
     ("tasks --model toy-gpt2 --settings missing.yaml --out {out}", "settings file missing.yaml does not exist"),
-    ("tasks --model toy-gpt2 --tasks not_a_task --out {out}", "unknown task 'not_a_task'; offline tasks:"),
+    ("tasks --model toy-gpt2 --tasks not_a_task --out {out}", "unknown task 'not_a_task' (no task is named like it)"),
+    ("tasks --model toy-gpt2 --tasks gsm8k_co piqa --out {out}", "unknown task 'gsm8k_co' (did you mean gsm8k_cot"),
+    ("tasks --model toy-gpt2 --tasks humaneval --out {out}", "pass --allow-code-execution to run it"),
+    ("tasks --model toy-gpt2 --tasks copa --max-gen-toks 600 --out {out}", "--max-gen-toks 600 leaves no room"),
+    ("tasks --model toy-gpt2 --tasks copa --store /proc/lp.sqlite --out {out}", "store /proc/lp.sqlite cannot be"),
+    (f"scale {T} --s-par 0 --store {{damaged.jsonl}} --out {{out}}", "is damaged: its header does not match"),
     ("tasks --model toy-gpt2 --limit 0 --out {out}", "limit must be a positive integer, got 0"),
     ("tasks --model toy-gpt2 --texts wikipedia-en --out {out}", "unrecognized arguments: --texts"),
     ("checks --protocol nope", "invalid choice: 'nope'"),
@@ -357,6 +376,9 @@ def test_bad_command_lines_exit_2_with_one_line(workspace, line, message, capsys
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
     assert not (Path(workspace["out"]) / "baseline" / "seed-1").exists()
+    if argv and argv[0] in COMMANDS:  # the command line's words only: every option named by its flag
+        said = lines[0].split(": error: ", 1)[-1]
+        assert as_flags(argv[0], said) == said, said
 
 
 def _fill(line: str, workspace: dict[str, str]) -> str:
@@ -511,3 +533,45 @@ def test_every_subcommand_prints_its_help(capsys):
         assert f"usage: lens-parallel {name}" in text
         if name == "compress":
             assert "wanda-50%" in text and "--mode {local,global}" in text
+
+
+def test_an_unknown_task_is_refused_before_the_model_loads(capsys, monkeypatch):
+    monkeypatch.setattr("lens_parallel.models.load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    code, _, stderr = _main(capsys, "tasks", "--model", "smollm2-135m", "--tasks", "gsm8k_co")
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and len(stderr.strip()) < 300
+    assert "did you mean gsm8k_cot" in stderr
+
+
+@pytest.mark.parametrize(
+    ("message", "said"),
+    [
+        (
+            "pass allow_code_execution=True (command line: --allow-code-execution) to run it",
+            "pass --allow-code-execution to run it",
+        ),
+        ("max_gen_toks=600 leaves no room", "--max-gen-toks 600 leaves no room"),
+        ("give another store (store= in Python, --store on the command line)", "give another store (--store)"),
+        ("without apply_chat_template=False", "without --no-apply-chat-template"),
+        ("s_par=0 is not an option of tasks", "s_par=0 is not an option of tasks"),
+    ],
+)
+def test_a_library_message_names_the_command_lines_flags(message, said):
+    assert as_flags("tasks", message) == said
+
+
+def test_the_generate_table_fits_the_terminal_with_texts_left_aligned(tmp_path, capsys, monkeypatch):
+    """75 rows of texts far longer than the terminal: each printed line fits its 80 columns, each text starts in
+    the same column (cut with …); the whole texts are in the files."""
+    monkeypatch.setenv("COLUMNS", "80")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(f"Prompt number {i} says" for i in range(25)), encoding="utf-8")
+    argv = ["generate", "--model", "toy-gpt2", "--prompts-file", str(prompts), "--max-new-tokens", "40"]
+    code, stdout, stderr = _main(capsys, *argv, "--settings", "value:s_par=0", "zero-diagonal", "--out", str(tmp_path))
+    assert code == 0, stderr
+    table = stdout.split("wrote:")[0].splitlines()[1:]
+    rows = [line for line in table if "unedited" in line or "s_par" in line or "zero-diagonal" in line]
+    assert len(rows) == 75 and all(len(line) <= 80 for line in table), max(map(len, table))
+    frame = pd.read_csv(tmp_path / "generate.csv")
+    assert len({len(line) for line in rows}) == 1  # every text padded to one width after the same columns: left-aligned
+    assert all(line.endswith("…") for line in rows)  # each longer than the room left, cut
+    assert frame["text"].str.len().min() > 80  # the files keep them whole

@@ -255,12 +255,22 @@ def test_the_bootstrap_aggregations_are_lm_evals_own():
 # -- names and settings -------------------------------------------------------------------------------------------
 
 
-def test_an_unknown_task_is_one_line_listing_the_offline_ones():
-    with pytest.raises(
-        LensParallelError, match="unknown task 'not_a_task'; offline tasks: arc_challenge_validation"
-    ) as e:
-        task_data.check_task_names(["piqa", "not_a_task"])
-    assert "\n" not in str(e.value)
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("not_a_task", "(no task is named like it)"),
+        ("gsm8k_co", "(did you mean gsm8k_cot"),
+        ("quik", "(did you mean quick?)"),  # a preset's name
+        ("hellaswg", "(did you mean hellaswag"),
+        ("x" * 2000, "(no task is named like it)"),
+    ],
+)
+def test_an_unknown_task_is_one_short_line_with_the_closest_names(name, hint):
+    with pytest.raises(LensParallelError, match=r"^unknown task ") as e:
+        task_data.check_task_names(["piqa", name])
+    message = str(e.value)
+    assert hint in message and "\n" not in message and len(message) < 300
+    assert "offline: 17 tasks and mmlu's 57 subjects; presets: " in message
 
 
 def test_bad_task_lists_and_settings_are_refused_before_any_forward():

@@ -159,3 +159,54 @@ def test_the_sandbox_is_allowed_only_inside_a_run_that_opted_in(monkeypatch):
     assert ALLOW_ENV not in os.environ
     with effects._code_execution(False):
         assert ALLOW_ENV not in os.environ
+
+
+def test_code_answers_are_shown_as_code_with_their_verdicts():
+    """HumanEval's and MBPP's answers on the samples page: each program as text (HumanEval's is its prompt and the
+    completion, never a list's repr), in a table for code, with the sandbox's verdict; the page names the stand-ins
+    and the tasks left out before the items."""
+    import dataclasses
+
+    result = effects.task_effects(
+        get_model("toy-gpt2"),
+        {"zero diagonal": lp.ZeroDiagonal()},
+        ["humaneval", "mbpp"],
+        limit=2,
+        max_gen_toks=8,
+        n_resamples=20,
+        allow_code_execution=True,
+        progress=False,
+    )
+    samples = result.samples().set_index(["task", "doc_id", "setting"])
+    for (task, doc_id, _), row in samples.iterrows():
+        program = row["answer[create_test]"] if task == "humaneval" else row["answer[none]"]
+        expected = result.context(task, doc_id) + row["response"] if task == "humaneval" else row["response"]
+        assert program == expected and not program.startswith("[")
+        score = row["pass_at_1,create_test"] if task == "humaneval" else row["pass_at_1"]
+        assert row["execution"].startswith(("passed", "failed: ", "timed out", "return value")) and (
+            (row["execution"] == "passed") == (score == 1.0)
+        )
+    page = result.samples_html()
+    assert page.count('<table class="code"') == 2 and "[create_test: [" not in page  # a program, not a list
+    settings = result.provenance.settings | {
+        "missing": {"bbh_cot_zeroshot": "BIG-Bench Hard's items are on the hub only"},
+        "left_out": ["mbpp"],
+    }
+    shown = dataclasses.replace(
+        result,
+        stand_ins={"humaneval": "openai_humaneval"},
+        provenance=dataclasses.replace(result.provenance, settings=settings),
+    )
+    head = shown.samples_html().split("<h2>")[0]
+    assert "humaneval stands in for openai_humaneval (offline)" in head
+    assert "bbh_cot_zeroshot left out: BIG-Bench Hard&#x27;s items are on the hub only" in head
+    assert "mbpp left out: they run the code the model writes" in head
+
+
+def test_mmlu_alone_offline_loads_its_shipped_subjects(monkeypatch):
+    """Offline, the offline definitions are loaded whenever a named task needs them: ``mmlu`` alone is lm-eval's
+    group of the 57 shipped subjects (as with another offline task beside it)."""
+    monkeypatch.setattr(effects, "hub_offline", lambda: True)
+    loaded = effects._load_tasks([("mmlu", None)], None)
+    assert len(loaded.tasks) == 57 and all(name.startswith("mmlu_") for name in loaded.tasks)
+    assert [name for name, _ in loaded.reported] == ["mmlu"] and len(loaded.reported[0][1]) == 57

@@ -75,6 +75,7 @@ def test_samples_are_saved_and_loaded_and_drawn_side_by_side(answered, tmp_path)
     pd.testing.assert_frame_equal(loaded.samples(context="full"), result.samples(context="full"))
     page = result.samples_html()
     assert page.startswith("<!DOCTYPE html>") and page.count("<table") == 3
+    assert "width:100%;table-layout:fixed" in page and "overflow-wrap:anywhere" in page  # the table fits the page
     assert all(f"<th>{s}</th>" in page for s in result.settings) and "gsm8k_cot: 3 of 3 items" in page
     with pytest.raises(lp.LensParallelError, match="unknown context 'middle'; accepted: short, full"):
         result.samples(context="middle")
@@ -152,7 +153,7 @@ def test_the_scored_ruler_lengths_are_the_ones_every_ruler_task_declares():
 
 def test_task_settings_are_typed_and_checked_before_any_task_loads(monkeypatch):
     _refuse_loading(monkeypatch)
-    with pytest.raises(lp.LensParallelError, match="max_gen_toks=100,000 leaves no room for a context in toy-gpt2's"):
+    with pytest.raises(lp.LensParallelError, match="max_gen_toks=100000 leaves no room for a context in toy-gpt2's"):
         task_effects(get_model("toy-gpt2"), lp.ZeroDiagonal(), ["gsm8k_cot"], max_gen_toks=100000)
     for field, value, message in [
         ("add_bos_token", "yes", "add_bos_token must be True, False or None, got 'yes'"),
@@ -240,3 +241,30 @@ def test_printed_lines_are_dropped_by_pattern_and_every_other_line_passes(capsys
     with drop_printed_lines(re.compile("x")):
         print("Max length 4096 | Current length 1234")
     assert capsys.readouterr().out == "Max length 4096 | Current length 1234\n"
+
+
+def test_the_summary_holds_one_number_per_cell_named_by_what_it_averages(answered, tmp_path):
+    """Two averages (acc over copa and LAMBADA, score over all three): one column set each, every cell a number,
+    the CSV the command line writes read back as numbers."""
+    _, result, _, _, _ = answered
+    summary = result.summary()
+    table = result.differences()
+    for metric in ("acc", "score"):
+        average = table[(table["task"] == "average") & (table["metric"] == metric)].iloc[0]
+        for key, column in (("difference", "difference"), ("difference_lo", "ci_low"), ("difference_hi", "ci_high")):
+            cell = summary.iloc[0][f"average_{metric}_{key}[zero diagonal]"]
+            assert isinstance(cell, float) and cell == pytest.approx(average[column], nan_ok=True)
+    summary.to_csv(tmp_path / "tasks_summary.csv", index=False)
+    read = pd.read_csv(tmp_path / "tasks_summary.csv")
+    assert len(read) == 1 and all(read[c].dtype == float for c in read.columns if c.startswith("average_"))
+
+
+def test_every_difference_says_its_unit_and_the_table_says_percent(answered):
+    _, result, _, _, _ = answered
+    units = result.differences().set_index(["task", "metric"])["unit"]
+    assert units[("copa", "acc")] == units[("average", "score")] == units[("gsm8k_cot", "exact_match,strict-match")]
+    assert units[("copa", "acc")] == "fraction" and units[("lambada_openai", "perplexity")] == "perplexity"
+    table = result.table()
+    assert table.columns.name.startswith("percent") and "percentage points" in table.columns.name
+    copa = result.differences().set_index(["task", "metric"]).loc[("copa", "acc")]
+    assert table.loc["zero diagonal", "copa"] == pytest.approx(100 * copa["edited"])  # the same number, in percent

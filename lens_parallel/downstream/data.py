@@ -550,7 +550,7 @@ def check_task_names(names: list[str]) -> None:
     bad = [n for n in bad if n not in index]
     if bad:
         known = list(dict.fromkeys([*TASK_PRESETS, *LOCAL_TASKS, *index]))
-        close = difflib.get_close_matches(bad[0], known, n=2, cutoff=0.6)
+        close = difflib.get_close_matches(bad[0], known, n=2, cutoff=0.8)
         hint = f"did you mean {' or '.join(close)}?" if close else "no task is named like it"
         subjects = sum(name.startswith("mmlu_") for name in LOCAL_TASKS)
         raise LensParallelError(

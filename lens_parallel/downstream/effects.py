@@ -275,7 +275,9 @@ class TaskResult(ResultMixin):
                 diff = found[found["setting"] == setting].iloc[0]
                 row |= {k: 100 * float(diff[k]) for k in ("difference", "ci_low", "ci_high")}
             rows.append(row)
-        return pd.DataFrame(rows).set_index("setting")
+        table = pd.DataFrame(rows).set_index("setting")
+        table.columns.name = "percent of items (difference, ci: percentage points)"
+        return table
 
     def samples(self, *, context: ContextForm = "short") -> pd.DataFrame:
         """One row per task x item x setting: ``task``, ``doc_id``, ``setting``, the item's ``context`` (``short``:
@@ -355,8 +357,16 @@ class TaskResult(ResultMixin):
     def differences(self) -> pd.DataFrame:
         """Per task, metric and edited setting: unedited, edited, difference, its CI, McNemar p and Holm p (0/1
         metrics); task ``average``: the unweighted mean over tasks of acc and of RULER's score at each length (its
-        metric is named by the length), with a CI from resampling each task's items."""
-        return pd.DataFrame(self.effects)
+        metric is named by the length), with a CI from resampling each task's items. Each row in its metric's own
+        unit, named in ``unit`` (:func:`metric_unit`: a score as a ``fraction`` of items, where :meth:`table`
+        shows percent; a perplexity; bits per byte)."""
+        frame = pd.DataFrame(self.effects)
+        units = [
+            "fraction" if task == "average" else metric_unit(metric, self.aggregations[f"{task}|{metric}"])
+            for task, metric in zip(frame["task"], frame["metric"], strict=True)
+        ]
+        frame.insert(2, "unit", units)
+        return frame
 
     def summary(self) -> pd.DataFrame:
         """One row: the model, the tasks, and per average over tasks (``acc``: over the tasks that have it;
@@ -394,6 +404,18 @@ def _answer_text(row: pd.Series) -> str:
     mark = (" ✓" if row[binary[0]] == 1 else " ✗") if binary else ""
     ran = f"\n[execution: {row['execution']}]" if isinstance(row.get("execution"), str) else ""
     return str(row["response"] or "") + mark + ran + "".join(f"\n[{f}]" for f in filters)
+
+
+def metric_unit(metric: str, aggregation: str) -> str:
+    """The unit of a task metric as lm-eval aggregates it: ``fraction`` for a mean of 0/1 or [0, 1] scores (acc,
+    exact match, pass@1, F1, RULER's score at a length), ``perplexity``, ``bits per byte``, else ``mean of
+    <metric>`` (a log-likelihood, say)."""
+    if aggregation in ("perplexity", "weighted_perplexity"):
+        return "perplexity"
+    if aggregation == "bits_per_byte":
+        return "bits per byte"
+    base = metric.split(",")[0]
+    return "fraction" if base in (*BINARY_METRICS, "f1") or base.isdigit() else f"mean of {base}"
 
 
 def score_metric(labels: Sequence[str]) -> str:
