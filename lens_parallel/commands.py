@@ -565,7 +565,19 @@ def _tasks(inv: Invocation) -> None:
     page = out / "tasks_samples.html"
     page.write_text(result.samples_html(), encoding="utf-8")
     print(f"{result.info.name}: edited - unedited per task (lm-eval's metrics; CI: paired bootstrap over items)")
-    cols = ["task", "metric", "setting", "n_items", "unedited", "edited", "difference", "ci_low", "ci_high", "p_holm"]
+    cols = [
+        "task",
+        "metric",
+        "unit",
+        "setting",
+        "n_items",
+        "unedited",
+        "edited",
+        "difference",
+        "ci_low",
+        "ci_high",
+        "p_holm",
+    ]
     shown = table[cols].round(4).set_index("task")
     _emit(out, "tasks", result, shown, store=opts.store, also=(out / "tasks_differences.csv", samples, page))
 

@@ -5,14 +5,17 @@
 - ``reference/cli.md``: every subcommand and option of ``lens-parallel`` from the saved parser
   (``lens_parallel/assets/cli_spec.json``, the one the command line itself is built from);
 
-and ``js/plotly.min.js``, the installed plotly's own, which the notebooks' pages load for their figures.
+and ``js/plotly.min.js``, the installed plotly's own, which the notebooks' pages load for their figures. Nothing
+is loaded from outside the site (the theme's fonts are the system's; nbconvert's Mermaid loader is dropped).
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import os
 import re
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -58,7 +61,7 @@ def api_page() -> str:
 def _option(argument: dict[str, Any]) -> str:
     """One option of a subcommand as a table row: flag, type or choices, default, help."""
     kwargs = argument["kwargs"]
-    kind = " / ".join(f"`{c}`" for c in kwargs["choices"]) if "choices" in kwargs else f"`{kwargs.get('type', '')}`"
+    kind = " / ".join(f"`{c}`" for c in kwargs["choices"]) if "choices" in kwargs else f"`{kwargs.get('type', 'str')}`"
     if kwargs.get("action") == "boolean_optional":
         kind = "flag"
     if kwargs.get("nargs") in ("+", "*"):
@@ -88,11 +91,86 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
     return markdown
 
 
+_KERNEL_PROFILE: list[tempfile.TemporaryDirectory[str]] = []
+
+
+def on_config(config: Any, **_: Any) -> Any:
+    """The kernels that execute the notebooks (``make docs EXECUTE=1``) get an IPython profile of their own, in a
+    folder removed after the build: ipykernel's log at ERROR (else each kernel warns that it runs over TCP), no
+    IPython history written, and the figures drawn by :data:`FIGURES`."""
+    home = tempfile.TemporaryDirectory(prefix="lens-parallel-docs-ipython-")
+    _KERNEL_PROFILE.append(home)
+    profile = Path(home.name) / "profile_default"
+    profile.mkdir()
+    settings = {"IPKernelApp": {"log_level": "ERROR"}, "HistoryManager": {"enabled": False}}
+    (profile / "ipython_kernel_config.json").write_text(json.dumps(settings), encoding="utf-8")
+    (profile / "startup").mkdir()
+    (profile / "startup" / "00-figures.py").write_text(FIGURES, encoding="utf-8")
+    os.environ["IPYTHONDIR"] = home.name
+    return config
+
+
+def _remove_kernel_profile() -> None:
+    while _KERNEL_PROFILE:
+        _KERNEL_PROFILE.pop().cleanup()
+
+
+def on_build_error(**_: Any) -> None:
+    _remove_kernel_profile()
+
+
 def on_post_build(config: Any, **_: Any) -> None:
-    """Ship plotly.js (the installed plotly's, so that it matches the figures' JSON) for the notebooks' figures."""
+    """Ship plotly.js (the installed plotly's, so that it matches the figures' JSON) for the notebooks' figures;
+    remove the kernels' profile folder."""
     target = Path(config["site_dir"]) / "js" / "plotly.min.js"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(plotly.offline.get_plotlyjs(), encoding="utf-8")
+    _remove_kernel_profile()
+
+
+OUTSIDE_LOADERS = [
+    re.compile(
+        r'<script type="module">\s*document\.addEventListener\("DOMContentLoaded".*?jp-Mermaid.*?</script>', re.S
+    ),
+    re.compile(r"<script>\s*\(function\(\) \{\s*function addWidgetsRenderer\(\).*?</script>", re.S),
+]
+"""nbconvert's loaders of Mermaid (from cdnjs) and of the Jupyter widgets' manager (from unpkg), on every notebook
+page: dropped, so that no page loads anything from outside the site (no page draws a diagram; a widget needs a live
+kernel, and the explorer's page shows its static HTML export instead)."""
+
+FIGURES = '''"""The documentation's figure renderer (scripts/docs_hooks.py sets it for the kernels that execute the
+notebooks): each figure as HTML drawn by the plotly.js the site ships (no CDN, no MathJax), filling the text column:
+its layout's fixed width dropped, redrawn when the column's width changes."""
+import plotly.io as pio
+from plotly.io.base_renderers import MimetypeRenderer
+
+
+class ColumnWide(MimetypeRenderer):
+    def to_mimebundle(self, fig_dict):
+        layout = {k: v for k, v in fig_dict.get("layout", {}).items() if k != "width"} | {"autosize": True}
+        html = pio.to_html(
+            {**fig_dict, "layout": layout},
+            include_plotlyjs=False,
+            include_mathjax=False,
+            full_html=False,
+            default_width="100%",
+            config={"responsive": True},
+            validate=False,
+        )
+        return {"text/html": html}
+
+
+pio.renderers["lens_parallel_docs"] = ColumnWide()
+pio.renderers.default = "lens_parallel_docs"
+'''
+
+
+def on_post_page(output: str, page: Any, **_: Any) -> str:
+    """The notebooks' pages without nbconvert's loaders of outside scripts."""
+    if page.file.src_uri.endswith(".ipynb"):
+        for loader in OUTSIDE_LOADERS:
+            output = loader.sub("", output)
+    return output
 
 
 def on_page_content(html: str, **_: Any) -> str:

@@ -348,6 +348,10 @@ BAD_COMMAND_LINES = [  # (command line, what its one line says); {name}: a path 
     ("tasks --model toy-gpt2 --tasks not_a_task --out {out}", "unknown task 'not_a_task' (no task is named like it)"),
     ("tasks --model toy-gpt2 --tasks gsm8k_co piqa --out {out}", "unknown task 'gsm8k_co' (did you mean gsm8k_cot"),
     ("tasks --model toy-gpt2 --tasks humaneval --out {out}", "pass --allow-code-execution to run it"),
+    (
+        "tasks --model toy-gpt2 --tasks humaneval --allow-code-execution --out {out}",
+        "humaneval (1,024) may generate as many tokens as toy-gpt2's whole context of 512, which leaves no room",
+    ),
     ("tasks --model toy-gpt2 --tasks copa --max-gen-toks 600 --out {out}", "--max-gen-toks 600 leaves no room"),
     ("tasks --model toy-gpt2 --tasks copa --store /proc/lp.sqlite --out {out}", "store /proc/lp.sqlite cannot be"),
     (f"scale {T} --s-par 0 --store {{damaged.jsonl}} --out {{out}}", "is damaged: its header does not match"),

@@ -68,3 +68,58 @@ def test_every_page_with_python_examples_is_run_by_the_readme_test() -> None:
     ran = {page.relative_to(ROOT / "docs") for page in PAGES}
     examples = {p.relative_to(ROOT / "docs") for p in (ROOT / "docs").rglob("*.md") if "```python" in p.read_text()}
     assert examples - ran == NOT_RUN
+
+
+OUTSIDE = re.compile(
+    r"<(?:script|img|iframe|source|audio|video)\b[^>]*\bsrc=[\"']?(?:https?:)?//"
+    r"|<link\b[^>]*\bhref=[\"']?(?:https?:)?//"
+    r"|url\(\s*[\"']?(?:https?:)?//"
+    r"|@import\s+[\"']?(?:https?:)?//"
+    r"|import\(\s*[\"'](?:https?:)?//"
+    r"|\.src\s*=\s*[\"'](?:https?:)?//"
+    r"|Src\s*=\s*[\"'](?:https?:)?//",
+    re.I,
+)
+"""A resource a page would load from outside the site: a script, image, frame or medium, a stylesheet, font or
+preconnect, a CSS url() or @import, a dynamic import, a script's src set in code. Links to other sites (``<a href>``)
+are not loads."""
+
+
+def test_the_site_loads_nothing_from_outside_it(site: Path) -> None:
+    """Offline, every page renders whole: no font, script or stylesheet comes from a CDN. Scanned: every page and
+    stylesheet, inline scripts included. Not scanned: the theme's and plotly's minified bundles, whose only outside
+    addresses are loaders of features these pages do not use (Mermaid diagrams, a polyfill for browsers without
+    ResizeObserver, plotly's geographic maps)."""
+    files = [*site.rglob("*.html"), *site.rglob("*.css")]
+    found = {str(f.relative_to(site)): OUTSIDE.findall(f.read_text(encoding="utf-8")) for f in files}
+    assert len(files) > 30 and {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_docs_figures_fill_the_column_and_load_nothing(tmp_path: Path) -> None:
+    """The renderer the executed notebooks' pages use (``scripts/docs_hooks.py``, FIGURES): a figure laid out 1,150
+    px wide comes out at the column's width, responsive, with no plotly.js or MathJax from a CDN."""
+    import importlib.util
+
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "scripts" / "docs_hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    default = pio.renderers.default
+    try:
+        exec(hooks.FIGURES, {})  # what each kernel runs at start
+        fig = go.Figure(go.Scatter(x=[0, 1], y=[1, 2]), layout={"width": 1150, "height": 480, "title": "t"})
+        html = pio.renderers["lens_parallel_docs"].to_mimebundle(fig.to_dict())["text/html"]
+    finally:
+        pio.renderers.default = default
+    assert 'style="height:480px; width:100%;"' in html and '"responsive": true' in html
+    assert '"width": 1150' not in html and "<script src" not in html and not OUTSIDE.findall(html)
+
+
+def test_the_cli_reference_shows_each_value_and_default_once(site: Path) -> None:
+    html = (site / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
+    rows = [re.sub(r"<[^>]+>", " ", row) for row in re.findall(r"<tr>(.*?)</tr>", html, re.S)]
+    assert "<code></code>" not in html and "``" not in html  # an option without a type shows one, not empty quotes
+    assert [row for row in rows if row.count("(default:") > 1] == []

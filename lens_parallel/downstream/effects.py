@@ -698,6 +698,7 @@ def task_effects(
     with _code_execution(s.allow_code_execution):  # lm-eval's code tasks check code execution as they load
         loaded = _load_tasks(plan, s.num_fewshot, metadata, substitute=preset is not None)
         manager, task_objects, reported = loaded.manager, loaded.tasks, loaded.reported
+        _check_generation_room(model, s, task_objects)
         _say_stand_ins(loaded, len(reported))
         for name, edits in {UNEDITED: (), **named}.items():
             runs[name] = _run(
@@ -792,6 +793,25 @@ def _check_for_model(model: TransformerBridge, s: TaskSettings, names: Sequence[
         raise LensParallelError(
             f"{info.name}'s tokenizer has no chat template: run without apply_chat_template (a base model's "
             "tokenizer often has none)"
+        )
+
+
+def _check_generation_room(model: TransformerBridge, s: TaskSettings, tasks: dict[str, Any]) -> None:
+    """Every generation task must leave its prompt room in the model's context: its ``max_gen_toks`` (the task's,
+    else lm-eval's 256; ``max_gen_toks`` of the settings overrides it) below ``n_ctx``. Refused in one line naming
+    the tasks, before any forward."""
+    n_ctx = int(model.cfg.n_ctx)
+    asked = {
+        name: s.max_gen_toks or int((task.config.generation_kwargs or {}).get("max_gen_toks", 256))
+        for name, task in tasks.items()
+        if task.OUTPUT_TYPE == "generate_until"
+    }
+    over = {name: n for name, n in asked.items() if n >= n_ctx}
+    if over:
+        named = ", ".join(f"{name} ({n:,})" for name, n in over.items())
+        raise LensParallelError(
+            f"{named} may generate as many tokens as {model_info(model).name}'s whole context of {n_ctx:,}, which "
+            f"leaves no room for the prompt: give max_gen_toks={min(256, n_ctx // 2)} (any below {n_ctx})"
         )
 
 

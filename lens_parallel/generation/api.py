@@ -40,7 +40,7 @@ class GenerateSettings:
     model's own tokenizer does by default (Hugging Face's defaults; ``add_bos_token`` True / False overrides)."""
 
     max_new_tokens: int = field(default=32, metadata={"help": "the most tokens generated per prompt"})
-    do_sample: bool = field(default=False, metadata={"help": "sample (default: greedy)"})
+    do_sample: bool = field(default=False, metadata={"help": "sample the next token (without it: greedy)"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature (> 0)"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling: the smallest top set of this mass"})
     seed: int = field(default=0, metadata={"help": "seed of the sampling (each prompt its own generator)"})

@@ -43,7 +43,8 @@ def scaling_figure(result: ScalingResult) -> go.Figure:
     info, unit = result.info, result.unit
     if df["layer"].notna().any():
         return _per_layer_scaling_figure(df, info.name, unit)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["vary s_par (s_perp = 1)", "vary s_perp (s_par = 1)"])
+    titles = ["vary s_par (s_perp = 1)", "vary s_perp (s_par = 1)"]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.16)  # room for both y titles
     for col, vary in enumerate(("s_par", "s_perp"), start=1):
         for space, d in df[df.vary == vary].groupby("space", sort=False):
             d = d.sort_values(vary)
@@ -74,7 +75,8 @@ def scaling_figure(result: ScalingResult) -> go.Figure:
     n = df.n_docs.iloc[0] if len(df) else 0
     docs = f"{n} texts, per word" if unit == "word" else f"{n} docs"
     fig.update_layout(
-        title=f"Component scaling, {_edited_layers(result)}: {info.name} ({docs}; bars = 95% paired bootstrap CI)",
+        title=f"Component scaling, {_edited_layers(result)}: {info.name}<br><sup>{docs}; bars = 95% paired bootstrap CI"
+        "</sup>",
         height=480,
         width=1150,
         template="plotly_white",
