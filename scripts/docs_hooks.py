@@ -145,9 +145,24 @@ import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 
 
+def wrapped(title):
+    """A title longer than a narrow column holds, on two lines: what comes after its first " (" (else ": ") as a
+    smaller second line."""
+    text = title.get("text") if isinstance(title, dict) else title
+    if not isinstance(text, str) or "<br>" in text or len(text) <= 60:
+        return title
+    for sep, skip in ((" (", 1), (": ", 2)):
+        if (i := text.find(sep)) > 0:
+            text = f"{text[:i]}<br><sup>{text[i + skip:]}</sup>"
+            break
+    return {**title, "text": text} if isinstance(title, dict) else text
+
+
 class ColumnWide(MimetypeRenderer):
     def to_mimebundle(self, fig_dict):
         layout = {k: v for k, v in fig_dict.get("layout", {}).items() if k != "width"} | {"autosize": True}
+        if "title" in layout:
+            layout["title"] = wrapped(layout["title"])
         html = pio.to_html(
             {**fig_dict, "layout": layout},
             include_plotlyjs=False,

@@ -110,12 +110,16 @@ def test_the_docs_figures_fill_the_column_and_load_nothing(tmp_path: Path) -> No
     default = pio.renderers.default
     try:
         exec(hooks.FIGURES, {})  # what each kernel runs at start
-        fig = go.Figure(go.Scatter(x=[0, 1], y=[1, 2]), layout={"width": 1150, "height": 480, "title": "t"})
+        title = "Layer sensitivity to parallel-value ablation: toy-qwen3 (base loss 11.953 nats/token)"
+        fig = go.Figure(go.Scatter(x=[0, 1], y=[1, 2]), layout={"width": 1150, "height": 480, "title": title})
         html = pio.renderers["lens_parallel_docs"].to_mimebundle(fig.to_dict())["text/html"]
+        short = go.Figure(layout={"title": "Loss by layer"}).to_dict()
+        assert "Loss by layer" in pio.renderers["lens_parallel_docs"].to_mimebundle(short)["text/html"]
     finally:
         pio.renderers.default = default
     assert 'style="height:480px; width:100%;"' in html and '"responsive": true' in html
     assert '"width": 1150' not in html and "<script src" not in html and not OUTSIDE.findall(html)
+    assert "toy-qwen3\\u003cbr\\u003e\\u003csup\\u003e(base loss 11.953 nats" in html  # two lines (JSON-escaped)
 
 
 def test_the_cli_reference_shows_each_value_and_default_once(site: Path) -> None:
