@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import plotly.graph_objects as go
+import pytest
 
 import lens_parallel.plots
 import lens_parallel.plots.common
@@ -20,10 +21,16 @@ KALEIDO_NO_CHROME = (
 )
 
 
-def test_png_failure_names_the_cause_and_the_fix():
-    reason = png_failure(RuntimeError(KALEIDO_NO_CHROME))
-    assert reason.startswith("Kaleido requires Google Chrome to be installed.")
-    assert "apt-get install chromium" in reason and "\n" not in reason
+KALEIDO_1_NO_CHROME = (
+    "Kaleido v1 and later requires Chrome to be installed. To install Chrome, use the CLI command "
+    "`kaleido_get_chrome`, or from Python, use either `await kaleido.get_chrome()` or `kaleido.get_chrome_sync()`."
+)
+
+
+@pytest.mark.parametrize("message", [KALEIDO_NO_CHROME, KALEIDO_1_NO_CHROME])
+def test_png_failure_names_the_cause_and_debians_fix_never_a_download(message):
+    reason = png_failure(RuntimeError(message))
+    assert reason == "no Chrome or Chromium found for kaleido (install Debian's chromium: apt-get install chromium)"
     assert png_failure(ValueError("")) == "ValueError"
 
 
@@ -36,7 +43,7 @@ def test_save_figure_without_a_png_renderer_says_why_once_per_process(tmp_path, 
     written = save_figure(go.Figure(layout={"title": "t"}), tmp_path / "toy-qwen3.5_decompose")
     assert [p.name for p in written] == ["toy-qwen3.5_decompose.html"]
     err = capsys.readouterr().err
-    assert "(no PNG for toy-qwen3.5_decompose: Kaleido requires Google Chrome to be installed." in err
+    assert "(no PNG for toy-qwen3.5_decompose: no Chrome or Chromium found for kaleido (install Debian" in err
     assert err.count("\n") == 1
     again = save_figure(go.Figure(layout={"title": "u"}), tmp_path / "second")
     assert [p.name for p in again] == ["second.html"] and capsys.readouterr().err == ""  # said once

@@ -16,11 +16,12 @@ from lens_parallel.plots.png import png_bytes
 
 def png_failure(exc: Exception) -> str:
     """Why a PNG could not be written, in one line: the first non-empty line of kaleido's message (which starts
-    with blank lines), and what to install when the cause is a missing Chrome/Chromium."""
+    with blank lines); for a missing Chrome/Chromium, what to install instead of kaleido's advice (a downloaded
+    browser build, which this project never uses)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     reason = lines[0] if lines else type(exc).__name__
     if "chrome" in reason.lower() or "chromium" in reason.lower():
-        reason += " (install Debian's chromium, e.g. `apt-get install chromium`; kaleido finds it)"
+        return "no Chrome or Chromium found for kaleido (install Debian's chromium: apt-get install chromium)"
     return reason
 
 
