@@ -33,8 +33,9 @@ from .analyses.sensitivity import SensitivityResult, SensitivitySettings, head_s
 from .compression import Compression, compress
 from .data import TokenBlocks, load_texts, token_blocks
 from .documents import Documents, whole_documents
-from .downstream.effects import TaskResult, TaskSettings, task_effects
+from .downstream.effects import TaskResult, task_effects
 from .downstream.sandbox import Execution, SandboxLimits, run_program
+from .downstream.settings import TaskSettings
 from .edits import (
     ABLATIONS,
     EDITS,

@@ -544,8 +544,9 @@ def _tasks(inv: Invocation) -> None:
     import torch
 
     from lens_parallel.downstream.data import check_task_names
-    from lens_parallel.downstream.effects import TaskSettings, task_effects
+    from lens_parallel.downstream.effects import task_effects
     from lens_parallel.downstream.presets import resolve_tasks
+    from lens_parallel.downstream.settings import TaskSettings
     from lens_parallel.downstream.specs import parse_settings
     from lens_parallel.models import load_model
 
@@ -657,7 +658,7 @@ options classes of that subcommand."""
 
 
 def _commands() -> dict[str, Command]:
-    from lens_parallel.downstream.effects import TaskSettings
+    from lens_parallel.downstream.settings import TaskSettings
     from lens_parallel.generation import GenerateSettings
     from lens_parallel.report import ReportSettings
     from lens_parallel.training.factorial import TrainSettings

@@ -33,10 +33,11 @@ from lens_parallel import (
 )
 from lens_parallel.attention import attention_path
 from lens_parallel.downstream import data as task_data
-from lens_parallel.downstream.effects import _aggregate, task_effects
+from lens_parallel.downstream.effects import task_effects
 from lens_parallel.downstream.lm import EditedLM
 from lens_parallel.downstream.presets import resolve_tasks
 from lens_parallel.downstream.sandbox import ALLOW_ENV
+from lens_parallel.downstream.tables import aggregate
 from lens_parallel.losses import token_nll
 from lens_parallel.models import model_info
 from lens_parallel.stats import mcnemar_exact
@@ -245,11 +246,11 @@ def test_the_bootstrap_aggregations_are_lm_evals_own():
     rng = np.random.default_rng(1)
     ll, words = -rng.uniform(1, 30, 40), rng.integers(1, 20, 40).astype(float)
     ones = np.ones(40)
-    assert _aggregate("mean")(ll, ones) == pytest.approx(lm_metrics.mean(list(ll)))
-    assert _aggregate("perplexity")(ll, ones) == pytest.approx(lm_metrics.perplexity(list(ll)))
+    assert aggregate("mean")(ll, ones) == pytest.approx(lm_metrics.mean(list(ll)))
+    assert aggregate("perplexity")(ll, ones) == pytest.approx(lm_metrics.perplexity(list(ll)))
     pairs = list(zip(ll, words, strict=True))
-    assert _aggregate("weighted_perplexity")(ll, words) == pytest.approx(lm_metrics.weighted_perplexity(pairs))
-    assert _aggregate("bits_per_byte")(ll, words) == pytest.approx(lm_metrics.bits_per_byte(pairs))
+    assert aggregate("weighted_perplexity")(ll, words) == pytest.approx(lm_metrics.weighted_perplexity(pairs))
+    assert aggregate("bits_per_byte")(ll, words) == pytest.approx(lm_metrics.bits_per_byte(pairs))
 
 
 # -- names and settings -------------------------------------------------------------------------------------------
@@ -294,7 +295,7 @@ def test_a_task_that_runs_model_written_code_needs_the_opt_in(monkeypatch):
     def load(plan, num_fewshot, metadata, **kwargs):
         raise Killed(os.environ.get(ALLOW_ENV), [name for name, _ in plan])
 
-    monkeypatch.setattr("lens_parallel.downstream.effects._load_tasks", load)
+    monkeypatch.setattr("lens_parallel.downstream.effects.load_tasks", load)
     with pytest.raises(LensParallelError, match="'humaneval' is scored by running the code the model writes; pass "):
         task_effects(model, ComponentScale("value", s_par=0.0), ["piqa", "humaneval"])
     with pytest.raises(Killed) as e:  # with the opt-in it goes on to load the tasks, code execution allowed there
@@ -389,13 +390,13 @@ def test_unedited_smollm2_answers_as_lm_evals_own_hf_model():
     from lm_eval.evaluator import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
-    from lens_parallel.downstream.effects import _load_tasks
+    from lens_parallel.downstream.loading import load_tasks
     from lens_parallel.weights import real_model_folder
 
     model = get_model("smollm2-135m")
     result = task_effects(model, {"noop": ComponentScale("value", s_par=1.0)}, ["piqa", "lambada_openai"], limit=6)
     hf = HFLM(pretrained=str(real_model_folder("smollm2-135m")), dtype="float32", batch_size=4, device="cpu")
-    loaded = _load_tasks([("piqa", None), ("lambada_openai", None)], None)
+    loaded = load_tasks([("piqa", None), ("lambada_openai", None)], None)
     manager, tasks = loaded.manager, loaded.tasks
     theirs = simple_evaluate(model=hf, tasks=list(tasks.values()), limit=6, task_manager=manager, bootstrap_iters=0)
     for task in ("piqa", "lambada_openai"):
@@ -475,9 +476,9 @@ def _records_of(name: str):
 
 
 def _generation_requests(name: str, n: int, shots: int | None = None) -> list[Instance]:
-    from lens_parallel.downstream.effects import _load_tasks
+    from lens_parallel.downstream.loading import load_tasks
 
-    tasks = _load_tasks([(name, shots)], None).tasks
+    tasks = load_tasks([(name, shots)], None).tasks
     task = tasks[name]
     task.build_all_requests(limit=n, rank=0, world_size=1)
     return sorted(task.instances, key=lambda inst: inst.doc_id)
@@ -622,7 +623,7 @@ def test_requests_in_the_chat_template_are_lm_evals_hf_models():
     gives the hf model's strings (toy-qwen3 carries Qwen3's template), for a generation task with multi-turn shots."""
     from lm_eval.models.huggingface import HFLM
 
-    from lens_parallel.downstream.effects import _load_tasks
+    from lens_parallel.downstream.loading import load_tasks
     from lens_parallel.models import toy_folder
 
     ours = EditedLM(get_model("toy-qwen3"), (), progress=False)
@@ -632,7 +633,7 @@ def test_requests_in_the_chat_template_are_lm_evals_hf_models():
         assert ours.apply_chat_template(history, prompt) == hf.apply_chat_template(history, prompt)
     contexts = []
     for lm in (ours, hf):
-        tasks = _load_tasks([("gsm8k_cot", None)], None).tasks
+        tasks = load_tasks([("gsm8k_cot", None)], None).tasks
         tasks["gsm8k_cot"].build_all_requests(
             limit=1,
             apply_chat_template=True,

@@ -16,7 +16,7 @@ import pytest
 import lens_parallel as lp
 from lens_parallel import compat
 from lens_parallel.downstream import data as task_data
-from lens_parallel.downstream import effects, offline, presets
+from lens_parallel.downstream import effects, loading, offline, presets, running
 from lens_parallel.downstream.sandbox import ALLOW_ENV
 from lens_parallel.downstream.task_functions import pass_at_1
 from tests.conftest import get_model
@@ -79,7 +79,7 @@ def _render(template: str, doc: dict) -> str:
 
 
 def _requests(name: str, n: int = 2) -> list:
-    task = effects._load_tasks([(name, None)], None).tasks[name]
+    task = loading.load_tasks([(name, None)], None).tasks[name]
     task.build_all_requests(limit=n, rank=0, world_size=1)
     return sorted(task.instances, key=lambda inst: inst.doc_id)
 
@@ -119,7 +119,7 @@ def test_a_preset_offline_runs_its_stand_ins_and_says_what_it_left_out(monkeypat
     """A preset's task whose data are on the hub is replaced by its stand-in (named so in the result, the table
     and provenance) or, without one, left out with why, in one warning line; the average is over the rest."""
     monkeypatch.setattr(offline, "hub_offline", lambda: True)
-    monkeypatch.setattr(effects, "hub_offline", lambda: True)
+    monkeypatch.setattr(loading, "hub_offline", lambda: True)
     preset = presets.TaskPreset(
         tasks=(("gsm8k", 5), ("openbookqa", 0), ("piqa", 0), ("bbh_cot_zeroshot", 0)), limit=2, note="test"
     )
@@ -154,10 +154,10 @@ def test_a_preset_offline_runs_its_stand_ins_and_says_what_it_left_out(monkeypat
 def test_the_sandbox_is_allowed_only_inside_a_run_that_opted_in(monkeypatch):
     monkeypatch.delenv(ALLOW_ENV, raising=False)
     monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
-    with effects._code_execution(True):  # nothing runs through Hugging Face's code_eval: its switch stays off
+    with running.code_execution(True):  # nothing runs through Hugging Face's code_eval: its switch stays off
         assert os.environ[ALLOW_ENV] == "1" and "HF_ALLOW_CODE_EVAL" not in os.environ
     assert ALLOW_ENV not in os.environ
-    with effects._code_execution(False):
+    with running.code_execution(False):
         assert ALLOW_ENV not in os.environ
 
 
@@ -206,7 +206,7 @@ def test_code_answers_are_shown_as_code_with_their_verdicts():
 def test_mmlu_alone_offline_loads_its_shipped_subjects(monkeypatch):
     """Offline, the offline definitions are loaded whenever a named task needs them: ``mmlu`` alone is lm-eval's
     group of the 57 shipped subjects (as with another offline task beside it)."""
-    monkeypatch.setattr(effects, "hub_offline", lambda: True)
-    loaded = effects._load_tasks([("mmlu", None)], None)
+    monkeypatch.setattr(loading, "hub_offline", lambda: True)
+    loaded = loading.load_tasks([("mmlu", None)], None)
     assert len(loaded.tasks) == 57 and all(name.startswith("mmlu_") for name in loaded.tasks)
     assert [name for name, _ in loaded.reported] == ["mmlu"] and len(loaded.reported[0][1]) == 57

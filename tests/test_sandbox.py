@@ -679,11 +679,11 @@ def test_the_filters_start_exactly_the_programs_lm_eval_scores(monkeypatch):
     same (program, tests) that the metric then asks for: :func:`~lens_parallel.downstream.task_functions.code_case`
     of lm-eval's target and of the filtered answer lm-eval hands it (else the metric would run the program again,
     alone)."""
-    from lens_parallel.downstream import effects
+    from lens_parallel.downstream import loading
 
     started: list[tuple[str, str]] = []
     monkeypatch.setattr(programs, "start", lambda program, tests, **kwargs: started.append((program, tests)))
-    tasks = effects._load_tasks([("humaneval", None), ("mbpp", None)], None).tasks
+    tasks = loading.load_tasks([("humaneval", None), ("mbpp", None)], None).tasks
     for name, answer in (("humaneval", "    return None\n"), ("mbpp", "def f():\n    return None\n")):
         task, started[:] = tasks[name], []
         task.build_all_requests(limit=5, rank=0, world_size=1)

@@ -14,7 +14,7 @@ from sqlitedict import SqliteDict
 
 import lens_parallel as lp
 from lens_parallel.cli import main
-from lens_parallel.downstream import effects, offline
+from lens_parallel.downstream import effects, loading, offline, settings
 from lens_parallel.downstream.effects import TaskResult, task_effects
 from lens_parallel.downstream.lm import EditedLM
 from lens_parallel.tokenizers import hf_tokenizer
@@ -35,7 +35,7 @@ def answered(tmp_path_factory):
     store = tmp_path_factory.mktemp("answers") / "requests.sqlite"
     run = dict(limit=3, max_gen_toks=6, n_resamples=20, progress=False, store=store)
     result = task_effects(model, {"zero diagonal": lp.ZeroDiagonal()}, TASKS, **run)
-    loaded = effects._load_tasks([t if isinstance(t, tuple) else (t, None) for t in TASKS], None)
+    loaded = loading.load_tasks([t if isinstance(t, tuple) else (t, None) for t in TASKS], None)
     manager, tasks = loaded.manager, loaded.tasks
     lm = EditedLM(model, (), max_gen_toks=6, progress=False)
     logged = simple_evaluate(
@@ -110,7 +110,7 @@ def test_cut_contexts_are_counted_as_a_hand_count(answered):
 def test_a_mix_of_cut_and_whole_contexts_is_counted_exactly():
     model = get_model("toy-gpt2")
     tokenizer, n_ctx = hf_tokenizer(model), int(model.cfg.n_ctx)
-    tasks = effects._load_tasks([("nq_open_validation_shots", None)], None).tasks
+    tasks = loading.load_tasks([("nq_open_validation_shots", None)], None).tasks
     task = tasks["nq_open_validation_shots"]
     task.build_all_requests(limit=6, rank=0, world_size=1)
     lengths = sorted(len(tokenizer.encode(inst.args[0])) for inst in task.instances)
@@ -123,7 +123,7 @@ def test_a_mix_of_cut_and_whole_contexts_is_counted_exactly():
 
 
 def _refuse_loading(monkeypatch):
-    monkeypatch.setattr(effects, "_load_tasks", _no_forward)
+    monkeypatch.setattr(effects, "load_tasks", _no_forward)
     monkeypatch.setattr(effects, "check_task_names", _no_forward)
 
 
@@ -161,7 +161,7 @@ def test_task_settings_are_typed_and_checked_before_any_task_loads(monkeypatch):
         ("allow_code_execution", 1, "allow_code_execution must be True or False, got 1"),
     ]:
         with pytest.raises(lp.LensParallelError, match=message):
-            unchecked(effects.TaskSettings, **{field: value})
+            unchecked(settings.TaskSettings, **{field: value})
     with pytest.raises(lp.LensParallelError, match="progress must be True or False, got 'no'"):
         unchecked(lp.RunOptions, progress="no")
 
@@ -178,7 +178,7 @@ def test_hub_tasks_named_offline_are_one_line_naming_the_alternatives_and_exit_3
     """Tasks named one by one (not a preset, which substitutes) are refused offline in one line that names each
     offline alternative, before any forward."""
     monkeypatch.setattr(offline, "hub_offline", lambda: True)
-    monkeypatch.setattr(effects, "hub_offline", lambda: True)
+    monkeypatch.setattr(loading, "hub_offline", lambda: True)
     names = ["openbookqa", "gsm8k", "nq_open", "drop", "bbh_cot_fewshot"]
     line = ["tasks", "--model", "toy-gpt2", "--tasks", *names, "--limit", "1"]
     assert main([*line, "--no-progress", "--out", str(tmp_path)]) == 3
