@@ -161,8 +161,8 @@ def test_diagonal_rows_keep_the_rest_exact_where_a_row_is_almost_all_its_own():
 
 def test_diagonal_rows_do_not_depend_on_the_batch_they_come_in():
     """Bit for bit: a sweep's reference, matched no-op and stacked edited forwards run the same documents in batches
-    of other sizes, and its scale-1 canary allows 1e-9 nats (an elementwise sigmoid rounded the last elements of a
-    batch of 5 one ulp apart from the same elements in a batch of 15)."""
+    of other sizes, and a float64 model's scale-1 canary allows 1e-9 nats (an elementwise sigmoid rounded the last
+    elements of a batch of 5 one ulp apart from the same elements in a batch of 15)."""
     torch.manual_seed(0)
     q, k, v = torch.randn(5, 4, 9, 16), torch.randn(5, 2, 9, 16), torch.randn(5, 2, 9, 16)
     alone = attention._diagonal_rows(q, k, v, None, scale=0.25, window=None)

@@ -49,8 +49,8 @@ def test_view_reproduces_the_scaling_in_each_space(spec):
     assert df.label.iloc[0] == f"L{layer}H0"
     # batches of documents: the same view, summaries accumulated batch by batch (the doc lives in the 2nd batch)
     one = diagonal_view(model, blocks, layer=layer, head=head, s_par=s_par, doc=doc, batch_size=2)
-    for field in ("pattern", "d_a", "residual_par", "da_mean", "da_min", "da_max"):
-        np.testing.assert_allclose(getattr(one, field), getattr(view, field), atol=1e-12, err_msg=field)
+    for field in ("pattern", "d_a", "residual_par", "da_mean", "da_min", "da_max"):  # float32 rounding by batch shape
+        np.testing.assert_allclose(getattr(one, field), getattr(view, field), rtol=1e-5, atol=1e-9, err_msg=field)
     for field in ("da_negative_share", "da_guarded"):
         np.testing.assert_array_equal(getattr(one, field), getattr(view, field), err_msg=field)
     expected_mean = torch.stack(
@@ -61,7 +61,7 @@ def test_view_reproduces_the_scaling_in_each_space(spec):
             for i in range(3)
         ]
     )  # the view of each document alone: the shown head's mean over documents and positions
-    np.testing.assert_allclose(view.da_mean[:, head], expected_mean.mean((0, 2)).numpy(), atol=1e-12)
+    np.testing.assert_allclose(view.da_mean[:, head], expected_mean.mean((0, 2)).numpy(), rtol=1e-5, atol=1e-9)
 
 
 def test_figure_save_load_and_errors(tmp_path):

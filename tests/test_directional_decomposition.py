@@ -149,14 +149,24 @@ def test_the_protocol_sweep_runs_its_grids_and_canary(setup):
     np.testing.assert_array_equal(excluded.delta_loss, df.delta_loss)  # the clamp never binds on this toy
 
 
-def test_the_canary_refuses_a_no_op_that_moves_the_loss():
+def test_the_canary_refuses_a_no_op_that_moves_the_loss_beyond_rounding():
+    """Equal passes; a float32 model's rounding (16 eps of a document's 600 nats: 1.1e-3) passes; the same
+    difference in float64 (allowed: 1e-9) and a move beyond float32's rounding are refused, naming the document."""
     noop_job, unedited = EditJob("noop", ()), EditJob("unedited", ())
-    n_tokens = np.array([10, 10])
-    run = {noop_job: DocLosses(np.array([5.0, 6.0]), n_tokens), unedited: DocLosses(np.array([5.0, 6.0]), n_tokens)}
-    scaling._check_unedited(run, {"value": noop_job}, unedited)  # equal: passes
-    run[noop_job] = DocLosses(np.array([5.0, 6.0 + 1e-6]), n_tokens)
-    with pytest.raises(lp.LibraryError, match="differs from the unedited model by 1e-06"):
-        scaling._check_unedited(run, {"value": noop_job}, unedited)
+    n_tokens = np.array([100, 100])
+    f32, f64 = float(np.finfo(np.float32).eps), float(np.finfo(np.float64).eps)
+    run = {
+        noop_job: DocLosses(np.array([500.0, 600.0]), n_tokens),
+        unedited: DocLosses(np.array([500.0, 600.0]), n_tokens),
+    }
+    scaling._check_unedited(run, {"value": noop_job}, unedited, eps=f64)  # equal: passes
+    run[noop_job] = DocLosses(np.array([500.0, 600.0 + 4e-6]), n_tokens)  # MKL on AVX2's rounding, as measured
+    scaling._check_unedited(run, {"value": noop_job}, unedited, eps=f32)
+    with pytest.raises(lp.LibraryError, match=r"by 4e-06 nats on document 1 \(more than the 1e-09 its rounding"):
+        scaling._check_unedited(run, {"value": noop_job}, unedited, eps=f64)
+    run[noop_job] = DocLosses(np.array([500.0, 600.0 + 0.01]), n_tokens)
+    with pytest.raises(lp.LibraryError, match=r"by 0\.01 nats on document 1 \(more than the 0\.00114 its rounding"):
+        scaling._check_unedited(run, {"value": noop_job}, unedited, eps=f32)
 
 
 def _by_hand(model, tokens, ablation: str, layer: int, *, first: bool = True) -> np.ndarray:

@@ -267,13 +267,14 @@ def test_study_protocol_on_toy_qwen35(tmp_path):
     fig = result.figure()
     assert fig.layout.annotations[0].text.startswith("(a) effective fraction")
     assert "toy-qwen3.5" in fig.layout.title.text
-    # batching does not change a number (tokens 28-31: random halves are drawn per window, so they are left out)
+    # batching does not change a number beyond float32's rounding by batch shape (1.4e-5 of a ratio with MKL on AVX2;
+    # tokens 28-31: random halves are drawn per window, so they are left out)
     small = head_dominance(
         model, blocks, query_positions=slice(28, 32), batch_size=3, tokens_per_forward=7 * 32, progress=False
     )
     for field in ("rel_q", "rel_k", "rel_v", "qkv", "js"):
         np.testing.assert_allclose(
-            getattr(small, field), getattr(result, field)[:, :, :, 21:], rtol=1e-5, atol=1e-8, err_msg=field
+            getattr(small, field), getattr(result, field)[:, :, :, 21:], rtol=1e-4, atol=1e-6, err_msg=field
         )
     for field in ("joint_qkv", "joint_js"):
         kinds = [0, 1, 3]  # weak, strong, all

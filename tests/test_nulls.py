@@ -82,9 +82,12 @@ def test_runs_on_every_family_deterministically(toy):
     layers = info.softmax_layers
     first_middle_last = sorted({layers[0], layers[len(layers) // 2], layers[-1]})
     assert gate == {"layers": first_middle_last, "tolerance": 1e-2, "documents": 1}
-    assert np.array_equal(a.cos_self, b.cos_self) and np.array_equal(a.cos_null, b.cos_null)
-    assert np.array_equal(a.excess_lo, b.excess_lo)
-    assert np.array_equal(a.cos_self, c.cos_self) and not np.array_equal(a.cos_null, c.cos_null)
+    # batches of 2 or 3 documents: the same partners, the same numbers but for float32's rounding by batch shape
+    # (MKL on AVX2 blocks products by shape; bit for bit on AVX-512); another seed: other partners, other numbers
+    same = {"rtol": 1e-5, "atol": 1e-9}
+    assert np.allclose(a.cos_self, b.cos_self, **same) and np.allclose(a.cos_null, b.cos_null, **same)
+    assert np.allclose(a.excess_lo, b.excess_lo, **same)
+    assert np.array_equal(a.cos_self, c.cos_self) and not np.allclose(a.cos_null, c.cos_null, **same)
     tidy = a.to_dataframe()  # one row per (document, layer, head)
     assert len(tidy) == 4 * len(a.layers) * info.n_heads
     np.testing.assert_array_equal(tidy.cos_self, a.cos_self.ravel())
