@@ -67,14 +67,16 @@ def figure(rows: list[dict[str, object]]) -> object:
         fig.add_trace(
             go.Bar(x=names, y=[r[name] for r in rows], name=f"{name} (ours)", marker_color=colour), row=1, col=2
         )
-        paper = [p[name] for p in PAPER[: len(rows)]]
         fig.add_trace(
-            go.Scatter(
+            go.Bar(
                 x=names,
-                y=paper,
-                mode="markers",
-                name=f"{name}: paper's Qwen2.5 base of the same size",
-                marker={"symbol": "diamond-open", "size": 14, "color": colour, "line": {"width": 2}},
+                y=[p[name] for p in PAPER[: len(rows)]],
+                name=f"{name}: the paper's Qwen2.5 base of the same size",
+                marker={
+                    "color": "white",
+                    "line": {"color": colour, "width": 2},
+                    "pattern": {"shape": "/", "fgcolor": colour},
+                },
             ),
             row=1,
             col=2,
