@@ -327,7 +327,8 @@ def _watch(
                         started, said = True, said[len(b"started\n") :]
                         deadline = time.monotonic() + limits.timeout
                     if said.endswith(b"\n") and said.strip():
-                        return _verdict(said, sandbox), output.decode(errors="replace")
+                        wait = max(deadline - time.monotonic(), 1.0)  # what is left of its clock, at least 1 s
+                        return _verdict(said, sandbox, wait), output.decode(errors="replace")
                 else:
                     tail = errors.decode(errors="replace").strip().splitlines() or ["no message"]
                     return Execution(False, f"failed: the judge ended without a verdict ({tail[-1][:200]})"), ""
@@ -339,14 +340,14 @@ def _watch(
         streams.close()
 
 
-def _verdict(said: bytes, sandbox: subprocess.Popen[bytes]) -> Execution:
-    """The judge's verdict line; where the program ended during a call, what ended it (bwrap's status, 128 +
-    the signal)."""
+def _verdict(said: bytes, sandbox: subprocess.Popen[bytes], wait: float) -> Execution:
+    """The judge's verdict line; where the program ended during a call, what ended it (bwrap's status, 128 + the
+    signal, waited for up to ``wait`` seconds: what is left of the program's wall clock)."""
     verdict = json.loads(said)
     passed, result = verdict["passed"] is True, str(verdict["result"])
     if "the program ended" in result:
         try:
-            status = sandbox.wait(timeout=1.0)
+            status = sandbox.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             status = None
         if status in (128 + signal.SIGXCPU, 128 + signal.SIGKILL):
