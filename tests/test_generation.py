@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lm_eval.api.instance import Instance
 from transformers import AutoModelForCausalLM
 
 import lens_parallel as lp
@@ -21,7 +22,7 @@ from lens_parallel.edits import (
 )
 from lens_parallel.generation import decode
 from lens_parallel.hooks import forward
-from lens_parallel.losses import logits_of, unembedding
+from lens_parallel.losses import chunked_token_nll, logits_of, unembedding
 from lens_parallel.models import model_info, toy_folder
 from lens_parallel.tokenizers import hf_tokenizer
 from lens_parallel.weights import real_model_folder
@@ -290,3 +291,32 @@ def test_generate_settings_are_typed(field, value, message):
     with pytest.raises(lp.LensParallelError, match=message):
         unchecked(lp.GenerateSettings, **{field: value})
     assert lp.GenerateSettings(stop=None).stop == () and unchecked(lp.GenerateSettings, stop="Q:").stop == ("Q:",)
+
+
+def test_a_linear_layer_edit_is_never_decoded_with_the_cache():
+    """A Qwen3.5 linear-attention layer's cached steps (the prefill included) run Hugging Face's own module, where
+    the bridge's hook_gate_input never fires: under HeadEdit("zero") on such a layer every cached step was the
+    unedited model's (logits 3e-7 from unedited, 0.07-0.16 from the edited recomputation). The edit says it is not
+    decode-safe: generation refuses it in one line, and choices sharing a context score as whole sequences."""
+    from lens_parallel.downstream.lm import EditedLM
+
+    model = get_model("toy-qwen3.5")
+    assert model_info(model).layer_types[0] == "linear"
+    edit = HeadEdit("zero", 0, (0, 1))
+    with pytest.raises(lp.LensParallelError, match=r"is not decode-safe on toy-qwen3\.5"):
+        lp.generate(model, ["Once upon a time"], {"zero": edit}, max_new_tokens=3, progress=False)
+    requests = [
+        Instance("loglikelihood", {}, ("The cat sat on the", choice), i)
+        for i, choice in enumerate([" mat", " big red mat"])
+    ]
+    got = EditedLM(model, (edit,), progress=False).loglikelihood(requests)
+    hooks = compile_hooks(model, edit)
+    tokenizer = hf_tokenizer(model)
+    for (ll, _), request in zip(got, requests, strict=True):
+        whole, context = tokenizer.encode("".join(request.args)), tokenizer.encode(request.args[0])
+        continuation = whole[len(context) :]  # as lm-eval splits a pair
+        tokens = torch.tensor([whole])
+        with torch.no_grad():
+            final = forward(model, tokens, hooks)
+            nll = chunked_token_nll(final, unembedding(model), tokens)
+        assert ll == pytest.approx(-float(nll[0, -len(continuation) :].double().sum()), abs=1e-4)

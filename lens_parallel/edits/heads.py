@@ -81,7 +81,11 @@ class HeadEdit(EditBase):
             return ComponentScale("value", s_par=0.0).footprint(info)
         if self.ablation == "parallel-residual":
             return ComponentScale("residual-attn", s_par=0.0, heads="all").footprint(info)
-        return Footprint((), ("lin_gate",) if self.ablation == "zero" and self._linear(info) else ("z",), "none", True)
+        if self.ablation == "zero" and self._linear(info):
+            # not decode-safe: a linear-attention layer's cached steps (prefill included) run Hugging Face's own
+            # module, where hook_gate_input never fires: cached generation would report unedited steps as edited
+            return Footprint((), ("lin_gate",), "none", False)
+        return Footprint((), ("z",), "none", True)
 
     def _linear(self, info: ModelInfo) -> bool:
         """Whether the edited layer is a linear-attention block (Qwen3.5)."""
