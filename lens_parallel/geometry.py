@@ -378,6 +378,26 @@ def l2_normalize(x: Float[Tensor, "*batch d"], *, eps: float = 1e-6) -> Float[Te
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
 
 
+def linear_self_weights(
+    q: Float[Tensor, "batch pos key_head d_k"],
+    k: Float[Tensor, "batch pos key_head d_k"],
+    beta: Float[Tensor, "batch pos head_index"],
+) -> Float[Tensor, "batch head_index pos"]:
+    """The diagonal of a gated delta rule layer (Qwen3.5's linear attention), per value head:
+
+        a_tt = beta_t (k_t . q_t),   q = l2(q) / sqrt(d_k),  k = l2(k)   (:func:`l2_normalize`)
+
+    With S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - exp(g_t) S_{t-1}^T k_t))^T and o_t = S_t^T q_t, the output is
+    o_t = exp(g_t) S_{t-1}^T (q_t - beta_t k_t (k_t . q_t)) + a_tt v_t: a_tt v_t is its own value's term, exactly
+    (the counterpart of A_tt v_t). Key heads are shared by ``n_v / n_k`` consecutive value heads (value head h
+    reads key head h // (n_v / n_k), as the kernel's ``repeat_interleave``). ``q``, ``k``: hook_q / hook_k (after the
+    convolution, before the normalisation); ``beta``: hook_beta. Returns ``[batch, head_index, pos]``."""
+    q_hat = l2_normalize(q) * q.shape[-1] ** -0.5
+    dot = (l2_normalize(k) * q_hat).sum(-1)  # [batch pos key_head]
+    dot = einops.repeat(dot, "b p kh -> b p (kh group)", group=beta.shape[-1] // q.shape[2])
+    return einops.rearrange(beta * dot, "b p h -> b h p")
+
+
 def js_divergence(p: Float[Tensor, "*batch n"], q: Float[Tensor, "*batch n"]) -> Float[Tensor, "*batch"]:
     """Jensen-Shannon divergence (natural log, in [0, log 2]) between distributions on the last axis."""
     m = 0.5 * (p + q)

@@ -52,14 +52,19 @@ ROLE_HOOKS: dict[str, str] = {
     "lin_q": "blocks.{layer}.linear_attn.hook_q",
     "lin_k": "blocks.{layer}.linear_attn.hook_k",
     "lin_v": "blocks.{layer}.linear_attn.hook_v",
+    "lin_beta": "blocks.{layer}.linear_attn.hook_beta",
+    "lin_o": "blocks.{layer}.linear_attn.hook_recurrence_out",
     "lin_gate": "blocks.{layer}.linear_attn.hook_gate_input",
+    "lin_out": "blocks.{layer}.linear_attn.hook_out",
 }
 """Activation roles and their TransformerLens hook names. ``pattern_diag`` is kept as its diagonal A_tt only,
 ``pattern_full`` as the whole map (both read hook_pattern); ``rot_q``/``rot_k`` are queries/keys after rotary (and
 after Qwen3's q/k norms).
 ``lin_q``/``lin_k``/``lin_v``: a linear-attention block's queries, keys (per key head) and values (per value head)
-after its causal convolution, before the kernel's L2 normalisation; ``lin_gate``: the gate z of its gated RMSNorm,
-``norm(recurrence_out) * silu(z)``, per value head."""
+after its causal convolution, before the kernel's L2 normalisation; ``lin_beta``: its write strength beta_t per value
+head; ``lin_o``: the delta rule's output o_t per value head (before the gated RMSNorm); ``lin_gate``: the gate z of
+its gated RMSNorm, ``norm(o) * silu(z)``, per value head; ``lin_out``: the block's linear-attention output, added to
+the residual (a linear layer's counterpart of ``attn_out``)."""
 
 
 def effective_qk_roles(info: ModelInfo) -> tuple[str, str]:
@@ -95,8 +100,10 @@ def expected_shape(role: str, info: ModelInfo) -> tuple[tuple[str, int | None], 
         return batch, pos, ("n_heads", info.n_heads), ("d_head", info.d_head)
     if role in ("pattern_diag", "pattern_full"):
         return batch, ("n_heads", info.n_heads), ("query_pos", None), ("key_pos", None)
-    if role in ("lin_q", "lin_k", "lin_v", "lin_gate"):
+    if role in ("lin_q", "lin_k", "lin_v", "lin_o", "lin_gate"):
         return batch, pos, ("heads", None), ("d_head", None)
+    if role == "lin_beta":
+        return batch, pos, ("n_linear_heads", info.n_linear_heads)
     if role == "q_gate":
         return batch, pos, ("n_heads * d_head", info.n_heads * info.d_head)
     return batch, pos, ("d_model", info.d_model)
@@ -135,6 +142,19 @@ def check_indices(kind: str, given: int | Sequence[int] | None, n: int) -> tuple
     if bad or not items:
         raise LensParallelError(f"{kind} {bad or items} out of range: this model has {kind} 0..{n - 1}")
     return tuple(sorted({int(i) for i in items}))
+
+
+def check_heads(info: ModelInfo, layer: int, heads: int | Sequence[int] | None) -> tuple[int, ...]:
+    """:func:`check_indices` of ``heads`` against ``layer``'s own heads (:meth:`ModelInfo.output_heads`: query heads,
+    or a linear-attention layer's value heads), the error naming the layer and its kind."""
+    n = info.output_heads(layer)
+    try:
+        return check_indices("heads", heads, n)
+    except LensParallelError:
+        kind = "value heads of a linear-attention layer" if info.layer_types[layer] == "linear" else "query heads"
+        raise LensParallelError(
+            f"heads {heads} out of range at layer {layer}: it has {n} {kind} (0..{n - 1})"
+        ) from None
 
 
 def softmax_layers(info: ModelInfo, layers: int | Sequence[int] | None, *, what: str) -> tuple[tuple[int, ...], str]:

@@ -206,6 +206,18 @@ class ModelInfo:
         value heads of a linear-attention layer."""
         return self.n_linear_heads if self.layer_types[layer] == "linear" else self.n_heads
 
+    def key_group(self, layer: int) -> int:
+        """Output heads per key head at ``layer``: query heads per kv head (:attr:`group_size`) on a softmax layer,
+        value heads per query/key head on a linear-attention layer (head h reads key head h // key_group)."""
+        if self.layer_types[layer] == "linear":
+            return self.n_linear_heads // self.n_linear_key_heads
+        return self.group_size
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether some layers are linear-attention blocks (Qwen3.5): tables then say each row's layer type."""
+        return "linear" in self.layer_types
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

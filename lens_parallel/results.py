@@ -135,20 +135,30 @@ def head_frame(
     front: Mapping[str, Any] | None = None,
     outer: tuple[str, Sequence[Any]] | None = None,
 ) -> pd.DataFrame:
-    """Tidy rows, one per (``outer`` value, layer, query head), from arrays ``[outer?, layer, head]`` (or scalars):
-    columns model, ``front``, the outer axis, layer, head, kv_head, label (``L{l}H{h}``), then ``values``."""
-    n_heads = info.n_heads
-    shape = ((len(outer[1]),) if outer else ()) + (len(layers), n_heads)
+    """Tidy rows, one per (``outer`` value, layer, head), from arrays ``[outer?, layer, head]`` (or scalars):
+    columns model, ``front``, the outer axis, layer (and layer_type on a hybrid model), head, kv_head, label
+    (``L{l}H{h}``), then ``values``. The head axis is as wide as the widest of ``layers`` (its output heads:
+    query heads, or a linear-attention layer's value heads); a layer's rows past its own heads are dropped."""
+    width = max((info.output_heads(layer) for layer in layers), default=info.n_heads)
+    shape = ((len(outer[1]),) if outer else ()) + (len(layers), width)
     index = np.indices(shape).reshape(len(shape), -1)
-    layer, head = np.asarray(layers)[index[-2]], index[-1]
+    layer, head = np.asarray(layers, dtype=np.int64)[index[-2]], index[-1]
     columns: dict[str, Any] = {"model": info.name, **(front or {})}
     if outer:
         columns[outer[0]] = np.asarray(outer[1])[index[0]]
-    columns |= {"layer": layer, "head": head, "kv_head": head // info.group_size}
+    columns |= {"layer": layer, **_layer_types(info, layer)}
+    groups = np.asarray([info.key_group(int(lay)) for lay in layers], dtype=np.int64)[index[-2]]
+    columns |= {"head": head, "kv_head": head // groups}
     columns["label"] = [head_label(int(lay), int(h)) for lay, h in zip(layer, head, strict=True)]
     for name, v in values.items():
         columns[name] = np.broadcast_to(np.asarray(v), shape).ravel() if np.ndim(v) else v
-    return pd.DataFrame(columns)
+    exists = head < np.asarray([info.output_heads(int(lay)) for lay in layers], dtype=np.int64)[index[-2]]
+    return pd.DataFrame(columns)[exists].reset_index(drop=True)
+
+
+def _layer_types(info: ModelInfo, layers: Sequence[int] | np.ndarray) -> dict[str, list[str]]:
+    """The ``layer_type`` column (``softmax`` or ``linear``) of rows at ``layers``, on a hybrid model only."""
+    return {"layer_type": [info.layer_types[int(layer)] for layer in layers]} if info.hybrid else {}
 
 
 def layer_frame(
@@ -156,7 +166,7 @@ def layer_frame(
 ) -> pd.DataFrame:
     """Tidy rows, one per layer, for what acts on all heads of a layer together: head and kv_head <NA>, label
     ``L{l}*``; columns as :func:`head_frame`'s."""
-    columns: dict[str, Any] = {"model": info.name, **(front or {}), "layer": list(layers)}
+    columns: dict[str, Any] = {"model": info.name, **(front or {}), "layer": list(layers), **_layer_types(info, layers)}
     columns |= {
         "head": pd.array([pd.NA] * len(layers), dtype="Int64"),
         "kv_head": pd.array([pd.NA] * len(layers), dtype="Int64"),

@@ -19,6 +19,12 @@ residual-block         resid_post - resid_pre                      resid_pre    
 Under gated attention (Qwen3.5: hook_z = sigmoid(gate) * A v) the value spaces read the *pre-gate* aggregate
 o = A v, rebuilt from the full pattern by :func:`value_parts` (the one place that rebuild is written).
 
+Every space exists on Qwen3.5's linear-attention (gated delta rule) layers too. There a unit is a value head:
+m = o_t (hook_recurrence_out, before the gated RMSNorm), r = v_t (its hook_v), the self weight is
+a_tt = beta_t (k_t . q_t) (:func:`lens_parallel.geometry.linear_self_weights`, exact: o_t = ... + a_tt v_t), so
+value-exclude-self is o_t - a_tt v_t; residual-attn reads the block's linear-attention output (hook_out) as the
+sublayer update. residual-attn's per-head level is built on softmax layers only.
+
 Adding a space: its name in :data:`lens_parallel.choices.Space` (the ``Literal`` the type checker and the CLI read)
 and its :class:`SpaceSpec` here; ``tests/test_registries.py`` checks that the two agree.
 """
@@ -55,8 +61,8 @@ class SpaceSpec:
         message, reference: m and r in words (help texts, the spaces' table in docs/guides/decompositions.md).
         family: ``value`` (read from the heads: m from hook_z or the pre-gate A v, r = v_t) or ``residual``.
         level: the space's own unit: ``head`` (value, value-exclude-self) or ``sublayer`` (one unit per layer).
-        per_head: whether it also has a head level (the value spaces; residual-attn's per-head writes z_h W_O[h]).
-        attention: whether it reads the heads (hook_z / hook_pattern), so it exists on softmax-attention layers only.
+        per_head: whether it also has a head level (the value spaces; residual-attn's per-head writes z_h W_O[h],
+            on softmax-attention layers).
         sublayer: the sublayer whose output an edit of this space changes (``attn``: hook_z or hook_attn_out;
             ``mlp``: hook_mlp_out; ``block``: hook_resid_post).
     """
@@ -67,7 +73,6 @@ class SpaceSpec:
     family: Family
     level: Level
     per_head: bool
-    attention: bool
     sublayer: Literal["attn", "mlp", "block"]
 
     @property
@@ -75,24 +80,27 @@ class SpaceSpec:
         """Whether this is a value space (the gate site applies; gated models read the pre-gate aggregate)."""
         return self.family == "value"
 
-    def roles(self, info: ModelInfo, *, heads: bool = False) -> tuple[str, ...]:
-        """The activation roles (:data:`lens_parallel.hooks.ROLE_HOOKS`) this space's (m, r) are formed from at one
-        layer; ``heads``: also what its per-head level needs (residual-attn: hook_z for z_h W_O[h])."""
+    def roles(self, info: ModelInfo, layer: int, *, heads: bool = False) -> tuple[str, ...]:
+        """The activation roles (:data:`lens_parallel.hooks.ROLE_HOOKS`) this space's (m, r) are formed from at
+        ``layer`` (a softmax- or a linear-attention layer); ``heads``: also what its per-head level needs
+        (residual-attn on a softmax layer: hook_z for z_h W_O[h])."""
+        linear = info.layer_types[layer] == "linear"
         if self.value:
-            return value_roles(info, diagonal=self.name == "value-exclude-self")
+            diagonal = self.name == "value-exclude-self"
+            return linear_value_roles(diagonal=diagonal) if linear else value_roles(info, diagonal=diagonal)
         if self.name == "residual-attn":
-            return ("resid_pre", *(("z",) if heads else ()), "attn_out")
+            return ("resid_pre", "lin_out") if linear else ("resid_pre", *(("z",) if heads else ()), "attn_out")
         if self.name == "residual-mlp":
             return (residual_reference_role(info, "mlp"), "mlp_out")
         return ("resid_pre", "resid_post")
 
 
 def _value(name: Space, message: str, reference: str, *, level: Level) -> SpaceSpec:
-    return SpaceSpec(name, message, reference, "value", level, level == "head", True, "attn")
+    return SpaceSpec(name, message, reference, "value", level, level == "head", "attn")
 
 
 def _residual(name: Space, message: str, reference: str, *, sublayer: Literal["attn", "mlp", "block"]) -> SpaceSpec:
-    return SpaceSpec(name, message, reference, "residual", "sublayer", sublayer == "attn", sublayer == "attn", sublayer)
+    return SpaceSpec(name, message, reference, "residual", "sublayer", sublayer == "attn", sublayer)
 
 
 SPACES: Mapping[str, SpaceSpec] = {
@@ -125,9 +133,16 @@ def value_roles(info: ModelInfo, *, diagonal: bool = False, gate: bool = False) 
     return ("v", "z", *(("pattern_diag",) if diagonal else ()))
 
 
+def linear_value_roles(*, diagonal: bool = False) -> tuple[str, ...]:
+    """The roles :func:`value_parts` reads at a linear-attention layer: v and o (hook_recurrence_out), and for the
+    self weight a_tt = beta_t (k_t . q_t) the queries, keys and beta when ``diagonal``."""
+    return ("lin_v", "lin_o", *(("lin_q", "lin_k", "lin_beta") if diagonal else ()))
+
+
 @dataclass(frozen=True)
 class ValueParts:
-    """A layer's value-space quantities, per query head (``v`` expanded under GQA):
+    """A layer's value-space quantities, per query head (``v`` expanded under GQA; on a linear-attention layer per
+    value head, a_tt as ``diag``):
 
     - ``o``: the value aggregate sum_s A_ts v_s (hook_z; the pre-gate A v under gated attention) ``[batch pos
       head_index d_head]``;
@@ -156,7 +171,14 @@ def value_parts(captured: Mapping[str, Tensor], info: ModelInfo) -> ValueParts:
     """:class:`ValueParts` from a layer's captured roles (:func:`value_roles`): the one rebuild of the pre-gate
     aggregate A v under gated attention (Qwen3.5, where hook_z = sigmoid(gate) * A v). In a decoding step, where v
     holds only the new positions, ``captured["v_keys"]`` gives the values at every key position
-    (:func:`lens_parallel.edits.all_values`)."""
+    (:func:`lens_parallel.edits.all_values`). At a linear-attention layer (``lin_o`` captured): o =
+    hook_recurrence_out, v = its hook_v, ``diag`` = a_tt (:func:`lens_parallel.geometry.linear_self_weights`) when
+    q, k, beta are captured."""
+    if "lin_o" in captured:
+        diag = None
+        if "lin_beta" in captured:
+            diag = geometry.linear_self_weights(captured["lin_q"], captured["lin_k"], captured["lin_beta"])
+        return ValueParts(o=captured["lin_o"], v=captured["lin_v"], diag=diag, gate=None)
     v = expand_kv(captured["v"], info.n_heads)
     gate: Tensor | None = None
     diag: Tensor | None
@@ -175,8 +197,8 @@ def residual_message(
     space: str, captured: Mapping[str, Tensor], info: ModelInfo
 ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"]]:
     """(m, x) of a residual space at one layer: the sublayer's update and the residual state it is added to."""
-    if space == "residual-attn":
-        return captured["attn_out"], captured["resid_pre"]
+    if space == "residual-attn":  # a linear-attention layer's update: its hook_out
+        return captured["attn_out" if "attn_out" in captured else "lin_out"], captured["resid_pre"]
     if space == "residual-mlp":
         return captured["mlp_out"], captured[residual_reference_role(info, "mlp")]
     return captured["resid_post"] - captured["resid_pre"], captured["resid_pre"]

@@ -15,8 +15,12 @@ residual-block       resid_post - resid_pre                        resid_pre    
 
 Gated attention (Qwen3.5): hook_z is sigmoid(gate) * (A v); the value spaces decompose the pre-gate aggregate A v
 (rebuilt from hook_pattern and hook_v), residual-attn per head uses the gated write z_h W_O[h]. Linear-attention
-layers have no hook_z / hook_pattern: the head-level spaces skip them (with a warning, and said in the result's
-provenance); residual-mlp and residual-block cover every layer. Post-attention norms (Gemma 3): hook_attn_out and
+layers (Qwen3.5's gated delta rule) are decomposed in every space, per value head: m = o_t (hook_recurrence_out),
+r = v_t, exclude-self removes a_tt v_t with a_tt = beta_t (k_t . q_t) (:mod:`lens_parallel.spaces`); residual-attn
+reads their block's linear-attention output, at the sublayer level only (its per-head level is built on softmax
+layers: skipped there with a note). On a hybrid model the tables say each row's ``layer_type``.
+
+Post-attention norms (Gemma 3): hook_attn_out and
 hook_mlp_out are the normalised updates actually added to the residual; the per-head level of residual-attn is
 undefined there (the norm acts on all heads together) and is skipped with a note.
 
@@ -49,7 +53,6 @@ from lens_parallel.hooks import (
     check_indices,
     head_writes_note,
     output_weights,
-    softmax_layers,
 )
 from lens_parallel.models import ModelInfo, layer_label, model_info
 from lens_parallel.options import RunOptions, resolve
@@ -69,7 +72,9 @@ class AlignmentTable:
     """Per-layer, per-unit means over positions t >= 1 for one space at one level.
 
     Arrays are ``[layer, unit]``: units are query heads (``level="head"``) or the one sublayer update
-    (``level="sublayer"``). ``n_degenerate`` counts positions excluded by the eps guard on |m| and |r|.
+    (``level="sublayer"``); on a hybrid model the head axis is as wide as the widest layer's heads (a linear layer's
+    value heads), a narrower layer's extra units are NaN and have no row in the data frame. ``n_degenerate``
+    counts positions excluded by the eps guard on |m| and |r|.
     ``par_perp_ratio`` (in the data frame) is mean(|m_par|/|m|) / mean(|m_perp|/|m|), a ratio of means.
     """
 
@@ -155,16 +160,20 @@ class _Accumulator:
         self.layers: dict[tuple[str, str], tuple[int, ...]] = {}
         for space, space_layers in layers.items():
             spec = SPACES[space]
-            if spec.per_head and not (space == "residual-attn" and head_writes_note(info, space)):
+            if space == "residual-attn" and not head_writes_note(info, space):
+                self.layers[space, "head"] = tuple(layer for layer in space_layers if layer in info.softmax_layers)
+            elif spec.per_head and space != "residual-attn":
                 self.layers[space, "head"] = space_layers
             if spec.level == "sublayer":
                 self.layers[space, "sublayer"] = space_layers
         self.sums = {
-            key: torch.zeros(
-                len(ls), info.n_heads if key[1] == "head" else 1, len(_SUMS), dtype=torch.float64, device=device
-            )
+            key: torch.zeros(len(ls), self.units(key), len(_SUMS), dtype=torch.float64, device=device)
             for key, ls in self.layers.items()
         }
+
+    def units(self, key: tuple[str, str]) -> int:
+        """The unit axis of ``key``'s sums: 1 for a sublayer, else the most heads of its layers."""
+        return 1 if key[1] == "sublayer" else max((self.info.output_heads(i) for i in self.layers[key]), default=0)
 
     def active(self, key: tuple[str, str], layer: int) -> bool:
         return key in self.layers and layer in self.layers[key]
@@ -187,7 +196,7 @@ class _Accumulator:
             dim=-1,
         )
         into = self.sums[key]
-        into[self.layers[key].index(layer)] += sums.to(into.device, non_blocking=True)
+        into[self.layers[key].index(layer), : sums.shape[0]] += sums.to(into.device, non_blocking=True)
 
     def tables(self, sums: dict[tuple[str, str], np.ndarray]) -> tuple[AlignmentTable, ...]:
         out = []
@@ -218,7 +227,7 @@ def _reducer(acc: _Accumulator, spaces: tuple[Space, ...], W_O: dict[int, Tensor
     info, eps = acc.info, acc.eps
 
     def reduce(layer: int, t: dict[str, Tensor]) -> None:
-        parts = value_parts(t, info) if "v" in t else None
+        parts = value_parts(t, info) if "v" in t or "lin_v" in t else None
         for space in spaces:
             if not acc.active((space, SPACES[space].level), layer):
                 continue
@@ -318,31 +327,37 @@ def decompose(
     info = model_info(model)
     docs = Documents.of(documents)
     layer_idx = check_indices("layers", s.layers, info.n_layers)
-    space_layers: dict[str, tuple[int, ...]] = {}
+    space_layers: dict[str, tuple[int, ...]] = dict.fromkeys(s.space, layer_idx)
     skipped: list[str] = []
-    for space in s.space:
-        if SPACES[space].attention:
-            space_layers[space], note = softmax_layers(info, s.layers, what=f"space {space!r}")
-            skipped += [note] if note else []
-        else:
-            space_layers[space] = layer_idx
+    linear = [layer for layer in layer_idx if info.layer_types[layer] == "linear"]
     if "residual-attn" in s.space and (note := head_writes_note(info, "the per-head level of residual-attn")):
         skipped.append(note)
+    elif "residual-attn" in s.space and linear:
+        skipped.append(
+            f"the per-head level of residual-attn is built on softmax-attention layers only: linear-attention layers "
+            f"{linear} have its sublayer level"
+        )
     for note in skipped:
         warnings.warn(note, stacklevel=2)
+    acc = _Accumulator(info, space_layers, s.eps)
     roles = {
-        layer: [r for sp in s.space if layer in space_layers[sp] for r in SPACES[sp].roles(info, heads=True)]
+        layer: [
+            r
+            for sp in s.space
+            for r in SPACES[sp].roles(info, layer, heads=acc.active(("residual-attn", "head"), layer))
+        ]
         for layer in layer_idx
     }
     roles = {layer: list(dict.fromkeys(r)) for layer, r in roles.items() if r}
     W_O = {}
-    if "residual-attn" in s.space:
-        W_O = {layer: output_weights(model, layer, dtype=torch.float64) for layer in space_layers["residual-attn"]}
+    if ("residual-attn", "head") in acc.layers:
+        W_O = {
+            layer: output_weights(model, layer, dtype=torch.float64) for layer in acc.layers["residual-attn", "head"]
+        }
     metric = _AlignmentMetric(info, s.space, space_layers, roles, W_O, s.eps)
     job = EditJob("unedited", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="decompose")
     values = run.value(job)
-    acc = _Accumulator(info, space_layers, s.eps)
     tables = acc.tables({key: values[f"{key[0]}|{key[1]}"] for key in acc.sums})
     provenance = Provenance.of(
         info,

@@ -30,9 +30,17 @@ from lens_parallel.edits.base import (
     register_edit,
     store,
 )
+from lens_parallel.edits.scaling import (
+    ComponentScale,
+    combined_footprint,
+    edited_linear_layers,
+    layer_hooks,
+    linear_output_hooks,
+)
 from lens_parallel.hooks import (
     Hook,
     check_head_writes,
+    check_heads,
     check_indices,
     check_not_gated,
     expand_kv,
@@ -41,6 +49,7 @@ from lens_parallel.hooks import (
     softmax_layers,
 )
 from lens_parallel.models import ModelInfo
+from lens_parallel.spaces import ValueParts
 from lens_parallel.validate import as_indices, check_choice, check_finite
 
 
@@ -56,6 +65,12 @@ class DiagonalEdit(EditBase):
     along x_t but adds a perpendicular change (a view, not an identity). Positions where the denominator is below
     ``eps`` (|v_t|^2, or |(W_O v_t) . x_t| relative to |W_O v_t| |x_t|) get dA_tt = 0. ``positions``: ``all`` or
     ``after-first`` (query position 0 untouched).
+
+    On a linear-attention layer (Qwen3.5's gated delta rule) the diagonal is a_tt = beta_t (k_t . q_t) and
+    o_t = ... + a_tt v_t, so the same change da_tt v_t is added to o_t (hook_recurrence_out; the recurrent state
+    does not read o): in value and value-exclude-self it equals ``ComponentScale(space, s_par)`` there too. Heads are
+    value heads there; residual-attn is refused on linear layers (per-head writes are built on softmax layers).
+    Not decode-safe on a linear layer (:meth:`ComponentScale.footprint`).
     """
 
     space: HeadSpace
@@ -73,13 +88,20 @@ class DiagonalEdit(EditBase):
         object.__setattr__(self, "heads", as_heads(self.heads))
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
-        layers, _ = softmax_layers(info, self.layers, what="DiagonalEdit")
         if self.space == "residual-attn":
+            layers, _ = softmax_layers(info, self.layers, what="DiagonalEdit('residual-attn')")
             check_not_gated(info, "DiagonalEdit('residual-attn')", alternative="use value or value-exclude-self")
             check_head_writes(info, "DiagonalEdit('residual-attn')")
-        heads = check_indices("heads", None if self.heads == "all" else self.heads, info.n_heads)
+        else:
+            layers = check_indices("layers", self.layers, info.n_layers)
         out: list[Hook] = []
         for layer in layers:
+            heads = check_heads(info, layer, None if self.heads == "all" else self.heads)
+            if info.layer_types[layer] == "linear":  # o_t + da_tt v_t: the parallel scaling itself
+                out += layer_hooks(
+                    ComponentScale(self.space, s_par=self.s_par, eps=self.eps), model, info, layer, heads
+                )
+                continue
             state: dict[str, Tensor] = {}
             out.append((hook_name(layer, "v"), partial(store, state=state, key="v")))
             if self.space == "residual-attn":
@@ -136,7 +158,12 @@ class DiagonalEdit(EditBase):
         v_t (on the blocked path o_t = A_t. v reads the whole row against every value: at a decoding step the cached
         values, :func:`~lens_parallel.edits.all_values`; the diagonal path hands it o_t)."""
         reads = ("v", *(("resid_pre",) if self.space == "residual-attn" else ()))
-        return Footprint(reads, ("pattern_full",), "diagonal", decode_safe=True)
+        softmax = Footprint(reads, ("pattern_full",), "diagonal", decode_safe=True)
+        if self.space == "residual-attn" or not edited_linear_layers(info, self.layers):
+            return softmax
+        return combined_footprint(
+            softmax, ComponentScale(self.space, layers=self.layers).footprint(info), info, self.layers
+        )
 
 
 @register_edit(
@@ -150,9 +177,13 @@ class ZeroDiagonal(EditBase):
     """Hard diagonal removal (the directional-decomposition paper's comparison edit): every head's attention to
     its own token is set to 0 and each row renormalised over the other positions,
     A'_tt = 0, A'_ts = A_ts / (1 - A_tt) (:func:`lens_parallel.geometry.zero_diagonal`), on ``hook_pattern``.
+    On a linear-attention layer (Qwen3.5's gated delta rule) its self term is removed, o'_t = o_t - a_tt v_t
+    (a_tt = beta_t (k_t . q_t)), without renormalisation: the delta rule's weights are not a distribution, there is
+    no row to renormalise (not decode-safe there: :meth:`ComponentScale.footprint`).
     Query position 0 is kept (its row has no other position); a row with 1 - A_tt < ``eps`` is left unchanged and
     counted in :attr:`unchanged_rows` (summed over the forwards run since the edit was made). ``layers``: default
-    every softmax-attention layer (as the authors ran it); ``heads``: default every head. No matched no-op: it is
+    every layer (the authors' models have softmax layers only); ``heads``: default every head (value heads on a
+    linear layer). No matched no-op: it is
     compared with the unedited model. Not to be confused with :class:`DiagonalEdit` (a scaling of A_tt)."""
 
     layers: int | Sequence[int] | None = None
@@ -170,7 +201,11 @@ class ZeroDiagonal(EditBase):
     def footprint(self, info: ModelInfo) -> Footprint:
         """Rewrites whole attention rows (every A_ts is renormalised), which needs only A_tt and the rest of the row's
         weight and output (the diagonal path)."""
-        return Footprint((), ("pattern_full",), "diagonal", decode_safe=True)
+        softmax = Footprint((), ("pattern_full",), "diagonal", decode_safe=True)
+        if not edited_linear_layers(info, self.layers):
+            return softmax
+        linear = ComponentScale("value-exclude-self", layers=self.layers).footprint(info)
+        return combined_footprint(softmax, linear, info, self.layers)
 
     @property
     def unchanged_rows(self) -> int:
@@ -178,10 +213,17 @@ class ZeroDiagonal(EditBase):
         return self.counts["unchanged_rows"]
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
-        layers, _ = softmax_layers(info, self.layers, what="ZeroDiagonal")
-        heads = check_indices("heads", None if self.heads == "all" else self.heads, info.n_heads)
-        edit = rows_hook(partial(self._edit_pattern, heads=heads), diagonal=partial(self._edit_diagonal, heads=heads))
-        return [(hook_name(layer, "pattern_full"), edit) for layer in layers]
+        out: list[Hook] = []
+        for layer in check_indices("layers", self.layers, info.n_layers):
+            heads = check_heads(info, layer, None if self.heads == "all" else self.heads)
+            if info.layer_types[layer] == "linear":
+                out += linear_output_hooks(info, layer, heads, _minus_self_term, diagonal=True)
+                continue
+            edit = partial(self._edit_pattern, heads=heads)
+            out.append(
+                (hook_name(layer, "pattern_full"), rows_hook(edit, diagonal=partial(self._edit_diagonal, heads=heads)))
+            )
+        return out
 
     def _edit_pattern(
         self, pattern: Float[Tensor, "batch head_index query_pos key_pos"], hook: HookPoint, *, heads: HeadSet
@@ -200,3 +242,9 @@ class ZeroDiagonal(EditBase):
         self.counts["unchanged_rows"] += int((zeroed.unchanged & mask).sum())
         edited = rows.replace(weight=zeroed.weight, others=zeroed.others, rest=zeroed.rest)
         return edited.where(mask, rows)
+
+
+def _minus_self_term(o: Tensor, parts: ValueParts) -> Tensor:
+    """-a_tt v_t: a linear-attention layer's self term, removed."""
+    assert parts.diag is not None  # captured: linear_output_hooks(..., diagonal=True)
+    return -geometry.split_self(o, parts.v, parts.diag)[0]

@@ -25,7 +25,7 @@ from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
     Hook,
     check_head_writes,
-    check_indices,
+    check_heads,
     hook_name,
     softmax_layers,
 )
@@ -48,9 +48,10 @@ class HeadEdit(EditBase):
     - ``parallel-residual``: ``ComponentScale("residual-attn", s_par=0)`` on those heads' own writes.
 
     ``heads`` is a tuple of heads (every batch row) or a bool mask ``[batch, head_index]`` giving each row its own
-    head set, which lets the ablation engine run many edits in one forward. Only ``zero`` is defined for
-    linear-attention layers. ``positions``: ``all`` or ``after-first`` (position 0 untouched, as the sanity-checks
-    paper's frozen single-head interventions).
+    head set, which lets the ablation engine run many edits in one forward. On linear-attention layers ``zero`` and
+    ``parallel-value`` (o_t's part along v_t removed, :class:`ComponentScale`) are defined, on value heads;
+    ``mean`` and ``parallel-residual`` are refused there. ``positions``: ``all`` or ``after-first`` (position 0
+    untouched, as the sanity-checks paper's frozen single-head interventions).
     """
 
     ablation: Ablation
@@ -78,7 +79,9 @@ class HeadEdit(EditBase):
 
     def footprint(self, info: ModelInfo) -> Footprint:
         if self.ablation == "parallel-value":
-            return ComponentScale("value", s_par=0.0).footprint(info)
+            return ComponentScale("value", s_par=0.0, layers=[self.layer] if self._linear(info) else None).footprint(
+                info
+            )
         if self.ablation == "parallel-residual":
             return ComponentScale("residual-attn", s_par=0.0, heads="all").footprint(info)
         if self.ablation == "zero" and self._linear(info):
@@ -92,13 +95,13 @@ class HeadEdit(EditBase):
         return 0 <= self.layer < info.n_layers and info.layer_types[self.layer] == "linear"
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
-        if self.ablation == "zero" and self._linear(info):
+        if self._linear(info) and self.ablation in ("zero", "parallel-value"):
             layer, role = self.layer, "lin_gate"
         else:
             (layer,), _ = softmax_layers(info, [self.layer], what=f"HeadEdit({self.ablation!r})")
             role = "z"
         n_heads = info.output_heads(layer)
-        heads = self.heads if isinstance(self.heads, Tensor) else check_indices("heads", self.heads, n_heads)
+        heads = self.heads if isinstance(self.heads, Tensor) else check_heads(info, layer, self.heads)
         if self.ablation == "parallel-value":
             out = layer_hooks(ComponentScale("value", s_par=0.0), model, info, layer, heads)
         elif self.ablation == "parallel-residual":

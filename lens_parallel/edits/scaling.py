@@ -5,7 +5,7 @@ exact); several scalings alike but for their scales stack as batch rows of one f
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
@@ -37,14 +37,14 @@ from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
     Hook,
     check_head_writes,
+    check_heads,
     check_indices,
     hook_name,
     output_weights,
     residual_reference_role,
-    softmax_layers,
 )
 from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.spaces import HEAD_SPACES, SPACES, value_parts
+from lens_parallel.spaces import HEAD_SPACES, SPACES, ValueParts, linear_value_roles, value_parts
 from lens_parallel.validate import as_indices, check_choice, check_finite
 
 
@@ -76,6 +76,14 @@ class ComponentScale(EditBase):
             (:data:`~lens_parallel.choices.ValueSite`): ``pre-gate`` o = A v (its change passed through the gate) or
             ``post-gate`` z = sigmoid(gate) * o, the output projection's input (exclude-self there removes the gated
             self term sigmoid(gate) * A_tt v_t); refused on a model without a gate, where the two are one.
+
+    Linear-attention layers (Qwen3.5's gated delta rule) are edited too, per value head (``heads`` index value heads
+    there): the value spaces scale o_t (hook_recurrence_out, before the gated RMSNorm) against v_t, exclude-self
+    c_t = o_t - a_tt v_t with a_tt = beta_t (k_t . q_t) (:mod:`lens_parallel.spaces`); the recurrent state does not
+    read o, so the edited forward is exact. residual-attn scales the block's linear-attention output as a whole
+    (per-head writes are built on softmax layers only), and ``site="post-gate"`` is a softmax-layer option. Such
+    edits are not decode-safe (a cached step runs Hugging Face's own module, where these hooks never fire):
+    generation recomputes the sequence at every step (:func:`lens_parallel.generate`).
     """
 
     space: Space
@@ -119,6 +127,15 @@ class ComponentScale(EditBase):
 
     def footprint(self, info: ModelInfo) -> Footprint:
         spec = SPACES[self.space]
+        softmax = self._softmax_footprint(info)
+        if spec.sublayer != "attn" or not edited_linear_layers(info, self.layers):
+            return softmax
+        roles = ("lin_v", *(("lin_q", "lin_k", "lin_beta") if self.space == "value-exclude-self" else ()))
+        reads, writes = (roles, ("lin_o",)) if spec.value else (("resid_pre",), ("lin_out",))
+        return combined_footprint(softmax, Footprint(reads, writes, "none", False), info, self.layers)
+
+    def _softmax_footprint(self, info: ModelInfo) -> Footprint:
+        spec = SPACES[self.space]
         if spec.value:
             pre_gate = info.gated_attention and self.site == "pre-gate"
             diagonal = self.space == "value-exclude-self"
@@ -158,21 +175,53 @@ class _Site:
     heads: HeadSet | None
 
 
+def _layers(info: ModelInfo, layers: int | Sequence[int] | None) -> tuple[int, ...]:
+    return check_indices("layers", layers, info.n_layers)
+
+
+def edited_linear_layers(info: ModelInfo, layers: int | Sequence[int] | None) -> tuple[int, ...]:
+    """The linear-attention layers (Qwen3.5) among ``layers`` (None: every layer)."""
+    return tuple(layer for layer in _layers(info, layers) if info.layer_types[layer] == "linear")
+
+
+def combined_footprint(
+    softmax: Footprint, linear: Footprint, info: ModelInfo, layers: int | Sequence[int] | None
+) -> Footprint:
+    """The footprint of an edit of ``layers`` that is ``softmax`` on softmax-attention layers and ``linear`` on
+    linear-attention ones (only ``linear`` when every edited layer is one)."""
+    if len(edited_linear_layers(info, layers)) == len(_layers(info, layers)):
+        return linear
+    return Footprint(
+        tuple(dict.fromkeys(softmax.reads + linear.reads)),
+        softmax.writes + linear.writes,
+        softmax.pattern,
+        softmax.decode_safe and linear.decode_safe,
+    )
+
+
 def _scale_hooks(scales: _Scaling, edit: ComponentScale, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
     """The hooks of ``edit``'s space, layers, heads and positions, scaling by ``scales`` (the edit's own, or one
     per batch row)."""
-    if SPACES[edit.space].attention:  # needs hook_z / hook_attn_out: softmax-attention layers only
-        layers, _ = softmax_layers(info, edit.layers, what=f"ComponentScale({edit.space!r})")
-    else:
-        layers = check_indices("layers", edit.layers, info.n_layers)
-    heads: tuple[int, ...] | None = check_indices("heads", None if edit.heads == "all" else edit.heads, info.n_heads)
-    if edit.space == "residual-attn" and edit.heads is None:
-        heads = None  # the whole sublayer update
-    elif edit.space == "residual-attn":
+    layers = _layers(info, edit.layers)
+    linear = edited_linear_layers(info, layers) if SPACES[edit.space].sublayer == "attn" else ()
+    if linear and edit.site == "post-gate":
+        raise LensParallelError(
+            f"site='post-gate' is a softmax-attention option; layers {list(linear)} of {info.name} are linear-"
+            f"attention blocks (no output gate there): pass layers={list(info.softmax_layers)}"
+        )
+    if linear and edit.space == "residual-attn" and edit.heads is not None:
+        raise LensParallelError(
+            f"ComponentScale('residual-attn') on single heads is built on softmax-attention layers only; layers "
+            f"{list(linear)} of {info.name} are linear-attention blocks (heads=None edits their whole update)"
+        )
+    if edit.space == "residual-attn" and edit.heads is not None:
         check_head_writes(info, "ComponentScale('residual-attn') on single heads")
     out: list[Hook] = []
     for layer in layers:
-        out += _builder(edit.space)(scales, _Site(model, info, layer, heads))
+        heads: tuple[int, ...] | None = None
+        if edit.space != "residual-attn" or edit.heads is not None:  # residual-attn, heads=None: the whole update
+            heads = check_heads(info, layer, None if edit.heads == "all" else edit.heads)
+        out += _builder(edit.space, info, layer)(scales, _Site(model, info, layer, heads))
     return after_first(out) if edit.positions == "after-first" else out
 
 
@@ -243,9 +292,58 @@ def _value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
     return [*out, (hook_name(layer, "z"), edit_z)]
 
 
+def _linear_value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
+    """Value-space scaling at a linear-attention layer: o_t (hook_recurrence_out) against v_t per value head;
+    value-exclude-self scales c_t = o_t - a_tt v_t (a_tt from the layer's q, k, beta); value-merged one projection of
+    every value head's concatenation. The state S_t does not read o, so later positions see the same S."""
+
+    def delta(o: Tensor, parts: ValueParts) -> Tensor:
+        if edit.space == "value-merged":
+            merged = geometry.scale_delta(geometry.merge_heads(o), geometry.merge_heads(parts.v), **_scaling(edit))
+            return geometry.split_heads(merged, o.shape[2])
+        return geometry.scale_delta(parts.message(edit.space), parts.v, **_scaling(edit))
+
+    return linear_output_hooks(at.info, at.layer, at.heads, delta, diagonal=edit.space == "value-exclude-self")
+
+
+def linear_output_hooks(
+    info: ModelInfo,
+    layer: int,
+    heads: HeadSet | None,
+    delta: Callable[[Tensor, ValueParts], Tensor],
+    *,
+    diagonal: bool,
+) -> list[Hook]:
+    """Hooks changing a linear-attention layer's output o_t (hook_recurrence_out) to o_t + ``delta(o, parts)`` on
+    ``heads`` (value heads; None: all), ``parts`` its :class:`~lens_parallel.spaces.ValueParts` (with a_tt when
+    ``diagonal``), read from the layer's own hooks earlier in the same forward."""
+    state: dict[str, Tensor] = {}
+
+    def edit_o(o: Tensor, hook: HookPoint) -> Tensor:
+        parts = value_parts({**state, "lin_o": o}, info)
+        state.clear()
+        mask = head_mask(heads, o.shape[2], o.shape[0], o.device)
+        return torch.where(mask[:, None, :, None], o + delta(o, parts).to(o.dtype), o)
+
+    roles = [role for role in linear_value_roles(diagonal=diagonal) if role != "lin_o"]
+    return [
+        *((hook_name(layer, role), partial(store, state=state, key=role)) for role in roles),
+        (hook_name(layer, "lin_o"), edit_o),
+    ]
+
+
 def _residual_attn_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
     model, info, layer, heads = at.model, at.info, at.layer, at.heads
     state: dict[str, Tensor] = {}
+    if info.layer_types[layer] == "linear":  # the whole linear-attention update (heads refused before)
+
+        def edit_update(out: Tensor, hook: HookPoint) -> Tensor:
+            return geometry.scale_components(out, state.pop("x"), **_scaling(edit))
+
+        return [
+            (hook_name(layer, "resid_pre"), partial(store, state=state, key="x")),
+            (hook_name(layer, "lin_out"), edit_update),
+        ]
     W_O = output_weights(model, layer)
 
     def edit_out(out: Tensor, hook: HookPoint) -> Tensor:
@@ -302,14 +400,17 @@ _SCALE_BUILDERS = {
 attention sublayer, the MLP or the whole block (:attr:`~lens_parallel.spaces.SpaceSpec.family` / ``sublayer``)."""
 
 
-def _builder(space: str) -> Any:
+def _builder(space: str, info: ModelInfo, layer: int) -> Any:
     spec = SPACES[space]
+    if spec.value and info.layer_types[layer] == "linear":
+        return _linear_value_hooks
     return _SCALE_BUILDERS["value" if spec.value else spec.sublayer]
 
 
 def layer_hooks(
     edit: ComponentScale, model: TransformerBridge, info: ModelInfo, layer: int, heads: HeadSet | None
 ) -> list[Hook]:
-    """``edit``'s hooks at one layer on ``heads`` (a per-row mask allowed): what :class:`~lens_parallel.edits.
-    HeadEdit`'s parallel ablations run."""
-    return cast(list[Hook], _builder(edit.space)(edit, _Site(model, info, layer, heads)))
+    """``edit``'s hooks at one layer (softmax or linear attention) on ``heads`` (a per-row mask allowed): what
+    :class:`~lens_parallel.edits.HeadEdit`'s parallel ablations and :class:`~lens_parallel.edits.DiagonalEdit` on
+    a linear-attention layer run."""
+    return cast(list[Hook], _builder(edit.space, info, layer)(edit, _Site(model, info, layer, heads)))
