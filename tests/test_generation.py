@@ -26,7 +26,7 @@ from lens_parallel.losses import chunked_token_nll, logits_of, unembedding
 from lens_parallel.models import model_info, toy_folder
 from lens_parallel.tokenizers import hf_tokenizer
 from lens_parallel.weights import real_model_folder
-from tests.conftest import NotDecodeSafe, get_model
+from tests.conftest import get_model
 
 PROMPTS = ["The capital of France is", "Once upon a time there was a little girl who", "1, 2, 3,"]
 TOYS = ["toy-gpt2", "toy-pythia", "toy-qwen2", "toy-qwen3", "toy-llama", "toy-qwen3.5"]
@@ -81,7 +81,7 @@ def _recomputed(model, prompt_ids, hooks, n):
     return tokens[len(prompt_ids) :], torch.stack(logits)
 
 
-def _cached(model, prompt_ids, hooks, n, monkeypatch):
+def _cached(model, prompt_ids, hooks, n, monkeypatch, *, cached=True):
     seen = []
 
     def recording(resid, unembed):
@@ -101,6 +101,7 @@ def _cached(model, prompt_ids, hooks, n, monkeypatch):
         unembed=unembedding(model),
         indices=[0],
         eos=frozenset(),
+        cached=cached,
     )
     return list(got[0].tokens), torch.stack(seen)
 
@@ -131,10 +132,10 @@ SIZED_EDITS = {  # edits holding a tensor per layer and head: made for the model
         torch.zeros(info.n_layers, info.n_heads),
     ),
 }
-GATED_EDITS = {  # gated attention (toy-qwen3.5): the pre-gate A v is rebuilt from the pattern and every value
-    "gated value pre-gate": ComponentScale("value", s_par=0.0),
-    "gated value-exclude-self pre-gate": ComponentScale("value-exclude-self", s_par=0.0, s_perp=1.2),
-    "gated diagonal value": DiagonalEdit("value", s_par=0.0),
+GATED_EDITS = {  # gated attention (toy-qwen3.5's softmax layers): the pre-gate A v rebuilt from every value
+    "gated value pre-gate": ComponentScale("value", s_par=0.0, layers=(1, 2)),
+    "gated value-exclude-self pre-gate": ComponentScale("value-exclude-self", s_par=0.0, s_perp=1.2, layers=(1, 2)),
+    "gated diagonal value": DiagonalEdit("value", s_par=0.0, layers=(1, 2)),
 }
 CASES = [(spec, name) for spec in ("toy-gpt2", "toy-qwen3") for name in [*EDITS, *SIZED_EDITS]] + [
     ("toy-qwen3.5", name) for name in GATED_EDITS
@@ -212,8 +213,6 @@ def test_a_stop_string_ends_the_text_before_it(tmp_path):
         (lambda m: lp.generate(m, "x", max_new_tokens=10**6), "exceeds the model's context of"),
         (lambda m: lp.generate(m, "x", stop=("",)), "stop must be a string, a list of non-empty strings or None"),
         (lambda m: lp.generate(m, "x", top_p=0.0), r"top_p must be in \(0, 1\]"),
-        (lambda m: lp.generate(m, "x", NotDecodeSafe()), "is not decode-safe on toy-gpt2"),
-        (lambda m: lp.generate(m, "x", _Undeclared()), "_Undeclared does not say whether it is decode-safe"),
     ],
 )
 def test_bad_input_is_refused_before_any_forward(call, message, monkeypatch):
@@ -226,11 +225,6 @@ def test_bad_input_is_refused_before_any_forward(call, message, monkeypatch):
     monkeypatch.setattr("lens_parallel.generation.api.decode_batch", no_forward)
     with pytest.raises(lp.LensParallelError, match=message):
         call(model)
-
-
-class _Undeclared:
-    def hooks(self, model, info):
-        return []
 
 
 def test_a_killed_generate_resumes_only_the_unfinished_prompts_and_equals_an_uninterrupted_run(tmp_path, monkeypatch):
@@ -293,30 +287,59 @@ def test_generate_settings_are_typed(field, value, message):
     assert lp.GenerateSettings(stop=None).stop == () and unchecked(lp.GenerateSettings, stop="Q:").stop == ("Q:",)
 
 
-def test_a_linear_layer_edit_is_never_decoded_with_the_cache():
+LINEAR_EDITS = {  # toy-qwen3.5's linear-attention layers are 0, 3 and 4
+    "value s_par=0, every layer": ComponentScale("value", s_par=0.0),
+    "value-exclude-self on layer 3": ComponentScale("value-exclude-self", s_par=0.0, s_perp=1.5, layers=(3,)),
+    "value-merged on layer 0 after-first": ComponentScale(
+        "value-merged", s_par=3.0, layers=(0,), positions="after-first"
+    ),
+    "residual-attn on layer 4": ComponentScale("residual-attn", s_par=0.0, s_perp=1.3, layers=(4,)),
+    "diagonal value": DiagonalEdit("value", s_par=-0.5, layers=(0, 4)),
+    "zero-diagonal, every layer": ZeroDiagonal(),
+    "head zero": HeadEdit("zero", 0, (0, 1)),
+    "head parallel-value": HeadEdit("parallel-value", 3, (1, 2)),
+}
+
+
+@pytest.mark.parametrize("name", list(LINEAR_EDITS))
+def test_generation_under_a_linear_layer_edit_equals_recomputing_the_whole_sequence(name, monkeypatch):
     """A Qwen3.5 linear-attention layer's cached steps (the prefill included) run Hugging Face's own module, where
-    the bridge's hook_gate_input never fires: under HeadEdit("zero") on such a layer every cached step was the
-    unedited model's (logits 3e-7 from unedited, 0.07-0.16 from the edited recomputation). The edit says it is not
-    decode-safe: generation refuses it in one line, and choices sharing a context score as whole sequences."""
+    the bridge's linear-attention hooks never fire: cached, such an edit would be silently absent (under
+    HeadEdit("zero") the logits were 3e-7 from the unedited model's, 0.07-0.16 from the edited recomputation). Such
+    edits say they are not decode-safe, and generation reruns the whole sequence at each step: every step's logits
+    equal an independent recomputation's, in a batch of left-padded prompts too, and the choices of a shared
+    context are scored as whole sequences."""
     from lens_parallel.downstream.lm import EditedLM
 
     model = get_model("toy-qwen3.5")
-    assert model_info(model).layer_types[0] == "linear"
-    edit = HeadEdit("zero", 0, (0, 1))
-    with pytest.raises(lp.LensParallelError, match=r"is not decode-safe on toy-qwen3\.5"):
-        lp.generate(model, ["Once upon a time"], {"zero": edit}, max_new_tokens=3, progress=False)
+    edit = LINEAR_EDITS[name]
+    assert not lp.edits.decode_safe([edit], model_info(model))
+    hooks, tokenizer, n = compile_hooks(model, edit), hf_tokenizer(model), 5
+    prompt = tokenizer.encode(PROMPTS[1])
+    tokens, logits = _cached(model, prompt, hooks, n, monkeypatch, cached=False)
+    expected, expected_logits = _recomputed(model, prompt, hooks, n)
+    assert tokens == expected
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-4, atol=1e-4)
+    _, unedited_logits = _recomputed(model, prompt, [], n)
+    assert (expected_logits - unedited_logits).abs().max() > 1e-3  # the edit is there at every step
+    monkeypatch.undo()
+    batched = lp.generate(model, PROMPTS, {"edited": edit}, max_new_tokens=n, batch_size=3, progress=False)
+    assert batched.provenance.settings["decoding"] == {"unedited": "kv-cache", "edited": "recomputed every step"}
+    for i, text in enumerate(PROMPTS):
+        ids = tokenizer.encode(text)
+        for setting, setting_hooks in ((1, hooks), (0, [])):
+            got = list(batched.tokens[setting][i])
+            assert got == _recomputed(model, ids, setting_hooks, len(got))[0], (text, setting)
     requests = [
         Instance("loglikelihood", {}, ("The cat sat on the", choice), i)
         for i, choice in enumerate([" mat", " big red mat"])
     ]
-    got = EditedLM(model, (edit,), progress=False).loglikelihood(requests)
-    hooks = compile_hooks(model, edit)
-    tokenizer = hf_tokenizer(model)
-    for (ll, _), request in zip(got, requests, strict=True):
+    for (ll, _), request in zip(
+        EditedLM(model, (edit,), progress=False).loglikelihood(requests), requests, strict=True
+    ):
         whole, context = tokenizer.encode("".join(request.args)), tokenizer.encode(request.args[0])
         continuation = whole[len(context) :]  # as lm-eval splits a pair
-        tokens = torch.tensor([whole])
+        sequence = torch.tensor([whole])
         with torch.no_grad():
-            final = forward(model, tokens, hooks)
-            nll = chunked_token_nll(final, unembedding(model), tokens)
+            nll = chunked_token_nll(forward(model, sequence, hooks), unembedding(model), sequence)
         assert ll == pytest.approx(-float(nll[0, -len(continuation) :].double().sum()), abs=1e-4)

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import compat
-from lens_parallel.edits import Edit, check_decode_safe, compile_hooks, decode_safe
+from lens_parallel.edits import Edit, compile_hooks, decode_safe
 from lens_parallel.errors import LensParallelError
 from lens_parallel.generation.continuations import score_continuations
 from lens_parallel.generation.decode import Sampling, decode_batch, end_of_sequence
@@ -291,12 +291,12 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Each request's continuation (:meth:`plan_generation`; a request whose context was cut is recorded in
-        :attr:`cut`), the text cut at the first stop string (lm-eval's ``postprocess_generated_text``). Requests
-        with the same kwargs run in batches, longest first, KV-cached with the edits at every step
-        (:mod:`lens_parallel.generation.decode`; every edit must be decode-safe); a greedy answer in the store is
-        read, not computed, and each finished answer goes to the store at once (resumable). Progress: one step
-        per request finished."""
-        check_decode_safe(self.edits, model_info(self.model))
+        :attr:`cut`), the text cut at the first stop string (lm-eval's ``postprocess_generated_text``). Requests with
+        the same kwargs run in batches, longest first, with the edits at every step (KV-cached where every edit is
+        decode-safe, else recomputing the sequence at each step: :mod:`lens_parallel.generation.decode`); a greedy
+        answer in the store is read, not computed, and each finished answer goes to the store at once (resumable).
+        Progress: one step per request finished."""
+        cached = decode_safe(self.edits, model_info(self.model))
         eos_ids = end_of_sequence(self.model, self.tokenizer)
         planned = [self.plan_generation(*req.args) for req in requests]
         results: list[str | None] = [None] * len(requests)
@@ -327,6 +327,7 @@ class EditedLM(TemplateLM):  # type: ignore[misc]
                     indices=batch,
                     eos=eos_ids,
                     advance=lambda tokens, rows: bar.update(rows),
+                    cached=cached,
                 )
                 for i, d in zip(batch, decoded, strict=True):
                     text = self.tokenizer.decode(list(d.tokens), skip_special_tokens=True)

@@ -364,28 +364,10 @@ def edit_footprint(edit: Edit, info: ModelInfo) -> Footprint | None:
 
 
 def decode_safe(edits: Sequence[Edit], info: ModelInfo) -> bool:
-    """Whether every edit says it is decode-safe (:attr:`Footprint.decode_safe`; :func:`check_decode_safe` says
-    why one is not)."""
+    """Whether every edit says it is decode-safe (:attr:`Footprint.decode_safe`): decoding runs them against a
+    key/value cache; any other edit (one that says not, or does not say) decodes by rerunning the whole sequence
+    at each step (:mod:`lens_parallel.generation.decode`)."""
     return all((footprint := edit_footprint(edit, info)) is not None and footprint.decode_safe for edit in edits)
-
-
-def check_decode_safe(edits: Sequence[Edit], info: ModelInfo) -> None:
-    """Refuse (one line) an edit that is not defined on a decoding step (one new query position against cached
-    keys and values), or that does not say (:attr:`Footprint.decode_safe`)."""
-    for edit in edits:
-        footprint = edit_footprint(edit, info)
-        if footprint is None:
-            raise LensParallelError(
-                f"{type(edit).__name__} does not say whether it is decode-safe: give it footprint(info) returning "
-                "lens_parallel.Footprint(reads, writes, pattern, decode_safe=True) if each hook only reads the "
-                "current positions (or the current attention row)"
-            )
-        if not footprint.decode_safe:
-            raise LensParallelError(
-                f"{edit!r} is not decode-safe on {info.name} (its footprint says so): a cached decoding step feeds "
-                "one new position against cached keys and values (every layer's values: lens_parallel.edits."
-                "all_values); generating without the cache is not offered"
-            )
 
 
 def describe_edit(edit: Edit) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.edits import UNEDITED, Settings, check_decode_safe, compile_hooks, describe_edit, named_edits
+from lens_parallel.edits import UNEDITED, Settings, compile_hooks, decode_safe, describe_edit, named_edits
 from lens_parallel.errors import LensParallelError
 from lens_parallel.generation.decode import Decoded, Sampling, cut_at_stop, decode_batch, end_of_sequence
 from lens_parallel.losses import unembedding
@@ -231,25 +231,24 @@ def generate(
 ) -> GenerationResult:
     """Continue ``prompts`` with the unedited model and under each of ``edits`` (None: the unedited model only; one
     edit, a list applied together, or a dict naming several settings), the edits active at every decoding step
-    (KV-cached: :mod:`lens_parallel.generation.decode`). ``settings`` / keywords: :class:`GenerateSettings`
-    (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_p``, ``seed``, ``stop``); run options:
-    ``batch_size`` prompts per forward, ``progress`` (one bar over the tokens of the call: every setting's prompts
-    times ``max_new_tokens``, a continuation that ends early counting its unused budget), ``store``: a JSON-lines
-    file that makes the call resumable (each batch's continuations written as it finishes; a rerun decodes only the
-    prompts not stored, in the same batches, so its texts equal an uninterrupted run's; a store written with
-    another model, weights, settings or batch size is refused). Every prompt, setting and edit is checked before
-    the first forward: an edit must be decode-safe (:func:`~lens_parallel.edits.check_decode_safe`). A NaN or an
-    infinite logit is refused (:class:`~lens_parallel.errors.NonFiniteError`), never decoded into a token."""
+    (KV-cached where every edit is decode-safe, else each step reruns the whole sequence:
+    :mod:`lens_parallel.generation.decode`; the provenance's ``decoding`` says which, per setting). ``settings`` /
+    keywords: :class:`GenerateSettings` (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_p``, ``seed``,
+    ``stop``); run options: ``batch_size`` prompts per forward, ``progress`` (one bar over the tokens of the call: every
+    setting's prompts times ``max_new_tokens``, a continuation that ends early counting its unused budget), ``store``: a
+    JSON-lines file that makes the call resumable (each batch's continuations written as it finishes; a rerun decodes
+    only the prompts not stored, in the same batches, so its texts equal an uninterrupted run's; a store written with
+    another model, weights, settings or batch size is refused). Every prompt, setting and edit is checked before the
+    first forward. A NaN or an infinite logit is refused (:class:`~lens_parallel.errors.NonFiniteError`), never decoded
+    into a token."""
     s, opts = resolve(GenerateSettings, settings, options, protocol, changes)
     texts = _check_prompts(prompts)
     if opts.batch_size == "auto":
         raise LensParallelError("generate takes an integer batch_size (prompts per forward), not 'auto'")
     info = model_info(model)
     named = {UNEDITED: (), **({} if edits is None else named_edits(edits))}
-    hooks = {}
-    for name, setting in named.items():
-        check_decode_safe(setting, info)
-        hooks[name] = compile_hooks(model, setting)
+    hooks = {name: compile_hooks(model, setting) for name, setting in named.items()}
+    cached = {name: decode_safe(setting, info) for name, setting in named.items()}
     tokenizer = hf_tokenizer(model)
     ids = _prompt_ids(tokenizer, texts, s.add_bos_token)
     n_ctx = int(model.cfg.n_ctx)
@@ -299,6 +298,7 @@ def generate(
                     indices=batch,
                     eos=eos,
                     advance=lambda tokens, rows: bar.update(tokens),
+                    cached=cached[name],
                 )
                 for i, d in zip(batch, decoded, strict=True):
                     results[name][i] = d
@@ -313,6 +313,7 @@ def generate(
         opts,
         texts={"prompts": list(texts)},
         edits={k: v for k, v in described.items() if v},
+        decoding={k: "kv-cache" if v else "recomputed every step" for k, v in cached.items()},
     )
     return GenerationResult(
         prompts=texts,

@@ -8,8 +8,11 @@ last position's residual is unembedded (:class:`~lens_parallel.losses.Unembeddin
 [batch, pos, vocab] logits exist. The edits' hooks are registered for the whole loop: at the prefill they see the
 prompt as a whole-sequence forward does (position 0 of each row where its real tokens start:
 :data:`~lens_parallel.edits.FIRST_INDEX`), at each step one query position against the cached keys (only
-decode-safe edits are accepted: :func:`~lens_parallel.edits.check_decode_safe`; an edit that reads every value, as
-``DiagonalEdit``'s o_t, finds the cached ones in :data:`~lens_parallel.edits.STEP_VALUES`).
+decode-safe edits run so: :func:`~lens_parallel.edits.decode_safe`; an edit that reads every value, as
+``DiagonalEdit``'s o_t, finds the cached ones in :data:`~lens_parallel.edits.STEP_VALUES`). Any other edit (one on a
+Qwen3.5 linear-attention layer, whose cached steps run Hugging Face's own module where the bridge's hooks never
+fire; a user edit that does not say) decodes without a cache (:func:`recomputed_forwards`): each step reruns the
+whole sequence so far, as every analysis runs it, so each token is the edited model's, at O(T^2) cost.
 
 TransformerLens 4.3's attention bridges drop the cache transformers 5 hands them (:func:`lens_parallel.compat.
 cache_reaches_attention` passes it on); ``tests/test_generation.py`` checks the tokens against Hugging Face's own
@@ -95,6 +98,37 @@ class CachedForwards:
         self.cache.reorder_cache(cast(torch.LongTensor, rows))
 
 
+class RecomputedForwards:
+    """Forwards of one batch without a cache, with :class:`CachedForwards`'s calls (opened by
+    :func:`recomputed_forwards`): each call appends ``tokens`` to the sequence so far and reruns all of it (position 0
+    of each row where the first call's ``first`` said), returning the final normalised residual of the new
+    positions."""
+
+    def __init__(self, model: TransformerBridge, kept: list[Tensor]) -> None:
+        self.model, self.kept = model, kept
+        self.tokens: Tensor | None = None
+        self.positions: Tensor | None = None
+        self.first: Tensor | None = None
+
+    def __call__(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        mask: Int[Tensor, "batch key_pos"],
+        positions: Int[Tensor, "batch pos"],
+        *,
+        first: Tensor | None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """As :meth:`CachedForwards.__call__`, the whole sequence rerun."""
+        if self.tokens is None or self.positions is None:
+            self.tokens, self.positions, self.first = tokens, positions, first
+        else:
+            self.tokens = torch.cat([self.tokens, tokens], dim=1)
+            self.positions = torch.cat([self.positions, positions], dim=1)
+        with _bound(FIRST_INDEX, self.first), contextlib.suppress(StopForward):
+            self.model(self.tokens, attention_mask=mask, position_ids=self.positions, return_type=None, use_cache=False)
+        return self.kept.pop()[:, -tokens.shape[1] :]
+
+
 def _keep_final(resid: Tensor, hook: HookPoint, *, kept: list[Tensor]) -> None:
     kept.append(resid)
     raise StopForward
@@ -117,6 +151,19 @@ def cached_forwards(model: TransformerBridge, hooks: Sequence[Hook]) -> Iterator
         _bound(STEP_VALUES, values),
     ):
         yield CachedForwards(model, cache, kept)
+
+
+@contextlib.contextmanager
+def recomputed_forwards(model: TransformerBridge, hooks: Sequence[Hook]) -> Iterator[RecomputedForwards]:
+    """Uncached forwards of ``model`` under ``hooks`` (registered once), without gradients, the model held
+    (:func:`~lens_parallel.hooks.model_lock`): what decoding runs for an edit that is not decode-safe."""
+    kept: list[Tensor] = []
+    with (
+        torch.inference_mode(),
+        model_lock(model),
+        model.hooks(fwd_hooks=[*hooks, (FINAL_HOOK, partial(_keep_final, kept=kept))]),
+    ):
+        yield RecomputedForwards(model, kept)
 
 
 def left_padded(
@@ -191,10 +238,12 @@ def decode_batch(
     indices: Sequence[int],
     eos: frozenset[int],
     advance: Advance | None = None,
+    cached: bool = True,
 ) -> list[Decoded]:
     """Continue every prompt (token ids, left-padded here) under ``hooks`` for at most ``max_new_tokens`` tokens,
     ending a row at a token of ``eos`` (:func:`end_of_sequence`) or a ``stop`` string; ``indices``: each prompt's
-    index in the whole call (its sampling generator's seed); ``advance``: progress (:data:`Advance`).
+    index in the whole call (its sampling generator's seed); ``advance``: progress (:data:`Advance`); ``cached``:
+    with a key/value cache (the hooks must be decode-safe), else each step reruns the whole sequence.
 
     Non-finite logits are never a token: each step ORs, on the device, whether a row still decoding had a NaN or an
     infinite logit into a per-row flag, read once when the batch ends (no wait for the device per step on its
@@ -210,7 +259,8 @@ def decode_batch(
     texts = [""] * len(prompts)
     non_finite = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     decoding = torch.ones(len(prompts), dtype=torch.bool, device=device)
-    with cached_forwards(model, hooks) as run:
+    forwards = cached_forwards if cached else recomputed_forwards
+    with forwards(model, hooks) as run:
         logits = logits_of(run(tokens, mask, positions, first=starts)[:, -1], unembed)
         for step in range(max_new_tokens):
             non_finite |= decoding & ~torch.isfinite(logits).all(-1)
