@@ -215,7 +215,8 @@ SPLIT_HALF_METHODS = ("pooled", "cross-half")
 
 def split_half_correlations(stat: np.ndarray, delta: np.ndarray, *, method: str = "pooled") -> dict[str, float]:
     """Split-half reliabilities and the statistic-effect correlation, from per-unit values in two halves
-    (``stat``, ``delta``: ``[2, ...]``, flattened over the units, e.g. heads).
+    (``stat``, ``delta``: ``[2, ...]``, flattened over the units, e.g. heads; a unit holding NaN in either, a head a
+    layer does not have in a ragged ``[layer, head]`` array, is left out).
 
     r_stat = Spearman(stat_A, stat_B), r_delta = Spearman(delta_A, delta_B) (no Spearman-Brown), rho_max =
     sqrt(r_stat r_delta). ``pooled`` (the sanity-checks paper's): rho_raw = Spearman(mean of the halves' stat, mean
@@ -226,6 +227,8 @@ def split_half_correlations(stat: np.ndarray, delta: np.ndarray, *, method: str 
     if method not in SPLIT_HALF_METHODS:
         raise LensParallelError(f"unknown method {method!r}; accepted: {', '.join(SPLIT_HALF_METHODS)}")
     stat, delta = (np.asarray(x, dtype=np.float64).reshape(2, -1) for x in (stat, delta))
+    units = np.isfinite(stat).all(0) & np.isfinite(delta).all(0)  # NaN: a unit that does not exist (padding)
+    stat, delta = stat[:, units], delta[:, units]
     r_stat, r_delta = spearman(stat[0], stat[1]), spearman(delta[0], delta[1])
     product = r_stat * r_delta
     rho_max = float(np.sqrt(product)) if product > 0 else float("nan")

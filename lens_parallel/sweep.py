@@ -55,6 +55,7 @@ from lens_parallel.choices import Ablation, EditPositions
 from lens_parallel.distributed import TaskContext, check_workers, run_tasks
 from lens_parallel.documents import DocBatch, Documents, document_batches
 from lens_parallel.edits import (
+    LINEAR_ABLATIONS,
     Edit,
     EditBase,
     HeadEdit,
@@ -65,7 +66,7 @@ from lens_parallel.edits import (
     stacked_hooks,
 )
 from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
-from lens_parallel.hooks import Hook, LayerStream, Reducer, check_indices, forward, softmax_layers
+from lens_parallel.hooks import Hook, LayerStream, Reducer, check_heads, check_indices, forward, softmax_layers
 from lens_parallel.losses import DocLosses, chunked_token_nll, scored_sums, unembedding
 from lens_parallel.models import ModelInfo, head_label, model_info, weights_digest
 from lens_parallel.options import RunOptions, refuse_renamed, resolve_options
@@ -332,7 +333,7 @@ def _stacked_nll(
     rows = einops.repeat(torch.arange(n, device=batch.docs.tokens.device), "b -> (k b)", k=k)
     first = jobs[0]
     if isinstance(first, AblationJob):
-        mask = torch.zeros(k, n, info.n_heads, dtype=torch.bool, device=batch.docs.tokens.device)
+        mask = torch.zeros(k, n, info.output_heads(first.layer), dtype=torch.bool, device=batch.docs.tokens.device)
         for i, job in enumerate(cast(Sequence[AblationJob], jobs)):
             mask[i, :, list(job.heads)] = True
         head_rows = einops.rearrange(mask, "k b h -> (k b) h")
@@ -456,8 +457,10 @@ def _validate(jobs: Sequence[Job], info: ModelInfo, ablation: Ablation | None) -
                 raise LensParallelError("ablation jobs need ablation= (how heads are removed), e.g. ablation='zero'")
             if not job.heads:
                 raise LensParallelError(f"job at layer {job.layer} has an empty head set: give at least one query head")
-            softmax_layers(info, [job.layer], what="head ablation")
-            check_indices("heads", job.heads, info.n_heads)
+            if ablation not in LINEAR_ABLATIONS:
+                softmax_layers(info, [job.layer], what=f"a {ablation} head ablation")
+            check_indices("layers", job.layer, info.n_layers)
+            check_heads(info, job.layer, job.heads)
         else:
             check_indices("start layer", job.start_layer, info.n_layers)
         for e in job.edits if isinstance(job, EditJob) else ():

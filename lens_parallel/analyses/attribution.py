@@ -19,6 +19,12 @@ with (m, r, g) = (o, v, g_o) in value space, (c = o - A_tt v, v, g_o) in exclude
 residual-attn (per head; undefined with a post-attention norm, where it is skipped with a note). So
 ``parallel-value``'s estimate is -dloss/ds_par(value).
 
+Linear-attention layers (Qwen3.5's gated delta rule) are screened too, per value head, for the ablations defined
+there (``zero``, ``parallel-value``): (m, r, g) = (o, v, g_o) with o_t = hook_recurrence_out in value space and
+c = o - a_tt v in exclude-self; ``zero`` zeroes the head's gate input z (its gated-norm output norm(o) silu(z) is then
+0), est = -sum_t g_z . z. Per-head residual-attn writes are built on softmax layers only: NaN there, as is every
+entry past a layer's own heads in the ``[layer, head]`` arrays.
+
 Loss is what :func:`~lens_parallel.losses.evaluate` reports: token-weighted mean next-token loss in nats/token, so
 per-document sums are kept and every effect is sum over documents / number of scored tokens (bootstrap CIs over
 documents). The estimate of a large edit (s_par = 0 removes a whole component) is a linearisation: how far it is
@@ -45,15 +51,22 @@ from lens_parallel import geometry
 from lens_parallel.choices import Ablation, EditPositions, HeadSpace
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents
-from lens_parallel.edits import check_positions
+from lens_parallel.edits import LINEAR_ABLATIONS, check_positions
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import GradReducer, gradient_pass, head_writes_note, output_weights, softmax_layers
+from lens_parallel.hooks import (
+    GradReducer,
+    check_indices,
+    gradient_pass,
+    head_writes_note,
+    output_weights,
+    softmax_layers,
+)
 from lens_parallel.losses import Unembedding, chunked_token_nll, scored_sums, unembedding
 from lens_parallel.models import ModelInfo, head_label, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import attribution_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
-from lens_parallel.spaces import HEAD_SPACES, value_parts, value_roles
+from lens_parallel.spaces import HEAD_SPACES, linear_value_roles, value_parts, value_roles
 from lens_parallel.stats import N_RESAMPLES, paired_bootstrap_ci
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, head_means, run_sweep
@@ -66,7 +79,8 @@ class AttributionResult(ResultMixin):
     """First-order edit estimates and exact scale derivatives, per document (nats, summed over its tokens).
 
     ``estimate`` is ``[doc, layer, head]``; ``d_s_par`` / ``d_s_perp`` are ``[space, doc, layer, head]`` (spaces in
-    ``spaces``); ``loss_sum`` and ``n_tokens`` are ``[doc]``.
+    ``spaces``); ``loss_sum`` and ``n_tokens`` are ``[doc]``. NaN marks what does not exist: a head past a layer's
+    own heads (a hybrid model's head axis is as wide as its widest layer), residual-attn on a linear layer.
     """
 
     ablation: Ablation
@@ -99,18 +113,23 @@ class AttributionResult(ResultMixin):
         return [(self.layers[i // n_heads], int(i % n_heads)) for i in flat]
 
     def _per_token(self, per_doc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Sum over documents / tokens of ``per_doc [doc, k]``, with its bootstrap CI over documents."""
-        weights = np.broadcast_to(self.n_tokens[:, None], per_doc.shape)
-        lo, hi = paired_bootstrap_ci(
-            per_doc, np.zeros_like(per_doc), weights, n_resamples=self.n_resamples, seed=self.seed, what="attribution"
-        )
-        return np.asarray(per_doc.sum(0) / self.n_tokens.sum()), np.asarray(lo), np.asarray(hi)
+        """Sum over documents / tokens of ``per_doc [doc, k]``, with its bootstrap CI over documents (NaN for a
+        column holding NaN: something that does not exist)."""
+        real = ~np.isnan(per_doc).any(0)
+        lo, hi = np.full(real.shape, np.nan), np.full(real.shape, np.nan)
+        if real.any():
+            x = per_doc[:, real]
+            weights = np.broadcast_to(self.n_tokens[:, None], x.shape)
+            lo[real], hi[real] = paired_bootstrap_ci(
+                x, np.zeros_like(x), weights, n_resamples=self.n_resamples, seed=self.seed, what="attribution"
+            )
+        return np.asarray(per_doc.sum(0) / self.n_tokens.sum()), lo, hi
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per head and one per layer's joint edit (head <NA>, label ``L{l}*``): the estimated effect in
         nats/token with its 95% bootstrap CI over documents (columns as :class:`SensitivityResult`'s)."""
         n_docs, n_layers, n_heads = self.estimate.shape
-        per_doc = np.concatenate([self.estimate.reshape(n_docs, -1), self.estimate.sum(2)], axis=1)
+        per_doc = np.concatenate([self.estimate.reshape(n_docs, -1), np.nansum(self.estimate, 2)], axis=1)
         est, lo, hi = self._per_token(per_doc)
         k = n_layers * n_heads
         front = {"ablation": self.ablation}
@@ -146,22 +165,26 @@ class AttributionResult(ResultMixin):
         layer, head = self.top_heads(1)[0]
         row = {"model": self.info.name, "ablation": self.ablation, "positions": self.positions, "loss": self.loss}
         row |= {
-            "n_heads": est.size,
+            "n_heads": int(np.isfinite(est).sum()),
             "top_head": head_label(layer, head),
-            "top_estimate": est.flat[np.abs(est).argmax()],
+            "top_estimate": est[self.layers.index(layer), head],
         }
-        row |= {"sum_of_estimates": est.sum(), "n_docs": len(self.n_tokens)}
-        for i, space in enumerate(self.spaces):
-            row[f"mean_dloss_ds_par_{space}"] = self.d_s_par[i].sum(0).mean() / self.n_tokens.sum()
-            row[f"mean_dloss_ds_perp_{space}"] = self.d_s_perp[i].sum(0).mean() / self.n_tokens.sum()
+        row |= {"sum_of_estimates": np.nansum(est), "n_docs": len(self.n_tokens)}
+        for i, space in enumerate(self.spaces):  # means over the heads that have the derivative
+            row[f"mean_dloss_ds_par_{space}"] = np.nanmean(self.d_s_par[i].sum(0)) / self.n_tokens.sum()
+            row[f"mean_dloss_ds_perp_{space}"] = np.nanmean(self.d_s_perp[i].sum(0)) / self.n_tokens.sum()
         return pd.DataFrame([row])
 
     def figure(self) -> go.Figure:
         return attribution_figure(self)
 
 
-def _roles(info: ModelInfo, ablation: str, spaces: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """Activations read (forward) and activations whose loss gradient is needed (backward) at each layer."""
+def _roles(info: ModelInfo, ablation: str, spaces: tuple[str, ...], layer: int) -> tuple[list[str], list[str]]:
+    """Activations read (forward) and activations whose loss gradient is needed (backward) at ``layer``: a linear
+    layer's o (hook_recurrence_out) and, for ``zero``, its gate input."""
+    if info.layer_types[layer] == "linear":
+        gate = ["lin_gate"] if ablation == "zero" else []
+        return [*linear_value_roles(diagonal=True), *gate], ["lin_o", *gate]
     acts = list(dict.fromkeys(["z", *value_roles(info, diagonal=True, gate=True)]))
     grads = ["z"]
     if "residual-attn" in spaces or ablation == "parallel-residual":
@@ -213,10 +236,15 @@ def _reducer(
 
     def reduce(layer: int, a: dict[str, Tensor], g: dict[str, Tensor]) -> None:
         i = li[layer]
-        z, g_z = a["z"], g["z"]
         parts = value_parts(a, info)  # gated attention: o = A v, z = sigmoid(gate) * o; edits' changes pass the gate
         o, v = parts.o, parts.v
-        g_o = g_z if parts.gate is None else g_z * parts.gate
+        if "lin_o" in a:  # a linear layer: o = hook_recurrence_out; zero acts on the gate input (z, g_z)
+            g_o = g["lin_o"]
+            z, g_z = (a["lin_gate"], g["lin_gate"]) if ablation == "zero" else (o, g_o)
+        else:
+            z, g_z = a["z"], g["z"]
+            g_o = g_z if parts.gate is None else g_z * parts.gate
+        n = o.shape[2]
 
         def along(m: Tensor, r: Tensor, g_m: Tensor) -> tuple[Tensor, Tensor]:
             split = geometry.project(m, r, eps=eps)  # the edits' own split and guard
@@ -227,8 +255,9 @@ def _reducer(
             d_par, d_perp = geometry.head_write_derivatives(z, W_O(layer), a["resid_pre"], g["attn_out"], eps=eps)
             derivs["residual-attn"] = (_masked_sum(d_par, weight), _masked_sum(d_perp, weight))
         for k, space in enumerate(spaces):
-            out["d_s_par"][k, :, i] = derivs[space][0]
-            out["d_s_perp"][k, :, i] = derivs[space][1]
+            if space in derivs:  # residual-attn per head: softmax layers only (NaN stays on linear ones)
+                out["d_s_par"][k, :, i, :n] = derivs[space][0]
+                out["d_s_perp"][k, :, i, :n] = derivs[space][1]
         if ablation == "zero":
             est = _masked_sum((g_z * -z).sum(-1), weight)
         elif ablation == "mean":
@@ -237,7 +266,7 @@ def _reducer(
             est = -derivs["value"][0]
         else:
             est = -derivs["residual-attn"][0]
-        out["estimate"][:, i] = est
+        out["estimate"][:, i, :n] = est
 
     return reduce
 
@@ -246,13 +275,13 @@ def _reducer(
 @dataclass(frozen=True, kw_only=True)
 class AttributionSettings:
     """What an attribution screen computes: the first-order estimate of ``ablation`` (at ``positions``) on ``layers``
-    (None: every softmax layer), CIs from ``n_resamples`` bootstrap resamples seeded by ``seed``, projections
-    guarded by ``eps``."""
+    (None: every layer the ablation is defined on, :data:`~lens_parallel.edits.LINEAR_ABLATIONS` on linear ones), CIs
+    from ``n_resamples`` bootstrap resamples seeded by ``seed``, projections guarded by ``eps``."""
 
     ablation: Ablation = field(default="parallel-value", metadata={"help": "the edit whose effect is estimated"})
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
     layers: tuple[int, ...] | None = field(
-        default=None, metadata={"help": "layers", "none": "every softmax-attention layer"}
+        default=None, metadata={"help": "layers", "none": "every layer the ablation is defined on"}
     )
     n_resamples: int = field(default=N_RESAMPLES, metadata={"help": "bootstrap resamples of the CIs"})
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
@@ -283,23 +312,27 @@ class _GradientMetric(Metric[EditJob]):
         means: dict[int, Tensor],
     ) -> None:
         self.info, self.s, self.layers, self.spaces, self.means = info, s, layers, spaces, means
-        self.acts, self.grads = _roles(info, s.ablation, spaces)
+        roles = {layer: _roles(info, s.ablation, spaces, layer) for layer in layers}
+        self.acts = {layer: acts for layer, (acts, _) in roles.items()}
+        self.grads = {layer: grads for layer, (_, grads) in roles.items()}
+        self.width = max(info.output_heads(layer) for layer in layers)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"metric": self.name, "ablation": self.s.ablation, "positions": self.s.positions, "eps": self.s.eps}
 
     def spec(self, job: EditJob) -> dict[str, ValueSpec]:
-        shape = ("docs", len(self.layers), self.info.n_heads)
-        derivs = ValueSpec((len(self.spaces), *shape))
-        return {"loss_sum": ValueSpec(("docs",)), "estimate": ValueSpec(shape), "d_s_par": derivs, "d_s_perp": derivs}
+        shape = ("docs", len(self.layers), self.width)
+        derivs = ValueSpec((len(self.spaces), *shape), allow_nan=True)
+        estimate = ValueSpec(shape, allow_nan=True)
+        return {"loss_sum": ValueSpec(("docs",)), "estimate": estimate, "d_s_par": derivs, "d_s_perp": derivs}
 
     def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
-        docs, n, n_l, n_h = batch.docs, len(batch.docs.lengths), len(self.layers), self.info.n_heads
+        docs, n, n_l, n_h = batch.docs, len(batch.docs.lengths), len(self.layers), self.width
         device = docs.tokens.device  # the gradients' (gradient_pass): every reduction stays there until the end
-        out = {
-            "estimate": torch.zeros((n, n_l, n_h), dtype=torch.float64, device=device),
-            "d_s_par": torch.zeros((len(self.spaces), n, n_l, n_h), dtype=torch.float64, device=device),
-            "d_s_perp": torch.zeros((len(self.spaces), n, n_l, n_h), dtype=torch.float64, device=device),
+        out = {  # NaN where nothing is defined: written by the reduction for every head that exists
+            "estimate": torch.full((n, n_l, n_h), torch.nan, dtype=torch.float64, device=device),
+            "d_s_par": torch.full((len(self.spaces), n, n_l, n_h), torch.nan, dtype=torch.float64, device=device),
+            "d_s_perp": torch.full((len(self.spaces), n, n_l, n_h), torch.nan, dtype=torch.float64, device=device),
         }
         weight = docs.real.to(device=device, dtype=torch.float64)
         if self.s.positions == "after-first":
@@ -320,8 +353,8 @@ class _GradientMetric(Metric[EditJob]):
                     context.model,
                     tokens,
                     self.info,
-                    roles=dict.fromkeys(self.layers, self.acts),
-                    grad_roles=dict.fromkeys(self.layers, self.grads),
+                    roles=self.acts,
+                    grad_roles=self.grads,
                     objective=partial(_loss_sums, unembed=unembed, tokens=tokens, lengths=lengths, first=first),
                     reduce=_reducer(self.info, self.s, self.spaces, W_O, self.means, weight[sub], view, self.layers),
                 )
@@ -339,17 +372,20 @@ def head_attribution(
     protocol: str | None = None,
     **changes: Any,
 ) -> AttributionResult:
-    """Screen every head: first-order estimate of ``ablation``'s effect (zero, mean, parallel-value,
-    parallel-residual) and exact dloss/ds_par, dloss/ds_perp at s = 1 in value, value-exclude-self and (per head)
-    residual-attn space, from one forward and one backward per batch (module docstring for the formulas;
-    :class:`AttributionSettings`, run options :class:`~lens_parallel.options.RunOptions`). ``positions``: ``all``
-    or ``after-first`` (position 0 neither edited nor scaled). Linear-attention layers are skipped (said in the
-    provenance); on models with a post-attention norm the residual-attn derivatives and ``parallel-residual`` are
-    undefined (skipped / refused with one line)."""
+    """Screen every head: first-order estimate of ``ablation``'s effect (zero, mean, parallel-value, parallel-residual)
+    and exact dloss/ds_par, dloss/ds_perp at s = 1 in value, value-exclude-self and (per head) residual-attn space, from
+    one forward and one backward per batch (module docstring for the formulas; :class:`AttributionSettings`, run options
+    :class:`~lens_parallel.options.RunOptions`). ``positions``: ``all`` or ``after-first`` (position 0 neither edited
+    nor scaled). Linear-attention layers are screened for ``zero`` and ``parallel-value`` (module docstring) and skipped
+    for the other ablations (said in the provenance); on models with a post-attention norm the residual-attn derivatives
+    and ``parallel-residual`` are undefined (skipped / refused with one line)."""
     s, opts = resolve(AttributionSettings, settings, options, protocol, changes)
     info = model_info(model)
     docs = Documents.of(documents)
-    layer_idx, skipped = softmax_layers(info, s.layers, what="head_attribution")
+    if s.ablation in LINEAR_ABLATIONS:
+        layer_idx, skipped = check_indices("layers", s.layers, info.n_layers), ""
+    else:
+        layer_idx, skipped = softmax_layers(info, s.layers, what=f"head_attribution of a {s.ablation} ablation")
     note = head_writes_note(info, "the per-head residual-attn derivative")
     if s.ablation == "parallel-residual" and note:
         raise LensParallelError(head_writes_note(info, "head_attribution(ablation='parallel-residual')"))

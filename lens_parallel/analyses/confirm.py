@@ -141,12 +141,11 @@ def confirm(
             f"these {len(docs)} documents are not the ones the screen ran on ({len(result.n_tokens)} documents, "
             f"tokens {result.provenance.texts.get('tokens_sha256_16')}): confirm on the same documents"
         )
-    n_heads = result.estimate.shape[2]
-    n_all = len(result.layers) * n_heads
-    if s.top_k + s.n_random > n_all:
-        raise LensParallelError(f"top_k + n_random = {s.top_k + s.n_random} exceeds the {n_all} heads screened")
+    screened = [(layer, h) for layer in result.layers for h in range(result.info.output_heads(layer))]
+    if s.top_k + s.n_random > len(screened):
+        raise LensParallelError(f"top_k + n_random = {s.top_k + s.n_random} exceeds the {len(screened)} heads screened")
     top = result.top_heads(s.top_k)
-    rest = [(layer, h) for layer in result.layers for h in range(n_heads) if (layer, h) not in top]
+    rest = [head for head in screened if head not in top]
     pick = np.random.default_rng(s.seed).choice(len(rest), size=s.n_random, replace=False)
     chosen = [*top, *[rest[i] for i in sorted(pick)]]
     jobs = [AblationJob(layer, (h,)) for layer, h in chosen]

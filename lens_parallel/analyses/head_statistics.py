@@ -44,12 +44,12 @@ from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents
 from lens_parallel.edits import check_positions
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import Reducer, softmax_layers
+from lens_parallel.hooks import Reducer, check_indices
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots import sensitivity as plots
 from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
-from lens_parallel.spaces import value_parts, value_roles
+from lens_parallel.spaces import linear_value_roles, value_parts, value_roles
 from lens_parallel.stats import benjamini_hochberg, split_half_correlations
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
@@ -63,7 +63,8 @@ STATISTICS: tuple[HeadStatistic, ...] = literal_values(HeadStatistic)
 @dataclass(frozen=True)
 class HeadStatistics(ResultMixin):
     """The four statistics per ``[layer, head]`` (``values`` is ``[statistic, layer, head]``, statistics in
-    :data:`STATISTICS` order), over ``n_positions`` positions per head; ``doc_sums`` ``[doc, statistic, layer,
+    :data:`STATISTICS` order; on a hybrid model the head axis is as wide as the widest layer's heads, a narrower
+    layer's extra entries NaN), over ``n_positions`` positions per head; ``doc_sums`` ``[doc, statistic, layer,
     head]`` and ``doc_positions`` ``[doc]`` the per-document sums and counts they are the ratio of (for the
     split-half ceiling of :func:`sensitivity_correlations`)."""
 
@@ -90,7 +91,7 @@ class HeadStatistics(ResultMixin):
 
     def summary(self) -> pd.DataFrame:
         row: dict[str, Any] = {"model": self.info.name, "ablation": self.ablation, "n_positions": self.n_positions}
-        row |= {f"mean_{name}": float(np.mean(v)) for name, v in zip(STATISTICS, self.values, strict=True)}
+        row |= {f"mean_{name}": float(np.nanmean(v)) for name, v in zip(STATISTICS, self.values, strict=True)}
         return pd.DataFrame([row])
 
     def figure(self) -> go.Figure:
@@ -104,14 +105,18 @@ class _StatisticsMetric(Metric[EditJob]):
 
     def __init__(self, info: ModelInfo, layers: tuple[int, ...], ablation: str, positions: str, eps: float) -> None:
         self.info, self.layers, self.ablation, self.positions, self.eps = info, layers, ablation, positions, eps
-        self.roles = list(value_roles(info))
+        self.roles = {
+            layer: linear_value_roles() if info.layer_types[layer] == "linear" else value_roles(info)
+            for layer in layers
+        }
+        self.width = max(info.output_heads(layer) for layer in layers)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"metric": self.name, "ablation": self.ablation, "positions": self.positions, "eps": self.eps}
 
     def spec(self, job: EditJob) -> dict[str, ValueSpec]:
         return {
-            "sums": ValueSpec(("docs", len(STATISTICS), len(self.layers), self.info.n_heads)),
+            "sums": ValueSpec(("docs", len(STATISTICS), len(self.layers), self.width), allow_nan=True),
             "count": ValueSpec(("docs",)),
         }
 
@@ -120,10 +125,12 @@ class _StatisticsMetric(Metric[EditJob]):
         if self.positions == "after-first":
             weight[:, 0] = 0.0
         n = len(batch.docs.lengths)
-        shape = (n, len(STATISTICS), len(self.layers), self.info.n_heads)
+        shape = (n, len(STATISTICS), len(self.layers), self.width)
         sums = torch.zeros(shape, dtype=torch.float64, device=weight.device)  # read on the host after the forward
+        for i, layer in enumerate(self.layers):  # a layer's units past its own heads: no head there
+            sums[:, :, i, self.info.output_heads(layer) :] = torch.nan
         reduce = self._reducer(sums, weight)
-        run_rows(context.model, self.info, batch, capture=dict.fromkeys(self.layers, self.roles), reduce=reduce)
+        run_rows(context.model, self.info, batch, capture=self.roles, reduce=reduce)
         return [{"sums": sums.cpu().numpy(), "count": weight.sum(1).cpu().numpy()}]
 
     def _reducer(self, sums: Tensor, weight: Tensor) -> Reducer:
@@ -145,9 +152,9 @@ class _StatisticsMetric(Metric[EditJob]):
                 ]
             )  # [statistic, batch, pos, head_index]
             w = weight.to(per_pos.device)[None, :, :, None]
-            sums[:, :, index[layer]] += einops.rearrange((per_pos * w).sum(2), "stat batch head -> batch stat head").to(
-                sums.device, non_blocking=True
-            )
+            sums[:, :, index[layer], : per_pos.shape[-1]] += einops.rearrange(
+                (per_pos * w).sum(2), "stat batch head -> batch stat head"
+            ).to(sums.device, non_blocking=True)
 
         return reduce
 
@@ -155,17 +162,15 @@ class _StatisticsMetric(Metric[EditJob]):
 @serializable
 @dataclass(frozen=True, kw_only=True)
 class HeadStatisticsSettings:
-    """What :func:`head_statistics` computes: the statistics of ``ablation``'s change on ``layers`` (None: every
-    softmax-attention layer), over every position (``all``: t = 0 included, as the authors) or ``after-first``;
-    denominators floored at ``eps``^2."""
+    """What :func:`head_statistics` computes: the statistics of ``ablation``'s change on ``layers`` (None: every layer;
+    on a linear-attention layer y = o_t, its value heads' delta-rule output), over every position (``all``: t = 0
+    included, as the authors) or ``after-first``; denominators floored at ``eps``^2."""
 
     ablation: StatisticAblation = field(
         default="parallel-value", metadata={"help": "the single-head ablation described"}
     )
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave position 0 out"})
-    layers: tuple[int, ...] | None = field(
-        default=None, metadata={"help": "layers", "none": "every softmax-attention layer"}
-    )
+    layers: tuple[int, ...] | None = field(default=None, metadata={"help": "layers", "none": "every layer"})
     eps: float = field(default=1e-3, metadata={"help": "|v|^2 and |y|^2 floored at eps^2 (the authors' 1e-6)"})
 
     def __post_init__(self) -> None:
@@ -189,7 +194,7 @@ def head_statistics(
     s, opts = resolve(HeadStatisticsSettings, settings, options, protocol, changes)
     info = model_info(model)
     docs = Documents.of(documents)
-    layer_idx, skipped = softmax_layers(info, s.layers, what="head_statistics")
+    layer_idx = check_indices("layers", s.layers, info.n_layers)
     metric = _StatisticsMetric(info, layer_idx, s.ablation, s.positions, s.eps)
     job = EditJob("statistics", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="head statistics")
@@ -203,7 +208,7 @@ def head_statistics(
         n_positions=int(count),
         doc_sums=out["sums"],
         doc_positions=out["count"],
-        provenance=Provenance.of(info, docs, "head_statistics", s, run, layers=list(layer_idx), skipped=skipped),
+        provenance=Provenance.of(info, docs, "head_statistics", s, run, layers=list(layer_idx)),
     )
 
 

@@ -15,10 +15,17 @@ With y_t the value aggregate (hook_z; for gated attention the pre-gate A v) and 
   paper's code rolls it (``groups="neighbour"``), or the mean over every other group (``groups="all"``); the raw
   across-group cosine is kept too. Defined for grouped-query attention only (1 < n_kv_heads < n_heads).
 
+Linear-attention layers (Qwen3.5's gated delta rule) are checked too, per value head: y_t = o_t (hook_recurrence_out),
+v_t its own value. There each value head has its own values and a key head is shared by ``n_v / n_k`` consecutive
+value heads: a key head is the group, and "another group's value at the same position" is that of the value head
+at the same place in the neighbouring key group, h - n_v / n_k (mod n_v) (``neighbour``), or in every other group
+(``all``). Per-head arrays are as wide as the widest layer's heads; a narrower layer's extra entries are NaN (no row
+in the tables). On a hybrid model the summary's per-layer-type columns keep the two kinds apart.
 The same seed gives the same numbers bit for bit, whatever the batch size. A reconstruction gate runs first: it
 rebuilds y = A @ expand(v) (x sigmoid(gate) for gated attention) from the captured hooks on one document and
 refuses to run if its relative Frobenius error exceeds ``gate_tol`` (the paper's 1e-2) or is not finite, on the
-first, middle and last layers by default.
+first, middle and last softmax-attention layers by default (a linear layer's o_t has no pattern to rebuild it
+from).
 """
 
 from __future__ import annotations
@@ -42,12 +49,12 @@ from lens_parallel.choices import Groups, Null
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, document_batches
 from lens_parallel.errors import LensParallelError, LibraryError
-from lens_parallel.hooks import expand_kv, softmax_layers
+from lens_parallel.hooks import expand_kv
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.nulls import null_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
-from lens_parallel.spaces import value_parts, value_roles
+from lens_parallel.spaces import linear_value_roles, value_parts, value_roles
 from lens_parallel.stats import N_RESAMPLES, bootstrap_mean_ci
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
@@ -172,6 +179,11 @@ class NullResult(ResultMixin):
         row |= {f"median_head_{k}": df[k].median() for k in ("self_specific_fraction", "null_share")}
         if self.cos_across is not None:
             row |= {k: df[k].mean() for k in ("within_excess", "cos_across", "across_excess")}
+        if self.info.hybrid:
+            for kind, rows in df.groupby("layer_type"):
+                row |= {f"{k}[{kind}]": rows[k].mean() for k in ("cos_self", "cos_null", "excess")}
+                if self.cos_across is not None:
+                    row |= {f"across_excess[{kind}]": rows["across_excess"].mean()}
         return pd.DataFrame([row])
 
     def figure(self) -> go.Figure:
@@ -184,7 +196,7 @@ class NullSettings:
     """What the null model computes: ``null`` (``sampled``, the paper's, seeded by ``seed``; or ``exact``),
     ``groups`` (None; or ``neighbour`` / ``all``: the across-kv-group cosine, :func:`gqa_alignment`), the bootstrap
     CI of the excess from ``n_resamples`` resamples, and the reconstruction gate (``gate_tol`` on ``gate_layers``,
-    default first, middle and last)."""
+    default the first, middle and last softmax-attention layers)."""
 
     null: Null = field(default="sampled", metadata={"help": "causal null: sampled (the paper's) or exact"})
     groups: Groups | None = field(default=None, metadata={"help": "GQA across-group comparison", "none": "none"})
@@ -213,11 +225,15 @@ class _NullMetric(Metric[EditJob]):
 
     def __init__(self, info: ModelInfo, layers: tuple[int, ...], settings: NullSettings, seq_len: int, n_docs: int):
         self.info, self.layers, self.s = info, layers, settings
-        self.roles = list(value_roles(info))
+        self.roles = {
+            layer: linear_value_roles() if info.layer_types[layer] == "linear" else value_roles(info)
+            for layer in layers
+        }
+        self.width = max(info.output_heads(layer) for layer in layers)
         self.draws = {}
         if settings.null == "sampled":
             self.draws = {
-                layer: null_positions(n_docs, seq_len, info.n_heads, seed=settings.seed, layer=layer)
+                layer: null_positions(n_docs, seq_len, info.output_heads(layer), seed=settings.seed, layer=layer)
                 for layer in layers
             }
 
@@ -225,16 +241,16 @@ class _NullMetric(Metric[EditJob]):
         return {"metric": self.name, "null": self.s.null, "groups": self.s.groups, "seed": self.s.seed}
 
     def spec(self, job: EditJob) -> dict[str, ValueSpec]:
-        shape = ("docs", len(self.layers), self.info.n_heads)
+        shape = ("docs", len(self.layers), self.width)
         names = ("self", "null", "across") if self.s.groups else ("self", "null")
-        return {name: ValueSpec(shape) for name in names}
+        return {name: ValueSpec(shape, allow_nan=True) for name in names}
 
     def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         info, docs = self.info, batch.docs
         weight = (docs.real & (torch.arange(docs.tokens.shape[1], device=docs.tokens.device) >= 1)).double()[..., None]
-        shape = (len(docs.lengths), len(self.layers), info.n_heads)
-        out = {  # on the tokens' device: read on the host once the forward has ended
-            name: torch.zeros(shape, dtype=torch.float64, device=weight.device) for name in self.spec(jobs[0])
+        shape = (len(docs.lengths), len(self.layers), self.width)
+        out = {  # on the tokens' device: read on the host once the forward has ended; NaN where a layer has no head
+            name: torch.full(shape, torch.nan, dtype=torch.float64, device=weight.device) for name in self.spec(jobs[0])
         }
         index = {layer: i for i, layer in enumerate(self.layers)}
 
@@ -251,12 +267,12 @@ class _NullMetric(Metric[EditJob]):
                 cos_self, cos_null = geometry.self_and_null_cosines(y, v, j)
             else:
                 cos_self, cos_null = torch.cosine_similarity(y, v, dim=-1), geometry.mean_earlier_cosine(y, v)
-            i = index[layer]
-            out["self"][:, i], out["null"][:, i] = mean(cos_self), mean(cos_null)
+            i, n = index[layer], y.shape[2]
+            out["self"][:, i, :n], out["null"][:, i, :n] = mean(cos_self), mean(cos_null)
             if self.s.groups is not None:
-                out["across"][:, i] = mean(_across(y, t["v"], info, self.s.groups))
+                out["across"][:, i, :n] = mean(_across(y, t, info, layer, self.s.groups))
 
-        run_rows(context.model, info, batch, capture={layer: self.roles for layer in self.layers}, reduce=reduce)
+        run_rows(context.model, info, batch, capture=self.roles, reduce=reduce)
         return [{name: value.cpu().numpy() for name, value in out.items()}]
 
 
@@ -272,15 +288,16 @@ def causal_null(
     """cos_self vs the earlier-position causal null per layer and head (see the module docstring), with a
     bootstrap CI of the excess over documents (:class:`NullSettings`; run options
     :class:`~lens_parallel.options.RunOptions`; both as keyword shortcuts). One pass of the engine over the
-    documents (ragged included: only real positions count). Linear-attention layers (Qwen3.5) are skipped and said so
-    in the provenance."""
+    documents (ragged included: only real positions count). Linear-attention layers (Qwen3.5) are checked per value
+    head (module docstring)."""
     s, opts = resolve(NullSettings, settings, options, protocol, changes)
     info = model_info(model)
     docs = Documents.of(documents)
-    layers, skipped = softmax_layers(info, None, what="causal_null")
-    checked = default_gate_layers(layers) if s.gate_layers is None else list(s.gate_layers)
-    if not set(checked) <= set(layers):
-        raise LensParallelError(f"gate layers {checked} must be softmax-attention layers among {list(layers)}")
+    layers = tuple(range(info.n_layers))
+    softmax = info.softmax_layers
+    checked = default_gate_layers(softmax) if s.gate_layers is None else list(s.gate_layers)
+    if not set(checked) <= set(softmax):
+        raise LensParallelError(f"gate layers {checked} must be softmax-attention layers among {list(softmax)}")
     error = reconstruction_error(model, docs, checked)
     if not error <= s.gate_tol:
         raise ReconstructionError(
@@ -292,8 +309,11 @@ def causal_null(
     job = EditJob("unedited", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="causal null")
     out = run.value(job)
-    lo, hi = bootstrap_mean_ci(
-        out["self"] - out["null"], n_resamples=s.n_resamples, seed=s.seed, what="causal null: per-document excess"
+    excess = out["self"] - out["null"]
+    heads = ~np.isnan(excess[0])  # [layer, head]: the heads each layer has
+    lo, hi = np.full(heads.shape, np.nan), np.full(heads.shape, np.nan)
+    lo[heads], hi[heads] = bootstrap_mean_ci(
+        excess[:, heads], n_resamples=s.n_resamples, seed=s.seed, what="causal null: per-document excess"
     )
     provenance = Provenance.of(
         info,
@@ -307,7 +327,6 @@ def causal_null(
         else "1 <= t < length; null = exact mean over j in [0, t)",
         reconstruction_error=error,
         gate={"layers": checked, "tolerance": s.gate_tol, "documents": 1},
-        skipped=skipped,
     )
     return NullResult(
         layers=layers,
@@ -324,18 +343,28 @@ def causal_null(
     )
 
 
-def _across(y: Tensor, v_kv: Tensor, info: ModelInfo, groups: str) -> Tensor:
-    """cos(y_t, v'_t) with v' another kv group's value: group (g - 1) mod n_kv (the paper's roll), or the mean of the
-    cosines with every other group."""
+def _across(y: Tensor, t: dict[str, Tensor], info: ModelInfo, layer: int, groups: str) -> Tensor:
+    """cos(y_t, v'_t) with v' another group's value: group (g - 1) mod n_groups (the paper's roll), or the mean of the
+    cosines with every other group. A softmax layer's groups are its kv heads (each value expanded to its query
+    heads); a linear layer's are its key heads, v' the value head at the same place in the other group."""
+    if info.layer_types[layer] == "linear":
+        v, group = t["lin_v"], info.key_group(layer)
+        n_groups = v.shape[2] // group
+        rolled = [torch.roll(v, shifts=s * group, dims=2) for s in range(1, n_groups)]
+    else:
+        v_kv = t["v"]
+        n_groups = v_kv.shape[2]
+        rolled = [expand_kv(torch.roll(v_kv, shifts=s, dims=2), info.n_heads) for s in range(1, n_groups)]
     if groups == "neighbour":
-        return torch.cosine_similarity(y, expand_kv(torch.roll(v_kv, shifts=1, dims=2), info.n_heads), dim=-1)
-    others = [torch.roll(v_kv, shifts=s, dims=2) for s in range(1, info.n_kv_heads)]
-    return torch.stack([torch.cosine_similarity(y, expand_kv(o, info.n_heads), dim=-1) for o in others]).mean(0)
+        rolled = rolled[:1]
+    return torch.stack([torch.cosine_similarity(y, other, dim=-1) for other in rolled]).mean(0)
 
 
 def is_grouped(info: ModelInfo) -> bool:
-    """Grouped-query attention: several kv groups, each shared by several query heads."""
-    return 1 < info.n_kv_heads < info.n_heads
+    """Grouped-query attention: several kv groups, each shared by several query heads (on every softmax layer);
+    the same holds on a linear layer's key heads, each shared by several value heads."""
+    linear = not info.hybrid or 1 < info.n_linear_key_heads < info.n_linear_heads
+    return 1 < info.n_kv_heads < info.n_heads and linear
 
 
 def gqa_alignment(

@@ -28,8 +28,9 @@ from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import Ablation, EditPositions, Null
 from lens_parallel.distributed import check_workers
 from lens_parallel.documents import Documents
-from lens_parallel.edits import check_positions
+from lens_parallel.edits import LINEAR_ABLATIONS, check_positions
 from lens_parallel.errors import LensParallelError
+from lens_parallel.hooks import softmax_layers
 from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.nulls import sanity_figure, split_half_figure
@@ -176,30 +177,30 @@ def _split_half(
     info = model_info(model)
     order = np.random.default_rng(s.seed).permutation(len(docs))
     halves = (tuple(sorted(order[: len(docs) // 2].tolist())), tuple(sorted(order[len(docs) // 2 :].tolist())))
-    jobs = [AblationJob(layer, (h,)) for layer in null.layers for h in range(info.n_heads)]
+    layers, skipped = null.layers, ""
+    if s.ablation not in LINEAR_ABLATIONS and info.hybrid:
+        layers, skipped = softmax_layers(info, None, what=f"a {s.ablation} head ablation")
+    rows = [null.layers.index(layer) for layer in layers]
+    jobs = [AblationJob(layer, (h,)) for layer in layers for h in range(info.output_heads(layer))]
     run = run_sweep(model, docs, jobs, ablation=s.ablation, positions=s.positions, options=opts)
     assert run.base is not None
     cos_self, excess, deltas = [], [], []
     for half in halves:
         idx = list(half)
-        cos_self.append(null.cos_self[idx].mean(0))
-        excess.append((null.cos_self[idx] - null.cos_null[idx]).mean(0))
+        cos_self.append(null.cos_self[idx][:, rows].mean(0))
+        excess.append((null.cos_self[idx] - null.cos_null[idx])[:, rows].mean(0))
         n = run.base.n_tokens[idx].sum()
         base = run.base.loss_sum[idx].sum() / n
-        delta = np.array([run[job].loss_sum[idx].sum() / n - base for job in jobs])
-        deltas.append(delta.reshape(len(null.layers), -1))
+        delta = np.full(cos_self[-1].shape, np.nan)  # [layer, head], NaN past a layer's heads
+        for job in jobs:
+            delta[layers.index(job.layer), job.heads[0]] = run[job].loss_sum[idx].sum() / n - base
+        deltas.append(delta)
     provenance = Provenance.of(
-        info,
-        docs,
-        "split_half_reliability",
-        s,
-        run,
-        halves=[list(h) for h in halves],
-        skipped=null.provenance.settings["skipped"],
+        info, docs, "split_half_reliability", s, run, halves=[list(h) for h in halves], skipped=skipped
     )
     return SplitHalfResult(
         ablation=s.ablation,
-        layers=null.layers,
+        layers=layers,
         halves=halves,
         cos_self=np.stack(cos_self),
         excess=np.stack(excess),

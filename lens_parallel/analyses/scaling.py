@@ -32,7 +32,6 @@ from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.scaling import scaling_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
-from lens_parallel.spaces import SPACES
 from lens_parallel.stats import N_RESAMPLES
 from lens_parallel.sweep import EditJob, SweepRun, run_sweep
 from lens_parallel.validate import (
@@ -193,20 +192,30 @@ class ScaleSettings:
         check_non_negative_int("seed", self.seed)
 
 
-def _space_layers(
-    info: ModelInfo, spaces: tuple[Space, ...], layers: tuple[int, ...] | None, skip_first: int
-) -> dict[str, tuple[int, ...]]:
-    """The layers each space edits: head-level spaces act on softmax-attention layers only (Qwen3.5's linear blocks
-    are skipped when ``layers=None``; naming one raises); layers before ``skip_first`` never."""
-    layer_idx = check_indices("layers", layers, info.n_layers)
+def _space_layers(s: ScaleSettings, info: ModelInfo) -> dict[str, tuple[int, ...]]:
+    """The layers each space edits: every layer, Qwen3.5's linear-attention blocks included, except where an edit
+    is built on softmax-attention layers only (residual-attn on single heads, the value spaces' post-gate site):
+    there linear blocks are skipped when ``layers=None`` (naming one raises); layers before ``skip_first_layers``
+    never."""
+    layer_idx = check_indices("layers", s.layers, info.n_layers)
+
+    def softmax_only(space: Space) -> bool:
+        return (space == "residual-attn" and s.heads is not None) or (
+            space.startswith("value") and s.site == "post-gate"
+        )
+
     found = {
-        sp: softmax_layers(info, layers, what=f"space {sp!r}")[0] if SPACES[sp].attention else layer_idx
-        for sp in spaces
+        sp: softmax_layers(info, s.layers, what=f"space {sp!r} on single heads or post-gate")[0]
+        if softmax_only(sp)
+        else layer_idx
+        for sp in s.space
     }
-    out: dict[str, tuple[int, ...]] = {sp: tuple(n for n in kept if n >= skip_first) for sp, kept in found.items()}
+    out = {sp: tuple(n for n in kept if n >= s.skip_first_layers) for sp, kept in found.items()}
     empty = [sp for sp, kept in out.items() if not kept]
     if empty:
-        raise LensParallelError(f"skip_first_layers={skip_first} leaves no layer to edit in {', '.join(empty)}")
+        raise LensParallelError(
+            f"skip_first_layers={s.skip_first_layers} leaves no layer to edit in {', '.join(empty)}"
+        )
     return out
 
 
@@ -305,7 +314,7 @@ def scale_sweep(
         )
     info = model_info(model)
     docs = Documents.of(documents)
-    space_layers = _space_layers(info, s.space, s.layers, s.skip_first_layers)
+    space_layers = _space_layers(s, info)
     noops, points = _jobs(s, space_layers)
     unedited = EditJob("unedited", ())
     jobs = [*noops.values(), *(job for job, _ in points.values()), *([unedited] if s.unedited_check else [])]

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import einops
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -19,8 +18,8 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import Ablation, EditPositions, SignFlipWeights
 from lens_parallel.documents import Documents
-from lens_parallel.edits import check_positions
-from lens_parallel.hooks import softmax_layers
+from lens_parallel.edits import LINEAR_ABLATIONS, check_positions
+from lens_parallel.hooks import check_indices, softmax_layers
 from lens_parallel.losses import DocLosses, edit_effect
 from lens_parallel.models import head_label, model_info
 from lens_parallel.options import RunOptions, resolve
@@ -34,9 +33,10 @@ from lens_parallel.validate import as_indices, check_choice, check_non_negative_
 @serializable
 @dataclass(frozen=True)
 class SensitivityResult(ResultMixin):
-    """``head_*`` arrays are ``[layer, head]``; ``joint_*`` are ``[layer]`` (all heads of the layer together);
-    ``head_doc_delta`` ``[doc, layer, head]`` each document's edited - base loss sum (nats) of each single-head
-    ablation and ``doc_tokens`` ``[doc]`` its scored tokens (for split-half statistics)."""
+    """``head_*`` arrays are ``[layer, head]`` (on a hybrid model as wide as the widest layer: a linear-attention
+    layer's value heads; a narrower layer's extra entries are NaN); ``joint_*`` are ``[layer]`` (all heads of the
+    layer together); ``head_doc_delta`` ``[doc, layer, head]`` each document's edited - base loss sum (nats) of
+    each single-head ablation and ``doc_tokens`` ``[doc]`` its scored tokens (for split-half statistics)."""
 
     ablation: Ablation
     layers: tuple[int, ...]
@@ -63,7 +63,7 @@ class SensitivityResult(ResultMixin):
             self.layers,
             {"delta_loss": self.head_delta, "ci_lo": self.head_lo, "ci_hi": self.head_hi, "p": self.head_p},
             front=front,
-        ).assign(q_bh=self.head_q.ravel())
+        ).assign(q_bh=self.head_q[~np.isnan(self.head_delta)])
         joint = layer_frame(
             self.info,
             self.layers,
@@ -78,7 +78,7 @@ class SensitivityResult(ResultMixin):
         effect, and how many single heads have q_BH < 0.05."""
         i, (li, h) = (
             int(np.argmax(self.joint_delta)),
-            np.unravel_index(np.argmax(self.head_delta), self.head_delta.shape),
+            np.unravel_index(np.nanargmax(self.head_delta), self.head_delta.shape),
         )
         row = {
             "model": self.info.name,
@@ -112,14 +112,18 @@ def _stats(base: DocLosses, edited: DocLosses, s: SensitivitySettings, label: st
 @dataclass(frozen=True, kw_only=True)
 class SensitivitySettings:
     """What layer sensitivity computes: each head ablated alone and all heads of a layer jointly (``ablation``, at
-    ``positions``) on ``layers`` (None: every softmax-attention layer), with ``n_resamples`` bootstrap resamples and
-    ``n_permutations`` sign flips (of each document's mean Δ, or with ``sign_flip_weights="tokens"`` of its Δ sum:
-    the token-weighted mean), seeded by ``seed``."""
+    ``positions``) on ``layers`` (None: every layer the ablation is defined on), with ``n_resamples`` bootstrap
+    resamples and ``n_permutations`` sign flips (of each document's mean Δ, or with ``sign_flip_weights="tokens"`` of
+    its Δ sum: the token-weighted mean), seeded by ``seed``."""
 
     ablation: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
     layers: tuple[int, ...] | None = field(
-        default=None, metadata={"help": "layers", "none": "every softmax-attention layer"}
+        default=None,
+        metadata={
+            "help": "layers",
+            "none": "every layer the ablation is defined on (linear ones: zero, parallel-value)",
+        },
     )
     n_resamples: int = field(default=N_RESAMPLES, metadata={"help": "bootstrap resamples of the CIs"})
     n_permutations: int = field(default=10000, metadata={"help": "sign flips of the p-values"})
@@ -149,37 +153,45 @@ def head_sensitivity(
 ) -> SensitivityResult:
     """Per layer: every head ablated alone and all heads jointly (:class:`SensitivitySettings`; run options
     :class:`~lens_parallel.options.RunOptions`: ``store=`` makes the sweep resumable, ``workers=`` runs it on Ray;
-    both as keyword shortcuts too). With ``layers=None`` linear-attention layers (Qwen3.5) are skipped, and the
-    result's provenance says so."""
+    both as keyword shortcuts too). Linear-attention layers (Qwen3.5) are included for the ablations defined there
+    (:data:`~lens_parallel.edits.LINEAR_ABLATIONS`, on their value heads); for the others ``layers=None`` skips
+    them, and the result's provenance says so."""
     s, opts = resolve(SensitivitySettings, settings, options, protocol, changes)
     info = model_info(model)
     docs = Documents.of(documents)
-    layer_idx, skipped = softmax_layers(info, s.layers, what="head_sensitivity")
-    singles = [AblationJob(layer, (h,)) for layer in layer_idx for h in range(info.n_heads)]
-    joints = [AblationJob(layer, tuple(range(info.n_heads))) for layer in layer_idx]
+    if s.ablation in LINEAR_ABLATIONS:
+        layer_idx, skipped = check_indices("layers", s.layers, info.n_layers), ""
+    else:
+        layer_idx, skipped = softmax_layers(info, s.layers, what=f"a {s.ablation} head ablation")
+    singles = [AblationJob(layer, (h,)) for layer in layer_idx for h in range(info.output_heads(layer))]
+    joints = [AblationJob(layer, tuple(range(info.output_heads(layer)))) for layer in layer_idx]
     run = run_sweep(model, docs, singles + joints, ablation=s.ablation, positions=s.positions, options=opts)
     assert run.base is not None
     single = np.array([_stats(run.base, run[j], s, head_label(j.layer, j.heads[0])) for j in singles])
     joint = np.array([_stats(run.base, run[j], s, head_label(j.layer)) for j in joints])
-    shape = (len(layer_idx), info.n_heads)
+    where = [(layer_idx.index(j.layer), j.heads[0]) for j in singles]
+
+    def per_head(values: np.ndarray) -> np.ndarray:
+        """``values`` of the single heads (the last axis) as ``[..., layer, head]``, NaN past a layer's heads."""
+        width = max(info.output_heads(layer) for layer in layer_idx)
+        out = np.full((*values.shape[:-1], len(layer_idx), width), np.nan)
+        out[..., [i for i, _ in where], [h for _, h in where]] = values
+        return out
+
     return SensitivityResult(
         ablation=s.ablation,
         layers=layer_idx,
         loss_base=run.base.loss,
-        head_delta=single[:, 0].reshape(shape),
-        head_lo=single[:, 1].reshape(shape),
-        head_hi=single[:, 2].reshape(shape),
-        head_p=single[:, 3].reshape(shape),
-        head_q=benjamini_hochberg(single[:, 3]).reshape(shape),
+        head_delta=per_head(single[:, 0]),
+        head_lo=per_head(single[:, 1]),
+        head_hi=per_head(single[:, 2]),
+        head_p=per_head(single[:, 3]),
+        head_q=per_head(benjamini_hochberg(single[:, 3])),
         joint_delta=joint[:, 0],
         joint_lo=joint[:, 1],
         joint_hi=joint[:, 2],
         joint_p=joint[:, 3],
-        head_doc_delta=einops.rearrange(
-            np.stack([run[j].loss_sum - run.base.loss_sum for j in singles], axis=-1),
-            "doc (layer head) -> doc layer head",
-            head=info.n_heads,
-        ),
+        head_doc_delta=per_head(np.stack([run[j].loss_sum - run.base.loss_sum for j in singles], axis=-1)),
         doc_tokens=run.base.n_tokens,
         provenance=Provenance.of(info, docs, "head_sensitivity", s, run, layers=list(layer_idx), skipped=skipped),
     )

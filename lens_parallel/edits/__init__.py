@@ -60,7 +60,7 @@ from lens_parallel.edits.base import (
 from lens_parallel.edits.diagonal import DiagonalEdit, ZeroDiagonal
 from lens_parallel.edits.directions import RandomDirectionRemoval
 from lens_parallel.edits.gates import GatedRemoval, LearnedGate
-from lens_parallel.edits.heads import ABLATIONS, HeadEdit
+from lens_parallel.edits.heads import ABLATIONS, LINEAR_ABLATIONS, HeadEdit
 from lens_parallel.edits.scaling import ComponentScale, stacked_hooks
 from lens_parallel.edits.wrappers import SkipFirstLayers
 
@@ -68,6 +68,7 @@ __all__ = [
     "ABLATIONS",
     "EDITS",
     "FIRST_INDEX",
+    "LINEAR_ABLATIONS",
     "POSITIONS",
     "STEP_VALUES",
     "UNEDITED",

@@ -33,6 +33,9 @@ from lens_parallel.models import ModelInfo
 from lens_parallel.validate import as_indices, check_choice, literal_values
 
 ABLATIONS = literal_values(Ablation)
+LINEAR_ABLATIONS: tuple[Ablation, ...] = ("zero", "parallel-value")
+"""The ablations defined on a linear-attention layer's value heads (``mean`` and ``parallel-residual`` read hook_z
+or per-head writes, which exist on softmax layers only)."""
 
 
 @register_edit("head-ablation", "remove heads' contribution at one layer: zero, mean, parallel-value or -residual")
@@ -95,7 +98,7 @@ class HeadEdit(EditBase):
         return 0 <= self.layer < info.n_layers and info.layer_types[self.layer] == "linear"
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
-        if self._linear(info) and self.ablation in ("zero", "parallel-value"):
+        if self._linear(info) and self.ablation in LINEAR_ABLATIONS:
             layer, role = self.layer, "lin_gate"
         else:
             (layer,), _ = softmax_layers(info, [self.layer], what=f"HeadEdit({self.ablation!r})")

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def _heatmap(values: np.ndarray, layers: Sequence[int], title: str, colorbar_x: float) -> go.Heatmap:
-    bound = float(np.abs(values).max()) or 1.0
+    bound = float(np.nanmax(np.abs(values))) or 1.0  # NaN: a head the layer does not have
     n_heads = values.shape[1]
     return go.Heatmap(
         z=values,

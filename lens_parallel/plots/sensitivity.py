@@ -23,7 +23,7 @@ def sensitivity_figure(result: SensitivityResult) -> go.Figure:
     fig.add_trace(
         go.Scatter(
             x=np.concatenate([x, x[::-1]]),
-            y=np.concatenate([result.head_delta.max(1), result.head_delta.min(1)[::-1]]),
+            y=np.concatenate([np.nanmax(result.head_delta, 1), np.nanmin(result.head_delta, 1)[::-1]]),
             fill="toself",
             fillcolor="#1f77b4",
             opacity=0.2,
@@ -35,7 +35,7 @@ def sensitivity_figure(result: SensitivityResult) -> go.Figure:
     fig.add_trace(
         go.Scatter(
             x=x,
-            y=np.median(result.head_delta, 1),
+            y=np.nanmedian(result.head_delta, 1),
             mode="lines",
             line={"color": "#1f77b4", "dash": "dot"},
             name="single heads: median",
