@@ -60,7 +60,8 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
         (5, 0),
         (6, 0),
         "a config's quantization_config removed through its __dict__ (GGUF export); decoder layers handing their "
-        "attention the key/value cache as cache=",
+        "attention the key/value cache as cache=; qwen3_5's torch_chunk_gated_delta_rule (its signature and "
+        "use_qk_l2norm_in_kernel)",
     ),
 }
 """Package -> [from, to) major.minor versions on which each use was verified, and what is used."""
@@ -483,6 +484,20 @@ def cache_keywords(hf_model: nn.Module, cache: Any) -> dict[str, Any]:
 
     name = "cache" if "cache" in inspect.signature(hf_model.forward).parameters else "past_key_values"
     return {name: cache, "use_cache": True}
+
+
+def gated_delta_rule(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> torch.Tensor:
+    """transformers' own chunked gated delta rule (Qwen3.5's linear attention, ``torch_chunk_gated_delta_rule``,
+    float32 inside), q and k l2-normalised in the kernel: ``query``/``key`` ``[batch, pos, head, d_k]`` (already one
+    per value head), ``value`` ``[batch, pos, head, d_v]``, ``g``/``beta`` ``[batch, pos, head]``; returns o
+    ``[batch, pos, head, d_v]``. The rule is linear in the values, so identity values give its mixing weights."""
+    check("transformers")
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    out, _ = torch_chunk_gated_delta_rule(query, key, value, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+    return cast(torch.Tensor, out)
 
 
 # -- lm-evaluation-harness ---------------------------------------------------------------------------------------

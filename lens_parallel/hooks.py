@@ -53,18 +53,19 @@ ROLE_HOOKS: dict[str, str] = {
     "lin_k": "blocks.{layer}.linear_attn.hook_k",
     "lin_v": "blocks.{layer}.linear_attn.hook_v",
     "lin_beta": "blocks.{layer}.linear_attn.hook_beta",
+    "lin_decay": "blocks.{layer}.linear_attn.hook_log_decay",
     "lin_o": "blocks.{layer}.linear_attn.hook_recurrence_out",
     "lin_gate": "blocks.{layer}.linear_attn.hook_gate_input",
     "lin_out": "blocks.{layer}.linear_attn.hook_out",
 }
 """Activation roles and their TransformerLens hook names. ``pattern_diag`` is kept as its diagonal A_tt only,
-``pattern_full`` as the whole map (both read hook_pattern); ``rot_q``/``rot_k`` are queries/keys after rotary (and
-after Qwen3's q/k norms).
-``lin_q``/``lin_k``/``lin_v``: a linear-attention block's queries, keys (per key head) and values (per value head)
-after its causal convolution, before the kernel's L2 normalisation; ``lin_beta``: its write strength beta_t per value
-head; ``lin_o``: the delta rule's output o_t per value head (before the gated RMSNorm); ``lin_gate``: the gate z of
-its gated RMSNorm, ``norm(o) * silu(z)``, per value head; ``lin_out``: the block's linear-attention output, added to
-the residual (a linear layer's counterpart of ``attn_out``)."""
+``pattern_full`` as the whole map (both read hook_pattern); ``rot_q``/``rot_k`` are queries/keys after rotary (and after
+Qwen3's q/k norms). ``lin_q``/``lin_k``/``lin_v``: a linear-attention block's queries, keys (per key head) and values
+(per value head) after its causal convolution, before the kernel's L2 normalisation; ``lin_beta``: its write strength
+beta_t per value head; ``lin_decay``: its log decay g_t (negative) per value head; ``lin_o``: the delta rule's output
+o_t per value head (before the gated RMSNorm); ``lin_gate``: the gate z of its gated RMSNorm, ``norm(o) * silu(z)``, per
+value head; ``lin_out``: the block's linear-attention output, added to the residual (a linear layer's counterpart of
+``attn_out``)."""
 
 
 def effective_qk_roles(info: ModelInfo) -> tuple[str, str]:
@@ -102,7 +103,7 @@ def expected_shape(role: str, info: ModelInfo) -> tuple[tuple[str, int | None], 
         return batch, ("n_heads", info.n_heads), ("query_pos", None), ("key_pos", None)
     if role in ("lin_q", "lin_k", "lin_v", "lin_o", "lin_gate"):
         return batch, pos, ("heads", None), ("d_head", None)
-    if role == "lin_beta":
+    if role in ("lin_beta", "lin_decay"):
         return batch, pos, ("n_linear_heads", info.n_linear_heads)
     if role == "q_gate":
         return batch, pos, ("n_heads * d_head", info.n_heads * info.d_head)

@@ -13,7 +13,13 @@ the update perpendicular to x_t by dA_tt (W_O v_t)_perp; that change is reported
 Beside the per-head residual view, the layer-level one of the directional-decomposition paper (its Fig. 4): one
 δ_t shared by every head, δ_t = (s_par - 1) <y_t, x_t> / <W_O concat_h v_t^h, x_t> with y_t the layer's attention
 update (``geometry.layer_diagonal_change``), which reproduces the update's component along x_t, with its own
-perpendicular side effect reported. Documents may be a prompt string: one sequence, its tokens only (the
+perpendicular side effect reported.
+
+On a linear-attention layer (Qwen3.5's gated delta rule) the head's map is its exact mixing weights M, o_t =
+sum_s M_ts v_s (the rule is linear in the values: transformers' own chunked rule run on identity values), with
+M_tt = a_tt = beta_t (k_t . q_t) on the diagonal; the value-space forms above hold as written with A -> M (a change
+of a_tt alone reproduces the parallel scaling), and residual-attn is not viewed there (per-head writes are built on
+softmax layers). The figure marks the layer type. Documents may be a prompt string: one sequence, its tokens only (the
 boundary token first with ``prompt_boundary=True``).
 """
 
@@ -25,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import einops
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -33,19 +40,19 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import geometry
+from lens_parallel import compat, geometry
 from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import DiagonalLayout, HeadSpace
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, document_batches, prompt_documents
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
+    check_heads,
     check_indices,
     check_not_gated,
     expand_kv,
     head_writes_note,
     output_weights,
-    softmax_layers,
 )
 from lens_parallel.models import ModelInfo, head_label, model_info
 from lens_parallel.options import RunOptions, resolve
@@ -115,6 +122,7 @@ class DiagonalView(ResultMixin):
     def to_dataframe(self) -> pd.DataFrame:
         """Per (space, head) summaries of dA_tt over all documents and positions t >= 1 of the layer."""
         rows = []
+        kind = {"layer_type": self.info.layer_types[self.layer]} if self.info.hybrid else {}
         for i, space in enumerate(self.spaces):
             for h in range(self.da_mean.shape[1]):
                 rows.append(
@@ -122,8 +130,9 @@ class DiagonalView(ResultMixin):
                         "model": self.info.name,
                         "space": space,
                         "layer": self.layer,
+                        **kind,
                         "head": h,
-                        "kv_head": h // self.info.group_size,
+                        "kv_head": h // self.info.key_group(self.layer),
                         "label": head_label(self.layer, h),
                         "s_par": self.s_par,
                         "dA_mean": self.da_mean[i, h],
@@ -165,7 +174,13 @@ class _DiagonalMetric(Metric[EditJob]):
     name = "diagonal-view"
 
     def __init__(
-        self, info: ModelInfo, layer: int, spaces: tuple[HeadSpace, ...], s_par: float, eps: float, W_O: Tensor
+        self,
+        info: ModelInfo,
+        layer: int,
+        spaces: tuple[HeadSpace, ...],
+        s_par: float,
+        eps: float,
+        W_O: Tensor | None,
     ):
         self.info, self.layer, self.spaces, self.s_par, self.eps, self.W_O = info, layer, spaces, s_par, eps, W_O
 
@@ -177,13 +192,13 @@ class _DiagonalMetric(Metric[EditJob]):
         return "residual-attn" in self.spaces
 
     def spec(self, job: EditJob) -> dict[str, ValueSpec]:
-        shape = (len(self.spaces), self.info.n_heads)
+        shape = (len(self.spaces), self.info.output_heads(self.layer))
         out = {name: ValueSpec(() if name == "count" else shape) for name in _SUMMARIES}
         return out | ({name: ValueSpec(()) for name in _LAYER_SUMMARIES} if self.layer_view else {})
 
     def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
-        roles = {self.layer: _roles(self.spaces)}
-        t = run_rows(context.model, self.info, batch, capture=roles).captured[self.layer]
+        roles = {self.layer: _roles(self.info, self.layer, self.spaces)}
+        t = _with_map(self.info, self.layer, run_rows(context.model, self.info, batch, capture=roles).captured)
         d_a, valid = _changes(self.info, t, self.spaces, self.s_par, self.eps, self.W_O)
         diag = geometry.self_weights(t["pattern_full"])
         docs = batch.docs
@@ -219,26 +234,59 @@ class _DiagonalMetric(Metric[EditJob]):
 
 
 DIAGONAL_ROLES = ("resid_pre", "v", "pattern_full")
+LINEAR_DIAGONAL_ROLES = ("resid_pre", "lin_q", "lin_k", "lin_v", "lin_beta", "lin_decay")
+"""What the view captures on a linear-attention layer: everything its mixing weights M are made of."""
 
 
-def _roles(spaces: tuple[HeadSpace, ...]) -> tuple[str, ...]:
-    """What the view captures: the layer's update too when residual-attn is viewed (the layer-level view)."""
+def _roles(info: ModelInfo, layer: int, spaces: tuple[HeadSpace, ...]) -> tuple[str, ...]:
+    """What the view captures: the layer's update too when residual-attn is viewed (the layer-level view); on a
+    linear-attention layer what its mixing weights are made of (:func:`linear_mixing_weights`)."""
+    if info.layer_types[layer] == "linear":
+        return LINEAR_DIAGONAL_ROLES
     return (*DIAGONAL_ROLES, "attn_out") if "residual-attn" in spaces else DIAGONAL_ROLES
 
 
+def linear_mixing_weights(t: dict[str, Tensor], n_heads: int) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+    """A linear-attention layer's exact mixing weights M (o_t = sum_s M_ts v_s, M_ts = 0 for s > t, M_tt = a_tt),
+    per value head, from its captured q, k, beta and log decay: transformers' own chunked gated delta rule run on
+    identity values (:func:`lens_parallel.compat.gated_delta_rule`), in float32 as the model runs it."""
+    q, k = (expand_kv(t[role], n_heads).float() for role in ("lin_q", "lin_k"))  # a key head per value head
+    batch, pos = q.shape[:2]
+    eye = torch.eye(pos, device=q.device).expand(batch, n_heads, pos, pos)
+    identity = einops.rearrange(eye, "batch head query key -> batch query head key")
+    out = compat.gated_delta_rule(q, k, identity, t["lin_decay"].float(), t["lin_beta"].float())
+    return einops.rearrange(out, "batch query head key -> batch head query key").to(t["lin_v"].dtype)
+
+
+def _with_map(info: ModelInfo, layer: int, captured: dict[int, dict[str, Tensor]]) -> dict[str, Tensor]:
+    """``layer``'s captures with its map as ``pattern_full`` and its values as ``v``: on a linear-attention layer
+    its mixing weights and value heads, so that every softmax-layer formula applies unchanged."""
+    t = captured[layer]
+    if info.layer_types[layer] != "linear":
+        return t
+    return {**t, "pattern_full": linear_mixing_weights(t, info.n_linear_heads), "v": t["lin_v"]}
+
+
 def _layer_change(
-    info: ModelInfo, t: dict[str, Tensor], s_par: float, eps: float, W_O: Tensor
+    info: ModelInfo, t: dict[str, Tensor], s_par: float, eps: float, W_O: Tensor | None
 ) -> geometry.LayerDiagonalChange:
     """The layer-level residual view of captures ``t`` (:func:`~lens_parallel.geometry.layer_diagonal_change`)."""
-    v = expand_kv(t["v"], info.n_heads)
+    v = expand_kv(t["v"], info.n_heads)  # residual-attn: softmax layers only
+    assert W_O is not None  # read whenever residual-attn is viewed
     return geometry.layer_diagonal_change(t["attn_out"], t["resid_pre"], v, W_O.to(v), s_par=s_par, eps=eps)
 
 
 def _changes(
-    info: ModelInfo, t: dict[str, Tensor], spaces: tuple[HeadSpace, ...], s_par: float, eps: float, W_O: Tensor
+    info: ModelInfo,
+    t: dict[str, Tensor],
+    spaces: tuple[HeadSpace, ...],
+    s_par: float,
+    eps: float,
+    W_O: Tensor | None,
 ) -> tuple[Float[Tensor, "space batch head_index pos"], Bool[Tensor, "space batch head_index pos"]]:
     """dA_tt in every space, and where its denominator was above the guard."""
-    x, pattern, v = t["resid_pre"], t["pattern_full"], expand_kv(t["v"], info.n_heads)
+    x, pattern = t["resid_pre"], t["pattern_full"]
+    v = expand_kv(t["v"], pattern.shape[1])  # a linear layer's values: one per value head already
     changes = [geometry.diagonal_change(pattern, v, sp, s_par=s_par, x=x, W_O=W_O, eps=eps) for sp in spaces]
     return torch.stack([c.d_a for c in changes]), torch.stack([c.valid for c in changes])
 
@@ -280,8 +328,8 @@ def _check_view(
 ) -> tuple[tuple[HeadSpace, ...], int, int]:
     """The spaces, layer and head of a diagonal view, checked (gated attention drops residual-attn from a list;
     ``one_space``: a single space was asked for, which is then refused instead)."""
-    (layer,), _ = softmax_layers(info, [layer], what="diagonal_view")
-    if info.gated_attention and "residual-attn" in spaces:
+    (layer,) = check_indices("layers", layer, info.n_layers)
+    if info.gated_attention and "residual-attn" in spaces:  # also every linear-attention layer (Qwen3.5)
         if one_space:
             check_not_gated(info, "the residual-attn diagonal view", alternative="use value or value-exclude-self")
         spaces = tuple(s for s in spaces if s != "residual-attn")
@@ -291,7 +339,7 @@ def _check_view(
             raise LensParallelError(note)
         spaces = tuple(s for s in spaces if s != "residual-attn")
         warnings.warn(note, stacklevel=3)
-    (head,) = check_indices("heads", head, info.n_heads)
+    (head,) = check_heads(info, layer, head)
     if not 0 <= doc < n_docs:
         raise LensParallelError(f"doc {doc} out of range: there are {n_docs} documents")
     return spaces, layer, head
@@ -327,13 +375,13 @@ def diagonal_view(
         i, h = np.unravel_index(np.nanargmax(table.self_cos), table.self_cos.shape)
         layer, head = int(table.layers[i]), int(h)
     spaces, layer, head = _check_view(info, s.space, len(s.space) == 1, layer, head, s.doc, len(docs))
-    W_O = output_weights(model, layer, dtype=torch.float64)
+    W_O = output_weights(model, layer, dtype=torch.float64) if "residual-attn" in spaces else None
     metric = _DiagonalMetric(info, layer, spaces, s.s_par, s.eps, W_O)
     job = EditJob("unedited", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="diagonal")
     sums = run.value(job)
     one = next(document_batches(Documents.padded([docs.tokens[s.doc, : int(docs.lengths[s.doc])].tolist()], {}), 1))
-    t = run_rows(model, info, Batch(one), capture={layer: _roles(spaces)}).captured[layer]
+    t = _with_map(info, layer, run_rows(model, info, Batch(one), capture={layer: _roles(info, layer, spaces)}).captured)
     d_a, _ = _changes(info, t, spaces, s.s_par, s.eps, W_O)
     empty, nan = np.zeros(0), float("nan")
     layer_delta, layer_par, layer_perp = empty, empty, empty
@@ -341,10 +389,10 @@ def diagonal_view(
         view = _layer_change(info, t, s.s_par, s.eps, W_O)
         layer_delta = view.delta[0].numpy()
         layer_par, layer_perp = view.change_par[0].norm(dim=-1).numpy(), view.change_perp[0].norm(dim=-1).numpy()
-    v, x = expand_kv(t["v"], info.n_heads)[0, :, head], t["resid_pre"][0]
+    v, x = expand_kv(t["v"], info.output_heads(layer))[0, :, head], t["resid_pre"][0]
     n = sums["count"]
     residual_par = residual_perp = np.zeros(one.tokens.shape[1])
-    if "residual-attn" in spaces:
+    if "residual-attn" in spaces and W_O is not None:
         change = d_a[spaces.index("residual-attn"), 0, head][:, None] * (v @ W_O[head])
         split = geometry.project(change, x)
         residual_par, residual_perp = split.par.norm(dim=-1).numpy(), split.perp.norm(dim=-1).numpy()

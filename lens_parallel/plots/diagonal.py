@@ -15,20 +15,32 @@ if TYPE_CHECKING:
     from lens_parallel.analyses.diagonal import DiagonalView
 
 
-def _map(fig: go.Figure, m: np.ndarray, labels: list[str], title: str, *, col: int) -> None:
-    """One attention map in row 1, column ``col``: token labels on both axes, one diverging scale clipped to ±1."""
+def _kind(view: DiagonalView) -> tuple[str, str, float]:
+    """The map's symbol, what it is and its colour bound: a softmax layer's attention A (a distribution: ±1), or a
+    linear-attention layer's delta-rule mixing weights M (o_t = sum_s M_ts v_s, M_tt = a_tt; not a distribution:
+    ±max |M|)."""
+    if view.info.layer_types[view.layer] == "linear":
+        bound = float(np.abs(view.pattern).max()) or 1.0
+        return "M", "linear attention: delta-rule mixing weights M, M_tt = a_tt", bound
+    return "A", "softmax attention", 1.0
+
+
+def _map(fig: go.Figure, m: np.ndarray, labels: list[str], title: str, *, col: int, symbol: str, bound: float) -> None:
+    """One map in row 1, column ``col``: token labels on both axes, one diverging scale clipped to ±``bound``."""
     fig.add_trace(
         go.Heatmap(
             z=m,
             x=labels,
             y=labels,
             zmid=0,
-            zmin=-1,
-            zmax=1,
+            zmin=-bound,
+            zmax=bound,
             colorscale="RdBu_r",
             showscale=col == 1,
-            colorbar={"title": "attention weight<br>(colour clipped<br>to ±1)", "len": 0.7, "y": 0.62},
-            hovertemplate="query %{y}<br>key %{x}<br>A %{z:.3f}<extra>" + title.split(":")[0] + "</extra>",
+            colorbar={"title": f"mixing weight<br>(colour clipped<br>to ±{bound:.2g})", "len": 0.7, "y": 0.62},
+            hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{symbol} %{{z:.3f}}<extra>"
+            + title.split(":")[0]
+            + "</extra>",
         ),
         row=1,
         col=col,
@@ -51,17 +63,18 @@ def paper_diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Fig
         )
     n = min(max_tokens, len(view.token_labels))
     labels = list(view.token_labels[:n])
+    symbol, kind, bound = _kind(view)
     panels = [
-        ("empirical A", view.pattern),
-        ("residual space, one δ per layer: A + diag(δ)", view.edited("residual-attn-layer")),
-        (f"value space ({value}): A + diag(dA)", view.edited(value)),
+        (f"empirical {symbol}", view.pattern),
+        (f"residual space, one δ per layer: {symbol} + diag(δ)", view.edited("residual-attn-layer")),
+        (f"value space ({value}): {symbol} + diag(dA)", view.edited(value)),
     ]
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.07, subplot_titles=[t for t, _ in panels])
     for col, (title, m) in enumerate(panels, start=1):
-        _map(fig, m[:n, :n], labels, title, col=col)
+        _map(fig, m[:n, :n], labels, title, col=col, symbol=symbol, bound=bound)
     fig.update_layout(
         title=f"Attention-diagonal form of s_par = {view.s_par:g}: {view.info.name} {head_label(view.layer, view.head)}"
-        f" (first {n} tokens)",
+        f" ({kind}; first {n} tokens)",
         height=560,
         width=1500,
         template="plotly_white",
@@ -77,13 +90,14 @@ def diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Figure:
     Row 2: per-head strip of mean dA_tt over documents and positions t >= 1."""
     n = min(max_tokens, len(view.token_labels))
     labels = list(view.token_labels[:n])
-    panels = [("empirical A", view.pattern)]
+    symbol, kind, bound = _kind(view)
+    panels = [(f"empirical {symbol}", view.pattern)]
     for space, title in (("residual-attn", "residual-space view"), ("value-exclude-self", "exclude-self value space")):
         if space in view.spaces:
             if space == "residual-attn":
                 par, perp = view.residual_par[1:].sum(), view.residual_perp[1:].sum()
                 title += f"<br>(adds a perpendicular change: Σ|Δ⊥| / Σ|Δ∥| = {perp / max(par, 1e-30):.2f})"
-            panels.append((f"{title}: A + diag(dA)", view.edited(space)))
+            panels.append((f"{title}: {symbol} + diag(dA)", view.edited(space)))
         if space == "residual-attn" and view.layer_delta.size:
             par, perp = view.layer_par[1:].sum(), view.layer_perp[1:].sum()
             title = f"layer-level view, one δ for every head<br>(Σ|Δ⊥| / Σ|Δ∥| = {perp / max(par, 1e-30):.2f})"
@@ -101,7 +115,7 @@ def diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Figure:
         subplot_titles=titles,
     )
     for col, (m, (title, _)) in enumerate(zip(maps, panels, strict=True), start=1):
-        _map(fig, m, labels, title, col=col)
+        _map(fig, m, labels, title, col=col, symbol=symbol, bound=bound)
     heads = [head_label(view.layer, h) for h in range(view.da_mean.shape[1])]
     fig.add_trace(
         go.Heatmap(
@@ -113,15 +127,15 @@ def diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Figure:
             colorbar={"title": "mean dA", "len": 0.22, "y": 0.1},
             customdata=np.stack([view.da_min, view.da_max, view.da_negative_share], -1),
             hovertemplate="%{x} %{y}<br>mean dA %{z:.3f}<br>min %{customdata[0]:.3f} max %{customdata[1]:.3f}"
-            "<br>share A+dA<0: %{customdata[2]:.1%}<extra></extra>",
+            f"<br>share {symbol}+dA<0: %{{customdata[2]:.1%}}<extra></extra>",
         ),
         row=2,
         col=1,
     )
-    fig.update_xaxes(title_text="query head", row=2, col=1)
+    fig.update_xaxes(title_text="value head" if symbol == "M" else "query head", row=2, col=1)
     fig.update_layout(
         title=f"Attention-diagonal form of s_par = {view.s_par:g}: {view.info.name} "
-        f"{head_label(view.layer, view.head)}, document {view.doc} (first {n} tokens)",
+        f"{head_label(view.layer, view.head)} ({kind}), document {view.doc} (first {n} tokens)",
         height=950,
         width=1500,
         template="plotly_white",
