@@ -20,6 +20,13 @@ document selector; "save view"). Views, for the selected head h of layer l and d
   diagonal view draws A'_tt of ``scale`` and of ``zero-diagonal`` (0 past position 0); a random-direction removal
   edits z along u, not along v_t, and has no diagonal form (A'_tt is left blank).
 
+Linear-attention layers (Qwen3.5's gated delta rule) are explored as the others, per value head: their map is the
+head's exact delta-rule mixing weights M (o_t = sum_s M_ts v_s, M_tt = a_tt;
+:func:`~lens_parallel.analyses.diagonal.linear_mixing_weights`), ``zero-diagonal`` removes the self term a_tt v_t
+(no renormalisation), residual-attn has no per-head view there and ``random-direction`` is a softmax-layer edit (both
+refused in one line). The heatmap's rows are as wide as the widest layer's heads (NaN past a layer's own), and the
+views name the layer type.
+
 Cost: one capture per (layer, document), stopped after that layer, keeps resid_pre, v and the pattern; moving
 s_par redraws the diagonal from it without a forward; the loss view is one forward of that document resumed at
 layer l (the earlier blocks are not computed), and the no-op's losses are kept per (space, layer, head set,
@@ -46,13 +53,14 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.analyses.decompose import decompose
+from lens_parallel.analyses.diagonal import diagonal_roles, with_map
 from lens_parallel.choices import ExplorerEdit, HeadSpace
 from lens_parallel.data import TokenBlocks
 from lens_parallel.documents import Documents, document_batches
 from lens_parallel.edits import Edit, Heads, compile_hooks, edit_noop, explorer_edits
 from lens_parallel.errors import LensParallelError
 from lens_parallel.generation import GenerationResult, generate
-from lens_parallel.hooks import check_indices, expand_kv, output_weights, softmax_layers
+from lens_parallel.hooks import check_heads, check_indices, expand_kv, output_weights
 from lens_parallel.models import head_label, model_info
 from lens_parallel.plots import explore as plots
 from lens_parallel.results import Provenance
@@ -78,6 +86,7 @@ class View:
     edit: str  # an ExplorerEdit
     seed: int  # of the random directions
     heatmap: np.ndarray  # [layer, head] mean self-cosine in ``space`` (NaN where undefined)
+    layer_types: tuple[str, ...]  # per layer: "softmax" or "linear" (its map is then the delta rule's M)
     tokens: tuple[str, ...]  # the document's tokens, each decoded alone (newlines shown as ⏎)
     pattern: np.ndarray  # [query_pos, key_pos] A_ts of the head
     diag: np.ndarray  # [pos] A_tt
@@ -110,23 +119,24 @@ class Explorer:
         batch_size: int = 8,
     ) -> None:
         self.model, self.info, self.documents = model, model_info(model), Documents.of(tokens)
-        self.layers, _ = softmax_layers(self.info, None, what="explore")
+        self.layers = tuple(range(self.info.n_layers))
+        self.width = max(self.info.output_heads(layer) for layer in self.layers)
         self._blocks = tokens
-        with warnings.catch_warnings():  # skipped linear-attention layers: the explorer shows softmax heads only
+        with warnings.catch_warnings():  # per-head residual-attn: softmax layers only (NaN rows elsewhere)
             warnings.simplefilter("ignore", UserWarning)
             result = decompose(model, tokens, space=list(SPACES), batch_size=batch_size, progress=False)
         self.heatmaps: dict[str, np.ndarray] = {}
         for sp in SPACES:
-            grid = np.full((self.info.n_layers, self.info.n_heads), np.nan)
+            grid = np.full((self.info.n_layers, self.width), np.nan)
             try:
                 table = result.table(sp, "head")
-                grid[list(table.layers)] = table.self_cos
+                grid[list(table.layers), : table.self_cos.shape[1]] = table.self_cos
             except KeyError:  # residual-attn per head is undefined with a post-attention norm
                 pass
             self.heatmaps[sp] = grid
         if layer is None or head is None:
             best = np.nanargmax(np.where(np.isnan(self.heatmaps["value"]), -np.inf, self.heatmaps["value"]))
-            layer, head = divmod(int(best), self.info.n_heads)
+            layer, head = divmod(int(best), self.width)
         self._captures: dict[tuple[int, int], dict[str, Tensor]] = {}
         self._memo: dict[Any, Any] = {}
         self._noops: dict[tuple[Any, ...], np.ndarray] = {}
@@ -152,9 +162,14 @@ class Explorer:
         if unknown:
             raise LensParallelError(f"unknown explorer settings {sorted(unknown)}")
         check_choice("space", state["space"], HeadSpace)
-        if state["layer"] not in self.layers:
-            raise LensParallelError(f"layer {state['layer']} has no softmax heads to explore; layers: {self.layers}")
-        check_indices("head", state["head"], self.info.n_heads)
+        check_indices("layer", state["layer"], self.info.n_layers)
+        linear = self.info.layer_types[state["layer"]] == "linear"
+        if linear and state["space"] == "residual-attn":
+            raise LensParallelError(
+                f"layer {state['layer']} is a linear-attention layer: residual-attn has no per-head view there "
+                "(per-head writes are built on softmax layers); choose value or value-exclude-self"
+            )
+        check_heads(self.info, state["layer"], state["head"])
         check_indices("doc", state["doc"], len(self.documents))
         for name in ("s_par", "s_perp"):
             check_finite(name, state[name])
@@ -176,12 +191,15 @@ class Explorer:
         return Documents.padded([self.documents.tokens[doc, :n].tolist()], {"corpus": f"document {doc}"})
 
     def _capture(self, layer: int, doc: int) -> dict[str, Tensor]:
-        """resid_pre, v and the full pattern of ``layer`` for document ``doc`` (one forward, stopped there)."""
+        """resid_pre, v and the full pattern of ``layer`` for document ``doc`` (one forward, stopped there); on a
+        linear-attention layer its values and mixing weights M as ``v`` and ``pattern_full``."""
         key = (layer, doc)
         if key not in self._captures:
             batch = Batch(next(document_batches(self._document(doc), 1)))
-            got = run_rows(self.model, self.info, batch, capture={layer: ["resid_pre", "v", "pattern_full"]})
-            self._captures[key] = got.captured[layer]
+            roles = {layer: diagonal_roles(self.info, layer, ("value",))}
+            self._captures[key] = with_map(
+                self.info, layer, run_rows(self.model, self.info, batch, capture=roles).captured
+            )
         return self._captures[key]
 
     @staticmethod
@@ -213,13 +231,16 @@ class Explorer:
         space, layer, head, doc = st["space"], st["layer"], st["head"], st["doc"]
         t = self._capture(layer, doc)
         pattern, x = t["pattern_full"], t["resid_pre"]
-        v = expand_kv(t["v"], self.info.n_heads)
-        W_O = output_weights(self.model, layer, dtype=torch.float64).to(x.device)
+        linear = self.info.layer_types[layer] == "linear"
+        v = expand_kv(t["v"], pattern.shape[1])
+        W_O = None if linear else output_weights(self.model, layer, dtype=torch.float64).to(x.device)
         diag = geometry.self_weights(pattern)[0, head]
         if st["edit"] == "scale":
             diag_edited = (
                 diag + geometry.diagonal_change(pattern, v, space, s_par=st["s_par"], x=x, W_O=W_O).d_a[0, head]
             )
+        elif st["edit"] == "zero-diagonal" and linear:  # the self term removed, nothing renormalised
+            diag_edited = torch.zeros_like(diag)
         elif st["edit"] == "zero-diagonal":
             diag_edited = geometry.self_weights(geometry.zero_diagonal(pattern)[0])[0, head]
         else:  # a removal along a random direction of z has no diagonal form
@@ -242,6 +263,7 @@ class Explorer:
             edit=st["edit"],
             seed=int(st["seed"]),
             heatmap=self.heatmaps[space],
+            layer_types=self.info.layer_types,
             tokens=tuple(self.model.tokenizer.decode([i]).replace("\n", "⏎") for i in ids),
             pattern=pattern[0, head].cpu().numpy(),
             diag=diag.cpu().numpy(),
@@ -300,7 +322,7 @@ class Explorer:
         if heads is None:
             grid = np.where(np.isnan(self.view.heatmap), -np.inf, self.view.heatmap)
             top = np.argsort(grid, axis=None)[::-1][:6]
-            heads = [(st["layer"], st["head"]), *(divmod(int(i), self.info.n_heads) for i in top)]
+            heads = [(st["layer"], st["head"]), *(divmod(int(i), self.width) for i in top)]
         heads = list(dict.fromkeys((int(a), int(b)) for a, b in heads))
         views = {}
         try:

@@ -16,6 +16,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import transformers.models.qwen3_5.modeling_qwen3_5 as qwen3_5
@@ -216,3 +217,77 @@ def test_each_edit_on_linear_layers_gives_the_reference_loss(name, folder, model
     assert got.n_tokens.tolist() == [TOKENS.shape[1] - 1] * 2
     torch.testing.assert_close(torch.from_numpy(got.loss_sum).double(), want, rtol=0, atol=2e-4)
     assert (want - clean).abs().max() > 1e-2  # the edit moves the loss far more than the tolerance
+
+
+def _captured(model, roles: tuple[str, ...], layer: int) -> dict[str, Tensor]:
+    captured: dict[str, Tensor] = {}
+
+    def keep(role: str) -> Callable[..., None]:
+        return lambda t, hook: captured.__setitem__(role, t.detach().double())
+
+    forward(model, TOKENS, [(hook_name(layer, role), keep(role)) for role in roles])
+    return captured
+
+
+def test_the_mixing_weights_rebuild_the_output_and_hold_a_tt_on_their_diagonal(model):
+    from lens_parallel.analyses.diagonal import linear_mixing_weights
+
+    t = _captured(model, ("lin_q", "lin_k", "lin_v", "lin_beta", "lin_decay", "lin_o"), 4)
+    m = linear_mixing_weights(t, model_info(model).n_linear_heads).double()
+    o = torch.einsum("bhts,bshd->bthd", m, t["lin_v"])
+    torch.testing.assert_close(o, t["lin_o"], rtol=1e-4, atol=1e-7)
+    a = geometry.linear_self_weights(t["lin_q"], t["lin_k"], t["lin_beta"])
+    torch.testing.assert_close(torch.diagonal(m, dim1=-2, dim2=-1), a, rtol=1e-4, atol=1e-8)
+    assert torch.equal(torch.triu(m, diagonal=1), torch.zeros_like(m))  # causal
+    assert (m.tril(-1).abs().sum() / torch.diagonal(m, dim1=-2, dim2=-1).abs().sum()) > 0.1  # memory, not only a_tt
+
+
+def test_the_causal_null_and_the_groups_of_a_linear_layer_equal_a_direct_computation(model):
+    info = model_info(model)
+    result = lp.gqa_alignment(model, TOKENS, null="exact", groups="neighbour", progress=False)
+    t = _captured(model, ("lin_o", "lin_v"), 3)
+    o, v = t["lin_o"], t["lin_v"]
+    group = info.n_linear_heads // info.n_linear_key_heads
+    for h in range(info.n_linear_heads):
+        for doc in range(2):
+            own, null, across = [], [], []
+            for pos in range(1, TOKENS.shape[1]):
+                cos = torch.cosine_similarity(o[doc, pos, h], v[doc, : pos + 1, h], dim=-1)
+                own.append(cos[pos])
+                null.append(cos[:pos].mean())
+                other = v[doc, pos, (h - group) % info.n_linear_heads]
+                across.append(torch.cosine_similarity(o[doc, pos, h], other, dim=0))
+            i = result.layers.index(3)
+            # float32 forwards of other batch shapes round alike to about 1e-7
+            assert result.cos_self[doc, i, h] == pytest.approx(float(torch.stack(own).mean()), abs=1e-6)
+            assert result.cos_null[doc, i, h] == pytest.approx(float(torch.stack(null).mean()), abs=1e-6)
+            assert result.cos_across[doc, i, h] == pytest.approx(float(torch.stack(across).mean()), abs=1e-6)
+    assert np.isnan(result.cos_self[:, 3, info.n_linear_heads :]).all()  # layer 3 has 4 heads of a 6-wide axis
+    table = result.head_table()
+    assert len(table) == 3 * info.n_linear_heads + 2 * info.n_heads
+    assert set(result.summary().columns) >= {"excess[linear]", "excess[softmax]", "across_excess[linear]"}
+
+
+def test_sensitivity_and_attribution_reach_linear_heads(model):
+    """A linear head's sensitivity is its ablation's exact effect, and its attribution's dloss/ds_par is the slope
+    of the loss under ComponentScale on that head alone (a central difference)."""
+    docs = torch.randint(0, 5000, (4, 10), generator=torch.Generator().manual_seed(5))
+    sens = lp.head_sensitivity(model, docs, n_resamples=50, n_permutations=50, progress=False)
+    assert sens.layers == (0, 1, 2, 3, 4)
+    base = lp.document_losses(model, docs)
+    edited = lp.document_losses(model, docs, lp.HeadEdit("parallel-value", 3, (2,)))
+    want = (edited.loss_sum.sum() - base.loss_sum.sum()) / base.n_tokens.sum()
+    assert sens.head_delta[3, 2] == pytest.approx(want, abs=1e-9)
+    assert np.isnan(sens.head_delta[3, 4:]).all() and np.isfinite(sens.head_delta[1]).all()
+    rows = sens.to_dataframe()
+    assert rows[(rows.layer == 3) & rows["head"].notna()]["head"].tolist() == [0, 1, 2, 3]
+    attribution = lp.head_attribution(model, docs, progress=False)
+    h, step = 1, 0.1  # float32 loss sums of about 400 nats round at 3e-5: a smaller step would measure rounding
+    losses = [
+        lp.document_losses(model, docs, lp.ComponentScale("value", s_par=1 + d, layers=[0], heads=[h])).loss_sum.sum()
+        for d in (step, -step)
+    ]
+    slope = (losses[0] - losses[1]) / (2 * step)
+    assert attribution.d_s_par[0, :, 0, h].sum() == pytest.approx(slope, rel=3e-3)
+    assert abs(slope) > 1e-5
+    assert np.isnan(attribution.d_s_par[2, :, 0]).all()  # residual-attn per head: softmax layers only

@@ -197,8 +197,8 @@ class _DiagonalMetric(Metric[EditJob]):
         return out | ({name: ValueSpec(()) for name in _LAYER_SUMMARIES} if self.layer_view else {})
 
     def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
-        roles = {self.layer: _roles(self.info, self.layer, self.spaces)}
-        t = _with_map(self.info, self.layer, run_rows(context.model, self.info, batch, capture=roles).captured)
+        roles = {self.layer: diagonal_roles(self.info, self.layer, self.spaces)}
+        t = with_map(self.info, self.layer, run_rows(context.model, self.info, batch, capture=roles).captured)
         d_a, valid = _changes(self.info, t, self.spaces, self.s_par, self.eps, self.W_O)
         diag = geometry.self_weights(t["pattern_full"])
         docs = batch.docs
@@ -238,7 +238,7 @@ LINEAR_DIAGONAL_ROLES = ("resid_pre", "lin_q", "lin_k", "lin_v", "lin_beta", "li
 """What the view captures on a linear-attention layer: everything its mixing weights M are made of."""
 
 
-def _roles(info: ModelInfo, layer: int, spaces: tuple[HeadSpace, ...]) -> tuple[str, ...]:
+def diagonal_roles(info: ModelInfo, layer: int, spaces: tuple[HeadSpace, ...]) -> tuple[str, ...]:
     """What the view captures: the layer's update too when residual-attn is viewed (the layer-level view); on a
     linear-attention layer what its mixing weights are made of (:func:`linear_mixing_weights`)."""
     if info.layer_types[layer] == "linear":
@@ -258,7 +258,7 @@ def linear_mixing_weights(t: dict[str, Tensor], n_heads: int) -> Float[Tensor, "
     return einops.rearrange(out, "batch query head key -> batch head query key").to(t["lin_v"].dtype)
 
 
-def _with_map(info: ModelInfo, layer: int, captured: dict[int, dict[str, Tensor]]) -> dict[str, Tensor]:
+def with_map(info: ModelInfo, layer: int, captured: dict[int, dict[str, Tensor]]) -> dict[str, Tensor]:
     """``layer``'s captures with its map as ``pattern_full`` and its values as ``v``: on a linear-attention layer
     its mixing weights and value heads, so that every softmax-layer formula applies unchanged."""
     t = captured[layer]
@@ -381,7 +381,9 @@ def diagonal_view(
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="diagonal")
     sums = run.value(job)
     one = next(document_batches(Documents.padded([docs.tokens[s.doc, : int(docs.lengths[s.doc])].tolist()], {}), 1))
-    t = _with_map(info, layer, run_rows(model, info, Batch(one), capture={layer: _roles(info, layer, spaces)}).captured)
+    t = with_map(
+        info, layer, run_rows(model, info, Batch(one), capture={layer: diagonal_roles(info, layer, spaces)}).captured
+    )
     d_a, _ = _changes(info, t, spaces, s.s_par, s.eps, W_O)
     empty, nan = np.zeros(0), float("nan")
     layer_delta, layer_par, layer_perp = empty, empty, empty

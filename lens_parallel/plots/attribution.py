@@ -9,20 +9,21 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from lens_parallel.models import head_label, layer_label
+from lens_parallel.models import head_label
+from lens_parallel.plots.common import layer_ticks
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.attribution import AttributionResult
     from lens_parallel.analyses.confirm import ConfirmResult
 
 
-def _heatmap(values: np.ndarray, layers: Sequence[int], title: str, colorbar_x: float) -> go.Heatmap:
+def _heatmap(values: np.ndarray, layers: Sequence[str], title: str, colorbar_x: float) -> go.Heatmap:
     bound = float(np.nanmax(np.abs(values))) or 1.0  # NaN: a head the layer does not have
     n_heads = values.shape[1]
     return go.Heatmap(
         z=values,
         x=[head_label(None, h) for h in range(n_heads)],
-        y=[layer_label(layer) for layer in layers],
+        y=list(layers),
         zmin=-bound,
         zmax=bound,
         colorscale="RdBu_r",
@@ -44,7 +45,8 @@ def attribution_figure(result: AttributionResult) -> go.Figure:
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in panels], horizontal_spacing=0.13)
     for i, (values, _, unit) in enumerate(panels):
         right = fig.layout[f"xaxis{i + 1 if i else ''}"].domain[1]
-        fig.add_trace(_heatmap(values, result.layers, unit, colorbar_x=right + 0.008), row=1, col=i + 1)
+        ticks = layer_ticks(result.info.layer_types, result.layers)
+        fig.add_trace(_heatmap(values, ticks, unit, colorbar_x=right + 0.008), row=1, col=i + 1)
         fig.update_xaxes(title_text="head", row=1, col=i + 1)
         fig.update_yaxes(title_text="layer" if i == 0 else None, autorange="reversed", row=1, col=i + 1)
     fig.update_layout(

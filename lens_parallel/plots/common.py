@@ -1,8 +1,10 @@
-"""What every figure module shares: writing a figure to disk, and the min-max band drawn into a subplot cell."""
+"""What every figure module shares: writing a figure to disk, the min-max band drawn into a subplot cell, and how a
+hybrid model's layer types are marked."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +12,7 @@ import plotly.graph_objects as go
 from numpy.typing import ArrayLike
 
 from lens_parallel.errors import LensParallelError
+from lens_parallel.models import layer_label
 from lens_parallel.paths import add_suffix, check_writable
 from lens_parallel.plots.png import png_bytes
 
@@ -110,3 +113,13 @@ def line_with_band(
         x=x, y=mean, mode="lines+markers", line={"color": color}, legendgroup=group, name=name, showlegend=show_line
     )
     fig.add_trace(line, row=row, col=col)
+
+
+LAYER_TYPES = {"softmax": "soft", "linear": "lin"}
+"""Short names of the layer types (Qwen3.5's softmax and linear-attention layers) in figures."""
+
+
+def layer_ticks(layer_types: Sequence[str], layers: Sequence[int]) -> list[str]:
+    """Tick labels of ``layers``: ``L{l}``, with `` lin`` after a linear-attention layer on a hybrid model (its units
+    are value heads, its map the delta rule's)."""
+    return [layer_label(layer) + (" lin" if layer_types[layer] == "linear" else "") for layer in layers]

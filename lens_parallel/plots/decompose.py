@@ -8,8 +8,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from lens_parallel.models import head_label, layer_label
-from lens_parallel.plots.common import band
+from lens_parallel.models import ModelInfo, head_label
+from lens_parallel.plots.common import band, layer_ticks
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.decompose import AlignmentTable, DecompositionResult
@@ -54,12 +54,14 @@ def layer_panel(fig: go.Figure, tables: dict[str, AlignmentTable], *, row: int, 
             shown.add(group)
 
 
-def head_panel(fig: go.Figure, t: AlignmentTable, *, row: int, col: int, colorbar: dict[str, Any]) -> None:
+def head_panel(
+    fig: go.Figure, t: AlignmentTable, info: ModelInfo, *, row: int, col: int, colorbar: dict[str, Any]
+) -> None:
     """Layer x head heatmap of the mean self-cosine (hover: parallel and perpendicular fractions, coefficient)."""
     heatmap = go.Heatmap(
         z=t.self_cos,
         x=[head_label(None, h) for h in range(t.self_cos.shape[1])],
-        y=[layer_label(layer) for layer in t.layers],
+        y=layer_ticks(info.layer_types, t.layers),
         zmid=0,
         colorscale="RdBu_r",
         colorbar=colorbar,
@@ -103,7 +105,7 @@ def decomposition_figure(result: DecompositionResult) -> go.Figure:
         fig.update_yaxes(title_text="mean over positions t ≥ 1", row=row, col=1)
         if "head" in tables:
             colorbar = {"title": "self-cos", "len": 1 / len(spaces), "y": 1 - (row - 0.5) / len(spaces)}
-            head_panel(fig, tables["head"], row=row, col=2, colorbar=colorbar)
+            head_panel(fig, tables["head"], info, row=row, col=2, colorbar=colorbar)
     texts = result.provenance.texts
     n_docs = texts.get("n_docs", "?")
     height = 330 * len(spaces) + 190

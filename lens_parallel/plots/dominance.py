@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from lens_parallel.plots.common import line_with_band
+from lens_parallel.plots.common import LAYER_TYPES, line_with_band
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.dominance import DominanceResult
@@ -17,11 +17,10 @@ if TYPE_CHECKING:
 SCALE_NAMES = {"qkv": "Q/K/V change", "js_distance": "sqrt(JS) of attention row"}
 SCALE_COLORS = {"qkv": "#1f77b4", "js_distance": "#ff7f0e"}
 JOINT_COLORS = {"weak": "#2ca02c", "strong": "#d62728", "random": "#7f7f7f", "all": "#000000"}
-SHORT = {"softmax": "soft", "linear": "lin"}
 
 
 def _pair_labels(df: pd.DataFrame) -> pd.Series:
-    types = df.upstream_type.map(SHORT) + "→" + df.receiving_type.map(SHORT)
+    types = df.upstream_type.map(LAYER_TYPES) + "→" + df.receiving_type.map(LAYER_TYPES)
     return "L" + df.upstream_layer.astype(str) + "→L" + df.receiving_layer.astype(str) + " (" + types + ")"
 
 

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from lens_parallel.models import head_label
+from lens_parallel.plots.common import layer_ticks
 
 if TYPE_CHECKING:
     from lens_parallel.explore import View
@@ -43,8 +44,11 @@ def _labels(tokens: tuple[str, ...]) -> list[str]:
     return [f"{i}:{t}" for i, t in enumerate(tokens)]
 
 
-def heatmap_figure(grid: np.ndarray, space: str, selected: tuple[int, int], name: str) -> go.Figure:
-    """Mean self-cosine of every head (layer x head), the selected head outlined."""
+def heatmap_figure(
+    grid: np.ndarray, space: str, selected: tuple[int, int], name: str, layer_types: tuple[str, ...] = ()
+) -> go.Figure:
+    """Mean self-cosine of every head (layer x head), the selected head outlined; on a hybrid model (``layer_types``
+    holding ``linear``) each linear-attention layer's row is marked (its heads are value heads)."""
     layer, head = selected
     fig = go.Figure(
         go.Heatmap(
@@ -64,31 +68,49 @@ def heatmap_figure(grid: np.ndarray, space: str, selected: tuple[int, int], name
     fig.update_layout(
         title=f"{name}: mean self-cosine of every head<br>{SPACE_TITLES[space]}; selected: L{layer}H{head}",
         xaxis={"title": "head", "dtick": max(1, grid.shape[1] // 12)},
-        yaxis={"title": "layer", "dtick": max(1, grid.shape[0] // 10)},
+        yaxis=_layer_axis(grid.shape[0], layer_types),
         height=HEIGHT + 60,
         margin={"t": 60},
     )
     return fig
 
 
+def _layer_axis(n_layers: int, layer_types: tuple[str, ...]) -> dict[str, Any]:
+    """The heatmap's layer axis: on a hybrid model every layer named, its type marked (:func:`layer_ticks`)."""
+    if "linear" not in layer_types:
+        return {"title": "layer", "dtick": max(1, n_layers // 10)}
+    return {"title": "layer", "tickvals": list(range(n_layers)), "ticktext": layer_ticks(layer_types, range(n_layers))}
+
+
+def _linear(view: View) -> bool:
+    """Whether the view's layer is a linear-attention layer: its map is the delta rule's mixing weights M."""
+    return view.layer_types[view.layer] == "linear"
+
+
 def pattern_figure(view: View) -> go.Figure:
     labels = _labels(view.tokens)
     text = [[f"query {labels[q]}<br>key {labels[k]}" for k in range(len(labels))] for q in range(len(labels))]
+    symbol = "M" if _linear(view) else "A"
+    bound = float(np.abs(view.pattern).max()) or 1.0
+    scale = (
+        {"colorscale": "RdBu_r", "zmid": 0, "zmin": -bound, "zmax": bound}  # M is not a distribution: signed
+        if _linear(view)
+        else {"colorscale": "Viridis", "zmin": 0, "zmax": 1}
+    )
     fig = go.Figure(
         go.Heatmap(
             z=view.pattern,
             x=labels,
             y=labels,
             text=text,
-            colorscale="Viridis",
-            zmin=0,
-            zmax=1,
-            colorbar={"title": "A_ts"},
-            hovertemplate="%{text}<br>A_ts = %{z:.4f}<extra></extra>",
+            **scale,
+            colorbar={"title": f"{symbol}_ts"},
+            hovertemplate=f"%{{text}}<br>{symbol}_ts = %{{z:.4f}}<extra></extra>",
         )
     )
+    what = "delta-rule mixing weights M (linear attention)" if _linear(view) else "attention pattern"
     fig.update_layout(
-        title=f"{view.label} attention pattern, document {view.doc}",
+        title=f"{view.label} {what}, document {view.doc}",
         xaxis_title="key token s",
         yaxis_title="query token t",
         yaxis_autorange="reversed",
@@ -101,17 +123,18 @@ def pattern_figure(view: View) -> go.Figure:
 def diagonal_figure(view: View) -> go.Figure:
     labels = _labels(view.tokens)
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=labels, y=view.diag, mode="lines+markers", name="A_tt (model)"))
+    a = "a" if _linear(view) else "A"  # a_tt = beta_t (k_t . q_t) on a linear-attention layer
+    fig.add_trace(go.Scatter(x=labels, y=view.diag, mode="lines+markers", name=f"{a}_tt (model)"))
     edited = {
-        "scale": f"A'_tt = A_tt + dA_tt (s_par={view.s_par:g})",
-        "zero-diagonal": "A'_tt under hard diagonal removal",
-    }.get(view.edit, "A'_tt: none (a random direction of z is not a diagonal edit)")
+        "scale": f"{a}'_tt = {a}_tt + dA_tt (s_par={view.s_par:g})",
+        "zero-diagonal": f"{a}'_tt under hard diagonal removal",
+    }.get(view.edit, f"{a}'_tt: none (a random direction of z is not a diagonal edit)")
     fig.add_trace(go.Scatter(x=labels, y=view.diag_edited, mode="lines+markers", name=edited))
     fig.add_trace(go.Scatter(x=labels, y=view.coef, mode="lines", name="parallel coefficient", yaxis="y2", opacity=0.6))
     fig.update_layout(
         title=f"{view.label} diagonal and its edited form<br>{SPACE_TITLES[view.space]}",
         xaxis_title="token t",
-        yaxis_title="attention to itself (probability)",
+        yaxis_title="self weight a_tt (not a probability)" if _linear(view) else "attention to itself (probability)",
         yaxis2={
             "title": "parallel coefficient (unitless)",
             "overlaying": "y",
@@ -155,7 +178,7 @@ def loss_figure(view: View) -> go.Figure:
 
 def explorer_figures(view: View, name: str) -> dict[str, go.Figure]:
     return {
-        "heatmap": heatmap_figure(view.heatmap, view.space, (view.layer, view.head), name),
+        "heatmap": heatmap_figure(view.heatmap, view.space, (view.layer, view.head), name, view.layer_types),
         "pattern": pattern_figure(view),
         "diagonal": diagonal_figure(view),
         "loss": loss_figure(view),
@@ -211,7 +234,10 @@ def explorer_page(
     (one dropdown per figure), plotly.js inlined once."""
     spaces = list(heatmaps)
     first = next(iter(views.values()))
-    heat = _switched([heatmap_figure(heatmaps[s], s, (first.layer, first.head), name) for s in spaces], spaces, "space")
+    selected = (first.layer, first.head)
+    heat = _switched(
+        [heatmap_figure(heatmaps[s], s, selected, name, first.layer_types) for s in spaces], spaces, "space"
+    )
     keys = list(views)
     labels = [f"{head_label(layer, head)}, {setting_label(views[layer, head, s])}" for layer, head, s in keys]
     parts = [pio.to_html(heat, include_plotlyjs=True, full_html=False)]

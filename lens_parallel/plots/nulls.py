@@ -9,13 +9,22 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lens_parallel.models import head_label
-from lens_parallel.plots.common import band
+from lens_parallel.plots.common import band, layer_ticks
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.nulls import NullResult
     from lens_parallel.analyses.reliability import SanityReport, SplitHalfResult
 
 NULL_TITLES = ("self-cosine vs earlier-position null", "GQA: within- vs across-group excess")
+
+
+def _layer_axis(fig: go.Figure, result: NullResult, x: np.ndarray, *, row: int, col: int) -> None:
+    """The layer axis of a panel: on a hybrid model every layer named with its type marked (:func:`layer_ticks`)."""
+    if result.info.hybrid:
+        ticks = layer_ticks(result.info.layer_types, x.tolist())
+        fig.update_xaxes(title_text="layer", tickvals=x, ticktext=ticks, row=row, col=col)
+    else:
+        fig.update_xaxes(title_text="layer", dtick=max(1, (x.max() - x.min()) // 10), row=row, col=col)
 
 
 def null_panel(fig: go.Figure, result: NullResult, *, row: int, col: int) -> None:
@@ -37,7 +46,7 @@ def null_panel(fig: go.Figure, result: NullResult, *, row: int, col: int) -> Non
             legendgroup=column,
         )
         fig.add_trace(line, row=row, col=col)
-    fig.update_xaxes(title_text="layer", dtick=max(1, (x.max() - x.min()) // 10), row=row, col=col)
+    _layer_axis(fig, result, x, row=row, col=col)
     fig.update_yaxes(title_text="mean cosine over positions t ≥ 1", row=row, col=col)
 
 
@@ -51,7 +60,7 @@ def gqa_panel(fig: go.Figure, result: NullResult, *, row: int, col: int) -> None
     ):
         bar = go.Bar(x=x, y=by_layer[column].mean(), marker_color=color, name=f"{name} excess: mean over heads")
         fig.add_trace(bar, row=row, col=col)
-    fig.update_xaxes(title_text="layer", dtick=max(1, (x.max() - x.min()) // 10), row=row, col=col)
+    _layer_axis(fig, result, x, row=row, col=col)
     fig.update_yaxes(title_text="excess over the own-group null (cosine)", row=row, col=col)
 
 

@@ -10,6 +10,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from lens_parallel.plots.common import layer_ticks
+
 if TYPE_CHECKING:
     from lens_parallel.analyses.head_statistics import HeadStatistics
     from lens_parallel.analyses.sensitivity import SensitivityResult
@@ -67,7 +69,10 @@ def sensitivity_figure(result: SensitivityResult) -> go.Figure:
         width=1100,
         legend={"orientation": "h", "y": -0.2},
     )
-    fig.update_xaxes(dtick=max(1, len(x) // 15))
+    if result.info.hybrid:
+        fig.update_xaxes(tickvals=x, ticktext=layer_ticks(result.info.layer_types, result.layers))
+    else:
+        fig.update_xaxes(dtick=max(1, len(x) // 15))
     return fig
 
 
