@@ -146,15 +146,15 @@ def check_indices(kind: str, given: int | Sequence[int] | None, n: int) -> tuple
 
 
 def check_heads(info: ModelInfo, layer: int, heads: int | Sequence[int] | None) -> tuple[int, ...]:
-    """:func:`check_indices` of ``heads`` against ``layer``'s own heads (:meth:`ModelInfo.output_heads`: query heads,
-    or a linear-attention layer's value heads), the error naming the layer and its kind."""
-    n = info.output_heads(layer)
+    """:func:`check_indices` of ``heads`` against ``layer``'s own heads (:meth:`ModelInfo.output_heads`): query heads,
+    or on a linear-attention layer its value heads, which the error then says."""
+    if info.layer_types[layer] != "linear":
+        return check_indices("heads", heads, info.n_heads)
     try:
-        return check_indices("heads", heads, n)
-    except LensParallelError:
-        kind = "value heads of a linear-attention layer" if info.layer_types[layer] == "linear" else "query heads"
+        return check_indices("heads", heads, info.n_linear_heads)
+    except LensParallelError as error:
         raise LensParallelError(
-            f"heads {heads} out of range at layer {layer}: it has {n} {kind} (0..{n - 1})"
+            f"{error} at layer {layer}, a linear-attention layer (its heads are value heads)"
         ) from None
 
 

@@ -17,7 +17,8 @@ residual-block         resid_post - resid_pre                      resid_pre    
 =====================  =========================================  ===========================  ========  =========
 
 Under gated attention (Qwen3.5: hook_z = sigmoid(gate) * A v) the value spaces read the *pre-gate* aggregate
-o = A v, rebuilt from the full pattern by :func:`value_parts` (the one place that rebuild is written).
+o = A v = hook_z / sigmoid(gate), rebuilt by :func:`value_parts` (the one place that rebuild is written): the gate
+is elementwise and positive, so the division is exact to the float's rounding, and no T x T pattern is read.
 
 Every space exists on Qwen3.5's linear-attention (gated delta rule) layers too. There a unit is a value head:
 m = o_t (hook_recurrence_out, before the gated RMSNorm), r = v_t (its hook_v), the self weight is
@@ -124,13 +125,11 @@ HEAD_SPACES = cast(tuple[HeadSpace, ...], tuple(s.name for s in SPACES.values() 
 """Spaces with a per-head level (:data:`~lens_parallel.choices.HeadSpace`): scalings and diagonal views per head."""
 
 
-def value_roles(info: ModelInfo, *, diagonal: bool = False, gate: bool = False) -> tuple[str, ...]:
-    """The roles :func:`value_parts` reads: v and the aggregate (hook_z; under gated attention the full pattern, to
-    rebuild the pre-gate A v), the pattern's diagonal when ``diagonal``, the gate input when ``gate`` (gated
-    models only)."""
-    if info.gated_attention:
-        return ("v", "pattern_full", *(("q_gate",) if gate else ()))
-    return ("v", "z", *(("pattern_diag",) if diagonal else ()))
+def value_roles(info: ModelInfo, *, diagonal: bool = False) -> tuple[str, ...]:
+    """The roles :func:`value_parts` reads at a softmax layer: v and hook_z, the gate input under gated attention
+    (the pre-gate A v is hook_z / sigmoid(gate)), the pattern's diagonal A_tt when ``diagonal``."""
+    gate = ("q_gate",) if info.gated_attention else ()
+    return ("v", "z", *gate, *(("pattern_diag",) if diagonal else ()))
 
 
 def linear_value_roles(*, diagonal: bool = False) -> tuple[str, ...]:
@@ -169,9 +168,8 @@ class ValueParts:
 
 def value_parts(captured: Mapping[str, Tensor], info: ModelInfo) -> ValueParts:
     """:class:`ValueParts` from a layer's captured roles (:func:`value_roles`): the one rebuild of the pre-gate
-    aggregate A v under gated attention (Qwen3.5, where hook_z = sigmoid(gate) * A v). In a decoding step, where v
-    holds only the new positions, ``captured["v_keys"]`` gives the values at every key position
-    (:func:`lens_parallel.edits.all_values`). At a linear-attention layer (``lin_o`` captured): o =
+    aggregate A v under gated attention (Qwen3.5, where hook_z = sigmoid(gate) * A v): o = hook_z / sigmoid(gate).
+    At a linear-attention layer (``lin_o`` captured): o =
     hook_recurrence_out, v = its hook_v, ``diag`` = a_tt (:func:`lens_parallel.geometry.linear_self_weights`) when
     q, k, beta are captured."""
     if "lin_o" in captured:
@@ -181,16 +179,11 @@ def value_parts(captured: Mapping[str, Tensor], info: ModelInfo) -> ValueParts:
         return ValueParts(o=captured["lin_o"], v=captured["lin_v"], diag=diag, gate=None)
     v = expand_kv(captured["v"], info.n_heads)
     gate: Tensor | None = None
-    diag: Tensor | None
+    o = captured["z"]
     if "q_gate" in captured:
         gate = torch.sigmoid(einops.rearrange(captured["q_gate"], "b p (h d) -> b p h d", h=info.n_heads))
-    if info.gated_attention and "pattern_full" in captured:
-        pattern = captured["pattern_full"]
-        keys = expand_kv(captured["v_keys"], info.n_heads) if "v_keys" in captured else v
-        o, diag = geometry.value_aggregate(pattern, keys), geometry.self_weights(pattern)
-    else:  # hook_z itself (also the post-gate site of gated attention, when the pattern is not captured)
-        o, diag = captured["z"], captured.get("pattern_diag")
-    return ValueParts(o=o, v=v, diag=diag, gate=gate)
+        o = o / gate
+    return ValueParts(o=o, v=v, diag=captured.get("pattern_diag"), gate=gate)
 
 
 def residual_message(

@@ -37,7 +37,6 @@ def test_estimates_and_derivatives_equal_finite_differences(spec):
     model = float64_toy(spec)
     info, blocks = model_info(model), blocks_of(model)
     layer, head = info.softmax_layers[-1], 1
-    li = -1
     result = head_attribution(model, blocks, ablation="parallel-value", n_resamples=10, progress=False)
     zero = head_attribution(model, blocks, ablation="zero", n_resamples=10, progress=False)
     residual = head_attribution(model, blocks, ablation="parallel-residual", n_resamples=10, progress=False)
@@ -51,6 +50,7 @@ def test_estimates_and_derivatives_equal_finite_differences(spec):
     for res, step in cases:
         fd = loss_change(model, blocks, step) / EPS
         scale = np.abs(fd).max()
+        li = res.layers.index(layer)  # parallel-residual screens softmax layers only, the others every layer
         np.testing.assert_allclose(res.estimate[:, li, head], fd, rtol=0, atol=2 * EPS * scale, err_msg=res.ablation)
         assert np.abs(fd).max() > 1e-4  # the head matters: the comparison is not 0 = 0
     # exact derivatives at s = 1: central differences, O(eps^2)
@@ -61,7 +61,11 @@ def test_estimates_and_derivatives_equal_finite_differences(spec):
             minus = ComponentScale(space, layers=[layer], heads=[head], **down)
             central = document_losses(model, blocks, plus).loss_sum - document_losses(model, blocks, minus).loss_sum
             np.testing.assert_allclose(
-                arr[s, :, li, head], central / (2 * CENTRAL), rtol=1e-3, atol=1e-5, err_msg=space
+                arr[s, :, result.layers.index(layer), head],
+                central / (2 * CENTRAL),
+                rtol=1e-3,
+                atol=1e-5,
+                err_msg=space,
             )
     np.testing.assert_allclose(result.estimate, -result.d_s_par[0], rtol=0, atol=0)  # parallel-value = -d/ds_par
 

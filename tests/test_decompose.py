@@ -28,18 +28,22 @@ def _reference(model, tokens):
         _, cache = model.run_with_cache(tokens)
     out = {}
 
-    def stats(m, r):  # m, r: [batch, pos, unit, d] -> per-unit means over batch and t >= 1
-        m, r = m[:, 1:].double(), r[:, 1:].double()
-        cos = torch.nn.functional.cosine_similarity(m, r, dim=-1, eps=0)
-        coef = (m * r).sum(-1) / (r * r).sum(-1)
-        par = coef[..., None] * r
-        return {
-            "self_cos": cos.mean((0, 1)),
-            "self_cos_std": cos.std((0, 1), unbiased=False),
-            "par_frac": (par.norm(dim=-1) / m.norm(dim=-1)).mean((0, 1)),
-            "perp_frac": ((m - par).norm(dim=-1) / m.norm(dim=-1)).mean((0, 1)),
-            "par_coef": coef.mean((0, 1)),
-        }
+    def stats(m, r):  # m, r: [batch, pos, unit, d] -> per-unit means over batch and t >= 1, |m|, |r| > 1e-8
+        m, r = m[:, 1:].double().flatten(0, 1), r[:, 1:].double().flatten(0, 1)
+        valid = (m.norm(dim=-1) > 1e-8) & (r.norm(dim=-1) > 1e-8)  # [position, unit]
+        out = {"n_degenerate": (~valid).sum(0)}
+        for name in ("self_cos", "self_cos_std", "par_frac", "perp_frac", "par_coef"):
+            out[name] = torch.zeros(m.shape[1], dtype=torch.float64)
+        for u in range(m.shape[1]):
+            mu, ru = m[valid[:, u], u], r[valid[:, u], u]
+            cos = torch.nn.functional.cosine_similarity(mu, ru, dim=-1, eps=0)
+            coef = (mu * ru).sum(-1) / (ru * ru).sum(-1)
+            par = coef[..., None] * ru
+            out["self_cos"][u], out["self_cos_std"][u] = cos.mean(), cos.std(unbiased=False)
+            out["par_frac"][u] = (par.norm(dim=-1) / mu.norm(dim=-1)).mean()
+            out["perp_frac"][u] = ((mu - par).norm(dim=-1) / mu.norm(dim=-1)).mean()
+            out["par_coef"][u] = coef.mean()
+        return out
 
     for layer in range(info.n_layers):
         c = partial(_get, cache, layer)
@@ -47,8 +51,18 @@ def _reference(model, tokens):
         x_mlp = x if info.parallel_attn_mlp else c("hook_resid_mid")
         out["residual-mlp", "sublayer", layer] = stats(c("hook_mlp_out")[:, :, None], x_mlp[:, :, None])
         out["residual-block", "sublayer", layer] = stats((c("hook_resid_post") - x)[:, :, None], x[:, :, None])
-        if layer not in info.softmax_layers:
-            continue  # linear attention (Qwen3.5): no head-level spaces
+        if layer not in info.softmax_layers:  # linear attention (Qwen3.5): per value head, a_tt = beta_t (k_t . q_t)
+            o, v = c("linear_attn.hook_recurrence_out"), c("linear_attn.hook_v")
+            group = v.shape[2] // c("linear_attn.hook_k").shape[2]
+            q, k = (c(f"linear_attn.hook_{n}").repeat_interleave(group, dim=2) for n in "qk")
+            q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6) / q.shape[-1] ** 0.5
+            k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+            a = c("linear_attn.hook_beta")[..., None] * (q * k).sum(-1, keepdim=True)
+            out["value", "head", layer] = stats(o, v)
+            out["value-exclude-self", "head", layer] = stats(o - a * v, v)
+            out["value-merged", "sublayer", layer] = stats(o.flatten(2)[:, :, None], v.flatten(2)[:, :, None])
+            out["residual-attn", "sublayer", layer] = stats(c("linear_attn.hook_out")[:, :, None], x[:, :, None])
+            continue
         v = c("attn.hook_v").repeat_interleave(info.group_size, dim=2)
         z = c("attn.hook_z")
         o = torch.einsum("bhqk,bkhd->bqhd", c("attn.hook_pattern"), v)  # pre-gate aggregate (== z ungated)
@@ -67,15 +81,25 @@ def test_streamed_statistics_equal_full_cache(toy):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = decompose(toy, blocks, space="all", batch_size=2, progress=False)
-    linear = [i for i, t in enumerate(model_info(toy).layer_types) if t == "linear"]
-    assert bool(caught) == bool(linear) and all(str(linear) in str(w.message) for w in caught)
+    info = model_info(toy)
+    linear = [i for i, t in enumerate(info.layer_types) if t == "linear"]
+    assert bool(caught) == bool(linear) and all(str(linear) in str(w.message) for w in caught)  # residual-attn heads
     reference = _reference(toy, blocks.tokens)
     assert {(t.space, t.level) for t in result.tables} == {(s, lvl) for s, lvl, _ in reference}
     for table in result.tables:
-        assert (table.n_degenerate == 0).all() and (table.n_positions == 5 * 23).all()
+        assert {(table.space, table.level, layer) for layer in table.layers} <= set(reference)
         for i, layer in enumerate(table.layers):
+            n = info.output_heads(layer) if table.level == "head" else 1  # past a layer's own heads: no head
+            assert (table.n_positions[i, :n] == 5 * 23).all()  # degenerate ones too (toy-qwen3.5's c_t: rounding)
+            assert (table.n_positions[i, n:] == 0).all() and np.isnan(table.self_cos[i, n:]).all()
+            # toy-qwen3.5's linear layers forget within a token (transformers' initial decay): c_t = o_t - a_tt v_t is
+            # about 0.2% of o_t, so float32's rounding of o_t in batches of other shapes moves c_t's statistics by up
+            # to 1e-3 (tests/test_linear_attention.py checks exclude-self there on a model with a slow decay)
+            noisy = table.space == "value-exclude-self" and info.layer_types[layer] == "linear"
             for stat, expected in reference[table.space, table.level, layer].items():
-                np.testing.assert_allclose(getattr(table, stat)[i], expected.numpy(), atol=1e-6, err_msg=stat)
+                got, atol = getattr(table, stat)[i, :n], 2e-3 if noisy else 1e-6
+                np.testing.assert_allclose(got, expected.numpy(), atol=atol, err_msg=f"{table.space} {layer} {stat}")
+    assert {key[2] for key in reference if key[:2] == ("value", "head")} == set(range(info.n_layers))
 
 
 def test_gqa_value_space_uses_kv_group_of_each_query_head():

@@ -108,5 +108,5 @@ def test_gated_attention_view_matches_the_pre_gate_scaling():
     v = base["blocks.2.attn.hook_v"].repeat_interleave(3, dim=2)[1, :, 2].double()
     change = (edited["blocks.2.attn.hook_z"] - z)[1, :, 2].double()
     torch.testing.assert_close(gate * torch.from_numpy(view.d_a[0])[:, None] * v, change, atol=1e-5, rtol=1e-4)
-    with pytest.raises(ValueError, match=r"diagonal_view needs softmax attention.*layers \[3\]"):
-        diagonal_view(model, blocks, layer=3, head=0)
+    with pytest.raises(ValueError, match=r"heads \[4\] out of range.*at layer 3, a linear-attention layer"):
+        diagonal_view(model, blocks, layer=3, head=4)

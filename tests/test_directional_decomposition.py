@@ -46,7 +46,7 @@ def _run(model, tokens, hooks, names):
 def test_the_protocol_never_edits_layer_0(setup):
     model, blocks = setup
     info = model_info(model)
-    noops, points = scaling._jobs(SETTINGS, scaling._space_layers(info, SETTINGS.space, None, 1))
+    noops, points = scaling._jobs(SETTINGS, scaling._space_layers(SETTINGS, info))
     jobs = [*noops.values(), *(job for job, _ in points.values())]
     assert len(points) == 11 + 9 + 2 * (11 + 7)  # the paper's grids: value s_perp 0..2, residual 0..1.5
     for job in jobs:

@@ -131,3 +131,23 @@ def test_no_analysis_reads_a_tensor_on_the_host_inside_a_forward(setup, monkeypa
         case(model, blocks)
         ours = {where: n for where, n in found.items() if "masking_utils" not in where}
         assert ours == {}, (name, ours)
+
+
+def test_what_decompose_adds_at_linear_attention_layers_does_not_grow_with_the_length():
+    """toy-qwen3.5 (3 Gated DeltaNet layers, 2 gated softmax): with a GPU's work sizes, the operations decompose
+    dispatches beyond the forward (three spaces, every layer: the captures, a_tt, the reductions) are as many at
+    1,024 tokens as at 256. The forward's own count grows: transformers' chunked delta rule (its fallback without
+    flash-linear-attention) loops over chunks of 64 positions in Python, a loop of the model, not of lens_parallel."""
+    from lens_parallel.hooks import forward
+
+    model = load_model(str(toy_folder("toy-qwen3.5", n_ctx=1024)))
+    added, own = {}, {}
+    spaces = ["value", "value-exclude-self", "residual-attn"]
+    for n in (256, 1024):
+        ids = torch.randint(5000, (n,), generator=torch.Generator().manual_seed(n))
+        docs = Documents.padded([ids.tolist()], {"source": "random token ids"})
+        with sized_as("cuda"), pytest.warns(UserWarning, match="per-head level of residual-attn"):
+            own[n] = _kernels(lambda docs=docs: forward(model, docs.tokens))
+            added[n] = _kernels(lambda docs=docs: lp.decompose(model, docs, space=spaces, progress=False)) - own[n]
+    assert added[256] == added[1024] > 0, added
+    assert own[1024] > own[256], own  # the model's chunk loop: what the comparison above takes out

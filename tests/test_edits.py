@@ -161,17 +161,28 @@ def test_bad_edits_fail_before_any_forward():
     assert forwards == []
 
 
-def test_head_edits_refuse_linear_attention_layers():
+def test_softmax_only_edits_refuse_linear_attention_layers_in_one_line():
+    """What is built on softmax layers only refuses a linear layer named, and with layers=None leaves them alone;
+    everything else edits them (tests/test_linear_attention.py checks the values)."""
     model = get_model("toy-qwen3.5")
     tokens = tokens_for(model)
-    with pytest.raises(ValueError, match=r"layers \[0\] of toy-qwen3.5 are linear-attention blocks; softmax layers"):
-        run(model, tokens, [ComponentScale("value", s_par=0.0, layers=[0])])
-    with pytest.raises(ValueError, match=r"linear-attention blocks"):
-        run(model, tokens, [DiagonalEdit("value", layers=[4])])
-    # layers=None edits the softmax layers only; residual-mlp covers every layer
-    logits, _ = run(model, tokens, [ComponentScale("residual-mlp", s_par=0.5, layers=[0])])
+    cases = [
+        (ComponentScale("value", s_par=0.0, layers=[0], site="post-gate"), "site='post-gate' needs softmax"),
+        (ComponentScale("residual-attn", s_par=0.0, layers=[3], heads=[0]), "on single heads needs softmax"),
+        (DiagonalEdit("residual-attn", layers=[4]), r"DiagonalEdit\('residual-attn'\) needs softmax"),
+        (HeadEdit("mean", 0, [0], means=torch.zeros(6, 16)), r"HeadEdit\('mean'\) needs softmax"),
+        (HeadEdit("parallel-residual", 3, [0]), r"HeadEdit\('parallel-residual'\) needs softmax"),
+    ]
+    for edit, message in cases:
+        with pytest.raises(ValueError, match=message + r".*linear-attention blocks; softmax layers: \[1, 2\]"):
+            run(model, tokens, [edit])
     base, _ = run(model, tokens)
-    assert rel(logits, base) > 1e-4
+    for edit in (ComponentScale("value", s_par=0.0, layers=[0]), DiagonalEdit("value", layers=[4])):
+        logits, _ = run(model, tokens, [edit])
+        assert rel(logits, base) > 1e-4, edit
+    post, _ = run(model, tokens, [ComponentScale("value", s_par=0.0, site="post-gate")])  # layers=None: 1 and 2
+    softmax_only, _ = run(model, tokens, [ComponentScale("value", s_par=0.0, site="post-gate", layers=[1, 2])])
+    torch.testing.assert_close(post, softmax_only, rtol=0, atol=0)
 
 
 def test_after_first_leaves_the_boundary_token_alone():

@@ -89,7 +89,9 @@ def test_sweep_rejects_bad_input_before_running(setup):
         scale_sweep(model, blocks, layers=[9])
 
 
-def test_hybrid_model_sweeps_softmax_layers_only():
+def test_hybrid_model_sweeps_every_layer_and_softmax_ones_where_only_they_have_the_edit():
+    """Qwen3.5's linear-attention layers are scaled as the others (value heads), except where a scaling is built on
+    softmax layers only: the post-gate site (and per-head residual-attn) skips them with layers=None."""
     model = get_model("toy-qwen3.5")
     blocks = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=12)
     per_layer = scale_sweep(
@@ -103,8 +105,20 @@ def test_hybrid_model_sweeps_softmax_layers_only():
         progress=False,
     )
     df = per_layer.to_dataframe()
-    assert sorted(df[df.space == "value"].layer) == [1, 2]
+    assert sorted(df[df.space == "value"].layer) == [0, 1, 2, 3, 4]
     assert sorted(df[df.space == "residual-mlp"].layer) == [0, 1, 2, 3, 4]
+    post = scale_sweep(
+        model,
+        blocks,
+        space="value",
+        site="post-gate",
+        s_par=[0.0],
+        s_perp=[],
+        per_layer=True,
+        n_resamples=100,
+        progress=False,
+    )
+    assert sorted(post.to_dataframe().layer) == [1, 2]
     for row in df.itertuples():
         edit = ComponentScale(row.space, row.s_par, row.s_perp, layers=[int(row.layer)])
         naive = document_losses(model, blocks, edit)

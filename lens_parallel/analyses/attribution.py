@@ -185,7 +185,7 @@ def _roles(info: ModelInfo, ablation: str, spaces: tuple[str, ...], layer: int) 
     if info.layer_types[layer] == "linear":
         gate = ["lin_gate"] if ablation == "zero" else []
         return [*linear_value_roles(diagonal=True), *gate], ["lin_o", *gate]
-    acts = list(dict.fromkeys(["z", *value_roles(info, diagonal=True, gate=True)]))
+    acts = list(dict.fromkeys(["z", *value_roles(info, diagonal=True)]))
     grads = ["z"]
     if "residual-attn" in spaces or ablation == "parallel-residual":
         acts.append("resid_pre")

@@ -14,7 +14,7 @@ residual-block       resid_post - resid_pre                        resid_pre    
 ==================== ============================================= =========================== ===============
 
 Gated attention (Qwen3.5): hook_z is sigmoid(gate) * (A v); the value spaces decompose the pre-gate aggregate A v
-(rebuilt from hook_pattern and hook_v), residual-attn per head uses the gated write z_h W_O[h]. Linear-attention
+(hook_z / sigmoid(gate)), residual-attn per head uses the gated write z_h W_O[h]. Linear-attention
 layers (Qwen3.5's gated delta rule) are decomposed in every space, per value head: m = o_t (hook_recurrence_out),
 r = v_t, exclude-self removes a_tt v_t with a_tt = beta_t (k_t . q_t) (:mod:`lens_parallel.spaces`); residual-attn
 reads their block's linear-attention output, at the sublayer level only (its per-head level is built on softmax

@@ -99,7 +99,7 @@ def reconstruction_error(model: TransformerBridge, documents: Documents, layers:
     """Max over layers of |A @ expand(v) (x sigmoid(gate) if gated) - hook_z| / |hook_z|, on the first document's
     first :data:`GATE_POSITIONS` positions."""
     info = model_info(model)
-    roles = ["pattern_full", *value_roles(info, gate=True), "z"]
+    roles = ["pattern_full", *value_roles(info)]
     whole = next(document_batches(documents, 1))
     first = dataclasses.replace(
         whole, tokens=whole.tokens[:, :GATE_POSITIONS], lengths=whole.lengths.clamp(max=GATE_POSITIONS)

@@ -26,7 +26,6 @@ from lens_parallel.choices import EditPositions, HeadsAll, ReferenceGuard, Scale
 from lens_parallel.documents import Documents, TextWindows
 from lens_parallel.edits import ComponentScale, check_positions
 from lens_parallel.errors import LensParallelError, LibraryError
-from lens_parallel.hooks import check_indices, softmax_layers
 from lens_parallel.losses import DocLosses, EditEffect, edit_effect
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
@@ -193,22 +192,11 @@ class ScaleSettings:
 
 
 def _space_layers(s: ScaleSettings, info: ModelInfo) -> dict[str, tuple[int, ...]]:
-    """The layers each space edits: every layer, Qwen3.5's linear-attention blocks included, except where an edit
-    is built on softmax-attention layers only (residual-attn on single heads, the value spaces' post-gate site):
-    there linear blocks are skipped when ``layers=None`` (naming one raises); layers before ``skip_first_layers``
+    """The layers each space edits (:meth:`ComponentScale.edited_layers`: every layer, Qwen3.5's linear-attention
+    blocks included, except where a scaling is built on softmax layers only); layers before ``skip_first_layers``
     never."""
-    layer_idx = check_indices("layers", s.layers, info.n_layers)
-
-    def softmax_only(space: Space) -> bool:
-        return (space == "residual-attn" and s.heads is not None) or (
-            space.startswith("value") and s.site == "post-gate"
-        )
-
     found = {
-        sp: softmax_layers(info, s.layers, what=f"space {sp!r} on single heads or post-gate")[0]
-        if softmax_only(sp)
-        else layer_idx
-        for sp in s.space
+        sp: ComponentScale(sp, layers=s.layers, heads=s.heads, site=_site(s, sp)).edited_layers(info) for sp in s.space
     }
     out = {sp: tuple(n for n in kept if n >= s.skip_first_layers) for sp, kept in found.items()}
     empty = [sp for sp, kept in out.items() if not kept]

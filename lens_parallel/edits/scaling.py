@@ -25,7 +25,6 @@ from lens_parallel.edits.base import (
     HeadSet,
     PatternUse,
     after_first,
-    all_values,
     as_heads,
     check_positions,
     head_mask,
@@ -42,6 +41,7 @@ from lens_parallel.hooks import (
     hook_name,
     output_weights,
     residual_reference_role,
+    softmax_layers,
 )
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.spaces import HEAD_SPACES, SPACES, ValueParts, linear_value_roles, value_parts
@@ -128,20 +128,34 @@ class ComponentScale(EditBase):
     def footprint(self, info: ModelInfo) -> Footprint:
         spec = SPACES[self.space]
         softmax = self._softmax_footprint(info)
-        if spec.sublayer != "attn" or not edited_linear_layers(info, self.layers):
+        layers = self.edited_layers(info)
+        if spec.sublayer != "attn" or not edited_linear_layers(info, layers):
             return softmax
         roles = ("lin_v", *(("lin_q", "lin_k", "lin_beta") if self.space == "value-exclude-self" else ()))
         reads, writes = (roles, ("lin_o",)) if spec.value else (("resid_pre",), ("lin_out",))
-        return combined_footprint(softmax, Footprint(reads, writes, "none", False), info, self.layers)
+        return combined_footprint(softmax, Footprint(reads, writes, "none", False), info, layers)
+
+    def softmax_only(self) -> str:
+        """What of this scaling is built on softmax-attention layers only (per-head residual-attn writes, the
+        post-gate site), or "" when it is defined on every layer."""
+        if self.space == "residual-attn" and self.heads is not None:
+            return "ComponentScale('residual-attn') on single heads"
+        return "ComponentScale's site='post-gate'" if self.site == "post-gate" else ""
+
+    def edited_layers(self, info: ModelInfo) -> tuple[int, ...]:
+        """The layers it edits on a model like ``info``: ``layers`` (None: every layer), where it is built on
+        softmax layers only (:meth:`softmax_only`) without the linear-attention ones when ``layers=None``; a linear
+        layer named then raises."""
+        if what := self.softmax_only():
+            return softmax_layers(info, self.layers, what=what)[0]
+        return check_indices("layers", self.layers, info.n_layers)
 
     def _softmax_footprint(self, info: ModelInfo) -> Footprint:
         spec = SPACES[self.space]
         if spec.value:
-            pre_gate = info.gated_attention and self.site == "pre-gate"
             diagonal = self.space == "value-exclude-self"
-            reads = ("v", *(("q_gate", "pattern_full") if pre_gate else ("q_gate",) if info.gated_attention else ()))
-            reads += ("pattern_diag",) if diagonal and not pre_gate else ()
-            pattern: PatternUse = "rows" if pre_gate else "diagonal" if diagonal else "none"
+            reads = ("v", *(("q_gate",) if info.gated_attention else ()), *(("pattern_diag",) if diagonal else ()))
+            pattern: PatternUse = "diagonal" if diagonal else "none"
             return Footprint(reads, ("z",), pattern, decode_safe=True)
         if self.space == "residual-attn":
             return Footprint(("resid_pre", *(("z",) if self.heads is not None else ())), ("attn_out",), "none", True)
@@ -202,18 +216,7 @@ def combined_footprint(
 def _scale_hooks(scales: _Scaling, edit: ComponentScale, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
     """The hooks of ``edit``'s space, layers, heads and positions, scaling by ``scales`` (the edit's own, or one
     per batch row)."""
-    layers = _layers(info, edit.layers)
-    linear = edited_linear_layers(info, layers) if SPACES[edit.space].sublayer == "attn" else ()
-    if linear and edit.site == "post-gate":
-        raise LensParallelError(
-            f"site='post-gate' is a softmax-attention option; layers {list(linear)} of {info.name} are linear-"
-            f"attention blocks (no output gate there): pass layers={list(info.softmax_layers)}"
-        )
-    if linear and edit.space == "residual-attn" and edit.heads is not None:
-        raise LensParallelError(
-            f"ComponentScale('residual-attn') on single heads is built on softmax-attention layers only; layers "
-            f"{list(linear)} of {info.name} are linear-attention blocks (heads=None edits their whole update)"
-        )
+    layers = edit.edited_layers(info)
     if edit.space == "residual-attn" and edit.heads is not None:
         check_head_writes(info, "ComponentScale('residual-attn') on single heads")
     out: list[Hook] = []
@@ -246,7 +249,7 @@ def _scaling(edit: _Scaling) -> dict[str, Any]:
 
 def _value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
     """Value-space scaling on hook_z. Gated attention (z = sigmoid(gate) * A v): the scaling acts on the pre-gate
-    aggregate o = A v, rebuilt from the pattern, and its change passes through the gate: z' = z + gate * delta.
+    aggregate o = A v = z / sigmoid(gate), and its change passes through the gate: z' = z + gate * delta.
     ``value-merged``: one projection of the heads' concatenation on the values' (every head edited). ``site=
     "post-gate"``: the message is z itself (exclude-self: z minus the gated self term)."""
     info, layer, heads = at.info, at.layer, at.heads
@@ -257,15 +260,10 @@ def _value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
             f"site='post-gate': {info.name}'s attention has no output gate (pre- and post-gate are one there)"
         )
 
-    pre_gate = info.gated_attention and not post
-
     def edit_z(z: Tensor, hook: HookPoint) -> Tensor:
-        captured = {**state, "z": z}
-        if pre_gate:  # o = A v from the pattern, against every value (the cached ones too at a decoding step)
-            captured["v_keys"] = all_values(state["v"], layer, state["pattern_full"].shape[-1])
-        parts = value_parts(captured, info)  # post-gate or no gate: o = z
+        parts = value_parts({**state, "z": z}, info)  # gated: o = z / sigmoid(gate), the pre-gate A v
         state.clear()
-        o, v = parts.o, parts.v
+        o, v = (z if post else parts.o), parts.v
         if edit.space == "value-merged":
             merged = geometry.scale_delta(geometry.merge_heads(o), geometry.merge_heads(v), **_scaling(edit))
             delta = geometry.split_heads(merged, info.n_heads)
@@ -273,7 +271,7 @@ def _value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
             m = o
             if edit.space == "value-exclude-self" and post:
                 assert parts.gate is not None and parts.diag is not None  # post-gate is refused without a gate
-                m = o - parts.gate * geometry.split_self(o, v, parts.diag)[0]  # z minus the gated self term
+                m = z - parts.gate * geometry.split_self(o, v, parts.diag)[0]  # z minus the gated self term
             elif edit.space == "value-exclude-self":
                 m = parts.exclude_self()  # o - A_tt v_t
             delta = geometry.scale_delta(m, v, **_scaling(edit))
@@ -285,9 +283,7 @@ def _value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
     out: list[Hook] = [(hook_name(layer, "v"), partial(store, state=state, key="v"))]
     if info.gated_attention:
         out.append((hook_name(layer, "q_gate"), partial(store, state=state, key="q_gate")))
-    if pre_gate:
-        out.append((hook_name(layer, "pattern_full"), partial(store, state=state, key="pattern_full")))
-    elif edit.space == "value-exclude-self":
+    if edit.space == "value-exclude-self":
         out.append((hook_name(layer, "pattern_diag"), store_diagonal(state)))
     return [*out, (hook_name(layer, "z"), edit_z)]
 
