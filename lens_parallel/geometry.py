@@ -395,7 +395,8 @@ def linear_self_weights(
     q_hat = l2_normalize(q) * q.shape[-1] ** -0.5
     dot = (l2_normalize(k) * q_hat).sum(-1)  # [batch pos key_head]
     dot = einops.repeat(dot, "b p kh -> b p (kh group)", group=beta.shape[-1] // q.shape[2])
-    return einops.rearrange(beta * dot, "b p h -> b h p")
+    weights: Tensor = einops.rearrange(beta * dot, "b p h -> b h p")
+    return weights
 
 
 def js_divergence(p: Float[Tensor, "*batch n"], q: Float[Tensor, "*batch n"]) -> Float[Tensor, "*batch"]:

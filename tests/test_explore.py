@@ -216,10 +216,26 @@ def test_the_exported_page_holds_every_precomputed_view(setup, tmp_path):
         ex.update(edit="scale")
 
 
-def test_an_explorer_needs_softmax_heads():
+def test_an_explorer_shows_linear_attention_layers_per_value_head():
+    """A linear layer's map is its delta-rule mixing weights M (a_tt on the diagonal, M v = o); what is built on
+    softmax heads only is refused there in one line."""
+    from lens_parallel.analyses.diagonal import linear_mixing_weights
+    from lens_parallel.hooks import forward, hook_name
+
     model = get_model("toy-qwen3.5")
     blocks = token_blocks(model, "austen", n_docs=2, seq_len=12)
     ex = Explorer(model, blocks)
-    assert ex.view.layer in (1, 2)  # linear-attention layers have no attention pattern
-    with pytest.raises(lp.LensParallelError, match="layer 0 has no softmax heads"):
-        ex.update(layer=0)
+    view = ex.update(layer=3, head=2, space="value-exclude-self", s_par=0.0)
+    assert ex.heatmaps["value"].shape == (5, 6) and np.isnan(ex.heatmaps["value"][3, 4:]).all()
+    captured: dict = {}
+    roles = ("lin_q", "lin_k", "lin_v", "lin_beta", "lin_decay")
+    hooks = [(hook_name(3, r), lambda t, hook, r=r: captured.__setitem__(r, t.double())) for r in roles]
+    forward(model, blocks.tokens[:1], hooks)
+    m = linear_mixing_weights(captured, 4)[0, 2].numpy()
+    np.testing.assert_allclose(view.pattern, m, rtol=1e-6, atol=1e-9)
+    assert np.allclose(view.diag, np.diag(m)) and np.isfinite(view.loss_change).all()
+    assert np.abs(view.loss_change).max() > 0
+    with pytest.raises(lp.LensParallelError, match="residual-attn has no per-head view there"):
+        ex.update(space="residual-attn")
+    with pytest.raises(lp.LensParallelError, match=r"heads \[4\] out of range.*linear-attention layer"):
+        ex.update(space="value", head=4)

@@ -313,8 +313,8 @@ class _GradientMetric(Metric[EditJob]):
     ) -> None:
         self.info, self.s, self.layers, self.spaces, self.means = info, s, layers, spaces, means
         roles = {layer: _roles(info, s.ablation, spaces, layer) for layer in layers}
-        self.acts = {layer: acts for layer, (acts, _) in roles.items()}
-        self.grads = {layer: grads for layer, (_, grads) in roles.items()}
+        self.acts: dict[int, Sequence[str]] = {layer: acts for layer, (acts, _) in roles.items()}
+        self.grads: dict[int, Sequence[str]] = {layer: grads for layer, (_, grads) in roles.items()}
         self.width = max(info.output_heads(layer) for layer in layers)
 
     def fingerprint(self) -> dict[str, Any]:

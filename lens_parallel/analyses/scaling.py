@@ -198,7 +198,9 @@ def _space_layers(s: ScaleSettings, info: ModelInfo) -> dict[str, tuple[int, ...
     found = {
         sp: ComponentScale(sp, layers=s.layers, heads=s.heads, site=_site(s, sp)).edited_layers(info) for sp in s.space
     }
-    out = {sp: tuple(n for n in kept if n >= s.skip_first_layers) for sp, kept in found.items()}
+    out: dict[str, tuple[int, ...]] = {
+        sp: tuple(n for n in kept if n >= s.skip_first_layers) for sp, kept in found.items()
+    }
     empty = [sp for sp, kept in out.items() if not kept]
     if empty:
         raise LensParallelError(
