@@ -133,6 +133,48 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "linear_attention.json").write_text(json.dumps(rows, indent=1))
+    figure(rows, args, out / "linear_attention")
+
+
+def figure(rows: dict, args: argparse.Namespace, stem: Path) -> None:
+    """Left: each mode's time as a multiple of the forward's (the 1.5x goal dashed). Right: kernels dispatched
+    against the length, the forward's and what decompose adds."""
+    from plotly.subplots import make_subplots
+
+    from lens_parallel.plots import save_figure
+
+    base = rows["forward"]["median_s"]
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=(
+            f"time at 1 x {args.seq_len} tokens (median of {args.repeats})",
+            "kernels dispatched with a GPU's work sizes",
+        ),
+    )
+    ratios = [rows[mode]["median_s"] / base for mode in MODES]
+    fig.add_bar(x=list(MODES), y=ratios, text=[f"{r:.2f}x" for r in ratios], name="time / the forward's", row=1, col=1)
+    fig.add_hline(y=1.5, line={"dash": "dash", "color": "#d62728"}, annotation_text="goal: 1.5x", row=1, col=1)
+    shown = {
+        "forward": "the forward (transformers' Python loop over chunks of 64 positions)",
+        "added by decompose": "added by decompose (lens_parallel's captures and reductions)",
+    }
+    for name, label in shown.items():
+        by_length = rows["dispatch"][name]
+        fig.add_scatter(
+            x=[int(n) for n in by_length], y=list(by_length.values()), mode="lines+markers", name=label, row=1, col=2
+        )
+    fig.update_yaxes(title_text="× the forward to the final residual", row=1, col=1)
+    fig.update_xaxes(title_text="tokens", type="log", row=1, col=2)
+    fig.update_yaxes(title_text="kernels per call", rangemode="tozero", row=1, col=2)
+    fig.update_layout(
+        title=f"Linear-attention layers at length: toy-qwen3.5, decompose of {', '.join(SPACES)} vs the forward",
+        template="plotly_white",
+        width=1150,
+        height=480,
+        legend={"orientation": "h", "y": -0.2},
+    )
+    save_figure(fig, stem)
 
 
 if __name__ == "__main__":
