@@ -20,7 +20,7 @@ from lens_parallel.edits import ComponentScale, DiagonalEdit, ZeroDiagonal
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import model_info
 
-from .conftest import get_model
+from .conftest import LINEAR_VALUE_NOISE, get_model, noisy_linear_value
 
 ATOL = 2e-5
 """Float32 logits of the toys (|logit| < 5): the paths sum the same products in another order."""
@@ -200,8 +200,16 @@ def test_decompose_is_the_same_on_every_path(family):
             warnings.simplefilter("ignore")
             results[path] = decompose(model, tokens, space=spaces, progress=False).to_dataframe()
     numeric = results["eager"].select_dtypes("number").columns
+    eager = results["eager"]
+    noisy = np.array(
+        [noisy_linear_value(model_info(model), s, layer) for s, layer in zip(eager.space, eager.layer, strict=True)]
+    )
     for path in ("auto", "diagonal", "blocked"):
-        pd.testing.assert_frame_equal(results[path][numeric], results["eager"][numeric], atol=1e-6, rtol=1e-5)
+        got = results[path]
+        pd.testing.assert_frame_equal(got[~noisy][numeric], eager[~noisy][numeric], atol=1e-6, rtol=1e-5)
+        noise = {"atol": LINEAR_VALUE_NOISE, "rtol": LINEAR_VALUE_NOISE}
+        stable = [c for c in numeric if c != "par_perp_ratio"]  # par_frac / perp_frac: perp_frac is rounding there
+        pd.testing.assert_frame_equal(got[noisy][stable], eager[noisy][stable], **noise)
 
 
 EDITS = {
