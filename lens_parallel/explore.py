@@ -20,12 +20,12 @@ document selector; "save view"). Views, for the selected head h of layer l and d
   diagonal view draws A'_tt of ``scale`` and of ``zero-diagonal`` (0 past position 0); a random-direction removal
   edits z along u, not along v_t, and has no diagonal form (A'_tt is left blank).
 
-Linear-attention layers (Qwen3.5's gated delta rule) are explored as the others, per value head: their map is the
-head's exact delta-rule mixing weights M (o_t = sum_s M_ts v_s, M_tt = a_tt;
-:func:`~lens_parallel.analyses.diagonal.linear_mixing_weights`), ``zero-diagonal`` removes the self term a_tt v_t
-(no renormalisation), residual-attn has no per-head view there and ``random-direction`` is a softmax-layer edit (both
-refused in one line). The heatmap's rows are as wide as the widest layer's heads (NaN past a layer's own), and the
-views name the layer type.
+Linear-attention layers (Qwen3.5's gated delta rule) are explored as the others, per value head: their map is the head's
+exact delta-rule mixing weights M (o_t = sum_s M_ts v_s, M_tt = a_tt;
+:func:`~lens_parallel.analyses.diagonal.linear_mixing_weights`), ``zero-diagonal`` removes the self term a_tt v_t (no
+renormalisation), residual-attn has no diagonal view there (a head's write passes its gated RMSNorm) and
+``random-direction`` is a softmax-layer edit (both refused in one line). The heatmap's rows are as wide as the widest
+layer's heads (NaN past a layer's own), and the views name the layer type.
 
 Cost: one capture per (layer, document), stopped after that layer, keeps resid_pre, v and the pattern; moving
 s_par redraws the diagonal from it without a forward; the loss view is one forward of that document resumed at
@@ -166,8 +166,8 @@ class Explorer:
         linear = self.info.layer_types[state["layer"]] == "linear"
         if linear and state["space"] == "residual-attn":
             raise LensParallelError(
-                f"layer {state['layer']} is a linear-attention layer: residual-attn has no per-head view there "
-                "(per-head writes are built on softmax layers); choose value or value-exclude-self"
+                f"layer {state['layer']} is a linear-attention layer: residual-attn has no diagonal view there (a "
+                "head's write passes its gated RMSNorm, not linearly through M); choose value or value-exclude-self"
             )
         check_heads(self.info, state["layer"], state["head"])
         check_indices("doc", state["doc"], len(self.documents))

@@ -399,6 +399,20 @@ def linear_self_weights(
     return weights
 
 
+def gated_rms_norm(
+    o: Float[Tensor, "batch pos head_index d_head"],
+    z: Float[Tensor, "batch pos head_index d_head"],
+    *,
+    weight: Float[Tensor, " d_head"],
+    eps: float,
+) -> Float[Tensor, "batch pos head_index d_head"]:
+    """A linear-attention layer's per-head input to its output projection (Qwen3.5's gated RMSNorm, per head):
+    u = weight * o / sqrt(mean_d(o^2) + eps) * silu(z). Its write to the residual is u_h W_out[h], and the writes
+    of every head sum to the layer's output."""
+    normed = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps)
+    return weight.to(o) * normed * torch.nn.functional.silu(z)
+
+
 def js_divergence(p: Float[Tensor, "*batch n"], q: Float[Tensor, "*batch n"]) -> Float[Tensor, "*batch"]:
     """Jensen-Shannon divergence (natural log, in [0, log 2]) between distributions on the last axis."""
     m = 0.5 * (p + q)

@@ -29,7 +29,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import compat, geometry
 from lens_parallel.attention import QUERY_BLOCK, Diagonal, rows_hook
 from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
-from lens_parallel.models import ModelInfo
+from lens_parallel.models import ModelInfo, model_info
 
 Hook = tuple[str, Callable[..., Tensor | None]]
 """A TransformerLens forward hook: the full hook name and ``fn(tensor, hook)`` returning a replacement or None."""
@@ -179,11 +179,29 @@ def output_weights(
     model: TransformerBridge, layer: int, *, dtype: torch.dtype | None = None
 ) -> Float[Tensor, "head_index d_head d_model"]:
     """W_O of ``layer`` (a detached copy, in ``dtype`` when given), also when accelerate has offloaded that layer's
-    weights to CPU or disk (``load_model(..., device_map=...)``): they are materialised for the read."""
-    attn = model.blocks[layer].attn
-    with compat.weights_materialised(attn):
-        weights: Tensor = attn.W_O.detach().clone()
+    weights to CPU or disk (``load_model(..., device_map=...)``): they are materialised for the read. On a
+    linear-attention layer its output projection per value head, ``out_proj.weight`` as ``[head, d_v, d_model]``."""
+    if model_info(model).layer_types[layer] == "linear":
+        module = compat.hf_module(model.blocks[layer].linear_attn)
+        with compat.weights_materialised(module):
+            flat: Tensor = module.out_proj.weight.detach().clone()
+        heads = model_info(model).n_linear_heads
+        weights = einops.rearrange(flat, "d_model (head d_head) -> head d_head d_model", head=heads)
+    else:
+        attn = model.blocks[layer].attn
+        with compat.weights_materialised(attn):
+            weights = attn.W_O.detach().clone()
     return weights if dtype is None else weights.to(dtype)
+
+
+def linear_head_inputs(model: TransformerBridge, layer: int) -> Callable[[Tensor, Tensor], Tensor]:
+    """``(o, z) -> u``: a linear-attention layer's per-head input to its output projection from its delta-rule
+    output o (hook_recurrence_out) and gate z (hook_gate_input), the layer's own gated RMSNorm
+    (:func:`lens_parallel.geometry.gated_rms_norm` with its weight and eps); u_h W_O[h] (:func:`output_weights`) is
+    head h's write to the residual."""
+    norm = compat.hf_module(model.blocks[layer].linear_attn).norm
+    weight, eps = norm.weight.detach().clone(), float(norm.variance_epsilon)
+    return partial(geometry.gated_rms_norm, weight=weight, eps=eps)
 
 
 def head_writes_note(info: ModelInfo, what: str) -> str:

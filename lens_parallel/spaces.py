@@ -24,7 +24,8 @@ Every space exists on Qwen3.5's linear-attention (gated delta rule) layers too. 
 m = o_t (hook_recurrence_out, before the gated RMSNorm), r = v_t (its hook_v), the self weight is
 a_tt = beta_t (k_t . q_t) (:func:`lens_parallel.geometry.linear_self_weights`, exact: o_t = ... + a_tt v_t), so
 value-exclude-self is o_t - a_tt v_t; residual-attn reads the block's linear-attention output (hook_out) as the
-sublayer update. residual-attn's per-head level is built on softmax layers only.
+sublayer update, and per head u_h W_out[h] with u_h its gated RMSNorm of (o_h, z_h)
+(:func:`lens_parallel.hooks.linear_head_inputs`), the writes summing to that output.
 
 Adding a space: its name in :data:`lens_parallel.choices.Space` (the ``Literal`` the type checker and the CLI read)
 and its :class:`SpaceSpec` here; ``tests/test_registries.py`` checks that the two agree.
@@ -62,8 +63,8 @@ class SpaceSpec:
         message, reference: m and r in words (help texts, the spaces' table in docs/guides/decompositions.md).
         family: ``value`` (read from the heads: m from hook_z or the pre-gate A v, r = v_t) or ``residual``.
         level: the space's own unit: ``head`` (value, value-exclude-self) or ``sublayer`` (one unit per layer).
-        per_head: whether it also has a head level (the value spaces; residual-attn's per-head writes z_h W_O[h],
-            on softmax-attention layers).
+        per_head: whether it also has a head level (the value spaces; residual-attn's per-head writes z_h W_O[h], on a
+            linear-attention layer u_h W_out[h]).
         sublayer: the sublayer whose output an edit of this space changes (``attn``: hook_z or hook_attn_out;
             ``mlp``: hook_mlp_out; ``block``: hook_resid_post).
     """
@@ -90,7 +91,9 @@ class SpaceSpec:
             diagonal = self.name == "value-exclude-self"
             return linear_value_roles(diagonal=diagonal) if linear else value_roles(info, diagonal=diagonal)
         if self.name == "residual-attn":
-            return ("resid_pre", "lin_out") if linear else ("resid_pre", *(("z",) if heads else ()), "attn_out")
+            if linear:  # per head: u_h = gated RMSNorm of (o_h, z_h), written as u_h W_out[h]
+                return ("resid_pre", *(("lin_o", "lin_gate") if heads else ()), "lin_out")
+            return ("resid_pre", *(("z",) if heads else ()), "attn_out")
         if self.name == "residual-mlp":
             return (residual_reference_role(info, "mlp"), "mlp_out")
         return ("resid_pre", "resid_post")

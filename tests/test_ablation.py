@@ -101,8 +101,8 @@ def test_bad_jobs():
         run_ablations(model, tokens, [AblationJob(0, (0,))], ablation="delete")
     with pytest.raises(ValueError, match="empty head set"):
         HeadEdit("zero", 0, ())
-    with pytest.raises(ValueError, match=r"a parallel-residual head ablation needs softmax attention.*layers \[3\]"):
-        run_ablations(get_model("toy-qwen3.5"), tokens, [AblationJob(3, (0,))], ablation="parallel-residual")
+    with pytest.raises(ValueError, match=r"a mean head ablation needs softmax attention.*layers \[3\]"):
+        run_ablations(get_model("toy-qwen3.5"), tokens, [AblationJob(3, (0,))], ablation="mean")
     with pytest.raises(ValueError, match=r"heads \[4\] out of range.*at layer 3, a linear-attention layer"):
         run_ablations(get_model("toy-qwen3.5"), tokens, [AblationJob(3, (4,))])
 
@@ -127,12 +127,12 @@ def test_head_sensitivity_statistics_and_figure(tmp_path):
     skipped = head_sensitivity(
         hybrid,
         token_blocks(hybrid, "austen", n_docs=3, seq_len=12),
-        ablation="parallel-residual",
+        ablation="mean",
         n_resamples=100,
         n_permutations=100,
         progress=False,
     )
-    assert skipped.layers == (1, 2)  # per-head writes: softmax layers only (parallel-value covers every layer)
+    assert skipped.layers == (1, 2)  # hook_z's mean: softmax layers only (the other ablations cover every layer)
     assert "skipped linear-attention layers [0, 3, 4]" in skipped.provenance.settings["skipped"]
     result.save(tmp_path / "sens")
     pd.testing.assert_frame_equal(SensitivityResult.load(tmp_path / "sens").to_dataframe(), df)

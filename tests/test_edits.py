@@ -168,10 +168,8 @@ def test_softmax_only_edits_refuse_linear_attention_layers_in_one_line():
     tokens = tokens_for(model)
     cases = [
         (ComponentScale("value", s_par=0.0, layers=[0], site="post-gate"), "site='post-gate' needs softmax"),
-        (ComponentScale("residual-attn", s_par=0.0, layers=[3], heads=[0]), "on single heads needs softmax"),
         (DiagonalEdit("residual-attn", layers=[4]), r"DiagonalEdit\('residual-attn'\) needs softmax"),
         (HeadEdit("mean", 0, [0], means=torch.zeros(6, 16)), r"HeadEdit\('mean'\) needs softmax"),
-        (HeadEdit("parallel-residual", 3, [0]), r"HeadEdit\('parallel-residual'\) needs softmax"),
     ]
     for edit, message in cases:
         with pytest.raises(ValueError, match=message + r".*linear-attention blocks; softmax layers: \[1, 2\]"):

@@ -298,6 +298,8 @@ LINEAR_EDITS = {  # toy-qwen3.5's linear-attention layers are 0, 3 and 4
     "zero-diagonal, every layer": ZeroDiagonal(),
     "head zero": HeadEdit("zero", 0, (0, 1)),
     "head parallel-value": HeadEdit("parallel-value", 3, (1, 2)),
+    "residual-attn on value heads": ComponentScale("residual-attn", s_par=0.0, s_perp=1.5, layers=(3,), heads=(1, 2)),
+    "head parallel-residual": HeadEdit("parallel-residual", 0, (0, 1, 2, 3)),
 }
 
 

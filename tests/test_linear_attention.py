@@ -14,6 +14,7 @@ import contextlib
 import math
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,8 @@ def reference(
         block = hf.model.layers[layer]
         handles.append(block.register_forward_pre_hook(keep(layer, "resid_pre"), with_kwargs=True))
         handles.append(block.linear_attn.register_forward_hook(keep(layer, "out"), with_kwargs=True))
+        projection = block.linear_attn.out_proj  # its input: every value head's norm(o) * silu(z), concatenated
+        handles.append(projection.register_forward_pre_hook(keep(layer, "projected"), with_kwargs=True))
     original = qwen3_5.torch_chunk_gated_delta_rule
     qwen3_5.torch_chunk_gated_delta_rule = kernel
     try:
@@ -136,6 +139,12 @@ def test_decompose_on_linear_layers_equals_the_reference(rule, folder, model):
         hf(TOKENS)
     result = lp.decompose(model, TOKENS, space="all")
     df = result.to_dataframe()
+    writes = {}  # each value head's write to the residual: its slice of out_proj's input through its slice of W_out
+    for layer in LINEAR:
+        module = hf.model.layers[layer].linear_attn
+        u = seen[layer]["projected"].unflatten(-1, (module.num_v_heads, module.head_v_dim))
+        w = module.out_proj.weight.unflatten(1, (module.num_v_heads, module.head_v_dim))  # [d_model, head, d_v]
+        writes[layer] = torch.einsum("bphd,mhd->bphm", u.double(), w.detach().double())
     assert set(df.layer_type) == {"linear", "softmax"}
     for layer in LINEAR:
         ref = seen[layer]
@@ -146,6 +155,7 @@ def test_decompose_on_linear_layers_equals_the_reference(rule, folder, model):
             ("value-exclude-self", "head"): _mean_cos(ref["o"] - ref["self"], ref["v"]),
             ("value-merged", "sublayer"): _mean_cos(ref["o"].flatten(2), ref["v"].flatten(2))[None],
             ("residual-attn", "sublayer"): _mean_cos(ref["out"], ref["resid_pre"])[None],
+            ("residual-attn", "head"): _mean_cos(writes[layer], ref["resid_pre"][:, :, None]),
         }
         for (space, level), want in expected.items():
             got = rows[(rows.space == space) & (rows.level == level)].sort_values("head").self_cos.to_numpy()
@@ -153,7 +163,8 @@ def test_decompose_on_linear_layers_equals_the_reference(rule, folder, model):
             torch.testing.assert_close(torch.from_numpy(got), want, rtol=0, atol=2e-5)
         assert rows[rows.space == "value"]["head"].tolist() == [0, 1, 2, 3]  # its 4 value heads, not 6 query heads
         assert rows[rows.space == "value"].kv_head.tolist() == [0, 0, 1, 1]
-    assert not ((df.space == "residual-attn") & (df.level == "head") & (df.layer_type == "linear")).any()
+    for layer in LINEAR:  # the heads' writes are terms of the layer's update
+        torch.testing.assert_close(writes[layer].sum(2).double(), seen[layer]["out"].double(), rtol=1e-5, atol=1e-7)
 
 
 def test_the_diagonal_a_tt_is_the_self_term_of_the_reference(folder, model):
@@ -290,4 +301,9 @@ def test_sensitivity_and_attribution_reach_linear_heads(model):
     slope = (losses[0] - losses[1]) / (2 * step)
     assert attribution.d_s_par[0, :, 0, h].sum() == pytest.approx(slope, rel=3e-3)
     assert abs(slope) > 1e-5
-    assert np.isnan(attribution.d_s_par[2, :, 0]).all()  # residual-attn per head: softmax layers only
+    every = lp.ComponentScale("residual-attn", layers=[0], heads="all")  # each value head's own write, all at once
+    residual = [lp.document_losses(model, docs, replace(every, s_par=1 + d)).loss_sum.sum() for d in (step, -step)]
+    slope = (residual[0] - residual[1]) / (2 * step)  # first order: the sum of the heads' derivatives
+    assert attribution.d_s_par[2, :, 0, :4].sum() == pytest.approx(slope, rel=1e-2)
+    assert abs(slope) > 1e-3
+    assert np.isnan(attribution.d_s_par[:, :, 0, 4:]).all()  # layer 0 has 4 heads of a 6-wide axis

@@ -22,8 +22,8 @@ residual-attn (per head; undefined with a post-attention norm, where it is skipp
 Linear-attention layers (Qwen3.5's gated delta rule) are screened too, per value head, for the ablations defined
 there (``zero``, ``parallel-value``): (m, r, g) = (o, v, g_o) with o_t = hook_recurrence_out in value space and
 c = o - a_tt v in exclude-self; ``zero`` zeroes the head's gate input z (its gated-norm output norm(o) silu(z) is then
-0), est = -sum_t g_z . z. Per-head residual-attn writes are built on softmax layers only: NaN there, as is every
-entry past a layer's own heads in the ``[layer, head]`` arrays.
+0), est = -sum_t g_z . z; a head's residual write is u_h W_out[h] (u_h the gated RMSNorm of o_h and z_h), with
+g_out at the layer's output. NaN marks every entry past a layer's own heads in the ``[layer, head]`` arrays.
 
 Loss is what :func:`~lens_parallel.losses.evaluate` reports: token-weighted mean next-token loss in nats/token, so
 per-document sums are kept and every effect is sum over documents / number of scored tokens (bootstrap CIs over
@@ -58,6 +58,7 @@ from lens_parallel.hooks import (
     check_indices,
     gradient_pass,
     head_writes_note,
+    linear_head_inputs,
     output_weights,
     softmax_layers,
 )
@@ -182,12 +183,14 @@ class AttributionResult(ResultMixin):
 def _roles(info: ModelInfo, ablation: str, spaces: tuple[str, ...], layer: int) -> tuple[list[str], list[str]]:
     """Activations read (forward) and activations whose loss gradient is needed (backward) at ``layer``: a linear
     layer's o (hook_recurrence_out) and, for ``zero``, its gate input."""
-    if info.layer_types[layer] == "linear":
-        gate = ["lin_gate"] if ablation == "zero" else []
-        return [*linear_value_roles(diagonal=True), *gate], ["lin_o", *gate]
+    residual = "residual-attn" in spaces or ablation == "parallel-residual"
+    if info.layer_types[layer] == "linear":  # a head's write needs its gate input; zero acts on it
+        gate = ["lin_gate"] if ablation == "zero" or residual else []
+        acts = [*linear_value_roles(diagonal=True), *gate, *(["resid_pre"] if residual else [])]
+        return acts, ["lin_o", *(["lin_gate"] if ablation == "zero" else []), *(["lin_out"] if residual else [])]
     acts = list(dict.fromkeys(["z", *value_roles(info, diagonal=True)]))
     grads = ["z"]
-    if "residual-attn" in spaces or ablation == "parallel-residual":
+    if residual:
         acts.append("resid_pre")
         grads.append("attn_out")
     return acts, grads
@@ -224,13 +227,15 @@ def _reducer(
     s: AttributionSettings,
     spaces: tuple[HeadSpace, ...],
     W_O: Callable[[int], Tensor],
+    head_inputs: Callable[[int], Callable[[Tensor, Tensor], Tensor]],
     means: dict[int, Tensor],
     weight: Tensor,
     out: dict[str, Tensor],
     layers: tuple[int, ...],
 ) -> GradReducer:
     """The reduction of one batch's activations and gradients into ``out`` (estimates and scale derivatives, on the
-    gradients' device: nothing waits for the device while the backward runs)."""
+    gradients' device: nothing waits for the device while the backward runs). ``W_O(layer)``: the layer's per-head
+    output projection; ``head_inputs(layer)``: a linear layer's per-head projection inputs from its o and gate."""
     li = {layer: i for i, layer in enumerate(layers)}
     ablation, eps = s.ablation, s.eps
 
@@ -241,9 +246,11 @@ def _reducer(
         if "lin_o" in a:  # a linear layer: o = hook_recurrence_out; zero acts on the gate input (z, g_z)
             g_o = g["lin_o"]
             z, g_z = (a["lin_gate"], g["lin_gate"]) if ablation == "zero" else (o, g_o)
+            writes = head_inputs(layer)(a["lin_o"], a["lin_gate"]) if "lin_out" in g else None
         else:
             z, g_z = a["z"], g["z"]
             g_o = g_z if parts.gate is None else g_z * parts.gate
+            writes = z
         n = o.shape[2]
 
         def along(m: Tensor, r: Tensor, g_m: Tensor) -> tuple[Tensor, Tensor]:
@@ -251,11 +258,12 @@ def _reducer(
             return _masked_sum((g_m * split.par).sum(-1), weight), _masked_sum((g_m * split.perp).sum(-1), weight)
 
         derivs = {"value": along(o, v, g_o), "value-exclude-self": along(parts.exclude_self(), v, g_o)}
-        if "attn_out" in g:
-            d_par, d_perp = geometry.head_write_derivatives(z, W_O(layer), a["resid_pre"], g["attn_out"], eps=eps)
+        g_out = g.get("attn_out", g.get("lin_out"))
+        if g_out is not None and writes is not None:  # per-head residual writes: z_h W_O[h], u_h W_out[h]
+            d_par, d_perp = geometry.head_write_derivatives(writes, W_O(layer), a["resid_pre"], g_out, eps=eps)
             derivs["residual-attn"] = (_masked_sum(d_par, weight), _masked_sum(d_perp, weight))
         for k, space in enumerate(spaces):
-            if space in derivs:  # residual-attn per head: softmax layers only (NaN stays on linear ones)
+            if space in derivs:
                 out["d_s_par"][k, :, i, :n] = derivs[space][0]
                 out["d_s_perp"][k, :, i, :n] = derivs[space][1]
         if ablation == "zero":
@@ -340,6 +348,7 @@ class _GradientMetric(Metric[EditJob]):
         unembed, rows, per_doc = unembedding(context.model).frozen(), backward_rows(n, self.info.n_layers), []
         # each layer's W_O in float64 when its reduction needs it, not every layer's for the whole pass
         W_O = partial(output_weights, context.model, dtype=torch.float64)
+        inputs = partial(linear_head_inputs, context.model)
         for start in range(0, n, rows):  # documents are independent: each sub-batch's values are its own
             sub = slice(start, start + rows)
             view = {
@@ -356,7 +365,9 @@ class _GradientMetric(Metric[EditJob]):
                     roles=self.acts,
                     grad_roles=self.grads,
                     objective=partial(_loss_sums, unembed=unembed, tokens=tokens, lengths=lengths, first=first),
-                    reduce=_reducer(self.info, self.s, self.spaces, W_O, self.means, weight[sub], view, self.layers),
+                    reduce=_reducer(
+                        self.info, self.s, self.spaces, W_O, inputs, self.means, weight[sub], view, self.layers
+                    ),
                 )
             )
         arrays = {name: value.cpu().numpy() for name, value in out.items()}  # one copy to the host per batch

@@ -17,8 +17,8 @@ Gated attention (Qwen3.5): hook_z is sigmoid(gate) * (A v); the value spaces dec
 (hook_z / sigmoid(gate)), residual-attn per head uses the gated write z_h W_O[h]. Linear-attention
 layers (Qwen3.5's gated delta rule) are decomposed in every space, per value head: m = o_t (hook_recurrence_out),
 r = v_t, exclude-self removes a_tt v_t with a_tt = beta_t (k_t . q_t) (:mod:`lens_parallel.spaces`); residual-attn
-reads their block's linear-attention output, at the sublayer level only (its per-head level is built on softmax
-layers: skipped there with a note). On a hybrid model the tables say each row's ``layer_type``.
+reads their block's linear-attention output, per head u_h W_out[h] (u_h the gated RMSNorm of o_h and the gate z_h:
+the heads' writes sum to the output). On a hybrid model the tables say each row's ``layer_type``.
 
 Post-attention norms (Gemma 3): hook_attn_out and
 hook_mlp_out are the normalised updates actually added to the residual; the per-head level of residual-attn is
@@ -32,7 +32,7 @@ with the number of layers, and the forward stops after the last requested layer.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,7 @@ from lens_parallel.hooks import (
     Reducer,
     check_indices,
     head_writes_note,
+    linear_head_inputs,
     output_weights,
 )
 from lens_parallel.models import ModelInfo, layer_label, model_info
@@ -160,9 +161,7 @@ class _Accumulator:
         self.layers: dict[tuple[str, str], tuple[int, ...]] = {}
         for space, space_layers in layers.items():
             spec = SPACES[space]
-            if space == "residual-attn" and not head_writes_note(info, space):
-                self.layers[space, "head"] = tuple(layer for layer in space_layers if layer in info.softmax_layers)
-            elif spec.per_head and space != "residual-attn":
+            if spec.per_head and not (space == "residual-attn" and head_writes_note(info, space)):
                 self.layers[space, "head"] = space_layers
             if spec.level == "sublayer":
                 self.layers[space, "sublayer"] = space_layers
@@ -222,8 +221,15 @@ class _Accumulator:
         return tuple(out)
 
 
-def _reducer(acc: _Accumulator, spaces: tuple[Space, ...], W_O: dict[int, Tensor], real: Tensor) -> Reducer:
-    """The reduction of one batch's captures into ``acc`` (``real``: the batch's real positions)."""
+def _reducer(
+    acc: _Accumulator,
+    spaces: tuple[Space, ...],
+    W_O: dict[int, Tensor],
+    head_inputs: dict[int, Callable[[Tensor, Tensor], Tensor]],
+    real: Tensor,
+) -> Reducer:
+    """The reduction of one batch's captures into ``acc`` (``real``: the batch's real positions; ``head_inputs``: a
+    linear layer's per-head projection inputs from its o and gate, :func:`~lens_parallel.hooks.linear_head_inputs`)."""
     info, eps = acc.info, acc.eps
 
     def reduce(layer: int, t: dict[str, Tensor]) -> None:
@@ -243,7 +249,8 @@ def _reducer(acc: _Accumulator, spaces: tuple[Space, ...], W_O: dict[int, Tensor
                 a = geometry.alignment(m.unsqueeze(2), x.unsqueeze(2), eps=eps)
                 acc.add((space, "sublayer"), layer, a, real)
                 if acc.active((space, "head"), layer):
-                    dot, mm = geometry.head_residual_products(t["z"], W_O[layer], x)
+                    z = t["z"] if "z" in t else head_inputs[layer](t["lin_o"], t["lin_gate"])
+                    dot, mm = geometry.head_residual_products(z, W_O[layer], x)
                     rr = (x * x).sum(-1, keepdim=True).expand_as(dot)
                     acc.add((space, "head"), layer, geometry.alignment_from_products(dot, mm, rr, eps=eps), real)
 
@@ -263,16 +270,11 @@ class _AlignmentMetric(Metric[EditJob]):
         space_layers: dict[str, tuple[int, ...]],
         roles: dict[int, list[str]],
         W_O: dict[int, Tensor],
+        head_inputs: dict[int, Callable[[Tensor, Tensor], Tensor]],
         eps: float,
     ) -> None:
-        self.info, self.spaces, self.space_layers, self.roles, self.W_O, self.eps = (
-            info,
-            spaces,
-            space_layers,
-            roles,
-            W_O,
-            eps,
-        )
+        self.info, self.spaces, self.space_layers, self.roles, self.eps = info, spaces, space_layers, roles, eps
+        self.W_O, self.head_inputs = W_O, head_inputs
         self.keys = list(_Accumulator(info, space_layers, eps).layers)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -284,7 +286,7 @@ class _AlignmentMetric(Metric[EditJob]):
 
     def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         acc = _Accumulator(self.info, self.space_layers, self.eps, device=batch.docs.tokens.device)
-        reduce = _reducer(acc, self.spaces, self.W_O, batch.docs.real)
+        reduce = _reducer(acc, self.spaces, self.W_O, self.head_inputs, batch.docs.real)
         run_rows(context.model, self.info, batch, capture=self.roles, reduce=reduce)
         return [{f"{sp}|{level}": sums.cpu().numpy() for (sp, level), sums in acc.sums.items()}]
 
@@ -329,14 +331,8 @@ def decompose(
     layer_idx = check_indices("layers", s.layers, info.n_layers)
     space_layers: dict[str, tuple[int, ...]] = dict.fromkeys(s.space, layer_idx)
     skipped: list[str] = []
-    linear = [layer for layer in layer_idx if info.layer_types[layer] == "linear"]
     if "residual-attn" in s.space and (note := head_writes_note(info, "the per-head level of residual-attn")):
         skipped.append(note)
-    elif "residual-attn" in s.space and linear:
-        skipped.append(
-            f"the per-head level of residual-attn is built on softmax-attention layers only: linear-attention layers "
-            f"{linear} have its sublayer level"
-        )
     for note in skipped:
         warnings.warn(note, stacklevel=2)
     acc = _Accumulator(info, space_layers, s.eps)
@@ -349,12 +345,14 @@ def decompose(
         for layer in layer_idx
     }
     roles = {layer: list(dict.fromkeys(r)) for layer, r in roles.items() if r}
-    W_O = {}
+    W_O, head_inputs = {}, {}
     if ("residual-attn", "head") in acc.layers:
-        W_O = {
-            layer: output_weights(model, layer, dtype=torch.float64) for layer in acc.layers["residual-attn", "head"]
+        heads = acc.layers["residual-attn", "head"]
+        W_O = {layer: output_weights(model, layer, dtype=torch.float64) for layer in heads}
+        head_inputs = {
+            layer: linear_head_inputs(model, layer) for layer in heads if info.layer_types[layer] == "linear"
         }
-    metric = _AlignmentMetric(info, s.space, space_layers, roles, W_O, s.eps)
+    metric = _AlignmentMetric(info, s.space, space_layers, roles, W_O, head_inputs, s.eps)
     job = EditJob("unedited", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="decompose")
     values = run.value(job)

@@ -18,8 +18,8 @@ perpendicular side effect reported.
 On a linear-attention layer (Qwen3.5's gated delta rule) the head's map is its exact mixing weights M, o_t =
 sum_s M_ts v_s (the rule is linear in the values: transformers' own chunked rule run on identity values), with
 M_tt = a_tt = beta_t (k_t . q_t) on the diagonal; the value-space forms above hold as written with A -> M (a change
-of a_tt alone reproduces the parallel scaling), and residual-attn is not viewed there (per-head writes are built on
-softmax layers). The figure marks the layer type. Documents may be a prompt string: one sequence, its tokens only (the
+of a_tt alone reproduces the parallel scaling), and residual-attn is not viewed there (a head's write passes its
+gated RMSNorm). The figure marks the layer type. Documents may be a prompt string: one sequence, its tokens only (the
 boundary token first with ``prompt_boundary=True``).
 """
 

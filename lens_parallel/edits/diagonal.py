@@ -69,7 +69,8 @@ class DiagonalEdit(EditBase):
     On a linear-attention layer (Qwen3.5's gated delta rule) the diagonal is a_tt = beta_t (k_t . q_t) and
     o_t = ... + a_tt v_t, so the same change da_tt v_t is added to o_t (hook_recurrence_out; the recurrent state
     does not read o): in value and value-exclude-self it equals ``ComponentScale(space, s_par)`` there too. Heads are
-    value heads there; residual-attn is refused on linear layers (per-head writes are built on softmax layers).
+    value heads there; residual-attn is refused on linear layers (a head's write passes its gated RMSNorm, so no
+    change of a_tt alone reproduces its scaling).
     Not decode-safe on a linear layer (:meth:`ComponentScale.footprint`).
     """
 

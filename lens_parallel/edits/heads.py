@@ -33,9 +33,9 @@ from lens_parallel.models import ModelInfo
 from lens_parallel.validate import as_indices, check_choice, literal_values
 
 ABLATIONS = literal_values(Ablation)
-LINEAR_ABLATIONS: tuple[Ablation, ...] = ("zero", "parallel-value")
-"""The ablations defined on a linear-attention layer's value heads (``mean`` and ``parallel-residual`` read hook_z
-or per-head writes, which exist on softmax layers only)."""
+LINEAR_ABLATIONS: tuple[Ablation, ...] = ("zero", "parallel-value", "parallel-residual")
+"""The ablations defined on a linear-attention layer's value heads (``mean`` replaces hook_z by its mean, a
+softmax-layer activation)."""
 
 
 @register_edit("head-ablation", "remove heads' contribution at one layer: zero, mean, parallel-value or -residual")
@@ -50,11 +50,11 @@ class HeadEdit(EditBase):
     - ``parallel-value``: ``ComponentScale("value", s_par=0)`` on those heads;
     - ``parallel-residual``: ``ComponentScale("residual-attn", s_par=0)`` on those heads' own writes.
 
-    ``heads`` is a tuple of heads (every batch row) or a bool mask ``[batch, head_index]`` giving each row its own
-    head set, which lets the ablation engine run many edits in one forward. On linear-attention layers ``zero`` and
-    ``parallel-value`` (o_t's part along v_t removed, :class:`ComponentScale`) are defined, on value heads;
-    ``mean`` and ``parallel-residual`` are refused there. ``positions``: ``all`` or ``after-first`` (position 0
-    untouched, as the sanity-checks paper's frozen single-head interventions).
+    ``heads`` is a tuple of heads (every batch row) or a bool mask ``[batch, head_index]`` giving each row its own head
+    set, which lets the ablation engine run many edits in one forward. On linear-attention layers ``zero``,
+    ``parallel-value`` (o_t's part along v_t removed) and ``parallel-residual`` (the head's write u_h W_out[h] along x_t
+    removed) are defined, on value heads (:data:`LINEAR_ABLATIONS`); ``mean`` is refused there. ``positions``: ``all``
+    or ``after-first`` (position 0 untouched, as the sanity-checks paper's frozen single-head interventions).
     """
 
     ablation: Ablation
@@ -86,7 +86,8 @@ class HeadEdit(EditBase):
                 info
             )
         if self.ablation == "parallel-residual":
-            return ComponentScale("residual-attn", s_par=0.0, heads="all").footprint(info)
+            layers = [self.layer] if self._linear(info) else None
+            return ComponentScale("residual-attn", s_par=0.0, heads="all", layers=layers).footprint(info)
         if self.ablation == "zero" and self._linear(info):
             # not decode-safe: a linear-attention layer's cached steps (prefill included) run Hugging Face's own
             # module, where hook_gate_input never fires: cached generation would report unedited steps as edited

@@ -39,6 +39,7 @@ from lens_parallel.hooks import (
     check_heads,
     check_indices,
     hook_name,
+    linear_head_inputs,
     output_weights,
     residual_reference_role,
     softmax_layers,
@@ -80,8 +81,9 @@ class ComponentScale(EditBase):
     Linear-attention layers (Qwen3.5's gated delta rule) are edited too, per value head (``heads`` index value heads
     there): the value spaces scale o_t (hook_recurrence_out, before the gated RMSNorm) against v_t, exclude-self
     c_t = o_t - a_tt v_t with a_tt = beta_t (k_t . q_t) (:mod:`lens_parallel.spaces`); the recurrent state does not
-    read o, so the edited forward is exact. residual-attn scales the block's linear-attention output as a whole
-    (per-head writes are built on softmax layers only), and ``site="post-gate"`` is a softmax-layer option. Such
+    read o, so the edited forward is exact. residual-attn scales the block's linear-attention output, or each value
+    head's write u_h W_out[h] (u_h the gated RMSNorm of o_h and its gate z_h); ``site="post-gate"`` is a softmax-layer
+    option. Such
     edits are not decode-safe (a cached step runs Hugging Face's own module, where these hooks never fire):
     generation recomputes the sequence at every step (:func:`lens_parallel.generate`).
     """
@@ -132,14 +134,13 @@ class ComponentScale(EditBase):
         if spec.sublayer != "attn" or not edited_linear_layers(info, layers):
             return softmax
         roles = ("lin_v", *(("lin_q", "lin_k", "lin_beta") if self.space == "value-exclude-self" else ()))
-        reads, writes = (roles, ("lin_o",)) if spec.value else (("resid_pre",), ("lin_out",))
+        heads = ("lin_o", "lin_gate") if self.heads is not None else ()
+        reads, writes = (roles, ("lin_o",)) if spec.value else (("resid_pre", *heads), ("lin_out",))
         return combined_footprint(softmax, Footprint(reads, writes, "none", False), info, layers)
 
     def softmax_only(self) -> str:
-        """What of this scaling is built on softmax-attention layers only (per-head residual-attn writes, the
-        post-gate site), or "" when it is defined on every layer."""
-        if self.space == "residual-attn" and self.heads is not None:
-            return "ComponentScale('residual-attn') on single heads"
+        """What of this scaling is built on softmax-attention layers only (the post-gate site: a linear layer has no
+        output gate), or "" when it is defined on every layer."""
         return "ComponentScale's site='post-gate'" if self.site == "post-gate" else ""
 
     def edited_layers(self, info: ModelInfo) -> tuple[int, ...]:
@@ -329,36 +330,35 @@ def linear_output_hooks(
 
 
 def _residual_attn_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
+    """residual-attn scaling of the attention sublayer's update (``heads=None``) or of each head's write z_h W_O[h]
+    against x = resid_pre; on a linear-attention layer the update is its hook_out and a head's write u_h W_out[h], u_h
+    the gated RMSNorm of its o_h and gate z_h (:func:`~lens_parallel.hooks.linear_head_inputs`)."""
     model, info, layer, heads = at.model, at.info, at.layer, at.heads
     state: dict[str, Tensor] = {}
-    if info.layer_types[layer] == "linear":  # the whole linear-attention update (heads refused before)
-
-        def edit_update(out: Tensor, hook: HookPoint) -> Tensor:
-            return geometry.scale_components(out, state.pop("x"), **_scaling(edit))
-
-        return [
-            (hook_name(layer, "resid_pre"), partial(store, state=state, key="x")),
-            (hook_name(layer, "lin_out"), edit_update),
-        ]
-    W_O = output_weights(model, layer)
+    linear = info.layer_types[layer] == "linear"
+    W_O = output_weights(model, layer) if heads is not None else None
+    head_input = linear_head_inputs(model, layer) if linear and heads is not None else None
 
     def edit_out(out: Tensor, hook: HookPoint) -> Tensor:
         x = state.pop("x")
-        if heads is None:
+        if heads is None or W_O is None:
             return geometry.scale_components(out, x, **_scaling(edit))
-        mask = head_mask(heads, info.n_heads, out.shape[0], out.device)
+        z = head_input(state.pop("lin_o"), state.pop("lin_gate")) if head_input is not None else state.pop("z")
+        mask = head_mask(heads, z.shape[2], out.shape[0], out.device)
         # heads some row edits (per-head writes only for these), from the heads as given: a tuple, or a per-row mask
         # built on the host (read there, never on the device inside the forward)
         used = sorted(heads) if not isinstance(heads, Tensor) else heads.any(0).nonzero().flatten().tolist()
-        m = einops.einsum(state.pop("z")[:, :, used], W_O[used].to(out), "b p h d, h d m -> b p h m")
+        m = einops.einsum(z[:, :, used].to(out), W_O[used].to(out), "b p h d, h d m -> b p h m")
         x_h = einops.repeat(x, "b p m -> b p h m", h=len(used))
         delta = geometry.scale_delta(m, x_h, **_scaling(edit))
         return out + (delta * mask[:, None, used, None]).sum(2)
 
-    out = [(hook_name(layer, "resid_pre"), partial(store, state=state, key="x"))]
-    if heads is not None:
-        out.append((hook_name(layer, "z"), partial(store, state=state, key="z")))
-    return [*out, (hook_name(layer, "attn_out"), edit_out)]
+    reads = ["resid_pre", *((("lin_o", "lin_gate") if linear else ("z",)) if heads is not None else ())]
+    stored = [
+        (hook_name(layer, role), partial(store, state=state, key="x" if role == "resid_pre" else role))
+        for role in reads
+    ]
+    return [*stored, (hook_name(layer, "lin_out" if linear else "attn_out"), edit_out)]
 
 
 def _residual_mlp_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
