@@ -182,7 +182,7 @@ def output_weights(
     weights to CPU or disk (``load_model(..., device_map=...)``): they are materialised for the read. On a
     linear-attention layer its output projection per value head, ``out_proj.weight`` as ``[head, d_v, d_model]``."""
     if model_info(model).layer_types[layer] == "linear":
-        module = compat.hf_module(model.blocks[layer].linear_attn)
+        module: Any = compat.hf_module(model.blocks[layer].linear_attn)
         with compat.weights_materialised(module):
             flat: Tensor = module.out_proj.weight.detach().clone()
         heads = model_info(model).n_linear_heads
@@ -199,7 +199,7 @@ def linear_head_inputs(model: TransformerBridge, layer: int) -> Callable[[Tensor
     output o (hook_recurrence_out) and gate z (hook_gate_input), the layer's own gated RMSNorm
     (:func:`lens_parallel.geometry.gated_rms_norm` with its weight and eps); u_h W_O[h] (:func:`output_weights`) is
     head h's write to the residual."""
-    norm = compat.hf_module(model.blocks[layer].linear_attn).norm
+    norm: Any = compat.hf_module(model.blocks[layer].linear_attn).norm
     weight, eps = norm.weight.detach().clone(), float(norm.variance_epsilon)
     return partial(geometry.gated_rms_norm, weight=weight, eps=eps)
 
