@@ -62,6 +62,12 @@ def _reference(model, tokens):
             out["value-exclude-self", "head", layer] = stats(o - a * v, v)
             out["value-merged", "sublayer", layer] = stats(o.flatten(2)[:, :, None], v.flatten(2)[:, :, None])
             out["residual-attn", "sublayer", layer] = stats(c("linear_attn.hook_out")[:, :, None], x[:, :, None])
+            hf = model.blocks[layer].linear_attn.original_component  # its own gated norm and output projection
+            flat = (o.float().flatten(0, 2), c("linear_attn.hook_gate_input").float().flatten(0, 2))
+            u = hf.norm(*flat).detach().reshape(o.shape).double()
+            w = hf.out_proj.weight.detach().double().unflatten(1, o.shape[2:])  # [d_model, head, d_v]
+            writes = torch.einsum("bphd,mhd->bphm", u, w)
+            out["residual-attn", "head", layer] = stats(writes, x[:, :, None].expand_as(writes))
             continue
         v = c("attn.hook_v").repeat_interleave(info.group_size, dim=2)
         z = c("attn.hook_z")

@@ -235,7 +235,7 @@ def test_an_explorer_shows_linear_attention_layers_per_value_head():
     np.testing.assert_allclose(view.pattern, m, rtol=1e-6, atol=1e-9)
     assert np.allclose(view.diag, np.diag(m)) and np.isfinite(view.loss_change).all()
     assert np.abs(view.loss_change).max() > 0
-    with pytest.raises(lp.LensParallelError, match="residual-attn has no per-head view there"):
+    with pytest.raises(lp.LensParallelError, match="residual-attn has no diagonal view there"):
         ex.update(space="residual-attn")
     with pytest.raises(lp.LensParallelError, match=r"heads \[4\] out of range.*linear-attention layer"):
         ex.update(space="value", head=4)
