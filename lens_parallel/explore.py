@@ -122,7 +122,7 @@ class Explorer:
         self.layers = tuple(range(self.info.n_layers))
         self.width = max(self.info.output_heads(layer) for layer in self.layers)
         self._blocks = tokens
-        with warnings.catch_warnings():  # per-head residual-attn: softmax layers only (NaN rows elsewhere)
+        with warnings.catch_warnings():  # a post-attention norm (Gemma 3): no per-head residual-attn, a note
             warnings.simplefilter("ignore", UserWarning)
             result = decompose(model, tokens, space=list(SPACES), batch_size=batch_size, progress=False)
         self.heatmaps: dict[str, np.ndarray] = {}
