@@ -181,12 +181,12 @@ def output_weights(
     """W_O of ``layer`` (a detached copy, in ``dtype`` when given), also when accelerate has offloaded that layer's
     weights to CPU or disk (``load_model(..., device_map=...)``): they are materialised for the read. On a
     linear-attention layer its output projection per value head, ``out_proj.weight`` as ``[head, d_v, d_model]``."""
-    if model_info(model).layer_types[layer] == "linear":
+    info = model_info(model)
+    if info.layer_types[layer] == "linear":
         module: Any = compat.hf_module(model.blocks[layer].linear_attn)
         with compat.weights_materialised(module):
             flat: Tensor = module.out_proj.weight.detach().clone()
-        heads = model_info(model).n_linear_heads
-        weights = einops.rearrange(flat, "d_model (head d_head) -> head d_head d_model", head=heads)
+        weights = einops.rearrange(flat, "d_model (head d_head) -> head d_head d_model", head=info.n_linear_heads)
     else:
         attn = model.blocks[layer].attn
         with compat.weights_materialised(attn):

@@ -182,18 +182,10 @@ class _Accumulator:
         real = real[:, 1:, None].to(a.valid.device)
         valid = a.valid[:, 1:] & real
         w = valid.to(torch.float64)
-        sums = torch.stack(
-            [
-                w.sum((0, 1)),
-                (~a.valid[:, 1:] & real).to(torch.float64).sum((0, 1)),
-                (w * a.cos[:, 1:]).sum((0, 1)),
-                (w * a.cos[:, 1:] ** 2).sum((0, 1)),
-                (w * a.par_frac[:, 1:]).sum((0, 1)),
-                (w * a.perp_frac[:, 1:]).sum((0, 1)),
-                (w * a.coef[:, 1:]).sum((0, 1)),
-            ],
-            dim=-1,
-        )
+        cos = a.cos[:, 1:]
+        per_position = torch.stack([cos, cos * cos, a.par_frac[:, 1:], a.perp_frac[:, 1:], a.coef[:, 1:]], dim=-1)
+        counts = torch.stack([valid, ~a.valid[:, 1:] & real], dim=-1).to(torch.float64)
+        sums = torch.cat([counts.sum((0, 1)), (w[..., None] * per_position).sum((0, 1))], dim=-1)
         into = self.sums[key]
         into[self.layers[key].index(layer), : sums.shape[0]] += sums.to(into.device, non_blocking=True)
 
