@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -39,6 +39,7 @@ from lens_parallel import attention, compat
 from lens_parallel import tokenizers as _tok
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
 from lens_parallel.paths import cache_dir, cached_folder
+from lens_parallel.toys import TOY_MODELS
 from lens_parallel.validate import check_positive_int
 from lens_parallel.weights import REAL_MODELS, real_model_folder
 
@@ -52,121 +53,6 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Gemma3ForCausalLM": "gemma3",
 }
 """Hugging Face architecture -> family. Other architectures are refused before any weights load."""
-
-TOY_SEED = 0
-
-
-def _toy_gpt2() -> transformers.PretrainedConfig:
-    return transformers.GPT2Config(
-        n_layer=3,
-        n_embd=64,
-        n_head=4,
-        n_inner=256,
-        n_positions=512,
-        vocab_size=50257,
-        bos_token_id=50256,
-        eos_token_id=50256,
-    )
-
-
-def _toy_pythia() -> transformers.PretrainedConfig:
-    return transformers.GPTNeoXConfig(
-        num_hidden_layers=3,
-        hidden_size=64,
-        num_attention_heads=4,
-        intermediate_size=256,
-        rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rope_type": "default"},
-        use_parallel_residual=True,
-        max_position_embeddings=512,
-        vocab_size=50304,
-        bos_token_id=0,
-        eos_token_id=0,
-        tie_word_embeddings=False,
-    )
-
-
-def _toy_qwen2() -> transformers.PretrainedConfig:
-    return transformers.Qwen2Config(
-        num_hidden_layers=3,
-        hidden_size=96,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        intermediate_size=192,
-        max_position_embeddings=512,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        bos_token_id=151643,
-        eos_token_id=151643,
-    )
-
-
-def _toy_qwen3() -> transformers.PretrainedConfig:
-    return transformers.Qwen3Config(
-        num_hidden_layers=3,
-        hidden_size=96,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=192,
-        max_position_embeddings=512,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        bos_token_id=151643,
-        eos_token_id=151643,
-    )
-
-
-def _toy_qwen3_5() -> transformers.PretrainedConfig:
-    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
-
-    return Qwen3_5TextConfig(
-        num_hidden_layers=5,
-        hidden_size=96,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        head_dim=16,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        intermediate_size=192,
-        max_position_embeddings=512,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        layer_types=["linear_attention", "full_attention", "full_attention", "linear_attention", "linear_attention"],
-        bos_token_id=151643,
-        eos_token_id=151643,
-    )
-
-
-def _toy_llama() -> transformers.PretrainedConfig:
-    return transformers.LlamaConfig(
-        num_hidden_layers=3,
-        hidden_size=96,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        intermediate_size=192,
-        max_position_embeddings=512,
-        vocab_size=50304,
-        tie_word_embeddings=False,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-
-
-TOY_MODELS: dict[str, tuple[Callable[[], transformers.PretrainedConfig], str]] = {
-    "toy-gpt2": (_toy_gpt2, "gpt2"),
-    "toy-pythia": (_toy_pythia, "gpt-neox"),
-    "toy-qwen2": (_toy_qwen2, "qwen3"),
-    "toy-qwen3": (_toy_qwen3, "qwen3"),
-    "toy-llama": (_toy_llama, "gpt-neox"),
-    "toy-qwen3.5": (_toy_qwen3_5, "qwen3"),
-}
-"""Toy spec -> (config builder, bundled tokenizer). The Qwen3 tokenizer has Qwen2.5's ids; no Llama tokenizer is
-available offline, so toy-llama uses GPT-NeoX's. toy-qwen3.5 is hybrid: linear-attention blocks 0, 3 and 4 (4 value
-heads reading 2 key heads) and gated softmax-attention blocks 1 and 2, so that its adjacent layer pairs cover all four
-combinations of layer types (linear->linear, linear->softmax, softmax->softmax, softmax->linear)."""
-
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -384,14 +270,8 @@ def export_hf_model(hf_model: transformers.PreTrainedModel) -> transformers.PreT
 def _toy_hf_model(
     spec: str, n_ctx: int | None = None
 ) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
-    make_config, tokenizer_family = TOY_MODELS[spec]
-    config = make_config()
-    if n_ctx is not None:
-        setattr(config, "n_positions" if hasattr(config, "n_positions") else "max_position_embeddings", n_ctx)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(TOY_SEED)
-        hf_model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    return hf_model, _tok.load_bundled_tokenizer(tokenizer_family)
+    toy = TOY_MODELS[spec]
+    return toy.build(n_ctx=n_ctx), _tok.load_bundled_tokenizer(toy.tokenizer)
 
 
 def _build_toy(spec: str, *, device: str, dtype: torch.dtype) -> TransformerBridge:
@@ -599,7 +479,7 @@ def available_models() -> pd.DataFrame:
     rows = [
         {
             "spec": spec,
-            "what": f"toy {spec[4:]} (random weights, {TOY_MODELS[spec][1]} tokenizer)",
+            "what": f"toy {spec[4:]} (random weights, {TOY_MODELS[spec].tokenizer} tokenizer)",
             "offline_now": "yes",
         }
         for spec in TOY_MODELS

@@ -125,7 +125,7 @@ def test_hub_name_while_offline(monkeypatch):
 def test_local_folder_loads_offline_and_matches_hf(tmp_path):
     """A model written by save_pretrained (here a seeded toy Qwen3) loads from its folder as the same model."""
     torch.manual_seed(5)
-    hf = transformers.AutoModelForCausalLM.from_config(TOY_MODELS["toy-qwen3"][0]()).eval()
+    hf = transformers.AutoModelForCausalLM.from_config(TOY_MODELS["toy-qwen3"].config()).eval()
     hf.save_pretrained(tmp_path)
     load_bundled_tokenizer("qwen3").save_pretrained(tmp_path)
     model = load_model(str(tmp_path))
