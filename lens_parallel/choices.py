@@ -96,6 +96,9 @@ ContextForm = Literal["short", "full"]
 """How :meth:`~lens_parallel.downstream.effects.TaskResult.samples` shows an item's context: its end, or whole."""
 DeviceKind = Literal["cpu", "cuda"]
 """The kinds of device whose work sizes differ (:mod:`lens_parallel.devices`)."""
+LayerType = Literal["softmax", "linear", "mixer"]
+"""A layer's kind (:mod:`lens_parallel.layers`): softmax attention, linear attention (gated delta rule), or a token
+mixer without heads (state-space, convolution, recurrence)."""
 
 CHOICES = (
     ValueSite,
@@ -129,5 +132,6 @@ CHOICES = (
     AttentionPath,
     ContextForm,
     DeviceKind,
+    LayerType,
 )
 """Every choice type above."""

@@ -25,7 +25,8 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
     "transformer-lens": (
         (4, 3),
         (5, 0),
-        "TransformerBridge internals: a component's wrapped Hugging Face module (original_component, the "
+        "TransformerBridge internals: the adapters' SUPPORTED_ARCHITECTURES, a component's wrapped Hugging Face "
+        "module (original_component, the "
         "'._original_component' segment of parameter names), align_offloaded_subtree, and start_at_layer swapping "
         "the caller's residual in at block k (prefix reuse), attention bridges' _update_kv_cache reading the cache "
         "only as past_key_values / layer_past and returning the whole [batch, head, pos, d_head] values, each "
@@ -87,6 +88,20 @@ def check(package: str) -> None:
 
 
 # -- TransformerLens ---------------------------------------------------------------------------------------------
+
+
+def version_text(package: str) -> str:
+    """The installed version of ``package`` as it spells it."""
+    return importlib.metadata.version(package)
+
+
+@functools.cache
+def bridged_architectures() -> frozenset[str]:
+    """The Hugging Face classes TransformerLens's ``TransformerBridge`` has an adapter for."""
+    check("transformer-lens")
+    from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_ARCHITECTURES
+
+    return frozenset(SUPPORTED_ARCHITECTURES)
 
 
 def hf_module(component: nn.Module) -> nn.Module:
@@ -377,7 +392,8 @@ def install_attention(model: nn.Module, attend: Any, choose: Any) -> int:
     attention (``attend``, on the path ``choose(component, softcap=)`` picks), written into the instance's own
     dictionary: the forward of a PositionEmbeddingsAttentionBridge, the ``_reconstruct_attention`` of a joint-QKV
     bridge. The Hugging Face model builds its masks for SDPA (a boolean mask, or none when causal alone suffices)
-    instead of eager's additive float square, which every path reads. Returns how many components took it."""
+    instead of eager's additive float square, where it allows SDPA (Gemma 2 does not: its additive mask is read);
+    every path reads either. Returns how many components took it."""
     check("transformer-lens")
     check("transformers")
     from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
@@ -403,7 +419,8 @@ def install_attention(model: nn.Module, attend: Any, choose: Any) -> int:
         _OWN_ATTENTION.add(component)
     if taken:
         hf_model: Any = model.original_model
-        hf_model.set_attn_implementation("sdpa")
+        with contextlib.suppress(ValueError):  # Gemma 2 refuses SDPA (its soft cap): eager's additive mask is read
+            hf_model.set_attn_implementation("sdpa")
     return taken
 
 

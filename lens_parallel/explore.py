@@ -119,7 +119,7 @@ class Explorer:
         batch_size: int = 8,
     ) -> None:
         self.model, self.info, self.documents = model, model_info(model), Documents.of(tokens)
-        self.layers = tuple(range(self.info.n_layers))
+        self.layers = self.info.head_layers
         self.width = max(self.info.output_heads(layer) for layer in self.layers)
         self._blocks = tokens
         with warnings.catch_warnings():  # a post-attention norm (Gemma 3): no per-head residual-attn, a note
@@ -163,8 +163,8 @@ class Explorer:
             raise LensParallelError(f"unknown explorer settings {sorted(unknown)}")
         check_choice("space", state["space"], HeadSpace)
         check_indices("layer", state["layer"], self.info.n_layers)
-        linear = self.info.layer_types[state["layer"]] == "linear"
-        if linear and state["space"] == "residual-attn":
+        linear = not self.info.kind(state["layer"]).pattern
+        if linear and self.info.kind(state["layer"]).heads and state["space"] == "residual-attn":
             raise LensParallelError(
                 f"layer {state['layer']} is a linear-attention layer: residual-attn has no diagonal view there (a "
                 "head's write passes its gated RMSNorm, not linearly through M); choose value or value-exclude-self"
@@ -231,7 +231,7 @@ class Explorer:
         space, layer, head, doc = st["space"], st["layer"], st["head"], st["doc"]
         t = self._capture(layer, doc)
         pattern, x = t["pattern_full"], t["resid_pre"]
-        linear = self.info.layer_types[layer] == "linear"
+        linear = not self.info.kind(layer).pattern
         v = expand_kv(t["v"], pattern.shape[1])
         W_O = None if linear else output_weights(self.model, layer, dtype=torch.float64).to(x.device)
         diag = geometry.self_weights(pattern)[0, head]

@@ -14,7 +14,7 @@ import threading
 import typing
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, cast
 
@@ -29,13 +29,14 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import compat, geometry
 from lens_parallel.attention import QUERY_BLOCK, Diagonal, rows_hook
 from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
+from lens_parallel.layers import BLOCK_HOOKS
 from lens_parallel.models import ModelInfo, model_info
 
 Hook = tuple[str, Callable[..., Tensor | None]]
 """A TransformerLens forward hook: the full hook name and ``fn(tensor, hook)`` returning a replacement or None."""
 
 ROLE_HOOKS: dict[str, str] = {
-    "resid_pre": "blocks.{layer}.hook_resid_pre",
+    **{role: "blocks.{layer}." + name for role, name in BLOCK_HOOKS.items()},
     "q": "blocks.{layer}.attn.hook_q",
     "k": "blocks.{layer}.attn.hook_k",
     "rot_q": "blocks.{layer}.attn.hook_rot_q",
@@ -44,10 +45,6 @@ ROLE_HOOKS: dict[str, str] = {
     "pattern_diag": "blocks.{layer}.attn.hook_pattern",
     "pattern_full": "blocks.{layer}.attn.hook_pattern",
     "z": "blocks.{layer}.attn.hook_z",
-    "attn_out": "blocks.{layer}.hook_attn_out",
-    "resid_mid": "blocks.{layer}.hook_resid_mid",
-    "mlp_out": "blocks.{layer}.hook_mlp_out",
-    "resid_post": "blocks.{layer}.hook_resid_post",
     "q_gate": "blocks.{layer}.attn.hook_q_gate",
     "lin_q": "blocks.{layer}.linear_attn.hook_q",
     "lin_k": "blocks.{layer}.linear_attn.hook_k",
@@ -147,32 +144,59 @@ def check_indices(kind: str, given: int | Sequence[int] | None, n: int) -> tuple
 
 def check_heads(info: ModelInfo, layer: int, heads: int | Sequence[int] | None) -> tuple[int, ...]:
     """:func:`check_indices` of ``heads`` against ``layer``'s own heads (:meth:`ModelInfo.output_heads`): query heads,
-    or on a linear-attention layer its value heads, which the error then says."""
-    if info.layer_types[layer] != "linear":
-        return check_indices("heads", heads, info.n_heads)
+    or on a linear-attention layer its value heads, which the error then says; a layer without heads raises."""
+    kind = info.kind(layer)
+    if not kind.heads:
+        raise LensParallelError(f"layer {layer} of {info.name} is a {kind.title} layer: it has no heads")
     try:
-        return check_indices("heads", heads, info.n_linear_heads)
+        return check_indices("heads", heads, kind.output_heads(info))
     except LensParallelError as error:
+        if kind.pattern:
+            raise
         raise LensParallelError(
-            f"{error} at layer {layer}, a linear-attention layer (its heads are value heads)"
+            f"{error} at layer {layer}, a {kind.title} layer (its heads are {kind.unit}s)"
         ) from None
 
 
-def softmax_layers(info: ModelInfo, layers: int | Sequence[int] | None, *, what: str) -> tuple[tuple[int, ...], str]:
-    """The layers an analysis needing softmax attention (hook_z, hook_pattern) runs on, and a note on what it skips.
+def layers_where(
+    info: ModelInfo,
+    layers: int | Sequence[int] | None,
+    has: Callable[[int], bool],
+    *,
+    needs: str,
+    what: str,
+) -> tuple[tuple[int, ...], str]:
+    """The layers among ``layers`` for which ``has(layer)`` (what ``what`` ``needs``, in words), and a note on what
+    it skips.
 
-    ``layers=None``: every softmax-attention layer; linear-attention layers (Qwen3.5) are skipped and the note says
-    so (empty when nothing is skipped). Explicitly requested linear-attention layers raise ``ValueError``.
-    """
+    ``layers=None``: every such layer; the others are skipped and the note says which, of which kinds, and why
+    (empty when nothing is skipped). Named layers without it raise ``ValueError`` naming their kinds and the layers
+    that have it."""
     chosen = check_indices("layers", layers, info.n_layers)
-    linear = [layer for layer in chosen if info.layer_types[layer] == "linear"]
-    if linear and layers is not None:
+    without = [layer for layer in chosen if not has(layer)]
+    kinds = ", ".join(sorted({info.kind(layer).title for layer in without}))
+    if without and layers is not None:
+        able = [layer for layer in range(info.n_layers) if has(layer)]
         raise LensParallelError(
-            f"{what} needs softmax attention (hook_z, hook_pattern), but layers {linear} of {info.name} are "
-            f"linear-attention blocks; softmax layers: {list(info.softmax_layers)}"
+            f"{what} needs {needs}, but layers {without} of {info.name} ({kinds}) have none; layers that have it: "
+            f"{able}"
         )
-    note = f"skipped linear-attention layers {linear}: {what} needs hook_z / hook_pattern" if linear else ""
-    return tuple(layer for layer in chosen if layer not in linear), note
+    note = f"skipped layers {without} ({kinds}): {what} needs {needs}" if without else ""
+    return tuple(layer for layer in chosen if has(layer)), note
+
+
+def softmax_layers(info: ModelInfo, layers: int | Sequence[int] | None, *, what: str) -> tuple[tuple[int, ...], str]:
+    """:func:`layers_where` a layer has softmax attention: the layers an analysis needing hook_z and hook_pattern runs
+    on."""
+    needs = "softmax attention (hook_z, hook_pattern)"
+    return layers_where(info, layers, lambda layer: info.kind(layer).pattern, needs=needs, what=what)
+
+
+def head_layers(info: ModelInfo, layers: int | Sequence[int] | None, *, what: str) -> tuple[tuple[int, ...], str]:
+    """:func:`layers_where` a layer has heads: the layers a per-head analysis (the value spaces, head ablations) runs
+    on."""
+    needs = "heads (softmax or linear attention)"
+    return layers_where(info, layers, lambda layer: info.kind(layer).heads, needs=needs, what=what)
 
 
 def output_weights(
@@ -182,7 +206,10 @@ def output_weights(
     weights to CPU or disk (``load_model(..., device_map=...)``): they are materialised for the read. On a
     linear-attention layer its output projection per value head, ``out_proj.weight`` as ``[head, d_v, d_model]``."""
     info = model_info(model)
-    if info.layer_types[layer] == "linear":
+    kind = info.kind(layer)
+    if not kind.heads:
+        raise LensParallelError(f"layer {layer} of {info.name} is a {kind.title} layer: no heads, so no W_O per head")
+    if not kind.pattern:  # linear attention: out_proj per value head
         module: Any = compat.hf_module(model.blocks[layer].linear_attn)
         with compat.weights_materialised(module):
             flat: Tensor = module.out_proj.weight.detach().clone()
@@ -202,6 +229,18 @@ def linear_head_inputs(model: TransformerBridge, layer: int) -> Callable[[Tensor
     norm: Any = compat.hf_module(model.blocks[layer].linear_attn).norm
     weight, eps = norm.weight.detach().clone(), float(norm.variance_epsilon)
     return partial(geometry.gated_rms_norm, weight=weight, eps=eps)
+
+
+def head_write_inputs(model: TransformerBridge, layer: int) -> Callable[[Mapping[str, Tensor]], Tensor]:
+    """``captured -> u``: each head's input to ``layer``'s output projection ``[batch, pos, head, d_head]`` from the
+    roles its kind's head writes are formed from (:attr:`~lens_parallel.layers.LayerKind.head_roles`): hook_z on
+    softmax attention; on linear attention the gated RMSNorm of o and the gate (:func:`linear_head_inputs`). u_h
+    W_O[h] (:func:`output_weights`) is head h's write to the residual."""
+    roles = model_info(model).kind(layer).head_roles
+    if roles == ("z",):
+        return lambda captured: captured["z"]
+    norm = linear_head_inputs(model, layer)
+    return lambda captured: norm(*(captured[role] for role in roles))
 
 
 def head_writes_note(info: ModelInfo, what: str) -> str:

@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.nn import functional as F
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import compat, devices
+from lens_parallel import compat, devices, features
 from lens_parallel.documents import scored_mask
 from lens_parallel.errors import LensParallelError
 from lens_parallel.plots.losses import edit_effect_figure
@@ -180,29 +180,35 @@ def scored_sums(
 @dataclass(frozen=True)
 class Unembedding:
     """The model's map from the final normalised residual to logits:
-    ``logits = c * tanh((x W_U^T + b_U) / c)`` with ``c = softcap`` (Gemma 2's ``final_logit_softcapping``), or
-    without the tanh when ``softcap`` is None. ``W_U`` is in Hugging Face's layout ``[d_vocab, d_model]`` and is the
-    model's own parameter (tied to the embedding where the model ties them), so gradients reach it."""
+    ``logits = c * tanh(s (x W_U^T + b_U) / c)`` with ``s = scale`` (a logit multiplier: Granite's 1 /
+    ``logits_scaling``, Cohere's ``logit_scale``) and ``c = softcap`` (Gemma 2's ``final_logit_softcapping``), or
+    without the tanh when ``softcap`` is None (:mod:`lens_parallel.features`). ``W_U`` is in Hugging Face's layout
+    ``[d_vocab, d_model]`` and is the model's own parameter (tied to the embedding where the model ties them), so
+    gradients reach it."""
 
     W_U: Float[Tensor, "d_vocab d_model"]
     b_U: Float[Tensor, " d_vocab"] | None
     softcap: float | None
+    scale: float = 1.0
 
     def frozen(self) -> Unembedding:
         """The same map with its parameters detached: gradients reach the residual only. For a backward that needs
         no parameter gradient (attribution): :class:`_ChunkedNLL` computes d/dW_U whenever W_U requires grad (a
         custom function cannot see ``torch.autograd.grad``'s ``inputs``), a d_vocab x d_model matrix."""
-        return Unembedding(self.W_U.detach(), None if self.b_U is None else self.b_U.detach(), self.softcap)
+        return dataclasses.replace(self, W_U=self.W_U.detach(), b_U=None if self.b_U is None else self.b_U.detach())
+
+    def columns(self, start: int, stop: int) -> Unembedding:
+        """The same map restricted to the vocabulary's tokens ``[start, stop)``."""
+        bias = None if self.b_U is None else self.b_U[start:stop]
+        return dataclasses.replace(self, W_U=self.W_U[start:stop], b_U=bias)
 
 
 def unembedding(model: TransformerBridge) -> Unembedding:
-    """The :class:`Unembedding` of a bridge: its Hugging Face ``lm_head`` and the config's final-logit soft cap."""
+    """The :class:`Unembedding` of a bridge: its Hugging Face ``lm_head``, the config's logit multipliers and final
+    soft cap (:func:`lens_parallel.features.logit_scale`, :func:`~lens_parallel.features.final_softcap`)."""
     head = cast(torch.nn.Linear, compat.hf_module(model.unembed))
     config = cast(transformers.PretrainedConfig, model.original_model.config)
-    softcap = getattr(config, "final_logit_softcapping", None) or getattr(
-        getattr(config, "text_config", None), "final_logit_softcapping", None
-    )
-    return Unembedding(head.weight, head.bias, float(softcap) if softcap else None)
+    return Unembedding(head.weight, head.bias, features.final_softcap(config), features.logit_scale(config))
 
 
 def logits_of(resid: Float[Tensor, "row d_model"], unembed: Unembedding) -> Float[Tensor, "row d_vocab"]:
@@ -210,6 +216,8 @@ def logits_of(resid: Float[Tensor, "row d_model"], unembed: Unembedding) -> Floa
     then float32 (float64 for a float64 model) and the soft cap."""
     logits = F.linear(resid, unembed.W_U, unembed.b_U)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if unembed.scale != 1.0:
+        logits = logits * unembed.scale
     if unembed.softcap is not None:
         logits = unembed.softcap * torch.tanh(logits / unembed.softcap)
     return logits
@@ -292,9 +300,7 @@ def _vocab_scan(
             states: list[dict[str, Tensor]] = [{} for _ in xs]
             for v0 in range(0, n_vocab, cols):
                 v1 = min(n_vocab, v0 + cols)
-                block = Unembedding(
-                    unembed.W_U[v0:v1], None if unembed.b_U is None else unembed.b_U[v0:v1], unembed.softcap
-                )
+                block = unembed.columns(v0, v1)
                 inside, column = (t >= v0) & (t < v1), (t - v0).clamp(0, v1 - v0 - 1)[:, None]
                 shifted = []
                 for x_c, buf, state in zip(x_rows, bufs[: len(xs)], states, strict=True):
@@ -359,8 +365,8 @@ def chunked_token_nll(
     if grad:
         chunk_bytes = devices.sizes(x.device).loss_chunk_bytes if chunk_bytes is None else chunk_bytes
         rows = max(1, chunk_bytes // (8 * unembed.W_U.shape[0]))
-        args = (x, target, unembed.W_U, unembed.b_U, unembed.softcap, rows)
-        flat = cast(Tensor, _ChunkedNLL.apply(*args))  # type: ignore[no-untyped-call]
+        args = (x, target, unembed.W_U, unembed.b_U, unembed.softcap, unembed.scale, rows)
+        flat = cast(Tensor, _ChunkedNLL.apply(*args))  # type: ignore[no-untyped-call, unused-ignore]
     else:
         flat = _nll_and_lse(x, target, unembed)[0]
     nll = einops.rearrange(flat, "(batch pos) -> batch pos", batch=tokens.shape[0])
@@ -371,8 +377,8 @@ def _chunk_logits(
     x: Float[Tensor, "row d_model"], unembed: Unembedding, raw: Tensor, out: Tensor, *, capped: bool = True
 ) -> Float[Tensor, "row d_vocab"]:
     """:func:`logits_of` of ``x`` written into preallocated buffers: ``raw`` (model dtype) takes the matmul, ``out``
-    (float32, float64 for a float64 model; may be ``raw`` itself) the logits, soft-capped unless ``capped`` is
-    False."""
+    (float32, float64 for a float64 model; may be ``raw`` itself) the scaled logits, soft-capped unless ``capped``
+    is False."""
     W_T = unembed.W_U.t()
     if unembed.b_U is None:
         torch.mm(x, W_T, out=raw)
@@ -380,6 +386,8 @@ def _chunk_logits(
         torch.addmm(unembed.b_U, x, W_T, out=raw)
     if out is not raw:
         out.copy_(raw)
+    if unembed.scale != 1.0:
+        out.mul_(unembed.scale)
     if capped and unembed.softcap is not None:
         out.div_(unembed.softcap).tanh_().mul_(unembed.softcap)
     return out
@@ -414,18 +422,19 @@ class _ChunkedNLL(torch.autograd.Function):
         W_U: Tensor,
         b_U: Tensor | None,
         softcap: float | None,
+        scale: float,
         rows: int,
     ) -> Tensor:
-        nll, lse = _nll_and_lse(x, target, Unembedding(W_U, b_U, softcap))
+        nll, lse = _nll_and_lse(x, target, Unembedding(W_U, b_U, softcap, scale))
         ctx.save_for_backward(x, target, W_U, b_U, lse)
-        ctx.softcap, ctx.rows = softcap, rows
+        ctx.softcap, ctx.scale, ctx.rows = softcap, scale, rows
         return nll
 
     @staticmethod
     def backward(ctx: Any, grad_nll: Tensor) -> tuple[Tensor | None, ...]:
         x, target, W_U, b_U, lse = ctx.saved_tensors
         need_x, _, need_W, need_b = ctx.needs_input_grad[:4]
-        unembed, rows, cap = Unembedding(W_U, b_U, ctx.softcap), ctx.rows, ctx.softcap
+        unembed, rows, cap = Unembedding(W_U, b_U, ctx.softcap, ctx.scale), ctx.rows, ctx.softcap
         grad_x = torch.empty_like(x) if need_x else None
         grad_W = torch.zeros_like(W_U) if need_W else None
         grad_b = torch.zeros_like(b_U) if need_b else None
@@ -442,6 +451,8 @@ class _ChunkedNLL(torch.autograd.Function):
             g.mul_(grad_nll[start : start + n, None])
             if cap is not None:
                 g.mul_(tanh.square_().neg_().add_(1.0))
+            if ctx.scale != 1.0:  # d logits / d raw: the logit multiplier
+                g.mul_(ctx.scale)
             g_model = g.to(W_U.dtype)
             if grad_x is not None:
                 torch.mm(g_model, W_U, out=grad_x[start : start + n])
@@ -449,4 +460,4 @@ class _ChunkedNLL(torch.autograd.Function):
                 grad_W.addmm_(g_model.t(), x_c)
             if grad_b is not None:
                 grad_b += g_model.sum(0)
-        return grad_x, None, grad_W, grad_b, None, None
+        return grad_x, None, grad_W, grad_b, None, None, None

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,24 +36,16 @@ import xxhash
 from accelerate.utils import align_module_device
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import attention, compat
+from lens_parallel import architectures, attention, compat, features
 from lens_parallel import tokenizers as _tok
+from lens_parallel.choices import LayerType
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
+from lens_parallel.layers import LAYER_KINDS, LayerKind, block_roles, layer_kind
 from lens_parallel.paths import cache_dir, cached_folder
-from lens_parallel.toys import TOY_MODELS
+from lens_parallel.toys import TOY_MODELS, find_toy
 from lens_parallel.validate import check_positive_int
 from lens_parallel.weights import REAL_MODELS, real_model_folder
 
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "GPT2LMHeadModel": "gpt2",
-    "GPTNeoXForCausalLM": "pythia",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "LlamaForCausalLM": "llama",
-    "Qwen3_5ForCausalLM": "qwen3.5",
-    "Gemma3ForCausalLM": "gemma3",
-}
-"""Hugging Face architecture -> family. Other architectures are refused before any weights load."""
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -72,37 +65,51 @@ class ModelInfo:
     parallel_attn_mlp: bool
     positional: str  # "learned" or "rotary"
     config_hash: str
-    layer_types: tuple[str, ...] = ()  # per layer: "softmax" or "linear" (linear attention, Qwen3.5)
+    layer_types: tuple[LayerType, ...] = ()  # per layer, its kind (lens_parallel.layers): softmax, linear or mixer
     n_linear_heads: int = 0  # linear-attention layers: value (= output) heads
     n_linear_key_heads: int = 0  # linear-attention layers: query/key heads, each read by a group of value heads
     post_norm: bool = False  # attention / MLP outputs are RMS-normalised before the residual add (Gemma 3)
+    block_roles: tuple[tuple[str, ...], ...] = ()  # per layer, the block-level roles its bridge hooks (layers.py)
+    features: tuple[str, ...] = ()  # the architecture's features (lens_parallel.features)
+    attention_paths: tuple[str, ...] = ()  # per layer: "lens_parallel", "eager: <why>", or "" (no softmax attention)
 
     @property
     def group_size(self) -> int:
         """Query heads per kv head; query head h reads kv head h // group_size."""
         return self.n_heads // self.n_kv_heads
 
+    def kind(self, layer: int) -> LayerKind:
+        """Layer ``layer``'s :class:`~lens_parallel.layers.LayerKind`."""
+        return LAYER_KINDS[self.layer_types[layer]]
+
     @property
     def softmax_layers(self) -> tuple[int, ...]:
-        """Layers with softmax attention (hook_z, hook_pattern): every layer except Qwen3.5's linear-attention ones."""
-        return tuple(i for i, t in enumerate(self.layer_types) if t == "softmax")
+        """Layers with softmax attention (hook_z, hook_pattern)."""
+        return tuple(i for i in range(self.n_layers) if self.kind(i).pattern)
+
+    @property
+    def head_layers(self) -> tuple[int, ...]:
+        """Layers with heads (softmax and linear attention): where the value spaces and per-head analyses exist."""
+        return tuple(i for i in range(self.n_layers) if self.kind(i).heads)
 
     def output_heads(self, layer: int) -> int:
-        """Heads whose outputs layer ``layer``'s token mixer projects and sums: query heads of a softmax layer,
-        value heads of a linear-attention layer."""
-        return self.n_linear_heads if self.layer_types[layer] == "linear" else self.n_heads
+        """Heads whose outputs layer ``layer``'s token mixer projects and sums
+        (:meth:`~lens_parallel.layers.LayerKind.output_heads`)."""
+        return self.kind(layer).output_heads(self)
 
     def key_group(self, layer: int) -> int:
-        """Output heads per key head at ``layer``: query heads per kv head (:attr:`group_size`) on a softmax layer,
-        value heads per query/key head on a linear-attention layer (head h reads key head h // key_group)."""
-        if self.layer_types[layer] == "linear":
-            return self.n_linear_heads // self.n_linear_key_heads
-        return self.group_size
+        """Output heads per key head at ``layer`` (:meth:`~lens_parallel.layers.LayerKind.key_group`)."""
+        return self.kind(layer).key_group(self)
+
+    def has_block_role(self, layer: int, role: str) -> bool:
+        """Whether the bridge hooks the block-level ``role`` (:data:`~lens_parallel.layers.BLOCK_HOOKS`) at
+        ``layer`` (a result saved before this was recorded: assumed)."""
+        return not self.block_roles or role in self.block_roles[layer]
 
     @property
     def hybrid(self) -> bool:
-        """Whether some layers are linear-attention blocks (Qwen3.5): tables then say each row's layer type."""
-        return "linear" in self.layer_types
+        """Whether the layers are of more than one kind: tables then say each row's layer type."""
+        return len(set(self.layer_types)) > 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,31 +137,18 @@ class ModelSpecError(LensParallelError):
 def _accepted() -> str:
     toys = ", ".join(TOY_MODELS)
     return (
-        f"accepted: {toys}, {', '.join(REAL_MODELS)}, a local Hugging Face folder holding config.json, "
-        "or a hub name like 'openai-community/gpt2' (online only)"
+        f"accepted: {toys}, a toy of any other architecture (toy-mistral, toy-gemma2, ...: the models guide lists "
+        f"them), {', '.join(REAL_MODELS)}, a local Hugging Face folder holding config.json, or a hub name like "
+        "'openai-community/gpt2' (online only)"
     )
 
 
 def _check_architecture(config: transformers.PretrainedConfig, where: str) -> str:
-    archs: list[str] = list(getattr(config, "architectures", None) or [])
-    if not archs:
-        # configs built in memory carry no architectures; infer from model_type.
-        by_type = {
-            "gpt2": "GPT2LMHeadModel",
-            "gpt_neox": "GPTNeoXForCausalLM",
-            "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM",
-            "llama": "LlamaForCausalLM",
-            "qwen3_5_text": "Qwen3_5ForCausalLM",
-            "gemma3_text": "Gemma3ForCausalLM",
-        }
-        archs = [by_type.get(config.model_type, config.model_type)]
-    arch = archs[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelSpecError(
-            f"unsupported architecture {arch!r} in {where}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    return arch
+    """The architecture (Hugging Face class) of ``config``, once lens_parallel analyses it
+    (:func:`lens_parallel.architectures.refusal`); else :class:`ModelSpecError` in one line."""
+    if reason := architectures.refusal(config):
+        raise ModelSpecError(f"{where}: {reason}; the models guide lists every architecture and why")
+    return architectures.architecture_of(config)
 
 
 def config_hash(config: transformers.PretrainedConfig) -> str:
@@ -163,16 +157,67 @@ def config_hash(config: transformers.PretrainedConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class _Structure:
+    """What a bridge's hook points and modules say of its layers and features (read once per model)."""
+
+    layer_types: tuple[LayerType, ...]
+    block_roles: tuple[tuple[str, ...], ...]
+    post_norm: bool
+    gated: bool
+    features: tuple[str, ...]
+    attention_paths: tuple[str, ...]
+
+
+_STRUCTURES: weakref.WeakKeyDictionary[TransformerBridge, _Structure] = weakref.WeakKeyDictionary()
+
+
+def _attention_path(model: TransformerBridge, layer: int, kind: LayerType) -> str:
+    """Which attention serves ``layer``: lens_parallel's own path, or TransformerLens's eager forward and why
+    (:func:`lens_parallel.compat.own_attention_reason`); "" on a layer without softmax attention."""
+    if not LAYER_KINDS[kind].pattern:
+        return ""
+    reason = compat.own_attention_reason(model.blocks[layer].attn)
+    return f"eager: {reason}" if reason else "lens_parallel"
+
+
+def _structure(model: TransformerBridge) -> _Structure:
+    """Each layer's kind (:func:`lens_parallel.layers.layer_kind`) and block-level roles, post-norms, an attention
+    gate, the features (:mod:`lens_parallel.features`) and each layer's attention path, from the bridge's hook
+    points and modules, read once per model."""
+    if model not in _STRUCTURES:
+        hooks = set(model.hook_dict)
+        layers = range(model.cfg.n_layers)
+        kinds = tuple(layer_kind(hooks, layer) for layer in layers)
+        roles = tuple(block_roles(hooks, layer) for layer in layers)
+        post_norm = any(f"blocks.{layer}.ln1_post.hook_in" in hooks for layer in layers)
+        gated = any(f"blocks.{layer}.attn.hook_q_gate" in hooks for layer in layers)
+        parallel = any({"attn_out", "mlp_out"} <= set(r) and "resid_mid" not in r for r in roles)
+        found = features.Model(
+            model.original_model,
+            model.original_model.config,
+            model.cfg.n_heads,
+            model.cfg.n_key_value_heads or model.cfg.n_heads,
+            kinds,
+            parallel,
+            post_norm,
+            gated,
+        )
+        paths = tuple(_attention_path(model, layer, kind) for layer, kind in zip(layers, kinds, strict=True))
+        _STRUCTURES[model] = _Structure(kinds, roles, post_norm, gated, features.model_features(found), paths)
+    return _STRUCTURES[model]
+
+
 def model_info(model: TransformerBridge) -> ModelInfo:
-    """Read :class:`ModelInfo` from a bridge's underlying Hugging Face config."""
+    """Read :class:`ModelInfo` from a bridge's underlying Hugging Face config and its hook points."""
     hf = cast(transformers.PretrainedConfig, model.original_model.config)
     arch = _check_architecture(hf, "the loaded model")
-    family = SUPPORTED_ARCHITECTURES[arch]
     cfg = model.cfg
     n_kv = cfg.n_key_value_heads or cfg.n_heads
+    structure = _structure(model)
     return ModelInfo(
         name=cfg.model_name,
-        family=family,
+        family=architectures.family(arch, hf),
         architecture=arch,
         n_layers=cfg.n_layers,
         n_heads=cfg.n_heads,
@@ -181,17 +226,17 @@ def model_info(model: TransformerBridge) -> ModelInfo:
         d_model=cfg.d_model,
         d_vocab=cfg.d_vocab,
         n_ctx=cfg.n_ctx,
-        gated_attention=family == "qwen3.5",
-        parallel_attn_mlp=bool(getattr(hf, "use_parallel_residual", False)),
+        gated_attention=structure.gated,
+        parallel_attn_mlp="parallel-blocks" in structure.features,
         positional="learned" if cfg.positional_embedding_type == "standard" else "rotary",
         config_hash=config_hash(hf),
-        layer_types=tuple(
-            "linear" if t == "linear_attention" else "softmax"
-            for t in (getattr(hf, "layer_types", None) or ["full_attention"] * cfg.n_layers)
-        ),
+        layer_types=structure.layer_types,
         n_linear_heads=getattr(hf, "linear_num_value_heads", 0) or 0,
         n_linear_key_heads=getattr(hf, "linear_num_key_heads", 0) or 0,
-        post_norm=family == "gemma3",
+        post_norm=structure.post_norm,
+        block_roles=structure.block_roles,
+        features=structure.features,
+        attention_paths=structure.attention_paths,
     )
 
 
@@ -225,6 +270,8 @@ def _boot(source: str, *, device: str | None, dtype: torch.dtype, **kwargs: Any)
         warnings.simplefilter("ignore")
         model = TransformerBridge.boot_transformers(source, device=device, dtype=dtype, **kwargs)
     model.eval()
+    if reason := architectures.bridge_refusal(set(model.hook_dict), model.cfg.n_layers):
+        raise ModelSpecError(f"{source}: {reason}")
     attention.install(model)
     return model
 
@@ -270,7 +317,8 @@ def export_hf_model(hf_model: transformers.PreTrainedModel) -> transformers.PreT
 def _toy_hf_model(
     spec: str, n_ctx: int | None = None
 ) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
-    toy = TOY_MODELS[spec]
+    toy = find_toy(spec)
+    assert toy is not None  # check_spec found it
     return toy.build(n_ctx=n_ctx), _tok.load_bundled_tokenizer(toy.tokenizer)
 
 
@@ -379,7 +427,7 @@ def check_spec(spec: str) -> str:
     :class:`ModelSpecError` for a spec that cannot name a model (a hub name is only checked when loaded)."""
     if not isinstance(spec, str) or not spec.strip():
         raise ModelSpecError(f"model spec must be a non-empty string, got {spec!r}; {_accepted()}")
-    if spec in TOY_MODELS:
+    if find_toy(spec) is not None:
         return "toy"
     if spec in REAL_MODELS:
         return "real"

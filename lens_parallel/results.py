@@ -157,7 +157,8 @@ def head_frame(
 
 
 def _layer_types(info: ModelInfo, layers: Sequence[int] | np.ndarray) -> dict[str, list[str]]:
-    """The ``layer_type`` column (``softmax`` or ``linear``) of rows at ``layers``, on a hybrid model only."""
+    """The ``layer_type`` column (:data:`~lens_parallel.choices.LayerType`) of rows at ``layers``, on a hybrid model
+    only."""
     return {"layer_type": [info.layer_types[int(layer)] for layer in layers]} if info.hybrid else {}
 
 

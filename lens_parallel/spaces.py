@@ -33,7 +33,7 @@ and its :class:`SpaceSpec` here; ``tests/test_registries.py`` checks that the tw
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
@@ -46,6 +46,7 @@ from lens_parallel import geometry
 from lens_parallel.choices import HeadSpace, Space
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import expand_kv, residual_reference_role
+from lens_parallel.layers import BLOCK_HOOKS
 from lens_parallel.models import ModelInfo
 
 Level = Literal["head", "sublayer"]
@@ -84,19 +85,52 @@ class SpaceSpec:
 
     def roles(self, info: ModelInfo, layer: int, *, heads: bool = False) -> tuple[str, ...]:
         """The activation roles (:data:`lens_parallel.hooks.ROLE_HOOKS`) this space's (m, r) are formed from at
-        ``layer`` (a softmax- or a linear-attention layer); ``heads``: also what its per-head level needs
-        (residual-attn on a softmax layer: hook_z for z_h W_O[h])."""
-        linear = info.layer_types[layer] == "linear"
+        ``layer``, as its :class:`~lens_parallel.layers.LayerKind` has them; ``heads``: also what its per-head level
+        needs (residual-attn: what one head's write is formed from). A mixer without heads has no value spaces, and
+        its residual-attn update is resid_mid - resid_pre."""
+        kind = info.kind(layer)
         if self.value:
-            diagonal = self.name == "value-exclude-self"
-            return linear_value_roles(diagonal=diagonal) if linear else value_roles(info, diagonal=diagonal)
+            return kind.value_roles(info, diagonal=self.name == "value-exclude-self")
         if self.name == "residual-attn":
-            if linear:  # per head: u_h = gated RMSNorm of (o_h, z_h), written as u_h W_out[h]
-                return ("resid_pre", *(("lin_o", "lin_gate") if heads else ()), "lin_out")
-            return ("resid_pre", *(("z",) if heads else ()), "attn_out")
+            if not kind.update_role:
+                return ("resid_pre", "resid_mid")
+            return ("resid_pre", *(kind.head_roles if heads else ()), kind.update_role)
         if self.name == "residual-mlp":
             return (residual_reference_role(info, "mlp"), "mlp_out")
         return ("resid_pre", "resid_post")
+
+    @property
+    def edit_needs(self) -> str:
+        """What an edit of this space needs of a layer, in words (:meth:`editable_at`)."""
+        if self.value:
+            return "heads (softmax or linear attention)"
+        what = {"attn": "an attention output hook (softmax or linear attention)", "mlp": "an MLP output hook"}
+        return what.get(self.sublayer, "hook_resid_pre and hook_resid_post")
+
+    def editable_at(self, info: ModelInfo, layer: int) -> bool:
+        """Whether an edit of this space can act at ``layer``: where the space is :meth:`defined_at` and its message
+        is a hook an edit rewrites (a mixer's residual-attn update, resid_mid - resid_pre, is measured only)."""
+        kind = info.kind(layer)
+        if self.name == "residual-attn" and not kind.update_role:
+            return False
+        return self.defined_at(info, layer)
+
+    def undefined_reason(self, info: ModelInfo, layers: Sequence[int]) -> str:
+        """Why this space is not :meth:`defined_at` ``layers``: their kinds have no heads, or their blocks hook no
+        such update."""
+        kinds = ", ".join(sorted({info.kind(layer).title for layer in layers}))
+        if self.value:
+            return f"the value spaces need heads, and these layers are {kinds}"
+        missing = sorted({r for layer in layers for r in self.roles(info, layer) if not info.has_block_role(layer, r)})
+        return f"their blocks ({kinds}) have no {', '.join('hook_' + r for r in missing)}"
+
+    def defined_at(self, info: ModelInfo, layer: int) -> bool:
+        """Whether this space exists at ``layer``: the value spaces on layers with heads; residual-attn on a mixer
+        where its block has resid_mid (a sequential block); residual-mlp where the block has an MLP output; the
+        whole block everywhere."""
+        if self.value:
+            return info.kind(layer).heads
+        return all(info.has_block_role(layer, role) for role in self.roles(info, layer) if role in BLOCK_HOOKS)
 
 
 def _value(name: Space, message: str, reference: str, *, level: Level) -> SpaceSpec:
@@ -128,19 +162,6 @@ HEAD_SPACES = cast(tuple[HeadSpace, ...], tuple(s.name for s in SPACES.values() 
 """Spaces with a per-head level (:data:`~lens_parallel.choices.HeadSpace`): scalings and diagonal views per head."""
 
 
-def value_roles(info: ModelInfo, *, diagonal: bool = False) -> tuple[str, ...]:
-    """The roles :func:`value_parts` reads at a softmax layer: v and hook_z, the gate input under gated attention
-    (the pre-gate A v is hook_z / sigmoid(gate)), the pattern's diagonal A_tt when ``diagonal``."""
-    gate = ("q_gate",) if info.gated_attention else ()
-    return ("v", "z", *gate, *(("pattern_diag",) if diagonal else ()))
-
-
-def linear_value_roles(*, diagonal: bool = False) -> tuple[str, ...]:
-    """The roles :func:`value_parts` reads at a linear-attention layer: v and o (hook_recurrence_out), and for the
-    self weight a_tt = beta_t (k_t . q_t) the queries, keys and beta when ``diagonal``."""
-    return ("lin_v", "lin_o", *(("lin_q", "lin_k", "lin_beta") if diagonal else ()))
-
-
 @dataclass(frozen=True)
 class ValueParts:
     """A layer's value-space quantities, per query head (``v`` expanded under GQA; on a linear-attention layer per
@@ -161,7 +182,7 @@ class ValueParts:
     def exclude_self(self) -> Float[Tensor, "batch pos head_index d_head"]:
         """c_t = o_t - A_tt v_t (needs ``diag``)."""
         if self.diag is None:
-            raise LensParallelError("exclude-self needs A_tt: capture value_roles(info, diagonal=True)")
+            raise LensParallelError("exclude-self needs A_tt: capture the kind's value_roles(info, diagonal=True)")
         return geometry.split_self(self.o, self.v, self.diag)[1]
 
     def message(self, space: str) -> Float[Tensor, "batch pos head_index d_head"]:
@@ -193,8 +214,11 @@ def residual_message(
     space: str, captured: Mapping[str, Tensor], info: ModelInfo
 ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"]]:
     """(m, x) of a residual space at one layer: the sublayer's update and the residual state it is added to."""
-    if space == "residual-attn":  # a linear-attention layer's update: its hook_out
-        return captured["attn_out" if "attn_out" in captured else "lin_out"], captured["resid_pre"]
+    if space == "residual-attn":  # a linear-attention layer's update: its hook_out; a mixer's: resid_mid - resid_pre
+        update = next((captured[role] for role in ("attn_out", "lin_out") if role in captured), None)
+        if update is None:
+            update = captured["resid_mid"] - captured["resid_pre"]
+        return update, captured["resid_pre"]
     if space == "residual-mlp":
         return captured["mlp_out"], captured[residual_reference_role(info, "mlp")]
     return captured["resid_post"] - captured["resid_pre"], captured["resid_pre"]

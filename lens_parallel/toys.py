@@ -12,7 +12,7 @@ Two tables:
 
 - :data:`TOY_MODELS`: the families the whole test suite runs on (``toy-gpt2``, ``toy-pythia``, ``toy-qwen2``,
   ``toy-qwen3``, ``toy-llama``, ``toy-qwen3.5``), each with its family's real tokenizer (bundled);
-- :data:`ARCHITECTURE_TOYS`: one toy per other architecture of the support matrix
+- :func:`architecture_toys`: one toy per other architecture of the support matrix
   (:mod:`lens_parallel.architectures`), named ``toy-`` and the Hugging Face ``model_type`` (underscores as
   hyphens: ``toy-gpt-oss``), all with the GPT-2 tokenizer.
 
@@ -21,13 +21,15 @@ Every toy loads with :func:`lens_parallel.load_model` (``load_model("toy-mistral
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
 
+from lens_parallel import architectures
 from lens_parallel.errors import LensParallelError
 
 TOY_SEED = 0
@@ -91,16 +93,16 @@ class Toy:
         config = self.config(n_ctx=n_ctx)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(TOY_SEED)
-            model: transformers.PreTrainedModel = transformers.AutoModelForCausalLM.from_config(
-                config, dtype=torch.float32
-            )
-        return model.eval()
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return cast(transformers.PreTrainedModel, model.eval())
 
 
 def _settable(config: transformers.PretrainedConfig, name: str) -> bool:
     """Whether ``config`` has a field ``name`` that can be set (not a read-only property such as Falcon's
-    ``head_dim``)."""
-    if not hasattr(config, name):
+    ``head_dim``, nor one that differs per layer, such as Gemma 4's)."""
+    try:
+        getattr(config, name)
+    except Exception:  # absent, or ambiguous (a per-layer field read globally)
         return False
     attribute = getattr(type(config), config.attribute_map.get(name, name), None)
     return not (isinstance(attribute, property) and attribute.fset is None)
@@ -166,3 +168,113 @@ attention and MLP, a quarter of each head rotary), Qwen2 and Qwen3 (GQA 6/2, Qwe
 GPT-NeoX's tokenizer, as no Llama tokenizer is available offline) and Qwen3.5 (hybrid: linear-attention blocks 0, 3
 and 4 with 4 value heads reading 2 key heads, gated softmax-attention blocks 1 and 2, so that its adjacent layer pairs
 cover all four combinations of layer types)."""
+
+_ALTERNATING: Mapping[str, Any] = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8}
+"""A sliding-window layer then a global one, with a window shorter than the test documents."""
+_HYBRID: Mapping[str, Any] = {"num_hidden_layers": 3}
+"""Hybrids get three layers: a mixer, an attention layer, a mixer (every adjacent pair of kinds)."""
+_GRANITE: Mapping[str, Any] = {
+    "embedding_multiplier": 2.0,
+    "attention_multiplier": 0.2,
+    "residual_multiplier": 0.5,
+    "logits_scaling": 4.0,
+}
+"""Granite's multipliers away from 1 (its defaults), so that the matrix sees what each one does."""
+_LINEAR_HYBRID: Mapping[str, Any] = {
+    "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+    **_HYBRID,
+}
+
+ARCHITECTURE_OVERRIDES: Mapping[str, Mapping[str, Any]] = {
+    "afmoe": _ALTERNATING,
+    "bamba": {"attn_layer_indices": [1], **_HYBRID},
+    "codegen": {"rotary_dim": 8},
+    "cohere2": _ALTERNATING,
+    "exaone4": _ALTERNATING,
+    "falcon_h1": {
+        "mamba_d_ssm": 64,
+        "mamba_n_heads": 4,
+        "lm_head_multiplier": 0.5,
+        "attention_in_multiplier": 0.8,
+        "attention_out_multiplier": 0.9,
+        "ssm_out_multiplier": 1.1,
+        "key_multiplier": 0.7,
+    },
+    "gemma2": _ALTERNATING,
+    "gemma3_text": _ALTERNATING,
+    "gemma4_text": {
+        **_ALTERNATING,
+        "per_layer_config": {},
+        "vocab_size_per_layer_input": 50257,
+        "hidden_size_per_layer_input": 16,
+    },
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": 8},
+    "gpt_oss": _ALTERNATING,
+    "gptj": {"rotary_dim": 8},
+    "granite": _GRANITE,
+    "granitemoe": _GRANITE,
+    "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba"], "position_embedding_type": "rope", **_HYBRID},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1}
+    | dict(_HYBRID),
+    "laguna": {"num_attention_heads_per_layer": [4, 4]},
+    "lfm2": {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1]},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    "llama4_text": {"layer_types": ["chunked_attention", "full_attention"], "attention_chunk_size": 8},
+    "mistral": {"sliding_window": 8},
+    "modernbert-decoder": _ALTERNATING,
+    "nemotron_h": {"layers_block_type": ["mamba", "attention", "moe"], "n_groups": 1, **_HYBRID},
+    "olmo3": _ALTERNATING,
+    "olmo_hybrid": _LINEAR_HYBRID,
+    "qwen3_5_moe_text": _LINEAR_HYBRID,
+    "qwen3_next": _LINEAR_HYBRID,
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"], "attention_window_size": 8, "lru_width": 64}
+    | dict(_HYBRID),
+    "starcoder2": {"sliding_window": 8},
+    "vaultgemma": _ALTERNATING,
+    "zamba2": {
+        "layers_block_type": ["mamba", "hybrid", "mamba"],
+        "hybrid_layer_ids": [1],
+        "attention_hidden_size": 128,
+        "attention_head_dim": 32,
+        "mamba_headdim": 16,
+        "n_mamba_heads": 8,
+        "kv_channels": 16,
+        **_HYBRID,
+    },
+} | dict.fromkeys(
+    ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "glm_moe_dsa", "youtu"),
+    {"num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8}
+    | {"v_head_dim": 16, "head_dim": 8},
+)
+"""What an architecture's toy needs beyond :data:`SHRUNK`: a layer pattern holding every kind it has and windows
+shorter than a test document, multipliers away from 1, sizes its config checks against each other (multi-head
+latent attention's ranks, Mamba's heads, partial rotary dimensions)."""
+
+
+def toy_spec(model_type: str) -> str:
+    """The spec of ``model_type``'s toy: ``toy-`` and the model type, underscores as hyphens."""
+    return "toy-" + model_type.replace("_", "-")
+
+
+FAMILY_MODEL_TYPES: Mapping[str, str] = {toy.model_type: spec for spec, toy in TOY_MODELS.items()}
+"""Model type -> the family toy that stands for it in the support matrix."""
+
+
+@functools.cache
+def architecture_toys() -> Mapping[str, Toy]:
+    """A toy of every other architecture the support matrix runs (:func:`lens_parallel.architectures.
+    analysed_model_types`, refused ones included), by spec (read when first asked for: enumerating the bridged
+    architectures imports every TransformerLens adapter, about 5 s)."""
+    return {
+        toy_spec(model_type): Toy(model_type, overrides=ARCHITECTURE_OVERRIDES.get(model_type, {}))
+        for model_type in architectures.analysed_model_types()
+        if model_type not in FAMILY_MODEL_TYPES
+    }
+
+
+def find_toy(spec: str) -> Toy | None:
+    """The toy named ``spec`` (a family's or an architecture's), or None; an architecture toy is looked for only
+    for a ``toy-`` spec that is not a family's."""
+    if spec in TOY_MODELS:
+        return TOY_MODELS[spec]
+    return architecture_toys().get(spec) if spec.startswith("toy-") else None

@@ -133,6 +133,6 @@ def test_head_sensitivity_statistics_and_figure(tmp_path):
         progress=False,
     )
     assert skipped.layers == (1, 2)  # hook_z's mean: softmax layers only (the other ablations cover every layer)
-    assert "skipped linear-attention layers [0, 3, 4]" in skipped.provenance.settings["skipped"]
+    assert "skipped layers [0, 3, 4] (linear-attention)" in skipped.provenance.settings["skipped"]
     result.save(tmp_path / "sens")
     pd.testing.assert_frame_equal(SensitivityResult.load(tmp_path / "sens").to_dataframe(), df)

@@ -172,7 +172,8 @@ def test_softmax_only_edits_refuse_linear_attention_layers_in_one_line():
         (HeadEdit("mean", 0, [0], means=torch.zeros(6, 16)), r"HeadEdit\('mean'\) needs softmax"),
     ]
     for edit, message in cases:
-        with pytest.raises(ValueError, match=message + r".*linear-attention blocks; softmax layers: \[1, 2\]"):
+        expected = message + r".*\(linear-attention\) have none; layers that have it: \[1, 2\]"
+        with pytest.raises(ValueError, match=expected):
             run(model, tokens, [edit])
     base, _ = run(model, tokens)
     for edit in (ComponentScale("value", s_par=0.0, layers=[0]), DiagonalEdit("value", layers=[4])):

@@ -107,12 +107,18 @@ def test_bad_device_is_refused_before_loading():
             load_model("toy-gpt2", device="cuda")
 
 
-def test_unsupported_architecture(tmp_path):
+def test_architectures_left_out_are_refused_in_one_line_saying_why(tmp_path):
+    """An encoder, and a model TransformerLens does not bridge, are refused before any weights load (the folder holds
+    none), each in one line naming what it is."""
     transformers.BertConfig(
         num_hidden_layers=1, hidden_size=32, num_attention_heads=2, architectures=["BertForMaskedLM"]
-    ).save_pretrained(tmp_path)
-    with pytest.raises(ModelSpecError, match=r"unsupported architecture 'BertForMaskedLM'.*supported: GPT2LMHeadModel"):
-        load_model(str(tmp_path))
+    ).save_pretrained(tmp_path / "bert")
+    with pytest.raises(ModelSpecError, match=r"BertForMaskedLM \(bert\) is left out: an encoder \(bidirectional"):
+        load_model(str(tmp_path / "bert"))
+    transformers.T5Config(num_layers=1, d_model=32, num_heads=2).save_pretrained(tmp_path / "t5")
+    with pytest.raises(ModelSpecError, match=r"\(t5\): TransformerLens .* does not bridge it") as caught:
+        load_model(str(tmp_path / "t5"))
+    assert "\n" not in str(caught.value)
 
 
 def test_hub_name_while_offline(monkeypatch):

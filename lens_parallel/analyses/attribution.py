@@ -55,8 +55,8 @@ from lens_parallel.edits import LINEAR_ABLATIONS, check_positions
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
     GradReducer,
-    check_indices,
     gradient_pass,
+    head_layers,
     head_writes_note,
     linear_head_inputs,
     output_weights,
@@ -67,7 +67,7 @@ from lens_parallel.models import ModelInfo, head_label, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import attribution_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
-from lens_parallel.spaces import HEAD_SPACES, linear_value_roles, value_parts, value_roles
+from lens_parallel.spaces import HEAD_SPACES, value_parts
 from lens_parallel.stats import N_RESAMPLES, paired_bootstrap_ci
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, head_means, run_sweep
@@ -184,11 +184,12 @@ def _roles(info: ModelInfo, ablation: str, spaces: tuple[str, ...], layer: int) 
     """Activations read (forward) and activations whose loss gradient is needed (backward) at ``layer``: a linear
     layer's o (hook_recurrence_out) and, for ``zero``, its gate input."""
     residual = "residual-attn" in spaces or ablation == "parallel-residual"
-    if info.layer_types[layer] == "linear":  # a head's write needs its gate input; zero acts on it
+    kind = info.kind(layer)
+    if not kind.pattern:  # linear attention: a head's write needs its gate input; zero acts on it
         gate = ["lin_gate"] if ablation == "zero" or residual else []
-        acts = [*linear_value_roles(diagonal=True), *gate, *(["resid_pre"] if residual else [])]
+        acts = [*kind.value_roles(info, diagonal=True), *gate, *(["resid_pre"] if residual else [])]
         return acts, ["lin_o", *(["lin_gate"] if ablation == "zero" else []), *(["lin_out"] if residual else [])]
-    acts = list(dict.fromkeys(["z", *value_roles(info, diagonal=True)]))
+    acts = list(dict.fromkeys(["z", *kind.value_roles(info, diagonal=True)]))
     grads = ["z"]
     if residual:
         acts.append("resid_pre")
@@ -394,7 +395,7 @@ def head_attribution(
     info = model_info(model)
     docs = Documents.of(documents)
     if s.ablation in LINEAR_ABLATIONS:
-        layer_idx, skipped = check_indices("layers", s.layers, info.n_layers), ""
+        layer_idx, skipped = head_layers(info, s.layers, what=f"head_attribution of a {s.ablation} ablation")
     else:
         layer_idx, skipped = softmax_layers(info, s.layers, what=f"head_attribution of a {s.ablation} ablation")
     note = head_writes_note(info, "the per-head residual-attn derivative")

@@ -32,7 +32,7 @@ with the number of layers, and the forward stops after the last requested layer.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,11 +48,12 @@ from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import Space
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents
+from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
     Reducer,
     check_indices,
+    head_write_inputs,
     head_writes_note,
-    linear_head_inputs,
     output_weights,
 )
 from lens_parallel.models import ModelInfo, layer_label, model_info
@@ -161,8 +162,9 @@ class _Accumulator:
         self.layers: dict[tuple[str, str], tuple[int, ...]] = {}
         for space, space_layers in layers.items():
             spec = SPACES[space]
-            if spec.per_head and not (space == "residual-attn" and head_writes_note(info, space)):
-                self.layers[space, "head"] = space_layers
+            with_heads = tuple(layer for layer in space_layers if info.kind(layer).heads)
+            if spec.per_head and with_heads and not (space == "residual-attn" and head_writes_note(info, space)):
+                self.layers[space, "head"] = with_heads
             if spec.level == "sublayer":
                 self.layers[space, "sublayer"] = space_layers
         self.sums = {
@@ -217,11 +219,11 @@ def _reducer(
     acc: _Accumulator,
     spaces: tuple[Space, ...],
     W_O: dict[int, Tensor],
-    head_inputs: dict[int, Callable[[Tensor, Tensor], Tensor]],
+    head_inputs: dict[int, Callable[[Mapping[str, Tensor]], Tensor]],
     real: Tensor,
 ) -> Reducer:
-    """The reduction of one batch's captures into ``acc`` (``real``: the batch's real positions; ``head_inputs``: a
-    linear layer's per-head projection inputs from its o and gate, :func:`~lens_parallel.hooks.linear_head_inputs`)."""
+    """The reduction of one batch's captures into ``acc`` (``real``: the batch's real positions; ``head_inputs``: each
+    layer's per-head projection inputs from its captures, :func:`~lens_parallel.hooks.head_inputs`)."""
     info, eps = acc.info, acc.eps
 
     def reduce(layer: int, t: dict[str, Tensor]) -> None:
@@ -241,7 +243,7 @@ def _reducer(
                 a = geometry.alignment(m.unsqueeze(2), x.unsqueeze(2), eps=eps)
                 acc.add((space, "sublayer"), layer, a, real)
                 if acc.active((space, "head"), layer):
-                    z = t["z"] if "z" in t else head_inputs[layer](t["lin_o"], t["lin_gate"])
+                    z = head_inputs[layer](t)
                     dot, mm = geometry.head_residual_products(z, W_O[layer], x)
                     rr = (x * x).sum(-1, keepdim=True).expand_as(dot)
                     acc.add((space, "head"), layer, geometry.alignment_from_products(dot, mm, rr, eps=eps), real)
@@ -262,7 +264,7 @@ class _AlignmentMetric(Metric[EditJob]):
         space_layers: dict[str, tuple[int, ...]],
         roles: dict[int, list[str]],
         W_O: dict[int, Tensor],
-        head_inputs: dict[int, Callable[[Tensor, Tensor], Tensor]],
+        head_inputs: dict[int, Callable[[Mapping[str, Tensor]], Tensor]],
         eps: float,
     ) -> None:
         self.info, self.spaces, self.space_layers, self.roles, self.eps = info, spaces, space_layers, roles, eps
@@ -321,8 +323,18 @@ def decompose(
     info = model_info(model)
     docs = Documents.of(documents)
     layer_idx = check_indices("layers", s.layers, info.n_layers)
-    space_layers: dict[str, tuple[int, ...]] = dict.fromkeys(s.space, layer_idx)
+    space_layers: dict[str, tuple[int, ...]] = {}
     skipped: list[str] = []
+    for space in s.space:
+        defined = tuple(layer for layer in layer_idx if SPACES[space].defined_at(info, layer))
+        if not defined:
+            raise LensParallelError(
+                f"{space} is defined on none of layers {list(layer_idx)} of {info.name} "
+                f"({', '.join(sorted({info.kind(layer).title for layer in layer_idx}))})"
+            )
+        if missing := [layer for layer in layer_idx if layer not in defined]:
+            skipped.append(f"{space} skipped at layers {missing}: {SPACES[space].undefined_reason(info, missing)}")
+        space_layers[space] = defined
     if "residual-attn" in s.space and (note := head_writes_note(info, "the per-head level of residual-attn")):
         skipped.append(note)
     for note in skipped:
@@ -341,9 +353,7 @@ def decompose(
     if ("residual-attn", "head") in acc.layers:
         heads = acc.layers["residual-attn", "head"]
         W_O = {layer: output_weights(model, layer, dtype=torch.float64) for layer in heads}
-        head_inputs = {
-            layer: linear_head_inputs(model, layer) for layer in heads if info.layer_types[layer] == "linear"
-        }
+        head_inputs = {layer: head_write_inputs(model, layer) for layer in heads}
     metric = _AlignmentMetric(info, s.space, space_layers, roles, W_O, head_inputs, s.eps)
     job = EditJob("unedited", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="decompose")

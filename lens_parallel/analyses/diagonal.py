@@ -48,9 +48,9 @@ from lens_parallel.documents import Documents, document_batches, prompt_document
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
     check_heads,
-    check_indices,
     check_not_gated,
     expand_kv,
+    head_layers,
     head_writes_note,
     output_weights,
 )
@@ -241,7 +241,7 @@ LINEAR_DIAGONAL_ROLES = ("resid_pre", "lin_q", "lin_k", "lin_v", "lin_beta", "li
 def diagonal_roles(info: ModelInfo, layer: int, spaces: tuple[HeadSpace, ...]) -> tuple[str, ...]:
     """What the view captures: the layer's update too when residual-attn is viewed (the layer-level view); on a
     linear-attention layer what its mixing weights are made of (:func:`linear_mixing_weights`)."""
-    if info.layer_types[layer] == "linear":
+    if not info.kind(layer).pattern:  # linear attention
         return LINEAR_DIAGONAL_ROLES
     return (*DIAGONAL_ROLES, "attn_out") if "residual-attn" in spaces else DIAGONAL_ROLES
 
@@ -262,7 +262,7 @@ def with_map(info: ModelInfo, layer: int, captured: dict[int, dict[str, Tensor]]
     """``layer``'s captures with its map as ``pattern_full`` and its values as ``v``: on a linear-attention layer
     its mixing weights and value heads, so that every softmax-layer formula applies unchanged."""
     t = captured[layer]
-    if info.layer_types[layer] != "linear":
+    if info.kind(layer).pattern:
         return t
     return {**t, "pattern_full": linear_mixing_weights(t, info.n_linear_heads), "v": t["lin_v"]}
 
@@ -328,7 +328,7 @@ def _check_view(
 ) -> tuple[tuple[HeadSpace, ...], int, int]:
     """The spaces, layer and head of a diagonal view, checked (gated attention drops residual-attn from a list;
     ``one_space``: a single space was asked for, which is then refused instead)."""
-    (layer,) = check_indices("layers", layer, info.n_layers)
+    ((layer,), _) = head_layers(info, [layer], what="a diagonal view")
     if info.gated_attention and "residual-attn" in spaces:  # also every linear-attention layer (Qwen3.5)
         if one_space:
             check_not_gated(info, "the residual-attn diagonal view", alternative="use value or value-exclude-self")

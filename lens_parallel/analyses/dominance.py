@@ -65,6 +65,7 @@ from lens_parallel.documents import Documents
 from lens_parallel.edits import HeadEdit
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import check_indices, effective_qk_roles
+from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.models import ModelInfo, head_label, layer_label, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.dominance import dominance_figure
@@ -94,6 +95,11 @@ METRICS = (
     "bottom25_share",
     "heads_for_90",
 )
+
+
+def _has_pattern(layer_type: str) -> bool:
+    """Whether layers of ``layer_type`` have a softmax pattern (where the JS scales of a receiving row exist)."""
+    return LAYER_KINDS[layer_type].pattern
 
 
 @serializable
@@ -148,7 +154,7 @@ class DominanceResult(ResultMixin):
         shape = (len(self.layer_pairs), self.qkv.shape[1], self.qkv.shape[3], self.qkv.shape[4])
         out = {metric: np.full(shape, np.nan) for metric in METRICS}
         for p in range(len(self.layer_pairs)):
-            if scale != "qkv" and self.receiving_types[p] == "linear":
+            if scale != "qkv" and not LAYER_KINDS[self.receiving_types[p]].pattern:
                 continue
             for metric, values in concentration(self.effects(p, scale)).items():
                 out[metric][p, :, :, : values.shape[-1]] = values
@@ -213,7 +219,7 @@ class DominanceResult(ResultMixin):
         frames = []
         for scale in SCALES:
             df = self._frame(self.concentration(scale)).assign(scale=scale)
-            frames.append(df if scale == "qkv" else df[df.receiving_type == "softmax"])
+            frames.append(df if scale == "qkv" else df[df.receiving_type.map(_has_pattern)])
         return pd.concat(frames, ignore_index=True)
 
     def joint_table(self) -> pd.DataFrame:
@@ -227,7 +233,7 @@ class DominanceResult(ResultMixin):
                 values = {f"joint_{kind}": joint[..., m, k] for k, kind in enumerate(JOINT)}
                 df = self._frame(values).assign(scale=scale, mask_scale=mask_scale)
                 if scale != "qkv" or mask_scale != "qkv":
-                    df = df[df.receiving_type == "softmax"]
+                    df = df[df.receiving_type.map(_has_pattern)]
                 frames.append(df)
         df = pd.concat(frames, ignore_index=True)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -333,7 +339,7 @@ def _positions(query_positions: slice | Sequence[int] | None, seq_len: int) -> t
 
 def _receiver_heads(info: ModelInfo, up: int) -> tuple[int, int, int, int, int]:
     """(upstream heads, receiving heads, query heads, key heads, value heads) of the pair (up, up + 1)."""
-    if info.layer_types[up + 1] == "softmax":
+    if info.kind(up + 1).pattern:
         n_q, n_k, n_v = info.n_heads, info.n_kv_heads, info.n_kv_heads
     else:
         n_q, n_k, n_v = info.n_linear_key_heads, info.n_linear_key_heads, info.n_linear_heads
@@ -347,9 +353,9 @@ class _Receiver:
 
     def __init__(self, model: TransformerBridge, info: ModelInfo, up: int) -> None:
         self.model, self.info, self.up, self.recv = model, info, up, up + 1
-        self.kind = info.layer_types[self.recv]
+        self.softmax = info.kind(self.recv).pattern
         self.n_up, self.n_recv, self.n_q, self.n_k, self.n_v = _receiver_heads(info, up)
-        if self.kind == "softmax":
+        if self.softmax:
             self.roles: tuple[str, ...] = (*effective_qk_roles(info), "v", "pattern_full")
         else:
             self.roles = ("lin_q", "lin_k", "lin_v")
@@ -374,7 +380,7 @@ class _Receiver:
             dtype=self.dtype,
         ).captured[self.recv]
         q, k, v = (out[role] for role in self.roles[:3])
-        if self.kind == "linear":  # what the gated delta rule kernel multiplies: L2-normalised, q scaled
+        if not self.softmax:  # what the gated delta rule kernel multiplies: L2-normalised, q scaled
             q, k = geometry.l2_normalize(q.double()) * q.shape[-1] ** -0.5, geometry.l2_normalize(k.double())
         return {"q": q, "k": k, "v": v, "pattern": out.get("pattern_full")}
 
@@ -541,7 +547,7 @@ def _pair_batch(
     single = _single_effects(receive, batch, positions, tokens_per_forward)
     everything = {key: single[key][:, -1] for key in ("qkv", "js")}  # [text, pos, head]: all upstream heads removed
     single = {key: v[:, :-1] for key, v in single.items()}
-    scales = mask_scales if receive.kind == "softmax" else ("qkv",)
+    scales = mask_scales if receive.softmax else ("qkv",)
     masks = _half_masks(single, texts, up=receive.up, seed=seed, mask_scales=scales)
     joint = _joint_effects(receive, batch, positions, masks, tokens_per_forward)
     for key in ("qkv", "js"):  # -> [text, pos, recv, mask_scale, kind]
@@ -716,10 +722,19 @@ def head_dominance(
     info = model_info(model)
     docs = Documents.of(documents)
     positions = _positions(s.window(), int(docs.lengths.min()))
-    ups = check_indices("upstream layers", s.upstream_layers, info.n_layers - 1)
-    few = [layer for layer in {*ups, *(up + 1 for up in ups)} if info.output_heads(layer) < 2]
-    if few:
-        raise LensParallelError(f"head dominance needs at least 2 heads per layer; layers {sorted(few)} have fewer")
+    chosen = check_indices("upstream layers", s.upstream_layers, info.n_layers - 1)
+    pairs = [up for up in range(info.n_layers - 1) if min(info.output_heads(up), info.output_heads(up + 1)) >= 2]
+    if s.upstream_layers is None:
+        ups = tuple(pairs)
+    elif few := sorted(up for up in s.upstream_layers if up not in pairs):
+        raise LensParallelError(
+            f"head dominance needs at least 2 heads in both layers of a pair; upstream layers {few} of {info.name} "
+            f"start pairs with fewer (upstream layers with 2 or more heads on both sides: {pairs})"
+        )
+    else:
+        ups = chosen
+    if not ups:
+        raise LensParallelError(f"{info.name} has no adjacent layers with 2 or more heads each: no head dominance")
     metric = _DominanceMetric(info, positions, s.seed, s.mask_scales)
     jobs = [PairJob(up) for up in ups]
     run = run_sweep(model, docs, jobs, metric=metric, options=opts, desc="dominance")

@@ -44,12 +44,12 @@ from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents
 from lens_parallel.edits import check_positions
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import Reducer, check_indices
+from lens_parallel.hooks import Reducer, head_layers
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots import sensitivity as plots
 from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
-from lens_parallel.spaces import linear_value_roles, value_parts, value_roles
+from lens_parallel.spaces import value_parts
 from lens_parallel.stats import benjamini_hochberg, split_half_correlations
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
@@ -105,10 +105,7 @@ class _StatisticsMetric(Metric[EditJob]):
 
     def __init__(self, info: ModelInfo, layers: tuple[int, ...], ablation: str, positions: str, eps: float) -> None:
         self.info, self.layers, self.ablation, self.positions, self.eps = info, layers, ablation, positions, eps
-        self.roles = {
-            layer: linear_value_roles() if info.layer_types[layer] == "linear" else value_roles(info)
-            for layer in layers
-        }
+        self.roles = {layer: info.kind(layer).value_roles(info) for layer in layers}
         self.width = max(info.output_heads(layer) for layer in layers)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -194,7 +191,7 @@ def head_statistics(
     s, opts = resolve(HeadStatisticsSettings, settings, options, protocol, changes)
     info = model_info(model)
     docs = Documents.of(documents)
-    layer_idx = check_indices("layers", s.layers, info.n_layers)
+    layer_idx, skipped = head_layers(info, s.layers, what="head_statistics")
     metric = _StatisticsMetric(info, layer_idx, s.ablation, s.positions, s.eps)
     job = EditJob("statistics", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="head statistics")
@@ -208,7 +205,7 @@ def head_statistics(
         n_positions=int(count),
         doc_sums=out["sums"],
         doc_positions=out["count"],
-        provenance=Provenance.of(info, docs, "head_statistics", s, run, layers=list(layer_idx)),
+        provenance=Provenance.of(info, docs, "head_statistics", s, run, layers=list(layer_idx), skipped=skipped),
     )
 
 

@@ -49,12 +49,13 @@ from lens_parallel.choices import Groups, Null
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, document_batches
 from lens_parallel.errors import LensParallelError, LibraryError
-from lens_parallel.hooks import expand_kv
+from lens_parallel.hooks import expand_kv, head_layers
+from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.nulls import null_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
-from lens_parallel.spaces import linear_value_roles, value_parts, value_roles
+from lens_parallel.spaces import value_parts
 from lens_parallel.stats import N_RESAMPLES, bootstrap_mean_ci
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
@@ -99,7 +100,7 @@ def reconstruction_error(model: TransformerBridge, documents: Documents, layers:
     """Max over layers of |A @ expand(v) (x sigmoid(gate) if gated) - hook_z| / |hook_z|, on the first document's
     first :data:`GATE_POSITIONS` positions."""
     info = model_info(model)
-    roles = ["pattern_full", *value_roles(info)]
+    roles = ["pattern_full", *LAYER_KINDS["softmax"].value_roles(info)]
     whole = next(document_batches(documents, 1))
     first = dataclasses.replace(
         whole, tokens=whole.tokens[:, :GATE_POSITIONS], lengths=whole.lengths.clamp(max=GATE_POSITIONS)
@@ -225,10 +226,7 @@ class _NullMetric(Metric[EditJob]):
 
     def __init__(self, info: ModelInfo, layers: tuple[int, ...], settings: NullSettings, seq_len: int, n_docs: int):
         self.info, self.layers, self.s = info, layers, settings
-        self.roles = {
-            layer: linear_value_roles() if info.layer_types[layer] == "linear" else value_roles(info)
-            for layer in layers
-        }
+        self.roles = {layer: info.kind(layer).value_roles(info) for layer in layers}
         self.width = max(info.output_heads(layer) for layer in layers)
         self.draws = {}
         if settings.null == "sampled":
@@ -293,7 +291,7 @@ def causal_null(
     s, opts = resolve(NullSettings, settings, options, protocol, changes)
     info = model_info(model)
     docs = Documents.of(documents)
-    layers = tuple(range(info.n_layers))
+    layers, skipped = head_layers(info, None, what="the causal null (value heads' cosines)")
     softmax = info.softmax_layers
     checked = default_gate_layers(softmax) if s.gate_layers is None else list(s.gate_layers)
     if not set(checked) <= set(softmax):
@@ -327,6 +325,7 @@ def causal_null(
         else "1 <= t < length; null = exact mean over j in [0, t)",
         reconstruction_error=error,
         gate={"layers": checked, "tolerance": s.gate_tol, "documents": 1},
+        skipped=skipped,
     )
     return NullResult(
         layers=layers,
@@ -347,7 +346,7 @@ def _across(y: Tensor, t: dict[str, Tensor], info: ModelInfo, layer: int, groups
     """cos(y_t, v'_t) with v' another group's value: group (g - 1) mod n_groups (the paper's roll), or the mean of the
     cosines with every other group. A softmax layer's groups are its kv heads (each value expanded to its query
     heads); a linear layer's are its key heads, v' the value head at the same place in the other group."""
-    if info.layer_types[layer] == "linear":
+    if not info.kind(layer).pattern:  # linear attention: groups of value heads
         v, group = t["lin_v"], info.key_group(layer)
         n_groups = v.shape[2] // group
         rolled = [torch.roll(v, shifts=s * group, dims=2) for s in range(1, n_groups)]
@@ -363,8 +362,7 @@ def _across(y: Tensor, t: dict[str, Tensor], info: ModelInfo, layer: int, groups
 def is_grouped(info: ModelInfo) -> bool:
     """Grouped-query attention: several kv groups, each shared by several query heads (on every softmax layer);
     the same holds on a linear layer's key heads, each shared by several value heads."""
-    linear = not info.hybrid or 1 < info.n_linear_key_heads < info.n_linear_heads
-    return 1 < info.n_kv_heads < info.n_heads and linear
+    return all(1 < info.kind(layer).key_heads(info) < info.output_heads(layer) for layer in info.head_layers)
 
 
 def gqa_alignment(

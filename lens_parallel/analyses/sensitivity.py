@@ -19,7 +19,7 @@ from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import Ablation, EditPositions, SignFlipWeights
 from lens_parallel.documents import Documents
 from lens_parallel.edits import LINEAR_ABLATIONS, check_positions
-from lens_parallel.hooks import check_indices, softmax_layers
+from lens_parallel.hooks import head_layers, softmax_layers
 from lens_parallel.losses import DocLosses, edit_effect
 from lens_parallel.models import head_label, model_info
 from lens_parallel.options import RunOptions, resolve
@@ -160,7 +160,7 @@ def head_sensitivity(
     info = model_info(model)
     docs = Documents.of(documents)
     if s.ablation in LINEAR_ABLATIONS:
-        layer_idx, skipped = check_indices("layers", s.layers, info.n_layers), ""
+        layer_idx, skipped = head_layers(info, s.layers, what=f"a {s.ablation} head ablation")
     else:
         layer_idx, skipped = softmax_layers(info, s.layers, what=f"a {s.ablation} head ablation")
     singles = [AblationJob(layer, (h,)) for layer in layer_idx for h in range(info.output_heads(layer))]

@@ -41,9 +41,9 @@ from lens_parallel.hooks import (
     Hook,
     check_head_writes,
     check_heads,
-    check_indices,
     check_not_gated,
     expand_kv,
+    head_layers,
     hook_name,
     output_weights,
     softmax_layers,
@@ -94,11 +94,11 @@ class DiagonalEdit(EditBase):
             check_not_gated(info, "DiagonalEdit('residual-attn')", alternative="use value or value-exclude-self")
             check_head_writes(info, "DiagonalEdit('residual-attn')")
         else:
-            layers = check_indices("layers", self.layers, info.n_layers)
+            layers, _ = head_layers(info, self.layers, what=f"DiagonalEdit({self.space!r})")
         out: list[Hook] = []
         for layer in layers:
             heads = check_heads(info, layer, None if self.heads == "all" else self.heads)
-            if info.layer_types[layer] == "linear":  # o_t + da_tt v_t: the parallel scaling itself
+            if not info.kind(layer).pattern:  # linear attention: o_t + da_tt v_t, the parallel scaling itself
                 out += layer_hooks(
                     ComponentScale(self.space, s_par=self.s_par, eps=self.eps), model, info, layer, heads
                 )
@@ -215,9 +215,9 @@ class ZeroDiagonal(EditBase):
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         out: list[Hook] = []
-        for layer in check_indices("layers", self.layers, info.n_layers):
+        for layer in head_layers(info, self.layers, what="ZeroDiagonal")[0]:
             heads = check_heads(info, layer, None if self.heads == "all" else self.heads)
-            if info.layer_types[layer] == "linear":
+            if not info.kind(layer).pattern:  # linear attention: the self term a_tt v_t removed
                 out += linear_output_hooks(info, layer, heads, _minus_self_term, diagonal=True)
                 continue
             edit = partial(self._edit_pattern, heads=heads)

@@ -95,8 +95,8 @@ class HeadEdit(EditBase):
         return Footprint((), ("z",), "none", True)
 
     def _linear(self, info: ModelInfo) -> bool:
-        """Whether the edited layer is a linear-attention block (Qwen3.5)."""
-        return 0 <= self.layer < info.n_layers and info.layer_types[self.layer] == "linear"
+        """Whether the edited layer has heads but no softmax pattern (linear attention, Qwen3.5)."""
+        return 0 <= self.layer < info.n_layers and info.kind(self.layer).heads and not info.kind(self.layer).pattern
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         if self._linear(info) and self.ablation in LINEAR_ABLATIONS:

@@ -38,14 +38,15 @@ from lens_parallel.hooks import (
     check_head_writes,
     check_heads,
     check_indices,
+    head_write_inputs,
     hook_name,
-    linear_head_inputs,
+    layers_where,
     output_weights,
     residual_reference_role,
     softmax_layers,
 )
 from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.spaces import HEAD_SPACES, SPACES, ValueParts, linear_value_roles, value_parts
+from lens_parallel.spaces import HEAD_SPACES, SPACES, ValueParts, value_parts
 from lens_parallel.validate import as_indices, check_choice, check_finite
 
 
@@ -149,7 +150,9 @@ class ComponentScale(EditBase):
         layer named then raises."""
         if what := self.softmax_only():
             return softmax_layers(info, self.layers, what=what)[0]
-        return check_indices("layers", self.layers, info.n_layers)
+        spec = SPACES[self.space]
+        edits = partial(spec.editable_at, info)
+        return layers_where(info, self.layers, edits, needs=spec.edit_needs, what=f"ComponentScale({self.space!r})")[0]
 
     def _softmax_footprint(self, info: ModelInfo) -> Footprint:
         spec = SPACES[self.space]
@@ -195,8 +198,10 @@ def _layers(info: ModelInfo, layers: int | Sequence[int] | None) -> tuple[int, .
 
 
 def edited_linear_layers(info: ModelInfo, layers: int | Sequence[int] | None) -> tuple[int, ...]:
-    """The linear-attention layers (Qwen3.5) among ``layers`` (None: every layer)."""
-    return tuple(layer for layer in _layers(info, layers) if info.layer_types[layer] == "linear")
+    """The layers among ``layers`` (None: every layer) whose hooks do not fire at a cached decoding step
+    (:attr:`~lens_parallel.layers.LayerKind.decodes_with_hooks`: linear attention), where an edit's footprint is not
+    decode-safe."""
+    return tuple(layer for layer in _layers(info, layers) if not info.kind(layer).decodes_with_hooks)
 
 
 def combined_footprint(
@@ -223,7 +228,7 @@ def _scale_hooks(scales: _Scaling, edit: ComponentScale, model: TransformerBridg
     out: list[Hook] = []
     for layer in layers:
         heads: tuple[int, ...] | None = None
-        if edit.space != "residual-attn" or edit.heads is not None:  # residual-attn, heads=None: the whole update
+        if SPACES[edit.space].value or edit.heads is not None:  # a residual space with heads=None: the whole update
             heads = check_heads(info, layer, None if edit.heads == "all" else edit.heads)
         out += _builder(edit.space, info, layer)(scales, _Site(model, info, layer, heads))
     return after_first(out) if edit.positions == "after-first" else out
@@ -322,7 +327,7 @@ def linear_output_hooks(
         mask = head_mask(heads, o.shape[2], o.shape[0], o.device)
         return torch.where(mask[:, None, :, None], o + delta(o, parts).to(o.dtype), o)
 
-    roles = [role for role in linear_value_roles(diagonal=diagonal) if role != "lin_o"]
+    roles = [role for role in info.kind(layer).value_roles(info, diagonal=diagonal) if role != "lin_o"]
     return [
         *((hook_name(layer, role), partial(store, state=state, key=role)) for role in roles),
         (hook_name(layer, "lin_o"), edit_o),
@@ -335,15 +340,15 @@ def _residual_attn_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
     the gated RMSNorm of its o_h and gate z_h (:func:`~lens_parallel.hooks.linear_head_inputs`)."""
     model, info, layer, heads = at.model, at.info, at.layer, at.heads
     state: dict[str, Tensor] = {}
-    linear = info.layer_types[layer] == "linear"
+    kind = info.kind(layer)
     W_O = output_weights(model, layer) if heads is not None else None
-    head_input = linear_head_inputs(model, layer) if linear and heads is not None else None
+    head_input = head_write_inputs(model, layer) if heads is not None else None
 
     def edit_out(out: Tensor, hook: HookPoint) -> Tensor:
         x = state.pop("x")
-        if heads is None or W_O is None:
+        if heads is None or W_O is None or head_input is None:
             return geometry.scale_components(out, x, **_scaling(edit))
-        z = head_input(state.pop("lin_o"), state.pop("lin_gate")) if head_input is not None else state.pop("z")
+        z = head_input({role: state.pop(role) for role in kind.head_roles})
         mask = head_mask(heads, z.shape[2], out.shape[0], out.device)
         # heads some row edits (per-head writes only for these), from the heads as given: a tuple, or a per-row mask
         # built on the host (read there, never on the device inside the forward)
@@ -353,12 +358,12 @@ def _residual_attn_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
         delta = geometry.scale_delta(m, x_h, **_scaling(edit))
         return out + (delta * mask[:, None, used, None]).sum(2)
 
-    reads = ["resid_pre", *((("lin_o", "lin_gate") if linear else ("z",)) if heads is not None else ())]
+    reads = ["resid_pre", *(kind.head_roles if heads is not None else ())]
     stored = [
         (hook_name(layer, role), partial(store, state=state, key="x" if role == "resid_pre" else role))
         for role in reads
     ]
-    return [*stored, (hook_name(layer, "lin_out" if linear else "attn_out"), edit_out)]
+    return [*stored, (hook_name(layer, kind.update_role), edit_out)]
 
 
 def _residual_mlp_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
@@ -396,11 +401,15 @@ _SCALE_BUILDERS = {
 attention sublayer, the MLP or the whole block (:attr:`~lens_parallel.spaces.SpaceSpec.family` / ``sublayer``)."""
 
 
+_VALUE_BUILDERS = {"softmax": _value_hooks, "linear": _linear_value_hooks}
+"""Value-space hook builders by layer kind (a mixer has no value spaces)."""
+
+
 def _builder(space: str, info: ModelInfo, layer: int) -> Any:
     spec = SPACES[space]
-    if spec.value and info.layer_types[layer] == "linear":
-        return _linear_value_hooks
-    return _SCALE_BUILDERS["value" if spec.value else spec.sublayer]
+    if spec.value:
+        return _VALUE_BUILDERS[info.kind(layer).name]
+    return _SCALE_BUILDERS[spec.sublayer]
 
 
 def layer_hooks(

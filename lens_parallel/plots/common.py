@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 from numpy.typing import ArrayLike
 
 from lens_parallel.errors import LensParallelError
+from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.models import layer_label
 from lens_parallel.paths import add_suffix, check_writable
 from lens_parallel.plots.png import png_bytes
@@ -115,11 +116,8 @@ def line_with_band(
     fig.add_trace(line, row=row, col=col)
 
 
-LAYER_TYPES = {"softmax": "soft", "linear": "lin"}
-"""Short names of the layer types (Qwen3.5's softmax and linear-attention layers) in figures."""
-
-
 def layer_ticks(layer_types: Sequence[str], layers: Sequence[int]) -> list[str]:
-    """Tick labels of ``layers``: ``L{l}``, with `` lin`` after a linear-attention layer on a hybrid model (its units
-    are value heads, its map the delta rule's)."""
-    return [layer_label(layer) + (" lin" if layer_types[layer] == "linear" else "") for layer in layers]
+    """Tick labels of ``layers``: ``L{l}``, followed by its kind's tick (:class:`~lens_parallel.layers.LayerKind`)
+    where it has one: `` lin`` after a linear-attention layer (its units are value heads, its map the delta rule's),
+    `` mix`` after a mixer without heads."""
+    return [" ".join(filter(None, (layer_label(layer), LAYER_KINDS[layer_types[layer]].tick))) for layer in layers]

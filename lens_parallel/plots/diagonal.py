@@ -19,7 +19,7 @@ def _kind(view: DiagonalView) -> tuple[str, str, float]:
     """The map's symbol, what it is and its colour bound: a softmax layer's attention A (a distribution: ±1), or a
     linear-attention layer's delta-rule mixing weights M (o_t = sum_s M_ts v_s, M_tt = a_tt; not a distribution:
     ±max |M|)."""
-    if view.info.layer_types[view.layer] == "linear":
+    if not view.info.kind(view.layer).pattern:
         bound = float(np.abs(view.pattern).max()) or 1.0
         return "M", "linear attention: delta-rule mixing weights M, M_tt = a_tt", bound
     return "A", "softmax attention", 1.0

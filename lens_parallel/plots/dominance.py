@@ -9,7 +9,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from lens_parallel.plots.common import LAYER_TYPES, line_with_band
+from lens_parallel.layers import LAYER_KINDS
+from lens_parallel.plots.common import line_with_band
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.dominance import DominanceResult
@@ -20,7 +21,8 @@ JOINT_COLORS = {"weak": "#2ca02c", "strong": "#d62728", "random": "#7f7f7f", "al
 
 
 def _pair_labels(df: pd.DataFrame) -> pd.Series:
-    types = df.upstream_type.map(LAYER_TYPES) + "→" + df.receiving_type.map(LAYER_TYPES)
+    short = {name: kind.short for name, kind in LAYER_KINDS.items()}
+    types = df.upstream_type.map(short) + "→" + df.receiving_type.map(short)
     return "L" + df.upstream_layer.astype(str) + "→L" + df.receiving_layer.astype(str) + " (" + types + ")"
 
 

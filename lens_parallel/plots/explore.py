@@ -12,6 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.models import head_label
 from lens_parallel.plots.common import layer_ticks
 
@@ -48,7 +49,7 @@ def heatmap_figure(
     grid: np.ndarray, space: str, selected: tuple[int, int], name: str, layer_types: tuple[str, ...] = ()
 ) -> go.Figure:
     """Mean self-cosine of every head (layer x head), the selected head outlined; on a hybrid model (``layer_types``
-    holding ``linear``) each linear-attention layer's row is marked (its heads are value heads)."""
+    of more than one kind) each layer's kind is marked (a linear-attention layer's heads are value heads)."""
     layer, head = selected
     fig = go.Figure(
         go.Heatmap(
@@ -77,14 +78,14 @@ def heatmap_figure(
 
 def _layer_axis(n_layers: int, layer_types: tuple[str, ...]) -> dict[str, Any]:
     """The heatmap's layer axis: on a hybrid model every layer named, its type marked (:func:`layer_ticks`)."""
-    if "linear" not in layer_types:
+    if len(set(layer_types)) < 2:
         return {"title": "layer", "dtick": max(1, n_layers // 10)}
     return {"title": "layer", "tickvals": list(range(n_layers)), "ticktext": layer_ticks(layer_types, range(n_layers))}
 
 
 def _linear(view: View) -> bool:
     """Whether the view's layer is a linear-attention layer: its map is the delta rule's mixing weights M."""
-    return view.layer_types[view.layer] == "linear"
+    return not LAYER_KINDS[view.layer_types[view.layer]].pattern
 
 
 def pattern_figure(view: View) -> go.Figure:
