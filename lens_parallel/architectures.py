@@ -57,9 +57,28 @@ EXCLUDED: Mapping[str, str] = {
 }
 """Model types left out, and why (diffusion language models are not in transformers' causal-LM mapping)."""
 
+_MLA = (
+    "multi-head latent attention: TransformerLens 4.3's MLA bridge hands hook_v as [batch, head, pos, d_head] (every "
+    "other bridge: [batch, pos, head, d_head]) and has no W_O per head, so no value or per-head residual space is read "
+    "from it as from the others"
+)
 REFUSED: Mapping[str, str] = {
+    "afmoe": "an attention output gate (sigmoid of its own projection) together with a gate TransformerLens 4.3's "
+    "attention bridge does not expose per head in its own forward, and a post-norm: refused until checked per head",
+    "bitnet": "an attention sub-norm: BitNet RMS-normalises all heads' outputs together before o_proj, so hook_z is "
+    "not A v and the bridge hooks nothing between (no value space is defined on hook_z)",
     "codegen": "CodeGen's attention: TransformerLens 4.3's adapter fails on it with transformers 5 (CodeGenAttention "
     "has no embed_positions)",
+    "deepseek_v2": _MLA,
+    "deepseek_v3": _MLA,
+    "gemma4_text": "a value norm (attention mixes v_norm(v), not hook_v) with keys and values shared across layers: "
+    "the value spaces would read the wrong value",
+    "glm4_moe_lite": _MLA,
+    "glm_moe_dsa": _MLA,
+    "laguna": "a softplus output gate per head (z = softplus(g) * A v): the value spaces know the sigmoid gate only",
+    "openai-gpt": "post-LN blocks (GPT-1): the residual stream is re-normalised after each sublayer, and "
+    "TransformerLens 4.3's bridge never fires hook_resid_post",
+    "youtu": _MLA,
 }
 """Model types refused before any weights load, each by the feature that has no exact definition here."""
 

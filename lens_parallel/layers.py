@@ -100,7 +100,7 @@ class LayerKind:
         pattern's diagonal A_tt when ``diagonal`` (softmax); v and o (hook_recurrence_out), with the queries, keys
         and beta of the self weight a_tt = beta_t (k_t . q_t) when ``diagonal`` (linear). A mixer has none."""
         if self.name == "softmax":
-            gate = ("q_gate",) if info.gated_attention else ()
+            gate = (info.gate_role,) if info.gate_role else ()
             return ("v", "z", *gate, *(("pattern_diag",) if diagonal else ()))
         if self.name == "linear":
             return ("lin_v", "lin_o", *(("lin_q", "lin_k", "lin_beta") if diagonal else ()))
@@ -147,6 +147,10 @@ BLOCK_HOOKS: Mapping[str, str] = {
 }
 """The block-level roles and their hook points (relative to ``blocks.{layer}``): a block may lack some (a parallel
 attention/MLP block has no resid_mid; a block holding one mixer and no MLP has neither attn_out nor mlp_out)."""
+GATE_HOOKS: Mapping[str, str] = {"q_gate": "attn.hook_q_gate", "attn_gate": "attn.gate.hook_out"}
+"""The roles of a sigmoid output gate on softmax attention, z = sigmoid(gate) * A v, and their hook points: a gate
+split off the query projection (Qwen3.5, Qwen3-Next: [batch, pos, head * d_head]), or a gate projection of its own
+(AFMoE: the same shape)."""
 SOFTMAX_HOOKS = ("attn.hook_z", "attn.hook_v", "attn.hook_pattern")
 """What a softmax-attention layer exposes (relative to ``blocks.{layer}``)."""
 LINEAR_HOOKS = ("linear_attn.hook_recurrence_out", "linear_attn.hook_v", "linear_attn.hook_beta")

@@ -40,7 +40,7 @@ from lens_parallel import architectures, attention, compat, features
 from lens_parallel import tokenizers as _tok
 from lens_parallel.choices import LayerType
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
-from lens_parallel.layers import LAYER_KINDS, LayerKind, block_roles, layer_kind
+from lens_parallel.layers import GATE_HOOKS, LAYER_KINDS, LayerKind, block_roles, layer_kind
 from lens_parallel.paths import cache_dir, cached_folder
 from lens_parallel.toys import TOY_MODELS, find_toy
 from lens_parallel.validate import check_positive_int
@@ -71,6 +71,7 @@ class ModelInfo:
     post_norm: bool = False  # attention / MLP outputs are RMS-normalised before the residual add (Gemma 3)
     block_roles: tuple[tuple[str, ...], ...] = ()  # per layer, the block-level roles its bridge hooks (layers.py)
     features: tuple[str, ...] = ()  # the architecture's features (lens_parallel.features)
+    gate_role: str = ""  # the role of the attention output gate (q_gate or attn_gate), "" without one
     attention_paths: tuple[str, ...] = ()  # per layer: "lens_parallel", "eager: <why>", or "" (no softmax attention)
 
     @property
@@ -164,7 +165,7 @@ class _Structure:
     layer_types: tuple[LayerType, ...]
     block_roles: tuple[tuple[str, ...], ...]
     post_norm: bool
-    gated: bool
+    gate_role: str
     features: tuple[str, ...]
     attention_paths: tuple[str, ...]
 
@@ -191,7 +192,8 @@ def _structure(model: TransformerBridge) -> _Structure:
         kinds = tuple(layer_kind(hooks, layer) for layer in layers)
         roles = tuple(block_roles(hooks, layer) for layer in layers)
         post_norm = any(f"blocks.{layer}.ln1_post.hook_in" in hooks for layer in layers)
-        gated = any(f"blocks.{layer}.attn.hook_q_gate" in hooks for layer in layers)
+        gates = [role for role, name in GATE_HOOKS.items() if any(f"blocks.{i}.{name}" in hooks for i in layers)]
+        gated = bool(gates)
         parallel = any({"attn_out", "mlp_out"} <= set(r) and "resid_mid" not in r for r in roles)
         found = features.Model(
             model.original_model,
@@ -204,7 +206,8 @@ def _structure(model: TransformerBridge) -> _Structure:
             gated,
         )
         paths = tuple(_attention_path(model, layer, kind) for layer, kind in zip(layers, kinds, strict=True))
-        _STRUCTURES[model] = _Structure(kinds, roles, post_norm, gated, features.model_features(found), paths)
+        found_features = features.model_features(found)
+        _STRUCTURES[model] = _Structure(kinds, roles, post_norm, gates[0] if gates else "", found_features, paths)
     return _STRUCTURES[model]
 
 
@@ -226,7 +229,7 @@ def model_info(model: TransformerBridge) -> ModelInfo:
         d_model=cfg.d_model,
         d_vocab=cfg.d_vocab,
         n_ctx=cfg.n_ctx,
-        gated_attention=structure.gated,
+        gated_attention=bool(structure.gate_role),
         parallel_attn_mlp="parallel-blocks" in structure.features,
         positional="learned" if cfg.positional_embedding_type == "standard" else "rotary",
         config_hash=config_hash(hf),
@@ -237,6 +240,7 @@ def model_info(model: TransformerBridge) -> ModelInfo:
         block_roles=structure.block_roles,
         features=structure.features,
         attention_paths=structure.attention_paths,
+        gate_role=structure.gate_role,
     )
 
 

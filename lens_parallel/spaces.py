@@ -204,8 +204,8 @@ def value_parts(captured: Mapping[str, Tensor], info: ModelInfo) -> ValueParts:
     v = expand_kv(captured["v"], info.n_heads)
     gate: Tensor | None = None
     o = captured["z"]
-    if "q_gate" in captured:
-        gate = torch.sigmoid(einops.rearrange(captured["q_gate"], "b p (h d) -> b p h d", h=info.n_heads))
+    if info.gate_role in captured:
+        gate = torch.sigmoid(einops.rearrange(captured[info.gate_role], "b p (h d) -> b p h d", h=info.n_heads))
         o = o / gate
     return ValueParts(o=o, v=v, diag=captured.get("pattern_diag"), gate=gate)
 

@@ -94,6 +94,7 @@ class Toy:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(TOY_SEED)
             model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.config.architectures = [type(model).__name__]  # as save_pretrained records it (the bridge reads it)
         return cast(transformers.PreTrainedModel, model.eval())
 
 
@@ -122,6 +123,8 @@ def toy_config(model_type: str, **overrides: Any) -> transformers.PretrainedConf
         value = fields.get(name, getattr(default, name, None))
         if isinstance(value, int) and value >= vocab:
             fields[name] = vocab - 1
+        elif isinstance(value, list) and any(i >= vocab for i in value):  # several end tokens (GLM)
+            fields[name] = sorted({min(i, vocab - 1) for i in value})
     return transformers.AutoConfig.for_model(model_type, **fields)
 
 

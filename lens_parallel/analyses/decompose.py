@@ -327,14 +327,12 @@ def decompose(
     skipped: list[str] = []
     for space in s.space:
         defined = tuple(layer for layer in layer_idx if SPACES[space].defined_at(info, layer))
-        if not defined:
-            raise LensParallelError(
-                f"{space} is defined on none of layers {list(layer_idx)} of {info.name} "
-                f"({', '.join(sorted({info.kind(layer).title for layer in layer_idx}))})"
-            )
         if missing := [layer for layer in layer_idx if layer not in defined]:
             skipped.append(f"{space} skipped at layers {missing}: {SPACES[space].undefined_reason(info, missing)}")
-        space_layers[space] = defined
+        if defined:
+            space_layers[space] = defined
+    if not space_layers:
+        raise LensParallelError(f"{info.name}: no space asked for is defined on layers {list(layer_idx)}: {skipped}")
     if "residual-attn" in s.space and (note := head_writes_note(info, "the per-head level of residual-attn")):
         skipped.append(note)
     for note in skipped:
@@ -344,6 +342,7 @@ def decompose(
         layer: [
             r
             for sp in s.space
+            if layer in space_layers.get(sp, ())
             for r in SPACES[sp].roles(info, layer, heads=acc.active(("residual-attn", "head"), layer))
         ]
         for layer in layer_idx
@@ -354,7 +353,8 @@ def decompose(
         heads = acc.layers["residual-attn", "head"]
         W_O = {layer: output_weights(model, layer, dtype=torch.float64) for layer in heads}
         head_inputs = {layer: head_write_inputs(model, layer) for layer in heads}
-    metric = _AlignmentMetric(info, s.space, space_layers, roles, W_O, head_inputs, s.eps)
+    spaces = tuple(sp for sp in s.space if sp in space_layers)
+    metric = _AlignmentMetric(info, spaces, space_layers, roles, W_O, head_inputs, s.eps)
     job = EditJob("unedited", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="decompose")
     values = run.value(job)

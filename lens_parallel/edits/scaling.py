@@ -158,7 +158,7 @@ class ComponentScale(EditBase):
         spec = SPACES[self.space]
         if spec.value:
             diagonal = self.space == "value-exclude-self"
-            reads = ("v", *(("q_gate",) if info.gated_attention else ()), *(("pattern_diag",) if diagonal else ()))
+            reads = ("v", *((info.gate_role,) if info.gate_role else ()), *(("pattern_diag",) if diagonal else ()))
             pattern: PatternUse = "diagonal" if diagonal else "none"
             return Footprint(reads, ("z",), pattern, decode_safe=True)
         if self.space == "residual-attn":
@@ -287,8 +287,8 @@ def _value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
         return torch.where(mask[:, None, :, None], z + delta, z)
 
     out: list[Hook] = [(hook_name(layer, "v"), partial(store, state=state, key="v"))]
-    if info.gated_attention:
-        out.append((hook_name(layer, "q_gate"), partial(store, state=state, key="q_gate")))
+    if info.gate_role:
+        out.append((hook_name(layer, info.gate_role), partial(store, state=state, key=info.gate_role)))
     if edit.space == "value-exclude-self":
         out.append((hook_name(layer, "pattern_diag"), store_diagonal(state)))
     return [*out, (hook_name(layer, "z"), edit_z)]
