@@ -271,7 +271,7 @@ def own_attention_reason(component: nn.Module) -> str:
     config: Any = getattr(hf_attn, "config", None)
     rope = getattr(config, "rope_parameters", None)
     checks = {
-        f"{type(component).__name__} is not one of {[k.__name__ for k in kinds]}": type(component) not in kinds,
+        f"{type(component).__name__}, a bridge lens_parallel's path does not reproduce": type(component) not in kinds,
         "not causal self-attention": not component.is_causal
         or component.is_cross_attention
         or getattr(hf_attn, "is_causal", True) is False

@@ -171,7 +171,7 @@ def layers_where(
 
     ``layers=None``: every such layer; the others are skipped and the note says which, of which kinds, and why
     (empty when nothing is skipped). Named layers without it raise ``ValueError`` naming their kinds and the layers
-    that have it."""
+    that have it; so does a model none of whose layers has it."""
     chosen = check_indices("layers", layers, info.n_layers)
     without = [layer for layer in chosen if not has(layer)]
     kinds = ", ".join(sorted({info.kind(layer).title for layer in without}))
@@ -181,6 +181,8 @@ def layers_where(
             f"{what} needs {needs}, but layers {without} of {info.name} ({kinds}) have none; layers that have it: "
             f"{able}"
         )
+    if len(without) == len(chosen):
+        raise LensParallelError(f"{what} needs {needs}, but no layer of {info.name} has it (its layers: {kinds})")
     note = f"skipped layers {without} ({kinds}): {what} needs {needs}" if without else ""
     return tuple(layer for layer in chosen if has(layer)), note
 

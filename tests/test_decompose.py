@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import warnings
-from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -15,71 +14,7 @@ from lens_parallel.models import model_info
 from lens_parallel.spaces import SPACE_NAMES
 
 from .conftest import LINEAR_VALUE_NOISE, get_model, noisy_linear_value
-
-
-def _get(cache, layer: int, name: str) -> torch.Tensor:
-    return cache[f"blocks.{layer}.{name}"].double()
-
-
-def _reference(model, tokens):
-    """The same statistics from a full run_with_cache, written out independently with plain torch ops."""
-    info = model_info(model)
-    with torch.inference_mode():
-        _, cache = model.run_with_cache(tokens)
-    out = {}
-
-    def stats(m, r):  # m, r: [batch, pos, unit, d] -> per-unit means over batch and t >= 1, |m|, |r| > 1e-8
-        m, r = m[:, 1:].double().flatten(0, 1), r[:, 1:].double().flatten(0, 1)
-        valid = (m.norm(dim=-1) > 1e-8) & (r.norm(dim=-1) > 1e-8)  # [position, unit]
-        out = {"n_degenerate": (~valid).sum(0)}
-        for name in ("self_cos", "self_cos_std", "par_frac", "perp_frac", "par_coef"):
-            out[name] = torch.zeros(m.shape[1], dtype=torch.float64)
-        for u in range(m.shape[1]):
-            mu, ru = m[valid[:, u], u], r[valid[:, u], u]
-            cos = torch.nn.functional.cosine_similarity(mu, ru, dim=-1, eps=0)
-            coef = (mu * ru).sum(-1) / (ru * ru).sum(-1)
-            par = coef[..., None] * ru
-            out["self_cos"][u], out["self_cos_std"][u] = cos.mean(), cos.std(unbiased=False)
-            out["par_frac"][u] = (par.norm(dim=-1) / mu.norm(dim=-1)).mean()
-            out["perp_frac"][u] = ((mu - par).norm(dim=-1) / mu.norm(dim=-1)).mean()
-            out["par_coef"][u] = coef.mean()
-        return out
-
-    for layer in range(info.n_layers):
-        c = partial(_get, cache, layer)
-        x = c("hook_resid_pre")
-        x_mlp = x if info.parallel_attn_mlp else c("hook_resid_mid")
-        out["residual-mlp", "sublayer", layer] = stats(c("hook_mlp_out")[:, :, None], x_mlp[:, :, None])
-        out["residual-block", "sublayer", layer] = stats((c("hook_resid_post") - x)[:, :, None], x[:, :, None])
-        if layer not in info.softmax_layers:  # linear attention (Qwen3.5): per value head, a_tt = beta_t (k_t . q_t)
-            o, v = c("linear_attn.hook_recurrence_out"), c("linear_attn.hook_v")
-            group = v.shape[2] // c("linear_attn.hook_k").shape[2]
-            q, k = (c(f"linear_attn.hook_{n}").repeat_interleave(group, dim=2) for n in "qk")
-            q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6) / q.shape[-1] ** 0.5
-            k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-            a = c("linear_attn.hook_beta")[..., None] * (q * k).sum(-1, keepdim=True)
-            out["value", "head", layer] = stats(o, v)
-            out["value-exclude-self", "head", layer] = stats(o - a * v, v)
-            out["value-merged", "sublayer", layer] = stats(o.flatten(2)[:, :, None], v.flatten(2)[:, :, None])
-            out["residual-attn", "sublayer", layer] = stats(c("linear_attn.hook_out")[:, :, None], x[:, :, None])
-            hf = model.blocks[layer].linear_attn.original_component  # its own gated norm and output projection
-            flat = (o.float().flatten(0, 2), c("linear_attn.hook_gate_input").float().flatten(0, 2))
-            u = hf.norm(*flat).detach().reshape(o.shape).double()
-            w = hf.out_proj.weight.detach().double().unflatten(1, o.shape[2:])  # [d_model, head, d_v]
-            writes = torch.einsum("bphd,mhd->bphm", u, w)
-            out["residual-attn", "head", layer] = stats(writes, x[:, :, None].expand_as(writes))
-            continue
-        v = c("attn.hook_v").repeat_interleave(info.group_size, dim=2)
-        z = c("attn.hook_z")
-        o = torch.einsum("bhqk,bkhd->bqhd", c("attn.hook_pattern"), v)  # pre-gate aggregate (== z ungated)
-        diag = torch.diagonal(c("attn.hook_pattern"), dim1=-2, dim2=-1).transpose(1, 2)[..., None]
-        heads = torch.einsum("bphd,hdm->bphm", z, model.blocks[layer].attn.W_O.detach().double())
-        out["value", "head", layer] = stats(o, v)
-        out["value-exclude-self", "head", layer] = stats(o - diag * v, v)
-        out["value-merged", "sublayer", layer] = stats(o.flatten(2)[:, :, None], v.flatten(2)[:, :, None])
-        out["residual-attn", "head", layer] = stats(heads, x[:, :, None].expand_as(heads))
-        out["residual-attn", "sublayer", layer] = stats(c("hook_attn_out")[:, :, None], x[:, :, None])
-    return out
+from .references import decompose_reference
 
 
 def test_streamed_statistics_equal_full_cache(toy):
@@ -90,7 +25,7 @@ def test_streamed_statistics_equal_full_cache(toy):
     info = model_info(toy)
     linear = [i for i, t in enumerate(info.layer_types) if t == "linear"]
     assert linear == [] or not caught  # every space on every layer: nothing skipped
-    reference = _reference(toy, blocks.tokens)
+    reference = decompose_reference(toy, blocks.tokens)
     assert {(t.space, t.level) for t in result.tables} == {(s, lvl) for s, lvl, _ in reference}
     for table in result.tables:
         assert {(table.space, table.level, layer) for layer in table.layers} <= set(reference)

@@ -1,0 +1,138 @@
+"""The support matrix (:mod:`lens_parallel.support`, ``docs/guides/architectures.md``): a toy of every architecture
+lens_parallel knows, built from its own config, checked against TransformerLens's own eager hooks and Hugging Face.
+
+Each row of the guide's table is what its toy gives (layers, features, attention path, status); a refused row's toy
+is refused in one line saying why; every other row's claims hold: decompose in every space equals the statistics of
+TransformerLens's hooks, the diagonal view's pattern is hook_pattern, a head zeroed by HeadEdit is a head whose
+hook_z is zeroed, a no-op edit's loss is Hugging Face's, greedy generation is Hugging Face's ``generate``, the null
+and GQA analyses run (or say why not), and a loglikelihood task runs."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import lens_parallel as lp
+from lens_parallel import architectures, support
+from lens_parallel.errors import LensParallelError
+from lens_parallel.models import ModelSpecError, load_model, model_info, toy_folder
+from lens_parallel.tokenizers import hf_tokenizer
+
+from .conftest import LINEAR_VALUE_NOISE, noisy_linear_value
+from .references import decompose_reference
+
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "architectures.md"
+MODEL_TYPES = support.matrix_model_types()
+TOKENS = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0))
+PROMPT = "The capital of France is"
+
+
+def test_the_guide_lists_every_architecture_once_and_the_features_as_defined():
+    rows = support.read_matrix(GUIDE.read_text())
+    assert list(rows) == list(MODEL_TYPES)
+    assert set(MODEL_TYPES) | set(architectures.EXCLUDED) == set(architectures.bridged_causal_lms())
+    assert set(architectures.REFUSED) <= set(MODEL_TYPES)
+    guide = GUIDE.read_text()
+    assert support.features_markdown() in guide, "python scripts/architecture_matrix.py rewrites the guide's tables"
+
+
+def _load(spec: str):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_model(spec)
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+def _check_decompose(model, info) -> None:
+    result = lp.decompose(model, TOKENS, space="all", progress=False)
+    reference = decompose_reference(model, TOKENS)
+    got = {(t.space, t.level, layer): (t, i) for t in result.tables for i, layer in enumerate(t.layers)}
+    assert set(got) == set(reference)
+    for key, expected in reference.items():
+        table, i = got[key]
+        n = info.output_heads(key[2]) if key[1] == "head" else 1
+        noisy = noisy_linear_value(info, key[0], key[2])
+        tol = {"rtol": LINEAR_VALUE_NOISE, "atol": LINEAR_VALUE_NOISE} if noisy else {"atol": 1e-6, "rtol": 0}
+        for stat in ("self_cos", "self_cos_std", "par_frac", "perp_frac", "par_coef"):
+            scale = 1.0 if stat != "par_coef" else max(1.0, float(expected[stat].abs().max()))  # a coefficient
+            got_stat, want = getattr(table, stat)[i, :n] / scale, expected[stat].numpy() / scale
+            np.testing.assert_allclose(got_stat, want, err_msg=f"{key} {stat}", **tol)
+
+
+def _check_heads(model, info) -> None:
+    layer = info.softmax_layers[-1]
+    view = lp.diagonal_view(model, TOKENS, layer=layer, head=0, space="value")
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(TOKENS)
+    np.testing.assert_allclose(view.pattern, cache[f"blocks.{layer}.attn.hook_pattern"][0, 0].numpy(), atol=1e-5)
+
+    def zero(z, hook):
+        z = z.clone()
+        z[:, :, 0] = 0.0
+        return z
+
+    with torch.inference_mode():
+        hooked = model.run_with_hooks(TOKENS, return_type="loss", fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero)])
+    edited = lp.evaluate(model, TOKENS, lp.HeadEdit("zero", layer, [0]))
+    assert _rel(edited.loss_edited, float(hooked)) < 1e-5 and edited.delta_loss != 0.0
+
+
+def _check_against_hugging_face(model, spec: str, info) -> None:
+    hf = AutoModelForCausalLM.from_pretrained(toy_folder(spec), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        loss = float(hf(TOKENS, labels=TOKENS).loss)
+    noop = lp.evaluate(model, TOKENS, lp.ComponentScale("residual-block", s_par=1.0))
+    assert _rel(noop.loss_noop, loss) < 1e-5 and noop.delta_loss == 0.0
+    encoded = hf_tokenizer(model)(PROMPT, return_tensors="pt")
+    eos = hf.generation_config.eos_token_id
+    ends = eos if isinstance(eos, list) else [eos]
+    with torch.inference_mode():
+        out = hf.generate(**encoded, max_new_tokens=6, do_sample=False, pad_token_id=ends[0])
+    expected = out[0, encoded["input_ids"].shape[1] :].tolist()
+    expected = expected[: next((i for i, t in enumerate(expected) if t in ends), len(expected))]
+    assert list(lp.generate(model, PROMPT, max_new_tokens=6, progress=False).tokens[0][0]) == expected
+
+
+def _check_nulls(model, info) -> None:
+    null = lp.causal_null(model, TOKENS, progress=False)  # its gate: hook_z reproduced by A v (and the gate)
+    assert null.reconstruction_error < 1e-4 and np.isfinite(null.summary()["excess"]).all()
+    if lp.analyses.nulls.is_grouped(info):
+        assert np.isfinite(lp.gqa_alignment(model, TOKENS, progress=False).summary()["within_excess"]).all()
+    else:
+        with pytest.raises(LensParallelError, match="contrast is undefined"):
+            lp.gqa_alignment(model, TOKENS, progress=False)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_the_matrix_row_holds(model_type):
+    expected = support.read_matrix(GUIDE.read_text())[model_type]
+    spec = support.toy_of(model_type)
+    if expected.refused:
+        with pytest.raises(ModelSpecError) as refused:
+            _load(spec)
+        assert expected.status.removeprefix("refused: ") in str(refused.value) and "\n" not in str(refused.value)
+        assert support.support_row(model_type) == expected
+        return
+    model = _load(spec)
+    info = model_info(model)
+    assert support.support_row(model_type, model) == expected
+    _check_decompose(model, info)
+    _check_against_hugging_face(model, spec, info)
+    if info.softmax_layers:
+        _check_heads(model, info)
+    if info.head_layers:
+        _check_nulls(model, info)
+    else:
+        with pytest.raises(LensParallelError, match="needs heads"):
+            lp.causal_null(model, TOKENS, progress=False)
+    edit = lp.ComponentScale("value" if info.head_layers else "residual-block", s_par=0.5)
+    tasks = lp.task_effects(model, {"half": edit}, [("copa", 0)], limit=2, progress=False)
+    assert np.isfinite(tasks.values["copa|acc"]).all()
