@@ -38,6 +38,7 @@ pads of a left-padded batch) get the mean of every value, as the eager softmax o
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import dataclasses
@@ -79,6 +80,7 @@ the blocked path for its blocks; None elsewhere. Read through :func:`lens_parall
 _PATH: contextvars.ContextVar[tuple[AttentionPath, int | None]] = contextvars.ContextVar(
     "attention_path", default=("auto", None)
 )
+_RECORDED: contextvars.ContextVar[collections.Counter[str] | None] = contextvars.ContextVar("recorded", default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +193,13 @@ def chosen_path(component: Any, *, softcap: float | None) -> Literal["fused", "d
     kernel does that) or forced, diagonal when forced (z formed as the hooked layers form it), else fused.
     (:func:`attend` serves a diagonal choice on the blocked path where no kernel returns the log-sum-exp, and
     where an edit of the diagonal needs its gradient.)"""
+    path = _choose(component, softcap=softcap)
+    if (seen := _RECORDED.get()) is not None:
+        seen[path] += 1
+    return path
+
+
+def _choose(component: Any, *, softcap: float | None) -> Literal["fused", "diagonal", "blocked", "eager"]:
     forced, _ = _PATH.get()
     scores, pattern = component.hook_attn_scores, component.hook_pattern
     readers = [handle.user_hook for handle in pattern.fwd_hooks]
@@ -202,6 +211,19 @@ def chosen_path(component: Any, *, softcap: float | None) -> Literal["fused", "d
     if not readers:
         return "diagonal" if forced == "diagonal" else "fused"
     return "diagonal" if all(f.diagonal is not None for f in readers) else "blocked"
+
+
+@contextlib.contextmanager
+def recorded_paths() -> Iterator[collections.Counter[str]]:
+    """Inside, how many times each path was chosen by the attention components that take lens_parallel's path
+    (:func:`chosen_path`; a layer TransformerLens serves itself, :attr:`~lens_parallel.ModelInfo.attention_paths`,
+    chooses none): what a benchmark reports as the path that ran."""
+    seen: collections.Counter[str] = collections.Counter()
+    token = _RECORDED.set(seen)
+    try:
+        yield seen
+    finally:
+        _RECORDED.reset(token)
 
 
 def _grouped(x: Tensor, n_kv: int) -> Tensor:

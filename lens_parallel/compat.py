@@ -294,6 +294,32 @@ def own_attention_reason(component: nn.Module) -> str:
     return "; ".join(reason for reason, found in checks.items() if found)
 
 
+def pattern_after_attention(component: nn.Module) -> bool:
+    """Whether an attention bridge fires hook_pattern only after its attention has run: TransformerLens 4.3's generic
+    ``AttentionBridge`` (GPT-J, OPT, GPT-Neo, Jamba, Llama 4, ...) calls the Hugging Face module and fires
+    hook_pattern on the weights it returns, so an edit of the pattern changes nothing and the pattern is not there
+    before hook_z. lens_parallel's own path and the bridges that compute the pattern in their forward serve it
+    inline."""
+    check("transformer-lens")
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+
+    if component in _OWN_ATTENTION or getattr(component.original_component, "accepts_pattern_fn", False):
+        return False
+    return type(component).forward is AttentionBridge.forward
+
+
+def fires_rotary_hooks(component: nn.Module) -> bool:
+    """Whether an attention bridge fires hook_rot_q / hook_rot_k (the queries and keys after rotary): TransformerLens
+    4.3's PositionEmbeddingsAttentionBridge does; its joint-QKV rotary bridge (GPT-NeoX, Falcon) and its plain
+    AttentionBridge (GPT-J) declare them and never fire them."""
+    check("transformer-lens")
+    from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
+        PositionEmbeddingsAttentionBridge,
+    )
+
+    return isinstance(component, PositionEmbeddingsAttentionBridge)
+
+
 def _eager_now(component: Any) -> bool:
     """Options switched on after boot that only TransformerLens's forward serves."""
     config = component.config

@@ -67,9 +67,10 @@ value head; ``lin_out``: the block's linear-attention output, added to the resid
 
 def effective_qk_roles(info: ModelInfo) -> tuple[str, str]:
     """The roles holding the queries and keys attention uses: after rotary (and Qwen3's q/k norms) where the bridge
-    exposes them. GPT-NeoX's bridge does not fire hook_rot_q/k, so Pythia uses hook_q/hook_k, which differ from
-    the rotated vectors by a per-position rotation: norms and distances (all that relative changes use) agree."""
-    return ("rot_q", "rot_k") if info.positional == "rotary" and info.family != "pythia" else ("q", "k")
+    fires them (:attr:`ModelInfo.rotary_hooks`). GPT-NeoX's, Falcon's and GPT-J's bridges do not fire
+    hook_rot_q/k, so they use hook_q/hook_k, which differ from the rotated vectors by a per-position rotation: norms
+    and distances (all that relative changes use) agree."""
+    return ("rot_q", "rot_k") if info.positional == "rotary" and info.rotary_hooks else ("q", "k")
 
 
 RENAMED_ROLES = {"pattern": "pattern_diag (its diagonal A_tt) or pattern_full (the whole map)"}

@@ -63,7 +63,7 @@ class ModelInfo:
     n_ctx: int
     gated_attention: bool
     parallel_attn_mlp: bool
-    positional: str  # "learned" or "rotary"
+    positional: str  # "learned", "rotary", "alibi" or "none"
     config_hash: str
     layer_types: tuple[LayerType, ...] = ()  # per layer, its kind (lens_parallel.layers): softmax, linear or mixer
     n_linear_heads: int = 0  # linear-attention layers: value (= output) heads
@@ -72,6 +72,8 @@ class ModelInfo:
     block_roles: tuple[tuple[str, ...], ...] = ()  # per layer, the block-level roles its bridge hooks (layers.py)
     features: tuple[str, ...] = ()  # the architecture's features (lens_parallel.features)
     gate_role: str = ""  # the role of the attention output gate (q_gate or attn_gate), "" without one
+    rotary_hooks: bool = True  # its attention fires hook_rot_q / hook_rot_k (not GPT-NeoX's, Falcon's, GPT-J's)
+    patterns_after: tuple[int, ...] = ()  # layers whose hook_pattern fires after their attention ran (read-only)
     attention_paths: tuple[str, ...] = ()  # per layer: "lens_parallel", "eager: <why>", or "" (no softmax attention)
 
     @property
@@ -158,6 +160,10 @@ def config_hash(config: transformers.PretrainedConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+POSITIONAL = {"standard": "learned"}
+"""TransformerLens's positional embedding types as ModelInfo names them (the others as they are: rotary, alibi)."""
+
+
 @dataclass(frozen=True)
 class _Structure:
     """What a bridge's hook points and modules say of its layers and features (read once per model)."""
@@ -168,6 +174,8 @@ class _Structure:
     gate_role: str
     features: tuple[str, ...]
     attention_paths: tuple[str, ...]
+    rotary_hooks: bool
+    patterns_after: tuple[int, ...]
 
 
 _STRUCTURES: weakref.WeakKeyDictionary[TransformerBridge, _Structure] = weakref.WeakKeyDictionary()
@@ -207,7 +215,11 @@ def _structure(model: TransformerBridge) -> _Structure:
         )
         paths = tuple(_attention_path(model, layer, kind) for layer, kind in zip(layers, kinds, strict=True))
         found_features = features.model_features(found)
-        _STRUCTURES[model] = _Structure(kinds, roles, post_norm, gates[0] if gates else "", found_features, paths)
+        softmax = [layer for layer in layers if LAYER_KINDS[kinds[layer]].pattern]
+        rotary = all(compat.fires_rotary_hooks(model.blocks[layer].attn) for layer in softmax)
+        after = tuple(layer for layer in softmax if compat.pattern_after_attention(model.blocks[layer].attn))
+        gate = gates[0] if gates else ""
+        _STRUCTURES[model] = _Structure(kinds, roles, post_norm, gate, found_features, paths, rotary, after)
     return _STRUCTURES[model]
 
 
@@ -231,7 +243,7 @@ def model_info(model: TransformerBridge) -> ModelInfo:
         n_ctx=cfg.n_ctx,
         gated_attention=bool(structure.gate_role),
         parallel_attn_mlp="parallel-blocks" in structure.features,
-        positional="learned" if cfg.positional_embedding_type == "standard" else "rotary",
+        positional=POSITIONAL.get(cfg.positional_embedding_type, cfg.positional_embedding_type),
         config_hash=config_hash(hf),
         layer_types=structure.layer_types,
         n_linear_heads=getattr(hf, "linear_num_value_heads", 0) or 0,
@@ -241,6 +253,8 @@ def model_info(model: TransformerBridge) -> ModelInfo:
         features=structure.features,
         attention_paths=structure.attention_paths,
         gate_role=structure.gate_role,
+        rotary_hooks=structure.rotary_hooks,
+        patterns_after=structure.patterns_after,
     )
 
 

@@ -59,11 +59,12 @@ COLUMNS = tuple(f.name.replace("_", " ") for f in fields(SupportRow))
 
 def _status(info: ModelInfo) -> str:
     mixers = [layer for layer in range(info.n_layers) if not info.kind(layer).heads]
-    if not mixers:
-        return "exact"
     if len(mixers) == info.n_layers:
         return "residual spaces only: the bridge opens no heads"
-    return f"exact; layers {', '.join(map(str, mixers))}: residual spaces (no heads)"
+    notes = [f"layers {', '.join(map(str, mixers))}: residual spaces (no heads)"] if mixers else []
+    if info.patterns_after:
+        notes.append("edits of the pattern refused (hook_pattern fires after the attention: read-only)")
+    return "; ".join(["exact", *notes])
 
 
 def _layers(info: ModelInfo) -> str:

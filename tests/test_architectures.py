@@ -83,6 +83,12 @@ def _check_heads(model, info) -> None:
         hooked = model.run_with_hooks(TOKENS, return_type="loss", fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero)])
     edited = lp.evaluate(model, TOKENS, lp.HeadEdit("zero", layer, [0]))
     assert _rel(edited.loss_edited, float(hooked)) < 1e-5 and edited.delta_loss != 0.0
+    diagonal = lp.ZeroDiagonal(layers=[layer])
+    if layer in info.patterns_after:  # an edit of the pattern would change nothing there: refused
+        with pytest.raises(LensParallelError, match="fires hook_pattern after the attention has run"):
+            lp.evaluate(model, TOKENS, diagonal)
+    else:
+        assert abs(lp.evaluate(model, TOKENS, diagonal).delta_loss) > 1e-6
 
 
 def _check_against_hugging_face(model, spec: str, info) -> None:
@@ -136,3 +142,67 @@ def test_the_matrix_row_holds(model_type):
     edit = lp.ComponentScale("value" if info.head_layers else "residual-block", s_par=0.5)
     tasks = lp.task_effects(model, {"half": edit}, [("copa", 0)], limit=2, progress=False)
     assert np.isfinite(tasks.values["copa|acc"]).all()
+
+
+DECODING = ("toy-mistral", "toy-gemma2", "toy-gpt-oss", "toy-mixtral", "toy-bloom", "toy-opt", "toy-jamba")
+"""Features that reach decoding: a sliding window shorter than prompt + continuation (Mistral), soft caps and
+alternating windows (Gemma 2), sinks on the eager path (gpt-oss), routing (Mixtral: the router reads the edited
+residual at every step), ALiBi (Bloom), learned positions at an offset (OPT), Mamba layers' own cache (Jamba)."""
+DECODING_EDITS = {
+    "value s_par=0": lp.ComponentScale("value", s_par=0.0),
+    "zero diagonal": lp.ZeroDiagonal(),
+    "residual-block": lp.ComponentScale("residual-block", s_par=0.5),
+}
+
+
+PATTERN_AFTER = ("toy-opt", "toy-jamba")
+"""Of :data:`DECODING`, the toys whose bridge fires hook_pattern after the attention (ZeroDiagonal refused there)."""
+
+
+@pytest.mark.parametrize(
+    ("spec", "name"),
+    [(s, n) for s in DECODING for n in DECODING_EDITS if not (n == "zero diagonal" and s in PATTERN_AFTER)],
+)
+def test_cached_generation_under_an_edit_equals_recomputing_on_every_feature(spec, name, monkeypatch):
+    """The key/value cache (and a Mamba layer's state) under an edit gives each step's logits as a whole-sequence
+    forward does, past a sliding window, with sinks, soft caps and routing."""
+    from lens_parallel.edits import compile_hooks
+
+    from .test_generation import _cached, _recomputed
+
+    model = _load(spec)
+    assert bool(model_info(model).patterns_after) == (spec in PATTERN_AFTER)
+    hooks = compile_hooks(model, DECODING_EDITS[name])
+    prompt = hf_tokenizer(model).encode(PROMPT)
+    assert len(prompt) + 6 > 8  # past the toys' window of 8
+    tokens, logits = _cached(model, prompt, hooks, 6, monkeypatch)
+    expected, expected_logits = _recomputed(model, prompt, hooks, 6)
+    assert tokens == expected
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(expected_logits, _recomputed(model, prompt, [], 6)[1])  # the edit changes something
+
+
+def test_zero_diagonal_with_sinks_masks_the_self_key_and_keeps_the_sink():
+    """gpt-oss's sinks: a pattern row sums to 1 - sink. ZeroDiagonal divides the rest of the row by 1 - A_tt, which
+    is the softmax with the query's own key masked out and the sink kept in it (the sink's share grows in
+    proportion): equal to a forward whose own-key scores are -inf (TransformerLens's scores hook, before the sink
+    joins the softmax), for every query after the first."""
+    model = _load("toy-gpt-oss")
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(TOKENS)
+    sums = cache["blocks.0.attn.hook_pattern"].sum(-1)
+    assert (sums < 1 - 1e-3).all()  # the sink takes a share of every row
+
+    def mask_self(scores, hook):
+        n = scores.shape[-1]
+        own = torch.eye(n, dtype=torch.bool)
+        own[0, 0] = False  # position 0 sees only itself: left as it is
+        return scores.masked_fill(own, float("-inf"))
+
+    n_layers = model_info(model).n_layers
+    hooks = [(f"blocks.{layer}.attn.hook_attn_scores", mask_self) for layer in range(n_layers)]
+    with torch.inference_mode():
+        masked = float(model.run_with_hooks(TOKENS, return_type="loss", fwd_hooks=hooks))
+    zeroed = lp.evaluate(model, TOKENS, lp.ZeroDiagonal())
+    assert _rel(zeroed.loss_edited, masked) < 1e-5
+    assert abs(zeroed.delta_loss) > 1e-3  # against the unedited model: the edit does something

@@ -398,6 +398,20 @@ def hook_roles(name: str) -> frozenset[str]:
     return frozenset(role for role, template in ROLE_HOOKS.items() if template == generic)
 
 
+def check_pattern_inline(info: ModelInfo, edit: Edit, names: Sequence[str]) -> None:
+    """Refuse, in one line, an edit that hooks hook_pattern (to edit it, or to read A_tt before hook_z) at a layer
+    whose bridge fires hook_pattern only after its attention has run (:attr:`~lens_parallel.ModelInfo.patterns_after`):
+    there the edit would change nothing, or read a pattern not yet there."""
+    layers = sorted({int(name.split(".")[1]) for name in names if name.endswith("attn.hook_pattern")})
+    if bad := [layer for layer in layers if layer in info.patterns_after]:
+        raise LensParallelError(
+            f"{type(edit).__name__} needs the attention pattern inside the forward (it edits A, or reads A_tt before "
+            f"hook_z), but at layers {bad} of {info.name} TransformerLens's generic attention bridge fires "
+            "hook_pattern after the attention has run (read-only there); edits of hook_z, hook_v and the residual "
+            "stream work on these layers"
+        )
+
+
 def compile_hooks(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> list[Hook]:
     """Validate every edit against the model (before any forward) and return their hooks, in order. A built-in
     edit's hooks are checked against its :class:`Footprint`: a hook on an undeclared role is a library bug."""
@@ -411,6 +425,7 @@ def compile_hooks(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> lis
             stray = sorted({name for name, _ in hooks if not hook_roles(name) & declared})
             if stray:
                 raise LibraryError(f"{type(edit).__name__} hooks {stray} outside its declared footprint")
+        check_pattern_inline(info, edit, [name for name, _ in hooks])
         out += hooks
     return out
 

@@ -1,0 +1,190 @@
+"""Architectures at length: decompose of three spaces against the plain forward, on toys of a Mistral-like (sliding
+window), a Gemma-2-like (attention soft cap, alternating windows), a Mixtral-like (mixture of experts) and an
+OLMo-2-like model (query/key norm before the head split: TransformerLens's eager attention), with the attention path
+that ran (issue 68).
+
+    python benchmarks/architectures.py [--seq-len 2048] [--repeats 3] [--threads 2]
+                                       [--out benchmarks/out/architectures]
+
+Each toy is its architecture's own config shrunk by lens_parallel's template (``lens_parallel.toys.toy_config``) to
+a benchmark size (4 layers, width 256, 8 query / 2 kv heads of 32, a 512-token window where the architecture has
+one, a context of ``--seq-len``), seeded random weights, one document of random token ids. Each (model, mode) in
+its own process, median of ``--repeats`` after a warm-up, peak RSS its own:
+
+  forward         the forward every analysis runs, to the final normalised residual (no logits)
+  decompose       decompose(space=[value, value-exclude-self, residual-attn])
+  decompose-eager the same with every layer forced onto TransformerLens's eager attention (the full square)
+
+The path each layer took (lens_parallel's fused / diagonal / blocked, or eager and why) is read from the model's
+``attention_paths`` and from :func:`lens_parallel.attention.recorded_paths`. Writes ``architectures.json`` and a
+figure to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODES = ("forward", "decompose", "decompose-eager")
+SPACES = ["value", "value-exclude-self", "residual-attn"]
+SIZE = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "moe_intermediate_size": 256,
+}
+MODELS = {
+    "mistral": ("Mistral-like: sliding window", {"sliding_window": 512}),
+    "gemma2": (
+        "Gemma-2-like: attention soft cap, sliding / global layers",
+        {"sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"] * 2},
+    ),
+    "mixtral": ("Mixtral-like: mixture of experts (4 experts, top 2)", {}),
+    "olmo2": ("OLMo-2-like: query/key norm before the head split (eager attention)", {}),
+}
+
+
+def _folder(model_type: str, seq_len: int, root: Path) -> Path:
+    import torch
+    import transformers
+
+    from lens_parallel.tokenizers import load_bundled_tokenizer
+    from lens_parallel.toys import toy_config
+
+    folder = root / f"{model_type}-{seq_len}"
+    if not (folder / "config.json").is_file():
+        config = toy_config(model_type, **SIZE, **MODELS[model_type][1], max_position_embeddings=seq_len)
+        torch.manual_seed(0)
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+        load_bundled_tokenizer("gpt2").save_pretrained(folder)
+    return folder
+
+
+def worker(model_type: str, mode: str, args: argparse.Namespace) -> dict:
+    import warnings
+
+    import torch
+
+    import lens_parallel as lp
+    from lens_parallel.attention import attention_path, recorded_paths
+    from lens_parallel.documents import Documents
+    from lens_parallel.hooks import forward
+
+    torch.set_num_threads(args.threads)
+    model = lp.load_model(str(_folder(model_type, args.seq_len, Path(args.models))))
+    ids = torch.randint(0, 5000, (args.seq_len,), generator=torch.Generator().manual_seed(0))
+    docs = Documents.padded([ids.tolist()], {"source": "random token ids"})
+
+    def call() -> None:
+        if mode == "forward":
+            forward(model, docs.tokens)
+            return
+        with warnings.catch_warnings():  # post-norms: the note on residual-attn's per-head level
+            warnings.simplefilter("ignore")
+            if mode == "decompose-eager":
+                with attention_path("eager"):
+                    lp.decompose(model, docs, space=SPACES, progress=False)
+            else:
+                lp.decompose(model, docs, space=SPACES, progress=False)
+
+    call()  # warm-up
+    times = []
+    with recorded_paths() as paths:
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+    info = lp.model_info(model)
+    return {
+        "model": model_type,
+        "mode": mode,
+        "median_s": statistics.median(times),
+        "times_s": times,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "paths_per_forward": {k: v // args.repeats for k, v in paths.items()},
+        "attention_paths": sorted(set(info.attention_paths) - {""}),
+        "features": list(info.features),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="benchmarks/out/architectures")
+    parser.add_argument("--models", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(*args.worker, args)))
+        return
+    start = time.perf_counter()
+    rows: dict[str, dict[str, dict]] = {}
+    with tempfile.TemporaryDirectory() as models:
+        for model_type in MODELS:
+            _folder(model_type, args.seq_len, Path(models))
+            for mode in MODES:
+                command = [sys.executable, __file__, "--worker", model_type, mode, "--models", models, *sys.argv[1:]]
+                done = subprocess.run(command, capture_output=True, text=True, check=True)
+                rows.setdefault(model_type, {})[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"1 x {args.seq_len} tokens, {args.threads} threads, median of {args.repeats}; decompose of {SPACES}:")
+    for model_type, by_mode in rows.items():
+        base = by_mode["forward"]["median_s"]
+        print(f"{MODELS[model_type][0]}  [{', '.join(by_mode['forward']['features'])}]")
+        print(f"  attention: {'; '.join(by_mode['forward']['attention_paths'])}")
+        for mode, row in by_mode.items():
+            ran = ", ".join(f"{k} x{v}" for k, v in sorted(row["paths_per_forward"].items())) or "TransformerLens's"
+            print(
+                f"  {mode:16s} {row['median_s']:7.3f} s  {row['median_s'] / base:5.2f}x the forward   "
+                f"peak RSS {row['peak_rss_mib']:7.1f} MiB   paths per call: {ran}"
+            )
+    print(f"wall time {time.perf_counter() - start:.1f} s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "architectures.json").write_text(json.dumps(rows, indent=1))
+    figure(rows, args, out / "architectures")
+
+
+def figure(rows: dict, args: argparse.Namespace, stem: Path) -> None:
+    """Per model: each mode's time as a multiple of its forward's (left) and its peak RSS (right)."""
+    from plotly.subplots import make_subplots
+
+    from lens_parallel.plots import save_figure
+
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=(f"time at 1 x {args.seq_len} tokens (median of {args.repeats})", "peak memory"),
+    )
+    names = [MODELS[m][0].split(":")[0] for m in rows]
+    for mode in MODES:
+        ratios = [rows[m][mode]["median_s"] / rows[m]["forward"]["median_s"] for m in rows]
+        peaks = [rows[m][mode]["peak_rss_mib"] for m in rows]
+        fig.add_bar(x=names, y=ratios, name=mode, legendgroup=mode, text=[f"{r:.2f}x" for r in ratios], row=1, col=1)
+        fig.add_bar(x=names, y=peaks, name=mode, legendgroup=mode, showlegend=False, row=1, col=2)
+    fig.update_yaxes(title_text="× the forward to the final residual", row=1, col=1)
+    fig.update_yaxes(title_text="peak RSS (MiB)", rangemode="tozero", row=1, col=2)
+    fig.update_layout(
+        title=f"Decompose of {', '.join(SPACES)} across architectures (toys, 4 layers, width 256)",
+        template="plotly_white",
+        barmode="group",
+        width=1150,
+        height=480,
+        legend={"orientation": "h", "y": -0.2, "title": "mode"},
+    )
+    save_figure(fig, stem)
+
+
+if __name__ == "__main__":
+    main()
