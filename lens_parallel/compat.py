@@ -38,7 +38,8 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
         (0, 5),
         "lm_eval.models.utils._add_special_kwargs (how the hf model sets add_special_tokens), "
         "lm_eval.tasks._yaml_loader.load_yaml (a task's YAML read without importing its !function helpers), "
-        "lm_eval.evaluator's get_git_commit_hash (run in the working folder, its git's stderr shown), "
+        "lm_eval.evaluator's get_git_commit_hash (run in the working folder, its git's stderr shown) and add_env_info "
+        "(torch's collect_env, subprocesses), "
         "lm_eval.tasks.ruler.prepare_niah importing nltk and downloading punkt_tab when nltk.data.find fails, "
         "a TaskManager's metadata living in its metadata and _factory (lm_eval.tasks._factory.TaskFactory) alone",
     ),
@@ -580,20 +581,31 @@ def task_manager_with_metadata(manager: Any, metadata: dict[str, Any]) -> Any:
 def lm_eval_quietly(*, progress: bool) -> Iterator[None]:
     """Inside, lm-eval's evaluator records no git commit (its ``get_git_commit_hash`` runs ``git describe`` in the
     working folder, which prints ``fatal: not a git repository`` outside a checkout: the run's provenance holds
-    lens_parallel's version instead), and without ``progress`` its tasks build their requests without a progress
-    bar (``Task.build_all_requests`` draws one that no argument turns off)."""
+    lens_parallel's version instead) and no environment (its ``add_env_info`` runs torch's ``collect_env``, which
+    runs ``pip list`` and a dozen other commands: 0.6 s per evaluation, per setting; the provenance holds the
+    versions that make the numbers), and without ``progress`` its tasks build their requests without a progress bar
+    (``Task.build_all_requests`` draws one that no argument turns off)."""
     check("lm_eval")
     import lm_eval.api.task
     import lm_eval.evaluator
 
-    real_commit, real_bar = lm_eval.evaluator.get_git_commit_hash, lm_eval.api.task.tqdm
+    real_commit, real_env, real_bar = (
+        lm_eval.evaluator.get_git_commit_hash,
+        lm_eval.evaluator.add_env_info,
+        lm_eval.api.task.tqdm,
+    )
     lm_eval.evaluator.get_git_commit_hash = lambda: None
+    lm_eval.evaluator.add_env_info = lambda results: None
     if not progress:
         lm_eval.api.task.tqdm = functools.partial(real_bar, disable=True)
     try:
         yield
     finally:
-        lm_eval.evaluator.get_git_commit_hash, lm_eval.api.task.tqdm = real_commit, real_bar
+        lm_eval.evaluator.get_git_commit_hash, lm_eval.evaluator.add_env_info, lm_eval.api.task.tqdm = (
+            real_commit,
+            real_env,
+            real_bar,
+        )
 
 
 def import_ruler_without_download() -> None:

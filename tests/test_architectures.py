@@ -69,7 +69,7 @@ def _check_decompose(model, info) -> None:
 
 def _check_heads(model, info) -> None:
     layer = info.softmax_layers[-1]
-    view = lp.diagonal_view(model, TOKENS, layer=layer, head=0, space="value")
+    view = lp.diagonal_view(model, TOKENS, layer=layer, head=0, space="value", progress=False)
     with torch.inference_mode():
         _, cache = model.run_with_cache(TOKENS)
     np.testing.assert_allclose(view.pattern, cache[f"blocks.{layer}.attn.hook_pattern"][0, 0].numpy(), atol=1e-5)
