@@ -156,8 +156,13 @@ def main() -> None:
     figure(rows, args, out / "architectures")
 
 
+COLORS = {"forward": "#7f7f7f", "decompose": "#1f77b4", "decompose-eager": "#ff7f0e"}
+"""One colour per mode, in both panels."""
+
+
 def figure(rows: dict, args: argparse.Namespace, stem: Path) -> None:
-    """Per model: each mode's time as a multiple of its forward's (left) and its peak RSS (right)."""
+    """Per model: each mode's time in seconds, labelled with its multiple of the model's own forward (left), and its
+    peak RSS (right); one colour per mode in both."""
     from plotly.subplots import make_subplots
 
     from lens_parallel.plots import save_figure
@@ -165,23 +170,26 @@ def figure(rows: dict, args: argparse.Namespace, stem: Path) -> None:
     fig = make_subplots(
         rows=1,
         cols=2,
-        subplot_titles=(f"time at 1 x {args.seq_len} tokens (median of {args.repeats})", "peak memory"),
+        subplot_titles=(f"time at 1 x {args.seq_len} tokens (median of {args.repeats})", "peak memory of the process"),
     )
     names = [MODELS[m][0].split(":")[0] for m in rows]
     for mode in MODES:
+        seconds = [rows[m][mode]["median_s"] for m in rows]
         ratios = [rows[m][mode]["median_s"] / rows[m]["forward"]["median_s"] for m in rows]
         peaks = [rows[m][mode]["peak_rss_mib"] for m in rows]
-        fig.add_bar(x=names, y=ratios, name=mode, legendgroup=mode, text=[f"{r:.2f}x" for r in ratios], row=1, col=1)
-        fig.add_bar(x=names, y=peaks, name=mode, legendgroup=mode, showlegend=False, row=1, col=2)
-    fig.update_yaxes(title_text="× the forward to the final residual", row=1, col=1)
+        style = {"name": mode, "legendgroup": mode, "marker_color": COLORS[mode]}
+        labels = [f"{r:.2f}x" for r in ratios]
+        fig.add_bar(x=names, y=seconds, text=labels, textposition="outside", **style, row=1, col=1)
+        fig.add_bar(x=names, y=peaks, showlegend=False, **style, row=1, col=2)
+    fig.update_yaxes(title_text="seconds (label: × the model's forward)", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="peak RSS (MiB)", rangemode="tozero", row=1, col=2)
     fig.update_layout(
-        title=f"Decompose of {', '.join(SPACES)} across architectures (toys, 4 layers, width 256)",
+        title=f"Decompose of {', '.join(SPACES)} across architectures (toys: 4 layers, width 256, window 512)",
         template="plotly_white",
         barmode="group",
         width=1150,
-        height=480,
-        legend={"orientation": "h", "y": -0.2, "title": "mode"},
+        height=500,
+        legend={"orientation": "h", "y": -0.15, "title": "mode"},
     )
     save_figure(fig, stem)
 

@@ -309,6 +309,67 @@ def attend(
     return z
 
 
+def attend_square(
+    component: Any,
+    q: Float[Tensor, "batch head_index query_pos d_head"],
+    k: Float[Tensor, "batch kv_head_index key_pos d_head"],
+    v: Float[Tensor, "batch kv_head_index key_pos d_head"],
+    mask: Tensor | None,
+    *,
+    scale: float,
+    softcap: float | None,
+) -> Float[Tensor, "batch head_index query_pos d_head"]:
+    """The eager path written inline, for a component whose TransformerLens bridge would only see the pattern after
+    the attention has run (the attention-interface route, :func:`lens_parallel.compat.install_attention`): the whole
+    ``[batch, head_index, query_pos, key_pos]`` scores through ``hook_attn_scores``, soft-capped, masked (as
+    :func:`attend`), the softmax in float32 through ``hook_pattern``, and z from the pattern the hooks leave, so that
+    an edit of either reaches the output as on TransformerLens's own eager forward."""
+    n_heads, n_kv, n_query, n_key = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    scores = _ungrouped(_grouped(q, n_kv) @ k.transpose(-1, -2), n_heads // n_kv) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    low = torch.finfo(q.dtype).min
+    if mask is None:
+        scores = scores.masked_fill(
+            ~torch.ones(n_query, n_key, dtype=torch.bool, device=q.device).tril(n_key - n_query), low
+        )
+    elif mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, low)
+    else:
+        scores = scores + mask.to(scores.dtype)
+    scores = component.hook_attn_scores(scores)
+    precise = torch.promote_types(q.dtype, torch.float32)
+    pattern = component.hook_pattern(torch.softmax(scores, dim=-1, dtype=precise).to(q.dtype))
+    return _ungrouped(_grouped(pattern, n_kv) @ v, n_heads // n_kv)
+
+
+def attend_routed(
+    component: Any,
+    q: Float[Tensor, "batch head_index query_pos d_head"],
+    k: Float[Tensor, "batch kv_head_index key_pos d_head"],
+    v: Float[Tensor, "batch kv_head_index key_pos d_head"],
+    mask: Tensor | None,
+    *,
+    scale: float,
+    softcap: float | None,
+    window: int | None,
+    layer: int | None,
+) -> Float[Tensor, "batch head_index query_pos d_head"]:
+    """The attention a Hugging Face module hands to transformers' attention interface, computed here for its
+    TransformerLens component (the route :func:`lens_parallel.compat.install_attention` takes for the generic
+    ``AttentionBridge``): ``q``, ``k``, ``v`` as the module made them (after its rotary, norms and cache). The path is
+    :func:`chosen_path`'s; ``eager`` is the square written inline (:func:`attend_square`), so that hook_pattern fires
+    inside the forward and its edits reach the output. At a cached decoding step the layer's values over every key
+    go to the edits that read them (:data:`STEP_VALUES`)."""
+    values = STEP_VALUES.get()
+    if values is not None and layer is not None:  # the decoding loop's dictionary: every key's values
+        values[layer] = einops.rearrange(v, "batch kv key d -> batch key kv d")
+    path = chosen_path(component, softcap=softcap)
+    if path == "eager":
+        return attend_square(component, q, k, v, mask, scale=scale, softcap=softcap)
+    return attend(component, q, k, v, mask, path=path, scale=scale, softcap=softcap, layer=layer, window=window)
+
+
 def _on_diagonal(
     component: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None
 ) -> Tensor | None:
@@ -504,4 +565,4 @@ def _blocked(
 def install(model: Any) -> int:
     """Give every softmax-attention component of ``model`` (a TransformerBridge) lens_parallel's attention path;
     returns how many components took it (the others keep TransformerLens's forward). Idempotent."""
-    return compat.install_attention(model, attend, chosen_path)
+    return compat.install_attention(model, attend, chosen_path, attend_routed)

@@ -222,12 +222,15 @@ def cache_reaches_attention(model: nn.Module, *, values: dict[int, Any] | None =
 
 
 ATTENTION_SOURCES = {
+    "AttentionBridge.forward": "ee8f78b0e8f340d6",
     "PositionEmbeddingsAttentionBridge.forward": "792c3e1b665a0ae2",
     "JointQKVAttentionBridge._reconstruct_attention": "6b9aae7f4356029e",
     "JointQKVPositionEmbeddingsAttentionBridge._reconstruct_attention": "b507ec0b79b97b83",
 }
-"""The TransformerLens 4.3.0 attention forwards lens_parallel's own path reproduces (:func:`install_attention`),
-each by the first 16 hex digits of the SHA-256 of its source: a release that changes one must be checked again."""
+"""The TransformerLens 4.3.0 attention forwards lens_parallel's own path reproduces (:func:`install_attention`), and
+the generic bridge's, whose call of the Hugging Face module (and after-the-fact hook_pattern) the attention-interface
+route relies on, each by the first 16 hex digits of the SHA-256 of its source: a release that changes one must be
+checked again."""
 
 
 def attention_sources() -> dict[str, str]:
@@ -235,6 +238,7 @@ def attention_sources() -> dict[str, str]:
     import hashlib
     import inspect
 
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
     from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
     from transformer_lens.model_bridge.generalized_components.joint_qkv_position_embeddings_attention import (
         JointQKVPositionEmbeddingsAttentionBridge,
@@ -244,6 +248,7 @@ def attention_sources() -> dict[str, str]:
     )
 
     functions = (
+        AttentionBridge.forward,
         PositionEmbeddingsAttentionBridge.forward,
         JointQKVAttentionBridge._reconstruct_attention,
         JointQKVPositionEmbeddingsAttentionBridge._reconstruct_attention,
@@ -257,7 +262,9 @@ _OWN_ATTENTION: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 def own_attention_reason(component: nn.Module) -> str:
     """Why ``component`` keeps TransformerLens's own attention forward ("" when lens_parallel's path,
     :mod:`lens_parallel.attention`, reproduces it: the three bridge classes it was checked against, causal
-    self-attention, and none of the options those forwards handle that it does not)."""
+    self-attention, and none of the options those forwards handle that it does not; or the generic AttentionBridge
+    over a module that computes its attention through transformers' attention interface, whose attention
+    lens_parallel computes from the module's own q, k and v)."""
     check("transformer-lens")
     from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
     from transformer_lens.model_bridge.generalized_components.joint_qkv_position_embeddings_attention import (
@@ -269,6 +276,8 @@ def own_attention_reason(component: nn.Module) -> str:
 
     kinds = (PositionEmbeddingsAttentionBridge, JointQKVAttentionBridge, JointQKVPositionEmbeddingsAttentionBridge)
     hf_attn: Any = component.original_component
+    if _routable(component):  # the module makes q, k, v itself: lens_parallel computes only the attention
+        return "attention sinks" if getattr(hf_attn, "sinks", None) is not None else ""
     config: Any = getattr(hf_attn, "config", None)
     rope = getattr(config, "rope_parameters", None)
     checks = {
@@ -414,7 +423,91 @@ def _joint_attention(
     return component._apply_output_projection(out), None
 
 
-def install_attention(model: nn.Module, attend: Any, choose: Any) -> int:
+INTERFACE = "lens_parallel"
+"""The name lens_parallel registers with transformers' attention interface (and its mask interface, as SDPA's)."""
+_ROUTED: weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, Any]] = weakref.WeakKeyDictionary()
+"""Hugging Face attention module -> its TransformerLens component and the function computing its attention."""
+
+
+def _routed_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface under :data:`INTERFACE`: a module lens_parallel routed
+    (:func:`install_attention`) has its attention computed by lens_parallel's path for its component; any other
+    module (of a model that only shares the config's implementation name), and a module training with dropout, run
+    transformers' SDPA function as they would otherwise. Returns ``(attn_output [batch, query_pos, head, d_head],
+    None)``: no weights, so the bridge fires no read-only pattern after the fact (hook_pattern fired inside)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    routed = _ROUTED.get(module)
+    if routed is None or (module.training and dropout):
+        out: tuple[torch.Tensor, None] = sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+        return out
+    unknown = [name for name in ("s_aux", "position_bias") if kwargs.get(name) is not None]
+    if unknown or kwargs.get("is_causal") is False:
+        raise LibraryError(
+            f"{type(module).__name__} hands the attention interface {unknown or 'is_causal=False'}, which "
+            "lens_parallel's routed attention does not compute: a TransformerLens or transformers release changed it"
+        )
+    component, attend_routed = routed
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    z = attend_routed(
+        component,
+        query,
+        key,
+        value,
+        attention_mask,
+        scale=scale,
+        softcap=kwargs.get("softcap"),
+        window=kwargs.get("sliding_window"),
+        layer=getattr(module, "layer_idx", None),
+    )
+    return einops.rearrange(z, "batch head pos d -> batch pos head d").contiguous(), None
+
+
+def _calls_attention_interface(module: nn.Module) -> bool:
+    """Whether a Hugging Face attention module's forward computes its attention through transformers' attention
+    interface (``ALL_ATTENTION_FUNCTIONS``), as transformers 5's modules do (GPT-Neo's and XGLM's do not)."""
+    import inspect
+
+    try:
+        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(type(module).forward)
+    except (OSError, TypeError):
+        return False
+
+
+def _routable(component: nn.Module) -> bool:
+    """Whether ``component`` is TransformerLens's generic ``AttentionBridge`` over a causal module that computes its
+    attention through the attention interface: lens_parallel computes that attention itself (the route)."""
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+
+    hf_attn: Any = component.original_component
+    return (
+        type(component).forward is AttentionBridge.forward
+        and not getattr(hf_attn, "accepts_pattern_fn", False)
+        and getattr(hf_attn, "is_causal", True) is not False
+        and _calls_attention_interface(hf_attn)
+    )
+
+
+def _register_interface() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(INTERFACE, _routed_attention)
+    AttentionMaskInterface.register(INTERFACE, sdpa_mask)
+
+
+def install_attention(model: nn.Module, attend: Any, choose: Any, attend_routed: Any) -> int:
     """Give every attention component of ``model`` for which :func:`own_attention_reason` is empty lens_parallel's
     attention (``attend``, on the path ``choose(component, softcap=)`` picks), written into the instance's own
     dictionary: the forward of a PositionEmbeddingsAttentionBridge, the ``_reconstruct_attention`` of a joint-QKV
@@ -436,7 +529,9 @@ def install_attention(model: nn.Module, attend: Any, choose: Any) -> int:
         taken += 1
         if component in _OWN_ATTENTION:
             continue
-        if isinstance(component, JointQKVAttentionBridge):
+        if _routable(component):
+            _ROUTED[hf_module(component)] = (component, attend_routed)
+        elif isinstance(component, JointQKVAttentionBridge):
             rotary = isinstance(component, JointQKVPositionEmbeddingsAttentionBridge)
             vars(component)["_reconstruct_attention"] = functools.partial(
                 _joint_attention, component, attend, choose, rotary
@@ -445,9 +540,10 @@ def install_attention(model: nn.Module, attend: Any, choose: Any) -> int:
             vars(component)["forward"] = functools.partial(_position_forward, component, attend, choose)
         _OWN_ATTENTION.add(component)
     if taken:
+        _register_interface()
         hf_model: Any = model.original_model
-        with contextlib.suppress(ValueError):  # Gemma 2 refuses SDPA (its soft cap): eager's additive mask is read
-            hf_model.set_attn_implementation("sdpa")
+        with contextlib.suppress(ValueError):  # a model that refuses it keeps eager's additive mask, which is read
+            hf_model.set_attn_implementation(INTERFACE)
     return taken
 
 

@@ -144,10 +144,15 @@ def test_the_matrix_row_holds(model_type):
     assert np.isfinite(tasks.values["copa|acc"]).all()
 
 
-DECODING = ("toy-mistral", "toy-gemma2", "toy-gpt-oss", "toy-mixtral", "toy-bloom", "toy-opt", "toy-jamba")
+DECODING = (
+    *("toy-mistral", "toy-gemma2", "toy-gpt-oss", "toy-mixtral", "toy-bloom"),
+    *("toy-opt", "toy-gptj", "toy-llama4-text", "toy-jamba", "toy-gpt-neo"),
+)
 """Features that reach decoding: a sliding window shorter than prompt + continuation (Mistral), soft caps and
 alternating windows (Gemma 2), sinks on the eager path (gpt-oss), routing (Mixtral: the router reads the edited
-residual at every step), ALiBi (Bloom), learned positions at an offset (OPT), Mamba layers' own cache (Jamba)."""
+residual at every step), ALiBi (Bloom), learned positions at an offset (OPT), and the attention-interface route
+(OPT, GPT-J, Llama 4's chunked attention, Jamba beside its Mamba layers' own cache); GPT-Neo's bridge, which fires
+the pattern after the attention, keeps TransformerLens's forward."""
 DECODING_EDITS = {
     "value s_par=0": lp.ComponentScale("value", s_par=0.0),
     "zero diagonal": lp.ZeroDiagonal(),
@@ -155,7 +160,7 @@ DECODING_EDITS = {
 }
 
 
-PATTERN_AFTER = ("toy-opt", "toy-jamba")
+PATTERN_AFTER = ("toy-gpt-neo",)
 """Of :data:`DECODING`, the toys whose bridge fires hook_pattern after the attention (ZeroDiagonal refused there)."""
 
 
