@@ -7,7 +7,7 @@ implementing :class:`Result`), the sweep engine, compression, training, the repo
 when first needed.
 """
 
-__version__ = "0.17.0"
+__version__ = "0.18.0"
 
 import lazy_loader
 

@@ -325,19 +325,9 @@ def attend_square(
     :func:`attend`), the softmax in float32 through ``hook_pattern``, and z from the pattern the hooks leave, so that
     an edit of either reaches the output as on TransformerLens's own eager forward."""
     n_heads, n_kv, n_query, n_key = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
-    scores = _ungrouped(_grouped(q, n_kv) @ k.transpose(-1, -2), n_heads // n_kv) * scale
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    low = torch.finfo(q.dtype).min
-    if mask is None:
-        scores = scores.masked_fill(
-            ~torch.ones(n_query, n_key, dtype=torch.bool, device=q.device).tril(n_key - n_query), low
-        )
-    elif mask.dtype == torch.bool:
-        scores = scores.masked_fill(~mask, low)
-    else:
-        scores = scores + mask.to(scores.dtype)
-    scores = component.hook_attn_scores(scores)
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
+    scores = component.hook_attn_scores(_block_scores(q, k, mask, (0, n_query, 0, n_key), scale, softcap))
     precise = torch.promote_types(q.dtype, torch.float32)
     pattern = component.hook_pattern(torch.softmax(scores, dim=-1, dtype=precise).to(q.dtype))
     return _ungrouped(_grouped(pattern, n_kv) @ v, n_heads // n_kv)
@@ -505,6 +495,27 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float
     )
 
 
+def _block_scores(
+    q: Tensor, k: Tensor, mask: Tensor | None, span: tuple[int, int, int, int], scale: float, softcap: float | None
+) -> Float[Tensor, "batch head_index block_query block_key"]:
+    """The scores of queries ``[start, stop)`` against keys ``[begin, end)`` (``span``): s = scale q . k, soft-capped
+    (c tanh(s / c)), masked by ``mask`` (bool: allowed; float, in the queries' dtype: added) or, without one,
+    causally (the queries the last of the keys; ``begin`` is 0 then)."""
+    start, stop, begin, end = span
+    n_heads, n_kv = q.shape[1], k.shape[1]
+    scores = _ungrouped(_grouped(q[:, :, start:stop], n_kv) @ k[:, :, begin:end].transpose(-1, -2), n_heads // n_kv)
+    scores = scores * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    low = torch.finfo(q.dtype).min
+    if mask is None:
+        allowed = torch.ones(stop - start, end, dtype=torch.bool, device=q.device).tril(end - (stop - start))
+        return scores.masked_fill(~allowed, low)
+    if mask.dtype == torch.bool:
+        return scores.masked_fill(~mask[..., start:stop, begin:end], low)
+    return scores + mask[..., start:stop, begin:end]
+
+
 def _blocked(
     component: Any,
     q: Tensor,
@@ -526,7 +537,6 @@ def _blocked(
     _, forced_block = _PATH.get()
     elements = devices.sizes(q.device).attention_elements
     block = forced_block or max(16, elements // max(1, batch * n_heads * n_key))
-    low = torch.finfo(q.dtype).min
     precise = torch.promote_types(q.dtype, torch.float32)  # float32 softmax, float64 for a float64 model
     values = dict(STEP_VALUES.get() or {})
     if layer is not None:
@@ -535,17 +545,7 @@ def _blocked(
     out = []
     try:
         for start, stop, begin, end in _spans(n_query, n_key, block, window if mask is not None else None):
-            keys = k[:, :, begin:end].transpose(-1, -2)
-            scores = _ungrouped(_grouped(q[:, :, start:stop], n_kv) @ keys, group) * scale
-            if softcap is not None:
-                scores = torch.tanh(scores / softcap) * softcap
-            if mask is None:
-                allowed = torch.ones(stop - start, end, dtype=torch.bool, device=q.device).tril(end - (stop - start))
-                scores = scores.masked_fill(~allowed, low)
-            elif mask.dtype == torch.bool:
-                scores = scores.masked_fill(~mask[..., start:stop, begin:end], low)
-            else:
-                scores = scores + mask[..., start:stop, begin:end]
+            scores = _block_scores(q, k, mask, (start, stop, begin, end), scale, softcap)
             pattern = F.pad(torch.softmax(scores, dim=-1, dtype=precise).to(q.dtype), (begin, 0))
             token = QUERY_BLOCK.set(None if (start, stop) == (0, n_query) else QueryBlock(start, stop, n_query))
             try:

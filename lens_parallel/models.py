@@ -550,6 +550,13 @@ def available_models() -> pd.DataFrame:
         }
         for spec in TOY_MODELS
     ]
+    rows.append(
+        {
+            "spec": "toy-<model type>",
+            "what": "a toy of any other bridged architecture (toy-mistral, toy-gemma2, ...: the architectures guide)",
+            "offline_now": "yes",
+        }
+    )
     rows += [
         {
             "spec": real.spec,
@@ -574,7 +581,7 @@ def available_models() -> pd.DataFrame:
     rows.append(
         {
             "spec": "/path/to/folder",
-            "what": "a save_pretrained folder of a supported architecture",
+            "what": "a save_pretrained folder of any architecture of the support matrix",
             "offline_now": "yes",
         }
     )
