@@ -60,7 +60,7 @@ from lens_parallel.documents import Documents, document_batches
 from lens_parallel.edits import Edit, Heads, compile_hooks, edit_noop, explorer_edits
 from lens_parallel.errors import LensParallelError
 from lens_parallel.generation import GenerationResult, generate
-from lens_parallel.hooks import check_heads, check_indices, expand_kv, output_weights
+from lens_parallel.hooks import check_heads, check_indices, expand_kv, head_layers, output_weights
 from lens_parallel.models import head_label, model_info
 from lens_parallel.plots import explore as plots
 from lens_parallel.results import Provenance
@@ -119,7 +119,7 @@ class Explorer:
         batch_size: int = 8,
     ) -> None:
         self.model, self.info, self.documents = model, model_info(model), Documents.of(tokens)
-        self.layers = self.info.head_layers
+        self.layers, _ = head_layers(self.info, None, what="the explorer (heads and their maps)")
         self.width = max(self.info.output_heads(layer) for layer in self.layers)
         self._blocks = tokens
         with warnings.catch_warnings():  # a post-attention norm (Gemma 3): no per-head residual-attn, a note

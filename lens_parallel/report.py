@@ -47,6 +47,7 @@ from lens_parallel.downstream.data import check_task_names
 from lens_parallel.downstream.effects import TaskResult, task_effects
 from lens_parallel.downstream.presets import resolve_tasks
 from lens_parallel.edits import ComponentScale, Edit, as_edits, describe_edit
+from lens_parallel.hooks import head_layers
 from lens_parallel.losses import EditEffect
 from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve
@@ -274,6 +275,7 @@ def run_battery(
     """Run the sections on ``model`` (see the module docstring; :class:`ReportSettings`, run options
     :class:`~lens_parallel.options.RunOptions`); every setting is checked first (:func:`check_battery`)."""
     s, opts = resolve(ReportSettings, settings, options, protocol, changes)
+    head_layers(model_info(model), None, what="the report's battery (diagonal views, head ablations, the nulls)")
     docs = Documents.of(documents)
     check_battery(docs, s, opts)
     seconds: dict[str, float] = {}

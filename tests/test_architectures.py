@@ -136,9 +136,15 @@ def test_the_matrix_row_holds(model_type):
         _check_heads(model, info)
     if info.head_layers:
         _check_nulls(model, info)
-    else:
-        with pytest.raises(LensParallelError, match="needs heads"):
-            lp.causal_null(model, TOKENS, progress=False)
+    else:  # the residual spaces only: whatever is built on heads says so in one line
+        for run in (
+            lambda: lp.causal_null(model, TOKENS, progress=False),
+            lambda: lp.run_battery(model, TOKENS, progress=False),
+            lambda: lp.explore(model, TOKENS),
+        ):
+            with pytest.raises(LensParallelError, match=r"needs heads.*but no layer of") as refused:
+                run()
+            assert "\n" not in str(refused.value)
     edit = lp.ComponentScale("value" if info.head_layers else "residual-block", s_par=0.5)
     tasks = lp.task_effects(model, {"half": edit}, [("copa", 0)], limit=2, progress=False)
     assert np.isfinite(tasks.values["copa|acc"]).all()
