@@ -227,8 +227,10 @@ FEATURES: Mapping[str, Feature] = {
             "multipliers",
             "scalar multipliers of embeddings, attention, residual updates or logits",
             _multipliers,
-            "inside the network they are the bridge's own forward; the logit multipliers are applied by the chunked "
-            "unembedding of every loss",
+            "inside the network they are the bridge's own forward (Granite's residual multiplier is inside "
+            "hook_attn_out / hook_mlp_out; Falcon-H1's attention-out multiplier comes after hook_attn_out: cosines and "
+            "fractions are the update's, the parallel coefficient the sublayer output's); the logit multipliers are "
+            "applied by the chunked unembedding of every loss",
         ),
         Feature(
             "position-offset",

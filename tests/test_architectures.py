@@ -217,3 +217,7 @@ def test_zero_diagonal_with_sinks_masks_the_self_key_and_keeps_the_sink():
     zeroed = lp.evaluate(model, TOKENS, lp.ZeroDiagonal())
     assert _rel(zeroed.loss_edited, masked) < 1e-5
     assert abs(zeroed.delta_loss) > 1e-3  # against the unedited model: the edit does something
+    # the diagonal form adds dA_tt v_t whatever a row sums to (the sink holds no value): the parallel scaling itself
+    diagonal = lp.evaluate(model, TOKENS, lp.DiagonalEdit("value", s_par=0.0))
+    scaled = lp.evaluate(model, TOKENS, lp.ComponentScale("value", s_par=0.0))
+    assert _rel(diagonal.loss_edited, scaled.loss_edited) < 1e-5 and abs(scaled.delta_loss) > 1e-3
