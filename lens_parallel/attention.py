@@ -309,16 +309,9 @@ def attend(
     return z
 
 
-def attend_square(
-    component: Any,
-    q: Float[Tensor, "batch head_index query_pos d_head"],
-    k: Float[Tensor, "batch kv_head_index key_pos d_head"],
-    v: Float[Tensor, "batch kv_head_index key_pos d_head"],
-    mask: Tensor | None,
-    *,
-    scale: float,
-    softcap: float | None,
-) -> Float[Tensor, "batch head_index query_pos d_head"]:
+def _square(
+    component: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, softcap: float | None
+) -> Tensor:
     """The eager path written inline, for a component whose TransformerLens bridge would only see the pattern after
     the attention has run (the attention-interface route, :func:`lens_parallel.compat.install_attention`): the whole
     ``[batch, head_index, query_pos, key_pos]`` scores through ``hook_attn_scores``, soft-capped, masked (as
@@ -348,7 +341,7 @@ def attend_routed(
     """The attention a Hugging Face module hands to transformers' attention interface, computed here for its
     TransformerLens component (the route :func:`lens_parallel.compat.install_attention` takes for the generic
     ``AttentionBridge``): ``q``, ``k``, ``v`` as the module made them (after its rotary, norms and cache). The path is
-    :func:`chosen_path`'s; ``eager`` is the square written inline (:func:`attend_square`), so that hook_pattern fires
+    :func:`chosen_path`'s; ``eager`` is the square written inline (:func:`_square`), so that hook_pattern fires
     inside the forward and its edits reach the output. At a cached decoding step the layer's values over every key
     go to the edits that read them (:data:`STEP_VALUES`)."""
     values = STEP_VALUES.get()
@@ -356,7 +349,7 @@ def attend_routed(
         values[layer] = einops.rearrange(v, "batch kv key d -> batch key kv d")
     path = chosen_path(component, softcap=softcap)
     if path == "eager":
-        return attend_square(component, q, k, v, mask, scale=scale, softcap=softcap)
+        return _square(component, q, k, v, mask, scale, softcap)
     return attend(component, q, k, v, mask, path=path, scale=scale, softcap=softcap, layer=layer, window=window)
 
 
