@@ -96,6 +96,10 @@ ContextForm = Literal["short", "full"]
 """How :meth:`~lens_parallel.downstream.effects.TaskResult.samples` shows an item's context: its end, or whole."""
 DeviceKind = Literal["cpu", "cuda"]
 """The kinds of device whose work sizes differ (:mod:`lens_parallel.devices`)."""
+TextBos = Literal["model", "none", "boundary"]
+"""What goes before a text's tokens when text is given as documents: ``model``, TransformerLens's ``to_tokens``
+(its BOS where the model's ``default_prepend_bos`` says so: GPT-2 yes, Pythia and Qwen no); ``none``, nothing (the
+text's own tokens); ``boundary``, lens_parallel's document-boundary token (:mod:`lens_parallel.data`)."""
 LayerType = Literal["softmax", "linear", "mixer"]
 """A layer's kind (:mod:`lens_parallel.layers`): softmax attention, linear attention (gated delta rule), or a token
 mixer without heads (state-space, convolution, recurrence)."""
@@ -131,6 +135,7 @@ CHOICES = (
     HeadsAll,
     AttentionPath,
     ContextForm,
+    TextBos,
     DeviceKind,
     LayerType,
 )

@@ -158,6 +158,28 @@ def texts_of(texts: str | Sequence[str]) -> tuple[str, list[str]]:
     return "user-texts", check_texts(texts)
 
 
+CORPUS_N_DOCS = 16
+"""How many documents :func:`token_blocks` and :func:`~lens_parallel.documents.whole_documents` take of a bundled or
+hub corpus by default (of a user's own texts, a list or a file: all of them)."""
+
+
+def wanted_docs(texts: str | Sequence[str], n_docs: int | None, available: int) -> int:
+    """``n_docs`` checked (>= 1), or its default: every one of a user's ``available`` texts (a list or a ``.txt`` /
+    ``.jsonl`` file), :data:`CORPUS_N_DOCS` of a bundled or hub corpus."""
+    if n_docs is None:
+        own = not isinstance(texts, str) or texts.endswith(TEXT_FILE_SUFFIXES)
+        return max(available, 1) if own else CORPUS_N_DOCS
+    if isinstance(n_docs, bool) or not isinstance(n_docs, (int, np.integer)) or n_docs < 1:
+        raise LensParallelError(f"n_docs must be an integer >= 1 (or None: all of your texts), got {n_docs!r}")
+    return int(n_docs)
+
+
+def stored_or_seeded(available: int, n_docs: int, seed: int) -> np.ndarray:
+    """The order documents are taken in: as stored when all ``available`` are wanted (document i is text i), else a
+    seeded permutation."""
+    return np.arange(available) if n_docs == available else np.random.default_rng(seed).permutation(available)
+
+
 @dataclass(frozen=True)
 class TokenBlocks:
     """Fixed-length token blocks, one per document, and how they were made."""
@@ -201,13 +223,14 @@ def token_blocks(
     model: TransformerBridge,
     texts: str | Sequence[str] = "wikipedia-en",
     *,
-    n_docs: int = 16,
+    n_docs: int | None = None,
     seq_len: int = 128,
     seed: int = 0,
 ) -> TokenBlocks:
     """``n_docs`` blocks of ``seq_len`` tokens: documents chosen in a seeded order among those long enough.
 
-    ``texts`` is a bundled corpus name, a ``.txt`` / ``.jsonl`` file or a list of documents. Raises
+    ``texts`` is a bundled corpus name, a ``.txt`` / ``.jsonl`` file or a list of documents; ``n_docs`` (None: every
+    one of your own texts, 16 of a corpus). Raises
     ``ValueError`` before tokenizing anything if ``seq_len`` exceeds the model's context or is < 2, or the corpus is
     empty; after, if fewer than ``n_docs`` documents have ``seq_len - 1`` tokens.
     """
@@ -219,14 +242,13 @@ def token_blocks(
         raise LensParallelError(
             f"seq_len={seq_len} exceeds the model's context length n_ctx={n_ctx}; use seq_len <= {n_ctx}"
         )
-    if n_docs < 1:
-        raise LensParallelError(f"n_docs must be >= 1, got {n_docs}")
+    n_docs = wanted_docs(texts, n_docs, len(docs))
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise LensParallelError(f"seed must be an integer >= 0, got {seed!r}")
     if not docs or not any(d.strip() for d in docs):
         raise LensParallelError(f"corpus {corpus!r} is empty: no document has any text")
     token, token_id = boundary_token(model.tokenizer)
-    order = np.random.default_rng(seed).permutation(len(docs))
+    order = stored_or_seeded(len(docs), n_docs, seed)
     rows, chosen, longest = [], [], 0
     for i in order:
         ids = model.tokenizer(docs[i], add_special_tokens=False)["input_ids"]

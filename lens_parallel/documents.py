@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import torch
@@ -29,12 +29,19 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.data import TokenBlocks, boundary_token, texts_of
+from lens_parallel.choices import TextBos
+from lens_parallel.data import TokenBlocks, boundary_token, check_texts, stored_or_seeded, texts_of, wanted_docs
 from lens_parallel.errors import LensParallelError
-from lens_parallel.validate import check_non_negative_int, check_positive_int
+from lens_parallel.validate import check_choice, check_non_negative_int, check_positive_int
 
 PAD_ID = 0
 """The token id written after a document's end (never attended to by its real positions, never scored)."""
+
+ACCEPTED = (
+    "a string, a list of strings, a [batch, pos] token tensor or token-id lists, a tokenizer's batch with its "
+    "attention_mask (model.tokenizer(texts, padding=True, return_tensors='pt')), TokenBlocks, TextWindows or "
+    "Documents"
+)
 
 
 @dataclass(frozen=True)
@@ -50,33 +57,58 @@ class Documents:
     first_scored: Int[Tensor, " batch"] | None = None
 
     @classmethod
-    def of(cls, documents: object) -> Documents:
-        """:class:`Documents` from :class:`TokenBlocks`, a ``[batch, pos]`` integer tensor (every row full), a list
-        of token-id lists, or :class:`Documents` itself; refuses anything else, or a document of fewer than 2
-        tokens, in one line."""
+    def of(
+        cls, documents: DocumentsLike, model: TransformerBridge | None = None, *, bos: TextBos = "model"
+    ) -> Documents:
+        """The input rule of every analysis, view, evaluation and the explorer: :class:`Documents` from
+
+        - a string or a list of strings: each text one document, tokenized as TransformerLens's
+          ``model.to_tokens(text)`` does (``bos="model"``: the model's BOS first where its ``default_prepend_bos``
+          says so: GPT-2 yes, Pythia and Qwen no; ``"none"``: the text's own tokens; ``"boundary"``: the
+          document-boundary token first);
+        - token ids: a ``[batch, pos]`` integer tensor (a ``[pos]`` one is one document), or token-id lists (each
+          list a document of its own length);
+        - a tokenizer's batch (a mapping with ``input_ids`` and ``attention_mask``, e.g.
+          ``model.tokenizer(texts, padding=True, return_tensors="pt")``): each row's masked-in tokens, right or left
+          padding dropped, so every document runs at positions 0, 1, ... as if alone;
+        - :class:`~lens_parallel.data.TokenBlocks`, :class:`TextWindows` or :class:`Documents` (as they are).
+
+        Padding is never text: a tensor (or equal-length lists) whose rows begin or end in runs of the tokenizer's
+        pad id of different lengths, given without a mask, is refused in one line (pass the mask, or the texts).
+        Token ids outside the vocabulary are refused. ``model`` is needed for text, masks and the checks; without it
+        only TokenBlocks, TextWindows, Documents and token ids are taken, unchecked.
+
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.Documents.of(["The cat sat.", "A dog ran far away."], model)
+        >>> docs.lengths.tolist()  # <|endoftext|> first (GPT-2's default_prepend_bos), then each text's tokens
+        [5, 7]
+        >>> batch = model.tokenizer(["The cat sat.", "A dog ran far away."], padding=True, return_tensors="pt")
+        >>> lp.Documents.of(batch, model).lengths.tolist()  # the tokenizer adds no BOS for GPT-2
+        [4, 6]
+        """
         if isinstance(documents, Documents):
-            return documents
+            return _checked(documents, model)
         if isinstance(documents, TextWindows):
-            return documents.windows
+            return _checked(documents.windows, model)
         if isinstance(documents, TokenBlocks):
-            tokens = documents.tokens
-            return cls(tokens, _full_lengths(tokens), documents.describe())
+            return _checked(cls(documents.tokens, _full_lengths(documents.tokens), documents.describe()), model)
+        if isinstance(documents, str) or (
+            isinstance(documents, Sequence) and documents and all(isinstance(d, str) for d in documents)
+        ):
+            return _checked(_text_documents(_need(model, "text"), cast("str | Sequence[str]", documents), bos), model)
+        if isinstance(documents, Mapping):
+            return _checked(_masked_documents(_need(model, "a tokenizer's batch"), documents), model)
         if isinstance(documents, Tensor):
-            if documents.ndim != 2 or documents.dtype not in (torch.int32, torch.int64):
-                raise LensParallelError(
-                    f"tokens must be an integer tensor [batch, pos], got {tuple(documents.shape)} {documents.dtype}"
-                )
-            return cls(documents, _full_lengths(documents), {"corpus": "caller-supplied token tensor"})
-        if isinstance(documents, Sequence) and not isinstance(documents, str) and documents:
-            rows = [list(d) for d in documents]
-            if not all(rows) or not all(isinstance(t, (int, np.integer)) for row in rows for t in row):
-                raise LensParallelError("documents must be lists of token ids (integers), none empty")
-            return cls.padded(rows, {"corpus": "caller-supplied token lists"})
-        raise LensParallelError(
-            "documents must be TokenBlocks, an integer tensor [batch, pos], a list of token-id lists, Documents or "
-            "TextWindows; "
-            f"got {type(documents).__name__}"
-        )
+            tokens = _token_tensor(documents, "tokens")
+            _refuse_padding(tokens, model)
+            return _checked(cls(tokens, _full_lengths(tokens), {"corpus": "caller-supplied token tensor"}), model)
+        if isinstance(documents, Sequence) and documents:
+            rows = _token_rows(documents)
+            if len({len(r) for r in rows}) == 1:
+                _refuse_padding(torch.tensor(rows, dtype=torch.long, device="cpu"), model)
+            return _checked(cls.padded(rows, {"corpus": "caller-supplied token lists"}), model)
+        raise LensParallelError(f"documents: got {_shown(documents)}; accepted: {ACCEPTED}")
 
     @classmethod
     def padded(
@@ -178,8 +210,131 @@ class TextWindows:
         return np.bincount(self.text_of, weights=per_window, minlength=len(self.n_words))
 
 
+DocumentsLike: TypeAlias = (
+    str | Sequence[str] | Tensor | Sequence[Sequence[int]] | Mapping[str, Any] | TokenBlocks | Documents | TextWindows
+)
+"""What every analysis takes as documents (:meth:`Documents.of`)."""
+
+
 def _full_lengths(tokens: Tensor) -> Int[Tensor, " batch"]:
     return torch.full((len(tokens),), tokens.shape[1], dtype=torch.long, device=tokens.device)
+
+
+def _shown(value: object) -> str:
+    """A value's type and shape for an error line (never a whole tensor)."""
+    if isinstance(value, Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"{type(value).__name__} {str(value)[:60]!r}"
+
+
+def _need(model: TransformerBridge | None, what: str) -> TransformerBridge:
+    if model is None:
+        raise LensParallelError(f"{what} as documents needs the model (its tokenizer): Documents.of(documents, model)")
+    return model
+
+
+def _token_tensor(value: object, what: str) -> Int[Tensor, "batch pos"]:
+    """``value`` as a ``[batch, pos]`` integer tensor (a ``[pos]`` one as one row; lists converted)."""
+    tokens = value if isinstance(value, Tensor) else torch.as_tensor(value, device="cpu")
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if tokens.ndim != 2 or tokens.dtype not in (torch.int32, torch.int64, torch.bool) or tokens.numel() == 0:
+        raise LensParallelError(f"{what} must be integers [batch, pos], got {_shown(tokens)}")
+    return tokens.long() if tokens.dtype != torch.int64 else tokens
+
+
+def _token_rows(documents: Sequence[Any]) -> list[list[int]]:
+    """Token-id lists (a flat list of ids is one document), each a list of Python ints."""
+    if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in documents):
+        documents = [documents]
+    rows = [list(d) if isinstance(d, Sequence | np.ndarray | Tensor) else None for d in documents]
+    if any(r is None or not r for r in rows) or not all(
+        isinstance(t, (int, np.integer)) and not isinstance(t, bool) for row in rows if row for t in row
+    ):
+        raise LensParallelError(
+            f"documents given as lists must be lists of token ids (integers), none empty; accepted: {ACCEPTED}"
+        )
+    return [[int(t) for t in row] for row in rows if row is not None]
+
+
+def _text_documents(model: TransformerBridge, texts: str | Sequence[str], bos: TextBos) -> Documents:
+    """Each text one document (see :meth:`Documents.of`; ``bos`` checked here)."""
+    check_choice("bos", bos, TextBos)
+    docs = check_texts([texts] if isinstance(texts, str) else list(texts))
+    if empty := [i for i, t in enumerate(docs) if not t]:
+        raise LensParallelError(f"text {empty[0]} is empty: every text needs at least one token")
+    if bos == "model":
+        rows = [model.to_tokens(t, truncate=False, move_to_device=False)[0].tolist() for t in docs]
+        prepends = bool(getattr(model.cfg, "default_prepend_bos", True))
+        rule = f"TransformerLens's to_tokens (default_prepend_bos={prepends}: {model.tokenizer.bos_token!r} first)"
+        rule = rule if prepends else "TransformerLens's to_tokens (default_prepend_bos=False: no BOS)"
+    else:
+        first = [boundary_token(model.tokenizer)[1]] if bos == "boundary" else []
+        rows = [[*first, *model.tokenizer(t, add_special_tokens=False)["input_ids"]] for t in docs]
+        rule = "the document-boundary token, then the text's tokens" if first else "the text's own tokens, no BOS"
+    if short := [i for i, r in enumerate(rows) if len(r) < 2]:
+        raise LensParallelError(
+            f"text {short[0]} is {len(rows[short[0]])} token: a document needs 2 (a first token and one scored)"
+        )
+    return Documents.padded(rows, {"corpus": "caller-supplied texts", "tokenized": rule})
+
+
+def _masked_documents(model: TransformerBridge, batch: Mapping[str, Any]) -> Documents:
+    """A tokenizer's batch: each row's masked-in tokens (one contiguous run: right or left padding)."""
+    if "input_ids" not in batch:
+        raise LensParallelError(
+            f"a mapping as documents needs 'input_ids' (and 'attention_mask'); got keys {list(batch)}"
+        )
+    tokens = _token_tensor(batch["input_ids"], "input_ids")
+    if batch.get("attention_mask") is None:
+        _refuse_padding(tokens, model)
+        return Documents(tokens, _full_lengths(tokens), {"corpus": "caller-supplied token batch"})
+    mask = _token_tensor(batch["attention_mask"], "attention_mask").to(tokens.device)
+    if mask.shape != tokens.shape or bool(((mask != 0) & (mask != 1)).any()):
+        raise LensParallelError(
+            f"attention_mask must be 0/1 of the tokens' shape {tuple(tokens.shape)}, got {_shown(mask)}"
+        )
+    ones = mask.sum(dim=1)
+    first = mask.argmax(dim=1)
+    inside = torch.arange(mask.shape[1], device=mask.device)[None]
+    contiguous = (mask.bool() == ((inside >= first[:, None]) & (inside < (first + ones)[:, None]))).all(dim=1)
+    if bad := (~contiguous | (ones == 0)).nonzero().flatten().tolist():
+        raise LensParallelError(
+            f"attention_mask row {bad[0]} is not one run of 1s (padding on the left or the right only, and a token)"
+        )
+    rows = [row[m.bool()].tolist() for row, m in zip(tokens.cpu(), mask.cpu(), strict=True)]
+    side = "left" if bool((first > 0).any()) else "right"
+    return Documents.padded(rows, {"corpus": "caller-supplied token batch", "padding": f"{side}, masked out"}).to(
+        tokens.device
+    )
+
+
+def _refuse_padding(tokens: Int[Tensor, "batch pos"], model: TransformerBridge | None) -> None:
+    """Refuse, in one line, rows that begin or end in runs of the pad id of different lengths (a padded batch)."""
+    if model is None or (pad := getattr(model.tokenizer, "pad_token_id", None)) is None or len(tokens) < 2:
+        return
+    is_pad = (tokens == pad).int()
+    for side, runs in (("end", is_pad.flip(1).cumprod(1).sum(1)), ("begin", is_pad.cumprod(1).sum(1))):
+        if int(runs.max()) != int(runs.min()):
+            raise LensParallelError(
+                f"these tokens look padded: row {int(runs.argmax())} {side}s in {int(runs.max())} pad tokens, row "
+                f"{int(runs.argmin())} in {int(runs.min())} ({model.tokenizer.pad_token!r}, id {pad}), which would "
+                "be scored as text; pass the texts themselves, or the tokenizer's batch with its mask "
+                "(model.tokenizer(texts, padding=True, return_tensors='pt'), or {'input_ids': tokens, "
+                "'attention_mask': mask}; an all-ones mask if every token is real)"
+            )
+
+
+def _checked(documents: Documents, model: TransformerBridge | None) -> Documents:
+    """``documents``, their token ids checked against ``model``'s vocabulary."""
+    if model is not None:
+        low, high = int(documents.tokens.min()), int(documents.tokens.max())
+        if low < 0 or high >= model.cfg.d_vocab:
+            raise LensParallelError(
+                f"token id {high if high >= model.cfg.d_vocab else low} is outside {model.cfg.model_name}'s "
+                f"vocabulary of {model.cfg.d_vocab} ids (0..{model.cfg.d_vocab - 1}): tokens of another tokenizer?"
+            )
+    return documents
 
 
 @dataclass(frozen=True)
@@ -232,24 +387,11 @@ def document_batches(
         yield DocBatch(rows, documents.tokens[rows, : int(lengths.max())], lengths, documents.first[rows])
 
 
-def prompt_documents(model: TransformerBridge, prompts: str | Sequence[str], *, boundary: bool = False) -> Documents:
-    """Each prompt as one sequence of its own tokens (no special token added; with ``boundary`` the
-    document-boundary token of :mod:`lens_parallel.data` first), e.g. the directional-decomposition paper's Fig. 4
-    prompt ``"Echo the final code exactly once: AX7Q-19"``."""
-    texts = [prompts] if isinstance(prompts, str) else list(prompts)
-    if not texts or not all(isinstance(t, str) and t for t in texts):
-        raise LensParallelError("prompts must be a non-empty string or a list of non-empty strings")
-    first = [boundary_token(model.tokenizer)[1]] if boundary else []
-    rows = [[*first, *model.tokenizer(t, add_special_tokens=False)["input_ids"]] for t in texts]
-    source = {"corpus": "prompts", "n_docs": len(rows), "boundary_token": boundary}
-    return Documents.padded(rows, source)
-
-
 def whole_documents(
     model: TransformerBridge,
     texts: str | Sequence[str] = "wikipedia-en",
     *,
-    n_docs: int = 16,
+    n_docs: int | None = None,
     max_len: int | None = None,
     min_len: int = 2,
     seed: int = 0,
@@ -258,7 +400,6 @@ def whole_documents(
     document-boundary token (the BOS policy of :mod:`lens_parallel.data`), cut at ``max_len`` tokens (default: the
     model's context): documents of different lengths, where :func:`~lens_parallel.data.token_blocks` cuts equal
     blocks. ``texts``: a bundled corpus name, a ``.txt`` / ``.jsonl`` file or a list of documents."""
-    check_positive_int("n_docs", n_docs)
     check_non_negative_int("seed", seed)
     limit = model.cfg.n_ctx if max_len is None else check_positive_int("max_len", max_len)
     if limit > model.cfg.n_ctx or limit < 2 or min_len < 2 or min_len > limit:
@@ -266,9 +407,10 @@ def whole_documents(
             f"need 2 <= min_len ({min_len}) <= max_len ({limit}) <= the model's context ({model.cfg.n_ctx})"
         )
     corpus, docs = texts_of(texts)
+    n_docs = wanted_docs(texts, n_docs, len(docs))
     token, token_id = boundary_token(model.tokenizer)
     rows, chosen = [], []
-    for i in np.random.default_rng(seed).permutation(len(docs)):
+    for i in stored_or_seeded(len(docs), n_docs, seed):
         ids = [token_id, *model.tokenizer(docs[i], add_special_tokens=False)["input_ids"]][:limit]
         if len(ids) >= min_len:
             rows.append(ids)

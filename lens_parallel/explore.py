@@ -47,7 +47,6 @@ from typing import Any, cast
 import numpy as np
 import plotly.graph_objects as go
 import torch
-from jaxtyping import Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
@@ -55,8 +54,7 @@ from lens_parallel import geometry
 from lens_parallel.analyses.decompose import decompose
 from lens_parallel.analyses.diagonal import diagonal_roles, with_map
 from lens_parallel.choices import ExplorerEdit, HeadSpace
-from lens_parallel.data import TokenBlocks
-from lens_parallel.documents import Documents, document_batches
+from lens_parallel.documents import Documents, DocumentsLike, document_batches
 from lens_parallel.edits import Edit, Heads, compile_hooks, edit_noop, explorer_edits
 from lens_parallel.errors import LensParallelError
 from lens_parallel.generation import GenerationResult, generate
@@ -105,7 +103,7 @@ class Explorer:
     def __init__(
         self,
         model: TransformerBridge,
-        tokens: TokenBlocks | Int[Tensor, "batch pos"],
+        documents: DocumentsLike,
         *,
         space: HeadSpace = "value",
         layer: int | None = None,
@@ -118,13 +116,12 @@ class Explorer:
         seed: int = 0,
         batch_size: int = 8,
     ) -> None:
-        self.model, self.info, self.documents = model, model_info(model), Documents.of(tokens)
+        self.model, self.info, self.documents = model, model_info(model), Documents.of(documents, model)
         self.layers, _ = head_layers(self.info, None, what="the explorer (heads and their maps)")
         self.width = max(self.info.output_heads(layer) for layer in self.layers)
-        self._blocks = tokens
         with warnings.catch_warnings():  # a post-attention norm (Gemma 3): no per-head residual-attn, a note
             warnings.simplefilter("ignore", UserWarning)
-            result = decompose(model, tokens, space=list(SPACES), batch_size=batch_size, progress=False)
+            result = decompose(model, self.documents, space=list(SPACES), batch_size=batch_size, progress=False)
         self.heatmaps: dict[str, np.ndarray] = {}
         for sp in SPACES:
             grid = np.full((self.info.n_layers, self.width), np.nan)
@@ -278,7 +275,7 @@ class Explorer:
         return plots.explorer_figures(self.view, self.info.name)
 
     def provenance(self) -> Provenance:
-        return Provenance.of(self.info, self._blocks, "explore", self.state, None)
+        return Provenance.of(self.info, self.documents, "explore", self.state, None)
 
     def generate(self, prompt: str, *, max_new_tokens: int = 24) -> GenerationResult:
         """``prompt`` continued greedily by the unedited model and under the current view's edit (on the selected
@@ -360,8 +357,9 @@ class Explorer:
                 display(fig)
 
 
-def explore(model: TransformerBridge, tokens: TokenBlocks | Int[Tensor, "batch pos"], **settings: Any) -> Explorer:
-    """An :class:`Explorer` of ``model`` on ``tokens``; shown as a live widget when it is a cell's last value.
+def explore(model: TransformerBridge, documents: DocumentsLike, **settings: Any) -> Explorer:
+    """An :class:`Explorer` of ``model`` on ``documents`` (any form :meth:`~lens_parallel.documents.Documents.of`
+    takes: text, token ids, a masked batch, ...); shown as a live widget when it is a cell's last value.
     ``settings``: space, layer, head (default: the most self-aligned head in value space), doc, s_par, s_perp,
     all_heads, edit (:data:`~lens_parallel.choices.ExplorerEdit`), seed, batch_size."""
-    return Explorer(model, tokens, **settings)
+    return Explorer(model, documents, **settings)

@@ -42,7 +42,7 @@ from lens_parallel.analyses.reliability import SanityReport, check_documents, sa
 from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
 from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivity
 from lens_parallel.choices import Space
-from lens_parallel.documents import Documents
+from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.downstream.data import check_task_names
 from lens_parallel.downstream.effects import TaskResult, task_effects
 from lens_parallel.downstream.presets import resolve_tasks
@@ -253,11 +253,11 @@ class ReportSettings:
         }
 
 
-def check_battery(documents: object, settings: ReportSettings, options: RunOptions) -> None:
+def check_battery(documents: Documents, settings: ReportSettings, options: RunOptions) -> None:
     """The settings every step of :func:`run_battery` checks, checked together before the first forward: the
     documents (split-half reliability needs :data:`~lens_parallel.analyses.reliability.MIN_DOCUMENTS`), the
     settings and run options (checked on construction) and, with a tasks section, the task names."""
-    check_documents(len(Documents.of(documents)))
+    check_documents(len(documents))
     if settings.tasks:
         plan, _ = resolve_tasks(settings.tasks[0] if len(settings.tasks) == 1 else list(settings.tasks))
         check_task_names([name for name, _ in plan])
@@ -265,7 +265,7 @@ def check_battery(documents: object, settings: ReportSettings, options: RunOptio
 
 def run_battery(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     *,
     settings: ReportSettings | None = None,
     options: RunOptions | None = None,
@@ -276,7 +276,7 @@ def run_battery(
     :class:`~lens_parallel.options.RunOptions`); every setting is checked first (:func:`check_battery`)."""
     s, opts = resolve(ReportSettings, settings, options, protocol, changes)
     head_layers(model_info(model), None, what="the report's battery (diagonal views, head ablations, the nulls)")
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model)
     check_battery(docs, s, opts)
     seconds: dict[str, float] = {}
 

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from lens_parallel.documents import Documents
+from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelInfo, head_label
 from lens_parallel.paths import add_suffix, check_writable, sha256_file
@@ -91,7 +91,7 @@ class Provenance:
     def of(
         cls,
         info: ModelInfo,
-        documents: object,
+        documents: DocumentsLike | None,
         analysis: str,
         settings: Any,
         options: Any,
@@ -119,7 +119,11 @@ class Provenance:
             recorded["options"] = options.record()
         return cls(
             model=info.to_dict(),
-            texts=dict(texts) if texts is not None else Documents.of(documents).describe(),
+            texts=dict(texts)
+            if texts is not None
+            else Documents.of(documents).describe()
+            if documents is not None
+            else {},
             weight_processing=WEIGHT_PROCESSING,
             settings=recorded,
             versions=cls.installed_versions() | dict(versions or {}),

@@ -53,7 +53,7 @@ from lens_parallel.attention import attention_path
 from lens_parallel.budget import choose_batch_size, default_budget, parse_bytes
 from lens_parallel.choices import Ablation, EditPositions
 from lens_parallel.distributed import TaskContext, check_workers, run_tasks
-from lens_parallel.documents import DocBatch, Documents, document_batches
+from lens_parallel.documents import DocBatch, Documents, DocumentsLike, document_batches
 from lens_parallel.edits import (
     LINEAR_ABLATIONS,
     Edit,
@@ -485,11 +485,11 @@ def _validate(jobs: Sequence[Job], info: ModelInfo, ablation: Ablation | None) -
 
 
 def head_means(
-    model: TransformerBridge, documents: object, layers: Sequence[int], *, batch_size: int = 8
+    model: TransformerBridge, documents: DocumentsLike, layers: Sequence[int], *, batch_size: int = 8
 ) -> dict[int, Float[Tensor, "head_index d_head"]]:
     """Mean of hook_z per layer and head over every real position of every document (for mean ablation)."""
     info = model_info(model)
-    documents = Documents.of(documents)
+    documents = Documents.of(documents, model)
     sums = {layer: torch.zeros(info.n_heads, info.d_head, dtype=torch.float64, device="cpu") for layer in layers}
     for docs in document_batches(documents, batch_size):
         got = run_rows(model, info, Batch(docs), capture={layer: ["z"] for layer in layers})
@@ -544,7 +544,7 @@ def _auto_batch_size(
 
 def run_sweep(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     jobs: Sequence[Job],
     *,
     metric: Metric[Any] | None = None,
@@ -625,7 +625,7 @@ class SweepSetup:
 
 def plan_sweep(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     jobs: Sequence[Job],
     *,
     metric: Metric[Any] | None,
@@ -640,7 +640,7 @@ def plan_sweep(
     metric = DocumentNLL() if metric is None else metric
     distributed = check_workers(opts.workers, opts.ray_address, model)
     info = model_info(model)
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model)
     if int(docs.lengths.max()) > model.cfg.n_ctx:
         raise LensParallelError(
             f"a document of {int(docs.lengths.max())} tokens exceeds {info.name}'s context length n_ctx="

@@ -207,8 +207,8 @@ def test_a_stop_string_ends_the_text_before_it(tmp_path):
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda m: lp.generate(m, []), "prompts must be a non-empty list of strings"),
-        (lambda m: lp.generate(m, ["fine", ""]), "prompt 1 is '': every prompt must be a non-empty string"),
+        (lambda m: lp.generate(m, []), "documents: got list '\\[\\]'; accepted: a string, a list of strings"),
+        (lambda m: lp.generate(m, ["fine", ""]), "prompt 1 is empty: every prompt must be a non-empty string"),
         (lambda m: lp.generate(m, "x", max_new_tokens=0), "max_new_tokens must be a positive integer, got 0"),
         (lambda m: lp.generate(m, "x", max_new_tokens=10**6), "exceeds the model's context of"),
         (lambda m: lp.generate(m, "x", stop=("",)), "stop must be a string, a list of non-empty strings or None"),

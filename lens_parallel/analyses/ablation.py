@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.choices import Ablation, EditPositions
-from lens_parallel.documents import Documents
+from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import check_positions
 from lens_parallel.losses import DocLosses
 from lens_parallel.models import model_info
@@ -116,7 +116,7 @@ class AblationSettings:
 
 def run_ablations(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     jobs: Sequence[AblationJob],
     *,
     settings: AblationSettings | None = None,
@@ -128,7 +128,7 @@ def run_ablations(
     :class:`~lens_parallel.options.RunOptions`, e.g. ``store=`` to make it resumable, ``workers=`` for Ray); both as
     keyword shortcuts too."""
     s, opts = resolve(AblationSettings, settings, options, protocol, changes)
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model)
     jobs = tuple(dict.fromkeys(jobs))
     run = run_sweep(
         model, docs, jobs, ablation=s.ablation, positions=s.positions, options=opts, desc=f"ablate ({s.ablation})"

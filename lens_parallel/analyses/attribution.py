@@ -50,7 +50,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import geometry
 from lens_parallel.choices import Ablation, EditPositions, HeadSpace
 from lens_parallel.distributed import TaskContext
-from lens_parallel.documents import Documents
+from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import LINEAR_ABLATIONS, check_positions
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
@@ -377,7 +377,7 @@ class _GradientMetric(Metric[EditJob]):
 
 def head_attribution(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     *,
     settings: AttributionSettings | None = None,
     options: RunOptions | None = None,
@@ -393,7 +393,7 @@ def head_attribution(
     and ``parallel-residual`` are undefined (skipped / refused with one line)."""
     s, opts = resolve(AttributionSettings, settings, options, protocol, changes)
     info = model_info(model)
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model)
     if s.ablation in LINEAR_ABLATIONS:
         layer_idx, skipped = head_layers(info, s.layers, what=f"head_attribution of a {s.ablation} ablation")
     else:

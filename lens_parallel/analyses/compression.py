@@ -42,7 +42,7 @@ from lens_parallel.choices import CompressionMode, ScoredPositions, Sublayer
 from lens_parallel.compression import SPEC_HELP, Compression, MethodLike, checked_compressed, compress, method_name
 from lens_parallel.data import load_texts, token_blocks
 from lens_parallel.distributed import TaskContext
-from lens_parallel.documents import DocBatch, Documents, prompt_documents
+from lens_parallel.documents import DocBatch, Documents, DocumentsLike
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import softmax_layers
 from lens_parallel.losses import DocLosses, edit_effect
@@ -387,7 +387,7 @@ def compression_prompts(model: TransformerBridge, *, n: int = 12, max_tokens: in
     check_positive_int("max_tokens", max_tokens)
     sentences = [text.split(". ")[0].strip() + "." for text in load_texts("wikipedia-en", n_docs=max(n - 2, 1))]
     prompts = [*AUTHORS_PROMPTS, *sentences][:n]
-    docs = prompt_documents(model, prompts)
+    docs = Documents.of(prompts, model, bos="none")
     rows = [docs.tokens[i, : min(int(length), max_tokens)].tolist() for i, length in enumerate(docs.lengths)]
     return Documents.padded(rows, docs.source | {"protocol": "directional-decomposition compression prompts"})
 
@@ -408,10 +408,10 @@ def _separate_calibration(model: TransformerBridge, docs: Documents) -> Tensor:
 
 def compression_error(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     *,
     compressed: TransformerBridge | str | None = None,
-    calibration: object | None = None,
+    calibration: DocumentsLike | None = None,
     settings: CompressionSettings | None = None,
     options: RunOptions | None = None,
     protocol: str | None = None,
@@ -436,10 +436,10 @@ def compression_error(
     ):
         raise LensParallelError("give either method= (compress a copy) or compressed= (a compressed model), not both")
     s, opts = resolve(CompressionSettings, settings, options, protocol, changes)
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model)
     info = model_info(model)
     other = None if compressed is None else checked_compressed(model, compressed)
-    calib = docs.tokens if calibration is None else Documents.of(calibration).tokens
+    calib = docs.tokens if calibration is None else Documents.of(calibration, model).tokens
     apart = other is None and any(_calibrated_apart(m) for m in s.method)
     separate = _separate_calibration(model, docs) if apart and calibration is None else None
     layers, _ = softmax_layers(info, None, what="compression_error")

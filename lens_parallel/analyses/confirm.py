@@ -21,7 +21,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.analyses.attribution import AttributionResult
 from lens_parallel.choices import Ablation
-from lens_parallel.documents import Documents
+from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import head_label
 from lens_parallel.options import RunOptions, resolve
@@ -121,7 +121,7 @@ class ConfirmSettings:
 
 def confirm(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     result: AttributionResult,
     *,
     settings: ConfirmSettings | None = None,
@@ -135,7 +135,7 @@ def confirm(
     s, opts = resolve(ConfirmSettings, settings, options, protocol, changes)
     if not isinstance(result, AttributionResult):
         raise LensParallelError(f"confirm needs an AttributionResult, got {type(result).__name__}")
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model)
     if docs.digest() != result.provenance.texts.get("tokens_sha256_16"):
         raise LensParallelError(
             f"these {len(docs)} documents are not the ones the screen ran on ({len(result.n_tokens)} documents, "

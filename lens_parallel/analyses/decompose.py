@@ -47,7 +47,7 @@ from lens_parallel import geometry
 from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import Space
 from lens_parallel.distributed import TaskContext
-from lens_parallel.documents import Documents
+from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
     Reducer,
@@ -303,7 +303,7 @@ class DecomposeSettings:
 
 def decompose(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     *,
     settings: DecomposeSettings | None = None,
     options: RunOptions | None = None,
@@ -321,7 +321,7 @@ def decompose(
     """
     s, opts = resolve(DecomposeSettings, settings, options, protocol, changes)
     info = model_info(model)
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model)
     layer_idx = check_indices("layers", s.layers, info.n_layers)
     space_layers: dict[str, tuple[int, ...]] = {}
     skipped: list[str] = []

@@ -44,7 +44,7 @@ from lens_parallel import compat, geometry
 from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import DiagonalLayout, HeadSpace
 from lens_parallel.distributed import TaskContext
-from lens_parallel.documents import Documents, document_batches, prompt_documents
+from lens_parallel.documents import Documents, DocumentsLike, document_batches
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import (
     check_heads,
@@ -347,7 +347,7 @@ def _check_view(
 
 def diagonal_view(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     *,
     settings: DiagonalSettings | None = None,
     options: RunOptions | None = None,
@@ -363,9 +363,7 @@ def diagonal_view(
     """
     s, opts = resolve(DiagonalSettings, settings, options, protocol, changes)
     info = model_info(model)
-    if isinstance(documents, str):
-        documents = prompt_documents(model, documents, boundary=s.prompt_boundary)
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model, bos="boundary" if s.prompt_boundary else "none")
     layer, head = s.layer, s.head
     if layer is None or head is None:
         from lens_parallel.analyses.decompose import decompose  # the default head comes from the decomposition

@@ -61,7 +61,7 @@ from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import DominanceScale, MaskScale
 from lens_parallel.data import TokenBlocks, token_blocks
 from lens_parallel.distributed import TaskContext, check_workers
-from lens_parallel.documents import Documents
+from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import HeadEdit
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import check_indices, effective_qk_roles
@@ -692,7 +692,7 @@ class DominanceSettings:
 
 def head_dominance(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     *,
     settings: DominanceSettings | None = None,
     options: RunOptions | None = None,
@@ -720,7 +720,7 @@ def head_dominance(
     s, opts = resolve(DominanceSettings, settings, options, protocol, changes)
     check_workers(opts.workers, opts.ray_address, model)
     info = model_info(model)
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model)
     positions = _positions(s.window(), int(docs.lengths.min()))
     chosen = check_indices("upstream layers", s.upstream_layers, info.n_layers - 1)
     pairs = [up for up in range(info.n_layers - 1) if min(info.output_heads(up), info.output_heads(up + 1)) >= 2]

@@ -17,7 +17,7 @@ import torch
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.distributed import TaskContext
-from lens_parallel.documents import Documents
+from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import Edit, as_edits, compile_hooks, describe_edit, noop
 from lens_parallel.losses import (
     DocLosses,
@@ -39,7 +39,7 @@ from lens_parallel.validate import check_non_negative_int, check_positive_int
 
 def document_losses(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     edits: Edit | Sequence[Edit] = (),
     *,
     options: RunOptions | None = None,
@@ -106,7 +106,7 @@ class EvaluateSettings:
 
 def evaluate(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     edits: Edit | Sequence[Edit],
     *,
     settings: EvaluateSettings | None = None,
@@ -123,7 +123,8 @@ def evaluate(
     n_resamples, seed = s.n_resamples, s.seed
     edits = as_edits(edits)
     job = EditJob("edited", edits)
-    run = run_sweep(model, documents, [job], metric=DistributionShift(noop(edits)), options=opts, desc="evaluate")
+    docs = Documents.of(documents, model)
+    run = run_sweep(model, docs, [job], metric=DistributionShift(noop(edits)), options=opts, desc="evaluate")
     values, n_tokens = run.value(job), run.n_tokens
     effect = edit_effect(
         DocLosses(values["loss_noop"], n_tokens),
@@ -132,7 +133,5 @@ def evaluate(
         seed=seed,
     )
     shift = distribution_shift(values["kl_sum"], values["agree_sum"], n_tokens, n_resamples=n_resamples, seed=seed)
-    provenance = Provenance.of(
-        model_info(model), Documents.of(documents), "evaluate", s, run, edits=[describe_edit(e) for e in edits]
-    )
+    provenance = Provenance.of(model_info(model), docs, "evaluate", s, run, edits=[describe_edit(e) for e in edits])
     return dataclasses.replace(effect, **shift, provenance=provenance)

@@ -41,7 +41,7 @@ from lens_parallel import geometry
 from lens_parallel.analyses.sensitivity import SensitivityResult
 from lens_parallel.choices import EditPositions, HeadStatistic, StatisticAblation
 from lens_parallel.distributed import TaskContext
-from lens_parallel.documents import Documents
+from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import check_positions
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import Reducer, head_layers
@@ -179,7 +179,7 @@ class HeadStatisticsSettings:
 
 def head_statistics(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     *,
     settings: HeadStatisticsSettings | None = None,
     options: RunOptions | None = None,
@@ -190,7 +190,7 @@ def head_statistics(
     :class:`~lens_parallel.options.RunOptions`; both as keyword shortcuts), one forward per batch on the engine."""
     s, opts = resolve(HeadStatisticsSettings, settings, options, protocol, changes)
     info = model_info(model)
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model)
     layer_idx, skipped = head_layers(info, s.layers, what="head_statistics")
     metric = _StatisticsMetric(info, layer_idx, s.ablation, s.positions, s.eps)
     job = EditJob("statistics", ())

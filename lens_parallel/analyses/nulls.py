@@ -47,7 +47,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import geometry
 from lens_parallel.choices import Groups, Null
 from lens_parallel.distributed import TaskContext
-from lens_parallel.documents import Documents, document_batches
+from lens_parallel.documents import Documents, DocumentsLike, document_batches
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.hooks import expand_kv, head_layers
 from lens_parallel.layers import LAYER_KINDS
@@ -276,7 +276,7 @@ class _NullMetric(Metric[EditJob]):
 
 def causal_null(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     *,
     settings: NullSettings | None = None,
     options: RunOptions | None = None,
@@ -290,7 +290,7 @@ def causal_null(
     head (module docstring)."""
     s, opts = resolve(NullSettings, settings, options, protocol, changes)
     info = model_info(model)
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model)
     layers, skipped = head_layers(info, None, what="the causal null (value heads' cosines)")
     softmax = info.softmax_layers
     checked = default_gate_layers(softmax) if s.gate_layers is None else list(s.gate_layers)
@@ -367,7 +367,7 @@ def is_grouped(info: ModelInfo) -> bool:
 
 def gqa_alignment(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     *,
     settings: NullSettings | None = None,
     options: RunOptions | None = None,

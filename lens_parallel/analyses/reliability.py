@@ -27,7 +27,7 @@ from lens_parallel.analyses.nulls import NullResult, NullSettings, causal_null, 
 from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import Ablation, EditPositions, Null
 from lens_parallel.distributed import check_workers
-from lens_parallel.documents import Documents
+from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import LINEAR_ABLATIONS, check_positions
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import softmax_layers
@@ -138,7 +138,7 @@ class SanitySettings:
 
 def split_half_reliability(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     *,
     settings: SanitySettings | None = None,
     options: RunOptions | None = None,
@@ -150,7 +150,7 @@ def split_half_reliability(
     by half: per-document losses do not depend on the half; :func:`~lens_parallel.analyses.sensitivity.head_sensitivity`
     given the same file and positions shares its finished jobs)."""
     s, opts = resolve(SanitySettings, settings, options, protocol, changes)
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model)
     check_documents(len(docs))
     check_workers(opts.workers, opts.ray_address, model)
     alone = dataclasses.replace(opts, store=None)  # the store is the ablation sweep's
@@ -245,7 +245,7 @@ class SanityReport(ResultMixin):
 
 def sanity_report(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     *,
     settings: SanitySettings | None = None,
     options: RunOptions | None = None,
@@ -256,7 +256,7 @@ def sanity_report(
     halves (from that same null pass and one single-head ablation sweep); :class:`SanitySettings`, run options
     :class:`~lens_parallel.options.RunOptions` (``store`` makes the sweep resumable, ``workers`` runs it on Ray)."""
     s, opts = resolve(SanitySettings, settings, options, protocol, changes)
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model)
     check_documents(len(docs))
     check_workers(opts.workers, opts.ray_address, model)
     null_settings, alone = NullSettings(null=s.null, seed=s.seed), dataclasses.replace(opts, store=None)

@@ -23,7 +23,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import geometry
 from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import EditPositions, HeadsAll, ReferenceGuard, ScaleMetric, Space, ValueSite
-from lens_parallel.documents import Documents, TextWindows
+from lens_parallel.documents import Documents, DocumentsLike, TextWindows
 from lens_parallel.edits import ComponentScale, check_positions
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.losses import DocLosses, EditEffect, edit_effect
@@ -276,7 +276,7 @@ def _losses(run: SweepRun, texts: TextWindows | None, job: EditJob) -> DocLosses
 
 def scale_sweep(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     *,
     settings: ScaleSettings | None = None,
     options: RunOptions | None = None,
@@ -303,7 +303,7 @@ def scale_sweep(
             f"not {type(documents).__name__}"
         )
     info = model_info(model)
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model)
     space_layers = _space_layers(s, info)
     noops, points = _jobs(s, space_layers)
     unedited = EditJob("unedited", ())

@@ -17,7 +17,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.choices import Ablation, EditPositions, SignFlipWeights
-from lens_parallel.documents import Documents
+from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import LINEAR_ABLATIONS, check_positions
 from lens_parallel.hooks import head_layers, softmax_layers
 from lens_parallel.losses import DocLosses, edit_effect
@@ -144,7 +144,7 @@ class SensitivitySettings:
 
 def head_sensitivity(
     model: TransformerBridge,
-    documents: object,
+    documents: DocumentsLike,
     *,
     settings: SensitivitySettings | None = None,
     options: RunOptions | None = None,
@@ -158,7 +158,7 @@ def head_sensitivity(
     them, and the result's provenance says so."""
     s, opts = resolve(SensitivitySettings, settings, options, protocol, changes)
     info = model_info(model)
-    docs = Documents.of(documents)
+    docs = Documents.of(documents, model)
     if s.ablation in LINEAR_ABLATIONS:
         layer_idx, skipped = head_layers(info, s.layers, what=f"a {s.ablation} head ablation")
     else:

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import UNEDITED, Settings, compile_hooks, decode_safe, describe_edit, named_edits
 from lens_parallel.errors import LensParallelError
 from lens_parallel.generation.decode import Decoded, Sampling, cut_at_stop, decode_batch, end_of_sequence
@@ -176,15 +177,22 @@ def _prompt_ids(tokenizer: Any, prompts: Sequence[str], add_bos_token: bool | No
     return out
 
 
-def _check_prompts(prompts: object) -> tuple[str, ...]:
-    if isinstance(prompts, str):
-        prompts = (prompts,)
-    if not isinstance(prompts, (list, tuple)) or not prompts:
-        raise LensParallelError(f"prompts must be a non-empty list of strings, got {prompts!r}")
-    bad = [i for i, p in enumerate(prompts) if not isinstance(p, str) or not p]
-    if bad:
-        raise LensParallelError(f"prompt {bad[0]} is {prompts[bad[0]]!r}: every prompt must be a non-empty string")
-    return tuple(prompts)
+def _prompts(
+    model: TransformerBridge, tokenizer: Any, prompts: DocumentsLike, add_bos_token: bool | None
+) -> tuple[tuple[str, ...], list[list[int]]]:
+    """Each prompt's text and token ids: strings encoded as the tokenizer encodes them (Hugging Face ``generate``'s
+    rule; ``add_bos_token``), anything else as :meth:`~lens_parallel.documents.Documents.of` reads it (token ids, a
+    masked batch: padding dropped), its text decoded for the result."""
+    if isinstance(prompts, str) or (
+        isinstance(prompts, (list, tuple)) and prompts and all(isinstance(p, str) for p in prompts)
+    ):
+        texts = (prompts,) if isinstance(prompts, str) else tuple(prompts)
+        if empty := [i for i, p in enumerate(texts) if not p]:
+            raise LensParallelError(f"prompt {empty[0]} is empty: every prompt must be a non-empty string")
+        return texts, _prompt_ids(tokenizer, texts, add_bos_token)
+    docs = Documents.of(prompts, model)
+    ids = [row[:n].tolist() for row, n in zip(docs.tokens.cpu(), docs.lengths.tolist(), strict=True)]
+    return tuple(tokenizer.decode(row) for row in ids), ids
 
 
 @dataclass(frozen=True)
@@ -221,7 +229,7 @@ def _restored(value: Values, tokenizer: Any, stop: Sequence[str]) -> Decoded:
 
 def generate(
     model: TransformerBridge,
-    prompts: str | Sequence[str],
+    prompts: DocumentsLike,
     edits: Settings | None = None,
     *,
     settings: GenerateSettings | None = None,
@@ -229,9 +237,10 @@ def generate(
     protocol: str | None = None,
     **changes: Any,
 ) -> GenerationResult:
-    """Continue ``prompts`` with the unedited model and under each of ``edits`` (None: the unedited model only; one
-    edit, a list applied together, or a dict naming several settings), the edits active at every decoding step
-    (KV-cached where every edit is decode-safe, else each step reruns the whole sequence:
+    """Continue ``prompts`` (strings, as the tokenizer encodes them; or token ids or a masked batch, as
+    :meth:`~lens_parallel.documents.Documents.of` reads them) with the unedited model and under each of ``edits``
+    (None: the unedited model only; one edit, a list applied together, or a dict naming several settings), the edits
+    active at every decoding step (KV-cached where every edit is decode-safe, else each step reruns the whole sequence:
     :mod:`lens_parallel.generation.decode`; the provenance's ``decoding`` says which, per setting). ``settings`` /
     keywords: :class:`GenerateSettings` (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_p``, ``seed``,
     ``stop``); run options: ``batch_size`` prompts per forward, ``progress`` (one bar over the tokens of the call: every
@@ -242,7 +251,6 @@ def generate(
     first forward. A NaN or an infinite logit is refused (:class:`~lens_parallel.errors.NonFiniteError`), never decoded
     into a token."""
     s, opts = resolve(GenerateSettings, settings, options, protocol, changes)
-    texts = _check_prompts(prompts)
     if opts.batch_size == "auto":
         raise LensParallelError("generate takes an integer batch_size (prompts per forward), not 'auto'")
     info = model_info(model)
@@ -250,7 +258,7 @@ def generate(
     hooks = {name: compile_hooks(model, setting) for name, setting in named.items()}
     cached = {name: decode_safe(setting, info) for name, setting in named.items()}
     tokenizer = hf_tokenizer(model)
-    ids = _prompt_ids(tokenizer, texts, s.add_bos_token)
+    texts, ids = _prompts(model, tokenizer, prompts, s.add_bos_token)
     n_ctx = int(model.cfg.n_ctx)
     for i, prompt in enumerate(ids):
         if len(prompt) + s.max_new_tokens > n_ctx:
