@@ -74,7 +74,13 @@ SPEC_HELP = (
 
 @dataclass(frozen=True)
 class Compression:
-    """One compression method (see the module docstring); build it with :meth:`parse`."""
+    """One compression method (see the module docstring); build it with :meth:`parse`.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.Compression.parse("wanda-2:4").kind
+        'wanda'
+    """
 
     kind: str  # none, int, magnitude, wanda, wanda-seq, torchao-int8, torchao-int4, torchao-intx, torchao-awq
     bits: int | None = None
@@ -397,7 +403,16 @@ def compress(
 ) -> TransformerBridge:
     """A compressed copy of ``model`` (the original is not touched): its weights exported to a plain Hugging Face
     model, compressed there (a spec, a :class:`Compression`, or a function editing the HF model in place), and
-    wrapped in a new bridge."""
+    wrapped in a new bridge.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> small = lp.compress(model, "int8")
+        >>> small is model
+        False
+    """
     if isinstance(method, str):
         method = Compression.parse(method)
     copy = export_hf_model(cast(transformers.PreTrainedModel, model.original_model))

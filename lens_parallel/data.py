@@ -135,6 +135,12 @@ def load_texts(name: str = "wikipedia-en", *, n_docs: int | None = None) -> list
     ``name`` is a bundled corpus (:data:`CORPORA`), a ``.txt`` / ``.jsonl`` file (:func:`read_text_file`) or,
     online, ``hf:DATASET[:CONFIG[:SPLIT]]`` (e.g. ``hf:Salesforce/wikitext:wikitext-103-raw-v1:test``) read from
     its ``text`` column.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> texts = lp.load_texts("austen", n_docs=2)
+        >>> len(texts)
+        2
     """
     if check_corpus(name).startswith("hf:"):
         docs = _load_hub_texts(name)
@@ -182,7 +188,15 @@ def stored_or_seeded(available: int, n_docs: int, seed: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class TokenBlocks:
-    """Fixed-length token blocks, one per document, and how they were made."""
+    """Fixed-length token blocks, one per document, and how they were made.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> docs.describe()["n_docs"]
+        4
+    """
 
     tokens: Int[Tensor, "batch pos"]
     corpus: str
@@ -233,6 +247,13 @@ def token_blocks(
     one of your own texts, 16 of a corpus). Raises
     ``ValueError`` before tokenizing anything if ``seq_len`` exceeds the model's context or is < 2, or the corpus is
     empty; after, if fewer than ``n_docs`` documents have ``seq_len - 1`` tokens.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> docs.tokens.shape  # 4 blocks of 16 tokens, each starting with <|endoftext|>
+        torch.Size([4, 16])
     """
     corpus, docs = texts_of(texts)
     n_ctx = model.cfg.n_ctx

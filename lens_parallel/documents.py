@@ -49,7 +49,16 @@ class Documents:
     """``tokens [batch, pos]``: each document's tokens, right-padded with :data:`PAD_ID` to the longest;
     ``lengths [batch]``: each document's number of real tokens (>= 2: one scored token at least). ``source``: how
     they were made (plain data, for provenance). ``first_scored [batch]``: the first position whose next token is
-    scored (None: 0 everywhere; positions before it are context only)."""
+    scored (None: 0 everywhere; positions before it are context only).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> batch = model.tokenizer(["The cat sat.", "A dog ran far away."], padding=True, return_tensors="pt")
+        >>> lp.Documents.of(batch, model).lengths.tolist()  # the padding dropped
+        [5, 7]
+    """
 
     tokens: Int[Tensor, "batch pos"]
     lengths: Int[Tensor, " batch"]
@@ -77,15 +86,6 @@ class Documents:
         pad id of different lengths, given without a mask, is refused in one line (pass the mask, or the texts).
         Token ids outside the vocabulary are refused. ``model`` is needed for text, masks and the checks; without it
         only TokenBlocks, TextWindows, Documents and token ids are taken, unchecked.
-
-        >>> import lens_parallel as lp
-        >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.Documents.of(["The cat sat.", "A dog ran far away."], model)
-        >>> docs.lengths.tolist()  # <|endoftext|> first (GPT-2's default_prepend_bos), then each text's tokens
-        [5, 7]
-        >>> batch = model.tokenizer(["The cat sat.", "A dog ran far away."], padding=True, return_tensors="pt")
-        >>> lp.Documents.of(batch, model).lengths.tolist()  # the tokenizer adds no BOS for GPT-2
-        [4, 6]
         """
         if isinstance(documents, Documents):
             return _checked(documents, model)
@@ -399,7 +399,16 @@ def whole_documents(
     """``n_docs`` whole documents (a seeded choice among those with at least ``min_len`` tokens), each after the
     document-boundary token (the BOS policy of :mod:`lens_parallel.data`), cut at ``max_len`` tokens (default: the
     model's context): documents of different lengths, where :func:`~lens_parallel.data.token_blocks` cuts equal
-    blocks. ``texts``: a bundled corpus name, a ``.txt`` / ``.jsonl`` file or a list of documents."""
+    blocks. ``texts``: a bundled corpus name, a ``.txt`` / ``.jsonl`` file or a list of documents.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> whole = lp.whole_documents(model, ["First text, short.", "Second text, a little longer than the first."])
+        >>> whole.lengths.tolist()  # the boundary token, then each text's tokens
+        [6, 11]
+    """
     check_non_negative_int("seed", seed)
     limit = model.cfg.n_ctx if max_len is None else check_positive_int("max_len", max_len)
     if limit > model.cfg.n_ctx or limit < 2 or min_len < 2 or min_len > limit:

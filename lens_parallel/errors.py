@@ -17,17 +17,44 @@ from __future__ import annotations
 
 
 class LensParallelError(ValueError):
-    """Bad input: the message says what was wrong and what is accepted."""
+    """Bad input: the message says what was wrong and what is accepted.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> try:
+        ...     lp.DecomposeSettings(space=("values",))
+        ... except lp.LensParallelError as error:  # a ValueError too
+        ...     print(str(error).split(";")[0])
+        unknown space 'values'
+    """
 
 
 class NonFiniteError(LensParallelError):
     """A forward or backward produced NaN or infinity: the message names the model, the first hook point (and any
-    parameter) holding one, and the likely cause."""
+    parameter) holding one, and the likely cause.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> issubclass(lp.NonFiniteError, lp.LensParallelError)
+        True
+    """
 
 
 class EnvironmentFailure(RuntimeError):
-    """The environment failed (network, package registry, device, kernels): the message says what and what to do."""
+    """The environment failed (network, package registry, device, kernels): the message says what and what to do.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> issubclass(lp.EnvironmentFailure, lp.LensParallelError)
+        False
+    """
 
 
 class LibraryError(RuntimeError):
-    """A library underneath (TransformerLens, transformers, torch) does not behave as this package requires."""
+    """A library underneath (TransformerLens, transformers, torch) does not behave as this package requires.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> issubclass(lp.LibraryError, RuntimeError)
+        True
+    """

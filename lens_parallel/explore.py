@@ -72,7 +72,16 @@ SPACES: tuple[HeadSpace, ...] = HEAD_SPACES
 
 @dataclass(frozen=True)
 class View:
-    """Everything drawn for one state (arrays are NumPy, float64)."""
+    """Everything drawn for one state (arrays are NumPy, float64).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> view = lp.explore(model, docs).view
+        >>> isinstance(view, lp.View)
+        True
+    """
 
     space: str
     layer: int
@@ -98,7 +107,16 @@ class View:
 
 
 class Explorer:
-    """State and views of :func:`explore` (see the module docstring); the setters recompute only what changed."""
+    """State and views of :func:`explore` (see the module docstring); the setters recompute only what changed.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> explorer = lp.Explorer(model, ["The cat sat on the mat.", "A dog ran home."])
+        >>> explorer.update(layer=1, head=0).label
+        'L1H0'
+    """
 
     def __init__(
         self,
@@ -361,5 +379,14 @@ def explore(model: TransformerBridge, documents: DocumentsLike, **settings: Any)
     """An :class:`Explorer` of ``model`` on ``documents`` (any form :meth:`~lens_parallel.documents.Documents.of`
     takes: text, token ids, a masked batch, ...); shown as a live widget when it is a cell's last value.
     ``settings``: space, layer, head (default: the most self-aligned head in value space), doc, s_par, s_perp,
-    all_heads, edit (:data:`~lens_parallel.choices.ExplorerEdit`), seed, batch_size."""
+    all_heads, edit (:data:`~lens_parallel.choices.ExplorerEdit`), seed, batch_size.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> explorer = lp.explore(model, docs)
+        >>> explorer.view.head in range(4)
+        True
+    """
     return Explorer(model, documents, **settings)

@@ -36,7 +36,16 @@ from lens_parallel.stats import N_RESAMPLES, paired_bootstrap_ci
 @serializable
 @dataclass(frozen=True)
 class DocLosses:
-    """Per-document sums of next-token NLL (nats) and the number of scored tokens."""
+    """Per-document sums of next-token NLL (nats) and the number of scored tokens.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> losses = lp.document_losses(model, ["A short text.", "A longer text of a few more words."], progress=False)
+        >>> losses.loss > 0
+        True
+    """
 
     loss_sum: np.ndarray
     n_tokens: np.ndarray
@@ -54,7 +63,16 @@ class EditEffect(ResultMixin):
     (nats per scored position) and the fraction of positions whose top-1 token is unchanged, with CIs.
 
     ``provenance`` is set by :func:`evaluate`; effects computed inside a larger result (a sweep point) leave it None
-    (the enclosing result carries it)."""
+    (the enclosing result carries it).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> effect = lp.evaluate(model, docs, lp.HeadEdit("zero", 0, 1), n_resamples=50, progress=False)
+        >>> "delta_loss" in effect.to_dataframe().columns
+        True
+    """
 
     loss_noop: float
     loss_edited: float

@@ -49,7 +49,16 @@ from lens_parallel.weights import REAL_MODELS, real_model_folder
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What the analyses need to know about a model's attention, read from its Hugging Face config."""
+    """What the analyses need to know about a model's attention, read from its Hugging Face config.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> info = lp.model_info(model)
+        >>> info.kind(0).name
+        'softmax'
+    """
 
     name: str
     family: str
@@ -134,7 +143,16 @@ def layer_label(layer: int) -> str:
 
 
 class ModelSpecError(LensParallelError):
-    """A model spec that cannot be loaded; the message says what was wrong and what is accepted."""
+    """A model spec that cannot be loaded; the message says what was wrong and what is accepted.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> try:
+        ...     lp.load_model("toy-nonexistent")
+        ... except lp.ModelSpecError as error:
+        ...     print("unknown model spec" in str(error))
+        True
+    """
 
 
 def _accepted() -> str:
@@ -224,7 +242,16 @@ def _structure(model: TransformerBridge) -> _Structure:
 
 
 def model_info(model: TransformerBridge) -> ModelInfo:
-    """Read :class:`ModelInfo` from a bridge's underlying Hugging Face config and its hook points."""
+    """Read :class:`ModelInfo` from a bridge's underlying Hugging Face config and its hook points.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> info = lp.model_info(model)
+        >>> (info.n_layers, info.n_heads)
+        (3, 4)
+    """
     hf = cast(transformers.PretrainedConfig, model.original_model.config)
     arch = _check_architecture(hf, "the loaded model")
     cfg = model.cfg
@@ -505,6 +532,12 @@ def load_model(
     CPU with part of the weights read from disk as each layer runs. Every analysis works on such a model: captured
     activations are moved to the tokens' device, edits compute on each activation's own device, and weights read
     directly (W_O) are materialised for the read. A toy spec is written once as a folder in the cache for this.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")  # or "smollm2-135m", a local folder, a hub name
+        >>> model.cfg.n_layers
+        3
     """
     if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         raise ModelSpecError(f"dtype {dtype!r} not supported; accepted: torch.float32, float64, bfloat16, float16")

@@ -42,6 +42,11 @@ class RunOptions:
     setting); finished work is read back from it, never recomputed. ``progress``: progress bars. ``workers`` /
     ``ray_address``: run the units of work on Ray (:mod:`lens_parallel.distributed`): ``workers > 1`` or an
     address; the numbers equal a single process's.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.RunOptions(batch_size=4, progress=False).batch_size
+        4
     """
 
     batch_size: int | Literal["auto"] = field(
@@ -105,7 +110,13 @@ class DataOptions:
     """Which model and documents a command line runs on (in Python, the caller loads them): ``model`` (a toy, a real
     model, a folder or a hub name), loaded on ``device`` in ``dtype``; ``n_docs`` blocks of ``seq_len`` tokens of
     ``texts`` (a bundled corpus, ``hf:DATASET``, or ``study``: the head-dominance study's four texts), chosen with
-    ``doc_seed``."""
+    ``doc_seed``.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.DataOptions(model="toy-gpt2", seq_len=32).seq_len
+        32
+    """
 
     model: str = field(
         default="smollm2-135m", metadata={"help": "model spec: a toy, a real model, a folder, a hub name"}

@@ -71,7 +71,17 @@ T = TypeVar("T")
 @serializable
 @dataclass(frozen=True)
 class ModelReport(ResultMixin):
-    """One model's battery: every result, and the seconds each step took."""
+    """One model's battery: every result, and the seconds each step took.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
+        >>> report = lp.run_battery(model, docs, progress=False)
+        >>> isinstance(report, lp.ModelReport)
+        True
+    """
 
     name: str
     decomposition: DecompositionResult
@@ -203,7 +213,13 @@ class ReportSettings:
     """What the battery computes beyond its fixed sections: ``seed`` (null draws, bootstrap, halves, the random
     heads confirmed) and ``edits``, further interventions (built-in or user-defined, each one
     :class:`~lens_parallel.edits.Edit` or a tuple of them as one intervention) evaluated against their matched
-    no-op in the "edits" section."""
+    no-op in the "edits" section.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.ReportSettings(tasks=("quick",)).tasks
+        ('quick',)
+    """
 
     seed: int = field(default=0, metadata={"help": "seed of the null draws, the bootstrap and the halves"})
     edits: tuple[Any, ...] = field(default=(), metadata={"help": "further edits (Python only)", "cli": False})
@@ -273,7 +289,15 @@ def run_battery(
     **changes: Any,
 ) -> ModelReport:
     """Run the sections on ``model`` (see the module docstring; :class:`ReportSettings`, run options
-    :class:`~lens_parallel.options.RunOptions`); every setting is checked first (:func:`check_battery`)."""
+    :class:`~lens_parallel.options.RunOptions`); every setting is checked first (:func:`check_battery`).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
+        >>> report = lp.run_battery(model, docs, progress=False)
+    """
     s, opts = resolve(ReportSettings, settings, options, protocol, changes)
     head_layers(model_info(model), None, what="the report's battery (diagonal views, head ablations, the nulls)")
     docs = Documents.of(documents, model)
@@ -363,7 +387,17 @@ def _table_html(df: pd.DataFrame, max_rows: int = 60) -> str:
 
 def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: dict[str, Any] | None = None) -> Path:
     """Write ``out/report.html``, ``out/tables/<model>_<section>.csv`` (+ ``summary.csv``) and every result with its
-    provenance under ``out/results/``; returns the HTML's path."""
+    provenance under ``out/results/``; returns the HTML's path.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
+        >>> report = lp.run_battery(model, docs, progress=False)
+        >>> lp.write_report([report], "results/report").name
+        'report.html'
+    """
     out = Path(out)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     summary = pd.concat([r.summary() for r in reports], ignore_index=True)

@@ -55,7 +55,13 @@ def serializable(cls: type[T]) -> type[T]:
 
 
 def result_classes() -> list[type]:
-    """Every registered class implementing the Result protocol (those built on :class:`ResultMixin`)."""
+    """Every registered class implementing the Result protocol (those built on :class:`ResultMixin`).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> "DecompositionResult" in [cls.__name__ for cls in lp.result_classes()]
+        True
+    """
     return [cls for cls in _REGISTRY.values() if issubclass(cls, ResultMixin)]
 
 
@@ -73,7 +79,16 @@ WEIGHT_PROCESSING = "unprocessed: no LayerNorm folding, no centering, value bias
 @serializable
 @dataclasses.dataclass(frozen=True)
 class Provenance:
-    """Where a result came from: enough to rerun it."""
+    """Where a result came from: enough to rerun it.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> provenance = lp.decompose(model, docs, progress=False).provenance
+        >>> provenance.model["name"]
+        'toy-gpt2'
+    """
 
     model: dict[str, Any]
     texts: dict[str, Any]
@@ -183,7 +198,15 @@ def layer_frame(
 
 @runtime_checkable
 class Result(Protocol):
-    """What every result offers (see the module docstring)."""
+    """What every result offers (see the module docstring).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> isinstance(lp.decompose(model, docs, progress=False), lp.Result)
+        True
+    """
 
     @property
     def provenance(self) -> Provenance | None: ...
@@ -342,7 +365,21 @@ def save_result(result: Any, path: str | Path) -> Path:
 
 def load_result(path: str | Path) -> Any:
     """Rebuild any result written by :func:`save_result` (``path`` with or without ``.json``). Raises
-    :class:`LensParallelError` in one line for a missing, damaged or mismatched pair of files."""
+    :class:`LensParallelError` in one line for a missing, damaged or mismatched pair of files.
+
+    Returns:
+        Any: the result, an instance of the class its folder names (one of :func:`result_classes`).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> saved = lp.decompose(model, docs, progress=False).save(folder + "/decompose")
+        >>> type(lp.load_result(folder + "/decompose")).__name__
+        'DecompositionResult'
+    """
     stem = _stem(path)
     json_path, npz_path = add_suffix(stem, ".json"), add_suffix(stem, ".npz")
     if not json_path.is_file():

@@ -29,7 +29,13 @@ C4 = "hf:allenai/c4:en:validation"
 @serializable
 @dataclass(frozen=True, kw_only=True)
 class TextSelection:
-    """How texts are sampled (defaults: the authors' script's)."""
+    """How texts are sampled (defaults: the authors' script's).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.TextSelection(max_texts=4).max_texts
+        4
+    """
 
     max_texts: int = field(default=16, metadata={"help": "texts kept"})
     min_chars: int = field(default=160, metadata={"help": "fewest characters of a kept text (after stripping)"})
@@ -49,7 +55,14 @@ class TextSelection:
 @serializable
 @dataclass(frozen=True)
 class TextSample:
-    """The kept texts, each with its index in the shuffled stream, how many texts were read, and where from."""
+    """The kept texts, each with its index in the shuffled stream, how many texts were read, and where from.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> sample = lp.sample_texts(["A first paragraph of text. " * 10])
+        >>> sample.source
+        'user-texts'
+    """
 
     texts: tuple[str, ...]
     source_indices: tuple[int, ...]
@@ -127,7 +140,14 @@ def sample_texts(
     sampled by ``selection`` (default :class:`TextSelection`: the paper's), as the module docstring describes.
     ``paragraphs``: each non-empty line of a bundled or given document is one text, the offline stand-in for C4's
     short web texts (the bundled documents are all longer than 1,200 characters; 2,920 of wikipedia-en's 3,073
-    paragraphs have 160-1,200)."""
+    paragraphs have 160-1,200).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> sample = lp.sample_texts(["A first paragraph of text. " * 10, "Another one. " * 20])
+        >>> len(sample.texts)
+        2
+    """
     selection = selection or TextSelection()
     if isinstance(source, str):
         check_corpus(source)

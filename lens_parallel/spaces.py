@@ -68,6 +68,11 @@ class SpaceSpec:
             linear-attention layer u_h W_out[h]).
         sublayer: the sublayer whose output an edit of this space changes (``attn``: hook_z or hook_attn_out;
             ``mlp``: hook_mlp_out; ``block``: hook_resid_post).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.SPACES["value"].reference
+        'v_t'
     """
 
     name: Space

@@ -91,7 +91,13 @@ class Job(Protocol):
 @serializable
 @dataclass(frozen=True)
 class AblationJob:
-    """Remove query ``heads`` of ``layer`` together (how: the sweep's ``ablation``)."""
+    """Remove query ``heads`` of ``layer`` together (how: the sweep's ``ablation``).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.AblationJob(1, (0, 2)).key  # query heads 0 and 2 of layer 1, removed together
+        'L1H0+2'
+    """
 
     layer: int
     heads: tuple[int, ...]
@@ -108,7 +114,13 @@ class AblationJob:
 @dataclass(frozen=True)
 class EditJob:
     """Run ``edits`` (any :class:`~lens_parallel.edits.Edit`, built-in or user-defined: frozen data) from
-    ``start_layer`` on: no edit may touch an earlier layer. ``key`` names the job in the store."""
+    ``start_layer`` on: no edit may touch an earlier layer. ``key`` names the job in the store.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.EditJob("no diagonal", (lp.ZeroDiagonal(),)).key
+        'no diagonal'
+    """
 
     key: str
     edits: tuple[Edit, ...]
@@ -227,7 +239,13 @@ class Metric(Generic[J]):
     the unedited per-document losses of the reference pass; :meth:`reference_roles`: activations the reference
     pass captures for it; :meth:`spec`: the arrays a job's value holds; :meth:`chunks`: which jobs share forwards
     (default: one job per chunk); :meth:`measure`: a chunk's values on one batch; :meth:`combine`: the batches'
-    values of one job, concatenated along ``"docs"`` axes or summed."""
+    values of one job, concatenated along ``"docs"`` axes or summed.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> isinstance(lp.DocumentNLL(), lp.Metric)
+        True
+    """
 
     name = "metric"
     base = False
@@ -268,7 +286,14 @@ class DocumentNLL(Metric[Job]):
 
     Chunks: :class:`AblationJob` s of one layer stack as rows with their own head masks; :class:`EditJob` s whose
     edits are one :class:`~lens_parallel.edits.ComponentScale` each, alike but for s_par / s_perp, stack as rows
-    with their own scales; any other job runs alone."""
+    with their own scales; any other job runs alone.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> run = lp.run_sweep(model, docs, [lp.EditJob("none", ())], metric=lp.DocumentNLL(), progress=False)
+    """
 
     name = "document-nll"
 
@@ -293,7 +318,15 @@ class DocumentNLL(Metric[Job]):
 
 class TokenNLL(DocumentNLL):
     """Next-token NLL of every scored token (nats): ``nll [docs, pos - 1]``, NaN where a document has no token to
-    score (past its end)."""
+    score (past its end).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> job = lp.EditJob("none", ())
+        >>> run = lp.run_sweep(model, docs, [job], metric=lp.TokenNLL(16), progress=False)
+    """
 
     name = "token-nll"
 
@@ -426,7 +459,16 @@ def _sweep_task(context: TaskContext, plan: SweepPlan, chunk: list[Job]) -> list
 class SweepRun:
     """Every job's value (``values[key]``) and, when the reference pass computed them, the unedited model's
     per-document losses (``base``). ``run[job]`` is a job's :class:`DocLosses` (NLL metrics) and
-    ``run.value(job)`` its named arrays (any metric)."""
+    ``run.value(job)`` its named arrays (any metric).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> run = lp.run_sweep(model, docs, [lp.EditJob("none", ())], progress=False)
+        >>> isinstance(run, lp.SweepRun)
+        True
+    """
 
     base: DocLosses | None
     values: dict[str, Values]
@@ -565,7 +607,17 @@ def run_sweep(
     spec (this process writes the store, so a run killed midway resumes with or without workers, and the numbers
     equal a single-process run's exactly). ``memo``: a cache a caller keeps across sweeps on the same documents
     (the reference pass is computed once), e.g. an interactive explorer. Three steps: :func:`plan_sweep` (every
-    check, the batch size), the store's session (:func:`_stored`), :func:`_execute`."""
+    check, the batch size), the store's session (:func:`_stored`), :func:`_execute`.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> jobs = [lp.EditJob("none", ()), lp.EditJob("zero-diag", (lp.ZeroDiagonal(),))]
+        >>> run = lp.run_sweep(model, docs, jobs, progress=False)
+        >>> sorted(run.values)
+        ['none', 'zero-diag']
+    """
     refuse_renamed(changes, {"edit": "ablation"}, where="run_sweep")
     setup = plan_sweep(
         model, documents, jobs, metric=metric, ablation=ablation, positions=positions, options=options, changes=changes

@@ -34,7 +34,16 @@ from lens_parallel.validate import check_choice
 class AblationRun(ResultMixin):
     """Per-document NLL sums of the unedited model (``base_loss_sum [document]``) and of every job
     (``loss_sum [job, document]``), ``n_tokens [document]`` scored tokens; ``run[job]`` gives a job's
-    :class:`DocLosses`."""
+    :class:`DocLosses`.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> run = lp.run_ablations(model, docs, [lp.AblationJob(1, (2,))], progress=False)
+        >>> type(run).__name__
+        'AblationRun'
+    """
 
     ablation: Ablation
     jobs: tuple[AblationJob, ...]
@@ -104,7 +113,13 @@ class AblationRun(ResultMixin):
 @dataclass(frozen=True, kw_only=True)
 class AblationSettings:
     """What an ablation run computes: how heads are removed (``ablation``: zero, mean, parallel-value,
-    parallel-residual) and at which positions (``positions``: all, or after-first: the boundary token untouched)."""
+    parallel-residual) and at which positions (``positions``: all, or after-first: the boundary token untouched).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.AblationSettings(ablation="mean").ablation
+        'mean'
+    """
 
     ablation: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
@@ -126,7 +141,16 @@ def run_ablations(
 ) -> AblationRun:
     """Run every ablation job on the sweep engine (:class:`AblationSettings`: ``ablation``, ``positions``; run options:
     :class:`~lens_parallel.options.RunOptions`, e.g. ``store=`` to make it resumable, ``workers=`` for Ray); both as
-    keyword shortcuts too."""
+    keyword shortcuts too.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> run = lp.run_ablations(model, docs, [lp.AblationJob(0, (0, 1))], ablation="zero", progress=False)
+        >>> run.to_dataframe()["label"].unique().tolist()
+        ['L0H0+1']
+    """
     s, opts = resolve(AblationSettings, settings, options, protocol, changes)
     docs = Documents.of(documents, model)
     jobs = tuple(dict.fromkeys(jobs))

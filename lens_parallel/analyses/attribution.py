@@ -82,6 +82,13 @@ class AttributionResult(ResultMixin):
     ``estimate`` is ``[doc, layer, head]``; ``d_s_par`` / ``d_s_perp`` are ``[space, doc, layer, head]`` (spaces in
     ``spaces``); ``loss_sum`` and ``n_tokens`` are ``[doc]``. NaN marks what does not exist: a head past a layer's
     own heads (a hybrid model's head axis is as wide as its widest layer), residual-attn on a linear layer.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> attr = lp.head_attribution(model, docs, progress=False)
+        >>> fig = attr.figure()
     """
 
     ablation: Ablation
@@ -285,7 +292,13 @@ def _reducer(
 class AttributionSettings:
     """What an attribution screen computes: the first-order estimate of ``ablation`` (at ``positions``) on ``layers``
     (None: every layer the ablation is defined on, :data:`~lens_parallel.edits.LINEAR_ABLATIONS` on linear ones), CIs
-    from ``n_resamples`` bootstrap resamples seeded by ``seed``, projections guarded by ``eps``."""
+    from ``n_resamples`` bootstrap resamples seeded by ``seed``, projections guarded by ``eps``.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.AttributionSettings().__class__.__name__
+        'AttributionSettings'
+    """
 
     ablation: Ablation = field(default="parallel-value", metadata={"help": "the edit whose effect is estimated"})
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
@@ -390,7 +403,16 @@ def head_attribution(
     :class:`~lens_parallel.options.RunOptions`). ``positions``: ``all`` or ``after-first`` (position 0 neither edited
     nor scaled). Linear-attention layers are screened for ``zero`` and ``parallel-value`` (module docstring) and skipped
     for the other ablations (said in the provenance); on models with a post-attention norm the residual-attn derivatives
-    and ``parallel-residual`` are undefined (skipped / refused with one line)."""
+    and ``parallel-residual`` are undefined (skipped / refused with one line).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> attr = lp.head_attribution(model, docs, progress=False)
+        >>> attr.to_dataframe().shape[0]  # every head of every layer (12), and each layer's heads together (3)
+        15
+    """
     s, opts = resolve(AttributionSettings, settings, options, protocol, changes)
     info = model_info(model)
     docs = Documents.of(documents, model)

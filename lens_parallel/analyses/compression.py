@@ -65,7 +65,15 @@ SUBLAYER_ROLES = ("attn_out", "mlp_out", "resid_post")
 class CompressionResult(ResultMixin):
     """Per method, sublayer, layer and prompt: ``par`` = |e_par|/|delta|, ``perp`` = |e_perp|/|delta|, ``coef`` =
     e.delta/|delta|^2 (arrays ``[method, sublayer, layer, prompt]``, NaN where |delta| ~ 0), and per method the
-    end-to-end delta loss (nats/token, compressed - dense) with its paired bootstrap CI over prompts."""
+    end-to-end delta loss (nats/token, compressed - dense) with its paired bootstrap CI over prompts.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> err = lp.compression_error(model, docs, method=["int8"], progress=False)
+        >>> fig = err.figure()
+    """
 
     methods: tuple[str, ...]
     layers: tuple[int, ...]
@@ -172,7 +180,13 @@ class CompressionSettings:
     ``wanda-seq-2:4``, :class:`~lens_parallel.compression.Compression` objects, or functions editing a Hugging Face
     model in place), in ``mode`` (``local``: each compressed block fed the dense input; ``global``: the compressed
     model on its own), scored at ``scored`` positions (each prompt's ``last``, or ``all`` positions after the
-    first), projections guarded by ``eps``."""
+    first), projections guarded by ``eps``.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.CompressionSettings(method=("int8",)).method
+        ('int8',)
+    """
 
     method: tuple[MethodLike, ...] = field(default=DEFAULT_METHODS, metadata={"help": f"compressions: {SPEC_HELP}"})
     mode: CompressionMode = field(
@@ -430,6 +444,14 @@ def compression_error(
     ``torchao-awq-*``). Each method compresses a copy (one at a time); ``model`` is never changed. One dense
     reference pass per batch keeps each layer's input, updates and output (and the dense losses). A function given
     as a method must be importable or picklable by cloudpickle for Ray workers.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> err = lp.compression_error(model, docs, method=["int8"], progress=False)
+        >>> type(err).__name__
+        'CompressionResult'
     """
     if compressed is not None and (
         "method" in changes or (settings is not None and settings.method != DEFAULT_METHODS)

@@ -35,7 +35,16 @@ from lens_parallel.validate import check_non_negative_int, check_positive_int
 @serializable
 @dataclass(frozen=True)
 class ConfirmResult(ResultMixin):
-    """Estimate vs exact effect (nats/token) per confirmed head; ``chosen`` is ``top`` or ``random``."""
+    """Estimate vs exact effect (nats/token) per confirmed head; ``chosen`` is ``top`` or ``random``.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> attr = lp.head_attribution(model, docs, progress=False)
+        >>> checked = lp.confirm(model, docs, attr, top_k=2, n_random=2, progress=False)
+        >>> fig = checked.figure()
+    """
 
     ablation: Ablation
     labels: tuple[str, ...]
@@ -107,7 +116,13 @@ def _linearity_note(ablation: str) -> str:
 @dataclass(frozen=True, kw_only=True)
 class ConfirmSettings:
     """Which heads of a screen are run exactly: the ``top_k`` by |estimate| and ``n_random`` others drawn with
-    ``default_rng(seed)``."""
+    ``default_rng(seed)``.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.ConfirmSettings(top_k=3).top_k
+        3
+    """
 
     top_k: int = field(default=10, metadata={"help": "the heads with the largest |estimate| run exactly"})
     n_random: int = field(default=10, metadata={"help": "other heads, drawn at random, run exactly"})
@@ -131,7 +146,17 @@ def confirm(
 ) -> ConfirmResult:
     """Run ``result``'s edit exactly (ablation engine, same positions) on the heads :class:`ConfirmSettings` picks,
     on the documents ``result`` was computed on (run options: :class:`~lens_parallel.options.RunOptions`, e.g. a
-    ``store`` shared with :func:`~lens_parallel.analyses.sensitivity.head_sensitivity`, ``workers`` for Ray)."""
+    ``store`` shared with :func:`~lens_parallel.analyses.sensitivity.head_sensitivity`, ``workers`` for Ray).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> attr = lp.head_attribution(model, docs, progress=False)
+        >>> checked = lp.confirm(model, docs, attr, top_k=2, n_random=2, progress=False)
+        >>> type(checked).__name__
+        'ConfirmResult'
+    """
     s, opts = resolve(ConfirmSettings, settings, options, protocol, changes)
     if not isinstance(result, AttributionResult):
         raise LensParallelError(f"confirm needs an AttributionResult, got {type(result).__name__}")

@@ -114,7 +114,16 @@ class AlignmentTable:
 @serializable
 @dataclass(frozen=True)
 class DecompositionResult(ResultMixin):
-    """Self-alignment statistics of every requested space; see :func:`decompose`."""
+    """Self-alignment statistics of every requested space; see :func:`decompose`.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> result = lp.decompose(model, docs, progress=False)
+        >>> list(result.to_dataframe().columns[:3])
+        ['model', 'space', 'level']
+    """
 
     tables: tuple[AlignmentTable, ...]
     provenance: Provenance
@@ -289,7 +298,13 @@ class _AlignmentMetric(Metric[EditJob]):
 @dataclass(frozen=True, kw_only=True)
 class DecomposeSettings:
     """What a decomposition computes: the self-alignment statistics of every ``space`` (a list, or ``"all"``) on
-    ``layers`` (None: all), guarding |m| and |r| by ``eps``."""
+    ``layers`` (None: all), guarding |m| and |r| by ``eps``.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.DecomposeSettings(space=("all",)).space[:2]
+        ('value', 'value-exclude-self')
+    """
 
     space: tuple[Space, ...] = field(default=("value",), metadata={"help": "spaces (or all)", "also": ("all",)})
     layers: tuple[int, ...] | None = field(default=None, metadata={"help": "layers", "none": "all"})
@@ -318,6 +333,15 @@ def decompose(
     Returns :class:`DecompositionResult`: per (space, level) an :class:`AlignmentTable` with, per layer and head,
     the mean self-cosine cos(m, r), its std, mean |m_par|/|m|, mean |m_perp|/|m| and the mean signed parallel
     coefficient m.r/|r|^2, over every document's real positions t >= 1 (documents of different lengths included).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> result = lp.decompose(model, docs, space=["value", "residual-attn"], progress=False)
+        >>> result.table("value", "head").self_cos.shape  # layers x heads
+        (3, 4)
+        >>> text = lp.decompose(model, ["The cat sat on the mat.", "A dog ran."], progress=False)  # text works too
     """
     s, opts = resolve(DecomposeSettings, settings, options, protocol, changes)
     info = model_info(model)

@@ -85,6 +85,13 @@ class DiagonalView(ResultMixin):
     viewed): ``layer_delta`` ``[pos]`` on document ``doc`` with the norms of its change to the layer's update
     along (``layer_par``) and across (``layer_perp``) x_t; over all documents and t >= 1 the mean, min and max of
     δ, the mean side effect |δ_t (w_t)_perp| / |y_t| and the positions guarded.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> view = lp.diagonal_view(model, docs, layer=0, head=0, progress=False)
+        >>> fig = view.figure()
     """
 
     layer: int
@@ -301,7 +308,13 @@ def _token_labels(model: TransformerBridge, tokens: Int[Tensor, " pos"]) -> tupl
 @dataclass(frozen=True, kw_only=True)
 class DiagonalSettings:
     """Which diagonal view: ``head`` of ``layer`` (both None: the head with the highest mean value-space
-    self-cosine), at ``s_par``, in ``space`` (one or more), showing document ``doc``; guards ``eps``."""
+    self-cosine), at ``s_par``, in ``space`` (one or more), showing document ``doc``; guards ``eps``.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.DiagonalSettings(layer=1, head=2, s_par=0.0).head
+        2
+    """
 
     layer: int | None = field(default=None, metadata={"help": "layer", "none": "the most self-aligned head's"})
     head: int | None = field(default=None, metadata={"help": "query head", "none": "the most self-aligned head"})
@@ -360,6 +373,14 @@ def diagonal_view(
     One pass of the engine over the documents (each forward stopped after ``layer``) captures resid_pre, hook_v and
     hook_pattern of that layer and accumulates the summaries over every head and every document's real positions
     t >= 1; ``doc``'s map is kept for the figure (one more forward of that document).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> view = lp.diagonal_view(model, "Echo the final code exactly once: AX7Q-19", layer=1, head=2, progress=False)
+        >>> (view.layer, view.head)
+        (1, 2)
     """
     s, opts = resolve(DiagonalSettings, settings, options, protocol, changes)
     info = model_info(model)

@@ -113,6 +113,13 @@ class DominanceResult(ResultMixin):
     (``random`` and ``all`` do not depend on the mask scale). Head axes are NaN-padded where pairs differ in head
     counts (``upstream_heads``, ``receiving_heads``, ``query_heads``, ``key_heads``, ``value_heads``); ``js`` is NaN for
     linear-attention receivers.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> dom = lp.head_dominance(model, docs, upstream_layers=(0,), progress=False)
+        >>> fig = dom.figure()
     """
 
     joint_kinds: ClassVar[tuple[str, ...]] = JOINT
@@ -636,7 +643,16 @@ class _DominanceMetric(Metric[PairJob]):
 
 def study_texts(model: TransformerBridge, *, seq_len: int = 32, seed: int = 0) -> TokenBlocks:
     """The study's inputs: four texts of ``seq_len`` tokens, two English (``wikipedia-en``) and two Chinese
-    (``lunyu``), each block starting with the document-boundary token at position 0."""
+    (``lunyu``), each block starting with the document-boundary token at position 0.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> blocks = lp.study_texts(model, seq_len=16)
+        >>> blocks.tokens.shape[1]
+        16
+    """
     english = token_blocks(model, "wikipedia-en", n_docs=2, seq_len=seq_len, seed=seed)
     chinese = token_blocks(model, "lunyu", n_docs=2, seq_len=seq_len, seed=seed)
     return replace(
@@ -653,7 +669,13 @@ class DominanceSettings:
     """What head dominance computes: for every pair (l, l+1) with l in ``upstream_layers`` (None: all but the last),
     the receiving query tokens ``query_positions`` (explicit positions), or the window ``query_start`` ..
     ``query_stop`` (exclusive; both None: the study's 7..31, cut to the texts' length), the weak/strong halves ranked
-    on ``mask_scales`` (``("qkv",)``, the study's, or ``("qkv", "js")``), the random halves seeded by ``seed``."""
+    on ``mask_scales`` (``("qkv",)``, the study's, or ``("qkv", "js")``), the random halves seeded by ``seed``.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.DominanceSettings(upstream_layers=(0,)).upstream_layers
+        (0,)
+    """
 
     upstream_layers: tuple[int, ...] | None = field(
         default=None, metadata={"help": "upstream layers", "none": "all but the last"}
@@ -709,6 +731,14 @@ def head_dominance(
     one (``slice(8, 33)`` on 33 tokens). Runs on the engine: one job per layer pair, each batch's residual entering
     layer l from the reference pass, every removal a row of a stacked forward (``tokens_per_forward`` tokens at
     most); ``store`` makes the run resumable pair by pair, ``workers`` runs pairs on Ray (same numbers).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> dom = lp.head_dominance(model, docs, upstream_layers=(0,), progress=False)
+        >>> type(dom).__name__
+        'DominanceResult'
     """
     window = changes.pop("query_positions", None)
     if isinstance(window, slice):

@@ -47,7 +47,16 @@ def document_losses(
 ) -> DocLosses:
     """Per-document NLL sums of the model under ``edits`` (validated before the first forward): one job of the
     engine, one full forward per batch. ``options`` / keywords: :class:`~lens_parallel.options.RunOptions`
-    (default here: no progress bar)."""
+    (default here: no progress bar).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> losses = lp.document_losses(model, docs, progress=False)
+        >>> losses.n_tokens.tolist()  # scored tokens per document
+        [15, 15, 15, 15]
+    """
     opts = resolve_options(options, changes, defaults={"progress": False})
     job = EditJob("edited", as_edits(edits))
     return run_sweep(model, documents, [job], options=opts, desc="loss")[job]
@@ -94,7 +103,13 @@ class DistributionShift(Metric[EditJob]):
 @dataclass(frozen=True, kw_only=True)
 class EvaluateSettings:
     """How :func:`evaluate` states its effects: paired bootstrap CIs over documents from ``n_resamples`` resamples
-    seeded by ``seed``."""
+    seeded by ``seed``.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.EvaluateSettings(n_resamples=500).n_resamples
+        500
+    """
 
     n_resamples: int = field(default=N_RESAMPLES, metadata={"help": "bootstrap resamples of the CIs"})
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
@@ -118,7 +133,16 @@ def evaluate(
     the next-token distribution moves: KL(no-op || edited) per scored position and the fraction of positions whose
     top-1 token is unchanged, each with a paired bootstrap CI over documents (:class:`EvaluateSettings`); both runs
     on the same batches of one sweep (:class:`DistributionShift`). Run options
-    :class:`~lens_parallel.options.RunOptions` (default here: no progress bar); both as keyword shortcuts."""
+    :class:`~lens_parallel.options.RunOptions` (default here: no progress bar); both as keyword shortcuts.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> effect = lp.evaluate(model, docs, lp.ZeroDiagonal(layers=[0]), n_resamples=50, progress=False)
+        >>> type(effect).__name__
+        'EditEffect'
+    """
     s, opts = resolve(EvaluateSettings, settings, options, protocol, changes, option_defaults={"progress": False})
     n_resamples, seed = s.n_resamples, s.seed
     edits = as_edits(edits)

@@ -66,7 +66,16 @@ class HeadStatistics(ResultMixin):
     :data:`STATISTICS` order; on a hybrid model the head axis is as wide as the widest layer's heads, a narrower
     layer's extra entries NaN), over ``n_positions`` positions per head; ``doc_sums`` ``[doc, statistic, layer,
     head]`` and ``doc_positions`` ``[doc]`` the per-document sums and counts they are the ratio of (for the
-    split-half ceiling of :func:`sensitivity_correlations`)."""
+    split-half ceiling of :func:`sensitivity_correlations`).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> stats = lp.head_statistics(model, docs, layers=[0], progress=False)
+        >>> stats.to_dataframe().shape[0] > 0
+        True
+    """
 
     ablation: str
     positions: EditPositions
@@ -161,7 +170,13 @@ class _StatisticsMetric(Metric[EditJob]):
 class HeadStatisticsSettings:
     """What :func:`head_statistics` computes: the statistics of ``ablation``'s change on ``layers`` (None: every layer;
     on a linear-attention layer y = o_t, its value heads' delta-rule output), over every position (``all``: t = 0
-    included, as the authors) or ``after-first``; denominators floored at ``eps``^2."""
+    included, as the authors) or ``after-first``; denominators floored at ``eps``^2.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.HeadStatisticsSettings(layers=(1,)).layers
+        (1,)
+    """
 
     ablation: StatisticAblation = field(
         default="parallel-value", metadata={"help": "the single-head ablation described"}
@@ -187,7 +202,16 @@ def head_statistics(
     **changes: Any,
 ) -> HeadStatistics:
     """The four statistics of the module docstring for every head (:class:`HeadStatisticsSettings`; run options
-    :class:`~lens_parallel.options.RunOptions`; both as keyword shortcuts), one forward per batch on the engine."""
+    :class:`~lens_parallel.options.RunOptions`; both as keyword shortcuts), one forward per batch on the engine.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> stats = lp.head_statistics(model, docs, layers=[0], progress=False)
+        >>> type(stats).__name__
+        'HeadStatistics'
+    """
     s, opts = resolve(HeadStatisticsSettings, settings, options, protocol, changes)
     info = model_info(model)
     docs = Documents.of(documents, model)
@@ -235,7 +259,18 @@ def sensitivity_correlations(
     halves (``seed``); ``r_stat`` and ``r_delta`` are the Spearman correlations across heads of the statistic and of
     Δloss between the halves, and ``rho_max = sqrt(r_stat r_delta)`` bounds how well any statistic measured this
     noisily can rank an effect measured this noisily (:func:`~lens_parallel.stats.split_half_correlations`; NaN
-    with fewer than 4 documents)."""
+    with fewer than 4 documents).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> sens = lp.head_sensitivity(model, docs, layers=[0], progress=False)
+        >>> stats = lp.head_statistics(model, docs, layers=[0], progress=False)
+        >>> table = lp.sensitivity_correlations({"toy": (sens, stats)})
+        >>> len(table) > 0
+        True
+    """
     rows = []
     for name, (sens, stat) in pairs.items():
         if sens.provenance.texts.get("tokens_sha256_16") != stat.provenance.texts.get("tokens_sha256_16"):
@@ -279,7 +314,16 @@ def head_ratio_figure(
     pairs: Mapping[str, tuple[SensitivityResult, HeadStatistics]], *, statistic: HeadStatistic = "para_ratio"
 ) -> go.Figure:
     """The paper's head-ratio-against-sensitivity scatter: signed single-head Δloss against ``statistic`` (one of
-    :data:`STATISTICS`), one colour per model, with :func:`sensitivity_correlations`' coefficients."""
+    :data:`STATISTICS`), one colour per model, with :func:`sensitivity_correlations`' coefficients.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> sens = lp.head_sensitivity(model, docs, layers=[0], progress=False)
+        >>> stats = lp.head_statistics(model, docs, layers=[0], progress=False)
+        >>> fig = lp.head_ratio_figure({"toy": (sens, stats)})
+    """
     check_choice("statistic", statistic, HeadStatistic)
     return plots.head_ratio_figure(pairs, sensitivity_correlations(pairs), statistic=statistic)
 
@@ -288,7 +332,17 @@ def compare_sensitivity(results: Mapping[str, SensitivityResult], *, level: floa
     """The single heads of several models' sensitivities side by side, with Benjamini-Hochberg q-values within each
     model (``q_model``) and over the heads of every model pooled (``q_global``), and each head's class at
     ``level`` under each: ``decrease`` / ``increase`` (signed Δloss, q <= level) or ``not significant``; as the
-    authors' ``fdr_model_class`` / ``fdr_global_class``."""
+    authors' ``fdr_model_class`` / ``fdr_global_class``.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> a = lp.head_sensitivity(model, docs, layers=[0], progress=False)
+        >>> table = lp.compare_sensitivity({"toy": a})
+        >>> len(table) > 0
+        True
+    """
     frames = []
     for name, result in results.items():
         df = result.to_dataframe()

@@ -121,7 +121,15 @@ def reconstruction_error(model: TransformerBridge, documents: Documents, layers:
 @dataclass(frozen=True)
 class NullResult(ResultMixin):
     """Per-document means over t >= 1, ``[doc, layer, head]``: cos_self, cos_null and (GQA) cos_across; ``null``
-    says how cos_null was computed (``sampled`` or ``exact``), ``groups`` which other kv groups cos_across uses."""
+    says how cos_null was computed (``sampled`` or ``exact``), ``groups`` which other kv groups cos_across uses.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> null = lp.causal_null(model, docs, n_resamples=100, progress=False)
+        >>> fig = null.figure()
+    """
 
     layers: tuple[int, ...]
     seed: int
@@ -197,7 +205,13 @@ class NullSettings:
     """What the null model computes: ``null`` (``sampled``, the paper's, seeded by ``seed``; or ``exact``),
     ``groups`` (None; or ``neighbour`` / ``all``: the across-kv-group cosine, :func:`gqa_alignment`), the bootstrap
     CI of the excess from ``n_resamples`` resamples, and the reconstruction gate (``gate_tol`` on ``gate_layers``,
-    default the first, middle and last softmax-attention layers)."""
+    default the first, middle and last softmax-attention layers).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.NullSettings(null="exact").null
+        'exact'
+    """
 
     null: Null = field(default="sampled", metadata={"help": "causal null: sampled (the paper's) or exact"})
     groups: Groups | None = field(default=None, metadata={"help": "GQA across-group comparison", "none": "none"})
@@ -287,7 +301,16 @@ def causal_null(
     bootstrap CI of the excess over documents (:class:`NullSettings`; run options
     :class:`~lens_parallel.options.RunOptions`; both as keyword shortcuts). One pass of the engine over the
     documents (ragged included: only real positions count). Linear-attention layers (Qwen3.5) are checked per value
-    head (module docstring)."""
+    head (module docstring).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> null = lp.causal_null(model, docs, n_resamples=100, progress=False)
+        >>> type(null).__name__
+        'NullResult'
+    """
     s, opts = resolve(NullSettings, settings, options, protocol, changes)
     info = model_info(model)
     docs = Documents.of(documents, model)
@@ -375,7 +398,16 @@ def gqa_alignment(
     **changes: Any,
 ) -> NullResult:
     """Within-group vs across-group excess (module docstring); needs grouped-query attention. As
-    :func:`causal_null` with ``groups`` (default here: ``neighbour``)."""
+    :func:`causal_null` with ``groups`` (default here: ``neighbour``).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-qwen2")  # grouped-query attention
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> result = lp.gqa_alignment(model, docs, n_resamples=100, progress=False)
+        >>> type(result).__name__
+        'NullResult'
+    """
     info = model_info(model)
     if info.n_kv_heads == 1:
         raise LensParallelError(

@@ -65,7 +65,16 @@ def verdict(r_delta: float) -> str:
 @serializable
 @dataclass(frozen=True)
 class SplitHalfResult(ResultMixin):
-    """Per-head values in each half, ``[half, layer, head]``: ``cos_self``, ``excess``, ``delta`` (nats/token)."""
+    """Per-head values in each half, ``[half, layer, head]``: ``cos_self``, ``excess``, ``delta`` (nats/token).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
+        >>> rel = lp.split_half_reliability(model, docs, progress=False)
+        >>> fig = rel.figure()
+    """
 
     ablation: Ablation
     layers: tuple[int, ...]
@@ -120,7 +129,13 @@ class SplitHalfResult(ResultMixin):
 class SanitySettings:
     """What the sanity checks compute: the causal null (``null``: ``sampled``, the paper's, or ``exact``) and the
     split-half reliability of single-head ablations (``ablation`` at ``positions``: ``after-first``, the paper's frozen
-    protocol), both seeded by ``seed`` (the null draws and the halves)."""
+    protocol), both seeded by ``seed`` (the null draws and the halves).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.SanitySettings(null="exact").null
+        'exact'
+    """
 
     ablation: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
     positions: EditPositions = field(
@@ -148,7 +163,17 @@ def split_half_reliability(
     """See the module docstring (:class:`SanitySettings`; run options :class:`~lens_parallel.options.RunOptions`).
     ``store``: the JSON-lines file of the resumable single-head ablation sweep (run once over all documents and split
     by half: per-document losses do not depend on the half; :func:`~lens_parallel.analyses.sensitivity.head_sensitivity`
-    given the same file and positions shares its finished jobs)."""
+    given the same file and positions shares its finished jobs).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
+        >>> rel = lp.split_half_reliability(model, docs, progress=False)
+        >>> type(rel).__name__
+        'SplitHalfResult'
+    """
     s, opts = resolve(SanitySettings, settings, options, protocol, changes)
     docs = Documents.of(documents, model)
     check_documents(len(docs))
@@ -212,7 +237,16 @@ def _split_half(
 @serializable
 @dataclass(frozen=True)
 class SanityReport(ResultMixin):
-    """The causal null (with GQA groups where there are several kv heads) and split-half reliability together."""
+    """The causal null (with GQA groups where there are several kv heads) and split-half reliability together.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
+        >>> report = lp.sanity_report(model, docs, progress=False)
+        >>> fig = report.figure()
+    """
 
     null: NullResult
     split_half: SplitHalfResult
@@ -254,7 +288,17 @@ def sanity_report(
 ) -> SanityReport:
     """Every check on one set of documents: causal null (+ GQA alignment under grouped-query attention) and split
     halves (from that same null pass and one single-head ablation sweep); :class:`SanitySettings`, run options
-    :class:`~lens_parallel.options.RunOptions` (``store`` makes the sweep resumable, ``workers`` runs it on Ray)."""
+    :class:`~lens_parallel.options.RunOptions` (``store`` makes the sweep resumable, ``workers`` runs it on Ray).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
+        >>> report = lp.sanity_report(model, docs, progress=False)
+        >>> type(report).__name__
+        'SanityReport'
+    """
     s, opts = resolve(SanitySettings, settings, options, protocol, changes)
     docs = Documents.of(documents, model)
     check_documents(len(docs))

@@ -65,7 +65,15 @@ class SweepPoint:
 @dataclass(frozen=True)
 class ScalingResult(ResultMixin):
     """Edited-minus-no-op loss and perplexity for every (space, setting[, layer]): per scored token, or with
-    ``metric="word_perplexity"`` per word (loss in nats/word, perplexity the word perplexity, ``n_words``)."""
+    ``metric="word_perplexity"`` per word (loss in nats/word, perplexity the word perplexity, ``n_words``).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> sweep = lp.scale_sweep(model, docs, space="value", s_par=[0.0, 1.0], layers=[0], progress=False)
+        >>> fig = sweep.figure()
+    """
 
     points: tuple[SweepPoint, ...]
     provenance: Provenance
@@ -131,7 +139,13 @@ class ScaleSettings:
     bootstrap resamples seeded by ``seed``. ``unedited_check``: also run the unedited model and require each
     space's matched no-op to give the same loss per document, to the rounding of the model's precision
     (:data:`UNEDITED_ULPS`; the paper's scale-1 canary: deltas are against the matched no-op, which this shows to
-    be the unedited model)."""
+    be the unedited model).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.ScaleSettings(space=("value",), s_par=(0.0, 0.5)).s_par
+        (0.0, 0.5)
+    """
 
     space: tuple[Space, ...] = field(default=("value",), metadata={"help": "spaces whose components are scaled"})
     s_par: tuple[float, ...] = field(default=DEFAULT_S_PAR, metadata={"help": "s_par values (at s_perp = 1)"})
@@ -294,6 +308,14 @@ def scale_sweep(
     :class:`~lens_parallel.documents.TextWindows` (:func:`lens_parallel.downstream.perplexity.text_windows`: lm-eval's
     rolling windows of whole texts); each text's NLL is summed over its windows and divided by its words, so the
     loss is nats per word, the perplexity lm-eval's ``word_perplexity`` and the bootstrap resamples texts.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> sweep = lp.scale_sweep(model, docs, space="value", s_par=[0.0, 1.0], layers=[0], progress=False)
+        >>> type(sweep).__name__
+        'ScalingResult'
     """
     s, opts = resolve(ScaleSettings, settings, options, protocol, changes)
     if s.metric == "word_perplexity" and not isinstance(documents, TextWindows):

@@ -36,7 +36,15 @@ class SensitivityResult(ResultMixin):
     """``head_*`` arrays are ``[layer, head]`` (on a hybrid model as wide as the widest layer: a linear-attention
     layer's value heads; a narrower layer's extra entries are NaN); ``joint_*`` are ``[layer]`` (all heads of the
     layer together); ``head_doc_delta`` ``[doc, layer, head]`` each document's edited - base loss sum (nats) of
-    each single-head ablation and ``doc_tokens`` ``[doc]`` its scored tokens (for split-half statistics)."""
+    each single-head ablation and ``doc_tokens`` ``[doc]`` its scored tokens (for split-half statistics).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> sens = lp.head_sensitivity(model, docs, layers=[0], progress=False)
+        >>> fig = sens.figure()
+    """
 
     ablation: Ablation
     layers: tuple[int, ...]
@@ -114,7 +122,13 @@ class SensitivitySettings:
     """What layer sensitivity computes: each head ablated alone and all heads of a layer jointly (``ablation``, at
     ``positions``) on ``layers`` (None: every layer the ablation is defined on), with ``n_resamples`` bootstrap
     resamples and ``n_permutations`` sign flips (of each document's mean Δ, or with ``sign_flip_weights="tokens"`` of
-    its Δ sum: the token-weighted mean), seeded by ``seed``."""
+    its Δ sum: the token-weighted mean), seeded by ``seed``.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.SensitivitySettings(layers=(0, 1)).layers
+        (0, 1)
+    """
 
     ablation: Ablation = field(default="parallel-value", metadata={"help": "how heads are removed"})
     positions: EditPositions = field(default="all", metadata={"help": "after-first: leave the boundary token"})
@@ -155,7 +169,16 @@ def head_sensitivity(
     :class:`~lens_parallel.options.RunOptions`: ``store=`` makes the sweep resumable, ``workers=`` runs it on Ray;
     both as keyword shortcuts too). Linear-attention layers (Qwen3.5) are included for the ablations defined there
     (:data:`~lens_parallel.edits.LINEAR_ABLATIONS`, on their value heads); for the others ``layers=None`` skips
-    them, and the result's provenance says so."""
+    them, and the result's provenance says so.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> sens = lp.head_sensitivity(model, docs, layers=[0], progress=False)
+        >>> sens.to_dataframe().shape[0]  # one row per head of layer 0, and one for all of them
+        5
+    """
     s, opts = resolve(SensitivitySettings, settings, options, protocol, changes)
     info = model_info(model)
     docs = Documents.of(documents, model)

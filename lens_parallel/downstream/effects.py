@@ -79,7 +79,16 @@ class TaskResult(ResultMixin):
     left-truncation); ``stand_ins``: the offline tasks that stood in for a preset's tasks whose data could not be
     reached (stand-in -> lm-eval's task); ``contexts[task]``: each item's context (doc-id order) and
     ``answers[task]``: what the model answered, per item and setting (:mod:`~lens_parallel.downstream.samples`; read
-    them with :meth:`samples`)."""
+    them with :meth:`samples`).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> result = lp.task_effects(model, lp.ZeroDiagonal(layers=[0]), "quick", limit=2, progress=False)
+        >>> "task" in result.to_dataframe().columns
+        True
+    """
 
     tasks: tuple[str, ...]
     settings: tuple[str, ...]
@@ -293,7 +302,16 @@ def task_effects(
     several settings; module docstring), with lm-eval's own definitions. ``settings`` / keywords:
     :class:`TaskSettings` (``num_fewshot``, ``limit``, ``fewshot_seed``, ...); run options
     :class:`~lens_parallel.options.RunOptions` (``batch_size`` requests per forward, ``tokens_per_forward``,
-    ``store``: resumable, ``progress``). Every name, edit and option is checked before the first forward."""
+    ``store``: resumable, ``progress``). Every name, edit and option is checked before the first forward.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> result = lp.task_effects(model, lp.ZeroDiagonal(layers=[0]), "quick", limit=2, progress=False)
+        >>> type(result).__name__
+        'TaskResult'
+    """
     refuse_renamed(changes, {"task_settings": "settings"}, where="task_effects")
     s, opts = resolve(TaskSettings, settings, options, protocol, changes)
     named = named_edits(edits)

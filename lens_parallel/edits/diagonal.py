@@ -72,6 +72,13 @@ class DiagonalEdit(EditBase):
     value heads there; residual-attn is refused on linear layers (a head's write passes its gated RMSNorm, so no
     change of a_tt alone reproduces its scaling).
     Not decode-safe on a linear layer (:meth:`ComponentScale.footprint`).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> edit = lp.DiagonalEdit("value", s_par=0.0, layers=[1])  # the same removal, as a change of A_tt
+        >>> losses = lp.document_losses(model, docs, edit, progress=False)
     """
 
     space: HeadSpace
@@ -185,7 +192,14 @@ class ZeroDiagonal(EditBase):
     counted in :attr:`unchanged_rows` (summed over the forwards run since the edit was made). ``layers``: default
     every layer (the authors' models have softmax layers only); ``heads``: default every head (value heads on a
     linear layer). No matched no-op: it is
-    compared with the unedited model. Not to be confused with :class:`DiagonalEdit` (a scaling of A_tt)."""
+    compared with the unedited model. Not to be confused with :class:`DiagonalEdit` (a scaling of A_tt).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> losses = lp.document_losses(model, docs, lp.ZeroDiagonal(layers=[0, 1]), progress=False)
+    """
 
     layers: int | Sequence[int] | None = None
     heads: Heads = None

@@ -51,7 +51,14 @@ class RandomDirectionRemoval(EditBase):
     along u has, position by position, the norm the own-direction removal ``ComponentScale("value", s_par=0)`` would
     remove, |z . v_t| / |v_t| (sign that of z . u), so "own direction vs arbitrary direction" compares directions
     at equal size. ``layers`` / ``heads``: default every softmax-attention layer / head. Not defined for gated
-    attention (use ``ComponentScale``)."""
+    attention (use ``ComponentScale``).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> losses = lp.document_losses(model, docs, lp.RandomDirectionRemoval(seed=1, layers=[0]), progress=False)
+    """
 
     seed: int = 0
     norm_matched: bool = False

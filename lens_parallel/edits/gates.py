@@ -46,6 +46,13 @@ class GatedRemoval(EditBase):
     (``alpha = 0`` gives g = 0, and the edited forward equals the unedited one bit for bit), or with
     ``bound="sigmoid"`` g = sigmoid(alpha) in [0, 1]. Rows of the tensors are indexed by layer number; every
     softmax-attention layer is edited. Not defined for gated attention.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> import torch
+        >>> gate = lp.GatedRemoval(alpha=torch.zeros(3, 4))  # one gate per layer and head
+        >>> gate.bound
+        'tanh'
     """
 
     alpha: Float[Tensor, "layer head_index"] | None = None
@@ -96,6 +103,13 @@ class LearnedGate(EditBase):
 
     with x_t the block's residual input (hook_resid_pre) and one (w_h, b_h) per layer and query head:
     ``weight [layer, head_index, d_model]``, ``bias [layer, head_index]``. Every softmax-attention layer is edited.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> import torch
+        >>> gate = lp.LearnedGate(weight=torch.zeros(3, 4, 64), bias=torch.zeros(3, 4))
+        >>> gate.eps
+        1e-08
     """
 
     weight: Float[Tensor, "layer head_index d_model"]

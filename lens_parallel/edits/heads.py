@@ -55,6 +55,12 @@ class HeadEdit(EditBase):
     ``parallel-value`` (o_t's part along v_t removed) and ``parallel-residual`` (the head's write u_h W_out[h] along x_t
     removed) are defined, on value heads (:data:`LINEAR_ABLATIONS`); ``mean`` is refused there. ``positions``: ``all``
     or ``after-first`` (position 0 untouched, as the sanity-checks paper's frozen single-head interventions).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> losses = lp.document_losses(model, docs, lp.HeadEdit("zero", 1, [0, 2]), progress=False)
     """
 
     ablation: Ablation

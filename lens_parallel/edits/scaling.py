@@ -87,6 +87,13 @@ class ComponentScale(EditBase):
     option. Such
     edits are not decode-safe (a cached step runs Hugging Face's own module, where these hooks never fire):
     generation recomputes the sequence at every step (:func:`lens_parallel.generate`).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> edit = lp.ComponentScale("value", s_par=0.0, layers=[1])  # remove the value-parallel part
+        >>> effect = lp.evaluate(model, docs, edit, n_resamples=50, progress=False)
     """
 
     space: Space

@@ -34,7 +34,13 @@ class SkipFirstLayers(EditBase):
     be confused with ``positions="after-first"``, which leaves token position 0 alone in every edited layer.
 
     ``layers`` (what the engine resumes from) is the wrapped edit's, less the skipped ones; the matched no-op wraps
-    the wrapped edit's own (``noop`` is None when it has none: it is then compared with the unedited model)."""
+    the wrapped edit's own (``noop`` is None when it has none: it is then compared with the unedited model).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.SkipFirstLayers(lp.ZeroDiagonal(), n=1).n
+        1
+    """
 
     edit: Edit
     n: int = 1

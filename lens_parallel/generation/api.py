@@ -38,7 +38,13 @@ class GenerateSettings:
     """How continuations are generated: at most ``max_new_tokens`` tokens, greedy or (``do_sample``) sampled at
     ``temperature`` from the ``top_p`` nucleus with ``seed``; a continuation also ends at the end-of-sequence token
     or at the first of the ``stop`` strings (cut from the text, as lm-eval's ``until``). Prompts are tokenised as the
-    model's own tokenizer does by default (Hugging Face's defaults; ``add_bos_token`` True / False overrides)."""
+    model's own tokenizer does by default (Hugging Face's defaults; ``add_bos_token`` True / False overrides).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.GenerateSettings(max_new_tokens=8).max_new_tokens
+        8
+    """
 
     max_new_tokens: int = field(default=32, metadata={"help": "the most tokens generated per prompt"})
     do_sample: bool = field(default=False, metadata={"help": "sample the next token (without it: greedy)"})
@@ -77,7 +83,16 @@ class GenerateSettings:
 @dataclass(frozen=True, kw_only=True)
 class GenerationResult(ResultMixin):
     """Each prompt's continuation under each setting (``settings[0]`` is the unedited model): ``texts[s][p]``,
-    ``tokens[s][p]`` (token ids) and ``finish[s][p]`` (``eos``, ``stop`` or ``length``)."""
+    ``tokens[s][p]`` (token ids) and ``finish[s][p]`` (``eos``, ``stop`` or ``length``).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> out = lp.generate(model, "Once upon a time", max_new_tokens=4, progress=False)
+        >>> len(out.tokens[0][0]) <= 4
+        True
+    """
 
     prompts: tuple[str, ...]
     settings: tuple[str, ...]
@@ -249,7 +264,17 @@ def generate(
     only the prompts not stored, in the same batches, so its texts equal an uninterrupted run's; a store written with
     another model, weights, settings or batch size is refused). Every prompt, setting and edit is checked before the
     first forward. A NaN or an infinite logit is refused (:class:`~lens_parallel.errors.NonFiniteError`), never decoded
-    into a token."""
+    into a token.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> edit = lp.ZeroDiagonal(layers=[0])
+        >>> out = lp.generate(model, ["The cat", "A dog"], edit, max_new_tokens=4, progress=False)
+        >>> out.settings
+        ('unedited', 'ZeroDiagonal')
+    """
     s, opts = resolve(GenerateSettings, settings, options, protocol, changes)
     if opts.batch_size == "auto":
         raise LensParallelError("generate takes an integer batch_size (prompts per forward), not 'auto'")

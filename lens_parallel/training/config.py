@@ -43,6 +43,11 @@ class TrainConfig:
     ``gate_init``: the removal gate sigmoid(b) of the ``learned-gate-layer`` arm at init, in (0, 1) (no other arm
     reads it; :meth:`to_dict` and the digest name it only when it is not the default, so earlier configs keep their
     digests).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.TrainConfig(n_layers=2, d_model=64).n_layers
+        2
     """
 
     architecture: Architecture = "gpt2"

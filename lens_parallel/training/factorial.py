@@ -322,7 +322,13 @@ def _freeze_plan(path: Path, plan: dict[str, Any], *, started: bool) -> str:
 class FactorialResult(ResultMixin):
     """All runs of a factorial; ``to_dataframe()`` the final loss of every (arm, seed) with its paired delta to
     baseline, ``paired_table()`` the declared endpoints' paired statistics, ``curves()`` the validation curves.
-    ``plan_hash``: sha256 of the frozen analysis plan the runs were trained under (None without a plan)."""
+    ``plan_hash``: sha256 of the frozen analysis plan the runs were trained under (None without a plan).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> result = lp.run_design("xsa-small", out="runs/design")  # doctest: +SKIP
+        >>> fig = result.figure()  # doctest: +SKIP
+    """
 
     runs: tuple[TrainRun, ...]
     arms: tuple[str, ...]
@@ -430,7 +436,13 @@ def run_factorial(
     config trains on CUDA, or on ``auto`` with GPUs in the cluster; else an equal share of the cores), writing its
     checkpoints into its own folder as above; a run whose process dies is rerun by Ray and resumes from its last
     checkpoint. ``out`` must then be a folder every node sees (a shared file system), as must the plan. The paired
-    analysis runs once every run is done, with the same numbers as the sequential factorial."""
+    analysis runs once every run is done, with the same numbers as the sequential factorial.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> config = lp.TrainConfig(n_layers=1, d_model=32, steps=2, warmup_steps=0)  # doctest: +SKIP
+        >>> result = lp.run_factorial(config, ["baseline", "xsa"], [0, 1], out="runs/factorial")  # doctest: +SKIP
+    """
     opts = resolve_options(options, changes)
     progress, workers, ray_address = opts.progress, opts.workers, opts.ray_address
     arms = check_arms(tuple(arms))
@@ -505,7 +517,12 @@ def run_design(
 ) -> FactorialResult:
     """Run the factorial of the protocol ``name`` (a :class:`Design`: preset, arms, seeds and endpoints, e.g.
     ``xsa-controls``); ``changes`` replace config fields (e.g. ``texts``, ``device``; ``tokens=`` sets the tokens per
-    run) or run options (``options``, as in :func:`run_factorial`: ``progress``, ``workers``, ``ray_address``)."""
+    run) or run options (``options``, as in :func:`run_factorial`: ``progress``, ``workers``, ``ray_address``).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> result = lp.run_design("xsa-small", out="runs/design")  # doctest: +SKIP
+    """
     from lens_parallel.protocols import designs  # the registry imports this module
 
     known = designs()

@@ -64,6 +64,14 @@ class TrainRun(ResultMixin):
     validation tokens for ``learned-gate`` (``gate_std`` its std), else None. ``device_type`` / ``precision``: where
     and how it was trained (``cpu``/``cuda``; ``float32``/``bfloat16``), part of the run's identity
     (:func:`run_identity`).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> config = lp.TrainConfig(n_layers=1, d_model=32, steps=2, warmup_steps=0)
+        >>> run = lp.train(config, "baseline", 0, out="runs/tiny", progress=False)
+        >>> fig = run.figure()
+        >>> run.arm
+        'baseline'
     """
 
     arm: str
@@ -399,6 +407,11 @@ def train(
     here, :func:`run_identity`).
 
     ``callback(step, train_loss)`` is called after every optimiser step (``step`` counts finished steps).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> config = lp.TrainConfig(n_layers=1, d_model=32, steps=2, warmup_steps=0)
+        >>> run = lp.train(config, "baseline", 0, out="runs/tiny", progress=False)
     """
     (arm,) = check_arms(arm)
     seed = check_seed(seed)
