@@ -80,8 +80,8 @@ def _kind(annotation: Any) -> str:
 
 
 def _entry(name: str, kind: str, default: Any, text: str) -> str:
-    shown = "" if default is inspect.Parameter.empty else f", default {default!r}"
-    return f"    {name} ({kind}{shown}): {text}".rstrip()
+    shown = "" if default is inspect.Parameter.empty else f" Default: {default!r}."
+    return f"    {name} ({kind}): {text}{shown}".rstrip()
 
 
 def _field_entries(cls: type, indent: str) -> list[str]:
@@ -92,8 +92,8 @@ def _field_entries(cls: type, indent: str) -> list[str]:
 
 def _params(obj: Any) -> list[inspect.Parameter]:
     """The parameters a caller gives ``obj`` (a function, or a class's constructor): no self, no ``*args``."""
-    if inspect.isclass(obj) and obj.__init__ is object.__init__:
-        return []
+    if inspect.isclass(obj) and not getattr(obj.__init__, "__module__", "").startswith("lens_parallel"):
+        return []  # a protocol's or an exception's inherited constructor: no parameters of its own
     try:
         signature = inspect.signature(obj.__init__ if inspect.isclass(obj) else obj)
     except (TypeError, ValueError):
