@@ -4,6 +4,7 @@ prose and the examples only)."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import griffe
@@ -16,7 +17,7 @@ def _public() -> dict[str, str]:
     out = {}
     for name in lens_parallel.__all__:
         obj = getattr(lens_parallel, name)  # completes its docstring
-        if isinstance(obj, type) or callable(obj) and hasattr(obj, "__module__"):
+        if inspect.isclass(obj) or inspect.isfunction(obj):
             out[f"{obj.__module__}.{obj.__qualname__}"] = obj.__doc__ or ""
     return out
 

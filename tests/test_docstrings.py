@@ -37,7 +37,7 @@ def test_help_lists_every_parameter_its_return_and_an_example(name):
     for p in params:
         star = "**" if p.kind is p.VAR_KEYWORD else ""
         default = "" if p.default is p.empty else f" Default: {p.default!r}."
-        assert re.search(rf"^    {re.escape(star + p.name)} \([^\n]+\): .*{re.escape(default)}$", args, re.M), (
+        assert re.search(rf"^    {re.escape(star + p.name)} \([^\n]+\):.*{re.escape(default)}$", args, re.M), (
             f"{name}: parameter {p.name} (type and default{default}) missing from Args"
         )
     if inspect.isfunction(obj) and inspect.signature(obj).return_annotation not in ("None", None, inspect._empty):
