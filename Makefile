@@ -9,8 +9,8 @@
 #   make test-fast   the inner loop: the unit and integration tiers only (no browser, smollm2, notebooks, CLI
 #                    subprocesses or Ray), on two pytest-xdist workers of one thread each: about 3 minutes here
 #   make docs   the documentation site from docs/ (mkdocs-material, the API reference from the docstrings, the
-#               notebooks rendered; make docs EXECUTE=1 runs them for their outputs and figures) into site/,
-#               strictly: a broken link or a missing reference fails
+#               notebooks executed for their outputs and figures, about 2 minutes; make docs EXECUTE=0 skips that)
+#               into site/, strictly: a broken link or a missing reference fails
 # torch is pinned to the 2.13.0 CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build.
 
 VENV ?= .venv
@@ -45,7 +45,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check lens_parallel tests benchmarks scripts notebooks
 
 docs: $(STAMP)
-	LENS_PARALLEL_DOCS_EXECUTE=$(if $(EXECUTE),true,false) NO_MKDOCS_2_WARNING=1 \
+	LENS_PARALLEL_DOCS_EXECUTE=$(if $(filter 0,$(EXECUTE)),false,true) NO_MKDOCS_2_WARNING=1 \
 		$(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)

@@ -368,15 +368,22 @@ h1 { font-size: 1.6em; } h2 { margin-top: 2em; border-bottom: 1px solid #ccc; }
 nav a { margin-right: 1.2em; } .grid { display: grid; gap: 16px; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 8px 0; } td, th { padding: 3px 8px; }
 th { background: #f2f2f2; } tr:nth-child(even) { background: #fafafa; } .note { color: #555; font-size: 0.9em; }
-.scroll { overflow-x: auto; max-height: 420px; overflow-y: auto; }
+.scroll { overflow-x: auto; max-height: 420px; overflow-y: auto; } .figure { overflow-x: auto; }
 """
+
+MIN_FIGURE_WIDTH = 720
+"""The narrowest a figure is drawn in a side-by-side column (px): below it its column scrolls, so that titles,
+legends and colour bars never run into each other."""
 
 
 def _figure_html(fig: go.Figure, responsive: bool) -> str:
+    """A figure as HTML: at its own width, or (``responsive``, a side-by-side column) filling its column but never
+    narrower than its own width or :data:`MIN_FIGURE_WIDTH`, whichever is less (the column scrolls instead)."""
+    least = min(fig.layout.width or MIN_FIGURE_WIDTH, MIN_FIGURE_WIDTH)
     if responsive:
         fig = go.Figure(fig).update_layout(width=None, autosize=True)
     html: str = pio.to_html(fig, full_html=False, include_plotlyjs=False, config={"responsive": True})
-    return html
+    return f'<div class="figure"><div style="min-width: {least}px">{html}</div></div>' if responsive else html
 
 
 def _table_html(df: pd.DataFrame, max_rows: int = 60) -> str:
@@ -392,7 +399,6 @@ def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: d
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
         >>> report = lp.run_battery(model, docs, progress=False)
         >>> lp.write_report([report], "results/report").name

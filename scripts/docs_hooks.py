@@ -6,11 +6,13 @@
   (``lens_parallel/assets/cli_spec.json``, the one the command line itself is built from);
 
 and ``js/plotly.min.js``, the installed plotly's own, which the notebooks' pages load for their figures. Nothing
-is loaded from outside the site (the theme's fonts are the system's; nbconvert's Mermaid loader is dropped).
+is loaded from outside the site (the theme's fonts are the system's; nbconvert's Mermaid loader is dropped;
+formulas, written ``$...$`` in the pages, become MathML at build time, which the browser draws without a script).
 """
 
 from __future__ import annotations
 
+import html
 import inspect
 import json
 import os
@@ -20,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import latex2mathml.converter
 import plotly.offline
 
 import lens_parallel
@@ -188,6 +191,16 @@ def on_post_page(output: str, page: Any, **_: Any) -> str:
     return output
 
 
-def on_page_content(html: str, **_: Any) -> str:
-    """The docstrings' Sphinx roles (the package's docstrings are read in Sphinx style) rendered as plain literals."""
-    return SHORTENED.sub(r"<code>\1</code>", ROLE.sub("", html))
+MATH = re.compile(r'<(span|div) class="arithmatex">\\[(\[](.*?)\\[)\]]</\1>', re.S)
+"""A formula as ``pymdownx.arithmatex`` leaves it (``$...$`` inline in a span, ``$$...$$`` display in a div)."""
+
+
+def _mathml(match: re.Match[str]) -> str:
+    """A formula as MathML (the browser renders it: no script, nothing loaded from outside the site)."""
+    tag, latex = match.group(1), html.unescape(match.group(2))
+    return str(latex2mathml.converter.convert(latex.strip(), display="block" if tag == "div" else "inline"))
+
+
+def on_page_content(html_text: str, **_: Any) -> str:
+    """The docstrings' Sphinx roles rendered as plain literals; formulas written ``$...$`` as MathML."""
+    return MATH.sub(_mathml, SHORTENED.sub(r"<code>\1</code>", ROLE.sub("", html_text)))

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import plotly.graph_objects as go
 
+from lens_parallel.plots.common import TEMPLATE
+
 if TYPE_CHECKING:
     from lens_parallel.analyses.ablation import AblationRun
 
@@ -38,5 +40,5 @@ def ablation_figure(run: AblationRun) -> go.Figure:
         fig = go.Figure(go.Bar(x=[job.key for job in run.jobs], y=delta, marker_color="#1f77b4", name="Δ loss"))
         fig.update_xaxes(title_text="job (layer and heads removed together)")
         fig.update_yaxes(title_text="Δ loss (nats/token)")
-    fig.update_layout(title=title, template="plotly_white", height=480, width=760)
+    fig.update_layout(title=title, template=TEMPLATE, height=480, width=760)
     return fig

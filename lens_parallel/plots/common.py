@@ -1,11 +1,12 @@
-"""What every figure module shares: writing a figure to disk, the min-max band drawn into a subplot cell, and how a
-hybrid model's layer types are marked."""
+"""What every figure module shares: the template, writing a figure to disk, the min-max band drawn into a subplot
+cell, the layer axis (layer 0 first, at the top of a heatmap; a hybrid model's layer types marked) and the head unit."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -16,6 +17,9 @@ from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.models import layer_label
 from lens_parallel.paths import add_suffix, check_writable
 from lens_parallel.plots.png import png_bytes
+
+TEMPLATE = "plotly_white"
+"""Every figure's template (white background, light grid): results, the report and the explorer alike."""
 
 
 def png_failure(exc: Exception) -> str:
@@ -114,6 +118,24 @@ def line_with_band(
         x=x, y=mean, mode="lines+markers", line={"color": color}, legendgroup=group, name=name, showlegend=show_line
     )
     fig.add_trace(line, row=row, col=col)
+
+
+def layer_axis(layer_types: Sequence[str], layers: Sequence[int], *, reversed_: bool = False) -> dict[str, Any]:
+    """A layer axis, the same in every figure: titled "layer", ticks ``L{l}`` with each layer's kind marked
+    (:func:`layer_ticks`); a heatmap's (``reversed_``) with layer 0 at the top."""
+    axis: dict[str, Any] = {"title": "layer", "tickvals": list(layers), "ticktext": layer_ticks(layer_types, layers)}
+    if len(layers) > 24:  # every layer named would overlap: every k-th
+        step = -(-len(layers) // 12)
+        axis |= {"tickvals": list(layers)[::step], "ticktext": layer_ticks(layer_types, list(layers)[::step])}
+    return axis | ({"autorange": "reversed"} if reversed_ else {})
+
+
+def head_unit(layer_types: Sequence[str], layers: Sequence[int]) -> str:
+    """What a head axis counts over ``layers``: query heads, value heads (linear attention), or both, said."""
+    kinds = [LAYER_KINDS[k] for k in dict.fromkeys(layer_types[layer] for layer in layers)]
+    if len({kind.unit for kind in kinds}) == 1:
+        return kinds[0].unit
+    return " / ".join(f"{kind.unit} ({kind.short})" for kind in kinds)
 
 
 def layer_ticks(layer_types: Sequence[str], layers: Sequence[int]) -> list[str]:

@@ -6,6 +6,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from lens_parallel.plots.common import TEMPLATE
+
 
 def comparison_figure(summary: pd.DataFrame) -> go.Figure:
     """One bar per model in four panels: mean head self-cosine per space; causal-null excess and self-specific
@@ -58,7 +60,7 @@ def comparison_figure(summary: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(title_text="Spearman rho", row=2, col=2)
     fig.update_layout(
         title="Models compared on the standard battery",
-        template="plotly_white",
+        template=TEMPLATE,
         barmode="group",
         height=760,
         width=1150,

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lens_parallel.errors import LensParallelError
-from lens_parallel.plots.common import line_with_band
+from lens_parallel.plots.common import TEMPLATE, line_with_band
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.compression import CompressionResult
@@ -68,7 +68,7 @@ def compression_figure(result: CompressionResult, *, sublayer: str = "attn", dro
     fig.update_layout(
         title=f"Compression error along / across the dense {what} update ({result.info.name}, {result.mode} mode)"
         f"<br><sup>{n} prompts, {result.positions} positions; bands: ±1 std over prompts{ends}</sup>",
-        template="plotly_white",
+        template=TEMPLATE,
         height=480,
         width=1150,
     )

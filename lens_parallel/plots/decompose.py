@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lens_parallel.models import ModelInfo, head_label
-from lens_parallel.plots.common import band, layer_ticks
+from lens_parallel.plots.common import TEMPLATE, band, head_unit, layer_axis, layer_ticks
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.decompose import AlignmentTable, DecompositionResult
@@ -61,17 +61,21 @@ def head_panel(
     heatmap = go.Heatmap(
         z=t.self_cos,
         x=[head_label(None, h) for h in range(t.self_cos.shape[1])],
-        y=layer_ticks(info.layer_types, t.layers),
+        y=list(t.layers),
         zmid=0,
         colorscale="RdBu_r",
         colorbar=colorbar,
         customdata=np.stack([t.par_frac, t.perp_frac, t.par_coef], -1),
-        hovertemplate="%{y}%{x}<br>self-cos %{z:.3f}<br>|m_par|/|m| %{customdata[0]:.3f}"
+        text=[
+            [f"{label}{head_label(None, h)}" for h in range(t.self_cos.shape[1])]
+            for label in layer_ticks(info.layer_types, t.layers)
+        ],
+        hovertemplate="%{text}<br>self-cos %{z:.3f}<br>|m_par|/|m| %{customdata[0]:.3f}"
         "<br>|m_perp|/|m| %{customdata[1]:.3f}<br>coef %{customdata[2]:.3f}<extra></extra>",
     )
     fig.add_trace(heatmap, row=row, col=col)
-    fig.update_xaxes(title_text="query head", row=row, col=col)
-    fig.update_yaxes(title_text="layer", autorange="reversed", row=row, col=col)
+    fig.update_xaxes(title_text=head_unit(info.layer_types, t.layers), row=row, col=col)
+    fig.update_yaxes(layer_axis(info.layer_types, t.layers, reversed_=True), row=row, col=col)
 
 
 def decomposition_figure(result: DecompositionResult) -> go.Figure:
@@ -83,9 +87,9 @@ def decomposition_figure(result: DecompositionResult) -> go.Figure:
     titles, specs = [], []
     for space, heads in zip(spaces, has_heads, strict=True):
         titles += (
-            [f"{space}: self-alignment by layer", f"{space}: self-cosine per head"]
+            [f"<b>{space}</b>: by layer", f"<b>{space}</b>: self-cosine per head"]
             if heads
-            else [f"{space}: self-alignment by layer (whole update; no per-head split)"]
+            else [f"<b>{space}</b>: by layer (the whole update; no per-head split)"]
         )
         specs.append([{}, {}] if heads else [{"colspan": 2}, None])
     fig = make_subplots(
@@ -97,28 +101,31 @@ def decomposition_figure(result: DecompositionResult) -> go.Figure:
         horizontal_spacing=0.12,
         vertical_spacing=0.32 / max(len(spaces), 1),
     )
+    fig.update_annotations(font_size=13)  # the subplot titles
     shown: set[str] = set()
     for row, space in enumerate(spaces, start=1):
         tables = {t.level: t for t in result.tables if t.space == space}
         layer_panel(fig, tables, row=row, col=1, shown=shown)
-        fig.update_xaxes(title_text="layer", dtick=max(1, info.n_layers // 10), row=row, col=1)
+        layers = sorted({layer for t in tables.values() for layer in t.layers})
+        fig.update_xaxes(layer_axis(info.layer_types, layers), row=row, col=1)
         fig.update_yaxes(title_text="mean over positions t ≥ 1", row=row, col=1)
         if "head" in tables:
-            colorbar = {"title": "self-cos", "len": 1 / len(spaces), "y": 1 - (row - 0.5) / len(spaces)}
+            colorbar = {"title": "cos", "len": 1 / len(spaces), "y": 1 - (row - 0.5) / len(spaces)}
             head_panel(fig, tables["head"], info, row=row, col=2, colorbar=colorbar)
     texts = result.provenance.texts
     n_docs = texts.get("n_docs", "?")
     height = 330 * len(spaces) + 190
     fig.update_layout(
         title={
-            "text": f"Parallel/perpendicular decomposition: {info.name} ({n_docs} docs, position 0 excluded)",
+            "text": f"Parallel/perpendicular decomposition: {info.name}<br><sup>{n_docs} docs, position 0 "
+            "excluded; line: mean over heads, band: min-max over heads, dashed: the whole update</sup>",
             "yref": "container",
             "yanchor": "top",
             "y": 1 - 15 / height,
         },
         height=height,
         width=1150,
-        template="plotly_white",
+        template=TEMPLATE,
         margin={"t": 190},
         legend={
             "orientation": "h",

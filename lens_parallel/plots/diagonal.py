@@ -10,6 +10,7 @@ from plotly.subplots import make_subplots
 
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import head_label
+from lens_parallel.plots.common import TEMPLATE
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.diagonal import DiagonalView
@@ -77,7 +78,7 @@ def paper_diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Fig
         f" ({kind}; first {n} tokens)",
         height=560,
         width=1500,
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return fig
 
@@ -138,6 +139,6 @@ def diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Figure:
         f"{head_label(view.layer, view.head)} ({kind}), document {view.doc} (first {n} tokens)",
         height=950,
         width=1500,
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return fig

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lens_parallel.layers import LAYER_KINDS
-from lens_parallel.plots.common import line_with_band
+from lens_parallel.plots.common import TEMPLATE, line_with_band
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.dominance import DominanceResult
@@ -131,7 +131,7 @@ def dominance_figure(result: DominanceResult) -> go.Figure:
         f"{len(result.query_positions)} query tokens, {n_obs} observations)",
         height=1150,
         width=1500,
-        template="plotly_white",
+        template=TEMPLATE,
         margin={"b": 170},
         legend={"orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom"},
     )

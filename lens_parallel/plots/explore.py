@@ -14,7 +14,7 @@ import plotly.io as pio
 
 from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.models import head_label
-from lens_parallel.plots.common import layer_ticks
+from lens_parallel.plots.common import TEMPLATE, head_unit, layer_axis
 
 if TYPE_CHECKING:
     from lens_parallel.explore import View
@@ -51,6 +51,7 @@ def heatmap_figure(
     """Mean self-cosine of every head (layer x head), the selected head outlined; on a hybrid model (``layer_types``
     of more than one kind) each layer's kind is marked (a linear-attention layer's heads are value heads)."""
     layer, head = selected
+    types = layer_types or ("softmax",) * grid.shape[0]
     fig = go.Figure(
         go.Heatmap(
             z=grid,
@@ -67,20 +68,18 @@ def heatmap_figure(
     )
     fig.add_shape(type="rect", x0=head - 0.5, x1=head + 0.5, y0=layer - 0.5, y1=layer + 0.5, line={"width": 3})
     fig.update_layout(
+        template=TEMPLATE,
         title=f"{name}: mean self-cosine of every head<br>{SPACE_TITLES[space]}; selected: L{layer}H{head}",
-        xaxis={"title": "head", "dtick": max(1, grid.shape[1] // 12)},
-        yaxis=_layer_axis(grid.shape[0], layer_types),
+        xaxis={
+            "title": head_unit(types, range(grid.shape[0])),
+            "tickvals": list(range(grid.shape[1])),
+            "ticktext": [head_label(None, h) for h in range(grid.shape[1])],
+        },
+        yaxis=layer_axis(types, range(grid.shape[0]), reversed_=True),
         height=HEIGHT + 60,
         margin={"t": 60},
     )
     return fig
-
-
-def _layer_axis(n_layers: int, layer_types: tuple[str, ...]) -> dict[str, Any]:
-    """The heatmap's layer axis: on a hybrid model every layer named, its type marked (:func:`layer_ticks`)."""
-    if len(set(layer_types)) < 2:
-        return {"title": "layer", "dtick": max(1, n_layers // 10)}
-    return {"title": "layer", "tickvals": list(range(n_layers)), "ticktext": layer_ticks(layer_types, range(n_layers))}
 
 
 def _linear(view: View) -> bool:
@@ -111,6 +110,7 @@ def pattern_figure(view: View) -> go.Figure:
     )
     what = "delta-rule mixing weights M (linear attention)" if _linear(view) else "attention pattern"
     fig.update_layout(
+        template=TEMPLATE,
         title=f"{view.label} {what}, document {view.doc}",
         xaxis_title="key token s",
         yaxis_title="query token t",
@@ -133,6 +133,7 @@ def diagonal_figure(view: View) -> go.Figure:
     fig.add_trace(go.Scatter(x=labels, y=view.diag_edited, mode="lines+markers", name=edited))
     fig.add_trace(go.Scatter(x=labels, y=view.coef, mode="lines", name="parallel coefficient", yaxis="y2", opacity=0.6))
     fig.update_layout(
+        template=TEMPLATE,
         title=f"{view.label} diagonal and its edited form<br>{SPACE_TITLES[view.space]}",
         xaxis_title="token t",
         yaxis_title="self weight a_tt (not a probability)" if _linear(view) else "attention to itself (probability)",
@@ -163,6 +164,7 @@ def loss_figure(view: View) -> go.Figure:
         )
     )
     fig.update_layout(
+        template=TEMPLATE,
         title=(
             f"loss change per token: {who}, {setting_label(view)}<br>"
             f"{SPACE_TITLES[view.space] if view.edit == 'scale' else 'no space: a fixed edit'}; "
@@ -207,6 +209,7 @@ def _switched(figures: list[go.Figure], names: list[str], what: str) -> go.Figur
         )
     menu = {"buttons": buttons, "x": 1, "y": 1.02, "xanchor": "right", "yanchor": "bottom", "showactive": True}
     fig.update_layout(
+        template=TEMPLATE,
         updatemenus=[menu],
         annotations=[
             {

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from lens_parallel.plots.common import TEMPLATE
+
 if TYPE_CHECKING:
     from lens_parallel.losses import EditEffect
 
@@ -40,7 +42,7 @@ def edit_effect_figure(effect: EditEffect) -> go.Figure:
     name = "" if effect.provenance is None else f"{effect.info.name}, "
     fig.update_layout(
         title=f"Effect of the edit ({name}{effect.n_docs} documents, {effect.n_tokens} scored tokens)",
-        template="plotly_white",
+        template=TEMPLATE,
         height=420,
         width=720,
         legend={"orientation": "h", "y": -0.15},

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lens_parallel.models import head_label
-from lens_parallel.plots.common import band, layer_ticks
+from lens_parallel.plots.common import TEMPLATE, band, layer_ticks
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.nulls import NullResult
@@ -75,7 +75,7 @@ def null_figure(result: NullResult) -> go.Figure:
         title=f"Causal null: {result.info.name} ({result.cos_self.shape[0]} docs, seed {result.seed})",
         height=460,
         width=1150 if gqa else 700,
-        template="plotly_white",
+        template=TEMPLATE,
         barmode="group",
         legend={"orientation": "h", "y": -0.22},
     )
@@ -127,7 +127,7 @@ def split_half_figure(result: SplitHalfResult) -> go.Figure:
         title=f"Split-half reliability: {result.info.name} (verdict: {result.correlations('excess')['verdict']})",
         height=460,
         width=1000,
-        template="plotly_white",
+        template=TEMPLATE,
         legend={"orientation": "h", "y": -0.2},
     )
     return fig
@@ -156,7 +156,7 @@ def sanity_figure(report: SanityReport) -> go.Figure:
         title=f"Sanity checks: {report.null.info.name} (per-head effects: {verdict})",
         height=900,
         width=1100,
-        template="plotly_white",
+        template=TEMPLATE,
         barmode="group",
         legend={"orientation": "h", "y": -0.08},
     )

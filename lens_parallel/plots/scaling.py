@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lens_parallel.models import layer_label
+from lens_parallel.plots.common import TEMPLATE
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.scaling import ScalingResult
@@ -79,7 +80,7 @@ def scaling_figure(result: ScalingResult) -> go.Figure:
         "</sup>",
         height=480,
         width=1150,
-        template="plotly_white",
+        template=TEMPLATE,
         legend={"title": "space"},
     )
     return fig
@@ -123,6 +124,6 @@ def _per_layer_scaling_figure(df: pd.DataFrame, model_name: str, unit: str) -> g
         title=f"Component scaling per layer: {model_name} (Δ loss vs matched no-op)",
         height=380 * len(spaces) + 100,
         width=1150,
-        template="plotly_white",
+        template=TEMPLATE,
     )
     return fig

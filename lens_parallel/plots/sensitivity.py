@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from lens_parallel.plots.common import layer_ticks
+from lens_parallel.plots.common import TEMPLATE, layer_ticks
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.head_statistics import HeadStatistics
@@ -64,7 +64,7 @@ def sensitivity_figure(result: SensitivityResult) -> go.Figure:
         f"(base loss {result.loss_base:.3f} nats/token)",
         xaxis_title="layer",
         yaxis_title="Δ loss vs unedited (nats/token)",
-        template="plotly_white",
+        template=TEMPLATE,
         height=480,
         width=1100,
         legend={"orientation": "h", "y": -0.2},

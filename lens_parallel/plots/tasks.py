@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
+from lens_parallel.plots.common import TEMPLATE
+
 if TYPE_CHECKING:
     from lens_parallel.downstream.effects import TaskResult
 
@@ -28,7 +30,7 @@ def _layout(fig: go.Figure, result: TaskResult, title: str, **axes: str) -> go.F
     longest = max((len(str(x)) for trace in fig.data for x in trace.x), default=0)
     return fig.update_layout(
         title=f"{name}{title}",
-        template="plotly_white",
+        template=TEMPLATE,
         height=460 + 5 * max(0, longest - 20),
         width=860,
         legend={"title": "setting"},

@@ -10,7 +10,7 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from lens_parallel.errors import LensParallelError
-from lens_parallel.plots.common import band
+from lens_parallel.plots.common import TEMPLATE, band
 
 ARM_COLORS = {
     "baseline": "#444444",
@@ -71,7 +71,7 @@ def training_curves(curves: pd.DataFrame, *, title: str, smooth: int = 1) -> go.
                 name=f"{arm}, seed {seed}",
             )
         )
-    fig.update_layout(title=title, xaxis_title="optimiser step", yaxis_title=axis, template="plotly_white")
+    fig.update_layout(title=title, xaxis_title="optimiser step", yaxis_title=axis, template=TEMPLATE)
     return fig
 
 
@@ -148,9 +148,7 @@ def factorial_figure(curves: pd.DataFrame, finals: pd.DataFrame, table: pd.DataF
     fig.update_xaxes(title_text="optimiser step", row=1, col=1)
     fig.update_yaxes(title_text=axis, row=1, col=1)
     fig.update_yaxes(title_text="delta final validation loss (nats/token; < 0 helps)", row=1, col=2)
-    fig.update_layout(
-        title="Training-time interventions: paired by seed", template="plotly_white", height=480, width=1150
-    )
+    fig.update_layout(title="Training-time interventions: paired by seed", template=TEMPLATE, height=480, width=1150)
     return fig
 
 
@@ -158,7 +156,7 @@ def gates_figure(gates: pd.DataFrame) -> go.Figure:
     """Learned gates per layer and arm: line = mean over heads and seeds, band = min-max over heads and seeds."""
     fig = make_subplots(rows=1, cols=1)
     if gates.empty:
-        fig.update_layout(title="Learned gates: no gated arm in this factorial", template="plotly_white")
+        fig.update_layout(title="Learned gates: no gated arm in this factorial", template=TEMPLATE)
         return fig
     colors = _arm_colors(dict.fromkeys(gates["arm"]))
     for arm, df in gates.groupby("arm", sort=False):
@@ -191,7 +189,7 @@ def gates_figure(gates: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(title_text="gate value")
     fig.update_layout(
         title="Learned gates by layer (tanh gates: 1 = full removal; s_par: kept parallel share)",
-        template="plotly_white",
+        template=TEMPLATE,
         width=900,
         height=560,
         legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},

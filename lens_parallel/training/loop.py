@@ -462,8 +462,12 @@ def save_trained(model: TransformerBridge, arm: ArmParameters, folder: str | Pat
 
 def load_trained(folder: str | Path, *, device: str = "cpu") -> tuple[TransformerBridge, list[Edit]]:
     """A model written by :func:`train` and the edits of the arm it was trained with: ``model`` alone is the
-    plain architecture; ``apply_edits(model, edits)`` is the model as it was trained."""
+    plain architecture; ``apply_edits(model, edits)`` is the model as it was trained. Its name (titles,
+    provenance) is the run's ``<arm>/seed<k>`` when the folder is where :func:`train` put it, not a path."""
     model = load_model(str(folder), device=device)
+    folder = Path(folder)
+    if folder.name == "model" and folder.parent.name.startswith("seed"):
+        model.cfg.model_name = f"{folder.parent.parent.name}/{folder.parent.name}"
     saved = torch.load(Path(folder) / ARM_FILE, map_location=device, weights_only=True)
     params = ArmParameters(saved["arm"], model_info(model)).to(device)
     params.load_state_dict(saved["state"])
