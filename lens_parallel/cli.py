@@ -6,6 +6,7 @@
     lens-parallel tasks --settings value:s_par=0    # downstream tasks (lm-evaluation-harness) under edits
     lens-parallel models                            # what loads offline now, what needs the hub
     lens-parallel protocols                         # the named protocols (a study's saved settings)
+    lens-parallel --version
 
 This module only parses: it builds argparse from the saved parser (``assets/cli_spec.json``, generated from the
 package's options objects by :func:`lens_parallel.commands.parser_spec`) with the standard library alone, so
@@ -23,6 +24,8 @@ import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from lens_parallel import __version__
 
 SPEC_PATH = Path(__file__).resolve().parent / "assets" / "cli_spec.json"
 """The saved parser: :func:`lens_parallel.commands.write_spec` writes it, a test checks that it is current."""
@@ -59,6 +62,7 @@ def build_parser(spec: dict[str, Any] | None = None) -> argparse.ArgumentParser:
         spec = json.loads(SPEC_PATH.read_text(encoding="utf-8"))
     _Parser.renamed = dict(spec.get("renamed", {}))
     parser = _Parser(prog=spec["prog"], description=spec["description"])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, command in spec["commands"].items():
         p = sub.add_parser(name, help=command["help"], description=command["help"])

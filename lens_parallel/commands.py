@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 import sys
+import textwrap
 import typing
 import warnings
 from collections.abc import Callable
@@ -296,7 +297,7 @@ def parser_spec() -> dict[str, Any]:
         if covering:
             protocol = {"default": None, "choices": covering, "help": "a named protocol's settings, documents"}
             arguments.append({"flag": "--protocol", "kwargs": protocol})
-        out = {"default": None, "help": f"output folder (default: results/{name})"}
+        out = {"default": None, "help": f"output folder, created if missing (default: results/{name})"}
         arguments.append({"flag": "--out", "kwargs": out})
         commands[name] = {"help": command.help, "arguments": arguments}
     renamed = {_flag(old): _flag(new) for old, new in RENAMED.items()}
@@ -616,12 +617,21 @@ def _cut(text: str, width: int) -> str:
     return (line if len(line) <= width else line[: width - 1] + "…").ljust(width)
 
 
+TERMINAL_WIDTH = 100
+"""The widest line the command line prints in its own tables (``models``)."""
+
+
 def _models(inv: Invocation) -> None:
+    """Every model spec: its name and whether it loads offline now on one line, what it is, its size and licence
+    below, wrapped to :data:`TERMINAL_WIDTH` (the whole table in ``models.csv`` with ``--out``)."""
     from lens_parallel.models import available_models
 
     table = available_models()
-    left = {col: f"{{:<{table[col].astype(str).str.len().max()}}}".format for col in table.columns}
-    print(table.to_string(index=False, formatters=left, justify="left"))
+    width = int(table["spec"].str.len().max()) + 2
+    for row in table.itertuples(index=False):
+        print(f"{row.spec:<{width}}{row.offline_now}")
+        about = "; ".join(str(x) for x in (row.what, row.size, row.licence) if isinstance(x, str) and x.strip())
+        print(textwrap.fill(about, TERMINAL_WIDTH, initial_indent="    ", subsequent_indent="    "))
     if inv.args.out is not None:
         path = inv.out("models") / "models.csv"
         table.to_csv(path, index=False)

@@ -50,7 +50,7 @@ class RunOptions:
     """
 
     batch_size: int | Literal["auto"] = field(
-        default=8, metadata={"help": "documents per forward, or auto: the most that fit memory_budget"}
+        default=8, metadata={"help": "documents per forward, or auto: the most that fit in the free memory"}
     )
     memory_budget: str | int | None = field(
         default=None,
@@ -64,7 +64,10 @@ class RunOptions:
     )
     store: str | Path | None = field(
         default=None,
-        metadata={"help": "a file that makes the run resumable (finished work is read back)", "none": "none"},
+        metadata={
+            "help": "a file that makes the run resumable (finished work is read back; its folder created if missing)",
+            "none": "none",
+        },
     )
     progress: bool = field(default=True, metadata={"help": "show progress bars"})
     workers: int = field(default=1, metadata={"help": "Ray workers (pip install 'lens_parallel[distributed]')"})

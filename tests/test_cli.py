@@ -5,6 +5,7 @@ import dataclasses
 import html
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -579,3 +580,21 @@ def test_the_generate_table_fits_the_terminal_with_texts_left_aligned(tmp_path, 
     assert len({len(line) for line in rows}) == 1  # every text padded to one width after the same columns: left-aligned
     assert all(line.endswith("…") for line in rows)  # each longer than the room left, cut
     assert frame["text"].str.len().min() > 80  # the files keep them whole
+
+
+def test_version_models_width_and_help_that_names_only_flags_it_has(capsys):
+    from lens_parallel import __version__
+    from lens_parallel.cli import SPEC_PATH
+    from lens_parallel.commands import TERMINAL_WIDTH
+
+    code, stdout, _ = _main(capsys, "models")
+    assert code == 0 and max(len(line) for line in stdout.splitlines()) <= TERMINAL_WIDTH
+    code, stdout, _ = _main(capsys, "--version")
+    assert code == 0 and stdout.strip() == f"lens-parallel {__version__}"
+    spec = json.loads(SPEC_PATH.read_text(encoding="utf-8"))
+    fields = {f.name for cls in (lp.RunOptions, lp.DataOptions) for f in dataclasses.fields(cls)}
+    for name, command in spec["commands"].items():
+        flags = {a["flag"].lstrip("-").replace("-", "_") for a in command["arguments"]}
+        for argument in command["arguments"]:
+            named = set(re.findall(r"\b[a-z]+(?:_[a-z]+)+\b", str(argument["kwargs"].get("help", "")))) & fields
+            assert named <= flags, f"{name} {argument['flag']}: its help names {named - flags}, which has no flag"
