@@ -6,6 +6,8 @@
 #               otherwise it stops and says what to install
 #   make test-shuffled   the whole suite in a shuffled order (pytest-randomly; SEED=N repeats an order), to show that no
 #                        test depends on the order tests run in
+#   make test-compat   the fast tier on the oldest versions the dependency ranges allow (scripts/test-compat, its own
+#                      .venv-oldest); `make test-fast` is the newest end
 #   make test-fast   the inner loop: the unit and integration tiers only (no browser, smollm2, notebooks, CLI
 #                    subprocesses or Ray), on two pytest-xdist workers of one thread each: about 3 minutes here
 #   make docs   the documentation site from docs/ (mkdocs-material, the API reference from the docstrings, the
@@ -23,7 +25,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,distributed,notebook,tasks,quantization,docs]'
 	touch $(STAMP)
 
-.PHONY: install run test test-fast test-shuffled lint bench docs
+.PHONY: install run test test-fast test-compat test-shuffled lint bench docs
 install: $(STAMP)
 
 run: $(STAMP)
@@ -39,6 +41,9 @@ test-shuffled: $(STAMP)
 
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "unit or integration" -n 2
+
+test-compat:
+	bash scripts/test-compat
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check lens_parallel tests benchmarks scripts notebooks
