@@ -91,7 +91,7 @@ class Job(Protocol):
 @serializable
 @dataclass(frozen=True)
 class AblationJob:
-    """Remove query ``heads`` of ``layer`` together (how: the sweep's ``ablation``).
+    """Remove query ``heads`` of ``layer`` together (how: the sweep's ``ablation``); ``heads`` one index or a tuple.
 
     Examples:
         >>> import lens_parallel as lp
@@ -102,6 +102,18 @@ class AblationJob:
     layer: int
     heads: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        heads: object = (self.heads,) if isinstance(self.heads, (int, np.integer)) else self.heads
+        if isinstance(self.layer, bool) or not isinstance(self.layer, (int, np.integer)) or self.layer < 0:
+            raise LensParallelError(f"AblationJob layer must be an integer >= 0, got {self.layer!r}")
+        if not isinstance(heads, (tuple, list)) or not all(
+            isinstance(h, (int, np.integer)) and not isinstance(h, bool) and h >= 0 for h in heads
+        ):
+            raise LensParallelError(
+                f"AblationJob heads must be a head index or a tuple of them (>= 0), got {self.heads!r}"
+            )
+        object.__setattr__(self, "heads", tuple(int(h) for h in cast("tuple[int, ...]", heads)))
+
     @property
     def key(self) -> str:
         return head_label(self.layer, self.heads)
@@ -109,6 +121,14 @@ class AblationJob:
     @property
     def start_layer(self) -> int:
         return self.layer
+
+    @classmethod
+    def of(cls, job: AblationJob | tuple[int, int | Sequence[int]]) -> AblationJob:
+        """An ablation job from itself or a ``(layer, head)`` / ``(layer, heads)`` pair."""
+        if isinstance(job, tuple) and len(job) == 2:
+            layer, heads = job
+            return cls(layer, (heads,) if isinstance(heads, (int, np.integer)) else tuple(heads))
+        return job
 
 
 @dataclass(frozen=True)
@@ -493,7 +513,10 @@ def _validate(jobs: Sequence[Job], info: ModelInfo, ablation: Ablation | None) -
         raise LensParallelError("no sweep jobs given")
     for job in jobs:
         if not isinstance(job, Job):
-            raise LensParallelError(f"a sweep job has a key and a start_layer, got {type(job).__name__}")
+            raise LensParallelError(
+                f"a sweep job is an AblationJob(layer, heads) or an EditJob(key, edits), got {type(job).__name__} "
+                f"{str(job)[:40]!r}"
+            )
         if isinstance(job, AblationJob):
             if ablation is None:
                 raise LensParallelError("ablation jobs need ablation= (how heads are removed), e.g. ablation='zero'")

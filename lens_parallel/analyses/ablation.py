@@ -132,7 +132,7 @@ class AblationSettings:
 def run_ablations(
     model: TransformerBridge,
     documents: DocumentsLike,
-    jobs: Sequence[AblationJob],
+    jobs: Sequence[AblationJob | tuple[int, int | Sequence[int]]],
     *,
     settings: AblationSettings | None = None,
     options: RunOptions | None = None,
@@ -150,19 +150,21 @@ def run_ablations(
         >>> run = lp.run_ablations(model, docs, [lp.AblationJob(0, (0, 1))], ablation="zero", progress=False)
         >>> run.to_dataframe()["label"].unique().tolist()
         ['L0H0+1']
+        >>> lp.run_ablations(model, docs, [(1, 2)], progress=False).jobs  # (layer, head) pairs too
+        (AblationJob(layer=1, heads=(2,)),)
     """
     s, opts = resolve(AblationSettings, settings, options, protocol, changes)
     docs = Documents.of(documents, model)
-    jobs = tuple(dict.fromkeys(jobs))
+    unique = tuple(dict.fromkeys(AblationJob.of(job) for job in jobs))
     run = run_sweep(
-        model, docs, jobs, ablation=s.ablation, positions=s.positions, options=opts, desc=f"ablate ({s.ablation})"
+        model, docs, unique, ablation=s.ablation, positions=s.positions, options=opts, desc=f"ablate ({s.ablation})"
     )
     assert run.base is not None
     return AblationRun(
         ablation=s.ablation,
-        jobs=jobs,
+        jobs=unique,
         base_loss_sum=run.base.loss_sum,
-        loss_sum=np.stack([run[job].loss_sum for job in jobs]),
+        loss_sum=np.stack([run[job].loss_sum for job in unique]),
         n_tokens=run.n_tokens,
         provenance=Provenance.of(model_info(model), docs, "run_ablations", s, run),
     )

@@ -326,8 +326,8 @@ def decompose(
     **changes: Any,
 ) -> DecompositionResult:
     """Self-alignment of head outputs / residual updates in one or more spaces, in a single streamed pass of the
-    engine (:class:`DecomposeSettings`: ``space`` one of ``value``, ``value-exclude-self``, ``residual-attn``,
-    ``residual-mlp``, ``residual-block``, a list of them, or ``"all"``, every space from the same forward;
+    engine (:class:`DecomposeSettings`: ``space`` one of ``value``, ``value-exclude-self``, ``value-merged``,
+    ``residual-attn``, ``residual-mlp``, ``residual-block``, a list of them, or ``"all"``, every space from the same forward;
     ``layers``; ``eps``. Run options :class:`~lens_parallel.options.RunOptions`; both as keyword shortcuts).
 
     Returns :class:`DecompositionResult`: per (space, level) an :class:`AlignmentTable` with, per layer and head,
