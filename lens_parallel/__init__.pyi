@@ -58,6 +58,7 @@ from .generation import GenerateSettings, GenerationResult, generate
 from .losses import DocLosses, EditEffect
 from .models import ModelInfo, ModelSpecError, load_model, model_info
 from .options import DataOptions, RunOptions
+from .plots.common import notebook_figures
 from .protocols import PROTOCOLS
 from .report import ModelReport, ReportSettings, run_battery, write_report
 from .results import Provenance, Result, load_result, result_classes
@@ -169,6 +170,7 @@ __all__ = [
     "load_result",
     "load_texts",
     "model_info",
+    "notebook_figures",
     "protocols",
     "result_classes",
     "run_ablations",

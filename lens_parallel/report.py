@@ -386,6 +386,13 @@ def _figure_html(fig: go.Figure, responsive: bool) -> str:
     return f'<div class="figure"><div style="min-width: {least}px">{html}</div></div>' if responsive else html
 
 
+def _by_model(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary with one column per model and one row per quantity (it has many more quantities than models:
+    read down, it fits a page at any width)."""
+    shown = summary.set_index("model").T.map(lambda x: f"{x:.4g}" if isinstance(x, float) else x)
+    return shown.rename_axis("quantity").reset_index()
+
+
 def _table_html(df: pd.DataFrame, max_rows: int = 60) -> str:
     body = df.head(max_rows).to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="", border=0)
     more = f'<p class="note">first {max_rows} of {len(df)} rows; all rows in the CSV</p>' if len(df) > max_rows else ""
@@ -420,7 +427,7 @@ def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: d
     if settings:
         parts.append(f'<p class="note">{html.escape(", ".join(f"{k}: {v}" for k, v in settings.items()))}</p>')
     parts.append("<nav>" + "".join(f'<a href="#{s}">{s}</a>' for s in ["summary", *SECTIONS]) + "</nav>")
-    parts.append(f'<section id="summary"><h2>Summary</h2>{_table_html(summary)}</section>')
+    parts.append(f'<section id="summary"><h2>Summary</h2>{_table_html(_by_model(summary))}</section>')
     for section, title in SECTIONS.items():
         columns = []
         for r in reports:

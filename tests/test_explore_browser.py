@@ -124,7 +124,9 @@ def test_the_notebook_widget_reacts_to_a_slider_a_heatmap_click_and_a_prompt(lab
         pattern_before = next(t for t in after_slider if "attention pattern" in t)
         heat = page.locator(".js-plotly-plot").first.locator(".nsewdrag").first
         box = heat.bounding_box()
-        page.mouse.click(box["x"] + box["width"] * 0.1, box["y"] + box["height"] * 0.9)  # head 0 of the first layer
+        page.mouse.click(
+            box["x"] + box["width"] * 0.1, box["y"] + box["height"] * 0.1
+        )  # head 0 of layer 0 (at the top)
         found = page.wait_for_function(
             f"(() => {{ const titles = {TITLES}; return titles.some(t => t.includes('attention pattern') && "
             f"t !== {pattern_before!r}) && titles; }})()",

@@ -327,8 +327,8 @@ def decompose(
 ) -> DecompositionResult:
     """Self-alignment of head outputs / residual updates in one or more spaces, in a single streamed pass of the
     engine (:class:`DecomposeSettings`: ``space`` one of ``value``, ``value-exclude-self``, ``value-merged``,
-    ``residual-attn``, ``residual-mlp``, ``residual-block``, a list of them, or ``"all"``, every space from the same forward;
-    ``layers``; ``eps``. Run options :class:`~lens_parallel.options.RunOptions`; both as keyword shortcuts).
+    ``residual-attn``, ``residual-mlp``, ``residual-block``, a list of them, or ``"all"``, every space from the same
+    forward; ``layers``; ``eps``. Run options :class:`~lens_parallel.options.RunOptions`; both as keyword shortcuts).
 
     Returns :class:`DecompositionResult`: per (space, level) an :class:`AlignmentTable` with, per layer and head,
     the mean self-cosine cos(m, r), its std, mean |m_par|/|m|, mean |m_perp|/|m| and the mean signed parallel
