@@ -40,7 +40,9 @@ GLOSSARY = {
 }
 """Descriptions of the parameters many public names share."""
 
-_DONE = "__lens_parallel_completed__"
+_DONE: set[int] = set()
+"""The ids of the objects whose docstrings are complete (not an attribute on them: a Protocol's attributes are what
+``isinstance`` checks)."""
 
 
 def _sections(doc: str) -> tuple[str, dict[str, str]]:
@@ -141,7 +143,7 @@ def _returns(fn: Any, text: str) -> str:
 
 def complete(obj: Any) -> Any:
     """``obj`` with its docstring's ``Args:`` and ``Returns:`` sections written (see the module docstring); once."""
-    if not (inspect.isfunction(obj) or inspect.isclass(obj)) or vars(obj).get(_DONE, False):
+    if not (inspect.isfunction(obj) or inspect.isclass(obj)) or id(obj) in _DONE:
         return obj
     prose, sections = _sections(obj.__doc__ or "")
     own = _own_args(sections.get("Args:", ""))
@@ -163,5 +165,5 @@ def complete(obj: Any) -> Any:
     if examples := sections.get("Examples:"):
         parts.append("Examples:\n" + "\n".join(f"    {line}" if line else "" for line in examples.splitlines()))
     obj.__doc__ = "\n\n".join(parts)
-    setattr(obj, _DONE, True)
+    _DONE.add(id(obj))
     return obj

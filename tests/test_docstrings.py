@@ -10,6 +10,7 @@ import re
 import pytest
 
 import lens_parallel as lp
+from tests.conftest import get_model
 
 PUBLIC = sorted(n for n in lp.__all__ if inspect.isfunction(getattr(lp, n)) or inspect.isclass(getattr(lp, n)))
 """Every public function and class (the registries, modules and ``__version__`` are values: help() of a value shows
@@ -47,9 +48,18 @@ def test_help_lists_every_parameter_its_return_and_an_example(name):
 
 @pytest.mark.parametrize("name", PUBLIC)
 def test_the_examples_run(name, tmp_path, monkeypatch):
+    """Each example as a reader runs it. The toy models it loads are the test session's (``get_model``: built once
+    per worker, as a reader's notebook holds one), so that sixty examples do not build sixty copies."""
     monkeypatch.chdir(tmp_path)  # an example that writes files writes them here
     doc = inspect.getdoc(getattr(lp, name)) or ""
+    load = lp.load_model
+    monkeypatch.setattr(lp, "load_model", lambda spec, **kw: get_model(spec) if not kw else load(spec, **kw))
     test = doctest.DocTestParser().get_doctest(_section(doc, "Examples"), {}, name, None, 0)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     runner.run(test, out=lambda text: pytest.fail(text))
     assert runner.failures == 0 and runner.tries > 0
+
+
+def test_completing_leaves_a_protocols_members_as_they_were():
+    """A runtime-checkable protocol's ``isinstance`` reads the names in its class: completing adds none."""
+    assert not [name for name in vars(lp.Edit) if "lens_parallel" in name or "completed" in name]

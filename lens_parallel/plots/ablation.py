@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import plotly.graph_objects as go
 
-from lens_parallel.plots.common import TEMPLATE
+from lens_parallel.plots.common import TEMPLATE, head_unit, layer_axis
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.ablation import AblationRun
@@ -34,8 +34,8 @@ def ablation_figure(run: AblationRun) -> go.Figure:
             hovertemplate="L%{y}H%{x}<br>Δ loss %{z:.4f} nats/token<extra></extra>",
         )
         fig = go.Figure(trace)
-        fig.update_xaxes(title_text="head", dtick=1)
-        fig.update_yaxes(title_text="layer", dtick=1)
+        fig.update_xaxes(title_text=head_unit(run.info.layer_types, layers), dtick=1)
+        fig.update_yaxes(layer_axis(run.info.layer_types, layers, reversed_=True))
     else:
         fig = go.Figure(go.Bar(x=[job.key for job in run.jobs], y=delta, marker_color="#1f77b4", name="Δ loss"))
         fig.update_xaxes(title_text="job (layer and heads removed together)")

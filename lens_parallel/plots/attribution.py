@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lens_parallel.models import head_label
-from lens_parallel.plots.common import layer_ticks
+from lens_parallel.plots.common import head_unit, layer_ticks
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.attribution import AttributionResult
@@ -47,7 +47,7 @@ def attribution_figure(result: AttributionResult) -> go.Figure:
         right = fig.layout[f"xaxis{i + 1 if i else ''}"].domain[1]
         ticks = layer_ticks(result.info.layer_types, result.layers)
         fig.add_trace(_heatmap(values, ticks, unit, colorbar_x=right + 0.008), row=1, col=i + 1)
-        fig.update_xaxes(title_text="head", row=1, col=i + 1)
+        fig.update_xaxes(title_text=head_unit(result.info.layer_types, result.layers), row=1, col=i + 1)
         fig.update_yaxes(title_text="layer" if i == 0 else None, autorange="reversed", row=1, col=i + 1)
     fig.update_layout(
         title=f"Attribution screening of every head: {result.info.name}, {len(result.n_tokens)} documents, "

@@ -155,7 +155,10 @@ def notebook_figures() -> str:
     (JupyterLab, VS Code: interactive) plus HTML that draws itself with plotly.js inline, once per notebook (the
     output of this call holds it: about 4.8 MB of the saved notebook), and loads nothing from outside (Plotly's
     notebook output loads MathJax from a CDN: dropped; no figure here writes LaTeX). A renderer chosen on purpose
-    (not Plotly's default ``plotly_mimetype``) is kept. Returns the renderer in use.
+    (not Plotly's default ``plotly_mimetype``) is kept.
+
+    Returns:
+        str: the renderer in use (``plotly.io.renderers.default``).
 
     Examples:
         >>> import lens_parallel as lp

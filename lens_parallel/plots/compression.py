@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lens_parallel.errors import LensParallelError
-from lens_parallel.plots.common import TEMPLATE, line_with_band
+from lens_parallel.plots.common import TEMPLATE, layer_axis, line_with_band
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.compression import CompressionResult
@@ -60,7 +60,7 @@ def compression_figure(result: CompressionResult, *, sublayer: str = "attn", dro
                 show_band=False,
                 show_line=col == 1,
             )
-    fig.update_xaxes(title_text="layer", dtick=max(1, len(result.layers) // 10))
+    fig.update_xaxes(layer_axis(result.info.layer_types, result.layers))
     fig.update_yaxes(title_text="relative error (fraction of |delta_dense|)", row=1, col=1)
     fig.update_yaxes(title_text="relative error (fraction of |delta_dense|)", row=1, col=2)
     n = result.par.shape[-1]

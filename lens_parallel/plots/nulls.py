@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lens_parallel.models import head_label
-from lens_parallel.plots.common import TEMPLATE, band, layer_ticks
+from lens_parallel.plots.common import TEMPLATE, band, layer_axis
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.nulls import NullResult
@@ -20,11 +20,7 @@ NULL_TITLES = ("self-cosine vs earlier-position null", "GQA: within- vs across-g
 
 def _layer_axis(fig: go.Figure, result: NullResult, x: np.ndarray, *, row: int, col: int) -> None:
     """The layer axis of a panel: on a hybrid model every layer named with its type marked (:func:`layer_ticks`)."""
-    if result.info.hybrid:
-        ticks = layer_ticks(result.info.layer_types, x.tolist())
-        fig.update_xaxes(title_text="layer", tickvals=x, ticktext=ticks, row=row, col=col)
-    else:
-        fig.update_xaxes(title_text="layer", dtick=max(1, (x.max() - x.min()) // 10), row=row, col=col)
+    fig.update_xaxes(layer_axis(result.info.layer_types, [int(layer) for layer in x]), row=row, col=col)
 
 
 def null_panel(fig: go.Figure, result: NullResult, *, row: int, col: int) -> None:

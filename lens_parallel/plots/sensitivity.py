@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from lens_parallel.plots.common import TEMPLATE, layer_ticks
+from lens_parallel.plots.common import TEMPLATE, head_unit, layer_axis
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.head_statistics import HeadStatistics
@@ -62,17 +62,13 @@ def sensitivity_figure(result: SensitivityResult) -> go.Figure:
     fig.update_layout(
         title=f"Layer sensitivity to {result.ablation} ablation: {result.info.name} "
         f"(base loss {result.loss_base:.3f} nats/token)",
-        xaxis_title="layer",
         yaxis_title="Δ loss vs unedited (nats/token)",
         template=TEMPLATE,
         height=480,
         width=1100,
         legend={"orientation": "h", "y": -0.2},
     )
-    if result.info.hybrid:
-        fig.update_xaxes(tickvals=x, ticktext=layer_ticks(result.info.layer_types, result.layers))
-    else:
-        fig.update_xaxes(dtick=max(1, len(x) // 15))
+    fig.update_xaxes(layer_axis(result.info.layer_types, result.layers))
     return fig
 
 
@@ -105,8 +101,9 @@ def head_statistics_figure(result: HeadStatistics) -> go.Figure:
             row=row + 1,
             col=col + 1,
         )
-        fig.update_xaxes(title_text="head", dtick=max(1, values.shape[1] // 8), row=row + 1, col=col + 1)
-        fig.update_yaxes(title_text="layer", dtick=max(1, len(result.layers) // 8), row=row + 1, col=col + 1)
+        unit = head_unit(result.info.layer_types, result.layers)
+        fig.update_xaxes(title_text=unit, dtick=max(1, values.shape[1] // 8), row=row + 1, col=col + 1)
+        fig.update_yaxes(layer_axis(result.info.layer_types, result.layers, reversed_=True), row=row + 1, col=col + 1)
     fig.update_layout(
         title=f"{result.info.name}: per-head statistics of the {result.ablation} ablation (means over positions)",
         height=720,
