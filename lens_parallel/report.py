@@ -369,6 +369,7 @@ nav a { margin-right: 1.2em; } .grid { display: grid; gap: 16px; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 8px 0; } td, th { padding: 3px 8px; }
 th { background: #f2f2f2; } tr:nth-child(even) { background: #fafafa; } .note { color: #555; font-size: 0.9em; }
 .scroll { overflow-x: auto; max-height: 420px; overflow-y: auto; } .figure { overflow-x: auto; }
+.whole .scroll { max-height: none; }
 """
 
 MIN_FIGURE_WIDTH = 720
@@ -390,7 +391,7 @@ def _by_model(summary: pd.DataFrame) -> pd.DataFrame:
     """The summary with one column per model and one row per quantity (it has many more quantities than models:
     read down, it fits a page at any width)."""
     shown = summary.set_index("model").T.map(lambda x: f"{x:.4g}" if isinstance(x, float) else x)
-    return shown.rename_axis("quantity").reset_index()
+    return shown.rename_axis(index="quantity", columns=None).reset_index()
 
 
 def _table_html(df: pd.DataFrame, max_rows: int = 60) -> str:
@@ -427,7 +428,8 @@ def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: d
     if settings:
         parts.append(f'<p class="note">{html.escape(", ".join(f"{k}: {v}" for k, v in settings.items()))}</p>')
     parts.append("<nav>" + "".join(f'<a href="#{s}">{s}</a>' for s in ["summary", *SECTIONS]) + "</nav>")
-    parts.append(f'<section id="summary"><h2>Summary</h2>{_table_html(_by_model(summary))}</section>')
+    whole = f'<div class="whole">{_table_html(_by_model(summary))}</div>'  # every row shown: no inner scroll
+    parts.append(f'<section id="summary"><h2>Summary</h2>{whole}</section>')
     for section, title in SECTIONS.items():
         columns = []
         for r in reports:
