@@ -143,7 +143,8 @@ kernel, and the explorer's page shows its static HTML export instead)."""
 
 FIGURES = '''"""The documentation's figure renderer (scripts/docs_hooks.py sets it for the kernels that execute the
 notebooks): each figure as HTML drawn by the plotly.js the site ships (no CDN, no MathJax), filling the text column:
-its layout's fixed width dropped, redrawn when the column's width changes."""
+its layout's fixed width dropped, redrawn when the column's width changes, never narrower than 720 px (its own
+width if less): in a narrower column the output scrolls, so that titles and legends never run into each other."""
 import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 
@@ -163,6 +164,7 @@ def wrapped(title):
 
 class ColumnWide(MimetypeRenderer):
     def to_mimebundle(self, fig_dict):
+        least = min(fig_dict.get("layout", {}).get("width") or 720, 720)  # narrower: the output scrolls
         layout = {k: v for k, v in fig_dict.get("layout", {}).items() if k != "width"} | {"autosize": True}
         if "title" in layout:
             layout["title"] = wrapped(layout["title"])
@@ -175,7 +177,7 @@ class ColumnWide(MimetypeRenderer):
             config={"responsive": True},
             validate=False,
         )
-        return {"text/html": html}
+        return {"text/html": f'<div style="min-width: {least}px">{html}</div>'}
 
 
 pio.renderers["lens_parallel_docs"] = ColumnWide()

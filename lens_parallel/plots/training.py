@@ -89,11 +89,9 @@ def factorial_figure(curves: pd.DataFrame, finals: pd.DataFrame, table: pd.DataF
         cols=2,
         column_widths=[0.58, 0.42],
         horizontal_spacing=0.1,
-        subplot_titles=[
-            f"{axis.split(' (')[0]} (line: mean over {n_seeds} seeds, band: min-max)",
-            "paired delta vs baseline (dots: seeds; bar: mean, 95% bootstrap CI)",
-        ],
+        subplot_titles=[f"{axis.split(' (')[0]} by step", "paired delta vs baseline"],
     )
+    fig.update_annotations(font_size=13)  # the subplot titles
     for arm in arms:
         g = curves[curves["arm"] == arm].groupby("step")[column]
         x = g.mean().index.to_numpy()
@@ -148,7 +146,12 @@ def factorial_figure(curves: pd.DataFrame, finals: pd.DataFrame, table: pd.DataF
     fig.update_xaxes(title_text="optimiser step", row=1, col=1)
     fig.update_yaxes(title_text=axis, row=1, col=1)
     fig.update_yaxes(title_text="delta final validation loss (nats/token; < 0 helps)", row=1, col=2)
-    fig.update_layout(title="Training-time interventions: paired by seed", template=TEMPLATE, height=480, width=1150)
+    legend = (
+        f"left: line = mean over {n_seeds} seeds, band = min-max; right: dots = seeds, bar = mean with its 95% "
+        "bootstrap CI"
+    )
+    title = f"Training-time interventions: paired by seed<br><sup>{legend}</sup>"
+    fig.update_layout(title=title, template=TEMPLATE, height=500, width=1150, margin={"t": 100})
     return fig
 
 
