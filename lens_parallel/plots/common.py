@@ -167,7 +167,7 @@ def notebook_figures() -> str:
         True
     """
     import plotly.io as pio
-    from plotly.io._base_renderers import NotebookRenderer
+    from plotly.io.base_renderers import NotebookRenderer
 
     class OfflineNotebook(NotebookRenderer):  # type: ignore[misc]
         def to_mimebundle(self, fig_dict: dict[str, Any]) -> dict[str, Any]:
