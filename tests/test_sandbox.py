@@ -917,7 +917,7 @@ def test_every_canonical_solution_passes_in_parallel():
     not how fast (the benchmark times them)."""
     humaneval, mbpp = _shipped("humaneval"), _shipped("mbpp")
     cases = [(d["prompt"] + d["canonical_solution"], tf.humaneval_tests(d), _trusted(d)) for d in humaneval]
-    cases += [(d["code"], tf.mbpp_tests(d), {}) for d in mbpp]
+    cases += [(d["code"], tf.mbpp_tests(d), {"entry_point": tf.mbpp_entry_point(d)}) for d in mbpp]
     slow = SandboxLimits(timeout=60.0)  # MBPP 123's reference takes 2.2 s of the 3 s alone here: not the point
     started = [programs.start(program, tests, **trusted, limits=slow) for program, tests, trusted in cases]
     got = [future.result() for future in started]
@@ -939,10 +939,13 @@ def test_the_filters_start_exactly_the_programs_lm_eval_scores(monkeypatch):
     from lens_parallel.downstream import loading
 
     started: list[tuple[str, str]] = []
-    monkeypatch.setattr(programs, "start", lambda program, tests, **kwargs: started.append((program, tests)))
+    trusted: list[dict] = []
+    monkeypatch.setattr(
+        programs, "start", lambda program, tests, **kwargs: (started.append((program, tests)), trusted.append(kwargs))
+    )
     tasks = loading.load_tasks([("humaneval", None), ("mbpp", None)], None).tasks
     for name, answer in (("humaneval", "    return None\n"), ("mbpp", "def f():\n    return None\n")):
-        task, started[:] = tasks[name], []
+        task, started[:], trusted[:] = tasks[name], [], []
         task.build_all_requests(limit=5, rank=0, world_size=1)
         for i, inst in enumerate(task.instances):
             inst.resps = [answer + f"# {i}\n"]
@@ -950,6 +953,9 @@ def test_the_filters_start_exactly_the_programs_lm_eval_scores(monkeypatch):
         (key,) = task.instances[0].filtered_resps
         scored = [tf.code_case([task.doc_to_target(i.doc)], [i.filtered_resps[key]]) for i in task.instances]
         assert started == scored and len(set(scored)) == 5
+        docs = [i.doc for i in task.instances]
+        want = [_trusted(d) if name == "humaneval" else {"entry_point": tf.mbpp_entry_point(d)} for d in docs]
+        assert trusted[-5:] == want and all(t["entry_point"] for t in want)
 
 
 def test_verdicts_equal_human_evals_check_correctness():
@@ -961,8 +967,9 @@ def test_verdicts_equal_human_evals_check_correctness():
     rows = json.loads((Path(__file__).parent / "golden" / "code_completions.json").read_text())
     mbpp_367 = next(d for d in _shipped("mbpp") if d["task_id"] == 367)
     rows.append({"program": mbpp_367["code"], "tests": tf.mbpp_tests(mbpp_367), "model": "reference"})
-    humaneval = {tf.humaneval_tests(d): _trusted(d) for d in _shipped("humaneval")}
-    ours = [programs.start(row["program"], row["tests"], **humaneval.get(row["tests"], {})) for row in rows]
+    trusted = {tf.humaneval_tests(d): _trusted(d) for d in _shipped("humaneval")}
+    trusted |= {tf.mbpp_tests(d): {"entry_point": tf.mbpp_entry_point(d)} for d in _shipped("mbpp")}
+    ours = [programs.start(row["program"], row["tests"], **trusted[row["tests"]]) for row in rows]
     theirs = []
     for row in rows:
         program = row["program"] + "\n" + row["tests"]  # code_eval's program; check(None) below does nothing
@@ -973,4 +980,4 @@ def test_verdicts_equal_human_evals_check_correctness():
         (r["program"][-200:], g) for r, g, t in zip(rows, got, theirs, strict=True) if g.passed != t
     ]
     assert any(theirs) and not all(theirs)  # right and wrong ones
-    assert sum(row["tests"] in humaneval for row in rows) > 0  # HumanEval's judged with their prompts
+    assert {"prompt", "entry_point"} <= set(trusted[rows[0]["tests"]])  # HumanEval's first, with their prompts

@@ -6,6 +6,7 @@ DROP's documents ship in the form lm-eval's ``process_docs`` returns, not the hu
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +43,15 @@ def mbpp_tests(doc: Mapping[str, Any]) -> str:
     return "\n".join(doc["test_list"][:3])
 
 
+def mbpp_entry_point(doc: Mapping[str, Any]) -> str | None:
+    """The function an MBPP item tests (MBPP names none): the first one its asserts call that the dataset's
+    reference solution defines, so that the judge calls the program's even where it has a builtin's name (task 126
+    tests a ``sum``)."""
+    defined = {n.name for n in ast.parse(doc["code"]).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    calls = [n for n in ast.walk(ast.parse(mbpp_tests(doc))) if isinstance(n, ast.Call)]
+    return next((c.func.id for c in calls if isinstance(c.func, ast.Name) and c.func.id in defined), None)
+
+
 def humaneval_predictions(resps: list[list[str]], docs: list[dict[str, Any]]) -> list[list[str]]:
     """HumanEval's filter (lm-eval's ``build_predictions``): each generated body after its prompt; every item's
     first program started at once (:func:`~lens_parallel.downstream.programs.start`), judged with the item's prompt
@@ -55,7 +65,7 @@ def humaneval_predictions(resps: list[list[str]], docs: list[dict[str, Any]]) ->
 def mbpp_predictions(resps: list[list[str]], docs: list[dict[str, Any]]) -> list[list[str]]:
     """MBPP's answers unchanged (lm-eval's ``take_first`` follows), every item's first program started at once."""
     for resp, doc in zip(resps, docs, strict=True):
-        programs.start(resp[0], mbpp_tests(doc))
+        programs.start(resp[0], mbpp_tests(doc), entry_point=mbpp_entry_point(doc))
     return resps
 
 
