@@ -337,8 +337,7 @@ def task_effects(
             f"code_eval), outside lens_parallel's sandbox; the code tasks scored in the sandbox: "
             f"{', '.join(code_executing(list(LOCAL_TASKS)))}"
         )
-    if unsafe and s.allow_code_execution:
-        sandbox_fence()  # bubblewrap must run here: else one line, before any forward
+    fence = sandbox_fence() if unsafe and s.allow_code_execution else None  # else one line, before any forward
     if unsafe and not s.allow_code_execution:  # a preset's: run the rest, and say what was left out
         left_out = unsafe
         plan = [(name, k) for name, k in plan if name not in left_out]
@@ -393,6 +392,7 @@ def task_effects(
         limit=limit,
         truncated=truncated,
         edits={k: [describe_edit(e) for e in v] for k, v in named.items()},
+        sandbox=None if fence is None else fence.describe(),
     )
     n_shot = runs[UNEDITED]["n-shot"]
     return TaskResult(

@@ -38,6 +38,7 @@ kernel exploits, side channels, the memory of the kernel's own structures not ch
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -56,7 +57,7 @@ from pathlib import Path
 
 from lens_parallel.downstream import judging
 from lens_parallel.downstream.cgroups import Cgroup, CgroupParent, cgroup_parent
-from lens_parallel.downstream.syscalls import seccomp_program
+from lens_parallel.downstream.syscalls import NAMESPACE_FLAGS, REFUSED, seccomp_program
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
 from lens_parallel.validate import check_positive_int
 
@@ -181,6 +182,15 @@ class Fence:
         version = sysconfig.get_config_var("VERSION")
         interpreter = os.path.realpath(os.path.join(sysconfig.get_config_var("BINDIR"), f"python{version}"))
         return cls(interpreter, os.path.realpath(sys.base_prefix), os.geteuid() == 0, cgroup_parent())
+
+    def describe(self) -> dict[str, object]:
+        """The fence as provenance records it: how bwrap starts, the cgroup version and the system calls refused."""
+        return {
+            "bubblewrap": "privileged (a fresh uid inside)" if self.privileged else "user namespace",
+            "cgroup": self.cgroups.version,
+            "seccomp": {"refused": list(REFUSED), "clone flags refused": list(NAMESPACE_FLAGS)},
+            "limits": dataclasses.asdict(LIMITS),
+        }
 
     def hidden(self) -> list[str]:
         """The installed-package folders of the bound trees, covered by empty tmpfs: the standard library only."""
