@@ -154,7 +154,7 @@ class Cgroup:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             for folder in dict.fromkeys(folders):
-                with contextlib.suppress(FileNotFoundError, OSError):
+                with contextlib.suppress(OSError):  # gone already, or not yet empty
                     os.rmdir(folder)
             if any(os.path.isdir(f) for f in folders):
                 if time.monotonic() > deadline:

@@ -62,12 +62,10 @@ def _plain(value: Any, depth: int) -> Any:
     if depth > MAX_DEPTH:
         raise Uncheckable(f"nested deeper than {MAX_DEPTH}")
     kind = type(value)
-    if value is None or kind is bool or kind is str:
+    if value is None or kind is bool or kind is str or kind is float:
         return value
     if kind is int:
         return {"!i": hex(value)} if value.bit_length() > _HEX_BITS else value
-    if kind is float:
-        return value
     if kind is complex:
         return {"!c": [value.real, value.imag]}
     if kind is bytes:

@@ -278,8 +278,9 @@ def sandbox_fence() -> Fence:
     try:
         seccomp_program()
     except (ImportError, OSError, RuntimeError) as error:
+        why = judging._short(f"{type(error).__name__}: {error}", 120)
         raise EnvironmentFailure(
-            f"running the code a model writes needs libseccomp ({_short_error(error)}): install the tasks extra "
+            f"running the code a model writes needs libseccomp ({why}): install the tasks extra "
             f"(pip install 'lens-parallel[tasks]', which brings pyseccomp) and Debian/Ubuntu's libseccomp2, {fix}"
         ) from None
     fence = Fence.here()
@@ -290,10 +291,6 @@ def sandbox_fence() -> Fence:
         said = " ".join(output.split())[-300:] or got.result
         raise EnvironmentFailure(f"the sandbox cannot run here ({said}): {fix}")
     return fence
-
-
-def _short_error(error: BaseException) -> str:
-    return " ".join(f"{type(error).__name__}: {error}".split())[:120]
 
 
 def run_program(
