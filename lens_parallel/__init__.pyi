@@ -56,7 +56,7 @@ from .errors import EnvironmentFailure, LensParallelError, LibraryError, NonFini
 from .explore import Explorer, View, explore
 from .generation import GenerateSettings, GenerationResult, generate
 from .losses import DocLosses, EditEffect
-from .models import ModelInfo, ModelSpecError, load_model, model_info
+from .models import ModelInfo, ModelSpecError, load_model, model_info, wrap_hf_model
 from .options import DataOptions, RunOptions
 from .plots.common import notebook_figures
 from .protocols import PROTOCOLS
@@ -189,5 +189,6 @@ __all__ = [
     "token_blocks",
     "train",
     "whole_documents",
+    "wrap_hf_model",
     "write_report",
 ]

@@ -31,7 +31,7 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
         "the caller's residual in at block k (prefix reuse), attention bridges' _update_kv_cache reading the cache "
         "only as past_key_values / layer_past and returning the whole [batch, head, pos, d_head] values, each "
         "attention bridge's _layer_idx; GatedDeltaNetBridge taking HF's cached path (_native_forward) only for "
-        "cache_params",
+        "cache_params, a bridge's _weights_processed flag (process_weights / enable_compatibility_mode ran)",
     ),
     "lm_eval": (
         (0, 4),
@@ -257,6 +257,19 @@ def attention_sources() -> dict[str, str]:
 
 
 _OWN_ATTENTION: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def weights_processed(model: nn.Module) -> bool:
+    """Whether TransformerLens processed a bridge's weights (``process_weights``, which
+    ``enable_compatibility_mode()`` runs unless ``no_processing=True``): its ``_weights_processed`` flag, the one
+    record TransformerLens 4.3 keeps of it (not which folds ran)."""
+    check("transformer-lens")
+    return bool(getattr(model, "_weights_processed", False))
+
+
+def has_own_attention(component: nn.Module) -> bool:
+    """Whether ``component`` computes its attention on lens_parallel's path now (:func:`install_attention` took it)."""
+    return component in _OWN_ATTENTION
 
 
 def own_attention_reason(component: nn.Module) -> str:

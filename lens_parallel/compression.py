@@ -61,6 +61,7 @@ from torch.utils.hooks import RemovableHandle
 from transformer_lens.model_bridge import TransformerBridge
 from transformers.pytorch_utils import Conv1D
 
+from lens_parallel.bridges import check_model
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import export_hf_model, load_model, wrap_hf_model
 
@@ -413,6 +414,7 @@ def compress(
         >>> small is model
         False
     """
+    check_model(model)
     if isinstance(method, str):
         method = Compression.parse(method)
     copy = export_hf_model(cast(transformers.PreTrainedModel, model.original_model))

@@ -53,13 +53,14 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import geometry
 from lens_parallel.analyses.decompose import decompose
 from lens_parallel.analyses.diagonal import diagonal_roles, with_map
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import ExplorerEdit, HeadSpace
 from lens_parallel.documents import Documents, DocumentsLike, document_batches
 from lens_parallel.edits import Edit, Heads, compile_hooks, edit_noop, explorer_edits
 from lens_parallel.errors import LensParallelError
 from lens_parallel.generation import GenerationResult, generate
 from lens_parallel.hooks import check_heads, check_indices, expand_kv, head_layers, output_weights
-from lens_parallel.models import head_label, model_info
+from lens_parallel.models import head_label
 from lens_parallel.plots import explore as plots
 from lens_parallel.results import Provenance
 from lens_parallel.spaces import HEAD_SPACES
@@ -134,7 +135,7 @@ class Explorer:
         seed: int = 0,
         batch_size: int = 8,
     ) -> None:
-        self.model, self.info, self.documents = model, model_info(model), Documents.of(documents, model)
+        self.model, self.info, self.documents = model, check_model(model), Documents.of(documents, model)
         self.layers, _ = head_layers(self.info, None, what="the explorer (heads and their maps)")
         self.width = max(self.info.output_heads(layer) for layer in self.layers)
         with warnings.catch_warnings():  # a post-attention norm (Gemma 3): no per-head residual-attn, a note

@@ -84,6 +84,9 @@ class ModelInfo:
     rotary_hooks: bool = True  # its attention fires hook_rot_q / hook_rot_k (not GPT-NeoX's, Falcon's, GPT-J's)
     patterns_after: tuple[int, ...] = ()  # layers whose hook_pattern fires after their attention ran (read-only)
     attention_paths: tuple[str, ...] = ()  # per layer: "lens_parallel", "eager: <why>", or "" (no softmax attention)
+    dtype: str = ""  # the weights' dtype (float32, bfloat16, ...) when the model was read
+    device: str = ""  # the device TransformerLens's config names (cpu, cuda:0; device_map: its first device)
+    weights: str = ""  # how the weights were processed, read off the bridge (:func:`weights_state`)
 
     @property
     def group_size(self) -> int:
@@ -191,7 +194,6 @@ class _Structure:
     post_norm: bool
     gate_role: str
     features: tuple[str, ...]
-    attention_paths: tuple[str, ...]
     rotary_hooks: bool
     patterns_after: tuple[int, ...]
 
@@ -200,12 +202,15 @@ _STRUCTURES: weakref.WeakKeyDictionary[TransformerBridge, _Structure] = weakref.
 
 
 def _attention_path(model: TransformerBridge, layer: int, kind: LayerType) -> str:
-    """Which attention serves ``layer``: lens_parallel's own path, or TransformerLens's eager forward and why
-    (:func:`lens_parallel.compat.own_attention_reason`); "" on a layer without softmax attention."""
+    """Which attention serves ``layer`` now: lens_parallel's own path, or TransformerLens's eager forward and why
+    (:func:`lens_parallel.compat.own_attention_reason`, or not installed on this bridge); "" on a layer without
+    softmax attention."""
     if not LAYER_KINDS[kind].pattern:
         return ""
-    reason = compat.own_attention_reason(model.blocks[layer].attn)
-    return f"eager: {reason}" if reason else "lens_parallel"
+    component = model.blocks[layer].attn
+    if compat.has_own_attention(component):
+        return "lens_parallel"
+    return f"eager: {compat.own_attention_reason(component) or 'lens_parallel attention not installed on this bridge'}"
 
 
 def _structure(model: TransformerBridge) -> _Structure:
@@ -231,13 +236,12 @@ def _structure(model: TransformerBridge) -> _Structure:
             post_norm,
             gated,
         )
-        paths = tuple(_attention_path(model, layer, kind) for layer, kind in zip(layers, kinds, strict=True))
         found_features = features.model_features(found)
         softmax = [layer for layer in layers if LAYER_KINDS[kinds[layer]].pattern]
         rotary = all(compat.fires_rotary_hooks(model.blocks[layer].attn) for layer in softmax)
         after = tuple(layer for layer in softmax if compat.pattern_after_attention(model.blocks[layer].attn))
         gate = gates[0] if gates else ""
-        _STRUCTURES[model] = _Structure(kinds, roles, post_norm, gate, found_features, paths, rotary, after)
+        _STRUCTURES[model] = _Structure(kinds, roles, post_norm, gate, found_features, rotary, after)
     return _STRUCTURES[model]
 
 
@@ -278,11 +282,37 @@ def model_info(model: TransformerBridge) -> ModelInfo:
         post_norm=structure.post_norm,
         block_roles=structure.block_roles,
         features=structure.features,
-        attention_paths=structure.attention_paths,
+        attention_paths=tuple(_attention_path(model, layer, kind) for layer, kind in enumerate(structure.layer_types)),
+        dtype=str(cfg.dtype).removeprefix("torch."),
+        device=str(cfg.device),
+        weights=weights_state(model),
         gate_role=structure.gate_role,
         rotary_hooks=structure.rotary_hooks,
         patterns_after=structure.patterns_after,
     )
+
+
+UNPROCESSED = "unprocessed: no LayerNorm folding, no centering, value biases not folded into b_O"
+"""What :func:`weights_state` says of a bridge whose weights TransformerLens has not processed."""
+
+
+def weights_state(model: TransformerBridge) -> str:
+    """How ``model``'s weights were processed, read off the bridge as it is now: :data:`UNPROCESSED`, with
+    TransformerLens's compatibility mode named when it is on without processing
+    (``enable_compatibility_mode(no_processing=True)``: legacy hook behaviour, the weights as loaded); or what
+    TransformerLens's ``process_weights`` does by default, when its flag says it ran (TransformerLens records that it
+    ran, not which folds: :func:`lens_parallel.compat.weights_processed`)."""
+    if compat.weights_processed(model):
+        return (
+            "processed by TransformerLens (process_weights / enable_compatibility_mode: by default LayerNorm folded, "
+            "writing weights centred, value biases folded into b_O)"
+        )
+    mode = (
+        " (TransformerLens compatibility mode, no_processing=True)"
+        if getattr(model, "compatibility_mode", False)
+        else ""
+    )
+    return UNPROCESSED + mode
 
 
 def weights_digest(model: TransformerBridge) -> str:
@@ -310,10 +340,27 @@ def weights_digest(model: TransformerBridge) -> str:
     return digest.hexdigest()
 
 
+BRIDGE_FAILURES = (RuntimeError, ValueError, KeyError, AttributeError, TypeError, NotImplementedError, AssertionError)
+"""What TransformerLens raises when it cannot bridge a config (its adapters' checks, a module it does not find)."""
+
+
 def _boot(source: str, *, device: str | None, dtype: torch.dtype, **kwargs: Any) -> TransformerBridge:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = TransformerBridge.boot_transformers(source, device=device, dtype=dtype, **kwargs)
+    """``TransformerBridge.boot_transformers(source, ...)`` with lens_parallel's attention installed; TransformerLens's
+    failure to bridge the config is one line naming the architecture and its reason."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = TransformerBridge.boot_transformers(source, device=device, dtype=dtype, **kwargs)
+    except BRIDGE_FAILURES as exc:
+        if isinstance(exc, (EnvironmentFailure, LibraryError)):
+            raise
+        hf = kwargs.get("hf_model")
+        config = hf.config if hf is not None else transformers.AutoConfig.from_pretrained(source)
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ModelSpecError(
+            f"{source}: TransformerLens cannot bridge {architectures.architecture_of(config)} ({type(exc).__name__}: "
+            f"{reason[:300]})"
+        ) from exc
     model.eval()
     if reason := architectures.bridge_refusal(set(model.hook_dict), model.cfg.n_layers):
         raise ModelSpecError(f"{source}: {reason}")

@@ -41,6 +41,7 @@ from lens_parallel.analyses.evaluate import evaluate
 from lens_parallel.analyses.reliability import SanityReport, check_documents, sanity_report
 from lens_parallel.analyses.scaling import ScalingResult, scale_sweep
 from lens_parallel.analyses.sensitivity import SensitivityResult, head_sensitivity
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import Space
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.downstream.data import check_task_names
@@ -298,6 +299,7 @@ def run_battery(
         >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
         >>> report = lp.run_battery(model, docs, progress=False)
     """
+    check_model(model)
     s, opts = resolve(ReportSettings, settings, options, protocol, changes)
     head_layers(model_info(model), None, what="the report's battery (diagonal views, head ablations, the nulls)")
     docs = Documents.of(documents, model)

@@ -14,8 +14,10 @@ another result, or a save interrupted between the two renames) in one line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+import importlib
 import importlib.metadata
 import json
 import math
@@ -55,14 +57,20 @@ def serializable(cls: type[T]) -> type[T]:
 
 
 def result_classes() -> list[type]:
-    """Every registered class implementing the Result protocol (those built on :class:`ResultMixin`).
+    """Every class implementing the Result protocol (those built on :class:`ResultMixin`) that the package exports,
+    whichever modules were imported before.
 
     Examples:
         >>> import lens_parallel as lp
         >>> "DecompositionResult" in [cls.__name__ for cls in lp.result_classes()]
         True
     """
-    return [cls for cls in _REGISTRY.values() if issubclass(cls, ResultMixin)]
+    import lens_parallel
+
+    exported = (getattr(lens_parallel, name) for name in lens_parallel.__all__)  # imports every result's module
+    return sorted(
+        {cls for cls in exported if isinstance(cls, type) and issubclass(cls, ResultMixin)}, key=qualified_name
+    )
 
 
 def _version(package: str) -> str:
@@ -70,10 +78,6 @@ def _version(package: str) -> str:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-WEIGHT_PROCESSING = "unprocessed: no LayerNorm folding, no centering, value biases not folded into b_O"
-"""What every result's provenance says of the weights (lens_parallel never processes them)."""
 
 
 @serializable
@@ -139,7 +143,7 @@ class Provenance:
             else Documents.of(documents).describe()
             if documents is not None
             else {},
-            weight_processing=WEIGHT_PROCESSING,
+            weight_processing=info.weights or "unrecorded",
             settings=recorded,
             versions=cls.installed_versions() | dict(versions or {}),
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -300,25 +304,46 @@ def _decode(obj: Any, arrays: dict[str, np.ndarray], path: Path) -> Any:
         if "__float__" in obj:
             return float(obj["__float__"])
         if "__class__" in obj:
-            name = obj["__class__"]
-            if name not in _REGISTRY:
-                raise LensParallelError(
-                    f"{path}: unknown result type {name!r} (saved by another version of lens_parallel?); known: "
-                    f"{', '.join(sorted(_REGISTRY))}"
-                )
-            cls = _REGISTRY[name]
-            saved, expected = set(obj) - {"__class__"}, {f.name for f in dataclasses.fields(cls) if f.init}
-            if saved != expected:
+            cls = saved_class(obj["__class__"], path)
+            fields = [f for f in dataclasses.fields(cls) if f.init]
+            saved = set(obj) - {"__class__"}
+            required = {f.name for f in fields if _no_default(f)}
+            if not required <= saved or not saved <= {f.name for f in fields}:
                 raise LensParallelError(
                     f"{path}: this {cls.__name__} was saved with another layout (missing: "
-                    f"{sorted(expected - saved)}, unknown: {sorted(saved - expected)}), by another version of "
-                    "lens_parallel; rerun the analysis with this version"
+                    f"{sorted(required - saved)}, unknown: {sorted(saved - {f.name for f in fields})}), by another "
+                    "version of lens_parallel; rerun the analysis with this version"
                 )
             return cls(**{k: _decode(v, arrays, path) for k, v in obj.items() if k != "__class__"})
         return {k: _decode(v, arrays, path) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_decode(x, arrays, path) for x in obj]
     return obj
+
+
+def _no_default(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def saved_class(name: str, path: Path | str) -> type:
+    """The registered dataclass a saved file names by its qualified name, whichever modules this process has
+    imported: the module the name gives is imported (a lens_parallel module only), and a class that a later version
+    moved to another module is found by its name among the package's exports. Refused in one line otherwise."""
+    module, _, qualname = name.rpartition(".")
+    if name not in _REGISTRY and module.split(".")[0] == "lens_parallel":
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+    if name not in _REGISTRY:  # moved since it was saved: the exported class of that name
+        import lens_parallel
+
+        moved = getattr(lens_parallel, qualname, None) if qualname in lens_parallel.__all__ else None
+        if isinstance(moved, type) and qualified_name(moved) in _REGISTRY:
+            return moved
+        raise LensParallelError(
+            f"{path}: unknown result type {name!r} (saved by another version of lens_parallel?); this version saves "
+            f"{', '.join(sorted(cls.__name__ for cls in result_classes()))}"
+        )
+    return _REGISTRY[name]
 
 
 def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:

@@ -50,6 +50,7 @@ from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.attention import attention_path
+from lens_parallel.bridges import check_model
 from lens_parallel.budget import choose_batch_size, default_budget, parse_bytes
 from lens_parallel.choices import Ablation, EditPositions
 from lens_parallel.distributed import TaskContext, check_workers, run_tasks
@@ -641,6 +642,7 @@ def run_sweep(
         >>> sorted(run.values)
         ['none', 'zero-diag']
     """
+    check_model(model)
     refuse_renamed(changes, {"edit": "ablation"}, where="run_sweep")
     setup = plan_sweep(
         model, documents, jobs, metric=metric, ablation=ablation, positions=positions, options=options, changes=changes

@@ -17,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation, EditPositions
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import check_positions
@@ -153,6 +154,7 @@ def run_ablations(
         >>> lp.run_ablations(model, docs, [(1, 2)], progress=False).jobs  # (layer, head) pairs too
         (AblationJob(layer=1, heads=(2,)),)
     """
+    check_model(model)
     s, opts = resolve(AblationSettings, settings, options, protocol, changes)
     docs = Documents.of(documents, model)
     unique = tuple(dict.fromkeys(AblationJob.of(job) for job in jobs))

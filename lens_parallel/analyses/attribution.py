@@ -48,6 +48,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation, EditPositions, HeadSpace
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
@@ -63,7 +64,7 @@ from lens_parallel.hooks import (
     softmax_layers,
 )
 from lens_parallel.losses import Unembedding, chunked_token_nll, scored_sums, unembedding
-from lens_parallel.models import ModelInfo, head_label, model_info
+from lens_parallel.models import ModelInfo, head_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import attribution_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
@@ -413,8 +414,8 @@ def head_attribution(
         >>> attr.to_dataframe().shape[0]  # every head of every layer (12), and each layer's heads together (3)
         15
     """
+    info = check_model(model)
     s, opts = resolve(AttributionSettings, settings, options, protocol, changes)
-    info = model_info(model)
     docs = Documents.of(documents, model)
     if s.ablation in LINEAR_ABLATIONS:
         layer_idx, skipped = head_layers(info, s.layers, what=f"head_attribution of a {s.ablation} ablation")

@@ -38,6 +38,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.analyses.registry import Analysis, register_analysis
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import CompressionMode, ScoredPositions, Sublayer
 from lens_parallel.compression import SPEC_HELP, Compression, MethodLike, checked_compressed, compress, method_name
 from lens_parallel.data import load_texts, token_blocks
@@ -46,7 +47,7 @@ from lens_parallel.documents import DocBatch, Documents, DocumentsLike
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import softmax_layers
 from lens_parallel.losses import DocLosses, edit_effect
-from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.models import ModelInfo
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.compression import compression_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
@@ -453,13 +454,13 @@ def compression_error(
         >>> type(err).__name__
         'CompressionResult'
     """
+    info = check_model(model)
     if compressed is not None and (
         "method" in changes or (settings is not None and settings.method != DEFAULT_METHODS)
     ):
         raise LensParallelError("give either method= (compress a copy) or compressed= (a compressed model), not both")
     s, opts = resolve(CompressionSettings, settings, options, protocol, changes)
     docs = Documents.of(documents, model)
-    info = model_info(model)
     other = None if compressed is None else checked_compressed(model, compressed)
     calib = docs.tokens if calibration is None else Documents.of(calibration, model).tokens
     apart = other is None and any(_calibrated_apart(m) for m in s.method)

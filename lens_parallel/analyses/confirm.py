@@ -20,6 +20,7 @@ import scipy.stats as sps
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.analyses.attribution import AttributionResult
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.errors import LensParallelError
@@ -157,6 +158,7 @@ def confirm(
         >>> type(checked).__name__
         'ConfirmResult'
     """
+    check_model(model)
     s, opts = resolve(ConfirmSettings, settings, options, protocol, changes)
     if not isinstance(result, AttributionResult):
         raise LensParallelError(f"confirm needs an AttributionResult, got {type(result).__name__}")

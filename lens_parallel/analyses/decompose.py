@@ -45,6 +45,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.analyses.registry import Analysis, register_analysis
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import Space
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
@@ -56,7 +57,7 @@ from lens_parallel.hooks import (
     head_writes_note,
     output_weights,
 )
-from lens_parallel.models import ModelInfo, layer_label, model_info
+from lens_parallel.models import ModelInfo, layer_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.decompose import decomposition_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
@@ -343,8 +344,8 @@ def decompose(
         (3, 4)
         >>> text = lp.decompose(model, ["The cat sat on the mat.", "A dog ran."], progress=False)  # text works too
     """
+    info = check_model(model)
     s, opts = resolve(DecomposeSettings, settings, options, protocol, changes)
-    info = model_info(model)
     docs = Documents.of(documents, model)
     layer_idx = check_indices("layers", s.layers, info.n_layers)
     space_layers: dict[str, tuple[int, ...]] = {}

@@ -42,6 +42,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import compat, geometry
 from lens_parallel.analyses.registry import Analysis, register_analysis
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import DiagonalLayout, HeadSpace
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike, document_batches
@@ -54,7 +55,7 @@ from lens_parallel.hooks import (
     head_writes_note,
     output_weights,
 )
-from lens_parallel.models import ModelInfo, head_label, model_info
+from lens_parallel.models import ModelInfo, head_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.diagonal import diagonal_figure, paper_diagonal_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
@@ -382,8 +383,8 @@ def diagonal_view(
         >>> (view.layer, view.head)
         (1, 2)
     """
+    info = check_model(model)
     s, opts = resolve(DiagonalSettings, settings, options, protocol, changes)
-    info = model_info(model)
     docs = Documents.of(documents, model, bos="boundary" if s.prompt_boundary else "none")
     layer, head = s.layer, s.head
     if layer is None or head is None:

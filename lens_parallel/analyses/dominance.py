@@ -58,6 +58,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.analyses.registry import Analysis, register_analysis
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import DominanceScale, MaskScale
 from lens_parallel.data import TokenBlocks, token_blocks
 from lens_parallel.distributed import TaskContext, check_workers
@@ -66,7 +67,7 @@ from lens_parallel.edits import HeadEdit
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import check_indices, effective_qk_roles
 from lens_parallel.layers import LAYER_KINDS
-from lens_parallel.models import ModelInfo, head_label, layer_label, model_info
+from lens_parallel.models import ModelInfo, head_label, layer_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.dominance import dominance_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
@@ -740,6 +741,7 @@ def head_dominance(
         >>> type(dom).__name__
         'DominanceResult'
     """
+    info = check_model(model)
     window = changes.pop("query_positions", None)
     if isinstance(window, slice):
         if window.step not in (None, 1):
@@ -749,7 +751,6 @@ def head_dominance(
         changes["query_positions"] = window
     s, opts = resolve(DominanceSettings, settings, options, protocol, changes)
     check_workers(opts.workers, opts.ray_address, model)
-    info = model_info(model)
     docs = Documents.of(documents, model)
     positions = _positions(s.window(), int(docs.lengths.min()))
     chosen = check_indices("upstream layers", s.upstream_layers, info.n_layers - 1)

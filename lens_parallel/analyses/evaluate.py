@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel.bridges import check_model
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import Edit, as_edits, compile_hooks, describe_edit, noop
@@ -57,6 +58,7 @@ def document_losses(
         >>> losses.n_tokens.tolist()  # scored tokens per document
         [15, 15, 15, 15]
     """
+    check_model(model)
     opts = resolve_options(options, changes, defaults={"progress": False})
     job = EditJob("edited", as_edits(edits))
     return run_sweep(model, documents, [job], options=opts, desc="loss")[job]
@@ -143,6 +145,7 @@ def evaluate(
         >>> type(effect).__name__
         'EditEffect'
     """
+    check_model(model)
     s, opts = resolve(EvaluateSettings, settings, options, protocol, changes, option_defaults={"progress": False})
     n_resamples, seed = s.n_resamples, s.seed
     edits = as_edits(edits)

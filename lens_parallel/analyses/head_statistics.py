@@ -39,13 +39,14 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.analyses.sensitivity import SensitivityResult
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import EditPositions, HeadStatistic, StatisticAblation
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import check_positions
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import Reducer, head_layers
-from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.models import ModelInfo
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots import sensitivity as plots
 from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
@@ -212,8 +213,8 @@ def head_statistics(
         >>> type(stats).__name__
         'HeadStatistics'
     """
+    info = check_model(model)
     s, opts = resolve(HeadStatisticsSettings, settings, options, protocol, changes)
-    info = model_info(model)
     docs = Documents.of(documents, model)
     layer_idx, skipped = head_layers(info, s.layers, what="head_statistics")
     metric = _StatisticsMetric(info, layer_idx, s.ablation, s.positions, s.eps)

@@ -45,6 +45,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import Groups, Null
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike, document_batches
@@ -311,8 +312,8 @@ def causal_null(
         >>> type(null).__name__
         'NullResult'
     """
+    info = check_model(model)
     s, opts = resolve(NullSettings, settings, options, protocol, changes)
-    info = model_info(model)
     docs = Documents.of(documents, model)
     layers, skipped = head_layers(info, None, what="the causal null (value heads' cosines)")
     softmax = info.softmax_layers
@@ -408,7 +409,7 @@ def gqa_alignment(
         >>> type(result).__name__
         'NullResult'
     """
-    info = model_info(model)
+    info = check_model(model)
     if info.n_kv_heads == 1:
         raise LensParallelError(
             f"{info.name}: all {info.n_heads} query heads share one kv head, so there is no other group to compare "

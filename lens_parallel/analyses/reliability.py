@@ -25,6 +25,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.analyses.nulls import NullResult, NullSettings, causal_null, gqa_alignment, is_grouped
 from lens_parallel.analyses.registry import Analysis, register_analysis
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation, EditPositions, Null
 from lens_parallel.distributed import check_workers
 from lens_parallel.documents import Documents, DocumentsLike
@@ -174,6 +175,7 @@ def split_half_reliability(
         >>> type(rel).__name__
         'SplitHalfResult'
     """
+    check_model(model)
     s, opts = resolve(SanitySettings, settings, options, protocol, changes)
     docs = Documents.of(documents, model)
     check_documents(len(docs))
@@ -299,6 +301,7 @@ def sanity_report(
         >>> type(report).__name__
         'SanityReport'
     """
+    check_model(model)
     s, opts = resolve(SanitySettings, settings, options, protocol, changes)
     docs = Documents.of(documents, model)
     check_documents(len(docs))

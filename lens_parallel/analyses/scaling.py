@@ -22,12 +22,13 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.analyses.registry import Analysis, register_analysis
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import EditPositions, HeadsAll, ReferenceGuard, ScaleMetric, Space, ValueSite
 from lens_parallel.documents import Documents, DocumentsLike, TextWindows
 from lens_parallel.edits import ComponentScale, check_positions
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.losses import DocLosses, EditEffect, edit_effect
-from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.models import ModelInfo
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.scaling import scaling_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
@@ -317,6 +318,7 @@ def scale_sweep(
         >>> type(sweep).__name__
         'ScalingResult'
     """
+    info = check_model(model)
     s, opts = resolve(ScaleSettings, settings, options, protocol, changes)
     if s.metric == "word_perplexity" and not isinstance(documents, TextWindows):
         raise LensParallelError(
@@ -324,7 +326,6 @@ def scale_sweep(
             "lens_parallel.downstream.perplexity.text_windows(model, texts, window=...), "
             f"not {type(documents).__name__}"
         )
-    info = model_info(model)
     docs = Documents.of(documents, model)
     space_layers = _space_layers(s, info)
     noops, points = _jobs(s, space_layers)

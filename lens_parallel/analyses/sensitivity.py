@@ -16,12 +16,13 @@ import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.analyses.registry import Analysis, register_analysis
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation, EditPositions, SignFlipWeights
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import LINEAR_ABLATIONS, check_positions
 from lens_parallel.hooks import head_layers, softmax_layers
 from lens_parallel.losses import DocLosses, edit_effect
-from lens_parallel.models import head_label, model_info
+from lens_parallel.models import head_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.sensitivity import sensitivity_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
@@ -179,8 +180,8 @@ def head_sensitivity(
         >>> sens.to_dataframe().shape[0]  # one row per head of layer 0, and one for all of them
         5
     """
+    info = check_model(model)
     s, opts = resolve(SensitivitySettings, settings, options, protocol, changes)
-    info = model_info(model)
     docs = Documents.of(documents, model)
     if s.ablation in LINEAR_ABLATIONS:
         layer_idx, skipped = head_layers(info, s.layers, what=f"a {s.ablation} head ablation")

@@ -30,6 +30,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel.bridges import check_model
 from lens_parallel.choices import ContextForm
 from lens_parallel.downstream.data import (
     LOCAL_TASKS,
@@ -312,6 +313,7 @@ def task_effects(
         >>> type(result).__name__
         'TaskResult'
     """
+    check_model(model)
     refuse_renamed(changes, {"task_settings": "settings"}, where="task_effects")
     s, opts = resolve(TaskSettings, settings, options, protocol, changes)
     named = named_edits(edits)

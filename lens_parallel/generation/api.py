@@ -16,12 +16,12 @@ import plotly.graph_objects as go
 from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
+from lens_parallel.bridges import check_model
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import UNEDITED, Settings, compile_hooks, decode_safe, describe_edit, named_edits
 from lens_parallel.errors import LensParallelError
 from lens_parallel.generation.decode import Decoded, Sampling, cut_at_stop, decode_batch, end_of_sequence
 from lens_parallel.losses import unembedding
-from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.paths import check_writable
 from lens_parallel.plots.texts import html_page, shared_prefix, texts_table
@@ -275,10 +275,10 @@ def generate(
         >>> out.settings
         ('unedited', 'ZeroDiagonal')
     """
+    info = check_model(model)
     s, opts = resolve(GenerateSettings, settings, options, protocol, changes)
     if opts.batch_size == "auto":
         raise LensParallelError("generate takes an integer batch_size (prompts per forward), not 'auto'")
-    info = model_info(model)
     named = {UNEDITED: (), **({} if edits is None else named_edits(edits))}
     hooks = {name: compile_hooks(model, setting) for name, setting in named.items()}
     cached = {name: decode_safe(setting, info) for name, setting in named.items()}
