@@ -82,8 +82,11 @@ class Documents:
           padding dropped, so every document runs at positions 0, 1, ... as if alone;
         - :class:`~lens_parallel.data.TokenBlocks`, :class:`TextWindows` or :class:`Documents` (as they are).
 
-        Padding is never text: a tensor (or equal-length lists) whose rows begin or end in runs of the tokenizer's
-        pad id of different lengths, given without a mask, is refused in one line (pass the mask, or the texts).
+        Padding is never text, and text is never refused: a tensor (or equal-length lists) whose rows begin or end in
+        padding that cannot be text, given without a mask, is refused in one line (pass the mask, or the texts);
+        token blocks cut from a corpus (documents joined by the EOS, as TransformerLens's
+        ``tokenize_and_concatenate`` makes them, separators at the rows' edges included) are text
+        (:func:`_refuse_padding` says how the two are told apart).
         Token ids outside the vocabulary are refused. ``model`` is needed for text, masks and the checks; without it
         only TokenBlocks, TextWindows, Documents and token ids are taken, unchecked.
         """
@@ -124,6 +127,10 @@ class Documents:
     def __post_init__(self) -> None:
         if len(self.lengths) != len(self.tokens) or len(self.tokens) == 0:
             raise LensParallelError(f"{len(self.tokens)} documents but {len(self.lengths)} lengths")
+        if self.tokens.shape[1] < 2:
+            raise LensParallelError(
+                f"documents of {self.tokens.shape[1]} token: each needs 2 at least (a first token and one scored)"
+            )
         if int(self.lengths.min()) < 2 or int(self.lengths.max()) > self.tokens.shape[1]:
             raise LensParallelError(
                 f"document lengths must be 2..{self.tokens.shape[1]} (a first token and one scored token at least), "
@@ -236,9 +243,11 @@ def _need(model: TransformerBridge | None, what: str) -> TransformerBridge:
 def _token_tensor(value: object, what: str) -> Int[Tensor, "batch pos"]:
     """``value`` as a ``[batch, pos]`` integer tensor (a ``[pos]`` one as one row; lists converted)."""
     tokens = value if isinstance(value, Tensor) else torch.as_tensor(value, device="cpu")
+    if tokens.numel() == 0:
+        raise LensParallelError(f"{what} are empty ({_shown(tokens)}): give one document of 2 tokens at least")
     if tokens.ndim == 1:
         tokens = tokens[None]
-    if tokens.ndim != 2 or tokens.dtype not in (torch.int32, torch.int64, torch.bool) or tokens.numel() == 0:
+    if tokens.ndim != 2 or tokens.dtype not in (torch.int32, torch.int64, torch.bool):
         raise LensParallelError(f"{what} must be integers [batch, pos], got {_shown(tokens)}")
     return tokens.long() if tokens.dtype != torch.int64 else tokens
 
@@ -310,12 +319,27 @@ def _masked_documents(model: TransformerBridge, batch: Mapping[str, Any]) -> Doc
 
 
 def _refuse_padding(tokens: Int[Tensor, "batch pos"], model: TransformerBridge | None) -> None:
-    """Refuse, in one line, rows that begin or end in runs of the pad id of different lengths (a padded batch)."""
+    """Refuse, in one line, rows whose edges hold padding that cannot be text (a padded batch given without its mask).
+
+    Text is never refused. Runs of the tokenizer's pad id at the rows' edges are padding only when they differ in
+    length across rows and cannot be text. They are text where the pad id also stands inside a row (a packed corpus:
+    documents joined by it, empty documents making longer runs); otherwise, where the pad id is the tokenizer's BOS
+    or EOS (GPT-2's), the separator packed corpora put between documents, when no longer than text puts at an edge
+    (one separator at the end; BOS and a separator at the beginning, as TransformerLens's
+    ``tokenize_and_concatenate`` makes rows); a dedicated pad id (Qwen's ``<|endoftext|>`` beside an instruct EOS)
+    at an edge alone is padding. So ``to_tokens([...])``'s padding is refused and a corpus cut into blocks is taken
+    as given; one token of padding by a pad id that is the EOS cannot be told from a separator: pass the mask."""
     if model is None or (pad := getattr(model.tokenizer, "pad_token_id", None)) is None or len(tokens) < 2:
         return
     is_pad = (tokens == pad).int()
-    for side, runs in (("end", is_pad.flip(1).cumprod(1).sum(1)), ("begin", is_pad.cumprod(1).sum(1))):
-        if int(runs.max()) != int(runs.min()):
+    begin, end = is_pad.cumprod(1).sum(1), is_pad.flip(1).cumprod(1).sum(1)
+    position = torch.arange(tokens.shape[1], device=tokens.device)[None]
+    inside = (position >= begin[:, None]) & (position < tokens.shape[1] - end[:, None])
+    if bool((is_pad.bool() & inside).any()):  # a packed corpus: the pad id separates documents inside a row
+        return
+    separator = pad in (model.tokenizer.bos_token_id, model.tokenizer.eos_token_id)
+    for side, runs, text in (("end", end, int(separator)), ("begin", begin, 2 * int(separator))):
+        if int(runs.max()) != int(runs.min()) and int(runs.max()) > text:
             raise LensParallelError(
                 f"these tokens look padded: row {int(runs.argmax())} {side}s in {int(runs.max())} pad tokens, row "
                 f"{int(runs.argmin())} in {int(runs.min())} ({model.tokenizer.pad_token!r}, id {pad}), which would "

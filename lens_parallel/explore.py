@@ -65,7 +65,7 @@ from lens_parallel.plots import explore as plots
 from lens_parallel.results import Provenance
 from lens_parallel.spaces import HEAD_SPACES
 from lens_parallel.sweep import Batch, EditJob, TokenNLL, run_rows, run_sweep
-from lens_parallel.validate import check_choice, check_finite, check_non_negative_int
+from lens_parallel.validate import check_choice, check_finite, check_non_negative_int, did_you_mean
 
 SPACES: tuple[HeadSpace, ...] = HEAD_SPACES
 """Spaces the explorer shows: those with a per-head level (the two value spaces and each head's residual write)."""
@@ -174,9 +174,12 @@ class Explorer:
         """Change any of space, layer, head, doc, s_par, s_perp, all_heads, edit, seed (checked first) and return
         the view."""
         state = self.state | changes
-        unknown = set(changes) - {"space", "layer", "head", "doc", "s_par", "s_perp", "all_heads", "edit", "seed"}
-        if unknown:
-            raise LensParallelError(f"unknown explorer settings {sorted(unknown)}")
+        known = ("space", "layer", "head", "doc", "s_par", "s_perp", "all_heads", "edit", "seed")
+        if unknown := sorted(set(changes) - set(known)):
+            raise LensParallelError(
+                f"unknown explorer setting {unknown[0]!r}{did_you_mean(unknown[0], known)}; accepted: "
+                f"{', '.join(known)}"
+            )
         check_choice("space", state["space"], HeadSpace)
         check_indices("layer", state["layer"], self.info.n_layers)
         linear = not self.info.kind(state["layer"]).pattern

@@ -42,8 +42,8 @@ from lens_parallel.choices import LayerType
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
 from lens_parallel.layers import GATE_HOOKS, LAYER_KINDS, LayerKind, block_roles, layer_kind
 from lens_parallel.paths import cache_dir, cached_folder
-from lens_parallel.toys import TOY_MODELS, find_toy
-from lens_parallel.validate import check_positive_int
+from lens_parallel.toys import TOY_MODELS, architecture_toys, find_toy
+from lens_parallel.validate import check_positive_int, did_you_mean
 from lens_parallel.weights import REAL_MODELS, real_model_folder
 
 
@@ -526,7 +526,10 @@ def check_spec(spec: str) -> str:
     if Path(spec).expanduser().is_dir():
         return "folder"
     if spec.startswith("toy-") or spec.count("/") != 1 or spec.startswith(("/", ".", "~")):
-        raise ModelSpecError(f"unknown model spec {spec!r} (not a toy model, nor an existing folder); {_accepted()}")
+        raise ModelSpecError(
+            f"unknown model spec {spec!r}{did_you_mean(spec, [*TOY_MODELS, *architecture_toys(), *REAL_MODELS])} (not "
+            f"a toy model, nor an existing folder); {_accepted()}"
+        )
     return "hub"
 
 

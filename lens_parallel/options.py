@@ -26,6 +26,7 @@ from lens_parallel.validate import (
     check_non_negative_int,
     check_positive_int,
     check_ray_address,
+    did_you_mean,
 )
 
 
@@ -158,10 +159,15 @@ def split_changes(
     """Keyword shortcuts split into (settings changes, run-option changes); an unknown name is one line listing both,
     a renamed one (:data:`RENAMED`) one line naming its new spelling."""
     refuse_renamed(changes, {old: new for old, new in RENAMED.items() if new in settings_fields}, where=where)
-    unknown = sorted(set(changes) - set(settings_fields) - set(RUN_FIELDS))
-    if unknown:
+    if "attention_mask" in changes:
         raise LensParallelError(
-            f"unknown option(s) {unknown}; accepted: {', '.join(settings_fields)} (settings) and "
+            f"{where}: attention_mask= (TransformerLens's keyword) travels with the tokens here: pass "
+            "{'input_ids': tokens, 'attention_mask': mask} as the documents (or the tokenizer's batch itself)"
+        )
+    if unknown := sorted(set(changes) - set(settings_fields) - set(RUN_FIELDS)):
+        raise LensParallelError(
+            f"unknown option {unknown[0]!r}{did_you_mean(unknown[0], (*settings_fields, *RUN_FIELDS))}"
+            f"{f' (and {unknown[1:]})' if unknown[1:] else ''}; accepted: {', '.join(settings_fields)} (settings) and "
             f"{', '.join(RUN_FIELDS)} (RunOptions)"
         )
     settings = {k: v for k, v in changes.items() if k in settings_fields}
@@ -249,7 +255,9 @@ def resolve(
         import lens_parallel.protocols  # noqa: F401  (registers the package's protocols; imported on first use)
 
         if protocol not in PROTOCOLS:
-            raise LensParallelError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS) or 'none'}")
+            raise LensParallelError(
+                f"unknown protocol {protocol!r}{did_you_mean(protocol, PROTOCOLS)}; known: {', '.join(PROTOCOLS)}"
+            )
         settings = PROTOCOLS[protocol].settings_for(cls)
     base = cls() if settings is None else settings
     if not isinstance(base, cls):

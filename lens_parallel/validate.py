@@ -5,6 +5,7 @@ Each raises :class:`~lens_parallel.errors.LensParallelError` with what was wrong
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import typing
@@ -19,11 +20,28 @@ def literal_values(choice: Any) -> tuple[Any, ...]:
     return tuple(typing.get_args(choice))
 
 
+def did_you_mean(value: object, accepted: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` naming the one of ``accepted`` closest to a misspelt ``value`` (difflib's ratio at
+    least 0.6), or "" when none is close.
+
+    Examples:
+        >>> did_you_mean("valeu", ["value", "residual-attn"])
+        " (did you mean 'value'?)"
+    """
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, [str(a) for a in accepted], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def check_choice(what: str, value: object, choice: Any) -> Any:
-    """``value`` if it is one of ``choice``'s values, else a :class:`LensParallelError` naming them."""
+    """``value`` if it is one of ``choice``'s values, else a :class:`LensParallelError` naming them (and the closest,
+    for a misspelling)."""
     accepted = literal_values(choice)
     if not isinstance(value, str) or value not in accepted:
-        raise LensParallelError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
+        raise LensParallelError(
+            f"unknown {what} {value!r}{did_you_mean(value, accepted)}; accepted: {', '.join(accepted)}"
+        )
     return value
 
 

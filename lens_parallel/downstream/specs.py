@@ -22,6 +22,7 @@ from lens_parallel.choices import Space
 from lens_parallel.edits import EDITS, ComponentScale, Edit
 from lens_parallel.errors import LensParallelError
 from lens_parallel.spaces import SPACES
+from lens_parallel.validate import did_you_mean
 
 
 def spec_kinds() -> tuple[str, ...]:
@@ -52,7 +53,10 @@ def parse_spec(spec: str) -> Edit:
             raise LensParallelError(f"edit spec {spec!r}: {part!r} is not key=value")
         fields[key.strip().replace("-", "_")] = _value(value.strip())
     if kind not in spec_kinds():
-        raise LensParallelError(f"edit spec {spec!r}: unknown kind {kind!r}; accepted: {', '.join(spec_kinds())}")
+        raise LensParallelError(
+            f"edit spec {spec!r}: unknown kind {kind!r}{did_you_mean(kind, spec_kinds())}; accepted: "
+            f"{', '.join(spec_kinds())}"
+        )
     for name in ("s_par", "s_perp", "eps"):
         if isinstance(fields.get(name), int):
             fields[name] = float(fields[name])

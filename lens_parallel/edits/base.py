@@ -29,7 +29,7 @@ from lens_parallel.choices import EditPositions, HeadsAll
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.hooks import ROLE_HOOKS, Hook
 from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.validate import as_indices, check_choice, literal_values
+from lens_parallel.validate import as_indices, check_choice, did_you_mean, literal_values
 
 PatternUse = Literal["none", "diagonal", "rows"]
 """How an edit uses attention-pattern rows: not at all; only each row's diagonal A_tt and its row sum (what a
@@ -174,7 +174,9 @@ def explorer_edits() -> dict[str, tuple[EditKind, Mapping[str, Any]]]:
 def edit_kind(name: str) -> EditKind:
     """The registered edit ``name``, or a :class:`LensParallelError` listing the registered ones."""
     if name not in EDITS:
-        raise LensParallelError(f"unknown edit kind {name!r}; registered: {', '.join(EDITS)}")
+        raise LensParallelError(
+            f"unknown edit kind {name!r}{did_you_mean(name, EDITS)}; registered: {', '.join(EDITS)}"
+        )
     return EDITS[name]
 
 
