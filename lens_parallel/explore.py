@@ -181,15 +181,15 @@ class Explorer:
                 f"{', '.join(known)}"
             )
         check_choice("space", state["space"], HeadSpace)
-        check_indices("layer", state["layer"], self.info.n_layers)
+        (state["layer"],) = check_indices("layer", state["layer"], self.info.n_layers)
         linear = not self.info.kind(state["layer"]).pattern
         if linear and self.info.kind(state["layer"]).heads and state["space"] == "residual-attn":
             raise LensParallelError(
                 f"layer {state['layer']} is a linear-attention layer: residual-attn has no diagonal view there (a "
                 "head's write passes its gated RMSNorm, not linearly through M); choose value or value-exclude-self"
             )
-        check_heads(self.info, state["layer"], state["head"])
-        check_indices("doc", state["doc"], len(self.documents))
+        (state["head"],) = check_heads(self.info, state["layer"], state["head"])
+        (state["doc"],) = check_indices("doc", state["doc"], len(self.documents))
         for name in ("s_par", "s_perp"):
             check_finite(name, state[name])
         if state["edit"] not in explorer_edits():

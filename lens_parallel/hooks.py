@@ -133,14 +133,17 @@ def expand_kv(
 
 def check_indices(kind: str, given: int | Sequence[int] | None, n: int) -> tuple[int, ...]:
     """Validate layer or head indices against a model with ``n`` of them: None means all (0..n-1); an int or a
-    sequence gives a sorted tuple without repeats. Raises ``ValueError`` naming the bad indices and the range."""
+    sequence gives a sorted tuple without repeats, a negative index counting from the end as TransformerLens and
+    Python read it (-1 is the last). Raises ``ValueError`` naming the bad indices and the range."""
     if given is None:
         return tuple(range(n))
     items: list[Any] = [given] if isinstance(given, numbers.Integral) else list(cast(Iterable[Any], given))
-    bad = [i for i in items if not isinstance(i, numbers.Integral) or isinstance(i, bool) or not 0 <= int(i) < n]
+    bad = [i for i in items if not isinstance(i, numbers.Integral) or isinstance(i, bool) or not -n <= int(i) < n]
     if bad or not items:
-        raise LensParallelError(f"{kind} {bad or items} out of range: this model has {kind} 0..{n - 1}")
-    return tuple(sorted({int(i) for i in items}))
+        raise LensParallelError(
+            f"{kind} {bad or items} out of range: this model has {kind} 0..{n - 1} (or -{n}..-1 from the end)"
+        )
+    return tuple(sorted({int(i) % n for i in items}))
 
 
 def check_heads(info: ModelInfo, layer: int, heads: int | Sequence[int] | None) -> tuple[int, ...]:

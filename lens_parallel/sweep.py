@@ -106,7 +106,10 @@ class AblationJob:
     def __post_init__(self) -> None:
         heads: object = (self.heads,) if isinstance(self.heads, (int, np.integer)) else self.heads
         if isinstance(self.layer, bool) or not isinstance(self.layer, (int, np.integer)) or self.layer < 0:
-            raise LensParallelError(f"AblationJob layer must be an integer >= 0, got {self.layer!r}")
+            raise LensParallelError(
+                f"AblationJob layer must be an integer >= 0 (a job says where its sweep starts before it meets a "
+                f"model; the last layer is model.cfg.n_layers - 1), got {self.layer!r}"
+            )
         if not isinstance(heads, (tuple, list)) or not all(
             isinstance(h, (int, np.integer)) and not isinstance(h, bool) and h >= 0 for h in heads
         ):

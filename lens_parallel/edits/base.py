@@ -272,7 +272,7 @@ def as_heads(heads: Heads) -> tuple[int, ...] | HeadsAll | None:
         return "all"
     if isinstance(heads, str):
         raise LensParallelError(f"heads must be head indices, 'all' or None, got {heads!r}")
-    return as_indices(heads, what="heads")
+    return as_indices(heads, what="heads", from_end=False)
 
 
 def store(tensor: Tensor, hook: HookPoint, *, state: dict[str, Tensor], key: str) -> None:

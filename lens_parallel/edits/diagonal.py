@@ -92,7 +92,7 @@ class DiagonalEdit(EditBase):
         check_choice("diagonal space", self.space, HeadSpace)
         check_positions(self.positions)
         check_finite("s_par", self.s_par)
-        object.__setattr__(self, "layers", as_indices(self.layers))
+        object.__setattr__(self, "layers", as_indices(self.layers, from_end=False))
         object.__setattr__(self, "heads", as_heads(self.heads))
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
@@ -210,7 +210,7 @@ class ZeroDiagonal(EditBase):
 
     def __post_init__(self) -> None:
         check_finite("eps", self.eps)
-        object.__setattr__(self, "layers", as_indices(self.layers))
+        object.__setattr__(self, "layers", as_indices(self.layers, from_end=False))
         object.__setattr__(self, "heads", as_heads(self.heads))
 
     def footprint(self, info: ModelInfo) -> Footprint:

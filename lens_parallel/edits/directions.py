@@ -69,7 +69,7 @@ class RandomDirectionRemoval(EditBase):
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise LensParallelError(f"seed must be a non-negative integer, got {self.seed!r}")
-        object.__setattr__(self, "layers", as_indices(self.layers))
+        object.__setattr__(self, "layers", as_indices(self.layers, from_end=False))
         object.__setattr__(self, "heads", as_heads(self.heads))
 
     def footprint(self, info: ModelInfo) -> Footprint:

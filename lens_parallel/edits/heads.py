@@ -72,12 +72,13 @@ class HeadEdit(EditBase):
     def __post_init__(self) -> None:
         check_choice("ablation", self.ablation, Ablation)
         check_positions(self.positions)
+        as_indices(self.layer, what="layers", from_end=False)
         if self.ablation == "mean" and self.means is None:
             raise LensParallelError(
                 "a mean ablation needs means [n_heads, d_head] (e.g. from lens_parallel.sweep.head_means)"
             )
         if not isinstance(self.heads, Tensor):
-            heads = as_indices(self.heads, what="heads")
+            heads = as_indices(self.heads, what="heads", from_end=False)
             if not heads:
                 raise LensParallelError("empty head set: give at least one query head")
             object.__setattr__(self, "heads", heads)

@@ -115,7 +115,7 @@ class ComponentScale(EditBase):
         check_positions(self.positions)
         check_finite("s_par", self.s_par)
         check_finite("s_perp", self.s_perp)
-        object.__setattr__(self, "layers", as_indices(self.layers))
+        object.__setattr__(self, "layers", as_indices(self.layers, from_end=False))
         object.__setattr__(self, "heads", as_heads(self.heads))
         merged_all = self.space == "value-merged" and self.heads == "all"  # value-merged edits every head together
         if self.heads is not None and not SPACES[self.space].per_head and not merged_all:
