@@ -8,7 +8,7 @@ from .analyses.ablation import AblationRun, AblationSettings, run_ablations
 from .analyses.attribution import AttributionResult, AttributionSettings, head_attribution
 from .analyses.compression import CompressionResult, CompressionSettings, compression_error
 from .analyses.confirm import ConfirmResult, ConfirmSettings, confirm
-from .analyses.decompose import DecomposeSettings, DecompositionResult, decompose
+from .analyses.decompose import AlignmentTable, DecomposeSettings, DecompositionResult, decompose
 from .analyses.diagonal import DiagonalSettings, DiagonalView, diagonal_view
 from .analyses.dominance import DominanceResult, DominanceSettings, head_dominance, study_texts
 from .analyses.evaluate import EvaluateSettings, document_losses, evaluate
@@ -75,6 +75,7 @@ __all__ = [
     "AblationJob",
     "AblationRun",
     "AblationSettings",
+    "AlignmentTable",
     "AttributionResult",
     "AttributionSettings",
     "ComponentScale",

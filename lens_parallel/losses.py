@@ -54,6 +54,12 @@ class DocLosses:
     def loss(self) -> float:
         return float(self.loss_sum.sum() / self.n_tokens.sum())
 
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per document: doc, loss_sum, n_tokens and loss (its mean NLL per scored token, nats)."""
+        return pd.DataFrame(
+            {"doc": np.arange(len(self.loss_sum)), "loss_sum": self.loss_sum, "n_tokens": self.n_tokens}
+        ).assign(loss=lambda df: df.loss_sum / df.n_tokens)
+
 
 @serializable
 @dataclass(frozen=True)

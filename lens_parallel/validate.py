@@ -60,6 +60,15 @@ def check_finite(name: str, value: object) -> float:
     return float(value)
 
 
+def check_eps(value: object) -> float:
+    """``eps``, a guard on a norm or a denominator, as a float if it is finite and above 0 (a guard of 0 or below
+    would let a vanishing reference divide), else a :class:`LensParallelError`."""
+    eps = check_finite("eps", value)
+    if eps <= 0:
+        raise LensParallelError(f"eps must be above 0 (the guard on a norm: 1e-8 by default), got {value!r}")
+    return eps
+
+
 def check_positive_int(name: str, value: object) -> int:
     """``value`` if it is an integer >= 1 (not a bool), else a :class:`LensParallelError`."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:

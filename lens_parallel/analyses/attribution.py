@@ -72,7 +72,13 @@ from lens_parallel.spaces import HEAD_SPACES, value_parts
 from lens_parallel.stats import N_RESAMPLES, paired_bootstrap_ci
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, head_means, run_sweep
-from lens_parallel.validate import as_indices, check_choice, check_finite, check_non_negative_int, check_positive_int
+from lens_parallel.validate import (
+    as_indices,
+    check_choice,
+    check_eps,
+    check_non_negative_int,
+    check_positive_int,
+)
 
 
 @serializable
@@ -316,7 +322,7 @@ class AttributionSettings:
         object.__setattr__(self, "layers", as_indices(self.layers))
         check_positive_int("n_resamples", self.n_resamples)
         check_non_negative_int("seed", self.seed)
-        check_finite("eps", self.eps)
+        check_eps(self.eps)
 
 
 class _GradientMetric(Metric[EditJob]):

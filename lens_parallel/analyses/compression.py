@@ -53,7 +53,7 @@ from lens_parallel.plots.compression import compression_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, Job, Metric, SweepPlan, run_rows, run_sweep
-from lens_parallel.validate import check_choice, check_finite, check_positive_int, literal_values
+from lens_parallel.validate import check_choice, check_eps, check_positive_int, literal_values
 
 DEFAULT_METHODS: tuple[MethodLike, ...] = ("int8", "int4-g128", "wanda-50%", "wanda-2:4")
 SUBLAYERS = literal_values(Sublayer)
@@ -210,7 +210,7 @@ class CompressionSettings:
         object.__setattr__(self, "method", tuple(methods))
         check_choice("mode", self.mode, CompressionMode)
         check_choice("scored positions", self.scored, ScoredPositions)
-        check_finite("eps", self.eps)
+        check_eps(self.eps)
 
     def record(self) -> dict[str, Any]:
         """Plain data for provenance (each method by its name)."""

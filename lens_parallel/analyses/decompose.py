@@ -31,6 +31,7 @@ with the number of layers, and the forward stops after the last requested layer.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,7 +65,7 @@ from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_fra
 from lens_parallel.spaces import SPACE_NAMES, SPACES, residual_message, value_parts
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
-from lens_parallel.validate import as_indices, as_tuple, check_choices, check_finite
+from lens_parallel.validate import as_indices, as_tuple, check_choices, check_eps
 
 _SUMS = ("n", "n_degenerate", "cos", "cos_sq", "par_frac", "perp_frac", "coef")
 
@@ -79,6 +80,8 @@ class AlignmentTable:
     value heads), a narrower layer's extra units are NaN and have no row in the data frame. ``n_degenerate``
     counts positions excluded by the eps guard on |m| and |r|.
     ``par_perp_ratio`` (in the data frame) is mean(|m_par|/|m|) / mean(|m_perp|/|m|), a ratio of means.
+    :meth:`DecompositionResult.table` hands it out with its model (``info``), so that :meth:`to_dataframe` gives its
+    tidy rows (every column defined in :mod:`lens_parallel.glossary`).
     """
 
     space: str
@@ -91,8 +94,13 @@ class AlignmentTable:
     par_frac: np.ndarray
     perp_frac: np.ndarray
     par_coef: np.ndarray
+    info: ModelInfo | None = field(default=None, compare=False, repr=False)
 
-    def to_dataframe(self, info: ModelInfo) -> pd.DataFrame:
+    def to_dataframe(self) -> pd.DataFrame:
+        """Tidy rows, one per (layer, head), or per layer for a whole-sublayer update (head <NA>)."""
+        if self.info is None:
+            raise LensParallelError("this AlignmentTable holds no model: take it from DecompositionResult.table()")
+        info = self.info
         values = {
             "n_positions": self.n_positions.astype(np.int64),
             "n_degenerate": self.n_degenerate.astype(np.int64),
@@ -130,15 +138,17 @@ class DecompositionResult(ResultMixin):
     provenance: Provenance
 
     def table(self, space: str, level: str = "head") -> AlignmentTable:
+        """The :class:`AlignmentTable` of ``space`` at ``level`` (arrays ``[layer, unit]``; ``.to_dataframe()`` its
+        rows)."""
         for t in self.tables:
             if t.space == space and t.level == level:
-                return t
+                return dataclasses.replace(t, info=self.info)
         have = ", ".join(f"{t.space}/{t.level}" for t in self.tables)
         raise KeyError(f"no table for space {space!r} at level {level!r}; this result has: {have}")
 
     def to_dataframe(self) -> pd.DataFrame:
         """Tidy rows: one per (space, level, layer, head); head is <NA> for whole-sublayer rows."""
-        return pd.concat([t.to_dataframe(self.info) for t in self.tables], ignore_index=True)
+        return pd.concat([self.table(t.space, t.level).to_dataframe() for t in self.tables], ignore_index=True)
 
     def summary(self) -> pd.DataFrame:
         """One row: the mean over layers and units of the self-cosine and parallel fraction of every space and
@@ -314,7 +324,7 @@ class DecomposeSettings:
     def __post_init__(self) -> None:
         object.__setattr__(self, "space", _normalise_spaces(self.space))
         object.__setattr__(self, "layers", as_indices(self.layers))
-        check_finite("eps", self.eps)
+        check_eps(self.eps)
 
 
 def decompose(

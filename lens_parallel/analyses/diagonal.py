@@ -67,6 +67,7 @@ from lens_parallel.validate import (
     check_bool,
     check_choice,
     check_choices,
+    check_eps,
     check_finite,
     check_non_negative_int,
 )
@@ -333,7 +334,7 @@ class DiagonalSettings:
         object.__setattr__(self, "space", check_choices("diagonal space", as_tuple(self.space), HeadSpace))
         check_finite("s_par", self.s_par)
         check_non_negative_int("doc", self.doc)
-        check_finite("eps", self.eps)
+        check_eps(self.eps)
         check_bool("prompt_boundary", self.prompt_boundary)
 
 

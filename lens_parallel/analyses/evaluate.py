@@ -20,6 +20,7 @@ from lens_parallel.bridges import check_model
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import Edit, as_edits, compile_hooks, describe_edit, noop
+from lens_parallel.errors import LensParallelError
 from lens_parallel.losses import (
     DocLosses,
     EditEffect,
@@ -149,6 +150,11 @@ def evaluate(
     s, opts = resolve(EvaluateSettings, settings, options, protocol, changes, option_defaults={"progress": False})
     n_resamples, seed = s.n_resamples, s.seed
     edits = as_edits(edits)
+    if not edits:
+        raise LensParallelError(
+            "evaluate: no edits (an empty list), so nothing to compare with the matched no-op; give at least one edit "
+            "(document_losses gives the unedited losses)"
+        )
     job = EditJob("edited", edits)
     docs = Documents.of(documents, model)
     run = run_sweep(model, docs, [job], metric=DistributionShift(noop(edits)), options=opts, desc="evaluate")

@@ -54,7 +54,7 @@ from lens_parallel.spaces import value_parts
 from lens_parallel.stats import benjamini_hochberg, split_half_correlations
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
-from lens_parallel.validate import as_indices, check_choice, check_finite, literal_values
+from lens_parallel.validate import as_indices, check_choice, check_eps, literal_values
 
 STATISTICS: tuple[HeadStatistic, ...] = literal_values(HeadStatistic)
 """The four per-head statistics, in the authors' order."""
@@ -190,7 +190,7 @@ class HeadStatisticsSettings:
         check_choice("ablation", self.ablation, StatisticAblation)
         check_positions(self.positions)
         object.__setattr__(self, "layers", as_indices(self.layers))
-        check_finite("eps", self.eps)
+        check_eps(self.eps)
 
 
 def head_statistics(

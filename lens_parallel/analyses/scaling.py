@@ -40,6 +40,7 @@ from lens_parallel.validate import (
     check_bool,
     check_choice,
     check_choices,
+    check_eps,
     check_finite,
     check_non_negative_int,
     check_positive_int,
@@ -195,7 +196,7 @@ class ScaleSettings:
         check_choice("guard", self.guard, ReferenceGuard)
         check_choice("metric", self.metric, ScaleMetric)
         check_choice("site", self.site, ValueSite)
-        check_finite("eps", self.eps)
+        check_eps(self.eps)
         object.__setattr__(self, "layers", as_indices(self.layers))
         if self.heads in ("all", ("all",)):
             object.__setattr__(self, "heads", "all")

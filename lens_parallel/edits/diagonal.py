@@ -50,7 +50,7 @@ from lens_parallel.hooks import (
 )
 from lens_parallel.models import ModelInfo
 from lens_parallel.spaces import ValueParts
-from lens_parallel.validate import as_indices, check_choice, check_finite
+from lens_parallel.validate import as_indices, check_choice, check_eps, check_finite
 
 
 @register_edit("diagonal-scale", "parallel-only scaling written as a change of the attention diagonal A_tt")
@@ -92,6 +92,7 @@ class DiagonalEdit(EditBase):
         check_choice("diagonal space", self.space, HeadSpace)
         check_positions(self.positions)
         check_finite("s_par", self.s_par)
+        check_eps(self.eps)
         object.__setattr__(self, "layers", as_indices(self.layers, from_end=False))
         object.__setattr__(self, "heads", as_heads(self.heads))
 
@@ -209,7 +210,7 @@ class ZeroDiagonal(EditBase):
     )
 
     def __post_init__(self) -> None:
-        check_finite("eps", self.eps)
+        check_eps(self.eps)
         object.__setattr__(self, "layers", as_indices(self.layers, from_end=False))
         object.__setattr__(self, "heads", as_heads(self.heads))
 

@@ -33,7 +33,7 @@ from lens_parallel.hooks import (
     softmax_layers,
 )
 from lens_parallel.models import ModelInfo
-from lens_parallel.validate import as_indices
+from lens_parallel.validate import as_indices, check_eps
 
 
 @register_edit(
@@ -69,6 +69,7 @@ class RandomDirectionRemoval(EditBase):
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise LensParallelError(f"seed must be a non-negative integer, got {self.seed!r}")
+        check_eps(self.eps)
         object.__setattr__(self, "layers", as_indices(self.layers, from_end=False))
         object.__setattr__(self, "heads", as_heads(self.heads))
 

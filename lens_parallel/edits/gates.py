@@ -30,7 +30,7 @@ from lens_parallel.hooks import (
     softmax_layers,
 )
 from lens_parallel.models import ModelInfo
-from lens_parallel.validate import check_choice
+from lens_parallel.validate import check_choice, check_eps
 
 
 @register_edit("gated-removal", "a gated rank-one removal from every head's value aggregate (XSA and its controls)")
@@ -63,6 +63,7 @@ class GatedRemoval(EditBase):
 
     def __post_init__(self) -> None:
         check_choice("gate bound", self.bound, GateBound)
+        check_eps(self.eps)
 
     def footprint(self, info: ModelInfo) -> Footprint:
         return Footprint(("v",) if self.directions is None else (), ("z",), "none", decode_safe=True)
@@ -116,6 +117,9 @@ class LearnedGate(EditBase):
     bias: Float[Tensor, "layer head_index"]
     eps: float = geometry.EPS
     layers: None = None  # every softmax-attention layer
+
+    def __post_init__(self) -> None:
+        check_eps(self.eps)
 
     def footprint(self, info: ModelInfo) -> Footprint:
         return Footprint(("resid_pre", "v"), ("z",), "none", decode_safe=True)

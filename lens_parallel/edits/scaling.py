@@ -47,7 +47,7 @@ from lens_parallel.hooks import (
 )
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.spaces import HEAD_SPACES, SPACES, ValueParts, value_parts
-from lens_parallel.validate import as_indices, check_choice, check_finite
+from lens_parallel.validate import as_indices, check_choice, check_eps, check_finite
 
 
 @register_edit(
@@ -115,6 +115,7 @@ class ComponentScale(EditBase):
         check_positions(self.positions)
         check_finite("s_par", self.s_par)
         check_finite("s_perp", self.s_perp)
+        check_eps(self.eps)
         object.__setattr__(self, "layers", as_indices(self.layers, from_end=False))
         object.__setattr__(self, "heads", as_heads(self.heads))
         merged_all = self.space == "value-merged" and self.heads == "all"  # value-merged edits every head together
