@@ -26,6 +26,8 @@ status 3 and what failed and what to do (:class:`~lens_parallel.errors.Environme
 from __future__ import annotations
 
 import argparse
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import json
@@ -48,9 +50,9 @@ import pandas as pd
 from lens_parallel import protocols  # noqa: F401  (registers the named protocols the parser lists)
 from lens_parallel.choices import SensitivityMethod
 from lens_parallel.cli import SPEC_PATH
-from lens_parallel.errors import EnvironmentFailure, LensParallelError
+from lens_parallel.errors import EnvironmentFailure, LensParallelError, interrupt_message
 from lens_parallel.options import PROTOCOLS, RENAMED, DataOptions, RunOptions, resolve
-from lens_parallel.paths import add_suffix, check_writable
+from lens_parallel.paths import add_suffix, check_writable, write_atomic, write_table
 from lens_parallel.validate import check_non_negative_int, literal_values
 
 OUTPUT_SUFFIXES = (".csv", ".json", ".jsonl", ".npz", ".html", ".png", ".sqlite")
@@ -315,10 +317,17 @@ def write_spec(path: Path = SPEC_PATH) -> Path:
 # -- output ------------------------------------------------------------------------------------------------------
 
 
+_MADE: contextvars.ContextVar[list[Path] | None] = contextvars.ContextVar("made", default=None)
+"""The folders the running command created (the topmost of each path it made), for :func:`_tidy_up`."""
+
+
 def _writable_dir(path: str) -> Path:
     if not path.strip():
         raise LensParallelError("--out is empty: give the folder to write to (or leave --out out for the default)")
     out = Path(path)
+    missing = [folder for folder in (out, *out.parents) if not folder.exists()]
+    if missing and (made := _MADE.get()) is not None:
+        made.append(missing[-1])
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -353,8 +362,8 @@ def _emit(
     these, the sweep ``store`` (when there is one) and the files ``also`` written before."""
     from lens_parallel.plots import save_figure
 
-    result.to_dataframe().to_csv(out / f"{name}.csv", index=False)
-    result.summary().to_csv(out / f"{name}_summary.csv", index=False)
+    write_table(result.to_dataframe(), out / f"{name}.csv")
+    write_table(result.summary(), out / f"{name}_summary.csv")
     saved = result.save(out / name)
     written = [out / f"{name}.csv", out / f"{name}_summary.csv", saved, add_suffix(out / name, ".npz"), *also]
     for i, (fig_name, fig) in enumerate(result.figures().items()):
@@ -529,8 +538,8 @@ def _train(inv: Invocation) -> None:
         )
         name = f"preset {s.preset}"
     table = result.paired_table()
-    table.to_csv(out / "paired.csv", index=False)
-    result.curves().to_csv(out / "curves.csv", index=False)
+    write_table(table, out / "paired.csv")
+    write_table(result.curves(), out / "curves.csv")
     print(
         f"{name}: delta = arm - reference final validation loss (nats/token), paired by seed; mde_paper = the paper's "
         "2.9 sigma/sqrt(n) approximation, mde_80 / mde_90 = exact noncentral-t MDE at 80% / 90% power"
@@ -561,11 +570,11 @@ def _tasks(inv: Invocation) -> None:
     model = load_model(data.model, device=data.device, dtype=getattr(torch, data.dtype))
     result = task_effects(model, named, tasks, settings=s, options=opts)
     table = result.differences()
-    table.to_csv(out / "tasks_differences.csv", index=False)
+    write_table(table, out / "tasks_differences.csv")
     samples = out / "tasks_samples.jsonl"
     result.samples(context="full").to_json(samples, orient="records", lines=True, force_ascii=False)
     page = out / "tasks_samples.html"
-    page.write_text(result.samples_html(), encoding="utf-8")
+    write_atomic(page, lambda f: f.write(result.samples_html().encode()))
     print(f"{result.info.name}: edited - unedited per task (lm-eval's metrics; CI: paired bootstrap over items)")
     cols = [
         "task",
@@ -601,7 +610,7 @@ def _generate(inv: Invocation) -> None:
     result = generate(model, prompts, named, settings=s, options=opts)
     frame = result.to_dataframe()
     page = out / "generate_texts.html"
-    page.write_text(result.html(), encoding="utf-8")
+    write_atomic(page, lambda f: f.write(result.html().encode()))
     print(f"{result.info.name}: continuations per setting (departs_at: first token unlike the unedited one)")
     shown = frame.set_index(["prompt_index", "setting"])[["n_tokens", "departs_at", "text"]]
     used = max(len(line) for line in shown.assign(text="").to_string().splitlines())  # all but the texts
@@ -634,7 +643,7 @@ def _models(inv: Invocation) -> None:
         print(textwrap.fill(about, TERMINAL_WIDTH, initial_indent="    ", subsequent_indent="    "))
     if inv.args.out is not None:
         path = inv.out("models") / "models.csv"
-        table.to_csv(path, index=False)
+        write_table(table, path)
         print("wrote:", path)
 
 
@@ -728,17 +737,37 @@ def run(args: argparse.Namespace) -> int:
     def one_line_warning(message: Warning | str, category: type[Warning], *rest: Any, **kwargs: Any) -> None:
         print(f"lens-parallel {args.command}: warning: {_one_line(message)}", file=sys.stderr)
 
+    made = _MADE.set([])
     try:
         with warnings.catch_warnings():
             warnings.showwarning = one_line_warning
             COMMANDS[args.command].run(Invocation(args.command, COMMANDS[args.command], args))
     except LensParallelError as exc:  # bad input: one line
         print(f"lens-parallel {args.command}: error: {as_flags(args.command, _one_line(exc))}", file=sys.stderr)
-        return 2
+        return _tidy_up(2)
     except EnvironmentFailure as exc:  # the environment failed: what failed and what to do, no traceback
         print(f"lens-parallel {args.command}: could not run: {as_flags(args.command, _one_line(exc))}", file=sys.stderr)
-        return 3
-    return 0  # anything else (LibraryError, a bug inside the package) shows its traceback
+        return _tidy_up(3)
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line, what was kept and how to resume
+        said = interrupt_message(exc) or "stopped before any work finished; nothing was kept"
+        print(f"lens-parallel {args.command}: interrupted: {as_flags(args.command, said)}", file=sys.stderr)
+        return _tidy_up(130)
+    except BaseException:  # anything else (LibraryError, a bug inside the package) shows its traceback
+        _tidy_up(1)
+        raise
+    finally:
+        _MADE.reset(made)
+    return 0
+
+
+def _tidy_up(status: int) -> int:
+    """After a failed or interrupted command: remove every folder it created that holds no file (finished work, a
+    store with its jobs, stays where it is; every file is written whole or not at all); returns ``status``."""
+    for top in _MADE.get() or []:
+        for folder in sorted((p for p in [top, *top.rglob("*")] if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only an empty folder goes
+    return status
 
 
 def _one_line(exc: object) -> str:

@@ -8,12 +8,18 @@
 - :class:`EnvironmentFailure`: **the environment failed**, not the input: a download that cannot reach its
   registry, a kernel this device cannot run. The message says what failed and what to do; the CLI prints it
   without a traceback and exits 3.
+- **Ctrl-C** during a long run raises Python's own ``KeyboardInterrupt``, made by :func:`interrupted` with one line
+  saying what finished work was kept, where, and how to resume, shown as that line alone (the CLI exits 130).
 - :class:`LibraryError`: **the libraries underneath do not behave as this package requires** (a TransformerLens
   hook of an unexpected shape, captured activations that do not reproduce hook_z): an incompatible version or a
   bug. The CLI lets it show its traceback, as any other exception (a bug inside this package).
 """
 
 from __future__ import annotations
+
+import sys
+import types
+from typing import Any
 
 
 class LensParallelError(ValueError):
@@ -58,3 +64,44 @@ class LibraryError(RuntimeError):
         >>> issubclass(lp.LibraryError, RuntimeError)
         True
     """
+
+
+_MESSAGE = "lens_parallel_message"
+"""The attribute that marks a KeyboardInterrupt :func:`interrupted` made (its one line)."""
+
+
+def interrupted(message: str) -> KeyboardInterrupt:
+    """The ``KeyboardInterrupt`` a long run raises when Ctrl-C stops it, ``message`` saying what finished work was
+    kept, where and how to resume. It is Python's own type, so a script still ends as an interrupted process (status
+    130 in a shell), and it shows as that one line, never a traceback: in IPython and Jupyter through its
+    ``_render_traceback_``, in a script through :data:`sys.excepthook`, which this chains once (every other exception
+    goes on to the hook that was there).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> from lens_parallel.errors import interrupted
+        >>> interrupted("3 of 8 jobs kept in store.jsonl")._render_traceback_()
+        ['KeyboardInterrupt: 3 of 8 jobs kept in store.jsonl']
+    """
+    exc = KeyboardInterrupt(message)
+    setattr(exc, _MESSAGE, message)
+    setattr(exc, "_render_traceback_", lambda: [f"KeyboardInterrupt: {message}"])  # noqa: B010  (IPython reads it)
+    if not getattr(sys.excepthook, _MESSAGE, False):
+        sys.excepthook = _one_line_hook(sys.excepthook)
+    return exc
+
+
+def interrupt_message(exc: BaseException) -> str | None:
+    """The line of a KeyboardInterrupt :func:`interrupted` made, or None for any other exception."""
+    return getattr(exc, _MESSAGE, None)
+
+
+def _one_line_hook(previous: Any) -> Any:
+    def hook(kind: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:
+        if (message := interrupt_message(value)) is not None:
+            print(f"KeyboardInterrupt: {message}", file=sys.stderr, flush=True)
+        else:
+            previous(kind, value, tb)
+
+    setattr(hook, _MESSAGE, True)
+    return hook

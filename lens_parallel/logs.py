@@ -121,3 +121,9 @@ def drop_printed_lines(pattern: re.Pattern[str]) -> Iterator[None]:
 
 
 quiet_known_notices()
+
+
+def say(message: str) -> None:
+    """One line for the user on stderr, ``[lens_parallel] message`` (a download, a resumed run), shown every time
+    (a warning would be shown once per place)."""
+    print(f"[lens_parallel] {message}", file=sys.stderr, flush=True)

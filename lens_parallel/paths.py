@@ -24,10 +24,14 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
 from filelock import FileLock
 
 from lens_parallel.errors import LensParallelError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 STALE_AFTER_S = 24 * 3600
@@ -76,6 +80,27 @@ def add_suffix(stem: Path, suffix: str) -> Path:
     """``stem`` with ``suffix`` appended: unlike ``Path.with_suffix``, a dot already in the name stays
     (``toy-qwen3.5_scaling`` + ``.json``, not ``toy-qwen3.json``)."""
     return stem.parent / f"{stem.name}{suffix}"
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write(file)`` into a temporary file beside ``path``, flushed to disk, then renamed onto ``path``: a kill or
+    an error never leaves ``path`` half-written (it holds the old file, or none, or the whole new one)."""
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_table(table: pd.DataFrame, path: str | Path) -> Path:
+    """``table`` as CSV at ``path`` (no index column), written whole or not at all (:func:`write_atomic`)."""
+    text = table.to_csv(index=False).encode()
+    write_atomic(Path(path), lambda f: f.write(text))
+    return Path(path)
 
 
 def sha256_file(path: Path) -> str:

@@ -52,6 +52,7 @@ from lens_parallel.hooks import head_layers
 from lens_parallel.losses import EditEffect
 from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve
+from lens_parallel.paths import write_atomic, write_table
 from lens_parallel.plots.comparison import comparison_figure
 from lens_parallel.results import Provenance, Result, ResultMixin, serializable
 from lens_parallel.validate import as_tuple, check_choices, check_non_negative_int, check_positive_int
@@ -417,12 +418,12 @@ def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: d
     out = Path(out)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     summary = pd.concat([r.summary() for r in reports], ignore_index=True)
-    summary.to_csv(out / "tables" / "summary.csv", index=False)
+    write_table(summary, out / "tables" / "summary.csv")
     tables = {r.name: r.tables() for r in reports}  # built once: every section reads them
     figures = {r.name: r.section_figures() for r in reports}
     for r in reports:
         for section, df in tables[r.name].items():
-            df.to_csv(out / "tables" / f"{r.name.replace('/', '_')}_{section}.csv", index=False)
+            write_table(df, out / "tables" / f"{r.name.replace('/', '_')}_{section}.csv")
         r.save_sections(out / "results")
     side_by_side = len(reports) > 1
     cols = f"grid-template-columns: repeat({len(reports)}, minmax(0, 1fr));"
@@ -446,5 +447,5 @@ def write_report(reports: Sequence[ModelReport], out: str | Path, *, settings: d
         f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body>{''.join(parts)}</body></html>"
     )
     path = out / "report.html"
-    path.write_text(page, encoding="utf-8")
+    write_atomic(path, lambda f: f.write(page.encode()))
     return path

@@ -21,12 +21,11 @@ import importlib
 import importlib.metadata
 import json
 import math
-import os
 import uuid
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -35,7 +34,7 @@ import plotly.graph_objects as go
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelInfo, head_label
-from lens_parallel.paths import add_suffix, check_writable, sha256_file
+from lens_parallel.paths import add_suffix, check_writable, sha256_file, write_atomic
 
 FORMAT = "lens_parallel.result"
 FORMAT_VERSION = 2
@@ -346,19 +345,6 @@ def saved_class(name: str, path: Path | str) -> type:
     return _REGISTRY[name]
 
 
-def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """``write(file)`` into a temporary file beside ``path``, flushed to disk, then renamed onto ``path``."""
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def save_result(result: Any, path: str | Path) -> Path:
     """Write ``path.json`` (format, version, id, the npz's sha256, fields, provenance) and ``path.npz`` (arrays and
     the id); returns the JSON path. Both are written atomically, the ``.npz`` first (module docstring).
@@ -373,7 +359,7 @@ def save_result(result: Any, path: str | Path) -> Path:
     result_id = uuid.uuid4().hex
     arrays[_ID_KEY] = np.array(result_id)
     try:
-        _write_atomic(npz_path, lambda f: np.savez_compressed(f, allow_pickle=False, **arrays))
+        write_atomic(npz_path, lambda f: np.savez_compressed(f, allow_pickle=False, **arrays))
         payload = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
@@ -382,7 +368,7 @@ def save_result(result: Any, path: str | Path) -> Path:
             "data": data,
         }
         text = json.dumps(payload, indent=1, allow_nan=False)
-        _write_atomic(json_path, lambda f: f.write(text.encode()))
+        write_atomic(json_path, lambda f: f.write(text.encode()))
     except OSError as exc:  # the disk filled, or the folder changed under us
         raise LensParallelError(f"cannot save the result to {json_path} ({exc.strerror})") from exc
     return json_path

@@ -95,7 +95,8 @@ class SweepStore:
     def session(self, jobs: Sequence[Keyed]) -> Iterator[dict[str, Values]]:
         """Hold the writer lock (waiting, with a warning, while another process holds it) and yield the finished
         jobs (:meth:`open`); rows are appended (:meth:`append`) inside the session. The lock is the operating
-        system's: it is released when the session ends or its process dies."""
+        system's: it is released when the session ends or its process dies. A store this session created and left
+        without a finished job (a run that failed or was interrupted first) is removed, with its lock file."""
         check_writable(self.path, "store")
         try:
             self.lock.acquire(timeout=0)
@@ -108,10 +109,20 @@ class SweepStore:
             self.lock.acquire()
         except OSError as exc:
             raise LensParallelError(f"store {self.path}: cannot take its lock ({exc.strerror})") from exc
+        new = not self.path.is_file()
         try:
             yield self.open(jobs)
         finally:
+            if new and self._holds_no_row():  # it held no work: a failed or interrupted run leaves no store
+                self.path.unlink(missing_ok=True)
+                Path(self.lock.lock_file).unlink(missing_ok=True)
             self.lock.release()
+
+    def _holds_no_row(self) -> bool:
+        """Whether the store holds its header at most (no finished job)."""
+        with contextlib.suppress(OSError), open(self.path, "rb") as f:
+            return sum(1 for _ in f) <= 1
+        return True
 
     @staticmethod
     def stored_fingerprint(path: str | Path) -> dict[str, Any] | None:

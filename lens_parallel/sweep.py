@@ -66,8 +66,9 @@ from lens_parallel.edits import (
     edit_layers,
     stacked_hooks,
 )
-from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
+from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError, interrupt_message, interrupted
 from lens_parallel.hooks import Hook, LayerStream, Reducer, check_heads, check_indices, forward, softmax_layers
+from lens_parallel.logs import say
 from lens_parallel.losses import DocLosses, chunked_token_nll, scored_sums, unembedding
 from lens_parallel.models import ModelInfo, head_label, model_info, weights_digest
 from lens_parallel.options import RunOptions, refuse_renamed, resolve_options
@@ -651,7 +652,10 @@ def run_sweep(
         model, documents, jobs, metric=metric, ablation=ablation, positions=positions, options=options, changes=changes
     )
     with _stored(model, setup) as (store, done, digest), _one_attention_path(setup):
-        base = _execute(model, setup, store, done, digest, memo=memo, desc=desc)
+        try:
+            base = _execute(model, setup, store, done, digest, memo=memo, desc=desc)
+        except KeyboardInterrupt as exc:
+            raise _stopped(exc, setup.jobs, done, store, desc) from None
     n_tokens = setup.documents.n_tokens
     base_losses = None if base is None else DocLosses(base.double().cpu().numpy(), n_tokens)
     values = {job.key: done[job.key] for job in setup.jobs}
@@ -753,6 +757,8 @@ def _stored(
     print_ = fingerprint(model, setup.documents, setup.metric, setup.plan_fields(), weights=digest)
     store = SweepStore(setup.options.store, print_, len(setup.documents), setup.metric.spec)
     with store.session(setup.jobs) as done:
+        if resumed := sum(job.key in done for job in setup.jobs):
+            say(f"resumed {resumed} of {len(setup.jobs)} jobs from {store.path}")
         yield store, done, digest
 
 
@@ -806,21 +812,42 @@ def _execute(
         digest=digest,
         progress=bar.update,
     )
-    for i, values in finished:
-        bad = []
-        for job, value in zip(chunks[i], values, strict=True):
-            if any(spec.problem(value[n], len(docs)) for n, spec in metric.spec(job).items()):
-                bad.append(job.key)
-                continue
-            done[job.key] = value
-            if store is not None:
-                store.append(job, value)
-        if bad:
-            raise NonFiniteError(
-                f"job(s) {', '.join(bad)} gave a value that is not finite (from finite activations: e.g. a "
-                f"division by a near-zero norm in {next(model.parameters()).dtype}); {metric.name} needs finite "
-                "values: run in float32, or change the edit"
-            )
-        bar.update(len(done) * n_batches - bar.n)  # chunks from Ray workers: counted as they arrive
-    bar.close()
+    try:
+        for i, values in finished:
+            bad = []
+            for job, value in zip(chunks[i], values, strict=True):
+                if any(spec.problem(value[n], len(docs)) for n, spec in metric.spec(job).items()):
+                    bad.append(job.key)
+                    continue
+                done[job.key] = value
+                if store is not None:
+                    store.append(job, value)
+            if bad:
+                raise NonFiniteError(
+                    f"job(s) {', '.join(bad)} gave a value that is not finite (from finite activations: e.g. a "
+                    f"division by a near-zero norm in {next(model.parameters()).dtype}); {metric.name} needs finite "
+                    "values: run in float32, or change the edit"
+                )
+            bar.update(len(done) * n_batches - bar.n)  # chunks from Ray workers: counted as they arrive
+    finally:
+        bar.close()
     return base
+
+
+def _stopped(
+    exc: KeyboardInterrupt, jobs: Sequence[Job], done: dict[str, Values], store: SweepStore | None, desc: str
+) -> KeyboardInterrupt:
+    """The one-line interrupt (:func:`~lens_parallel.errors.interrupted`) of a sweep that Ctrl-C stopped: how many of
+    its jobs finished, and whether they are kept in its store (a rerun resumes from them) or lost (no store); an
+    interrupt already said by a sweep inside this one, as it is."""
+    if interrupt_message(exc) is not None:
+        return exc
+    kept = sum(job.key in done for job in jobs)
+    if not kept:
+        return interrupted(f"{desc}: stopped before any of its {len(jobs)} jobs finished; nothing was kept")
+    where = (
+        f"kept in {store.path}: run the same call again to resume from them"
+        if store is not None
+        else "none kept (store= makes a run resumable)"
+    )
+    return interrupted(f"{desc}: stopped after {kept} of {len(jobs)} jobs finished, {where}")

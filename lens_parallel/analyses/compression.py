@@ -49,6 +49,7 @@ from lens_parallel.hooks import softmax_layers
 from lens_parallel.losses import DocLosses, edit_effect
 from lens_parallel.models import ModelInfo
 from lens_parallel.options import RunOptions, resolve
+from lens_parallel.paths import write_table
 from lens_parallel.plots.compression import compression_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
 from lens_parallel.store import Values, ValueSpec
@@ -511,7 +512,7 @@ def _printed(result: CompressionResult, s: CompressionSettings, display: None) -
 
 
 def _method_table(result: CompressionResult, folder: Path) -> tuple[Path, ...]:
-    result.method_table().to_csv(folder / "compress_methods.csv", index=False)
+    write_table(result.method_table(), folder / "compress_methods.csv")
     return (folder / "compress_methods.csv",)
 
 

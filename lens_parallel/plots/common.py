@@ -16,7 +16,7 @@ from numpy.typing import ArrayLike
 from lens_parallel.errors import LensParallelError
 from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.models import layer_label
-from lens_parallel.paths import add_suffix, check_writable
+from lens_parallel.paths import add_suffix, check_writable, write_atomic
 from lens_parallel.plots.png import png_bytes
 
 TEMPLATE = "plotly_white"
@@ -47,7 +47,7 @@ def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
     html, png = add_suffix(stem, ".html"), add_suffix(stem, ".png")
     written = [check_writable(html, "figure")]
     try:
-        fig.write_html(html, include_plotlyjs=True)
+        write_atomic(html, lambda f: f.write(fig.to_html(include_plotlyjs=True).encode()))
     except OSError as exc:
         raise LensParallelError(f"cannot write the figure {html} ({exc.strerror})") from exc
     try:
@@ -59,7 +59,7 @@ def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
             print(f"(no PNG for {stem.name}: {reason}; the HTML has the figure)", file=sys.stderr)
         return written
     try:
-        png.write_bytes(image)
+        write_atomic(png, lambda f: f.write(image))
     except OSError as exc:
         raise LensParallelError(f"cannot write the figure {png} ({exc.strerror})") from exc
     return [*written, png]
