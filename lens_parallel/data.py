@@ -281,8 +281,9 @@ def token_blocks(
                 break
     if len(rows) < n_docs:
         raise LensParallelError(
-            f"only {len(rows)} of {len(docs)} documents in {corpus!r} have the {seq_len - 1} tokens a block of "
-            f"seq_len={seq_len} needs (longest: {longest} tokens); lower seq_len or n_docs, or give longer texts"
+            f"n_docs={n_docs} blocks asked for, but {corpus!r} has {len(rows)} documents (of {len(docs)}) with the "
+            f"{seq_len - 1} tokens a block of seq_len={seq_len} needs (the longest has {longest}); lower n_docs to "
+            f"{len(rows)} or less, or seq_len, or give more texts"
         )
     return TokenBlocks(
         tokens=torch.tensor(rows, dtype=torch.long, device=model.cfg.device),
