@@ -85,6 +85,15 @@ class TasksCommand:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GlossaryCommand:
+    """Which columns ``glossary`` defines (:mod:`lens_parallel.glossary`)."""
+
+    columns: tuple[str, ...] = field(
+        default=(), metadata={"help": "column names, as the tables have them (default: every one)", "none": "all"}
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class GenerateCommand:
     """What ``generate`` continues: the ``prompt`` texts and/or a ``prompts_file`` (one prompt a line, UTF-8), under
     each of the ``settings`` (edit specs, as ``tasks``) beside the unedited model."""
@@ -663,6 +672,16 @@ def _protocols(inv: Invocation) -> None:
         print(f"\n{p.name}: {p.description}")
 
 
+def _glossary(inv: Invocation) -> None:
+    from lens_parallel.glossary import glossary_table
+
+    table = glossary_table(inv.settings(GlossaryCommand).columns or None)
+    width = max(map(len, table.column)) + 2
+    for row in table.itertuples(index=False):
+        wrapped = textwrap.wrap(row.definition, TERMINAL_WIDTH - width)
+        print(f"{row.column:<{width}}{wrapped[0]}", *(" " * width + line for line in wrapped[1:]), sep="\n")
+
+
 def _registry() -> dict[str, Any]:
     from lens_parallel.analyses.registry import analyses
 
@@ -723,6 +742,12 @@ def _commands() -> dict[str, Command]:
         ),
         "models": Command("list the models that load offline now and those that need the hub", _models, run_fields=()),
         "protocols": Command("list the named protocols (a study's saved settings)", _protocols, run_fields=()),
+        "glossary": Command(
+            "define the columns of every table (all, or --columns NAME ...)",
+            _glossary,
+            (GlossaryCommand,),
+            run_fields=(),
+        ),
     }
 
 
@@ -752,6 +777,9 @@ def run(args: argparse.Namespace) -> int:
         said = interrupt_message(exc) or "stopped before any work finished; nothing was kept"
         print(f"lens-parallel {args.command}: interrupted: {as_flags(args.command, said)}", file=sys.stderr)
         return _tidy_up(130)
+    except BrokenPipeError:  # the reader went away (lens-parallel glossary | head): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's advice: no error at exit
+        return 0
     except BaseException:  # anything else (LibraryError, a bug inside the package) shows its traceback
         _tidy_up(1)
         raise

@@ -1,11 +1,12 @@
-"""The ``Args`` and ``Returns`` sections of every public name's docstring, written from the code itself.
+"""The ``Args``, ``Returns`` and ``Columns`` sections of every public name's docstring, written from the code itself.
 
 A public function or class of :mod:`lens_parallel` keeps, in its source, its prose (formula, shapes) and its
 ``Examples:``, plus an ``Args:`` entry only for what is its own. Its other parameters read their description from
 one glossary (:data:`GLOSSARY`: ``model``, ``documents``, ``settings`` are described once), a settings dataclass's
 fields from their ``metadata["help"]`` (the text the command line shows too), and every parameter's type and default
 from the signature; ``**changes`` lists the fields of the function's settings class and of
-:class:`~lens_parallel.options.RunOptions`. :func:`complete` writes the sections (Google style, rendered by
+:class:`~lens_parallel.options.RunOptions`; a result class, and a function returning one, lists its columns with their
+definitions (:mod:`lens_parallel.glossary`). :func:`complete` writes the sections (Google style, rendered by
 mkdocstrings and shown by ``help()``) when the name is first read from the package.
 """
 
@@ -16,7 +17,7 @@ import inspect
 import re
 from typing import Any
 
-SECTIONS = ("Args:", "Returns:", "Examples:")
+SECTIONS = ("Args:", "Returns:", "Columns:", "Examples:")
 GLOSSARY = {
     "model": "the model, a TransformerBridge (:func:`~lens_parallel.models.load_model`)",
     "documents": (
@@ -141,6 +142,18 @@ def _returns(fn: Any, text: str) -> str:
     return f"    {kind}: {' '.join(text.split())}".rstrip()
 
 
+def _columns(obj: Any) -> str:
+    """The ``Columns:`` entries of a result class, or of a function returning one: each column its class names
+    (``columns``) with its definition from :mod:`lens_parallel.glossary`."""
+    cls = obj if inspect.isclass(obj) else _resolve(obj, _kind(inspect.signature(obj).return_annotation))
+    names = getattr(cls, "columns", "") if cls is not None else ""
+    if not isinstance(names, str) or not names:
+        return ""
+    from lens_parallel.glossary import section
+
+    return section(names.split())
+
+
 def complete(obj: Any) -> Any:
     """``obj`` with its docstring's ``Args:`` and ``Returns:`` sections written (see the module docstring); once."""
     if not (inspect.isfunction(obj) or inspect.isclass(obj)) or id(obj) in _DONE:
@@ -162,6 +175,8 @@ def complete(obj: Any) -> Any:
         parts.append("Args:\n" + "\n".join(args))
     if returns:
         parts.append("Returns:\n" + returns)
+    if columns := _columns(obj):
+        parts.append("Columns:\n" + columns)
     if examples := sections.get("Examples:"):
         parts.append("Examples:\n" + "\n".join(f"    {line}" if line else "" for line in examples.splitlines()))
     obj.__doc__ = "\n\n".join(parts)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import einops
 import numpy as np
@@ -79,6 +79,14 @@ class EditEffect(ResultMixin):
         >>> "delta_loss" in effect.to_dataframe().columns
         True
     """
+
+    columns: ClassVar[str] = (
+        "model loss_noop loss_edited delta_loss ppl_noop ppl_edited delta_ppl n_docs n_tokens kl "
+        "top1_agreement delta_loss_lo delta_loss_hi delta_ppl_lo delta_ppl_hi kl_lo kl_hi top1_agreement_lo "
+        "top1_agreement_hi"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     loss_noop: float
     loss_edited: float

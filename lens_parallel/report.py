@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -84,6 +84,18 @@ class ModelReport(ResultMixin):
         >>> isinstance(report, lp.ModelReport)
         True
     """
+
+    columns: ClassVar[str] = " ".join(
+        [
+            "section",
+            *(cls.columns for cls in (DecompositionResult, ScalingResult, DiagonalView, SensitivityResult)),
+            *(cls.columns for cls in (ConfirmResult, SanityReport, EditEffect, TaskResult)),
+            "family n_layers n_heads n_kv_heads self_cos_<space> delta_loss_s_par0_<space> attribution_spearman",
+            "seconds",
+        ]
+    )
+    """The columns of :meth:`to_dataframe` (each section's rows, in its result's columns) and :meth:`summary`,
+    space-separated (:mod:`lens_parallel.glossary` defines each)."""
 
     name: str
     decomposition: DecompositionResult

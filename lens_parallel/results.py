@@ -25,7 +25,7 @@ import uuid
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -227,7 +227,11 @@ class Result(Protocol):
 
 class ResultMixin:
     """What every result dataclass shares: ``info`` from its ``provenance``, ``figures``, ``save`` and ``load``.
-    Results with several figures override :meth:`figures`."""
+    Results with several figures override :meth:`figures`; each names its columns in ``columns``."""
+
+    columns: ClassVar[str] = ""
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each; ``<space>``, ``<setting>``: one column per space or setting)."""
 
     if TYPE_CHECKING:  # what every result class defines (a field or a property)
 

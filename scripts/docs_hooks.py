@@ -4,6 +4,8 @@
   defines it (its docstring, signature with jaxtyping shapes, a dataclass's fields);
 - ``reference/cli.md``: every subcommand and option of ``lens-parallel`` from the saved parser
   (``lens_parallel/assets/cli_spec.json``, the one the command line itself is built from);
+- ``reference/glossary.md``: every column of every table, from :mod:`lens_parallel.glossary` (what ``help()`` and
+  ``lens-parallel glossary`` read);
 
 and ``js/plotly.min.js``, the installed plotly's own, which the notebooks' pages load for their figures. Nothing
 is loaded from outside the site (the theme's fonts are the system's; nbconvert's Mermaid loader is dropped;
@@ -34,6 +36,7 @@ SHORTENED = re.compile(r"<code>~(?:[\w]+\.)*([\w]+)</code>")
 """A literal shortened Sphinx's way (``~package.module.name``), shown as its last part."""
 API_MARK = "<!-- api -->"
 CLI_MARK = "<!-- cli -->"
+GLOSSARY_MARK = "<!-- glossary -->"
 
 
 def _defined_in(name: str) -> str:
@@ -85,8 +88,21 @@ def cli_page() -> str:
     return "\n".join(lines)
 
 
+def glossary_page() -> str:
+    """Markdown: one table row per column name of :mod:`lens_parallel.glossary` and its definition."""
+    from lens_parallel.glossary import glossary_table
+
+    lines = ["| column | definition |", "| --- | --- |"]
+    for row in glossary_table().itertuples(index=False):
+        text = html.escape(row.definition).replace("|", "\\|")
+        lines.append(f"| `{row.column}` | {text} |")
+    return "\n".join(lines)
+
+
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
     """Fill the generated pages' marks."""
+    if GLOSSARY_MARK in markdown:
+        markdown = markdown.replace(GLOSSARY_MARK, glossary_page())
     if API_MARK in markdown:
         markdown = markdown.replace(API_MARK, api_page())
     if CLI_MARK in markdown:

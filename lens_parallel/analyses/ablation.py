@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -45,6 +45,13 @@ class AblationRun(ResultMixin):
         >>> type(run).__name__
         'AblationRun'
     """
+
+    columns: ClassVar[str] = (
+        "model ablation label layer heads document delta_loss n_jobs n_docs loss_base mean_delta_loss "
+        "max_delta_loss max_delta_label"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     ablation: Ablation
     jobs: tuple[AblationJob, ...]

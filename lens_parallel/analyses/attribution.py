@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import einops
 import numpy as np
@@ -97,6 +97,13 @@ class AttributionResult(ResultMixin):
         >>> attr = lp.head_attribution(model, docs, progress=False)
         >>> fig = attr.figure()
     """
+
+    columns: ClassVar[str] = (
+        "model layer head kv_head label layer_type ablation estimate ci_lo ci_hi positions loss n_heads "
+        "top_head top_estimate sum_of_estimates n_docs mean_dloss_ds_par_<space> mean_dloss_ds_perp_<space>"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     ablation: Ablation
     positions: EditPositions

@@ -25,7 +25,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import pandas as pd
@@ -76,6 +76,13 @@ class CompressionResult(ResultMixin):
         >>> err = lp.compression_error(model, docs, method=["int8"], progress=False)
         >>> fig = err.figure()
     """
+
+    columns: ClassVar[str] = (
+        "model method sublayer layer prompt par perp coef loss_dense perp_mean[<method>,<sublayer>] "
+        "par_mean[<method>,<sublayer>] perp_share[<method>,<sublayer>] delta_loss[<method>,<sublayer>]"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     methods: tuple[str, ...]
     layers: tuple[int, ...]

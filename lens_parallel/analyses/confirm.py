@@ -11,7 +11,7 @@ and the median ratio exact / estimate.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -46,6 +46,13 @@ class ConfirmResult(ResultMixin):
         >>> checked = lp.confirm(model, docs, attr, top_k=2, n_random=2, progress=False)
         >>> fig = checked.figure()
     """
+
+    columns: ClassVar[str] = (
+        "model layer head kv_head label layer_type ablation chosen estimate exact exact_lo exact_hi "
+        "exact_over_estimate n_confirmed spearman pearson median_exact_over_estimate top_sign_agreement note"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     ablation: Ablation
     labels: tuple[str, ...]

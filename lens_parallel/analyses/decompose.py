@@ -35,7 +35,7 @@ import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -133,6 +133,14 @@ class DecompositionResult(ResultMixin):
         >>> list(result.to_dataframe().columns[:3])
         ['model', 'space', 'level']
     """
+
+    columns: ClassVar[str] = (
+        "model layer head kv_head label layer_type space level n_positions n_degenerate self_cos "
+        "self_cos_std par_frac perp_frac par_coef par_perp_ratio self_cos[<space>,<level>] "
+        "par_frac[<space>,<level>]"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     tables: tuple[AlignmentTable, ...]
     provenance: Provenance

@@ -29,7 +29,7 @@ import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import einops
 import numpy as np
@@ -95,6 +95,13 @@ class DiagonalView(ResultMixin):
         >>> view = lp.diagonal_view(model, docs, layer=0, head=0, progress=False)
         >>> fig = view.figure()
     """
+
+    columns: ClassVar[str] = (
+        "model layer head kv_head label layer_type space s_par dA_mean dA_min dA_max share_negative "
+        "n_guarded dA_mean[<space>] share_negative[<space>] layer_delta_mean layer_side_effect"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     layer: int
     head: int

@@ -123,6 +123,19 @@ class DominanceResult(ResultMixin):
         >>> fig = dom.figure()
     """
 
+    columns: ClassVar[str] = (
+        "model upstream_layer receiving_layer upstream_type receiving_type text position receiving_head "
+        "label effective_n effective_fraction normalised_concentration top25_share bottom25_share "
+        "heads_for_90 scale n_pairs qkv_observations qkv_effective_fraction qkv_top25_share "
+        "qkv_bottom25_share qkv_heads_for_90 qkv_joint_weak qkv_joint_strong qkv_joint_random qkv_joint_all "
+        "qkv_strong_weak_ratio qkv_weak_smaller js_distance_observations js_distance_effective_fraction "
+        "js_distance_top25_share js_distance_bottom25_share js_distance_heads_for_90 js_distance_joint_weak "
+        "js_distance_joint_strong js_distance_joint_random js_distance_joint_all "
+        "js_distance_strong_weak_ratio js_distance_weak_smaller"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
+
     joint_kinds: ClassVar[tuple[str, ...]] = JOINT
     scales: ClassVar[tuple[str, ...]] = SCALES
 

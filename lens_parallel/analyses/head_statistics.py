@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import einops
 import numpy as np
@@ -77,6 +77,13 @@ class HeadStatistics(ResultMixin):
         >>> stats.to_dataframe().shape[0] > 0
         True
     """
+
+    columns: ClassVar[str] = (
+        "model layer head kv_head label layer_type ablation positions para_ratio para_over_ref edit_over_y "
+        "edit_over_ref n_positions mean_para_ratio mean_para_over_ref mean_edit_over_y mean_edit_over_ref"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     ablation: str
     positions: EditPositions

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import einops
 import numpy as np
@@ -131,6 +131,14 @@ class NullResult(ResultMixin):
         >>> null = lp.causal_null(model, docs, n_resamples=100, progress=False)
         >>> fig = null.figure()
     """
+
+    columns: ClassVar[str] = (
+        "model layer head kv_head label layer_type document cos_self cos_null cos_across null n_heads excess "
+        "self_specific_fraction null_share median_head_self_specific_fraction median_head_null_share "
+        "within_excess across_excess"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     layers: tuple[int, ...]
     seed: int

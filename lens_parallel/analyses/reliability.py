@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -76,6 +76,14 @@ class SplitHalfResult(ResultMixin):
         >>> rel = lp.split_half_reliability(model, docs, progress=False)
         >>> fig = rel.figure()
     """
+
+    columns: ClassVar[str] = (
+        "model layer head kv_head label layer_type ablation half cos_self excess delta_loss r_stat_cos_self "
+        "r_delta_cos_self rho_max_cos_self rho_raw_cos_self rho_disattenuated_cos_self verdict_cos_self "
+        "r_stat_excess r_delta_excess rho_max_excess rho_raw_excess rho_disattenuated_excess verdict_excess"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     ablation: Ablation
     layers: tuple[int, ...]
@@ -249,6 +257,16 @@ class SanityReport(ResultMixin):
         >>> report = lp.sanity_report(model, docs, progress=False)
         >>> fig = report.figure()
     """
+
+    columns: ClassVar[str] = (
+        "model layer head kv_head label layer_type cos_self cos_null excess excess_lo excess_hi "
+        "self_specific_fraction null_share cos_self_A cos_self_B excess_A excess_B delta_loss_A delta_loss_B "
+        "null n_heads median_head_self_specific_fraction median_head_null_share r_stat_cos_self "
+        "r_delta_cos_self rho_max_cos_self rho_raw_cos_self rho_disattenuated_cos_self verdict_cos_self "
+        "r_stat_excess r_delta_excess rho_max_excess rho_raw_excess rho_disattenuated_excess verdict_excess"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     null: NullResult
     split_half: SplitHalfResult

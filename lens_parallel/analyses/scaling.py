@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import pandas as pd
@@ -76,6 +76,14 @@ class ScalingResult(ResultMixin):
         >>> sweep = lp.scale_sweep(model, docs, space="value", s_par=[0.0, 1.0], layers=[0], progress=False)
         >>> fig = sweep.figure()
     """
+
+    columns: ClassVar[str] = (
+        "model space vary s_par s_perp layer loss_noop loss_edited delta_loss delta_loss_lo delta_loss_hi "
+        "ppl_noop ppl_edited delta_ppl delta_ppl_lo delta_ppl_hi n_docs n_tokens "
+        "delta_loss[<space>,<setting>]"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     points: tuple[SweepPoint, ...]
     provenance: Provenance

@@ -8,7 +8,7 @@ Benjamini-Hochberg q-values across all single heads. Runs on the ablation engine
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -46,6 +46,13 @@ class SensitivityResult(ResultMixin):
         >>> sens = lp.head_sensitivity(model, docs, layers=[0], progress=False)
         >>> fig = sens.figure()
     """
+
+    columns: ClassVar[str] = (
+        "model layer head kv_head label layer_type ablation delta_loss ci_lo ci_hi p q_bh loss_base "
+        "most_sensitive_layer max_joint_delta_loss max_head_delta_loss max_head n_heads_q05"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     ablation: Ablation
     layers: tuple[int, ...]

@@ -23,7 +23,7 @@ import html
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -90,6 +90,13 @@ class TaskResult(ResultMixin):
         >>> "task" in result.to_dataframe().columns
         True
     """
+
+    columns: ClassVar[str] = (
+        "task doc_id setting <metric> model tasks average_<metric>_difference[<setting>] "
+        "average_<metric>_difference_lo[<setting>] average_<metric>_difference_hi[<setting>]"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     tasks: tuple[str, ...]
     settings: tuple[str, ...]

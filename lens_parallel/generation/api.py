@@ -8,7 +8,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -93,6 +93,13 @@ class GenerationResult(ResultMixin):
         >>> len(out.tokens[0][0]) <= 4
         True
     """
+
+    columns: ClassVar[str] = (
+        "prompt_index prompt setting text n_tokens finish departs_at model n_prompts mean_tokens[<setting>] "
+        "share_departing[<setting>] mean_departs_at[<setting>]"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     prompts: tuple[str, ...]
     settings: tuple[str, ...]

@@ -23,7 +23,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -329,6 +329,12 @@ class FactorialResult(ResultMixin):
         >>> result = lp.run_design("xsa-small", out="runs/design")  # doctest: +SKIP
         >>> fig = result.figure()  # doctest: +SKIP
     """
+
+    columns: ClassVar[str] = (
+        "arm seed final_val_loss model delta primary n_seeds arms mean_delta ci_lo ci_hi p mde_paper mde_80 plan_hash"
+    )
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     runs: tuple[TrainRun, ...]
     arms: tuple[str, ...]

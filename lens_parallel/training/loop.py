@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import pandas as pd
@@ -73,6 +73,10 @@ class TrainRun(ResultMixin):
         >>> run.arm
         'baseline'
     """
+
+    columns: ClassVar[str] = "arm seed step val_loss model final_val_loss n_params steps wall_s"
+    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
+    defines each)."""
 
     arm: str
     seed: int
