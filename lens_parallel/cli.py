@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import typing
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lens_parallel import __version__
+from lens_parallel.validate import did_you_mean
 
 SPEC_PATH = Path(__file__).resolve().parent / "assets" / "cli_spec.json"
 """The saved parser: :func:`lens_parallel.commands.write_spec` writes it, a test checks that it is current."""
@@ -47,6 +49,9 @@ class _Parser(argparse.ArgumentParser):
     renamed: typing.ClassVar[dict[str, str]] = {}
 
     def error(self, message: str) -> typing.NoReturn:
+        if choice := re.match(r"argument [^:]+: invalid choice: '([^']*)' \(choose from (.*)\)$", message):
+            accepted = re.findall(r"'([^']*)'|([^,\s]+)", choice.group(2))
+            message += did_you_mean(choice.group(1), [quoted or bare for quoted, bare in accepted])
         if message.startswith("unrecognized arguments:"):
             given = message.split(":", 1)[1].split()
             for old in (flag.split("=")[0] for flag in given):

@@ -31,7 +31,7 @@ class LensParallelError(ValueError):
         ...     lp.DecomposeSettings(space=("values",))
         ... except lp.LensParallelError as error:  # a ValueError too
         ...     print(str(error).split(";")[0])
-        unknown space 'values'
+        unknown space 'values' (did you mean 'value'?)
     """
 
 

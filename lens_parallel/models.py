@@ -377,7 +377,25 @@ def wrap_hf_model(
     dtype: torch.dtype = torch.float32,
 ) -> TransformerBridge:
     """Boot a bridge around an in-memory Hugging Face model (wrapped in place: its modules become the bridge's, so
-    training the bridge trains ``hf_model``). The tokenizer must have been loaded from a folder."""
+    training the bridge trains ``hf_model``), with lens_parallel's attention, as :func:`load_model` boots one. The
+    tokenizer must have been loaded from a folder.
+
+    Args:
+        hf_model: a Hugging Face causal LM of an architecture of the support matrix.
+        tokenizer: its tokenizer, loaded from a folder (``AutoTokenizer.from_pretrained(folder)``).
+        name: the name provenance and tables give the model.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> import transformers
+        >>> from lens_parallel.models import toy_folder
+        >>> folder = toy_folder("toy-gpt2")
+        >>> hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+        >>> tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        >>> model = lp.wrap_hf_model(hf_model, tokenizer, name="my-gpt2")
+        >>> lp.model_info(model).name
+        'my-gpt2'
+    """
     _check_architecture(hf_model.config, f"model {name!r}")
     hf_model.to(device=device, dtype=dtype)  # type: ignore[call-arg]  # typed oddly; in place: the bridge wraps it
     model = _boot(name, device=device, dtype=dtype, hf_model=hf_model, tokenizer=tokenizer)

@@ -96,7 +96,8 @@ class SweepStore:
         """Hold the writer lock (waiting, with a warning, while another process holds it) and yield the finished
         jobs (:meth:`open`); rows are appended (:meth:`append`) inside the session. The lock is the operating
         system's: it is released when the session ends or its process dies. A store this session created and left
-        without a finished job (a run that failed or was interrupted first) is removed, with its lock file."""
+        without a finished job (a run that failed or was interrupted first) is removed (its lock file stays: another
+        process may be waiting on it)."""
         check_writable(self.path, "store")
         try:
             self.lock.acquire(timeout=0)
@@ -115,7 +116,6 @@ class SweepStore:
         finally:
             if new and self._holds_no_row():  # it held no work: a failed or interrupted run leaves no store
                 self.path.unlink(missing_ok=True)
-                Path(self.lock.lock_file).unlink(missing_ok=True)
             self.lock.release()
 
     def _holds_no_row(self) -> bool:

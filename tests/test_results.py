@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import pytest
 
 import lens_parallel as lp
-from lens_parallel import results
+from lens_parallel import paths, results
 from lens_parallel.results import FORMAT_VERSION, load_result, qualified_name, result_classes, save_result
 from lens_parallel.training.config import PRESETS
 
@@ -186,14 +186,14 @@ def test_a_result_pair_that_does_not_belong_together_is_refused(tmp_path, monkey
     first.with_suffix(".npz").write_bytes(second.with_suffix(".npz").read_bytes())
     with pytest.raises(lp.LensParallelError, match=r"effect\.npz does not belong to effect\.json \(its sha256"):
         load_result(first)
-    real_replace = results.os.replace  # a kill between the two renames: the new npz, the old JSON
+    real_replace = paths.os.replace  # a kill between the two renames: the new npz, the old JSON
 
     def killed_before_json(src, dst):
         if str(dst).endswith(".json"):
             raise KeyboardInterrupt
         real_replace(src, dst)
 
-    monkeypatch.setattr(results.os, "replace", killed_before_json)
+    monkeypatch.setattr(paths.os, "replace", killed_before_json)
     with pytest.raises(KeyboardInterrupt):
         lp.evaluate(model, blocks, lp.ComponentScale("value", s_par=1.5)).save(tmp_path / "b" / "effect")
     monkeypatch.undo()

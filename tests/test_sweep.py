@@ -140,26 +140,46 @@ def test_weights_changed_in_memory_make_the_store_refused(tmp_path):
     np.testing.assert_array_equal(stored[JOBS[0]].loss_sum, fresh[JOBS[0]].loss_sum)
 
 
-def _open_store(path: str, barrier) -> None:
+def _open_store(path: str, barrier, index: int) -> None:
     barrier.wait()
-    with SweepStore(path, {"run": 1}, 5, DocumentNLL().spec).session([]):
-        pass
+    job = EditJob(f"job{index}", ())
+    store = SweepStore(path, {"run": 1}, 5, DocumentNLL().spec)
+    with store.session([job]):
+        store.append(job, {"loss_sum": np.full(5, float(index))})
 
 
 def test_concurrent_store_creation_writes_one_header(tmp_path):
-    """Processes creating one store at the same moment: the file lock lets exactly one write the header."""
+    """Processes creating one store at the same moment, each finishing a job: the file lock lets exactly one write
+    the header, and every row lands after it."""
     context = multiprocessing.get_context("fork")
     for trial in range(10):
         path = str(tmp_path / f"store{trial}.jsonl")
         barrier = context.Barrier(6)
-        procs = [context.Process(target=_open_store, args=(path, barrier)) for _ in range(6)]
+        procs = [context.Process(target=_open_store, args=(path, barrier, i)) for i in range(6)]
         for p in procs:
             p.start()
         for p in procs:
             p.join(60)
         assert [p.exitcode for p in procs] == [0] * 6
         lines = Path(path).read_text().splitlines()
-        assert len(lines) == 1 and json.loads(lines[0])["fingerprint"] == {"run": 1}
+        assert len(lines) == 7 and json.loads(lines[0])["fingerprint"] == {"run": 1}
+        assert sorted(json.loads(line)["job"] for line in lines[1:]) == [f"job{i}" for i in range(6)]
+
+
+def test_a_store_that_never_held_a_job_is_not_left_behind(tmp_path):
+    """A session that creates a store and finishes no job (a run that failed or was interrupted first) removes it;
+    one that opens an existing store leaves it."""
+    path = tmp_path / "store.jsonl"
+    with SweepStore(path, {"run": 1}, 5, DocumentNLL().spec).session([EditJob("a", ())]):
+        assert path.is_file()  # the header, written at open
+    assert not path.exists()
+    job = EditJob("a", ())
+    store = SweepStore(path, {"run": 1}, 5, DocumentNLL().spec)
+    with store.session([job]):
+        store.append(job, {"loss_sum": np.zeros(5)})
+    with SweepStore(path, {"run": 1}, 5, DocumentNLL().spec).session([EditJob("b", ())]):
+        pass
+    assert len(path.read_text().splitlines()) == 2
 
 
 def test_a_row_whose_numbers_were_changed_is_recomputed_with_a_warning(tmp_path):
@@ -269,7 +289,7 @@ def test_a_non_finite_loss_is_refused_naming_the_job(tmp_path, monkeypatch):
 
 def test_bad_jobs_are_refused_before_any_forward():
     model, blocks = _setup()
-    with pytest.raises(LensParallelError, match="unknown positions 'first'; accepted: all, after-first"):
+    with pytest.raises(LensParallelError, match="unknown positions 'first' \\(did you mean 'after-first'\\?\\); accepted: all, after-first"):
         run_sweep(model, blocks, JOBS[:2], ablation="zero", positions="first")
     with pytest.raises(LensParallelError, match="edits layer 0, before its start layer 2"):
         run_sweep(model, blocks, [EditJob("early", (ComponentScale("value", layers=0),), start_layer=2)])

@@ -82,6 +82,16 @@ class AlignmentTable:
     ``par_perp_ratio`` (in the data frame) is mean(|m_par|/|m|) / mean(|m_perp|/|m|), a ratio of means.
     :meth:`DecompositionResult.table` hands it out with its model (``info``), so that :meth:`to_dataframe` gives its
     tidy rows (every column defined in :mod:`lens_parallel.glossary`).
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> model = lp.load_model("toy-gpt2")
+        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
+        >>> table = lp.decompose(model, docs, progress=False).table("value", "head")
+        >>> table.self_cos.shape  # layers x heads
+        (3, 4)
+        >>> list(table.to_dataframe().columns[:4])
+        ['model', 'space', 'level', 'layer']
     """
 
     space: str
@@ -94,7 +104,9 @@ class AlignmentTable:
     par_frac: np.ndarray
     perp_frac: np.ndarray
     par_coef: np.ndarray
-    info: ModelInfo | None = field(default=None, compare=False, repr=False)
+    info: ModelInfo | None = field(
+        default=None, compare=False, repr=False, metadata={"help": "the model the rows are of (set by table())"}
+    )
 
     def to_dataframe(self) -> pd.DataFrame:
         """Tidy rows, one per (layer, head), or per layer for a whole-sublayer update (head <NA>)."""

@@ -9,6 +9,7 @@ layer from the cached ``resid_pre``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,6 +28,7 @@ from lens_parallel.choices import EditPositions, HeadsAll, ReferenceGuard, Scale
 from lens_parallel.documents import Documents, DocumentsLike, TextWindows
 from lens_parallel.edits import ComponentScale, check_positions
 from lens_parallel.errors import LensParallelError, LibraryError
+from lens_parallel.hooks import check_indices
 from lens_parallel.losses import DocLosses, EditEffect, edit_effect
 from lens_parallel.models import ModelInfo
 from lens_parallel.options import RunOptions, resolve
@@ -336,6 +338,11 @@ def scale_sweep(
             f"not {type(documents).__name__}"
         )
     docs = Documents.of(documents, model)
+    s = dataclasses.replace(  # indices counted from the end (-1) read on this model: the edits count from 0
+        s,
+        layers=None if s.layers is None else check_indices("layers", s.layers, info.n_layers),
+        heads=s.heads if s.heads in (None, "all") else check_indices("heads", s.heads, info.n_heads),
+    )
     space_layers = _space_layers(s, info)
     noops, points = _jobs(s, space_layers)
     unedited = EditJob("unedited", ())
