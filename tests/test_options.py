@@ -115,7 +115,9 @@ def test_keyword_shortcuts_settings_and_protocols_agree():
     assert by_keyword.provenance.settings["options"]["progress"] is False
     protocol = lp.causal_null(model, blocks, protocol="sanity-checks", n_resamples=50, progress=False)
     assert protocol.null == "sampled" and protocol.provenance.settings["null"] == "sampled"
-    with pytest.raises(lp.LensParallelError, match=r"unknown option 'nul' \(did you mean 'null'\?\); accepted: null, groups"):
+    with pytest.raises(
+        lp.LensParallelError, match=r"unknown option 'nul' \(did you mean 'null'\?\); accepted: null, groups"
+    ):
         lp.causal_null(model, blocks, nul="exact")
     renamed = r"^SensitivitySettings: edit= is now ablation= \(give ablation='zero'\)$"
     with pytest.raises(lp.LensParallelError, match=renamed):

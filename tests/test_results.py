@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import pytest
 
 import lens_parallel as lp
-from lens_parallel import paths, results
+from lens_parallel import paths
 from lens_parallel.results import FORMAT_VERSION, load_result, qualified_name, result_classes, save_result
 from lens_parallel.training.config import PRESETS
 

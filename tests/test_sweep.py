@@ -289,7 +289,10 @@ def test_a_non_finite_loss_is_refused_naming_the_job(tmp_path, monkeypatch):
 
 def test_bad_jobs_are_refused_before_any_forward():
     model, blocks = _setup()
-    with pytest.raises(LensParallelError, match="unknown positions 'first' \\(did you mean 'after-first'\\?\\); accepted: all, after-first"):
+    with pytest.raises(
+        LensParallelError,
+        match="unknown positions 'first' \\(did you mean 'after-first'\\?\\); accepted: all, after-first",
+    ):
         run_sweep(model, blocks, JOBS[:2], ablation="zero", positions="first")
     with pytest.raises(LensParallelError, match="edits layer 0, before its start layer 2"):
         run_sweep(model, blocks, [EditJob("early", (ComponentScale("value", layers=0),), start_layer=2)])
