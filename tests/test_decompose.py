@@ -97,7 +97,7 @@ def test_dataframe_figure_and_save_load(tmp_path):
 def test_bad_arguments_fail_before_any_forward():
     model = get_model("toy-gpt2")
     tokens = torch.zeros(2, 8, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"unknown space 'values'; accepted: value, value-exclude-self"):
+    with pytest.raises(ValueError, match=r"unknown space 'values' \(did you mean 'value'\?\); accepted: value, "):
         decompose(model, tokens, space="values")
     with pytest.raises(ValueError, match=r"layers \[3\] out of range: this model has layers 0..2"):
         decompose(model, tokens, layers=[0, 3])

@@ -147,7 +147,7 @@ def test_bad_edits_fail_before_any_forward():
     forwards = []
     count = [("blocks.0.hook_resid_pre", lambda t, hook: forwards.append(1))]
     cases = [
-        (lambda: ComponentScale("values"), r"unknown space 'values'; accepted: value, value-exclude-self"),
+        (lambda: ComponentScale("values"), r"unknown space 'values' \(did you mean 'value'\?\); accepted: value, "),
         (lambda: ComponentScale("value", layers=[3]), r"layers \[3\] out of range: this model has layers 0..2"),
         (lambda: ComponentScale("value", heads=[6]), r"heads \[6\] out of range: this model has heads 0..5"),
         (lambda: ComponentScale("residual-mlp", heads=[0]), r"space 'residual-mlp' has no heads"),

@@ -191,7 +191,7 @@ def test_bad_settings_are_refused_and_leave_the_state(setup):
         ({"head": 6}, "head"),
         ({"doc": 3}, "doc"),
         ({"s_par": float("nan")}, "s_par must be a finite number"),
-        ({"zoom": 2}, "unknown explorer settings"),
+        ({"zoom": 2}, "unknown explorer setting .zoom.; accepted: space, layer, head"),
         ({"edit": "mean"}, "unknown edit 'mean'"),
         ({"seed": -1}, "seed"),
     ):
