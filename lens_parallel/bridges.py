@@ -38,14 +38,19 @@ from lens_parallel.models import ModelInfo, model_info, weights_state
 
 
 def user_hooks(model: TransformerBridge) -> list[str]:
-    """The hook points of ``model`` holding hooks that are not TransformerLens's permanent ones, each by its
-    shortest name (``blocks.0.attn.hook_z`` rather than the module path it aliases)."""
+    """The hook points of ``model`` holding hooks that are not TransformerLens's permanent ones, each by the name
+    TransformerLens documents (``blocks.0.attn.hook_z`` rather than the module path it aliases)."""
     named: dict[int, str] = {}
     for name, point in model.hook_dict.items():
         if point.has_hooks(including_permanent=False):
-            known = named.get(id(point))
-            named[id(point)] = name if known is None or name.count(".") < known.count(".") else known
+            named[id(point)] = min(named.get(id(point), name), name, key=_plainness)
     return sorted(named.values())
+
+
+def _plainness(name: str) -> tuple[int, bool]:
+    """How far a hook point's name is from the one TransformerLens documents: fewer dots, then not a module's own
+    ``hook_in`` / ``hook_out`` (``blocks.1.hook_resid_pre`` over ``blocks.1.hook_in``)."""
+    return name.count("."), name.endswith((".hook_in", ".hook_out"))
 
 
 def _not_a_bridge(model: Any) -> str:

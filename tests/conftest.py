@@ -5,6 +5,9 @@ Every test carries exactly one tier marker, given here by module (``pytest -m un
 - ``unit``: no model is loaded (pure math, statistics, messages, options, style and types); seconds;
 - ``integration``: the toy models of every family (built in memory in about a second each);
 - ``browser``: a real Chromium page (playwright) renders the report or the explorer;
+- ``users``: as users run the package, each in a fresh interpreter or their own objects: the README's and the
+  guides' examples and every command-line example of the documentation, saved results reopened in another process,
+  a bridge they booted, packed blocks, compatibility mode, hooks left on the bridge, Ctrl-C to a running command;
 - ``slow``: the real smollm2-135m (fetched once from PyPI), the notebooks executed end to end, the CLI's
   subcommands end to end (one as a console process), the documentation's build and examples, and the Ray cluster
   tests (each starts processes that import torch afresh);
@@ -40,10 +43,11 @@ def noisy_linear_value(info: Any, space: str, layer: int) -> bool:
     return space.startswith("value") and info.layer_types[layer] == "linear"
 
 
-TIERS = ("unit", "integration", "browser", "slow", "real")
+TIERS = ("unit", "integration", "browser", "users", "slow", "real")
 UNIT_MODULES = frozenset({"test_cache", "test_devices", "test_geometry", "test_messages", "test_stats", "test_style"})
 BROWSER_MODULES = frozenset({"test_explore_browser", "test_png_browser", "test_report_browser"})
-SLOW_MODULES = frozenset({"test_cli", "test_distributed", "test_notebooks", "test_readme", "test_smollm2"})
+USERS_MODULES = frozenset({"test_readme", "test_user_session"})
+SLOW_MODULES = frozenset({"test_cli", "test_distributed", "test_notebooks", "test_smollm2"})
 _MODELS: dict[str, Any] = {}
 _CURRENT_TIER: list[str] = []
 
@@ -51,7 +55,7 @@ _CURRENT_TIER: list[str] = []
 def tier_of(item: pytest.Item) -> str:
     """A test's tier: its own marker (or its module's ``pytestmark``), the most expensive first, else its module's
     listing here."""
-    for tier in ("real", "slow", "browser", "integration", "unit"):
+    for tier in ("real", "slow", "users", "browser", "integration", "unit"):
         if item.get_closest_marker(tier):
             return tier
     module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
@@ -59,6 +63,8 @@ def tier_of(item: pytest.Item) -> str:
         return "unit"
     if module in BROWSER_MODULES:
         return "browser"
+    if module in USERS_MODULES:
+        return "users"
     return "slow" if module in SLOW_MODULES else "integration"
 
 

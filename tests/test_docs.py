@@ -58,16 +58,10 @@ def test_every_notebook_and_guide_is_a_page(site: Path) -> None:
         assert (site / page.relative_to(ROOT / "docs").with_suffix("") / "index.html").is_file()
 
 
-NOT_RUN = {Path("downstream.md"), Path("directional-decomposition.md")}
-"""Pages whose examples the suite does not run: the real smollm2-135m on the quick preset (minutes) and lm-eval's
-WikiText-2 (online); the same calls on toys are in tests/test_downstream.py and
-tests/test_directional_decomposition.py."""
-
-
 def test_every_page_with_python_examples_is_run_by_the_readme_test() -> None:
     ran = {page.relative_to(ROOT / "docs") for page in PAGES}
     examples = {p.relative_to(ROOT / "docs") for p in (ROOT / "docs").rglob("*.md") if "```python" in p.read_text()}
-    assert examples - ran == NOT_RUN
+    assert examples == ran
 
 
 OUTSIDE = re.compile(

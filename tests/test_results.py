@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,7 @@ import pytest
 
 import lens_parallel as lp
 from lens_parallel import paths
+from lens_parallel.glossary import define
 from lens_parallel.results import FORMAT_VERSION, load_result, qualified_name, result_classes, save_result
 from lens_parallel.training.config import PRESETS
 
@@ -217,3 +219,33 @@ def test_damaged_result_files_are_one_line_errors(tmp_path):
     path.write_text(json.dumps(meta))
     with pytest.raises(lp.LensParallelError, match="format version 1; this lens_parallel reads version 2"):
         load_result(path)
+
+
+TABLES = ("to_dataframe", "summary", "method_table", "layer_table", "effects_table", "projection_table", "joint_table",
+          "group_table", "head_table", "correlation_table", "derivatives_table", "differences", "samples", "curves",
+          "finals", "paired_table", "gates", "train_curve", "curve")  # fmt: skip
+"""Every public method of a result that returns a table (``TaskResult.table``'s columns are its tasks' names)."""
+
+
+def _matches(template: str, column: str) -> bool:
+    """Whether a ``columns`` template (``<...>`` stands for any text: a space, a setting) names ``column``."""
+    pattern = "".join(".+" if part.startswith("<") else re.escape(part) for part in re.split(r"(<[^>]+>)", template))
+    return re.fullmatch(pattern, column) is not None
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_every_column_of_every_table_is_defined_in_the_glossary(name, factorial):
+    """Each column a result's tables hold has a definition (:func:`lens_parallel.glossary.define`), and its main
+    tables' columns are the ones its class names (``columns``, which ``help()`` lists)."""
+    result = FACTORIES[name](factorial)
+    declared = type(result).columns.split()
+    assert declared and all(define(template) for template in declared)
+    for method in (m for m in TABLES if hasattr(result, m)):
+        found = getattr(result, method)()
+        frames = found.values() if isinstance(found, dict) else [found]
+        for frame in frames:
+            for column in frame.columns:
+                assert define(str(column)), (name, method, column)
+                if method in ("to_dataframe", "summary"):
+                    assert any(_matches(t, str(column)) for t in declared), f"{name}.columns lacks {column}"
+    assert "Columns:" in (type(result).__doc__ or "") or "Columns:" in getattr(lp, name).__doc__

@@ -1,0 +1,455 @@
+"""A researcher's own session, as TransformerLens users run one: their own objects (a bridge booted from a folder,
+packed token blocks, compatibility mode, hooks left on the bridge, a Hugging Face model, a model's name), their
+habits (``attention_mask=``, ``layers=[-1]``), what they save and reopen in another process, and Ctrl-C to a running
+command and to a Python call. Each case behaves as issue 75 asks: analysed as given and said so in provenance, or
+refused in one line saying what to do."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import transformers
+from transformer_lens.model_bridge import TransformerBridge
+from transformer_lens.utilities.tokenize_utils import tokenize_and_concatenate
+
+import lens_parallel as lp
+from lens_parallel import architectures
+from lens_parallel.errors import LensParallelError
+from lens_parallel.models import UNPROCESSED, toy_folder
+from lens_parallel.results import qualified_name
+from tests.conftest import FAMILIES, get_model
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = ["The cat sat on the mat and looked at the door for a while.", "A dog ran home."]
+
+
+def _fresh(code: str, *, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a fresh interpreter (this environment's Python, not the suite's process)."""
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def _boot(spec: str) -> TransformerBridge:
+    """A bridge as a TransformerLens user boots one: from a saved folder, with TransformerLens's own call."""
+    bridge = TransformerBridge.boot_transformers(str(toy_folder(spec)))
+    bridge.cfg.model_name = spec
+    return bridge
+
+
+# -- results reopen anywhere -------------------------------------------------------------------------------------------
+
+
+def test_saved_results_reopen_in_a_fresh_interpreter(tmp_path):
+    """The README's save / load pattern across processes: results saved here (a decomposition, an edit's effect, a
+    sensitivity sweep and the report battery, whose sections nest other result types) load in an interpreter that
+    imported nothing but ``lens_parallel``, with the same tables; and every class the package saves resolves there
+    by the name its files record."""
+    model = get_model("toy-gpt2")
+    blocks = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
+    made = {
+        "decompose": lp.decompose(model, blocks, space="all", progress=False),
+        "evaluate": lp.evaluate(model, blocks, lp.ZeroDiagonal(), n_resamples=20),
+        "sensitivity": lp.head_sensitivity(model, blocks, layers=[0], n_resamples=20, n_permutations=20),
+        "battery": lp.run_battery(model, blocks, progress=False),
+    }
+    for name, result in made.items():
+        result.save(tmp_path / name)
+    names = [qualified_name(cls) for cls in lp.result_classes()]
+    done = _fresh(
+        f"""
+        import json, sys
+        import lens_parallel as lp
+        from lens_parallel.results import saved_class
+        frames = {{name: lp.load_result(name).to_dataframe().to_json() for name in {list(made)!r}}}
+        resolved = [saved_class(name, "-").__name__ for name in {names!r}]
+        print(json.dumps({{"frames": frames, "resolved": resolved}}))
+        """,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["resolved"] == [name.rsplit(".", 1)[-1] for name in names]
+    for name, result in made.items():
+        pd.testing.assert_frame_equal(
+            pd.read_json(io.StringIO(out["frames"][name])), pd.read_json(io.StringIO(result.to_dataframe().to_json()))
+        )
+
+
+def test_a_cli_output_folder_reopens_in_a_fresh_interpreter(tmp_path):
+    cli = Path(sys.executable).with_name("lens-parallel")
+    ran = subprocess.run(
+        [
+            str(cli),
+            "scale",
+            "--model",
+            "toy-qwen2",
+            "--n-docs",
+            "4",
+            "--seq-len",
+            "16",
+            "--s-par",
+            "0",
+            "--s-perp",
+            "0.5",
+            "--no-progress",
+            "--out",
+            "out",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    code = "import lens_parallel as lp; print(lp.load_result('out/scale').to_dataframe().to_json())"
+    done = _fresh(code, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    reopened = pd.read_json(io.StringIO(done.stdout.splitlines()[-1]))
+    pd.testing.assert_frame_equal(reopened, pd.read_csv(tmp_path / "out" / "scale.csv"), check_dtype=False)
+
+
+def test_a_result_saved_by_another_patch_version_loads(tmp_path):
+    """A class a later version moved to another module is found by its exported name, and a field a later version
+    added with a default takes it, where the files lack it; a field this version does not know is refused."""
+    model = get_model("toy-gpt2")
+    result = lp.decompose(model, TEXTS, progress=False)
+    path = result.save(tmp_path / "r")
+    payload = json.loads(path.read_text())
+    payload["data"]["__class__"] = "lens_parallel.analyses.old_place.DecompositionResult"
+    for table in payload["data"]["tables"]["__tuple__"]:
+        del table["info"]  # a field added since, with a default
+    path.write_text(json.dumps(payload))
+    loaded = lp.load_result(tmp_path / "r")
+    pd.testing.assert_frame_equal(loaded.to_dataframe(), result.to_dataframe())
+    payload["data"]["tables"]["__tuple__"][0]["from_the_future"] = 1
+    path.write_text(json.dumps(payload))
+    with pytest.raises(LensParallelError, match=r"another layout \(missing: \[\], unknown: \['from_the_future'\]\)"):
+        lp.load_result(tmp_path / "r")
+
+
+# -- packed blocks are text --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tokenize_and_concatenate_blocks_are_analysed_as_given(family):
+    """TransformerLens's own packing (documents joined by the EOS, BOS first in every row), of a corpus with empty
+    documents (runs of separators, some at a row's edge): every row is text, whole, and gives the numbers of the
+    same tokens given as Documents."""
+    model = get_model(family)
+    texts = [text if i % 3 else "" for i, text in enumerate(lp.load_texts("austen")[:30])]
+    rows = tokenize_and_concatenate(
+        datasets.Dataset.from_dict({"text": texts}), model.tokenizer, max_length=24, num_proc=None
+    )["tokens"][:12]
+    docs = lp.Documents.of(rows, model)
+    assert docs.lengths.tolist() == [24] * 12
+    given = lp.Documents(rows, torch.full((12,), 24), {"corpus": "packed"})
+    packed = lp.decompose(model, rows, space="value", progress=False).table("value").self_cos
+    np.testing.assert_array_equal(
+        packed, lp.decompose(model, given, space="value", progress=False).table("value").self_cos
+    )
+
+
+def test_separators_at_the_row_edges_are_text_and_real_padding_is_not():
+    """GPT-2's pad id is its EOS: a block that begins with BOS and a separator (two pad ids) beside one that begins
+    with BOS alone is text; TransformerLens's to_tokens([...]) padding is still refused, and taken with its mask."""
+    model = get_model("toy-gpt2")
+    eos = model.tokenizer.eos_token_id
+    words = model.tokenizer(" and the sea was calm that night under the stars", add_special_tokens=False)["input_ids"]
+    rows = torch.tensor([[eos, eos, *words[:8]], [eos, *words[:8], eos], [eos, *words[1:10]]])
+    assert lp.Documents.of(rows, model).lengths.tolist() == [10, 10, 10]
+    padded = model.to_tokens(TEXTS)
+    with pytest.raises(LensParallelError, match="these tokens look padded") as refused:
+        lp.Documents.of(padded, model)
+    assert "\n" not in str(refused.value)
+    lengths = torch.tensor([[len(model.to_tokens(t)[0])] for t in TEXTS])
+    mask = (torch.arange(padded.shape[1])[None] < lengths).long()
+    assert (
+        lp.Documents.of({"input_ids": padded, "attention_mask": mask}, model).lengths.tolist() == mask.sum(1).tolist()
+    )
+
+
+# -- the model a user brings -------------------------------------------------------------------------------------------
+
+
+def test_a_bridge_booted_by_the_user_is_analysed_on_the_same_paths():
+    """TransformerBridge.boot_transformers(folder): the numbers of load_model's bridge, lens_parallel's attention on
+    every softmax layer, and provenance that says so, with the dtype, device and unprocessed weights read off it."""
+    own = _boot("toy-qwen2")
+    result = lp.decompose(own, TEXTS, space="value", progress=False)
+    ours = lp.decompose(get_model("toy-qwen2"), TEXTS, space="value", progress=False)
+    np.testing.assert_allclose(result.table("value").self_cos, ours.table("value").self_cos, rtol=0, atol=1e-6)
+    recorded = result.provenance.model
+    assert list(recorded["attention_paths"]) == ["lens_parallel"] * own.cfg.n_layers
+    assert (recorded["dtype"], recorded["device"], result.provenance.weight_processing) == (
+        "float32",
+        "cpu",
+        UNPROCESSED,
+    )
+
+
+def test_compatibility_mode_is_refused_and_its_no_processing_form_is_said(tmp_path):
+    """enable_compatibility_mode() folds value biases into b_O (hook_v changes): every entry point refuses it in one
+    line saying how to get an unprocessed bridge; with no_processing=True the numbers are the model's and provenance
+    says the mode."""
+    processed = _boot("toy-gpt2")
+    processed.enable_compatibility_mode(disable_warnings=True)
+    calls = [
+        lambda m: lp.decompose(m, TEXTS, progress=False),
+        lambda m: lp.evaluate(m, TEXTS, lp.ZeroDiagonal()),
+        lambda m: lp.causal_null(m, TEXTS),
+        lambda m: lp.generate(m, TEXTS[0], max_new_tokens=2, progress=False),
+        lambda m: lp.explore(m, TEXTS),
+    ]
+    for call in calls:
+        with pytest.raises(LensParallelError, match=r"weights were processed by TransformerLens .*boot it again") as no:
+            call(processed)
+        assert "\n" not in str(no.value) and "no_processing=True" in str(no.value)
+    legacy = _boot("toy-gpt2")
+    legacy.enable_compatibility_mode(no_processing=True, disable_warnings=True)
+    result = lp.decompose(legacy, TEXTS, space="value", progress=False)
+    assert (
+        result.provenance.weight_processing == UNPROCESSED + " (TransformerLens compatibility mode, no_processing=True)"
+    )
+    plain = lp.decompose(get_model("toy-gpt2"), TEXTS, space="value", progress=False)
+    np.testing.assert_allclose(result.table("value").self_cos, plain.table("value").self_cos, rtol=0, atol=1e-6)
+
+
+def test_hooks_left_on_the_bridge_are_refused_by_name():
+    model = _boot("toy-gpt2")
+    model.blocks[0].attn.hook_z.add_hook(lambda z, hook: z * 0)
+    model.add_hook("blocks.1.hook_resid_pre", lambda x, hook: x)
+    with pytest.raises(
+        LensParallelError,
+        match=r"carries hooks lens_parallel did not attach "
+        r"\(blocks\.0\.attn\.hook_z, blocks\.1\.hook_resid_pre\).*model\.reset_hooks\(\)",
+    ):
+        lp.decompose(model, TEXTS, progress=False)
+    model.reset_hooks()
+    assert lp.decompose(model, TEXTS, progress=False).to_dataframe().self_cos.notna().any()
+
+
+WHAT_USERS_TYPE = """
+import json, torch, transformers
+import lens_parallel as lp
+from lens_parallel.models import toy_folder
+
+model = lp.load_model("toy-gpt2")
+texts = ["The cat sat on the mat and looked at the door for a while.", "A dog ran home."]
+tokens = model.to_tokens(texts)
+hf = transformers.AutoModelForCausalLM.from_pretrained(toy_folder("toy-gpt2"))
+calls = {
+    "a name": lambda: lp.decompose("toy-gpt2", texts),
+    "a name, sensitivity": lambda: lp.head_sensitivity("toy-gpt2", texts),
+    "a name, explorer": lambda: lp.explore("toy-gpt2", texts),
+    "a Hugging Face model": lambda: lp.decompose(hf, texts),
+    "None": lambda: lp.causal_null(None, texts),
+    "attention_mask=": lambda: lp.decompose(model, tokens, attention_mask=torch.ones_like(tokens)),
+    "no edits": lambda: lp.evaluate(model, texts, []),
+    "eps=-1": lambda: lp.decompose(model, texts, eps=-1),
+    "eps=0 on an edit": lambda: lp.ComponentScale("value", eps=0),
+    "batch_size=0": lambda: lp.decompose(model, texts, batch_size=0),
+    "a misspelt option": lambda: lp.decompose(model, texts, spcae="value"),
+    "a misspelt model": lambda: lp.load_model("toy-qwen"),
+    "an empty tensor": lambda: lp.decompose(model, torch.zeros(0, dtype=torch.long)),
+    "one-token documents": lambda: lp.decompose(model, [[5], [6]]),
+    "an edit's layer -1": lambda: lp.HeadEdit("zero", -1, 0),
+}
+said = {}
+for name, call in calls.items():
+    try:
+        call()
+        said[name] = "(no error)"
+    except lp.LensParallelError as error:
+        said[name] = str(error)
+print(json.dumps(said))
+"""
+"""What users type that is not accepted, run as they run it (no runtime type checker in front of the package)."""
+
+
+def test_what_users_type_is_one_line_saying_what_to_do(tmp_path):
+    done = _fresh(WHAT_USERS_TYPE, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = json.loads(done.stdout.splitlines()[-1])
+    expected = {
+        "a name": "model: got the string 'toy-gpt2'; load it once and pass the bridge: model = lp.load_model(",
+        "a name, sensitivity": "model = lp.load_model('toy-gpt2')",
+        "a name, explorer": "model = lp.load_model('toy-gpt2')",
+        "a Hugging Face model": "got a Hugging Face GPT2LMHeadModel; bridge it first: lp.wrap_hf_model(hf_model",
+        "None": "model: got NoneType; accepted: a TransformerBridge",
+        "attention_mask=": "attention_mask= (TransformerLens's keyword) travels with the tokens here: pass {",
+        "no edits": "evaluate: no edits (an empty list)",
+        "eps=-1": "eps must be above 0 (the guard on a norm: 1e-8 by default), got -1",
+        "eps=0 on an edit": "eps must be above 0",
+        "batch_size=0": "batch_size must be a positive integer or 'auto', got 0",
+        "a misspelt option": "unknown option 'spcae' (did you mean 'space'?)",
+        "a misspelt model": "unknown model spec 'toy-qwen' (did you mean 'toy-qwen2'?)",
+        "an empty tensor": "tokens are empty (a torch.int64 tensor of shape (0,)): give one document of 2 tokens",
+        "one-token documents": "documents of 1 token: each needs 2 at least (a first token and one scored)",
+        "an edit's layer -1": "layers [-1]: an edit counts layers from 0",
+    }
+    assert set(said) == set(expected)
+    for name, message in expected.items():
+        assert message in said[name] and "\n" not in said[name], (name, said[name])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(toy_folder("toy-gpt2"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(toy_folder("toy-gpt2"))
+    bridged = lp.wrap_hf_model(hf, tokenizer, name="mine")
+    assert lp.decompose(bridged, TEXTS, progress=False).provenance.model["name"] == "mine"
+
+
+def test_transformer_lens_failing_to_bridge_a_config_is_one_line(monkeypatch):
+    from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
+
+    def refuses(cfg):
+        raise RuntimeError("rope_scaling type 'longrope' is not supported\n(see the adapter)")
+
+    refusing = classmethod(lambda _, cfg: refuses(cfg))
+    monkeypatch.setattr(ArchitectureAdapterFactory, "select_architecture_adapter", refusing)
+    with pytest.raises(lp.ModelSpecError) as refused:
+        lp.load_model(str(toy_folder("toy-llama")))
+    said = str(refused.value)
+    assert "TransformerLens cannot bridge LlamaForCausalLM (RuntimeError: rope_scaling type 'longrope' is not " in said
+    assert "\n" not in said
+
+
+# -- habits ------------------------------------------------------------------------------------------------------------
+
+
+def test_transformer_lens_habits():
+    """Indices from the end as TransformerLens reads them, and tables that are data frames."""
+    model = get_model("toy-gpt2")
+    last = lp.decompose(model, TEXTS, layers=[-1], progress=False)
+    assert last.table("value").layers == (model.cfg.n_layers - 1,)
+    assert last.provenance.settings["layers"] == [2]  # as resolved on this model
+    view = lp.diagonal_view(model, TEXTS, layer=-1, head=-1)
+    assert (view.layer, view.head) == (2, 3)
+    same = lp.diagonal_view(model, TEXTS, layer=2, head=3)
+    np.testing.assert_array_equal(view.d_a, same.d_a)
+    table = lp.decompose(model, TEXTS, progress=False).table("value")
+    assert isinstance(table, lp.AlignmentTable) and isinstance(table.to_dataframe(), pd.DataFrame)
+    assert list(table.to_dataframe().label) == [f"L{layer}H{head}" for layer in range(3) for head in range(4)]
+    losses = lp.document_losses(model, TEXTS).to_dataframe()
+    assert list(losses.columns) == ["doc", "loss_sum", "n_tokens", "loss"]
+    np.testing.assert_allclose(losses.loss, losses.loss_sum / losses.n_tokens)
+
+
+def test_help_defines_every_column_an_analysis_returns():
+    doc = lp.decompose.__doc__
+    for column in ("self_cos", "par_frac", "par_coef", "perp_frac", "par_perp_ratio", "n_degenerate"):
+        assert f"    {column}: " in doc.split("Columns:")[1], column
+    assert "m.r / |r|^2" in doc.split("    par_coef: ")[1].splitlines()[0]
+
+
+# -- interrupts and failures -------------------------------------------------------------------------------------------
+
+
+def _rows(store: Path) -> int:
+    return max(0, len(store.read_text().splitlines()) - 1) if store.is_file() else 0
+
+
+def _interrupt_after_a_job(argv: list[str], store: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Start ``argv``, send SIGINT once its store holds a finished job (polled: never a fixed sleep), and wait."""
+    process = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+    )
+    deadline = time.monotonic() + 300
+    while _rows(store) < 1 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before a job finished: give it more jobs"
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(argv, process.returncode, out, err)
+
+
+SWEEP = ["--model", "toy-gpt2", "--n-docs", "48", "--seq-len", "128", "--batch-size", "4", "--no-progress"]
+
+
+def test_ctrl_c_in_a_command_is_one_line_and_the_rerun_resumes(tmp_path):
+    cli = str(Path(sys.executable).with_name("lens-parallel"))
+    argv = [cli, "sensitivity", *SWEEP, "--out", "out/a"]
+    stopped = _interrupt_after_a_job(argv, tmp_path / "out/a/sensitivity_store.jsonl", tmp_path)
+    lines = stopped.stderr.strip().splitlines()
+    assert stopped.returncode == 130 and "Traceback" not in stopped.stderr
+    kept = _rows(tmp_path / "out/a/sensitivity_store.jsonl")
+    assert lines[-1].startswith("lens-parallel sensitivity: interrupted: ")
+    assert f"stopped after {kept} of 15 jobs finished, kept in out/a/sensitivity_store.jsonl: run the same" in lines[-1]
+    assert sorted(p.name for p in (tmp_path / "out/a").iterdir()) == [
+        "sensitivity_store.jsonl",
+        "sensitivity_store.jsonl.lock",
+    ]
+    again = subprocess.run(
+        argv, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=os.environ | {"OMP_NUM_THREADS": "1"}
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"[lens_parallel] resumed {kept} of 15 jobs from out/a/sensitivity_store.jsonl" in again.stderr
+    assert (tmp_path / "out/a/sensitivity.csv").is_file()
+
+
+def test_ctrl_c_in_a_python_call_is_one_line(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import lens_parallel as lp\n"
+        "model = lp.load_model('toy-gpt2')\n"
+        "docs = lp.token_blocks(model, 'austen', n_docs=48, seq_len=128)\n"
+        "lp.head_sensitivity(model, docs, batch_size=4, progress=False, store='store.jsonl')\n"
+    )
+    stopped = _interrupt_after_a_job([sys.executable, str(script)], tmp_path / "store.jsonl", tmp_path)
+    last = stopped.stderr.strip().splitlines()[-1]
+    assert stopped.returncode != 0 and "Traceback" not in stopped.stderr
+    assert last.startswith("KeyboardInterrupt: sweep: stopped after ")
+    assert last.endswith("jobs finished, kept in store.jsonl: run the same call again to resume from them")
+
+
+def test_a_failed_command_leaves_no_empty_folder(tmp_path):
+    cli = str(Path(sys.executable).with_name("lens-parallel"))
+    argv = [cli, "decompose", "--model", "toy-gpt2", "--n-docs", "4", "--seq-len", "16", "--layers", "9"]
+    failed = subprocess.run([*argv, "--out", "new/deeper"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 2 and "layers [9] out of range" in failed.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_the_one_line_interrupt_keeps_every_other_exception_as_it_was():
+    from lens_parallel.errors import interrupted
+
+    made = interrupted("3 of 8 jobs kept")
+    assert type(made) is KeyboardInterrupt and str(made) == "3 of 8 jobs kept"
+    assert made._render_traceback_() == ["KeyboardInterrupt: 3 of 8 jobs kept"]
+    shown = _fresh(
+        """
+        import sys
+        from lens_parallel.errors import interrupted
+        interrupted("kept")
+        sys.excepthook(ValueError, ValueError("other"), None)
+        sys.excepthook(KeyboardInterrupt, interrupted("3 of 8 jobs kept"), None)
+        """,
+        cwd=Path.cwd(),
+    )
+    assert shown.stderr.splitlines()[-2:] == ["ValueError: other", "KeyboardInterrupt: 3 of 8 jobs kept"]
+
+
+def test_architectures_refused_before_the_bridge_stay_refused():
+    """(The one-line TransformerLens failure above is TransformerLens's own; an architecture lens_parallel refuses is
+    refused before TransformerLens is asked.)"""
+    assert "codegen" in architectures.REFUSED
+    with pytest.raises(lp.ModelSpecError, match=r"CodeGenForCausalLM \(codegen\) is refused"):
+        lp.load_model("toy-codegen")
