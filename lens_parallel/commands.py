@@ -47,12 +47,12 @@ from typing import Any, Literal, Union
 
 import pandas as pd
 
-from lens_parallel import protocols  # noqa: F401  (registers the named protocols the parser lists)
 from lens_parallel.choices import SensitivityMethod
 from lens_parallel.cli import SPEC_PATH
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, interrupt_message
-from lens_parallel.options import PROTOCOLS, RENAMED, DataOptions, RunOptions, resolve
+from lens_parallel.options import RENAMED, DataOptions, RunOptions, resolve
 from lens_parallel.paths import add_suffix, check_writable, write_atomic, write_table
+from lens_parallel.protocols import PROTOCOLS
 from lens_parallel.validate import check_non_negative_int, literal_values
 
 OUTPUT_SUFFIXES = (".csv", ".json", ".jsonl", ".npz", ".html", ".png", ".sqlite")

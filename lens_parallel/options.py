@@ -202,37 +202,6 @@ def check_given_once(given: object, changes: dict[str, Any], where: str) -> None
             )
 
 
-@dataclass(frozen=True)
-class NamedProtocol:
-    """A published protocol as saved settings: the settings object of each analysis it covers (``settings``), how
-    its documents are made (``documents``: plain data, see the guides; empty: the caller's), what it reproduces
-    (``source``), and a one-line ``description``. Listed by ``lens-parallel protocols``."""
-
-    name: str
-    description: str
-    source: str
-    settings: tuple[Any, ...] = ()
-    documents: dict[str, Any] = field(default_factory=dict)
-
-    def settings_for(self, cls: type[S]) -> S:
-        for s in self.settings:
-            if type(s) is cls:
-                return s
-        covered = ", ".join(type(s).__name__ for s in self.settings) or "no analysis settings"
-        raise LensParallelError(f"protocol {self.name!r} has no {cls.__name__}; it covers: {covered}")
-
-
-PROTOCOLS: dict[str, NamedProtocol] = {}
-"""Every named protocol by name (registered by :mod:`lens_parallel.protocols`)."""
-
-
-def register_protocol(protocol: NamedProtocol) -> NamedProtocol:
-    if protocol.name in PROTOCOLS:
-        raise ValueError(f"protocol {protocol.name!r} is registered twice")
-    PROTOCOLS[protocol.name] = protocol
-    return protocol
-
-
 def resolve(
     cls: type[S],
     settings: S | None,
@@ -252,13 +221,9 @@ def resolve(
         raise LensParallelError("give settings= or protocol=, not both (a protocol is a saved settings object)")
     given = settings
     if protocol is not None:
-        import lens_parallel.protocols  # noqa: F401  (registers the package's protocols; imported on first use)
+        from lens_parallel.protocols import protocol_settings  # the protocols hold settings objects of the analyses
 
-        if protocol not in PROTOCOLS:
-            raise LensParallelError(
-                f"unknown protocol {protocol!r}{did_you_mean(protocol, PROTOCOLS)}; known: {', '.join(PROTOCOLS)}"
-            )
-        settings = PROTOCOLS[protocol].settings_for(cls)
+        settings = protocol_settings(protocol, cls)
     base = cls() if settings is None else settings
     if not isinstance(base, cls):
         raise LensParallelError(f"settings must be a {cls.__name__}, got {type(base).__name__}")

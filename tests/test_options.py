@@ -15,7 +15,8 @@ import pytest
 import lens_parallel as lp
 from lens_parallel import cli, commands
 from lens_parallel.analyses.registry import analyses
-from lens_parallel.options import PROTOCOLS, DataOptions, RunOptions
+from lens_parallel.options import DataOptions, RunOptions
+from lens_parallel.protocols import PROTOCOLS
 
 LIBRARY_ONLY = [  # inputs beyond a model and documents (a screen, edits, tasks, jobs, prompts): no analysis subcommand
     lp.head_attribution,
