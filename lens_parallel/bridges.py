@@ -27,6 +27,7 @@ battery) reads its model through :func:`check_model`, before any work:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import transformers
@@ -106,7 +107,13 @@ def check_model(model: Any) -> ModelInfo:
             "unrecorded; remove them (model.reset_hooks()) or write the change as an lp.Edit, which every analysis "
             "applies and records"
         )
-    if reason := architectures.bridge_refusal(set(model.hook_dict), model.cfg.n_layers):
-        raise LensParallelError(f"{name}: {reason}")
-    attention.install(model)
+    if model not in _INSTALLED:
+        if reason := architectures.bridge_refusal(set(model.hook_dict), model.cfg.n_layers):
+            raise LensParallelError(f"{name}: {reason}")
+        attention.install(model)
+        _INSTALLED.add(model)
     return model_info(model)
+
+
+_INSTALLED: weakref.WeakSet[TransformerBridge] = weakref.WeakSet()
+"""The bridges :func:`check_model` has given lens_parallel's attention (read once per bridge)."""
