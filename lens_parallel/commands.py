@@ -89,7 +89,7 @@ class GlossaryCommand:
     """Which columns ``glossary`` defines (:mod:`lens_parallel.glossary`)."""
 
     columns: tuple[str, ...] = field(
-        default=(), metadata={"help": "column names, as the tables have them (default: every one)", "none": "all"}
+        default=(), metadata={"help": "column names, as the tables have them", "none": "every column"}
     )
 
 
@@ -205,9 +205,10 @@ _NAMED_CHOICES: dict[str, Callable[[], list[str]]] = {"presets": _named_presets,
 
 
 def _show(value: Any, metadata: Any) -> str:
-    if isinstance(value, tuple):
-        return " ".join(map(str, value)) or "none"
-    return str(metadata.get("none", "none")) if value is None else str(value)
+    """A field's default as ``--help`` says it (an empty tuple or None: the field's ``none`` text)."""
+    if isinstance(value, tuple) and value:
+        return " ".join(map(str, value))
+    return str(metadata.get("none", "none")) if value in (None, ()) else str(value)
 
 
 def _flag(name: str) -> str:

@@ -247,8 +247,10 @@ def _token_tensor(value: object, what: str) -> Int[Tensor, "batch pos"]:
         raise LensParallelError(f"{what} are empty ({_shown(tokens)}): give one document of 2 tokens at least")
     if tokens.ndim == 1:
         tokens = tokens[None]
-    if tokens.ndim != 2 or tokens.dtype not in (torch.int32, torch.int64, torch.bool):
-        raise LensParallelError(f"{what} must be integers [batch, pos], got {_shown(tokens)}")
+    if tokens.dtype not in (torch.int32, torch.int64, torch.bool):
+        raise LensParallelError(f"{what} must be integer token ids [batch, pos], got {_shown(tokens)}")
+    if tokens.ndim != 2:
+        raise LensParallelError(f"{what} must be [batch, pos] (or [pos]: one document), got {_shown(tokens)}")
     return tokens.long() if tokens.dtype != torch.int64 else tokens
 
 

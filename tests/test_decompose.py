@@ -103,11 +103,17 @@ def test_bad_arguments_fail_before_any_forward():
         decompose(model, tokens, layers=[0, 3])
     with pytest.raises(ValueError, match="batch_size must be a positive integer or 'auto', got 0"):
         decompose(model, tokens, batch_size=0)
-    with pytest.raises(ValueError, match=r"tokens must be integers \[batch, pos\], got a torch.int64 tensor of shape"):
+    with pytest.raises(
+        ValueError, match=r"tokens must be \[batch, pos\] \(or \[pos\]: one document\), got a torch.int64"
+    ):
         decompose(model, torch.zeros(2, 2, 8, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"tokens must be integers \[batch, pos\], got a torch.float32 tensor"):
+    with pytest.raises(
+        ValueError, match=r"tokens must be integer token ids \[batch, pos\], got a torch.float32 tensor"
+    ):
         decompose(model, torch.zeros(2, 8))
-    with pytest.raises(ValueError, match=r"unknown option\(s\) \['spaces'\]; accepted: space, layers, eps"):
+    with pytest.raises(
+        ValueError, match=r"unknown option 'spaces' \(did you mean 'space'\?\); accepted: space, layers"
+    ):
         decompose(model, tokens, spaces=["value"])
     every = ("value", "value-exclude-self", "value-merged", "residual-attn", "residual-mlp", "residual-block")
     assert every == SPACE_NAMES

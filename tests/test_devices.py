@@ -59,7 +59,9 @@ def test_work_sizes_follow_the_device_and_can_be_chosen_as_another_would():
         assert devices.kind("cpu") == "cuda" and devices.sizes("cpu") is cuda
     assert devices.kind("cpu") == "cpu"
     with (
-        pytest.raises(LensParallelError, match="unknown device kind 'tpu'; accepted: cpu, cuda"),
+        pytest.raises(
+            LensParallelError, match="unknown device kind 'tpu' \\(did you mean 'cpu'\\?\\); accepted: cpu, cuda"
+        ),
         devices.sized_as("tpu"),
     ):
         pass

@@ -78,7 +78,9 @@ def test_figure_save_load_and_errors(tmp_path):
     np.testing.assert_array_equal(again.d_a, view.d_a)
     np.testing.assert_array_equal(again.layer_delta, view.layer_delta)
     assert again.spaces == view.spaces and again.token_labels == view.token_labels
-    with pytest.raises(ValueError, match=r"unknown diagonal space 'residual-mlp'; accepted: value"):
+    with pytest.raises(
+        ValueError, match=r"unknown diagonal space 'residual-mlp' \(did you mean 'residual-attn'\?\); accepted: value"
+    ):
         diagonal_view(model, blocks, layer=0, head=0, space="residual-mlp")
     with pytest.raises(ValueError, match=r"heads \[4\] out of range: this model has heads 0..3"):
         diagonal_view(model, blocks, layer=0, head=4)

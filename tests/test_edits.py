@@ -144,8 +144,7 @@ def test_edits_compose_in_order():
 def test_bad_edits_fail_before_any_forward():
     model = get_model("toy-qwen3")
     tokens = tokens_for(model)
-    forwards = []
-    count = [("blocks.0.hook_resid_pre", lambda t, hook: forwards.append(1))]
+    forwards = []  # counted by a torch hook on the first block (a TransformerLens hook would be refused)
     cases = [
         (lambda: ComponentScale("values"), r"unknown space 'values' \(did you mean 'value'\?\); accepted: value, "),
         (lambda: ComponentScale("value", layers=[3]), r"layers \[3\] out of range: this model has layers 0..2"),
@@ -154,10 +153,15 @@ def test_bad_edits_fail_before_any_forward():
         (lambda: ComponentScale("value", s_par=math.nan), r"s_par must be a finite number, got nan"),
         (lambda: ComponentScale("value", s_perp=math.inf), r"s_perp must be a finite number, got inf"),
         (lambda: DiagonalEdit("residual-mlp"), r"unknown diagonal space 'residual-mlp'"),
+        (lambda: ComponentScale("value", eps=-1.0), r"eps must be above 0"),
     ]
-    for make, message in cases:
-        with pytest.raises(ValueError, match=message), model.hooks(fwd_hooks=count):
-            evaluate(model, tokens, make())
+    count = model.blocks[0].register_forward_pre_hook(lambda module, args: forwards.append(1))
+    try:
+        for make, message in cases:
+            with pytest.raises(ValueError, match=message):
+                evaluate(model, tokens, make())
+    finally:
+        count.remove()
     assert forwards == []
 
 

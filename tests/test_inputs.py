@@ -139,7 +139,10 @@ def test_bad_token_ids_and_masks_are_refused_in_one_line():
         ({"input_ids": [[1, 2, 3]], "attention_mask": [[1, 1]]}, "attention_mask must be 0/1 of the tokens' shape"),
         ({"tokens": [[1, 2, 3]]}, "a mapping as documents needs 'input_ids'"),
         ([""], "text 0 is empty"),
-        (torch.zeros(2, 3), "tokens must be integers \\[batch, pos\\], got a torch.float32 tensor of shape \\(2, 3\\)"),
+        (
+            torch.zeros(2, 3),
+            "tokens must be integer token ids \\[batch, pos\\], got a torch.float32 tensor of shape \\(2, 3\\)",
+        ),
         (3.5, "documents: got float '3.5'; accepted: a string, a list of strings"),
     ]
     for documents, message in cases:

@@ -151,9 +151,13 @@ def test_gqa_alignment_matches_a_direct_computation(tmp_path):
 def test_reconstruction_gate_refuses_to_run():
     model = get_model("toy-gpt2")
     blocks = token_blocks(model, "austen", n_docs=2, seq_len=10)
-    bump = [("blocks.1.attn.hook_z", lambda z, hook: z + 1.0)]
-    with model.hooks(fwd_hooks=bump), pytest.raises(ReconstructionError, match=r"relative error [\d.e+-]+ > tolerance"):
-        causal_null(model, blocks)
+    # z + 1 into the output projection, before hook_z fires (a torch hook: a TransformerLens hook would be refused)
+    bump = model.blocks[1].attn.o.register_forward_pre_hook(lambda module, args: (args[0] + 1.0, *args[1:]))
+    try:
+        with pytest.raises(ReconstructionError, match=r"relative error [\d.e+-]+ > tolerance"):
+            causal_null(model, blocks)
+    finally:
+        bump.remove()
 
 
 def test_neighbour_and_all_groups_with_four_kv_groups():

@@ -221,9 +221,11 @@ def test_damaged_result_files_are_one_line_errors(tmp_path):
         load_result(path)
 
 
-TABLES = ("to_dataframe", "summary", "method_table", "layer_table", "effects_table", "projection_table", "joint_table",
-          "group_table", "head_table", "correlation_table", "derivatives_table", "differences", "samples", "curves",
-          "finals", "paired_table", "gates", "train_curve", "curve")  # fmt: skip
+TABLES = (
+    *("to_dataframe", "summary", "method_table", "layer_table", "effects_table", "projection_table", "joint_table"),
+    *("group_table", "head_table", "correlation_table", "derivatives_table", "differences", "samples", "curves"),
+    *("finals", "paired_table", "gates", "train_curve", "curve"),
+)
 """Every public method of a result that returns a table (``TaskResult.table``'s columns are its tasks' names)."""
 
 

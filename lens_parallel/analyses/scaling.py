@@ -341,7 +341,7 @@ def scale_sweep(
     s = dataclasses.replace(  # indices counted from the end (-1) read on this model: the edits count from 0
         s,
         layers=None if s.layers is None else check_indices("layers", s.layers, info.n_layers),
-        heads=s.heads if s.heads in (None, "all") else check_indices("heads", s.heads, info.n_heads),
+        heads=check_indices("heads", s.heads, info.n_heads) if isinstance(s.heads, tuple) else s.heads,
     )
     space_layers = _space_layers(s, info)
     noops, points = _jobs(s, space_layers)
