@@ -85,7 +85,19 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
     ('workers=8, ray_address="auto"', "workers=1, ray_address=None"),
     ("limit=20, allow_code_execution=True", "limit=2, max_gen_toks=24, allow_code_execution=True"),
     ('text_windows(model, "wikipedia-en", window=512)', 'text_windows(model, "wikipedia-en", window=64, n_docs=2)'),
-    ('protocol="directional-decomposition")\nsens', 'protocol="directional-decomposition", s_perp=(0.5,))\nsens'),
+    (
+        'scale_sweep(model, texts, protocol="directional-decomposition")',
+        'scale_sweep(model, texts, protocol="directional-decomposition", s_par=(0.0,), s_perp=(0.5,))',
+    ),
+    (
+        'head_sensitivity(model, docs, protocol="directional-decomposition")',
+        'head_sensitivity(model, docs, protocol="directional-decomposition", n_resamples=100, n_permutations=100)',
+    ),
+    ('prompts, protocol="directional-decomposition")', 'prompts, protocol="directional-decomposition", method="int8")'),
+    (
+        'protocol="directional-decomposition", mode="global")',
+        'protocol="directional-decomposition", mode="global", method="int8")',
+    ),
 ]
 
 
@@ -154,28 +166,33 @@ def test_each_page_runs_in_a_fresh_interpreter(page, tmp_path):
 
 def cli_examples() -> list[tuple[str, str]]:
     """Every ``lens-parallel`` line of the shell blocks of README.md and docs/ (continuation lines joined), with the
-    page it is on."""
+    first page it is on (a line two pages show runs once)."""
     found = []
     for path in (README, *sorted((ROOT / "docs").rglob("*.md"))):
         for block in re.findall(r"^```bash\n(.*?)^```", path.read_text(encoding="utf-8"), re.S | re.M):
             for line in block.replace("\\\n", " ").splitlines():
                 if line.strip().startswith("lens-parallel "):
                     found.append((str(path.relative_to(ROOT)), line.split(" #")[0].strip()))
-    return found
+    return list({" ".join(line.split()): (page, line) for page, line in reversed(found)}.values())[::-1]
 
 
 MODELS = {"smollm2-135m": "toy-qwen2", "qwen2.5-coder-1.5b": "toy-qwen2", "toy-qwen3": "toy-qwen3"}
 """The models the examples name, and the toys they run as."""
 SMALLER = {
     "--n-docs": ["8"],
-    "--seq-len": ["24"],
+    "--seq-len": ["16"],
     "--limit": ["2"],
     "--steps": ["3"],
     "--max-new-tokens": ["3"],
     "--max-gen-toks": ["16"],
 }
 """Sizes added where a subcommand takes the flag and the example does not give it."""
-SHRUNK = {("--preset", "cpu-small"): ["tiny"], ("--tasks", "quick"): ["copa"], ("--seeds", "0"): ["0", "1"]}
+SHRUNK = {
+    ("--preset", "cpu-small"): ["tiny"],
+    ("--tasks", "quick"): ["copa"],
+    ("--seeds", "0"): ["0", "1"],
+    ("--limit", "50"): ["1"],
+}
 """Values replaced (a flag's first value -> the new values)."""
 CANNOT_RUN_HERE = {
     "--ray-address": "device 'cuda' asked for, but this machine has no CUDA device",
@@ -185,8 +202,8 @@ CANNOT_RUN_HERE = {
 
 
 def _argv(line: str) -> list[str]:
-    """An example's arguments with :data:`MODELS`, :data:`SHRUNK` and :data:`SMALLER` applied, the default model a
-    toy, and no progress bars."""
+    """An example's arguments with :data:`MODELS`, :data:`SHRUNK` and :data:`SMALLER` applied (none but the models to
+    one that cannot run here), the default model a toy, and no progress bars."""
     words = shlex.split(line)[1:]
     command = words[0]
     flags = {a["flag"] for a in json.loads(SPEC_PATH.read_text())["commands"][command]["arguments"]}
@@ -205,6 +222,8 @@ def _argv(line: str) -> list[str]:
             out.append(word)
         i += 1
     keep = {"--seq-len"} if command == "dominance" else set()  # the study's texts are 32 tokens
+    if any(word in line for word in CANNOT_RUN_HERE):
+        keep = set(SMALLER)  # as written: it must stop before any work
     added = [flag for flag in SMALLER if flag in flags and flag not in out and flag not in keep]
     out += [item for flag in added for item in (flag, *SMALLER[flag])]
     if "--model" in flags and "--model" not in out:

@@ -265,7 +265,7 @@ calls = {
     "eps=0 on an edit": lambda: lp.ComponentScale("value", eps=0),
     "batch_size=0": lambda: lp.decompose(model, texts, batch_size=0),
     "a misspelt option": lambda: lp.decompose(model, texts, spcae="value"),
-    "a misspelt model": lambda: lp.load_model("toy-qwen"),
+    "a misspelt model": lambda: lp.load_model("toy-gtp2"),
     "an empty tensor": lambda: lp.decompose(model, torch.zeros(0, dtype=torch.long)),
     "one-token documents": lambda: lp.decompose(model, [[5], [6]]),
     "an edit's layer -1": lambda: lp.HeadEdit("zero", -1, 0),
@@ -298,7 +298,7 @@ def test_what_users_type_is_one_line_saying_what_to_do(tmp_path):
         "eps=0 on an edit": "eps must be above 0",
         "batch_size=0": "batch_size must be a positive integer or 'auto', got 0",
         "a misspelt option": "unknown option 'spcae' (did you mean 'space'?)",
-        "a misspelt model": "unknown model spec 'toy-qwen' (did you mean 'toy-qwen2'?)",
+        "a misspelt model": "unknown model spec 'toy-gtp2' (did you mean 'toy-gpt2'?)",
         "an empty tensor": "tokens are empty (a torch.int64 tensor of shape (0,)): give one document of 2 tokens",
         "one-token documents": "documents of 1 token: each needs 2 at least (a first token and one scored)",
         "an edit's layer -1": "layers [-1]: an edit counts layers from 0",
@@ -381,7 +381,19 @@ def _interrupt_after_a_job(argv: list[str], store: Path, cwd: Path) -> subproces
     return subprocess.CompletedProcess(argv, process.returncode, out, err)
 
 
-SWEEP = ["--model", "toy-gpt2", "--n-docs", "48", "--seq-len", "128", "--batch-size", "4", "--no-progress"]
+SWEEP = [
+    "--model",
+    "toy-gpt2",
+    "--n-docs",
+    "32",
+    "--seq-len",
+    "128",
+    "--batch-size",
+    "4",
+    "--layers",
+    "1",
+    "--no-progress",
+]
 
 
 def test_ctrl_c_in_a_command_is_one_line_and_the_rerun_resumes(tmp_path):
@@ -392,7 +404,7 @@ def test_ctrl_c_in_a_command_is_one_line_and_the_rerun_resumes(tmp_path):
     assert stopped.returncode == 130 and "Traceback" not in stopped.stderr
     kept = _rows(tmp_path / "out/a/sensitivity_store.jsonl")
     assert lines[-1].startswith("lens-parallel sensitivity: interrupted: ")
-    assert f"stopped after {kept} of 15 jobs finished, kept in out/a/sensitivity_store.jsonl: run the same" in lines[-1]
+    assert f"stopped after {kept} of 5 jobs finished, kept in out/a/sensitivity_store.jsonl: run the same" in lines[-1]
     assert sorted(p.name for p in (tmp_path / "out/a").iterdir()) == [
         "sensitivity_store.jsonl",
         "sensitivity_store.jsonl.lock",
@@ -401,7 +413,7 @@ def test_ctrl_c_in_a_command_is_one_line_and_the_rerun_resumes(tmp_path):
         argv, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=os.environ | {"OMP_NUM_THREADS": "1"}
     )
     assert again.returncode == 0, again.stderr[-2000:]
-    assert f"[lens_parallel] resumed {kept} of 15 jobs from out/a/sensitivity_store.jsonl" in again.stderr
+    assert f"[lens_parallel] resumed {kept} of 5 jobs from out/a/sensitivity_store.jsonl" in again.stderr
     assert (tmp_path / "out/a/sensitivity.csv").is_file()
 
 
@@ -410,8 +422,8 @@ def test_ctrl_c_in_a_python_call_is_one_line(tmp_path):
     script.write_text(
         "import lens_parallel as lp\n"
         "model = lp.load_model('toy-gpt2')\n"
-        "docs = lp.token_blocks(model, 'austen', n_docs=48, seq_len=128)\n"
-        "lp.head_sensitivity(model, docs, batch_size=4, progress=False, store='store.jsonl')\n"
+        "docs = lp.token_blocks(model, 'austen', n_docs=32, seq_len=128)\n"
+        "lp.head_sensitivity(model, docs, layers=[1], batch_size=4, progress=False, store='store.jsonl')\n"
     )
     stopped = _interrupt_after_a_job([sys.executable, str(script)], tmp_path / "store.jsonl", tmp_path)
     last = stopped.stderr.strip().splitlines()[-1]
