@@ -49,7 +49,7 @@ import pandas as pd
 
 from lens_parallel.choices import SensitivityMethod
 from lens_parallel.cli import SPEC_PATH
-from lens_parallel.errors import EnvironmentFailure, LensParallelError, interrupt_message
+from lens_parallel.errors import EnvironmentFailure, LensParallelError, interrupt_message, one_line_interrupt
 from lens_parallel.options import RENAMED, DataOptions, RunOptions, resolve
 from lens_parallel.paths import add_suffix, check_writable, write_atomic, write_table
 from lens_parallel.protocols import PROTOCOLS
@@ -765,7 +765,7 @@ def run(args: argparse.Namespace) -> int:
 
     made = _MADE.set([])
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), one_line_interrupt("the command"):
             warnings.showwarning = one_line_warning
             COMMANDS[args.command].run(Invocation(args.command, COMMANDS[args.command], args))
     except LensParallelError as exc:  # bad input: one line
@@ -774,8 +774,8 @@ def run(args: argparse.Namespace) -> int:
     except EnvironmentFailure as exc:  # the environment failed: what failed and what to do, no traceback
         print(f"lens-parallel {args.command}: could not run: {as_flags(args.command, _one_line(exc))}", file=sys.stderr)
         return _tidy_up(3)
-    except KeyboardInterrupt as exc:  # Ctrl-C: one line, what was kept and how to resume
-        said = interrupt_message(exc) or "stopped before any work finished; nothing was kept"
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line, what was kept and how to resume (one_line_interrupt)
+        said = interrupt_message(exc) or "the command stopped"
         print(f"lens-parallel {args.command}: interrupted: {as_flags(args.command, said)}", file=sys.stderr)
         return _tidy_up(130)
     except BrokenPipeError:  # the reader went away (lens-parallel glossary | head): nothing more to say

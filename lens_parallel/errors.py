@@ -17,9 +17,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import sys
 import types
-from typing import Any
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
 
 
 class LensParallelError(ValueError):
@@ -105,3 +110,50 @@ def _one_line_hook(previous: Any) -> Any:
 
     setattr(hook, _MESSAGE, True)
     return hook
+
+
+_KEPT: contextvars.ContextVar[dict[str, None] | None] = contextvars.ContextVar("kept", default=None)
+"""Where the running call (or command) has kept finished work: the stores and checkpoints it wrote to."""
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def kept_in(path: str | Path) -> None:
+    """Say that the running call has kept finished work in ``path`` (a store's row, a checkpoint), for the line a
+    Ctrl-C ends it with (:func:`one_line_interrupt`)."""
+    if (kept := _KEPT.get()) is not None:
+        kept[str(path)] = None
+
+
+@contextlib.contextmanager
+def one_line_interrupt(what: str) -> Iterator[None]:
+    """Around a long call or a command: a Ctrl-C inside becomes one line (:func:`interrupted`): the line a sweep said
+    (how many of its jobs finished, where they are kept), or where the call kept finished work (:func:`kept_in`) and
+    that running it again resumes from it, or that it kept none. Nested: the outermost says it."""
+    outer = _KEPT.get() is None
+    token = _KEPT.set({}) if outer else None
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        if not outer or interrupt_message(exc) is not None:
+            raise
+        places = list(_KEPT.get() or ())
+        said = (
+            f"{what} stopped; its finished work is kept in {', '.join(places)}: run the same again to resume from it"
+            if places
+            else f"{what} stopped before any of its work was kept"
+        )
+        raise interrupted(said) from None
+    finally:
+        if token is not None:
+            _KEPT.reset(token)
+
+
+def long_call(fn: F) -> F:
+    """``fn`` (a public entry point) with Ctrl-C ending it in one line (:func:`one_line_interrupt`)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with one_line_interrupt(fn.__name__):
+            return fn(*args, **kwargs)
+
+    return call  # type: ignore[return-value]  # functools.wraps keeps fn's signature

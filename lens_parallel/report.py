@@ -48,6 +48,7 @@ from lens_parallel.downstream.data import check_task_names
 from lens_parallel.downstream.effects import TaskResult, task_effects
 from lens_parallel.downstream.presets import resolve_tasks
 from lens_parallel.edits import ComponentScale, Edit, as_edits, describe_edit
+from lens_parallel.errors import long_call
 from lens_parallel.hooks import head_layers
 from lens_parallel.losses import EditEffect
 from lens_parallel.models import model_info
@@ -293,6 +294,7 @@ def check_battery(documents: Documents, settings: ReportSettings, options: RunOp
         check_task_names([name for name, _ in plan])
 
 
+@long_call
 def run_battery(
     model: TransformerBridge,
     documents: DocumentsLike,

@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from filelock import FileLock, Timeout
 
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, kept_in
 from lens_parallel.paths import add_suffix, check_writable
 
 STORE_FORMAT = "lens_parallel.sweep/3"
@@ -256,6 +256,7 @@ class SweepStore:
             f.write(json.dumps(row, allow_nan=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        kept_in(self.path)
 
 
 def _encode(array: np.ndarray) -> Any:

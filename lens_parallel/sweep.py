@@ -66,7 +66,14 @@ from lens_parallel.edits import (
     edit_layers,
     stacked_hooks,
 )
-from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError, interrupt_message, interrupted
+from lens_parallel.errors import (
+    LensParallelError,
+    LibraryError,
+    NonFiniteError,
+    interrupt_message,
+    interrupted,
+    long_call,
+)
 from lens_parallel.hooks import Hook, LayerStream, Reducer, check_heads, check_indices, forward, softmax_layers
 from lens_parallel.logs import say
 from lens_parallel.losses import DocLosses, chunked_token_nll, scored_sums, unembedding
@@ -612,6 +619,7 @@ def _auto_batch_size(
     return dataclasses.replace(resolved, batch_size=chosen.batch_size), {"memory_budget": label, **chosen.record()}
 
 
+@long_call
 def run_sweep(
     model: TransformerBridge,
     documents: DocumentsLike,

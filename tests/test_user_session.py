@@ -381,7 +381,7 @@ def _interrupt_after_a_job(argv: list[str], store: Path, cwd: Path) -> subproces
     return subprocess.CompletedProcess(argv, process.returncode, out, err)
 
 
-SWEEP = [
+SWEEP = [  # one job a forward (tokens_per_forward: one batch), so that Ctrl-C lands inside the sweep
     "--model",
     "toy-gpt2",
     "--n-docs",
@@ -392,6 +392,8 @@ SWEEP = [
     "4",
     "--layers",
     "1",
+    "--tokens-per-forward",
+    "512",
     "--no-progress",
 ]
 
@@ -404,7 +406,10 @@ def test_ctrl_c_in_a_command_is_one_line_and_the_rerun_resumes(tmp_path):
     assert stopped.returncode == 130 and "Traceback" not in stopped.stderr
     kept = _rows(tmp_path / "out/a/sensitivity_store.jsonl")
     assert lines[-1].startswith("lens-parallel sensitivity: interrupted: ")
-    assert f"stopped after {kept} of 5 jobs finished, kept in out/a/sensitivity_store.jsonl: run the same" in lines[-1]
+    assert 1 <= kept < 5 and lines[-1].endswith(
+        f"stopped after {kept} of 5 jobs finished, kept in out/a/sensitivity_store.jsonl: run the same call again to "
+        "resume from them"
+    )
     assert sorted(p.name for p in (tmp_path / "out/a").iterdir()) == [
         "sensitivity_store.jsonl",
         "sensitivity_store.jsonl.lock",
@@ -423,13 +428,17 @@ def test_ctrl_c_in_a_python_call_is_one_line(tmp_path):
         "import lens_parallel as lp\n"
         "model = lp.load_model('toy-gpt2')\n"
         "docs = lp.token_blocks(model, 'austen', n_docs=32, seq_len=128)\n"
-        "lp.head_sensitivity(model, docs, layers=[1], batch_size=4, progress=False, store='store.jsonl')\n"
+        "lp.head_sensitivity(model, docs, layers=[1], batch_size=4, tokens_per_forward=512, progress=False,"
+        " store='store.jsonl')\n"
     )
     stopped = _interrupt_after_a_job([sys.executable, str(script)], tmp_path / "store.jsonl", tmp_path)
     last = stopped.stderr.strip().splitlines()[-1]
     assert stopped.returncode != 0 and "Traceback" not in stopped.stderr
-    assert last.startswith("KeyboardInterrupt: sweep: stopped after ")
-    assert last.endswith("jobs finished, kept in store.jsonl: run the same call again to resume from them")
+    kept = _rows(tmp_path / "store.jsonl")
+    assert 1 <= kept < 5 and last == (
+        f"KeyboardInterrupt: sweep: stopped after {kept} of 5 jobs finished, kept in store.jsonl: run the same call "
+        "again to resume from them"
+    )
 
 
 def test_a_failed_command_leaves_no_empty_folder(tmp_path):
@@ -438,6 +447,30 @@ def test_a_failed_command_leaves_no_empty_folder(tmp_path):
     failed = subprocess.run([*argv, "--out", "new/deeper"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert failed.returncode == 2 and "layers [9] out of range" in failed.stderr
     assert not (tmp_path / "new").exists()
+
+
+def test_an_interrupt_outside_a_sweep_says_where_finished_work_is_kept():
+    """Ctrl-C after a sweep kept its jobs (in the statistics), or before any: the outermost long call says which."""
+    from lens_parallel.errors import interrupt_message, kept_in, long_call
+
+    @long_call
+    def analysis(store: str | None) -> None:
+        if store:
+            kept_in(store)
+        inner()
+
+    @long_call
+    def inner() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as after:
+        analysis("out/store.jsonl")
+    assert interrupt_message(after.value) == (
+        "analysis stopped; its finished work is kept in out/store.jsonl: run the same again to resume from it"
+    )
+    with pytest.raises(KeyboardInterrupt) as before:
+        analysis(None)
+    assert interrupt_message(before.value) == "analysis stopped before any of its work was kept"
 
 
 def test_the_one_line_interrupt_keeps_every_other_exception_as_it_was():

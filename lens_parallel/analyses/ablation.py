@@ -21,6 +21,7 @@ from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation, EditPositions
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import check_positions
+from lens_parallel.errors import long_call
 from lens_parallel.losses import DocLosses
 from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve
@@ -137,6 +138,7 @@ class AblationSettings:
         check_positions(self.positions)
 
 
+@long_call
 def run_ablations(
     model: TransformerBridge,
     documents: DocumentsLike,

@@ -53,7 +53,7 @@ from lens_parallel.choices import Ablation, EditPositions, HeadSpace
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import LINEAR_ABLATIONS, check_positions
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.hooks import (
     GradReducer,
     gradient_pass,
@@ -402,6 +402,7 @@ class _GradientMetric(Metric[EditJob]):
         return [{"loss_sum": torch.cat(per_doc).double().cpu().numpy(), **arrays}]
 
 
+@long_call
 def head_attribution(
     model: TransformerBridge,
     documents: DocumentsLike,

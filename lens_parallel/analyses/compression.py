@@ -44,7 +44,7 @@ from lens_parallel.compression import SPEC_HELP, Compression, MethodLike, checke
 from lens_parallel.data import load_texts, token_blocks
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import DocBatch, Documents, DocumentsLike
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.hooks import softmax_layers
 from lens_parallel.losses import DocLosses, edit_effect
 from lens_parallel.models import ModelInfo
@@ -429,6 +429,7 @@ def _separate_calibration(model: TransformerBridge, docs: Documents) -> Tensor:
     return token_blocks(model, corpus, n_docs=16, seq_len=min(512, model.cfg.n_ctx), seed=0).tokens
 
 
+@long_call
 def compression_error(
     model: TransformerBridge,
     documents: DocumentsLike,

@@ -23,7 +23,7 @@ from lens_parallel.analyses.attribution import AttributionResult
 from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation
 from lens_parallel.documents import Documents, DocumentsLike
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.models import head_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import confirm_figure
@@ -142,6 +142,7 @@ class ConfirmSettings:
         check_non_negative_int("seed", self.seed)
 
 
+@long_call
 def confirm(
     model: TransformerBridge,
     documents: DocumentsLike,

@@ -50,7 +50,7 @@ from lens_parallel.bridges import check_model
 from lens_parallel.choices import Space
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.hooks import (
     Reducer,
     check_indices,
@@ -347,6 +347,7 @@ class DecomposeSettings:
         check_eps(self.eps)
 
 
+@long_call
 def decompose(
     model: TransformerBridge,
     documents: DocumentsLike,

@@ -46,7 +46,7 @@ from lens_parallel.bridges import check_model
 from lens_parallel.choices import DiagonalLayout, HeadSpace
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike, document_batches
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.hooks import (
     check_heads,
     check_not_gated,
@@ -367,6 +367,7 @@ def _check_view(
     return spaces, layer, head
 
 
+@long_call
 def diagonal_view(
     model: TransformerBridge,
     documents: DocumentsLike,

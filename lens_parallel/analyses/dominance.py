@@ -64,7 +64,7 @@ from lens_parallel.data import TokenBlocks, token_blocks
 from lens_parallel.distributed import TaskContext, check_workers
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import HeadEdit
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.hooks import check_indices, effective_qk_roles
 from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.models import ModelInfo, head_label, layer_label
@@ -726,6 +726,7 @@ class DominanceSettings:
         return slice(STUDY_WINDOW[0] if self.query_start is None else self.query_start, self.query_stop)
 
 
+@long_call
 def head_dominance(
     model: TransformerBridge,
     documents: DocumentsLike,

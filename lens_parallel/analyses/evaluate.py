@@ -20,7 +20,7 @@ from lens_parallel.bridges import check_model
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import Edit, as_edits, compile_hooks, describe_edit, noop
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.losses import (
     DocLosses,
     EditEffect,
@@ -39,6 +39,7 @@ from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run
 from lens_parallel.validate import check_non_negative_int, check_positive_int
 
 
+@long_call
 def document_losses(
     model: TransformerBridge,
     documents: DocumentsLike,
@@ -122,6 +123,7 @@ class EvaluateSettings:
         check_non_negative_int("seed", self.seed)
 
 
+@long_call
 def evaluate(
     model: TransformerBridge,
     documents: DocumentsLike,

@@ -44,7 +44,7 @@ from lens_parallel.choices import EditPositions, HeadStatistic, StatisticAblatio
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import check_positions
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.hooks import Reducer, head_layers
 from lens_parallel.models import ModelInfo
 from lens_parallel.options import RunOptions, resolve
@@ -200,6 +200,7 @@ class HeadStatisticsSettings:
         check_eps(self.eps)
 
 
+@long_call
 def head_statistics(
     model: TransformerBridge,
     documents: DocumentsLike,

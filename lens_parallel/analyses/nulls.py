@@ -49,7 +49,7 @@ from lens_parallel.bridges import check_model
 from lens_parallel.choices import Groups, Null
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike, document_batches
-from lens_parallel.errors import LensParallelError, LibraryError
+from lens_parallel.errors import LensParallelError, LibraryError, long_call
 from lens_parallel.hooks import expand_kv, head_layers
 from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.models import ModelInfo, model_info
@@ -297,6 +297,7 @@ class _NullMetric(Metric[EditJob]):
         return [{name: value.cpu().numpy() for name, value in out.items()}]
 
 
+@long_call
 def causal_null(
     model: TransformerBridge,
     documents: DocumentsLike,
@@ -397,6 +398,7 @@ def is_grouped(info: ModelInfo) -> bool:
     return all(1 < info.kind(layer).key_heads(info) < info.output_heads(layer) for layer in info.head_layers)
 
 
+@long_call
 def gqa_alignment(
     model: TransformerBridge,
     documents: DocumentsLike,

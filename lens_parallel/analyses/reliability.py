@@ -30,7 +30,7 @@ from lens_parallel.choices import Ablation, EditPositions, Null
 from lens_parallel.distributed import check_workers
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import LINEAR_ABLATIONS, check_positions
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.hooks import softmax_layers
 from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve
@@ -160,6 +160,7 @@ class SanitySettings:
         check_non_negative_int("seed", self.seed)
 
 
+@long_call
 def split_half_reliability(
     model: TransformerBridge,
     documents: DocumentsLike,
@@ -297,6 +298,7 @@ class SanityReport(ResultMixin):
         return sanity_figure(self)
 
 
+@long_call
 def sanity_report(
     model: TransformerBridge,
     documents: DocumentsLike,

@@ -27,7 +27,7 @@ from lens_parallel.bridges import check_model
 from lens_parallel.choices import EditPositions, HeadsAll, ReferenceGuard, ScaleMetric, Space, ValueSite
 from lens_parallel.documents import Documents, DocumentsLike, TextWindows
 from lens_parallel.edits import ComponentScale, check_positions
-from lens_parallel.errors import LensParallelError, LibraryError
+from lens_parallel.errors import LensParallelError, LibraryError, long_call
 from lens_parallel.hooks import check_indices
 from lens_parallel.losses import DocLosses, EditEffect, edit_effect
 from lens_parallel.models import ModelInfo
@@ -300,6 +300,7 @@ def _losses(run: SweepRun, texts: TextWindows | None, job: EditJob) -> DocLosses
     return DocLosses(texts.per_text(run[job].loss_sum), texts.n_words)
 
 
+@long_call
 def scale_sweep(
     model: TransformerBridge,
     documents: DocumentsLike,

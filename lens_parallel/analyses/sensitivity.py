@@ -20,6 +20,7 @@ from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation, EditPositions, SignFlipWeights
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import LINEAR_ABLATIONS, check_positions
+from lens_parallel.errors import long_call
 from lens_parallel.hooks import head_layers, softmax_layers
 from lens_parallel.losses import DocLosses, edit_effect
 from lens_parallel.models import head_label
@@ -164,6 +165,7 @@ class SensitivitySettings:
         check_non_negative_int("seed", self.seed)
 
 
+@long_call
 def head_sensitivity(
     model: TransformerBridge,
     documents: DocumentsLike,

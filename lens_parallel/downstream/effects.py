@@ -55,7 +55,7 @@ from lens_parallel.downstream.tables import (
     score_metric,
 )
 from lens_parallel.edits import UNEDITED, Settings, compile_hooks, describe_edit, named_edits
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.models import model_info, weights_digest
 from lens_parallel.options import RunOptions, refuse_renamed, resolve
 from lens_parallel.paths import check_writable
@@ -294,6 +294,7 @@ def _answer_text(row: pd.Series) -> str:
     return str(row["response"] or "") + mark + ran + "".join(f"\n[{f}]" for f in filters)
 
 
+@long_call
 def task_effects(
     model: TransformerBridge,
     edits: Settings | object,

@@ -37,7 +37,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import compat
 from lens_parallel.edits import Edit, compile_hooks, decode_safe
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, kept_in
 from lens_parallel.generation.continuations import score_continuations
 from lens_parallel.generation.decode import Sampling, decode_batch, end_of_sequence
 from lens_parallel.hooks import forward
@@ -359,3 +359,4 @@ class _StoreHook:
 
     def add_partial(self, attr: str, req: Any, res: Any) -> None:
         self.store[hash_args(attr, req)] = res
+        kept_in(self.store.filename)

@@ -19,7 +19,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel.bridges import check_model
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.edits import UNEDITED, Settings, compile_hooks, decode_safe, describe_edit, named_edits
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.generation.decode import Decoded, Sampling, cut_at_stop, decode_batch, end_of_sequence
 from lens_parallel.losses import unembedding
 from lens_parallel.options import RunOptions, resolve
@@ -249,6 +249,7 @@ def _restored(value: Values, tokenizer: Any, stop: Sequence[str]) -> Decoded:
     return Decoded(tokens, text, _FINISH[int(value["finish"])])
 
 
+@long_call
 def generate(
     model: TransformerBridge,
     prompts: DocumentsLike,

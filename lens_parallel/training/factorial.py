@@ -32,7 +32,7 @@ import plotly.graph_objects as go
 from lens_parallel import stats
 from lens_parallel.choices import Arm, CurveLoss
 from lens_parallel.distributed import check_workers, run_remote
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.models import head_label
 from lens_parallel.options import RunOptions, resolve_options, split_changes
 from lens_parallel.plots.training import factorial_figure, gates_figure
@@ -415,6 +415,7 @@ class FactorialResult(ResultMixin):
         return gates_figure(self.gates())
 
 
+@long_call
 def run_factorial(
     config: TrainConfig,
     arms: Sequence[str],
@@ -513,6 +514,7 @@ def run_factorial(
     return result
 
 
+@long_call
 def run_design(
     name: str,
     *,

@@ -38,7 +38,7 @@ from lens_parallel.analyses.evaluate import document_losses
 from lens_parallel.choices import CurveLoss
 from lens_parallel.data import boundary_token, load_texts, stream_blocks
 from lens_parallel.edits import Edit, LearnedGate, apply_edits, compile_hooks
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, kept_in, long_call
 from lens_parallel.hooks import Hook, hook_name, run_to_final
 from lens_parallel.losses import chunked_token_nll, unembedding
 from lens_parallel.models import export_hf_model, load_model, model_info, wrap_hf_model
@@ -225,6 +225,7 @@ def _save_atomic(obj: object, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
+    kept_in(path)
 
 
 def _gate_statistics(
@@ -397,6 +398,7 @@ class _Trainer:
         return run
 
 
+@long_call
 def train(
     config: TrainConfig,
     arm: str,
