@@ -90,6 +90,7 @@ def check_model(model: Any) -> ModelInfo:
         ... except lp.LensParallelError as error:
         ...     print(str(error).split(":")[0])
         toy-gpt2 carries hooks lens_parallel did not attach (blocks.0.attn.hook_z)
+        >>> model.reset_hooks()  # or write the change as an lp.Edit
     """
     if not isinstance(model, TransformerBridge):
         raise LensParallelError(f"model: {_not_a_bridge(model)}")

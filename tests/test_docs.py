@@ -18,7 +18,7 @@ import lens_parallel
 from lens_parallel.cli import SPEC_PATH
 from tests.test_readme import PAGES, ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("docs-site")]  # one worker: the site is built once
 
 
 @pytest.fixture(scope="module")

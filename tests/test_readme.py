@@ -1,7 +1,7 @@
 """The documentation runs as users run it: every Python block of README.md and of each page of docs/ (in reading
 order within a page), and every ``lens-parallel`` line of their shell blocks, each page and each command line in a
-fresh interpreter of its own, never the suite's process (so nothing the suite imported or registered before can
-make them pass).
+fresh process of its own that has never imported lens_parallel, never the suite's process (so nothing the suite
+imported or registered before can make them pass; :mod:`tests.fresh` starts them fast).
 
 A guide page starts where the README leaves a reader: its first Python block (``model``, ``blocks``) runs before the
 page's own. What the test changes, and why (each substitution must match a page, so an edit that drops one fails
@@ -25,17 +25,15 @@ online) run as written and must end in one line saying so.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from lens_parallel.cli import SPEC_PATH
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -51,7 +49,6 @@ PAGES = [
         "guides/downstream.md",
         "guides/sandbox.md",
         "guides/explorer.md",
-        "guides/models.md",
         "guides/scale.md",
         "downstream.md",
         "directional-decomposition.md",
@@ -123,39 +120,25 @@ def test_every_substitution_applies_and_every_page_has_python_blocks():
     text = "\n".join(path.read_text(encoding="utf-8") for path in (README, *PAGES))
     for old, _ in SUBSTITUTIONS:
         assert old in text, f"no page holds {old!r}: update SUBSTITUTIONS"
-    assert all(_blocks(path.read_text(encoding="utf-8")) for path in (README, *PAGES) if path.name != "models.md")
+    assert all(_blocks(path.read_text(encoding="utf-8")) for path in (README, *PAGES))
 
 
-RUNNER = """
-import json, sys
-import plotly.graph_objects as go
+def run_blocks(blocks: list[str], where: str) -> None:
+    """A page's blocks in order, in one namespace, as a reader runs them (each named by page and block in a
+    traceback); figures are not shown."""
+    import plotly.graph_objects as go
 
-go.Figure.show = lambda self, *args, **kwargs: None
-namespace = {"__name__": "__main__"}
-exec("import dataclasses", namespace)  # for the shrunk training presets
-for i, block in enumerate(json.loads(sys.argv[1])):
-    exec(compile(block, f"{sys.argv[2]}, block {i}", "exec"), namespace)
-"""
-
-
-def _env() -> dict[str, str]:
-    return os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    go.Figure.show = lambda self, *args, **kwargs: None
+    namespace: dict[str, object] = {"__name__": "__main__"}
+    exec("import dataclasses", namespace)  # for the shrunk training presets
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"{where}, block {i}", "exec"), namespace)
 
 
 @pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: str(p.relative_to(ROOT)))
 def test_each_page_runs_in_a_fresh_interpreter(page, tmp_path):
-    blocks = page_blocks(page)
-    if not blocks:
-        pytest.skip(f"{page.name} has no Python block")  # (the models guide: shell and tables only)
     where = str(page.relative_to(ROOT))
-    done = subprocess.run(
-        [sys.executable, "-c", RUNNER, json.dumps(blocks), where],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=_env(),
-    )
+    done = fresh.run(run_blocks, page_blocks(page), where, cwd=tmp_path)
     assert done.returncode == 0, f"{where}:\n{done.stderr[-3000:]}"
     if page == README:
         assert (tmp_path / "out" / "smollm2.json").is_file()  # the first block's save
@@ -233,8 +216,7 @@ def _argv(line: str) -> list[str]:
 
 @pytest.mark.parametrize("page, line", cli_examples(), ids=[f"{p}: {line}" for p, line in cli_examples()])
 def test_each_command_line_example_runs_in_a_fresh_process(page, line, tmp_path):
-    cli = str(Path(sys.executable).with_name("lens-parallel"))
-    done = subprocess.run([cli, *_argv(line)], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=_env())
+    done = fresh.run(fresh.command, _argv(line), cwd=tmp_path)
     refusal = next((said for word, said in CANNOT_RUN_HERE.items() if word in line), None)
     if refusal is not None:
         lines = done.stderr.strip().splitlines()

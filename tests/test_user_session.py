@@ -30,18 +30,16 @@ from lens_parallel import architectures
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import UNPROCESSED, toy_folder
 from lens_parallel.results import qualified_name
+from tests import fresh
 from tests.conftest import FAMILIES, get_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["The cat sat on the mat and looked at the door for a while.", "A dog ran home."]
 
 
-def _fresh(code: str, *, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    """``code`` run by a fresh interpreter (this environment's Python, not the suite's process)."""
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
-    )
+def _fresh(code: str, *, cwd: Path) -> fresh.Ran:
+    """``code`` run in a fresh process that never imported lens_parallel (:mod:`tests.fresh`), not the suite's."""
+    return fresh.run(fresh.code, textwrap.dedent(code), cwd=cwd)
 
 
 def _boot(spec: str) -> TransformerBridge:
@@ -91,31 +89,8 @@ def test_saved_results_reopen_in_a_fresh_interpreter(tmp_path):
 
 
 def test_a_cli_output_folder_reopens_in_a_fresh_interpreter(tmp_path):
-    cli = Path(sys.executable).with_name("lens-parallel")
-    ran = subprocess.run(
-        [
-            str(cli),
-            "scale",
-            "--model",
-            "toy-qwen2",
-            "--n-docs",
-            "4",
-            "--seq-len",
-            "16",
-            "--s-par",
-            "0",
-            "--s-perp",
-            "0.5",
-            "--no-progress",
-            "--out",
-            "out",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ | {"OMP_NUM_THREADS": "1"},
-    )
+    argv = ["scale", "--model", "toy-qwen2", "--n-docs", "4", "--seq-len", "16", "--s-par", "0", "--s-perp", "0.5"]
+    ran = fresh.run(fresh.command, [*argv, "--no-progress", "--out", "out"], cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-2000:]
     code = "import lens_parallel as lp; print(lp.load_result('out/scale').to_dataframe().to_json())"
     done = _fresh(code, cwd=tmp_path)
@@ -363,7 +338,8 @@ def _rows(store: Path) -> int:
 
 
 def _interrupt_after_a_job(argv: list[str], store: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Start ``argv``, send SIGINT once its store holds a finished job (polled: never a fixed sleep), and wait."""
+    """Start the script ``argv`` in a new interpreter (a script's end is the interpreter's: its excepthook), send
+    SIGINT once its store holds a finished job (polled: never a fixed sleep), and wait."""
     process = subprocess.Popen(
         argv,
         cwd=cwd,
@@ -399,9 +375,11 @@ SWEEP = [  # one job a forward (tokens_per_forward: one batch), so that Ctrl-C l
 
 
 def test_ctrl_c_in_a_command_is_one_line_and_the_rerun_resumes(tmp_path):
-    cli = str(Path(sys.executable).with_name("lens-parallel"))
-    argv = [cli, "sensitivity", *SWEEP, "--out", "out/a"]
-    stopped = _interrupt_after_a_job(argv, tmp_path / "out/a/sensitivity_store.jsonl", tmp_path)
+    argv = ["sensitivity", *SWEEP, "--out", "out/a"]
+    store = tmp_path / "out/a/sensitivity_store.jsonl"
+    process, logs = fresh.start(fresh.command, argv, cwd=tmp_path)
+    fresh.interrupt_when(process, lambda: _rows(store) >= 1)
+    stopped = fresh.finish(process, logs)
     lines = stopped.stderr.strip().splitlines()
     assert stopped.returncode == 130 and "Traceback" not in stopped.stderr
     kept = _rows(tmp_path / "out/a/sensitivity_store.jsonl")
@@ -410,13 +388,11 @@ def test_ctrl_c_in_a_command_is_one_line_and_the_rerun_resumes(tmp_path):
         f"stopped after {kept} of 5 jobs finished, kept in out/a/sensitivity_store.jsonl: run the same call again to "
         "resume from them"
     )
-    assert sorted(p.name for p in (tmp_path / "out/a").iterdir()) == [
+    assert sorted(p.name for p in (tmp_path / "out/a").iterdir() if not p.name.startswith(".")) == [
         "sensitivity_store.jsonl",
         "sensitivity_store.jsonl.lock",
     ]
-    again = subprocess.run(
-        argv, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=os.environ | {"OMP_NUM_THREADS": "1"}
-    )
+    again = fresh.run(fresh.command, argv, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"[lens_parallel] resumed {kept} of 5 jobs from out/a/sensitivity_store.jsonl" in again.stderr
     assert (tmp_path / "out/a/sensitivity.csv").is_file()
@@ -442,9 +418,8 @@ def test_ctrl_c_in_a_python_call_is_one_line(tmp_path):
 
 
 def test_a_failed_command_leaves_no_empty_folder(tmp_path):
-    cli = str(Path(sys.executable).with_name("lens-parallel"))
-    argv = [cli, "decompose", "--model", "toy-gpt2", "--n-docs", "4", "--seq-len", "16", "--layers", "9"]
-    failed = subprocess.run([*argv, "--out", "new/deeper"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    argv = ["decompose", "--model", "toy-gpt2", "--n-docs", "4", "--seq-len", "16", "--layers", "9"]
+    failed = fresh.run(fresh.command, [*argv, "--out", "new/deeper"], cwd=tmp_path)
     assert failed.returncode == 2 and "layers [9] out of range" in failed.stderr
     assert not (tmp_path / "new").exists()
 
@@ -473,7 +448,7 @@ def test_an_interrupt_outside_a_sweep_says_where_finished_work_is_kept():
     assert interrupt_message(before.value) == "analysis stopped before any of its work was kept"
 
 
-def test_the_one_line_interrupt_keeps_every_other_exception_as_it_was():
+def test_the_one_line_interrupt_keeps_every_other_exception_as_it_was(tmp_path):
     from lens_parallel.errors import interrupted
 
     made = interrupted("3 of 8 jobs kept")
@@ -487,7 +462,7 @@ def test_the_one_line_interrupt_keeps_every_other_exception_as_it_was():
         sys.excepthook(ValueError, ValueError("other"), None)
         sys.excepthook(KeyboardInterrupt, interrupted("3 of 8 jobs kept"), None)
         """,
-        cwd=Path.cwd(),
+        cwd=tmp_path,
     )
     assert shown.stderr.splitlines()[-2:] == ["ValueError: other", "KeyboardInterrupt: 3 of 8 jobs kept"]
 
