@@ -41,7 +41,9 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
         "lm_eval.evaluator's get_git_commit_hash (run in the working folder, its git's stderr shown) and add_env_info "
         "(torch's collect_env, subprocesses), "
         "lm_eval.tasks.ruler.prepare_niah importing nltk and downloading punkt_tab when nltk.data.find fails, "
-        "a TaskManager's metadata living in its metadata and _factory (lm_eval.tasks._factory.TaskFactory) alone",
+        "a TaskManager's metadata living in its metadata and _factory (lm_eval.tasks._factory.TaskFactory) alone, "
+        "and its index in _index (name -> entry, later paths overriding; lm_eval.tasks._index.Kind) with the name "
+        "lists _all_tasks, _all_subtasks, _all_groups and _all_tags built from it",
     ),
     "datasets": (
         (4, 0),
@@ -684,6 +686,28 @@ def task_manager_with_metadata(manager: Any, metadata: dict[str, Any]) -> Any:
     copied.metadata = metadata
     copied._factory = TaskFactory(meta=metadata)
     return copied
+
+
+def task_manager_with_include(manager: Any, include_path: str) -> Any:
+    """lm-eval's ``TaskManager`` ``manager`` (its index of lm-eval's own task YAMLs) with the YAMLs of
+    ``include_path`` added, as ``TaskManager(include_path=...)`` indexes them (later paths override): only the
+    folder is scanned, not lm-eval's thousands of YAMLs again (about 10 s here)."""
+    check("lm_eval")
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._index import Kind
+
+    added = TaskManager(include_path=include_path, include_defaults=False, metadata=manager.metadata)
+    merged = copy.copy(manager)
+    merged.include_path = include_path
+    merged._index = {**manager._index, **added._index}
+    kinds: dict[Any, list[str]] = collections.defaultdict(list)
+    for name, entry in merged._index.items():
+        kinds[entry.kind].append(name)
+    merged._all_tasks = sorted(merged._index)
+    merged._all_subtasks = sorted([*kinds[Kind.TASK], *kinds[Kind.PY_TASK]])
+    merged._all_groups = sorted(kinds[Kind.GROUP])
+    merged._all_tags = sorted(kinds[Kind.TAG])
+    return merged
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from lens_parallel.errors import LensParallelError, kept_in
+from lens_parallel.logs import say
 from lens_parallel.paths import add_suffix, check_writable
 
 STORE_FORMAT = "lens_parallel.sweep/3"
@@ -112,7 +113,10 @@ class SweepStore:
             raise LensParallelError(f"store {self.path}: cannot take its lock ({exc.strerror})") from exc
         new = not self.path.is_file()
         try:
-            yield self.open(jobs)
+            done = self.open(jobs)
+            if resumed := sum(job.key in done for job in jobs):
+                say(f"resumed {resumed} of {len(jobs)} jobs from {self.path}")
+            yield done
         finally:
             if new and self._holds_no_row():  # it held no work: a failed or interrupted run leaves no store
                 self.path.unlink(missing_ok=True)

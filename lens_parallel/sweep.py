@@ -75,7 +75,6 @@ from lens_parallel.errors import (
     long_call,
 )
 from lens_parallel.hooks import Hook, LayerStream, Reducer, check_heads, check_indices, forward, softmax_layers
-from lens_parallel.logs import say
 from lens_parallel.losses import DocLosses, chunked_token_nll, scored_sums, unembedding
 from lens_parallel.models import ModelInfo, head_label, model_info, weights_digest
 from lens_parallel.options import RunOptions, refuse_renamed, resolve_options
@@ -765,8 +764,6 @@ def _stored(
     print_ = fingerprint(model, setup.documents, setup.metric, setup.plan_fields(), weights=digest)
     store = SweepStore(setup.options.store, print_, len(setup.documents), setup.metric.spec)
     with store.session(setup.jobs) as done:
-        if resumed := sum(job.key in done for job in setup.jobs):
-            say(f"resumed {resumed} of {len(setup.jobs)} jobs from {store.path}")
         yield store, done, digest
 
 

@@ -21,7 +21,7 @@ from tests.test_readme import PAGES, ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("docs-site")]  # one worker: the site is built once
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once per worker, however the tests are ordered
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("site")
     done = subprocess.run(

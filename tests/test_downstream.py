@@ -697,3 +697,23 @@ def test_the_long_context_preset_scores_ruler_items_at_the_length_asked_for(caps
     drawn = list(result.figure().data[0].x)  # the figures draw RULER's score, the average included
     assert drawn == ["niah_single_1 (4k)", "ruler_vt (4k)", "average (4k)"]
     assert list(result.figures()["scores"].data[0].x) == drawn[:2]
+
+
+def test_the_local_task_definitions_join_lm_evals_index_as_its_own_build_would():
+    """task_manager(folder) adds the local definitions onto the cached index of lm-eval's own YAMLs (the folder
+    alone scanned): the same index, entry for entry, as lm-eval's TaskManager(include_path=folder) builds."""
+    from lm_eval.tasks import TaskManager
+
+    from lens_parallel.downstream.data import task_definitions, task_manager
+
+    folder = task_definitions()
+    merged, built = task_manager(folder), TaskManager(include_path=str(folder))
+    assert list(merged.task_index) == list(built.task_index) and len(merged.task_index) > 1000
+    assert all(repr(merged.task_index[name]) == repr(entry) for name, entry in built.task_index.items())
+    assert (merged.all_tasks, merged.all_subtasks, merged.all_groups, merged.all_tags) == (
+        built.all_tasks,
+        built.all_subtasks,
+        built.all_groups,
+        built.all_tags,
+    )
+    assert task_manager(None).task_index is not merged.task_index  # lm-eval's own index stays as it was

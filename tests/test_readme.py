@@ -81,7 +81,10 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
     ),
     ('workers=8, ray_address="auto"', "workers=1, ray_address=None"),
     ("limit=20, allow_code_execution=True", "limit=2, max_gen_toks=24, allow_code_execution=True"),
-    ('text_windows(model, "wikipedia-en", window=512)', 'text_windows(model, "wikipedia-en", window=64, n_docs=2)'),
+    (
+        'text_windows(model, "wikipedia-en", window=512)',
+        'text_windows(model, ["A first text, short.", "A second text, a little longer than the first."], window=8)',
+    ),
     (
         'scale_sweep(model, texts, protocol="directional-decomposition")',
         'scale_sweep(model, texts, protocol="directional-decomposition", s_par=(0.0,), s_perp=(0.5,))',

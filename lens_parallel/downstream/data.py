@@ -446,15 +446,17 @@ TaskMetadata = tuple[tuple[str, Any], ...] | None
 
 @functools.cache
 def task_manager(include_path: Path | None, metadata: TaskMetadata = None) -> Any:
-    """lm-eval's ``TaskManager`` (its index of every task YAML: about 20 s to build here, so built once per
-    process and folder), with the local definitions in ``include_path`` added and ``metadata`` handed to every task
-    it loads (a copy of the folder's manager: the same index)."""
+    """lm-eval's ``TaskManager`` (its index of every task YAML: about 10 s to build here, so built once per
+    process), with the local definitions in ``include_path`` added (the folder alone scanned, onto a copy of that
+    index) and ``metadata`` handed to every task it loads (a copy of the folder's manager: the same index)."""
     if metadata is not None:
         meta = {k: list(v) if isinstance(v, tuple) else v for k, v in metadata}
         return compat.task_manager_with_metadata(task_manager(include_path), meta)
+    if include_path is not None:
+        return compat.task_manager_with_include(task_manager(None), str(include_path))
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=None if include_path is None else str(include_path))
+    return TaskManager()
 
 
 RULER_SYNTHETIC = frozenset(

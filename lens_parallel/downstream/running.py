@@ -18,6 +18,7 @@ from lens_parallel.downstream.sandbox import ALLOW_ENV
 from lens_parallel.downstream.settings import TaskSettings
 from lens_parallel.edits import Edit, describe_edit
 from lens_parallel.errors import LensParallelError
+from lens_parallel.logs import say
 from lens_parallel.options import RunOptions
 from lens_parallel.sweep import model_fingerprint
 
@@ -81,6 +82,8 @@ def run_tasks(
             table = run_fingerprint(model, edits, opts, s, weights=weights, probe=lm.tok_encode("Hello world"))
             store = SqliteDict(str(opts.store), tablename=f"requests_{table}", autocommit=True)
             stack.callback(store.close)
+            if stored := len(store):
+                say(f"resumed {stored} finished requests of {desc} from {opts.store}")
             lm.attach_store(store)
         stack.enter_context(compat.lm_eval_quietly(progress=opts.progress))
         out = simple_evaluate(
