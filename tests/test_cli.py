@@ -108,57 +108,6 @@ def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str
     return code, captured.out, captured.err
 
 
-TOY = ("--model", "toy-gpt2", "--n-docs", "4", "--seq-len", "24")
-SUBCOMMANDS = {
-    "scale": (("--s-par", "0", "1.5", "--s-perp", "0.5"), ["scale.csv", "scale.json", "scale.html"]),
-    "diagonal": ((), ["diagonal.csv", "diagonal.json", "diagonal.html"]),
-    "sensitivity": (("--layers", "0", "2"), ["sensitivity.csv", "sensitivity.json", "sensitivity.html"]),
-    "sensitivity --method attribution": (
-        ("--method", "attribution", "--confirm", "2"),
-        ["attribution.csv", "attribution.json", "attribution.html", "attribution_confirm.csv"],
-    ),
-    "dominance": (
-        ("--query-start", "4", "--query-stop", "20", "--scale", "js_distance"),
-        ["dominance.csv", "dominance.json", "dominance.html"],
-    ),
-    "checks": ((), ["checks.csv", "checks.json", "checks.html"]),
-    "compress": (
-        ("--method", "int8", "wanda-2:4"),
-        [
-            "compress.csv",
-            "compress_methods.csv",
-            "compress_summary.csv",
-            "compress.json",
-            "compress.html",
-            "compress_mlp.html",
-        ],
-    ),
-}
-
-
-@pytest.mark.parametrize("command", SUBCOMMANDS)
-def test_each_subcommand_writes_its_files(tmp_path, command, capsys):
-    extra, files = SUBCOMMANDS[command]
-    command = command.split()[0]
-    code, stdout, stderr = _main(capsys, command, *TOY, *extra, "--out", str(tmp_path))
-    assert code == 0, stderr
-    for name in [*files, f"{files[0].removesuffix('.csv')}_summary.csv"]:
-        assert (tmp_path / name).stat().st_size > 100, name
-    stem = files[0].removesuffix(".csv")
-    meta = json.loads((tmp_path / f"{stem}.json").read_text())
-    assert meta["format"] == "lens_parallel.result" and meta["version"] == 2
-    data = meta["data"]
-    provenance = data["null"]["provenance"] if command == "checks" else data["provenance"]  # two results in one
-    assert provenance["model"]["name"] == "toy-gpt2"
-    assert len(pd.read_csv(tmp_path / files[0])) > 0
-    assert "wrote:" in stdout
-    assert _on_disk(tmp_path) == _listed(stdout, tmp_path)  # every file written is named (the store too)
-    if command == "dominance":  # the study's texts by default, the window and scale as given
-        assert "js_distance scale" in stdout and "L0→L1" in stdout
-        assert provenance["settings"]["query_positions"] == list(range(4, 20))
-        assert "lunyu" in provenance["texts"]["corpus"]
-
-
 def test_generate_subcommand_continues_prompts_from_the_line_and_a_file(tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Once upon a time\n\nThe capital of France is\n", encoding="utf-8")

@@ -3,9 +3,9 @@ order within a page), and every ``lens-parallel`` line of their shell blocks, ea
 fresh process of its own that has never imported lens_parallel, never the suite's process (so nothing the suite
 imported or registered before can make them pass; :mod:`tests.fresh` starts them fast).
 
-A guide page starts where the README leaves a reader: its first Python block (``model``, ``blocks``) runs before the
-page's own. What the test changes, and why (each substitution must match a page, so an edit that drops one fails
-here rather than silently running something else):
+A guide page starts where the README leaves a reader: its first Python block's set-up (``model``, ``blocks``) runs
+before the page's own. What the test changes, and why (each substitution must match a page, so an edit that drops
+one fails here rather than silently running something else):
 
 - the real models (``smollm2-135m``, ``qwen2.5-coder-1.5b``; ``Qwen/Qwen3-8B``, a hub name that needs the network)
   become toys of the same kinds (``toy-qwen2``: grouped-query attention, as smollm2; ``toy-qwen3``), and the GPU
@@ -30,8 +30,10 @@ import shlex
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from lens_parallel.analyses.registry import analyses
 from lens_parallel.cli import SPEC_PATH
 from tests import fresh
 
@@ -114,9 +116,12 @@ def _substituted(path: Path) -> str:
 
 def page_blocks(path: Path) -> list[str]:
     """The Python blocks a reader of ``path`` runs, in order, with :data:`SUBSTITUTIONS` applied: a guide's after the
-    README's first."""
+    README's set-up (its first block up to ``blocks = ...``: the model and the documents the guides build on)."""
     own = _blocks(_substituted(path))
-    return own if path == README else [_blocks(_substituted(README))[0], *own]
+    if path == README:
+        return own
+    first = _blocks(_substituted(README))[0]
+    return [first[: first.index("\n", first.index("blocks = ")) + 1], *own]
 
 
 def test_every_substitution_applies_and_every_page_has_python_blocks():
@@ -180,6 +185,11 @@ SHRUNK = {
     ("--limit", "50"): ["1"],
 }
 """Values replaced (a flag's first value -> the new values)."""
+WRITES = {
+    "attribution": ["attribution_confirm.csv"],
+    "compress": ["compress_methods.csv", "compress_mlp.html"],
+}
+"""Files an analysis's command writes beside its table, summary, result and figure (each more than 100 bytes)."""
 CANNOT_RUN_HERE = {
     "--ray-address": "device 'cuda' asked for, but this machine has no CUDA device",
     "xsa-controls": "cannot load hub data set 'hf:HuggingFaceFW/fineweb-edu",
@@ -224,8 +234,28 @@ def test_each_command_line_example_runs_in_a_fresh_process(page, line, tmp_path)
     if refusal is not None:
         lines = done.stderr.strip().splitlines()
         assert done.returncode in (2, 3) and refusal in lines[-1] and "Traceback" not in done.stderr, done.stderr
-    else:
-        assert done.returncode == 0, f"{page}: {line}\n{done.stderr[-3000:]}"
+        return
+    assert done.returncode == 0, f"{page}: {line}\n{done.stderr[-3000:]}"
+    if _argv(line)[0] not in analyses():
+        return
+    written = [tmp_path / row.strip() for row in done.stdout.split("wrote:", 1)[-1].splitlines() if row.strip()]
+    outputs = {p for p in tmp_path.rglob("*") if p.is_file() and ".example" not in p.parts and p.suffix != ".lock"}
+    assert {p.resolve() for p in outputs} == {p.resolve() for p in written}  # each file it wrote named, no other
+    stem = "attribution" if "attribution" in line else _argv(line)[0]
+    for name in [*WRITES.get(stem, ()), f"{stem}.csv", f"{stem}_summary.csv", f"{stem}.json", f"{stem}.html"]:
+        assert next(tmp_path.rglob(name)).stat().st_size > 100, name
+    for result in (p for p in written if p.suffix == ".json" and p.with_suffix(".npz").is_file()):
+        meta = json.loads(result.read_text())
+        assert meta["format"] == "lens_parallel.result" and meta["version"] == 2
+        provenance = meta["data"]["null" if stem == "checks" else "provenance"]  # checks: two results in one
+        provenance = provenance["provenance"] if stem == "checks" else provenance
+        assert provenance["model"]["name"] in MODELS.values()
+        assert len(pd.read_csv(result.with_suffix(".csv"))) > 0
+    if _argv(line)[0] == "dominance":  # the study's texts by default, the window and scale as given
+        assert "js_distance scale" in done.stdout and "L0→L1" in done.stdout
+        provenance = json.loads((tmp_path / "results/dominance/dominance.json").read_text())["data"]["provenance"]
+        assert provenance["settings"]["query_positions"] == list(range(7, 32))
+        assert "lunyu" in provenance["texts"]["corpus"]
 
 
 def test_every_documented_command_line_is_found():
