@@ -227,6 +227,16 @@ def _argv(line: str) -> list[str]:
     return out + (["--no-progress"] if "--progress" in flags else [])
 
 
+def _written(stdout: str, folder: Path) -> list[Path]:
+    """The files the ``wrote:`` lists of a command's output name (each list: the indented lines after it)."""
+    found, listing = [], False
+    for row in stdout.splitlines():
+        listing = row == "wrote:" or (listing and row.startswith("  "))
+        if listing and row != "wrote:":
+            found.append(folder / row.strip())
+    return found
+
+
 @pytest.mark.parametrize("page, line", cli_examples(), ids=[f"{p}: {line}" for p, line in cli_examples()])
 def test_each_command_line_example_runs_in_a_fresh_process(page, line, tmp_path):
     done = fresh.run(fresh.command, _argv(line), cwd=tmp_path)
@@ -238,7 +248,7 @@ def test_each_command_line_example_runs_in_a_fresh_process(page, line, tmp_path)
     assert done.returncode == 0, f"{page}: {line}\n{done.stderr[-3000:]}"
     if _argv(line)[0] not in analyses():
         return
-    written = [tmp_path / row.strip() for row in done.stdout.split("wrote:", 1)[-1].splitlines() if row.strip()]
+    written = _written(done.stdout, tmp_path)
     outputs = {p for p in tmp_path.rglob("*") if p.is_file() and ".example" not in p.parts and p.suffix != ".lock"}
     assert {p.resolve() for p in outputs} == {p.resolve() for p in written}  # each file it wrote named, no other
     stem = "attribution" if "attribution" in line else _argv(line)[0]
