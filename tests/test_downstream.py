@@ -699,21 +699,29 @@ def test_the_long_context_preset_scores_ruler_items_at_the_length_asked_for(caps
     assert list(result.figures()["scores"].data[0].x) == drawn[:2]
 
 
-def test_the_local_task_definitions_join_lm_evals_index_as_its_own_build_would():
-    """task_manager(folder) adds the local definitions onto the cached index of lm-eval's own YAMLs (the folder
-    alone scanned): the same index, entry for entry, as lm-eval's TaskManager(include_path=folder) builds."""
+def test_lm_evals_task_index_is_cached_and_the_local_definitions_join_it_as_its_own_build_would(tmp_path):
+    """The index of lm-eval's own task YAMLs, built once and written to the cache folder, is read back by the next
+    process; the local definitions join a copy of it (the folder alone scanned): the same index, entry for entry, as
+    lm-eval's TaskManager(include_path=folder) builds."""
     from lm_eval.tasks import TaskManager
 
-    from lens_parallel.downstream.data import task_definitions, task_manager
+    from lens_parallel import compat
+    from lens_parallel.downstream.data import task_definitions
 
     folder = task_definitions()
-    merged, built = task_manager(folder), TaskManager(include_path=str(folder))
+    built = TaskManager(include_path=str(folder))
+    first = compat.task_manager_from_cache(tmp_path)  # built, and written
+    (written,) = tmp_path.glob("lm_eval_task_index-*.pickle")
+    again = compat.task_manager_from_cache(tmp_path)  # read back
+    assert list(again.task_index) == list(first.task_index) and again.task_index is not first.task_index
+    merged = compat.task_manager_with_include(again, str(folder))
     assert list(merged.task_index) == list(built.task_index) and len(merged.task_index) > 1000
-    assert all(repr(merged.task_index[name]) == repr(entry) for name, entry in built.task_index.items())
+    assert all(merged.task_index[name] == entry for name, entry in built.task_index.items())
     assert (merged.all_tasks, merged.all_subtasks, merged.all_groups, merged.all_tags) == (
         built.all_tasks,
         built.all_subtasks,
         built.all_groups,
         built.all_tags,
     )
-    assert task_manager(None).task_index is not merged.task_index  # lm-eval's own index stays as it was
+    assert len(again.task_index) < len(merged.task_index)  # lm-eval's own index stays as it was
+    assert written.stat().st_size > 1_000_000

@@ -446,17 +446,16 @@ TaskMetadata = tuple[tuple[str, Any], ...] | None
 
 @functools.cache
 def task_manager(include_path: Path | None, metadata: TaskMetadata = None) -> Any:
-    """lm-eval's ``TaskManager`` (its index of every task YAML: about 10 s to build here, so built once per
-    process), with the local definitions in ``include_path`` added (the folder alone scanned, onto a copy of that
-    index) and ``metadata`` handed to every task it loads (a copy of the folder's manager: the same index)."""
+    """lm-eval's ``TaskManager`` (its index of every task YAML: about 6-10 s to build here, so built once per process
+    and kept in the cache folder for the next, :func:`~lens_parallel.compat.task_manager_from_cache`), with the local
+    definitions in ``include_path`` added (the folder alone scanned, onto a copy of that index) and ``metadata``
+    handed to every task it loads (a copy of the folder's manager: the same index)."""
     if metadata is not None:
         meta = {k: list(v) if isinstance(v, tuple) else v for k, v in metadata}
         return compat.task_manager_with_metadata(task_manager(include_path), meta)
     if include_path is not None:
         return compat.task_manager_with_include(task_manager(None), str(include_path))
-    from lm_eval.tasks import TaskManager
-
-    return TaskManager()
+    return compat.task_manager_from_cache(cache_dir())
 
 
 RULER_SYNTHETIC = frozenset(
