@@ -255,10 +255,14 @@ def _token_tensor(value: object, what: str) -> Int[Tensor, "batch pos"]:
 
 
 def _token_rows(documents: Sequence[Any]) -> list[list[int]]:
-    """Token-id lists (a flat list of ids is one document), each a list of Python ints."""
+    """Token-id lists (a flat list of ids is one document), each a list of Python ints; a row may be a list, a 1-D
+    tensor or array (a ``datasets`` column in torch or numpy format: ``dataset["tokens"]``)."""
     if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in documents):
         documents = [documents]
-    rows = [list(d) if isinstance(d, Sequence | np.ndarray | Tensor) else None for d in documents]
+    rows = [
+        d.tolist() if isinstance(d, np.ndarray | Tensor) else list(d) if isinstance(d, Sequence) else None
+        for d in documents
+    ]
     if any(r is None or not r for r in rows) or not all(
         isinstance(t, (int, np.integer)) and not isinstance(t, bool) for row in rows if row for t in row
     ):

@@ -128,11 +128,13 @@ def test_tokenize_and_concatenate_blocks_are_analysed_as_given(family):
     same tokens given as Documents."""
     model = get_model(family)
     texts = [text if i % 3 else "" for i, text in enumerate(lp.load_texts("austen")[:30])]
-    rows = tokenize_and_concatenate(
+    column = tokenize_and_concatenate(
         datasets.Dataset.from_dict({"text": texts}), model.tokenizer, max_length=24, num_proc=None
-    )["tokens"][:12]
+    )["tokens"]  # a datasets Column of 1-D tensors, as users index it
+    rows = column[:12]
     docs = lp.Documents.of(rows, model)
     assert docs.lengths.tolist() == [24] * 12
+    assert torch.equal(lp.Documents.of(column, model).tokens, torch.stack(list(column)))
     given = lp.Documents(rows, torch.full((12,), 24), {"corpus": "packed"})
     packed = lp.decompose(model, rows, space="value", progress=False).table("value").self_cos
     np.testing.assert_array_equal(
