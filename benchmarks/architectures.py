@@ -1,19 +1,22 @@
-"""Architectures at length: decompose of three spaces against the plain forward, on toys of a Mistral-like (sliding
-window), a Gemma-2-like (attention soft cap, alternating windows), a Mixtral-like (mixture of experts) and an
-OLMo-2-like model (query/key norm before the head split: TransformerLens's eager attention), with the attention path
-that ran (issue 68).
+"""Architectures at length: decompose against Hugging Face's own SDPA forward and the plain forward, on toys of a
+Mistral-like (sliding window), a Gemma-2-like (attention soft cap, alternating windows), a Mixtral-like (mixture of
+experts) and an OLMo-2-like model (query/key norm before the head split: the route through its module), or any rows
+of the support matrix, with the attention path that ran (issues 68, 76).
 
-    python benchmarks/architectures.py [--seq-len 2048] [--repeats 3] [--threads 2]
+    python benchmarks/architectures.py [--seq-len 2048] [--repeats 3] [--threads 2] [--rows olmo2 cohere ...]
                                        [--out benchmarks/out/architectures]
 
 Each toy is its architecture's own config shrunk by lens_parallel's template (``lens_parallel.toys.toy_config``) to
 a benchmark size (4 layers, width 256, 8 query / 2 kv heads of 32, a 512-token window where the architecture has
-one, a context of ``--seq-len``), seeded random weights, one document of random token ids. Each (model, mode) in
-its own process, median of ``--repeats`` after a warm-up, peak RSS its own:
+one, a context of ``--seq-len``), seeded random weights, one document of random token ids; ``--rows`` names any
+architecture of the support matrix. Each (model, mode) in its own process, median of ``--repeats`` after a warm-up,
+peak RSS its own:
 
-  forward         the forward every analysis runs, to the final normalised residual (no logits)
-  decompose       decompose(space=[value, value-exclude-self, residual-attn])
-  decompose-eager the same with every layer forced onto TransformerLens's eager attention (the full square)
+  hf-sdpa          Hugging Face's own decoder (base_model, no unembedding) with SDPA (eager where it has none)
+  forward          the forward every analysis runs, to the final normalised residual (no logits)
+  decompose-value  decompose(space="value")
+  decompose        decompose(space=[value, value-exclude-self, residual-attn])
+  decompose-eager  the same with every layer forced onto TransformerLens's eager attention (the full square)
 
 The path each layer took (lens_parallel's fused / diagonal / blocked, or eager and why) is read from the model's
 ``attention_paths`` and from :func:`lens_parallel.attention.recorded_paths`. Writes ``architectures.json`` and a
@@ -32,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-MODES = ("forward", "decompose", "decompose-eager")
+MODES = ("hf-sdpa", "forward", "decompose-value", "decompose", "decompose-eager")
 SPACES = ["value", "value-exclude-self", "residual-attn"]
 SIZE = {
     "hidden_size": 256,
@@ -50,8 +53,9 @@ MODELS = {
         {"sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"] * 2},
     ),
     "mixtral": ("Mixtral-like: mixture of experts (4 experts, top 2)", {}),
-    "olmo2": ("OLMo-2-like: query/key norm before the head split (eager attention)", {}),
+    "olmo2": ("OLMo-2-like: query/key norm before the head split (the route through its module)", {}),
 }
+"""The default rows; ``--rows`` names any architecture of the support matrix (its toy template at the same size)."""
 
 
 def _folder(model_type: str, seq_len: int, root: Path) -> Path:
@@ -63,11 +67,49 @@ def _folder(model_type: str, seq_len: int, root: Path) -> Path:
 
     folder = root / f"{model_type}-{seq_len}"
     if not (folder / "config.json").is_file():
-        config = toy_config(model_type, **SIZE, **MODELS[model_type][1], max_position_embeddings=seq_len)
+        config = toy_config(model_type, **SIZE, **_row(model_type)[1], max_position_embeddings=seq_len)
         torch.manual_seed(0)
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
         load_bundled_tokenizer("gpt2").save_pretrained(folder)
     return folder
+
+
+def _row(model_type: str) -> tuple[str, dict]:
+    return MODELS.get(model_type, (f"{model_type}-like", {}))
+
+
+def _hugging_face(model_type: str, args: argparse.Namespace) -> dict:
+    """Hugging Face's own decoder (``base_model``: to the final norm, no unembedding) with SDPA, or eager where the
+    architecture has no SDPA."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    folder = _folder(model_type, args.seq_len, Path(args.models))
+    try:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+        implementation = "sdpa"
+    except ValueError:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+        implementation = "eager"
+    ids = torch.randint(0, 5000, (1, args.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        hf.base_model(ids)
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            hf.base_model(ids)
+            times.append(time.perf_counter() - start)
+    return {
+        "model": model_type,
+        "mode": "hf-sdpa",
+        "median_s": statistics.median(times),
+        "times_s": times,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "paths_per_forward": {f"hugging face {implementation}": 1},
+        "attention_paths": [],
+        "features": [],
+    }
 
 
 def worker(model_type: str, mode: str, args: argparse.Namespace) -> dict:
@@ -80,6 +122,8 @@ def worker(model_type: str, mode: str, args: argparse.Namespace) -> dict:
     from lens_parallel.documents import Documents
     from lens_parallel.hooks import forward
 
+    if mode == "hf-sdpa":
+        return _hugging_face(model_type, args)
     torch.set_num_threads(args.threads)
     model = lp.load_model(str(_folder(model_type, args.seq_len, Path(args.models))))
     ids = torch.randint(0, 5000, (args.seq_len,), generator=torch.Generator().manual_seed(0))
@@ -94,6 +138,8 @@ def worker(model_type: str, mode: str, args: argparse.Namespace) -> dict:
             if mode == "decompose-eager":
                 with attention_path("eager"):
                     lp.decompose(model, docs, space=SPACES, progress=False)
+            elif mode == "decompose-value":
+                lp.decompose(model, docs, space="value", progress=False)
             else:
                 lp.decompose(model, docs, space=SPACES, progress=False)
 
@@ -123,6 +169,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/out/architectures")
+    parser.add_argument("--rows", nargs="+", default=list(MODELS), help="architectures (model types) to run")
     parser.add_argument("--models", help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -132,7 +179,7 @@ def main() -> None:
     start = time.perf_counter()
     rows: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory() as models:
-        for model_type in MODELS:
+        for model_type in args.rows:
             _folder(model_type, args.seq_len, Path(models))
             for mode in MODES:
                 command = [sys.executable, __file__, "--worker", model_type, mode, "--models", models, *sys.argv[1:]]
@@ -140,13 +187,14 @@ def main() -> None:
                 rows.setdefault(model_type, {})[mode] = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"1 x {args.seq_len} tokens, {args.threads} threads, median of {args.repeats}; decompose of {SPACES}:")
     for model_type, by_mode in rows.items():
-        base = by_mode["forward"]["median_s"]
-        print(f"{MODELS[model_type][0]}  [{', '.join(by_mode['forward']['features'])}]")
+        base, peer = by_mode["forward"]["median_s"], by_mode["hf-sdpa"]["median_s"]
+        print(f"{_row(model_type)[0]}  [{', '.join(by_mode['forward']['features'])}]")
         print(f"  attention: {'; '.join(by_mode['forward']['attention_paths'])}")
         for mode, row in by_mode.items():
             ran = ", ".join(f"{k} x{v}" for k, v in sorted(row["paths_per_forward"].items())) or "TransformerLens's"
             print(
-                f"  {mode:16s} {row['median_s']:7.3f} s  {row['median_s'] / base:5.2f}x the forward   "
+                f"  {mode:16s} {row['median_s']:7.3f} s  {row['median_s'] / base:5.2f}x the forward  "
+                f"{row['median_s'] / peer:5.2f}x Hugging Face's   "
                 f"peak RSS {row['peak_rss_mib']:7.1f} MiB   paths per call: {ran}"
             )
     print(f"wall time {time.perf_counter() - start:.1f} s")
@@ -156,7 +204,13 @@ def main() -> None:
     figure(rows, args, out / "architectures")
 
 
-COLORS = {"forward": "#7f7f7f", "decompose": "#1f77b4", "decompose-eager": "#ff7f0e"}
+COLORS = {
+    "hf-sdpa": "#2ca02c",
+    "forward": "#7f7f7f",
+    "decompose-value": "#17becf",
+    "decompose": "#1f77b4",
+    "decompose-eager": "#ff7f0e",
+}
 """One colour per mode, in both panels."""
 
 
@@ -172,16 +226,16 @@ def figure(rows: dict, args: argparse.Namespace, stem: Path) -> None:
         cols=2,
         subplot_titles=(f"time at 1 x {args.seq_len} tokens (median of {args.repeats})", "peak memory of the process"),
     )
-    names = [MODELS[m][0].split(":")[0] for m in rows]
+    names = [_row(m)[0].split(":")[0] for m in rows]
     for mode in MODES:
         seconds = [rows[m][mode]["median_s"] for m in rows]
-        ratios = [rows[m][mode]["median_s"] / rows[m]["forward"]["median_s"] for m in rows]
+        ratios = [rows[m][mode]["median_s"] / rows[m]["hf-sdpa"]["median_s"] for m in rows]
         peaks = [rows[m][mode]["peak_rss_mib"] for m in rows]
         style = {"name": mode, "legendgroup": mode, "marker_color": COLORS[mode]}
         labels = [f"{r:.2f}x" for r in ratios]
         fig.add_bar(x=names, y=seconds, text=labels, textposition="outside", **style, row=1, col=1)
         fig.add_bar(x=names, y=peaks, showlegend=False, **style, row=1, col=2)
-    fig.update_yaxes(title_text="seconds (label: × the model's forward)", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="seconds (label: × Hugging Face's SDPA forward)", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="peak RSS (MiB)", rangemode="tozero", row=1, col=2)
     fig.update_layout(
         title=f"Decompose of {', '.join(SPACES)} across architectures (toys: 4 layers, width 256, window 512)",

@@ -30,10 +30,12 @@ the host (a fully masked row is replaced on the device whether there is one or n
 
 :func:`attention_path` forces one of them where the hooks allow it (``auto`` restores the choice). Scores, masks,
 soft-capping, grouped-query heads, sliding windows (the mask Hugging Face builds; a block of queries reads only the
-keys its window reaches), query/key norms and
-Qwen3.5's gate follow the bridge's own forward step for step; a component whose configuration uses anything else
-keeps TransformerLens's forward (:func:`lens_parallel.compat.own_attention_reason`). Fully masked query rows (the
-pads of a left-padded batch) get the mean of every value, as the eager softmax over equal masked scores gives.
+keys its window reaches), query/key norms and Qwen3.5's gate follow the bridge's own forward step for step; where
+the queries and keys come from steps that forward does not take (norms before the head split, rotary of adjacent
+pairs, a key multiplier, ...), the Hugging Face module makes them and hands them to this attention
+(:func:`attend_routed`); a component whose attention itself differs (sinks, ALiBi) keeps TransformerLens's forward
+(:func:`lens_parallel.compat.own_attention_reason`). Fully masked query rows (the pads of a left-padded batch) get
+the mean of every value, as the eager softmax over equal masked scores gives.
 """
 
 from __future__ import annotations

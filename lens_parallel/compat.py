@@ -35,7 +35,10 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
         "the caller's residual in at block k (prefix reuse), attention bridges' _update_kv_cache reading the cache "
         "only as past_key_values / layer_past and returning the whole [batch, head, pos, d_head] values, each "
         "attention bridge's _layer_idx; GatedDeltaNetBridge taking HF's cached path (_native_forward) only for "
-        "cache_params, a bridge's _weights_processed flag (process_weights / enable_compatibility_mode ran)",
+        "cache_params, a bridge's _weights_processed flag (process_weights / enable_compatibility_mode ran); a "
+        "PositionEmbeddingsAttentionBridge's projections being its Hugging Face module's own (q_proj is q, ...), its "
+        "_apply_position_embedding_hooks, _qk_norm_phase and config.qk_norm_after_rope, and AttentionBridge.forward "
+        "calling the module as it is",
     ),
     "lm_eval": (
         (0, 4),
@@ -279,13 +282,12 @@ def has_own_attention(component: nn.Module) -> bool:
     return component in _OWN_ATTENTION
 
 
-def own_attention_reason(component: nn.Module) -> str:
-    """Why ``component`` keeps TransformerLens's own attention forward ("" when lens_parallel's path,
-    :mod:`lens_parallel.attention`, reproduces it: the three bridge classes it was checked against, causal
-    self-attention, and none of the options those forwards handle that it does not; or the generic AttentionBridge
-    over a module that computes its attention through transformers' attention interface, whose attention
-    lens_parallel computes from the module's own q, k and v)."""
-    check("transformer-lens")
+def _reasons(component: nn.Module) -> list[tuple[str, bool]]:
+    """What keeps ``component`` off the reimplemented forward (:func:`_position_forward`, :func:`_joint_attention`):
+    each reason, and whether the route through the module's own forward (:func:`_module_forward`) serves it: where
+    the module makes its queries and keys (the bridge class, norms before the head split or after rotary, rotary of
+    the other layout, clipping, a key multiplier, Llama 4's query scaling) the route takes them as made; sinks, a
+    separate gate projection, non-causal or float32-upcast attention it does not compute."""
     from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
     from transformer_lens.model_bridge.generalized_components.joint_qkv_position_embeddings_attention import (
         JointQKVPositionEmbeddingsAttentionBridge,
@@ -296,32 +298,91 @@ def own_attention_reason(component: nn.Module) -> str:
 
     kinds = (PositionEmbeddingsAttentionBridge, JointQKVAttentionBridge, JointQKVPositionEmbeddingsAttentionBridge)
     hf_attn: Any = component.original_component
-    if _routable(component):  # the module makes q, k, v itself: lens_parallel computes only the attention
-        return "attention sinks" if getattr(hf_attn, "sinks", None) is not None else ""
     config: Any = getattr(hf_attn, "config", None)
     rope = getattr(config, "rope_parameters", None)
-    checks = {
-        f"{type(component).__name__}, a bridge lens_parallel's path does not reproduce": type(component) not in kinds,
-        "not causal self-attention": not component.is_causal
-        or component.is_cross_attention
-        or getattr(hf_attn, "is_causal", True) is False
-        or bool(getattr(config, "use_bidirectional_attention", False)),
-        "a key multiplier": getattr(hf_attn, "key_multiplier", None) is not None,
-        "clip_qkv": getattr(config, "clip_qkv", None) is not None,
-        "attention sinks": getattr(hf_attn, "sinks", None) is not None,
-        "llama-4 query scaling": isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None,
-        "a separate gate projection": component._modules.get("gate") is not None,
-        "a query/key norm before the head reshape or after rotary": getattr(component, "_qk_norm_phase", None)
-        not in (None, "post_reshape")
-        or bool(getattr(component.config, "qk_norm_after_rope", False)),
-        "interleaved or adjacent-pair rotary": any(
-            getattr(component.config, flag, False) for flag in ("rotary_interleaved_cos_sin", "rotary_adjacent_pairs")
+    checks = [
+        (
+            f"{type(component).__name__}, a bridge lens_parallel's path does not reproduce",
+            type(component) not in kinds,
+            True,
         ),
-        "float32-upcast attention (reorder_and_upcast_attn)": bool(
-            getattr(component, "_reorder_and_upcast_attn", False)
+        (
+            "not causal self-attention",
+            not component.is_causal
+            or component.is_cross_attention
+            or getattr(hf_attn, "is_causal", True) is False
+            or bool(getattr(config, "use_bidirectional_attention", False)),
+            False,
         ),
-    }
-    return "; ".join(reason for reason, found in checks.items() if found)
+        ("a key multiplier", getattr(hf_attn, "key_multiplier", None) is not None, True),
+        ("clip_qkv", getattr(config, "clip_qkv", None) is not None, True),
+        ("attention sinks", getattr(hf_attn, "sinks", None) is not None, False),
+        ("llama-4 query scaling", isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None, True),
+        ("a separate gate projection", component._modules.get("gate") is not None, False),
+        (
+            "a query/key norm before the head reshape or after rotary",
+            getattr(component, "_qk_norm_phase", None) not in (None, "post_reshape")
+            or bool(getattr(component.config, "qk_norm_after_rope", False)),
+            True,
+        ),
+        (
+            "interleaved or adjacent-pair rotary",
+            any(getattr(component.config, f, False) for f in ("rotary_interleaved_cos_sin", "rotary_adjacent_pairs")),
+            True,
+        ),
+        (
+            "float32-upcast attention (reorder_and_upcast_attn)",
+            bool(getattr(component, "_reorder_and_upcast_attn", False)),
+            False,
+        ),
+    ]
+    return [(reason, served) for reason, found, served in checks if found]
+
+
+def _takes_module_route(component: nn.Module) -> bool:
+    """Whether ``component`` is a PositionEmbeddingsAttentionBridge (or a subclass) that keeps off the reimplemented
+    forward only for reasons the route through its module serves (:func:`_reasons`), over a module that computes its
+    attention through the attention interface with the bridge's own projections (so the module's forward fires
+    hook_q, hook_k, hook_v and hook_z as the bridge's does)."""
+    from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
+        PositionEmbeddingsAttentionBridge,
+    )
+
+    if not isinstance(component, PositionEmbeddingsAttentionBridge):
+        return False
+    reasons, hf_attn = _reasons(component), hf_module(component)
+    projections = (("q_proj", "q"), ("k_proj", "k"), ("v_proj", "v"), ("o_proj", "o"))
+    return (
+        bool(reasons)
+        and all(served for _, served in reasons)
+        and _calls_attention_interface(hf_attn)
+        and all(getattr(hf_attn, name, None) is component._modules.get(part) for name, part in projections)
+    )
+
+
+def own_attention_reason(component: nn.Module) -> str:
+    """Why ``component`` keeps TransformerLens's own attention forward ("" when lens_parallel computes its
+    attention: on the bridge classes whose forward it follows, causal self-attention with none of the options those
+    forwards handle that it does not; or, where the module computes its attention through transformers' attention
+    interface, from the module's own q, k and v: TransformerLens's generic AttentionBridge, and a
+    PositionEmbeddingsAttentionBridge whose queries and keys come from where only its module's forward makes them,
+    :func:`_takes_module_route`)."""
+    check("transformer-lens")
+    hf_attn: Any = component.original_component
+    if _routable(component):  # the module makes q, k, v itself: lens_parallel computes only the attention
+        return "attention sinks" if getattr(hf_attn, "sinks", None) is not None else ""
+    if _takes_module_route(component):
+        return ""
+    return "; ".join(reason for reason, _ in _reasons(component))
+
+
+def attention_route(component: nn.Module) -> str:
+    """How lens_parallel's attention reaches ``component``'s queries, keys and values: "bridge" (the bridge's forward
+    steps, :func:`_position_forward` / :func:`_joint_attention`) or "module" (the Hugging Face module's own forward,
+    its attention through the interface); "" where it keeps TransformerLens's forward."""
+    if component not in _OWN_ATTENTION:
+        return ""
+    return "module" if _routable(component) or _takes_module_route(component) else "bridge"
 
 
 def pattern_after_attention(component: nn.Module) -> bool:
@@ -418,6 +479,55 @@ def _position_forward(component: Any, attend: Any, choose: Any, *args: Any, **kw
     return component.hook_out(component.o(out)), None
 
 
+ROUTE_FIRES = frozenset(
+    {"hook_in", "hook_out", "hook_attn_scores", "hook_pattern", "hook_rot_q", "hook_rot_k", "hook_cos", "hook_sin"}
+)
+"""The hook points of a PositionEmbeddingsAttentionBridge that the route through its module fires itself (hook_q,
+hook_k, hook_v and hook_z are its projections' hooks, which the module's forward fires); hook_rot_q / hook_rot_k
+only where the query/key norm comes before rotary (after it, the module's queries are normed). A hook on any other
+of its hook points (hook_q_normed, Falcon-H1's scaled hook_k, ...) runs that forward on TransformerLens's own."""
+_MODULE_ROUTE: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def _route_fires(component: Any) -> frozenset[str]:
+    if getattr(component.config, "qk_norm_after_rope", False):
+        return ROUTE_FIRES - {"hook_rot_q", "hook_rot_k"}
+    return ROUTE_FIRES
+
+
+def _module_forward(component: Any, *args: Any, **kwargs: Any) -> Any:
+    """The forward of a component on the route through its module (:func:`_takes_module_route`): TransformerLens's
+    generic AttentionBridge forward (hook_in, the Hugging Face module, hook_out), the module computing its queries,
+    keys and values as it does, its attention lens_parallel's (:func:`_routed_attention`), hook_cos / hook_sin fired
+    on the position embeddings handed to it. TransformerLens's own forward where a hook waits on a point the route
+    does not fire (:data:`ROUTE_FIRES`) or an option only that forward serves is on."""
+    from transformer_lens.hook_points import HookPoint
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+
+    fired = _route_fires(component)
+    waiting = any(
+        isinstance(point, HookPoint) and name not in fired and point.has_hooks()
+        for name, point in component._modules.items()
+    )
+    if waiting or _eager_now(component):
+        return type(component).forward(component, *args, **kwargs)
+    if kwargs.get("position_embeddings") is not None:
+        kwargs["position_embeddings"] = component._apply_position_embedding_hooks(kwargs["position_embeddings"])
+    return AttentionBridge.forward(component, *args, **kwargs)
+
+
+def _rotary_hooks(component: Any, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """hook_rot_q on the queries a module on the route hands the attention interface, hook_rot_k on its new keys
+    (the last ``query_pos`` of the keys: the module's cache holds the earlier ones, and keeps the new ones as they
+    were before the hook), ``[batch, head_index, pos, d_head]`` as TransformerLens's forward fires them."""
+    if component not in _MODULE_ROUTE or "hook_rot_q" not in _route_fires(component):
+        return query, key
+    query = component.hook_rot_q(query)
+    new = key[:, :, -query.shape[2] :]
+    hooked = component.hook_rot_k(new)
+    return query, key if hooked is new else torch.cat([key[:, :, : -query.shape[2]], hooked], dim=2)
+
+
 def _joint_attention(
     component: Any, attend: Any, choose: Any, rotary: bool, q: Any, k: Any, v: Any, **kwargs: Any
 ) -> Any:
@@ -479,6 +589,7 @@ def _routed_attention(
             "lens_parallel's routed attention does not compute: a TransformerLens or transformers release changed it"
         )
     component, attend_routed = routed
+    query, key = _rotary_hooks(component, query, key)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     z = attend_routed(
         component,
@@ -530,10 +641,11 @@ def _register_interface() -> None:
 def install_attention(model: nn.Module, attend: Any, choose: Any, attend_routed: Any) -> int:
     """Give every attention component of ``model`` for which :func:`own_attention_reason` is empty lens_parallel's
     attention (``attend``, on the path ``choose(component, softcap=)`` picks), written into the instance's own
-    dictionary: the forward of a PositionEmbeddingsAttentionBridge, the ``_reconstruct_attention`` of a joint-QKV
-    bridge. The Hugging Face model builds its masks for SDPA (a boolean mask, or none when causal alone suffices)
-    instead of eager's additive float square, where it allows SDPA (Gemma 2 does not: its additive mask is read);
-    every path reads either. Returns how many components took it."""
+    dictionary: the forward of a PositionEmbeddingsAttentionBridge (its steps, :func:`_position_forward`, or the
+    route through its module, :func:`_module_forward`), the ``_reconstruct_attention`` of a joint-QKV bridge; the
+    attention interface's function for a module on a route. The Hugging Face model builds its masks for SDPA (a
+    boolean mask, or none when causal alone suffices) instead of eager's additive float square, where it allows SDPA
+    (Gemma 2 does not: its additive mask is read); every path reads either. Returns how many components took it."""
     check("transformer-lens")
     check("transformers")
     from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
@@ -551,6 +663,10 @@ def install_attention(model: nn.Module, attend: Any, choose: Any, attend_routed:
             continue
         if _routable(component):
             _ROUTED[hf_module(component)] = (component, attend_routed)
+        elif _takes_module_route(component):
+            _ROUTED[hf_module(component)] = (component, attend_routed)
+            vars(component)["forward"] = functools.partial(_module_forward, component)
+            _MODULE_ROUTE.add(component)
         elif isinstance(component, JointQKVAttentionBridge):
             rotary = isinstance(component, JointQKVPositionEmbeddingsAttentionBridge)
             vars(component)["_reconstruct_attention"] = functools.partial(

@@ -11,9 +11,11 @@ Where a feature is handled:
 - the attention path (:mod:`lens_parallel.attention`): sliding windows (the mask Hugging Face builds; a block of
   queries reads only the keys its window reaches), attention soft caps (the blocked path: no fused kernel caps
   scores), partial rotary, query/key norms after the head split, biases, grouped and multi-query heads. What that
-  path does not reproduce keeps TransformerLens's eager forward, and the model's ``attention`` record says why per
-  layer (:func:`lens_parallel.compat.own_attention_reason`): attention sinks, ALiBi, interleaved rotary, query/key
-  norms before the head split, a key multiplier, Llama 4's query scaling;
+  path does not reproduce on the bridge's own steps (interleaved rotary, query/key norms before the head split or
+  after rotary, a key multiplier, Llama 4's query scaling, a bridge subclass) takes the queries and keys its Hugging
+  Face module makes (the route through the module, :func:`lens_parallel.compat.own_attention_reason`); what the
+  attention itself does differently (attention sinks, ALiBi) keeps TransformerLens's eager forward, and the model's
+  ``attention`` record says why per layer;
 - the unembedding (:func:`lens_parallel.losses.unembedding`): the final soft cap and the logit multipliers;
 - the residual spaces: parallel blocks (residual-mlp is read against resid_pre), post-norms (one head's write is no
   term of the update), mixture-of-experts MLPs (residual-mlp is the routed block's output, which the router computes
@@ -221,7 +223,8 @@ FEATURES: Mapping[str, Feature] = {
             "qk-norm",
             "queries and keys normalised before the scores",
             lambda m: bool(m.modules_with("q_norm") or m.modules_with("q_layernorm")),
-            "after the head split: lens_parallel's path; before it: TransformerLens's eager attention",
+            "lens_parallel's path: after the head split on the bridge's own steps; before it, or after rotary, on "
+            "the queries and keys the module makes (the route through the module)",
         ),
         Feature(
             "multipliers",

@@ -83,7 +83,9 @@ class ModelInfo:
     gate_role: str = ""  # the role of the attention output gate (q_gate or attn_gate), "" without one
     rotary_hooks: bool = True  # its attention fires hook_rot_q / hook_rot_k (not GPT-NeoX's, Falcon's, GPT-J's)
     patterns_after: tuple[int, ...] = ()  # layers whose hook_pattern fires after their attention ran (read-only)
-    attention_paths: tuple[str, ...] = ()  # per layer: "lens_parallel", "eager: <why>", or "" (no softmax attention)
+    attention_paths: tuple[str, ...] = ()  # per layer: "lens_parallel" (on the bridge's q, k, v), "lens_parallel:
+    # the module's q, k, v" (the Hugging Face module's own, through the attention interface), "eager: <why>", or ""
+    # (no softmax attention)
     dtype: str = ""  # the weights' dtype (float32, bfloat16, ...) when the model was read
     device: str = ""  # the device TransformerLens's config names (cpu, cuda:0; device_map: its first device)
     weights: str = ""  # how the weights were processed, read off the bridge (:func:`weights_state`)
@@ -209,7 +211,9 @@ def _attention_path(model: TransformerBridge, layer: int, kind: LayerType) -> st
         return ""
     component = model.blocks[layer].attn
     if compat.has_own_attention(component):
-        return "lens_parallel"
+        return (
+            "lens_parallel" if compat.attention_route(component) == "bridge" else "lens_parallel: the module's q, k, v"
+        )
     return f"eager: {compat.own_attention_reason(component) or 'lens_parallel attention not installed on this bridge'}"
 
 

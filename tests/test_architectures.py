@@ -152,13 +152,14 @@ def test_the_matrix_row_holds(model_type):
 
 DECODING = (
     *("toy-mistral", "toy-gemma2", "toy-gpt-oss", "toy-mixtral", "toy-bloom"),
-    *("toy-opt", "toy-gptj", "toy-llama4-text", "toy-jamba", "toy-gpt-neo"),
+    *("toy-opt", "toy-gptj", "toy-llama4-text", "toy-jamba", "toy-gpt-neo", "toy-olmo3"),
 )
 """Features that reach decoding: a sliding window shorter than prompt + continuation (Mistral), soft caps and
 alternating windows (Gemma 2), sinks on the eager path (gpt-oss), routing (Mixtral: the router reads the edited
 residual at every step), ALiBi (Bloom), learned positions at an offset (OPT), and the attention-interface route
-(OPT, GPT-J, Llama 4's chunked attention, Jamba beside its Mamba layers' own cache); GPT-Neo's bridge, which fires
-the pattern after the attention, keeps TransformerLens's forward."""
+(OPT, GPT-J, Llama 4's chunked attention, Jamba beside its Mamba layers' own cache; OLMo 3's norms before the head
+split and sliding windows, through its module); GPT-Neo's bridge, which fires the pattern after the attention, keeps
+TransformerLens's forward."""
 DECODING_EDITS = {
     "value s_par=0": lp.ComponentScale("value", s_par=0.0),
     "zero diagonal": lp.ZeroDiagonal(),
@@ -221,3 +222,61 @@ def test_zero_diagonal_with_sinks_masks_the_self_key_and_keeps_the_sink():
     diagonal = lp.evaluate(model, TOKENS, lp.DiagonalEdit("value", s_par=0.0))
     scaled = lp.evaluate(model, TOKENS, lp.ComponentScale("value", s_par=0.0))
     assert _rel(diagonal.loss_edited, scaled.loss_edited) < 1e-5 and abs(scaled.delta_loss) > 1e-3
+
+
+MODULE_ROUTE = {
+    "toy-olmo2": "a query/key norm before the head split",
+    "toy-hunyuan-v1-dense": "a query/key norm after rotary",
+    "toy-cohere": "interleaved rotary",
+    "toy-falcon-h1": "a key multiplier",
+    "toy-ministral3": "llama-4 query scaling",
+    "toy-smollm3": "a bridge subclass of TransformerLens's own",
+}
+"""One toy per reason a layer once kept TransformerLens's eager forward that the route through its module now
+serves: the Hugging Face module makes its queries and keys, lens_parallel computes the attention."""
+
+
+@pytest.mark.parametrize("spec", MODULE_ROUTE)
+def test_the_module_route_fires_every_hook_as_transformer_lens_does(spec):
+    """On the route through the module, each hook point TransformerLens's own forward fires carries the same value
+    (a bare bridge TransformerLens booted from the same folder is the reference), on the fused path (no hook on the
+    pattern: hook_q, hook_k, hook_v, hook_z, hook_rot_q, hook_rot_k, hook_cos, hook_sin, hook_in, hook_out and every
+    residual hook) and with a whole cache (a hook on a point the route does not fire, hook_q_normed, runs that layer
+    on TransformerLens's forward); the logits are Hugging Face's."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    model = _load(spec)
+    assert set(model_info(model).attention_paths) == {"lens_parallel: the module's q, k, v"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bare = TransformerBridge.boot_transformers(str(toy_folder(spec)), device="cpu", dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(toy_folder(spec), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        _, want = bare.run_with_cache(TOKENS)
+        _, whole = model.run_with_cache(TOKENS)
+        expected_logits = hf(TOKENS).logits
+    assert set(whole) == set(want)
+    for name, value in want.items():
+        torch.testing.assert_close(whole[name], value, rtol=0, atol=1e-5, msg=name)
+    fused = {
+        name
+        for name in want
+        if not name.endswith(("hook_pattern", "hook_attn_scores", "_normed"))
+        and not (spec == "toy-hunyuan-v1-dense" and ".hook_rot_" in name)  # its rot hooks precede its norm
+        and not (spec == "toy-falcon-h1" and name.endswith("attn.hook_k"))  # fired after its key multiplier
+    }
+    seen = {}
+
+    def keep(name):
+        def hook(tensor, hook):
+            seen[name] = tensor.clone()
+
+        return hook
+
+    with torch.inference_mode(), lp.attention.recorded_paths() as paths:
+        logits = model.run_with_hooks(TOKENS, fwd_hooks=[(name, keep(name)) for name in fused])
+    assert paths == {"fused": model_info(model).n_layers} and set(seen) == fused
+    assert {name.split(".")[-1] for name in fused} >= {"hook_q", "hook_v", "hook_z", "hook_cos", "hook_attn_out"}
+    for name in fused:
+        torch.testing.assert_close(seen[name], want[name], rtol=0, atol=1e-5, msg=name)
+    torch.testing.assert_close(logits, expected_logits, rtol=0, atol=1e-5)
