@@ -33,7 +33,8 @@ soft-capping, grouped-query heads, sliding windows (the mask Hugging Face builds
 keys its window reaches), query/key norms and Qwen3.5's gate follow the bridge's own forward step for step; where
 the queries and keys come from steps that forward does not take (norms before the head split, rotary of adjacent
 pairs, a key multiplier, ...), the Hugging Face module makes them and hands them to this attention
-(:func:`attend_routed`); a component whose attention itself differs (sinks, ALiBi) keeps TransformerLens's forward
+(:func:`attend_routed`, attention sinks included); a component whose attention itself differs otherwise (ALiBi)
+keeps TransformerLens's forward
 (:func:`lens_parallel.compat.own_attention_reason`). Fully masked query rows (the pads of a left-padded batch) get
 the mean of every value, as the eager softmax over equal masked scores gives.
 """
@@ -91,7 +92,8 @@ class Diagonal:
     ``diagonal`` path), for the queries of the call, the last ``query_pos`` of the keys (key ``first_key + t`` is
     query t's own):
 
-        weight = A_tt, others = sum_{s != t} A_ts (1 - A_tt, kept apart: exact where A_tt is near 1),
+        weight = A_tt, others = 1 - A_tt (the other keys' weight sum_{s != t} A_ts, plus the sink's share where the
+        layer has attention sinks; kept apart: exact where A_tt is near 1),
         rest = sum_{s != t} A_ts v_s, value = v_t (per query head), so z_t = rest + weight v_t.
 
     Held in float32 (float64 in a float64 model); ``dtype`` is the model's, the pattern's on the other paths. An
@@ -268,6 +270,7 @@ def attend(
     softcap: float | None,
     layer: int | None,
     window: int | None = None,
+    sinks: Float[Tensor, " head_index"] | None = None,
 ) -> Float[Tensor, "batch head_index query_pos d_head"]:
     """Softmax attention of causal queries (the last ``query_pos`` of the ``key_pos`` positions) over keys and values
     with key-value heads shared by ``head_index / kv_head_index`` query heads each (query head h reads key-value head
@@ -275,7 +278,10 @@ def attend(
 
         s_ts = scale q_t . k_s (soft-capped: c tanh(s / c)), masked by ``mask`` (bool: allowed; float: added) or,
         without one, causally; A_t = softmax_s(s_t) in float32 (float64 in a float64 model, where
-        TransformerLens's eager path rounds it to float32), hook_pattern; z_t = sum_s A_ts v_s.
+        TransformerLens's eager path rounds it to float32), hook_pattern; z_t = sum_s A_ts v_s. With attention
+        ``sinks`` (gpt-oss: one learned logit b_h per head, a key without a value): A_ts = exp(s_ts) / (sum_u
+        exp(s_tu) + exp(b_h)), so a row sums to sigmoid(lse_t - b_h) < 1 (:func:`_probabilities`); the fused kernel's
+        output is scaled by that sum (:func:`_sink_kernel`), and the diagonal rows put b_h in their normaliser.
 
     ``diagonal``: the fused kernel's rows reduced to each query's own weight (:func:`_diagonal_rows`), the hooks'
     diagonal forms applied to them. ``fused``: scaled_dot_product_attention (no pattern, no softcap), in one call,
@@ -293,38 +299,46 @@ def attend(
     n_heads, n_kv, n_query = q.shape[1], k.shape[1], q.shape[2]
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
-    diagonal = _on_diagonal(component, q, k, v, mask, scale=scale, window=window) if path == "diagonal" else None
-    if diagonal is not None:
-        z = diagonal
-    elif path in ("blocked", "diagonal") and softcap is None and _detached_readers(component) and _needs_grad(q, k, v):
-        z = _fused(q, k, v, mask, scale=scale, window=window)  # its backward holds O(T), not every block's pattern
-        with torch.no_grad():
-            _blocked(component, q, k, v, mask, scale=scale, softcap=None, layer=layer, window=window, outputs=False)
-    elif path == "fused":
-        z = _fused(q, k, v, mask, scale=scale, window=window)
-    else:
-        z = _blocked(component, q, k, v, mask, scale=scale, softcap=softcap, layer=layer, window=window)
+    parts: dict[str, Any] = {"scale": scale, "window": window, "sinks": sinks}
+    z = _on_diagonal(component, q, k, v, mask, **parts) if path == "diagonal" else None
+    if z is None and path in ("blocked", "diagonal") and softcap is None and _detached_readers(component):
+        z = _kernel(q, k, v, mask, **parts) if _needs_grad(q, k, v) else None  # a backward of O(T), not the blocks'
+        if z is not None:
+            with torch.no_grad():
+                _blocked(component, q, k, v, mask, softcap=None, layer=layer, outputs=False, **parts)
+    elif z is None and path == "fused":
+        z = _kernel(q, k, v, mask, **parts)
+    if z is None:
+        z = _blocked(component, q, k, v, mask, scale=scale, softcap=softcap, layer=layer, window=window, sinks=sinks)
     dead = _dead_rows(mask)
-    if dead is not None:  # eager: every masked score equal, so the softmax is uniform over all keys
+    if dead is not None and sinks is None:  # eager: every masked score equal, so the softmax is uniform over all keys
         mean = einops.repeat(v.mean(2), "batch kv d -> batch (kv group) d", group=n_heads // n_kv)
         z = torch.where(dead.expand(z.shape[0], n_heads, n_query)[..., None], mean[:, :, None].to(z.dtype), z)
     return z
 
 
 def _square(
-    component: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, softcap: float | None
+    component: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    scale: float,
+    softcap: float | None,
+    sinks: Tensor | None,
 ) -> Tensor:
     """The eager path written inline, for a component whose TransformerLens bridge would only see the pattern after
     the attention has run (the attention-interface route, :func:`lens_parallel.compat.install_attention`): the whole
     ``[batch, head_index, query_pos, key_pos]`` scores through ``hook_attn_scores``, soft-capped, masked (as
-    :func:`attend`), the softmax in float32 through ``hook_pattern``, and z from the pattern the hooks leave, so that
-    an edit of either reaches the output as on TransformerLens's own eager forward."""
+    :func:`attend`), the softmax in float32 (with the sinks, :func:`_probabilities`) through ``hook_pattern``, and z
+    from the pattern the hooks leave, so that an edit of either reaches the output as on TransformerLens's own eager
+    forward."""
     n_heads, n_kv, n_query, n_key = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
     scores = component.hook_attn_scores(_block_scores(q, k, mask, (0, n_query, 0, n_key), scale, softcap))
     precise = torch.promote_types(q.dtype, torch.float32)
-    pattern = component.hook_pattern(torch.softmax(scores, dim=-1, dtype=precise).to(q.dtype))
+    pattern = component.hook_pattern(_probabilities(scores, precise, sinks).to(q.dtype))
     return _ungrouped(_grouped(pattern, n_kv) @ v, n_heads // n_kv)
 
 
@@ -339,24 +353,35 @@ def attend_routed(
     softcap: float | None,
     window: int | None,
     layer: int | None,
+    sinks: Float[Tensor, " head_index"] | None = None,
 ) -> Float[Tensor, "batch head_index query_pos d_head"]:
     """The attention a Hugging Face module hands to transformers' attention interface, computed here for its
     TransformerLens component (the route :func:`lens_parallel.compat.install_attention` takes for the generic
     ``AttentionBridge``): ``q``, ``k``, ``v`` as the module made them (after its rotary, norms and cache). The path is
     :func:`chosen_path`'s; ``eager`` is the square written inline (:func:`_square`), so that hook_pattern fires
     inside the forward and its edits reach the output. At a cached decoding step the layer's values over every key
-    go to the edits that read them (:data:`STEP_VALUES`)."""
+    go to the edits that read them (:data:`STEP_VALUES`); ``sinks``: the module's attention sinks (``s_aux``)."""
     values = STEP_VALUES.get()
     if values is not None and layer is not None:  # the decoding loop's dictionary: every key's values
         values[layer] = einops.rearrange(v, "batch kv key d -> batch key kv d")
     path = chosen_path(component, softcap=softcap)
     if path == "eager":
-        return _square(component, q, k, v, mask, scale, softcap)
-    return attend(component, q, k, v, mask, path=path, scale=scale, softcap=softcap, layer=layer, window=window)
+        return _square(component, q, k, v, mask, scale, softcap, sinks)
+    return attend(
+        component, q, k, v, mask, path=path, scale=scale, softcap=softcap, layer=layer, window=window, sinks=sinks
+    )
 
 
 def _on_diagonal(
-    component: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None
+    component: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    *,
+    scale: float,
+    window: int | None,
+    sinks: Tensor | None,
 ) -> Tensor | None:
     """The diagonal path: the rows from :func:`_diagonal_rows`, each hook's diagonal form applied in order, z from
     the rows they leave (when gradients flow, and every hook only reads, from the fused kernel: the rows are formed
@@ -367,17 +392,17 @@ def _on_diagonal(
     if grad and not all(f.detached for f in hooks):
         return None
     with torch.no_grad() if grad else contextlib.nullcontext():
-        rows = _diagonal_rows(q, k, v, mask, scale=scale, window=window)
+        rows = _diagonal_rows(q, k, v, mask, scale=scale, window=window, sinks=sinks)
         if rows is None:
             return None
         for f in hooks:
             edited = f.diagonal(rows, component.hook_pattern)
             rows = rows if edited is None else edited
-    return _fused(q, k, v, mask, scale=scale, window=window) if grad else rows.z.to(q.dtype)
+    return _kernel(q, k, v, mask, scale=scale, window=window, sinks=sinks) if grad else rows.z.to(q.dtype)
 
 
 def _diagonal_rows(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None, sinks: Tensor | None
 ) -> Diagonal | None:
     """Each row's :class:`Diagonal` from the fused kernel run with each query's own key masked out
     (:func:`lens_parallel.compat.attention_with_lse`), O(T) memory beyond the kernel's:
@@ -385,11 +410,12 @@ def _diagonal_rows(
         lse'_t = log sum_{s != t} exp(s_ts): [A_tt, sum_{s != t} A_ts] = softmax([s_tt, lse'_t]) (= sigmoid(+-(s_tt
         - lse'_t))), rest_t = sum_{s != t} A_ts * (the kernel's output, sum_{s != t} A_ts v_s / sum_{s != t} A_ts),
 
-    with s_tt the query's own score (plus its mask entry); a row with no other key has A_tt = 1. Without a mask and
-    with as many queries as keys, one causal call of queries 1.. against keys ..T-2 is the strictly causal attention
-    (no mask to read); otherwise the queries go a block at a time (as on the fused path), each against the keys it
-    may see, its own masked. Fully masked rows (pads) get A_tt = 1 / key_pos, as eager's uniform row has. None where
-    no kernel returns the log-sum-exp."""
+    with s_tt the query's own score (plus its mask entry); a row with no other key has A_tt = 1. With ``sinks`` b_h
+    the normaliser holds the sink too: [A_tt, sum_{s != t} A_ts, sink share] = softmax([s_tt, lse'_t, b_h]). Without
+    a mask and with as many queries as keys, one causal call of queries 1.. against keys ..T-2 is the strictly causal
+    attention (no mask to read); otherwise the queries go a block at a time (as on the fused path), each against the
+    keys it may see, its own masked. Fully masked rows (pads) get A_tt = 1 / key_pos, as eager's uniform row has
+    (with sinks, 0: the sink takes the row). None where no kernel returns the log-sum-exp."""
     n_heads, n_kv, n_query, n_key = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
     offset, precise = n_key - n_query, torch.promote_types(q.dtype, torch.float32)
     k, v = (einops.repeat(t, "batch kv key d -> batch (kv group) key d", group=n_heads // n_kv) for t in (k, v))
@@ -408,20 +434,7 @@ def _diagonal_rows(
         for start, stop, begin, end in _spans(
             n_query, n_key, _fused_block(q.device, window), window if mask is not None else None
         ):
-            own = torch.arange(offset + start, offset + stop, device=q.device)[:, None] == torch.arange(
-                begin, end, device=q.device
-            )
-            if mask is None:
-                hidden = ~torch.ones(stop - start, end - begin, dtype=torch.bool, device=q.device).tril(
-                    end - (stop - start)
-                )
-                additive = torch.zeros_like(hidden, dtype=q.dtype).masked_fill(hidden | own, low)
-            elif mask.dtype == torch.bool:
-                additive = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(
-                    ~mask[..., start:stop, begin:end] | own, low
-                )
-            else:
-                additive = mask[..., start:stop, begin:end].masked_fill(own, low)
+            additive = _additive(q, mask, (start, stop, begin, end), offset=offset, hide_own=True)
             found = compat.attention_with_lse(
                 q[:, :, start:stop], k[:, :, begin:end], v[:, :, begin:end], additive, causal=False, scale=scale
             )
@@ -437,10 +450,14 @@ def _diagonal_rows(
             )
     # [A_tt, sum_{s != t} A_ts] = softmax([s_tt, lse'_t]): a row-wise kernel, so each row rounds alike whatever the
     # batch (an elementwise sigmoid rounds the elements of a vector loop's scalar tail differently)
-    weight, others = torch.softmax(torch.stack([own_score, lse.to(precise)], -1), -1).unbind(-1)
-    rows = Diagonal(weight, others, others[..., None] * out.to(precise), own_value, offset, q.dtype)
+    logits = [own_score, lse.to(precise)]
+    if sinks is not None:
+        logits.append(sinks.to(precise)[None, :, None].expand_as(own_score))
+    shares = torch.softmax(torch.stack(logits, -1), -1)  # own key, the other keys, the sink
+    weight, keys, others = shares[..., 0], shares[..., 1], shares[..., 1:].sum(-1)
+    rows = Diagonal(weight, others, keys[..., None] * out.to(precise), own_value, offset, q.dtype)
     dead = _dead_rows(mask)
-    if dead is None:
+    if dead is None or sinks is not None:  # with sinks a fully masked row is all sink, as computed
         return rows
     uniform = torch.full_like(rows.weight, 1 / n_key)
     return rows.where(~dead, rows.replace(weight=uniform, others=1 - uniform))
@@ -462,6 +479,79 @@ def _fused_block(device: torch.device, window: int | None) -> int:
     _, forced_block = _PATH.get()
     block = devices.sizes(device).fused_block
     return forced_block or min(block, window or block)
+
+
+def _additive(
+    q: Tensor, mask: Tensor | None, span: tuple[int, int, int, int], *, offset: int, hide_own: bool
+) -> Float[Tensor, "... block_query block_key"]:
+    """The additive mask of queries ``[start, stop)`` against keys ``[begin, end)`` (``span``), in the queries'
+    dtype: ``mask``'s (bool: allowed; float: added) or, without one, causal (the queries the last of the keys;
+    ``begin`` is 0 then), each query's own key hidden too when ``hide_own``."""
+    start, stop, begin, end = span
+    low = torch.finfo(q.dtype).min
+    own = torch.arange(offset + start, offset + stop, device=q.device)[:, None] == torch.arange(
+        begin, end, device=q.device
+    )
+    own = own if hide_own else torch.zeros_like(own)
+    if mask is None:
+        hidden = ~torch.ones(stop - start, end - begin, dtype=torch.bool, device=q.device).tril(end - (stop - start))
+        return torch.zeros_like(hidden, dtype=q.dtype).masked_fill(hidden | own, low)
+    if mask.dtype == torch.bool:
+        return torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~mask[..., start:stop, begin:end] | own, low)
+    return mask[..., start:stop, begin:end].masked_fill(own, low)
+
+
+def _probabilities(scores: Tensor, precise: torch.dtype, sinks: Tensor | None) -> Tensor:
+    """softmax over the keys of ``scores`` ``[batch, head_index, query, key]`` in ``precise``; with ``sinks`` (one
+    logit b_h per head) each row's normaliser holds exp(b_h) too and the sink's column is dropped (a row sums to
+    less than 1), as Hugging Face's eager attention with sinks computes it."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1, dtype=precise)
+    column = sinks.to(scores.dtype)[None, :, None, None].expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=precise)[..., :-1]
+
+
+def _kernel(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None, sinks: Tensor | None
+) -> Tensor | None:
+    """z from a fused kernel: SDPA (:func:`_fused`), or with ``sinks`` the kernel that returns the log-sum-exp
+    (:func:`_sink_kernel`); None where none serves (the caller takes the blocked path)."""
+    if sinks is None:
+        return _fused(q, k, v, mask, scale=scale, window=window)
+    return _sink_kernel(q, k, v, mask, scale=scale, window=window, sinks=sinks)
+
+
+def _sink_kernel(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None, sinks: Tensor
+) -> Tensor | None:
+    """Attention with sinks from the fused kernel that returns each row's log-sum-exp lse_t
+    (:func:`lens_parallel.compat.attention_with_lse`), O(T) memory beyond it: a sink is a key with logit b_h and no
+    value, so z_t = sigmoid(lse_t - b_h) * (the kernel's output) exactly. The queries a block at a time where a mask
+    or a cache is read (as :func:`_fused`); None where no kernel returns the log-sum-exp."""
+    n_heads, n_kv, n_query, n_key = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    k, v = (einops.repeat(t, "batch kv key d -> batch (kv group) key d", group=n_heads // n_kv) for t in (k, v))
+    offset = n_key - n_query
+    if mask is None and offset == 0:
+        found = compat.attention_with_lse(q, k, v, None, causal=True, scale=scale)
+        if found is None:
+            return None
+        out, lse = found
+    else:
+        outs, lses = [], []
+        for span in _spans(n_query, n_key, _fused_block(q.device, window), window if mask is not None else None):
+            start, stop, begin, end = span
+            additive = _additive(q, mask, span, offset=offset, hide_own=False)
+            found = compat.attention_with_lse(
+                q[:, :, start:stop], k[:, :, begin:end], v[:, :, begin:end], additive, causal=False, scale=scale
+            )
+            if found is None:
+                return None
+            outs.append(found[0])
+            lses.append(found[1])
+        out, lse = torch.cat(outs, 2), torch.cat(lses, 2)
+    precise = torch.promote_types(q.dtype, torch.float32)
+    share = torch.sigmoid(lse.to(precise) - sinks.to(precise)[None, :, None])
+    return (out.to(precise) * share[..., None]).to(q.dtype)
 
 
 def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None) -> Tensor:
@@ -522,6 +612,7 @@ def _blocked(
     softcap: float | None,
     layer: int | None,
     window: int | None,
+    sinks: Tensor | None = None,
     outputs: bool = True,
 ) -> Tensor:
     """The blocked path (:func:`attend`); ``outputs=False``: the hooks only (z not formed; returns an empty
@@ -541,7 +632,7 @@ def _blocked(
     try:
         for start, stop, begin, end in _spans(n_query, n_key, block, window if mask is not None else None):
             scores = _block_scores(q, k, mask, (start, stop, begin, end), scale, softcap)
-            pattern = F.pad(torch.softmax(scores, dim=-1, dtype=precise).to(q.dtype), (begin, 0))
+            pattern = F.pad(_probabilities(scores, precise, sinks).to(q.dtype), (begin, 0))
             token = QUERY_BLOCK.set(None if (start, stop) == (0, n_query) else QueryBlock(start, stop, n_query))
             try:
                 pattern = component.hook_pattern(pattern)

@@ -316,7 +316,7 @@ def _reasons(component: nn.Module) -> list[tuple[str, bool]]:
         ),
         ("a key multiplier", getattr(hf_attn, "key_multiplier", None) is not None, True),
         ("clip_qkv", getattr(config, "clip_qkv", None) is not None, True),
-        ("attention sinks", getattr(hf_attn, "sinks", None) is not None, False),
+        ("attention sinks", getattr(hf_attn, "sinks", None) is not None, True),
         ("llama-4 query scaling", isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None, True),
         ("a separate gate projection", component._modules.get("gate") is not None, False),
         (
@@ -368,10 +368,7 @@ def own_attention_reason(component: nn.Module) -> str:
     PositionEmbeddingsAttentionBridge whose queries and keys come from where only its module's forward makes them,
     :func:`_takes_module_route`)."""
     check("transformer-lens")
-    hf_attn: Any = component.original_component
-    if _routable(component):  # the module makes q, k, v itself: lens_parallel computes only the attention
-        return "attention sinks" if getattr(hf_attn, "sinks", None) is not None else ""
-    if _takes_module_route(component):
+    if _routable(component) or _takes_module_route(component):
         return ""
     return "; ".join(reason for reason, _ in _reasons(component))
 
@@ -582,7 +579,7 @@ def _routed_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
         return out
-    unknown = [name for name in ("s_aux", "position_bias") if kwargs.get(name) is not None]
+    unknown = [name for name in ("position_bias",) if kwargs.get(name) is not None]
     if unknown or kwargs.get("is_causal") is False:
         raise LibraryError(
             f"{type(module).__name__} hands the attention interface {unknown or 'is_causal=False'}, which "
@@ -601,6 +598,7 @@ def _routed_attention(
         softcap=kwargs.get("softcap"),
         window=kwargs.get("sliding_window"),
         layer=getattr(module, "layer_idx", None),
+        sinks=kwargs.get("s_aux"),
     )
     return einops.rearrange(z, "batch head pos d -> batch pos head d").contiguous(), None
 

@@ -14,8 +14,9 @@ Where a feature is handled:
   path does not reproduce on the bridge's own steps (interleaved rotary, query/key norms before the head split or
   after rotary, a key multiplier, Llama 4's query scaling, a bridge subclass) takes the queries and keys its Hugging
   Face module makes (the route through the module, :func:`lens_parallel.compat.own_attention_reason`); what the
-  attention itself does differently (attention sinks, ALiBi) keeps TransformerLens's eager forward, and the model's
-  ``attention`` record says why per layer;
+  attention itself does differently is a part of lens_parallel's attention (attention sinks: the sink in each row's
+  normaliser) or keeps TransformerLens's eager forward (ALiBi), and the model's ``attention`` record says why per
+  layer;
 - the unembedding (:func:`lens_parallel.losses.unembedding`): the final soft cap and the logit multipliers;
 - the residual spaces: parallel blocks (residual-mlp is read against resid_pre), post-norms (one head's write is no
   term of the update), mixture-of-experts MLPs (residual-mlp is the routed block's output, which the router computes
@@ -203,9 +204,10 @@ FEATURES: Mapping[str, Feature] = {
             "attention-sinks",
             "attention sinks: a learned extra logit per head, so a pattern row sums to less than 1",
             lambda m: bool(m.modules_with("sinks")),
-            "TransformerLens's eager attention; ZeroDiagonal divides by 1 - A_tt (the self key masked out of the "
-            "softmax, the sink kept: its share grows in proportion); DiagonalEdit adds dA_tt v_t, whatever a row "
-            "sums to",
+            "lens_parallel's attention with the sink in every row's normaliser: the fused kernel's output scaled by "
+            "sigmoid(lse_t - b_h), the diagonal rows from softmax([s_tt, lse'_t, b_h]), the blocked pattern with the "
+            "sink's column dropped; ZeroDiagonal divides by 1 - A_tt (the self key masked out of the softmax, the "
+            "sink kept: its share grows in proportion); DiagonalEdit adds dA_tt v_t, whatever a row sums to",
         ),
         Feature(
             "partial-rotary",

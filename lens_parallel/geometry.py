@@ -484,10 +484,10 @@ def zero_diagonal_rows(
     *,
     eps: float = 1e-6,
 ) -> ZeroedRows:
-    """:func:`zero_diagonal` on rows held as A_tt, sum_{s != t} A_ts and c_t = sum_{s != t} A_ts v_s (the
-    diagonal attention path), ``position`` each query's own key: A'_tt = 0, sum_{s != t} A'_ts = 1,
-    c'_t = c_t / sum_{s != t} A_ts, so z'_t = c'_t; position 0 and rows with sum_{s != t} A_ts < ``eps`` unchanged
-    (the latter returned as ``unchanged``, position 0 not among them)."""
+    """:func:`zero_diagonal` on rows held as A_tt, 1 - A_tt (``others``: the other keys' weight, and a sink's share
+    where the layer has sinks) and c_t = sum_{s != t} A_ts v_s (the diagonal attention path), ``position`` each
+    query's own key: A'_tt = 0, 1 - A'_tt = 1, c'_t = c_t / (1 - A_tt), so z'_t = c'_t; position 0 and rows with
+    1 - A_tt < ``eps`` unchanged (the latter returned as ``unchanged``, position 0 not among them)."""
     editable, unchanged = _zeroable(others, position, eps=eps)
     rest = torch.where(editable[..., None], rest / torch.where(editable, others, 1.0)[..., None], rest)
     return ZeroedRows(torch.where(editable, 0.0, weight), torch.where(editable, 1.0, others), rest, unchanged)

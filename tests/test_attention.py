@@ -104,26 +104,33 @@ def test_path_follows_the_hooks_attached():
         assert chosen_path(component, softcap=None) == "diagonal"
 
 
-def _softmax_rows(q, k, v, mask, scale):
-    """Float64 reference: A = softmax(scale q k^T + mask), own weight, the rest's weight and output, z."""
+def _softmax_rows(q, k, v, mask, scale, sinks=None):
+    """Float64 reference: A = softmax(scale q k^T + mask) (with ``sinks``: a column of logit b_h per head joins the
+    softmax and is dropped), own weight, 1 - own weight, the other keys' output, z."""
     q, k, v = q.double(), k.double(), v.double()
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     n_query, n_key = q.shape[2], k.shape[2]
-    scores = q @ k.transpose(-1, -2) * scale
-    pattern = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        column = sinks.double()[None, :, None, None].expand(*scores.shape[:-1], 1)
+        pattern = torch.softmax(torch.cat([scores, column], -1), -1)[..., :-1]
+    else:
+        pattern = torch.softmax(scores, -1)
     own = torch.arange(n_key - n_query, n_key)[:, None] == torch.arange(n_key)
     weight = geometry.self_weights(pattern)
     others = pattern.masked_fill(own, 0.0)
-    return weight, others.sum(-1), others @ v, pattern @ v
+    return weight, 1 - weight, others @ v, pattern @ v
 
 
+@pytest.mark.parametrize("sinks", [None, torch.tensor([-1.0, 0.0, 0.5, 2.0, -3.0, 1.0])], ids=["plain", "sinks"])
 @pytest.mark.parametrize("n_query", [31, 5, 1])
 @pytest.mark.parametrize("mask_kind", ["causal", "padded", "window"])
-def test_diagonal_rows_from_the_kernel_equal_the_softmax_rows(n_query, mask_kind):
-    """A_tt, sum_{s != t} A_ts, sum_{s != t} A_ts v_s and z from the fused kernel's log-sum-exp equal the rows of
-    an explicit float64 softmax: grouped heads, a padded row, a sliding window, queries fewer than keys (a decoding
-    step), blocks of 7 queries (not dividing 31)."""
+def test_diagonal_rows_from_the_kernel_equal_the_softmax_rows(n_query, mask_kind, sinks):
+    """A_tt, 1 - A_tt, sum_{s != t} A_ts v_s and z from the fused kernel's log-sum-exp equal the rows of an explicit
+    float64 softmax: grouped heads, a padded row, a sliding window, queries fewer than keys (a decoding step), blocks
+    of 7 queries (not dividing 31), attention sinks (a logit per head in the normaliser: rows sum to less than 1);
+    with sinks, z from the kernel scaled by each row's sum (:func:`_sink_kernel`) too."""
     torch.manual_seed(0)
     n_key = 31
     q, k, v = torch.randn(2, 6, n_query, 8), torch.randn(2, 2, n_key, 8), torch.randn(2, 2, n_key, 8)
@@ -134,16 +141,25 @@ def test_diagonal_rows_from_the_kernel_equal_the_softmax_rows(n_query, mask_kind
         allowed &= ~torch.ones(n_key, n_key, dtype=torch.bool).tril(-9)
     allowed = allowed[..., n_key - n_query :, :]
     given = None if mask_kind == "causal" else allowed
+    window = 8 if mask_kind == "window" else None
     with attention_path("auto", block_size=7):
-        rows = attention._diagonal_rows(q, k, v, given, scale=0.4, window=8 if mask_kind == "window" else None)
+        rows = attention._diagonal_rows(q, k, v, given, scale=0.4, window=window, sinks=sinks)
+        kernel = attention._kernel(q, k, v, given, scale=0.4, window=window, sinks=sinks)
     live = allowed.any(-1).expand(2, 6, n_query)
-    expected = _softmax_rows(q, k, v, allowed, 0.4)
+    expected = _softmax_rows(q, k, v, allowed, 0.4, sinks)
     got = (rows.weight, rows.others, rows.rest, rows.z)
     for name, value, reference in zip(("weight", "others", "rest", "z"), got, expected, strict=True):
         np.testing.assert_allclose(value[live].numpy(), reference[live].numpy(), atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(kernel[live].numpy(), expected[3][live].numpy(), atol=1e-6)
     assert rows.first_key == n_key - n_query and rows.dtype == torch.float32
-    if mask_kind == "padded" and n_query == n_key:  # a fully masked row is eager's uniform row: A_tt = 1 / T
+    np.testing.assert_allclose((rows.weight + rows.others)[live].numpy(), 1.0, atol=1e-6)  # others = 1 - A_tt
+    if sinks is not None:  # the sink holds weight and no value: each row's output shrinks
+        plain = _softmax_rows(q, k, v, allowed, 0.4)[3]
+        assert (expected[3][live].norm(dim=-1) < plain[live].norm(dim=-1)).all()
+    if mask_kind == "padded" and n_query == n_key and sinks is None:  # a fully masked row: eager's uniform row
         np.testing.assert_allclose(rows.weight[1, :, :4].numpy(), 1 / n_key)
+    if mask_kind == "padded" and n_query == n_key and sinks is not None:  # the sink takes a fully masked row
+        assert rows.weight[1, :, :4].abs().max() < 1e-30 and kernel[1, :, :4].abs().max() < 1e-30
 
 
 def test_diagonal_rows_keep_the_rest_exact_where_a_row_is_almost_all_its_own():
@@ -152,7 +168,7 @@ def test_diagonal_rows_keep_the_rest_exact_where_a_row_is_almost_all_its_own():
     rest's output (the mean of the earlier values) exactly."""
     eye = torch.eye(12)[None, None]  # query t and key t: the t-th unit vector, so s_ts = 16 [s = t]
     v = torch.randn(1, 1, 12, 12, generator=torch.Generator().manual_seed(1))
-    rows = attention._diagonal_rows(eye * 4, eye * 4, v, None, scale=1.0, window=None)
+    rows = attention._diagonal_rows(eye * 4, eye * 4, v, None, scale=1.0, window=None, sinks=None)
     t = torch.arange(12, dtype=torch.float64)
     np.testing.assert_allclose(rows.others[0, 0].double().numpy(), (t / (np.exp(16) + t)).numpy(), rtol=1e-5)
     earlier_mean = (v[0, 0].double().cumsum(0) - v[0, 0].double())[1:] / t[1:, None]
@@ -165,8 +181,10 @@ def test_diagonal_rows_do_not_depend_on_the_batch_they_come_in():
     elements of a batch of 5 one ulp apart from the same elements in a batch of 15)."""
     torch.manual_seed(0)
     q, k, v = torch.randn(5, 4, 9, 16), torch.randn(5, 2, 9, 16), torch.randn(5, 2, 9, 16)
-    alone = attention._diagonal_rows(q, k, v, None, scale=0.25, window=None)
-    tiled = attention._diagonal_rows(*(t.repeat(3, 1, 1, 1) for t in (q, k, v)), None, scale=0.25, window=None)
+    alone = attention._diagonal_rows(q, k, v, None, scale=0.25, window=None, sinks=None)
+    tiled = attention._diagonal_rows(
+        *(t.repeat(3, 1, 1, 1) for t in (q, k, v)), None, scale=0.25, window=None, sinks=None
+    )
     for name in ("weight", "others", "rest", "z"):
         torch.testing.assert_close(getattr(tiled, name)[10:], getattr(alone, name), rtol=0, atol=0, msg=name)
 
