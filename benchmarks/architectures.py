@@ -170,6 +170,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/out/architectures")
     parser.add_argument("--rows", nargs="+", default=list(MODELS), help="architectures (model types) to run")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="what to time (hf-sdpa first)")
     parser.add_argument("--models", help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -181,7 +182,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as models:
         for model_type in args.rows:
             _folder(model_type, args.seq_len, Path(models))
-            for mode in MODES:
+            for mode in dict.fromkeys(["hf-sdpa", "forward", *args.modes]):
                 command = [sys.executable, __file__, "--worker", model_type, mode, "--models", models, *sys.argv[1:]]
                 done = subprocess.run(command, capture_output=True, text=True, check=True)
                 rows.setdefault(model_type, {})[mode] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -227,7 +228,7 @@ def figure(rows: dict, args: argparse.Namespace, stem: Path) -> None:
         subplot_titles=(f"time at 1 x {args.seq_len} tokens (median of {args.repeats})", "peak memory of the process"),
     )
     names = [_row(m)[0].split(":")[0] for m in rows]
-    for mode in MODES:
+    for mode in [mode for mode in MODES if mode in next(iter(rows.values()))]:
         seconds = [rows[m][mode]["median_s"] for m in rows]
         ratios = [rows[m][mode]["median_s"] / rows[m]["hf-sdpa"]["median_s"] for m in rows]
         peaks = [rows[m][mode]["peak_rss_mib"] for m in rows]

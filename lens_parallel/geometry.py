@@ -203,9 +203,7 @@ def head_residual_products(
     x_in_head = einops.einsum(W_O, x, "head_index d_head d_model, batch pos d_model -> batch pos head_index d_head")
     dot = (z * x_in_head).sum(-1)
     gram = einops.einsum(W_O, W_O, "head_index d1 d_model, head_index d2 d_model -> head_index d1 d2")
-    mm = einops.einsum(
-        z, gram, z, "batch pos head_index d1, head_index d1 d2, batch pos head_index d2 -> batch pos head_index"
-    )
+    mm = (einops.einsum(z, gram, "batch pos head_index d1, head_index d1 d2 -> batch pos head_index d2") * z).sum(-1)
     return dot, mm
 
 
