@@ -63,11 +63,13 @@ def _folder(model_type: str, seq_len: int, root: Path) -> Path:
     import transformers
 
     from lens_parallel.tokenizers import load_bundled_tokenizer
-    from lens_parallel.toys import toy_config
+    from lens_parallel.toys import settable, toy_config
 
     folder = root / f"{model_type}-{seq_len}"
     if not (folder / "config.json").is_file():
-        config = toy_config(model_type, **SIZE, **_row(model_type)[1], max_position_embeddings=seq_len)
+        default = transformers.AutoConfig.for_model(model_type)
+        size = {name: value for name, value in SIZE.items() if settable(default, name)}  # Falcon's head_dim: derived
+        config = toy_config(model_type, **size, **_row(model_type)[1], max_position_embeddings=seq_len)
         torch.manual_seed(0)
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
         load_bundled_tokenizer("gpt2").save_pretrained(folder)
@@ -178,14 +180,28 @@ def main() -> None:
         print(json.dumps(worker(*args.worker, args)))
         return
     start = time.perf_counter()
-    rows: dict[str, dict[str, dict]] = {}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / "architectures.partial.json"  # each finished row, so a stopped run keeps them and resumes
+    rows: dict[str, dict[str, dict]] = json.loads(partial.read_text()) if partial.is_file() else {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as models:
         for model_type in args.rows:
-            _folder(model_type, args.seq_len, Path(models))
-            for mode in dict.fromkeys(["hf-sdpa", "forward", *args.modes]):
-                command = [sys.executable, __file__, "--worker", model_type, mode, "--models", models, *sys.argv[1:]]
-                done = subprocess.run(command, capture_output=True, text=True, check=True)
-                rows.setdefault(model_type, {})[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+            modes = list(dict.fromkeys(["hf-sdpa", "forward", *args.modes]))
+            if set(modes) <= set(rows.get(model_type, {})):
+                continue
+            try:
+                _folder(model_type, args.seq_len, Path(models))
+                for mode in modes:
+                    command = [sys.executable, __file__, "--worker", model_type, mode, "--models", models]
+                    done = subprocess.run([*command, *sys.argv[1:]], capture_output=True, text=True, check=True)
+                    rows.setdefault(model_type, {})[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+            except (subprocess.CalledProcessError, ValueError, AttributeError) as exc:
+                detail = exc.stderr if isinstance(exc, subprocess.CalledProcessError) else str(exc)
+                failed[model_type] = (detail or repr(exc)).strip().splitlines()[-1]
+                rows.pop(model_type, None)
+                continue
+            partial.write_text(json.dumps(rows, indent=1))
     print(f"1 x {args.seq_len} tokens, {args.threads} threads, median of {args.repeats}; decompose of {SPACES}:")
     for model_type, by_mode in rows.items():
         base, peer = by_mode["forward"]["median_s"], by_mode["hf-sdpa"]["median_s"]
@@ -198,10 +214,11 @@ def main() -> None:
                 f"{row['median_s'] / peer:5.2f}x Hugging Face's   "
                 f"peak RSS {row['peak_rss_mib']:7.1f} MiB   paths per call: {ran}"
             )
+    for model_type, reason in failed.items():
+        print(f"{model_type}: not run: {reason}")
     print(f"wall time {time.perf_counter() - start:.1f} s")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "architectures.json").write_text(json.dumps(rows, indent=1))
+    partial.unlink(missing_ok=True)
     figure(rows, args, out / "architectures")
 
 

@@ -98,7 +98,7 @@ class Toy:
         return cast(transformers.PreTrainedModel, model.eval())
 
 
-def _settable(config: transformers.PretrainedConfig, name: str) -> bool:
+def settable(config: transformers.PretrainedConfig, name: str) -> bool:
     """Whether ``config`` has a field ``name`` that can be set (not a read-only property such as Falcon's
     ``head_dim``, nor one that differs per layer, such as Gemma 4's)."""
     try:
@@ -117,7 +117,7 @@ def toy_config(model_type: str, **overrides: Any) -> transformers.PretrainedConf
         default = transformers.AutoConfig.for_model(model_type)
     except ValueError as exc:
         raise LensParallelError(f"transformers knows no model_type {model_type!r}") from exc
-    fields = {name: size for name, size in SHRUNK.items() if _settable(default, name)} | overrides
+    fields = {name: size for name, size in SHRUNK.items() if settable(default, name)} | overrides
     vocab = fields.get("vocab_size", default.vocab_size)
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         value = fields.get(name, getattr(default, name, None))
