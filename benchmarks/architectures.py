@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 MODES = ("hf-sdpa", "forward", "decompose-value", "decompose", "decompose-eager")
 SPACES = ["value", "value-exclude-self", "residual-attn"]
@@ -76,93 +77,113 @@ def _folder(model_type: str, seq_len: int, root: Path) -> Path:
     return folder
 
 
+FITTED = {"gptj": {"rotary_dim": 16}}
+"""Fields a row's config needs at the benchmark's size (GPT-J's default rotary_dim 64 exceeds a head of 32)."""
+
+
 def _row(model_type: str) -> tuple[str, dict]:
-    return MODELS.get(model_type, (f"{model_type}-like", {}))
+    return MODELS.get(model_type, (f"{model_type}-like", FITTED.get(model_type, {})))
 
 
-def _hugging_face(model_type: str, args: argparse.Namespace) -> dict:
-    """Hugging Face's own decoder (``base_model``: to the final norm, no unembedding) with SDPA, or eager where the
-    architecture has no SDPA."""
-    import torch
-    import transformers
-
-    torch.set_num_threads(args.threads)
-    folder = _folder(model_type, args.seq_len, Path(args.models))
-    try:
-        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
-        implementation = "sdpa"
-    except ValueError:
-        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
-        implementation = "eager"
-    ids = torch.randint(0, 5000, (1, args.seq_len), generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        hf.base_model(ids)
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            hf.base_model(ids)
-            times.append(time.perf_counter() - start)
-    return {
-        "model": model_type,
-        "mode": "hf-sdpa",
-        "median_s": statistics.median(times),
-        "times_s": times,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "paths_per_forward": {f"hugging face {implementation}": 1},
-        "attention_paths": [],
-        "features": [],
-    }
-
-
-def worker(model_type: str, mode: str, args: argparse.Namespace) -> dict:
+def _calls(model_type: str, modes: list[str], args: argparse.Namespace) -> tuple[dict[str, Any], Any, dict]:
+    """Each mode's call on one document of ``--seq-len`` random ids (only the models the modes need are loaded),
+    the lens_parallel model (or None) and what Hugging Face's peer ran."""
     import warnings
 
     import torch
+    import transformers
 
     import lens_parallel as lp
-    from lens_parallel.attention import attention_path, recorded_paths
+    from lens_parallel.attention import attention_path
     from lens_parallel.documents import Documents
     from lens_parallel.hooks import forward
 
-    if mode == "hf-sdpa":
-        return _hugging_face(model_type, args)
     torch.set_num_threads(args.threads)
-    model = lp.load_model(str(_folder(model_type, args.seq_len, Path(args.models))))
+    folder = _folder(model_type, args.seq_len, Path(args.models))
     ids = torch.randint(0, 5000, (args.seq_len,), generator=torch.Generator().manual_seed(0))
+    calls: dict[str, Any] = {}
+    peer: dict = {}
+    if "hf-sdpa" in modes:  # Hugging Face's own decoder (base_model: no unembedding), SDPA or eager where it has none
+        try:
+            hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+            peer["hugging face sdpa"] = 1
+        except ValueError:
+            hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+            peer["hugging face eager"] = 1
+
+        def run_hf() -> None:
+            with torch.inference_mode():
+                hf.base_model(ids[None])
+
+        calls["hf-sdpa"] = run_hf
+    model = lp.load_model(str(folder)) if set(modes) - {"hf-sdpa"} else None
     docs = Documents.padded([ids.tolist()], {"source": "random token ids"})
 
-    def call() -> None:
-        if mode == "forward":
-            forward(model, docs.tokens)
-            return
-        with warnings.catch_warnings():  # post-norms: the note on residual-attn's per-head level
+    def decompose(space: Any, path: str = "auto") -> None:
+        with warnings.catch_warnings(), attention_path(path):  # post-norms: the note on residual-attn's heads
             warnings.simplefilter("ignore")
-            if mode == "decompose-eager":
-                with attention_path("eager"):
-                    lp.decompose(model, docs, space=SPACES, progress=False)
-            elif mode == "decompose-value":
-                lp.decompose(model, docs, space="value", progress=False)
-            else:
-                lp.decompose(model, docs, space=SPACES, progress=False)
+            lp.decompose(model, docs, space=space, progress=False)
 
-    call()  # warm-up
-    times = []
-    with recorded_paths() as paths:
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-    info = lp.model_info(model)
+    lens = {
+        "forward": lambda: forward(model, docs.tokens),
+        "decompose-value": lambda: decompose("value"),
+        "decompose": lambda: decompose(SPACES),
+        "decompose-eager": lambda: decompose(SPACES, "eager"),
+    }
+    calls |= {mode: call for mode, call in lens.items() if mode in modes}
+    return calls, model, peer
+
+
+def _row_record(model_type: str, mode: str, times: list[float], model: Any, paths: dict, peer: dict) -> dict:
+    import lens_parallel as lp
+
+    info = lp.model_info(model) if model is not None else None
     return {
         "model": model_type,
         "mode": mode,
         "median_s": statistics.median(times),
         "times_s": times,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "paths_per_forward": {k: v // args.repeats for k, v in paths.items()},
-        "attention_paths": sorted(set(info.attention_paths) - {""}),
-        "features": list(info.features),
+        "paths_per_forward": peer if mode == "hf-sdpa" else paths,
+        "attention_paths": sorted(set(info.attention_paths) - {""}) if info else [],
+        "features": list(info.features) if info else [],
     }
+
+
+def worker(model_type: str, mode: str, args: argparse.Namespace) -> dict:
+    """One mode in this process (its peak RSS its own): median of ``--repeats`` after a warm-up."""
+    from lens_parallel.attention import recorded_paths
+
+    calls, model, peer = _calls(model_type, [mode], args)
+    calls[mode]()  # warm-up
+    times = []
+    with recorded_paths() as paths:
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            calls[mode]()
+            times.append(time.perf_counter() - start)
+    per_call = {k: v // args.repeats for k, v in paths.items()}
+    return _row_record(model_type, mode, times, model, per_call, peer)
+
+
+def interleaved(model_type: str, modes: list[str], args: argparse.Namespace) -> dict:
+    """Every mode in one process, round-robin ``--repeats`` times after a warm-up of each: medians less exposed to
+    one process's luck (its placement, the machine's load) than a process per mode; the RSS is the process's."""
+    from lens_parallel.attention import recorded_paths
+
+    calls, model, peer = _calls(model_type, modes, args)
+    for call in calls.values():
+        call()
+    times: dict[str, list[float]] = {mode: [] for mode in calls}
+    counted: dict[str, dict] = {}
+    for _ in range(args.repeats):
+        for mode, call in calls.items():
+            with recorded_paths() as paths:
+                start = time.perf_counter()
+                call()
+                times[mode].append(time.perf_counter() - start)
+            counted[mode] = dict(paths)
+    return {mode: _row_record(model_type, mode, times[mode], model, counted[mode], peer) for mode in calls}
 
 
 def main() -> None:
@@ -173,11 +194,18 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/out/architectures")
     parser.add_argument("--rows", nargs="+", default=list(MODELS), help="architectures (model types) to run")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="what to time (hf-sdpa first)")
+    parser.add_argument(
+        "--interleaved", action="store_true", help="all modes of a row in one process, round-robin (no RSS per mode)"
+    )
     parser.add_argument("--models", help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(*args.worker, args)))
+        model_type, mode = args.worker
+        if mode == "interleaved":
+            print(json.dumps(interleaved(model_type, list(dict.fromkeys(["hf-sdpa", "forward", *args.modes])), args)))
+        else:
+            print(json.dumps(worker(model_type, mode, args)))
         return
     start = time.perf_counter()
     out = Path(args.out)
@@ -192,13 +220,17 @@ def main() -> None:
                 continue
             try:
                 _folder(model_type, args.seq_len, Path(models))
-                for mode in modes:
+            except Exception as exc:  # transformers' own validators: a row this size cannot be built
+                failed[model_type] = f"its config at the benchmark's size: {' '.join(str(exc).split())[:200]}"
+                continue
+            try:
+                for mode in ["interleaved"] if args.interleaved else modes:
                     command = [sys.executable, __file__, "--worker", model_type, mode, "--models", models]
                     done = subprocess.run([*command, *sys.argv[1:]], capture_output=True, text=True, check=True)
-                    rows.setdefault(model_type, {})[mode] = json.loads(done.stdout.strip().splitlines()[-1])
-            except (subprocess.CalledProcessError, ValueError, AttributeError) as exc:
-                detail = exc.stderr if isinstance(exc, subprocess.CalledProcessError) else str(exc)
-                failed[model_type] = (detail or repr(exc)).strip().splitlines()[-1]
+                    found = json.loads(done.stdout.strip().splitlines()[-1])
+                    rows.setdefault(model_type, {}).update(found if args.interleaved else {mode: found})
+            except subprocess.CalledProcessError as exc:
+                failed[model_type] = (exc.stderr or repr(exc)).strip().splitlines()[-1]
                 rows.pop(model_type, None)
                 continue
             partial.write_text(json.dumps(rows, indent=1))
