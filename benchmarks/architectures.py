@@ -248,10 +248,33 @@ def main() -> None:
             )
     for model_type, reason in failed.items():
         print(f"{model_type}: not run: {reason}")
+    table = markdown(rows, args)
+    print(table)
+    (out / "architectures.md").write_text(table + "\n")
     print(f"wall time {time.perf_counter() - start:.1f} s")
     (out / "architectures.json").write_text(json.dumps(rows, indent=1))
     partial.unlink(missing_ok=True)
     figure(rows, args, out / "architectures")
+
+
+def markdown(rows: dict, args: argparse.Namespace) -> str:
+    """The architectures guide's table: per row, the peer Hugging Face ran, the attention path, and each mode's time
+    as a multiple of Hugging Face's decoder forward."""
+    modes = [mode for mode in MODES if mode != "hf-sdpa" and mode in next(iter(rows.values()), {})]
+    head = ["architecture", "features", "attention", "Hugging Face (s)", *(f"{mode} (x HF)" for mode in modes)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model_type, by_mode in rows.items():
+        peer = by_mode["hf-sdpa"]
+        ran = next(iter(peer["paths_per_forward"]), "").removeprefix("hugging face ")
+        cells = [
+            model_type,
+            ", ".join(by_mode["forward"]["features"]),
+            "; ".join(by_mode["forward"]["attention_paths"]),
+            f"{peer['median_s']:.3f} ({ran})",
+            *(f"{by_mode[mode]['median_s'] / peer['median_s']:.2f}" for mode in modes),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 COLORS = {
