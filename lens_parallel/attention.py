@@ -430,19 +430,10 @@ def _diagonal_rows(
                 return None
             out[:, :, 1:], lse[:, :, 1:] = found
     else:
-        outs, lses = [], []
-        for start, stop, begin, end in _spans(
-            n_query, n_key, _fused_block(q.device, window), window if mask is not None else None
-        ):
-            additive = _additive(q, mask, (start, stop, begin, end), offset=offset, hide_own=True)
-            found = compat.attention_with_lse(
-                q[:, :, start:stop], k[:, :, begin:end], v[:, :, begin:end], additive, causal=False, scale=scale
-            )
-            if found is None:
-                return None
-            outs.append(found[0])
-            lses.append(found[1])
-        out, lse = torch.cat(outs, 2), torch.cat(lses, 2)
+        blocks = _lse_blocks(q, k, v, mask, scale=scale, window=window, hide_own=True)
+        if blocks is None:
+            return None
+        out, lse = blocks
         if mask is not None:
             own_mask = torch.diagonal(mask, offset=offset, dim1=-2, dim2=-1)
             own_score = own_score + (
@@ -501,6 +492,27 @@ def _additive(
     return mask[..., start:stop, begin:end].masked_fill(own, low)
 
 
+def _lse_blocks(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None, hide_own: bool
+) -> tuple[Tensor, Tensor] | None:
+    """The kernel that returns the log-sum-exp (:func:`lens_parallel.compat.attention_with_lse`) a block of queries
+    at a time, each against the keys it may see (``k``, ``v`` with the queries' heads), each query's own key hidden
+    when ``hide_own``: ``(out, lse)`` for every query, or None where no kernel serves."""
+    n_query, n_key = q.shape[2], k.shape[2]
+    outs, lses = [], []
+    for span in _spans(n_query, n_key, _fused_block(q.device, window), window if mask is not None else None):
+        start, stop, begin, end = span
+        additive = _additive(q, mask, span, offset=n_key - n_query, hide_own=hide_own)
+        found = compat.attention_with_lse(
+            q[:, :, start:stop], k[:, :, begin:end], v[:, :, begin:end], additive, causal=False, scale=scale
+        )
+        if found is None:
+            return None
+        outs.append(found[0])
+        lses.append(found[1])
+    return torch.cat(outs, 2), torch.cat(lses, 2)
+
+
 def _probabilities(scores: Tensor, precise: torch.dtype, sinks: Tensor | None) -> Tensor:
     """softmax over the keys of ``scores`` ``[batch, head_index, query, key]`` in ``precise``; with ``sinks`` (one
     logit b_h per head) each row's normaliser holds exp(b_h) too and the sink's column is dropped (a row sums to
@@ -537,18 +549,10 @@ def _sink_kernel(
             return None
         out, lse = found
     else:
-        outs, lses = [], []
-        for span in _spans(n_query, n_key, _fused_block(q.device, window), window if mask is not None else None):
-            start, stop, begin, end = span
-            additive = _additive(q, mask, span, offset=offset, hide_own=False)
-            found = compat.attention_with_lse(
-                q[:, :, start:stop], k[:, :, begin:end], v[:, :, begin:end], additive, causal=False, scale=scale
-            )
-            if found is None:
-                return None
-            outs.append(found[0])
-            lses.append(found[1])
-        out, lse = torch.cat(outs, 2), torch.cat(lses, 2)
+        blocks = _lse_blocks(q, k, v, mask, scale=scale, window=window, hide_own=False)
+        if blocks is None:
+            return None
+        out, lse = blocks
     precise = torch.promote_types(q.dtype, torch.float32)
     share = torch.sigmoid(lse.to(precise) - sinks.to(precise)[None, :, None])
     return (out.to(precise) * share[..., None]).to(q.dtype)
