@@ -373,13 +373,11 @@ def own_attention_reason(component: nn.Module) -> str:
     return "; ".join(reason for reason, _ in _reasons(component))
 
 
-def attention_route(component: nn.Module) -> str:
-    """How lens_parallel's attention reaches ``component``'s queries, keys and values: "bridge" (the bridge's forward
-    steps, :func:`_position_forward` / :func:`_joint_attention`) or "module" (the Hugging Face module's own forward,
-    its attention through the interface); "" where it keeps TransformerLens's forward."""
-    if component not in _OWN_ATTENTION:
-        return ""
-    return "module" if _routable(component) or _takes_module_route(component) else "bridge"
+def reads_module_qkv(component: nn.Module) -> bool:
+    """Whether lens_parallel's attention takes ``component``'s queries, keys and values from its Hugging Face
+    module's own forward (through the attention interface: :func:`_routable`, :func:`_takes_module_route`) rather
+    than from the bridge's forward steps (:func:`_position_forward`, :func:`_joint_attention`)."""
+    return component in _OWN_ATTENTION and (_routable(component) or _takes_module_route(component))
 
 
 def pattern_after_attention(component: nn.Module) -> bool:

@@ -211,9 +211,7 @@ def _attention_path(model: TransformerBridge, layer: int, kind: LayerType) -> st
         return ""
     component = model.blocks[layer].attn
     if compat.has_own_attention(component):
-        return (
-            "lens_parallel" if compat.attention_route(component) == "bridge" else "lens_parallel: the module's q, k, v"
-        )
+        return "lens_parallel: the module's q, k, v" if compat.reads_module_qkv(component) else "lens_parallel"
     return f"eager: {compat.own_attention_reason(component) or 'lens_parallel attention not installed on this bridge'}"
 
 
