@@ -142,7 +142,7 @@ def test_a_killed_training_run_is_rerun_from_its_checkpoint_with_the_same_number
 
 def test_a_killed_worker_is_replaced_and_the_sweep_ends_with_the_same_numbers(cluster, tmp_path):
     model = get_model(SPEC)
-    blocks = _blocks(model, seq_len=64)
+    blocks = _blocks(model)
     jobs = _scale_jobs(40)
     store = tmp_path / "sweep.jsonl"
     killed: list[int] = []
@@ -165,7 +165,7 @@ from lens_parallel import ComponentScale, load_model
 from lens_parallel.data import token_blocks
 from lens_parallel.sweep import EditJob, run_sweep
 model = load_model("{spec}")
-blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=64)
+blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=32)
 jobs = [EditJob(f"s{{i}}", (ComponentScale("value", s_par=i / 40),)) for i in range(40)]
 run_sweep(model, blocks, jobs, store=sys.argv[1], progress=False, workers=2, ray_address="{address}")
 """
@@ -186,7 +186,7 @@ def test_a_sweep_killed_on_the_cluster_resumes_in_one_process(cluster, tmp_path)
     finished = _job_lines(store)
     assert 3 <= finished < 40
     model = get_model(SPEC)
-    blocks = _blocks(model, seq_len=64)
+    blocks = _blocks(model)
     resumed = run_sweep(model, blocks, _scale_jobs(40), store=store, progress=False)
     fresh = run_sweep(model, blocks, _scale_jobs(40), progress=False)
     assert _job_lines(store) == 40
