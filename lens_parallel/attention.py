@@ -33,8 +33,8 @@ soft-capping, grouped-query heads, sliding windows (the mask Hugging Face builds
 keys its window reaches), query/key norms and Qwen3.5's gate follow the bridge's own forward step for step; where
 the queries and keys come from steps that forward does not take (norms before the head split, rotary of adjacent
 pairs, a key multiplier, ...), the Hugging Face module makes them and hands them to this attention
-(:func:`attend_routed`, attention sinks included); a component whose attention itself differs otherwise (ALiBi)
-keeps TransformerLens's forward
+(:func:`attend_routed`, attention sinks included); ALiBi's bias rides in one more column of the queries and keys
+(:func:`_with_bias`), so every path serves it. A component TransformerLens serves itself says why
 (:func:`lens_parallel.compat.own_attention_reason`). Fully masked query rows (the pads of a left-padded batch) get
 the mean of every value, as the eager softmax over equal masked scores gives.
 """
@@ -57,7 +57,7 @@ from transformer_lens.hook_points import HookPoint
 
 from lens_parallel import compat, devices
 from lens_parallel.choices import AttentionPath
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.validate import check_choice
 
 
@@ -258,6 +258,47 @@ def _spans(n_query: int, n_key: int, block: int, window: int | None) -> Iterator
         yield start, stop, 0 if window is None else max(0, offset + start - window), offset + stop
 
 
+def _with_bias(
+    q: Float[Tensor, "batch head_index query_pos d_head"],
+    k: Float[Tensor, "batch kv_head_index key_pos d_head"],
+    bias: Float[Tensor, "#batch head_index key_pos"],
+    *,
+    scale: float,
+) -> tuple[Float[Tensor, "batch head_index query_pos d_wide"], Float[Tensor, "batch head_index key_pos d_wide"]]:
+    """An additive score term per key (ALiBi's b_hs: a slope per head times the key's position; ``bias`` broadcast
+    over the batch where its first axis is 1) carried by one more column of the queries and keys:
+
+        q'_t = [q_t, 1, 0, ...], k'_s = [k_s, b_s / scale, 0, ...], so scale q'_t . k'_s = scale q_t . k_s + b_s,
+
+    on every path (the fused kernels with a causal flag, the diagonal rows, the blocked scores) with nothing of
+    ``[query_pos, key_pos]`` formed. The width is rounded up to a multiple of 8 (what CUDA's fused kernels take);
+    the values keep theirs (the kernels get them padded with zeros, :func:`_widened`). The keys need the query heads'
+    own (a slope per query head): grouped-query keys are refused."""
+    if k.shape[1] != q.shape[1]:
+        raise LibraryError(f"a score bias per query head needs a key per query head, got {k.shape[1]} of {q.shape[1]}")
+    d_head = q.shape[-1]
+    pad = -(-(d_head + 1) // 8) * 8 - d_head - 1
+    column = (bias.to(torch.promote_types(bias.dtype, torch.float32)) / scale).to(k.dtype)
+    column = column.expand(k.shape[0], k.shape[1], k.shape[2])[..., None]
+    q = torch.cat([q, q.new_ones(*q.shape[:-1], 1), q.new_zeros(*q.shape[:-1], pad)], dim=-1)
+    k = torch.cat([k, column, k.new_zeros(*k.shape[:-1], pad)], dim=-1)
+    return q, k
+
+
+def _widened(v: Tensor, width: int) -> Tensor:
+    """``v`` with zero columns up to ``width`` (the keys' width under a score bias, :func:`_with_bias`): the fused
+    kernels take values as wide as the keys; their output's first ``v.shape[-1]`` columns are the attention's."""
+    return v if v.shape[-1] == width else F.pad(v, (0, width - v.shape[-1]))
+
+
+def _with_lse(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, causal: bool, scale: float
+) -> tuple[Tensor, Tensor] | None:
+    """:func:`lens_parallel.compat.attention_with_lse` on values as wide as the keys (:func:`_widened`)."""
+    found = compat.attention_with_lse(q, k, _widened(v, k.shape[-1]), mask, causal=causal, scale=scale)
+    return None if found is None else (found[0][..., : v.shape[-1]], found[1])
+
+
 def attend(
     component: Any,
     q: Float[Tensor, "batch head_index query_pos d_head"],
@@ -271,12 +312,14 @@ def attend(
     layer: int | None,
     window: int | None = None,
     sinks: Float[Tensor, " head_index"] | None = None,
+    bias: Float[Tensor, "#batch head_index key_pos"] | None = None,
 ) -> Float[Tensor, "batch head_index query_pos d_head"]:
     """Softmax attention of causal queries (the last ``query_pos`` of the ``key_pos`` positions) over keys and values
     with key-value heads shared by ``head_index / kv_head_index`` query heads each (query head h reads key-value head
     h // group):
 
-        s_ts = scale q_t . k_s (soft-capped: c tanh(s / c)), masked by ``mask`` (bool: allowed; float: added) or,
+        s_ts = scale q_t . k_s (+ b_s, ALiBi's ``bias`` of key s, per head and batch row: :func:`_with_bias`;
+        soft-capped: c tanh(s / c)), masked by ``mask`` (bool: allowed; float: added) or,
         without one, causally; A_t = softmax_s(s_t) in float32 (float64 in a float64 model, where
         TransformerLens's eager path rounds it to float32), hook_pattern; z_t = sum_s A_ts v_s. With attention
         ``sinks`` (gpt-oss: one learned logit b_h per head, a key without a value): A_ts = exp(s_ts) / (sum_u
@@ -299,6 +342,8 @@ def attend(
     n_heads, n_kv, n_query = q.shape[1], k.shape[1], q.shape[2]
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
+    if bias is not None:
+        q, k = _with_bias(q, k, bias, scale=scale)
     parts: dict[str, Any] = {"scale": scale, "window": window, "sinks": sinks}
     z = _on_diagonal(component, q, k, v, mask, **parts) if path == "diagonal" else None
     if z is None and path in ("blocked", "diagonal") and softcap is None and _detached_readers(component):
@@ -423,9 +468,9 @@ def _diagonal_rows(
     own_score = scale * (q.to(precise) * k[:, :, offset:].to(precise)).sum(-1)
     low = torch.finfo(q.dtype).min
     if mask is None and offset == 0:
-        out, lse = q.new_zeros(q.shape), q.new_full(q.shape[:-1], float("-inf"), dtype=precise)
+        out, lse = v.new_zeros(*q.shape[:-1], v.shape[-1]), q.new_full(q.shape[:-1], float("-inf"), dtype=precise)
         if n_query > 1:
-            found = compat.attention_with_lse(q[:, :, 1:], k[:, :, :-1], v[:, :, :-1], None, causal=True, scale=scale)
+            found = _with_lse(q[:, :, 1:], k[:, :, :-1], v[:, :, :-1], None, causal=True, scale=scale)
             if found is None:
                 return None
             out[:, :, 1:], lse[:, :, 1:] = found
@@ -503,7 +548,7 @@ def _lse_blocks(
     for span in _spans(n_query, n_key, _fused_block(q.device, window), window if mask is not None else None):
         start, stop, begin, end = span
         additive = _additive(q, mask, span, offset=n_key - n_query, hide_own=hide_own)
-        found = compat.attention_with_lse(
+        found = _with_lse(
             q[:, :, start:stop], k[:, :, begin:end], v[:, :, begin:end], additive, causal=False, scale=scale
         )
         if found is None:
@@ -544,7 +589,7 @@ def _sink_kernel(
     k, v = (einops.repeat(t, "batch kv key d -> batch (kv group) key d", group=n_heads // n_kv) for t in (k, v))
     offset = n_key - n_query
     if mask is None and offset == 0:
-        found = compat.attention_with_lse(q, k, v, None, causal=True, scale=scale)
+        found = _with_lse(q, k, v, None, causal=True, scale=scale)
         if found is None:
             return None
         out, lse = found
@@ -560,14 +605,14 @@ def _sink_kernel(
 
 def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None) -> Tensor:
     n_heads, n_kv, n_query, n_key = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
-    block = _fused_block(q.device, window)
+    block, d_head, v = _fused_block(q.device, window), v.shape[-1], _widened(v, k.shape[-1])
     if mask is None or n_query <= block:
         causal = mask is None and n_query == n_key and n_query > 1
         if mask is None and 1 < n_query < n_key:
             mask = torch.ones(n_query, n_key, dtype=torch.bool, device=q.device).tril(n_key - n_query)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=n_kv != n_heads
-        )
+        )[..., :d_head]
     return torch.cat(
         [
             F.scaled_dot_product_attention(
@@ -577,7 +622,7 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float
                 attn_mask=mask[..., start:stop, begin:end],
                 scale=scale,
                 enable_gqa=n_kv != n_heads,
-            )
+            )[..., :d_head]
             for start, stop, begin, end in _spans(n_query, n_key, block, window)
         ],
         dim=2,

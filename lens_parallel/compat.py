@@ -15,7 +15,7 @@ import importlib.metadata
 import os
 import pickle
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -236,6 +236,8 @@ ATTENTION_SOURCES = {
     "PositionEmbeddingsAttentionBridge.forward": "792c3e1b665a0ae2",
     "JointQKVAttentionBridge._reconstruct_attention": "6b9aae7f4356029e",
     "JointQKVPositionEmbeddingsAttentionBridge._reconstruct_attention": "b507ec0b79b97b83",
+    "BloomAttentionBridge._reconstruct_attention": "b4743a44b10ee000",
+    "MPTALiBiAttentionBridge._reconstruct_attention": "8237bcd82422b574",
 }
 """The TransformerLens 4.3.0 attention forwards lens_parallel's own path reproduces (:func:`install_attention`), and
 the generic bridge's, whose call of the Hugging Face module (and after-the-fact hook_pattern) the attention-interface
@@ -262,6 +264,7 @@ def attention_sources() -> dict[str, str]:
         PositionEmbeddingsAttentionBridge.forward,
         JointQKVAttentionBridge._reconstruct_attention,
         JointQKVPositionEmbeddingsAttentionBridge._reconstruct_attention,
+        *(cast(Any, bridge)._reconstruct_attention for bridge in _alibi_biases()),
     )
     return {f.__qualname__: hashlib.sha256(inspect.getsource(f).encode()).hexdigest()[:16] for f in functions}
 
@@ -296,10 +299,17 @@ def _reasons(component: nn.Module) -> list[tuple[str, bool]]:
         PositionEmbeddingsAttentionBridge,
     )
 
-    kinds = (PositionEmbeddingsAttentionBridge, JointQKVAttentionBridge, JointQKVPositionEmbeddingsAttentionBridge)
+    kinds = (
+        PositionEmbeddingsAttentionBridge,
+        JointQKVAttentionBridge,
+        JointQKVPositionEmbeddingsAttentionBridge,
+        *_alibi_biases(),
+    )
     hf_attn: Any = component.original_component
     config: Any = getattr(hf_attn, "config", None)
     rope = getattr(config, "rope_parameters", None)
+    bridged: Any = component.config
+    heads = bridged.n_heads
     checks = [
         (
             f"{type(component).__name__}, a bridge lens_parallel's path does not reproduce",
@@ -315,6 +325,11 @@ def _reasons(component: nn.Module) -> list[tuple[str, bool]]:
             False,
         ),
         ("a key multiplier", getattr(hf_attn, "key_multiplier", None) is not None, True),
+        (
+            "ALiBi with grouped-query heads",
+            type(component) in _alibi_biases() and (getattr(bridged, "n_key_value_heads", None) or heads) != heads,
+            False,
+        ),
         ("clip_qkv", getattr(config, "clip_qkv", None) is not None, True),
         ("attention sinks", getattr(hf_attn, "sinks", None) is not None, True),
         ("llama-4 query scaling", isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None, True),
@@ -523,14 +538,56 @@ def _rotary_hooks(component: Any, query: torch.Tensor, key: torch.Tensor) -> tup
     return query, key if hooked is new else torch.cat([key[:, :, : -query.shape[2]], hooked], dim=2)
 
 
+def _bloom_bias(component: Any, kwargs: dict[str, Any], batch: int, n_key: int) -> tuple[Any, Any]:
+    """Bloom's ALiBi as its block hands it to the attention (``alibi``: ``[batch * head, 1, key_pos]``, slope times
+    the key's position among the row's tokens, added to the scaled scores) and its additive mask."""
+    alibi = kwargs.get("alibi")
+    if alibi is None or alibi.shape[-1] < n_key:
+        raise LibraryError(
+            f"Bloom's block handed its attention an ALiBi bias of {None if alibi is None else alibi.shape[-1]} keys "
+            f"for {n_key}: a transformers release changed it"
+        )
+    bias = einops.rearrange(alibi[..., :n_key], "(batch head) 1 key -> batch head key", batch=batch)
+    return bias, kwargs.get("attention_mask")
+
+
+def _mpt_bias(component: Any, kwargs: dict[str, Any], batch: int, n_key: int) -> tuple[Any, Any]:
+    """MPT's ALiBi as its block hands it (``position_bias``: ``[head, 1, max_seq_len]``, slope times the distance
+    from the last position, its last ``key_pos`` read, added to the scaled scores) and its mask, boolean with True
+    where a key is hidden (returned as the keys allowed)."""
+    position_bias, mask = kwargs.get("position_bias"), kwargs.get("attention_mask")
+    if position_bias is None or position_bias.shape[-1] < n_key:
+        raise LibraryError(f"MPT's block handed its attention no ALiBi bias for {n_key} keys: a release changed it")
+    return position_bias[None, :, 0, -n_key:], None if mask is None else ~mask
+
+
+@functools.cache
+def _alibi_biases() -> dict[type, Callable[[Any, dict[str, Any], int, int], tuple[Any, Any]]]:
+    """The ALiBi bridges of TransformerLens 4.3 whose attention lens_parallel computes, each with how its block hands
+    the bias and the mask (:func:`_bloom_bias`, :func:`_mpt_bias`): what else their ``_reconstruct_attention``
+    does (the joint-QKV split, clip_qkv, MPT's softmax scale, the cache) is what :func:`_joint_attention` does.
+    (Falcon's ``ALiBiJointQKVAttentionBridge``, alibi=True, adds the bias before scaling: no toy reaches it yet.)"""
+    from transformer_lens.model_bridge.generalized_components.bloom_attention import BloomAttentionBridge
+    from transformer_lens.model_bridge.generalized_components.mpt_alibi_attention import MPTALiBiAttentionBridge
+
+    return {BloomAttentionBridge: _bloom_bias, MPTALiBiAttentionBridge: _mpt_bias}
+
+
 def _joint_attention(
     component: Any, attend: Any, choose: Any, rotary: bool, q: Any, k: Any, v: Any, **kwargs: Any
 ) -> Any:
     """JointQKV(PositionEmbeddings)AttentionBridge._reconstruct_attention (TransformerLens 4.3) with the attention
-    itself from ``attend``."""
+    itself from ``attend``; on an ALiBi bridge (:func:`_alibi_biases`) its bias on the scores too, after its
+    clip_qkv (``_clip_qkv``) and with its softmax scale (``_softmax_scale``)."""
     path = "eager" if _eager_now(component) else choose(component, softcap=None)
     if path == "eager":
         return type(component)._reconstruct_attention(component, q, k, v, **kwargs)
+    alibi = _alibi_biases().get(type(component))
+    clip = getattr(component, "_clip_qkv", None)
+    if clip:
+        from transformer_lens.utilities.attention import clamp_qkv
+
+        q, k, v = clamp_qkv(q, k, v, clip)
     n_heads = component.config.n_heads
     n_kv = getattr(component.config, "n_key_value_heads", None) or n_heads
     q, k, v, batch, pos, head_dim = component._reshape_qkv_to_heads(q, k, v, n_heads, n_kv)
@@ -539,11 +596,11 @@ def _joint_attention(
         cos, sin = component._apply_position_embedding_hooks(embeddings)
         q, k = component._apply_rotary_pos_emb(q, k, cos, sin)
     k, v = component._update_kv_cache(k, v, **kwargs)
-    scale = head_dim**-0.5
+    scale = getattr(component, "_softmax_scale", None) or head_dim**-0.5
     if not rotary and getattr(component.config, "scale_attn_by_inverse_layer_idx", False):
         scale /= float(component._layer_idx + 1)
-    mask = kwargs.get("attention_mask")
-    z = attend(component, q, k, v, mask, path=path, scale=scale, softcap=None, layer=component._layer_idx)
+    bias, mask = alibi(component, kwargs, batch, k.shape[2]) if alibi else (None, kwargs.get("attention_mask"))
+    z = attend(component, q, k, v, mask, path=path, scale=scale, softcap=None, layer=component._layer_idx, bias=bias)
     out = component._reshape_attn_output(z, batch, pos, n_heads, head_dim)
     return component._apply_output_projection(out), None
 
@@ -671,7 +728,7 @@ def install_attention(model: nn.Module, attend: Any, choose: Any, attend_routed:
         else:
             vars(component)["forward"] = functools.partial(_position_forward, component, attend, choose)
         _OWN_ATTENTION.add(component)
-    if taken:
+    if taken and not any(type(m) in _alibi_biases() for m in model.modules()):  # their blocks read eager's masks
         _register_interface()
         hf_model: Any = model.original_model
         with contextlib.suppress(ValueError):  # a model that refuses it keeps eager's additive mask, which is read

@@ -15,8 +15,8 @@ Where a feature is handled:
   after rotary, a key multiplier, Llama 4's query scaling, a bridge subclass) takes the queries and keys its Hugging
   Face module makes (the route through the module, :func:`lens_parallel.compat.own_attention_reason`); what the
   attention itself does differently is a part of lens_parallel's attention (attention sinks: the sink in each row's
-  normaliser) or keeps TransformerLens's eager forward (ALiBi), and the model's ``attention`` record says why per
-  layer;
+  normaliser; ALiBi: its bias in one more column of the queries and keys), and the model's ``attention`` record
+  says per layer which path serves it and why where TransformerLens's does;
 - the unembedding (:func:`lens_parallel.losses.unembedding`): the final soft cap and the logit multipliers;
 - the residual spaces: parallel blocks (residual-mlp is read against resid_pre), post-norms (one head's write is no
   term of the update), mixture-of-experts MLPs (residual-mlp is the routed block's output, which the router computes
@@ -198,7 +198,9 @@ FEATURES: Mapping[str, Feature] = {
             "alibi",
             "ALiBi: a linear bias on the attention scores by distance, no position embeddings",
             _alibi,
-            "TransformerLens's eager attention (exact; the pattern is the square)",
+            "lens_parallel's attention with the bias b_hs in one more column of the queries and keys (scale q'.k' = "
+            "scale q.k + b_s), so every path serves it, the fused kernels included, with no square formed; Bloom's "
+            "and MPT's Hugging Face models build eager's square mask themselves, which is read as given",
         ),
         Feature(
             "attention-sinks",

@@ -81,13 +81,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     grouped test by a ``@group`` suffix on its node id, which pytest 9.2's structured node ids silently drop
     (pytest-dev/pytest-xdist#1386; every group then splits over the workers, each starting its own cluster)."""
     _CURRENT_TIER[:] = [tier_of(item)]
-    if getattr(item.config.option, "loadgroup", False) and item.get_closest_marker("xdist_group"):
-        if "@" not in item.nodeid:
-            pytest.fail(
-                "--dist loadgroup lost this test's xdist_group: this pytest and pytest-xdist do not group "
-                "(pytest-dev/pytest-xdist#1386); install the versions pyproject.toml pins",
-                pytrace=False,
-            )
+    grouped = getattr(item.config.option, "loadgroup", False) and item.get_closest_marker("xdist_group")
+    if grouped and "@" not in item.nodeid:
+        pytest.fail(
+            "--dist loadgroup lost this test's xdist_group: this pytest and pytest-xdist do not group "
+            "(pytest-dev/pytest-xdist#1386); install the versions pyproject.toml pins",
+            pytrace=False,
+        )
 
 
 def get_model(spec: str):

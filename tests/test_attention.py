@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from transformer_lens.hook_points import HookPoint
 
 from lens_parallel import attention, compat, geometry
 from lens_parallel.analyses.decompose import decompose
@@ -17,7 +19,7 @@ from lens_parallel.analyses.evaluate import evaluate
 from lens_parallel.attention import attention_path, chosen_path, rows_hook
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ComponentScale, DiagonalEdit, ZeroDiagonal
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.models import model_info
 
 from .conftest import LINEAR_VALUE_NOISE, get_model, noisy_linear_value
@@ -160,6 +162,46 @@ def test_diagonal_rows_from_the_kernel_equal_the_softmax_rows(n_query, mask_kind
         np.testing.assert_allclose(rows.weight[1, :, :4].numpy(), 1 / n_key)
     if mask_kind == "padded" and n_query == n_key and sinks is not None:  # the sink takes a fully masked row
         assert rows.weight[1, :, :4].abs().max() < 1e-30 and kernel[1, :, :4].abs().max() < 1e-30
+
+
+@pytest.mark.parametrize("n_query", [31, 5])
+@pytest.mark.parametrize("mask_kind", ["causal", "padded"])
+def test_an_alibi_bias_rides_in_the_keys_on_every_path(n_query, mask_kind):
+    """ALiBi's score term b_hs (a slope per head times the key's position, :func:`attention._with_bias`: one more
+    column of the queries and keys): z on the fused, diagonal and blocked paths, the diagonal rows and the blocked
+    pattern equal an explicit float64 softmax(scale q k^T + b + mask); Bloom's slopes, a left-padded row, a decoding
+    step's 5 queries, blocks of 7 queries."""
+    torch.manual_seed(0)
+    n_key, heads, scale = 31, 4, 0.4
+    q, k, v = torch.randn(2, heads, n_query, 8), torch.randn(2, heads, n_key, 8), torch.randn(2, heads, n_key, 8)
+    slopes = torch.tensor([2.0 ** (-8 * (h + 1) / heads) for h in range(heads)])
+    bias = (slopes[:, None] * torch.arange(n_key))[None]  # [1, head, key], broadcast over the batch
+    allowed = torch.ones(2, 1, n_key, n_key, dtype=torch.bool).tril()
+    if mask_kind == "padded":
+        allowed[1, :, :, :4] = False
+    allowed = allowed[..., n_key - n_query :, :]
+    given = None if mask_kind == "causal" else allowed
+    scores = q.double() @ k.double().transpose(-1, -2) * scale + bias.double()[:, :, None, :]
+    pattern = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
+    live = allowed.any(-1).expand(2, heads, n_query)
+    blocks: list[torch.Tensor] = []
+    component = SimpleNamespace(hook_pattern=HookPoint(), hook_attn_scores=HookPoint())
+    for path in ("fused", "diagonal", "blocked"):
+        if path == "blocked":  # a reader of the pattern's rows, block by block
+            component.hook_pattern.add_hook(rows_hook(lambda tensor, hook: blocks.append(tensor.clone())))
+        with attention_path("auto", block_size=7):
+            z = attention.attend(component, q, k, v, given, path=path, scale=scale, softcap=None, layer=None, bias=bias)
+        np.testing.assert_allclose(z[live].numpy(), (pattern @ v.double())[live].numpy(), atol=1e-5, err_msg=path)
+    seen = torch.cat([torch.nn.functional.pad(b, (0, n_key - b.shape[-1])) for b in blocks], dim=2)
+    np.testing.assert_allclose(seen[live].numpy(), pattern[live].numpy(), atol=1e-6)
+    wide_q, wide_k = attention._with_bias(q, k, bias, scale=scale)
+    assert wide_q.shape[-1] == wide_k.shape[-1] == 16  # 8 + 1 rounded up to a multiple of 8
+    with attention_path("auto", block_size=7):
+        rows = attention._diagonal_rows(wide_q, wide_k, v, given, scale=scale, window=None, sinks=None)
+    own = torch.diagonal(pattern, offset=n_key - n_query, dim1=-2, dim2=-1)
+    np.testing.assert_allclose(rows.weight[live].numpy(), own[live].numpy(), atol=1e-6)
+    with pytest.raises(LibraryError, match="a key per query head"):  # grouped-query keys cannot carry a slope per head
+        attention._with_bias(q, k[:, :2], bias, scale=scale)
 
 
 def test_diagonal_rows_keep_the_rest_exact_where_a_row_is_almost_all_its_own():
