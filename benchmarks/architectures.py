@@ -21,6 +21,13 @@ peak RSS its own:
 The path each layer took (lens_parallel's fused / diagonal / blocked, or eager and why) is read from the model's
 ``attention_paths`` and from :func:`lens_parallel.attention.recorded_paths`. Writes ``architectures.json`` and a
 figure to ``--out``.
+
+``--memory`` measures memory at length instead (``--seq-len 16384``): each mode once, in its own process, the peak
+resident memory the call adds over what the process held before it (Linux's high-water mark, VmHWM, reset by
+``/proc/self/clear_refs`` just before the call). Hugging Face's peer is its SDPA forward; a row whose Hugging Face
+model has no SDPA (Gemma 2, gpt-oss, Bloom: eager's square of every head would not fit) is compared with the
+``--memory-peer`` row's (Llama-like, the same width, heads and length). Writes ``memory.json``, ``memory.md`` and a
+figure.
 """
 
 from __future__ import annotations
@@ -85,7 +92,9 @@ def _row(model_type: str) -> tuple[str, dict]:
     return MODELS.get(model_type, (f"{model_type}-like", FITTED.get(model_type, {})))
 
 
-def _calls(model_type: str, modes: list[str], args: argparse.Namespace) -> tuple[dict[str, Any], Any, dict]:
+def _calls(
+    model_type: str, modes: list[str], args: argparse.Namespace, *, eager_peer: bool = True
+) -> tuple[dict[str, Any], Any, dict]:
     """Each mode's call on one document of ``--seq-len`` random ids (only the models the modes need are loaded),
     the lens_parallel model (or None) and what Hugging Face's peer ran."""
     import warnings
@@ -108,6 +117,8 @@ def _calls(model_type: str, modes: list[str], args: argparse.Namespace) -> tuple
             hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
             peer["hugging face sdpa"] = 1
         except ValueError:
+            if not eager_peer:
+                return {}, None, {}
             hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
             peer["hugging face eager"] = 1
 
@@ -166,6 +177,118 @@ def worker(model_type: str, mode: str, args: argparse.Namespace) -> dict:
     return _row_record(model_type, mode, times, model, per_call, peer)
 
 
+def _high_water_mib() -> float:
+    """The process's peak resident memory since the last :func:`_reset_high_water` (VmHWM), in MiB."""
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) / 1024
+
+
+def _reset_high_water() -> float:
+    """Reset the peak to the memory held now (``/proc/self/clear_refs``: 5); returns that, in MiB."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _high_water_mib()
+
+
+def memory_worker(model_type: str, mode: str, args: argparse.Namespace) -> dict:
+    """One call of ``mode`` in this process: the peak memory it adds over what the process held before it, and its
+    time; ``{"no_sdpa": True}`` for Hugging Face's peer where its model has no SDPA."""
+    import gc
+
+    calls, model, peer = _calls(model_type, [mode], args, eager_peer=False)
+    if not calls:
+        return {"model": model_type, "mode": mode, "no_sdpa": True}
+    gc.collect()
+    held = _reset_high_water()
+    with __import__("lens_parallel").attention.recorded_paths() as paths:
+        start = time.perf_counter()
+        calls[mode]()
+        seconds = time.perf_counter() - start
+    record = _row_record(model_type, mode, [seconds], model, dict(paths), peer)
+    return record | {"held_mib": held, "added_mib": _high_water_mib() - held}
+
+
+def run_memory(args: argparse.Namespace, out: Path) -> None:
+    """``--memory``: each row's modes, each once in its own process (:func:`memory_worker`), against Hugging Face's
+    SDPA forward (the ``--memory-peer`` row's where the row's model has none); rows written as they finish."""
+    partial = out / "memory.partial.json"
+    rows: dict[str, dict[str, dict]] = json.loads(partial.read_text()) if partial.is_file() else {}
+    with tempfile.TemporaryDirectory() as models:
+        for model_type in dict.fromkeys([args.memory_peer, *args.rows]):
+            for mode in dict.fromkeys(["hf-sdpa", *args.modes]):
+                if mode in rows.get(model_type, {}):
+                    continue
+                _folder(model_type, args.seq_len, Path(models))
+                command = [sys.executable, __file__, "--worker", model_type, f"memory:{mode}", "--models", models]
+                done = subprocess.run([*command, *sys.argv[1:]], capture_output=True, text=True, check=True)
+                rows.setdefault(model_type, {})[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+                partial.write_text(json.dumps(rows, indent=1))
+    table = memory_markdown(rows, args)
+    print(table)
+    (out / "memory.md").write_text(table + "\n")
+    (out / "memory.json").write_text(json.dumps(rows, indent=1))
+    partial.unlink(missing_ok=True)
+    memory_figure(rows, args, out / "memory")
+
+
+def _memory_peer(rows: dict, model_type: str, args: argparse.Namespace) -> tuple[dict, str]:
+    own = rows[model_type]["hf-sdpa"]
+    if not own.get("no_sdpa"):
+        return own, "its own"
+    return rows[args.memory_peer]["hf-sdpa"], f"{args.memory_peer}-like (no SDPA of its own)"
+
+
+def memory_markdown(rows: dict, args: argparse.Namespace) -> str:
+    """The architectures guide's memory table: per row, Hugging Face's SDPA peer and each mode's added peak memory
+    (MiB, and as a multiple of the peer's) and time."""
+    modes = [mode for mode in MODES if mode != "hf-sdpa" and mode in next(iter(rows.values()), {})]
+    head = ["architecture", "attention", "Hugging Face SDPA peer", "peer (MiB)"]
+    head += [f"{mode} (MiB, x peer, s)" for mode in modes]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model_type, by_mode in rows.items():
+        if not all(mode in by_mode for mode in modes):
+            continue  # the peer row, run for Hugging Face's forward only
+        peer, which = _memory_peer(rows, model_type, args)
+        cells = [model_type, "; ".join(by_mode[modes[0]]["attention_paths"]), which, f"{peer['added_mib']:.0f}"]
+        for mode in modes:
+            row = by_mode[mode]
+            cells.append(f"{row['added_mib']:.0f} ({row['added_mib'] / peer['added_mib']:.2f}x, {row['median_s']:.1f})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def memory_figure(rows: dict, args: argparse.Namespace, stem: Path) -> None:
+    """Per model: the peak memory each mode's call adds at ``--seq-len`` tokens, beside Hugging Face's SDPA peer."""
+    import plotly.graph_objects as go
+
+    from lens_parallel.plots import save_figure
+
+    models = [m for m in rows if len(rows[m]) > 1]
+    fig = go.Figure()
+    peers = [_memory_peer(rows, m, args) for m in models]
+    names = [_row(m)[0].split(":")[0] for m in models]
+    fig.add_bar(
+        x=names,
+        y=[peer["added_mib"] for peer, _ in peers],
+        name="Hugging Face SDPA (hatched: the Llama-like row's, where the model has none)",
+        marker_color=COLORS["hf-sdpa"],
+        marker_pattern_shape=["" if which == "its own" else "/" for _, which in peers],
+    )
+    for mode in [mode for mode in MODES if mode != "hf-sdpa" and mode in rows[models[0]]]:
+        values = [rows[m][mode]["added_mib"] for m in models]
+        labels = [f"{v / peer['added_mib']:.2f}x" for v, (peer, _) in zip(values, peers, strict=True)]
+        fig.add_bar(x=names, y=values, name=mode, text=labels, textposition="outside", marker_color=COLORS[mode])
+    fig.update_yaxes(title_text="peak memory the call adds (MiB; label: x Hugging Face's)", rangemode="tozero")
+    fig.update_layout(
+        title=f"Memory at 1 x {args.seq_len} tokens (toys: 4 layers, width 256, 8 query heads of 32)",
+        template="plotly_white",
+        barmode="group",
+        width=950,
+        height=500,
+        legend={"orientation": "h", "y": -0.15},
+    )
+    save_figure(fig, stem)
+
+
 def interleaved(model_type: str, modes: list[str], args: argparse.Namespace) -> dict:
     """Every mode in one process, round-robin ``--repeats`` times after a warm-up of each: medians less exposed to
     one process's luck (its placement, the machine's load) than a process per mode; the RSS is the process's."""
@@ -197,12 +320,16 @@ def main() -> None:
     parser.add_argument(
         "--interleaved", action="store_true", help="all modes of a row in one process, round-robin (no RSS per mode)"
     )
+    parser.add_argument("--memory", action="store_true", help="peak memory each call adds, one call per mode")
+    parser.add_argument("--memory-peer", default="llama", help="the SDPA peer of rows whose model has none")
     parser.add_argument("--models", help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         model_type, mode = args.worker
-        if mode == "interleaved":
+        if mode.startswith("memory:"):
+            print(json.dumps(memory_worker(model_type, mode.removeprefix("memory:"), args)))
+        elif mode == "interleaved":
             print(json.dumps(interleaved(model_type, list(dict.fromkeys(["hf-sdpa", "forward", *args.modes])), args)))
         else:
             print(json.dumps(worker(model_type, mode, args)))
@@ -210,6 +337,10 @@ def main() -> None:
     start = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.memory:
+        run_memory(args, out)
+        print(f"wall time {time.perf_counter() - start:.1f} s")
+        return
     partial = out / "architectures.partial.json"  # each finished row, so a stopped run keeps them and resumes
     rows: dict[str, dict[str, dict]] = json.loads(partial.read_text()) if partial.is_file() else {}
     failed: dict[str, str] = {}

@@ -291,6 +291,7 @@ def _reasons(component: nn.Module) -> list[tuple[str, bool]]:
     the module makes its queries and keys (the bridge class, norms before the head split or after rotary, rotary of
     the other layout, clipping, a key multiplier, Llama 4's query scaling) the route takes them as made; sinks, a
     separate gate projection, non-causal or float32-upcast attention it does not compute."""
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
     from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
     from transformer_lens.model_bridge.generalized_components.joint_qkv_position_embeddings_attention import (
         JointQKVPositionEmbeddingsAttentionBridge,
@@ -310,10 +311,22 @@ def _reasons(component: nn.Module) -> list[tuple[str, bool]]:
     rope = getattr(config, "rope_parameters", None)
     bridged: Any = component.config
     heads = bridged.n_heads
+    generic = type(component).forward is AttentionBridge.forward
     checks = [
         (
+            f"{type(hf_attn).__name__} computes its attention itself, not through transformers' attention interface "
+            "(TransformerLens's generic AttentionBridge calls it whole)",
+            generic and not _calls_attention_interface(hf_attn),
+            False,
+        ),
+        (
+            f"{type(hf_attn).__name__} fires hook_pattern itself (accepts_pattern_fn)",
+            generic and bool(getattr(hf_attn, "accepts_pattern_fn", False)),
+            False,
+        ),
+        (
             f"{type(component).__name__}, a bridge lens_parallel's path does not reproduce",
-            type(component) not in kinds,
+            type(component) not in kinds and not generic,
             True,
         ),
         (
