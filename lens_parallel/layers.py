@@ -17,9 +17,10 @@ mixer      a mixer the bridge does not open into heads: Mamba /  none           
 =========  ===================================================  =========================  =====================
 
 Analyses ask a layer's :class:`LayerKind` (``info.kind(layer)``) what it has instead of comparing names: its heads
-(:meth:`LayerKind.output_heads`), their key groups, whether it has a softmax pattern, how its ticks are marked.
-Adding a kind: its name in :data:`lens_parallel.choices.LayerType`, its :class:`LayerKind` in :data:`LAYER_KINDS`,
-and how :func:`layer_kind` recognises it.
+(:meth:`LayerKind.output_heads`, :meth:`LayerKind.head_counts`), their key groups, the roles its writes and values
+are read from, whether it has a softmax pattern, how its ticks are marked; each kind is a class whose methods
+answer for it. Adding a kind: its name in :data:`lens_parallel.choices.LayerType`, its class and instance in
+:data:`LAYER_KINDS`, and how :func:`layer_kind` recognises it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from lens_parallel.choices import LayerType
 from lens_parallel.errors import LensParallelError
@@ -36,8 +39,45 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class MixingMap:
+    """A kind's exact mixing map o_t = sum_s M_ts v_s, as figures and views name and draw it.
+
+    Attributes:
+        symbol: the map's symbol (``A``: a softmax pattern; ``M``: the delta rule's mixing weights).
+        name: what it is, in a title (``attention pattern``).
+        kind: the kind's map in a figure's subtitle (``softmax attention``).
+        self_symbol: the self weight's symbol (``A`` in A_tt, ``a`` in a_tt).
+        self_title: the self weight's axis title, with its unit.
+        signed: whether it may be negative (a colour range symmetric about 0; a softmax pattern lies in [0, 1]).
+    """
+
+    symbol: str
+    name: str
+    kind: str
+    self_symbol: str
+    self_title: str
+    signed: bool
+
+    def bound(self, values: np.ndarray) -> float:
+        """The colour range's bound for ``values`` of this map: max |M| where it is signed, else 1."""
+        return (float(np.abs(values).max()) or 1.0) if self.signed else 1.0
+
+
+SOFTMAX_MAP = MixingMap("A", "attention pattern", "softmax attention", "A", "attention to itself (probability)", False)
+DELTA_RULE_MAP = MixingMap(
+    "M",
+    "delta-rule mixing weights M (linear attention)",
+    "linear attention: delta-rule mixing weights M, M_tt = a_tt",
+    "a",  # a_tt = beta_t (k_t . q_t)
+    "self weight a_tt (not a probability)",
+    True,
+)
+
+
+@dataclass(frozen=True)
 class LayerKind:
-    """One layer kind.
+    """One layer kind: what the analyses ask of a layer, answered by its class (:class:`SoftmaxAttention`,
+    :class:`LinearAttention`, :class:`Mixer`), never by comparing its name. This base class is a layer without heads.
 
     Attributes:
         name: the kind (:data:`~lens_parallel.choices.LayerType`), as tables' ``layer_type`` column says it.
@@ -47,6 +87,8 @@ class LayerKind:
         unit: what one head is on this kind (``query head``, ``value head``); empty where it has no heads.
         pattern: whether it has a softmax pattern (diagonal views and edits of A, ``mean`` ablations, the post-gate
             site, what is built on hook_pattern).
+        mixing_map: its exact mixing map o_t = sum_s M_ts v_s as views and figures draw it (:class:`MixingMap`);
+            None on a mixer without heads.
         decodes_with_hooks: whether its hooks fire at a cached decoding step (so an edit there stays exact with the
             key/value cache): TransformerLens's linear-attention bridge hands a cached step to Hugging Face's module,
             where only its hook_in / hook_out fire.
@@ -58,6 +100,7 @@ class LayerKind:
     tick: str
     unit: str
     pattern: bool
+    mixing_map: MixingMap | None
     decodes_with_hooks: bool
 
     @property
@@ -65,45 +108,32 @@ class LayerKind:
         """Whether the layer has heads the per-head analyses read (the value spaces, head ablations, the nulls)."""
         return bool(self.unit)
 
+    def head_counts(self, info: ModelInfo) -> tuple[int, int, int]:
+        """(query heads, key heads, value heads) of the layer's mixer; none on a mixer without heads."""
+        return 0, 0, 0
+
     def output_heads(self, info: ModelInfo) -> int:
-        """The heads whose outputs the layer's mixer projects and sums: query heads (softmax), value heads (linear),
-        none (mixer)."""
-        if self.name == "softmax":
-            return info.n_heads
-        return info.n_linear_heads if self.name == "linear" else 0
+        """The heads whose outputs the layer's mixer projects and sums (one per value or query head); none here."""
+        return 0
 
     def key_group(self, info: ModelInfo) -> int:
-        """Output heads per key head: head h reads key head h // key_group (query heads per kv head on softmax
-        attention; value heads per query/key head on linear attention; 1 where there are no heads)."""
-        if self.name == "softmax":
-            return info.n_heads // info.n_kv_heads
-        if self.name == "linear":
-            return info.n_linear_heads // info.n_linear_key_heads
+        """Output heads per key head: head h reads key head h // key_group (1 where there are no heads)."""
         return 1
 
     @property
     def update_role(self) -> str:
-        """The role (:data:`lens_parallel.hooks.ROLE_HOOKS`) holding the mixer's update to the residual: hook_attn_out
-        (softmax), the linear-attention block's hook_out (linear); none on a mixer, whose update is measured as
-        resid_mid - resid_pre."""
-        return {"softmax": "attn_out", "linear": "lin_out"}.get(self.name, "")
+        """The role (:data:`lens_parallel.hooks.ROLE_HOOKS`) holding the mixer's update to the residual; none on a
+        mixer, whose update is measured as resid_mid - resid_pre."""
+        return ""
 
     @property
     def head_roles(self) -> tuple[str, ...]:
-        """What one head's write to the residual is formed from: hook_z (softmax: z_h W_O[h]); the delta rule's output
-        and the gate of its gated RMSNorm (linear: u_h W_out[h]); nothing on a mixer."""
-        return {"softmax": ("z",), "linear": ("lin_o", "lin_gate")}.get(self.name, ())
+        """What one head's write to the residual is formed from; nothing on a mixer."""
+        return ()
 
     def value_roles(self, info: ModelInfo, *, diagonal: bool = False) -> tuple[str, ...]:
-        """The roles the value spaces read at a layer of this kind (:func:`lens_parallel.spaces.value_parts`): v and
-        hook_z, with the gate input under gated attention (the pre-gate A v is hook_z / sigmoid(gate)) and the
-        pattern's diagonal A_tt when ``diagonal`` (softmax); v and o (hook_recurrence_out), with the queries, keys
-        and beta of the self weight a_tt = beta_t (k_t . q_t) when ``diagonal`` (linear). A mixer has none."""
-        if self.name == "softmax":
-            gate = (info.gate_role,) if info.gate_role else ()
-            return ("v", "z", *gate, *(("pattern_diag",) if diagonal else ()))
-        if self.name == "linear":
-            return ("lin_v", "lin_o", *(("lin_q", "lin_k", "lin_beta") if diagonal else ()))
+        """The roles the value spaces read at a layer of this kind (:func:`lens_parallel.spaces.value_parts`), with
+        what the self weight a_tt is formed from when ``diagonal``; a mixer has none."""
         raise LensParallelError(f"a {self.title} layer has no value spaces (no heads)")
 
     def key_heads(self, info: ModelInfo) -> int:
@@ -112,27 +142,92 @@ class LayerKind:
         return heads // self.key_group(info) if heads else 0
 
 
+@dataclass(frozen=True)
+class SoftmaxAttention(LayerKind):
+    """Softmax attention with per-head hooks: its heads are query heads, grouped under kv heads."""
+
+    def head_counts(self, info: ModelInfo) -> tuple[int, int, int]:
+        return info.n_heads, info.n_kv_heads, info.n_kv_heads
+
+    def output_heads(self, info: ModelInfo) -> int:
+        return info.n_heads
+
+    def key_group(self, info: ModelInfo) -> int:
+        """Query heads per kv head."""
+        return info.n_heads // info.n_kv_heads
+
+    @property
+    def update_role(self) -> str:
+        """hook_attn_out."""
+        return "attn_out"
+
+    @property
+    def head_roles(self) -> tuple[str, ...]:
+        """hook_z: head h writes z_h W_O[h]."""
+        return ("z",)
+
+    def value_roles(self, info: ModelInfo, *, diagonal: bool = False) -> tuple[str, ...]:
+        """v and hook_z, with the gate input under gated attention (the pre-gate A v is hook_z / sigmoid(gate)) and
+        the pattern's diagonal A_tt when ``diagonal``."""
+        gate = (info.gate_role,) if info.gate_role else ()
+        return ("v", "z", *gate, *(("pattern_diag",) if diagonal else ()))
+
+
+@dataclass(frozen=True)
+class LinearAttention(LayerKind):
+    """Linear attention (the gated delta rule): its heads are value heads, grouped under query/key heads."""
+
+    def head_counts(self, info: ModelInfo) -> tuple[int, int, int]:
+        return info.n_linear_key_heads, info.n_linear_key_heads, info.n_linear_heads
+
+    def output_heads(self, info: ModelInfo) -> int:
+        return info.n_linear_heads
+
+    def key_group(self, info: ModelInfo) -> int:
+        """Value heads per query/key head."""
+        return info.n_linear_heads // info.n_linear_key_heads
+
+    @property
+    def update_role(self) -> str:
+        """The linear-attention block's hook_out."""
+        return "lin_out"
+
+    @property
+    def head_roles(self) -> tuple[str, ...]:
+        """The delta rule's output and the gate of its gated RMSNorm: head h writes u_h W_out[h]."""
+        return ("lin_o", "lin_gate")
+
+    def value_roles(self, info: ModelInfo, *, diagonal: bool = False) -> tuple[str, ...]:
+        """v and o (hook_recurrence_out), with the queries, keys and beta of the self weight a_tt = beta_t (k_t . q_t)
+        when ``diagonal``."""
+        return ("lin_v", "lin_o", *(("lin_q", "lin_k", "lin_beta") if diagonal else ()))
+
+
 LAYER_KINDS: Mapping[str, LayerKind] = {
     kind.name: kind
     for kind in (
-        LayerKind("softmax", "softmax-attention", "soft", "", "query head", pattern=True, decodes_with_hooks=True),
-        LayerKind(
+        SoftmaxAttention(
+            "softmax",
+            "softmax-attention",
+            "soft",
+            "",
+            "query head",
+            pattern=True,
+            mixing_map=SOFTMAX_MAP,
+            decodes_with_hooks=True,
+        ),
+        LinearAttention(
             "linear",
             "linear-attention",
             "lin",
             "lin",
             "value head",
             pattern=False,
+            mixing_map=DELTA_RULE_MAP,
             decodes_with_hooks=False,
         ),
         LayerKind(
-            "mixer",
-            "mixer (no heads)",
-            "mix",
-            "mix",
-            "",
-            pattern=False,
-            decodes_with_hooks=False,
+            "mixer", "mixer (no heads)", "mix", "mix", "", pattern=False, mixing_map=None, decodes_with_hooks=False
         ),
     )
 }

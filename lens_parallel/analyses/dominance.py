@@ -360,10 +360,7 @@ def _positions(query_positions: slice | Sequence[int] | None, seq_len: int) -> t
 
 def _receiver_heads(info: ModelInfo, up: int) -> tuple[int, int, int, int, int]:
     """(upstream heads, receiving heads, query heads, key heads, value heads) of the pair (up, up + 1)."""
-    if info.kind(up + 1).pattern:
-        n_q, n_k, n_v = info.n_heads, info.n_kv_heads, info.n_kv_heads
-    else:
-        n_q, n_k, n_v = info.n_linear_key_heads, info.n_linear_key_heads, info.n_linear_heads
+    n_q, n_k, n_v = info.kind(up + 1).head_counts(info)
     return info.output_heads(up), info.output_heads(up + 1), n_q, n_k, n_v
 
 

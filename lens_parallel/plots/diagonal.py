@@ -17,13 +17,12 @@ if TYPE_CHECKING:
 
 
 def _kind(view: DiagonalView) -> tuple[str, str, float]:
-    """The map's symbol, what it is and its colour bound: a softmax layer's attention A (a distribution: ±1), or a
-    linear-attention layer's delta-rule mixing weights M (o_t = sum_s M_ts v_s, M_tt = a_tt; not a distribution:
-    ±max |M|)."""
-    if not view.info.kind(view.layer).pattern:
-        bound = float(np.abs(view.pattern).max()) or 1.0
-        return "M", "linear attention: delta-rule mixing weights M, M_tt = a_tt", bound
-    return "A", "softmax attention", 1.0
+    """The map's symbol, what it is and its colour bound (:class:`~lens_parallel.layers.MixingMap`): a softmax
+    layer's attention A (a distribution: ±1), or a linear-attention layer's delta-rule mixing weights M (o_t = sum_s
+    M_ts v_s, M_tt = a_tt; not a distribution: ±max |M|)."""
+    mixing = view.info.kind(view.layer).mixing_map
+    assert mixing is not None  # a diagonal view is of a layer with heads
+    return mixing.symbol, mixing.kind, mixing.bound(view.pattern)
 
 
 def _map(fig: go.Figure, m: np.ndarray, labels: list[str], title: str, *, col: int, symbol: str, bound: float) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from lens_parallel.layers import LAYER_KINDS
+from lens_parallel.layers import LAYER_KINDS, MixingMap
 from lens_parallel.models import head_label
 from lens_parallel.plots.common import TEMPLATE, head_unit, layer_axis
 
@@ -82,19 +82,22 @@ def heatmap_figure(
     return fig
 
 
-def _linear(view: View) -> bool:
-    """Whether the view's layer is a linear-attention layer: its map is the delta rule's mixing weights M."""
-    return not LAYER_KINDS[view.layer_types[view.layer]].pattern
+def _map(view: View) -> MixingMap:
+    """How the view's layer's mixing map is named and drawn: a softmax pattern A, or a linear-attention layer's
+    delta-rule mixing weights M."""
+    mixing = LAYER_KINDS[view.layer_types[view.layer]].mixing_map
+    assert mixing is not None  # the explorer views layers with heads
+    return mixing
 
 
 def pattern_figure(view: View) -> go.Figure:
     labels = _labels(view.tokens)
     text = [[f"query {labels[q]}<br>key {labels[k]}" for k in range(len(labels))] for q in range(len(labels))]
-    symbol = "M" if _linear(view) else "A"
-    bound = float(np.abs(view.pattern).max()) or 1.0
+    mixing = _map(view)
+    symbol, bound = mixing.symbol, mixing.bound(view.pattern)
     scale = (
         {"colorscale": "RdBu_r", "zmid": 0, "zmin": -bound, "zmax": bound}  # M is not a distribution: signed
-        if _linear(view)
+        if mixing.signed
         else {"colorscale": "Viridis", "zmin": 0, "zmax": 1}
     )
     fig = go.Figure(
@@ -108,7 +111,7 @@ def pattern_figure(view: View) -> go.Figure:
             hovertemplate=f"%{{text}}<br>{symbol}_ts = %{{z:.4f}}<extra></extra>",
         )
     )
-    what = "delta-rule mixing weights M (linear attention)" if _linear(view) else "attention pattern"
+    what = mixing.name
     fig.update_layout(
         template=TEMPLATE,
         title=f"{view.label} {what}, document {view.doc}",
@@ -124,7 +127,7 @@ def pattern_figure(view: View) -> go.Figure:
 def diagonal_figure(view: View) -> go.Figure:
     labels = _labels(view.tokens)
     fig = go.Figure()
-    a = "a" if _linear(view) else "A"  # a_tt = beta_t (k_t . q_t) on a linear-attention layer
+    a = _map(view).self_symbol
     fig.add_trace(go.Scatter(x=labels, y=view.diag, mode="lines+markers", name=f"{a}_tt (model)"))
     edited = {
         "scale": f"{a}'_tt = {a}_tt + dA_tt (s_par={view.s_par:g})",
@@ -136,7 +139,7 @@ def diagonal_figure(view: View) -> go.Figure:
         template=TEMPLATE,
         title=f"{view.label} diagonal and its edited form<br>{SPACE_TITLES[view.space]}",
         xaxis_title="token t",
-        yaxis_title="self weight a_tt (not a probability)" if _linear(view) else "attention to itself (probability)",
+        yaxis_title=_map(view).self_title,
         yaxis2={
             "title": "parallel coefficient (unitless)",
             "overlaying": "y",
