@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -553,7 +554,8 @@ def _rotary_hooks(component: Any, query: torch.Tensor, key: torch.Tensor) -> tup
 
 def _bloom_bias(component: Any, kwargs: dict[str, Any], batch: int, n_key: int) -> tuple[Any, Any]:
     """Bloom's ALiBi as its block hands it to the attention (``alibi``: ``[batch * head, 1, key_pos]``, slope times
-    the key's position among the row's tokens, added to the scaled scores) and its additive mask."""
+    the key's position among the row's tokens, added to the scaled scores) and its mask (SDPA's: none where
+    causal alone suffices, else boolean, True where a key is allowed)."""
     alibi = kwargs.get("alibi")
     if alibi is None or alibi.shape[-1] < n_key:
         raise LibraryError(
@@ -574,16 +576,50 @@ def _mpt_bias(component: Any, kwargs: dict[str, Any], batch: int, n_key: int) ->
     return position_bias[None, :, 0, -n_key:], None if mask is None else ~mask
 
 
+def _bloom_eager_kwargs(kwargs: dict[str, Any], n_query: int, dtype: torch.dtype) -> dict[str, Any]:
+    """What TransformerLens's own Bloom forward reads, whose blocks add their mask to the scores, where the model
+    builds SDPA's masks: the mask as eager's additive ``[batch | 1, 1, query_pos, key_pos]`` (0 where allowed, the
+    dtype's minimum where hidden; causal, the queries the last of the keys, where SDPA's is none)."""
+    mask, alibi = kwargs.get("attention_mask"), kwargs["alibi"]
+    if mask is not None and mask.dtype != torch.bool:
+        return kwargs
+    n_key = alibi.shape[-1]
+    allowed = torch.ones(n_query, n_key, dtype=torch.bool, device=alibi.device).tril(n_key - n_query)
+    allowed = allowed[None, None] if mask is None else mask
+    zero = torch.zeros((), dtype=dtype, device=alibi.device)
+    return kwargs | {"attention_mask": torch.where(allowed, zero, torch.finfo(dtype).min)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _AlibiBridge:
+    """How one ALiBi bridge's block hands its attention the bias and the mask.
+
+    Attributes:
+        bias: ``(component, kwargs, batch, key_pos) -> (bias [batch | 1, head, key_pos], mask)``, the mask as
+            :func:`lens_parallel.attention.attend` reads it.
+        eager_kwargs: ``(kwargs, query_pos, dtype) -> kwargs`` for TransformerLens's own forward where the Hugging
+            Face model builds SDPA's masks (none, or boolean) rather than eager's square; None where the model keeps
+            eager's (its blocks read no other).
+    """
+
+    bias: Callable[[Any, dict[str, Any], int, int], tuple[Any, Any]]
+    eager_kwargs: Callable[[dict[str, Any], int, torch.dtype], dict[str, Any]] | None
+
+
 @functools.cache
-def _alibi_biases() -> dict[type, Callable[[Any, dict[str, Any], int, int], tuple[Any, Any]]]:
-    """The ALiBi bridges of TransformerLens 4.3 whose attention lens_parallel computes, each with how its block hands
-    the bias and the mask (:func:`_bloom_bias`, :func:`_mpt_bias`): what else their ``_reconstruct_attention``
-    does (the joint-QKV split, clip_qkv, MPT's softmax scale, the cache) is what :func:`_joint_attention` does.
-    (Falcon's ``ALiBiJointQKVAttentionBridge``, alibi=True, adds the bias before scaling: no toy reaches it yet.)"""
+def _alibi_biases() -> dict[type, _AlibiBridge]:
+    """The ALiBi bridges of TransformerLens 4.3 whose attention lens_parallel computes (:class:`_AlibiBridge`):
+    Bloom (its model's masks SDPA's, so no square mask is built where causal alone suffices) and MPT (whose model
+    turns eager's mask into booleans itself). What else their ``_reconstruct_attention`` does (the joint-QKV split,
+    clip_qkv, MPT's softmax scale, the cache) is what :func:`_joint_attention` does. (Falcon's
+    ``ALiBiJointQKVAttentionBridge``, alibi=True, adds the bias before scaling: no toy reaches it yet.)"""
     from transformer_lens.model_bridge.generalized_components.bloom_attention import BloomAttentionBridge
     from transformer_lens.model_bridge.generalized_components.mpt_alibi_attention import MPTALiBiAttentionBridge
 
-    return {BloomAttentionBridge: _bloom_bias, MPTALiBiAttentionBridge: _mpt_bias}
+    return {
+        BloomAttentionBridge: _AlibiBridge(_bloom_bias, _bloom_eager_kwargs),
+        MPTALiBiAttentionBridge: _AlibiBridge(_mpt_bias, None),
+    }
 
 
 def _joint_attention(
@@ -592,10 +628,12 @@ def _joint_attention(
     """JointQKV(PositionEmbeddings)AttentionBridge._reconstruct_attention (TransformerLens 4.3) with the attention
     itself from ``attend``; on an ALiBi bridge (:func:`_alibi_biases`) its bias on the scores too, after its
     clip_qkv (``_clip_qkv``) and with its softmax scale (``_softmax_scale``)."""
+    alibi = _alibi_biases().get(type(component))
     path = "eager" if _eager_now(component) else choose(component, softcap=None)
     if path == "eager":
+        if alibi is not None and alibi.eager_kwargs is not None:
+            kwargs = alibi.eager_kwargs(kwargs, q.shape[1], q.dtype)
         return type(component)._reconstruct_attention(component, q, k, v, **kwargs)
-    alibi = _alibi_biases().get(type(component))
     clip = getattr(component, "_clip_qkv", None)
     if clip:
         from transformer_lens.utilities.attention import clamp_qkv
@@ -612,7 +650,7 @@ def _joint_attention(
     scale = getattr(component, "_softmax_scale", None) or head_dim**-0.5
     if not rotary and getattr(component.config, "scale_attn_by_inverse_layer_idx", False):
         scale /= float(component._layer_idx + 1)
-    bias, mask = alibi(component, kwargs, batch, k.shape[2]) if alibi else (None, kwargs.get("attention_mask"))
+    bias, mask = alibi.bias(component, kwargs, batch, k.shape[2]) if alibi else (None, kwargs.get("attention_mask"))
     z = attend(component, q, k, v, mask, path=path, scale=scale, softcap=None, layer=component._layer_idx, bias=bias)
     out = component._reshape_attn_output(z, batch, pos, n_heads, head_dim)
     return component._apply_output_projection(out), None
@@ -741,11 +779,14 @@ def install_attention(model: nn.Module, attend: Any, choose: Any, attend_routed:
         else:
             vars(component)["forward"] = functools.partial(_position_forward, component, attend, choose)
         _OWN_ATTENTION.add(component)
-    if taken and not any(type(m) in _alibi_biases() for m in model.modules()):  # their blocks read eager's masks
+    alibis = [_alibi_biases()[type(m)] for m in model.modules() if type(m) in _alibi_biases()]
+    if taken and all(alibi.eager_kwargs is not None for alibi in alibis):  # MPT's blocks read eager's masks only
         _register_interface()
         hf_model: Any = model.original_model
         with contextlib.suppress(ValueError):  # a model that refuses it keeps eager's additive mask, which is read
             hf_model.set_attn_implementation(INTERFACE)
+        if alibis:  # Bloom accepts the name and keeps eager (no attention backend): its masks only are built here
+            hf_model.config._attn_implementation = INTERFACE
     return taken
 
 

@@ -9,6 +9,7 @@ and GQA analyses run (or say why not), and a loglikelihood task runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import lens_parallel as lp
-from lens_parallel import architectures, support
+from lens_parallel import architectures, compat, support
+from lens_parallel.attention import attention_path
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelSpecError, load_model, model_info, toy_folder
 from lens_parallel.tokenizers import hf_tokenizer
@@ -280,3 +282,41 @@ def test_the_module_route_fires_every_hook_as_transformer_lens_does(spec):
     for name in fused:
         torch.testing.assert_close(seen[name], want[name], rtol=0, atol=1e-5, msg=name)
     torch.testing.assert_close(logits, expected_logits, rtol=0, atol=1e-5)
+
+
+def test_bloom_builds_no_square_mask_and_its_eager_forward_gets_eagers_back(monkeypatch):
+    """Under lens_parallel, Bloom's Hugging Face model builds SDPA's masks (none for an unpadded batch, so no
+    float32 square of the length, 1 GiB at 16k tokens; a boolean one with padding), and TransformerLens's own forward
+    (the eager path: a whole-pattern hook) gets eager's additive square back: on every path the logits equal Hugging
+    Face's eager forward, and the cached pattern is a distribution that hides the pads."""
+    model = _load("toy-bloom")
+    reads = compat._alibi_biases()
+    bridge = type(model.blocks[0].attn)
+    read = reads[bridge].bias
+    handed: list[object] = []
+
+    def spy(component, kwargs, batch, n_key):
+        mask = kwargs.get("attention_mask")
+        handed.append(None if mask is None else mask.dtype)
+        return read(component, kwargs, batch, n_key)
+
+    monkeypatch.setitem(reads, bridge, dataclasses.replace(reads[bridge], bias=spy))
+    hf = AutoModelForCausalLM.from_pretrained(toy_folder("toy-bloom"), dtype=torch.float32).eval()
+    tokens = torch.randint(3, 1000, (2, 24), generator=torch.Generator().manual_seed(1))
+    padded = torch.ones_like(tokens)
+    padded[0, :5] = 0
+    for mask in (None, padded):
+        with torch.inference_mode():
+            expected = hf(tokens, attention_mask=mask).logits
+        live = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.bool()
+        for path in ("eager", "fused", "diagonal", "blocked"):
+            handed.clear()
+            with torch.inference_mode(), attention_path(path):
+                got = model(tokens, attention_mask=mask)
+            torch.testing.assert_close(got[live], expected[live], rtol=0, atol=2e-6, msg=f"{path}, mask={mask}")
+            assert handed == ([] if path == "eager" else [None if mask is None else torch.bool] * 2)
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(tokens, attention_mask=padded)
+    pattern = cache["blocks.1.attn.hook_pattern"]
+    torch.testing.assert_close(pattern[0, :, 5:].sum(-1), torch.ones(pattern.shape[1], 19), rtol=0, atol=1e-6)
+    assert float(pattern[0, :, 5:, :5].abs().max()) == 0.0  # the pads hidden from every real query
