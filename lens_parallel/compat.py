@@ -24,7 +24,7 @@ import einops
 import torch
 from torch import nn
 
-from lens_parallel.errors import LibraryError
+from lens_parallel.errors import LensParallelError, LibraryError
 
 CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
     "transformer-lens": (
@@ -571,8 +571,13 @@ def _mpt_bias(component: Any, kwargs: dict[str, Any], batch: int, n_key: int) ->
     from the last position, its last ``key_pos`` read, added to the scaled scores) and its mask, boolean with True
     where a key is hidden (returned as the keys allowed)."""
     position_bias, mask = kwargs.get("position_bias"), kwargs.get("attention_mask")
-    if position_bias is None or position_bias.shape[-1] < n_key:
-        raise LibraryError(f"MPT's block handed its attention no ALiBi bias for {n_key} keys: a release changed it")
+    if position_bias is None:
+        raise LibraryError("MPT's block handed its attention no ALiBi bias: a transformers release changed it")
+    if position_bias.shape[-1] < n_key:
+        raise LensParallelError(
+            f"MPT's ALiBi covers {position_bias.shape[-1]} positions (its config's max_seq_len), fewer than the "
+            f"{n_key} keys of this forward: give it at most {position_bias.shape[-1]} tokens"
+        )
     return position_bias[None, :, 0, -n_key:], None if mask is None else ~mask
 
 

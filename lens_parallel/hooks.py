@@ -473,7 +473,7 @@ class LayerStream:
         self.stop = True
         self._buffers: dict[int, dict[str, Tensor]] = {}
         self._partial: dict[int, Tensor] = {}  # a diagonal's first blocks (the blocked attention path)
-        self._finite: list[Tensor] = []  # per capture: whether it held only finite values (a 0-d bool tensor)
+        self._finite: list[Tensor] = []  # per capture: its float32 sum, finite iff its values are (read once)
 
     def fwd_hooks(self) -> list[Hook]:
         def capture(layer: int, role: str) -> Callable[..., Tensor | None]:
@@ -501,7 +501,9 @@ class LayerStream:
         self._keep(rows.weight.to(rows.dtype), layer=layer, role="pattern_diag")
 
     def _keep(self, kept: Tensor, *, layer: int, role: str) -> None:
-        self._finite.append(torch.isfinite(kept).all())  # on the tensor's device: read after the forward
+        # a NaN or an infinity in a capture makes its float32 sum so (one pass, no mask formed); a sum of finite
+        # activations overflows float32 only past ~3e38 / n per element. Kept on the device: read after the forward
+        self._finite.append(kept.sum(dtype=torch.float32))
         buffer = self._buffers.setdefault(layer, {})
         buffer[role] = kept.to(device=self.device, dtype=self.dtype)
         if len(buffer) == len(self.roles[layer]):
@@ -531,7 +533,8 @@ class LayerStream:
         if self._buffers:
             missing = {layer: sorted(set(self.roles[layer]) - set(b)) for layer, b in self._buffers.items()}
             raise LibraryError(f"hooks never fired for layer/roles {missing}")
-        if not all(bool(finite) for finite in self._finite):  # one read per capture, after the forward
+        sums = [total.to(tokens.device) for total in self._finite]  # the layers' devices, when placed over several
+        if sums and not bool(torch.isfinite(torch.stack(sums)).all()):  # one read, after the forward
             raise_non_finite(model, tokens, edit_hooks, resid=resid, start_at_layer=start_at_layer)
         return out
 
