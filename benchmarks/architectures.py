@@ -260,6 +260,18 @@ def memory_markdown(rows: dict, args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def _grouped_bars(fig: Any, title: str, width: int) -> None:
+    """The benchmark figures' one layout: grouped bars, the legend (one entry per mode) below."""
+    fig.update_layout(
+        title=title,
+        template="plotly_white",
+        barmode="group",
+        width=width,
+        height=500,
+        legend={"orientation": "h", "y": -0.15, "title": "mode"},
+    )
+
+
 def memory_figure(rows: dict, args: argparse.Namespace, stem: Path) -> None:
     """Per model: the peak memory each mode's call adds at ``--seq-len`` tokens, beside Hugging Face's SDPA peer."""
     import plotly.graph_objects as go
@@ -273,7 +285,7 @@ def memory_figure(rows: dict, args: argparse.Namespace, stem: Path) -> None:
     fig.add_bar(
         x=names,
         y=[peer["added_mib"] for peer, _ in peers],
-        name="Hugging Face SDPA (hatched: the Llama-like row's, where the model has none)",
+        name=f"Hugging Face SDPA (hatched: the {args.memory_peer}-like row's, where the model has none)",
         marker_color=COLORS["hf-sdpa"],
         marker_pattern_shape=["" if which == "its own" else "/" for _, which in peers],
     )
@@ -282,14 +294,7 @@ def memory_figure(rows: dict, args: argparse.Namespace, stem: Path) -> None:
         labels = [f"{v / peer['added_mib']:.2f}x" for v, (peer, _) in zip(values, peers, strict=True)]
         fig.add_bar(x=names, y=values, name=mode, text=labels, textposition="outside", marker_color=COLORS[mode])
     fig.update_yaxes(title_text="peak memory the call adds (MiB; label: x Hugging Face's)", rangemode="tozero")
-    fig.update_layout(
-        title=f"Memory at 1 x {args.seq_len} tokens (toys: 4 layers, width 256, 8 query heads of 32)",
-        template="plotly_white",
-        barmode="group",
-        width=950,
-        height=500,
-        legend={"orientation": "h", "y": -0.15},
-    )
+    _grouped_bars(fig, f"Memory at 1 x {args.seq_len} tokens (toys: 4 layers, width 256, 8 query heads of 32)", 950)
     save_figure(fig, stem)
 
 
@@ -445,14 +450,8 @@ def figure(rows: dict, args: argparse.Namespace, stem: Path) -> None:
         fig.add_bar(x=names, y=peaks, showlegend=False, **style, row=1, col=2)
     fig.update_yaxes(title_text="seconds (label: × Hugging Face's SDPA forward)", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="peak RSS (MiB)", rangemode="tozero", row=1, col=2)
-    fig.update_layout(
-        title=f"Decompose of {', '.join(SPACES)} across architectures (toys: 4 layers, width 256, window 512)",
-        template="plotly_white",
-        barmode="group",
-        width=1150,
-        height=500,
-        legend={"orientation": "h", "y": -0.15, "title": "mode"},
-    )
+    title = f"Decompose of {', '.join(SPACES)} across architectures (toys: 4 layers, width 256, window 512)"
+    _grouped_bars(fig, title, 1150)
     save_figure(fig, stem)
 
 
