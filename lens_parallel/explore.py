@@ -22,7 +22,7 @@ document selector; "save view"). Views, for the selected head h of layer l and d
 
 Linear-attention layers (Qwen3.5's gated delta rule) are explored as the others, per value head: their map is the head's
 exact delta-rule mixing weights M (o_t = sum_s M_ts v_s, M_tt = a_tt;
-:func:`~lens_parallel.analyses.diagonal.linear_mixing_weights`), ``zero-diagonal`` removes the self term a_tt v_t (no
+:func:`~lens_parallel.layers.linear_mixing_weights`), ``zero-diagonal`` removes the self term a_tt v_t (no
 renormalisation), residual-attn has no diagonal view there (a head's write passes its gated RMSNorm) and
 ``random-direction`` is a softmax-layer edit (both refused in one line). The heatmap's rows are as wide as the widest
 layer's heads (NaN past a layer's own), and the views name the layer type.
@@ -250,18 +250,15 @@ class Explorer:
         space, layer, head, doc = st["space"], st["layer"], st["head"], st["doc"]
         t = self._capture(layer, doc)
         pattern, x = t["pattern_full"], t["resid_pre"]
-        linear = not self.info.kind(layer).pattern
         v = expand_kv(t["v"], pattern.shape[1])
-        W_O = None if linear else output_weights(self.model, layer, dtype=torch.float64).to(x.device)
+        W_O = output_weights(self.model, layer, dtype=torch.float64).to(x.device) if space == "residual-attn" else None
         diag = geometry.self_weights(pattern)[0, head]
         if st["edit"] == "scale":
             diag_edited = (
                 diag + geometry.diagonal_change(pattern, v, space, s_par=st["s_par"], x=x, W_O=W_O).d_a[0, head]
             )
-        elif st["edit"] == "zero-diagonal" and linear:  # the self term removed, nothing renormalised
-            diag_edited = torch.zeros_like(diag)
         elif st["edit"] == "zero-diagonal":
-            diag_edited = geometry.self_weights(geometry.zero_diagonal(pattern)[0])[0, head]
+            diag_edited = geometry.self_weights(self.info.kind(layer).zeroed_map(pattern))[0, head]
         else:  # a removal along a random direction of z has no diagonal form
             diag_edited = torch.full_like(diag, float("nan"))
         coef = geometry.parallel_coefficient(pattern, v, space, x=x, W_O=W_O)[0, :, head]

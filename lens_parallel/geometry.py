@@ -45,6 +45,19 @@ class Alignment(NamedTuple):
     valid: Bool[Tensor, "*batch"]
 
 
+def expand_kv(
+    v: Float[Tensor, "batch pos kv_head_index d_head"], n_heads: int
+) -> Float[Tensor, "batch pos head_index d_head"]:
+    """Expand kv heads to query heads under GQA: query head h reads kv head h // (n_heads // n_kv_heads).
+
+    This is ``repeat_interleave`` along the head axis (kv-major), not ``repeat`` (tile).
+    """
+    n_kv = v.shape[2]
+    if n_heads % n_kv:
+        raise LensParallelError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv}")
+    return einops.repeat(v, "batch pos kv d_head -> batch pos (kv group) d_head", group=n_heads // n_kv)
+
+
 def project(
     m: Float[Tensor, "*batch d"], r: Float[Tensor, "*batch d"], *, eps: float = EPS, clamp: bool = False
 ) -> Projection:

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, cast
 
-import einops
 import torch
 import torch.utils.checkpoint
 from jaxtyping import Float, Int
@@ -29,6 +28,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import compat, geometry
 from lens_parallel.attention import QUERY_BLOCK, Diagonal, rows_hook
 from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
+from lens_parallel.geometry import expand_kv as expand_kv  # where the analyses and edits import it from
 from lens_parallel.layers import BLOCK_HOOKS, GATE_HOOKS
 from lens_parallel.models import ModelInfo, model_info
 
@@ -118,19 +118,6 @@ def check_shape(name: str, tensor: Tensor, expected: Sequence[tuple[str, int | N
         raise HookShapeError(f"hook {name}: expected shape [{want}], got {tuple(tensor.shape)}")
 
 
-def expand_kv(
-    v: Float[Tensor, "batch pos kv_head_index d_head"], n_heads: int
-) -> Float[Tensor, "batch pos head_index d_head"]:
-    """Expand kv heads to query heads under GQA: query head h reads kv head h // (n_heads // n_kv_heads).
-
-    This is ``repeat_interleave`` along the head axis (kv-major), not ``repeat`` (tile).
-    """
-    n_kv = v.shape[2]
-    if n_heads % n_kv:
-        raise LensParallelError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv}")
-    return einops.repeat(v, "batch pos kv d_head -> batch pos (kv group) d_head", group=n_heads // n_kv)
-
-
 def check_indices(kind: str, given: int | Sequence[int] | None, n: int) -> tuple[int, ...]:
     """Validate layer or head indices against a model with ``n`` of them: None means all (0..n-1); an int or a
     sequence gives a sorted tuple without repeats, a negative index counting from the end as TransformerLens and
@@ -212,18 +199,7 @@ def output_weights(
     weights to CPU or disk (``load_model(..., device_map=...)``): they are materialised for the read. On a
     linear-attention layer its output projection per value head, ``out_proj.weight`` as ``[head, d_v, d_model]``."""
     info = model_info(model)
-    kind = info.kind(layer)
-    if not kind.heads:
-        raise LensParallelError(f"layer {layer} of {info.name} is a {kind.title} layer: no heads, so no W_O per head")
-    if not kind.pattern:  # linear attention: out_proj per value head
-        module: Any = compat.hf_module(model.blocks[layer].linear_attn)
-        with compat.weights_materialised(module):
-            flat: Tensor = module.out_proj.weight.detach().clone()
-        weights = einops.rearrange(flat, "d_model (head d_head) -> head d_head d_model", head=info.n_linear_heads)
-    else:
-        attn = model.blocks[layer].attn
-        with compat.weights_materialised(attn):
-            weights = attn.W_O.detach().clone()
+    weights = info.kind(layer).output_weights(model, info, layer)
     return weights if dtype is None else weights.to(dtype)
 
 

@@ -27,14 +27,21 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import einops
 import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
 
+from lens_parallel import compat, geometry
 from lens_parallel.choices import LayerType
 from lens_parallel.errors import LensParallelError
 
 if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
     from lens_parallel.models import ModelInfo
 
 
@@ -141,6 +148,40 @@ class LayerKind:
         heads = self.output_heads(info)
         return heads // self.key_group(info) if heads else 0
 
+    def _no_heads(self, what: str) -> LensParallelError:
+        return LensParallelError(f"a {self.title} layer has no heads, so no {what}")
+
+    def map_roles(self, *, update: bool = False) -> tuple[str, ...]:
+        """What a view of the layer's exact mixing map captures (with resid_pre; the layer's update too when
+        ``update``, for the layer-level residual view)."""
+        raise self._no_heads("mixing map")
+
+    def with_map(self, t: dict[str, Tensor], info: ModelInfo) -> dict[str, Tensor]:
+        """Captures ``t`` of :meth:`map_roles` with the map as ``pattern_full`` and the values as ``v`` (each per
+        output head's own key group), so that every softmax-layer formula applies unchanged."""
+        raise self._no_heads("mixing map")
+
+    def output_weights(
+        self, model: TransformerBridge, info: ModelInfo, layer: int
+    ) -> Float[Tensor, "head d_head d_model"]:
+        """The output projection per head (a detached copy, materialised where accelerate offloaded it): head h
+        writes its input times ``[h]`` to the residual."""
+        raise LensParallelError(f"layer {layer} of {info.name} is a {self.title} layer: no heads, so no W_O per head")
+
+    def receiver_roles(self, qk: tuple[str, str]) -> tuple[str, ...]:
+        """What the next-layer dominance analysis captures at a receiving layer of this kind (``qk``: the roles of
+        the queries and keys attention uses there)."""
+        raise self._no_heads("queries, keys and values")
+
+    def zeroed_map(self, pattern: Float[Tensor, "... query_pos key_pos"]) -> Float[Tensor, "... query_pos key_pos"]:
+        """The map with the self weights removed, as ZeroDiagonal removes them here."""
+        raise self._no_heads("mixing map")
+
+    def other_groups(self, t: dict[str, Tensor], info: ModelInfo) -> list[Float[Tensor, "batch pos head_index d_head"]]:
+        """Per output head, the value of the head at the same place in each other key group (rolled 1, 2, ...
+        groups), from captures holding :meth:`value_roles`: the GQA alignment's contrast."""
+        raise self._no_heads("key groups")
+
 
 @dataclass(frozen=True)
 class SoftmaxAttention(LayerKind):
@@ -172,6 +213,36 @@ class SoftmaxAttention(LayerKind):
         gate = (info.gate_role,) if info.gate_role else ()
         return ("v", "z", *gate, *(("pattern_diag",) if diagonal else ()))
 
+    def map_roles(self, *, update: bool = False) -> tuple[str, ...]:
+        """resid_pre, v and the whole pattern (hook_attn_out too when ``update``)."""
+        return ("resid_pre", "v", "pattern_full", *(("attn_out",) if update else ()))
+
+    def with_map(self, t: dict[str, Tensor], info: ModelInfo) -> dict[str, Tensor]:
+        """The pattern is the map."""
+        return t
+
+    def output_weights(
+        self, model: TransformerBridge, info: ModelInfo, layer: int
+    ) -> Float[Tensor, "head d_head d_model"]:
+        """The bridge's W_O."""
+        attn: Any = model.blocks[layer].attn
+        with compat.weights_materialised(attn):
+            weights: Tensor = attn.W_O.detach().clone()
+        return weights
+
+    def receiver_roles(self, qk: tuple[str, str]) -> tuple[str, ...]:
+        """The queries and keys attention uses, the values and the pattern."""
+        return (*qk, "v", "pattern_full")
+
+    def zeroed_map(self, pattern: Float[Tensor, "... query_pos key_pos"]) -> Float[Tensor, "... query_pos key_pos"]:
+        """A_tt set to 0 and the rest of each row renormalised (:func:`lens_parallel.geometry.zero_diagonal`)."""
+        return geometry.zero_diagonal(pattern)[0]
+
+    def other_groups(self, t: dict[str, Tensor], info: ModelInfo) -> list[Float[Tensor, "batch pos head_index d_head"]]:
+        """The kv heads rolled, each expanded to its query heads."""
+        v = t["v"]
+        return [geometry.expand_kv(torch.roll(v, shifts=s, dims=2), info.n_heads) for s in range(1, v.shape[2])]
+
 
 @dataclass(frozen=True)
 class LinearAttention(LayerKind):
@@ -201,6 +272,48 @@ class LinearAttention(LayerKind):
         """v and o (hook_recurrence_out), with the queries, keys and beta of the self weight a_tt = beta_t (k_t . q_t)
         when ``diagonal``."""
         return ("lin_v", "lin_o", *(("lin_q", "lin_k", "lin_beta") if diagonal else ()))
+
+    def map_roles(self, *, update: bool = False) -> tuple[str, ...]:
+        """resid_pre and everything the mixing weights M are made of (no layer-level residual view here)."""
+        return ("resid_pre", "lin_q", "lin_k", "lin_v", "lin_beta", "lin_decay")
+
+    def with_map(self, t: dict[str, Tensor], info: ModelInfo) -> dict[str, Tensor]:
+        """The mixing weights M (:func:`linear_mixing_weights`) and the value heads."""
+        return {**t, "pattern_full": linear_mixing_weights(t, info.n_linear_heads), "v": t["lin_v"]}
+
+    def output_weights(
+        self, model: TransformerBridge, info: ModelInfo, layer: int
+    ) -> Float[Tensor, "head d_head d_model"]:
+        """The module's out_proj per value head, ``[head, d_v, d_model]``."""
+        module: Any = compat.hf_module(model.blocks[layer].linear_attn)
+        with compat.weights_materialised(module):
+            flat: Tensor = module.out_proj.weight.detach().clone()
+        return einops.rearrange(flat, "d_model (head d_head) -> head d_head d_model", head=info.n_linear_heads)
+
+    def receiver_roles(self, qk: tuple[str, str]) -> tuple[str, ...]:
+        """The delta rule's queries, keys and values (its map is not a hook)."""
+        return ("lin_q", "lin_k", "lin_v")
+
+    def zeroed_map(self, pattern: Float[Tensor, "... query_pos key_pos"]) -> Float[Tensor, "... query_pos key_pos"]:
+        """The self term a_tt v_t removed, nothing renormalised (M is not a distribution)."""
+        return pattern - torch.diag_embed(geometry.self_weights(pattern))
+
+    def other_groups(self, t: dict[str, Tensor], info: ModelInfo) -> list[Float[Tensor, "batch pos head_index d_head"]]:
+        """The value heads rolled by whole key groups: v' the value head at the same place in the other group."""
+        v, group = t["lin_v"], self.key_group(info)
+        return [torch.roll(v, shifts=s * group, dims=2) for s in range(1, v.shape[2] // group)]
+
+
+def linear_mixing_weights(t: dict[str, Tensor], n_heads: int) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+    """A linear-attention layer's exact mixing weights M (o_t = sum_s M_ts v_s, M_ts = 0 for s > t, M_tt = a_tt),
+    per value head, from its captured q, k, beta and log decay: transformers' own chunked gated delta rule run on
+    identity values (:func:`lens_parallel.compat.gated_delta_rule`), in float32 as the model runs it."""
+    q, k = (geometry.expand_kv(t[role], n_heads).float() for role in ("lin_q", "lin_k"))  # a key head per value head
+    batch, pos = q.shape[:2]
+    eye = torch.eye(pos, device=q.device).expand(batch, n_heads, pos, pos)
+    identity = einops.rearrange(eye, "batch head query key -> batch query head key")
+    out = compat.gated_delta_rule(q, k, identity, t["lin_decay"].float(), t["lin_beta"].float())
+    return einops.rearrange(out, "batch query head key -> batch head query key").to(t["lin_v"].dtype)
 
 
 LAYER_KINDS: Mapping[str, LayerKind] = {

@@ -219,8 +219,8 @@ def test_the_exported_page_holds_every_precomputed_view(setup, tmp_path):
 def test_an_explorer_shows_linear_attention_layers_per_value_head():
     """A linear layer's map is its delta-rule mixing weights M (a_tt on the diagonal, M v = o); what is built on
     softmax heads only is refused there in one line."""
-    from lens_parallel.analyses.diagonal import linear_mixing_weights
     from lens_parallel.hooks import forward, hook_name
+    from lens_parallel.layers import linear_mixing_weights
 
     model = get_model("toy-qwen3.5")
     blocks = token_blocks(model, "austen", n_docs=2, seq_len=12)

@@ -241,7 +241,7 @@ def _captured(model, roles: tuple[str, ...], layer: int) -> dict[str, Tensor]:
 
 
 def test_the_mixing_weights_rebuild_the_output_and_hold_a_tt_on_their_diagonal(model):
-    from lens_parallel.analyses.diagonal import linear_mixing_weights
+    from lens_parallel.layers import linear_mixing_weights
 
     t = _captured(model, ("lin_q", "lin_k", "lin_v", "lin_beta", "lin_decay", "lin_o"), 4)
     m = linear_mixing_weights(t, model_info(model).n_linear_heads).double()

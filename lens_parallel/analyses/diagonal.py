@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import einops
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -40,7 +39,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import compat, geometry
+from lens_parallel import geometry
 from lens_parallel.analyses.registry import Analysis, register_analysis
 from lens_parallel.bridges import check_model
 from lens_parallel.choices import DiagonalLayout, HeadSpace
@@ -249,38 +248,17 @@ class _DiagonalMetric(Metric[EditJob]):
         return out
 
 
-DIAGONAL_ROLES = ("resid_pre", "v", "pattern_full")
-LINEAR_DIAGONAL_ROLES = ("resid_pre", "lin_q", "lin_k", "lin_v", "lin_beta", "lin_decay")
-"""What the view captures on a linear-attention layer: everything its mixing weights M are made of."""
-
-
 def diagonal_roles(info: ModelInfo, layer: int, spaces: tuple[HeadSpace, ...]) -> tuple[str, ...]:
-    """What the view captures: the layer's update too when residual-attn is viewed (the layer-level view); on a
-    linear-attention layer what its mixing weights are made of (:func:`linear_mixing_weights`)."""
-    if not info.kind(layer).pattern:  # linear attention
-        return LINEAR_DIAGONAL_ROLES
-    return (*DIAGONAL_ROLES, "attn_out") if "residual-attn" in spaces else DIAGONAL_ROLES
-
-
-def linear_mixing_weights(t: dict[str, Tensor], n_heads: int) -> Float[Tensor, "batch head_index query_pos key_pos"]:
-    """A linear-attention layer's exact mixing weights M (o_t = sum_s M_ts v_s, M_ts = 0 for s > t, M_tt = a_tt),
-    per value head, from its captured q, k, beta and log decay: transformers' own chunked gated delta rule run on
-    identity values (:func:`lens_parallel.compat.gated_delta_rule`), in float32 as the model runs it."""
-    q, k = (expand_kv(t[role], n_heads).float() for role in ("lin_q", "lin_k"))  # a key head per value head
-    batch, pos = q.shape[:2]
-    eye = torch.eye(pos, device=q.device).expand(batch, n_heads, pos, pos)
-    identity = einops.rearrange(eye, "batch head query key -> batch query head key")
-    out = compat.gated_delta_rule(q, k, identity, t["lin_decay"].float(), t["lin_beta"].float())
-    return einops.rearrange(out, "batch query head key -> batch head query key").to(t["lin_v"].dtype)
+    """What the view captures at ``layer`` (:meth:`~lens_parallel.layers.LayerKind.map_roles`): its map, values
+    and resid_pre, and the layer's update too when residual-attn is viewed (the layer-level view)."""
+    return info.kind(layer).map_roles(update="residual-attn" in spaces)
 
 
 def with_map(info: ModelInfo, layer: int, captured: dict[int, dict[str, Tensor]]) -> dict[str, Tensor]:
-    """``layer``'s captures with its map as ``pattern_full`` and its values as ``v``: on a linear-attention layer
-    its mixing weights and value heads, so that every softmax-layer formula applies unchanged."""
-    t = captured[layer]
-    if info.kind(layer).pattern:
-        return t
-    return {**t, "pattern_full": linear_mixing_weights(t, info.n_linear_heads), "v": t["lin_v"]}
+    """``layer``'s captures with its map as ``pattern_full`` and its values as ``v``
+    (:meth:`~lens_parallel.layers.LayerKind.with_map`: on a linear-attention layer its mixing weights and value
+    heads), so that every softmax-layer formula applies unchanged."""
+    return info.kind(layer).with_map(captured[layer], info)
 
 
 def _layer_change(

@@ -373,10 +373,7 @@ class _Receiver:
         self.model, self.info, self.up, self.recv = model, info, up, up + 1
         self.softmax = info.kind(self.recv).pattern
         self.n_up, self.n_recv, self.n_q, self.n_k, self.n_v = _receiver_heads(info, up)
-        if self.softmax:
-            self.roles: tuple[str, ...] = (*effective_qk_roles(info), "v", "pattern_full")
-        else:
-            self.roles = ("lin_q", "lin_k", "lin_v")
+        self.roles = info.kind(self.recv).receiver_roles(effective_qk_roles(info))
         self.index = tuple([r * n // self.n_recv for r in range(self.n_recv)] for n in (self.n_q, self.n_k, self.n_v))
         # captured in (at least) float32, exactly the model's values; only the positions read go to float64
         self.dtype = torch.promote_types(next(model.parameters()).dtype, torch.float32)

@@ -50,7 +50,7 @@ from lens_parallel.choices import Groups, Null
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike, document_batches
 from lens_parallel.errors import LensParallelError, LibraryError, long_call
-from lens_parallel.hooks import expand_kv, head_layers
+from lens_parallel.hooks import head_layers
 from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
@@ -379,14 +379,7 @@ def _across(y: Tensor, t: dict[str, Tensor], info: ModelInfo, layer: int, groups
     """cos(y_t, v'_t) with v' another group's value: group (g - 1) mod n_groups (the paper's roll), or the mean of the
     cosines with every other group. A softmax layer's groups are its kv heads (each value expanded to its query
     heads); a linear layer's are its key heads, v' the value head at the same place in the other group."""
-    if not info.kind(layer).pattern:  # linear attention: groups of value heads
-        v, group = t["lin_v"], info.key_group(layer)
-        n_groups = v.shape[2] // group
-        rolled = [torch.roll(v, shifts=s * group, dims=2) for s in range(1, n_groups)]
-    else:
-        v_kv = t["v"]
-        n_groups = v_kv.shape[2]
-        rolled = [expand_kv(torch.roll(v_kv, shifts=s, dims=2), info.n_heads) for s in range(1, n_groups)]
+    rolled = info.kind(layer).other_groups(t, info)
     if groups == "neighbour":
         rolled = rolled[:1]
     return torch.stack([torch.cosine_similarity(y, other, dim=-1) for other in rolled]).mean(0)
