@@ -86,7 +86,7 @@ REFUSED: Mapping[str, str] = {
 def _model_type(cls: str, model_types: list[str]) -> str:
     """The model type whose config builds ``cls``, among those transformers maps to it (Llama 4's text config, not
     the multimodal one), from the config classes' names (importing every modeling module would take seconds)."""
-    configs = transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES  # type: ignore[attr-defined]
+    configs = transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES
     stem = cls.removesuffix("ForCausalLM").removesuffix("LMHeadModel")
     for suffix in ("TextConfig", "Config"):
         if hits := [t for t in model_types if configs.get(t) == stem + suffix]:

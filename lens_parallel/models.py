@@ -399,7 +399,7 @@ def wrap_hf_model(
         'my-gpt2'
     """
     _check_architecture(hf_model.config, f"model {name!r}")
-    hf_model.to(device=device, dtype=dtype)  # type: ignore[call-arg]  # typed oddly; in place: the bridge wraps it
+    hf_model.to(device=device, dtype=dtype)  # in place: the bridge wraps it
     model = _boot(name, device=device, dtype=dtype, hf_model=hf_model, tokenizer=tokenizer)
     model.cfg.model_name = name
     return model
