@@ -189,28 +189,28 @@ def block_rows(tensor: Tensor, axis: int = 1) -> Tensor:
     return tensor.narrow(axis, block.start, block.stop - block.start)
 
 
-def chosen_path(component: Any, *, softcap: float | None) -> Literal["fused", "diagonal", "blocked", "eager"]:
+def chosen_path(component: Any) -> Literal["fused", "diagonal", "blocked", "eager"]:
     """The path ``component`` takes in this forward: eager when forced or when a hook needs the whole square (any
     hook on ``hook_attn_scores``, a backward hook or a hook other than a :class:`RowsHook` on ``hook_pattern``);
-    else, when hooks read or edit rows of the pattern, diagonal if each has its diagonal form (and the scores are
-    not soft-capped, and blocked is not forced), blocked otherwise; with no such hook, blocked when soft-capped (no
-    kernel does that) or forced, diagonal when forced (z formed as the hooked layers form it), else fused.
+    blocked when forced; else, when hooks read or edit rows of the pattern, diagonal if each has its diagonal form,
+    blocked otherwise; with no such hook, diagonal when forced (z formed as the hooked layers form it), else fused
+    (soft-capped scores included: :func:`_capped_blocks`).
     (:func:`attend` serves a diagonal choice on the blocked path where no kernel returns the log-sum-exp, and
     where an edit of the diagonal needs its gradient.)"""
-    path = _choose(component, softcap=softcap)
+    path = _choose(component)
     if (seen := _RECORDED.get()) is not None:
         seen[path] += 1
     return path
 
 
-def _choose(component: Any, *, softcap: float | None) -> Literal["fused", "diagonal", "blocked", "eager"]:
+def _choose(component: Any) -> Literal["fused", "diagonal", "blocked", "eager"]:
     forced, _ = _PATH.get()
     scores, pattern = component.hook_attn_scores, component.hook_pattern
     readers = [handle.user_hook for handle in pattern.fwd_hooks]
     whole = scores.has_hooks() or pattern.has_hooks(dir="bwd") or any(not isinstance(f, RowsHook) for f in readers)
     if forced == "eager" or whole:
         return "eager"
-    if softcap is not None or forced == "blocked":
+    if forced == "blocked":
         return "blocked"
     if not readers:
         return "diagonal" if forced == "diagonal" else "fused"
@@ -327,7 +327,8 @@ def attend(
         output is scaled by that sum (:func:`_sink_kernel`), and the diagonal rows put b_h in their normaliser.
 
     ``diagonal``: the fused kernel's rows reduced to each query's own weight (:func:`_diagonal_rows`), the hooks'
-    diagonal forms applied to them. ``fused``: scaled_dot_product_attention (no pattern, no softcap), in one call,
+    diagonal forms applied to them. ``fused``: scaled_dot_product_attention (no pattern; soft-capped scores from
+    :func:`_capped_blocks`), in one call,
     or, with a mask and more queries than a block (the device's ``fused_block``,
     :class:`~lens_parallel.devices.WorkSizes`; the window if smaller; a forced ``block_size``), a block of queries
     per call against the keys it may see. ``blocked``: the queries
@@ -344,13 +345,13 @@ def attend(
         mask = mask.to(q.dtype)
     if bias is not None:
         q, k = _with_bias(q, k, bias, scale=scale)
-    parts: dict[str, Any] = {"scale": scale, "window": window, "sinks": sinks}
+    parts: dict[str, Any] = {"scale": scale, "window": window, "sinks": sinks, "softcap": softcap}
     z = _on_diagonal(component, q, k, v, mask, **parts) if path == "diagonal" else None
-    if z is None and path in ("blocked", "diagonal") and softcap is None and _detached_readers(component):
+    if z is None and path in ("blocked", "diagonal") and _detached_readers(component):
         z = _kernel(q, k, v, mask, **parts) if _needs_grad(q, k, v) else None  # a backward of O(T), not the blocks'
         if z is not None:
             with torch.no_grad():
-                _blocked(component, q, k, v, mask, softcap=None, layer=layer, outputs=False, **parts)
+                _blocked(component, q, k, v, mask, layer=layer, outputs=False, **parts)
     elif z is None and path == "fused":
         z = _kernel(q, k, v, mask, **parts)
     if z is None:
@@ -409,7 +410,7 @@ def attend_routed(
     values = STEP_VALUES.get()
     if values is not None and layer is not None:  # the decoding loop's dictionary: every key's values
         values[layer] = einops.rearrange(v, "batch kv key d -> batch key kv d")
-    path = chosen_path(component, softcap=softcap)
+    path = chosen_path(component)
     if path == "eager":
         return _square(component, q, k, v, mask, scale, softcap, sinks)
     return attend(
@@ -427,6 +428,7 @@ def _on_diagonal(
     scale: float,
     window: int | None,
     sinks: Tensor | None,
+    softcap: float | None,
 ) -> Tensor | None:
     """The diagonal path: the rows from :func:`_diagonal_rows`, each hook's diagonal form applied in order, z from
     the rows they leave (when gradients flow, and every hook only reads, from the fused kernel: the rows are formed
@@ -437,17 +439,27 @@ def _on_diagonal(
     if grad and not all(f.detached for f in hooks):
         return None
     with torch.no_grad() if grad else contextlib.nullcontext():
-        rows = _diagonal_rows(q, k, v, mask, scale=scale, window=window, sinks=sinks)
+        rows = _diagonal_rows(q, k, v, mask, scale=scale, window=window, sinks=sinks, softcap=softcap)
         if rows is None:
             return None
         for f in hooks:
             edited = f.diagonal(rows, component.hook_pattern)
             rows = rows if edited is None else edited
-    return _kernel(q, k, v, mask, scale=scale, window=window, sinks=sinks) if grad else rows.z.to(q.dtype)
+    return (
+        _kernel(q, k, v, mask, scale=scale, window=window, sinks=sinks, softcap=softcap) if grad else rows.z.to(q.dtype)
+    )
 
 
 def _diagonal_rows(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None, sinks: Tensor | None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    *,
+    scale: float,
+    window: int | None,
+    sinks: Tensor | None,
+    softcap: float | None,
 ) -> Diagonal | None:
     """Each row's :class:`Diagonal` from the fused kernel run with each query's own key masked out
     (:func:`lens_parallel.compat.attention_with_lse`), O(T) memory beyond the kernel's:
@@ -455,7 +467,9 @@ def _diagonal_rows(
         lse'_t = log sum_{s != t} exp(s_ts): [A_tt, sum_{s != t} A_ts] = softmax([s_tt, lse'_t]) (= sigmoid(+-(s_tt
         - lse'_t))), rest_t = sum_{s != t} A_ts * (the kernel's output, sum_{s != t} A_ts v_s / sum_{s != t} A_ts),
 
-    with s_tt the query's own score (plus its mask entry); a row with no other key has A_tt = 1. With ``sinks`` b_h
+    with s_tt the query's own score (soft-capped, c tanh(s_tt / c), where the layer caps its scores; plus its mask
+    entry); a row with no other key has A_tt = 1. Soft-capped scores come from :func:`_capped_blocks`, which no
+    fused kernel computes. With ``sinks`` b_h
     the normaliser holds the sink too: [A_tt, sum_{s != t} A_ts, sink share] = softmax([s_tt, lse'_t, b_h]). Without
     a mask and with as many queries as keys, one causal call of queries 1.. against keys ..T-2 is the strictly causal
     attention (no mask to read); otherwise the queries go a block at a time (as on the fused path), each against the
@@ -466,8 +480,10 @@ def _diagonal_rows(
     k, v = (einops.repeat(t, "batch kv key d -> batch (kv group) key d", group=n_heads // n_kv) for t in (k, v))
     own_value = v[:, :, offset:].to(precise)
     own_score = scale * (q.to(precise) * k[:, :, offset:].to(precise)).sum(-1)
+    if softcap is not None:
+        own_score = softcap * torch.tanh(own_score / softcap)
     low = torch.finfo(q.dtype).min
-    if mask is None and offset == 0:
+    if mask is None and offset == 0 and softcap is None:
         out, lse = v.new_zeros(*q.shape[:-1], v.shape[-1]), q.new_full(q.shape[:-1], float("-inf"), dtype=precise)
         if n_query > 1:
             found = _with_lse(q[:, :, 1:], k[:, :, :-1], v[:, :, :-1], None, causal=True, scale=scale)
@@ -475,7 +491,11 @@ def _diagonal_rows(
                 return None
             out[:, :, 1:], lse[:, :, 1:] = found
     else:
-        blocks = _lse_blocks(q, k, v, mask, scale=scale, window=window, hide_own=True)
+        blocks = (
+            _lse_blocks(q, k, v, mask, scale=scale, window=window, hide_own=True)
+            if softcap is None
+            else _capped_blocks(q, k, v, mask, scale=scale, softcap=softcap, window=window, hide_own=True)
+        )
         if blocks is None:
             return None
         out, lse = blocks
@@ -569,10 +589,22 @@ def _probabilities(scores: Tensor, precise: torch.dtype, sinks: Tensor | None) -
 
 
 def _kernel(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None, sinks: Tensor | None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    *,
+    scale: float,
+    window: int | None,
+    sinks: Tensor | None,
+    softcap: float | None,
 ) -> Tensor | None:
-    """z from a fused kernel: SDPA (:func:`_fused`), or with ``sinks`` the kernel that returns the log-sum-exp
-    (:func:`_sink_kernel`); None where none serves (the caller takes the blocked path)."""
+    """z from a fused kernel: SDPA (:func:`_fused`), with ``sinks`` the kernel that returns the log-sum-exp
+    (:func:`_sink_kernel`), with soft-capped scores :func:`_capped_blocks` (sinks too, as
+    :func:`_sink_kernel` applies them); None where none serves (the caller takes the blocked path)."""
+    if softcap is not None:
+        out, lse = _capped_blocks(q, k, v, mask, scale=scale, softcap=softcap, window=window, hide_own=False)
+        return out if sinks is None else _sunk(out, lse, sinks)
     if sinks is None:
         return _fused(q, k, v, mask, scale=scale, window=window)
     return _sink_kernel(q, k, v, mask, scale=scale, window=window, sinks=sinks)
@@ -598,9 +630,95 @@ def _sink_kernel(
         if blocks is None:
             return None
         out, lse = blocks
-    precise = torch.promote_types(q.dtype, torch.float32)
+    return _sunk(out, lse, sinks)
+
+
+def _sunk(
+    out: Float[Tensor, "batch head_index query_pos d_head"],
+    lse: Float[Tensor, "batch head_index query_pos"],
+    sinks: Tensor,
+) -> Float[Tensor, "batch head_index query_pos d_head"]:
+    """The attention ``out`` (normalised over the keys, log-sum-exp ``lse``) with the sinks' logits b_h in its
+    normaliser: out * sigmoid(lse - b_h), in the output's dtype."""
+    precise = torch.promote_types(out.dtype, torch.float32)
     share = torch.sigmoid(lse.to(precise) - sinks.to(precise)[None, :, None])
-    return (out.to(precise) * share[..., None]).to(q.dtype)
+    return (out.to(precise) * share[..., None]).to(out.dtype)
+
+
+def _capped_blocks(
+    q: Float[Tensor, "batch head_index query_pos d_head"],
+    k: Float[Tensor, "batch kv_head_index key_pos d_head"],
+    v: Float[Tensor, "batch kv_head_index key_pos d_head"],
+    mask: Tensor | None,
+    *,
+    scale: float,
+    softcap: float,
+    window: int | None,
+    hide_own: bool,
+) -> tuple[Float[Tensor, "batch head_index query_pos d_head"], Float[Tensor, "batch head_index query_pos"]]:
+    """Attention with soft-capped scores (Gemma 2), which no fused kernel computes, a block of queries at a time
+    against the keys each may see, never a ``[query_pos, key_pos]`` tensor:
+
+        s_ts = c tanh(scale q_t . k_s / c) = 2c sigmoid(2 scale q_t . k_s / c) - c (+ the mask: :func:`_additive`,
+        each query's own key hidden when ``hide_own``); A_t = softmax_s(s_t), out_t = sum_s A_ts v_s,
+        lse_t = log sum_s exp(s_ts) = max_s s_ts - log max_s A_ts,
+
+    the sigmoid form because it costs a sixth of tanh on a CPU and -c cancels in the softmax; the scores in the
+    queries' dtype as the eager path forms them, the softmax in float32 (float64 in a float64 model). One batch row
+    at a time, in blocks of queries chosen by the row's size alone, so that a document's numbers do not depend on
+    the batch it comes in (an elementwise kernel rounds the tail of its vector loop apart); a block holds at most
+    the device's ``capped_elements`` scores (:class:`~lens_parallel.devices.WorkSizes`: on a CPU, few enough that
+    a block's passes stay in the caches; a forced ``block_size`` queries); where no gradient flows its scores are
+    formed in place. Returns ``(out, lse)``; a row with no key it may see has the uniform row eager gives it (lse
+    about ``finfo.min``)."""
+    n_heads, n_query, n_key = q.shape[1], q.shape[2], k.shape[2]
+    _, forced_block = _PATH.get()
+    block = forced_block or max(1, devices.sizes(q.device).capped_elements // max(1, n_heads * n_key))
+    q = q * (2 * scale / softcap)
+    rows = [
+        _capped_row(
+            q[b : b + 1],
+            k[b : b + 1],
+            v[b : b + 1],
+            None if mask is None else mask[b : b + 1] if mask.shape[0] > 1 else mask,
+            softcap=softcap,
+            spans=list(_spans(n_query, n_key, block, window if mask is not None else None)),
+            hide_own=hide_own,
+        )
+        for b in range(q.shape[0])
+    ]
+    return torch.cat([out for out, _ in rows]), torch.cat([lse for _, lse in rows])
+
+
+def _capped_row(
+    q: Float[Tensor, "1 head_index query_pos d_head"],
+    k: Float[Tensor, "1 kv_head_index key_pos d_head"],
+    v: Float[Tensor, "1 kv_head_index key_pos d_head"],
+    mask: Tensor | None,
+    *,
+    softcap: float,
+    spans: list[tuple[int, int, int, int]],
+    hide_own: bool,
+) -> tuple[Float[Tensor, "1 head_index query_pos d_head"], Float[Tensor, "1 head_index query_pos"]]:
+    """One batch row of :func:`_capped_blocks`, its queries already scaled by 2 scale / c."""
+    n_kv, group, offset = k.shape[1], q.shape[1] // k.shape[1], k.shape[2] - q.shape[2]
+    precise = torch.promote_types(q.dtype, torch.float32)
+    grad, low = _needs_grad(q, k, v), torch.finfo(q.dtype).min
+    outs, lses = [], []
+    for start, stop, begin, end in spans:
+        scores = _ungrouped(_grouped(q[:, :, start:stop], n_kv) @ k[:, :, begin:end].transpose(-1, -2), group)
+        scores = torch.sigmoid(scores) * (2 * softcap) if grad else scores.sigmoid_().mul_(2 * softcap)
+        if mask is None:  # causal: only the block's own positions (its last keys) hide any key
+            n = stop - start
+            hidden = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(0 if hide_own else 1)
+            scores[..., end - n :].masked_fill_(hidden, low)
+        else:  # a mask of -inf is read as finfo.min: a row it hides whole is eager's uniform row, not NaN
+            additive = _additive(q, mask, (start, stop, begin, end), offset=offset, hide_own=hide_own)
+            scores = scores.add_(additive).clamp_min_(low)
+        pattern = torch.softmax(scores, dim=-1, dtype=precise)
+        outs.append(_ungrouped(_grouped(pattern.to(v.dtype), n_kv) @ v[:, :, begin:end], group))
+        lses.append(scores.amax(-1).to(precise) - pattern.amax(-1).log() - softcap)
+    return torch.cat(outs, 2), torch.cat(lses, 2)
 
 
 def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float, window: int | None) -> Tensor:

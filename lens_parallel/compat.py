@@ -450,7 +450,7 @@ def _position_forward(component: Any, attend: Any, choose: Any, *args: Any, **kw
     """PositionEmbeddingsAttentionBridge.forward (TransformerLens 4.3) with the attention itself from ``attend``."""
     hf_attn: Any = component.original_component
     softcap = getattr(hf_attn, "attn_logit_softcapping", None)
-    path = "eager" if _eager_now(component) else choose(component, softcap=softcap)
+    path = "eager" if _eager_now(component) else choose(component)
     if path == "eager":
         return type(component).forward(component, *args, **kwargs)
     hidden = kwargs.pop("hidden_states") if "hidden_states" in kwargs else args[0]
@@ -634,7 +634,7 @@ def _joint_attention(
     itself from ``attend``; on an ALiBi bridge (:func:`_alibi_biases`) its bias on the scores too, after its
     clip_qkv (``_clip_qkv``) and with its softmax scale (``_softmax_scale``)."""
     alibi = _alibi_biases().get(type(component))
-    path = "eager" if _eager_now(component) else choose(component, softcap=None)
+    path = "eager" if _eager_now(component) else choose(component)
     if path == "eager":
         if alibi is not None and alibi.eager_kwargs is not None:
             kwargs = alibi.eager_kwargs(kwargs, q.shape[1], q.dtype)
@@ -749,7 +749,7 @@ def _register_interface() -> None:
 
 def install_attention(model: nn.Module, attend: Any, choose: Any, attend_routed: Any) -> int:
     """Give every attention component of ``model`` for which :func:`own_attention_reason` is empty lens_parallel's
-    attention (``attend``, on the path ``choose(component, softcap=)`` picks), written into the instance's own
+    attention (``attend``, on the path ``choose(component)`` picks), written into the instance's own
     dictionary: the forward of a PositionEmbeddingsAttentionBridge (its steps, :func:`_position_forward`, or the
     route through its module, :func:`_module_forward`), the ``_reconstruct_attention`` of a joint-QKV bridge; the
     attention interface's function for a module on a route. The Hugging Face model builds its masks for SDPA (a

@@ -26,11 +26,14 @@ class WorkSizes:
     """How large one step of each blocked loop is on a kind of device.
 
     ``attention_elements``: one block of the blocked attention path holds at most this many scores (batch x heads x
-    queries x keys); ``fused_block``: queries per kernel call of the fused and diagonal paths when a mask is given;
+    queries x keys); ``capped_elements``: the same for one block of soft-capped attention's own kernel
+    (:func:`lens_parallel.attention._capped_blocks`); ``fused_block``: queries per kernel call of the fused and
+    diagonal paths when a mask is given;
     ``scan_rows`` x ``scan_bytes``: positions per unembedding matmul of the vocabulary scan and the float32 logits
     of one of its blocks; ``loss_chunk_bytes``: the logits one chunk of the loss's backward holds."""
 
     attention_elements: int
+    capped_elements: int
     fused_block: int
     scan_rows: int
     scan_bytes: int
@@ -40,6 +43,7 @@ class WorkSizes:
 SIZES: dict[DeviceKind, WorkSizes] = {
     "cpu": WorkSizes(
         attention_elements=1 << 24,  # 64 MB of float32 scores
+        capped_elements=1 << 19,  # 2 MB of float32 scores: a block's passes stay in the caches (1 MB: 1.3x the time)
         fused_block=1024,
         scan_rows=1024,  # 4,096 x 49,152 logits: 2.6 s in blocks of 170 rows, 2.1 s in blocks of 1,024
         scan_bytes=2 * 2**20,  # 1,024 x 512 float32 logits: a block's passes stay in the caches
@@ -47,6 +51,7 @@ SIZES: dict[DeviceKind, WorkSizes] = {
     ),
     "cuda": WorkSizes(
         attention_elements=1 << 27,  # 512 MB of float32 scores: a few blocks at 32k tokens
+        capped_elements=1 << 27,
         fused_block=16384,
         scan_rows=8192,
         scan_bytes=1 << 28,  # 8,192 x 8,192 float32 logits: a vocabulary of 49,152 in 6 blocks per 8k rows

@@ -9,14 +9,15 @@ with it. :func:`model_features` lists the features of a model; they are part of 
 Where a feature is handled:
 
 - the attention path (:mod:`lens_parallel.attention`): sliding windows (the mask Hugging Face builds; a block of
-  queries reads only the keys its window reaches), attention soft caps (the blocked path: no fused kernel caps
-  scores), partial rotary, query/key norms after the head split, biases, grouped and multi-query heads. What that
-  path does not reproduce on the bridge's own steps (interleaved rotary, query/key norms before the head split or
-  after rotary, a key multiplier, Llama 4's query scaling, a bridge subclass) takes the queries and keys its Hugging
-  Face module makes (the route through the module, :func:`lens_parallel.compat.own_attention_reason`); what the
-  attention itself does differently is a part of lens_parallel's attention (attention sinks: the sink in each row's
-  normaliser; ALiBi: its bias in one more column of the queries and keys), and the model's ``attention`` record
-  says per layer which path serves it and why where TransformerLens's does;
+  queries reads only the keys its window reaches), attention soft caps (lens_parallel's own kernel of blocks of
+  queries: no fused kernel caps scores), partial rotary, query/key norms after the head split, biases, grouped and
+  multi-query heads. What that path does not reproduce on the bridge's own steps (interleaved rotary, query/key
+  norms before the head split or after rotary, a key multiplier, Llama 4's query scaling, a bridge subclass) takes
+  the queries and keys its Hugging Face module makes (the route through the module,
+  :func:`lens_parallel.compat.own_attention_reason`); what the attention itself does differently is a part of
+  lens_parallel's attention (attention sinks: the sink in each row's normaliser; ALiBi: its bias in one more column
+  of the queries and keys), and the model's ``attention`` record says per layer which path serves it and why where
+  TransformerLens's does;
 - the unembedding (:func:`lens_parallel.losses.unembedding`): the final soft cap and the logit multipliers;
 - the residual spaces: parallel blocks (residual-mlp is read against resid_pre), post-norms (one head's write is no
   term of the update), mixture-of-experts MLPs (residual-mlp is the routed block's output, which the router computes
@@ -186,7 +187,8 @@ FEATURES: Mapping[str, Feature] = {
             lambda m: (
                 bool(m.modules_with("attn_logit_softcapping")) or bool(_number(m.config, "attn_logit_softcapping"))
             ),
-            "the blocked path (no fused kernel caps scores); the diagonal path is not used",
+            "lens_parallel's own kernel for capped scores (no fused kernel caps them): blocks of queries with each "
+            "row's log-sum-exp, never the square; on the fused and diagonal paths alike",
         ),
         Feature(
             "final-softcap",

@@ -85,35 +85,37 @@ def test_path_follows_the_hooks_attached():
     def plain(tensor, hook):
         return None
 
-    assert chosen_path(component, softcap=None) == "fused"
-    assert chosen_path(component, softcap=30.0) == "blocked"  # no kernel soft-caps
+    assert chosen_path(component) == "fused"
     with model.hooks(fwd_hooks=[(name, rows_hook(plain))]):
-        assert chosen_path(component, softcap=None) == "blocked"
+        assert chosen_path(component) == "blocked"
         with model.hooks(fwd_hooks=[(name, rows_hook(plain, diagonal=lambda rows, hook: None))]):
-            assert chosen_path(component, softcap=None) == "blocked"  # one hook without a diagonal form
+            assert chosen_path(component) == "blocked"  # one hook without a diagonal form
     with model.hooks(fwd_hooks=[(name, rows_hook(plain, diagonal=lambda rows, hook: None))]):
-        assert chosen_path(component, softcap=None) == "diagonal"
-        assert chosen_path(component, softcap=30.0) == "blocked"
+        assert chosen_path(component) == "diagonal"
         with attention_path("blocked"):
-            assert chosen_path(component, softcap=None) == "blocked"
+            assert chosen_path(component) == "blocked"
         with model.hooks(fwd_hooks=[(name, plain)]):
-            assert chosen_path(component, softcap=None) == "eager"  # a user's hook sees the whole square
+            assert chosen_path(component) == "eager"  # a user's hook sees the whole square
     with model.hooks(fwd_hooks=[("blocks.1.attn.hook_attn_scores", plain)]):
-        assert chosen_path(component, softcap=None) == "eager"
+        assert chosen_path(component) == "eager"
     with attention_path("eager"):
-        assert chosen_path(component, softcap=None) == "eager"
+        assert chosen_path(component) == "eager"
     with attention_path("diagonal"):  # hooked or not, every layer forms z alike (a sweep's forwards round alike)
-        assert chosen_path(component, softcap=None) == "diagonal"
+        assert chosen_path(component) == "diagonal"
 
 
-def _softmax_rows(q, k, v, mask, scale, sinks=None):
-    """Float64 reference: A = softmax(scale q k^T + mask) (with ``sinks``: a column of logit b_h per head joins the
-    softmax and is dropped), own weight, 1 - own weight, the other keys' output, z."""
+def _softmax_rows(q, k, v, mask, scale, sinks=None, softcap=None):
+    """Float64 reference: A = softmax(scale q k^T + mask) (soft-capped, c tanh(scale q k^T / c) + mask; with
+    ``sinks``: a column of logit b_h per head joins the softmax and is dropped), own weight, 1 - own weight, the
+    other keys' output, z."""
     q, k, v = q.double(), k.double(), v.double()
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     n_query, n_key = q.shape[2], k.shape[2]
-    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+    scores = q @ k.transpose(-1, -2) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~mask, float("-inf"))
     if sinks is not None:
         column = sinks.double()[None, :, None, None].expand(*scores.shape[:-1], 1)
         pattern = torch.softmax(torch.cat([scores, column], -1), -1)[..., :-1]
@@ -125,14 +127,17 @@ def _softmax_rows(q, k, v, mask, scale, sinks=None):
     return weight, 1 - weight, others @ v, pattern @ v
 
 
+@pytest.mark.parametrize("softcap", [None, 2.0], ids=["uncapped", "capped"])
 @pytest.mark.parametrize("sinks", [None, torch.tensor([-1.0, 0.0, 0.5, 2.0, -3.0, 1.0])], ids=["plain", "sinks"])
 @pytest.mark.parametrize("n_query", [31, 5, 1])
 @pytest.mark.parametrize("mask_kind", ["causal", "padded", "window"])
-def test_diagonal_rows_from_the_kernel_equal_the_softmax_rows(n_query, mask_kind, sinks):
+def test_diagonal_rows_from_the_kernel_equal_the_softmax_rows(n_query, mask_kind, sinks, softcap):
     """A_tt, 1 - A_tt, sum_{s != t} A_ts v_s and z from the fused kernel's log-sum-exp equal the rows of an explicit
     float64 softmax: grouped heads, a padded row, a sliding window, queries fewer than keys (a decoding step), blocks
     of 7 queries (not dividing 31), attention sinks (a logit per head in the normaliser: rows sum to less than 1);
-    with sinks, z from the kernel scaled by each row's sum (:func:`_sink_kernel`) too."""
+    with sinks, z from the kernel scaled by each row's sum (:func:`_sink_kernel`) too. Soft-capped scores (a cap of
+    2, which every score of these reaches: tanh far from linear) come from lens_parallel's own kernel
+    (:func:`_capped_blocks`) on both."""
     torch.manual_seed(0)
     n_key = 31
     q, k, v = torch.randn(2, 6, n_query, 8), torch.randn(2, 2, n_key, 8), torch.randn(2, 2, n_key, 8)
@@ -145,10 +150,10 @@ def test_diagonal_rows_from_the_kernel_equal_the_softmax_rows(n_query, mask_kind
     given = None if mask_kind == "causal" else allowed
     window = 8 if mask_kind == "window" else None
     with attention_path("auto", block_size=7):
-        rows = attention._diagonal_rows(q, k, v, given, scale=0.4, window=window, sinks=sinks)
-        kernel = attention._kernel(q, k, v, given, scale=0.4, window=window, sinks=sinks)
+        rows = attention._diagonal_rows(q, k, v, given, scale=0.4, window=window, sinks=sinks, softcap=softcap)
+        kernel = attention._kernel(q, k, v, given, scale=0.4, window=window, sinks=sinks, softcap=softcap)
     live = allowed.any(-1).expand(2, 6, n_query)
-    expected = _softmax_rows(q, k, v, allowed, 0.4, sinks)
+    expected = _softmax_rows(q, k, v, allowed, 0.4, sinks, softcap)
     got = (rows.weight, rows.others, rows.rest, rows.z)
     for name, value, reference in zip(("weight", "others", "rest", "z"), got, expected, strict=True):
         np.testing.assert_allclose(value[live].numpy(), reference[live].numpy(), atol=1e-6, err_msg=name)
@@ -156,7 +161,7 @@ def test_diagonal_rows_from_the_kernel_equal_the_softmax_rows(n_query, mask_kind
     assert rows.first_key == n_key - n_query and rows.dtype == torch.float32
     np.testing.assert_allclose((rows.weight + rows.others)[live].numpy(), 1.0, atol=1e-6)  # others = 1 - A_tt
     if sinks is not None:  # the sink holds weight and no value: each row's output shrinks
-        plain = _softmax_rows(q, k, v, allowed, 0.4)[3]
+        plain = _softmax_rows(q, k, v, allowed, 0.4, softcap=softcap)[3]
         assert (expected[3][live].norm(dim=-1) < plain[live].norm(dim=-1)).all()
     if mask_kind == "padded" and n_query == n_key and sinks is None:  # a fully masked row: eager's uniform row
         np.testing.assert_allclose(rows.weight[1, :, :4].numpy(), 1 / n_key)
@@ -197,7 +202,7 @@ def test_an_alibi_bias_rides_in_the_keys_on_every_path(n_query, mask_kind):
     wide_q, wide_k = attention._with_bias(q, k, bias, scale=scale)
     assert wide_q.shape[-1] == wide_k.shape[-1] == 16  # 8 + 1 rounded up to a multiple of 8
     with attention_path("auto", block_size=7):
-        rows = attention._diagonal_rows(wide_q, wide_k, v, given, scale=scale, window=None, sinks=None)
+        rows = attention._diagonal_rows(wide_q, wide_k, v, given, scale=scale, window=None, sinks=None, softcap=None)
     own = torch.diagonal(pattern, offset=n_key - n_query, dim1=-2, dim2=-1)
     np.testing.assert_allclose(rows.weight[live].numpy(), own[live].numpy(), atol=1e-6)
     with pytest.raises(LibraryError, match="a key per query head"):  # grouped-query keys cannot carry a slope per head
@@ -210,22 +215,24 @@ def test_diagonal_rows_keep_the_rest_exact_where_a_row_is_almost_all_its_own():
     rest's output (the mean of the earlier values) exactly."""
     eye = torch.eye(12)[None, None]  # query t and key t: the t-th unit vector, so s_ts = 16 [s = t]
     v = torch.randn(1, 1, 12, 12, generator=torch.Generator().manual_seed(1))
-    rows = attention._diagonal_rows(eye * 4, eye * 4, v, None, scale=1.0, window=None, sinks=None)
+    rows = attention._diagonal_rows(eye * 4, eye * 4, v, None, scale=1.0, window=None, sinks=None, softcap=None)
     t = torch.arange(12, dtype=torch.float64)
     np.testing.assert_allclose(rows.others[0, 0].double().numpy(), (t / (np.exp(16) + t)).numpy(), rtol=1e-5)
     earlier_mean = (v[0, 0].double().cumsum(0) - v[0, 0].double())[1:] / t[1:, None]
     np.testing.assert_allclose((rows.rest[0, 0, 1:] / rows.others[0, 0, 1:, None]).numpy(), earlier_mean, atol=1e-5)
 
 
-def test_diagonal_rows_do_not_depend_on_the_batch_they_come_in():
+@pytest.mark.parametrize("softcap", [None, 2.0], ids=["uncapped", "capped"])
+def test_diagonal_rows_do_not_depend_on_the_batch_they_come_in(softcap):
     """Bit for bit: a sweep's reference, matched no-op and stacked edited forwards run the same documents in batches
     of other sizes, and a float64 model's scale-1 canary allows 1e-9 nats (an elementwise sigmoid rounded the last
-    elements of a batch of 5 one ulp apart from the same elements in a batch of 15)."""
+    elements of a batch of 5 one ulp apart from the same elements in a batch of 15); soft-capped scores too (their
+    own kernel, one batch row at a time)."""
     torch.manual_seed(0)
     q, k, v = torch.randn(5, 4, 9, 16), torch.randn(5, 2, 9, 16), torch.randn(5, 2, 9, 16)
-    alone = attention._diagonal_rows(q, k, v, None, scale=0.25, window=None, sinks=None)
+    alone = attention._diagonal_rows(q, k, v, None, scale=0.25, window=None, sinks=None, softcap=softcap)
     tiled = attention._diagonal_rows(
-        *(t.repeat(3, 1, 1, 1) for t in (q, k, v)), None, scale=0.25, window=None, sinks=None
+        *(t.repeat(3, 1, 1, 1) for t in (q, k, v)), None, scale=0.25, window=None, sinks=None, softcap=softcap
     )
     for name in ("weight", "others", "rest", "z"):
         torch.testing.assert_close(getattr(tiled, name)[10:], getattr(alone, name), rtol=0, atol=0, msg=name)
@@ -327,8 +334,8 @@ def test_bad_path_and_block_size_are_refused():
 @pytest.mark.parametrize("softcap", [None, 20.0])
 def test_gemma3_sliding_windows_norms_and_soft_capping(softcap):
     """A Gemma 3 built here (no toy of the family is bundled): sliding-window layers with a window of 8 on 29
-    tokens, query/key norms, grouped heads, a padded row, and (as Gemma 2 does) soft-capped scores, which no kernel
-    computes: the own path takes the blocked softmax for them."""
+    tokens, query/key norms, grouped heads, a padded row, and (as Gemma 2 does) soft-capped scores, which no fused
+    kernel computes: lens_parallel's own (:func:`attention._capped_blocks`) serves the fused and diagonal paths."""
     import transformers
 
     from lens_parallel.models import wrap_hf_model
@@ -357,9 +364,7 @@ def test_gemma3_sliding_windows_norms_and_soft_capping(softcap):
     mask[1, :4] = 0
     _assert_paths_match_eager(model, tokens, mask)
     component = model.blocks[0].attn
-    assert chosen_path(component, softcap=component.original_component.attn_logit_softcapping) == (
-        "fused" if softcap is None else "blocked"
-    )
+    assert chosen_path(component) == "fused"  # soft-capped scores too: their own kernel, no square
     spans = list(attention._spans(29, 29, 6, 8))  # blocks of 6 queries (forced above) read the window's keys only
     assert spans[0] == (0, 6, 0, 6) and spans[2] == (12, 18, 4, 18) and spans[-1] == (24, 29, 16, 29)
 
