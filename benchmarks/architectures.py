@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import statistics
 import subprocess
@@ -428,31 +429,56 @@ COLORS = {
 
 
 def figure(rows: dict, args: argparse.Namespace, stem: Path) -> None:
-    """Per model: each mode's time in seconds, labelled with its multiple of the model's own forward (left), and its
-    peak RSS (right); one colour per mode in both."""
-    from plotly.subplots import make_subplots
+    """Per model (a row each), each mode's time as a multiple of Hugging Face's forward of the same model (SDPA, or
+    eager where it has none: said in the row's label), on a log axis with the 1.3x target marked; one colour per
+    mode. (Peak RSS is the table's: per process, so one value per row under ``--interleaved``.)"""
+    import plotly.graph_objects as go
 
     from lens_parallel.plots import save_figure
 
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        subplot_titles=(f"time at 1 x {args.seq_len} tokens (median of {args.repeats})", "peak memory of the process"),
+    models = list(rows)[::-1]  # the table's first row on top
+    names = [
+        f"{_row(m)[0].split(':')[0]} ({rows[m]['hf-sdpa']['median_s']:.2f} s, {_peer_kind(rows[m])})" for m in models
+    ]
+    fig = go.Figure()
+    for mode in [mode for mode in MODES if mode != "hf-sdpa" and mode in next(iter(rows.values()))][::-1]:
+        ratios = [rows[m][mode]["median_s"] / rows[m]["hf-sdpa"]["median_s"] for m in models]
+        fig.add_bar(
+            y=names,
+            x=ratios,
+            orientation="h",
+            name=mode,
+            marker_color=COLORS[mode],
+            text=[f"{r:.2f}x" for r in ratios],
+            textposition="outside",
+        )
+    marks = ((1.0, "Hugging Face", "solid", "#444", "right"), (1.3, "1.3x target", "dash", "#d62728", "left"))
+    for x, text, dash, colour, side in marks:
+        fig.add_vline(x=x, line_dash=dash, line_color=colour)  # (a log axis places a line's annotation unlogged)
+        fig.add_annotation(
+            x=math.log10(x), y=1, yref="paper", text=text, showarrow=False, yanchor="bottom", xanchor=side
+        )
+    fig.update_xaxes(
+        type="log",
+        range=[-1, math.log10(12)],
+        title_text=f"time at 1 x {args.seq_len} tokens, x Hugging Face's forward (median of {args.repeats})",
     )
-    names = [_row(m)[0].split(":")[0] for m in rows]
-    for mode in [mode for mode in MODES if mode in next(iter(rows.values()))]:
-        seconds = [rows[m][mode]["median_s"] for m in rows]
-        ratios = [rows[m][mode]["median_s"] / rows[m]["hf-sdpa"]["median_s"] for m in rows]
-        peaks = [rows[m][mode]["peak_rss_mib"] for m in rows]
-        style = {"name": mode, "legendgroup": mode, "marker_color": COLORS[mode]}
-        labels = [f"{r:.2f}x" for r in ratios]
-        fig.add_bar(x=names, y=seconds, text=labels, textposition="outside", **style, row=1, col=1)
-        fig.add_bar(x=names, y=peaks, showlegend=False, **style, row=1, col=2)
-    fig.update_yaxes(title_text="seconds (label: × Hugging Face's SDPA forward)", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="peak RSS (MiB)", rangemode="tozero", row=1, col=2)
-    title = f"Decompose of {', '.join(SPACES)} across architectures (toys: 4 layers, width 256, window 512)"
-    _grouped_bars(fig, title, 1150)
+    fig.update_yaxes(title_text="architecture (Hugging Face's forward: seconds, attention)")
+    fig.update_layout(
+        title="lens_parallel against Hugging Face, per architecture (toys: 4 layers, width 256, window 512)",
+        template="plotly_white",
+        barmode="group",
+        width=1150,
+        height=220 + 70 * len(models),
+        legend={"orientation": "h", "y": 1.04, "yanchor": "bottom", "x": 0, "title": "mode", "traceorder": "reversed"},
+        margin={"t": 140},
+    )
     save_figure(fig, stem)
+
+
+def _peer_kind(row: dict) -> str:
+    """Which Hugging Face forward a row's times are multiples of: ``sdpa`` or ``eager`` (where it has no SDPA)."""
+    return "eager" if "eager" in str(row["hf-sdpa"].get("paths_per_forward", "")) else "sdpa"
 
 
 if __name__ == "__main__":
