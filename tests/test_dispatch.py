@@ -72,8 +72,8 @@ def test_no_analysis_dispatches_more_as_documents_grow_and_each_stays_near_hf(se
 
 
 def test_the_cpu_scan_is_cache_sized_and_the_gpu_scan_is_not(setup):
-    """The same evaluate dispatches more on a CPU's sizes (blocks of 1,024 positions x 512 vocabulary columns, kept
-    in its caches) than on a GPU's: the sizes are chosen per device, and the numbers do not depend on them."""
+    """The same evaluate dispatches more on a CPU's sizes (blocks of 1,024 positions x 2,048 vocabulary columns, 8 MB
+    of logits) than on a GPU's: the sizes are chosen per device, and the numbers do not depend on them."""
     model, _, docs = setup
     found = {}
     for kind in ("cpu", "cuda"):
