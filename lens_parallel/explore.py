@@ -182,12 +182,9 @@ class Explorer:
             )
         check_choice("space", state["space"], HeadSpace)
         (state["layer"],) = check_indices("layer", state["layer"], self.info.n_layers)
-        linear = not self.info.kind(state["layer"]).pattern
-        if linear and self.info.kind(state["layer"]).heads and state["space"] == "residual-attn":
-            raise LensParallelError(
-                f"layer {state['layer']} is a linear-attention layer: residual-attn has no diagonal view there (a "
-                "head's write passes its gated RMSNorm, not linearly through M); choose value or value-exclude-self"
-            )
+        refusal = self.info.kind(state["layer"]).residual_map_refusal(state["layer"])
+        if refusal and state["space"] == "residual-attn":
+            raise LensParallelError(refusal)
         (state["head"],) = check_heads(self.info, state["layer"], state["head"])
         (state["doc"],) = check_indices("doc", state["doc"], len(self.documents))
         for name in ("s_par", "s_perp"):

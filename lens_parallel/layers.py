@@ -36,8 +36,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_parallel import compat, geometry
-from lens_parallel.choices import LayerType
+from lens_parallel.choices import Ablation, LayerType
 from lens_parallel.errors import LensParallelError
+from lens_parallel.validate import literal_values
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -182,6 +183,26 @@ class LayerKind:
         groups), from captures holding :meth:`value_roles`: the GQA alignment's contrast."""
         raise self._no_heads("key groups")
 
+    @property
+    def ablations(self) -> tuple[Ablation, ...]:
+        """The head ablations (:class:`lens_parallel.edits.HeadEdit`) defined on the layer's heads; none here."""
+        return ()
+
+    @property
+    def zero_role(self) -> str:
+        """The role whose zeroing removes a head's write (a zero ablation's site); none here."""
+        return ""
+
+    def attribution_roles(self, info: ModelInfo, *, zero: bool, residual: bool) -> tuple[list[str], list[str]]:
+        """What head attribution captures at a layer of this kind (forward) and whose loss gradient it needs
+        (backward): for a ``zero`` ablation, for a ``residual`` space or ablation."""
+        raise self._no_heads("head attribution")
+
+    def residual_map_refusal(self, layer: int) -> str:
+        """Why the layer-level residual-attn view of the layer's map is undefined ("" where it is, or where the
+        layer has no map to view: the view's own checks say so)."""
+        return ""
+
 
 @dataclass(frozen=True)
 class SoftmaxAttention(LayerKind):
@@ -243,6 +264,22 @@ class SoftmaxAttention(LayerKind):
         v = t["v"]
         return [geometry.expand_kv(torch.roll(v, shifts=s, dims=2), info.n_heads) for s in range(1, v.shape[2])]
 
+    @property
+    def ablations(self) -> tuple[Ablation, ...]:
+        """Every ablation."""
+        return literal_values(Ablation)
+
+    @property
+    def zero_role(self) -> str:
+        """hook_z."""
+        return "z"
+
+    def attribution_roles(self, info: ModelInfo, *, zero: bool, residual: bool) -> tuple[list[str], list[str]]:
+        """hook_z and the value roles with the pattern's diagonal (resid_pre too for a residual space); the gradient
+        at hook_z (and at hook_attn_out for a residual space)."""
+        acts = list(dict.fromkeys(["z", *self.value_roles(info, diagonal=True)]))
+        return acts + (["resid_pre"] if residual else []), ["z", *(["attn_out"] if residual else [])]
+
 
 @dataclass(frozen=True)
 class LinearAttention(LayerKind):
@@ -302,6 +339,32 @@ class LinearAttention(LayerKind):
         """The value heads rolled by whole key groups: v' the value head at the same place in the other group."""
         v, group = t["lin_v"], self.key_group(info)
         return [torch.roll(v, shifts=s * group, dims=2) for s in range(1, v.shape[2] // group)]
+
+    @property
+    def ablations(self) -> tuple[Ablation, ...]:
+        """zero (the head's gate input: its gated RMSNorm then writes 0), parallel-value and parallel-residual; not
+        mean (no per-head hook_z to fill)."""
+        return ("zero", "parallel-value", "parallel-residual")
+
+    @property
+    def zero_role(self) -> str:
+        """The gate input of the gated RMSNorm (hook_gate_input): a zero gate writes 0."""
+        return "lin_gate"
+
+    def attribution_roles(self, info: ModelInfo, *, zero: bool, residual: bool) -> tuple[list[str], list[str]]:
+        """The value roles with the self weight's queries, keys and beta, the gate input where a zero ablation acts
+        on it or a head's write is formed (a residual space), resid_pre for a residual space; the gradient at o
+        (hook_recurrence_out), at the gate input for ``zero``, at the block's output for a residual space."""
+        gate = ["lin_gate"] if zero or residual else []
+        acts = [*self.value_roles(info, diagonal=True), *gate, *(["resid_pre"] if residual else [])]
+        return acts, ["lin_o", *(["lin_gate"] if zero else []), *(["lin_out"] if residual else [])]
+
+    def residual_map_refusal(self, layer: int) -> str:
+        """A head's write passes its gated RMSNorm, not linearly through M."""
+        return (
+            f"layer {layer} is a linear-attention layer: residual-attn has no diagonal view there (a head's write "
+            "passes its gated RMSNorm, not linearly through M); choose value or value-exclude-self"
+        )
 
 
 def linear_mixing_weights(t: dict[str, Tensor], n_heads: int) -> Float[Tensor, "batch head_index query_pos key_pos"]:

@@ -202,20 +202,10 @@ class AttributionResult(ResultMixin):
 
 
 def _roles(info: ModelInfo, ablation: str, spaces: tuple[str, ...], layer: int) -> tuple[list[str], list[str]]:
-    """Activations read (forward) and activations whose loss gradient is needed (backward) at ``layer``: a linear
-    layer's o (hook_recurrence_out) and, for ``zero``, its gate input."""
+    """Activations read (forward) and activations whose loss gradient is needed (backward) at ``layer``: its kind's
+    (:meth:`~lens_parallel.layers.LayerKind.attribution_roles`)."""
     residual = "residual-attn" in spaces or ablation == "parallel-residual"
-    kind = info.kind(layer)
-    if not kind.pattern:  # linear attention: a head's write needs its gate input; zero acts on it
-        gate = ["lin_gate"] if ablation == "zero" or residual else []
-        acts = [*kind.value_roles(info, diagonal=True), *gate, *(["resid_pre"] if residual else [])]
-        return acts, ["lin_o", *(["lin_gate"] if ablation == "zero" else []), *(["lin_out"] if residual else [])]
-    acts = list(dict.fromkeys(["z", *kind.value_roles(info, diagonal=True)]))
-    grads = ["z"]
-    if residual:
-        acts.append("resid_pre")
-        grads.append("attn_out")
-    return acts, grads
+    return info.kind(layer).attribution_roles(info, zero=ablation == "zero", residual=residual)
 
 
 def backward_rows(n_docs: int, n_layers: int) -> int:

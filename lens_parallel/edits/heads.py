@@ -29,13 +29,14 @@ from lens_parallel.hooks import (
     hook_name,
     softmax_layers,
 )
+from lens_parallel.layers import LAYER_KINDS, LayerKind
 from lens_parallel.models import ModelInfo
 from lens_parallel.validate import as_indices, check_choice, literal_values
 
 ABLATIONS = literal_values(Ablation)
-LINEAR_ABLATIONS: tuple[Ablation, ...] = ("zero", "parallel-value", "parallel-residual")
+LINEAR_ABLATIONS: tuple[Ablation, ...] = LAYER_KINDS["linear"].ablations
 """The ablations defined on a linear-attention layer's value heads (``mean`` replaces hook_z by its mean, a
-softmax-layer activation)."""
+softmax-layer activation): :attr:`lens_parallel.layers.LinearAttention.ablations`."""
 
 
 @register_edit("head-ablation", "remove heads' contribution at one layer: zero, mean, parallel-value or -residual")
@@ -88,29 +89,28 @@ class HeadEdit(EditBase):
         return (self.layer,)
 
     def footprint(self, info: ModelInfo) -> Footprint:
+        kind = self._kind(info)
+        layers = None if kind is None else [self.layer]
         if self.ablation == "parallel-value":
-            return ComponentScale("value", s_par=0.0, layers=[self.layer] if self._linear(info) else None).footprint(
-                info
-            )
+            return ComponentScale("value", s_par=0.0, layers=layers).footprint(info)
         if self.ablation == "parallel-residual":
-            layers = [self.layer] if self._linear(info) else None
             return ComponentScale("residual-attn", s_par=0.0, heads="all", layers=layers).footprint(info)
-        if self.ablation == "zero" and self._linear(info):
-            # not decode-safe: a linear-attention layer's cached steps (prefill included) run Hugging Face's own
-            # module, where hook_gate_input never fires: cached generation would report unedited steps as edited
-            return Footprint((), ("lin_gate",), "none", False)
+        if kind is not None and self.ablation in kind.ablations:
+            # a linear-attention layer is not decode-safe: its cached steps (prefill included) run Hugging Face's
+            # own module, where hook_gate_input never fires (cached generation would report unedited steps as edited)
+            return Footprint((), (kind.zero_role,), "none", kind.decodes_with_hooks)
         return Footprint((), ("z",), "none", True)
 
-    def _linear(self, info: ModelInfo) -> bool:
-        """Whether the edited layer has heads but no softmax pattern (linear attention, Qwen3.5)."""
-        return 0 <= self.layer < info.n_layers and info.kind(self.layer).heads and not info.kind(self.layer).pattern
+    def _kind(self, info: ModelInfo) -> LayerKind | None:
+        """The edited layer's kind (None where the layer is out of range: the hooks say so)."""
+        return info.kind(self.layer) if 0 <= self.layer < info.n_layers else None
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
-        if self._linear(info) and self.ablation in LINEAR_ABLATIONS:
-            layer, role = self.layer, "lin_gate"
-        else:
-            (layer,), _ = softmax_layers(info, [self.layer], what=f"HeadEdit({self.ablation!r})")
-            role = "z"
+        kind = self._kind(info)
+        if kind is None or self.ablation not in kind.ablations:  # refused, saying which layers take it
+            softmax_layers(info, [self.layer], what=f"HeadEdit({self.ablation!r})")
+        assert kind is not None
+        layer, role = self.layer, kind.zero_role
         n_heads = info.output_heads(layer)
         heads = self.heads if isinstance(self.heads, Tensor) else check_heads(info, layer, self.heads)
         if self.ablation == "parallel-value":
