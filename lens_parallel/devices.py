@@ -43,7 +43,7 @@ class WorkSizes:
 SIZES: dict[DeviceKind, WorkSizes] = {
     "cpu": WorkSizes(
         attention_elements=1 << 24,  # 64 MB of float32 scores
-        capped_elements=1 << 19,  # 2 MB of float32 scores: a block's passes stay in the caches (1 MB: 1.3x the time)
+        capped_elements=1 << 19,  # 2 MB of float32 scores: a block's passes stay in the caches (1 MB: 1.25x the time)
         fused_block=1024,
         scan_rows=1024,  # 4,096 x 49,152 logits: 2.6 s in blocks of 170 rows, 2.1 s in blocks of 1,024
         scan_bytes=8 * 2**20,  # 1,024 x 2,048 float32 logits: 378 ms for 1,024 x 49,152 (398 ms in blocks of 2 MB)
