@@ -663,8 +663,9 @@ def _capped_blocks(
         each query's own key hidden when ``hide_own``); A_t = softmax_s(s_t), out_t = sum_s A_ts v_s,
         lse_t = log sum_s exp(s_ts) = max_s s_ts - log max_s A_ts,
 
-    the sigmoid form because it costs a sixth of tanh on a CPU and -c cancels in the softmax; the scores in the
-    queries' dtype as the eager path forms them, the softmax in float32 (float64 in a float64 model). One batch row
+    the sigmoid form because it costs a sixth of tanh on a CPU and -c cancels in the softmax; the matmul in the
+    queries' dtype as the eager path forms it, the cap and the softmax in float32 (float64 in a float64 model: in
+    bfloat16, sigmoid's rounding near 1/2 times 2c would move every score by up to c 2^-8). One batch row
     at a time, in blocks of queries chosen by the row's size alone, so that a document's numbers do not depend on
     the batch it comes in (an elementwise kernel rounds the tail of its vector loop apart); a block holds at most
     the device's ``capped_elements`` scores (:class:`~lens_parallel.devices.WorkSizes`: on a CPU, few enough that
@@ -703,10 +704,11 @@ def _capped_row(
     """One batch row of :func:`_capped_blocks`, its queries already scaled by 2 scale / c."""
     n_kv, group, offset = k.shape[1], q.shape[1] // k.shape[1], k.shape[2] - q.shape[2]
     precise = torch.promote_types(q.dtype, torch.float32)
-    grad, low = _needs_grad(q, k, v), torch.finfo(q.dtype).min
+    grad, low = _needs_grad(q, k, v), torch.finfo(precise).min
     outs, lses = [], []
     for start, stop, begin, end in spans:
         scores = _ungrouped(_grouped(q[:, :, start:stop], n_kv) @ k[:, :, begin:end].transpose(-1, -2), group)
+        scores = scores.to(precise)  # the cap in float32: bfloat16's rounding of sigmoid near 1/2, times 2c, is c 2^-8
         scores = torch.sigmoid(scores) * (2 * softcap) if grad else scores.sigmoid_().mul_(2 * softcap)
         if mask is None:  # causal: only the block's own positions (its last keys) hide any key
             n = stop - start
@@ -717,7 +719,7 @@ def _capped_row(
             scores = scores.add_(additive).clamp_min_(low)
         pattern = torch.softmax(scores, dim=-1, dtype=precise)
         outs.append(_ungrouped(_grouped(pattern.to(v.dtype), n_kv) @ v[:, :, begin:end], group))
-        lses.append(scores.amax(-1).to(precise) - pattern.amax(-1).log() - softcap)
+        lses.append(scores.amax(-1) - pattern.amax(-1).log() - softcap)
     return torch.cat(outs, 2), torch.cat(lses, 2)
 
 
