@@ -717,10 +717,17 @@ def _routed_attention(
 def _calls_attention_interface(module: nn.Module) -> bool:
     """Whether a Hugging Face attention module's forward computes its attention through transformers' attention
     interface (``ALL_ATTENTION_FUNCTIONS``), as transformers 5's modules do (GPT-Neo's and XGLM's do not)."""
+    return _source_names_interface(type(module).forward)
+
+
+@functools.cache
+def _source_names_interface(forward: Callable[..., Any]) -> bool:
+    """Whether ``forward``'s source names ``ALL_ATTENTION_FUNCTIONS`` (read once per function: reading the source
+    took about 2 ms, and every :func:`lens_parallel.models.model_info` asks for each layer)."""
     import inspect
 
     try:
-        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(type(module).forward)
+        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(forward)
     except (OSError, TypeError):
         return False
 

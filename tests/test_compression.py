@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from functools import partial
 
 import einops
@@ -117,6 +119,31 @@ def test_scaling_w_o_is_pure_parallel_error(spec):
     np.testing.assert_allclose(result.coef[0, attn], c, rtol=1e-4)
     assert np.nanmax(result.perp[0, mlp]) > 1e-4  # the MLP sees the changed attention output: not a pure rescaling
     assert result.methods == ("scale_w_o",)
+
+
+@pytest.mark.parametrize("collect_bytes", [0, 1 << 40])
+def test_a_big_compressed_copy_is_freed_before_the_next_is_built(monkeypatch, collect_bytes):
+    """A copy of at least COLLECT_BYTES is collected before the next method's copy is built (never two beside the
+    dense model); a smaller one is left to Python's collector (the bridge's reference cycles keep it until then)."""
+    from lens_parallel.analyses import compression as analysis
+
+    built: list[weakref.ref] = []
+
+    def recording(*args, **kwargs):
+        alive = sum(ref() is not None for ref in built)
+        assert alive == (0 if collect_bytes == 0 else len(built)), f"{alive} of {len(built)} copies alive"
+        built.append(weakref.ref(compress(*args, **kwargs)))
+        return built[-1]()
+
+    monkeypatch.setattr(analysis, "COLLECT_BYTES", collect_bytes)
+    monkeypatch.setattr(analysis, "compress", recording)
+    gc.disable()  # the collector must not run between the methods on its own
+    try:
+        model = get_model("toy-gpt2")
+        compression_error(model, _tokens(model, n=2), method=["int8", "int4-g16", "wanda-50%"])
+    finally:
+        gc.enable()
+    assert len(built) == 3
 
 
 def test_compression_error_on_toy_models_table_and_figure():

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import datasets
 import numpy as np
@@ -121,16 +122,28 @@ def test_a_result_saved_by_another_patch_version_loads(tmp_path):
 # -- packed blocks are text --------------------------------------------------------------------------------------------
 
 
+_PACKED: dict[str, Any] = {}
+
+
+def _packed(tokenizer: transformers.PreTrainedTokenizerBase) -> Any:
+    """TransformerLens's packing of 30 austen documents, every third one empty: a datasets Column of 1-D tensors, as
+    users index it. Once per tokenizer (the toys of a family share their bundled one): datasets hashes the tokenizer
+    for its fingerprint, 2-3 s each."""
+    if tokenizer.name_or_path not in _PACKED:
+        texts = [text if i % 3 else "" for i, text in enumerate(lp.load_texts("austen")[:30])]
+        dataset = datasets.Dataset.from_dict({"text": texts})
+        packed = tokenize_and_concatenate(dataset, tokenizer, max_length=24, num_proc=None)
+        _PACKED[tokenizer.name_or_path] = packed["tokens"]
+    return _PACKED[tokenizer.name_or_path]
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tokenize_and_concatenate_blocks_are_analysed_as_given(family):
     """TransformerLens's own packing (documents joined by the EOS, BOS first in every row), of a corpus with empty
     documents (runs of separators, some at a row's edge): every row is text, whole, and gives the numbers of the
     same tokens given as Documents."""
     model = get_model(family)
-    texts = [text if i % 3 else "" for i, text in enumerate(lp.load_texts("austen")[:30])]
-    column = tokenize_and_concatenate(
-        datasets.Dataset.from_dict({"text": texts}), model.tokenizer, max_length=24, num_proc=None
-    )["tokens"]  # a datasets Column of 1-D tensors, as users index it
+    column = _packed(model.tokenizer)
     rows = column[:12]
     docs = lp.Documents.of(rows, model)
     assert docs.lengths.tolist() == [24] * 12

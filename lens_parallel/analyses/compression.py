@@ -59,6 +59,8 @@ from lens_parallel.validate import check_choice, check_eps, check_positive_int, 
 DEFAULT_METHODS: tuple[MethodLike, ...] = ("int8", "int4-g128", "wanda-50%", "wanda-2:4")
 SUBLAYERS = literal_values(Sublayer)
 SUBLAYER_ROLES = ("attn_out", "mlp_out", "resid_post")
+COLLECT_BYTES = 1 << 28
+"""A compressed copy of at least this many bytes (256 MiB) is collected before the next method's copy is built."""
 """The hooks of each sublayer's output, in :data:`SUBLAYERS` order."""
 
 
@@ -265,6 +267,11 @@ class CheckpointJob:
         return 0
 
 
+def _nbytes(model: TransformerBridge) -> int:
+    """The bytes of ``model``'s parameters and buffers (a quantized tensor counted at its logical size)."""
+    return sum(t.numel() * t.element_size() for t in model.original_model.state_dict().values())
+
+
 def _scored_weight(docs: DocBatch, scored: ScoredPositions) -> Float[Tensor, "batch pos"]:
     """Per document, the positions scored: its last real one, or every real one after the first."""
     if scored == "last":
@@ -353,10 +360,13 @@ class _CompressionMetric(Metric[MethodJob | CheckpointJob]):
             assert self.compressed is not None  # compression_error makes a CheckpointJob only with a model
             return self.compressed
         if context.memo.get("compressed", (None,))[0] != job.key:
-            # the previous method's copy goes before this one is built (a bridge holds reference cycles): never two
-            # compressed copies beside the dense model
-            context.memo.pop("compressed", None)
-            gc.collect()
+            # the previous method's copy goes before this one is built (a bridge holds reference cycles, so only a
+            # collection frees it): never two compressed copies beside the dense model, once a copy is big enough
+            # to matter (a collection takes 0.1-0.4 s, most of a toy's method)
+            _, previous = context.memo.pop("compressed", (None, None))
+            if previous is not None and _nbytes(previous) >= COLLECT_BYTES:
+                del previous
+                gc.collect()
             apart = _calibrated_apart(job.method) and self.separate is not None
             calibration = self.separate if apart else self.calibration
             context.memo["compressed"] = (job.key, compress(context.model, job.method, calibration=calibration))
