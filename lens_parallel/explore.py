@@ -10,7 +10,7 @@ document selector; "save view"). Views, for the selected head h of layer l and d
   computed once for value, value-exclude-self and residual-attn);
 - pattern: A_ts of head h, token labels on both axes;
 - diagonal: A_tt and A'_tt = A_tt + dA_tt, the edit's diagonal form at the current s_par
-  (:func:`~lens_parallel.geometry.diagonal_change`), with the per-token parallel coefficient of the space
+  (:meth:`~lens_parallel.spaces.SpaceSpec.pattern_weight_change`), with the per-token parallel coefficient of the space
   (value: o.v/|v|^2; exclude-self: c.v/|v|^2 with c = o - A_tt v; residual-attn: m.x/|x|^2 with m = o W_O[h]);
 - loss: per-token NLL under the edit on head h (or every head of layer l) minus its reference, nats. ``edit``
   (:data:`~lens_parallel.choices.ExplorerEdit`): ``scale`` is ``ComponentScale(space, s_par, s_perp)`` against the
@@ -63,12 +63,9 @@ from lens_parallel.hooks import check_heads, check_indices, expand_kv, head_laye
 from lens_parallel.models import head_label
 from lens_parallel.plots import explore as plots
 from lens_parallel.results import Provenance
-from lens_parallel.spaces import HEAD_SPACES
+from lens_parallel.spaces import HEAD_SPACES, SPACES
 from lens_parallel.sweep import Batch, EditJob, TokenNLL, run_rows, run_sweep
 from lens_parallel.validate import check_choice, check_finite, check_non_negative_int, did_you_mean
-
-SPACES: tuple[HeadSpace, ...] = HEAD_SPACES
-"""Spaces the explorer shows: those with a per-head level (the two value spaces and each head's residual write)."""
 
 
 @dataclass(frozen=True)
@@ -140,9 +137,9 @@ class Explorer:
         self.width = max(self.info.output_heads(layer) for layer in self.layers)
         with warnings.catch_warnings():  # a post-attention norm (Gemma 3): no per-head residual-attn, a note
             warnings.simplefilter("ignore", UserWarning)
-            result = decompose(model, self.documents, space=list(SPACES), batch_size=batch_size, progress=False)
+            result = decompose(model, self.documents, space=list(HEAD_SPACES), batch_size=batch_size, progress=False)
         self.heatmaps: dict[str, np.ndarray] = {}
-        for sp in SPACES:
+        for sp in HEAD_SPACES:
             grid = np.full((self.info.n_layers, self.width), np.nan)
             try:
                 table = result.table(sp, "head")
@@ -183,7 +180,7 @@ class Explorer:
         check_choice("space", state["space"], HeadSpace)
         (state["layer"],) = check_indices("layer", state["layer"], self.info.n_layers)
         refusal = self.info.kind(state["layer"]).residual_map_refusal(state["layer"])
-        if refusal and state["space"] == "residual-attn":
+        if refusal and SPACES[state["space"]].head_writes:
             raise LensParallelError(refusal)
         (state["head"],) = check_heads(self.info, state["layer"], state["head"])
         (state["doc"],) = check_indices("doc", state["doc"], len(self.documents))
@@ -248,17 +245,16 @@ class Explorer:
         t = self._capture(layer, doc)
         pattern, x = t["pattern_full"], t["resid_pre"]
         v = expand_kv(t["v"], pattern.shape[1])
-        W_O = output_weights(self.model, layer, dtype=torch.float64).to(x.device) if space == "residual-attn" else None
+        spec = SPACES[space]
+        W_O = output_weights(self.model, layer, dtype=torch.float64).to(x.device) if spec.head_writes else None
         diag = geometry.self_weights(pattern)[0, head]
         if st["edit"] == "scale":
-            diag_edited = (
-                diag + geometry.diagonal_change(pattern, v, space, s_par=st["s_par"], x=x, W_O=W_O).d_a[0, head]
-            )
+            diag_edited = diag + spec.pattern_weight_change(pattern, v, s_par=st["s_par"], x=x, W_O=W_O).d_a[0, head]
         elif st["edit"] == "zero-diagonal":
             diag_edited = geometry.self_weights(self.info.kind(layer).zeroed_map(pattern))[0, head]
         else:  # a removal along a random direction of z has no diagonal form
             diag_edited = torch.full_like(diag, float("nan"))
-        coef = geometry.parallel_coefficient(pattern, v, space, x=x, W_O=W_O)[0, :, head]
+        coef = spec.coefficient(pattern, v, x=x, W_O=W_O)[0, :, head]
         reference = self._edits(st, reference=True)
         key = (repr(reference), doc)
         if key not in self._noops:

@@ -23,8 +23,8 @@ import plotly.graph_objects as go
 
 from lens_parallel.edits import explorer_edits
 from lens_parallel.errors import LibraryError
-from lens_parallel.explore import SPACES
 from lens_parallel.plots.explore import setting_label
+from lens_parallel.spaces import HEAD_SPACES
 
 if TYPE_CHECKING:
     from lens_parallel.explore import Explorer
@@ -118,7 +118,7 @@ class ExplorerWidget:
         st = explorer.state
         figs = explorer.figures()
         self.figures = {name: FigureWidget(fig.update_layout(width=WIDTH)) for name, fig in figs.items()}
-        self.space = w.Dropdown(options=list(SPACES), value=st["space"], description="space")
+        self.space = w.Dropdown(options=list(HEAD_SPACES), value=st["space"], description="space")
         self.doc = w.BoundedIntText(value=st["doc"], min=0, max=len(explorer.documents) - 1, description="document")
         self.s_par = w.FloatSlider(value=st["s_par"], min=-1.0, max=2.0, step=0.1, description="s_par")
         self.s_perp = w.FloatSlider(value=st["s_perp"], min=0.0, max=2.0, step=0.1, description="s_perp")

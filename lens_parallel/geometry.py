@@ -220,31 +220,19 @@ def head_residual_products(
     return dot, mm
 
 
-def parallel_coefficient(
-    pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-    v: Float[Tensor, "batch key_pos head_index d_head"],
-    space: str,
+def residual_head_coefficient(
+    o: Float[Tensor, "batch pos head_index d_head"],
+    W_O: Float[Tensor, "head_index d_head d_model"],
+    x: Float[Tensor, "batch pos d_model"],
     *,
-    x: Float[Tensor, "batch pos d_model"] | None = None,
-    W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
     eps: float = EPS,
 ) -> Float[Tensor, "batch pos head_index"]:
-    """Per-token parallel coefficient of each head's message in ``space`` (``v`` expanded to query heads):
-    value o.v/|v|^2; value-exclude-self c.v/|v|^2 with c = o - A_tt v; residual-attn m.x/|x|^2 with m = o W_O[h]
-    (taken in head space, m.x = o.(W_O[h] x)). 0 where the reference's norm is below eps."""
-    o = value_aggregate(pattern, v)
-    if space == "value":
-        return project(o, v, eps=eps).coef
-    if space == "value-exclude-self":
-        return project(split_self(o, v, self_weights(pattern))[1], v, eps=eps).coef
-    if space == "residual-attn":
-        if x is None or W_O is None:
-            raise LensParallelError("the residual-attn coefficient needs the residual state x and W_O")
-        dot, _ = head_residual_products(o, W_O, x)
-        xx = (x * x).sum(-1, keepdim=True)
-        valid = xx > eps**2
-        return torch.where(valid, dot / torch.where(valid, xx, 1.0), 0.0)
-    raise LensParallelError(f"unknown space {space!r}; accepted: value, value-exclude-self, residual-attn")
+    """Per-token parallel coefficient m.x/|x|^2 of each head's residual write m = o W_O[h] against x (taken in head
+    space, m.x = o.(W_O[h] x)); 0 where |x| <= eps."""
+    dot, _ = head_residual_products(o, W_O, x)
+    xx = (x * x).sum(-1, keepdim=True)
+    valid = xx > eps**2
+    return torch.where(valid, dot / torch.where(valid, xx, 1.0), 0.0)
 
 
 def head_write_derivatives(
@@ -275,66 +263,51 @@ class DiagonalChange(NamedTuple):
     valid: Bool[Tensor, "batch head_index pos"]
 
 
-def diagonal_change(
-    pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-    v: Float[Tensor, "batch key_pos head_index d_head"],
-    space: str,
+def value_weight_change(
+    m: Float[Tensor, "batch pos head_index d_head"],
+    v: Float[Tensor, "batch pos head_index d_head"],
     *,
     s_par: float,
-    x: Float[Tensor, "batch query_pos d_model"] | None = None,
-    W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
     eps: float = EPS,
 ) -> DiagonalChange:
-    """dA_tt such that A + diag(dA) (:func:`add_self_weights`) is the attention-diagonal form of scaling the
-    parallel part by ``s_par``.
-
-    ``v``: the values at every key position, expanded to query heads; the queries are the last ``query_pos`` keys
-    (all of them in a whole-sequence forward; with cached keys, the new ones: :func:`self_weights`), and v_t, x_t
-    are each query's own. With o_t = sum_s A_ts v_s:
-
-    - ``value``: dA_tt = (s_par - 1) (o_t . v_t) / |v_t|^2
-    - ``value-exclude-self``: dA_tt = (s_par - 1) (c_t . v_t) / |v_t|^2 with c_t = o_t - A_tt v_t
-    - ``residual-attn``: dA_tt = (s_par - 1) (m_t . x_t) / ((W_O v_t) . x_t) with m_t = o_t W_O[h]; inner products
-      are taken in head space, m_t . x_t = o_t . (W_O[h] x_t), so no d_model-sized per-head vector is formed.
-
-    Positions whose denominator is below eps (|v_t|^2 <= eps^2; or |(W_O v_t) . x_t| <= eps |W_O v_t| |x_t|) get
-    dA = 0 and ``valid = False``.
-    """
-    o = value_aggregate(pattern, v)
-    v = v[:, v.shape[1] - pattern.shape[-2] :]  # each query's own value v_t
-    return self_weight_change(o, v, self_weights(pattern), space, s_par=s_par, x=x, W_O=W_O, eps=eps)
+    """dA_tt = (s_par - 1) (m_t . v_t) / |v_t|^2: the change of each query's own attention weight that scales the
+    parallel part of a value-space message m_t (o_t, or c_t = o_t - A_tt v_t) against v_t by ``s_par``, since
+    d o_t = dA_tt v_t. Positions with |v_t|^2 <= eps^2 get dA = 0 and ``valid = False``."""
+    num = (m * v).sum(-1)
+    den = (v * v).sum(-1)
+    valid = den > eps**2
+    return _weight_change(s_par, num, den, valid)
 
 
-def self_weight_change(
+def residual_weight_change(
     o: Float[Tensor, "batch pos head_index d_head"],
     v: Float[Tensor, "batch pos head_index d_head"],
-    a_self: Float[Tensor, "batch head_index pos"],
-    space: str,
+    x: Float[Tensor, "batch pos d_model"],
+    W_O: Float[Tensor, "head_index d_head d_model"],
     *,
     s_par: float,
-    x: Float[Tensor, "batch pos d_model"] | None = None,
-    W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
     eps: float = EPS,
 ) -> DiagonalChange:
-    """:func:`diagonal_change` from each query's own o_t = sum_s A_ts v_s, v_t and A_tt (what the fused kernel's
-    diagonal path supplies without the pattern)."""
-    if space == "residual-attn":
-        if x is None or W_O is None:
-            raise LensParallelError("the residual-attn diagonal needs the residual state x and W_O")
-        x_in_head = einops.einsum(W_O, x, "head_index d d_model, batch p d_model -> batch p head_index d")
-        num = (o * x_in_head).sum(-1)
-        den = (v * x_in_head).sum(-1)
-        gram = einops.einsum(W_O, W_O, "head_index d1 d_model, head_index d2 d_model -> head_index d1 d2")
-        wv_norm = einops.einsum(v, gram, v, "b p h d1, h d1 d2, b p h d2 -> b p h").clamp_min(0).sqrt()
-        valid = den.abs() > eps * wv_norm * x.norm(dim=-1, keepdim=True)
-    elif space in ("value", "value-exclude-self"):
-        if space == "value-exclude-self":
-            o = o - einops.rearrange(a_self, "batch head_index pos -> batch pos head_index 1") * v
-        num = (o * v).sum(-1)
-        den = (v * v).sum(-1)
-        valid = den > eps**2
-    else:
-        raise LensParallelError(f"unknown diagonal space {space!r}; accepted: value, value-exclude-self, residual-attn")
+    """dA_tt = (s_par - 1) (m_t . x_t) / ((W_O v_t) . x_t) with m_t = o_t W_O[h]: the change of each query's own
+    attention weight that reproduces scaling the part of the head's residual write along x_t by ``s_par`` (it adds
+    a perpendicular change too). Inner products are taken in head space, m_t . x_t = o_t . (W_O[h] x_t), so no
+    d_model-sized per-head vector is formed. Positions with |(W_O v_t) . x_t| <= eps |W_O v_t| |x_t| get dA = 0 and
+    ``valid = False``."""
+    x_in_head = einops.einsum(W_O, x, "head_index d d_model, batch p d_model -> batch p head_index d")
+    num = (o * x_in_head).sum(-1)
+    den = (v * x_in_head).sum(-1)
+    gram = einops.einsum(W_O, W_O, "head_index d1 d_model, head_index d2 d_model -> head_index d1 d2")
+    wv_norm = einops.einsum(v, gram, v, "b p h d1, h d1 d2, b p h d2 -> b p h").clamp_min(0).sqrt()
+    valid = den.abs() > eps * wv_norm * x.norm(dim=-1, keepdim=True)
+    return _weight_change(s_par, num, den, valid)
+
+
+def _weight_change(
+    s_par: float,
+    num: Float[Tensor, "batch pos head_index"],
+    den: Float[Tensor, "batch pos head_index"],
+    valid: Bool[Tensor, "batch pos head_index"],
+) -> DiagonalChange:
     d_a = torch.where(valid, (s_par - 1) * num / torch.where(valid, den, 1.0), 0.0)
     to_heads = "batch pos head_index -> batch head_index pos"
     return DiagonalChange(d_a=einops.rearrange(d_a, to_heads), valid=einops.rearrange(valid, to_heads))

@@ -56,6 +56,7 @@ from lens_parallel.options import RunOptions, resolve
 from lens_parallel.paths import write_atomic, write_table
 from lens_parallel.plots.comparison import comparison_figure
 from lens_parallel.results import Provenance, Result, ResultMixin, serializable
+from lens_parallel.spaces import HEAD_SPACES
 from lens_parallel.validate import as_tuple, check_choices, check_non_negative_int, check_positive_int
 
 SECTIONS = {
@@ -131,7 +132,7 @@ class ModelReport(ResultMixin):
             "n_kv_heads": info.n_kv_heads,
             "loss_noop": scale["loss_noop"].iloc[0],
         }
-        row |= {f"self_cos_{space}": heads.get(space) for space in ("value", "value-exclude-self", "residual-attn")}
+        row |= {f"self_cos_{space}": heads.get(space) for space in HEAD_SPACES}
         row |= {f"delta_loss_s_par0_{space}": removal.get(space) for space in dict.fromkeys(scale["space"])}
         row |= {"most_sensitive_layer": int(joint.idxmax()), "max_joint_delta_loss": joint.max()}
         if self.confirmation is not None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import ClassVar, Literal, cast
 
 import einops
 import torch
@@ -51,18 +51,19 @@ from lens_parallel.models import ModelInfo
 
 Level = Literal["head", "sublayer"]
 """A space's unit: one query head, or a whole sublayer update (one per layer)."""
-Family = Literal["value", "residual"]
-"""Where a space's message lives: a head's value aggregate (hook_z), or an update of the residual stream."""
+HeadTensor = Float[Tensor, "batch pos head_index d_head"]
 
 
 @dataclass(frozen=True)
 class SpaceSpec:
-    """One space: what it splits, where it is read and which levels it has.
+    """One space: what it splits, where it is read and which levels it has. Each space is an object of its own class
+    (value, value-exclude-self, value-merged, residual-attn, residual-mlp, residual-block), whose methods say what
+    it reads and how its message, its split and its attention-diagonal form are made; nothing compares a space's
+    name.
 
     Attributes:
         name: the space's name (:data:`~lens_parallel.choices.Space`).
         message, reference: m and r in words (help texts, the spaces' table in docs/guides/decompositions.md).
-        family: ``value`` (read from the heads: m from hook_z or the pre-gate A v, r = v_t) or ``residual``.
         level: the space's own unit: ``head`` (value, value-exclude-self) or ``sublayer`` (one unit per layer).
         per_head: whether it also has a head level (the value spaces; residual-attn's per-head writes z_h W_O[h], on a
             linear-attention layer u_h W_out[h]).
@@ -78,85 +79,330 @@ class SpaceSpec:
     name: Space
     message: str
     reference: str
-    family: Family
     level: Level
     per_head: bool
     sublayer: Literal["attn", "mlp", "block"]
 
-    @property
-    def value(self) -> bool:
-        """Whether this is a value space (the gate site applies; gated models read the pre-gate aggregate)."""
-        return self.family == "value"
+    value: ClassVar[bool] = False
+    """A value space: read from the heads (m from hook_z or the pre-gate A v, r = v_t); the gate site applies."""
+    reads_self_weight: ClassVar[bool] = False
+    """Its message leaves out the head's own term A_tt v_t, so it reads each query's own weight A_tt."""
+    head_writes: ClassVar[bool] = False
+    """Its per-head level is each head's residual write z_h W_O[h], split against the residual state x_t."""
 
     def roles(self, info: ModelInfo, layer: int, *, heads: bool = False) -> tuple[str, ...]:
         """The activation roles (:data:`lens_parallel.hooks.ROLE_HOOKS`) this space's (m, r) are formed from at
         ``layer``, as its :class:`~lens_parallel.layers.LayerKind` has them; ``heads``: also what its per-head level
-        needs (residual-attn: what one head's write is formed from). A mixer without heads has no value spaces, and
-        its residual-attn update is resid_mid - resid_pre."""
-        kind = info.kind(layer)
-        if self.value:
-            return kind.value_roles(info, diagonal=self.name == "value-exclude-self")
-        if self.name == "residual-attn":
-            if not kind.update_role:
-                return ("resid_pre", "resid_mid")
-            return ("resid_pre", *(kind.head_roles if heads else ()), kind.update_role)
-        if self.name == "residual-mlp":
-            return (residual_reference_role(info, "mlp"), "mlp_out")
-        return ("resid_pre", "resid_post")
+        needs (residual-attn: what one head's write is formed from)."""
+        raise NotImplementedError
 
     @property
     def edit_needs(self) -> str:
         """What an edit of this space needs of a layer, in words (:meth:`editable_at`)."""
-        if self.value:
-            return "heads (softmax or linear attention)"
-        what = {"attn": "an attention output hook (softmax or linear attention)", "mlp": "an MLP output hook"}
-        return what.get(self.sublayer, "hook_resid_pre and hook_resid_post")
+        return "hook_resid_pre and hook_resid_post"
 
     def editable_at(self, info: ModelInfo, layer: int) -> bool:
         """Whether an edit of this space can act at ``layer``: where the space is :meth:`defined_at` and its message
-        is a hook an edit rewrites (a mixer's residual-attn update, resid_mid - resid_pre, is measured only)."""
-        kind = info.kind(layer)
-        if self.name == "residual-attn" and not kind.update_role:
-            return False
+        is a hook an edit rewrites."""
         return self.defined_at(info, layer)
 
     def undefined_reason(self, info: ModelInfo, layers: Sequence[int]) -> str:
         """Why this space is not :meth:`defined_at` ``layers``: their kinds have no heads, or their blocks hook no
         such update."""
         kinds = ", ".join(sorted({info.kind(layer).title for layer in layers}))
-        if self.value:
-            return f"the value spaces need heads, and these layers are {kinds}"
         missing = sorted({r for layer in layers for r in self.roles(info, layer) if not info.has_block_role(layer, r)})
         return f"their blocks ({kinds}) have no {', '.join('hook_' + r for r in missing)}"
 
     def defined_at(self, info: ModelInfo, layer: int) -> bool:
-        """Whether this space exists at ``layer``: the value spaces on layers with heads; residual-attn on a mixer
-        where its block has resid_mid (a sequential block); residual-mlp where the block has an MLP output; the
-        whole block everywhere."""
-        if self.value:
-            return info.kind(layer).heads
+        """Whether this space exists at ``layer``: the block hooks its message and reference are read from are
+        there."""
         return all(info.has_block_role(layer, role) for role in self.roles(info, layer) if role in BLOCK_HOOKS)
 
+    def scale_reads(self, info: ModelInfo, *, heads: bool) -> tuple[str, ...]:
+        """The roles a scaling of this space at a softmax-attention layer reads before it rewrites
+        :meth:`scaled_role` (``heads``: of some heads only)."""
+        raise NotImplementedError
 
-def _value(name: Space, message: str, reference: str, *, level: Level) -> SpaceSpec:
-    return SpaceSpec(name, message, reference, "value", level, level == "head", "attn")
+    def scaled_role(self) -> str:
+        """The role a scaling of this space rewrites at a softmax-attention layer."""
+        raise NotImplementedError
+
+    def weight_change(
+        self,
+        o: HeadTensor,
+        v: HeadTensor,
+        a_self: Float[Tensor, "batch head_index pos"],
+        *,
+        s_par: float,
+        x: Float[Tensor, "batch pos d_model"] | None = None,
+        W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
+        eps: float = geometry.EPS,
+    ) -> geometry.DiagonalChange:
+        """dA_tt that gives scaling this space's parallel part by ``s_par`` as a change of each query's own
+        attention weight, from each query's o_t = sum_s A_ts v_s, its v_t (expanded to query heads) and A_tt (x_t
+        and W_O for a head's residual write). A head-level space's (:data:`~lens_parallel.choices.HeadSpace`)."""
+        raise LensParallelError(f"space {self.name!r} has no attention-diagonal form (it has no heads)")
+
+    def pattern_weight_change(
+        self,
+        pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+        v: Float[Tensor, "batch key_pos head_index d_head"],
+        *,
+        s_par: float,
+        x: Float[Tensor, "batch query_pos d_model"] | None = None,
+        W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
+        eps: float = geometry.EPS,
+    ) -> geometry.DiagonalChange:
+        """:meth:`weight_change` from the attention pattern: A + diag(dA) (:func:`~lens_parallel.geometry.
+        add_self_weights`) is the attention-diagonal form of scaling the parallel part by ``s_par``. ``v``: the
+        values at every key position, expanded to query heads; the queries are the last ``query_pos`` keys (all of
+        them in a whole-sequence forward; with cached keys, the new ones), and v_t, x_t are each query's own.
+
+        - ``value``: dA_tt = (s_par - 1) (o_t . v_t) / |v_t|^2
+        - ``value-exclude-self``: dA_tt = (s_par - 1) (c_t . v_t) / |v_t|^2 with c_t = o_t - A_tt v_t
+        - ``residual-attn``: dA_tt = (s_par - 1) (m_t . x_t) / ((W_O v_t) . x_t) with m_t = o_t W_O[h]
+
+        Positions whose denominator is below eps get dA = 0 and ``valid = False``."""
+        o = geometry.value_aggregate(pattern, v)
+        own = v[:, v.shape[1] - pattern.shape[-2] :]  # each query's own value v_t
+        a_self = geometry.self_weights(pattern)
+        return self.weight_change(o, own, a_self, s_par=s_par, x=x, W_O=W_O, eps=eps)
+
+    def coefficient(
+        self,
+        pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+        v: Float[Tensor, "batch key_pos head_index d_head"],
+        *,
+        x: Float[Tensor, "batch pos d_model"] | None = None,
+        W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
+        eps: float = geometry.EPS,
+    ) -> Float[Tensor, "batch pos head_index"]:
+        """Per-token parallel coefficient of each head's message (``v`` expanded to query heads): value o.v/|v|^2;
+        value-exclude-self c.v/|v|^2 with c = o - A_tt v; residual-attn m.x/|x|^2 with m = o W_O[h]. 0 where the
+        reference's norm is below eps."""
+        raise LensParallelError(f"space {self.name!r} has no per-head coefficient")
 
 
-def _residual(name: Space, message: str, reference: str, *, sublayer: Literal["attn", "mlp", "block"]) -> SpaceSpec:
-    return SpaceSpec(name, message, reference, "residual", "sublayer", sublayer == "attn", sublayer)
+@dataclass(frozen=True)
+class _ValueSpace(SpaceSpec):
+    """value: m = o_t = sum_s A_ts v_s per head, r = v_t."""
+
+    value: ClassVar[bool] = True
+
+    def roles(self, info: ModelInfo, layer: int, *, heads: bool = False) -> tuple[str, ...]:
+        return info.kind(layer).value_roles(info, diagonal=self.reads_self_weight)
+
+    @property
+    def edit_needs(self) -> str:
+        return "heads (softmax or linear attention)"
+
+    def undefined_reason(self, info: ModelInfo, layers: Sequence[int]) -> str:
+        kinds = ", ".join(sorted({info.kind(layer).title for layer in layers}))
+        return f"the value spaces need heads, and these layers are {kinds}"
+
+    def defined_at(self, info: ModelInfo, layer: int) -> bool:
+        return info.kind(layer).heads
+
+    def scale_reads(self, info: ModelInfo, *, heads: bool) -> tuple[str, ...]:
+        own = ("pattern_diag",) if self.reads_self_weight else ()
+        return ("v", *((info.gate_role,) if info.gate_role else ()), *own)
+
+    def scaled_role(self) -> str:
+        return "z"
+
+    def units(self, o: HeadTensor, parts: ValueParts, *, gated: bool = False) -> tuple[Tensor, Tensor]:
+        """(m, r) per unit ``[batch pos unit d]`` of a layer's value aggregate ``o`` (the pre-gate A v, or
+        ``gated``: hook_z itself, the post-gate site) against its values."""
+        return o, parts.v
+
+    def to_heads(self, delta: Tensor, n_heads: int) -> HeadTensor:
+        """A change of :meth:`units`' messages as a change of each head's aggregate."""
+        return delta
+
+    def weight_change(
+        self,
+        o: HeadTensor,
+        v: HeadTensor,
+        a_self: Float[Tensor, "batch head_index pos"],
+        *,
+        s_par: float,
+        x: Float[Tensor, "batch pos d_model"] | None = None,
+        W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
+        eps: float = geometry.EPS,
+    ) -> geometry.DiagonalChange:
+        m, _ = self.units(o, ValueParts(o, v, a_self, None))
+        return geometry.value_weight_change(m, v, s_par=s_par, eps=eps)
+
+    def coefficient(
+        self,
+        pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+        v: Float[Tensor, "batch key_pos head_index d_head"],
+        *,
+        x: Float[Tensor, "batch pos d_model"] | None = None,
+        W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
+        eps: float = geometry.EPS,
+    ) -> Float[Tensor, "batch pos head_index"]:
+        o = geometry.value_aggregate(pattern, v)
+        m, r = self.units(o, ValueParts(o, v, geometry.self_weights(pattern), None))
+        return geometry.project(m, r, eps=eps).coef
+
+
+@dataclass(frozen=True)
+class _ExcludeSelfSpace(_ValueSpace):
+    """value-exclude-self: m = c_t = o_t - A_tt v_t (at the post-gate site, hook_z minus the gated self term)."""
+
+    reads_self_weight: ClassVar[bool] = True
+
+    def units(self, o: HeadTensor, parts: ValueParts, *, gated: bool = False) -> tuple[Tensor, Tensor]:
+        return o - parts.self_term(gated=gated), parts.v
+
+
+@dataclass(frozen=True)
+class _MergedSpace(_ValueSpace):
+    """value-merged: one unit, the heads' concatenation of o_t against that of v_t."""
+
+    def units(self, o: HeadTensor, parts: ValueParts, *, gated: bool = False) -> tuple[Tensor, Tensor]:
+        return geometry.merge_heads(o).unsqueeze(2), geometry.merge_heads(parts.v).unsqueeze(2)
+
+    def to_heads(self, delta: Tensor, n_heads: int) -> HeadTensor:
+        return geometry.split_heads(delta.squeeze(2), n_heads)
+
+
+@dataclass(frozen=True)
+class _ResidualSpace(SpaceSpec):
+    """A residual space: a sublayer's update m against the residual state it is added to."""
+
+    def residual_message(
+        self, captured: Mapping[str, Tensor], info: ModelInfo
+    ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"]]:
+        """(m, x) at one layer: the sublayer's update and the residual state it is added to."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class _AttentionUpdateSpace(_ResidualSpace):
+    """residual-attn: the attention sublayer's update against resid_pre; per head, each head's write z_h W_O[h]
+    (on a linear-attention layer u_h W_out[h]). A mixer without heads: resid_mid - resid_pre, measured only."""
+
+    head_writes: ClassVar[bool] = True
+
+    def roles(self, info: ModelInfo, layer: int, *, heads: bool = False) -> tuple[str, ...]:
+        kind = info.kind(layer)
+        if not kind.update_role:
+            return ("resid_pre", "resid_mid")
+        return ("resid_pre", *(kind.head_roles if heads else ()), kind.update_role)
+
+    @property
+    def edit_needs(self) -> str:
+        return "an attention output hook (softmax or linear attention)"
+
+    def editable_at(self, info: ModelInfo, layer: int) -> bool:
+        return bool(info.kind(layer).update_role) and self.defined_at(info, layer)
+
+    def scale_reads(self, info: ModelInfo, *, heads: bool) -> tuple[str, ...]:
+        return ("resid_pre", *(("z",) if heads else ()))
+
+    def scaled_role(self) -> str:
+        return "attn_out"
+
+    def residual_message(
+        self, captured: Mapping[str, Tensor], info: ModelInfo
+    ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"]]:
+        # a linear-attention layer's update: its hook_out; a mixer's: resid_mid - resid_pre
+        update = next((captured[role] for role in ("attn_out", "lin_out") if role in captured), None)
+        if update is None:
+            update = captured["resid_mid"] - captured["resid_pre"]
+        return update, captured["resid_pre"]
+
+    def weight_change(
+        self,
+        o: HeadTensor,
+        v: HeadTensor,
+        a_self: Float[Tensor, "batch head_index pos"],
+        *,
+        s_par: float,
+        x: Float[Tensor, "batch pos d_model"] | None = None,
+        W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
+        eps: float = geometry.EPS,
+    ) -> geometry.DiagonalChange:
+        if x is None or W_O is None:
+            raise LensParallelError("the residual-attn diagonal needs the residual state x and W_O")
+        return geometry.residual_weight_change(o, v, x, W_O, s_par=s_par, eps=eps)
+
+    def coefficient(
+        self,
+        pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+        v: Float[Tensor, "batch key_pos head_index d_head"],
+        *,
+        x: Float[Tensor, "batch pos d_model"] | None = None,
+        W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
+        eps: float = geometry.EPS,
+    ) -> Float[Tensor, "batch pos head_index"]:
+        if x is None or W_O is None:
+            raise LensParallelError("the residual-attn coefficient needs the residual state x and W_O")
+        return geometry.residual_head_coefficient(geometry.value_aggregate(pattern, v), W_O, x, eps=eps)
+
+
+@dataclass(frozen=True)
+class _MlpUpdateSpace(_ResidualSpace):
+    """residual-mlp: hook_mlp_out against resid_mid (resid_pre when attention and MLP are parallel)."""
+
+    def roles(self, info: ModelInfo, layer: int, *, heads: bool = False) -> tuple[str, ...]:
+        return (residual_reference_role(info, "mlp"), "mlp_out")
+
+    @property
+    def edit_needs(self) -> str:
+        return "an MLP output hook"
+
+    def scale_reads(self, info: ModelInfo, *, heads: bool) -> tuple[str, ...]:
+        return (residual_reference_role(info, "mlp"),)
+
+    def scaled_role(self) -> str:
+        return "mlp_out"
+
+    def residual_message(
+        self, captured: Mapping[str, Tensor], info: ModelInfo
+    ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"]]:
+        return captured["mlp_out"], captured[residual_reference_role(info, "mlp")]
+
+
+@dataclass(frozen=True)
+class _BlockUpdateSpace(_ResidualSpace):
+    """residual-block: resid_post - resid_pre against resid_pre."""
+
+    def roles(self, info: ModelInfo, layer: int, *, heads: bool = False) -> tuple[str, ...]:
+        return ("resid_pre", "resid_post")
+
+    def scale_reads(self, info: ModelInfo, *, heads: bool) -> tuple[str, ...]:
+        return ("resid_pre",)
+
+    def scaled_role(self) -> str:
+        return "resid_post"
+
+    def residual_message(
+        self, captured: Mapping[str, Tensor], info: ModelInfo
+    ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"]]:
+        return captured["resid_post"] - captured["resid_pre"], captured["resid_pre"]
 
 
 SPACES: Mapping[str, SpaceSpec] = {
     spec.name: spec
     for spec in (
-        _value("value", "o_t = sum_s A_ts v_s (hook_z)", "v_t", level="head"),
-        _value("value-exclude-self", "c_t = o_t - A_tt v_t", "v_t", level="head"),
-        _value("value-merged", "concat_h o_t^h", "concat_h v_t^h", level="sublayer"),
-        _residual("residual-attn", "hook_attn_out (per head: z_h W_O[h])", "resid_pre", sublayer="attn"),
-        _residual(
-            "residual-mlp", "hook_mlp_out", "resid_mid (resid_pre when attention and MLP are parallel)", sublayer="mlp"
+        _ValueSpace("value", "o_t = sum_s A_ts v_s (hook_z)", "v_t", "head", True, "attn"),
+        _ExcludeSelfSpace("value-exclude-self", "c_t = o_t - A_tt v_t", "v_t", "head", True, "attn"),
+        _MergedSpace("value-merged", "concat_h o_t^h", "concat_h v_t^h", "sublayer", False, "attn"),
+        _AttentionUpdateSpace(
+            "residual-attn", "hook_attn_out (per head: z_h W_O[h])", "resid_pre", "sublayer", True, "attn"
         ),
-        _residual("residual-block", "resid_post - resid_pre", "resid_pre", sublayer="block"),
+        _MlpUpdateSpace(
+            "residual-mlp",
+            "hook_mlp_out",
+            "resid_mid (resid_pre when attention and MLP are parallel)",
+            "sublayer",
+            False,
+            "mlp",
+        ),
+        _BlockUpdateSpace("residual-block", "resid_post - resid_pre", "resid_pre", "sublayer", False, "block"),
     )
 }
 """Every space, in the order of :data:`lens_parallel.choices.Space`."""
@@ -165,6 +411,22 @@ SPACE_NAMES: tuple[Space, ...] = tuple(s.name for s in SPACES.values())
 """Every space's name."""
 HEAD_SPACES = cast(tuple[HeadSpace, ...], tuple(s.name for s in SPACES.values() if s.per_head))
 """Spaces with a per-head level (:data:`~lens_parallel.choices.HeadSpace`): scalings and diagonal views per head."""
+
+
+def value_space(name: str) -> _ValueSpace:
+    """The value space ``name`` (raises when ``name`` is not one)."""
+    spec = SPACES[name]
+    if not isinstance(spec, _ValueSpace):
+        raise LensParallelError(f"space {name!r} is not a value space")
+    return spec
+
+
+def residual_space(name: str) -> _ResidualSpace:
+    """The residual space ``name`` (raises when ``name`` is not one)."""
+    spec = SPACES[name]
+    if not isinstance(spec, _ResidualSpace):
+        raise LensParallelError(f"space {name!r} is not a residual space")
+    return spec
 
 
 @dataclass(frozen=True)
@@ -184,15 +446,15 @@ class ValueParts:
     diag: Float[Tensor, "batch head_index pos"] | None
     gate: Float[Tensor, "batch pos head_index d_head"] | None
 
-    def exclude_self(self) -> Float[Tensor, "batch pos head_index d_head"]:
-        """c_t = o_t - A_tt v_t (needs ``diag``)."""
+    def self_term(self, *, gated: bool = False) -> Float[Tensor, "batch pos head_index d_head"]:
+        """The head's own term A_tt v_t (needs ``diag``); ``gated``: sigmoid(gate) A_tt v_t, its share of hook_z."""
         if self.diag is None:
             raise LensParallelError("exclude-self needs A_tt: capture the kind's value_roles(info, diagonal=True)")
-        return geometry.split_self(self.o, self.v, self.diag)[1]
-
-    def message(self, space: str) -> Float[Tensor, "batch pos head_index d_head"]:
-        """The per-head message m of a head-level value space (value: o; value-exclude-self: c)."""
-        return self.exclude_self() if space == "value-exclude-self" else self.o
+        own = geometry.split_self(self.o, self.v, self.diag)[0]
+        if gated:
+            assert self.gate is not None  # the post-gate site is refused without a gate
+            return self.gate * own
+        return own
 
 
 def value_parts(captured: Mapping[str, Tensor], info: ModelInfo) -> ValueParts:
@@ -213,17 +475,3 @@ def value_parts(captured: Mapping[str, Tensor], info: ModelInfo) -> ValueParts:
         gate = torch.sigmoid(einops.rearrange(captured[info.gate_role], "b p (h d) -> b p h d", h=info.n_heads))
         o = o / gate
     return ValueParts(o=o, v=v, diag=captured.get("pattern_diag"), gate=gate)
-
-
-def residual_message(
-    space: str, captured: Mapping[str, Tensor], info: ModelInfo
-) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos d_model"]]:
-    """(m, x) of a residual space at one layer: the sublayer's update and the residual state it is added to."""
-    if space == "residual-attn":  # a linear-attention layer's update: its hook_out; a mixer's: resid_mid - resid_pre
-        update = next((captured[role] for role in ("attn_out", "lin_out") if role in captured), None)
-        if update is None:
-            update = captured["resid_mid"] - captured["resid_pre"]
-        return update, captured["resid_pre"]
-    if space == "residual-mlp":
-        return captured["mlp_out"], captured[residual_reference_role(info, "mlp")]
-    return captured["resid_post"] - captured["resid_pre"], captured["resid_pre"]

@@ -5,6 +5,7 @@ import torch
 
 from lens_parallel import geometry
 from lens_parallel.hooks import expand_kv
+from lens_parallel.spaces import SPACES
 
 gen = torch.Generator().manual_seed(0)
 
@@ -97,11 +98,11 @@ def test_parallel_coefficients_of_the_three_spaces():
     W_O = torch.randn(3, 4, 7, generator=g, dtype=torch.float64)
     o = geometry.value_aggregate(pattern, v)
     vv = (v * v).sum(-1)
-    value = geometry.parallel_coefficient(pattern, v, "value")
+    value = SPACES["value"].coefficient(pattern, v)
     torch.testing.assert_close(value * vv, (o * v).sum(-1))
     own = torch.diagonal(pattern, dim1=-2, dim2=-1).transpose(1, 2)  # A_tt as [batch, pos, head]
-    exclude = geometry.parallel_coefficient(pattern, v, "value-exclude-self")
+    exclude = SPACES["value-exclude-self"].coefficient(pattern, v)
     torch.testing.assert_close(exclude, value - own)  # c = o - A_tt v, so c.v/|v|^2 = o.v/|v|^2 - A_tt
     m = torch.einsum("bphd,hdm->bphm", o, W_O)
-    residual = geometry.parallel_coefficient(pattern, v, "residual-attn", x=x, W_O=W_O)
+    residual = SPACES["residual-attn"].coefficient(pattern, v, x=x, W_O=W_O)
     torch.testing.assert_close(residual, (m * x[:, :, None]).sum(-1) / (x * x).sum(-1, keepdim=True))

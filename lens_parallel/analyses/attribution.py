@@ -68,7 +68,7 @@ from lens_parallel.models import ModelInfo, head_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import attribution_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
-from lens_parallel.spaces import HEAD_SPACES, value_parts
+from lens_parallel.spaces import HEAD_SPACES, SPACES, value_parts, value_space
 from lens_parallel.stats import N_RESAMPLES, paired_bootstrap_ci
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, head_means, run_sweep
@@ -204,7 +204,7 @@ class AttributionResult(ResultMixin):
 def _roles(info: ModelInfo, ablation: str, spaces: tuple[str, ...], layer: int) -> tuple[list[str], list[str]]:
     """Activations read (forward) and activations whose loss gradient is needed (backward) at ``layer``: its kind's
     (:meth:`~lens_parallel.layers.LayerKind.attribution_roles`)."""
-    residual = "residual-attn" in spaces or ablation == "parallel-residual"
+    residual = any(SPACES[space].head_writes for space in spaces) or ablation == "parallel-residual"
     return info.kind(layer).attribution_roles(info, zero=ablation == "zero", residual=residual)
 
 
@@ -254,7 +254,7 @@ def _reducer(
     def reduce(layer: int, a: dict[str, Tensor], g: dict[str, Tensor]) -> None:
         i = li[layer]
         parts = value_parts(a, info)  # gated attention: o = A v, z = sigmoid(gate) * o; edits' changes pass the gate
-        o, v = parts.o, parts.v
+        o = parts.o
         if "lin_o" in a:  # a linear layer: o = hook_recurrence_out; zero acts on the gate input (z, g_z)
             g_o = g["lin_o"]
             z, g_z = (a["lin_gate"], g["lin_gate"]) if ablation == "zero" else (o, g_o)
@@ -269,11 +269,12 @@ def _reducer(
             split = geometry.project(m, r, eps=eps)  # the edits' own split and guard
             return _masked_sum((g_m * split.par).sum(-1), weight), _masked_sum((g_m * split.perp).sum(-1), weight)
 
-        derivs = {"value": along(o, v, g_o), "value-exclude-self": along(parts.exclude_self(), v, g_o)}
+        derivs = {space: along(*value_space(space).units(o, parts), g_o) for space in spaces if SPACES[space].value}
         g_out = g.get("attn_out", g.get("lin_out"))
         if g_out is not None and writes is not None:  # per-head residual writes: z_h W_O[h], u_h W_out[h]
             d_par, d_perp = geometry.head_write_derivatives(writes, W_O(layer), a["resid_pre"], g_out, eps=eps)
-            derivs["residual-attn"] = (_masked_sum(d_par, weight), _masked_sum(d_perp, weight))
+            written = (_masked_sum(d_par, weight), _masked_sum(d_perp, weight))
+            derivs |= {space: written for space in spaces if SPACES[space].head_writes}
         for k, space in enumerate(spaces):
             if space in derivs:
                 out["d_s_par"][k, :, i, :n] = derivs[space][0]
@@ -428,7 +429,7 @@ def head_attribution(
     note = head_writes_note(info, "the per-head residual-attn derivative")
     if s.ablation == "parallel-residual" and note:
         raise LensParallelError(head_writes_note(info, "head_attribution(ablation='parallel-residual')"))
-    spaces: tuple[HeadSpace, ...] = tuple(sp for sp in HEAD_SPACES if sp != "residual-attn") if note else HEAD_SPACES
+    spaces = tuple(sp for sp in HEAD_SPACES if not (note and SPACES[sp].head_writes))
     skipped_notes = [n for n in (skipped, note) if n]
     means_batch = opts.batch_size if isinstance(opts.batch_size, int) else 1  # "auto" sizes the sweep, not this pass
     means = head_means(model, docs, layer_idx, batch_size=means_batch) if s.ablation == "mean" else {}

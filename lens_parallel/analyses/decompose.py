@@ -62,7 +62,7 @@ from lens_parallel.models import ModelInfo, layer_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.decompose import decomposition_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
-from lens_parallel.spaces import SPACE_NAMES, SPACES, residual_message, value_parts
+from lens_parallel.spaces import SPACE_NAMES, SPACES, residual_space, value_parts, value_space
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import as_indices, as_tuple, check_choices, check_eps
@@ -203,7 +203,7 @@ class _Accumulator:
         for space, space_layers in layers.items():
             spec = SPACES[space]
             with_heads = tuple(layer for layer in space_layers if info.kind(layer).heads)
-            if spec.per_head and with_heads and not (space == "residual-attn" and head_writes_note(info, space)):
+            if spec.per_head and with_heads and not (spec.head_writes and head_writes_note(info, space)):
                 self.layers[space, "head"] = with_heads
             if spec.level == "sublayer":
                 self.layers[space, "sublayer"] = space_layers
@@ -269,17 +269,15 @@ def _reducer(
     def reduce(layer: int, t: dict[str, Tensor]) -> None:
         parts = value_parts(t, info) if "v" in t or "lin_v" in t else None
         for space in spaces:
-            if not acc.active((space, SPACES[space].level), layer):
+            spec = SPACES[space]
+            if not acc.active((space, spec.level), layer):
                 continue
-            if space == "value-merged":
+            if spec.value:
                 assert parts is not None  # v is captured for every value space (SpaceSpec.roles)
-                m, r = geometry.merge_heads(parts.o).unsqueeze(2), geometry.merge_heads(parts.v).unsqueeze(2)
-                acc.add((space, "sublayer"), layer, geometry.alignment(m, r, eps=eps), real)
-            elif SPACES[space].value:
-                assert parts is not None
-                acc.add((space, "head"), layer, geometry.alignment(parts.message(space), parts.v, eps=eps), real)
+                m, r = value_space(space).units(parts.o, parts)
+                acc.add((space, spec.level), layer, geometry.alignment(m, r, eps=eps), real)
             else:
-                m, x = residual_message(space, t, info)
+                m, x = residual_space(space).residual_message(t, info)
                 a = geometry.alignment(m.unsqueeze(2), x.unsqueeze(2), eps=eps)
                 acc.add((space, "sublayer"), layer, a, real)
                 if acc.active((space, "head"), layer):
@@ -389,7 +387,8 @@ def decompose(
             space_layers[space] = defined
     if not space_layers:
         raise LensParallelError(f"{info.name}: no space asked for is defined on layers {list(layer_idx)}: {skipped}")
-    if "residual-attn" in s.space and (note := head_writes_note(info, "the per-head level of residual-attn")):
+    writes = any(SPACES[sp].head_writes for sp in s.space)
+    if writes and (note := head_writes_note(info, "the per-head level of residual-attn")):
         skipped.append(note)
     for note in skipped:
         warnings.warn(note, stacklevel=2)
@@ -399,16 +398,15 @@ def decompose(
             r
             for sp in s.space
             if layer in space_layers.get(sp, ())
-            for r in SPACES[sp].roles(info, layer, heads=acc.active(("residual-attn", "head"), layer))
+            for r in SPACES[sp].roles(info, layer, heads=acc.active((sp, "head"), layer))
         ]
         for layer in layer_idx
     }
     roles = {layer: list(dict.fromkeys(r)) for layer, r in roles.items() if r}
-    W_O, head_inputs = {}, {}
-    if ("residual-attn", "head") in acc.layers:
-        heads = acc.layers["residual-attn", "head"]
-        W_O = {layer: output_weights(model, layer, dtype=torch.float64) for layer in heads}
-        head_inputs = {layer: head_write_inputs(model, layer) for layer in heads}
+    written = (ls for (sp, level), ls in acc.layers.items() if level == "head" and SPACES[sp].head_writes)
+    heads = sorted({layer for ls in written for layer in ls})  # the layers whose heads' residual writes are split
+    W_O = {layer: output_weights(model, layer, dtype=torch.float64) for layer in heads}
+    head_inputs = {layer: head_write_inputs(model, layer) for layer in heads}
     spaces = tuple(sp for sp in s.space if sp in space_layers)
     metric = _AlignmentMetric(info, spaces, space_layers, roles, W_O, head_inputs, s.eps)
     job = EditJob("unedited", ())

@@ -6,9 +6,9 @@ Scaling a head's parallel part by s_par (off-diagonal attention fixed) is the sa
 - exclude-self:       dA_tt = (s_par - 1) (c_t . v_t) / |v_t|^2,   c_t = o_t - A_tt v_t
 - residual (per head): dA_tt = (s_par - 1) (m_t . x_t) / ((W_O v_t) . x_t),   m_t = o_t W_O[h]
 
-(``geometry.diagonal_change``). The first two are identities (tested against ``ComponentScale``). The residual form
-is a *view*: W_O v_t is not parallel to x_t, so it reproduces the update's component along x_t but also changes
-the update perpendicular to x_t by dA_tt (W_O v_t)_perp; that change is reported here beside it.
+(each space's ``pattern_weight_change``). The first two are identities (tested against ``ComponentScale``). The
+residual form is a *view*: W_O v_t is not parallel to x_t, so it reproduces the update's component along x_t but
+also changes the update perpendicular to x_t by dA_tt (W_O v_t)_perp; that change is reported here beside it.
 
 Beside the per-head residual view, the layer-level one of the directional-decomposition paper (its Fig. 4): one
 δ_t shared by every head, δ_t = (s_par - 1) <y_t, x_t> / <W_O concat_h v_t^h, x_t> with y_t the layer's attention
@@ -58,7 +58,7 @@ from lens_parallel.models import ModelInfo, head_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.diagonal import diagonal_figure, paper_diagonal_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
-from lens_parallel.spaces import HEAD_SPACES
+from lens_parallel.spaces import HEAD_SPACES, SPACES
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import (
@@ -128,11 +128,13 @@ class DiagonalView(ResultMixin):
     provenance: Provenance
 
     def edited(self, space: str) -> np.ndarray:
-        """The edited map A + diag(dA) of this head and document in ``space`` (``residual-attn-layer``: the shared
-        δ of the layer-level view)."""
-        if space == "residual-attn-layer":
-            return self.pattern + np.diag(self.layer_delta)
+        """The edited map A + diag(dA) of this head and document in ``space``."""
         return self.pattern + np.diag(self.d_a[self.spaces.index(space)])
+
+    def layer_edited(self) -> np.ndarray:
+        """The edited map A + diag(δ) of this head and document with the layer-level view's δ, one for every head
+        (empty when the view has no residual-attn)."""
+        return self.pattern + np.diag(self.layer_delta) if self.layer_delta.size else np.zeros((0, 0))
 
     def to_dataframe(self) -> pd.DataFrame:
         """Per (space, head) summaries of dA_tt over all documents and positions t >= 1 of the layer."""
@@ -204,7 +206,7 @@ class _DiagonalMetric(Metric[EditJob]):
 
     @property
     def layer_view(self) -> bool:
-        return "residual-attn" in self.spaces
+        return _head_writes(self.spaces) is not None
 
     def spec(self, job: EditJob) -> dict[str, ValueSpec]:
         shape = (len(self.spaces), self.info.output_heads(self.layer))
@@ -251,7 +253,12 @@ class _DiagonalMetric(Metric[EditJob]):
 def diagonal_roles(info: ModelInfo, layer: int, spaces: tuple[HeadSpace, ...]) -> tuple[str, ...]:
     """What the view captures at ``layer`` (:meth:`~lens_parallel.layers.LayerKind.map_roles`): its map, values
     and resid_pre, and the layer's update too when residual-attn is viewed (the layer-level view)."""
-    return info.kind(layer).map_roles(update="residual-attn" in spaces)
+    return info.kind(layer).map_roles(update=_head_writes(spaces) is not None)
+
+
+def _head_writes(spaces: Sequence[HeadSpace]) -> int | None:
+    """The index in ``spaces`` of the space that splits each head's residual write (residual-attn), or None."""
+    return next((i for i, space in enumerate(spaces) if SPACES[space].head_writes), None)
 
 
 def with_map(info: ModelInfo, layer: int, captured: dict[int, dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -281,7 +288,7 @@ def _changes(
     """dA_tt in every space, and where its denominator was above the guard."""
     x, pattern = t["resid_pre"], t["pattern_full"]
     v = expand_kv(t["v"], pattern.shape[1])  # a linear layer's values: one per value head already
-    changes = [geometry.diagonal_change(pattern, v, sp, s_par=s_par, x=x, W_O=W_O, eps=eps) for sp in spaces]
+    changes = [SPACES[sp].pattern_weight_change(pattern, v, s_par=s_par, x=x, W_O=W_O, eps=eps) for sp in spaces]
     return torch.stack([c.d_a for c in changes]), torch.stack([c.valid for c in changes])
 
 
@@ -329,15 +336,16 @@ def _check_view(
     """The spaces, layer and head of a diagonal view, checked (gated attention drops residual-attn from a list;
     ``one_space``: a single space was asked for, which is then refused instead)."""
     ((layer,), _) = head_layers(info, [layer], what="a diagonal view")
-    if info.gated_attention and "residual-attn" in spaces:  # also every linear-attention layer (Qwen3.5)
+    value_only = tuple(s for s in spaces if not SPACES[s].head_writes)
+    if info.gated_attention and value_only != spaces:  # also every linear-attention layer (Qwen3.5)
         if one_space:
             check_not_gated(info, "the residual-attn diagonal view", alternative="use value or value-exclude-self")
-        spaces = tuple(s for s in spaces if s != "residual-attn")
+        spaces = value_only
         warnings.warn("gated attention: the residual-attn diagonal view is skipped (value spaces only)", stacklevel=3)
-    if (note := head_writes_note(info, "the residual-attn diagonal view")) and "residual-attn" in spaces:
+    if (note := head_writes_note(info, "the residual-attn diagonal view")) and value_only != spaces:
         if one_space:
             raise LensParallelError(note)
-        spaces = tuple(s for s in spaces if s != "residual-attn")
+        spaces = value_only
         warnings.warn(note, stacklevel=3)
     (head,) = check_heads(info, layer, head)
     if not 0 <= doc < n_docs:
@@ -382,7 +390,8 @@ def diagonal_view(
         i, h = np.unravel_index(np.nanargmax(table.self_cos), table.self_cos.shape)
         layer, head = int(table.layers[i]), int(h)
     spaces, layer, head = _check_view(info, s.space, len(s.space) == 1, layer, head, s.doc, len(docs))
-    W_O = output_weights(model, layer, dtype=torch.float64) if "residual-attn" in spaces else None
+    writes = _head_writes(spaces)
+    W_O = output_weights(model, layer, dtype=torch.float64) if writes is not None else None
     metric = _DiagonalMetric(info, layer, spaces, s.s_par, s.eps, W_O)
     job = EditJob("unedited", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="diagonal")
@@ -394,15 +403,15 @@ def diagonal_view(
     d_a, _ = _changes(info, t, spaces, s.s_par, s.eps, W_O)
     empty, nan = np.zeros(0), float("nan")
     layer_delta, layer_par, layer_perp = empty, empty, empty
-    if "residual-attn" in spaces:
+    if writes is not None:
         view = _layer_change(info, t, s.s_par, s.eps, W_O)
         layer_delta = view.delta[0].numpy()
         layer_par, layer_perp = view.change_par[0].norm(dim=-1).numpy(), view.change_perp[0].norm(dim=-1).numpy()
     v, x = expand_kv(t["v"], info.output_heads(layer))[0, :, head], t["resid_pre"][0]
     n = sums["count"]
     residual_par = residual_perp = np.zeros(one.tokens.shape[1])
-    if "residual-attn" in spaces and W_O is not None:
-        change = d_a[spaces.index("residual-attn"), 0, head][:, None] * (v @ W_O[head])
+    if writes is not None and W_O is not None:
+        change = d_a[writes, 0, head][:, None] * (v @ W_O[head])
         split = geometry.project(change, x)
         residual_par, residual_perp = split.par.norm(dim=-1).numpy(), split.perp.norm(dim=-1).numpy()
     provenance = Provenance.of(info, docs, "diagonal_view", s, run, layer=layer, head=head, spaces=list(spaces))

@@ -49,7 +49,7 @@ from lens_parallel.hooks import (
     softmax_layers,
 )
 from lens_parallel.models import ModelInfo
-from lens_parallel.spaces import ValueParts
+from lens_parallel.spaces import SPACES, ValueParts
 from lens_parallel.validate import as_indices, check_choice, check_eps, check_finite
 
 
@@ -97,7 +97,8 @@ class DiagonalEdit(EditBase):
         object.__setattr__(self, "heads", as_heads(self.heads))
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
-        if self.space == "residual-attn":
+        space = SPACES[self.space]
+        if space.head_writes:
             layers, _ = softmax_layers(info, self.layers, what="DiagonalEdit('residual-attn')")
             check_not_gated(info, "DiagonalEdit('residual-attn')", alternative="use value or value-exclude-self")
             check_head_writes(info, "DiagonalEdit('residual-attn')")
@@ -113,9 +114,9 @@ class DiagonalEdit(EditBase):
                 continue
             state: dict[str, Tensor] = {}
             out.append((hook_name(layer, "v"), partial(store, state=state, key="v")))
-            if self.space == "residual-attn":
+            if space.head_writes:
                 out.append((hook_name(layer, "resid_pre"), partial(store, state=state, key="x")))
-            W_O = output_weights(model, layer) if self.space == "residual-attn" else None
+            W_O = output_weights(model, layer) if space.head_writes else None
             edit = partial(self._edit_pattern, layer=layer, state=state, heads=heads, W_O=W_O)
             diagonal = partial(self._edit_diagonal, state=state, heads=heads, W_O=W_O)
             out.append((hook_name(layer, "pattern_full"), rows_hook(edit, diagonal=diagonal)))
@@ -134,7 +135,7 @@ class DiagonalEdit(EditBase):
         v = expand_kv(all_values(state["v"], layer, pattern.shape[-1]), pattern.shape[1])
         W_O = None if W_O is None else W_O.to(v)
         x = block_rows(state["x"]) if "x" in state else None
-        d_a = geometry.diagonal_change(pattern, v, self.space, s_par=self.s_par, x=x, W_O=W_O, eps=self.eps).d_a
+        d_a = SPACES[self.space].pattern_weight_change(pattern, v, s_par=self.s_par, x=x, W_O=W_O, eps=self.eps).d_a
         d_a = torch.where(head_mask(heads, pattern.shape[1], pattern.shape[0], pattern.device)[:, :, None], d_a, 0.0)
         return geometry.add_self_weights(pattern, d_a)
 
@@ -151,9 +152,7 @@ class DiagonalEdit(EditBase):
         o, v = (einops.rearrange(t, "batch head_index pos d -> batch pos head_index d") for t in (rows.z, rows.value))
         x = state["x"].to(v) if "x" in state else None
         W_O = None if W_O is None else W_O.to(v)
-        d_a = geometry.self_weight_change(
-            o, v, rows.weight, self.space, s_par=self.s_par, x=x, W_O=W_O, eps=self.eps
-        ).d_a
+        d_a = SPACES[self.space].weight_change(o, v, rows.weight, s_par=self.s_par, x=x, W_O=W_O, eps=self.eps).d_a
         batch, n_heads = d_a.shape[:2]
         d_a = torch.where(head_mask(heads, n_heads, batch, d_a.device)[:, :, None], d_a, 0.0)
         return rows.replace(weight=rows.weight + d_a)
@@ -166,9 +165,10 @@ class DiagonalEdit(EditBase):
         """Reads v (and x_t in residual-attn); changes only A_tt of each row, from the row's own diagonal, o_t and
         v_t (on the blocked path o_t = A_t. v reads the whole row against every value: at a decoding step the cached
         values, :func:`~lens_parallel.edits.all_values`; the diagonal path hands it o_t)."""
-        reads = ("v", *(("resid_pre",) if self.space == "residual-attn" else ()))
+        head_writes = SPACES[self.space].head_writes
+        reads = ("v", *(("resid_pre",) if head_writes else ()))
         softmax = Footprint(reads, ("pattern_full",), "diagonal", decode_safe=True)
-        if self.space == "residual-attn" or not edited_linear_layers(info, self.layers):
+        if head_writes or not edited_linear_layers(info, self.layers):
             return softmax
         return combined_footprint(
             softmax, ComponentScale(self.space, layers=self.layers).footprint(info), info, self.layers

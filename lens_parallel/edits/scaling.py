@@ -46,7 +46,7 @@ from lens_parallel.hooks import (
     softmax_layers,
 )
 from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.spaces import HEAD_SPACES, SPACES, ValueParts, value_parts
+from lens_parallel.spaces import HEAD_SPACES, SPACES, ValueParts, value_parts, value_space
 from lens_parallel.validate import as_indices, check_choice, check_eps, check_finite
 
 
@@ -110,7 +110,8 @@ class ComponentScale(EditBase):
         check_choice("space", self.space, Space)
         check_choice("guard", self.guard, ReferenceGuard)
         check_choice("site", self.site, ValueSite)
-        if self.site == "post-gate" and not self.space.startswith("value"):
+        spec = SPACES[self.space]
+        if self.site == "post-gate" and not spec.value:
             raise LensParallelError(f"site='post-gate' is a value-space option; space {self.space!r} has no gate site")
         check_positions(self.positions)
         check_finite("s_par", self.s_par)
@@ -118,8 +119,8 @@ class ComponentScale(EditBase):
         check_eps(self.eps)
         object.__setattr__(self, "layers", as_indices(self.layers, from_end=False))
         object.__setattr__(self, "heads", as_heads(self.heads))
-        merged_all = self.space == "value-merged" and self.heads == "all"  # value-merged edits every head together
-        if self.heads is not None and not SPACES[self.space].per_head and not merged_all:
+        merged_all = spec.value and self.heads == "all"  # value-merged edits every head together
+        if self.heads is not None and not spec.per_head and not merged_all:
             raise LensParallelError(
                 f"space {self.space!r} has no heads (it edits a whole sublayer update, or all heads' concatenation in "
                 f"value-merged); heads are accepted for {', '.join(HEAD_SPACES)}"
@@ -142,7 +143,7 @@ class ComponentScale(EditBase):
         layers = self.edited_layers(info)
         if spec.sublayer != "attn" or not edited_linear_layers(info, layers):
             return softmax
-        roles = ("lin_v", *(("lin_q", "lin_k", "lin_beta") if self.space == "value-exclude-self" else ()))
+        roles = ("lin_v", *(("lin_q", "lin_k", "lin_beta") if spec.reads_self_weight else ()))
         heads = ("lin_o", "lin_gate") if self.heads is not None else ()
         reads, writes = (roles, ("lin_o",)) if spec.value else (("resid_pre", *heads), ("lin_out",))
         return combined_footprint(softmax, Footprint(reads, writes, "none", False), info, layers)
@@ -164,16 +165,9 @@ class ComponentScale(EditBase):
 
     def _softmax_footprint(self, info: ModelInfo) -> Footprint:
         spec = SPACES[self.space]
-        if spec.value:
-            diagonal = self.space == "value-exclude-self"
-            reads = ("v", *((info.gate_role,) if info.gate_role else ()), *(("pattern_diag",) if diagonal else ()))
-            pattern: PatternUse = "diagonal" if diagonal else "none"
-            return Footprint(reads, ("z",), pattern, decode_safe=True)
-        if self.space == "residual-attn":
-            return Footprint(("resid_pre", *(("z",) if self.heads is not None else ())), ("attn_out",), "none", True)
-        if self.space == "residual-mlp":
-            return Footprint((residual_reference_role(info, "mlp"),), ("mlp_out",), "none", True)
-        return Footprint(("resid_pre",), ("resid_post",), "none", True)
+        reads = spec.scale_reads(info, heads=self.heads is not None)
+        pattern: PatternUse = "diagonal" if spec.reads_self_weight else "none"
+        return Footprint(reads, (spec.scaled_role(),), pattern, decode_safe=True)
 
 
 @dataclass(frozen=True, eq=False)
@@ -231,7 +225,7 @@ def _scale_hooks(scales: _Scaling, edit: ComponentScale, model: TransformerBridg
     """The hooks of ``edit``'s space, layers, heads and positions, scaling by ``scales`` (the edit's own, or one
     per batch row)."""
     layers = edit.edited_layers(info)
-    if edit.space == "residual-attn" and edit.heads is not None:
+    if SPACES[edit.space].head_writes and edit.heads is not None:
         check_head_writes(info, "ComponentScale('residual-attn') on single heads")
     out: list[Hook] = []
     for layer in layers:
@@ -274,21 +268,13 @@ def _value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
             f"site='post-gate': {info.name}'s attention has no output gate (pre- and post-gate are one there)"
         )
 
+    space = value_space(edit.space)
+
     def edit_z(z: Tensor, hook: HookPoint) -> Tensor:
         parts = value_parts({**state, "z": z}, info)  # gated: o = z / sigmoid(gate), the pre-gate A v
         state.clear()
-        o, v = (z if post else parts.o), parts.v
-        if edit.space == "value-merged":
-            merged = geometry.scale_delta(geometry.merge_heads(o), geometry.merge_heads(v), **_scaling(edit))
-            delta = geometry.split_heads(merged, info.n_heads)
-        else:
-            m = o
-            if edit.space == "value-exclude-self" and post:
-                assert parts.gate is not None and parts.diag is not None  # post-gate is refused without a gate
-                m = z - parts.gate * geometry.split_self(o, v, parts.diag)[0]  # z minus the gated self term
-            elif edit.space == "value-exclude-self":
-                m = parts.exclude_self()  # o - A_tt v_t
-            delta = geometry.scale_delta(m, v, **_scaling(edit))
+        m, r = space.units(z if post else parts.o, parts, gated=post)  # post: z minus the gated self term
+        delta = space.to_heads(geometry.scale_delta(m, r, **_scaling(edit)), info.n_heads)
         if parts.gate is not None and not post:
             delta = parts.gate * delta
         mask = head_mask(heads, info.n_heads, z.shape[0], z.device)
@@ -297,7 +283,7 @@ def _value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
     out: list[Hook] = [(hook_name(layer, "v"), partial(store, state=state, key="v"))]
     if info.gate_role:
         out.append((hook_name(layer, info.gate_role), partial(store, state=state, key=info.gate_role)))
-    if edit.space == "value-exclude-self":
+    if space.reads_self_weight:
         out.append((hook_name(layer, "pattern_diag"), store_diagonal(state)))
     return [*out, (hook_name(layer, "z"), edit_z)]
 
@@ -306,14 +292,12 @@ def _linear_value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
     """Value-space scaling at a linear-attention layer: o_t (hook_recurrence_out) against v_t per value head;
     value-exclude-self scales c_t = o_t - a_tt v_t (a_tt from the layer's q, k, beta); value-merged one projection of
     every value head's concatenation. The state S_t does not read o, so later positions see the same S."""
+    space = value_space(edit.space)
 
     def delta(o: Tensor, parts: ValueParts) -> Tensor:
-        if edit.space == "value-merged":
-            merged = geometry.scale_delta(geometry.merge_heads(o), geometry.merge_heads(parts.v), **_scaling(edit))
-            return geometry.split_heads(merged, o.shape[2])
-        return geometry.scale_delta(parts.message(edit.space), parts.v, **_scaling(edit))
+        return space.to_heads(geometry.scale_delta(*space.units(o, parts), **_scaling(edit)), o.shape[2])
 
-    return linear_output_hooks(at.info, at.layer, at.heads, delta, diagonal=edit.space == "value-exclude-self")
+    return linear_output_hooks(at.info, at.layer, at.heads, delta, diagonal=space.reads_self_weight)
 
 
 def linear_output_hooks(

@@ -11,6 +11,7 @@ from plotly.subplots import make_subplots
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import head_label
 from lens_parallel.plots.common import TEMPLATE
+from lens_parallel.spaces import SPACES
 
 if TYPE_CHECKING:
     from lens_parallel.analyses.diagonal import DiagonalView
@@ -55,7 +56,7 @@ def paper_diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Fig
     """The directional-decomposition paper's Fig. 4 for one head: the empirical map A, the residual-space map with
     the layer's shared δ on the diagonal (A + diag(δ)), and the value-space map A + diag(dA) (``value``, the full
     aggregate, where the view has it, as the authors' code; else ``value-exclude-self``, as the caption)."""
-    value = next((sp for sp in ("value", "value-exclude-self") if sp in view.spaces), None)
+    value = next((sp for sp in SPACES if SPACES[sp].value and sp in view.spaces), None)
     if not view.layer_delta.size or value is None:
         raise LensParallelError(
             "layout='paper' needs the residual-attn and a value space in the view (space=('value', 'residual-attn')); "
@@ -66,7 +67,7 @@ def paper_diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Fig
     symbol, kind, bound = _kind(view)
     panels = [
         (f"empirical {symbol}", view.pattern),
-        (f"residual space, one δ per layer: {symbol} + diag(δ)", view.edited("residual-attn-layer")),
+        (f"residual space, one δ per layer: {symbol} + diag(δ)", view.layer_edited()),
         (f"value space ({value}): {symbol} + diag(dA)", view.edited(value)),
     ]
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.07, subplot_titles=[t for t, _ in panels])
@@ -93,15 +94,16 @@ def diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Figure:
     symbol, kind, bound = _kind(view)
     panels = [(f"empirical {symbol}", view.pattern)]
     for space, title in (("residual-attn", "residual-space view"), ("value-exclude-self", "exclude-self value space")):
+        writes = SPACES[space].head_writes
         if space in view.spaces:
-            if space == "residual-attn":
+            if writes:
                 par, perp = view.residual_par[1:].sum(), view.residual_perp[1:].sum()
                 title += f"<br>(adds a perpendicular change: Σ|Δ⊥| / Σ|Δ∥| = {perp / max(par, 1e-30):.2f})"
             panels.append((f"{title}: {symbol} + diag(dA)", view.edited(space)))
-        if space == "residual-attn" and view.layer_delta.size:
+        if writes and view.layer_delta.size:
             par, perp = view.layer_par[1:].sum(), view.layer_perp[1:].sum()
             title = f"layer-level view, one δ for every head<br>(Σ|Δ⊥| / Σ|Δ∥| = {perp / max(par, 1e-30):.2f})"
-            panels.append((f"{title}: A + diag(δ)", view.edited("residual-attn-layer")))
+            panels.append((f"{title}: A + diag(δ)", view.layer_edited()))
     maps = [m[:n, :n] for _, m in panels]
     specs = [[{}] * len(panels), [{"colspan": len(panels)}] + [None] * (len(panels) - 1)]
     titles = [t for t, _ in panels] + ["per-head mean dA_tt (all documents, t ≥ 1)"]
