@@ -33,6 +33,8 @@ from typing import Any
 
 from torch import nn
 
+from lens_parallel.layers import LAYER_KINDS, LinearAttention
+
 LOGIT_MULTIPLIERS: Mapping[str, str] = {
     "logits_scaling": "divide",
     "logit_scale": "multiply",
@@ -275,13 +277,13 @@ FEATURES: Mapping[str, Feature] = {
         Feature(
             "linear-attention",
             "linear-attention layers (gated delta rule)",
-            lambda m: "linear" in m.layer_types,
+            lambda m: any(isinstance(LAYER_KINDS[t], LinearAttention) for t in m.layer_types),
             "every space per value head, with the exact diagonal a_tt = beta_t (k_t . q_t)",
         ),
         Feature(
             "mixer-layers",
             "layers whose token mixer has no heads the bridge opens (state-space, convolution, recurrence)",
-            lambda m: "mixer" in m.layer_types,
+            lambda m: any(not LAYER_KINDS[t].heads for t in m.layer_types),
             "the residual spaces only, marked in tables and figures",
         ),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -79,3 +80,34 @@ def test_the_changelog_names_this_version_first():
 
     releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", (ROOT / "CHANGELOG.md").read_text(), re.M)
     assert releases and releases[0] == lens_parallel.__version__
+
+
+def _compared_strings(node: ast.Compare) -> set[str]:
+    """The string constants a comparison compares with (``x == "a"``, ``x in ("a", "b")``)."""
+    found: set[str] = set()
+    for side in (node.left, *node.comparators):
+        items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+        found |= {item.value for item in items if isinstance(item, ast.Constant) and isinstance(item.value, str)}
+    return found
+
+
+def test_no_space_or_layer_kind_is_told_apart_by_its_name():
+    """Spaces and layer kinds are objects whose methods differ (:mod:`lens_parallel.spaces`,
+    :mod:`lens_parallel.layers`): no comparison in the package names one."""
+    from lens_parallel.choices import LayerType, Space
+    from lens_parallel.validate import literal_values
+
+    names = set(literal_values(Space)) | set(literal_values(LayerType))
+    data = {
+        ("report.py", "value"): "the value-space rows of a decomposition's table",
+        ("downstream/judging.py", "value"): "a key of the sandbox's JSON reply",
+    }
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {name}"
+        for path in sorted((ROOT / "lens_parallel").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Compare)
+        for name in sorted(_compared_strings(node) & names)
+        if (str(path.relative_to(ROOT / "lens_parallel")), name) not in data
+    ]
+    assert found == []

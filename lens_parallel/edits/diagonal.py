@@ -48,6 +48,7 @@ from lens_parallel.hooks import (
     output_weights,
     softmax_layers,
 )
+from lens_parallel.layers import LinearAttention
 from lens_parallel.models import ModelInfo
 from lens_parallel.spaces import SPACES, ValueParts
 from lens_parallel.validate import as_indices, check_choice, check_eps, check_finite
@@ -107,7 +108,7 @@ class DiagonalEdit(EditBase):
         out: list[Hook] = []
         for layer in layers:
             heads = check_heads(info, layer, None if self.heads == "all" else self.heads)
-            if not info.kind(layer).pattern:  # linear attention: o_t + da_tt v_t, the parallel scaling itself
+            if isinstance(info.kind(layer), LinearAttention):  # o_t + da_tt v_t, the parallel scaling itself
                 out += layer_hooks(
                     ComponentScale(self.space, s_par=self.s_par, eps=self.eps), model, info, layer, heads
                 )
@@ -232,7 +233,7 @@ class ZeroDiagonal(EditBase):
         out: list[Hook] = []
         for layer in head_layers(info, self.layers, what="ZeroDiagonal")[0]:
             heads = check_heads(info, layer, None if self.heads == "all" else self.heads)
-            if not info.kind(layer).pattern:  # linear attention: the self term a_tt v_t removed
+            if isinstance(info.kind(layer), LinearAttention):  # the self term a_tt v_t removed
                 out += linear_output_hooks(info, layer, heads, _minus_self_term, diagonal=True)
                 continue
             edit = partial(self._edit_pattern, heads=heads)
