@@ -25,8 +25,12 @@ from typing import Any
 
 import pytest
 
-from lens_parallel.edits import Footprint
-from lens_parallel.models import TOY_MODELS, load_model
+from tests.typecheck import preload_dependencies
+
+preload_dependencies()  # before the package: see tests/typecheck.py
+
+from lens_parallel.edits import Footprint  # noqa: E402
+from lens_parallel.models import TOY_MODELS, load_model  # noqa: E402
 
 FAMILIES = tuple(TOY_MODELS)
 LINEAR_VALUE_NOISE = 1e-2

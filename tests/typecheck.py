@@ -5,11 +5,21 @@ A bad choice then reaches the package's own check and its one-line :class:`~lens
 does without the type checker; every other hint (tensor shapes and dtypes, numbers, containers) is checked as usual.
 The choices are read from their file without importing the package (the import hook decorates the package's
 functions with this checker while the package is being imported); ``Literal`` types compare equal by their values.
+
+:func:`preload_dependencies` imports what the package imports before the package is imported (tests/conftest.py
+calls it first): while an instrumented module runs, jaxtyping's loader swaps importlib's ``cache_from_source`` for
+one that adds its own marker to the cached bytecode's name, so every module first imported then (torch,
+transformers, scipy, ...: about 3,400 here) looked for bytecode under that name, found none and was compiled from
+source, in every pytest process (about 10 s each; never cached where PYTHONDONTWRITEBYTECODE is set).
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import importlib
 import importlib.util
+import sys
 from pathlib import Path
 
 from beartype import BeartypeConf, FrozenDict, beartype
@@ -22,3 +32,20 @@ _choices = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_choices)
 
 checker = beartype(conf=BeartypeConf(hint_overrides=FrozenDict({choice: str for choice in _choices.CHOICES})))
+
+
+def preload_dependencies() -> None:
+    """Import every module the package imports at module level, except the package's own and the standard library's
+    (each once; one that is not installed is skipped, as the package's optional imports are)."""
+    names: set[str] = set()
+    for path in (Path(__file__).resolve().parent.parent / "lens_parallel").rglob("*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+    for name in sorted(names):
+        top = name.split(".")[0]
+        if top not in ("lens_parallel", "__future__") and top not in sys.stdlib_module_names:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
