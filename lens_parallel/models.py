@@ -408,10 +408,15 @@ def wrap_hf_model(
 def export_hf_model(hf_model: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
     """A plain Hugging Face copy of a model a bridge has wrapped (whose state-dict keys now carry the bridge's
     ``._original_component`` segments and aliases, so ``save_pretrained`` fails on it): a fresh model of the same
-    config holding the same weights, ready for ``save_pretrained``."""
-    fresh: transformers.PreTrainedModel = transformers.AutoModelForCausalLM.from_config(
-        hf_model.config, dtype=next(hf_model.parameters()).dtype
-    )
+    config holding the same weights, ready for ``save_pretrained``. The copy is built without initialising its
+    weights (transformers' ``no_init_weights``, as its own ``from_pretrained`` does: every one is then loaded, and a
+    missing one raises), which was most of a copy's time (a random init of every parameter)."""
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        fresh: transformers.PreTrainedModel = transformers.AutoModelForCausalLM.from_config(
+            hf_model.config, dtype=next(hf_model.parameters()).dtype
+        )
     wanted = set(fresh.state_dict())
     state = {}
     for key, tensor in hf_model.state_dict().items():
