@@ -56,6 +56,7 @@ from lens_parallel.choices import Ablation, EditPositions
 from lens_parallel.distributed import TaskContext, check_workers, run_tasks
 from lens_parallel.documents import DocBatch, Documents, DocumentsLike, document_batches
 from lens_parallel.edits import (
+    ABLATION_KINDS,
     LINEAR_ABLATIONS,
     Edit,
     EditBase,
@@ -94,6 +95,11 @@ class Job(Protocol):
 
     @property
     def start_layer(self) -> int: ...
+
+
+def _needs_means(kind: Ablation | None) -> bool:
+    """Whether the sweep's head ablation fills heads with their means (computed once per sweep)."""
+    return kind is not None and ABLATION_KINDS[kind].needs_means
 
 
 @serializable
@@ -605,7 +611,9 @@ def _auto_batch_size(
     longest = torch.argsort(docs.lengths, descending=True, stable=True)
     starts = tuple(sorted({job.start_layer for job in jobs} - {0}))
     ablated = sorted({j.layer for j in jobs if isinstance(j, AblationJob)})
-    means = {layer: torch.zeros(info.n_heads, info.d_head, device="cpu") for layer in ablated} if kind == "mean" else {}
+    means = (
+        {layer: torch.zeros(info.n_heads, info.d_head, device="cpu") for layer in ablated} if _needs_means(kind) else {}
+    )
     context = TaskContext(model, info)
 
     def probe(k: int) -> None:
@@ -788,7 +796,7 @@ def _execute(
     todo = [job for job in setup.jobs if job.key not in done]
     head_layers = sorted({j.layer for j in todo if isinstance(j, AblationJob)})
     batch_size = setup.batch_size
-    means = head_means(model, docs, head_layers, batch_size=batch_size) if kind == "mean" and head_layers else {}
+    means = head_means(model, docs, head_layers, batch_size=batch_size) if _needs_means(kind) and head_layers else {}
     starts = tuple(sorted({job.start_layer for job in todo} - {0}))
     plan = SweepPlan(docs, starts, batch_size, setup.options.tokens_per_forward, kind, setup.positions, means, metric)
     memo = {} if memo is None else memo

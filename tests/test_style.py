@@ -91,16 +91,18 @@ def _compared_strings(node: ast.Compare) -> set[str]:
     return found
 
 
-def test_no_space_or_layer_kind_is_told_apart_by_its_name():
-    """Spaces and layer kinds are objects whose methods differ (:mod:`lens_parallel.spaces`,
-    :mod:`lens_parallel.layers`): no comparison in the package names one."""
-    from lens_parallel.choices import LayerType, Space
+def test_no_space_layer_kind_or_ablation_is_told_apart_by_its_name():
+    """Spaces, layer kinds and head ablations are objects whose methods differ (:mod:`lens_parallel.spaces`,
+    :mod:`lens_parallel.layers`, :data:`lens_parallel.edits.ABLATION_KINDS`): no comparison in the package names
+    one."""
+    from lens_parallel.choices import Ablation, LayerType, Space
     from lens_parallel.validate import literal_values
 
-    names = set(literal_values(Space)) | set(literal_values(LayerType))
+    names = set(literal_values(Space)) | set(literal_values(LayerType)) | set(literal_values(Ablation))
     data = {
         ("report.py", "value"): "the value-space rows of a decomposition's table",
         ("downstream/judging.py", "value"): "a key of the sandbox's JSON reply",
+        ("downstream/loading.py", "mean"): "an lm-eval metric's aggregation",
     }
     found = [
         f"{path.relative_to(ROOT)}:{node.lineno}: {name}"

@@ -52,7 +52,7 @@ from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation, EditPositions, HeadSpace
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
-from lens_parallel.edits import LINEAR_ABLATIONS, check_positions
+from lens_parallel.edits import ABLATION_KINDS, LINEAR_ABLATIONS, AblationKind, check_positions
 from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.hooks import (
     GradReducer,
@@ -204,8 +204,14 @@ class AttributionResult(ResultMixin):
 def _roles(info: ModelInfo, ablation: str, spaces: tuple[str, ...], layer: int) -> tuple[list[str], list[str]]:
     """Activations read (forward) and activations whose loss gradient is needed (backward) at ``layer``: its kind's
     (:meth:`~lens_parallel.layers.LayerKind.attribution_roles`)."""
-    residual = any(SPACES[space].head_writes for space in spaces) or ablation == "parallel-residual"
-    return info.kind(layer).attribution_roles(info, zero=ablation == "zero", residual=residual)
+    kind = ABLATION_KINDS[ablation]
+    residual = any(SPACES[space].head_writes for space in (*spaces, *_removed(kind)))
+    return info.kind(layer).attribution_roles(info, zero=kind.gate_input, residual=residual)
+
+
+def _removed(kind: AblationKind) -> tuple[HeadSpace, ...]:
+    """The space whose parallel part ``kind`` removes, if it is a removal."""
+    return () if kind.removed_space is None else (kind.removed_space,)
 
 
 def backward_rows(n_docs: int, n_layers: int) -> int:
@@ -249,7 +255,7 @@ def _reducer(
     gradients' device: nothing waits for the device while the backward runs). ``W_O(layer)``: the layer's per-head
     output projection; ``head_inputs(layer)``: a linear layer's per-head projection inputs from its o and gate."""
     li = {layer: i for i, layer in enumerate(layers)}
-    ablation, eps = s.ablation, s.eps
+    ablation, eps = ABLATION_KINDS[s.ablation], s.eps
 
     def reduce(layer: int, a: dict[str, Tensor], g: dict[str, Tensor]) -> None:
         i = li[layer]
@@ -257,7 +263,7 @@ def _reducer(
         o = parts.o
         if "lin_o" in a:  # a linear layer: o = hook_recurrence_out; zero acts on the gate input (z, g_z)
             g_o = g["lin_o"]
-            z, g_z = (a["lin_gate"], g["lin_gate"]) if ablation == "zero" else (o, g_o)
+            z, g_z = (a["lin_gate"], g["lin_gate"]) if ablation.gate_input else (o, g_o)
             writes = head_inputs(layer)(a["lin_o"], a["lin_gate"]) if "lin_out" in g else None
         else:
             z, g_z = a["z"], g["z"]
@@ -279,14 +285,11 @@ def _reducer(
             if space in derivs:
                 out["d_s_par"][k, :, i, :n] = derivs[space][0]
                 out["d_s_perp"][k, :, i, :n] = derivs[space][1]
-        if ablation == "zero":
-            est = _masked_sum((g_z * -z).sum(-1), weight)
-        elif ablation == "mean":
-            est = _masked_sum((g_z * (means[layer].to(z) - z)).sum(-1), weight)
-        elif ablation == "parallel-value":
-            est = -derivs["value"][0]
-        else:
-            est = -derivs["residual-attn"][0]
+        if ablation.removed_space is not None:  # a removal: minus its scaling's derivative at s = 1
+            est = -derivs[ablation.removed_space][0]
+        else:  # a fill: g . (fill - z)
+            fill = means[layer].to(z) if ablation.needs_means else torch.zeros_like(z)
+            est = _masked_sum((g_z * (fill - z)).sum(-1), weight)
         out["estimate"][:, i, :n] = est
 
     return reduce
@@ -427,12 +430,12 @@ def head_attribution(
     else:
         layer_idx, skipped = softmax_layers(info, s.layers, what=f"head_attribution of a {s.ablation} ablation")
     note = head_writes_note(info, "the per-head residual-attn derivative")
-    if s.ablation == "parallel-residual" and note:
+    if note and any(SPACES[space].head_writes for space in _removed(ABLATION_KINDS[s.ablation])):
         raise LensParallelError(head_writes_note(info, "head_attribution(ablation='parallel-residual')"))
     spaces = tuple(sp for sp in HEAD_SPACES if not (note and SPACES[sp].head_writes))
     skipped_notes = [n for n in (skipped, note) if n]
     means_batch = opts.batch_size if isinstance(opts.batch_size, int) else 1  # "auto" sizes the sweep, not this pass
-    means = head_means(model, docs, layer_idx, batch_size=means_batch) if s.ablation == "mean" else {}
+    means = head_means(model, docs, layer_idx, batch_size=means_batch) if ABLATION_KINDS[s.ablation].needs_means else {}
     metric = _GradientMetric(info, s, layer_idx, spaces, means)
     job = EditJob("screen", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="attribution")

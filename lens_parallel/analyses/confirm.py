@@ -23,6 +23,7 @@ from lens_parallel.analyses.attribution import AttributionResult
 from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation
 from lens_parallel.documents import Documents, DocumentsLike
+from lens_parallel.edits import ABLATION_KINDS
 from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.models import head_label
 from lens_parallel.options import RunOptions, resolve
@@ -112,12 +113,7 @@ class ConfirmResult(ResultMixin):
 
 
 def _linearity_note(ablation: str) -> str:
-    if ablation == "mean":
-        return "first order in z_h - mean: close where a head's output varies little around its mean"
-    return (
-        f"{ablation} removes a whole component (s = 0 is not a small change from s = 1): the estimate is a "
-        "linearisation, good for ranking, not for size"
-    )
+    return ABLATION_KINDS[ablation].linearity_note()
 
 
 @serializable

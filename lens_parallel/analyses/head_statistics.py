@@ -43,7 +43,7 @@ from lens_parallel.bridges import check_model
 from lens_parallel.choices import EditPositions, HeadStatistic, StatisticAblation
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
-from lens_parallel.edits import check_positions
+from lens_parallel.edits import ABLATION_KINDS, check_positions
 from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.hooks import Reducer, head_layers
 from lens_parallel.models import ModelInfo
@@ -155,7 +155,7 @@ class _StatisticsMetric(Metric[EditJob]):
             parts = value_parts(t, self.info)
             y, v = parts.o, parts.v
             par = geometry.project(y, v, eps=self.eps, clamp=True).par
-            edit = -par if self.ablation == "parallel-value" else -y
+            edit = -par if ABLATION_KINDS[self.ablation].removed_space is not None else -y  # a removal, or zero
             yy, vv = (y * y).sum(-1).clamp_min(floor), (v * v).sum(-1).clamp_min(floor)
             per_pos = torch.stack(
                 [

@@ -60,18 +60,20 @@ from lens_parallel.edits.base import (
 from lens_parallel.edits.diagonal import DiagonalEdit, ZeroDiagonal
 from lens_parallel.edits.directions import RandomDirectionRemoval
 from lens_parallel.edits.gates import GatedRemoval, LearnedGate
-from lens_parallel.edits.heads import ABLATIONS, LINEAR_ABLATIONS, HeadEdit
+from lens_parallel.edits.heads import ABLATION_KINDS, ABLATIONS, LINEAR_ABLATIONS, AblationKind, HeadEdit
 from lens_parallel.edits.scaling import ComponentScale, stacked_hooks
 from lens_parallel.edits.wrappers import SkipFirstLayers
 
 __all__ = [
     "ABLATIONS",
+    "ABLATION_KINDS",
     "EDITS",
     "FIRST_INDEX",
     "LINEAR_ABLATIONS",
     "POSITIONS",
     "STEP_VALUES",
     "UNEDITED",
+    "AblationKind",
     "ComponentScale",
     "DiagonalEdit",
     "Edit",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -11,10 +11,11 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.choices import Ablation, EditPositions
+from lens_parallel.choices import Ablation, EditPositions, HeadSpace
 from lens_parallel.edits.base import (
     EditBase,
     Footprint,
+    HeadSet,
     after_first,
     check_positions,
     head_mask,
@@ -31,8 +32,106 @@ from lens_parallel.hooks import (
 )
 from lens_parallel.layers import LAYER_KINDS, LayerKind
 from lens_parallel.models import ModelInfo
+from lens_parallel.spaces import SPACES
 from lens_parallel.validate import as_indices, check_choice, literal_values
 
+
+@dataclass(frozen=True)
+class AblationKind:
+    """One head ablation (:data:`~lens_parallel.choices.Ablation`), defined once: the hooks and footprint of
+    :class:`HeadEdit`, and what head attribution and the sweeps ask of it. A fill (zero, mean) replaces the heads'
+    output; a removal (parallel-value, parallel-residual) is ``ComponentScale(space, s_par=0)`` on those heads.
+
+    Attributes:
+        name: the ablation's name.
+        removed_space: the space whose parallel part a removal takes out (None for a fill).
+        needs_means: whether it fills with per-head means (``HeadEdit.means``, computed by the sweeps).
+        gate_input: whether on a linear-attention layer it acts on the heads' gate input (its kind's ``zero_role``).
+    """
+
+    name: Ablation
+    removed_space: HeadSpace | None = None
+    needs_means: bool = False
+    gate_input: bool = False
+
+    def footprint(self, edit: HeadEdit, info: ModelInfo, kind: LayerKind | None) -> Footprint:
+        """What ``edit`` (of this ablation) reads and writes at its layer (``kind``: None out of range)."""
+        raise NotImplementedError
+
+    def hooks(
+        self, edit: HeadEdit, model: TransformerBridge, info: ModelInfo, heads: HeadSet, kind: LayerKind
+    ) -> list[Hook]:
+        """``edit``'s hooks at its layer, on ``heads`` (a tuple, or a per-row mask)."""
+        raise NotImplementedError
+
+    def linearity_note(self) -> str:
+        """How good a first-order estimate of its effect is (head attribution's confirmation)."""
+        return (
+            f"{self.name} removes a whole component (s = 0 is not a small change from s = 1): the estimate is a "
+            "linearisation, good for ranking, not for size"
+        )
+
+
+@dataclass(frozen=True)
+class _Fill(AblationKind):
+    """zero and mean: the heads' output replaced (by 0, or by ``HeadEdit.means``)."""
+
+    def footprint(self, edit: HeadEdit, info: ModelInfo, kind: LayerKind | None) -> Footprint:
+        if kind is not None and self.name in kind.ablations:
+            # a linear-attention layer is not decode-safe: its cached steps (prefill included) run Hugging Face's
+            # own module, where hook_gate_input never fires (cached generation would report unedited steps as edited)
+            return Footprint((), (kind.zero_role,), "none", kind.decodes_with_hooks)
+        return Footprint((), ("z",), "none", True)
+
+    def hooks(
+        self, edit: HeadEdit, model: TransformerBridge, info: ModelInfo, heads: HeadSet, kind: LayerKind
+    ) -> list[Hook]:
+        n_heads = info.output_heads(edit.layer)
+        means = edit.means
+
+        def replace(z: Tensor, hook: HookPoint) -> Tensor:
+            fill = torch.zeros_like(z) if means is None else means.to(z).expand_as(z)
+            mask = head_mask(heads, n_heads, z.shape[0], z.device)
+            return torch.where(mask[:, None, :, None], fill, z)
+
+        return [(hook_name(edit.layer, kind.zero_role), replace)]
+
+    def linearity_note(self) -> str:
+        if self.needs_means:
+            return "first order in z_h - mean: close where a head's output varies little around its mean"
+        return super().linearity_note()
+
+
+@dataclass(frozen=True)
+class _Removal(AblationKind):
+    """parallel-value and parallel-residual: the heads' parallel part in ``removed_space`` scaled to 0."""
+
+    def _space(self) -> HeadSpace:
+        assert self.removed_space is not None  # every removal names its space
+        return self.removed_space
+
+    def footprint(self, edit: HeadEdit, info: ModelInfo, kind: LayerKind | None) -> Footprint:
+        layers = None if kind is None else [edit.layer]
+        return ComponentScale(self._space(), s_par=0.0, heads="all", layers=layers).footprint(info)
+
+    def hooks(
+        self, edit: HeadEdit, model: TransformerBridge, info: ModelInfo, heads: HeadSet, kind: LayerKind
+    ) -> list[Hook]:
+        if SPACES[self._space()].head_writes:
+            check_head_writes(info, f"HeadEdit({self.name!r})")
+        return layer_hooks(ComponentScale(self._space(), s_par=0.0), model, info, edit.layer, heads)
+
+
+ABLATION_KINDS: Mapping[str, AblationKind] = {
+    kind.name: kind
+    for kind in (
+        _Fill("zero", gate_input=True),
+        _Fill("mean", needs_means=True),
+        _Removal("parallel-value", removed_space="value"),
+        _Removal("parallel-residual", removed_space="residual-attn"),
+    )
+}
+"""Every head ablation, in the order of :data:`~lens_parallel.choices.Ablation`."""
 ABLATIONS = literal_values(Ablation)
 LINEAR_ABLATIONS: tuple[Ablation, ...] = LAYER_KINDS["linear"].ablations
 """The ablations defined on a linear-attention layer's value heads (``mean`` replaces hook_z by its mean, a
@@ -74,7 +173,7 @@ class HeadEdit(EditBase):
         check_choice("ablation", self.ablation, Ablation)
         check_positions(self.positions)
         as_indices(self.layer, what="layers", from_end=False)
-        if self.ablation == "mean" and self.means is None:
+        if ABLATION_KINDS[self.ablation].needs_means and self.means is None:
             raise LensParallelError(
                 "a mean ablation needs means [n_heads, d_head] (e.g. from lens_parallel.sweep.head_means)"
             )
@@ -89,17 +188,7 @@ class HeadEdit(EditBase):
         return (self.layer,)
 
     def footprint(self, info: ModelInfo) -> Footprint:
-        kind = self._kind(info)
-        layers = None if kind is None else [self.layer]
-        if self.ablation == "parallel-value":
-            return ComponentScale("value", s_par=0.0, layers=layers).footprint(info)
-        if self.ablation == "parallel-residual":
-            return ComponentScale("residual-attn", s_par=0.0, heads="all", layers=layers).footprint(info)
-        if kind is not None and self.ablation in kind.ablations:
-            # a linear-attention layer is not decode-safe: its cached steps (prefill included) run Hugging Face's
-            # own module, where hook_gate_input never fires (cached generation would report unedited steps as edited)
-            return Footprint((), (kind.zero_role,), "none", kind.decodes_with_hooks)
-        return Footprint((), ("z",), "none", True)
+        return ABLATION_KINDS[self.ablation].footprint(self, info, self._kind(info))
 
     def _kind(self, info: ModelInfo) -> LayerKind | None:
         """The edited layer's kind (None where the layer is out of range: the hooks say so)."""
@@ -110,20 +199,6 @@ class HeadEdit(EditBase):
         if kind is None or self.ablation not in kind.ablations:  # refused, saying which layers take it
             softmax_layers(info, [self.layer], what=f"HeadEdit({self.ablation!r})")
         assert kind is not None
-        layer, role = self.layer, kind.zero_role
-        n_heads = info.output_heads(layer)
-        heads = self.heads if isinstance(self.heads, Tensor) else check_heads(info, layer, self.heads)
-        if self.ablation == "parallel-value":
-            out = layer_hooks(ComponentScale("value", s_par=0.0), model, info, layer, heads)
-        elif self.ablation == "parallel-residual":
-            check_head_writes(info, "HeadEdit('parallel-residual')")
-            out = layer_hooks(ComponentScale("residual-attn", s_par=0.0), model, info, layer, heads)
-        else:
-
-            def replace(z: Tensor, hook: HookPoint) -> Tensor:
-                fill = torch.zeros_like(z) if self.means is None else self.means.to(z).expand_as(z)
-                mask = head_mask(heads, n_heads, z.shape[0], z.device)
-                return torch.where(mask[:, None, :, None], fill, z)
-
-            out = [(hook_name(layer, role), replace)]
+        heads = self.heads if isinstance(self.heads, Tensor) else check_heads(info, self.layer, self.heads)
+        out = ABLATION_KINDS[self.ablation].hooks(self, model, info, heads, kind)
         return after_first(out) if self.positions == "after-first" else out
