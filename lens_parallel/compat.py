@@ -402,11 +402,12 @@ def own_attention_reason(component: nn.Module) -> str:
     return "; ".join(reason for reason, _ in _reasons(component))
 
 
-def reads_module_qkv(component: nn.Module) -> bool:
-    """Whether lens_parallel's attention takes ``component``'s queries, keys and values from its Hugging Face
-    module's own forward (through the attention interface: :func:`_routable`, :func:`_takes_module_route`) rather
-    than from the bridge's forward steps (:func:`_position_forward`, :func:`_joint_attention`)."""
-    return component in _OWN_ATTENTION and (_routable(component) or _takes_module_route(component))
+def module_route(component: nn.Module) -> bool:
+    """Whether lens_parallel's attention, once installed on ``component``, takes its queries, keys and values from
+    its Hugging Face module's own forward (through the attention interface: :func:`_routable`,
+    :func:`_takes_module_route`) rather than from the bridge's forward steps (:func:`_position_forward`,
+    :func:`_joint_attention`)."""
+    return _routable(component) or _takes_module_route(component)
 
 
 def pattern_after_attention(component: nn.Module) -> bool:

@@ -198,21 +198,26 @@ class _Structure:
     features: tuple[str, ...]
     rotary_hooks: bool
     patterns_after: tuple[int, ...]
+    module_routes: tuple[bool, ...]
+    """Per layer: whether lens_parallel's attention, once installed there, reads the module's own q, k, v
+    (:func:`lens_parallel.compat.module_route`); False on a layer without softmax attention."""
+    eager_reasons: tuple[str, ...]
+    """Per layer: why it keeps TransformerLens's eager forward (:func:`lens_parallel.compat.own_attention_reason`),
+    "" where lens_parallel's attention can take it or there is no softmax attention."""
 
 
 _STRUCTURES: weakref.WeakKeyDictionary[TransformerBridge, _Structure] = weakref.WeakKeyDictionary()
 
 
-def _attention_path(model: TransformerBridge, layer: int, kind: LayerType) -> str:
+def _attention_path(model: TransformerBridge, structure: _Structure, layer: int) -> str:
     """Which attention serves ``layer`` now: lens_parallel's own path, or TransformerLens's eager forward and why
     (:func:`lens_parallel.compat.own_attention_reason`, or not installed on this bridge); "" on a layer without
-    softmax attention."""
-    if not LAYER_KINDS[kind].pattern:
+    softmax attention. Whether it is installed is read now; the rest is the model's structure."""
+    if not LAYER_KINDS[structure.layer_types[layer]].pattern:
         return ""
-    component = model.blocks[layer].attn
-    if compat.has_own_attention(component):
-        return "lens_parallel: the module's q, k, v" if compat.reads_module_qkv(component) else "lens_parallel"
-    return f"eager: {compat.own_attention_reason(component) or 'lens_parallel attention not installed on this bridge'}"
+    if compat.has_own_attention(model.blocks[layer].attn):
+        return "lens_parallel: the module's q, k, v" if structure.module_routes[layer] else "lens_parallel"
+    return f"eager: {structure.eager_reasons[layer] or 'lens_parallel attention not installed on this bridge'}"
 
 
 def _structure(model: TransformerBridge) -> _Structure:
@@ -243,7 +248,11 @@ def _structure(model: TransformerBridge) -> _Structure:
         rotary = all(compat.fires_rotary_hooks(model.blocks[layer].attn) for layer in softmax)
         after = tuple(layer for layer in softmax if compat.pattern_after_attention(model.blocks[layer].attn))
         gate = gates[0] if gates else ""
-        _STRUCTURES[model] = _Structure(kinds, roles, post_norm, gate, found_features, rotary, after)
+        routes = tuple(layer in softmax and compat.module_route(model.blocks[layer].attn) for layer in layers)
+        reasons = tuple(
+            compat.own_attention_reason(model.blocks[layer].attn) if layer in softmax else "" for layer in layers
+        )
+        _STRUCTURES[model] = _Structure(kinds, roles, post_norm, gate, found_features, rotary, after, routes, reasons)
     return _STRUCTURES[model]
 
 
@@ -284,7 +293,7 @@ def model_info(model: TransformerBridge) -> ModelInfo:
         post_norm=structure.post_norm,
         block_roles=structure.block_roles,
         features=structure.features,
-        attention_paths=tuple(_attention_path(model, layer, kind) for layer, kind in enumerate(structure.layer_types)),
+        attention_paths=tuple(_attention_path(model, structure, layer) for layer in range(cfg.n_layers)),
         dtype=str(cfg.dtype).removeprefix("torch."),
         device=str(cfg.device),
         weights=weights_state(model),
@@ -432,15 +441,15 @@ def export_hf_model(hf_model: transformers.PreTrainedModel) -> transformers.PreT
 
 
 def _toy_hf_model(
-    spec: str, n_ctx: int | None = None
+    spec: str, n_ctx: int | None = None, *, for_bridge: bool = False
 ) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
     toy = find_toy(spec)
     assert toy is not None  # check_spec found it
-    return toy.build(n_ctx=n_ctx), _tok.load_bundled_tokenizer(toy.tokenizer)
+    return toy.build(n_ctx=n_ctx), _tok.load_bundled_tokenizer(toy.tokenizer, for_bridge=for_bridge)
 
 
 def _build_toy(spec: str, *, device: str, dtype: torch.dtype) -> TransformerBridge:
-    hf_model, tokenizer = _toy_hf_model(spec)
+    hf_model, tokenizer = _toy_hf_model(spec, for_bridge=True)
     return wrap_hf_model(hf_model, tokenizer, name=spec, device=device, dtype=dtype)
 
 

@@ -58,6 +58,25 @@ def test_bundled_tokenizers_give_the_real_ids(family, ids):
     assert load_bundled_tokenizer(family)("Hello world", add_special_tokens=False)["input_ids"] == ids
 
 
+@pytest.mark.parametrize("spec", ["toy-gpt2", "toy-pythia", "toy-qwen3"])
+def test_a_toys_bridge_keeps_the_tokenizer_transformer_lens_makes_of_the_default_one(spec):
+    """A toy's tokenizer is loaded as the bridge keeps it (with a BOS token: add_bos_token=True, else as it is),
+    so TransformerLens does not load it a second time: the bridge's tokenizer is the one TransformerLens makes of
+    the tokenizer loaded with Hugging Face's defaults."""
+    from lens_parallel.models import find_toy, wrap_hf_model
+
+    toy = find_toy(spec)
+    assert toy is not None
+    theirs = wrap_hf_model(toy.build(), load_bundled_tokenizer(toy.tokenizer), name=spec).tokenizer
+    ours = load_bundled_tokenizer(toy.tokenizer, for_bridge=True)
+    assert type(ours) is type(theirs) and ours.init_kwargs == theirs.init_kwargs
+    assert (ours.padding_side, ours.name_or_path) == (theirs.padding_side, theirs.name_or_path)
+    for text in ("Hello world", "a\n\nb  c<|endoftext|>d"):
+        assert ours(text)["input_ids"] == theirs(text)["input_ids"]
+    assert load_model(spec).tokenizer.init_kwargs == theirs.init_kwargs
+    assert ours.init_kwargs.get("add_bos_token") is (True if ours.bos_token is not None else None)
+
+
 def test_unknown_spec_names_what_is_accepted():
     with pytest.raises(ModelSpecError, match=r"unknown model spec 'toy-bert'.*accepted: toy-gpt2, toy-pythia"):
         load_model("toy-bert")

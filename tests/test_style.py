@@ -7,6 +7,9 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from .conftest import TIERS
 
@@ -40,6 +43,34 @@ def test_mypy_strict_passes_on_the_package():
     proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Success: no issues found" in proc.stdout
+
+
+def test_the_runtime_type_checker_checks_the_package_and_each_closure_by_its_own_hints():
+    """The suite runs the package under jaxtyping's import hook with beartype (tests/typecheck.py): a wrong shape is
+    refused at the call. A function defined inside another (a hook built per call) is checked afresh each time it
+    is built; its checked signature is reused only for an equal signature."""
+    import torch
+    from jaxtyping import TypeCheckError, jaxtyped
+
+    from lens_parallel import geometry
+    from tests.typecheck import checker
+
+    assert geometry.merge_heads(torch.zeros(2, 3, 4, 5)).shape == (2, 3, 20)
+    with pytest.raises(TypeCheckError, match="merge_heads"):
+        geometry.merge_heads(torch.zeros(2, 3, 4))
+
+    def make(kind: type) -> Any:
+        def inner(x: Any) -> Any:
+            return x
+
+        inner.__annotations__ = {"x": kind, "return": kind}  # this module's hints are strings: the closure's own
+        return jaxtyped(inner, typechecker=checker)
+
+    first, again, other = make(int), make(int), make(str)
+    assert (first(3), again(4), other("a")) == (3, 4, "a")
+    for checked, wrong in ((again, "4"), (other, 5)):
+        with pytest.raises(TypeCheckError):
+            checked(wrong)
 
 
 def test_every_ignore_names_its_error_code():

@@ -19,8 +19,11 @@ import ast
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import sys
+from collections.abc import Callable, Hashable
 from pathlib import Path
+from typing import Any
 
 from beartype import BeartypeConf, FrozenDict, beartype
 
@@ -31,7 +34,31 @@ assert _spec is not None and _spec.loader is not None
 _choices = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_choices)
 
-checker = beartype(conf=BeartypeConf(hint_overrides=FrozenDict({choice: str for choice in _choices.CHOICES})))
+_beartype = beartype(conf=BeartypeConf(hint_overrides=FrozenDict({choice: str for choice in _choices.CHOICES})))
+_CHECKED: dict[Hashable, Callable[..., Any]] = {}
+
+
+def checker(stub: Callable[..., Any]) -> Callable[..., Any]:
+    """beartype applied to one of the stubs jaxtyping's ``jaxtyped`` builds for a function (a function of the same
+    signature whose body does nothing), once per signature: jaxtyping's import hook decorates every ``def``, also
+    the ones inside a function, which run again at each call (a hook built per edit and layer), and beartype's code
+    generation was most of that (about 0.3 ms each). The stub is only ever called with every argument given
+    (jaxtyping binds them and applies the defaults first), so a checked stub of an equal signature checks the same.
+    """
+    signature = inspect.signature(stub)
+    key = (
+        stub.__module__,
+        stub.__qualname__,
+        tuple((p.name, p.kind, p.annotation) for p in signature.parameters.values()),
+        signature.return_annotation,
+    )
+    try:
+        return _CHECKED[key]
+    except KeyError:
+        checked = _CHECKED[key] = _beartype(stub)
+        return checked
+    except TypeError:  # an annotation that cannot be hashed
+        return _beartype(stub)
 
 
 def preload_dependencies() -> None:
