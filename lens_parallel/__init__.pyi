@@ -34,7 +34,6 @@ from .compression import Compression, compress
 from .data import TokenBlocks, load_texts, token_blocks
 from .documents import Documents, whole_documents
 from .downstream.effects import TaskResult, task_effects
-from .downstream.sandbox import Execution, SandboxLimits, run_program
 from .downstream.settings import TaskSettings
 from .edits import (
     ABLATIONS,
@@ -62,6 +61,7 @@ from .plots.common import notebook_figures
 from .protocols import PROTOCOLS
 from .report import ModelReport, ReportSettings, run_battery, write_report
 from .results import Provenance, Result, load_result, result_classes
+from .sandbox import Execution, SandboxLimits, run_program
 from .selection import TextSample, TextSelection, sample_texts
 from .spaces import SPACES, SpaceSpec
 from .sweep import AblationJob, DocumentNLL, EditJob, Metric, SweepRun, TokenNLL, run_sweep

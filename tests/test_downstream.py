@@ -36,10 +36,10 @@ from lens_parallel.downstream import data as task_data
 from lens_parallel.downstream.effects import task_effects
 from lens_parallel.downstream.lm import EditedLM
 from lens_parallel.downstream.presets import resolve_tasks
-from lens_parallel.downstream.sandbox import ALLOW_ENV
 from lens_parallel.downstream.tables import aggregate
 from lens_parallel.losses import token_nll
 from lens_parallel.models import model_info
+from lens_parallel.sandbox.fence import ALLOW_ENV
 from lens_parallel.stats import mcnemar_exact
 from lens_parallel.tokenizers import hf_tokenizer
 from lens_parallel.weights import WeightsFetchError

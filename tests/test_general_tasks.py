@@ -17,8 +17,8 @@ import lens_parallel as lp
 from lens_parallel import compat
 from lens_parallel.downstream import data as task_data
 from lens_parallel.downstream import effects, loading, offline, presets, running
-from lens_parallel.downstream.sandbox import ALLOW_ENV
 from lens_parallel.downstream.task_functions import pass_at_1
+from lens_parallel.sandbox.fence import ALLOW_ENV
 from tests.conftest import get_model
 
 pytestmark = pytest.mark.xdist_group("general_tasks")

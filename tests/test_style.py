@@ -132,7 +132,7 @@ def test_no_space_layer_kind_or_ablation_is_told_apart_by_its_name():
     names = set(literal_values(Space)) | set(literal_values(LayerType)) | set(literal_values(Ablation))
     data = {
         ("report.py", "value"): "the value-space rows of a decomposition's table",
-        ("downstream/judging.py", "value"): "a key of the sandbox's JSON reply",
+        ("sandbox/channel.py", "value"): "a key of the sandbox's JSON reply",
         ("downstream/loading.py", "mean"): "an lm-eval metric's aggregation",
     }
     found = [

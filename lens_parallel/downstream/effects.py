@@ -43,7 +43,6 @@ from lens_parallel.downstream.loading import load_tasks, say_stand_ins, task_des
 from lens_parallel.downstream.presets import TaskList, resolve_tasks
 from lens_parallel.downstream.running import code_execution, run_tasks
 from lens_parallel.downstream.samples import short_context
-from lens_parallel.downstream.sandbox import sandbox_fence
 from lens_parallel.downstream.scoring import Scored, pooled_group, scored_task
 from lens_parallel.downstream.settings import TaskSettings, check_for_model, check_generation_room
 from lens_parallel.downstream.tables import (
@@ -61,6 +60,7 @@ from lens_parallel.options import RunOptions, refuse_renamed, resolve
 from lens_parallel.paths import check_writable
 from lens_parallel.plots.texts import html_page, texts_table
 from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.sandbox import sandbox_fence
 from lens_parallel.stats import N_RESAMPLES, mean_of_means_ci
 from lens_parallel.tokenizers import hf_tokenizer
 from lens_parallel.validate import check_choice

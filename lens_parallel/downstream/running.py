@@ -14,12 +14,12 @@ from typing import Any
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import compat
-from lens_parallel.downstream.sandbox import ALLOW_ENV
 from lens_parallel.downstream.settings import TaskSettings
 from lens_parallel.edits import Edit, describe_edit
 from lens_parallel.errors import LensParallelError
 from lens_parallel.logs import say
 from lens_parallel.options import RunOptions
+from lens_parallel.sandbox import ALLOW_ENV
 from lens_parallel.sweep import model_fingerprint
 
 
@@ -127,7 +127,7 @@ def _cut_items(
 @contextlib.contextmanager
 def code_execution(allowed: bool) -> Iterator[None]:
     """Inside, when ``allowed``, the code a model writes may run: the offline HumanEval and MBPP in
-    :mod:`~lens_parallel.downstream.sandbox` (its :data:`~lens_parallel.downstream.sandbox.ALLOW_ENV`, restored on
+    :mod:`~lens_parallel.sandbox.fence` (its :data:`~lens_parallel.sandbox.fence.ALLOW_ENV`, restored on
     exit). Hugging Face's ``HF_ALLOW_CODE_EVAL`` is never set: nothing runs through ``code_eval``."""
     if not allowed:
         yield

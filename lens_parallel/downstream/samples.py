@@ -14,7 +14,7 @@ in order), with the item's context kept once per item:
   ``flexible-extract``, ...);
 - ``target``: lm-eval's target (a multiple-choice index as its option's text);
 - ``execution``: a code task's verdict on the program, with its reason (``passed``, ``failed: AssertionError in
-  check, line 7``, ``timed out after 3 s``, ...: :class:`~lens_parallel.downstream.sandbox.Execution`).
+  check, line 7``, ``timed out after 3 s``, ...: :class:`~lens_parallel.sandbox.fence.Execution`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from lens_parallel.downstream import programs
-from lens_parallel.downstream.task_functions import code_case
+from lens_parallel import sandbox
+from lens_parallel.downstream.task_functions import code_case, trusted_item
 
 CONTEXT_SHORT = 160
 """Characters of a context kept in :meth:`~lens_parallel.downstream.effects.TaskResult.samples`'s short form (its
@@ -67,7 +67,8 @@ def _answer_of(task: Any, row: dict[str, Any], metrics: Sequence[str]) -> dict[s
     if kind == "generate_until":
         out = {"response": _text(row["resps"][0][0]), "target": _target(task, row, ())}
         if task.config.unsafe_code:  # the sandbox's verdict on the program the metric scored
-            got = programs.known(*code_case(row["target"], row["filtered_resps"]))
+            program, tests = code_case(row["target"], row["filtered_resps"])
+            got = sandbox.known(program, tests, **trusted_item(tests))
             out["execution"] = got.result if got is not None else "not run"
         return out
     if kind == "loglikelihood":

@@ -32,7 +32,7 @@ class TaskSettings:
     rendered in the tokenizer's chat template, as lm-eval's option; ``fewshot_as_multiturn``: a turn per shot). A
     task scored by running the code the model writes (lm-eval's ``unsafe_code``: HumanEval, MBPP) is refused unless
     ``allow_code_execution`` (then lm-eval's ``confirm_run_unsafe_code`` is set for the run and every program runs
-    in lens_parallel's sandbox, :mod:`~lens_parallel.downstream.sandbox`; a code task lm-eval would score with its
+    in lens_parallel's sandbox, :mod:`~lens_parallel.sandbox.fence`; a code task lm-eval would score with its
     own runner is refused). RULER's synthetic tasks build their prompts with the model's own tokenizer at
     ``max_seq_lengths`` tokens (lm-eval's task metadata), of the lengths it scores
     (:data:`~lens_parallel.downstream.data.RULER_SCORED_LENGTHS`), each at most the model's context.

@@ -7,10 +7,14 @@ DROP's documents ship in the form lm-eval's ``process_docs`` returns, not the hu
 from __future__ import annotations
 
 import ast
+import functools
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from lens_parallel.downstream import programs
+from lens_parallel import sandbox
+from lens_parallel.errors import LensParallelError
 
 __all__ = ["drop_docs", "humaneval_predictions", "mbpp_predictions", "pass_at_1"]
 
@@ -28,9 +32,42 @@ def code_case(references: str | list[str], predictions: str | list[Any]) -> tupl
 def pass_at_1(references: str | list[str], predictions: str | list[Any], **kwargs: Any) -> float:
     """1.0 when the first candidate program passes the item's tests, else 0.0: Hugging Face ``code_eval``'s
     pass@1 of ``candidate + "\\n" + test``, with the program in the sandbox and the tests in the judge
-    (:func:`~lens_parallel.downstream.sandbox.run_program`; its verdict shared through
-    :mod:`~lens_parallel.downstream.programs`)."""
-    return float(programs.verdict(*code_case(references, predictions)).passed)
+    (:func:`lens_parallel.sandbox.run_program`; its verdict shared through :mod:`lens_parallel.sandbox.pool`).
+    The item is found by its tests (:func:`trusted_item`: its prompt and entry point, which the judge trusts), also
+    where no filter started it; tests that are no item's are refused in one line."""
+    program, tests = code_case(references, predictions)
+    return float(sandbox.verdict(program, tests, **trusted_item(tests)).passed)
+
+
+@functools.cache
+def _items() -> dict[str, dict[str, Any]]:
+    from lens_parallel.downstream.data import task_data_folder  # data names this module's functions
+
+    folder = task_data_folder()
+    found: dict[str, dict[str, Any]] = {}
+    for doc in _read_jsonl(folder / "humaneval.jsonl"):
+        found[humaneval_tests(doc)] = {"prompt": doc["prompt"], "entry_point": doc["entry_point"]}
+    for doc in _read_jsonl(folder / "mbpp.jsonl"):
+        found[mbpp_tests(doc)] = {"prompt": "", "entry_point": mbpp_entry_point(doc)}
+    return found
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def trusted_item(tests: str) -> dict[str, Any]:
+    """What the judge trusts of the HumanEval or MBPP item whose tests (as lm-eval renders its target) are
+    ``tests``: its ``prompt`` (HumanEval's; MBPP has none) and ``entry_point``. Tests that are no item's are refused
+    in one line: a program is never judged without its item's prompt."""
+    try:
+        return _items()[tests]
+    except KeyError:
+        raise LensParallelError(
+            f"pass_at_1 scores a program against a HumanEval or MBPP item, found by its tests, and these tests are no "
+            f"item's ({' '.join(tests.split())[:80]!r}...): score the task with lens_parallel's offline definition "
+            "(task_effects(..., tasks=['humaneval'])), whose filter passes each item"
+        ) from None
 
 
 def humaneval_tests(doc: Mapping[str, Any]) -> str:
@@ -54,18 +91,18 @@ def mbpp_entry_point(doc: Mapping[str, Any]) -> str | None:
 
 def humaneval_predictions(resps: list[list[str]], docs: list[dict[str, Any]]) -> list[list[str]]:
     """HumanEval's filter (lm-eval's ``build_predictions``): each generated body after its prompt; every item's
-    first program started at once (:func:`~lens_parallel.downstream.programs.start`), judged with the item's prompt
+    first program started at once (:func:`lens_parallel.sandbox.start`), judged with the item's prompt
     and entry point (the prompt's helpers run in the judge, as the dataset wrote them)."""
     out = [[doc["prompt"] + r for r in resp] for resp, doc in zip(resps, docs, strict=True)]
     for candidates, doc in zip(out, docs, strict=True):
-        programs.start(candidates[0], humaneval_tests(doc), prompt=doc["prompt"], entry_point=doc["entry_point"])
+        sandbox.start(candidates[0], humaneval_tests(doc), prompt=doc["prompt"], entry_point=doc["entry_point"])
     return out
 
 
 def mbpp_predictions(resps: list[list[str]], docs: list[dict[str, Any]]) -> list[list[str]]:
     """MBPP's answers unchanged (lm-eval's ``take_first`` follows), every item's first program started at once."""
     for resp, doc in zip(resps, docs, strict=True):
-        programs.start(resp[0], mbpp_tests(doc), entry_point=mbpp_entry_point(doc))
+        sandbox.start(resp[0], mbpp_tests(doc), entry_point=mbpp_entry_point(doc))
     return resps
 
 

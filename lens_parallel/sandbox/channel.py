@@ -48,6 +48,13 @@ _TAGS = {"!t": tuple, "!s": set, "!f": frozenset}
 """A one-key JSON object whose key is a tag: the container of that type (``!d``: a dict of ``[key, value]`` pairs;
 ``!b``: bytes in hex; ``!c``: a complex ``[real, imag]``; ``!i``: a long integer in hex)."""
 
+MAX_ALIKE = 64
+"""Elements of one set or frozenset, or keys of one dict read from ``[key, value]`` pairs, that may share a hash. A
+set's elements of one hash are compared one against another as they are added (each new one against all before it):
+ints hashing alike (multiples of 2**61 - 1), or floats, or tuples of them, would make reading one reply quadratic in
+its length, the judge's CPU spent on the program's behalf (912 KB of them took 10 s). Honest values rarely share a
+hash (strings' hashes are salted per process); more than this many is a reply that cannot be checked."""
+
 NEVER_CROSS = ("StopIteration", "StopAsyncIteration", "GeneratorExit")
 """Raised by the program, these reach the tests as the program's error, never as themselves: a test's ``for`` loop,
 ``map`` or generator would take them as its own end and go on silently (PEP 479's reason)."""
@@ -55,6 +62,23 @@ NEVER_CROSS = ("StopIteration", "StopAsyncIteration", "GeneratorExit")
 
 class Uncheckable(TypeError):
     """A value that cannot cross; its message names the type (``generator``, ``deque``, ...)."""
+
+
+class HashedAlike(ValueError):
+    """A set or dict whose elements share hashes past :data:`MAX_ALIKE`; its message says how many."""
+
+
+def _hashed_apart(items: list[Any]) -> list[Any]:
+    """``items``, after counting their hashes: at most :data:`MAX_ALIKE` of them may share one (else
+    :class:`HashedAlike`). Linear: the counts are keyed by the hashes themselves, ints that hash to themselves, so
+    distinct ones never share a table slot's whole probe sequence."""
+    counts: dict[int, int] = {}
+    for item in items:
+        key = hash(item)
+        counts[key] = seen = counts.get(key, 0) + 1
+        if seen > MAX_ALIKE:
+            raise HashedAlike(f"over {MAX_ALIKE} elements of one set or dict hash alike")
+    return items
 
 
 def _plain(value: Any, depth: int) -> Any:
@@ -100,9 +124,12 @@ def _untag(pairs: dict[str, Any]) -> Any:
     ((key, inner),) = pairs.items()
     if not key.startswith("!"):
         return pairs
+    if key == "!t" and type(inner) is list:
+        return tuple(inner)
     if key in _TAGS and type(inner) is list:
-        return _TAGS[key](inner)
+        return _TAGS[key](_hashed_apart(inner))
     if key == "!d" and type(inner) is list and all(type(p) is list and len(p) == 2 for p in inner):
+        _hashed_apart([k for k, _ in inner])
         return dict(inner)
     if key == "!b" and type(inner) is str:
         return bytes.fromhex(inner)
@@ -258,6 +285,8 @@ class _Channel:
             raise _Stop(over)
         try:
             message = decode_value(line)
+        except HashedAlike as error:
+            raise _Stop(f"failed: the reply to {during} cannot be checked ({error})") from None
         except (ValueError, TypeError, RecursionError, MemoryError) as error:
             raise _Stop(f"failed: the reply to {during} cannot be checked ({type(error).__name__})") from None
         if type(message) is not dict:

@@ -6,24 +6,27 @@ Each program runs in a sandbox of its own, made by bubblewrap (``bwrap``; Linux 
 - a read-only view of ``/usr`` (and ``/bin``, ``/lib*``) and of the Python installation that runs it, whose
   site-packages are hidden (the standard library only: no dataset, no project, no ``$HOME`` is visible);
 - a fresh tmpfs of :attr:`SandboxLimits.file_bytes` at ``/tmp`` as the writable place (working and home folder), and
-  one of 1 MB at ``/dev/shm``; every other mount read-only;
+  one of 1 MB at ``/dev/shm``; an empty one at ``/dev/pts`` (no pseudo-terminal: their budget is the host's);
+  every other mount read-only;
 - new PID, IPC, UTS, network (no interface but a down loopback) and cgroup namespaces, a fresh ``/proc``: it can
   neither see nor signal the scorer or the judge; ``--die-with-parent``, ``--new-session``, an empty environment;
 - a user of its own: as root, bwrap drops to a fresh random uid (``setpriv``, ``no_new_privs``, every capability
   dropped), so that the kernel counts its processes against :attr:`SandboxLimits.processes`; otherwise bwrap's own user
   namespace (no nested user namespaces);
-- a control group of its own (:mod:`~lens_parallel.downstream.cgroups`): the kernel holds all its processes to
+- a control group of its own (:mod:`~lens_parallel.sandbox.cgroups`): the kernel holds all its processes to
   :attr:`SandboxLimits.memory_bytes` by every path (anonymous and shared memory, ``memfd``, SysV, socket buffers,
   page tables), to :attr:`SandboxLimits.processes` processes and threads, and to one sandbox's share of the CPU
   however many processes or sessions it starts; it is emptied and removed with the verdict;
-- a seccomp filter (:mod:`~lens_parallel.downstream.syscalls`): keyrings, ``memfd_create``, SysV IPC, ``ptrace``,
-  ``bpf``, ``io_uring``, mounts and new namespaces, ... are refused, so that nothing outlives the sandbox;
+- a seccomp allow-list (:mod:`~lens_parallel.sandbox.syscalls`): each system call a program needs is named, with
+  its arguments checked where it is safe only in part; every other call is refused (keyrings, ``memfd_create``,
+  SysV IPC, AIO, ``inotify``, file locks, ``ptrace``, ``bpf``, mounts, new namespaces, calls newer than the list),
+  so that nothing outlives the sandbox and no pool the host shares is within reach;
 - limits set on itself before the program loads (``setrlimit``, inherited by all it starts): address space, file
   size, processes, open files, no core files, and CPU time as a backstop; from outside: the CPU time of all its
   processes (:attr:`SandboxLimits.cpu_seconds`, the cgroup's count, read every 20 ms), its output (stdout and stderr
   through one pipe, :attr:`SandboxLimits.output_bytes`); over any, everything in the sandbox is killed.
 
-The verdict is not the sandbox's: a separate judge process (:mod:`~lens_parallel.downstream.judging`), which never
+The verdict is not the sandbox's: a separate judge process (:mod:`~lens_parallel.sandbox.channel`), which never
 runs the model's code and trusts only the dataset (its prompt's helpers run in the judge; builtins are never the
 program's), executes the dataset's tests with the program's functions as proxies over a channel that carries only
 plain values, keeps the program's wall clock (:attr:`SandboxLimits.timeout`, time spent waiting on the sandbox)
@@ -41,6 +44,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import marshal
 import math
 import os
 import re
@@ -55,10 +59,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lens_parallel.downstream import judging
-from lens_parallel.downstream.cgroups import Cgroup, CgroupParent, cgroup_parent
-from lens_parallel.downstream.syscalls import NAMESPACE_FLAGS, REFUSED, seccomp_program
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
+from lens_parallel.sandbox import channel, syscalls
+from lens_parallel.sandbox.cgroups import Cgroup, CgroupParent, cgroup_parent
+from lens_parallel.sandbox.syscalls import seccomp_program
 from lens_parallel.validate import check_positive_int
 
 ALLOW_ENV = "LENS_PARALLEL_ALLOW_CODE_EXECUTION"
@@ -74,6 +78,10 @@ _SANDBOX_ENV = {**_ENV, "HOME": "/tmp", "TMPDIR": "/tmp"}
 _POLL_S = 0.02
 _SHM_BYTES = 1 << 20
 """``/dev/shm``: a tmpfs of its own (bwrap's ``/dev`` is an unsized tmpfs, read-only here)."""
+OPEN_FILES = 32
+"""``RLIMIT_NOFILE`` in the sandbox. Pipe buffers are counted per user (``fs.pipe-user-pages-soft``, 16,384 pages
+here), and in a user namespace the sandbox's user is the scorer's: 16 processes of 16 pipes of 16 pages each hold
+4,096 pages, a quarter of it (:data:`~lens_parallel.sandbox.syscalls.POOLS`)."""
 _UID_RANGE = (1 << 30, 1 << 31)
 """Root's sandboxes run as a uid drawn from here, one per program: no user owns it, so the kernel's count of its
 processes is the sandbox's alone."""
@@ -142,7 +150,7 @@ class SandboxLimits:
             "RLIMIT_AS": 4 * self.memory_bytes,
             "RLIMIT_FSIZE": self.file_bytes,
             "RLIMIT_NPROC": self.processes,
-            "RLIMIT_NOFILE": 256,
+            "RLIMIT_NOFILE": OPEN_FILES,
             "RLIMIT_CORE": 0,
         }
 
@@ -188,7 +196,7 @@ class Fence:
     @classmethod
     def here(cls) -> Fence:
         """This process's Python installation (the base interpreter of a virtual environment), privileged when
-        running as root; its cgroups (:func:`~lens_parallel.downstream.cgroups.cgroup_parent`, which says in one
+        running as root; its cgroups (:func:`~lens_parallel.sandbox.cgroups.cgroup_parent`, which says in one
         line why there are none)."""
         version = sysconfig.get_config_var("VERSION")
         interpreter = os.path.realpath(os.path.join(sysconfig.get_config_var("BINDIR"), f"python{version}"))
@@ -199,7 +207,7 @@ class Fence:
         return {
             "bubblewrap": "privileged (a fresh uid inside)" if self.privileged else "user namespace",
             "cgroup": self.cgroups.version,
-            "seccomp": {"refused": list(REFUSED), "clone flags refused": list(NAMESPACE_FLAGS)},
+            "seccomp": syscalls.describe(),
             "limits": dataclasses.asdict(LIMITS),
         }
 
@@ -212,7 +220,7 @@ class Fence:
         return sorted(f for f in folders if os.path.isdir(f))
 
     def argv(self, limits: SandboxLimits, calls_fd: int, replies_fd: int, uid: int, seccomp_fd: int) -> list[str]:
-        """The command that runs :func:`~lens_parallel.downstream.judging.serve` in a new sandbox (module
+        """The command that runs :func:`~lens_parallel.sandbox.channel.serve` in a new sandbox (module
         docstring), reading calls on ``calls_fd`` and replying on ``replies_fd``; ``uid``: the user it runs as when
         privileged; ``seccomp_fd``: a stream holding the seccomp filter (bwrap reads it whole)."""
         args = ["bwrap", "--seccomp", str(seccomp_fd), "--unshare-pid", "--unshare-net", "--unshare-ipc"]
@@ -236,17 +244,30 @@ class Fence:
             args += ["--size", "4096", "--tmpfs", folder, "--remount-ro", folder]
         args += ["--perms", "01777", "--size", str(limits.file_bytes), "--tmpfs", "/tmp", "--proc", "/proc"]
         args += ["--dev", "/dev", "--perms", "01777", "--size", str(_SHM_BYTES), "--tmpfs", "/dev/shm"]
+        args += ["--perms", "0555", "--size", "4096", "--tmpfs", "/dev/pts"]  # no pseudo-terminal: POOLS
         args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]  # /dev's tmpfs is unsized
         if self.privileged:
             args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "/usr/bin/setpriv", f"--reuid={uid}"]
             args += [f"--regid={uid}", "--clear-groups", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]
-        args += [self.interpreter, "-I", "-S", "-c", _channel_source(), "serve", str(calls_fd), str(replies_fd)]
+        args += [self.interpreter, "-I", "-S", "-c", _BOOT, _channel_code(), "serve", str(calls_fd), str(replies_fd)]
         return [*self.launcher, *args, json.dumps(limits.rlimits())]
 
 
+_BOOT = (
+    f"import marshal, sys\nif sys.version_info[:2] != {tuple(sys.version_info[:2])}:\n"
+    f"    sys.exit('the sandbox runs Python {sys.version_info.major}.{sys.version_info.minor}, as the scorer does')\n"
+    "exec(marshal.loads(bytes.fromhex(sys.argv.pop(1))))\n"
+)
+"""What the sandbox's and the judge's interpreter run: :func:`_channel_code` (their next argument) executed as
+``__main__``, in an interpreter of the scorer's own version (marshal's format is the version's)."""
+
+
 @functools.cache
-def _channel_source() -> str:
-    return Path(judging.__file__).read_text()
+def _channel_code() -> str:
+    """:mod:`~lens_parallel.sandbox.channel` compiled once per process and marshalled, as hex: compiling its source
+    took 6 ms at every start of the sandbox's and the judge's interpreter."""
+    code = compile(Path(channel.__file__).read_text(), "<lens_parallel.sandbox.channel>", "exec")
+    return marshal.dumps(code).hex()
 
 
 def _size(n: int) -> str:
@@ -278,7 +299,7 @@ def sandbox_fence() -> Fence:
     try:
         seccomp_program()
     except (ImportError, OSError, RuntimeError) as error:
-        why = judging._short(f"{type(error).__name__}: {error}", 120)
+        why = channel._short(f"{type(error).__name__}: {error}", 120)
         raise EnvironmentFailure(
             f"running the code a model writes needs libseccomp ({why}): install the tasks extra "
             f"(pip install 'lens-parallel[tasks]', which brings pyseccomp) and Debian/Ubuntu's libseccomp2, {fix}"
@@ -378,7 +399,7 @@ def _execute(fence: Fence, limits: SandboxLimits, case: Case) -> tuple[Execution
             start_new_session=True,
         )
         judge = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _channel_source(), "judge", str(calls_w), str(replies_r)],
+            [sys.executable, "-I", "-S", "-c", _BOOT, _channel_code(), "judge", str(calls_w), str(replies_r)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

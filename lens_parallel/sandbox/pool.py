@@ -1,16 +1,17 @@
-"""The programs of a run scored in parallel, each (program, tests) once per process.
+"""The programs of a run scored in parallel, each (program, item) once per process.
 
 lm-eval asks for a code task's metric one item at a time. Its filters see every item at once, so the offline
 HumanEval and MBPP filters (:mod:`~lens_parallel.downstream.task_functions`) :func:`start` all their programs on a
 pool of one thread per core (each thread waits on its sandbox and judge,
-:func:`~lens_parallel.downstream.sandbox.run_program`); the metric then takes its item's :func:`verdict`, started
+:func:`~lens_parallel.sandbox.fence.run_program`); the metric then takes its item's :func:`verdict`, started
 now if no filter started it. A program a second setting writes again is not run again: both get the same verdict,
 so that a paired comparison never counts a timing difference as an effect of the edit. :func:`known` gives a
 finished verdict (its reason, in :meth:`~lens_parallel.downstream.effects.TaskResult.samples`).
 
-A program is known by (program, tests, limits): the dataset's ``prompt`` and ``entry_point`` that the judge trusts
-(:func:`~lens_parallel.downstream.sandbox.run_program`) come with the first :func:`start` (HumanEval's filter passes
-its item's); a later :func:`verdict` that names none gets that verdict.
+A verdict is known by the program and everything that judges it: the item's tests, the dataset's ``prompt`` and
+``entry_point`` that the judge trusts (:func:`~lens_parallel.sandbox.fence.run_program`), and the limits. A program
+judged against another prompt or entry point is another verdict, run on its own: an item is never judged, or judged
+again after a refusal, without its prompt.
 """
 
 from __future__ import annotations
@@ -22,15 +23,15 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import astuple
 
-from lens_parallel.downstream.sandbox import LIMITS, Execution, SandboxLimits, check_opted_in, run_program
+from lens_parallel.sandbox.fence import LIMITS, Execution, SandboxLimits, check_opted_in, run_program
 
 _lock = threading.Lock()
 _started: dict[str, Future[Execution]] = {}
 _pool: list[ThreadPoolExecutor] = []
 
 
-def _key(program: str, tests: str, limits: SandboxLimits) -> str:
-    return hashlib.sha256(json.dumps([program, tests, astuple(limits)]).encode()).hexdigest()
+def _key(program: str, tests: str, prompt: str, entry_point: str | None, limits: SandboxLimits) -> str:
+    return hashlib.sha256(json.dumps([program, tests, prompt, entry_point, astuple(limits)]).encode()).hexdigest()
 
 
 def workers() -> int:
@@ -47,10 +48,10 @@ def start(
     limits: SandboxLimits = LIMITS,
 ) -> Future[Execution]:
     """The verdict of ``program`` against ``tests`` (with the dataset's ``prompt`` and ``entry_point``:
-    :func:`~lens_parallel.downstream.sandbox.run_program`), running on the pool (started once; later calls share
+    :func:`~lens_parallel.sandbox.fence.run_program`), running on the pool (started once; later calls share
     it). Refused at once unless the caller opted in to code execution."""
     check_opted_in()
-    key = _key(program, tests, limits)
+    key = _key(program, tests, prompt, entry_point, limits)
     with _lock:
         earlier = _started.get(key)
         if earlier is None or (earlier.done() and earlier.exception() is not None):  # a refusal is not kept
@@ -62,13 +63,29 @@ def start(
         return _started[key]
 
 
-def verdict(program: str, tests: str, *, limits: SandboxLimits = LIMITS) -> Execution:
-    """``program``'s verdict against ``tests``, waiting for it (started now if it was not)."""
-    return start(program, tests, limits=limits).result()
+def verdict(
+    program: str,
+    tests: str,
+    *,
+    prompt: str = "",
+    entry_point: str | None = None,
+    limits: SandboxLimits = LIMITS,
+) -> Execution:
+    """``program``'s verdict against ``tests`` with the dataset's ``prompt`` and ``entry_point``, waiting for it
+    (started now if it was not)."""
+    return start(program, tests, prompt=prompt, entry_point=entry_point, limits=limits).result()
 
 
-def known(program: str, tests: str, *, limits: SandboxLimits = LIMITS) -> Execution | None:
-    """A finished verdict of ``program`` against ``tests``, else None (nothing is started)."""
+def known(
+    program: str,
+    tests: str,
+    *,
+    prompt: str = "",
+    entry_point: str | None = None,
+    limits: SandboxLimits = LIMITS,
+) -> Execution | None:
+    """A finished verdict of ``program`` against ``tests`` with ``prompt`` and ``entry_point``, else None (nothing
+    is started)."""
     with _lock:
-        future = _started.get(_key(program, tests, limits))
+        future = _started.get(_key(program, tests, prompt, entry_point, limits))
     return future.result() if future is not None and future.done() and future.exception() is None else None
