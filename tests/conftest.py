@@ -25,9 +25,12 @@ from typing import Any
 
 import pytest
 
-from tests.typecheck import preload_dependencies
+from tests.fresh import compile_package
+from tests.typecheck import install, preload_dependencies
 
 preload_dependencies()  # before the package: see tests/typecheck.py
+install()
+compile_package()
 
 from lens_parallel.edits import Footprint  # noqa: E402
 from lens_parallel.models import TOY_MODELS, load_model  # noqa: E402

@@ -22,10 +22,10 @@ import lens_parallel as lp
 from lens_parallel import architectures, compat, support
 from lens_parallel.attention import attention_path
 from lens_parallel.errors import LensParallelError
-from lens_parallel.models import ModelSpecError, load_model, model_info, toy_folder
+from lens_parallel.models import ModelSpecError, model_info, toy_folder
 from lens_parallel.tokenizers import hf_tokenizer
 
-from .conftest import LINEAR_VALUE_NOISE, noisy_linear_value
+from .conftest import LINEAR_VALUE_NOISE, get_model, noisy_linear_value
 from .references import decompose_reference
 
 GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "architectures.md"
@@ -44,9 +44,9 @@ def test_the_guide_lists_every_architecture_once_and_the_features_as_defined():
 
 
 def _load(spec: str):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return load_model(spec)
+    """The toy of ``spec``, loaded once per test process (:func:`tests.conftest.get_model`): the matrix row and the
+    decoding tests read the same toys, and no test here changes one."""
+    return get_model(spec)
 
 
 def _rel(a: float, b: float) -> float:

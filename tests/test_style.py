@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import subprocess
 import sys
@@ -47,17 +48,25 @@ def test_mypy_strict_passes_on_the_package():
 
 def test_the_runtime_type_checker_checks_the_package_and_each_closure_by_its_own_hints():
     """The suite runs the package under jaxtyping's import hook with beartype (tests/typecheck.py): a wrong shape is
-    refused at the call. A function defined inside another (a hook built per call) is checked afresh each time it
-    is built; its checked signature is reused only for an equal signature."""
+    refused at the call (jaxtyping's wrapper: a function with array hints); a wrong value of another hint too
+    (beartype alone: every other function of the package). A function defined inside another (a hook built per
+    call) is checked afresh each time it is built; its checked signature is reused only for an equal signature."""
     import torch
+    from beartype.roar import BeartypeCallHintParamViolation
     from jaxtyping import TypeCheckError, jaxtyped
 
     from lens_parallel import geometry
+    from lens_parallel.sandbox import fence
     from tests.typecheck import checker
 
     assert geometry.merge_heads(torch.zeros(2, 3, 4, 5)).shape == (2, 3, 20)
     with pytest.raises(TypeCheckError, match="merge_heads"):
         geometry.merge_heads(torch.zeros(2, 3, 4))
+    assert "jaxtyping" in geometry.merge_heads.__code__.co_filename
+    assert fence._size.__code__.co_filename.startswith("<@beartype(lens_parallel.sandbox.fence._size)")
+    assert fence._size(2048) == "2 KB" and str(inspect.signature(fence._size)) == "(n: 'int') -> 'str'"
+    with pytest.raises(BeartypeCallHintParamViolation, match="_size"):
+        fence._size("2048")
 
     def make(kind: type) -> Any:
         def inner(x: Any) -> Any:
