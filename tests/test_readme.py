@@ -8,8 +8,8 @@ before the page's own. What the test changes, and why (each substitution must ma
 one fails here rather than silently running something else):
 
 - the real models (``smollm2-135m``, ``qwen2.5-coder-1.5b``; ``Qwen/Qwen3-8B``, a hub name that needs the network)
-  become toys of the same kinds (``toy-qwen2``: grouped-query attention, as smollm2; ``toy-qwen3``), and the GPU
-  memory map a CPU one;
+  become toys of the same architectures (``toy-llama``: smollm2 is a Llama with grouped-query attention;
+  ``toy-qwen2``, ``toy-qwen3``), and the GPU memory map a CPU one;
 - documents, training and tasks shrink to seconds: 8 blocks of 24 tokens, the ``tiny`` training preset with two
   seeds and three steps, one task with 3 items, the confirm check on 3 heads, one compression method; a head named
   for a 28-layer model becomes one of the toy's;
@@ -60,7 +60,7 @@ PAGES = [
 out)."""
 
 SUBSTITUTIONS: list[tuple[str, str]] = [
-    ('load_model("smollm2-135m")', 'load_model("toy-qwen2")'),
+    ('load_model("smollm2-135m")', 'load_model("toy-llama")'),
     (
         'load_model("Qwen/Qwen3-8B", device_map="auto", max_memory={0: "40GiB", 1: "40GiB"})',
         'load_model("toy-qwen3", device_map="auto", max_memory={"cpu": "2GiB"})',
@@ -167,7 +167,7 @@ def cli_examples() -> list[tuple[str, str]]:
     return list({" ".join(line.split()): (page, line) for page, line in reversed(found)}.values())[::-1]
 
 
-MODELS = {"smollm2-135m": "toy-qwen2", "qwen2.5-coder-1.5b": "toy-qwen2", "toy-qwen3": "toy-qwen3"}
+MODELS = {"smollm2-135m": "toy-llama", "qwen2.5-coder-1.5b": "toy-qwen2", "toy-qwen3": "toy-qwen3"}
 """The models the examples name, and the toys they run as."""
 SMALLER = {
     "--n-docs": ["8"],
@@ -223,7 +223,7 @@ def _argv(line: str) -> list[str]:
     added = [flag for flag in SMALLER if flag in flags and flag not in out and flag not in keep]
     out += [item for flag in added for item in (flag, *SMALLER[flag])]
     if "--model" in flags and "--model" not in out:
-        out += ["--model", "toy-qwen2"]
+        out += ["--model", "toy-llama"]  # the default, smollm2-135m's architecture
     return out + (["--no-progress"] if "--progress" in flags else [])
 
 
