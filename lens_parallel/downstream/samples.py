@@ -68,7 +68,7 @@ def _answer_of(task: Any, row: dict[str, Any], metrics: Sequence[str]) -> dict[s
         out = {"response": _text(row["resps"][0][0]), "target": _target(task, row, ())}
         if task.config.unsafe_code:  # the sandbox's verdict on the program the metric scored
             program, tests = code_case(row["target"], row["filtered_resps"])
-            got = sandbox.known(program, tests, **trusted_item(tests))
+            got = sandbox.known(sandbox.Case(program, tests, **trusted_item(tests)))
             out["execution"] = got.result if got is not None else "not run"
         return out
     if kind == "loglikelihood":

@@ -36,7 +36,7 @@ def pass_at_1(references: str | list[str], predictions: str | list[Any], **kwarg
     The item is found by its tests (:func:`trusted_item`: its prompt and entry point, which the judge trusts), also
     where no filter started it; tests that are no item's are refused in one line."""
     program, tests = code_case(references, predictions)
-    return float(sandbox.verdict(program, tests, **trusted_item(tests)).passed)
+    return float(sandbox.verdict(sandbox.Case(program, tests, **trusted_item(tests))).passed)
 
 
 @functools.cache
@@ -95,14 +95,14 @@ def humaneval_predictions(resps: list[list[str]], docs: list[dict[str, Any]]) ->
     and entry point (the prompt's helpers run in the judge, as the dataset wrote them)."""
     out = [[doc["prompt"] + r for r in resp] for resp, doc in zip(resps, docs, strict=True)]
     for candidates, doc in zip(out, docs, strict=True):
-        sandbox.start(candidates[0], humaneval_tests(doc), prompt=doc["prompt"], entry_point=doc["entry_point"])
+        sandbox.start(sandbox.Case(candidates[0], humaneval_tests(doc), doc["prompt"], doc["entry_point"]))
     return out
 
 
 def mbpp_predictions(resps: list[list[str]], docs: list[dict[str, Any]]) -> list[list[str]]:
     """MBPP's answers unchanged (lm-eval's ``take_first`` follows), every item's first program started at once."""
     for resp, doc in zip(resps, docs, strict=True):
-        sandbox.start(resp[0], mbpp_tests(doc), entry_point=mbpp_entry_point(doc))
+        sandbox.start(sandbox.Case(resp[0], mbpp_tests(doc), entry_point=mbpp_entry_point(doc)))
     return resps
 
 

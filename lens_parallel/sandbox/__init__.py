@@ -3,7 +3,8 @@ runs it.
 
 The public surface is small: :func:`run_program` runs one program against a dataset's tests and returns its
 :class:`Execution`; :class:`SandboxLimits` says what one program may use; :func:`start`, :func:`verdict` and
-:func:`known` share verdicts across a run on a pool of one program per core; :func:`sandbox_fence` says, once, whether
+:func:`known` share the verdicts of :class:`Case` s (a program and what judges it) across a run on a pool of one
+program per core; :func:`sandbox_fence` says, once, whether
 this machine can run code at all (else one line naming what to install); :func:`check_opted_in` refuses unless the
 caller opted in (:data:`ALLOW_ENV`). What it guarantees, needs and does not cover: the sandbox guide
 (``docs/guides/sandbox.md``).
@@ -22,6 +23,7 @@ Its parts, one concept each:
 from lens_parallel.sandbox.fence import (
     ALLOW_ENV,
     LIMITS,
+    Case,
     Execution,
     Fence,
     SandboxLimits,
@@ -34,6 +36,7 @@ from lens_parallel.sandbox.pool import known, start, verdict
 __all__ = [
     "ALLOW_ENV",
     "LIMITS",
+    "Case",
     "Execution",
     "Fence",
     "SandboxLimits",

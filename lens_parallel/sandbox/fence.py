@@ -354,7 +354,14 @@ def run_program(
 @dataclass(frozen=True)
 class Case:
     """One program and what it is judged by: the dataset's ``tests``, ``prompt`` and ``entry_point``
-    (:func:`run_program`)."""
+    (:func:`run_program`). A verdict is known by all four (and the limits): the same program judged against another
+    prompt is another verdict.
+
+    Examples:
+        >>> import lens_parallel as lp
+        >>> lp.sandbox.Case("def f(x):\\n    return x + 1", "assert f(1) == 2").entry_point is None
+        True
+    """
 
     program: str
     tests: str

@@ -23,15 +23,15 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import astuple
 
-from lens_parallel.sandbox.fence import LIMITS, Execution, SandboxLimits, check_opted_in, run_program
+from lens_parallel.sandbox.fence import LIMITS, Case, Execution, SandboxLimits, check_opted_in, run_program
 
 _lock = threading.Lock()
 _started: dict[str, Future[Execution]] = {}
 _pool: list[ThreadPoolExecutor] = []
 
 
-def _key(program: str, tests: str, prompt: str, entry_point: str | None, limits: SandboxLimits) -> str:
-    return hashlib.sha256(json.dumps([program, tests, prompt, entry_point, astuple(limits)]).encode()).hexdigest()
+def _key(case: Case, limits: SandboxLimits) -> str:
+    return hashlib.sha256(json.dumps([*astuple(case), astuple(limits)]).encode()).hexdigest()
 
 
 def workers() -> int:
@@ -39,53 +39,30 @@ def workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def start(
-    program: str,
-    tests: str,
-    *,
-    prompt: str = "",
-    entry_point: str | None = None,
-    limits: SandboxLimits = LIMITS,
-) -> Future[Execution]:
-    """The verdict of ``program`` against ``tests`` (with the dataset's ``prompt`` and ``entry_point``:
-    :func:`~lens_parallel.sandbox.fence.run_program`), running on the pool (started once; later calls share
-    it). Refused at once unless the caller opted in to code execution."""
+def start(case: Case, *, limits: SandboxLimits = LIMITS) -> Future[Execution]:
+    """The verdict of ``case`` (a program, its item's tests and what the judge trusts of the item:
+    :func:`~lens_parallel.sandbox.fence.run_program`), running on the pool (started once; later calls share it).
+    Refused at once unless the caller opted in to code execution."""
     check_opted_in()
-    key = _key(program, tests, prompt, entry_point, limits)
+    key = _key(case, limits)
     with _lock:
         earlier = _started.get(key)
         if earlier is None or (earlier.done() and earlier.exception() is not None):  # a refusal is not kept
             if not _pool:
                 _pool.append(ThreadPoolExecutor(max_workers=workers(), thread_name_prefix="lens-parallel-program"))
             _started[key] = _pool[0].submit(
-                run_program, program, tests, prompt=prompt, entry_point=entry_point, limits=limits
+                run_program, case.program, case.tests, prompt=case.prompt, entry_point=case.entry_point, limits=limits
             )
         return _started[key]
 
 
-def verdict(
-    program: str,
-    tests: str,
-    *,
-    prompt: str = "",
-    entry_point: str | None = None,
-    limits: SandboxLimits = LIMITS,
-) -> Execution:
-    """``program``'s verdict against ``tests`` with the dataset's ``prompt`` and ``entry_point``, waiting for it
-    (started now if it was not)."""
-    return start(program, tests, prompt=prompt, entry_point=entry_point, limits=limits).result()
+def verdict(case: Case, *, limits: SandboxLimits = LIMITS) -> Execution:
+    """``case``'s verdict, waiting for it (started now if it was not)."""
+    return start(case, limits=limits).result()
 
 
-def known(
-    program: str,
-    tests: str,
-    *,
-    prompt: str = "",
-    entry_point: str | None = None,
-    limits: SandboxLimits = LIMITS,
-) -> Execution | None:
-    """A finished verdict of ``program`` against ``tests`` with ``prompt`` and ``entry_point``, else None (nothing
-    is started)."""
+def known(case: Case, *, limits: SandboxLimits = LIMITS) -> Execution | None:
+    """``case``'s finished verdict, else None (nothing is started)."""
     with _lock:
-        future = _started.get(_key(program, tests, prompt, entry_point, limits))
+        future = _started.get(_key(case, limits))
     return future.result() if future is not None and future.done() and future.exception() is None else None
