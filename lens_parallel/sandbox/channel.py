@@ -44,9 +44,6 @@ _HEX_BITS = 13_000
 _MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
 """Cross as plain dicts: each compares equal to a dict exactly as the dict of its items does."""
 
-_TAGS = {"!t": tuple, "!s": set, "!f": frozenset}
-"""A one-key JSON object whose key is a tag: the container of that type (``!d``: a dict of ``[key, value]`` pairs;
-``!b``: bytes in hex; ``!c``: a complex ``[real, imag]``; ``!i``: a long integer in hex)."""
 
 MAX_ALIKE = 64
 """Elements of one set or frozenset, or keys of one dict read from ``[key, value]`` pairs, that may share a hash. A
@@ -79,6 +76,16 @@ def _hashed_apart(items: list[Any]) -> list[Any]:
         if seen > MAX_ALIKE:
             raise HashedAlike(f"over {MAX_ALIKE} elements of one set or dict hash alike")
     return items
+
+
+_TAGS: dict[str, Any] = {
+    "!t": tuple,
+    "!s": lambda items: set(_hashed_apart(items)),
+    "!f": lambda items: frozenset(_hashed_apart(items)),
+}
+"""A one-key JSON object whose key is a tag: the container of that type, a set's elements counted by their hashes
+first (``!d``: a dict of ``[key, value]`` pairs, its keys counted likewise; ``!b``: bytes in hex; ``!c``: a complex
+``[real, imag]``; ``!i``: a long integer in hex)."""
 
 
 def _plain(value: Any, depth: int) -> Any:
@@ -124,10 +131,8 @@ def _untag(pairs: dict[str, Any]) -> Any:
     ((key, inner),) = pairs.items()
     if not key.startswith("!"):
         return pairs
-    if key == "!t" and type(inner) is list:
-        return tuple(inner)
     if key in _TAGS and type(inner) is list:
-        return _TAGS[key](_hashed_apart(inner))
+        return _TAGS[key](inner)
     if key == "!d" and type(inner) is list and all(type(p) is list and len(p) == 2 for p in inner):
         _hashed_apart([k for k, _ in inner])
         return dict(inner)
