@@ -5,6 +5,7 @@ prose and the examples only)."""
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import griffe
@@ -22,12 +23,26 @@ def _public() -> dict[str, str]:
     return out
 
 
+_CODE = re.compile(r"(``.+?``|`[^`\n]+`)")
+
+
+def _as_text(doc: str) -> str:
+    """``doc`` with each ``<`` outside code spans and the ``Examples:`` section written ``&lt;``: a column such as
+    ``self_cos[<space>,<level>]`` is text, whereas Markdown passes ``<space>`` through as an HTML tag, which the
+    browser hides with everything after it nested inside."""
+    prose, examples, rest = doc.partition("\nExamples:\n")
+    parts = _CODE.split(prose)
+    return "".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts)) + examples + rest
+
+
 class RuntimeDocstrings(griffe.Extension):
-    """Replace the static docstring of every public function and class by its completed one."""
+    """Replace the static docstring of every public function and class by its completed one, and write every
+    docstring's ``<`` as text (:func:`_as_text`)."""
 
     def __init__(self) -> None:
         self.docs = _public()
 
     def on_object(self, *, obj: griffe.Object, **_: Any) -> None:
-        if (doc := self.docs.get(obj.path)) is not None:
-            obj.docstring = griffe.Docstring(doc, parent=obj)
+        doc = self.docs.get(obj.path) or (obj.docstring.value if obj.docstring else None)
+        if doc is not None:
+            obj.docstring = griffe.Docstring(_as_text(doc), parent=obj)

@@ -5,6 +5,7 @@ tests/test_readme.py."""
 
 from __future__ import annotations
 
+import html as html_module
 import json
 import os
 import re
@@ -40,7 +41,9 @@ def test_the_api_reference_holds_every_public_name(site: Path) -> None:
     anchors = set(re.findall(r'id="(lens_parallel\.[\w.]+)"', html))
     assert [n for n in lens_parallel.__all__ if f"lens_parallel.{n}" not in anchors] == []
     assert "lens_parallel.geometry.project" in anchors  # a public module's functions, each with its docstring
-    assert "head_index d_head" in re.sub(r"<[^>]+>", "", html)  # jaxtyping shapes in the signatures
+    text = html_module.unescape(re.sub(r"<[^>]+>", "", html))
+    assert "head_index d_head" in text  # jaxtyping shapes in the signatures
+    assert "self_cos[<space>,<level>]" in text and "<space>" not in html  # a column's name is text, not a tag
 
 
 def test_the_cli_reference_holds_every_subcommand_and_option(site: Path) -> None:

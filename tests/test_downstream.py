@@ -602,11 +602,11 @@ def test_mmlu_as_a_group_is_scored_as_lm_eval_weights_it():
     from lens_parallel.downstream.data import task_definitions, task_manager
     from lens_parallel.models import toy_folder
 
-    model = get_model("toy-qwen3")
+    model = get_model("toy-llama")
     run = dict(limit=1, num_fewshot=0, batch_size=16, progress=False, n_resamples=50)
     result = task_effects(model, ComponentScale("value", s_par=0.0), ["mmlu", "piqa"], **run)
     assert result.tasks == ("mmlu", "piqa") and len(result.doc_ids["mmlu"]) == 57
-    hf = HFLM(pretrained=str(toy_folder("toy-qwen3")), dtype="float32", batch_size=16, device="cpu")
+    hf = HFLM(pretrained=str(toy_folder("toy-llama")), dtype="float32", batch_size=16, device="cpu")
     expected = simple_evaluate(
         model=hf,
         tasks=["mmlu"],

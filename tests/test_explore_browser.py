@@ -44,7 +44,7 @@ def lab(tmp_path_factory):
     env = os.environ | {
         "JUPYTER_CONFIG_DIR": str(root / ".config"),
         "JUPYTER_RUNTIME_DIR": str(root / ".runtime"),
-        "LENS_PARALLEL_EXPLORE_MODEL": "toy-qwen2",
+        "LENS_PARALLEL_EXPLORE_MODEL": "toy-llama",
     }
     command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}"]
     command += [f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"]
