@@ -4,8 +4,6 @@ changed weights and concurrent creation."""
 from __future__ import annotations
 
 import json
-import multiprocessing
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,28 +138,46 @@ def test_weights_changed_in_memory_make_the_store_refused(tmp_path):
     np.testing.assert_array_equal(stored[JOBS[0]].loss_sum, fresh[JOBS[0]].loss_sum)
 
 
-def _open_store(path: str, barrier, index: int) -> None:
+_CREATE_SCRIPT = """
+import json, multiprocessing, sys
+from types import SimpleNamespace
+import numpy as np
+from lens_parallel.store import SweepStore, ValueSpec
+
+def open_store(path, barrier, index):
     barrier.wait()
-    job = EditJob(f"job{index}", ())
-    store = SweepStore(path, {"run": 1}, 5, DocumentNLL().spec)
+    job = SimpleNamespace(key=f"job{index}")
+    store = SweepStore(path, {"run": 1}, 5, lambda job: {"loss_sum": ValueSpec(("docs",))})
     with store.session([job]):
         store.append(job, {"loss_sum": np.full(5, float(index))})
+
+context = multiprocessing.get_context("fork")
+codes = []
+for trial in range(10):
+    barrier = context.Barrier(6)
+    path = f"{sys.argv[1]}/store{trial}.jsonl"
+    procs = [context.Process(target=open_store, args=(path, barrier, i)) for i in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    codes.append([p.exitcode for p in procs])
+print(json.dumps(codes))
+"""
 
 
 def test_concurrent_store_creation_writes_one_header(tmp_path):
     """Processes creating one store at the same moment, each finishing a job: the file lock lets exactly one write
-    the header, and every row lands after it."""
-    context = multiprocessing.get_context("fork")
+    the header, and every row lands after it. Ten trials of six processes, forked from a fresh interpreter that
+    imports the store alone (forked from this one, each fork copies a process that holds the suite's models)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _CREATE_SCRIPT, str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout) == [[0] * 6] * 10
     for trial in range(10):
-        path = str(tmp_path / f"store{trial}.jsonl")
-        barrier = context.Barrier(6)
-        procs = [context.Process(target=_open_store, args=(path, barrier, i)) for i in range(6)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(60)
-        assert [p.exitcode for p in procs] == [0] * 6
-        lines = Path(path).read_text().splitlines()
+        lines = (tmp_path / f"store{trial}.jsonl").read_text().splitlines()
         assert len(lines) == 7 and json.loads(lines[0])["fingerprint"] == {"run": 1}
         assert sorted(json.loads(line)["job"] for line in lines[1:]) == [f"job{i}" for i in range(6)]
 
