@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -40,8 +41,13 @@ def test_ruff_format_owns_the_layout():
 
 def test_mypy_strict_passes_on_the_package():
     """Every function of ``lens_parallel`` is annotated and type-checks under ``mypy --strict`` (config in
-    pyproject.toml: which third-party packages ship no stubs, whose untyped factories are called)."""
-    proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
+    pyproject.toml: which third-party packages ship no stubs, whose untyped factories are called). Its incremental
+    cache lives in the package's cache folder, not the checkout: a new clone's run rechecks what changed, by content,
+    in about 1 s instead of 24 s (torch's and numpy's stubs analysed again)."""
+    from lens_parallel.paths import cache_dir
+
+    env = os.environ | {"MYPY_CACHE_DIR": str(cache_dir() / "mypy")}
+    proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Success: no issues found" in proc.stdout
 

@@ -15,6 +15,7 @@ from lens_parallel.edits import ComponentScale, HeadEdit
 from lens_parallel.store import SweepStore, value_checksum
 from lens_parallel.sweep import AblationJob, DocumentNLL, EditJob, run_sweep
 
+from . import fresh
 from .conftest import get_model
 
 JOBS = [
@@ -215,13 +216,13 @@ def test_a_row_whose_numbers_were_changed_is_recomputed_with_a_warning(tmp_path)
 
 
 _SWEEP_SCRIPT = """
-import json, sys
+import json
 from lens_parallel import load_model, token_blocks
 from lens_parallel.sweep import AblationJob, run_sweep
 model = load_model("toy-gpt2")
 blocks = token_blocks(model, "wikipedia-en", n_docs=4, seq_len=16, seed=1)
 jobs = [AblationJob(layer, (head,)) for layer in range(3) for head in range(4)]
-run = run_sweep(model, blocks, jobs, ablation="zero", batch_size=2, store=sys.argv[1], progress=False)
+run = run_sweep(model, blocks, jobs, ablation="zero", batch_size=2, store=STORE, progress=False)
 print(json.dumps({key: value["loss_sum"].tolist() for key, value in run.values.items()}))
 """
 
@@ -229,17 +230,17 @@ print(json.dumps({key: value["loss_sum"].tolist() for key, value in run.values.i
 @pytest.mark.slow
 def test_two_processes_on_one_store_compute_each_job_once(tmp_path):
     """Two real processes started together on one store: the writer lock makes the second wait and read the first's
-    rows, so each job is one row, and both print what one process alone computes."""
-    import subprocess
-    import sys
-
+    rows, so each job is one row, and both print what one process alone computes. Each a child of the suite's fork
+    server (:mod:`tests.fresh`): a fresh interpreter that never imported lens_parallel."""
     store = tmp_path / "shared.jsonl"
-    procs = [
-        subprocess.Popen([sys.executable, "-c", _SWEEP_SCRIPT, str(store)], stdout=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
-    outputs = [json.loads(p.communicate(timeout=600)[0]) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0]
+    script = f"STORE = {str(store)!r}\n{_SWEEP_SCRIPT}"
+    started = []
+    for i in range(2):
+        (tmp_path / f"p{i}").mkdir()
+        started.append(fresh.start(fresh.code, script, cwd=tmp_path / f"p{i}"))
+    done = [fresh.finish(*process) for process in started]
+    assert [d.returncode for d in done] == [0, 0], [d.stderr[-2000:] for d in done]
+    outputs = [json.loads(d.stdout) for d in done]
     keys = [json.loads(line)["job"] for line in store.read_text().splitlines()[1:]]
     assert len(keys) == 12 and len(set(keys)) == 12  # every job once
     assert outputs[0] == outputs[1]

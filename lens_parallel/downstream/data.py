@@ -408,7 +408,7 @@ def _copied(task: LocalTask, yaml_path: Path) -> list[str]:
     says (the data source and the splits are written after it, so they win). A function it names that the task does
     not replace means lm-eval changed: :class:`~lens_parallel.errors.LibraryError`."""
     replaced = dict(task.replaced)
-    prefix = str(yaml_path.parent) + "/"
+    prefix = str(yaml_path.parent.resolve()) + "/"  # lm-eval resolves the paths it writes (symbolic links too)
 
     def swap(value: Any) -> Any:
         if isinstance(value, dict):
