@@ -46,7 +46,7 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any, ClassVar
 
 import einops
 import torch
@@ -189,32 +189,117 @@ def block_rows(tensor: Tensor, axis: int = 1) -> Tensor:
     return tensor.narrow(axis, block.start, block.stop - block.start)
 
 
-def chosen_path(component: Any) -> Literal["fused", "diagonal", "blocked", "eager"]:
+class _Path:
+    """One of the exact paths (module docstring): its ``name`` (what :func:`recorded_paths` counts), whether it forms
+    the whole ``[query_pos, key_pos]`` square (``whole_square``: TransformerLens's own forward on a bridge's route,
+    :func:`_square` on a module's), and what it computes in :func:`attend` (:meth:`serve`: z, or None where the
+    blocked path serves the call). By default: when gradients flow and every hook on hook_pattern is a detached
+    reader (:class:`RowsHook`: the captures of the diagonal), z from the fused kernel and the blocks formed for the
+    readers without a graph, so the backward holds O(T) per layer instead of every block's pattern."""
+
+    name: ClassVar[str]
+    whole_square: ClassVar[bool] = False
+
+    def serve(
+        self, component: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, layer: int | None, **parts: Any
+    ) -> Tensor | None:
+        if not (_detached_readers(component) and _needs_grad(q, k, v)):
+            return None
+        z = _kernel(q, k, v, mask, **parts)
+        if z is not None:
+            with torch.no_grad():
+                _blocked(component, q, k, v, mask, layer=layer, outputs=False, **parts)
+        return z
+
+
+class _Fused(_Path):
+    """``fused``: the kernel, in one call or a block of queries per call (:func:`_kernel`)."""
+
+    name = "fused"
+
+    def serve(
+        self, component: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, layer: int | None, **parts: Any
+    ) -> Tensor | None:
+        return _kernel(q, k, v, mask, **parts)
+
+
+class _Diagonal(_Path):
+    """``diagonal``: the kernel's rows reduced to each query's own weight, the hooks' diagonal forms applied to
+    them (:func:`_on_diagonal`); where it cannot serve, the default of :class:`_Path`."""
+
+    name = "diagonal"
+
+    def serve(
+        self, component: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, layer: int | None, **parts: Any
+    ) -> Tensor | None:
+        z = _on_diagonal(component, q, k, v, mask, **parts)
+        return z if z is not None else super().serve(component, q, k, v, mask, layer=layer, **parts)
+
+
+class _Blocked(_Path):
+    """``blocked``: the queries a block at a time (:func:`_blocked`), after the default of :class:`_Path`."""
+
+    name = "blocked"
+
+
+class _Eager(_Path):
+    """``eager``: the whole square, through hook_attn_scores and hook_pattern (:func:`_square`)."""
+
+    name = "eager"
+    whole_square = True
+
+    def serve(
+        self, component: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, layer: int | None, **parts: Any
+    ) -> Tensor | None:
+        return _square(component, q, k, v, mask, parts["scale"], parts["softcap"], parts["sinks"])
+
+
+FUSED, DIAGONAL, BLOCKED, EAGER = _Fused(), _Diagonal(), _Blocked(), _Eager()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Choice:
+    """A choice of :func:`attention_path`: the path taken where no hook reads the pattern (``free``), and where hooks
+    read its rows either ``kept`` or, None, the diagonal path if every reader has a diagonal form, else the blocked
+    one. A hook that needs the whole square gets the eager path under every choice."""
+
+    free: _Path
+    kept: _Path | None = None
+
+    def path(self, readers: list[Any]) -> _Path:
+        if not readers:
+            return self.free
+        if self.kept is not None:
+            return self.kept
+        return DIAGONAL if all(f.diagonal is not None for f in readers) else BLOCKED
+
+
+CHOICES: dict[AttentionPath, _Choice] = {
+    "auto": _Choice(FUSED),
+    "fused": _Choice(FUSED),
+    "diagonal": _Choice(DIAGONAL),  # hooked or not, every layer forms z alike (a sweep's forwards round alike)
+    "blocked": _Choice(BLOCKED, BLOCKED),
+    "eager": _Choice(EAGER, EAGER),
+}
+"""What each choice of :func:`attention_path` does (:class:`_Choice`)."""
+
+
+def chosen_path(component: Any) -> _Path:
     """The path ``component`` takes in this forward: eager when forced or when a hook needs the whole square (any
     hook on ``hook_attn_scores``, a backward hook or a hook other than a :class:`RowsHook` on ``hook_pattern``);
     blocked when forced; else, when hooks read or edit rows of the pattern, diagonal if each has its diagonal form,
     blocked otherwise; with no such hook, diagonal when forced (z formed as the hooked layers form it), else fused
-    (soft-capped scores included: :func:`_capped_blocks`).
+    (soft-capped scores included: :func:`_capped_blocks`) (:data:`CHOICES`).
     (:func:`attend` serves a diagonal choice on the blocked path where no kernel returns the log-sum-exp, and
     where an edit of the diagonal needs its gradient.)"""
-    path = _choose(component)
-    if (seen := _RECORDED.get()) is not None:
-        seen[path] += 1
-    return path
-
-
-def _choose(component: Any) -> Literal["fused", "diagonal", "blocked", "eager"]:
-    forced, _ = _PATH.get()
+    choice, _ = _PATH.get()
     scores, pattern = component.hook_attn_scores, component.hook_pattern
     readers = [handle.user_hook for handle in pattern.fwd_hooks]
     whole = scores.has_hooks() or pattern.has_hooks(dir="bwd") or any(not isinstance(f, RowsHook) for f in readers)
-    if forced == "eager" or whole:
-        return "eager"
-    if forced == "blocked":
-        return "blocked"
-    if not readers:
-        return "diagonal" if forced == "diagonal" else "fused"
-    return "diagonal" if all(f.diagonal is not None for f in readers) else "blocked"
+    path = EAGER if whole else CHOICES[choice].path(readers)
+    if (seen := _RECORDED.get()) is not None:
+        seen[path.name] += 1
+    return path
 
 
 @contextlib.contextmanager
@@ -306,7 +391,7 @@ def attend(
     v: Float[Tensor, "batch kv_head_index key_pos d_head"],
     mask: Tensor | None,
     *,
-    path: Literal["fused", "diagonal", "blocked"],
+    path: _Path,
     scale: float,
     softcap: float | None,
     layer: int | None,
@@ -346,14 +431,7 @@ def attend(
     if bias is not None:
         q, k = _with_bias(q, k, bias, scale=scale)
     parts: dict[str, Any] = {"scale": scale, "window": window, "sinks": sinks, "softcap": softcap}
-    z = _on_diagonal(component, q, k, v, mask, **parts) if path == "diagonal" else None
-    if z is None and path in ("blocked", "diagonal") and _detached_readers(component):
-        z = _kernel(q, k, v, mask, **parts) if _needs_grad(q, k, v) else None  # a backward of O(T), not the blocks'
-        if z is not None:
-            with torch.no_grad():
-                _blocked(component, q, k, v, mask, layer=layer, outputs=False, **parts)
-    elif z is None and path == "fused":
-        z = _kernel(q, k, v, mask, **parts)
+    z = path.serve(component, q, k, v, mask, layer=layer, **parts)
     if z is None:
         z = _blocked(component, q, k, v, mask, scale=scale, softcap=softcap, layer=layer, window=window, sinks=sinks)
     dead = _dead_rows(mask)
@@ -410,11 +488,18 @@ def attend_routed(
     values = STEP_VALUES.get()
     if values is not None and layer is not None:  # the decoding loop's dictionary: every key's values
         values[layer] = einops.rearrange(v, "batch kv key d -> batch key kv d")
-    path = chosen_path(component)
-    if path == "eager":
-        return _square(component, q, k, v, mask, scale, softcap, sinks)
     return attend(
-        component, q, k, v, mask, path=path, scale=scale, softcap=softcap, layer=layer, window=window, sinks=sinks
+        component,
+        q,
+        k,
+        v,
+        mask,
+        path=chosen_path(component),
+        scale=scale,
+        softcap=softcap,
+        layer=layer,
+        window=window,
+        sinks=sinks,
     )
 
 

@@ -453,8 +453,8 @@ def _position_forward(component: Any, attend: Any, choose: Any, *args: Any, **kw
     """PositionEmbeddingsAttentionBridge.forward (TransformerLens 4.3) with the attention itself from ``attend``."""
     hf_attn: Any = component.original_component
     softcap = getattr(hf_attn, "attn_logit_softcapping", None)
-    path = "eager" if _eager_now(component) else choose(component)
-    if path == "eager":
+    path = None if _eager_now(component) else choose(component)
+    if path is None or path.whole_square:  # TransformerLens's own forward forms the square
         return type(component).forward(component, *args, **kwargs)
     hidden = kwargs.pop("hidden_states") if "hidden_states" in kwargs else args[0]
     position_embeddings = kwargs.pop("position_embeddings", None)
@@ -637,8 +637,8 @@ def _joint_attention(
     itself from ``attend``; on an ALiBi bridge (:func:`_alibi_biases`) its bias on the scores too, after its
     clip_qkv (``_clip_qkv``) and with its softmax scale (``_softmax_scale``)."""
     alibi = _alibi_biases().get(type(component))
-    path = "eager" if _eager_now(component) else choose(component)
-    if path == "eager":
+    path = None if _eager_now(component) else choose(component)
+    if path is None or path.whole_square:  # TransformerLens's own reconstruction forms the square
         if alibi is not None and alibi.eager_kwargs is not None:
             kwargs = alibi.eager_kwargs(kwargs, q.shape[1], q.dtype)
         return type(component)._reconstruct_attention(component, q, k, v, **kwargs)

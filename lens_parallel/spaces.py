@@ -184,7 +184,7 @@ class SpaceSpec:
 
 
 @dataclass(frozen=True)
-class _ValueSpace(SpaceSpec):
+class ValueSpace(SpaceSpec):
     """value: m = o_t = sum_s A_ts v_s per head, r = v_t."""
 
     value: ClassVar[bool] = True
@@ -248,7 +248,7 @@ class _ValueSpace(SpaceSpec):
 
 
 @dataclass(frozen=True)
-class _ExcludeSelfSpace(_ValueSpace):
+class _ExcludeSelfSpace(ValueSpace):
     """value-exclude-self: m = c_t = o_t - A_tt v_t (at the post-gate site, hook_z minus the gated self term)."""
 
     reads_self_weight: ClassVar[bool] = True
@@ -258,7 +258,7 @@ class _ExcludeSelfSpace(_ValueSpace):
 
 
 @dataclass(frozen=True)
-class _MergedSpace(_ValueSpace):
+class _MergedSpace(ValueSpace):
     """value-merged: one unit, the heads' concatenation of o_t against that of v_t."""
 
     def units(self, o: HeadTensor, parts: ValueParts, *, gated: bool = False) -> tuple[Tensor, Tensor]:
@@ -388,7 +388,7 @@ class _BlockUpdateSpace(_ResidualSpace):
 SPACES: Mapping[str, SpaceSpec] = {
     spec.name: spec
     for spec in (
-        _ValueSpace("value", "o_t = sum_s A_ts v_s (hook_z)", "v_t", "head", True, "attn"),
+        ValueSpace("value", "o_t = sum_s A_ts v_s (hook_z)", "v_t", "head", True, "attn"),
         _ExcludeSelfSpace("value-exclude-self", "c_t = o_t - A_tt v_t", "v_t", "head", True, "attn"),
         _MergedSpace("value-merged", "concat_h o_t^h", "concat_h v_t^h", "sublayer", False, "attn"),
         _AttentionUpdateSpace(
@@ -413,10 +413,10 @@ HEAD_SPACES = cast(tuple[HeadSpace, ...], tuple(s.name for s in SPACES.values() 
 """Spaces with a per-head level (:data:`~lens_parallel.choices.HeadSpace`): scalings and diagonal views per head."""
 
 
-def value_space(name: str) -> _ValueSpace:
+def value_space(name: str) -> ValueSpace:
     """The value space ``name`` (raises when ``name`` is not one)."""
     spec = SPACES[name]
-    if not isinstance(spec, _ValueSpace):
+    if not isinstance(spec, ValueSpace):
         raise LensParallelError(f"space {name!r} is not a value space")
     return spec
 

@@ -58,6 +58,8 @@ from lens_parallel.documents import DocBatch, Documents, DocumentsLike, document
 from lens_parallel.edits import (
     ABLATION_KINDS,
     LINEAR_ABLATIONS,
+    PATTERN_PATHS,
+    PATTERN_USES,
     Edit,
     EditBase,
     HeadEdit,
@@ -682,15 +684,14 @@ def _one_attention_path(setup: SweepSetup) -> contextlib.AbstractContextManager[
     edited runs round alike and a no-op still reproduces the unedited losses bit for bit: the diagonal one when the
     edits that use the pattern use only its diagonal, the blocked one when one reads or rewrites whole rows (or
     says nothing of what it reads); else each layer's own choice (fused)."""
-    uses = {
+    uses = [
         "rows" if (footprint := edit_footprint(edit, setup.info)) is None else footprint.pattern
         for job in setup.jobs
         if isinstance(job, EditJob)
         for edit in job.edits
-    }
-    if "rows" in uses:
-        return attention_path("blocked")
-    return attention_path("diagonal") if "diagonal" in uses else contextlib.nullcontext()
+    ]
+    path = PATTERN_PATHS[max(uses, key=PATTERN_USES.index, default="none")]
+    return contextlib.nullcontext() if path is None else attention_path(path)
 
 
 @dataclass(frozen=True)

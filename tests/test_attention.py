@@ -85,23 +85,23 @@ def test_path_follows_the_hooks_attached():
     def plain(tensor, hook):
         return None
 
-    assert chosen_path(component) == "fused"
+    assert chosen_path(component).name == "fused"
     with model.hooks(fwd_hooks=[(name, rows_hook(plain))]):
-        assert chosen_path(component) == "blocked"
+        assert chosen_path(component).name == "blocked"
         with model.hooks(fwd_hooks=[(name, rows_hook(plain, diagonal=lambda rows, hook: None))]):
-            assert chosen_path(component) == "blocked"  # one hook without a diagonal form
+            assert chosen_path(component).name == "blocked"  # one hook without a diagonal form
     with model.hooks(fwd_hooks=[(name, rows_hook(plain, diagonal=lambda rows, hook: None))]):
-        assert chosen_path(component) == "diagonal"
+        assert chosen_path(component).name == "diagonal"
         with attention_path("blocked"):
-            assert chosen_path(component) == "blocked"
+            assert chosen_path(component).name == "blocked"
         with model.hooks(fwd_hooks=[(name, plain)]):
-            assert chosen_path(component) == "eager"  # a user's hook sees the whole square
+            assert chosen_path(component).name == "eager"  # a user's hook sees the whole square
     with model.hooks(fwd_hooks=[("blocks.1.attn.hook_attn_scores", plain)]):
-        assert chosen_path(component) == "eager"
+        assert chosen_path(component).name == "eager"
     with attention_path("eager"):
-        assert chosen_path(component) == "eager"
+        assert chosen_path(component).name == "eager"
     with attention_path("diagonal"):  # hooked or not, every layer forms z alike (a sweep's forwards round alike)
-        assert chosen_path(component) == "diagonal"
+        assert chosen_path(component).name == "diagonal"
 
 
 def _softmax_rows(q, k, v, mask, scale, sinks=None, softcap=None):
@@ -191,12 +191,13 @@ def test_an_alibi_bias_rides_in_the_keys_on_every_path(n_query, mask_kind):
     live = allowed.any(-1).expand(2, heads, n_query)
     blocks: list[torch.Tensor] = []
     component = SimpleNamespace(hook_pattern=HookPoint(), hook_attn_scores=HookPoint())
-    for path in ("fused", "diagonal", "blocked"):
-        if path == "blocked":  # a reader of the pattern's rows, block by block
+    for path in (attention.FUSED, attention.DIAGONAL, attention.BLOCKED):
+        if path is attention.BLOCKED:  # a reader of the pattern's rows, block by block
             component.hook_pattern.add_hook(rows_hook(lambda tensor, hook: blocks.append(tensor.clone())))
         with attention_path("auto", block_size=7):
             z = attention.attend(component, q, k, v, given, path=path, scale=scale, softcap=None, layer=None, bias=bias)
-        np.testing.assert_allclose(z[live].numpy(), (pattern @ v.double())[live].numpy(), atol=1e-5, err_msg=path)
+        want = (pattern @ v.double())[live].numpy()
+        np.testing.assert_allclose(z[live].numpy(), want, atol=1e-5, err_msg=path.name)
     seen = torch.cat([torch.nn.functional.pad(b, (0, n_key - b.shape[-1])) for b in blocks], dim=2)
     np.testing.assert_allclose(seen[live].numpy(), pattern[live].numpy(), atol=1e-6)
     wide_q, wide_k = attention._with_bias(q, k, bias, scale=scale)
@@ -364,7 +365,7 @@ def test_gemma3_sliding_windows_norms_and_soft_capping(softcap):
     mask[1, :4] = 0
     _assert_paths_match_eager(model, tokens, mask)
     component = model.blocks[0].attn
-    assert chosen_path(component) == "fused"  # soft-capped scores too: their own kernel, no square
+    assert chosen_path(component).name == "fused"  # soft-capped scores too: their own kernel, no square
     spans = list(attention._spans(29, 29, 6, 8))  # blocks of 6 queries (forced above) read the window's keys only
     assert spans[0] == (0, 6, 0, 6) and spans[2] == (12, 18, 4, 18) and spans[-1] == (24, 29, 16, 29)
 

@@ -137,14 +137,27 @@ def _compared_strings(node: ast.Compare) -> set[str]:
     return found
 
 
-def test_no_space_layer_kind_or_ablation_is_told_apart_by_its_name():
-    """Spaces, layer kinds and head ablations are objects whose methods differ (:mod:`lens_parallel.spaces`,
-    :mod:`lens_parallel.layers`, :data:`lens_parallel.edits.ABLATION_KINDS`): no comparison in the package names
-    one."""
-    from lens_parallel.choices import Ablation, LayerType, Space
+def test_no_space_layer_kind_ablation_path_or_edit_option_is_told_apart_by_its_name():
+    """Spaces, layer kinds, head ablations, attention paths and an edit's options are objects whose methods differ
+    (:mod:`lens_parallel.spaces`, :mod:`lens_parallel.layers`, :data:`lens_parallel.edits.ABLATION_KINDS`,
+    :data:`lens_parallel.attention.CHOICES`, :data:`lens_parallel.edits.EDIT_POSITIONS`,
+    :data:`lens_parallel.edits.scaling.GATE_SITES` and ``GUARD_CLAMPS``, :data:`lens_parallel.edits.PATTERN_PATHS`):
+    no comparison in the package names one. ("all", "auto" and "none" are words of other choices too: heads, a
+    device, a compression.)"""
+    from lens_parallel.choices import (
+        Ablation,
+        AttentionPath,
+        EditPositions,
+        LayerType,
+        ReferenceGuard,
+        Space,
+        ValueSite,
+    )
+    from lens_parallel.edits import PatternUse
     from lens_parallel.validate import literal_values
 
-    names = set(literal_values(Space)) | set(literal_values(LayerType)) | set(literal_values(Ablation))
+    choices = (Space, LayerType, Ablation, AttentionPath, EditPositions, ReferenceGuard, ValueSite, PatternUse)
+    names = {name for choice in choices for name in literal_values(choice)} - {"all", "auto", "none"}
     data = {
         ("report.py", "value"): "the value-space rows of a decomposition's table",
         ("sandbox/channel.py", "value"): "a key of the sandbox's JSON reply",

@@ -52,7 +52,7 @@ from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation, EditPositions, HeadSpace
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
-from lens_parallel.edits import ABLATION_KINDS, LINEAR_ABLATIONS, AblationKind, check_positions
+from lens_parallel.edits import ABLATION_KINDS, EDIT_POSITIONS, LINEAR_ABLATIONS, AblationKind, check_positions
 from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.hooks import (
     GradReducer,
@@ -364,9 +364,7 @@ class _GradientMetric(Metric[EditJob]):
             "d_s_par": torch.full((len(self.spaces), n, n_l, n_h), torch.nan, dtype=torch.float64, device=device),
             "d_s_perp": torch.full((len(self.spaces), n, n_l, n_h), torch.nan, dtype=torch.float64, device=device),
         }
-        weight = docs.real.to(device=device, dtype=torch.float64)
-        if self.s.positions == "after-first":
-            weight[:, 0] = 0.0
+        weight = EDIT_POSITIONS[self.s.positions].weights(docs.real.to(device=device, dtype=torch.float64))
         unembed, rows, per_doc = unembedding(context.model).frozen(), backward_rows(n, self.info.n_layers), []
         # each layer's W_O in float64 when its reduction needs it, not every layer's for the whole pass
         W_O = partial(output_weights, context.model, dtype=torch.float64)

@@ -43,7 +43,7 @@ from lens_parallel.bridges import check_model
 from lens_parallel.choices import EditPositions, HeadStatistic, StatisticAblation
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
-from lens_parallel.edits import ABLATION_KINDS, check_positions
+from lens_parallel.edits import ABLATION_KINDS, EDIT_POSITIONS, check_positions
 from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.hooks import Reducer, head_layers
 from lens_parallel.models import ModelInfo
@@ -120,7 +120,9 @@ class _StatisticsMetric(Metric[EditJob]):
 
     name = "head-statistics"
 
-    def __init__(self, info: ModelInfo, layers: tuple[int, ...], ablation: str, positions: str, eps: float) -> None:
+    def __init__(
+        self, info: ModelInfo, layers: tuple[int, ...], ablation: str, positions: EditPositions, eps: float
+    ) -> None:
         self.info, self.layers, self.ablation, self.positions, self.eps = info, layers, ablation, positions, eps
         self.roles = {layer: info.kind(layer).value_roles(info) for layer in layers}
         self.width = max(info.output_heads(layer) for layer in layers)
@@ -135,9 +137,7 @@ class _StatisticsMetric(Metric[EditJob]):
         }
 
     def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
-        weight = batch.docs.real.to(torch.float64)
-        if self.positions == "after-first":
-            weight[:, 0] = 0.0
+        weight = EDIT_POSITIONS[self.positions].weights(batch.docs.real.to(torch.float64))
         n = len(batch.docs.lengths)
         shape = (n, len(STATISTICS), len(self.layers), self.width)
         sums = torch.zeros(shape, dtype=torch.float64, device=weight.device)  # read on the host after the forward

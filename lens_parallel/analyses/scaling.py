@@ -34,6 +34,7 @@ from lens_parallel.models import ModelInfo
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.scaling import scaling_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.spaces import SPACES
 from lens_parallel.stats import N_RESAMPLES
 from lens_parallel.sweep import EditJob, SweepRun, run_sweep
 from lens_parallel.validate import (
@@ -237,13 +238,13 @@ def _space_layers(s: ScaleSettings, info: ModelInfo) -> dict[str, tuple[int, ...
 
 def _grid(s: ScaleSettings, space: Space) -> list[tuple[str, float, float]]:
     """The (vary, s_par, s_perp) settings of one space: s_par at s_perp = 1, then s_perp at s_par = 1."""
-    s_perp = s.residual_s_perp if s.residual_s_perp is not None and space.startswith("residual") else s.s_perp
+    s_perp = s.residual_s_perp if s.residual_s_perp is not None and not SPACES[space].value else s.s_perp
     return [("s_par", v, 1.0) for v in s.s_par] + [("s_perp", 1.0, v) for v in s_perp]
 
 
 def _site(s: ScaleSettings, space: Space) -> ValueSite:
     """``site`` for the value spaces (the residual spaces have no gate site: pre-gate, the default)."""
-    return s.site if space.startswith("value") else "pre-gate"
+    return s.site if SPACES[space].value else "pre-gate"
 
 
 def _jobs(

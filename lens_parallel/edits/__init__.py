@@ -29,8 +29,11 @@ Adding an edit: one module here defining a frozen dataclass deriving :class:`Edi
 
 from lens_parallel.attention import STEP_VALUES
 from lens_parallel.edits.base import (
+    EDIT_POSITIONS,
     EDITS,
     FIRST_INDEX,
+    PATTERN_PATHS,
+    PATTERN_USES,
     POSITIONS,
     UNEDITED,
     Edit,
@@ -68,8 +71,11 @@ __all__ = [
     "ABLATIONS",
     "ABLATION_KINDS",
     "EDITS",
+    "EDIT_POSITIONS",
     "FIRST_INDEX",
     "LINEAR_ABLATIONS",
+    "PATTERN_PATHS",
+    "PATTERN_USES",
     "POSITIONS",
     "STEP_VALUES",
     "UNEDITED",

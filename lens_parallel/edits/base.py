@@ -25,7 +25,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.attention import QUERY_BLOCK, STEP_VALUES, Diagonal, RowsHook, rows_hook
-from lens_parallel.choices import EditPositions, HeadsAll
+from lens_parallel.choices import AttentionPath, EditPositions, HeadsAll
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.hooks import ROLE_HOOKS, Hook
 from lens_parallel.models import ModelInfo, model_info
@@ -34,6 +34,11 @@ from lens_parallel.validate import as_indices, check_choice, did_you_mean, liter
 PatternUse = Literal["none", "diagonal", "rows"]
 """How an edit uses attention-pattern rows: not at all; only each row's diagonal A_tt and its row sum (what a
 fused kernel can supply without the T x T pattern); or whole rows (it reads or rewrites A_ts for every key s)."""
+PATTERN_USES: tuple[PatternUse, ...] = ("none", "diagonal", "rows")
+"""The uses of the pattern, each needing more of it than the one before."""
+PATTERN_PATHS: Mapping[PatternUse, AttentionPath | None] = {"none": None, "diagonal": "diagonal", "rows": "blocked"}
+"""The attention path that serves every forward of a run whose edits' greatest use of the pattern is each
+(:func:`lens_parallel.attention.attention_path`; None: each layer's own choice)."""
 
 
 @dataclass(frozen=True)
@@ -264,6 +269,35 @@ def after_first(hooks: list[Hook]) -> list[Hook]:
         return rows_hook(kept, detached=fn.detached, diagonal=diagonal)
 
     return [(name, wrapped(name, fn)) for name, fn in hooks]
+
+
+class _EveryPosition:
+    """``positions="all"``: the edit's hooks as they are; every real position weighs in an estimate of it."""
+
+    def hooks(self, hooks: list[Hook]) -> list[Hook]:
+        return hooks
+
+    def weights(self, weight: Float[Tensor, "batch pos"]) -> Float[Tensor, "batch pos"]:
+        return weight
+
+
+class _AfterFirst:
+    """``positions="after-first"``: position 0 restored by every hook (:func:`after_first`), and left out of an
+    estimate of the edit (its weight 0)."""
+
+    def hooks(self, hooks: list[Hook]) -> list[Hook]:
+        return after_first(hooks)
+
+    def weights(self, weight: Float[Tensor, "batch pos"]) -> Float[Tensor, "batch pos"]:
+        return torch.cat([torch.zeros_like(weight[:, :1]), weight[:, 1:]], dim=1)
+
+
+EDIT_POSITIONS: Mapping[EditPositions, _EveryPosition | _AfterFirst] = {
+    "all": _EveryPosition(),
+    "after-first": _AfterFirst(),
+}
+"""What each choice of an edit's ``positions`` (:data:`POSITIONS`) does: to its hooks (``hooks``) and to the
+per-position weights of a first-order estimate of it (``weights``)."""
 
 
 def as_heads(heads: Heads) -> tuple[int, ...] | HeadsAll | None:

@@ -18,11 +18,11 @@ from lens_parallel import geometry
 from lens_parallel.attention import Diagonal, block_rows, rows_hook
 from lens_parallel.choices import EditPositions, HeadSpace
 from lens_parallel.edits.base import (
+    EDIT_POSITIONS,
     EditBase,
     Footprint,
     Heads,
     HeadSet,
-    after_first,
     all_values,
     as_heads,
     check_positions,
@@ -121,7 +121,7 @@ class DiagonalEdit(EditBase):
             edit = partial(self._edit_pattern, layer=layer, state=state, heads=heads, W_O=W_O)
             diagonal = partial(self._edit_diagonal, state=state, heads=heads, W_O=W_O)
             out.append((hook_name(layer, "pattern_full"), rows_hook(edit, diagonal=diagonal)))
-        return after_first(out) if self.positions == "after-first" else out
+        return EDIT_POSITIONS[self.positions].hooks(out)
 
     def _edit_pattern(
         self,

@@ -13,10 +13,10 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.choices import Ablation, EditPositions, HeadSpace
 from lens_parallel.edits.base import (
+    EDIT_POSITIONS,
     EditBase,
     Footprint,
     HeadSet,
-    after_first,
     check_positions,
     head_mask,
     register_edit,
@@ -201,4 +201,4 @@ class HeadEdit(EditBase):
         assert kind is not None
         heads = self.heads if isinstance(self.heads, Tensor) else check_heads(info, self.layer, self.heads)
         out = ABLATION_KINDS[self.ablation].hooks(self, model, info, heads, kind)
-        return after_first(out) if self.positions == "after-first" else out
+        return EDIT_POSITIONS[self.positions].hooks(out)

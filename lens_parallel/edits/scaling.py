@@ -5,7 +5,7 @@ exact); several scalings alike but for their scales stack as batch rows of one f
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
@@ -19,12 +19,12 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import geometry
 from lens_parallel.choices import EditPositions, ReferenceGuard, Space, ValueSite
 from lens_parallel.edits.base import (
+    EDIT_POSITIONS,
     EditBase,
     Footprint,
     Heads,
     HeadSet,
     PatternUse,
-    after_first,
     as_heads,
     check_positions,
     head_mask,
@@ -46,7 +46,7 @@ from lens_parallel.hooks import (
     softmax_layers,
 )
 from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.spaces import HEAD_SPACES, SPACES, ValueParts, value_parts, value_space
+from lens_parallel.spaces import HEAD_SPACES, SPACES, ValueParts, ValueSpace, value_parts, value_space
 from lens_parallel.validate import as_indices, check_choice, check_eps, check_finite
 
 
@@ -111,8 +111,7 @@ class ComponentScale(EditBase):
         check_choice("guard", self.guard, ReferenceGuard)
         check_choice("site", self.site, ValueSite)
         spec = SPACES[self.space]
-        if self.site == "post-gate" and not spec.value:
-            raise LensParallelError(f"site='post-gate' is a value-space option; space {self.space!r} has no gate site")
+        GATE_SITES[self.site].check_space(self.space, spec.value)
         check_positions(self.positions)
         check_finite("s_par", self.s_par)
         check_finite("s_perp", self.s_perp)
@@ -151,7 +150,7 @@ class ComponentScale(EditBase):
     def softmax_only(self) -> str:
         """What of this scaling is built on softmax-attention layers only (the post-gate site: a linear layer has no
         output gate), or "" when it is defined on every layer."""
-        return "ComponentScale's site='post-gate'" if self.site == "post-gate" else ""
+        return GATE_SITES[self.site].softmax_only
 
     def edited_layers(self, info: ModelInfo) -> tuple[int, ...]:
         """The layers it edits on a model like ``info``: ``layers`` (None: every layer), where it is built on
@@ -233,7 +232,7 @@ def _scale_hooks(scales: _Scaling, edit: ComponentScale, model: TransformerBridg
         if SPACES[edit.space].value or edit.heads is not None:  # a residual space with heads=None: the whole update
             heads = check_heads(info, layer, None if edit.heads == "all" else edit.heads)
         out += _builder(edit.space, info, layer)(scales, _Site(model, info, layer, heads))
-    return after_first(out) if edit.positions == "after-first" else out
+    return EDIT_POSITIONS[edit.positions].hooks(out)
 
 
 def stacked_hooks(model: TransformerBridge, edits: Sequence[EditBase], *, repeat: int) -> list[Hook]:
@@ -252,7 +251,58 @@ def stacked_hooks(model: TransformerBridge, edits: Sequence[EditBase], *, repeat
 
 def _scaling(edit: _Scaling) -> dict[str, Any]:
     """The keywords of :func:`~lens_parallel.geometry.scale_delta` a scaling passes: its scales, eps and guard."""
-    return {"s_par": edit.s_par, "s_perp": edit.s_perp, "eps": edit.eps, "clamp": edit.guard == "clamp"}
+    return {"s_par": edit.s_par, "s_perp": edit.s_perp, "eps": edit.eps, "clamp": GUARD_CLAMPS[edit.guard]}
+
+
+GUARD_CLAMPS: Mapping[ReferenceGuard, bool] = {"exclude": False, "clamp": True}
+"""Each reference guard as :func:`~lens_parallel.geometry.scale_delta`'s ``clamp``."""
+
+
+class _PreGate:
+    """``site="pre-gate"``: the message is the pre-gate aggregate o = A v; its change passes through the gate."""
+
+    softmax_only = ""
+
+    def check_space(self, space: str, value: bool) -> None:
+        pass
+
+    def check_model(self, info: ModelInfo) -> None:
+        pass
+
+    def units(self, space: ValueSpace, z: Tensor, parts: ValueParts) -> tuple[Tensor, Tensor]:
+        return space.units(parts.o, parts)
+
+    def change_of_z(self, delta: Tensor, parts: ValueParts) -> Tensor:
+        return delta if parts.gate is None else parts.gate * delta
+
+
+class _PostGate:
+    """``site="post-gate"``: the message is z = sigmoid(gate) * A v itself (exclude-self: z minus the gated self
+    term), on softmax layers with an output gate only."""
+
+    softmax_only = "ComponentScale's site='post-gate'"
+
+    def check_space(self, space: str, value: bool) -> None:
+        if not value:
+            raise LensParallelError(f"site='post-gate' is a value-space option; space {space!r} has no gate site")
+
+    def check_model(self, info: ModelInfo) -> None:
+        if not info.gated_attention:
+            raise LensParallelError(
+                f"site='post-gate': {info.name}'s attention has no output gate (pre- and post-gate are one there)"
+            )
+
+    def units(self, space: ValueSpace, z: Tensor, parts: ValueParts) -> tuple[Tensor, Tensor]:
+        return space.units(z, parts, gated=True)
+
+    def change_of_z(self, delta: Tensor, parts: ValueParts) -> Tensor:
+        return delta
+
+
+GATE_SITES: Mapping[ValueSite, _PreGate | _PostGate] = {"pre-gate": _PreGate(), "post-gate": _PostGate()}
+"""What each value site (:data:`~lens_parallel.choices.ValueSite`) does: the (m, r) a value-space scaling reads
+(``units``), how its change reaches z (``change_of_z``), where it is defined (``check_space``, ``check_model``,
+``softmax_only``)."""
 
 
 def _value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
@@ -262,21 +312,15 @@ def _value_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
     "post-gate"``: the message is z itself (exclude-self: z minus the gated self term)."""
     info, layer, heads = at.info, at.layer, at.heads
     state: dict[str, Tensor] = {}
-    post = edit.site == "post-gate"
-    if post and not info.gated_attention:
-        raise LensParallelError(
-            f"site='post-gate': {info.name}'s attention has no output gate (pre- and post-gate are one there)"
-        )
-
+    site = GATE_SITES[edit.site]
+    site.check_model(info)
     space = value_space(edit.space)
 
     def edit_z(z: Tensor, hook: HookPoint) -> Tensor:
         parts = value_parts({**state, "z": z}, info)  # gated: o = z / sigmoid(gate), the pre-gate A v
         state.clear()
-        m, r = space.units(z if post else parts.o, parts, gated=post)  # post: z minus the gated self term
-        delta = space.to_heads(geometry.scale_delta(m, r, **_scaling(edit)), info.n_heads)
-        if parts.gate is not None and not post:
-            delta = parts.gate * delta
+        m, r = site.units(space, z, parts)
+        delta = site.change_of_z(space.to_heads(geometry.scale_delta(m, r, **_scaling(edit)), info.n_heads), parts)
         mask = head_mask(heads, info.n_heads, z.shape[0], z.device)
         return torch.where(mask[:, None, :, None], z + delta, z)
 
