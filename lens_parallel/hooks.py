@@ -70,7 +70,7 @@ def effective_qk_roles(info: ModelInfo) -> tuple[str, str]:
     fires them (:attr:`ModelInfo.rotary_hooks`). GPT-NeoX's, Falcon's and GPT-J's bridges do not fire
     hook_rot_q/k, so they use hook_q/hook_k, which differ from the rotated vectors by a per-position rotation: norms
     and distances (all that relative changes use) agree."""
-    return ("rot_q", "rot_k") if info.positional == "rotary" and info.rotary_hooks else ("q", "k")
+    return ("rot_q", "rot_k") if info.rotary_hooks else ("q", "k")
 
 
 RENAMED_ROLES = {"pattern": "pattern_diag (its diagonal A_tt) or pattern_full (the whole map)"}

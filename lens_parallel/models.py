@@ -81,7 +81,7 @@ class ModelInfo:
     block_roles: tuple[tuple[str, ...], ...] = ()  # per layer, the block-level roles its bridge hooks (layers.py)
     features: tuple[str, ...] = ()  # the architecture's features (lens_parallel.features)
     gate_role: str = ""  # the role of the attention output gate (q_gate or attn_gate), "" without one
-    rotary_hooks: bool = True  # its attention fires hook_rot_q / hook_rot_k (not GPT-NeoX's, Falcon's, GPT-J's)
+    rotary_hooks: bool = True  # rotary, and its attention fires hook_rot_q / hook_rot_k (not GPT-NeoX's, GPT-J's)
     patterns_after: tuple[int, ...] = ()  # layers whose hook_pattern fires after their attention ran (read-only)
     attention_paths: tuple[str, ...] = ()  # per layer: "lens_parallel" (on the bridge's q, k, v), "lens_parallel:
     # the module's q, k, v" (the Hugging Face module's own, through the attention interface), "eager: <why>", or ""
@@ -245,7 +245,9 @@ def _structure(model: TransformerBridge) -> _Structure:
         )
         found_features = features.model_features(found)
         softmax = [layer for layer in layers if LAYER_KINDS[kinds[layer]].pattern]
-        rotary = all(compat.fires_rotary_hooks(model.blocks[layer].attn) for layer in softmax)
+        rotary = model.cfg.positional_embedding_type == "rotary" and all(  # TransformerLens's name for it
+            compat.fires_rotary_hooks(model.blocks[layer].attn) for layer in softmax
+        )
         after = tuple(layer for layer in softmax if compat.pattern_after_attention(model.blocks[layer].attn))
         gate = gates[0] if gates else ""
         routes = tuple(layer in softmax and compat.module_route(model.blocks[layer].attn) for layer in layers)
