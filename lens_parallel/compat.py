@@ -997,7 +997,8 @@ def lm_eval_quietly(*, progress: bool) -> Iterator[None]:
     versions that make the numbers), and without ``progress`` its tasks build their requests without a progress bar
     (``Task.build_all_requests`` draws one that no argument turns off). Its prompt templates are compiled once each
     (``lm_eval.utils.apply_template`` compiles its Jinja source at every call: for every document and every
-    few-shot example of it, 2,387 compilations and 3.7 s of a 25 s run of the general tasks), rendered as before."""
+    few-shot example of it, 2,387 compilations and 3.7 s of a 33 s profiled run of the general tasks), rendered as
+    before."""
     check("lm_eval")
     import lm_eval.api.task
     import lm_eval.evaluator
