@@ -45,7 +45,7 @@ import collections
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import einops
@@ -274,7 +274,7 @@ class _Choice:
         return DIAGONAL if all(f.diagonal is not None for f in readers) else BLOCKED
 
 
-CHOICES: dict[AttentionPath, _Choice] = {
+CHOICES: Mapping[AttentionPath, _Choice] = {
     "auto": _Choice(FUSED),
     "fused": _Choice(FUSED),
     "diagonal": _Choice(DIAGONAL),  # hooked or not, every layer forms z alike (a sweep's forwards round alike)

@@ -81,7 +81,7 @@ class ModelInfo:
     block_roles: tuple[tuple[str, ...], ...] = ()  # per layer, the block-level roles its bridge hooks (layers.py)
     features: tuple[str, ...] = ()  # the architecture's features (lens_parallel.features)
     gate_role: str = ""  # the role of the attention output gate (q_gate or attn_gate), "" without one
-    rotary_hooks: bool = True  # rotary, and its attention fires hook_rot_q / hook_rot_k (not GPT-NeoX's, GPT-J's)
+    rotary_hooks: bool = True  # rotary, its attention firing hook_rot_q/k (not GPT-NeoX's, Falcon's, GPT-J's)
     patterns_after: tuple[int, ...] = ()  # layers whose hook_pattern fires after their attention ran (read-only)
     attention_paths: tuple[str, ...] = ()  # per layer: "lens_parallel" (on the bridge's q, k, v), "lens_parallel:
     # the module's q, k, v" (the Hugging Face module's own, through the attention interface), "eager: <why>", or ""
