@@ -288,49 +288,43 @@ def has_own_attention(component: nn.Module) -> bool:
     return component in _OWN_ATTENTION
 
 
-def _reasons(component: nn.Module) -> list[tuple[str, bool]]:
-    """What keeps ``component`` off the reimplemented forward (:func:`_position_forward`, :func:`_joint_attention`):
-    each reason, and whether the route through the module's own forward (:func:`_module_forward`) serves it: where
-    the module makes its queries and keys (the bridge class, norms before the head split or after rotary, rotary of
-    the other layout, clipping, a key multiplier, Llama 4's query scaling) the route takes them as made; sinks, a
-    separate gate projection, non-causal or float32-upcast attention it does not compute."""
+def _reasons(component: nn.Module) -> list[str]:
+    """Why lens_parallel's attention cannot take ``component`` (none: it can). A PositionEmbeddingsAttentionBridge
+    (or a subclass) takes the route through its module (:func:`_takes_module_route`), which computes its queries,
+    keys and values as Hugging Face does (rotary of either layout, query/key norms wherever they sit, clipping, key
+    multipliers, Llama 4's query scaling, the output gate), so only what the attention itself does differently keeps
+    it off: its module not computing its attention through the attention interface, or with projections that are not
+    the bridge's; a separate gate projection (no toy reaches one). A joint-QKV bridge takes :func:`_joint_attention`,
+    which follows its own steps; a generic AttentionBridge the interface route (:func:`_routable`)."""
     from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
-    from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
-    from transformer_lens.model_bridge.generalized_components.joint_qkv_position_embeddings_attention import (
-        JointQKVPositionEmbeddingsAttentionBridge,
-    )
     from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
         PositionEmbeddingsAttentionBridge,
     )
 
-    kinds = (
-        PositionEmbeddingsAttentionBridge,
-        JointQKVAttentionBridge,
-        JointQKVPositionEmbeddingsAttentionBridge,
-        *_alibi_biases(),
-    )
     hf_attn: Any = component.original_component
     config: Any = getattr(hf_attn, "config", None)
-    rope = getattr(config, "rope_parameters", None)
     bridged: Any = component.config
     heads = bridged.n_heads
     generic = type(component).forward is AttentionBridge.forward
+    position = isinstance(component, PositionEmbeddingsAttentionBridge)
+    interface = _calls_attention_interface(hf_attn)
+    children = list(hf_attn.children())
     checks = [
         (
-            f"{type(hf_attn).__name__} computes its attention itself, not through transformers' attention interface "
-            "(TransformerLens's generic AttentionBridge calls it whole)",
-            generic and not _calls_attention_interface(hf_attn),
-            False,
+            f"{type(hf_attn).__name__} computes its attention itself, not through transformers' attention interface",
+            (generic or position) and not interface,
         ),
         (
             f"{type(hf_attn).__name__} fires hook_pattern itself (accepts_pattern_fn)",
             generic and bool(getattr(hf_attn, "accepts_pattern_fn", False)),
-            False,
         ),
         (
             f"{type(component).__name__}, a bridge lens_parallel's path does not reproduce",
-            type(component) not in kinds and not generic,
-            True,
+            not (generic or position or type(component) in (*_joint_bridges(), *_alibi_biases())),
+        ),
+        (
+            f"{type(hf_attn).__name__}'s projections are not the bridge's q, k, v and o",
+            position and not all(any(child is component._modules.get(part) for child in children) for part in "qkvo"),
         ),
         (
             "not causal self-attention",
@@ -338,77 +332,42 @@ def _reasons(component: nn.Module) -> list[tuple[str, bool]]:
             or component.is_cross_attention
             or getattr(hf_attn, "is_causal", True) is False
             or bool(getattr(config, "use_bidirectional_attention", False)),
-            False,
         ),
-        ("a key multiplier", getattr(hf_attn, "key_multiplier", None) is not None, True),
         (
             "ALiBi with grouped-query heads",
             type(component) in _alibi_biases() and (getattr(bridged, "n_key_value_heads", None) or heads) != heads,
-            False,
         ),
-        ("clip_qkv", getattr(config, "clip_qkv", None) is not None, True),
-        ("attention sinks", getattr(hf_attn, "sinks", None) is not None, True),
-        ("llama-4 query scaling", isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None, True),
-        ("a separate gate projection", component._modules.get("gate") is not None, False),
-        (
-            "a query/key norm before the head reshape or after rotary",
-            getattr(component, "_qk_norm_phase", None) not in (None, "post_reshape")
-            or bool(getattr(component.config, "qk_norm_after_rope", False)),
-            True,
-        ),
-        (
-            "interleaved or adjacent-pair rotary",
-            any(getattr(component.config, f, False) for f in ("rotary_interleaved_cos_sin", "rotary_adjacent_pairs")),
-            True,
-        ),
+        ("a separate gate projection", component._modules.get("gate") is not None),
         (
             "float32-upcast attention (reorder_and_upcast_attn)",
             bool(getattr(component, "_reorder_and_upcast_attn", False)),
-            False,
         ),
     ]
-    return [(reason, served) for reason, found, served in checks if found]
+    return [reason for reason, found in checks if found]
 
 
 def _takes_module_route(component: nn.Module) -> bool:
-    """Whether ``component`` is a PositionEmbeddingsAttentionBridge (or a subclass) that keeps off the reimplemented
-    forward only for reasons the route through its module serves (:func:`_reasons`), over a module that computes its
-    attention through the attention interface with the bridge's own projections (so the module's forward fires
-    hook_q, hook_k, hook_v and hook_z as the bridge's does)."""
+    """Whether ``component`` is a PositionEmbeddingsAttentionBridge (or a subclass) lens_parallel's attention takes
+    (:func:`_reasons`): its Hugging Face module computes its attention through the attention interface with the
+    bridge's own projections, so the module's forward fires hook_q, hook_k, hook_v and hook_z as the bridge's does."""
     from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
         PositionEmbeddingsAttentionBridge,
     )
 
-    if not isinstance(component, PositionEmbeddingsAttentionBridge):
-        return False
-    reasons, hf_attn = _reasons(component), hf_module(component)
-    projections = (("q_proj", "q"), ("k_proj", "k"), ("v_proj", "v"), ("o_proj", "o"))
-    return (
-        bool(reasons)
-        and all(served for _, served in reasons)
-        and _calls_attention_interface(hf_attn)
-        and all(getattr(hf_attn, name, None) is component._modules.get(part) for name, part in projections)
-    )
+    return isinstance(component, PositionEmbeddingsAttentionBridge) and not _reasons(component)
 
 
 def own_attention_reason(component: nn.Module) -> str:
     """Why ``component`` keeps TransformerLens's own attention forward ("" when lens_parallel computes its
-    attention: on the bridge classes whose forward it follows, causal self-attention with none of the options those
-    forwards handle that it does not; or, where the module computes its attention through transformers' attention
-    interface, from the module's own q, k and v: TransformerLens's generic AttentionBridge, and a
-    PositionEmbeddingsAttentionBridge whose queries and keys come from where only its module's forward makes them,
-    :func:`_takes_module_route`)."""
+    attention, :func:`_reasons`)."""
     check("transformer-lens")
-    if _routable(component) or _takes_module_route(component):
-        return ""
-    return "; ".join(reason for reason, _ in _reasons(component))
+    return "; ".join(_reasons(component))
 
 
 def module_route(component: nn.Module) -> bool:
     """Whether lens_parallel's attention, once installed on ``component``, takes its queries, keys and values from
     its Hugging Face module's own forward (through the attention interface: :func:`_routable`,
-    :func:`_takes_module_route`) rather than from the bridge's forward steps (:func:`_position_forward`,
-    :func:`_joint_attention`)."""
+    :func:`_takes_module_route`) rather than from a joint-QKV bridge's steps (:func:`_joint_attention`)."""
     return _routable(component) or _takes_module_route(component)
 
 
@@ -447,63 +406,6 @@ def _eager_now(component: Any) -> bool:
         or any(bool(getattr(config, flag, False)) for flag in ("use_split_qkv_input", "use_attn_in", "use_attn_result"))
         or (component.training and isinstance(dropout, float) and dropout > 0.0)
     )
-
-
-def _position_forward(component: Any, attend: Any, choose: Any, *args: Any, **kwargs: Any) -> Any:
-    """PositionEmbeddingsAttentionBridge.forward (TransformerLens 4.3) with the attention itself from ``attend``."""
-    hf_attn: Any = component.original_component
-    softcap = getattr(hf_attn, "attn_logit_softcapping", None)
-    path = None if _eager_now(component) else choose(component)
-    if path is None or path.whole_square:  # TransformerLens's own forward forms the square
-        return type(component).forward(component, *args, **kwargs)
-    hidden = kwargs.pop("hidden_states") if "hidden_states" in kwargs else args[0]
-    position_embeddings = kwargs.pop("position_embeddings", None)
-    mask = kwargs.pop("attention_mask", None)
-    hidden = component.hook_in(hidden)
-    shape, head_dim = hidden.shape[:-1], hf_attn.head_dim
-    q, k, v = component.q(hidden), component.k(hidden), component.v(hidden)
-    gate = None
-    if getattr(component.config, "gated_q_proj", False) and q.shape[-1] == 2 * component.config.n_heads * head_dim:
-        q, gate = torch.chunk(q.view(*shape, -1, head_dim * 2), 2, dim=-1)
-        q, gate = q.reshape(*shape, -1), gate.reshape(*shape, -1)
-    q, k, v = (einops.rearrange(t, "... pos (head d) -> ... head pos d", d=head_dim) for t in (q, k, v))
-    if "q_norm" in component.submodules and component._qk_norm_phase == "post_reshape":
-        if component._qk_norm_per_head:
-            q = component.hook_q_normed(component.q_norm(q.transpose(1, 2)).transpose(1, 2))
-            if "k_norm" in component.submodules:
-                k = component.hook_k_normed(component.k_norm(k.transpose(1, 2)).transpose(1, 2))
-        else:
-            q = component.hook_q_normed(component.q_norm(q))
-            if "k_norm" in component.submodules:
-                k = component.hook_k_normed(component.k_norm(k))
-    if position_embeddings is not None:
-        from transformer_lens.utilities.hf_utils import get_rotary_pct_from_config
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        cos, sin = component._apply_position_embedding_hooks(position_embeddings)
-        rotary = cos.shape[-1]
-        if rotary * 2 == head_dim and get_rotary_pct_from_config(component.config) == 1.0:
-            cos, sin, rotary = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1), head_dim  # GPT-OSS
-        q_rot, k_rot = apply_rotary_pos_emb(q[..., :rotary], k[..., :rotary], cos, sin)
-        q, k = torch.cat([q_rot, q[..., rotary:]], dim=-1), torch.cat([k_rot, k[..., rotary:]], dim=-1)
-    if hasattr(component, "hook_rot_q"):
-        q = component.hook_rot_q(q)
-    if hasattr(component, "hook_rot_k"):
-        k = component.hook_rot_k(k)
-    k, v = component._update_kv_cache(k, v, **kwargs)
-    scale = getattr(hf_attn, "scaling", head_dim**-0.5)
-    window = getattr(hf_attn, "sliding_window", None)
-    z = attend(
-        component, q, k, v, mask, path=path, scale=scale, softcap=softcap, layer=component._layer_idx, window=window
-    )
-    out = einops.rearrange(z, "batch head pos d -> batch pos (head d)")
-    if gate is not None:
-        out = out * torch.sigmoid(component.hook_q_gate(gate) if hasattr(component, "hook_q_gate") else gate)
-    out = component._pre_output_projection(out)
-    weight = getattr(getattr(component.o, "original_component", None), "weight", None)
-    if isinstance(weight, torch.Tensor) and weight.dtype.is_floating_point and out.dtype != weight.dtype:
-        out = out.to(weight.dtype)
-    return component.hook_out(component.o(out)), None
 
 
 ROUTE_FIRES = frozenset(
@@ -612,6 +514,18 @@ class _AlibiBridge:
 
     bias: Callable[[Any, dict[str, Any], int, int], tuple[Any, Any]]
     eager_kwargs: Callable[[dict[str, Any], int, torch.dtype], dict[str, Any]] | None
+
+
+@functools.cache
+def _joint_bridges() -> tuple[type, ...]:
+    """The joint-QKV bridges of TransformerLens 4.3 whose ``_reconstruct_attention`` :func:`_joint_attention` follows
+    (the ALiBi ones, :func:`_alibi_biases`, besides)."""
+    from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
+    from transformer_lens.model_bridge.generalized_components.joint_qkv_position_embeddings_attention import (
+        JointQKVPositionEmbeddingsAttentionBridge,
+    )
+
+    return JointQKVAttentionBridge, JointQKVPositionEmbeddingsAttentionBridge
 
 
 @functools.cache
@@ -759,16 +673,15 @@ def _register_interface() -> None:
 
 def install_attention(model: nn.Module, attend: Any, choose: Any, attend_routed: Any) -> int:
     """Give every attention component of ``model`` for which :func:`own_attention_reason` is empty lens_parallel's
-    attention (``attend``, on the path ``choose(component)`` picks), written into the instance's own
-    dictionary: the forward of a PositionEmbeddingsAttentionBridge (its steps, :func:`_position_forward`, or the
-    route through its module, :func:`_module_forward`), the ``_reconstruct_attention`` of a joint-QKV bridge; the
-    attention interface's function for a module on a route. The Hugging Face model builds its masks for SDPA (a
+    attention, written into the instance's own dictionary: the forward of a PositionEmbeddingsAttentionBridge (the
+    route through its module, :func:`_module_forward`), the ``_reconstruct_attention`` of a joint-QKV bridge
+    (``attend``, on the path ``choose(component)`` picks); the attention interface's function (``attend_routed``)
+    for a module on a route. The Hugging Face model builds its masks for SDPA (a
     boolean mask, or none when causal alone suffices) instead of eager's additive float square, where it allows SDPA
     (Gemma 2 does not: its additive mask is read); every path reads either. Returns how many components took it."""
     check("transformer-lens")
     check("transformers")
     from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
-    from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
     from transformer_lens.model_bridge.generalized_components.joint_qkv_position_embeddings_attention import (
         JointQKVPositionEmbeddingsAttentionBridge,
     )
@@ -786,13 +699,11 @@ def install_attention(model: nn.Module, attend: Any, choose: Any, attend_routed:
             _ROUTED[hf_module(component)] = (component, attend_routed)
             vars(component)["forward"] = functools.partial(_module_forward, component)
             _MODULE_ROUTE.add(component)
-        elif isinstance(component, JointQKVAttentionBridge):
+        else:
             rotary = isinstance(component, JointQKVPositionEmbeddingsAttentionBridge)
             vars(component)["_reconstruct_attention"] = functools.partial(
                 _joint_attention, component, attend, choose, rotary
             )
-        else:
-            vars(component)["forward"] = functools.partial(_position_forward, component, attend, choose)
         _OWN_ATTENTION.add(component)
     alibis = [_alibi_biases()[type(m)] for m in model.modules() if type(m) in _alibi_biases()]
     if taken and all(alibi.eager_kwargs is not None for alibi in alibis):  # MPT's blocks read eager's masks only

@@ -29,7 +29,7 @@ from lens_parallel import compat, geometry
 from lens_parallel.attention import QUERY_BLOCK, Diagonal, rows_hook
 from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
 from lens_parallel.geometry import expand_kv as expand_kv  # where the analyses and edits import it from
-from lens_parallel.layers import BLOCK_HOOKS, GATE_HOOKS
+from lens_parallel.layers import BLOCK_HOOKS, GATES
 from lens_parallel.models import ModelInfo, model_info
 
 Hook = tuple[str, Callable[..., Tensor | None]]
@@ -45,7 +45,7 @@ ROLE_HOOKS: dict[str, str] = {
     "pattern_diag": "blocks.{layer}.attn.hook_pattern",
     "pattern_full": "blocks.{layer}.attn.hook_pattern",
     "z": "blocks.{layer}.attn.hook_z",
-    **{role: "blocks.{layer}." + name for role, name in GATE_HOOKS.items()},
+    **{role: "blocks.{layer}." + gate.hook for role, gate in GATES.items()},
     "lin_q": "blocks.{layer}.linear_attn.hook_q",
     "lin_k": "blocks.{layer}.linear_attn.hook_k",
     "lin_v": "blocks.{layer}.linear_attn.hook_v",
@@ -103,8 +103,8 @@ def expected_shape(role: str, info: ModelInfo) -> tuple[tuple[str, int | None], 
         return batch, pos, ("heads", None), ("d_head", None)
     if role in ("lin_beta", "lin_decay"):
         return batch, pos, ("n_linear_heads", info.n_linear_heads)
-    if role in GATE_HOOKS:
-        return batch, pos, ("n_heads * d_head", info.n_heads * info.d_head)
+    if role in GATES:
+        return batch, pos, *GATES[role].dims(info.n_heads, info.d_head)
     return batch, pos, ("d_model", info.d_model)
 
 

@@ -40,7 +40,7 @@ from lens_parallel import architectures, attention, compat, features
 from lens_parallel import tokenizers as _tok
 from lens_parallel.choices import LayerType
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
-from lens_parallel.layers import GATE_HOOKS, LAYER_KINDS, LayerKind, block_roles, layer_kind
+from lens_parallel.layers import GATES, LAYER_KINDS, LayerKind, block_roles, layer_kind
 from lens_parallel.paths import cache_dir, cached_folder
 from lens_parallel.toys import TOY_MODELS, architecture_toys, find_toy
 from lens_parallel.validate import check_positive_int, did_you_mean
@@ -230,7 +230,7 @@ def _structure(model: TransformerBridge) -> _Structure:
         kinds = tuple(layer_kind(hooks, layer) for layer in layers)
         roles = tuple(block_roles(hooks, layer) for layer in layers)
         post_norm = any(f"blocks.{layer}.ln1_post.hook_in" in hooks for layer in layers)
-        gates = [role for role, name in GATE_HOOKS.items() if any(f"blocks.{i}.{name}" in hooks for i in layers)]
+        gates = [role for role, gate in GATES.items() if any(f"blocks.{i}.{gate.declared_by}" in hooks for i in layers)]
         gated = bool(gates)
         parallel = any({"attn_out", "mlp_out"} <= set(r) and "resid_mid" not in r for r in roles)
         found = features.Model(

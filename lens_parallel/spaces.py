@@ -37,7 +37,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, cast
 
-import einops
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -46,7 +45,7 @@ from lens_parallel import geometry
 from lens_parallel.choices import HeadSpace, Space
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import expand_kv, residual_reference_role
-from lens_parallel.layers import BLOCK_HOOKS
+from lens_parallel.layers import BLOCK_HOOKS, GATES
 from lens_parallel.models import ModelInfo
 
 Level = Literal["head", "sublayer"]
@@ -472,6 +471,6 @@ def value_parts(captured: Mapping[str, Tensor], info: ModelInfo) -> ValueParts:
     gate: Tensor | None = None
     o = captured["z"]
     if info.gate_role in captured:
-        gate = torch.sigmoid(einops.rearrange(captured[info.gate_role], "b p (h d) -> b p h d", h=info.n_heads))
+        gate = torch.sigmoid(GATES[info.gate_role].heads(captured[info.gate_role], info.n_heads))
         o = o / gate
     return ValueParts(o=o, v=v, diag=captured.get("pattern_diag"), gate=gate)
