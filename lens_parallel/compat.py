@@ -311,7 +311,8 @@ def _reasons(component: nn.Module) -> list[str]:
     children = list(hf_attn.children())
     checks = [
         (
-            f"{type(hf_attn).__name__} computes its attention itself, not through transformers' attention interface",
+            f"{type(hf_attn).__name__} computes its attention itself, not through transformers' attention interface"
+            + (" (TransformerLens's generic AttentionBridge calls it whole)" if generic else ""),
             (generic or position) and not interface,
         ),
         (
@@ -411,10 +412,14 @@ def _eager_now(component: Any) -> bool:
 ROUTE_FIRES = frozenset(
     {"hook_in", "hook_out", "hook_attn_scores", "hook_pattern", "hook_rot_q", "hook_rot_k", "hook_cos", "hook_sin"}
 )
-"""The hook points of a PositionEmbeddingsAttentionBridge that the route through its module fires itself (hook_q,
-hook_k, hook_v and hook_z are its projections' hooks, which the module's forward fires); hook_rot_q / hook_rot_k
-only where the query/key norm comes before rotary (after it, the module's queries are normed). A hook on any other
-of its hook points (hook_q_normed, Falcon-H1's scaled hook_k, ...) runs that forward on TransformerLens's own."""
+"""The hook points of a PositionEmbeddingsAttentionBridge that the route through its module fires itself (its
+projections' hook points, hook_q, hook_k, hook_v and hook_z among them, fire as the module calls them); hook_rot_q /
+hook_rot_k only where the query/key norm comes before rotary (after it, the module's queries are normed). A hook on
+any other of its hook points (hook_q_normed, hook_q_gate, the norms' own, whose module sees the heads in another
+layout, Falcon-H1's scaled hook_k, ...) runs that forward on TransformerLens's own."""
+ROUTE_PROJECTIONS = frozenset("qkvo")
+"""The bridge's submodules whose hook points fire on the route as on TransformerLens's forward (the module calls
+them on the same tensors)."""
 _MODULE_ROUTE: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
@@ -424,21 +429,28 @@ def _route_fires(component: Any) -> frozenset[str]:
     return ROUTE_FIRES
 
 
-def _module_forward(component: Any, *args: Any, **kwargs: Any) -> Any:
+def _unfired(component: nn.Module) -> tuple[Any, ...]:
+    """The hook points of ``component`` the route through its module does not fire as TransformerLens's forward
+    does (:data:`ROUTE_FIRES`, :data:`ROUTE_PROJECTIONS`)."""
+    from transformer_lens.hook_points import HookPoint
+
+    fired = [point for name, point in component._modules.items() if name in _route_fires(component)]
+    for name in ROUTE_PROJECTIONS:
+        fired.extend(component._modules[name].modules())
+    return tuple(
+        point for point in component.modules() if isinstance(point, HookPoint) and not any(point is p for p in fired)
+    )
+
+
+def _module_forward(component: Any, unfired: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
     """The forward of a component on the route through its module (:func:`_takes_module_route`): TransformerLens's
     generic AttentionBridge forward (hook_in, the Hugging Face module, hook_out), the module computing its queries,
     keys and values as it does, its attention lens_parallel's (:func:`_routed_attention`), hook_cos / hook_sin fired
     on the position embeddings handed to it. TransformerLens's own forward where a hook waits on a point the route
-    does not fire (:data:`ROUTE_FIRES`) or an option only that forward serves is on."""
-    from transformer_lens.hook_points import HookPoint
+    does not fire (``unfired``, :func:`_unfired`) or an option only that forward serves is on."""
     from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
 
-    fired = _route_fires(component)
-    waiting = any(
-        isinstance(point, HookPoint) and name not in fired and point.has_hooks()
-        for name, point in component._modules.items()
-    )
-    if waiting or _eager_now(component):
+    if any(point.has_hooks() for point in unfired) or _eager_now(component):
         return type(component).forward(component, *args, **kwargs)
     if kwargs.get("position_embeddings") is not None:
         kwargs["position_embeddings"] = component._apply_position_embedding_hooks(kwargs["position_embeddings"])
@@ -697,7 +709,7 @@ def install_attention(model: nn.Module, attend: Any, choose: Any, attend_routed:
             _ROUTED[hf_module(component)] = (component, attend_routed)
         elif _takes_module_route(component):
             _ROUTED[hf_module(component)] = (component, attend_routed)
-            vars(component)["forward"] = functools.partial(_module_forward, component)
+            vars(component)["forward"] = functools.partial(_module_forward, component, _unfired(component))
             _MODULE_ROUTE.add(component)
         else:
             rotary = isinstance(component, JointQKVPositionEmbeddingsAttentionBridge)

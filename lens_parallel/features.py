@@ -10,14 +10,13 @@ Where a feature is handled:
 
 - the attention path (:mod:`lens_parallel.attention`): sliding windows (the mask Hugging Face builds; a block of
   queries reads only the keys its window reaches), attention soft caps (lens_parallel's own kernel of blocks of
-  queries: no fused kernel caps scores), partial rotary, query/key norms after the head split, biases, grouped and
-  multi-query heads. What that path does not reproduce on the bridge's own steps (interleaved rotary, query/key
-  norms before the head split or after rotary, a key multiplier, Llama 4's query scaling, a bridge subclass) takes
-  the queries and keys its Hugging Face module makes (the route through the module,
-  :func:`lens_parallel.compat.own_attention_reason`); what the attention itself does differently is a part of
-  lens_parallel's attention (attention sinks: the sink in each row's normaliser; ALiBi: its bias in one more column
-  of the queries and keys), and the model's ``attention`` record says per layer which path serves it and why where
-  TransformerLens's does;
+  queries: no fused kernel caps scores), grouped and multi-query heads. Where the queries and keys come from (rotary
+  of either layout, partial rotary, query/key norms, biases, key multipliers, Llama 4's query scaling, an output
+  gate) is the Hugging Face module's own forward, which hands them to lens_parallel's attention (the route through
+  the module, :func:`lens_parallel.compat.own_attention_reason`); what the attention itself does differently is a
+  part of lens_parallel's attention (attention sinks: the sink in each row's normaliser; ALiBi: its bias in one more
+  column of the queries and keys), and the model's ``attention`` record says per layer which path serves it and why
+  where TransformerLens's does;
 - the unembedding (:func:`lens_parallel.losses.unembedding`): the final soft cap and the logit multipliers;
 - the residual spaces: parallel blocks (residual-mlp is read against resid_pre), post-norms (one head's write is no
   term of the update), mixture-of-experts MLPs (residual-mlp is the routed block's output, which the router computes
@@ -219,7 +218,7 @@ FEATURES: Mapping[str, Feature] = {
             "partial-rotary",
             "rotary embedding on part of each head's dimensions",
             _partial_rotary,
-            "lens_parallel's attention path rotates the leading dimensions as the bridge does",
+            "the queries and keys the module rotates (the route through the module; the joint-QKV bridges' own steps)",
         ),
         Feature(
             "parallel-blocks",
@@ -231,8 +230,8 @@ FEATURES: Mapping[str, Feature] = {
             "qk-norm",
             "queries and keys normalised before the scores",
             lambda m: bool(m.modules_with("q_norm") or m.modules_with("q_layernorm")),
-            "lens_parallel's path: after the head split on the bridge's own steps; before it, or after rotary, on "
-            "the queries and keys the module makes (the route through the module)",
+            "the queries and keys the module makes, normed where it norms them (the route through the module); "
+            "hook_q_normed fires on TransformerLens's forward, which a hook on it selects",
         ),
         Feature(
             "multipliers",
@@ -272,7 +271,8 @@ FEATURES: Mapping[str, Feature] = {
             "gated-attention",
             "an output gate on attention, z = sigmoid(gate) * A v",
             lambda m: m.gated,
-            "the value spaces read the pre-gate A v = hook_z / sigmoid(gate)",
+            "the value spaces read the pre-gate A v = hook_z / sigmoid(gate), the gate read where both forwards fire "
+            "it (a query-split gate from hook_q)",
         ),
         Feature(
             "linear-attention",
