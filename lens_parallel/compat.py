@@ -436,7 +436,8 @@ def _unfired(component: nn.Module) -> tuple[Any, ...]:
 
     fired = [point for name, point in component._modules.items() if name in _route_fires(component)]
     for name in ROUTE_PROJECTIONS:
-        fired.extend(component._modules[name].modules())
+        projection = component._modules.get(name)
+        fired.extend(projection.modules() if projection is not None else ())
     return tuple(
         point for point in component.modules() if isinstance(point, HookPoint) and not any(point is p for p in fired)
     )
