@@ -242,10 +242,12 @@ ATTENTION_SOURCES = {
     "BloomAttentionBridge._reconstruct_attention": "b4743a44b10ee000",
     "MPTALiBiAttentionBridge._reconstruct_attention": "8237bcd82422b574",
 }
-"""The TransformerLens 4.3.0 attention forwards lens_parallel's own path reproduces (:func:`install_attention`), and
-the generic bridge's, whose call of the Hugging Face module (and after-the-fact hook_pattern) the attention-interface
-route relies on, each by the first 16 hex digits of the SHA-256 of its source: a release that changes one must be
-checked again."""
+"""The TransformerLens 4.3.0 attention forwards lens_parallel's path stands in for (:func:`install_attention`): the
+joint-QKV bridges' ``_reconstruct_attention``, whose steps (the bridge's own methods) :func:`_joint_attention` calls
+around lens_parallel's attention; PositionEmbeddingsAttentionBridge's forward, whose hook points the route through
+the module fires (:data:`ROUTE_FIRES`) or hands back to it; the generic bridge's, whose call of the Hugging Face
+module (and after-the-fact hook_pattern) the attention-interface route relies on. Each by the first 16 hex digits of
+the SHA-256 of its source: a release that changes one must be checked again."""
 
 
 def attention_sources() -> dict[str, str]:
@@ -560,9 +562,12 @@ def _alibi_biases() -> dict[type, _AlibiBridge]:
 def _joint_attention(
     component: Any, attend: Any, choose: Any, rotary: bool, q: Any, k: Any, v: Any, **kwargs: Any
 ) -> Any:
-    """JointQKV(PositionEmbeddings)AttentionBridge._reconstruct_attention (TransformerLens 4.3) with the attention
-    itself from ``attend``; on an ALiBi bridge (:func:`_alibi_biases`) its bias on the scores too, after its
-    clip_qkv (``_clip_qkv``) and with its softmax scale (``_softmax_scale``)."""
+    """A joint-QKV bridge's ``_reconstruct_attention`` (TransformerLens 4.3) with the attention itself from
+    ``attend``: the bridge's own steps (``_reshape_qkv_to_heads``, ``_apply_rotary_pos_emb``, ``_update_kv_cache``,
+    ``_reshape_attn_output``, ``_apply_output_projection``) around it, which this calls rather than copies; on an
+    ALiBi bridge (:func:`_alibi_biases`) its bias on the scores too, after its clip_qkv (``_clip_qkv``) and with its
+    softmax scale (``_softmax_scale``). These bridges split one fused projection into q, k and v with hooks of their
+    own, so their Hugging Face module (which calls the fused projection) cannot make them."""
     alibi = _alibi_biases().get(type(component))
     path = None if _eager_now(component) else choose(component)
     if path is None or path.whole_square:  # TransformerLens's own reconstruction forms the square
