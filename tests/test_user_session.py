@@ -185,7 +185,7 @@ def test_a_bridge_booted_by_the_user_is_analysed_on_the_same_paths():
     ours = lp.decompose(get_model("toy-qwen2"), TEXTS, space="value", progress=False)
     np.testing.assert_allclose(result.table("value").self_cos, ours.table("value").self_cos, rtol=0, atol=1e-6)
     recorded = result.provenance.model
-    assert list(recorded["attention_paths"]) == ["lens_parallel"] * own.cfg.n_layers
+    assert list(recorded["attention_paths"]) == ["lens_parallel: the module's q, k, v"] * own.cfg.n_layers
     assert (recorded["dtype"], recorded["device"], result.provenance.weight_processing) == (
         "float32",
         "cpu",
