@@ -1,7 +1,8 @@
 """lens_parallel on a GPU, against what a user would run instead, with no weights and no network.
 
     python benchmarks/gpu.py [--device cuda] [--shape llama-1b] [--configs 8x2048 1x16384 1x32768]
-                             [--steps correctness speed engine generation] [--repeats 3] [--budget-s 480]
+                             [--steps correctness speed engine generation features] [--repeats 3]
+                             [--feature-configs 1x2048 1x16384] [--budget-s 480]
                              [--tokenizer DIR] [--tiny] [--out benchmarks/out/gpu]
 
 A random-initialised model of a named shape (``--shape``: ``llama-1b`` = Llama-3.2-1B's, ``qwen2.5-1.5b``,
@@ -18,6 +19,11 @@ tokenizer's) and loaded twice: by ``lens_parallel.load_model`` and by Hugging Fa
   ``--repeats`` after a warm-up call) and ``max_memory_allocated`` added over the loaded models; ratios to hf-sdpa;
 - ``engine``: head_sensitivity on 3 layers at 4 x 1,024 against the naive loop of as many HF forwards with
   ``labels=`` as it has jobs; scale_sweep of 5 value settings against 5 such forwards;
+- ``features``: the feature rows of ``benchmarks/architectures.py`` (:data:`FEATURE_ROWS`: Gemma 2's soft cap,
+  gpt-oss's sinks, Bloom's ALiBi, OLMo 2's and Qwen3-Next's route through the module, the Llama-like SDPA peer) at
+  that benchmark's size in the device's dtype, per ``--feature-configs`` (1 x 2,048 and 1 x 16,384): Hugging Face's
+  forward (SDPA, or eager where it has none), lens_parallel's forward and ``decompose(value)``, time and memory
+  added, and lens_parallel's logits against Hugging Face's;
 - ``generation``: 8 prompts, 128 new tokens, greedy: HF ``generate`` (KV cache, ``min_new_tokens``) against
   ``lens_parallel.generate`` unedited and with ComponentScale("value", s_par=0) (the edited setting alone: the
   difference of the two), a warm-up round then the median of ``--repeats`` (a GPU's first rounds are warm-up).
@@ -306,6 +312,99 @@ def step_generation(run: Run, model: Any, hf: Any, tokenizer: Any) -> None:
         run.case("generation", name, lambda fn=fn: run.timed(fn, fn), prompts=len(PROMPTS), new_tokens=new)
 
 
+FEATURE_ROWS = ("llama", "gemma2", "gpt_oss", "bloom", "olmo2", "qwen3_next")
+"""The rows of ``benchmarks/architectures.py`` the ``features`` step runs on the device, at that benchmark's size:
+each feature lens_parallel's attention computes itself (Gemma 2's soft cap, gpt-oss's sinks, Bloom's ALiBi), the
+route through the module (OLMo 2's query/key norm before the head split, Qwen3-Next's output gate between
+linear-attention layers), and the Llama-like row, the SDPA forward of the same shapes without a feature."""
+
+
+def step_features(run: Run) -> None:
+    """Each :data:`FEATURE_ROWS` model in the device's dtype, per ``--feature-configs``: Hugging Face's forward (SDPA,
+    or eager where the architecture has none), lens_parallel's forward and ``decompose(value)`` (time and memory
+    added), and, at the first configuration, how far lens_parallel's logits are from Hugging Face's (the largest
+    difference over the largest logit)."""
+    import architectures  # benchmarks/: the same toys the CPU table measures
+
+    root = Path(tempfile.mkdtemp(prefix="lp-gpu-features-"))
+    shapes = [tuple(int(x) for x in config.split("x")) for config in run.args.feature_configs]
+    for model_type in FEATURE_ROWS:
+        _feature_row(run, model_type, architectures._folder(model_type, max(n for _, n in shapes), root), shapes)
+        run.free()
+
+
+def _feature_row(run: Run, model_type: str, folder: Path, shapes: list[tuple[int, ...]]) -> None:
+    from lens_parallel.hooks import forward
+
+    dtype = torch.bfloat16 if run.cuda else torch.float32
+    try:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
+        peer = "sdpa"
+    except ValueError:  # no SDPA for its feature: eager is Hugging Face's only forward
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
+        peer = "eager"
+    hf = hf.to(run.device).eval()
+    model = lp.load_model(str(folder), device=str(run.device), dtype=dtype)
+
+    def run_hf(t: torch.Tensor) -> None:
+        with torch.inference_mode():
+            hf.base_model(t)
+
+    def logits(t: torch.Tensor) -> dict[str, Any]:
+        with torch.inference_mode():
+            want, got = hf(t).logits.float(), model(t).float()
+        return {"max_rel_diff": float((got - want).abs().max() / want.abs().max())}
+
+    cases: dict[str, Callable[[torch.Tensor], Any]] = {
+        f"hf-{peer}": run_hf,
+        "forward": lambda t: forward(model, t),
+        "decompose-value": lambda t: lp.decompose(model, t, space="value", batch_size=len(t), progress=False),
+    }
+    for index, (batch, length) in enumerate(shapes):
+        tokens = torch.randint(0, 5000, (batch, length), generator=torch.Generator().manual_seed(3))
+        tokens, warm = tokens.to(run.device), tokens[:1, :64].to(run.device)
+        meta = dict(config=f"{batch}x{length}", model=model_type, peer=peer)
+        if index == 0:
+            run.case("features", "logits against Hugging Face's", lambda tokens=tokens: logits(tokens), **meta)
+        for name, fn in cases.items():
+            run.case(
+                "features",
+                name,
+                lambda fn=fn, tokens=tokens, warm=warm: run.timed(lambda: fn(tokens), lambda: fn(warm)),
+                **meta,
+            )
+
+
+def _feature_lines(run: Run) -> list[str]:
+    """The features step as a table: each row's times and memory as multiples of Hugging Face's forward and of the
+    Llama-like row's SDPA forward at the same configuration (the target where a feature has no SDPA)."""
+    rows = [r for r in run.rows if r.get("step") == "features"]
+    ok = [r for r in rows if r.get("status") == "ok" and "s" in r]
+    others = [r for r in rows if r not in ok]  # the logits' differences, errors, skips
+    if not rows:
+        return []
+    lines = [
+        "## features",
+        "",
+        "| model | config | case | s | x HF's | x llama sdpa | GB added |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in ok:
+        own = next(
+            x for x in ok if x["model"] == r["model"] and x["config"] == r["config"] and x["case"] == f"hf-{x['peer']}"
+        )
+        llama = next(
+            (x for x in ok if x["model"] == "llama" and x["config"] == r["config"] and x["case"] == "hf-sdpa"), None
+        )
+        versus = f"{r['s'] / llama['s']:.2f}" if llama else ""
+        lines.append(
+            f"| {r['model']} | {r['config']} | {r['case']} | {r['s']:.3f} | {r['s'] / own['s']:.2f} | {versus} "
+            f"| {r['gb_added']:.2f} |"
+        )
+    lines += [f"- {r['model']} {r['config']}: {r['case']}: " + str(r.get("max_rel_diff", r["status"])) for r in others]
+    return [*lines, ""]
+
+
 def summary(run: Run) -> str:
     """A table per step, speed as ratios to hf-sdpa (and evaluate to the pair) at each configuration."""
     ok = [r for r in run.rows if r.get("status") == "ok"]
@@ -327,6 +426,7 @@ def summary(run: Run) -> str:
             gb = r["gb_added"] / base["gb_added"] if base["gb_added"] == base["gb_added"] and base["gb_added"] else 0
             lines.append(f"| {name} | {r['s']:.3f} | {ratio:.2f}{note} | {r['gb_added']:.2f} | {gb:.2f} |")
         lines.append("")
+    lines += _feature_lines(run)
     for step in ("correctness", "engine", "generation"):
         rows = [r for r in run.rows if r["step"] == step]
         if rows:
@@ -343,7 +443,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--shape", default="llama-1b", choices=list(SHAPES))
     parser.add_argument("--configs", nargs="+", default=["8x2048", "1x16384", "1x32768"])
-    parser.add_argument("--steps", nargs="+", default=["correctness", "speed", "engine", "generation"])
+    parser.add_argument("--steps", nargs="+", default=["correctness", "speed", "engine", "generation", "features"])
+    parser.add_argument("--feature-configs", nargs="+", default=["1x2048", "1x16384"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=480.0)
     parser.add_argument("--tokenizer", type=Path, default=None)
@@ -352,6 +453,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.tiny and args.configs == parser.get_default("configs"):
         args.configs = ["2x64"]
+    if args.tiny and args.feature_configs == parser.get_default("feature_configs"):
+        args.feature_configs = ["1x64", "1x128"]
     run = Run(args)
     try:
         if "correctness" in args.steps:
@@ -363,6 +466,9 @@ def main() -> None:
             step_engine(run, model, hf)
         if "generation" in args.steps:
             step_generation(run, model, hf, tokenizer)
+        if "features" in args.steps:
+            del model, hf  # the features step loads its own models
+            step_features(run)
     finally:
         text = summary(run)
         (args.out / "summary.md").write_text(text + "\n")
