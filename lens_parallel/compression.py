@@ -75,7 +75,8 @@ SPEC_HELP = (
 
 @dataclass(frozen=True)
 class Compression:
-    """One compression method (see the module docstring); build it with :meth:`parse`.
+    """One compression method (see the module docstring); build it with :meth:`parse`. What the method does is its
+    ``kind``'s :class:`_Method` (:data:`METHODS`).
 
     Examples:
         >>> import lens_parallel as lp
@@ -83,7 +84,7 @@ class Compression:
         'wanda'
     """
 
-    kind: str  # none, int, magnitude, wanda, wanda-seq, torchao-int8, torchao-int4, torchao-intx, torchao-awq
+    kind: str  # a key of METHODS: none, int, magnitude, wanda, wanda-seq, torchao-int8, -int4, -intx, -awq
     bits: int | None = None
     group_size: int | None = None
     sparsity: float | None = None
@@ -121,128 +122,190 @@ class Compression:
         return cls(prune, n=int(n), m=int(m))
 
     @property
-    def name(self) -> str:
-        if self.kind == "none":
-            return "none"
-        if self.kind == "int":
-            return f"int{self.bits}" + (f"-g{self.group_size}" if self.group_size else "")
-        if self.kind.startswith("torchao"):
-            width = f"intx{self.bits}" if self.kind == "torchao-intx" else f"int{self.bits}"
-            return f"torchao-{'awq-' if self.awq else ''}{width}" + (f"-g{self.group_size}" if self.group_size else "")
-        if self.n:
-            return f"{self.kind}-{self.n}:{self.m}"
-        assert self.sparsity is not None  # parse sets N:M or a sparsity for pruning
-        return f"{self.kind}-{self.sparsity * 100:g}%"
+    def method(self) -> _Method:
+        """What this ``kind`` of compression does (:data:`METHODS`)."""
+        return METHODS[self.kind]
 
     @property
-    def awq(self) -> bool:
-        """Whether the method is AWQ (``torchao-awq-*``)."""
-        return self.kind == "torchao-awq"
+    def name(self) -> str:
+        return self.method.name(self)
 
     @property
     def calibrated(self) -> bool:
         """Whether the method reads calibration tokens (Wanda's input norms, AWQ's activation magnitudes)."""
-        return self.kind.startswith("wanda") or self.awq
+        return self.method.calibrated
 
     @property
     def calibrated_apart(self) -> bool:
         """Whether the method is calibrated on texts apart from the analysed prompts by default (``wanda-seq-*``
         and ``torchao-awq-*``; ``wanda-*`` keeps its calibration on the prompts, as before)."""
-        return self.kind == "wanda-seq" or self.awq
+        return self.method.calibrated_apart
 
     def apply(self, hf_model: transformers.PreTrainedModel, calibration: Int[Tensor, "batch pos"] | None) -> None:
         """Compress ``hf_model``'s block linear maps in place (Wanda and AWQ measure the inputs of their linear maps
         on ``calibration``)."""
-        layers = dict(block_linears(hf_model))
-        if self.kind == "none":
-            return
         if self.calibrated and calibration is None:
             raise LensParallelError(f"{self.name} needs calibration tokens (calibration=) to measure its inputs")
-        if self.kind.startswith("torchao"):
-            self._torchao(hf_model, layers, calibration)
-            return
-        if self.kind == "wanda-seq" and calibration is not None:
-            self._sequential(hf_model, layers, calibration)
-            return
-        norms = None
-        if self.kind == "wanda" and calibration is not None:  # every norm from one forward of the dense model
-            norms = linear_input_norms(hf_model, layers, calibration)
-        self._compress(layers, norms)
+        self.method.apply(self, hf_model, dict(block_linears(hf_model)), calibration)
 
-    def _sequential(
-        self, hf_model: nn.Module, modules: Mapping[str, nn.Linear | Conv1D], calibration: Int[Tensor, "batch pos"]
-    ) -> None:
-        """Wanda layer by layer in one forward of the calibration tokens: each block runs dense while pre-hooks sum
-        its linear maps' squared inputs (which come from the blocks before it, already pruned), is then pruned, and
-        runs again on the same inputs to hand the next block the pruned output (2 block forwards a layer, as the
-        Wanda code's ``prune_wanda``: not a forward of every earlier layer per layer)."""
-        sums: dict[str, Tensor] = {}
-        rerun = [False]
+    def _compress(self, modules: Mapping[str, nn.Linear | Conv1D], norms: Mapping[str, Tensor] | None) -> None:
+        """Quantize or prune each of ``modules`` in place (:meth:`_Method.weight`; Wanda's score with the input
+        ``norms``)."""
+        with torch.no_grad():
+            for name, module in modules.items():
+                w = _as_out_in(module)
+                _set_out_in(module, self.method.weight(self, w, None if norms is None else norms[name].to(w)))
 
-        def accumulate(module: nn.Module, args: tuple[Tensor, ...], *, name: str) -> None:
-            if not rerun[0]:
-                _add_squares(sums, name, args[0])
 
-        def prune_and_rerun(
-            block: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object, *, names: list[str]
-        ) -> object:
-            if rerun[0]:
-                return output
-            self._compress({n: modules[n] for n in names}, {n: sums.pop(n).sqrt() for n in names})
-            rerun[0] = True
-            try:
-                return block(*args, **kwargs)
-            finally:
-                rerun[0] = False
+@dataclass(frozen=True)
+class _Method:
+    """What one kind of compression does: its spec's name, whether it reads calibration tokens (and on texts apart
+    from the analysed prompts by default), and how it compresses a model's block linear maps."""
 
-        handles = [m.register_forward_pre_hook(partial(accumulate, name=n)) for n, m in modules.items()]
-        for block, names in _by_block(modules).items():
-            hook = partial(prune_and_rerun, names=names)
-            handles.append(hf_model.get_submodule(block).register_forward_hook(hook, with_kwargs=True))
-        _hooked_forward(hf_model, calibration, handles)  # no KV cache: a block's rerun must not see its first keys
+    calibrated: bool = False
+    calibrated_apart: bool = False
 
-    def _torchao(
+    def name(self, c: Compression) -> str:
+        return c.kind
+
+    def apply(
         self,
+        c: Compression,
         hf_model: nn.Module,
         modules: Mapping[str, nn.Linear | Conv1D],
         calibration: Int[Tensor, "batch pos"] | None,
     ) -> None:
-        """torchao's ``quantize_`` on each block linear map: its quantized tensor subclass becomes the weight."""
+        """Compress ``modules`` (the block linear maps of ``hf_model``) in place: each weight by :meth:`weight`."""
+        c._compress(modules, None)
+
+    def weight(
+        self, c: Compression, w: Float[Tensor, "d_out d_in"], norms: Float[Tensor, " d_in"] | None
+    ) -> Float[Tensor, "d_out d_in"]:
+        """The compressed weight ``[out, in]`` (``norms``: Wanda's input norms, or None), for a method whose
+        :meth:`apply` compresses weight by weight."""
+        raise NotImplementedError(f"{type(self).__name__} compresses no weight alone")
+
+
+@dataclass(frozen=True)
+class _Unchanged(_Method):
+    """``none``: the check that e = 0."""
+
+    def apply(
+        self,
+        c: Compression,
+        hf_model: nn.Module,
+        modules: Mapping[str, nn.Linear | Conv1D],
+        calibration: Int[Tensor, "batch pos"] | None,
+    ) -> None:
+        return
+
+
+@dataclass(frozen=True)
+class _RoundToNearest(_Method):
+    """``intB[-gG]``: symmetric round-to-nearest per output channel or group (:func:`quantize_rtn`)."""
+
+    def name(self, c: Compression) -> str:
+        return f"int{c.bits}" + (f"-g{c.group_size}" if c.group_size else "")
+
+    def weight(
+        self, c: Compression, w: Float[Tensor, "d_out d_in"], norms: Float[Tensor, " d_in"] | None
+    ) -> Float[Tensor, "d_out d_in"]:
+        assert c.bits is not None  # parse sets bits for int
+        return quantize_rtn(w, bits=c.bits, group_size=c.group_size)
+
+
+@dataclass(frozen=True)
+class _Pruning(_Method):
+    """Magnitude or Wanda pruning, unstructured (a sparsity: per matrix, or per output row where ``per_row``) or
+    N:M; Wanda's norms from one forward of the dense model, or layer by layer (``sequential``)."""
+
+    per_row: bool = True
+    sequential: bool = False
+
+    def name(self, c: Compression) -> str:
+        if c.n:
+            return f"{c.kind}-{c.n}:{c.m}"
+        assert c.sparsity is not None  # parse sets N:M or a sparsity for pruning
+        return f"{c.kind}-{c.sparsity * 100:g}%"
+
+    def apply(
+        self,
+        c: Compression,
+        hf_model: nn.Module,
+        modules: Mapping[str, nn.Linear | Conv1D],
+        calibration: Int[Tensor, "batch pos"] | None,
+    ) -> None:
+        if not self.calibrated or calibration is None:
+            c._compress(modules, None)
+        elif self.sequential:
+            _sequential(c, hf_model, modules, calibration)
+        else:  # every norm from one forward of the dense model
+            c._compress(modules, linear_input_norms(hf_model, modules, calibration))
+
+    def weight(
+        self, c: Compression, w: Float[Tensor, "d_out d_in"], norms: Float[Tensor, " d_in"] | None
+    ) -> Float[Tensor, "d_out d_in"]:
+        score = w.abs() if norms is None else w.abs() * norms[None, :]
+        if c.n and c.m:
+            return w * nm_mask(score, c.n, c.m)
+        assert c.sparsity is not None  # parse sets N:M or a sparsity for pruning
+        return w * sparsity_mask(score, c.sparsity, per_row=self.per_row)
+
+
+@dataclass(frozen=True)
+class _Torchao(_Method):
+    """torchao's ``quantize_`` on each block linear map (its quantized tensor subclass becomes the weight): int8,
+    int4 (CUDA only), intx, or AWQ over int8 / int4 (``awq``)."""
+
+    awq: bool = False
+    intx: bool = False
+
+    def name(self, c: Compression) -> str:
+        width = f"intx{c.bits}" if self.intx else f"int{c.bits}"
+        return f"torchao-{'awq-' if self.awq else ''}{width}" + (f"-g{c.group_size}" if c.group_size else "")
+
+    def apply(
+        self,
+        c: Compression,
+        hf_model: nn.Module,
+        modules: Mapping[str, nn.Linear | Conv1D],
+        calibration: Int[Tensor, "batch pos"] | None,
+    ) -> None:
         try:
             import torchao.quantization as tq
             from torchao.quantization.granularity import PerGroup
         except ImportError as exc:
             raise LensParallelError(
-                f"{self.name} needs torchao: pip install 'lens_parallel[quantization]' ({exc})"
+                f"{c.name} needs torchao: pip install 'lens_parallel[quantization]' ({exc})"
             ) from exc
         conv = [name for name, m in modules.items() if isinstance(m, Conv1D)]
         if conv:
             raise LensParallelError(
-                f"{self.name}: torchao's quantize_ takes nn.Linear layers, and this model's blocks use GPT-2's Conv1D "
+                f"{c.name}: torchao's quantize_ takes nn.Linear layers, and this model's blocks use GPT-2's Conv1D "
                 f"({conv[0]}, ...); use int8 / int4-g128 (round-to-nearest) for it"
             )
         device = next(hf_model.parameters()).device
-        if self.bits == 4 and self.kind != "torchao-intx" and device.type != "cuda":  # torchao-(awq-)int4
-            instead = "torchao-awq-int8" if self.awq else f"torchao-intx4-g{self.group_size}"
+        if c.bits == 4 and not self.intx and device.type != "cuda":  # torchao-(awq-)int4
+            instead = "torchao-awq-int8" if self.awq else f"torchao-intx4-g{c.group_size}"
             raise LensParallelError(
-                f"{self.name} (torchao's Int4WeightOnlyConfig) runs on CUDA only and this model is on "
+                f"{c.name} (torchao's Int4WeightOnlyConfig) runs on CUDA only and this model is on "
                 f"{device}; on CPU use {instead}"
             )
         widths = {int(_as_out_in(m).shape[1]) for m in modules.values()}
-        ragged = sorted(w for w in widths if self.group_size and w % self.group_size)
+        ragged = sorted(w for w in widths if c.group_size and w % c.group_size)
         if ragged:
             raise LensParallelError(
-                f"{self.name}: torchao's groups must divide every input width, and this model has widths {ragged} "
-                f"(not multiples of {self.group_size}); use a group that divides them, or int{self.bits}-g"
-                f"{self.group_size} (round-to-nearest with a shorter last group)"
+                f"{c.name}: torchao's groups must divide every input width, and this model has widths {ragged} "
+                f"(not multiples of {c.group_size}); use a group that divides them, or int{c.bits}-g"
+                f"{c.group_size} (round-to-nearest with a shorter last group)"
             )
-        if self.kind == "torchao-intx":
-            dtype = getattr(torch, f"int{self.bits}")
-            config: object = tq.IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerGroup(self.group_size))
-        elif self.bits == 8:
+        if self.intx:
+            dtype = getattr(torch, f"int{c.bits}")
+            config: object = tq.IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerGroup(c.group_size))
+        elif c.bits == 8:
             config = tq.Int8WeightOnlyConfig()
         else:
-            config = tq.Int4WeightOnlyConfig(group_size=self.group_size)
+            config = tq.Int4WeightOnlyConfig(group_size=c.group_size)
         if self.awq:
             assert calibration is not None  # apply refuses a calibrated method without tokens
             _awq(hf_model, modules, config, calibration)
@@ -250,23 +313,55 @@ class Compression:
         for module in modules.values():
             tq.quantize_(module, config)
 
-    def _compress(self, modules: Mapping[str, nn.Linear | Conv1D], norms: Mapping[str, Tensor] | None) -> None:
-        """Quantize or prune each of ``modules`` in place (Wanda's score with the input ``norms``)."""
-        with torch.no_grad():
-            for name, module in modules.items():
-                w = _as_out_in(module)
-                if self.kind == "int":
-                    assert self.bits is not None  # parse sets bits for int
-                    new = quantize_rtn(w, bits=self.bits, group_size=self.group_size)
-                else:
-                    score = w.abs() if norms is None else w.abs() * norms[name].to(w)[None, :]
-                    if self.n and self.m:
-                        keep = nm_mask(score, self.n, self.m)
-                    else:
-                        assert self.sparsity is not None  # parse sets N:M or a sparsity for pruning
-                        keep = sparsity_mask(score, self.sparsity, per_row=self.kind != "magnitude")
-                    new = w * keep
-                _set_out_in(module, new)
+
+METHODS: Mapping[str, _Method] = {
+    "none": _Unchanged(),
+    "int": _RoundToNearest(),
+    "magnitude": _Pruning(per_row=False),
+    "wanda": _Pruning(calibrated=True),
+    "wanda-seq": _Pruning(calibrated=True, calibrated_apart=True, sequential=True),
+    "torchao-int8": _Torchao(),
+    "torchao-int4": _Torchao(),
+    "torchao-intx": _Torchao(intx=True),
+    "torchao-awq": _Torchao(calibrated=True, calibrated_apart=True, awq=True),
+}
+"""Every kind of compression (:attr:`Compression.kind`) and what it does (the module docstring's methods)."""
+
+
+def _sequential(
+    c: Compression,
+    hf_model: nn.Module,
+    modules: Mapping[str, nn.Linear | Conv1D],
+    calibration: Int[Tensor, "batch pos"],
+) -> None:
+    """Wanda layer by layer in one forward of the calibration tokens: each block runs dense while pre-hooks sum
+    its linear maps' squared inputs (which come from the blocks before it, already pruned), is then pruned, and
+    runs again on the same inputs to hand the next block the pruned output (2 block forwards a layer, as the
+    Wanda code's ``prune_wanda``: not a forward of every earlier layer per layer)."""
+    sums: dict[str, Tensor] = {}
+    rerun = [False]
+
+    def accumulate(module: nn.Module, args: tuple[Tensor, ...], *, name: str) -> None:
+        if not rerun[0]:
+            _add_squares(sums, name, args[0])
+
+    def prune_and_rerun(
+        block: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object, *, names: list[str]
+    ) -> object:
+        if rerun[0]:
+            return output
+        c._compress({n: modules[n] for n in names}, {n: sums.pop(n).sqrt() for n in names})
+        rerun[0] = True
+        try:
+            return block(*args, **kwargs)
+        finally:
+            rerun[0] = False
+
+    handles = [m.register_forward_pre_hook(partial(accumulate, name=n)) for n, m in modules.items()]
+    for block, names in _by_block(modules).items():
+        hook = partial(prune_and_rerun, names=names)
+        handles.append(hf_model.get_submodule(block).register_forward_hook(hook, with_kwargs=True))
+    _hooked_forward(hf_model, calibration, handles)  # no KV cache: a block's rerun must not see its first keys
 
 
 def _awq(
