@@ -157,6 +157,12 @@ class Compression:
                 _set_out_in(module, self.method.weight(self, w, None if norms is None else norms[name].to(w)))
 
 
+Linears = Mapping[str, nn.Linear | Conv1D]
+"""A model's block linear maps by name (:func:`block_linears`)."""
+Calibration = Int[Tensor, "batch pos"] | None
+"""Calibration tokens, or None."""
+
+
 @dataclass(frozen=True)
 class _Method:
     """What one kind of compression does: its spec's name, whether it reads calibration tokens (and on texts apart
@@ -168,13 +174,7 @@ class _Method:
     def name(self, c: Compression) -> str:
         return c.kind
 
-    def apply(
-        self,
-        c: Compression,
-        hf_model: nn.Module,
-        modules: Mapping[str, nn.Linear | Conv1D],
-        calibration: Int[Tensor, "batch pos"] | None,
-    ) -> None:
+    def apply(self, c: Compression, hf_model: nn.Module, modules: Linears, calibration: Calibration) -> None:
         """Compress ``modules`` (the block linear maps of ``hf_model``) in place: each weight by :meth:`weight`."""
         c._compress(modules, None)
 
@@ -190,13 +190,7 @@ class _Method:
 class _Unchanged(_Method):
     """``none``: the check that e = 0."""
 
-    def apply(
-        self,
-        c: Compression,
-        hf_model: nn.Module,
-        modules: Mapping[str, nn.Linear | Conv1D],
-        calibration: Int[Tensor, "batch pos"] | None,
-    ) -> None:
+    def apply(self, c: Compression, hf_model: nn.Module, modules: Linears, calibration: Calibration) -> None:
         return
 
 
@@ -228,13 +222,7 @@ class _Pruning(_Method):
         assert c.sparsity is not None  # parse sets N:M or a sparsity for pruning
         return f"{c.kind}-{c.sparsity * 100:g}%"
 
-    def apply(
-        self,
-        c: Compression,
-        hf_model: nn.Module,
-        modules: Mapping[str, nn.Linear | Conv1D],
-        calibration: Int[Tensor, "batch pos"] | None,
-    ) -> None:
+    def apply(self, c: Compression, hf_model: nn.Module, modules: Linears, calibration: Calibration) -> None:
         if not self.calibrated or calibration is None:
             c._compress(modules, None)
         elif self.sequential:
@@ -264,13 +252,7 @@ class _Torchao(_Method):
         width = f"intx{c.bits}" if self.intx else f"int{c.bits}"
         return f"torchao-{'awq-' if self.awq else ''}{width}" + (f"-g{c.group_size}" if c.group_size else "")
 
-    def apply(
-        self,
-        c: Compression,
-        hf_model: nn.Module,
-        modules: Mapping[str, nn.Linear | Conv1D],
-        calibration: Int[Tensor, "batch pos"] | None,
-    ) -> None:
+    def apply(self, c: Compression, hf_model: nn.Module, modules: Linears, calibration: Calibration) -> None:
         try:
             import torchao.quantization as tq
             from torchao.quantization.granularity import PerGroup
