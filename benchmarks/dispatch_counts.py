@@ -7,7 +7,7 @@ on a CPU is launch-bound there).
 
 The model is a toy with its context raised to the longest length (``toy_folder(spec, n_ctx=...)``), one document of
 random token ids of each length (what is counted does not depend on the text). Every case runs under
-:func:`lens_parallel.compat.dispatch_counts` (PyTorch's ``TorchDispatchMode``) with the block sizes of
+:func:`lens_parallel.devices.dispatch_counts` (PyTorch's dispatch mode) with the block sizes of
 ``--sized-as`` (:func:`lens_parallel.devices.sized_as`: ``cuda`` makes every size choice a GPU would, on this
 CPU), once after a warm-up; it counts kernels (operations that are not views). Cases: HF SDPA
 forward to the last hidden state (``hf-sdpa``); two such forwards, each unembedded over the whole vocabulary
@@ -29,7 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import lens_parallel as lp
-from lens_parallel import compat
+from lens_parallel import devices
 from lens_parallel.devices import sized_as
 from lens_parallel.documents import Documents
 from lens_parallel.models import toy_folder
@@ -75,7 +75,7 @@ def tokens_of(t: Any) -> torch.Tensor:
 def count(fn: Callable[[Any], Any], docs: Documents) -> int:
     """Kernels dispatched by ``fn(docs)``, after one warm-up call (lazy initialisation dispatches once)."""
     fn(docs)
-    with compat.dispatch_counts() as counts:
+    with devices.dispatch_counts() as counts:
         fn(docs)
     return sum(counts.kernels.values())
 

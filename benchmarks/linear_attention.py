@@ -83,7 +83,7 @@ def worker(mode: str, args: argparse.Namespace) -> dict:
 
 
 def dispatches(args: argparse.Namespace) -> dict:
-    from lens_parallel import compat
+    from lens_parallel import devices
     from lens_parallel.devices import sized_as
 
     out: dict[str, dict[int, int]] = {"forward": {}, "decompose": {}}
@@ -93,7 +93,7 @@ def dispatches(args: argparse.Namespace) -> dict:
         for name in out:
             with sized_as("cuda"):
                 calls[name]()  # lazy initialisation dispatches once
-                with compat.dispatch_counts() as counts:
+                with devices.dispatch_counts() as counts:
                     calls[name]()
             out[name][seq_len] = sum(counts.kernels.values())
     out["added by decompose"] = {n: out["decompose"][n] - out["forward"][n] for n in out["forward"]}

@@ -83,6 +83,11 @@ REFUSED: Mapping[str, str] = {
 """Model types refused before any weights load, each by the feature that has no exact definition here."""
 
 
+def text_config(config: Any) -> Any:
+    """The text model's config (a multimodal wrapper's ``text_config``; the config itself otherwise)."""
+    return getattr(config, "text_config", None) or config
+
+
 def _model_type(cls: str, model_types: list[str]) -> str:
     """The model type whose config builds ``cls``, among those transformers maps to it (Llama 4's text config, not
     the multimodal one), from the config classes' names (importing every modeling module would take seconds)."""

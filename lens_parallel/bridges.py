@@ -27,7 +27,6 @@ battery) reads its model through :func:`check_model`, before any work:
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import transformers
@@ -35,6 +34,7 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import architectures, attention, compat
 from lens_parallel.errors import LensParallelError
+from lens_parallel.kept import kept
 from lens_parallel.models import ModelInfo, model_info, weights_state
 
 
@@ -95,7 +95,7 @@ def check_model(model: Any) -> ModelInfo:
     if not isinstance(model, TransformerBridge):
         raise LensParallelError(f"model: {_not_a_bridge(model)}")
     name = model.cfg.model_name
-    if compat.weights_processed(model):
+    if compat.bridge_attribute(model, "weights_processed"):
         raise LensParallelError(
             f"{name}: its weights were {weights_state(model)}, which changes hook_v and the residual stream every "
             "space reads; lens_parallel analyses unprocessed weights: boot it again without processing "
@@ -108,13 +108,7 @@ def check_model(model: Any) -> ModelInfo:
             "unrecorded; remove them (model.reset_hooks()) or write the change as an lp.Edit, which every analysis "
             "applies and records"
         )
-    if model not in _INSTALLED:
-        if reason := architectures.bridge_refusal(set(model.hook_dict), model.cfg.n_layers):
-            raise LensParallelError(f"{name}: {reason}")
-        attention.install(model)
-        _INSTALLED.add(model)
+    if reason := kept(model, "refusal", lambda: architectures.bridge_refusal(set(model.hook_dict), model.cfg.n_layers)):
+        raise LensParallelError(f"{name}: {reason}")
+    attention.install(model)
     return model_info(model)
-
-
-_INSTALLED: weakref.WeakSet[TransformerBridge] = weakref.WeakSet()
-"""The bridges :func:`check_model` has given lens_parallel's attention (read once per bridge)."""

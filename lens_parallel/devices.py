@@ -4,12 +4,14 @@ A CPU wants blocks that stay in its cores' caches; a GPU wants few large ones, b
 5-10 us of CPU time while the GPU waits (measured on an H200: a diagonal capture at 8,192 tokens in blocks launched
 28,800 kernels, 1.33 s of CPU time for 0.36 s of GPU time). :func:`sizes` gives a tensor's device its
 :class:`WorkSizes`; :func:`sized_as` makes every choice inside as another kind of device makes it, so that a CPU
-run counts the operations a GPU run would dispatch (``benchmarks/dispatch_counts.py``, ``tests/test_dispatch.py``).
-The kernels themselves are still chosen by the real device (:func:`lens_parallel.compat.attention_with_lse`).
+run counts the operations a GPU run would dispatch (:func:`dispatch_counts`, ``benchmarks/dispatch_counts.py``,
+``tests/test_dispatch.py``). The kernels themselves are still chosen by the real device
+(:func:`lens_parallel.attention.kernels.attention_with_lse`).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import dataclasses
@@ -17,6 +19,7 @@ from collections.abc import Iterator
 
 import torch
 
+from lens_parallel import compat
 from lens_parallel.choices import DeviceKind
 from lens_parallel.validate import check_choice
 
@@ -85,3 +88,28 @@ def sized_as(device_kind: DeviceKind) -> Iterator[None]:
         yield
     finally:
         _AS.reset(token)
+
+
+class Counting:
+    """The operations dispatched while a :func:`dispatch_counts` block runs: ``kernels`` excludes views (operations
+    whose outputs alias an input without writing it: reshapes, slices, transposes), which launch no kernel."""
+
+    def __init__(self) -> None:
+        self.all: collections.Counter[str] = collections.Counter()
+        self.kernels: collections.Counter[str] = collections.Counter()
+
+
+@contextlib.contextmanager
+def dispatch_counts() -> Iterator[Counting]:
+    """Count every aten operation dispatched inside (PyTorch's dispatch mode,
+    :func:`lens_parallel.compat.dispatch_mode`): a device-independent measure of how many kernels a computation
+    launches, so that a loop of small blocks (cheap on a CPU, launch-bound on a GPU) shows on a CPU too."""
+    counts = Counting()
+
+    def seen(name: str, view: bool) -> None:
+        counts.all[name] += 1
+        if not view:
+            counts.kernels[name] += 1
+
+    with compat.dispatch_mode(seen):
+        yield counts

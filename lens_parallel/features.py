@@ -1,22 +1,18 @@
-"""Attention and block features: what an architecture brings that the analyses must get right, each defined once.
+"""Model features: what an architecture brings that the analyses must get right, each defined once.
 
-A :class:`Feature` names one thing (a sliding window, a logit soft cap, ALiBi, attention sinks, ...), how it is
-recognised on a loaded model (from its Hugging Face config and modules, never its name) and what lens_parallel does
-with it. :func:`model_features` lists the features of a model; they are part of :class:`~lens_parallel.ModelInfo`
-(so every result's provenance names them), of the support matrix and of the models guide
-(``docs/guides/architectures.md``), which read this table.
+A :class:`Feature` names one thing (a final soft cap, parallel blocks, post-norms, ...), how it is recognised on a
+loaded model (from its Hugging Face config and modules, never its name) and what lens_parallel does with it.
+:func:`model_features` lists the features of a model; they are part of :class:`~lens_parallel.ModelInfo` (so every
+result's provenance names them), of the support matrix and of the models guide (``docs/guides/architectures.md``),
+which read this table. The features of the attention itself (sliding windows, soft caps, ALiBi, sinks, query/key
+norms, output gates) are the attention's own objects (:data:`lens_parallel.attention.FEATURES`), recognised per
+layer on its site and listed here as they are there.
 
 Where a feature is handled:
 
-- the attention path (:mod:`lens_parallel.attention`): sliding windows (the mask Hugging Face builds; a block of
-  queries reads only the keys its window reaches), attention soft caps (lens_parallel's own kernel of blocks of
-  queries: no fused kernel caps scores), grouped and multi-query heads. Where the queries and keys come from (rotary
-  of either layout, partial rotary, query/key norms, biases, key multipliers, Llama 4's query scaling, an output
-  gate) is the Hugging Face module's own forward, which hands them to lens_parallel's attention (the route through
-  the module, :func:`lens_parallel.compat.own_attention_reason`); what the attention itself does differently is a
-  part of lens_parallel's attention (attention sinks: the sink in each row's normaliser; ALiBi: its bias in one more
-  column of the queries and keys), and the model's ``attention`` record says per layer which path serves it and why
-  where TransformerLens's does;
+- the attention (:mod:`lens_parallel.attention`): each attention feature, grouped and multi-query heads; where the
+  queries and keys come from (rotary of either layout, partial rotary, biases, key multipliers) is the Hugging Face
+  module's own forward or the joint-QKV bridge's own steps;
 - the unembedding (:func:`lens_parallel.losses.unembedding`): the final soft cap and the logit multipliers;
 - the residual spaces: parallel blocks (residual-mlp is read against resid_pre), post-norms (one head's write is no
   term of the update), mixture-of-experts MLPs (residual-mlp is the routed block's output, which the router computes
@@ -32,6 +28,10 @@ from typing import Any
 
 from torch import nn
 
+from lens_parallel.architectures import text_config
+from lens_parallel.attention import FEATURES as ATTENTION_FEATURES
+from lens_parallel.attention import Feature as AttentionFeature
+from lens_parallel.attention import ScoreSpec
 from lens_parallel.layers import LAYER_KINDS, LinearAttention
 
 LOGIT_MULTIPLIERS: Mapping[str, str] = {
@@ -58,11 +58,6 @@ MULTIPLIERS = (
 """Config fields of scalar multipliers inside the network (Granite's, Falcon-H1's, Cohere's, ...)."""
 
 
-def text_config(config: Any) -> Any:
-    """The text model's config (a multimodal wrapper's ``text_config``; the config itself otherwise)."""
-    return getattr(config, "text_config", None) or config
-
-
 def _number(config: Any, name: str) -> float | None:
     value = getattr(text_config(config), name, None)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -85,8 +80,9 @@ def final_softcap(config: Any) -> float | None:
 
 @dataclass(frozen=True)
 class Model:
-    """What features are recognised on: the Hugging Face model, its config, and what the bridge's hook points say
-    (the layer kinds, parallel blocks, post-norms, gated attention: :class:`~lens_parallel.ModelInfo`'s)."""
+    """What features are recognised on: the Hugging Face model, its config, what the bridge's hook points say (the
+    layer kinds, parallel blocks, post-norms: :class:`~lens_parallel.ModelInfo`'s) and the score spec of each
+    attention layer (:mod:`lens_parallel.attention.spec`)."""
 
     hf: nn.Module
     config: Any
@@ -95,7 +91,7 @@ class Model:
     layer_types: tuple[str, ...]
     parallel: bool
     post_norm: bool
-    gated: bool
+    attention: tuple[ScoreSpec, ...]
 
     def modules_with(self, name: str) -> list[Any]:
         """The values of attribute ``name`` on every submodule that sets it to something other than None."""
@@ -113,12 +109,6 @@ class Feature:
     handling: str
 
 
-def _sliding(m: Model) -> bool:
-    config = text_config(m.config)
-    local = "local" in (getattr(config, "attention_layers", None) or ())
-    return bool(m.modules_with("sliding_window")) or bool(getattr(config, "sliding_window", None)) or local
-
-
 def _partial_rotary(m: Model) -> bool:
     config = text_config(m.config)
     rope = getattr(config, "rope_parameters", None) or {}
@@ -127,16 +117,6 @@ def _partial_rotary(m: Model) -> bool:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // m.n_heads
     rotary_dim = getattr(config, "rotary_dim", None)
     return any(f is not None and f < 1 for f in fractions) or (rotary_dim is not None and rotary_dim < head_dim)
-
-
-def _alibi(m: Model) -> bool:
-    config = text_config(m.config)
-    attn_config = getattr(config, "attn_config", None)
-    return (
-        bool(getattr(config, "alibi", False))
-        or bool(getattr(attn_config, "alibi", False))
-        or config.model_type == "bloom"  # Bloom's positions are always ALiBi (no flag)
-    )
 
 
 def _biases(m: Model) -> bool:
@@ -160,6 +140,12 @@ def _multipliers(m: Model) -> bool:
     return any((value := _number(m.config, name)) is not None and value != 1.0 for name in MULTIPLIERS)
 
 
+def _attention(kind: type[AttentionFeature]) -> Feature:
+    """An attention feature (:data:`lens_parallel.attention.FEATURES`) as the model has it: on any attention layer's
+    spec."""
+    return Feature(kind.name, kind.title, lambda m: any(spec.find(kind) for spec in m.attention), kind.handling)
+
+
 FEATURES: Mapping[str, Feature] = {
     f.name: f
     for f in (
@@ -167,52 +153,22 @@ FEATURES: Mapping[str, Feature] = {
             "grouped-query",
             "grouped-query attention: several query heads share a kv head",
             lambda m: 1 < m.n_kv_heads < m.n_heads,
-            "values expanded to query heads (repeat_interleave); the GQA within/across-group contrast is defined",
+            "the statistics group each kv head's query heads against its one value (no copy per query head); the "
+            "GQA within/across-group contrast is defined",
         ),
         Feature(
             "multi-query",
             "multi-query attention: every query head shares one kv head",
             lambda m: m.n_kv_heads == 1 < m.n_heads,
-            "values expanded to every query head; the GQA contrast is undefined (one group) and says so",
+            "every query head read against the one value (no copy per query head); the GQA contrast is undefined "
+            "(one group) and says so",
         ),
-        Feature(
-            "sliding-window",
-            "sliding-window attention on some or all layers",
-            _sliding,
-            "lens_parallel's attention path reads Hugging Face's mask and, per block of queries, only the keys the "
-            "window reaches; cached decoding keeps the window (Hugging Face's cache)",
-        ),
-        Feature(
-            "attention-softcap",
-            "attention logits soft-capped, c tanh(s / c)",
-            lambda m: (
-                bool(m.modules_with("attn_logit_softcapping")) or bool(_number(m.config, "attn_logit_softcapping"))
-            ),
-            "lens_parallel's own kernel for capped scores (no fused kernel caps them): blocks of queries with each "
-            "row's log-sum-exp, never the square; on the fused and diagonal paths alike",
-        ),
+        *(_attention(kind) for kind in ATTENTION_FEATURES),
         Feature(
             "final-softcap",
             "final logits soft-capped",
             lambda m: final_softcap(m.config) is not None,
             "applied by the chunked unembedding of every loss",
-        ),
-        Feature(
-            "alibi",
-            "ALiBi: a linear bias on the attention scores by distance, no position embeddings",
-            _alibi,
-            "lens_parallel's attention with the bias b_hs in one more column of the queries and keys (scale q'.k' = "
-            "scale q.k + b_s), so every path serves it, the fused kernels included, with no square formed; Bloom's "
-            "and MPT's Hugging Face models build eager's square mask themselves, which is read as given",
-        ),
-        Feature(
-            "attention-sinks",
-            "attention sinks: a learned extra logit per head, so a pattern row sums to less than 1",
-            lambda m: bool(m.modules_with("sinks")),
-            "lens_parallel's attention with the sink in every row's normaliser: the fused kernel's output scaled by "
-            "sigmoid(lse_t - b_h), the diagonal rows from softmax([s_tt, lse'_t, b_h]), the blocked pattern with the "
-            "sink's column dropped; ZeroDiagonal divides by 1 - A_tt (the self key masked out of the softmax, the "
-            "sink kept: its share grows in proportion); DiagonalEdit adds dA_tt v_t, whatever a row sums to",
         ),
         Feature(
             "partial-rotary",
@@ -225,13 +181,6 @@ FEATURES: Mapping[str, Feature] = {
             "attention and MLP read the same residual and add to it together",
             lambda m: m.parallel,
             "residual-mlp's reference is resid_pre; resid_mid does not exist; residual-block is their sum",
-        ),
-        Feature(
-            "qk-norm",
-            "queries and keys normalised before the scores",
-            lambda m: bool(m.modules_with("q_norm") or m.modules_with("q_layernorm")),
-            "the queries and keys the module makes, normed where it norms them (the route through the module); "
-            "hook_q_normed fires on TransformerLens's forward, which a hook on it selects",
         ),
         Feature(
             "multipliers",
@@ -268,13 +217,6 @@ FEATURES: Mapping[str, Feature] = {
             "one head's write z_h W_O[h] is no term of the update: per-head residual-attn is refused (one line)",
         ),
         Feature(
-            "gated-attention",
-            "an output gate on attention, z = sigmoid(gate) * A v",
-            lambda m: m.gated,
-            "the value spaces read the pre-gate A v = hook_z / sigmoid(gate), the gate read where both forwards fire "
-            "it (a query-split gate from hook_q)",
-        ),
-        Feature(
             "linear-attention",
             "linear-attention layers (gated delta rule)",
             lambda m: any(isinstance(LAYER_KINDS[t], LinearAttention) for t in m.layer_types),
@@ -288,7 +230,7 @@ FEATURES: Mapping[str, Feature] = {
         ),
     )
 }
-"""Every feature, by name, in the support matrix's order."""
+"""Every feature, by name, in the support matrix's order: the attention's own after the heads' grouping."""
 
 
 def model_features(model: Model) -> tuple[str, ...]:

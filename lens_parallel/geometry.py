@@ -113,6 +113,21 @@ def alignment(m: Float[Tensor, "*batch d"], r: Float[Tensor, "*batch d"], *, eps
     )
 
 
+def grouped_products(
+    m: Float[Tensor, "batch pos head_index d"], r: Float[Tensor, "batch pos kv_head_index d"]
+) -> tuple[Float[Tensor, "batch pos head_index"], ...]:
+    """``(m.r, |m|^2, |r|^2)`` of each head's message against its key-value group's reference: head h against
+    ``r[h // group]`` (group = head_index / kv_head_index), as contractions over ``d`` with the group an axis of its
+    own, so that ``r`` is never repeated per head (the value spaces under grouped-query attention)."""
+    group = m.shape[2] // r.shape[2]
+    if group == 1:
+        return tuple(torch.einsum("...d,...d->...", a, b) for a, b in ((m, r), (m, m), (r, r)))
+    grouped = einops.rearrange(m, "batch pos (kv group) d -> batch pos kv group d", group=group)
+    dot = torch.einsum("...kgd,...kd->...kg", grouped, r)
+    rr = einops.repeat(torch.einsum("...d,...d->...", r, r), "batch pos kv -> batch pos (kv group)", group=group)
+    return einops.rearrange(dot, "batch pos kv group -> batch pos (kv group)"), torch.einsum("...d,...d->...", m, m), rr
+
+
 def scale_delta(
     m: Float[Tensor, "*batch d"],
     r: Float[Tensor, "*batch d"],
@@ -197,15 +212,15 @@ def mean_earlier_cosine(
 
 def split_self(
     z: Float[Tensor, "batch pos head_index d_head"],
-    v: Float[Tensor, "batch pos head_index d_head"],
+    v: Float[Tensor, "batch pos kv_head_index d_head"],
     pattern_diag: Float[Tensor, "batch head_index pos"],
 ) -> tuple[Float[Tensor, "batch pos head_index d_head"], Float[Tensor, "batch pos head_index d_head"]]:
-    """Exclude-self split of the value aggregate o_t = z_t: d_t = A_tt v_t (self term), c_t = o_t - d_t.
-
-    ``v`` is already expanded to query heads; returns ``(d, c)``.
-    """
-    diag = einops.rearrange(pattern_diag, "batch head_index pos -> batch pos head_index 1")
-    d = diag * v
+    """Exclude-self split of the value aggregate o_t = z_t: d_t = A_tt v_t (self term), c_t = o_t - d_t; ``v`` per
+    query head, or per key-value head (head h reads ``v[h // group]``, never repeated per head). Returns ``(d,
+    c)``."""
+    group = z.shape[2] // v.shape[2]
+    diag = einops.rearrange(pattern_diag, "batch (kv group) pos -> batch pos kv group 1", group=group)
+    d = einops.rearrange(diag * v[:, :, :, None], "batch pos kv group d -> batch pos (kv group) d")
     return d, z - d
 
 

@@ -13,7 +13,6 @@ import numbers
 import threading
 import typing
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, cast
@@ -26,10 +25,11 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import compat, geometry
-from lens_parallel.attention import QUERY_BLOCK, Diagonal, rows_hook
+from lens_parallel.attention import GATES, QUERY_BLOCK, Diagonal, rows_hook
 from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
 from lens_parallel.geometry import expand_kv as expand_kv  # where the analyses and edits import it from
-from lens_parallel.layers import BLOCK_HOOKS, GATES
+from lens_parallel.kept import kept
+from lens_parallel.layers import BLOCK_HOOKS
 from lens_parallel.models import ModelInfo, model_info
 
 Hook = tuple[str, Callable[..., Tensor | None]]
@@ -258,19 +258,39 @@ def residual_reference_role(info: ModelInfo, sublayer: str) -> str:
     return "resid_mid" if sublayer == "mlp" and not info.parallel_attn_mlp else "resid_pre"
 
 
-_SKIP_DEPTH: dict[int, int] = {}
-_LOCKS: weakref.WeakKeyDictionary[TransformerBridge, Any] = weakref.WeakKeyDictionary()
-_LOCKS_LOCK = threading.Lock()
-
-
 def model_lock(model: TransformerBridge) -> contextlib.AbstractContextManager[bool]:
-    """The lock of one model's forwards (re-entrant): its hooks and patched blocks are that model's shared state,
-    so forwards of one model from several threads take turns, while forwards of different models run at once."""
-    with _LOCKS_LOCK:
-        if model not in _LOCKS:
-            _LOCKS[model] = threading.RLock()
-        lock: contextlib.AbstractContextManager[bool] = _LOCKS[model]
-        return lock
+    """The lock of one model's forwards (re-entrant, kept on the model): its hooks and patched blocks are that
+    model's shared state, so forwards of one model from several threads take turns, while forwards of different
+    models run at once."""
+    lock: contextlib.AbstractContextManager[bool] = kept(model, "lock", threading.RLock)
+    return lock
+
+
+def _passthrough(hidden_states: Any, *args: object, **kwargs: object) -> Any:
+    return hidden_states
+
+
+@contextlib.contextmanager
+def _passing_through(modules: Sequence[torch.nn.Module]) -> Iterator[None]:
+    """Each module's forward replaced by the identity on its first argument while inside (re-entrant: nested
+    contexts count per module, :data:`_SKIP_DEPTH`)."""
+    for module in modules:
+        count = _SKIP_DEPTH.get(id(module), 0)
+        if count == 0:
+            module.forward = _passthrough
+        _SKIP_DEPTH[id(module)] = count + 1
+    try:
+        yield
+    finally:
+        for module in modules:
+            _SKIP_DEPTH[id(module)] -= 1
+            if _SKIP_DEPTH[id(module)] == 0:
+                del _SKIP_DEPTH[id(module)]
+                del module.forward
+
+
+_SKIP_DEPTH: dict[int, int] = {}
+"""How many :func:`skip_blocks_before` contexts hold each skipped module (by id, while they hold it)."""
 
 
 @contextlib.contextmanager
@@ -285,7 +305,8 @@ def skip_blocks_before(model: TransformerBridge, layer: int) -> Iterator[None]:
     thread-safe (the model's lock, :func:`model_lock`, held for the context's duration: forwards of the same model
     in other threads wait); the installed TransformerLens is checked first (:data:`lens_parallel.compat.CHECKED`).
     """
-    with model_lock(model), compat.passthrough([compat.hf_module(model.blocks[i]) for i in range(layer)], _SKIP_DEPTH):
+    compat.check("transformer-lens")
+    with model_lock(model), _passing_through([compat.hf_module(model.blocks[i]) for i in range(layer)]):
         yield
 
 
@@ -551,7 +572,7 @@ def checkpointed_blocks(model: TransformerBridge, recomputing: list[bool]) -> It
     with (
         model_lock(model),
         torch.utils.checkpoint.set_checkpoint_early_stop(False),
-        compat.component_forwards(blocks, forwards),
+        compat.steps_replaced("forward", blocks, forwards),
     ):
         yield
 

@@ -420,44 +420,6 @@ BLOCK_HOOKS: Mapping[str, str] = {
 attention/MLP block has no resid_mid; a block holding one mixer and no MLP has neither attn_out nor mlp_out)."""
 
 
-@dataclass(frozen=True)
-class AttentionGate:
-    """A sigmoid output gate on softmax attention, z = sigmoid(gate) * A v: the hook point whose presence marks it
-    (``declared_by``, relative to ``blocks.{layer}``) and the one the gate is read from (``hook``), both the same on
-    TransformerLens's forward and on lens_parallel's (:meth:`heads` turns what ``hook`` fires into the gate)."""
-
-    declared_by: str
-    hook: str
-
-    def heads(self, captured: Tensor, n_heads: int) -> Float[Tensor, "batch pos head_index d_head"]:
-        """The gate's logits per head from what :attr:`hook` fired ``[batch, pos, head_index * d_head]``."""
-        return einops.rearrange(captured, "batch pos (head d) -> batch pos head d", head=n_heads)
-
-    def dims(self, n_heads: int, d_head: int) -> tuple[tuple[str, int], ...]:
-        """The named sizes of what :attr:`hook` fires after ``batch, pos``."""
-        return (("n_heads * d_head", n_heads * d_head),)
-
-
-@dataclass(frozen=True)
-class _QueryGate(AttentionGate):
-    """A gate split off the query projection, each head's ``[query | gate]`` (Qwen3.5, Qwen3-Next). Read from
-    ``hook_q``, which fires the projection as 2 x head_index heads of d_head (each head's query, then its gate), on
-    TransformerLens's forward and on the route through the module alike; ``hook_q_gate`` fires only on
-    TransformerLens's."""
-
-    def heads(self, captured: Tensor, n_heads: int) -> Float[Tensor, "batch pos head_index d_head"]:
-        return einops.rearrange(captured, "batch pos (head two) d -> two batch pos head d", two=2)[1]
-
-    def dims(self, n_heads: int, d_head: int) -> tuple[tuple[str, int], ...]:
-        return ("2 * n_heads", 2 * n_heads), ("d_head", d_head)
-
-
-GATES: Mapping[str, AttentionGate] = {
-    "q_gate": _QueryGate(declared_by="attn.hook_q_gate", hook="attn.hook_q"),
-    "attn_gate": AttentionGate(declared_by="attn.gate.hook_out", hook="attn.gate.hook_out"),
-}
-"""The roles of a sigmoid output gate on softmax attention (:class:`AttentionGate`): a gate split off the query
-projection (``q_gate``), or a gate projection of its own (``attn_gate``, AFMoE: ``[batch, pos, head * d_head]``)."""
 SOFTMAX_HOOKS = ("attn.hook_z", "attn.hook_v", "attn.hook_pattern")
 """What a softmax-attention layer exposes (relative to ``blocks.{layer}``)."""
 LINEAR_HOOKS = ("linear_attn.hook_recurrence_out", "linear_attn.hook_v", "linear_attn.hook_beta")

@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import warnings
-import weakref
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,7 +39,8 @@ from lens_parallel import architectures, attention, compat, features
 from lens_parallel import tokenizers as _tok
 from lens_parallel.choices import LayerType
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
-from lens_parallel.layers import GATES, LAYER_KINDS, LayerKind, block_roles, layer_kind
+from lens_parallel.kept import kept
+from lens_parallel.layers import LAYER_KINDS, LayerKind, block_roles, layer_kind
 from lens_parallel.paths import cache_dir, cached_folder
 from lens_parallel.toys import TOY_MODELS, architecture_toys, find_toy
 from lens_parallel.validate import check_positive_int, did_you_mean
@@ -189,73 +189,50 @@ POSITIONAL = {"standard": "learned"}
 
 @dataclass(frozen=True)
 class _Structure:
-    """What a bridge's hook points and modules say of its layers and features (read once per model)."""
+    """What a bridge's hook points, modules and attention sites say of its layers and features (read once per
+    model, kept on it)."""
 
     layer_types: tuple[LayerType, ...]
     block_roles: tuple[tuple[str, ...], ...]
     post_norm: bool
     gate_role: str
     features: tuple[str, ...]
-    rotary_hooks: bool
-    patterns_after: tuple[int, ...]
-    module_routes: tuple[bool, ...]
-    """Per layer: whether lens_parallel's attention, once installed there, reads the module's own q, k, v
-    (:func:`lens_parallel.compat.module_route`); False on a layer without softmax attention."""
-    eager_reasons: tuple[str, ...]
-    """Per layer: why it keeps TransformerLens's eager forward (:func:`lens_parallel.compat.own_attention_reason`),
-    "" where lens_parallel's attention can take it or there is no softmax attention."""
-
-
-_STRUCTURES: weakref.WeakKeyDictionary[TransformerBridge, _Structure] = weakref.WeakKeyDictionary()
-
-
-def _attention_path(model: TransformerBridge, structure: _Structure, layer: int) -> str:
-    """Which attention serves ``layer`` now: lens_parallel's own path, or TransformerLens's eager forward and why
-    (:func:`lens_parallel.compat.own_attention_reason`, or not installed on this bridge); "" on a layer without
-    softmax attention. Whether it is installed is read now; the rest is the model's structure."""
-    if not LAYER_KINDS[structure.layer_types[layer]].pattern:
-        return ""
-    if compat.has_own_attention(model.blocks[layer].attn):
-        return "lens_parallel: the module's q, k, v" if structure.module_routes[layer] else "lens_parallel"
-    return f"eager: {structure.eager_reasons[layer] or 'lens_parallel attention not installed on this bridge'}"
+    rotary: bool
+    sites: tuple[attention.AttentionSite | None, ...]
+    """Per layer, its softmax attention's site (:mod:`lens_parallel.attention.site`); None on a layer without."""
 
 
 def _structure(model: TransformerBridge) -> _Structure:
-    """Each layer's kind (:func:`lens_parallel.layers.layer_kind`) and block-level roles, post-norms, an attention
-    gate, the features (:mod:`lens_parallel.features`) and each layer's attention path, from the bridge's hook
+    """Each layer's kind (:func:`lens_parallel.layers.layer_kind`) and block-level roles, post-norms, the attention
+    sites (their gate and features) and the model's features (:mod:`lens_parallel.features`), from the bridge's hook
     points and modules, read once per model."""
-    if model not in _STRUCTURES:
-        hooks = set(model.hook_dict)
-        layers = range(model.cfg.n_layers)
-        kinds = tuple(layer_kind(hooks, layer) for layer in layers)
-        roles = tuple(block_roles(hooks, layer) for layer in layers)
-        post_norm = any(f"blocks.{layer}.ln1_post.hook_in" in hooks for layer in layers)
-        gates = [role for role, gate in GATES.items() if any(f"blocks.{i}.{gate.declared_by}" in hooks for i in layers)]
-        gated = bool(gates)
-        parallel = any({"attn_out", "mlp_out"} <= set(r) and "resid_mid" not in r for r in roles)
-        found = features.Model(
-            model.original_model,
-            model.original_model.config,
-            model.cfg.n_heads,
-            model.cfg.n_key_value_heads or model.cfg.n_heads,
-            kinds,
-            parallel,
-            post_norm,
-            gated,
-        )
-        found_features = features.model_features(found)
-        softmax = [layer for layer in layers if LAYER_KINDS[kinds[layer]].pattern]
-        rotary = model.cfg.positional_embedding_type == "rotary" and all(  # TransformerLens's name for it
-            compat.fires_rotary_hooks(model.blocks[layer].attn) for layer in softmax
-        )
-        after = tuple(layer for layer in softmax if compat.pattern_after_attention(model.blocks[layer].attn))
-        gate = gates[0] if gates else ""
-        routes = tuple(layer in softmax and compat.module_route(model.blocks[layer].attn) for layer in layers)
-        reasons = tuple(
-            compat.own_attention_reason(model.blocks[layer].attn) if layer in softmax else "" for layer in layers
-        )
-        _STRUCTURES[model] = _Structure(kinds, roles, post_norm, gate, found_features, rotary, after, routes, reasons)
-    return _STRUCTURES[model]
+    return kept(model, "structure", lambda: _read_structure(model))
+
+
+def _read_structure(model: TransformerBridge) -> _Structure:
+    hooks = set(model.hook_dict)
+    layers = range(model.cfg.n_layers)
+    kinds = tuple(layer_kind(hooks, layer) for layer in layers)
+    roles = tuple(block_roles(hooks, layer) for layer in layers)
+    post_norm = any(f"blocks.{layer}.ln1_post.hook_in" in hooks for layer in layers)
+    parallel = any({"attn_out", "mlp_out"} <= set(r) and "resid_mid" not in r for r in roles)
+    every = attention.sites(model)
+    sites = tuple(attention.site_of(model.blocks[i].attn) if LAYER_KINDS[kinds[i]].pattern else None for i in layers)
+    gate = next((site.spec.gate for site in every if site.spec.gate is not None), None)
+    found = features.Model(
+        model.original_model,
+        model.original_model.config,
+        model.cfg.n_heads,
+        model.cfg.n_key_value_heads or model.cfg.n_heads,
+        kinds,
+        parallel,
+        post_norm,
+        tuple(site.spec for site in every),
+    )
+    rotary = model.cfg.positional_embedding_type == "rotary" and all(  # TransformerLens's name for it
+        site.fires_rotary for site in sites if site is not None
+    )
+    return _Structure(kinds, roles, post_norm, gate.role if gate else "", features.model_features(found), rotary, sites)
 
 
 def model_info(model: TransformerBridge) -> ModelInfo:
@@ -295,13 +272,13 @@ def model_info(model: TransformerBridge) -> ModelInfo:
         post_norm=structure.post_norm,
         block_roles=structure.block_roles,
         features=structure.features,
-        attention_paths=tuple(_attention_path(model, structure, layer) for layer in range(cfg.n_layers)),
+        attention_paths=tuple(site.label if site else "" for site in structure.sites),
         dtype=str(cfg.dtype).removeprefix("torch."),
         device=str(cfg.device),
         weights=weights_state(model),
         gate_role=structure.gate_role,
-        rotary_hooks=structure.rotary_hooks,
-        patterns_after=structure.patterns_after,
+        rotary_hooks=structure.rotary,
+        patterns_after=tuple(layer for layer, site in enumerate(structure.sites) if site and site.pattern_after),
     )
 
 
@@ -314,8 +291,8 @@ def weights_state(model: TransformerBridge) -> str:
     TransformerLens's compatibility mode named when it is on without processing
     (``enable_compatibility_mode(no_processing=True)``: legacy hook behaviour, the weights as loaded); or what
     TransformerLens's ``process_weights`` does by default, when its flag says it ran (TransformerLens records that it
-    ran, not which folds: :func:`lens_parallel.compat.weights_processed`)."""
-    if compat.weights_processed(model):
+    ran, not which folds)."""
+    if compat.bridge_attribute(model, "weights_processed"):
         return (
             "processed by TransformerLens (process_weights / enable_compatibility_mode: by default LayerNorm folded, "
             "writing weights centred, value biases folded into b_O)"

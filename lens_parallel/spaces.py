@@ -33,6 +33,7 @@ and its :class:`SpaceSpec` here; ``tests/test_registries.py`` checks that the tw
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, cast
@@ -42,10 +43,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_parallel import geometry
+from lens_parallel.attention import GATES
 from lens_parallel.choices import HeadSpace, Space
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import expand_kv, residual_reference_role
-from lens_parallel.layers import BLOCK_HOOKS, GATES
+from lens_parallel.layers import BLOCK_HOOKS
 from lens_parallel.models import ModelInfo
 
 Level = Literal["head", "sublayer"]
@@ -214,6 +216,18 @@ class ValueSpace(SpaceSpec):
         ``gated``: hook_z itself, the post-gate site) against its values."""
         return o, parts.v
 
+    def head_message(self, parts: ValueParts) -> HeadTensor:
+        """Each head's message m from the pre-gate aggregate, the values per key-value head."""
+        return parts.o
+
+    def alignment(self, parts: ValueParts, *, eps: float = geometry.EPS) -> geometry.Alignment:
+        """The alignment statistics of each unit's message with its reference (:meth:`units`), fields ``[batch pos
+        unit]``, with the values read per key-value head (:func:`~lens_parallel.geometry.grouped_products`: never
+        repeated per query head)."""
+        return geometry.alignment_from_products(
+            *geometry.grouped_products(self.head_message(parts), parts.values), eps=eps
+        )
+
     def to_heads(self, delta: Tensor, n_heads: int) -> HeadTensor:
         """A change of :meth:`units`' messages as a change of each head's aggregate."""
         return delta
@@ -255,6 +269,9 @@ class _ExcludeSelfSpace(ValueSpace):
     def units(self, o: HeadTensor, parts: ValueParts, *, gated: bool = False) -> tuple[Tensor, Tensor]:
         return o - parts.self_term(gated=gated), parts.v
 
+    def head_message(self, parts: ValueParts) -> HeadTensor:
+        return parts.o - parts.self_term()
+
 
 @dataclass(frozen=True)
 class _MergedSpace(ValueSpace):
@@ -265,6 +282,11 @@ class _MergedSpace(ValueSpace):
 
     def to_heads(self, delta: Tensor, n_heads: int) -> HeadTensor:
         return geometry.split_heads(delta.squeeze(2), n_heads)
+
+    def alignment(self, parts: ValueParts, *, eps: float = geometry.EPS) -> geometry.Alignment:
+        """One unit: the heads' products summed (concat_h o . concat_h v = sum_h o_h . v_h)."""
+        products = geometry.grouped_products(parts.o, parts.values)
+        return geometry.alignment_from_products(*(p.sum(-1, keepdim=True) for p in products), eps=eps)
 
 
 @dataclass(frozen=True)
@@ -430,26 +452,32 @@ def residual_space(name: str) -> _ResidualSpace:
 
 @dataclass(frozen=True)
 class ValueParts:
-    """A layer's value-space quantities, per query head (``v`` expanded under GQA; on a linear-attention layer per
-    value head, a_tt as ``diag``):
+    """A layer's value-space quantities, per query head, the values per key-value head (query head h reads
+    ``values[h // group]``; on a linear-attention layer per value head, a_tt as ``diag``):
 
     - ``o``: the value aggregate sum_s A_ts v_s (hook_z; the pre-gate A v under gated attention) ``[batch pos
       head_index d_head]``;
-    - ``v``: the values ``[batch pos head_index d_head]``;
+    - ``values``: the values ``[batch pos kv_head_index d_head]``, as hook_v holds them (never repeated per head
+      for the statistics: :meth:`ValueSpace.alignment`);
     - ``diag``: A_tt ``[batch head_index pos]`` (None when not captured);
     - ``gate``: sigmoid(gate) ``[batch pos head_index d_head]`` under gated attention when captured, else None.
     """
 
     o: Float[Tensor, "batch pos head_index d_head"]
-    v: Float[Tensor, "batch pos head_index d_head"]
+    values: Float[Tensor, "batch pos kv_head_index d_head"]
     diag: Float[Tensor, "batch head_index pos"] | None
     gate: Float[Tensor, "batch pos head_index d_head"] | None
+
+    @functools.cached_property
+    def v(self) -> Float[Tensor, "batch pos head_index d_head"]:
+        """The values repeated per query head (what an edit's per-head arithmetic reads)."""
+        return expand_kv(self.values, self.o.shape[2])
 
     def self_term(self, *, gated: bool = False) -> Float[Tensor, "batch pos head_index d_head"]:
         """The head's own term A_tt v_t (needs ``diag``); ``gated``: sigmoid(gate) A_tt v_t, its share of hook_z."""
         if self.diag is None:
             raise LensParallelError("exclude-self needs A_tt: capture the kind's value_roles(info, diagonal=True)")
-        own = geometry.split_self(self.o, self.v, self.diag)[0]
+        own = geometry.split_self(self.o, self.values, self.diag)[0]
         if gated:
             assert self.gate is not None  # the post-gate site is refused without a gate
             return self.gate * own
@@ -466,11 +494,10 @@ def value_parts(captured: Mapping[str, Tensor], info: ModelInfo) -> ValueParts:
         diag = None
         if "lin_beta" in captured:
             diag = geometry.linear_self_weights(captured["lin_q"], captured["lin_k"], captured["lin_beta"])
-        return ValueParts(o=captured["lin_o"], v=captured["lin_v"], diag=diag, gate=None)
-    v = expand_kv(captured["v"], info.n_heads)
+        return ValueParts(o=captured["lin_o"], values=captured["lin_v"], diag=diag, gate=None)
     gate: Tensor | None = None
     o = captured["z"]
     if info.gate_role in captured:
         gate = torch.sigmoid(GATES[info.gate_role].heads(captured[info.gate_role], info.n_heads))
         o = o / gate
-    return ValueParts(o=o, v=v, diag=captured.get("pattern_diag"), gate=gate)
+    return ValueParts(o=o, values=captured["v"], diag=captured.get("pattern_diag"), gate=gate)

@@ -9,7 +9,6 @@ and GQA analyses run (or say why not), and a loglikelihood task runs."""
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from pathlib import Path
 
@@ -19,8 +18,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import lens_parallel as lp
-from lens_parallel import architectures, compat, support
+from lens_parallel import architectures, support
 from lens_parallel.attention import attention_path
+from lens_parallel.attention.features import Alibi
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelSpecError, model_info, toy_folder
 from lens_parallel.tokenizers import hf_tokenizer
@@ -296,17 +296,16 @@ def test_bloom_builds_no_square_mask_and_its_eager_forward_gets_eagers_back(monk
     (the eager path: a whole-pattern hook) gets eager's additive square back: on every path the logits equal Hugging
     Face's eager forward, and the cached pattern is a distribution that hides the pads."""
     model = _load("toy-bloom")
-    reads = compat._alibi_biases()
-    bridge = type(model.blocks[0].attn)
-    read = reads[bridge].bias
+    alibi = lp.attention.site_of(model.blocks[0].attn).spec.find(Alibi)
+    read = type(alibi).bias
     handed: list[object] = []
 
-    def spy(component, kwargs, batch, n_key):
-        mask = kwargs.get("attention_mask")
+    def spy(self, call, batch, n_key):
+        mask = call.get("attention_mask")
         handed.append(None if mask is None else mask.dtype)
-        return read(component, kwargs, batch, n_key)
+        return read(self, call, batch, n_key)
 
-    monkeypatch.setitem(reads, bridge, dataclasses.replace(reads[bridge], bias=spy))
+    monkeypatch.setattr(type(alibi), "bias", spy)
     hf = AutoModelForCausalLM.from_pretrained(toy_folder("toy-bloom"), dtype=torch.float32).eval()
     tokens = torch.randint(3, 1000, (2, 24), generator=torch.Generator().manual_seed(1))
     padded = torch.ones_like(tokens)

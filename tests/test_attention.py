@@ -13,10 +13,12 @@ import pytest
 import torch
 from transformer_lens.hook_points import HookPoint
 
-from lens_parallel import attention, compat, geometry
+from lens_parallel import attention, geometry
 from lens_parallel.analyses.decompose import decompose
 from lens_parallel.analyses.evaluate import evaluate
-from lens_parallel.attention import attention_path, chosen_path, rows_hook
+from lens_parallel.attention import ScoreSpec, attention_path, chosen_path, kernels, paths, routes, rows_hook
+from lens_parallel.attention.features import Alibi, Sinks, SlidingWindow, SoftCap
+from lens_parallel.attention.fused import diagonal_rows, fused
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ComponentScale, DiagonalEdit, ZeroDiagonal
 from lens_parallel.errors import LensParallelError, LibraryError
@@ -104,6 +106,13 @@ def test_path_follows_the_hooks_attached():
         assert chosen_path(component).name == "diagonal"
 
 
+def _spec(scale, n_heads, n_kv, *, window=None, sinks=None, softcap=None, extra=()):
+    """A score spec of these features (each as a layer would have it recognised)."""
+    found = (SlidingWindow(window) if window else None, Sinks(sinks) if sinks is not None else None)
+    found += (SoftCap(softcap) if softcap else None, *extra)
+    return ScoreSpec(scale, n_heads, n_kv, tuple(f for f in found if f is not None))
+
+
 def _softmax_rows(q, k, v, mask, scale, sinks=None, softcap=None):
     """Float64 reference: A = softmax(scale q k^T + mask) (soft-capped, c tanh(scale q k^T / c) + mask; with
     ``sinks``: a column of logit b_h per head joins the softmax and is dropped), own weight, 1 - own weight, the
@@ -135,9 +144,9 @@ def test_diagonal_rows_from_the_kernel_equal_the_softmax_rows(n_query, mask_kind
     """A_tt, 1 - A_tt, sum_{s != t} A_ts v_s and z from the fused kernel's log-sum-exp equal the rows of an explicit
     float64 softmax: grouped heads, a padded row, a sliding window, queries fewer than keys (a decoding step), blocks
     of 7 queries (not dividing 31), attention sinks (a logit per head in the normaliser: rows sum to less than 1);
-    with sinks, z from the kernel scaled by each row's sum (:func:`_sink_kernel`) too. Soft-capped scores (a cap of
-    2, which every score of these reaches: tanh far from linear) come from lens_parallel's own kernel
-    (:func:`_capped_blocks`) on both."""
+    with sinks, z from the kernel scaled by each row's sum (:meth:`Sinks.scaled`) too. Soft-capped scores (a cap of
+    2, which every score of these reaches: tanh far from linear) come from the cap's own kernel
+    (:meth:`SoftCap.blocks`) on both."""
     torch.manual_seed(0)
     n_key = 31
     q, k, v = torch.randn(2, 6, n_query, 8), torch.randn(2, 2, n_key, 8), torch.randn(2, 2, n_key, 8)
@@ -149,9 +158,10 @@ def test_diagonal_rows_from_the_kernel_equal_the_softmax_rows(n_query, mask_kind
     allowed = allowed[..., n_key - n_query :, :]
     given = None if mask_kind == "causal" else allowed
     window = 8 if mask_kind == "window" else None
+    spec = _spec(0.4, 6, 2, window=window, sinks=sinks, softcap=softcap)
     with attention_path("auto", block_size=7):
-        rows = attention._diagonal_rows(q, k, v, given, scale=0.4, window=window, sinks=sinks, softcap=softcap)
-        kernel = attention._kernel(q, k, v, given, scale=0.4, window=window, sinks=sinks, softcap=softcap)
+        rows = diagonal_rows(q, k, v, given, spec)
+        kernel = fused(q, k, v, given, spec)
     live = allowed.any(-1).expand(2, 6, n_query)
     expected = _softmax_rows(q, k, v, allowed, 0.4, sinks, softcap)
     got = (rows.weight, rows.others, rows.rest, rows.z)
@@ -169,13 +179,20 @@ def test_diagonal_rows_from_the_kernel_equal_the_softmax_rows(n_query, mask_kind
         assert rows.weight[1, :, :4].abs().max() < 1e-30 and kernel[1, :, :4].abs().max() < 1e-30
 
 
+class _HandedBias(Alibi):
+    """ALiBi as a block hands it in ``call`` (the bias and the mask), as Bloom's does."""
+
+    def bias(self, call, batch, n_key):
+        return call["bias"], call["attention_mask"]
+
+
 @pytest.mark.parametrize("n_query", [31, 5])
 @pytest.mark.parametrize("mask_kind", ["causal", "padded"])
 def test_an_alibi_bias_rides_in_the_keys_on_every_path(n_query, mask_kind):
-    """ALiBi's score term b_hs (a slope per head times the key's position, :func:`attention._with_bias`: one more
-    column of the queries and keys): z on the fused, diagonal and blocked paths, the diagonal rows and the blocked
-    pattern equal an explicit float64 softmax(scale q k^T + b + mask); Bloom's slopes, a left-padded row, a decoding
-    step's 5 queries, blocks of 7 queries."""
+    """ALiBi's score term b_hs (a slope per head times the key's position, :meth:`Alibi.prepare`: one more column of
+    the queries and keys): z on the fused, diagonal and blocked paths, the diagonal rows and the blocked pattern equal
+    an explicit float64 softmax(scale q k^T + b + mask); Bloom's slopes, a left-padded row, a decoding step's 5
+    queries, blocks of 7 queries."""
     torch.manual_seed(0)
     n_key, heads, scale = 31, 4, 0.4
     q, k, v = torch.randn(2, heads, n_query, 8), torch.randn(2, heads, n_key, 8), torch.randn(2, heads, n_key, 8)
@@ -191,23 +208,25 @@ def test_an_alibi_bias_rides_in_the_keys_on_every_path(n_query, mask_kind):
     live = allowed.any(-1).expand(2, heads, n_query)
     blocks: list[torch.Tensor] = []
     component = SimpleNamespace(hook_pattern=HookPoint(), hook_attn_scores=HookPoint())
-    for path in (attention.FUSED, attention.DIAGONAL, attention.BLOCKED):
-        if path is attention.BLOCKED:  # a reader of the pattern's rows, block by block
+    alibi = _HandedBias(grouped=False)
+    spec, call = ScoreSpec(scale, heads, heads, (alibi,)), {"bias": bias, "attention_mask": given}
+    for path in (paths.FUSED, paths.DIAGONAL, paths.BLOCKED):
+        if path is paths.BLOCKED:  # a reader of the pattern's rows, block by block
             component.hook_pattern.add_hook(rows_hook(lambda tensor, hook: blocks.append(tensor.clone())))
         with attention_path("auto", block_size=7):
-            z = attention.attend(component, q, k, v, given, path=path, scale=scale, softcap=None, layer=None, bias=bias)
+            z = paths.attend(component, q, k, v, None, spec=spec, path=path, layer=None, call=call)
         want = (pattern @ v.double())[live].numpy()
         np.testing.assert_allclose(z[live].numpy(), want, atol=1e-5, err_msg=path.name)
     seen = torch.cat([torch.nn.functional.pad(b, (0, n_key - b.shape[-1])) for b in blocks], dim=2)
     np.testing.assert_allclose(seen[live].numpy(), pattern[live].numpy(), atol=1e-6)
-    wide_q, wide_k = attention._with_bias(q, k, bias, scale=scale)
-    assert wide_q.shape[-1] == wide_k.shape[-1] == 16  # 8 + 1 rounded up to a multiple of 8
+    wide_q, wide_k, mask = alibi.prepare(q, k, None, call, scale=scale)
+    assert wide_q.shape[-1] == wide_k.shape[-1] == 16 and mask is given  # 8 + 1 rounded up to a multiple of 8
     with attention_path("auto", block_size=7):
-        rows = attention._diagonal_rows(wide_q, wide_k, v, given, scale=scale, window=None, sinks=None, softcap=None)
+        rows = diagonal_rows(wide_q, wide_k, v, given, ScoreSpec(scale, heads, heads))
     own = torch.diagonal(pattern, offset=n_key - n_query, dim1=-2, dim2=-1)
     np.testing.assert_allclose(rows.weight[live].numpy(), own[live].numpy(), atol=1e-6)
     with pytest.raises(LibraryError, match="a key per query head"):  # grouped-query keys cannot carry a slope per head
-        attention._with_bias(q, k[:, :2], bias, scale=scale)
+        alibi.prepare(q, k[:, :2], None, call, scale=scale)
 
 
 def test_diagonal_rows_keep_the_rest_exact_where_a_row_is_almost_all_its_own():
@@ -216,7 +235,7 @@ def test_diagonal_rows_keep_the_rest_exact_where_a_row_is_almost_all_its_own():
     rest's output (the mean of the earlier values) exactly."""
     eye = torch.eye(12)[None, None]  # query t and key t: the t-th unit vector, so s_ts = 16 [s = t]
     v = torch.randn(1, 1, 12, 12, generator=torch.Generator().manual_seed(1))
-    rows = attention._diagonal_rows(eye * 4, eye * 4, v, None, scale=1.0, window=None, sinks=None, softcap=None)
+    rows = diagonal_rows(eye * 4, eye * 4, v, None, ScoreSpec(1.0, 1, 1))
     t = torch.arange(12, dtype=torch.float64)
     np.testing.assert_allclose(rows.others[0, 0].double().numpy(), (t / (np.exp(16) + t)).numpy(), rtol=1e-5)
     earlier_mean = (v[0, 0].double().cumsum(0) - v[0, 0].double())[1:] / t[1:, None]
@@ -231,10 +250,9 @@ def test_diagonal_rows_do_not_depend_on_the_batch_they_come_in(softcap):
     own kernel, one batch row at a time)."""
     torch.manual_seed(0)
     q, k, v = torch.randn(5, 4, 9, 16), torch.randn(5, 2, 9, 16), torch.randn(5, 2, 9, 16)
-    alone = attention._diagonal_rows(q, k, v, None, scale=0.25, window=None, sinks=None, softcap=softcap)
-    tiled = attention._diagonal_rows(
-        *(t.repeat(3, 1, 1, 1) for t in (q, k, v)), None, scale=0.25, window=None, sinks=None, softcap=softcap
-    )
+    spec = _spec(0.25, 4, 2, softcap=softcap)
+    alone = diagonal_rows(q, k, v, None, spec)
+    tiled = diagonal_rows(*(t.repeat(3, 1, 1, 1) for t in (q, k, v)), None, spec)
     for name in ("weight", "others", "rest", "z"):
         torch.testing.assert_close(getattr(tiled, name)[10:], getattr(alone, name), rtol=0, atol=0, msg=name)
 
@@ -294,8 +312,8 @@ def test_edits_give_the_same_losses_on_every_path(edit, monkeypatch):
     model = get_model("toy-llama")
     tokens = _tokens(model, n_docs=3, seq_len=25)
     kernel_calls = []
-    with_lse = compat.attention_with_lse
-    monkeypatch.setattr(compat, "attention_with_lse", lambda *a, **kw: kernel_calls.append(1) or with_lse(*a, **kw))
+    with_lse = kernels.attention_with_lse
+    monkeypatch.setattr(kernels, "attention_with_lse", lambda *a, **kw: kernel_calls.append(1) or with_lse(*a, **kw))
     frames = {}
     for path in ("eager", "auto", "diagonal", "blocked"):
         with attention_path(path, block_size=7):
@@ -317,8 +335,8 @@ def test_installed_on_every_softmax_layer():
 
 def test_wrapped_forwards_are_the_ones_checked():
     """The own path mirrors TransformerLens 4.3's attention forwards step for step; a release that changes them
-    must be checked again (the hashes of their source, :data:`lens_parallel.compat.ATTENTION_SOURCES`)."""
-    assert compat.attention_sources() == compat.ATTENTION_SOURCES
+    must be checked again (the hashes of their source, :data:`lens_parallel.attention.routes.ATTENTION_SOURCES`)."""
+    assert routes.attention_sources() == routes.ATTENTION_SOURCES
 
 
 def test_bad_path_and_block_size_are_refused():
@@ -332,17 +350,20 @@ def test_bad_path_and_block_size_are_refused():
     assert "block_size" in inspect.signature(attention_path).parameters
 
 
-@pytest.mark.parametrize("softcap", [None, 20.0])
-def test_gemma3_sliding_windows_norms_and_soft_capping(softcap):
-    """A Gemma 3 built here (no toy of the family is bundled): sliding-window layers with a window of 8 on 29
-    tokens, query/key norms, grouped heads, a padded row, and (as Gemma 2 does) soft-capped scores, which no fused
-    kernel computes: lens_parallel's own (:func:`attention._capped_blocks`) serves the fused and diagonal paths."""
+@pytest.mark.parametrize("family", ["gemma3", "gemma2"])
+def test_gemma_sliding_windows_norms_and_soft_capping(family):
+    """A Gemma 3 and a Gemma 2 built here (no toy of either is bundled): sliding-window layers with a window of 8 on 29
+    tokens, grouped heads, a padded row, Gemma 3's query/key norms and Gemma 2's soft-capped scores (a cap of 20),
+    which no fused kernel computes: the cap's own (:meth:`SoftCap.blocks`) serves the fused and diagonal paths.
+    Gemma 3's module keeps a cap its config names and never hands it to the attention (its scores are not capped):
+    lens_parallel recognises what the module hands."""
     import transformers
 
     from lens_parallel.models import wrap_hf_model
     from lens_parallel.tokenizers import load_bundled_tokenizer
 
-    config = transformers.Gemma3TextConfig(
+    config_class = {"gemma3": transformers.Gemma3TextConfig, "gemma2": transformers.Gemma2Config}[family]
+    config = config_class(
         num_hidden_layers=3,
         hidden_size=64,
         num_attention_heads=4,
@@ -352,13 +373,16 @@ def test_gemma3_sliding_windows_norms_and_soft_capping(softcap):
         vocab_size=151936,
         sliding_window=8,
         layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-        attn_logit_softcapping=softcap,
+        attn_logit_softcapping=20.0,
         max_position_embeddings=512,
-        architectures=["Gemma3ForCausalLM"],
+        architectures=[config_class.__name__.replace("Config", "ForCausalLM").replace("Text", "")],
     )
     torch.manual_seed(0)
     hf_model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    model = wrap_hf_model(hf_model, load_bundled_tokenizer("qwen3"), name="toy-gemma3")
+    model = wrap_hf_model(hf_model, load_bundled_tokenizer("qwen3"), name=f"toy-{family}")
+    specs = [site.spec for site in attention.sites(model)]
+    assert [spec.window for spec in specs] == [8, 8, None]
+    assert [spec.softcap for spec in specs] == [SoftCap(20.0) if family == "gemma2" else None] * 3
     assert attention.install(model) == 3
     tokens = torch.randint(100, 5000, (2, 29))
     mask = torch.ones_like(tokens)
@@ -366,7 +390,7 @@ def test_gemma3_sliding_windows_norms_and_soft_capping(softcap):
     _assert_paths_match_eager(model, tokens, mask)
     component = model.blocks[0].attn
     assert chosen_path(component).name == "fused"  # soft-capped scores too: their own kernel, no square
-    spans = list(attention._spans(29, 29, 6, 8))  # blocks of 6 queries (forced above) read the window's keys only
+    spans = list(kernels.spans(29, 29, 6, 8))  # blocks of 6 queries (forced above) read the window's keys only
     assert spans[0] == (0, 6, 0, 6) and spans[2] == (12, 18, 4, 18) and spans[-1] == (24, 29, 16, 29)
 
     @rows_hook

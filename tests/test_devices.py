@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lens_parallel import compat, devices
+from lens_parallel import devices
+from lens_parallel.attention import kernels
 from lens_parallel.errors import LensParallelError
 
 PACKAGE = Path(devices.__file__).parent
@@ -78,10 +79,11 @@ def test_the_cuda_kernel_with_the_log_sum_exp_takes_these_shapes(mask):
         "broadcast": torch.empty(37, 45, device="meta"),
         "per-row": torch.empty(2, 1, 37, 45, device="meta"),
     }[mask]
-    found = compat.attention_with_lse(q, k, k, bias, causal=False, scale=0.125)
+    found = kernels.attention_with_lse(q, k, k, bias, causal=False, scale=0.125)
     assert found is not None
     out, lse = found
     assert out.shape == (2, 4, 37, 64) and lse.shape == (2, 4, 37)
     assert (
-        compat.attention_with_lse(q, k, torch.empty(2, 4, 45, 32, device="meta"), None, causal=False, scale=1.0) is None
+        kernels.attention_with_lse(q, k, torch.empty(2, 4, 45, 32, device="meta"), None, causal=False, scale=1.0)
+        is None
     )

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import lens_parallel as lp
-from lens_parallel import compat
+from lens_parallel import devices
 from lens_parallel.devices import sized_as
 from lens_parallel.documents import Documents
 from lens_parallel.models import load_model, toy_folder
@@ -50,7 +50,7 @@ def setup():
 
 def _kernels(fn) -> int:
     fn()  # lazy initialisation dispatches once
-    with compat.dispatch_counts() as counts:
+    with devices.dispatch_counts() as counts:
         fn()
     return sum(counts.kernels.values())
 

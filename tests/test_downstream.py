@@ -705,16 +705,16 @@ def test_lm_evals_task_index_is_cached_and_the_local_definitions_join_it_as_its_
     lm-eval's TaskManager(include_path=folder) builds."""
     from lm_eval.tasks import TaskManager
 
-    from lens_parallel import compat
+    from lens_parallel.downstream import harness
     from lens_parallel.downstream.data import task_definitions
 
     folder = task_definitions()
     built = TaskManager(include_path=str(folder))
-    first = compat.task_manager_from_cache(tmp_path)  # built, and written
+    first = harness.task_manager_from_cache(tmp_path)  # built, and written
     (written,) = tmp_path.glob("lm_eval_task_index-*.pickle")
-    again = compat.task_manager_from_cache(tmp_path)  # read back
+    again = harness.task_manager_from_cache(tmp_path)  # read back
     assert list(again.task_index) == list(first.task_index) and again.task_index is not first.task_index
-    merged = compat.task_manager_with_include(again, str(folder))
+    merged = harness.task_manager_with_include(again, str(folder))
     assert list(merged.task_index) == list(built.task_index) and len(merged.task_index) > 1000
     assert all(merged.task_index[name] == entry for name, entry in built.task_index.items())
     assert (merged.all_tasks, merged.all_subtasks, merged.all_groups, merged.all_tags) == (

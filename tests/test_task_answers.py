@@ -209,7 +209,7 @@ def test_ruler_is_imported_without_an_nltk_download_or_its_false_report(monkeypa
 
     import nltk
 
-    from lens_parallel import compat
+    from lens_parallel.downstream import harness
 
     real_find = nltk.data.find
 
@@ -221,7 +221,7 @@ def test_ruler_is_imported_without_an_nltk_download_or_its_false_report(monkeypa
     monkeypatch.delitem(sys.modules, "lm_eval.tasks.ruler.prepare_niah", raising=False)
     monkeypatch.setattr(nltk.data, "find", missing)
     monkeypatch.setattr(nltk, "download", _no_forward)  # any download attempt fails the test
-    compat.import_ruler_without_download()
+    harness.import_ruler_without_download()
     assert "lm_eval.tasks.ruler.prepare_niah" in sys.modules and nltk.data.find is missing
     assert "punkt_tab" not in capsys.readouterr().out
 

@@ -274,8 +274,7 @@ def _reducer(
                 continue
             if spec.value:
                 assert parts is not None  # v is captured for every value space (SpaceSpec.roles)
-                m, r = value_space(space).units(parts.o, parts)
-                acc.add((space, spec.level), layer, geometry.alignment(m, r, eps=eps), real)
+                acc.add((space, spec.level), layer, value_space(space).alignment(parts, eps=eps), real)
             else:
                 m, x = residual_space(space).residual_message(t, info)
                 a = geometry.alignment(m.unsqueeze(2), x.unsqueeze(2), eps=eps)

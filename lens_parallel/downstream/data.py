@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 from lens_parallel import compat
-from lens_parallel.downstream import task_functions
+from lens_parallel.downstream import harness, task_functions
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
 from lens_parallel.paths import cache_dir, cached_folder, sha256_file
 from lens_parallel.weights import WeightsFetchError, fetch_wheel
@@ -447,15 +447,15 @@ TaskMetadata = tuple[tuple[str, Any], ...] | None
 @functools.cache
 def task_manager(include_path: Path | None, metadata: TaskMetadata = None) -> Any:
     """lm-eval's ``TaskManager`` (its index of every task YAML: about 6-10 s to build here, so built once per process
-    and kept in the cache folder for the next, :func:`~lens_parallel.compat.task_manager_from_cache`), with the local
-    definitions in ``include_path`` added (the folder alone scanned, onto a copy of that index) and ``metadata``
-    handed to every task it loads (a copy of the folder's manager: the same index)."""
+    and kept in the cache folder for the next, :func:`~lens_parallel.downstream.harness.task_manager_from_cache`),
+    with the local definitions in ``include_path`` added (the folder alone scanned, onto a copy of that index) and
+    ``metadata`` handed to every task it loads (a copy of the folder's manager: the same index)."""
     if metadata is not None:
         meta = {k: list(v) if isinstance(v, tuple) else v for k, v in metadata}
-        return compat.task_manager_with_metadata(task_manager(include_path), meta)
+        return compat.with_task_metadata(task_manager(include_path), meta)
     if include_path is not None:
-        return compat.task_manager_with_include(task_manager(None), str(include_path))
-    return compat.task_manager_from_cache(cache_dir())
+        return harness.task_manager_with_include(task_manager(None), str(include_path))
+    return harness.task_manager_from_cache(cache_dir())
 
 
 RULER_SYNTHETIC = frozenset(

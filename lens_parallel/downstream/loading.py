@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lens_parallel import compat
 from lens_parallel.downstream.data import (
     LOCAL_TASKS,
     OLMO_EVAL,
@@ -19,7 +18,15 @@ from lens_parallel.downstream.data import (
     task_definitions,
     task_manager,
 )
-from lens_parallel.downstream.offline import OWN_SHOTS, alternative, hub_offline, unreachable_message, why_missing
+from lens_parallel.downstream.harness import import_ruler_without_download
+from lens_parallel.downstream.offline import (
+    OWN_SHOTS,
+    alternative,
+    hub_offline,
+    hub_offline_mode,
+    unreachable_message,
+    why_missing,
+)
 from lens_parallel.errors import EnvironmentFailure
 from lens_parallel.logs import RULER_PRINTED_LINE, drop_printed_lines
 
@@ -81,8 +88,8 @@ def load_tasks(
     missing: dict[str, str] = {}
     unreachable = []
     if metadata is not None:
-        compat.import_ruler_without_download()
-    with compat.hub_offline_mode(offline), drop_printed_lines(RULER_PRINTED_LINE):
+        import_ruler_without_download()
+    with hub_offline_mode(offline), drop_printed_lines(RULER_PRINTED_LINE):
         for name, shots in plan:  # one at a time: every task whose data cannot be reached is named
             try:
                 part = manager.load([name])

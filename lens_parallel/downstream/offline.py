@@ -4,16 +4,19 @@ lm-eval task whose data live on the hub.
 Offline, ``datasets`` retries the hub for about a minute before failing with a traceback. :func:`hub_offline`
 answers at once (``HF_HUB_OFFLINE``, else one connection attempt to the hub's endpoint with a short timeout), and
 while it says offline the task loading runs with the hub switched off
-(:func:`lens_parallel.compat.hub_offline_mode`: the ``datasets`` cache, else one error per task), so a task whose
+(:func:`hub_offline_mode`: the ``datasets`` cache, else one error per task), so a task whose
 data cannot be reached is named at once, with its offline alternative where there is one (:func:`alternative`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import socket
+from collections.abc import Iterator
 from urllib.parse import urlparse
 
+from lens_parallel import compat
 from lens_parallel.downstream.data import LOCAL_TASKS
 
 HUB_TIMEOUT_S = 3.0
@@ -76,3 +79,22 @@ def unreachable_message(tasks: list[str]) -> str:
         f"the Hugging Face hub cannot be reached and the data of {', '.join(tasks)} are not in the datasets cache; "
         + "; ".join(parts)
     )
+
+
+@contextlib.contextmanager
+def hub_offline_mode(offline: bool) -> Iterator[None]:
+    """Inside, when ``offline``, ``datasets`` and ``huggingface_hub`` act as under ``HF_HUB_OFFLINE=1`` (read from
+    their caches or fail at once, where they would otherwise retry the network for about a minute)."""
+    if not offline:
+        yield
+        return
+    compat.check("datasets")
+    import datasets.config
+    import huggingface_hub.constants
+
+    before = datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = before

@@ -13,7 +13,7 @@ from typing import Any
 
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import compat
+from lens_parallel.downstream.harness import lm_eval_quietly
 from lens_parallel.downstream.settings import TaskSettings
 from lens_parallel.edits import Edit, describe_edit
 from lens_parallel.errors import LensParallelError
@@ -85,7 +85,7 @@ def run_tasks(
             if stored := len(store):
                 say(f"resumed {stored} finished requests of {desc} from {opts.store}")
             lm.attach_store(store)
-        stack.enter_context(compat.lm_eval_quietly(progress=opts.progress))
+        stack.enter_context(lm_eval_quietly(progress=opts.progress))
         out = simple_evaluate(
             model=lm,
             tasks=list(task_objects.values()),

@@ -14,9 +14,9 @@ Qwen3.5 linear-attention layer, whose cached steps run Hugging Face's own module
 fire; a user edit that does not say) decodes without a cache (:func:`recomputed_forwards`): each step reruns the
 whole sequence so far, as every analysis runs it, so each token is the edited model's, at O(T^2) cost.
 
-TransformerLens 4.3's attention bridges drop the cache transformers 5 hands them (:func:`lens_parallel.compat.
-cache_reaches_attention` passes it on); ``tests/test_generation.py`` checks the tokens against Hugging Face's own
-``generate`` on the same weights and token ids.
+TransformerLens 4.3's attention bridges drop the cache transformers 5 hands them
+(:func:`lens_parallel.generation.cache.cache_reaches_attention` passes it on); ``tests/test_generation.py`` checks
+the tokens against Hugging Face's own ``generate`` on the same weights and token ids.
 
 Choosing a token: greedy (argmax; ties to the lowest id, as ``torch.argmax``), or sampled from
 softmax(logits / temperature) restricted to the smallest set of tokens whose probability reaches ``top_p`` (nucleus
@@ -40,8 +40,8 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 from transformers import DynamicCache, PreTrainedConfig
 
-from lens_parallel import compat
 from lens_parallel.edits import FIRST_INDEX, STEP_VALUES
+from lens_parallel.generation.cache import cache_keywords, cache_reaches_attention
 from lens_parallel.hooks import FINAL_HOOK, Hook, StopForward, model_lock, raise_non_finite
 from lens_parallel.losses import Unembedding, logits_of
 
@@ -75,7 +75,7 @@ class CachedForwards:
 
     def __init__(self, model: TransformerBridge, cache: DynamicCache, kept: list[Tensor]) -> None:
         self.model, self.cache, self.kept = model, cache, kept
-        self.keywords = compat.cache_keywords(model.original_model, cache)
+        self.keywords = cache_keywords(model.original_model, cache)
 
     def __call__(
         self,
@@ -138,15 +138,15 @@ def _keep_final(resid: Tensor, hook: HookPoint, *, kept: list[Tensor]) -> None:
 def cached_forwards(model: TransformerBridge, hooks: Sequence[Hook]) -> Iterator[CachedForwards]:
     """Cached forwards of ``model`` under ``hooks`` (registered once for every forward inside, not per step),
     without gradients, the model held (:func:`~lens_parallel.hooks.model_lock`), the cache handed to every
-    attention bridge (:func:`lens_parallel.compat.cache_reaches_attention`) and every layer's cached values to the
-    edits that read them (:data:`~lens_parallel.edits.STEP_VALUES`)."""
+    attention bridge (:func:`~lens_parallel.generation.cache.cache_reaches_attention`) and every layer's cached
+    values to the edits that read them (:data:`~lens_parallel.edits.STEP_VALUES`)."""
     values: dict[int, Tensor] = {}  # each layer's cached and new values, for the edits that read them all
     kept: list[Tensor] = []
     cache = DynamicCache(config=cast(PreTrainedConfig, model.original_model.config))
     with (
         torch.inference_mode(),
         model_lock(model),
-        compat.cache_reaches_attention(model, values=values),
+        cache_reaches_attention(model, values=values),
         model.hooks(fwd_hooks=[*hooks, (FINAL_HOOK, partial(_keep_final, kept=kept))]),
         _bound(STEP_VALUES, values),
     ):
