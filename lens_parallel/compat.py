@@ -95,13 +95,13 @@ def bridged_architectures() -> frozenset[str]:
 class BridgeClasses:
     """TransformerLens's attention and recurrent bridge classes (its ``generalized_components``)."""
 
-    generic: type
-    position: type
-    joint: type
-    joint_rotary: type
-    bloom: type
-    mpt: type
-    recurrent: type
+    generic: Any
+    position: Any
+    joint: Any
+    joint_rotary: Any
+    bloom: Any
+    mpt: Any
+    recurrent: Any
 
 
 @functools.cache
@@ -215,7 +215,7 @@ def dispatch_mode(seen: Callable[[str, bool], None]) -> contextlib.AbstractConte
             seen(str(func.overloadpacket.__name__), bool(returns) and all(a and not a.is_write for a in returns))
             return func(*args, **(kwargs or {}))
 
-    return cast(contextlib.AbstractContextManager[Any], Mode())
+    return cast(contextlib.AbstractContextManager[Any], Mode())  # type: ignore[no-untyped-call]
 
 
 # -- transformers ------------------------------------------------------------------------------------------------

@@ -4,9 +4,9 @@ A :class:`Feature` names one thing (a final soft cap, parallel blocks, post-norm
 loaded model (from its Hugging Face config and modules, never its name) and what lens_parallel does with it.
 :func:`model_features` lists the features of a model; they are part of :class:`~lens_parallel.ModelInfo` (so every
 result's provenance names them), of the support matrix and of the models guide (``docs/guides/architectures.md``),
-which read this table. The features of the attention itself (sliding windows, soft caps, ALiBi, sinks, query/key
-norms, output gates) are the attention's own objects (:data:`lens_parallel.attention.FEATURES`), recognised per
-layer on its site and listed here as they are there.
+which read :func:`all_features`. The features of the attention itself (sliding windows, soft caps, ALiBi, sinks,
+query/key norms, output gates) are the attention's own objects (:data:`lens_parallel.attention.FEATURES`), recognised
+per layer on its site and listed here as they are there.
 
 Where a feature is handled:
 
@@ -29,9 +29,9 @@ from typing import Any
 from torch import nn
 
 from lens_parallel.architectures import text_config
-from lens_parallel.attention import FEATURES as ATTENTION_FEATURES
 from lens_parallel.attention import Feature as AttentionFeature
 from lens_parallel.attention import ScoreSpec
+from lens_parallel.attention import features as attention_features
 from lens_parallel.layers import LAYER_KINDS, LinearAttention
 
 LOGIT_MULTIPLIERS: Mapping[str, str] = {
@@ -146,93 +146,99 @@ def _attention(kind: type[AttentionFeature]) -> Feature:
     return Feature(kind.name, kind.title, lambda m: any(spec.find(kind) for spec in m.attention), kind.handling)
 
 
-FEATURES: Mapping[str, Feature] = {
-    f.name: f
-    for f in (
-        Feature(
-            "grouped-query",
-            "grouped-query attention: several query heads share a kv head",
-            lambda m: 1 < m.n_kv_heads < m.n_heads,
-            "the statistics group each kv head's query heads against its one value (no copy per query head); the "
-            "GQA within/across-group contrast is defined",
-        ),
-        Feature(
-            "multi-query",
-            "multi-query attention: every query head shares one kv head",
-            lambda m: m.n_kv_heads == 1 < m.n_heads,
-            "every query head read against the one value (no copy per query head); the GQA contrast is undefined "
-            "(one group) and says so",
-        ),
-        *(_attention(kind) for kind in ATTENTION_FEATURES),
-        Feature(
-            "final-softcap",
-            "final logits soft-capped",
-            lambda m: final_softcap(m.config) is not None,
-            "applied by the chunked unembedding of every loss",
-        ),
-        Feature(
-            "partial-rotary",
-            "rotary embedding on part of each head's dimensions",
-            _partial_rotary,
-            "the queries and keys the module rotates (the route through the module; the joint-QKV bridges' own steps)",
-        ),
-        Feature(
-            "parallel-blocks",
-            "attention and MLP read the same residual and add to it together",
-            lambda m: m.parallel,
-            "residual-mlp's reference is resid_pre; resid_mid does not exist; residual-block is their sum",
-        ),
-        Feature(
-            "multipliers",
-            "scalar multipliers of embeddings, attention, residual updates or logits",
-            _multipliers,
-            "inside the network they are the bridge's own forward (Granite's residual multiplier is inside "
-            "hook_attn_out / hook_mlp_out; Falcon-H1's attention-out multiplier comes after hook_attn_out: cosines and "
-            "fractions are the update's, the parallel coefficient the sublayer output's); the logit multipliers are "
-            "applied by the chunked unembedding of every loss",
-        ),
-        Feature(
-            "position-offset",
-            "learned positions read at an offset (OPT: position + 2)",
-            lambda m: any(isinstance(x, int) and x > 0 for x in m.modules_with("offset")),
-            "positions come from Hugging Face's own embedding, padded batches included",
-        ),
-        Feature(
-            "biases",
-            "biases on the query, key, value or output projections",
-            _biases,
-            "unprocessed: value biases stay in v (folding them into b_O would change every split)",
-        ),
-        Feature(
-            "mixture-of-experts",
-            "mixture-of-experts MLPs",
-            _experts,
-            "residual-mlp is the routed block's output; the router reads the residual as edited, in every forward "
-            "and decoding step",
-        ),
-        Feature(
-            "post-norm",
-            "sublayer outputs normalised before the residual add",
-            lambda m: m.post_norm,
-            "one head's write z_h W_O[h] is no term of the update: per-head residual-attn is refused (one line)",
-        ),
-        Feature(
-            "linear-attention",
-            "linear-attention layers (gated delta rule)",
-            lambda m: any(isinstance(LAYER_KINDS[t], LinearAttention) for t in m.layer_types),
-            "every space per value head, with the exact diagonal a_tt = beta_t (k_t . q_t)",
-        ),
-        Feature(
-            "mixer-layers",
-            "layers whose token mixer has no heads the bridge opens (state-space, convolution, recurrence)",
-            lambda m: any(not LAYER_KINDS[t].heads for t in m.layer_types),
-            "the residual spaces only, marked in tables and figures",
-        ),
-    )
-}
-"""Every feature, by name, in the support matrix's order: the attention's own after the heads' grouping."""
+HEADS: tuple[Feature, ...] = (
+    Feature(
+        "grouped-query",
+        "grouped-query attention: several query heads share a kv head",
+        lambda m: 1 < m.n_kv_heads < m.n_heads,
+        "the statistics group each kv head's query heads against its one value (no copy per query head); the "
+        "GQA within/across-group contrast is defined",
+    ),
+    Feature(
+        "multi-query",
+        "multi-query attention: every query head shares one kv head",
+        lambda m: m.n_kv_heads == 1 < m.n_heads,
+        "every query head read against the one value (no copy per query head); the GQA contrast is undefined "
+        "(one group) and says so",
+    ),
+)
+"""The heads' grouping."""
+BLOCKS: tuple[Feature, ...] = (
+    Feature(
+        "final-softcap",
+        "final logits soft-capped",
+        lambda m: final_softcap(m.config) is not None,
+        "applied by the chunked unembedding of every loss",
+    ),
+    Feature(
+        "partial-rotary",
+        "rotary embedding on part of each head's dimensions",
+        _partial_rotary,
+        "the queries and keys the module rotates (the route through the module; the joint-QKV bridges' own steps)",
+    ),
+    Feature(
+        "parallel-blocks",
+        "attention and MLP read the same residual and add to it together",
+        lambda m: m.parallel,
+        "residual-mlp's reference is resid_pre; resid_mid does not exist; residual-block is their sum",
+    ),
+    Feature(
+        "multipliers",
+        "scalar multipliers of embeddings, attention, residual updates or logits",
+        _multipliers,
+        "inside the network they are the bridge's own forward (Granite's residual multiplier is inside "
+        "hook_attn_out / hook_mlp_out; Falcon-H1's attention-out multiplier comes after hook_attn_out: cosines and "
+        "fractions are the update's, the parallel coefficient the sublayer output's); the logit multipliers are "
+        "applied by the chunked unembedding of every loss",
+    ),
+    Feature(
+        "position-offset",
+        "learned positions read at an offset (OPT: position + 2)",
+        lambda m: any(isinstance(x, int) and x > 0 for x in m.modules_with("offset")),
+        "positions come from Hugging Face's own embedding, padded batches included",
+    ),
+    Feature(
+        "biases",
+        "biases on the query, key, value or output projections",
+        _biases,
+        "unprocessed: value biases stay in v (folding them into b_O would change every split)",
+    ),
+    Feature(
+        "mixture-of-experts",
+        "mixture-of-experts MLPs",
+        _experts,
+        "residual-mlp is the routed block's output; the router reads the residual as edited, in every forward "
+        "and decoding step",
+    ),
+    Feature(
+        "post-norm",
+        "sublayer outputs normalised before the residual add",
+        lambda m: m.post_norm,
+        "one head's write z_h W_O[h] is no term of the update: per-head residual-attn is refused (one line)",
+    ),
+    Feature(
+        "linear-attention",
+        "linear-attention layers (gated delta rule)",
+        lambda m: any(isinstance(LAYER_KINDS[t], LinearAttention) for t in m.layer_types),
+        "every space per value head, with the exact diagonal a_tt = beta_t (k_t . q_t)",
+    ),
+    Feature(
+        "mixer-layers",
+        "layers whose token mixer has no heads the bridge opens (state-space, convolution, recurrence)",
+        lambda m: any(not LAYER_KINDS[t].heads for t in m.layer_types),
+        "the residual spaces only, marked in tables and figures",
+    ),
+)
+"""The features of the blocks and the unembedding."""
+
+
+def all_features() -> Mapping[str, Feature]:
+    """Every feature, by name, in the support matrix's order: the heads' grouping (:data:`HEADS`), the attention's
+    own (:data:`lens_parallel.attention.FEATURES`, read at each call: a feature added there is here too), the blocks'
+    (:data:`BLOCKS`)."""
+    return {f.name: f for f in (*HEADS, *(_attention(kind) for kind in attention_features.FEATURES), *BLOCKS)}
 
 
 def model_features(model: Model) -> tuple[str, ...]:
-    """The names of the :data:`FEATURES` ``model`` has."""
-    return tuple(name for name, feature in FEATURES.items() if feature.present(model))
+    """The names of the features (:func:`all_features`) ``model`` has."""
+    return tuple(name for name, feature in all_features().items() if feature.present(model))

@@ -20,7 +20,7 @@ from dataclasses import astuple, dataclass, fields
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import architectures
-from lens_parallel.features import FEATURES
+from lens_parallel.features import all_features
 from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.models import ModelInfo, ModelSpecError, load_model, model_info
 from lens_parallel.toys import FAMILY_MODEL_TYPES, architecture_toys
@@ -28,7 +28,7 @@ from lens_parallel.toys import FAMILY_MODEL_TYPES, architecture_toys
 MATRIX_START, MATRIX_END = "<!-- support matrix: start -->", "<!-- support matrix: end -->"
 """The markers around the generated support matrix in the architectures guide."""
 FEATURES_START, FEATURES_END = "<!-- features: start -->", "<!-- features: end -->"
-"""The markers around the generated table of features (:data:`lens_parallel.features.FEATURES`)."""
+"""The markers around the generated table of features (:func:`lens_parallel.features.all_features`)."""
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,10 @@ def matrix_markdown(rows: Iterable[SupportRow]) -> str:
 
 
 def features_markdown() -> str:
-    """The features (:data:`lens_parallel.features.FEATURES`) as a Markdown table: name, what it is, and what
+    """The features (:func:`lens_parallel.features.all_features`) as a Markdown table: name, what it is, and what
     lens_parallel does with it."""
     lines = ["| feature | what it is | how lens_parallel handles it |", "| --- | --- | --- |"]
-    lines += [f"| `{f.name}` | {_cell(f.title)} | {_cell(f.handling)} |" for f in FEATURES.values()]
+    lines += [f"| `{f.name}` | {_cell(f.title)} | {_cell(f.handling)} |" for f in all_features().values()]
     return "\n".join([FEATURES_START, *lines, FEATURES_END])
 
 

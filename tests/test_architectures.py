@@ -226,6 +226,110 @@ def test_zero_diagonal_with_sinks_masks_the_self_key_and_keeps_the_sink():
     assert _rel(diagonal.loss_edited, scaled.loss_edited) < 1e-5 and abs(scaled.delta_loss) > 1e-3
 
 
+SCORES_AFTER_SOFTMAX = dict.fromkeys(
+    ("gptj", "jamba", "jetmoe", "llama4_text", "modernbert-decoder", "nanochat", "olmo_hybrid", "opt"),
+    "TransformerLens's generic AttentionBridge fires hook_attn_scores with the softmaxed weights its module returns "
+    "(its hook_attn_scores equals its hook_pattern); lens_parallel's attention fires the scores",
+)
+"""Rows whose untouched bridge's ``hook_attn_scores`` is wrong, and lens_parallel's right (GPT-Neo's and XGLM's are
+wrong too, and stay so: their layers keep TransformerLens's forward)."""
+_DROPPED_CACHE = (
+    "TransformerLens's cached generate drops the key/value cache that transformers 5 hands its attention as cache= "
+    "(each new token attends to itself alone); on the analysed bridge the Hugging Face module keeps its cache, or the "
+    "joint-QKV route hands it on"
+)
+GENERATE_WRONG = dict.fromkeys(
+    (
+        *("apertus", "arcee", "cohere", "cohere2", "ernie4_5", "exaone4", "falcon_h1", "flex_olmo", "gemma2"),
+        *("gemma3_text", "glm", "glm4", "glm4_moe", "gpt_oss", "granite", "granitemoe", "granitemoehybrid"),
+        *("hunyuan_v1_dense", "jais2", "llama", "minimax_m2", "ministral3", "mistral", "mixtral", "mpt", "nemotron"),
+        *("olmo", "olmo2", "olmo3", "olmoe", "phi", "phi3", "qwen2", "qwen2_moe", "qwen3_moe", "qwen3_next"),
+        *("seed_oss", "smollm3", "stablelm"),
+    ),
+    _DROPPED_CACHE,
+) | {"bamba": _DROPPED_CACHE + "; its uncached generate is wrong too"}
+"""Rows whose untouched bridge's greedy ``generate`` gives other tokens than Hugging Face's ``generate`` on the same
+token ids, and the analysed bridge's equals Hugging Face's."""
+GENERATE_LEFT = {
+    "qwen3_5_moe_text": "TransformerLens's linear-attention bridge takes Hugging Face's cached path only for a cache "
+    "handed as cache_params, which lens_parallel's attention (the softmax layers) does not route; lp.generate equals "
+    "Hugging Face's (test_the_matrix_row_holds)",
+    "olmo_hybrid": "TransformerLens's generate fails to build the model's cache (an ImportError) on either bridge",
+}
+"""Rows whose generate TransformerLens gets wrong (or cannot run) on the analysed bridge as on the untouched one."""
+
+
+def _tl_generate(model, tokens):
+    """TransformerLens's greedy generate of 6 tokens after ``tokens`` (or the name of what it raised)."""
+    try:
+        with torch.inference_mode():
+            out = model.generate(tokens, max_new_tokens=6, do_sample=False, verbose=False, stop_at_eos=False)
+    except Exception as error:  # TransformerLens's own failure: compared between the two bridges
+        return type(error).__name__
+    return out[0, tokens.shape[1] :].tolist()
+
+
+@pytest.mark.parametrize(
+    "model_type", [t for t, row in support.read_matrix(GUIDE.read_text()).items() if not row.refused]
+)
+def test_transformer_lens_answers_as_before_after_an_analysis(model_type):
+    """After an analysis, TransformerLens's own calls on the user's bridge (run_with_cache, run_with_hooks with an
+    edit of hook_z and a reader of hook_pattern, generate) give what an untouched bridge of the same weights gives,
+    except on the rows named above, where TransformerLens's own is wrong and the analysed bridge's equals Hugging
+    Face's (or both are wrong alike)."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    spec = support.toy_of(model_type)
+    model = _load(spec)
+    info = model_info(model)
+    lp.decompose(model, TOKENS, space="value" if info.head_layers else "residual-block", progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bare = TransformerBridge.boot_transformers(str(toy_folder(spec)), device="cpu", dtype=torch.float32).eval()
+    with torch.inference_mode():
+        got, want = dict(model.run_with_cache(TOKENS)[1].items()), dict(bare.run_with_cache(TOKENS)[1].items())
+    assert set(got) == set(want)
+    for name, value in want.items():
+        if name.endswith("hook_attn_scores") and model_type in SCORES_AFTER_SOFTMAX:
+            pattern = name.replace("hook_attn_scores", "hook_pattern")
+            torch.testing.assert_close(value, want[pattern])  # TransformerLens's: the weights
+            torch.testing.assert_close(torch.softmax(got[name], -1), got[pattern])  # lens_parallel's: the scores
+            continue
+        scale = max(1.0, float(value.abs().max()))
+        torch.testing.assert_close(got[name], value, rtol=0, atol=1e-5 * scale, msg=name)
+    if info.softmax_layers:
+        layer, seen = info.softmax_layers[-1], {}
+
+        def zero(z, hook):
+            return torch.cat([torch.zeros_like(z[:, :, :1]), z[:, :, 1:]], dim=2)
+
+        def read(pattern, hook):
+            seen.setdefault(hook.name, []).append(pattern.clone())
+
+        for hooks in ([(f"blocks.{layer}.attn.hook_z", zero)], [(f"blocks.{layer}.attn.hook_pattern", read)]):
+            with torch.inference_mode():
+                edited, untouched = (
+                    model.run_with_hooks(TOKENS, fwd_hooks=hooks),
+                    bare.run_with_hooks(TOKENS, fwd_hooks=hooks),
+                )
+            torch.testing.assert_close(edited, untouched, rtol=0, atol=1e-5, msg=str(hooks))
+        (ours, theirs), *_ = seen.values()
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    tokens = model.to_tokens(PROMPT)
+    generated, expected = _tl_generate(model, tokens), _tl_generate(bare, tokens)
+    if model_type in GENERATE_WRONG or model_type in GENERATE_LEFT:
+        hf = AutoModelForCausalLM.from_pretrained(toy_folder(spec), dtype=torch.float32).eval()
+        with torch.inference_mode():
+            out = hf.generate(
+                tokens, attention_mask=torch.ones_like(tokens), max_new_tokens=6, do_sample=False, eos_token_id=None
+            )
+        reference = out[0, tokens.shape[1] :].tolist()
+        assert expected != reference, f"{model_type}: TransformerLens's generate is right here: unname the row"
+        assert (generated == reference) == (model_type in GENERATE_WRONG)
+    else:
+        assert generated == expected
+
+
 MODULE_ROUTE = {
     "toy-olmo2": "a query/key norm before the head split",
     "toy-hunyuan-v1-dense": "a query/key norm after rotary",

@@ -3,9 +3,11 @@ hook values, analyses and edits, on every toy family, padded documents and block
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import warnings
 from types import SimpleNamespace
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -17,7 +19,7 @@ from lens_parallel import attention, geometry
 from lens_parallel.analyses.decompose import decompose
 from lens_parallel.analyses.evaluate import evaluate
 from lens_parallel.attention import ScoreSpec, attention_path, chosen_path, kernels, paths, routes, rows_hook
-from lens_parallel.attention.features import Alibi, Sinks, SlidingWindow, SoftCap
+from lens_parallel.attention.features import Alibi, Feature, Sinks, SlidingWindow, SoftCap
 from lens_parallel.attention.fused import diagonal_rows, fused
 from lens_parallel.data import token_blocks
 from lens_parallel.edits import ComponentScale, DiagonalEdit, ZeroDiagonal
@@ -459,3 +461,61 @@ def test_gradients_with_detached_row_readers_keep_no_pattern_for_the_backward(di
     np.testing.assert_allclose(diagonal_auto.numpy(), diagonal.numpy(), atol=ATOL)
     np.testing.assert_allclose(loss_auto.item(), loss.item(), atol=ATOL)
     np.testing.assert_allclose(grad_auto.numpy(), grad.numpy(), atol=ATOL)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Temperature(Feature):
+    """A toy feature, added here as one object: each query multiplied by ``t`` before the scores (s_ts = scale t
+    q_t . k_s), recognised from a module attribute ``toy_temperature``."""
+
+    t: float
+
+    name: ClassVar[str] = "toy-temperature"
+    title: ClassVar[str] = "queries multiplied by a temperature before the scores"
+    handling: ClassVar[str] = "in the queries, before every path"
+
+    @classmethod
+    def recognise(cls, source):
+        t = getattr(source.module, "toy_temperature", None)
+        return cls(float(t)) if t else None
+
+    def prepare(self, q, k, mask, call, *, scale):
+        return q * self.t, k, mask
+
+
+def test_a_feature_is_one_object_seen_in_the_matrix_and_in_the_kernel(monkeypatch):
+    """A feature added to the registry (:data:`lens_parallel.attention.features.FEATURES`) as one object is recognised
+    on the layers that have it, named in the support matrix's row and the guide's table of features, and applied on
+    every path: the logits equal a Hugging Face model whose query projection is multiplied by the temperature."""
+    import transformers
+
+    from lens_parallel import support
+    from lens_parallel.attention import features as feature_kinds
+    from lens_parallel.models import toy_folder, wrap_hf_model
+
+    monkeypatch.setattr(feature_kinds, "FEATURES", (*feature_kinds.FEATURES, _Temperature))
+    folder = toy_folder("toy-llama")
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    for layer in (0, 2):
+        hf_model.model.layers[layer].self_attn.toy_temperature = 1.5
+        with torch.no_grad():
+            reference.model.layers[layer].self_attn.q_proj.weight.mul_(1.5)
+    model = wrap_hf_model(hf_model, transformers.AutoTokenizer.from_pretrained(folder), name="toy-llama-warm")
+    specs = [site.spec for site in attention.sites(model)]
+    assert [spec.find(_Temperature) for spec in specs] == [_Temperature(1.5), None, _Temperature(1.5)]
+    assert "toy-temperature" in model_info(model).features
+    assert "toy-temperature" in support.support_row("llama", model).features.split(", ")
+    assert (
+        "| `toy-temperature` | queries multiplied by a temperature before the scores |" in support.features_markdown()
+    )
+    tokens = _tokens(model)
+    with torch.inference_mode():
+        expected = reference(tokens).logits
+    for path in ("fused", "diagonal", "blocked", "eager"):
+        with torch.inference_mode(), attention_path(path, block_size=8):
+            got = model(tokens, return_type="logits")
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=ATOL, err_msg=path)
+    plain = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        assert float((plain(tokens).logits - expected).abs().max()) > 1e-3  # the feature changes what is computed

@@ -140,10 +140,10 @@ def _compared_strings(node: ast.Compare) -> set[str]:
 def test_no_space_layer_kind_ablation_path_or_edit_option_is_told_apart_by_its_name():
     """Spaces, layer kinds, head ablations, attention paths and an edit's options are objects whose methods differ
     (:mod:`lens_parallel.spaces`, :mod:`lens_parallel.layers`, :data:`lens_parallel.edits.ABLATION_KINDS`,
-    :data:`lens_parallel.attention.CHOICES`, :data:`lens_parallel.edits.EDIT_POSITIONS`,
+    :data:`lens_parallel.attention.paths.CHOICES`, :data:`lens_parallel.edits.EDIT_POSITIONS`,
     :data:`lens_parallel.edits.scaling.GATE_SITES` and ``GUARD_CLAMPS``, :data:`lens_parallel.edits.PATTERN_PATHS`),
     compression methods (:data:`lens_parallel.compression.METHODS`) and attention gates
-    (:data:`lens_parallel.layers.GATES`): no comparison in the package names one. ("all", "auto" and "none" are words
+    (:data:`lens_parallel.attention.GATES`): no comparison in the package names one. ("all", "auto" and "none" are words
     of other choices too: heads, a device, a compression.)"""
     from lens_parallel.choices import (
         Ablation,
@@ -158,8 +158,8 @@ def test_no_space_layer_kind_ablation_path_or_edit_option_is_told_apart_by_its_n
     from lens_parallel.validate import literal_values
 
     choices = (Space, LayerType, Ablation, AttentionPath, EditPositions, ReferenceGuard, ValueSite, PatternUse)
+    from lens_parallel.attention import GATES
     from lens_parallel.compression import METHODS
-    from lens_parallel.layers import GATES
 
     names = {name for choice in choices for name in literal_values(choice)} | set(METHODS) | set(GATES)
     names -= {"all", "auto", "none"}

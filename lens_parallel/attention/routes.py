@@ -29,7 +29,7 @@ import functools
 import hashlib
 import inspect
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import einops
 import torch
@@ -134,10 +134,10 @@ class _JointRoute(Route):
         layer = compat.bridge_attribute(source.component, "layer")
         if not self.rotary and getattr(source.bridged, "scale_attn_by_inverse_layer_idx", False) and layer is not None:
             scale /= float(layer + 1)
-        return scale
+        return float(scale)
 
     def layer(self, source: Source) -> int | None:
-        return compat.bridge_attribute(source.component, "layer")
+        return cast(int | None, compat.bridge_attribute(source.component, "layer"))
 
     def install(self, site: AttentionSite) -> None:
         compat.install_step(site.component, "reconstruction", functools.partial(_joint_attention, site, self.rotary))
@@ -197,7 +197,7 @@ def _reasons(source: Source, spec: ScoreSpec) -> list[str]:
     return [reason for reason, found in checks if found]
 
 
-def make_site(component: nn.Module, config: Any) -> AttentionSite:
+def make_site(component: Any, config: Any) -> AttentionSite:
     """The site of one attention component (``config``: the Hugging Face model's text config), kept on it and on
     its module."""
     module = compat.hf_module(component)
@@ -210,14 +210,14 @@ def make_site(component: nn.Module, config: Any) -> AttentionSite:
     return site
 
 
-def sites(model: nn.Module) -> tuple[AttentionSite, ...]:
+def sites(model: Any) -> tuple[AttentionSite, ...]:
     """Every attention component's site, in the bridge's module order, made where not yet (kept on each)."""
     config = architectures.text_config(model.original_model.config)
     found = [m for m in model.modules() if isinstance(m, compat.bridge_classes().generic)]
     return tuple(site_of(m) or make_site(m, config) for m in found)
 
 
-def install(model: nn.Module) -> int:
+def install(model: Any) -> int:
     """Put every route in place on ``model`` (a TransformerBridge) where a layer takes one; returns how many layers
     lens_parallel's attention serves (the others keep TransformerLens's forward). Idempotent. The Hugging Face
     model then builds its masks for SDPA (a boolean mask, or none when causal alone suffices) instead of eager's
@@ -284,6 +284,15 @@ def interface_attention(
     return einops.rearrange(z, "batch head pos d -> batch pos head d").contiguous(), None
 
 
+def cache_handed(call: dict[str, Any]) -> dict[str, Any]:
+    """The keywords a block handed its attention, the key/value cache among them as TransformerLens 4.3's bridges
+    read it (``past_key_values``) where transformers 5 handed it as ``cache=`` only: else the bridge's cache step
+    never extends the cache, and each new token attends to itself alone."""
+    if call.get("past_key_values") is None and call.get("layer_past") is None and "cache" in call:
+        return call | {"past_key_values": call["cache"]}
+    return call
+
+
 def _eager_now(component: Any) -> bool:
     """Options switched on after boot that only TransformerLens's forward serves."""
     config = component.config
@@ -316,7 +325,7 @@ def _joint_attention(site: AttentionSite, rotary: bool, q: Any, k: Any, v: Any, 
     TransformerLens's whole reconstruction where the path forms the square (its keywords as it reads them:
     :meth:`ScoreSpec.for_transformer_lens`). A copy because TransformerLens writes the attention inline, with
     nothing to substitute for it."""
-    component, spec = site.component, site.spec
+    component, spec, kwargs = site.component, site.spec, cache_handed(kwargs)
 
     def step(name: str) -> Any:
         return compat.bridge_attribute(component, name)

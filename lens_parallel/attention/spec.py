@@ -2,10 +2,10 @@
 
 A :class:`ScoreSpec` is made when the layer's site is (:mod:`lens_parallel.attention.site`): the scores' scale, the
 query and key-value heads (query head h reads key-value head h // group), and the layer's features
-(:data:`lens_parallel.attention.features.FEATURES`, each recognised from the layer itself). Every path and kernel
-reads it, and nothing else, for what the layer computes; the support matrix, :class:`~lens_parallel.ModelInfo` and
-the statistics read the same objects. What Hugging Face's attention interface hands a layer at each call is checked
-against it (:meth:`ScoreSpec.check`).
+(:data:`lens_parallel.attention.features.FEATURES`, read at each resolution, each recognised from the layer itself).
+Every path and kernel reads it, and nothing else, for what the layer computes; the support matrix and
+:class:`~lens_parallel.ModelInfo` read the same objects. What Hugging Face's attention interface hands a layer at
+each call is checked against it (:meth:`ScoreSpec.check`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 from torch import Tensor
 
-from lens_parallel.attention.features import FEATURES, AttentionGate, Feature, Sinks, SlidingWindow, SoftCap, Source
+from lens_parallel.attention import features as kinds
+from lens_parallel.attention.features import AttentionGate, Feature, Sinks, SlidingWindow, SoftCap, Source
 from lens_parallel.errors import LibraryError
 
 F = TypeVar("F", bound=Feature)
@@ -42,8 +43,9 @@ class ScoreSpec:
 
     @classmethod
     def resolve(cls, source: Source, *, scale: float) -> ScoreSpec:
-        """The spec of the layer ``source`` describes, its features recognised (:data:`FEATURES`)."""
-        found = tuple(f for kind in FEATURES if (f := kind.recognise(source)) is not None)
+        """The spec of the layer ``source`` describes, its features recognised
+        (:data:`lens_parallel.attention.features.FEATURES`)."""
+        found = tuple(f for kind in kinds.FEATURES if (f := kind.recognise(source)) is not None)
         return cls(scale, source.n_heads, source.n_kv_heads, found)
 
     @property
@@ -114,7 +116,7 @@ class ScoreSpec:
         interface (its ``scaling`` and each feature's keyword) is not this spec: a transformers release changed
         what its modules hand, and lens_parallel would compute something else."""
         off = [] if scaling is None or scaling == self.scale else [f"scaling={scaling} (the spec's {self.scale})"]
-        for kind in FEATURES:
+        for kind in kinds.FEATURES:
             if kind.keyword is None:
                 continue
             value, found = handed.get(kind.keyword), self.find(kind)

@@ -19,6 +19,7 @@ import einops
 from torch import nn
 
 from lens_parallel import compat
+from lens_parallel.attention.routes import cache_handed
 
 
 def cache_keywords(hf_model: nn.Module, cache: Any) -> dict[str, Any]:
@@ -34,9 +35,7 @@ def _reading_cache(
 ) -> Any:
     """An attention bridge's cache step that also takes the cache as ``cache=``, and hands ``values`` the layer's
     values over every key it reads."""
-    if kwargs.get("past_key_values") is None and kwargs.get("layer_past") is None and "cache" in kwargs:
-        kwargs["past_key_values"] = kwargs["cache"]
-    k, v = original(k, v, **kwargs)
+    k, v = original(k, v, **cache_handed(kwargs))
     if values is not None and layer is not None:
         values[layer] = einops.rearrange(v, "batch head_index pos d_head -> batch pos head_index d_head")
     return k, v

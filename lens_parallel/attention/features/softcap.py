@@ -38,7 +38,7 @@ class SoftCap(Feature):
         return cls(float(cap)) if isinstance(cap, (int, float)) and cap else None
 
     def agrees(self, handed: Any) -> bool:
-        return handed == self.cap
+        return bool(handed == self.cap)
 
     def capped(self, scores: Tensor) -> Tensor:
         """c tanh(s / c) of scores formed explicitly (the blocked and eager paths, a row's own score)."""

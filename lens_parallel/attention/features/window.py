@@ -40,4 +40,4 @@ class SlidingWindow(Feature):
         return cls(int(size)) if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
     def agrees(self, handed: Any) -> bool:
-        return handed == self.size
+        return bool(handed == self.size)
