@@ -177,3 +177,23 @@ def test_no_space_layer_kind_ablation_path_or_edit_option_is_told_apart_by_its_n
         if (str(path.relative_to(ROOT / "lens_parallel")), name) not in data
     ]
     assert found == []
+
+
+def test_each_attention_feature_is_spelled_in_its_own_module_alone():
+    """An attention feature's name (the support matrix's word) and the keyword Hugging Face's attention interface
+    hands it under appear, as string constants of the package, in the module of the feature's object alone
+    (:mod:`lens_parallel.attention.features`): the matrix, the kernels and the interface's check read the object."""
+    from lens_parallel.attention.features import FEATURES
+
+    data = {("lens_parallel/toys.py", "sliding_window"): "the toys' config field of that name (the window they have)"}
+    spelled: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "lens_parallel").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = str(path.relative_to(ROOT))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (where, node.value) not in data:
+                spelled.setdefault(node.value, set()).add(where)
+    for kind in FEATURES:
+        home = str(Path(inspect.getfile(kind)).relative_to(ROOT))
+        for word in (kind.name, kind.keyword):
+            if word is not None:
+                assert spelled.get(word) == {home}, f"{kind.__name__}: {word!r} spelled in {spelled.get(word)}"
