@@ -58,10 +58,11 @@ ROUTE_PROJECTIONS = frozenset("qkvo")
 """The bridge's submodules whose hook points fire on the module route as on TransformerLens's forward."""
 
 
-class Route:
-    """How lens_parallel's attention reaches a layer: its ``label`` (:attr:`~lens_parallel.ModelInfo
-    .attention_paths`), the scores' scale and layer index it reads (:meth:`scale`, :meth:`layer`), how it is put
-    in place (:meth:`install`) and what it hands the attention (:meth:`handed`)."""
+class _Route:
+    """How lens_parallel's attention reaches a layer (:class:`~lens_parallel.attention.site.Route`): its ``label``
+    (:attr:`~lens_parallel.ModelInfo.attention_paths`), the scores' scale and layer index it reads (:meth:`scale`,
+    :meth:`layer`), how it is put in place (:meth:`install`) and what it hands the attention (:meth:`handed`). As
+    written here, the interface route (module docstring); the others differ where they say."""
 
     label: ClassVar[str] = "lens_parallel: the module's q, k, v"
     pattern_after: ClassVar[bool] = True
@@ -89,7 +90,7 @@ class Route:
         return query, key
 
 
-class _ModuleRoute(Route):
+class _ModuleRoute(_Route):
     """The module route (module docstring)."""
 
     pattern_after: ClassVar[bool] = False
@@ -118,7 +119,7 @@ class _ModuleRoute(Route):
         return query, key if hooked is new else torch.cat([key[:, :, : -query.shape[2]], hooked], dim=2)
 
 
-class _JointRoute(Route):
+class _JointRoute(_Route):
     """The joint route (module docstring); ``rotary``: the bridge applies rotary (GPT-NeoX, Falcon, Phi-3)."""
 
     label: ClassVar[str] = "lens_parallel"
@@ -143,13 +144,13 @@ class _JointRoute(Route):
         compat.install_step(site.component, "reconstruction", functools.partial(_joint_attention, site, self.rotary))
 
 
-def _route(source: Source) -> Route:
+def _route(source: Source) -> _Route:
     """The route that would serve the layer (:func:`_reasons` says whether one can)."""
     classes = compat.bridge_classes()
     if isinstance(source.component, classes.position):
         return _ModuleRoute()
     if type(source.component).forward is classes.generic.forward:
-        return Route()
+        return _Route()
     return _JointRoute(isinstance(source.component, classes.joint_rotary))
 
 

@@ -11,7 +11,7 @@ route is installed, the hook points the route cannot fire); and its frozen
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from jaxtyping import Float
 from torch import Tensor
@@ -19,8 +19,26 @@ from torch import Tensor
 from lens_parallel.attention.paths import Path, attend, chosen_path
 from lens_parallel.attention.spec import ScoreSpec
 
-if TYPE_CHECKING:
-    from lens_parallel.attention.routes import Route
+
+class Route(Protocol):
+    """What a site asks of its route (:mod:`lens_parallel.attention.routes` has them): its label
+    (:attr:`~lens_parallel.ModelInfo.attention_paths`), whether TransformerLens's own forward of the bridge fires
+    hook_pattern after the attention, whether the layer fires the rotary hooks, how it is put in place, and what it
+    hands the attention of what the module handed the interface."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def pattern_after(self) -> bool: ...
+
+    @property
+    def fires_rotary(self) -> bool: ...
+
+    def install(self, site: AttentionSite) -> None: ...
+
+    def handed(self, site: AttentionSite, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]: ...
+
 
 SITE = "lens_parallel_site"
 """The attribute under which a component and its Hugging Face module keep their site (in their own dictionary)."""
