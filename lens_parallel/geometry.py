@@ -197,16 +197,38 @@ def self_and_null_cosines(
     return torch.cosine_similarity(y, v, dim=-1), torch.cosine_similarity(y, v_null, dim=-1)
 
 
+def _per_group(y: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """``y`` ``[batch pos head_index d]`` with its heads gathered under the key-value head they read, and ``v``
+    ``[batch pos kv_head_index d]`` with an axis of one to broadcast over each group: ``[batch pos kv group d]`` and
+    ``[batch pos kv 1 d]`` (v never repeated per head)."""
+    grouped = einops.rearrange(y, "batch pos (kv group) d -> batch pos kv group d", kv=v.shape[2])
+    return grouped, v[:, :, :, None]
+
+
+def _per_head(x: Tensor) -> Tensor:
+    return einops.rearrange(x, "batch pos kv group -> batch pos (kv group)")
+
+
+def self_cosines(
+    y: Float[Tensor, "batch pos head_index d_head"], v: Float[Tensor, "batch pos kv_head_index d_head"]
+) -> Float[Tensor, "batch pos head_index"]:
+    """cos(y_t, v_t) per head, head h against ``v[h // group]`` (``v`` per key-value head, never repeated per head;
+    or per head)."""
+    return _per_head(torch.cosine_similarity(*_per_group(y, v), dim=-1))
+
+
 def mean_earlier_cosine(
-    y: Float[Tensor, "batch pos head_index d_head"], v: Float[Tensor, "batch pos head_index d_head"]
+    y: Float[Tensor, "batch pos head_index d_head"], v: Float[Tensor, "batch pos kv_head_index d_head"]
 ) -> Float[Tensor, "batch pos head_index"]:
     """The exact causal null: E_j cos(y_t, v_j) over j uniform in [0, t) = (y_t / |y_t|) . (1/t) sum_{j<t} v_j / |v_j|,
-    from a running sum of unit value vectors (O(T), not O(T^2)); 0 at t = 0 (no earlier position)."""
+    from a running sum of unit value vectors (O(T), not O(T^2)), one per key-value head (``v`` per key-value head,
+    or per head), read by each head of its group; 0 at t = 0 (no earlier position)."""
     unit = v / v.norm(dim=-1, keepdim=True).clamp_min(EPS)
     earlier = unit.cumsum(1) - unit
     count = torch.arange(v.shape[1], device=v.device, dtype=v.dtype).clamp_min(1)
     y_unit = y / y.norm(dim=-1, keepdim=True).clamp_min(EPS)
-    mean: Tensor = (y_unit * earlier).sum(-1) / count[None, :, None]
+    grouped, earlier = _per_group(y_unit, earlier)
+    mean: Tensor = _per_head((grouped * earlier).sum(-1)) / count[None, :, None]
     return mean
 
 

@@ -277,7 +277,7 @@ class _NullMetric(Metric[EditJob]):
 
         def reduce(layer: int, t: dict[str, Tensor]) -> None:  # each layer in the forward, then dropped
             parts = value_parts(t, info)
-            y, v = parts.o, parts.v
+            y = parts.o
             w = weight.to(y.device)
 
             def mean(x: Tensor) -> Tensor:  # over the real positions t >= 1 of each document
@@ -285,9 +285,10 @@ class _NullMetric(Metric[EditJob]):
 
             if self.s.null == "sampled":
                 j = self.draws[layer][docs.rows, : y.shape[1]].to(y.device)
-                cos_self, cos_null = geometry.self_and_null_cosines(y, v, j)
-            else:
-                cos_self, cos_null = torch.cosine_similarity(y, v, dim=-1), geometry.mean_earlier_cosine(y, v)
+                cos_self, cos_null = geometry.self_and_null_cosines(y, parts.v, j)
+            else:  # the values read per key-value head, never repeated per query head
+                cos_self = geometry.self_cosines(y, parts.values)
+                cos_null = geometry.mean_earlier_cosine(y, parts.values)
             i, n = index[layer], y.shape[2]
             out["self"][:, i, :n], out["null"][:, i, :n] = mean(cos_self), mean(cos_null)
             if self.s.groups is not None:
