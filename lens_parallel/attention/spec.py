@@ -33,7 +33,7 @@ class ScoreSpec:
         >>> from lens_parallel.attention import sites
         >>> spec = sites(lp.load_model("toy-llama"))[0].spec
         >>> (spec.n_heads, spec.n_kv_heads, spec.group, spec.names)
-        (4, 2, 2, ())
+        (6, 2, 3, ())
     """
 
     scale: float
