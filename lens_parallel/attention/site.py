@@ -11,7 +11,7 @@ route is installed, the hook points the route cannot fire); and its frozen
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from jaxtyping import Float
 from torch import Tensor
@@ -20,6 +20,7 @@ from lens_parallel.attention.paths import Path, attend, chosen_path
 from lens_parallel.attention.spec import ScoreSpec
 
 
+@runtime_checkable
 class Route(Protocol):
     """What a site asks of its route (:mod:`lens_parallel.attention.routes` has them): its label
     (:attr:`~lens_parallel.ModelInfo.attention_paths`), whether TransformerLens's own forward of the bridge fires
