@@ -21,6 +21,7 @@ The support matrix (``tests/test_architectures.py``, ``docs/guides/architectures
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 from collections.abc import Mapping
 from typing import Any
 
@@ -137,8 +138,8 @@ def refusal(config: Any) -> str:
         return f"{arch} ({model_type}) is refused: {REFUSED[model_type]}"
     if arch not in compat.bridged_architectures():
         return (
-            f"{arch} ({model_type}): TransformerLens {compat.version_text('transformer-lens')} does not bridge it, "
-            "so it has no hook points to analyse"
+            f"{arch} ({model_type}): TransformerLens {importlib.metadata.version('transformer-lens')} does not bridge "
+            "it, so it has no hook points to analyse"
         )
     return ""
 

@@ -19,8 +19,9 @@ battery) reads its model through :func:`check_model`, before any work:
   workers, which load the model by its spec. Remove them (``model.reset_hooks()``) or write the change as an
   :class:`~lens_parallel.edits.Edit`. Hooks TransformerLens itself marks permanent are part of its model and left
   as they are.
-- **A bridge the caller booted** (``TransformerBridge.boot_transformers(...)``) gets lens_parallel's attention, as
-  :func:`~lens_parallel.models.load_model` gives it (the same numbers and hook points, on the fused kernels);
+- **A bridge the caller booted** (``TransformerBridge.boot_transformers(...)``) gets lens_parallel's attention and
+  norms, as :func:`~lens_parallel.models.load_model` gives them (the same numbers and hook points, on the fused
+  kernels, each norm computed once: :mod:`lens_parallel.norms`);
   provenance records each layer's attention path as it is then (:attr:`~lens_parallel.models.ModelInfo
   .attention_paths`), with the weights' processing, dtype and device read off the bridge.
 """
@@ -32,7 +33,7 @@ from typing import Any
 import transformers
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import architectures, attention, compat
+from lens_parallel import architectures, attention, compat, norms
 from lens_parallel.errors import LensParallelError
 from lens_parallel.kept import kept
 from lens_parallel.models import ModelInfo, model_info, weights_state
@@ -111,4 +112,5 @@ def check_model(model: Any) -> ModelInfo:
     if reason := kept(model, "refusal", lambda: architectures.bridge_refusal(set(model.hook_dict), model.cfg.n_layers)):
         raise LensParallelError(f"{name}: {reason}")
     attention.install(model)
+    norms.install(model)
     return model_info(model)

@@ -62,11 +62,6 @@ def version_of(package: str) -> tuple[int, int]:
     return major, minor
 
 
-def version_text(package: str) -> str:
-    """The installed version of ``package`` as it spells it."""
-    return importlib.metadata.version(package)
-
-
 @functools.cache
 def check(package: str) -> None:
     """Raise :class:`LibraryError` (one line) when the installed ``package`` leaves its :data:`CHECKED` range."""
@@ -102,26 +97,24 @@ class BridgeClasses:
     bloom: Any
     mpt: Any
     recurrent: Any
+    norm: Any
 
 
 @functools.cache
 def bridge_classes() -> BridgeClasses:
     """TransformerLens's :class:`BridgeClasses`."""
     check("transformer-lens")
-    from transformer_lens.model_bridge.generalized_components import attention, bloom_attention, gated_delta_net
-    from transformer_lens.model_bridge.generalized_components import joint_qkv_attention as joint
-    from transformer_lens.model_bridge.generalized_components import joint_qkv_position_embeddings_attention as rot
-    from transformer_lens.model_bridge.generalized_components import mpt_alibi_attention as mpt
-    from transformer_lens.model_bridge.generalized_components import position_embeddings_attention as position
+    from transformer_lens.model_bridge import generalized_components as parts
 
     return BridgeClasses(
-        attention.AttentionBridge,
-        position.PositionEmbeddingsAttentionBridge,
-        joint.JointQKVAttentionBridge,
-        rot.JointQKVPositionEmbeddingsAttentionBridge,
-        bloom_attention.BloomAttentionBridge,
-        mpt.MPTALiBiAttentionBridge,
-        gated_delta_net.GatedDeltaNetBridge,
+        parts.AttentionBridge,
+        parts.PositionEmbeddingsAttentionBridge,
+        parts.JointQKVAttentionBridge,
+        parts.JointQKVPositionEmbeddingsAttentionBridge,
+        parts.BloomAttentionBridge,
+        parts.MPTALiBiAttentionBridge,
+        parts.GatedDeltaNetBridge,
+        parts.NormalizationBridge,
     )
 
 
@@ -159,6 +152,7 @@ PRIVATE: Mapping[str, str] = {
     "project": "_apply_output_projection",
     "reconstruction": "_reconstruct_attention",  # ... and the whole of it
     "native_forward": "_native_forward",  # a linear-attention bridge's Hugging Face module, cached
+    "norm_statistics": "_hf_autograd_forward_with_hooks",  # a norm's hooked statistics, then its module
     "forward": "forward",
 }
 """What lens_parallel calls TransformerLens's private attributes of a bridge or component, and their names."""

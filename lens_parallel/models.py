@@ -35,7 +35,7 @@ import xxhash
 from accelerate.utils import align_module_device
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import architectures, attention, compat, features
+from lens_parallel import architectures, attention, compat, features, norms
 from lens_parallel import tokenizers as _tok
 from lens_parallel.choices import LayerType
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
@@ -355,6 +355,7 @@ def _boot(source: str, *, device: str | None, dtype: torch.dtype, **kwargs: Any)
     if reason := architectures.bridge_refusal(set(model.hook_dict), model.cfg.n_layers):
         raise ModelSpecError(f"{source}: {reason}")
     attention.install(model)
+    norms.install(model)
     return model
 
 

@@ -59,7 +59,8 @@ def _private_uses(path: pathlib.Path, names: set[str]) -> list[str]:
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in OTHERS:
             module = node.module or ""
             found += [f"{module}.{a.name}" for a in node.names if _private(a.name)]
-            found += [module] if ".generalized_components" in module or any(map(_private, module.split("."))) else []
+            parts = [*module.split("."), *(a.name for a in node.names)]
+            found += [module] if "generalized_components" in parts or any(map(_private, module.split("."))) else []
         if isinstance(node, ast.Attribute) and (node.attr in ("original_component", "__dict__") or node.attr in names):
             found.append(node.attr)
         if isinstance(node, ast.Constant) and (node.value == "._original_component" or node.value in names):

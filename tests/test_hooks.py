@@ -133,3 +133,39 @@ def test_prefix_skipping_is_reentrant_thread_safe_and_version_checked(monkeypatc
             forward(model, tokens, resid=cache[hook_name(1, "resid_pre")], start_at_layer=1)
     finally:
         compat.check.cache_clear()
+
+
+@pytest.mark.parametrize("family", ["toy-llama", "toy-pythia"])
+def test_norms_skip_the_statistics_nobody_reads_and_compute_them_for_a_hook(family, monkeypatch):
+    """lens_parallel's norm forward (:mod:`lens_parallel.norms`) gives TransformerLens's output to the bit without
+    computing the statistics of hook_scale / hook_normalized when nothing hooks them; a hook on either takes
+    TransformerLens's own forward, which computes them."""
+    import hashlib
+    import inspect
+
+    from lens_parallel import norms
+
+    model = get_model(family)
+    norm = compat.bridge_classes().norm
+    statistics = compat.bridge_attribute(norm, "norm_statistics")
+    calls: list[int] = []
+    monkeypatch.setattr(norm, compat.PRIVATE["norm_statistics"], lambda self, x: calls.append(1) or statistics(self, x))
+    tokens = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ours = model(tokens)
+    assert calls == []
+    components = [m for m in model.modules() if isinstance(m, norm) and "forward" in vars(m)]
+    try:
+        for component in components:  # TransformerLens's own forward, as on a bridge lens_parallel never saw
+            del vars(component)["forward"]
+        with torch.inference_mode():
+            theirs = model(tokens)
+    finally:
+        assert norms.install(model) == len(components) > 0
+    assert torch.equal(ours, theirs) and len(calls) == len(components)
+    with torch.inference_mode():
+        model.run_with_cache(tokens, names_filter="blocks.1.ln1.hook_scale")
+    assert len(calls) == len(components) + 1  # the hooked norm alone computed its statistics
+    functions = (norm.forward, statistics)
+    sources = {f.__qualname__: hashlib.sha256(inspect.getsource(f).encode()).hexdigest()[:16] for f in functions}
+    assert sources == norms.NORM_SOURCES

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import hashlib
 import importlib
+import importlib.metadata
 import os
 import pickle
 import sys
@@ -29,7 +30,7 @@ def task_manager_from_cache(cache: Path) -> Any:
     from lm_eval.tasks import TaskManager
 
     folder = Path(lm_eval.tasks.__file__).parent
-    digest = hashlib.sha256(f"{compat.version_text('lm_eval')}|{folder}".encode())
+    digest = hashlib.sha256(f"{importlib.metadata.version('lm_eval')}|{folder}".encode())
     for root, _, files in sorted(os.walk(folder)):
         for name in sorted(files):
             stat = os.stat(os.path.join(root, name))
