@@ -33,10 +33,10 @@ from typing import Any
 import transformers
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import architectures, attention, compat, norms
+from lens_parallel import architectures, compat
 from lens_parallel.errors import LensParallelError
 from lens_parallel.kept import kept
-from lens_parallel.models import ModelInfo, model_info, weights_state
+from lens_parallel.models import ModelInfo, install_forwards, model_info, weights_state
 
 
 def user_hooks(model: TransformerBridge) -> list[str]:
@@ -111,6 +111,5 @@ def check_model(model: Any) -> ModelInfo:
         )
     if reason := kept(model, "refusal", lambda: architectures.bridge_refusal(set(model.hook_dict), model.cfg.n_layers)):
         raise LensParallelError(f"{name}: {reason}")
-    attention.install(model)
-    norms.install(model)
+    install_forwards(model)
     return model_info(model)

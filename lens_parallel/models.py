@@ -354,9 +354,14 @@ def _boot(source: str, *, device: str | None, dtype: torch.dtype, **kwargs: Any)
     model.eval()
     if reason := architectures.bridge_refusal(set(model.hook_dict), model.cfg.n_layers):
         raise ModelSpecError(f"{source}: {reason}")
-    attention.install(model)
-    norms.install(model)
+    install_forwards(model)
     return model
+
+
+def install_forwards(model: TransformerBridge) -> None:
+    """Give ``model`` lens_parallel's attention (:func:`lens_parallel.attention.install`) and norms
+    (:func:`lens_parallel.norms.install`), once per bridge (kept on it)."""
+    kept(model, "forwards", lambda: (attention.install(model), norms.install(model)))
 
 
 def wrap_hf_model(
