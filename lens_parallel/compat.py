@@ -104,7 +104,9 @@ class BridgeClasses:
 def bridge_classes() -> BridgeClasses:
     """TransformerLens's :class:`BridgeClasses`."""
     check("transformer-lens")
-    from transformer_lens.model_bridge import generalized_components as parts
+    from transformer_lens.model_bridge import generalized_components
+
+    parts: Any = generalized_components  # its __init__ imports these without listing every one in __all__
 
     return BridgeClasses(
         parts.AttentionBridge,

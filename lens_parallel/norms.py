@@ -34,10 +34,12 @@ def _forward(component: Any, hidden_states: Tensor, **kwargs: Any) -> Tensor:
     """A normalisation component's forward (module docstring)."""
     hooked = component.hook_scale.has_hooks() or component.hook_normalized.has_hooks()
     if hooked or not component.use_native_layernorm_autograd:
-        return type(component).forward(component, hidden_states, **kwargs)
+        own: Tensor = type(component).forward(component, hidden_states, **kwargs)
+        return own
     x = component.hook_in(hidden_states)
     out: Tensor = compat.hf_module(component)(x)
-    return component.hook_out(out if out.dtype == x.dtype else out.to(x.dtype))
+    hooked_out: Tensor = component.hook_out(out if out.dtype == x.dtype else out.to(x.dtype))
+    return hooked_out
 
 
 def install(model: nn.Module) -> int:
