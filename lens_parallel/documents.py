@@ -20,13 +20,14 @@ import functools
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, cast
+from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 
 import numpy as np
 import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 from tqdm.auto import tqdm
+from transformer_lens import ActivationCache
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.choices import TextBos
@@ -38,9 +39,9 @@ PAD_ID = 0
 """The token id written after a document's end (never attended to by its real positions, never scored)."""
 
 ACCEPTED = (
-    "a string, a list of strings, a [batch, pos] token tensor or token-id lists, a tokenizer's batch with its "
-    "attention_mask (model.tokenizer(texts, padding=True, return_tensors='pt')), TokenBlocks, TextWindows or "
-    "Documents"
+    "a string, a list of strings, a [batch, pos] token tensor or array or token-id lists, a tokenizer's batch with its "
+    "attention_mask (model.tokenizer(texts, padding=True, return_tensors='pt')), a datasets.Dataset with a 'tokens' "
+    "column, TokenBlocks, TextWindows or Documents"
 )
 
 
@@ -75,8 +76,11 @@ class Documents:
           ``model.to_tokens(text)`` does (``bos="model"``: the model's BOS first where its ``default_prepend_bos``
           says so: GPT-2 yes, Pythia and Qwen no; ``"none"``: the text's own tokens; ``"boundary"``: the
           document-boundary token first);
-        - token ids: a ``[batch, pos]`` integer tensor (a ``[pos]`` one is one document), or token-id lists (each
-          list a document of its own length);
+        - token ids: a ``[batch, pos]`` tensor or numpy array of any integer dtype (a ``[pos]`` one is one
+          document), or token-id lists (each list a document of its own length); a bool tensor is a mask, not ids,
+          and is refused;
+        - a ``datasets.Dataset`` with a ``tokens`` column (TransformerLens's ``tokenize_and_concatenate``): the
+          column's rows, as a token tensor;
         - a tokenizer's batch (a mapping with ``input_ids`` and ``attention_mask``, e.g.
           ``model.tokenizer(texts, padding=True, return_tensors="pt")``): each row's masked-in tokens, right or left
           padding dropped, so every document runs at positions 0, 1, ... as if alone;
@@ -90,6 +94,15 @@ class Documents:
         Token ids outside the vocabulary are refused. ``model`` is needed for text, masks and the checks; without it
         only TokenBlocks, TextWindows, Documents and token ids are taken, unchecked.
         """
+        if isinstance(documents, ActivationCache):
+            raise LensParallelError(
+                "documents: an ActivationCache holds a forward already run; lens_parallel runs its own forward (its "
+                "hooks reduce inside it), so pass the tokens you cached (model.to_tokens(text)) or the texts"
+            )
+        if isinstance(documents, TokenDataset):
+            documents = _dataset_tokens(documents)
+        if isinstance(documents, np.ndarray):
+            documents = torch.from_numpy(documents)
         if isinstance(documents, Documents):
             return _checked(documents, model)
         if isinstance(documents, TextWindows):
@@ -217,8 +230,27 @@ class TextWindows:
         return np.bincount(self.text_of, weights=per_window, minlength=len(self.n_words))
 
 
+@runtime_checkable
+class TokenDataset(Protocol):
+    """A ``datasets.Dataset`` (what TransformerLens's ``tokenize_and_concatenate`` returns), as documents: its
+    ``tokens`` column."""
+
+    column_names: list[str]
+
+    def with_format(self, type: str) -> Any: ...
+
+
 DocumentsLike: TypeAlias = (
-    str | Sequence[str] | Tensor | Sequence[Sequence[int]] | Mapping[str, Any] | TokenBlocks | Documents | TextWindows
+    str
+    | Sequence[str]
+    | Tensor
+    | np.ndarray
+    | Sequence[Sequence[int]]
+    | Mapping[str, Any]
+    | TokenDataset
+    | TokenBlocks
+    | Documents
+    | TextWindows
 )
 """What every analysis takes as documents (:meth:`Documents.of`)."""
 
@@ -228,10 +260,22 @@ def _full_lengths(tokens: Tensor) -> Int[Tensor, " batch"]:
 
 
 def _shown(value: object) -> str:
-    """A value's type and shape for an error line (never a whole tensor)."""
+    """A value's type and shape for an error line (never a whole tensor; a repr of several lines on one)."""
     if isinstance(value, Tensor):
         return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
-    return f"{type(value).__name__} {str(value)[:60]!r}"
+    return f"{type(value).__name__} {' '.join(str(value).split())[:60]!r}"
+
+
+def _dataset_tokens(dataset: TokenDataset) -> Tensor:
+    """The ``tokens`` column of a ``datasets.Dataset`` (TransformerLens's ``tokenize_and_concatenate`` makes one) as a
+    ``[batch, pos]`` tensor; another dataset is refused naming its columns."""
+    if "tokens" not in dataset.column_names:
+        raise LensParallelError(
+            f"documents: a datasets.Dataset needs a 'tokens' column of token ids (tokenize_and_concatenate makes "
+            f"one); this one has {dataset.column_names}"
+        )
+    column = dataset.with_format("torch")["tokens"]
+    return column if isinstance(column, Tensor) else torch.stack(list(column))
 
 
 def _need(model: TransformerBridge | None, what: str) -> TransformerBridge:
@@ -247,7 +291,12 @@ def _token_tensor(value: object, what: str) -> Int[Tensor, "batch pos"]:
         raise LensParallelError(f"{what} are empty ({_shown(tokens)}): give one document of 2 tokens at least")
     if tokens.ndim == 1:
         tokens = tokens[None]
-    if tokens.dtype not in (torch.int32, torch.int64, torch.bool):
+    if tokens.dtype == torch.bool:
+        raise LensParallelError(
+            f"{what}: {_shown(tokens)} is a mask, not token ids: pass the ids, or the tokenizer's batch (a mapping "
+            "with input_ids and attention_mask)"
+        )
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex:
         raise LensParallelError(f"{what} must be integer token ids [batch, pos], got {_shown(tokens)}")
     if tokens.ndim != 2:
         raise LensParallelError(f"{what} must be [batch, pos] (or [pos]: one document), got {_shown(tokens)}")

@@ -63,9 +63,9 @@ from lens_parallel.hooks import check_heads, check_indices, expand_kv, head_laye
 from lens_parallel.models import head_label
 from lens_parallel.plots import explore as plots
 from lens_parallel.results import Provenance
-from lens_parallel.spaces import HEAD_SPACES, SPACES
+from lens_parallel.spaces import HEAD_SPACES, SPACES, check_spaces
 from lens_parallel.sweep import Batch, EditJob, TokenNLL, run_rows, run_sweep
-from lens_parallel.validate import check_choice, check_finite, check_non_negative_int, did_you_mean
+from lens_parallel.validate import check_finite, check_non_negative_int, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ class Explorer:
                 f"unknown explorer setting {unknown[0]!r}{did_you_mean(unknown[0], known)}; accepted: "
                 f"{', '.join(known)}"
             )
-        check_choice("space", state["space"], HeadSpace)
+        check_spaces(state["space"], choice=HeadSpace)
         (state["layer"],) = check_indices("layer", state["layer"], self.info.n_layers)
         refusal = self.info.kind(state["layer"]).residual_map_refusal(state["layer"])
         if refusal and SPACES[state["space"]].head_writes:

@@ -49,6 +49,7 @@ from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import expand_kv, residual_reference_role
 from lens_parallel.layers import BLOCK_HOOKS
 from lens_parallel.models import ModelInfo
+from lens_parallel.validate import as_tuple, check_choices, literal_values
 
 Level = Literal["head", "sublayer"]
 """A space's unit: one query head, or a whole sublayer update (one per layer)."""
@@ -70,6 +71,8 @@ class SpaceSpec:
             linear-attention layer u_h W_out[h]).
         sublayer: the sublayer whose output an edit of this space changes (``attn``: hook_z or hook_attn_out;
             ``mlp``: hook_mlp_out; ``block``: hook_resid_post).
+        hook_points: the TransformerLens hook points a user may name for this space (``hook_z`` for ``value``): given
+            as a space, such a name is refused pointing here (:func:`check_spaces`).
 
     Examples:
         >>> import lens_parallel as lp
@@ -83,6 +86,7 @@ class SpaceSpec:
     level: Level
     per_head: bool
     sublayer: Literal["attn", "mlp", "block"]
+    hook_points: tuple[str, ...] = ()
 
     value: ClassVar[bool] = False
     """A value space: read from the heads (m from hook_z or the pre-gate A v, r = v_t); the gate site applies."""
@@ -409,11 +413,25 @@ class _BlockUpdateSpace(_ResidualSpace):
 SPACES: Mapping[str, SpaceSpec] = {
     spec.name: spec
     for spec in (
-        ValueSpace("value", "o_t = sum_s A_ts v_s (hook_z)", "v_t", "head", True, "attn"),
+        ValueSpace(
+            "value",
+            "o_t = sum_s A_ts v_s (hook_z)",
+            "v_t",
+            "head",
+            True,
+            "attn",
+            hook_points=("hook_z", "hook_v", "hook_pattern"),
+        ),
         _ExcludeSelfSpace("value-exclude-self", "c_t = o_t - A_tt v_t", "v_t", "head", True, "attn"),
         _MergedSpace("value-merged", "concat_h o_t^h", "concat_h v_t^h", "sublayer", False, "attn"),
         _AttentionUpdateSpace(
-            "residual-attn", "hook_attn_out (per head: z_h W_O[h])", "resid_pre", "sublayer", True, "attn"
+            "residual-attn",
+            "hook_attn_out (per head: z_h W_O[h])",
+            "resid_pre",
+            "sublayer",
+            True,
+            "attn",
+            hook_points=("hook_attn_out",),
         ),
         _MlpUpdateSpace(
             "residual-mlp",
@@ -422,8 +440,17 @@ SPACES: Mapping[str, SpaceSpec] = {
             "sublayer",
             False,
             "mlp",
+            hook_points=("hook_mlp_out",),
         ),
-        _BlockUpdateSpace("residual-block", "resid_post - resid_pre", "resid_pre", "sublayer", False, "block"),
+        _BlockUpdateSpace(
+            "residual-block",
+            "resid_post - resid_pre",
+            "resid_pre",
+            "sublayer",
+            False,
+            "block",
+            hook_points=("hook_resid_post",),
+        ),
     )
 }
 """Every space, in the order of :data:`lens_parallel.choices.Space`."""
@@ -432,6 +459,28 @@ SPACE_NAMES: tuple[Space, ...] = tuple(s.name for s in SPACES.values())
 """Every space's name."""
 HEAD_SPACES = cast(tuple[HeadSpace, ...], tuple(s.name for s in SPACES.values() if s.per_head))
 """Spaces with a per-head level (:data:`~lens_parallel.choices.HeadSpace`): scalings and diagonal views per head."""
+
+
+def check_spaces(values: object, *, choice: object = Space, what: str = "space") -> tuple[Space, ...]:
+    """``values`` (a space or several) checked against ``choice`` (:data:`~lens_parallel.choices.Space` or
+    :data:`~lens_parallel.choices.HeadSpace`): a TransformerLens hook point given as a space (``hook_z``,
+    ``blocks.3.attn.hook_z``) is refused naming its space (:attr:`SpaceSpec.hook_points`), any other unknown value as
+    :func:`~lens_parallel.validate.check_choices` refuses it.
+
+    Examples:
+        >>> check_spaces(["value", "residual-attn", "value"])
+        ('value', 'residual-attn')
+    """
+    found = as_tuple(values)
+    for value in found:
+        point = value.rsplit(".", 1)[-1] if isinstance(value, str) else None
+        spec = next((spec for spec in SPACES.values() if point in spec.hook_points), None)
+        if spec is not None:
+            raise LensParallelError(
+                f"{what} {value!r} is a TransformerLens hook point, not a space: its space is {spec.name!r} (m = "
+                f"{spec.message}, r = {spec.reference}); accepted: {', '.join(literal_values(choice))}"
+            )
+    return check_choices(what, found, choice)
 
 
 def value_space(name: str) -> ValueSpace:

@@ -235,7 +235,7 @@ def test_hooks_left_on_the_bridge_are_refused_by_name():
 
 
 WHAT_USERS_TYPE = """
-import json, torch, transformers
+import json, torch, transformers, datasets
 import lens_parallel as lp
 from lens_parallel.models import toy_folder
 
@@ -259,6 +259,12 @@ calls = {
     "an empty tensor": lambda: lp.decompose(model, torch.zeros(0, dtype=torch.long)),
     "one-token documents": lambda: lp.decompose(model, [[5], [6]]),
     "an edit's layer -1": lambda: lp.HeadEdit("zero", -1, 0),
+    "an ActivationCache": lambda: lp.decompose(model, model.run_with_cache(tokens)[1]),
+    "hook_z as a space": lambda: lp.decompose(model, texts, space="hook_z"),
+    "a hook point's full name as a space": lambda: lp.ComponentScale("blocks.1.hook_resid_post"),
+    "hook_attn_out as a diagonal space": lambda: lp.diagonal_view(model, texts, space="hook_attn_out"),
+    "a mask as tokens": lambda: lp.decompose(model, tokens != 0),
+    "a Dataset without tokens": lambda: lp.decompose(model, datasets.Dataset.from_dict({"text": texts})),
 }
 said = {}
 for name, call in calls.items():
@@ -292,6 +298,17 @@ def test_what_users_type_is_one_line_saying_what_to_do(tmp_path):
         "an empty tensor": "tokens are empty (a torch.int64 tensor of shape (0,)): give one document of 2 tokens",
         "one-token documents": "documents of 1 token: each needs 2 at least (a first token and one scored)",
         "an edit's layer -1": "layers [-1]: an edit counts layers from 0",
+        "an ActivationCache": "an ActivationCache holds a forward already run; lens_parallel runs its own forward "
+        "(its hooks reduce inside it), so pass the tokens you cached",
+        "hook_z as a space": "space 'hook_z' is a TransformerLens hook point, not a space: its space is 'value'",
+        "a hook point's full name as a space": "'blocks.1.hook_resid_post' is a TransformerLens hook point, not a "
+        "space: its space is 'residual-block'",
+        "hook_attn_out as a diagonal space": "diagonal space 'hook_attn_out' is a TransformerLens hook point, not a "
+        "space: its space is 'residual-attn'",
+        "a mask as tokens": "tokens: a torch.bool tensor of shape (2, 16) is a mask, not token ids: pass the ids, or "
+        "the tokenizer's batch",
+        "a Dataset without tokens": "a datasets.Dataset needs a 'tokens' column of token ids (tokenize_and_concatenate "
+        "makes one); this one has ['text']",
     }
     assert set(said) == set(expected)
     for name, message in expected.items():
@@ -300,6 +317,26 @@ def test_what_users_type_is_one_line_saying_what_to_do(tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(toy_folder("toy-gpt2"))
     bridged = lp.wrap_hf_model(hf, tokenizer, name="mine")
     assert lp.decompose(bridged, TEXTS, progress=False).provenance.model["name"] == "mine"
+
+
+def test_token_ids_of_every_integer_dtype_and_a_dataset_column_are_the_same_documents():
+    """Token ids as users hold them (any integer dtype, a numpy array, the ``tokens`` column of the
+    ``datasets.Dataset`` TransformerLens's ``tokenize_and_concatenate`` returns) give the int64 tensor's numbers."""
+    model = get_model("toy-gpt2")
+    column = torch.stack(list(_packed(model.tokenizer)[:6]))
+    expected = lp.decompose(model, column, space="value", progress=False).table("value").self_cos
+    given = {
+        **{str(dtype): column.to(dtype) for dtype in (torch.uint16, torch.int32, torch.uint32)},
+        "numpy uint16": column.numpy().astype(np.uint16),
+        "a Dataset's tokens column": datasets.Dataset.from_dict({"tokens": column.tolist(), "other": list(range(6))}),
+    }
+    small = column[:, :8].clamp_max(127)  # ids that int8 holds
+    small_expected = lp.decompose(model, small, space="value", progress=False).table("value").self_cos
+    given |= {str(dtype): small.to(dtype) for dtype in (torch.int8, torch.uint8, torch.int16)}
+    for name, documents in given.items():
+        got = lp.decompose(model, documents, space="value", progress=False).table("value").self_cos
+        want = small_expected if name in {"torch.int8", "torch.uint8", "torch.int16"} else expected
+        np.testing.assert_array_equal(got, want, err_msg=name)
 
 
 def test_transformer_lens_failing_to_bridge_a_config_is_one_line(monkeypatch):

@@ -62,10 +62,10 @@ from lens_parallel.models import ModelInfo, layer_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.decompose import decomposition_figure
 from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
-from lens_parallel.spaces import SPACE_NAMES, SPACES, residual_space, value_parts, value_space
+from lens_parallel.spaces import SPACE_NAMES, SPACES, check_spaces, residual_space, value_parts, value_space
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
-from lens_parallel.validate import as_indices, as_tuple, check_choices, check_eps
+from lens_parallel.validate import as_indices, as_tuple, check_eps
 
 _SUMS = ("n", "n_degenerate", "cos", "cos_sq", "par_frac", "perp_frac", "coef")
 
@@ -188,7 +188,7 @@ def _normalise_spaces(space: object) -> tuple[Space, ...]:
     spaces = as_tuple(space)
     if "all" in spaces:
         return SPACE_NAMES
-    return check_choices("space", spaces, Space)
+    return check_spaces(spaces)
 
 
 class _Accumulator:

@@ -58,14 +58,12 @@ from lens_parallel.models import ModelInfo, head_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.diagonal import diagonal_figure, paper_diagonal_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
-from lens_parallel.spaces import HEAD_SPACES, SPACES
+from lens_parallel.spaces import HEAD_SPACES, SPACES, check_spaces
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import (
-    as_tuple,
     check_bool,
     check_choice,
-    check_choices,
     check_eps,
     check_finite,
     check_non_negative_int,
@@ -323,7 +321,7 @@ class DiagonalSettings:
     def __post_init__(self) -> None:
         if (self.layer is None) != (self.head is None):
             raise LensParallelError("give both layer and head, or neither (then the most self-aligned head is shown)")
-        object.__setattr__(self, "space", check_choices("diagonal space", as_tuple(self.space), HeadSpace))
+        object.__setattr__(self, "space", check_spaces(self.space, choice=HeadSpace, what="diagonal space"))
         check_finite("s_par", self.s_par)
         check_non_negative_int("doc", self.doc)
         check_eps(self.eps)

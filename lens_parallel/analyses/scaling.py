@@ -34,7 +34,7 @@ from lens_parallel.models import ModelInfo
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.scaling import scaling_figure
 from lens_parallel.results import Provenance, ResultMixin, serializable
-from lens_parallel.spaces import SPACES
+from lens_parallel.spaces import SPACES, check_spaces
 from lens_parallel.stats import N_RESAMPLES
 from lens_parallel.sweep import EditJob, SweepRun, run_sweep
 from lens_parallel.validate import (
@@ -42,7 +42,6 @@ from lens_parallel.validate import (
     as_tuple,
     check_bool,
     check_choice,
-    check_choices,
     check_eps,
     check_finite,
     check_non_negative_int,
@@ -195,7 +194,7 @@ class ScaleSettings:
     seed: int = field(default=0, metadata={"help": "seed of the bootstrap"})
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "space", check_choices("space", as_tuple(self.space), Space))
+        object.__setattr__(self, "space", check_spaces(self.space))
         for name in ("s_par", "s_perp", "residual_s_perp"):
             if getattr(self, name) is None:
                 continue

@@ -46,7 +46,15 @@ from lens_parallel.hooks import (
     softmax_layers,
 )
 from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.spaces import HEAD_SPACES, SPACES, ValueParts, ValueSpace, value_parts, value_space
+from lens_parallel.spaces import (
+    HEAD_SPACES,
+    SPACES,
+    ValueParts,
+    ValueSpace,
+    check_spaces,
+    value_parts,
+    value_space,
+)
 from lens_parallel.validate import as_indices, check_choice, check_eps, check_finite
 
 
@@ -107,7 +115,7 @@ class ComponentScale(EditBase):
     site: ValueSite = "pre-gate"
 
     def __post_init__(self) -> None:
-        check_choice("space", self.space, Space)
+        check_spaces(self.space)
         check_choice("guard", self.guard, ReferenceGuard)
         check_choice("site", self.site, ValueSite)
         spec = SPACES[self.space]
