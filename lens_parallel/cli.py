@@ -43,25 +43,39 @@ ACTIONS: dict[str, type[argparse.Action]] = {"boolean_optional": argparse.Boolea
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with the package's error contract: a bad command line is one line on stderr and exit status 2; a
-    renamed flag (the saved parser's ``renamed``: old -> new) is named with its new spelling."""
+    """argparse with the package's error contract: a bad command line is one line on stderr and exit status 2. An
+    option is spelled whole (no prefix of it is taken: ``--n-doc`` is not ``--n-docs``); an unknown one is refused by
+    its command's parser, naming the closest of that command's options and its help; a renamed flag (the saved
+    parser's ``renamed``: old -> new) is named with its new spelling."""
 
     renamed: typing.ClassVar[dict[str, str]] = {}
+
+    def __init__(self, *args: Any, flags: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+        self.flags = flags
+        self.commands: dict[str, _Parser] = {}
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:  # refused by the command's own parser: its options are the ones to suggest
+            self.commands.get(getattr(parsed, "command", ""), self).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
 
     def error(self, message: str) -> typing.NoReturn:
         if choice := re.match(r"argument [^:]+: invalid choice: '([^']*)' \(choose from (.*)\)$", message):
             accepted = re.findall(r"'([^']*)'|([^,\s]+)", choice.group(2))
             message += did_you_mean(choice.group(1), [quoted or bare for quoted, bare in accepted])
         if message.startswith("unrecognized arguments:"):
-            given = message.split(":", 1)[1].split()
-            for old in (flag.split("=")[0] for flag in given):
-                if old in self.renamed:
-                    message = f"{old} is now {self.renamed[old]}"
-                    break
+            given = [flag.split("=")[0] for flag in message.split(":", 1)[1].split() if flag.startswith("-")]
+            renamed = [old for old in given if old in self.renamed]
+            if renamed:
+                message = f"{renamed[0]} is now {self.renamed[renamed[0]]}"
+            elif given:
+                message += did_you_mean(given[0], self.flags)
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser(spec: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+def build_parser(spec: dict[str, Any] | None = None) -> _Parser:
     """The ``lens-parallel`` parser, from ``spec`` (default: the saved one, :data:`SPEC_PATH`)."""
     if spec is None:
         spec = json.loads(SPEC_PATH.read_text(encoding="utf-8"))
@@ -70,7 +84,9 @@ def build_parser(spec: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, command in spec["commands"].items():
-        p = sub.add_parser(name, help=command["help"], description=command["help"])
+        flags = tuple(argument["flag"] for argument in command["arguments"])
+        p = sub.add_parser(name, help=command["help"], description=command["help"], flags=flags)
+        parser.commands[name] = p
         for argument in command["arguments"]:
             kwargs = dict(argument["kwargs"])
             if kwargs.get("default") == argparse.SUPPRESS:  # argparse compares its sentinel by identity

@@ -791,12 +791,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _tidy_up(status: int) -> int:
     """After a failed or interrupted command: remove every folder it created that holds no file (finished work, a
-    store with its jobs, stays where it is; every file is written whole or not at all; a lock file whose store held
-    no job goes); returns ``status``."""
+    store with its jobs, stays where it is; every file is written whole or not at all); returns ``status``."""
     for top in _MADE.get() or []:
-        for lock in top.rglob("*.lock"):  # a store's lock file, its store gone (it held no job)
-            if not lock.with_suffix("").exists():
-                lock.unlink(missing_ok=True)
         for folder in sorted((p for p in [top, *top.rglob("*")] if p.is_dir()), key=lambda p: -len(p.parts)):
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only an empty folder goes

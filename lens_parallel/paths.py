@@ -48,6 +48,18 @@ def cache_dir() -> Path:
     return root
 
 
+def writer_lock(path: str | Path) -> FileLock:
+    """The operating system's lock that one writer of the file at ``path`` holds (a store), kept in the cache folder
+    (``<cache>/locks/<sha256 of the resolved path>.lock``) rather than beside the file, so that a run leaves nothing in
+    the user's folder but its output (a lock file cannot be removed safely: a process waiting on it would lock a
+    removed file while a third creates a new one). Processes of one machine, or of machines sharing the cache
+    folder, exclude each other."""
+    digest = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:32]
+    folder = cache_dir() / "locks"
+    folder.mkdir(exist_ok=True)
+    return FileLock(str(folder / f"{digest}.lock"))
+
+
 def check_writable(path: str | Path, what: str = "output") -> Path:
     """``path`` as a :class:`Path` once it is sure that a file can be written there, before any work: not a folder,
     writable if it exists, in a folder that exists (created here) and is writable. Otherwise one

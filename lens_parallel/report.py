@@ -57,6 +57,7 @@ from lens_parallel.paths import write_atomic, write_table
 from lens_parallel.plots.comparison import comparison_figure
 from lens_parallel.results import Provenance, Result, ResultMixin, serializable
 from lens_parallel.spaces import HEAD_SPACES
+from lens_parallel.store import quiet_stores
 from lens_parallel.validate import as_tuple, check_choices, check_non_negative_int, check_positive_int
 
 SECTIONS = {
@@ -340,7 +341,8 @@ def run_battery(
         "diagonal",
         lambda: tuple(diagonal_view(model, docs, layer=lay, head=h, options=opts) for lay, h in heads),
     )
-    with tempfile.TemporaryDirectory() as store:  # sensitivity's single-head jobs are split-half's: run them once
+    # sensitivity's single-head jobs are split-half's: run them once, in a store of the report's own (silent)
+    with tempfile.TemporaryDirectory() as store, quiet_stores():
         shared = dataclasses.replace(opts, store=str(Path(store) / "ablations.jsonl"))
         sens = timed(  # the sanity checks' positions (first token untouched, as the paper), so the sweep is shared
             "sensitivity",

@@ -6,14 +6,19 @@ dropped (its job reruns), a row whose value does not match the checksum written 
 of the wrong shapes or types is dropped with a warning naming it (its job reruns), and a store whose fingerprint
 differs from this run's (other weights, documents, metric, edit, batch size, ...) is refused with what differs.
 
-One writer at a time: a run holds the store's writer lock (``<store>.lock``, an OS lock released when its process
-ends, however it ends: a killed holder never blocks the next run) from reading the finished jobs to its last row, so
-a second process on the same store waits, then reads the first one's rows instead of computing them again.
+One writer at a time: a run holds the store's writer lock (:func:`~lens_parallel.paths.writer_lock`, an OS lock
+kept in the cache folder and released when its process ends, however it ends: a killed holder never blocks the next
+run) from reading the finished jobs to its last row, so a second process on the same store waits, then reads the
+first one's rows instead of computing them again.
+
+A store that a run makes for its own use (the report shares one between its analyses) says nothing: only a store the
+user named says what it resumed (:func:`quiet_stores`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import math
@@ -25,11 +30,11 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
 from lens_parallel.errors import LensParallelError, kept_in
 from lens_parallel.logs import say
-from lens_parallel.paths import add_suffix, check_writable
+from lens_parallel.paths import add_suffix, check_writable, writer_lock
 
 STORE_FORMAT = "lens_parallel.sweep/3"
 """3: every row carries the sha256 of its value (:func:`value_checksum`); 2 had none and 1 held next-token NLL sums
@@ -80,25 +85,39 @@ class ValueSpec:
         return "" if finite.all() else "a value that is not finite" + ("" if self.allow_nan else " (NaN included)")
 
 
+_QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("quiet_stores", default=False)
+
+
+@contextlib.contextmanager
+def quiet_stores() -> Iterator[None]:
+    """Inside: stores say nothing of what they resume (a store a run made for its own use: its "resumed" jobs are
+    the same run's)."""
+    token = _QUIET.set(True)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
+
+
 class SweepStore:
     """The JSON-lines store of a sweep: line 1 ``{"format", "fingerprint"}``, then one ``{"job", "digest", "value",
     "sha256"}`` per finished job (each array as nested lists, NaN as null; ``sha256``: :func:`value_checksum`),
-    each written with one ``write`` and flushed to disk. :meth:`session` holds the writer lock (``<store>.lock``)
-    while a run reads its finished jobs and appends the others, so two processes never compute the same job."""
+    each written with one ``write`` and flushed to disk. :meth:`session` holds the writer lock
+    (:func:`~lens_parallel.paths.writer_lock`) while a run reads its finished jobs and appends the others, so two
+    processes never compute the same job."""
 
     def __init__(
         self, path: str | Path, fingerprint: dict[str, Any], n_docs: int, spec: Callable[[Any], dict[str, ValueSpec]]
     ) -> None:
         self.path, self.fingerprint, self.n_docs, self.spec = Path(path), fingerprint, n_docs, spec
-        self.lock = FileLock(str(add_suffix(self.path, ".lock")))
+        self.lock = writer_lock(self.path)
 
     @contextlib.contextmanager
     def session(self, jobs: Sequence[Keyed]) -> Iterator[dict[str, Values]]:
         """Hold the writer lock (waiting, with a warning, while another process holds it) and yield the finished
         jobs (:meth:`open`); rows are appended (:meth:`append`) inside the session. The lock is the operating
         system's: it is released when the session ends or its process dies. A store this session created and left
-        without a finished job (a run that failed or was interrupted first) is removed (its lock file stays: another
-        process may be waiting on it)."""
+        without a finished job (a run that failed or was interrupted first) is removed."""
         check_writable(self.path, "store")
         try:
             self.lock.acquire(timeout=0)
@@ -114,7 +133,7 @@ class SweepStore:
         new = not self.path.is_file()
         try:
             done = self.open(jobs)
-            if resumed := sum(job.key in done for job in jobs):
+            if (resumed := sum(job.key in done for job in jobs)) and not _QUIET.get():
                 say(f"resumed {resumed} of {len(jobs)} jobs from {self.path}")
             yield done
         finally:

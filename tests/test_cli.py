@@ -54,8 +54,8 @@ def _listed(stdout: str, folder: Path) -> set[str]:
 
 
 def _on_disk(folder: Path) -> set[str]:
-    """The files in ``folder`` (a store's lock file is the lock's, not an output)."""
-    return {p.name for p in folder.iterdir() if not p.name.endswith(".lock")}
+    """The files in ``folder`` (a store's lock is kept in the cache folder: none is here)."""
+    return {p.name for p in folder.iterdir()}
 
 
 def test_texts_from_a_users_file_and_every_written_file_listed(tmp_path, capsys):
@@ -229,6 +229,16 @@ BAD_COMMAND_LINES = [  # (command line, what its one line says); {name}: a path 
     (f"decompose {T} --out {{blocker}}/sub", "cannot create the folder"),
     ("decompose --space nope", "invalid choice: 'nope'"),
     ("decompse --space value", "(did you mean 'decompose'?)"),
+    (  # no prefix of an option is taken for it: argparse's default would start a run with --n-docs 4
+        f"decompose {T} --n-doc 4 --out {{out}}",
+        "lens-parallel decompose: error: unrecognized arguments: --n-doc 4 (did you mean '--n-docs'?) (see "
+        "lens-parallel decompose --help)",
+    ),
+    (
+        "scale --ndocs 4",
+        "unrecognized arguments: --ndocs 4 (did you mean '--n-docs'?) (see lens-parallel scale --help)",
+    ),
+    ("sensitivity --batch 2", "(did you mean '--batch-size'?) (see lens-parallel sensitivity --help)"),
     ("scale --space valeu", "'valeu' (choose from 'value', 'value-exclude-self'"),
     ("glossary --columns par_fracc", "no column 'par_fracc' in the glossary (did you mean 'par_frac'?)"),
     ("decompose --doc-seed -1", "doc_seed must be an integer >= 0, got -1"),
@@ -396,6 +406,8 @@ def test_report_is_self_contained_with_every_section(tmp_path, capsys):
     argv = ("report", "--model", "toy-gpt2", "toy-qwen3", "--n-docs", "4", "--seq-len", "24", "--out", str(tmp_path))
     code, _, stderr = _main(capsys, *argv)
     assert code == 0, stderr
+    assert "resumed" not in stderr  # the report's own shared store is silent
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".lock")]
     page = (tmp_path / "report.html").read_text()
     for section in ("summary", *SECTIONS):
         assert f'<section id="{section}">' in page, section

@@ -265,22 +265,22 @@ with SweepStore(sys.argv[1], {"run": 1}, 4, lambda job: {}).session([]):
 
 @pytest.mark.slow
 def test_a_killed_lock_holder_does_not_block_the_next_run(tmp_path):
-    """The writer lock is the operating system's: a holder killed with SIGKILL (no cleanup runs) leaves its lock
-    file behind, and the next run takes the lock at once and runs."""
+    """The writer lock is the operating system's, kept in the cache folder: a holder killed with SIGKILL (no cleanup
+    runs) leaves nothing beside the store, and the next run takes the lock at once and runs."""
     import subprocess
     import sys
 
-    from filelock import FileLock
+    from lens_parallel.paths import writer_lock
 
     store = tmp_path / "sweep.jsonl"
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_SCRIPT, str(store)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
-    lock = FileLock(str(tmp_path / "sweep.jsonl.lock"))
+    lock = writer_lock(store)
     with pytest.raises(TimeoutError):
         lock.acquire(timeout=0.2)  # held while the holder lives
     holder.kill()
     holder.wait(60)
-    assert (tmp_path / "sweep.jsonl.lock").exists()  # its lock file is still there
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.jsonl"]  # no lock file beside the store
     with lock.acquire(timeout=5):  # and no longer held
         pass
     store.unlink()  # the holder's header is of another run
