@@ -63,6 +63,7 @@ from lens_parallel.edits import (
     Edit,
     EditBase,
     HeadEdit,
+    as_edits,
     check_positions,
     compile_hooks,
     edit_footprint,
@@ -528,14 +529,17 @@ class SweepRun:
 
 
 def _validate(jobs: Sequence[Job], info: ModelInfo, ablation: Ablation | None) -> list[Job]:
+    """``jobs`` checked against the model, each EditJob's edits resolved on it (indices from the end counted), repeats
+    dropped."""
     if not jobs:
         raise LensParallelError("no sweep jobs given")
-    for job in jobs:
-        if not isinstance(job, Job):
-            raise LensParallelError(
-                f"a sweep job is an AblationJob(layer, heads) or an EditJob(key, edits), got {type(job).__name__} "
-                f"{str(job)[:40]!r}"
-            )
+    if bad := [job for job in jobs if not isinstance(job, Job)]:
+        raise LensParallelError(
+            f"a sweep job is an AblationJob(layer, heads) or an EditJob(key, edits), got {type(bad[0]).__name__} "
+            f"{str(bad[0])[:40]!r}"
+        )
+    resolved = [dataclasses.replace(j, edits=as_edits(j.edits, info)) if isinstance(j, EditJob) else j for j in jobs]
+    for job in resolved:
         if isinstance(job, AblationJob):
             if ablation is None:
                 raise LensParallelError("ablation jobs need ablation= (how heads are removed), e.g. ablation='zero'")
@@ -561,7 +565,7 @@ def _validate(jobs: Sequence[Job], info: ModelInfo, ablation: Ablation | None) -
                 raise LensParallelError(
                     f"job {job.key!r} edits layer {first}, before its start layer {job.start_layer}"
                 )
-    unique = list(dict.fromkeys(jobs))
+    unique = list(dict.fromkeys(resolved))
     keys = [job.key for job in unique]
     if len(set(keys)) != len(keys):
         raise LensParallelError("two different jobs share a key; give each EditJob its own key")

@@ -101,11 +101,11 @@ def check_ray_address(address: object) -> str | None:
     return address
 
 
-def as_indices(values: object, *, what: str = "layers", from_end: bool = True) -> tuple[int, ...] | None:
+def as_indices(values: object, *, what: str = "layers") -> tuple[int, ...] | None:
     """Layer or head indices (``what`` names them in the error) as a tuple: an int is one index, None stays None
-    (every one); checked against a model later, by :func:`lens_parallel.hooks.check_indices`, which reads a negative
-    index from the end. ``from_end=False``: negative indices refused (an edit's layers, which say where a sweep may
-    start before the edit meets a model)."""
+    (every one). One rule everywhere: a negative index counts from the end (-1 the last), read when the indices meet
+    a model (:func:`lens_parallel.hooks.check_indices` for an analysis, :meth:`lens_parallel.edits.EditBase.resolved`
+    for an edit), where one out of range is refused."""
     if values is None:
         return None
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable | numbers.Integral):
@@ -113,11 +113,6 @@ def as_indices(values: object, *, what: str = "layers", from_end: bool = True) -
     found = (values,) if isinstance(values, numbers.Integral) else tuple(values)
     if not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in found):
         raise LensParallelError(f"{what} must be integer indices, got {list(found)!r}")
-    if not from_end and any(i < 0 for i in found):
-        raise LensParallelError(
-            f"{what} {list(found)}: an edit counts {what} from 0 (it is made before it meets a model, and its {what} "
-            f"say where a sweep starts); the last is model.cfg.{'n_layers' if what == 'layers' else 'n_heads'} - 1"
-        )
     return tuple(int(i) for i in found)
 
 

@@ -258,7 +258,8 @@ calls = {
     "a misspelt model": lambda: lp.load_model("toy-gtp2"),
     "an empty tensor": lambda: lp.decompose(model, torch.zeros(0, dtype=torch.long)),
     "one-token documents": lambda: lp.decompose(model, [[5], [6]]),
-    "an edit's layer -1": lambda: lp.HeadEdit("zero", -1, 0),
+    "an edit's layer -4 of 3": lambda: lp.evaluate(model, texts, lp.HeadEdit("zero", -4, 0)),
+    "an edit's head -5 of 4": lambda: lp.evaluate(model, texts, lp.ComponentScale("value", s_par=0, heads=[-5])),
     "an ActivationCache": lambda: lp.decompose(model, model.run_with_cache(tokens)[1]),
     "hook_z as a space": lambda: lp.decompose(model, texts, space="hook_z"),
     "a hook point's full name as a space": lambda: lp.ComponentScale("blocks.1.hook_resid_post"),
@@ -297,7 +298,8 @@ def test_what_users_type_is_one_line_saying_what_to_do(tmp_path):
         "a misspelt model": "unknown model spec 'toy-gtp2' (did you mean 'toy-gpt2'?)",
         "an empty tensor": "tokens are empty (a torch.int64 tensor of shape (0,)): give one document of 2 tokens",
         "one-token documents": "documents of 1 token: each needs 2 at least (a first token and one scored)",
-        "an edit's layer -1": "layers [-1]: an edit counts layers from 0",
+        "an edit's layer -4 of 3": "layers [-4] out of range: this model has layers 0..2 (or -3..-1 from the end)",
+        "an edit's head -5 of 4": "heads [-5] out of range: this model has heads 0..3 (or -4..-1 from the end)",
         "an ActivationCache": "an ActivationCache holds a forward already run; lens_parallel runs its own forward "
         "(its hooks reduce inside it), so pass the tokens you cached",
         "hook_z as a space": "space 'hook_z' is a TransformerLens hook point, not a space: its space is 'value'",
@@ -317,6 +319,37 @@ def test_what_users_type_is_one_line_saying_what_to_do(tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(toy_folder("toy-gpt2"))
     bridged = lp.wrap_hf_model(hf, tokenizer, name="mine")
     assert lp.decompose(bridged, TEXTS, progress=False).provenance.model["name"] == "mine"
+
+
+def test_one_index_rule_for_analyses_and_edits(tmp_path):
+    """Negative layers and heads count from the end in edits as in analyses: an edit is resolved when it meets a model
+    (evaluate, a sweep's jobs, task effects, generate, apply_edits) and provenance records the resolved indices; an
+    edit over layers of different head counts refuses a head from the end."""
+    model = get_model("toy-gpt2")
+    from_end = lp.evaluate(model, TEXTS, lp.HeadEdit("zero", -1, [-1, 0]), n_resamples=50)
+    counted = lp.evaluate(model, TEXTS, lp.HeadEdit("zero", 2, [3, 0]), n_resamples=50)
+    recorded = from_end.provenance.settings["edits"]
+    assert recorded == counted.provenance.settings["edits"]
+    assert recorded[0]["layer"] == 2 and recorded[0]["heads"] == (3, 0)
+    pd.testing.assert_frame_equal(from_end.to_dataframe(), counted.to_dataframe())
+    scale = lp.ComponentScale("value", s_par=0.0, layers=[-1, 0], heads=[-2])
+    run = lp.run_sweep(model, TEXTS, [lp.EditJob("from end", (lp.SkipFirstLayers(scale),), start_layer=1)])
+    counted_scale = lp.ComponentScale("value", s_par=0.0, layers=[2, 0], heads=[2])
+    same = lp.run_sweep(model, TEXTS, [lp.EditJob("from end", (lp.SkipFirstLayers(counted_scale),))])
+    np.testing.assert_array_equal(run.values["from end"]["loss_sum"], same.values["from end"]["loss_sum"])
+    tokens = model.to_tokens(TEXTS[0])
+    with lp.apply_edits(model, lp.ZeroDiagonal(layers=[-1], heads=[-1])) as edited:
+        resolved = edited(tokens)
+    with lp.apply_edits(model, lp.ZeroDiagonal(layers=[2], heads=[3])) as edited:
+        torch.testing.assert_close(resolved, edited(tokens), rtol=0, atol=0)
+    out = lp.generate(model, ["The cat"], {"last": lp.ZeroDiagonal(layers=[-1])}, max_new_tokens=2)
+    assert out.provenance.settings["edits"]["last"][0]["layers"] == (2,)
+    hybrid = get_model("toy-qwen3.5")  # linear-attention layers have other head counts than the softmax ones
+    info = lp.model_info(hybrid)
+    counts = {info.output_heads(i) for i in range(hybrid.cfg.n_layers)}
+    assert len(counts) > 1
+    with pytest.raises(LensParallelError, match=r"heads \[-1\] count from the end of a layer's heads, but the edited"):
+        lp.evaluate(hybrid, TEXTS, lp.ComponentScale("value", s_par=0.0, heads=[-1]))
 
 
 def test_token_ids_of_every_integer_dtype_and_a_dataset_column_are_the_same_documents():

@@ -60,9 +60,9 @@ def document_losses(
         >>> losses.n_tokens.tolist()  # scored tokens per document
         [15, 15, 15, 15]
     """
-    check_model(model)
+    info = check_model(model)
     opts = resolve_options(options, changes, defaults={"progress": False})
-    job = EditJob("edited", as_edits(edits))
+    job = EditJob("edited", as_edits(edits, info))
     return run_sweep(model, documents, [job], options=opts, desc="loss")[job]
 
 
@@ -148,10 +148,10 @@ def evaluate(
         >>> type(effect).__name__
         'EditEffect'
     """
-    check_model(model)
+    info = check_model(model)
     s, opts = resolve(EvaluateSettings, settings, options, protocol, changes, option_defaults={"progress": False})
     n_resamples, seed = s.n_resamples, s.seed
-    edits = as_edits(edits)
+    edits = as_edits(edits, info)
     if not edits:
         raise LensParallelError(
             "evaluate: no edits (an empty list), so nothing to compare with the matched no-op; give at least one edit "

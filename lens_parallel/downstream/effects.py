@@ -321,10 +321,10 @@ def task_effects(
         >>> type(result).__name__
         'TaskResult'
     """
-    check_model(model)
+    info = check_model(model)
     refuse_renamed(changes, {"task_settings": "settings"}, where="task_effects")
     s, opts = resolve(TaskSettings, settings, options, protocol, changes)
-    named = named_edits(edits)
+    named = named_edits(edits, info)
     plan, preset = resolve_tasks(tasks)
     lengths = s.max_seq_lengths or (preset.max_seq_lengths if preset is not None else None) or RULER_LENGTHS
     check_for_model(model, s, [name for name, _ in plan], lengths)

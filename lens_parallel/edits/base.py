@@ -27,7 +27,7 @@ from lens_parallel import geometry
 from lens_parallel.attention import QUERY_BLOCK, STEP_VALUES, Diagonal, RowsHook, rows_hook
 from lens_parallel.choices import AttentionPath, EditPositions, HeadsAll
 from lens_parallel.errors import LensParallelError, LibraryError
-from lens_parallel.hooks import ROLE_HOOKS, Hook
+from lens_parallel.hooks import ROLE_HOOKS, Hook, check_indices
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.validate import as_indices, check_choice, did_you_mean, literal_values
 
@@ -128,6 +128,13 @@ class EditBase:
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
         raise NotImplementedError
+
+    def resolved(self, info: ModelInfo) -> EditBase:
+        """This edit as it meets ``info``'s model: its negative layer and head indices counted from the end (-1 the
+        last), the one index rule of the analyses; the edit itself where none is negative. Every analysis and
+        :func:`compile_hooks` run, and provenance records, the resolved edit (:func:`as_edits` with the model's
+        info)."""
+        return self
 
     def footprint(self, info: ModelInfo) -> Footprint | None:
         """What this edit, with these settings, needs from a forward of a model like ``info`` (None: it does not
@@ -301,12 +308,46 @@ per-position weights of a first-order estimate of it (``weights``)."""
 
 
 def as_heads(heads: Heads) -> tuple[int, ...] | HeadsAll | None:
-    """``heads`` checked: ``"all"``, None, or sorted head indices."""
+    """``heads`` checked: ``"all"``, None, or head indices (negative ones from the end)."""
     if heads == "all":
         return "all"
     if isinstance(heads, str):
         raise LensParallelError(f"heads must be head indices, 'all' or None, got {heads!r}")
-    return as_indices(heads, what="heads", from_end=False)
+    return as_indices(heads, what="heads")
+
+
+def from_end(indices: Sequence[int], n: int, what: str) -> tuple[int, ...]:
+    """``what`` (layers or heads) ``indices`` of ``n``, each of -n..-1 counted from the end (-1 -> n - 1), in their
+    order; one out of range is refused as :func:`~lens_parallel.hooks.check_indices` refuses it."""
+    check_indices(what, indices, n)
+    return tuple(i % n for i in indices)
+
+
+class LayerHeadEdit(EditBase):
+    """The base of the built-in edits with ``layers`` and ``heads`` fields (checked by :func:`as_indices` and
+    :func:`as_heads`): how they are :meth:`resolved` on a model."""
+
+    heads: tuple[int, ...] | HeadsAll | None
+
+    def resolved(self, info: ModelInfo) -> LayerHeadEdit:
+        """Layers counted from the end of ``info``'s layers, heads from the end of the edited layers' heads, which
+        must then all have the same number of heads (refused otherwise: -1 would be another head on each); an index
+        out of range is refused here."""
+        given = cast(tuple[int, ...] | None, self.layers)
+        heads = self.heads
+        layers = None if given is None else from_end(given, info.n_layers, "layers")
+        if isinstance(heads, tuple) and min(heads, default=0) < 0:
+            edited = [i for i in (range(info.n_layers) if layers is None else layers) if 0 <= i < info.n_layers]
+            counts = sorted({info.output_heads(i) for i in edited if info.kind(i).heads})
+            if len(counts) > 1:
+                raise LensParallelError(
+                    f"heads {list(heads)} count from the end of a layer's heads, but the edited layers of {info.name} "
+                    f"have {counts} heads: name the heads from 0, or edit layers of one head count"
+                )
+            heads = from_end(heads, counts[0], "heads") if counts else heads
+        if (layers, heads) == (given, self.heads):
+            return self
+        return dataclasses.replace(cast(Any, self), layers=layers, heads=heads)
 
 
 def store(tensor: Tensor, hook: HookPoint, *, state: dict[str, Tensor], key: str) -> None:
@@ -348,9 +389,10 @@ def head_mask(
     return mask
 
 
-def as_edits(edits: object) -> tuple[Edit, ...]:
+def as_edits(edits: object, info: ModelInfo | None = None) -> tuple[Edit, ...]:
     """One edit or a sequence of edits (one combined intervention, applied in order) as a tuple, each checked to
-    follow the :class:`Edit` protocol."""
+    follow the :class:`Edit` protocol; with ``info``, each built-in one :meth:`~EditBase.resolved` on its model
+    (indices from the end counted)."""
     if isinstance(edits, Edit):
         found: tuple[object, ...] = (edits,)
     elif isinstance(edits, (list, tuple)):
@@ -364,7 +406,10 @@ def as_edits(edits: object) -> tuple[Edit, ...]:
             f"{', '.join(k.cls.__name__ for k in EDITS.values())}, or your own frozen dataclass); "
             f"got {type(bad[0]).__name__}"
         )
-    return cast(tuple[Edit, ...], found)
+    checked = cast(tuple[Edit, ...], found)
+    if info is None:
+        return checked
+    return tuple(e.resolved(info) if isinstance(e, EditBase) else e for e in checked)
 
 
 UNEDITED = "unedited"
@@ -374,16 +419,17 @@ Settings = Edit | Sequence[Edit] | Mapping[str, Edit | Sequence[Edit]]
 """One edit, one list of edits (one combined intervention), or several named settings."""
 
 
-def named_edits(settings: object) -> dict[str, tuple[Edit, ...]]:
-    """``settings`` (:data:`Settings`) as named interventions, each a tuple of edits applied together: a dict's
-    names, else one setting named after its edits' types. The name :data:`UNEDITED` is the baseline's."""
+def named_edits(settings: object, info: ModelInfo | None = None) -> dict[str, tuple[Edit, ...]]:
+    """``settings`` (:data:`Settings`) as named interventions, each a tuple of edits applied together (with
+    ``info``, resolved on its model: :func:`as_edits`): a dict's names, else one setting named after its edits'
+    types. The name :data:`UNEDITED` is the baseline's."""
     if isinstance(settings, Mapping):
         if not settings:
             raise LensParallelError("edits is an empty dict; give at least one name -> edit (or list of edits)")
         if UNEDITED in settings:
             raise LensParallelError(f"{UNEDITED!r} names the baseline every setting is compared with; rename it")
-        return {str(name): as_edits(edits) for name, edits in settings.items()}
-    edits = as_edits(settings)
+        return {str(name): as_edits(edits, info) for name, edits in settings.items()}
+    edits = as_edits(settings, info)
     return {"+".join(type(e).__name__ for e in edits) or "no edit": edits}
 
 
@@ -470,7 +516,7 @@ def compile_hooks(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> lis
     edit's hooks are checked against its :class:`Footprint`: a hook on an undeclared role is a library bug."""
     info = model_info(model)
     out: list[Hook] = []
-    for edit in as_edits(edits):
+    for edit in as_edits(edits, info):
         hooks = edit.hooks(model, info)
         footprint = edit.footprint(info) if isinstance(edit, EditBase) else None  # a user's: not checked
         if footprint is not None:

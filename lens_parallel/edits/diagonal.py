@@ -19,10 +19,10 @@ from lens_parallel.attention import Diagonal, block_rows, rows_hook
 from lens_parallel.choices import EditPositions, HeadSpace
 from lens_parallel.edits.base import (
     EDIT_POSITIONS,
-    EditBase,
     Footprint,
     Heads,
     HeadSet,
+    LayerHeadEdit,
     all_values,
     as_heads,
     check_positions,
@@ -56,7 +56,7 @@ from lens_parallel.validate import as_indices, check_choice, check_eps, check_fi
 
 @register_edit("diagonal-scale", "parallel-only scaling written as a change of the attention diagonal A_tt")
 @dataclass(frozen=True)
-class DiagonalEdit(EditBase):
+class DiagonalEdit(LayerHeadEdit):
     """Parallel-only scaling written as a change of the attention diagonal: A'_tt = A_tt + dA_tt.
 
     value: dA_tt = (s_par - 1) (o_t . v_t) / |v_t|^2; value-exclude-self: (s_par - 1) (c_t . v_t) / |v_t|^2, with
@@ -94,7 +94,7 @@ class DiagonalEdit(EditBase):
         check_positions(self.positions)
         check_finite("s_par", self.s_par)
         check_eps(self.eps)
-        object.__setattr__(self, "layers", as_indices(self.layers, from_end=False))
+        object.__setattr__(self, "layers", as_indices(self.layers))
         object.__setattr__(self, "heads", as_heads(self.heads))
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
@@ -183,7 +183,7 @@ class DiagonalEdit(EditBase):
     explorer={"zero-diagonal": {}},
 )
 @dataclass(frozen=True)
-class ZeroDiagonal(EditBase):
+class ZeroDiagonal(LayerHeadEdit):
     """Hard diagonal removal (the directional-decomposition paper's comparison edit): every head's attention to
     its own token is set to 0 and each row renormalised over the other positions,
     A'_tt = 0, A'_ts = A_ts / (1 - A_tt) (:func:`lens_parallel.geometry.zero_diagonal`), on ``hook_pattern``.
@@ -212,7 +212,7 @@ class ZeroDiagonal(EditBase):
 
     def __post_init__(self) -> None:
         check_eps(self.eps)
-        object.__setattr__(self, "layers", as_indices(self.layers, from_end=False))
+        object.__setattr__(self, "layers", as_indices(self.layers))
         object.__setattr__(self, "heads", as_heads(self.heads))
 
     def footprint(self, info: ModelInfo) -> Footprint:

@@ -14,10 +14,10 @@ from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
 from lens_parallel.edits.base import (
-    EditBase,
     Footprint,
     Heads,
     HeadSet,
+    LayerHeadEdit,
     as_heads,
     head_mask,
     register_edit,
@@ -43,7 +43,7 @@ from lens_parallel.validate import as_indices, check_eps
     explorer={"random-direction": {"norm_matched": False}, "random-direction-norm-matched": {"norm_matched": True}},
 )
 @dataclass(frozen=True)
-class RandomDirectionRemoval(EditBase):
+class RandomDirectionRemoval(LayerHeadEdit):
     """The frozen-model random-direction control of value-parallel removal: the same rank-one removal from each
     head's output ``hook_z``, along a fixed random unit direction u per layer and head instead of the head's own
     value, z' = z - (z . u) u (:func:`lens_parallel.geometry.direction_removal`). Layer l's directions come from
@@ -70,7 +70,7 @@ class RandomDirectionRemoval(EditBase):
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise LensParallelError(f"seed must be a non-negative integer, got {self.seed!r}")
         check_eps(self.eps)
-        object.__setattr__(self, "layers", as_indices(self.layers, from_end=False))
+        object.__setattr__(self, "layers", as_indices(self.layers))
         object.__setattr__(self, "heads", as_heads(self.heads))
 
     def footprint(self, info: ModelInfo) -> Footprint:

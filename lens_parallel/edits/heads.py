@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from lens_parallel.edits.base import (
     Footprint,
     HeadSet,
     check_positions,
+    from_end,
     head_mask,
     register_edit,
 )
@@ -172,13 +174,13 @@ class HeadEdit(EditBase):
     def __post_init__(self) -> None:
         check_choice("ablation", self.ablation, Ablation)
         check_positions(self.positions)
-        as_indices(self.layer, what="layers", from_end=False)
+        as_indices(self.layer, what="layers")
         if ABLATION_KINDS[self.ablation].needs_means and self.means is None:
             raise LensParallelError(
                 "a mean ablation needs means [n_heads, d_head] (e.g. from lens_parallel.sweep.head_means)"
             )
         if not isinstance(self.heads, Tensor):
-            heads = as_indices(self.heads, what="heads", from_end=False)
+            heads = as_indices(self.heads, what="heads")
             if not heads:
                 raise LensParallelError("empty head set: give at least one query head")
             object.__setattr__(self, "heads", heads)
@@ -189,6 +191,17 @@ class HeadEdit(EditBase):
 
     def footprint(self, info: ModelInfo) -> Footprint:
         return ABLATION_KINDS[self.ablation].footprint(self, info, self._kind(info))
+
+    def resolved(self, info: ModelInfo) -> HeadEdit:
+        """The layer counted from the end of ``info``'s layers, the heads (indices, not a mask) from the end of that
+        layer's heads."""
+        layer = from_end((self.layer,), info.n_layers, "layers")[0]
+        heads = self.heads
+        if isinstance(heads, tuple) and info.kind(layer).heads:
+            heads = from_end(heads, info.output_heads(layer), "heads")
+        if layer == self.layer and (heads is self.heads or heads == self.heads):
+            return self
+        return dataclasses.replace(self, layer=layer, heads=heads)
 
     def _kind(self, info: ModelInfo) -> LayerKind | None:
         """The edited layer's kind (None where the layer is out of range: the hooks say so)."""

@@ -24,6 +24,7 @@ from lens_parallel.edits.base import (
     Footprint,
     Heads,
     HeadSet,
+    LayerHeadEdit,
     PatternUse,
     as_heads,
     check_positions,
@@ -62,7 +63,7 @@ from lens_parallel.validate import as_indices, check_choice, check_eps, check_fi
     "scale", "scale the parallel and perpendicular parts of a message in one space", spec=True, explorer={"scale": {}}
 )
 @dataclass(frozen=True)
-class ComponentScale(EditBase):
+class ComponentScale(LayerHeadEdit):
     """Scale the parallel and perpendicular parts of a message in one space.
 
     Args:
@@ -124,7 +125,7 @@ class ComponentScale(EditBase):
         check_finite("s_par", self.s_par)
         check_finite("s_perp", self.s_perp)
         check_eps(self.eps)
-        object.__setattr__(self, "layers", as_indices(self.layers, from_end=False))
+        object.__setattr__(self, "layers", as_indices(self.layers))
         object.__setattr__(self, "heads", as_heads(self.heads))
         merged_all = spec.value and self.heads == "all"  # value-merged edits every head together
         if self.heads is not None and not spec.per_head and not merged_all:

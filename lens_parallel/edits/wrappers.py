@@ -67,6 +67,11 @@ class SkipFirstLayers(EditBase):
         inner = edit_noop(self.edit)
         return None if inner is None else SkipFirstLayers(inner, self.n)
 
+    def resolved(self, info: ModelInfo) -> SkipFirstLayers:
+        """The wrapped edit resolved on ``info``'s model (:func:`~lens_parallel.edits.as_edits`)."""
+        (inner,) = as_edits(self.edit, info)
+        return self if inner is self.edit else SkipFirstLayers(inner, self.n)
+
     def footprint(self, info: ModelInfo) -> Footprint | None:
         """The wrapped edit's (None when it declares none)."""
         return edit_footprint(self.edit, info)

@@ -287,7 +287,7 @@ def generate(
     s, opts = resolve(GenerateSettings, settings, options, protocol, changes)
     if opts.batch_size == "auto":
         raise LensParallelError("generate takes an integer batch_size (prompts per forward), not 'auto'")
-    named = {UNEDITED: (), **({} if edits is None else named_edits(edits))}
+    named = {UNEDITED: (), **({} if edits is None else named_edits(edits, info))}
     hooks = {name: compile_hooks(model, setting) for name, setting in named.items()}
     cached = {name: decode_safe(setting, info) for name, setting in named.items()}
     tokenizer = hf_tokenizer(model)
