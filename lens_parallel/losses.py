@@ -62,7 +62,7 @@ class DocLosses:
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class EditEffect(ResultMixin):
     """Edited minus matched no-op: loss (nats/token) and perplexity, with paired bootstrap CIs over documents; from
     :func:`~lens_parallel.analyses.evaluate.evaluate` also KL(no-op || edited) of the next-token distributions

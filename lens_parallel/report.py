@@ -74,7 +74,7 @@ T = TypeVar("T")
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ModelReport(ResultMixin):
     """One model's battery: every result, and the seconds each step took.
 

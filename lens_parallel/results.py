@@ -25,12 +25,13 @@ import uuid
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast, runtime_checkable
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from lens_parallel import display
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelInfo, head_label
@@ -73,6 +74,12 @@ def result_classes() -> list[type]:
 
 
 def _version(package: str) -> str:
+    """``package``'s version: lens_parallel's of the code that runs (an editable install's metadata keeps the version
+    it was installed at), the others' as installed."""
+    if package == "lens_parallel":
+        from lens_parallel import __version__
+
+        return __version__
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -249,6 +256,15 @@ class ResultMixin:
     def figures(self) -> dict[str, go.Figure]:
         """Named figures; the first is :meth:`figure`."""
         return {"figure": self.figure()}
+
+    def _repr_html_(self) -> str:
+        """A notebook's view (:func:`lens_parallel.display.result_html`): type, model, summary, the table's head."""
+        return display.result_html(cast(display.Shown, self))
+
+    def __repr__(self) -> str:
+        """The text view (:func:`lens_parallel.display.result_text`): one screen, no arrays (every result class is a
+        dataclass with ``repr=False``, so that this is its repr at a prompt and in IPython)."""
+        return display.result_text(cast(display.Shown, self))
 
     def save(self, path: str | Path) -> Path:
         """Write ``path.json`` (fields and provenance) and ``path.npz`` (arrays); returns the JSON path."""

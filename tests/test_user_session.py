@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -319,6 +320,35 @@ def test_what_users_type_is_one_line_saying_what_to_do(tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(toy_folder("toy-gpt2"))
     bridged = lp.wrap_hf_model(hf, tokenizer, name="mine")
     assert lp.decompose(bridged, TEXTS, progress=False).provenance.model["name"] == "mine"
+
+
+def test_a_result_shows_itself_in_a_notebook_and_its_figure_survives_the_export(tmp_path):
+    """A result as a cell's last value is a short table (type, model, summary, the table's head), not its arrays;
+    a figure as a cell's last value is drawn by the page nbconvert exports, with no notebook_figures() call."""
+    import nbconvert
+    import nbformat
+    from nbclient import NotebookClient
+
+    cells = [
+        "import lens_parallel as lp\nmodel = lp.load_model('toy-gpt2')\n"
+        "result = lp.decompose(model, ['The cat sat on the mat and looked at the door for a while.'], progress=False)",
+        "result",
+        "result.figure()",
+        "print(repr(result))",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code) for code in cells])
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    shown = nb.cells[1].outputs[0]["data"]
+    title = "<div class='lens-parallel-result'><strong>DecompositionResult: toy-gpt2 (gpt2, 3 layers x 4 heads)"
+    assert shown["text/html"].startswith(title) and shown["text/html"].count("<table") == 2  # summary, table's head
+    for text in (shown["text/html"], shown["text/plain"], nb.cells[3].outputs[0]["text"]):
+        assert len(text) < 6000 and "array(" not in text, text
+    printed = nb.cells[3].outputs[0]["text"].splitlines()
+    assert printed[0].startswith("DecompositionResult: toy-gpt2") and len(printed) <= 24
+    assert max(len(line) for line in printed) <= 160
+    page, _ = nbconvert.HTMLExporter().from_notebook_node(nb)
+    assert page.count("Plotly.newPlot(") >= 1  # the figure drawn by the exported page itself, offline
+    assert not re.search(r'<script[^>]*\ssrc="(?:https?:)?//', page.split("</head>", 1)[1])
 
 
 def test_one_index_rule_for_analyses_and_edits(tmp_path):

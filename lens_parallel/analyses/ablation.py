@@ -32,7 +32,7 @@ from lens_parallel.validate import check_choice
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class AblationRun(ResultMixin):
     """Per-document NLL sums of the unedited model (``base_loss_sum [document]``) and of every job
     (``loss_sum [job, document]``), ``n_tokens [document]`` scored tokens; ``run[job]`` gives a job's

@@ -82,7 +82,7 @@ from lens_parallel.validate import (
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class AttributionResult(ResultMixin):
     """First-order edit estimates and exact scale derivatives, per document (nats, summed over its tokens).
 

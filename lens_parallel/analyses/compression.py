@@ -65,7 +65,7 @@ COLLECT_BYTES = 1 << 28
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CompressionResult(ResultMixin):
     """Per method, sublayer, layer and prompt: ``par`` = |e_par|/|delta|, ``perp`` = |e_perp|/|delta|, ``coef`` =
     e.delta/|delta|^2 (arrays ``[method, sublayer, layer, prompt]``, NaN where |delta| ~ 0), and per method the

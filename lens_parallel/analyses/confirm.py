@@ -35,7 +35,7 @@ from lens_parallel.validate import check_non_negative_int, check_positive_int
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ConfirmResult(ResultMixin):
     """Estimate vs exact effect (nats/token) per confirmed head; ``chosen`` is ``top`` or ``random``.
 

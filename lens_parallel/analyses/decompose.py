@@ -133,7 +133,7 @@ class AlignmentTable:
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class DecompositionResult(ResultMixin):
     """Self-alignment statistics of every requested space; see :func:`decompose`.
 

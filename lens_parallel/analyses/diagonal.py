@@ -71,7 +71,7 @@ from lens_parallel.validate import (
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class DiagonalView(ResultMixin):
     """One head's empirical attention map on one document, the diagonal changes that reproduce a parallel-only
     scaling in each space, and per-head summaries of those changes over all documents of the layer.

@@ -104,7 +104,7 @@ def _has_pattern(layer_type: str) -> bool:
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class DominanceResult(ResultMixin):
     """Raw per-observation effects of every upstream head, and the measured joint controls.
 

@@ -61,7 +61,7 @@ STATISTICS: tuple[HeadStatistic, ...] = literal_values(HeadStatistic)
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class HeadStatistics(ResultMixin):
     """The four statistics per ``[layer, head]`` (``values`` is ``[statistic, layer, head]``, statistics in
     :data:`STATISTICS` order; on a hybrid model the head axis is as wide as the widest layer's heads, a narrower

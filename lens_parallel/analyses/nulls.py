@@ -119,7 +119,7 @@ def reconstruction_error(model: TransformerBridge, documents: Documents, layers:
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class NullResult(ResultMixin):
     """Per-document means over t >= 1, ``[doc, layer, head]``: cos_self, cos_null and (GQA) cos_across; ``null``
     says how cos_null was computed (``sampled`` or ``exact``), ``groups`` which other kv groups cos_across uses.

@@ -64,7 +64,7 @@ def verdict(r_delta: float) -> str:
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class SplitHalfResult(ResultMixin):
     """Per-head values in each half, ``[half, layer, head]``: ``cos_self``, ``excess``, ``delta`` (nats/token).
 
@@ -246,7 +246,7 @@ def _split_half(
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class SanityReport(ResultMixin):
     """The causal null (with GQA groups where there are several kv heads) and split-half reliability together.
 

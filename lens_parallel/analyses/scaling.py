@@ -66,7 +66,7 @@ class SweepPoint:
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ScalingResult(ResultMixin):
     """Edited-minus-no-op loss and perplexity for every (space, setting[, layer]): per scored token, or with
     ``metric="word_perplexity"`` per word (loss in nats/word, perplexity the word perplexity, ``n_words``).

@@ -33,7 +33,7 @@ from lens_parallel.validate import as_indices, check_choice, check_non_negative_
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class SensitivityResult(ResultMixin):
     """``head_*`` arrays are ``[layer, head]`` (on a hybrid model as wide as the widest layer: a linear-attention
     layer's value heads; a narrower layer's extra entries are NaN); ``joint_*`` are ``[layer]`` (all heads of the

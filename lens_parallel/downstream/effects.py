@@ -69,7 +69,7 @@ from lens_parallel.validate import check_choice
 
 
 @serializable
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, repr=False, kw_only=True)
 class TaskResult(ResultMixin):
     """Per task, item and setting the scores of lm-eval's metrics; ``settings[0]`` is the unedited baseline.
 

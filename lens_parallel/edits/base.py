@@ -337,7 +337,7 @@ class LayerHeadEdit(EditBase):
         heads = self.heads
         layers = None if given is None else from_end(given, info.n_layers, "layers")
         if isinstance(heads, tuple) and min(heads, default=0) < 0:
-            edited = [i for i in (range(info.n_layers) if layers is None else layers) if 0 <= i < info.n_layers]
+            edited = range(info.n_layers) if layers is None else layers
             counts = sorted({info.output_heads(i) for i in edited if info.kind(i).heads})
             if len(counts) > 1:
                 raise LensParallelError(

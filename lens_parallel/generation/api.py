@@ -80,7 +80,7 @@ class GenerateSettings:
 
 
 @serializable
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, repr=False, kw_only=True)
 class GenerationResult(ResultMixin):
     """Each prompt's continuation under each setting (``settings[0]`` is the unedited model): ``texts[s][p]``,
     ``tokens[s][p]`` (token ids) and ``finish[s][p]`` (``eos``, ``stop`` or ``length``).

@@ -1,5 +1,7 @@
 """What every figure module shares: the template, writing a figure to disk, the min-max band drawn into a subplot
-cell, the layer axis (layer 0 first, at the top of a heatmap; a hybrid model's layer types marked) and the head unit."""
+cell, the layer axis (layer 0 first, at the top of a heatmap; a hybrid model's layer types marked), the head unit,
+and figures that stay in a saved notebook: in a Jupyter kernel, the first use of a figure module sets
+:func:`notebook_figures` up, so that no call of the user's is needed."""
 
 from __future__ import annotations
 
@@ -179,3 +181,14 @@ def notebook_figures() -> str:
         pio.renderers["lens_parallel_notebook"] = OfflineNotebook()
         pio.renderers.default = "plotly_mimetype+lens_parallel_notebook"
     return str(pio.renderers.default)
+
+
+def _in_notebook_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (IPython's shell with a kernel attached; never imports IPython)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "kernel", None) is not None
+
+
+if _in_notebook_kernel():  # figures that survive the notebook's export, with no call of the user's
+    notebook_figures()

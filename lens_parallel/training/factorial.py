@@ -318,7 +318,7 @@ def _freeze_plan(path: Path, plan: dict[str, Any], *, started: bool) -> str:
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class FactorialResult(ResultMixin):
     """All runs of a factorial; ``to_dataframe()`` the final loss of every (arm, seed) with its paired delta to
     baseline, ``paired_table()`` the declared endpoints' paired statistics, ``curves()`` the validation curves.

@@ -56,7 +56,7 @@ ARM_FILE = "lens_parallel_arm.pt"
 
 
 @serializable
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class TrainRun(ResultMixin):
     """One finished run: validation loss (nats/token) at ``eval_steps``, training loss per step, learned gates.
 
