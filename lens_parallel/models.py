@@ -355,7 +355,27 @@ def _boot(source: str, *, device: str | None, dtype: torch.dtype, **kwargs: Any)
     if reason := architectures.bridge_refusal(set(model.hook_dict), model.cfg.n_layers):
         raise ModelSpecError(f"{source}: {reason}")
     install_forwards(model)
+    _check_runs(model, source)
     return model
+
+
+def _check_runs(model: TransformerBridge, source: str) -> None:
+    """Refuse, at load, a bridge TransformerLens builds but whose forward fails: one forward of two tokens (the
+    failure named in one line, with the architecture), not an error at the user's first analysis."""
+    tokens = torch.zeros(1, 2, dtype=torch.long, device=model.cfg.device)
+    try:
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model(tokens)
+    except BRIDGE_FAILURES as exc:
+        if isinstance(exc, (EnvironmentFailure, LibraryError)):
+            raise
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        architecture = architectures.architecture_of(model.original_model.config)
+        raise ModelSpecError(
+            f"{source}: TransformerLens bridges {architecture} but its forward fails ({type(exc).__name__}: "
+            f"{reason[:300]})"
+        ) from exc
 
 
 def install_forwards(model: TransformerBridge) -> None:

@@ -32,6 +32,7 @@ from lens_parallel import architectures
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import UNPROCESSED, toy_folder
 from lens_parallel.results import qualified_name
+from lens_parallel.toys import toy_config
 from tests import fresh
 from tests.conftest import FAMILIES, get_model
 
@@ -415,6 +416,50 @@ def test_transformer_lens_failing_to_bridge_a_config_is_one_line(monkeypatch):
     said = str(refused.value)
     assert "TransformerLens cannot bridge LlamaForCausalLM (RuntimeError: rope_scaling type 'longrope' is not " in said
     assert "\n" not in said
+
+
+def _saved_toy(tmp_path: Path, model_type: str, **overrides: Any) -> Path:
+    """A folder holding a seeded random model of ``model_type``'s toy config with ``overrides``, and a tokenizer."""
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(toy_config(model_type, **overrides))
+    hf.save_pretrained(tmp_path)
+    transformers.AutoTokenizer.from_pretrained(toy_folder("toy-gpt2")).save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_a_bridge_whose_forward_fails_is_refused_at_load(tmp_path):
+    """Granite-hybrid without an attention layer: TransformerLens bridges it, and the first forward fails in
+    transformers' mask code. Refused by load_model in one line naming the architecture and the reason."""
+    folder = _saved_toy(tmp_path, "granitemoehybrid", position_embedding_type="nope", layer_types=["mamba", "mamba"])
+    with pytest.raises(lp.ModelSpecError) as refused:
+        lp.load_model(str(folder))
+    said = str(refused.value)
+    assert (
+        "TransformerLens bridges GraniteMoeHybridForCausalLM but its forward fails (ValueError: `get_mask_sizes`"
+        in said
+    )
+    assert "\n" not in said
+
+
+def test_an_attention_layer_without_position_embeddings_runs_as_transformer_lens_runs_it(tmp_path):
+    """Granite-hybrid with NoPE attention: its bridge has no hook_rot_q / hook_rot_k; lens_parallel's attention
+    fires none, gives TransformerLens's untouched logits and Hugging Face's, and analyses it."""
+    folder = _saved_toy(
+        tmp_path, "granitemoehybrid", position_embedding_type="nope", layer_types=["attention", "mamba"]
+    )
+    tokens = torch.tensor([[5, 17, 250, 3, 99, 42, 7, 1000]])
+    untouched = TransformerBridge.boot_transformers(str(folder))
+    assert "blocks.0.attn.hook_rot_q" not in untouched.hook_dict
+    with torch.no_grad():
+        expected = untouched(tokens)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder)(tokens).logits
+    model = lp.load_model(str(folder))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), expected, rtol=1e-5, atol=1e-5)  # SDPA against its eager weights
+        torch.testing.assert_close(model(tokens), hf, rtol=1e-5, atol=1e-5)
+    assert not lp.model_info(model).rotary_hooks
+    table = lp.decompose(model, tokens, space="value", progress=False).table("value")
+    assert table.layers == (0,) and np.isfinite(table.self_cos).all()
 
 
 # -- habits ------------------------------------------------------------------------------------------------------------

@@ -109,8 +109,8 @@ class _ModuleRoute(_Route):
     def handed(self, site: AttentionSite, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """hook_rot_q on the queries, hook_rot_k on the new keys (the last ``query_pos`` of the keys: the module's
         cache holds the earlier ones), ``[batch, head_index, pos, d_head]`` as TransformerLens's forward fires them;
-        not where a feature leaves them unfired."""
-        if "hook_rot_q" in site.spec.unfired():
+        not where a feature leaves them unfired, nor on a layer without them (NoPE)."""
+        if "hook_rot_q" in site.spec.unfired() or not site.fires_rotary:
             return query, key
         component = site.component
         query = component.hook_rot_q(query)

@@ -108,8 +108,10 @@ class AttentionSite:
 
     @property
     def fires_rotary(self) -> bool:
-        """Whether the layer fires hook_rot_q / hook_rot_k (the queries and keys after rotary)."""
-        return self.route.fires_rotary
+        """Whether the layer fires hook_rot_q / hook_rot_k (the queries and keys after rotary): where its route does
+        and its component has them (a layer without position embeddings, NoPE, has none)."""
+        children = dict(self.component.named_children())
+        return self.route.fires_rotary and "hook_rot_q" in children and "hook_rot_k" in children
 
 
 def site_of(component: Any) -> AttentionSite | None:
