@@ -51,11 +51,12 @@ class _Parser(argparse.ArgumentParser):
     renamed: typing.ClassVar[dict[str, str]] = {}
 
     def __init__(self, *args: Any, flags: tuple[str, ...] = (), **kwargs: Any) -> None:
-        super().__init__(*args, allow_abbrev=False, **kwargs)
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
         self.flags = flags
         self.commands: dict[str, _Parser] = {}
 
-    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:  # refused by the command's own parser: its options are the ones to suggest
             self.commands.get(getattr(parsed, "command", ""), self).error(f"unrecognized arguments: {' '.join(extras)}")

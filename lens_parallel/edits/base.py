@@ -327,14 +327,14 @@ class LayerHeadEdit(EditBase):
     """The base of the built-in edits with ``layers`` and ``heads`` fields (checked by :func:`as_indices` and
     :func:`as_heads`): how they are :meth:`resolved` on a model."""
 
-    heads: tuple[int, ...] | HeadsAll | None
+    heads: Heads  # a tuple of indices, "all" or None once the edit is built (as_heads)
 
     def resolved(self, info: ModelInfo) -> LayerHeadEdit:
         """Layers counted from the end of ``info``'s layers, heads from the end of the edited layers' heads, which
         must then all have the same number of heads (refused otherwise: -1 would be another head on each); an index
         out of range is refused here."""
         given = cast(tuple[int, ...] | None, self.layers)
-        heads = self.heads
+        heads = cast(tuple[int, ...] | HeadsAll | None, self.heads)
         layers = None if given is None else from_end(given, info.n_layers, "layers")
         if isinstance(heads, tuple) and min(heads, default=0) < 0:
             edited = range(info.n_layers) if layers is None else layers
@@ -347,7 +347,8 @@ class LayerHeadEdit(EditBase):
             heads = from_end(heads, counts[0], "heads") if counts else heads
         if (layers, heads) == (given, self.heads):
             return self
-        return dataclasses.replace(cast(Any, self), layers=layers, heads=heads)
+        resolved: LayerHeadEdit = dataclasses.replace(cast(Any, self), layers=layers, heads=heads)
+        return resolved
 
 
 def store(tensor: Tensor, hook: HookPoint, *, state: dict[str, Tensor], key: str) -> None:
