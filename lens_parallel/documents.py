@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
@@ -367,9 +368,39 @@ def _masked_documents(model: TransformerBridge, batch: Mapping[str, Any]) -> Doc
             f"attention_mask row {bad[0]} is not one run of 1s (padding on the left or the right only, and a token)"
         )
     rows = [row[m.bool()].tolist() for row, m in zip(tokens.cpu(), mask.cpu(), strict=True)]
+    _warn_other_bos(model, rows)
     side = "left" if bool((first > 0).any()) else "right"
     return Documents.padded(rows, {"corpus": "caller-supplied token batch", "padding": f"{side}, masked out"}).to(
         tokens.device
+    )
+
+
+def _warn_other_bos(model: TransformerBridge, rows: list[list[int]]) -> None:
+    """Warn where a tokenizer's batch and the same texts as documents (``bos="model"``: TransformerLens's
+    ``to_tokens``) are different documents: every row begins with the BOS the texts do not get (Pythia: its tokenizer
+    adds it, ``default_prepend_bos`` is False), or none begins with the BOS the texts get first; the warning says how
+    to match them."""
+    tokenizer = model.tokenizer
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return
+    prepends = bool(getattr(model.cfg, "default_prepend_bos", True))
+    starts = [row[0] == bos for row in rows]
+    if (prepends and any(starts)) or (not prepends and not all(starts)):
+        return
+    name, token = model.cfg.model_name, f"BOS {tokenizer.bos_token!r} (id {bos})"
+    if prepends:
+        what = f"no row of this tokenizer's batch begins with {token}, which {name}'s texts get first"
+        match = "pass the texts, or model.to_tokens(texts) with its padding masked"
+    else:
+        what = f"every row of this tokenizer's batch begins with {token}, which {name}'s texts do not get"
+        match = "tokenize with add_special_tokens=False for the texts' documents"
+        if boundary_token(tokenizer)[1] == bos:
+            match += ", or pass the texts with bos='boundary' for the batch's"
+    warnings.warn(
+        f"{what} (TransformerLens's to_tokens, default_prepend_bos={prepends}): the batch and the texts are different "
+        f"documents and give other numbers; to match them, {match}",
+        stacklevel=4,
     )
 
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -381,6 +382,30 @@ def test_one_index_rule_for_analyses_and_edits(tmp_path):
     assert len(counts) > 1
     with pytest.raises(LensParallelError, match=r"heads \[-1\] count from the end of a layer's heads, but the edited"):
         lp.evaluate(hybrid, TEXTS, lp.ComponentScale("value", s_par=0.0, heads=[-1]))
+
+
+def _same(a: lp.Documents, b: lp.Documents) -> bool:
+    return torch.equal(a.tokens, b.tokens) and torch.equal(a.lengths, b.lengths)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_tokenizers_batch_and_the_texts_are_the_same_documents_or_a_warning_says_how_to_match(family):
+    """On every family a tokenizer's batch of the texts is the texts' documents, or one warning names the difference
+    (Pythia: its tokenizer adds the BOS that TransformerLens's to_tokens leaves off) and each way it gives to match
+    them does."""
+    model = get_model(family)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from_batch = lp.Documents.of(model.tokenizer(TEXTS, padding=True, return_tensors="pt"), model)
+    said = [str(w.message) for w in caught if "different documents" in str(w.message)]
+    from_texts = lp.Documents.of(TEXTS, model)
+    assert (said == []) == _same(from_batch, from_texts), said
+    assert bool(said) == (family == "toy-pythia")
+    for advice in said:
+        assert "add_special_tokens=False" in advice and "bos='boundary'" in advice
+        plain = model.tokenizer(TEXTS, padding=True, return_tensors="pt", add_special_tokens=False)
+        assert _same(lp.Documents.of(plain, model), from_texts)
+        assert _same(lp.Documents.of(TEXTS, model, bos="boundary"), from_batch)
 
 
 def test_token_ids_of_every_integer_dtype_and_a_dataset_column_are_the_same_documents():
