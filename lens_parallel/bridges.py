@@ -12,13 +12,15 @@ battery) reads its model through :func:`check_model`, before any work:
   that it processed, not which folds ran, so no space could say what it measured. Boot the model again without
   processing; ``enable_compatibility_mode(no_processing=True)`` (the legacy hook behaviour on the weights as
   loaded) is accepted and said in provenance.
-- **Hooks the caller left on the bridge** (``hook.add_hook(f)`` or ``model.add_hook(name, f)`` outside a context
-  manager) are refused, naming each hook point: lens_parallel changes activations only through its edits
-  (:mod:`lens_parallel.edits`), which every analysis applies on each of its paths, records in provenance and keys its
-  resumable stores on; a hook left on the bridge would change every number unrecorded, and would not reach Ray
-  workers, which load the model by its spec. Remove them (``model.reset_hooks()``) or write the change as an
-  :class:`~lens_parallel.edits.Edit`. Hooks TransformerLens itself marks permanent are part of its model and left
-  as they are.
+- **Hooks the caller left on the bridge** (``hook.add_hook(f)`` or ``model.add_hook(name, f)``, or inside a
+  ``with model.hooks(...)`` block, by the same rule) are refused, naming each hook point and saying how to pass
+  them as an edit (the ``fwd_hooks`` list ``run_with_hooks`` takes, :class:`~lens_parallel.edits.FwdHooks`):
+  lens_parallel changes activations only through its edits (:mod:`lens_parallel.edits`), which every analysis
+  applies on each of its paths, records in provenance and keys its resumable stores on; a hook left on the bridge
+  would change every number unrecorded, and would not reach Ray workers, which load the model by its spec. Remove
+  them (``model.reset_hooks()``) and pass them as an edit, or write the change as an
+  :class:`~lens_parallel.edits.Edit`. Hooks TransformerLens itself marks permanent are part of its model and left as
+  they are.
 - **A bridge the caller booted** (``TransformerBridge.boot_transformers(...)``) gets lens_parallel's attention and
   norms, as :func:`~lens_parallel.models.load_model` gives them (the same numbers and hook points, on the fused
   kernels, each norm computed once: :mod:`lens_parallel.norms`);
@@ -106,8 +108,9 @@ def check_model(model: Any) -> ModelInfo:
     if hooks := user_hooks(model):
         raise LensParallelError(
             f"{name} carries hooks lens_parallel did not attach ({', '.join(hooks)}): they would change every number "
-            "unrecorded; remove them (model.reset_hooks()) or write the change as an lp.Edit, which every analysis "
-            "applies and records"
+            "unrecorded; remove them (model.reset_hooks(), or leave the `with model.hooks(...)` block) and pass them "
+            "as an edit, the fwd_hooks list run_with_hooks takes (lp.evaluate(model, docs, [(hook_name, fn), ...])), "
+            "which every analysis applies and records"
         )
     if reason := kept(model, "refusal", lambda: architectures.bridge_refusal(set(model.hook_dict), model.cfg.n_layers)):
         raise LensParallelError(f"{name}: {reason}")

@@ -235,6 +235,85 @@ def test_hooks_left_on_the_bridge_are_refused_by_name():
         lp.decompose(model, TEXTS, progress=False)
     model.reset_hooks()
     assert lp.decompose(model, TEXTS, progress=False).to_dataframe().self_cos.notna().any()
+    in_context = pytest.raises(LensParallelError, match=r"\(blocks\.2\.hook_resid_post\).*pass them as an edit")
+    with model.hooks(fwd_hooks=[("blocks.2.hook_resid_post", lambda x, hook: None)]), in_context:  # the same rule
+        lp.decompose(model, TEXTS, progress=False)
+
+
+USERS_HOOKS = """
+import json, torch
+import lens_parallel as lp
+
+model = lp.load_model("toy-gpt2")
+texts = ["The cat sat on the mat and looked at the door for a while.", "A dog ran home."]
+factor = float(__import__("sys").argv[1])
+
+
+def scale_z(z, hook):
+    return z * factor
+
+
+seen = []
+effect = lp.evaluate(
+    model,
+    texts,
+    [("blocks.1.attn.hook_z", scale_z), (lambda name: name.endswith("ln_final.hook_normalized"), lambda x, hook: None)],
+    n_resamples=20,
+)
+tokens = model.to_tokens(texts[0])
+with torch.no_grad():
+    logits = model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", scale_z)])
+nll = torch.nn.functional.cross_entropy(logits[0, :-1], tokens[0, 1:])  # position t predicts token t + 1
+alone = lp.evaluate(model, texts[:1], [("blocks.1.attn.hook_z", scale_z)], n_resamples=20)
+print(json.dumps({
+    "recorded": effect.provenance.settings["edits"][0]["recorded"],
+    "by_hand": float(nll),
+    "loss_edited": alone.loss_edited,
+}))
+"""
+"""A TransformerLens user's own hooks passed as an edit, in a fresh interpreter (argv[1]: the factor the hook's closure
+reads)."""
+
+
+def test_a_users_fwd_hooks_are_an_edit_recorded_by_hook_point_function_and_source(tmp_path):
+    """A fwd_hooks list is taken where an edit is, runs as run_with_hooks runs it (the edited loss equals the one
+    computed by hand from run_with_hooks' logits), and is recorded by hook point (a filter by its name), function and
+    a digest of its source and what it reads: the same in two interpreters, another for another captured value."""
+    (tmp_path / "hooks.py").write_text(USERS_HOOKS)
+    said = []
+    for factor in ("0.5", "0.5", "0.25"):
+        done = fresh.run(fresh.code, f"import sys; sys.argv = ['hooks.py', {factor!r}]\n" + USERS_HOOKS, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        said.append(json.loads(done.stdout.splitlines()[-1]))
+    (point, function, digest), (a_filter, observer, _) = said[0]["recorded"]
+    assert (point, function) == ("blocks.1.attn.hook_z", "__main__.scale_z") and observer == "__main__.<lambda>"
+    assert a_filter.startswith("filter __main__.<lambda> ")
+    assert said[1]["recorded"] == said[0]["recorded"]  # the same code and values: the same record
+    assert said[2]["recorded"][0][2] != digest  # another captured factor: another digest
+    for run in said:
+        assert run["loss_edited"] == pytest.approx(run["by_hand"], rel=1e-5)
+    assert said[2]["loss_edited"] != said[0]["loss_edited"]
+
+
+def test_fwd_hooks_run_in_sweeps_and_generation_as_any_edit():
+    """The same pairs in a sweep job, a named setting of generate and apply_edits: the numbers of the equivalent
+    built-in edit (zeroing one head's z is HeadEdit("zero"))."""
+    model = get_model("toy-gpt2")
+
+    def zero_head(z, hook):
+        z = z.clone()
+        z[:, :, 3] = 0.0
+        return z
+
+    pairs = [("blocks.2.attn.hook_z", zero_head)]
+    mine = lp.run_sweep(model, TEXTS, [lp.EditJob("mine", (lp.FwdHooks(tuple(pairs)),))])  # a job holds edits
+    built_in = lp.run_sweep(model, TEXTS, [lp.EditJob("mine", (lp.HeadEdit("zero", 2, [3]),))])
+    np.testing.assert_allclose(mine.values["mine"]["loss_sum"], built_in.values["mine"]["loss_sum"], rtol=1e-6)
+    out = lp.generate(model, ["The cat"], {"mine": pairs, "head": lp.HeadEdit("zero", 2, [3])}, max_new_tokens=4)
+    texts = out.to_dataframe().set_index("setting").text
+    assert texts["mine"] == texts["head"]
+    with pytest.raises(LensParallelError, match=r"'blocks\.2\.attn\.hook_zz' is not a hook point of toy-gpt2 \(did"):
+        lp.evaluate(model, TEXTS, [("blocks.2.attn.hook_zz", zero_head)])
 
 
 WHAT_USERS_TYPE = """
@@ -269,6 +348,7 @@ calls = {
     "hook_attn_out as a diagonal space": lambda: lp.diagonal_view(model, texts, space="hook_attn_out"),
     "a mask as tokens": lambda: lp.decompose(model, tokens != 0),
     "a Dataset without tokens": lambda: lp.decompose(model, datasets.Dataset.from_dict({"text": texts})),
+    "a hook point without its function": lambda: lp.evaluate(model, texts, ["blocks.2.attn.hook_z"]),
 }
 said = {}
 for name, call in calls.items():
@@ -314,6 +394,8 @@ def test_what_users_type_is_one_line_saying_what_to_do(tmp_path):
         "the tokenizer's batch",
         "a Dataset without tokens": "a datasets.Dataset needs a 'tokens' column of token ids (tokenize_and_concatenate "
         "makes one); this one has ['text']",
+        "a hook point without its function": "or is a TransformerLens fwd_hooks list [(hook point or filter, fn), "
+        "...]; got str",
     }
     assert set(said) == set(expected)
     for name, message in expected.items():

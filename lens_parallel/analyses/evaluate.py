@@ -19,7 +19,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel.bridges import check_model
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
-from lens_parallel.edits import Edit, as_edits, compile_hooks, describe_edit, noop
+from lens_parallel.edits import Edit, Intervention, as_edits, compile_hooks, describe_edit, noop
 from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.losses import (
     DocLosses,
@@ -43,7 +43,7 @@ from lens_parallel.validate import check_non_negative_int, check_positive_int
 def document_losses(
     model: TransformerBridge,
     documents: DocumentsLike,
-    edits: Edit | Sequence[Edit] = (),
+    edits: Intervention = (),
     *,
     options: RunOptions | None = None,
     **changes: Any,
@@ -127,7 +127,7 @@ class EvaluateSettings:
 def evaluate(
     model: TransformerBridge,
     documents: DocumentsLike,
-    edits: Edit | Sequence[Edit],
+    edits: Intervention,
     *,
     settings: EvaluateSettings | None = None,
     options: RunOptions | None = None,

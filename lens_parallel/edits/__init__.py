@@ -23,6 +23,10 @@ Heads are query heads. Under GQA an edit of query head h changes only h: the kv 
 edit acts on h's own aggregate (or attention row), never on v. Head-level edits act on softmax-attention layers
 only: with ``layers=None`` Qwen3.5's linear-attention layers are left alone; naming one raises.
 
+A TransformerLens user's own ``fwd_hooks`` list (``[(hook name or filter, fn), ...]``) is an edit too wherever one
+is taken: :func:`as_edits` wraps it in :class:`~lens_parallel.edits.hooked.FwdHooks`, which follows the protocol as a
+user's own edit does (no footprint, not registered) and is recorded by hook point, function and source digest.
+
 Adding an edit: one module here defining a frozen dataclass deriving :class:`EditBase`, decorated with
 :func:`register_edit`, with ``hooks`` and ``footprint``; import it below.
 """
@@ -41,6 +45,7 @@ from lens_parallel.edits.base import (
     EditKind,
     Footprint,
     Heads,
+    Intervention,
     PatternUse,
     Settings,
     all_values,
@@ -64,6 +69,7 @@ from lens_parallel.edits.diagonal import DiagonalEdit, ZeroDiagonal
 from lens_parallel.edits.directions import RandomDirectionRemoval
 from lens_parallel.edits.gates import GatedRemoval, LearnedGate
 from lens_parallel.edits.heads import ABLATION_KINDS, ABLATIONS, LINEAR_ABLATIONS, AblationKind, HeadEdit
+from lens_parallel.edits.hooked import FwdHooks
 from lens_parallel.edits.scaling import ComponentScale, stacked_hooks
 from lens_parallel.edits.wrappers import SkipFirstLayers
 
@@ -86,9 +92,11 @@ __all__ = [
     "EditBase",
     "EditKind",
     "Footprint",
+    "FwdHooks",
     "GatedRemoval",
     "HeadEdit",
     "Heads",
+    "Intervention",
     "LearnedGate",
     "PatternUse",
     "RandomDirectionRemoval",

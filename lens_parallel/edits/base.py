@@ -26,6 +26,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from lens_parallel import geometry
 from lens_parallel.attention import QUERY_BLOCK, STEP_VALUES, Diagonal, RowsHook, rows_hook
 from lens_parallel.choices import AttentionPath, EditPositions, HeadsAll
+from lens_parallel.edits.hooked import FwdHook, FwdHooks, is_fwd_hook
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.hooks import ROLE_HOOKS, Hook, check_indices
 from lens_parallel.models import ModelInfo, model_info
@@ -392,22 +393,30 @@ def head_mask(
 
 def as_edits(edits: object, info: ModelInfo | None = None) -> tuple[Edit, ...]:
     """One edit or a sequence of edits (one combined intervention, applied in order) as a tuple, each checked to
-    follow the :class:`Edit` protocol; with ``info``, each built-in one :meth:`~EditBase.resolved` on its model
-    (indices from the end counted)."""
-    if isinstance(edits, Edit):
-        found: tuple[object, ...] = (edits,)
+    follow the :class:`Edit` protocol; TransformerLens's ``fwd_hooks`` pairs (``(hook point or filter, fn)``) in the
+    sequence, each run of them one :class:`~lens_parallel.edits.hooked.FwdHooks`. With ``info``, each built-in edit
+    is :meth:`~EditBase.resolved` on its model (indices from the end counted)."""
+    if isinstance(edits, Edit) or is_fwd_hook(edits):
+        given: tuple[object, ...] = (edits,)
     elif isinstance(edits, (list, tuple)):
-        found = tuple(edits)
+        given = tuple(edits)
     else:
-        found = (edits,)
+        given = (edits,)
+    found: list[object] = []
+    for item in given:
+        if is_fwd_hook(item) and found and isinstance(found[-1], list):
+            found[-1].append(item)
+        else:
+            found.append([item] if is_fwd_hook(item) else item)
+    found = [FwdHooks(tuple(item)) if isinstance(item, list) else item for item in found]
     bad = [e for e in found if not isinstance(e, Edit)]
     if bad:
         raise LensParallelError(
             "an edit has a hooks(model, info) method (the Edit protocol: the built-in "
-            f"{', '.join(k.cls.__name__ for k in EDITS.values())}, or your own frozen dataclass); "
-            f"got {type(bad[0]).__name__}"
+            f"{', '.join(k.cls.__name__ for k in EDITS.values())}, or your own frozen dataclass), or is a "
+            f"TransformerLens fwd_hooks list [(hook point or filter, fn), ...]; got {type(bad[0]).__name__}"
         )
-    checked = cast(tuple[Edit, ...], found)
+    checked = cast(tuple[Edit, ...], tuple(found))
     if info is None:
         return checked
     return tuple(e.resolved(info) if isinstance(e, EditBase) else e for e in checked)
@@ -416,7 +425,9 @@ def as_edits(edits: object, info: ModelInfo | None = None) -> tuple[Edit, ...]:
 UNEDITED = "unedited"
 """The name of the baseline setting in every table that compares settings."""
 
-Settings = Edit | Sequence[Edit] | Mapping[str, Edit | Sequence[Edit]]
+Intervention = Edit | FwdHook | Sequence[Edit | FwdHook]
+"""One intervention: an edit, a TransformerLens ``fwd_hooks`` pair, or a sequence of them applied in order."""
+Settings = Intervention | Mapping[str, Intervention]
 """One edit, one list of edits (one combined intervention), or several named settings."""
 
 
@@ -512,7 +523,7 @@ def check_pattern_inline(info: ModelInfo, edit: Edit, names: Sequence[str]) -> N
         )
 
 
-def compile_hooks(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> list[Hook]:
+def compile_hooks(model: TransformerBridge, edits: Intervention) -> list[Hook]:
     """Validate every edit against the model (before any forward) and return their hooks, in order. A built-in
     edit's hooks are checked against its :class:`Footprint`: a hook on an undeclared role is a library bug."""
     info = model_info(model)
@@ -538,7 +549,7 @@ def noop(edits: Edit | Sequence[Edit]) -> tuple[Edit, ...]:
 
 
 @contextlib.contextmanager
-def apply_edits(model: TransformerBridge, edits: Edit | Sequence[Edit]) -> Iterator[TransformerBridge]:
+def apply_edits(model: TransformerBridge, edits: Intervention) -> Iterator[TransformerBridge]:
     """``with apply_edits(model, edits): model(tokens)`` runs the edited model; hooks are removed on exit.
 
     Examples:
