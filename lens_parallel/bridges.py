@@ -12,15 +12,13 @@ battery) reads its model through :func:`check_model`, before any work:
   that it processed, not which folds ran, so no space could say what it measured. Boot the model again without
   processing; ``enable_compatibility_mode(no_processing=True)`` (the legacy hook behaviour on the weights as
   loaded) is accepted and said in provenance.
-- **Hooks the caller left on the bridge** (``hook.add_hook(f)`` or ``model.add_hook(name, f)``, or inside a
-  ``with model.hooks(...)`` block, by the same rule) are refused, naming each hook point and saying how to pass
-  them as an edit (the ``fwd_hooks`` list ``run_with_hooks`` takes, :class:`~lens_parallel.edits.FwdHooks`):
-  lens_parallel changes activations only through its edits (:mod:`lens_parallel.edits`), which every analysis
-  applies on each of its paths, records in provenance and keys its resumable stores on; a hook left on the bridge
-  would change every number unrecorded, and would not reach Ray workers, which load the model by its spec. Remove
-  them (``model.reset_hooks()``) and pass them as an edit, or write the change as an
-  :class:`~lens_parallel.edits.Edit`. Hooks TransformerLens itself marks permanent are part of its model and left as
-  they are.
+- **Hooks the caller left on the bridge** (``hook.add_hook(f)``, ``model.add_hook(name, f)``, or a
+  ``with model.hooks(...)`` block around the call): a hook that only reads (returns None, writes nothing) runs in
+  the analysis and is recorded in provenance (:attr:`~lens_parallel.models.ModelInfo.observer_hooks`); one that
+  changes its activation is refused the first time it does, in one line saying how to pass it as an edit (the
+  ``fwd_hooks`` list ``run_with_hooks`` takes, :class:`~lens_parallel.edits.FwdHooks`), which every analysis applies
+  on each of its paths, records and keys its resumable stores on (:mod:`lens_parallel.observers`). Hooks left on
+  the bridge do not reach Ray workers, which load the model by its spec.
 - **A bridge the caller booted** (``TransformerBridge.boot_transformers(...)``) gets lens_parallel's attention and
   norms, as :func:`~lens_parallel.models.load_model` gives them (the same numbers and hook points, on the fused
   kernels, each norm computed once: :mod:`lens_parallel.norms`);
@@ -35,26 +33,10 @@ from typing import Any
 import transformers
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import architectures, compat
+from lens_parallel import architectures, compat, observers
 from lens_parallel.errors import LensParallelError
 from lens_parallel.kept import kept
 from lens_parallel.models import ModelInfo, install_forwards, model_info, weights_state
-
-
-def user_hooks(model: TransformerBridge) -> list[str]:
-    """The hook points of ``model`` holding hooks that are not TransformerLens's permanent ones, each by the name
-    TransformerLens documents (``blocks.0.attn.hook_z`` rather than the module path it aliases)."""
-    named: dict[int, str] = {}
-    for name, point in model.hook_dict.items():
-        if point.has_hooks(including_permanent=False):
-            named[id(point)] = min(named.get(id(point), name), name, key=_plainness)
-    return sorted(named.values())
-
-
-def _plainness(name: str) -> tuple[int, bool]:
-    """How far a hook point's name is from the one TransformerLens documents: fewer dots, then not a module's own
-    ``hook_in`` / ``hook_out`` (``blocks.1.hook_resid_pre`` over ``blocks.1.hook_in``)."""
-    return name.count("."), name.endswith((".hook_in", ".hook_out"))
 
 
 def _not_a_bridge(model: Any) -> str:
@@ -87,13 +69,10 @@ def check_model(model: Any) -> ModelInfo:
         >>> model = lp.load_model("toy-gpt2")
         >>> check_model(model).weights
         'unprocessed: no LayerNorm folding, no centering, value biases not folded into b_O'
-        >>> model.blocks[0].attn.hook_z.add_hook(lambda z, hook: z)
-        >>> try:
-        ...     check_model(model)
-        ... except lp.LensParallelError as error:
-        ...     print(str(error).split(":")[0])
-        toy-gpt2 carries hooks lens_parallel did not attach (blocks.0.attn.hook_z)
-        >>> model.reset_hooks()  # or write the change as an lp.Edit
+        >>> model.blocks[0].attn.hook_z.add_hook(lambda z, hook: None)  # an observer: runs, and is recorded
+        >>> check_model(model).observer_hooks
+        ('blocks.0.attn.hook_z',)
+        >>> model.reset_hooks()
     """
     if not isinstance(model, TransformerBridge):
         raise LensParallelError(f"model: {_not_a_bridge(model)}")
@@ -105,13 +84,7 @@ def check_model(model: Any) -> ModelInfo:
             "(lp.load_model(spec), or TransformerBridge.boot_transformers(name) with no enable_compatibility_mode(); "
             "enable_compatibility_mode(no_processing=True) is accepted)"
         )
-    if hooks := user_hooks(model):
-        raise LensParallelError(
-            f"{name} carries hooks lens_parallel did not attach ({', '.join(hooks)}): they would change every number "
-            "unrecorded; remove them (model.reset_hooks(), or leave the `with model.hooks(...)` block) and pass them "
-            "as an edit, the fwd_hooks list run_with_hooks takes (lp.evaluate(model, docs, [(hook_name, fn), ...])), "
-            "which every analysis applies and records"
-        )
+    observers.watch(model)
     if reason := kept(model, "refusal", lambda: architectures.bridge_refusal(set(model.hook_dict), model.cfg.n_layers)):
         raise LensParallelError(f"{name}: {reason}")
     install_forwards(model)

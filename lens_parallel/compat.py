@@ -41,9 +41,8 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
     "torch": (
         (2, 13),
         (3, 0),
-        "aten._scaled_dot_product_flash_attention_for_cpu and aten._scaled_dot_product_efficient_attention (fused "
-        "kernels that return each row's log-sum-exp; outside this range the diagonal attention path falls back to "
-        "the blocked one), torch.utils._python_dispatch.TorchDispatchMode",
+        "aten._scaled_dot_product_flash_attention_for_cpu, _efficient_attention (log-sum-exp kernels; else the "
+        "diagonal path falls back to the blocked one), _python_dispatch.TorchDispatchMode",
     ),
     "transformers": (
         (5, 0),
@@ -107,7 +106,6 @@ def bridge_classes() -> BridgeClasses:
     from transformer_lens.model_bridge import generalized_components
 
     parts: Any = generalized_components  # its __init__ imports these without listing every one in __all__
-
     return BridgeClasses(
         parts.AttentionBridge,
         parts.PositionEmbeddingsAttentionBridge,

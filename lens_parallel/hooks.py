@@ -24,7 +24,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import compat, geometry
+from lens_parallel import compat, geometry, observers
 from lens_parallel.attention import GATES, QUERY_BLOCK, Diagonal, rows_hook
 from lens_parallel.errors import LensParallelError, LibraryError, NonFiniteError
 from lens_parallel.geometry import expand_kv as expand_kv  # where the analyses and edits import it from
@@ -258,12 +258,14 @@ def residual_reference_role(info: ModelInfo, sublayer: str) -> str:
     return "resid_mid" if sublayer == "mlp" and not info.parallel_attn_mlp else "resid_pre"
 
 
-def model_lock(model: TransformerBridge) -> contextlib.AbstractContextManager[bool]:
+@contextlib.contextmanager
+def model_lock(model: TransformerBridge) -> Iterator[None]:
     """The lock of one model's forwards (re-entrant, kept on the model): its hooks and patched blocks are that
     model's shared state, so forwards of one model from several threads take turns, while forwards of different
-    models run at once."""
-    lock: contextlib.AbstractContextManager[bool] = kept(model, "lock", threading.RLock)
-    return lock
+    models run at once. Inside, the forward is lens_parallel's (:func:`lens_parallel.observers.analysing`: hooks the
+    user left on the bridge are watched)."""
+    with kept(model, "lock", threading.RLock), observers.analysing(model):
+        yield
 
 
 def _passthrough(hidden_states: Any, *args: object, **kwargs: object) -> Any:

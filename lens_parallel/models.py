@@ -35,7 +35,7 @@ import xxhash
 from accelerate.utils import align_module_device
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel import architectures, attention, compat, features, norms
+from lens_parallel import architectures, attention, compat, features, norms, observers
 from lens_parallel import tokenizers as _tok
 from lens_parallel.choices import LayerType
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
@@ -89,6 +89,7 @@ class ModelInfo:
     dtype: str = ""  # the weights' dtype (float32, bfloat16, ...) when the model was read
     device: str = ""  # the device TransformerLens's config names (cpu, cuda:0; device_map: its first device)
     weights: str = ""  # how the weights were processed, read off the bridge (:func:`weights_state`)
+    observer_hooks: tuple[str, ...] = ()  # hook points holding read-only hooks the user left (lens_parallel.observers)
 
     @property
     def group_size(self) -> int:
@@ -276,6 +277,7 @@ def model_info(model: TransformerBridge) -> ModelInfo:
         dtype=str(cfg.dtype).removeprefix("torch."),
         device=str(cfg.device),
         weights=weights_state(model),
+        observer_hooks=tuple(observers.user_hooks(model)),
         gate_role=structure.gate_role,
         rotary_hooks=structure.rotary,
         patterns_after=tuple(layer for layer, site in enumerate(structure.sites) if site and site.pattern_after),

@@ -223,21 +223,43 @@ def test_compatibility_mode_is_refused_and_its_no_processing_form_is_said(tmp_pa
     np.testing.assert_allclose(result.table("value").self_cos, plain.table("value").self_cos, rtol=0, atol=1e-6)
 
 
-def test_hooks_left_on_the_bridge_are_refused_by_name():
+def test_hooks_left_on_the_bridge_read_and_are_recorded_or_are_refused_where_they_write():
+    """A read-only hook left on the bridge (or in a ``with model.hooks(...)`` block) runs in the analysis, sees its
+    activations, leaves the numbers as they are and is recorded in provenance; a hook that returns a new activation,
+    or writes its activation in place, is refused the first time it does, saying how to pass it as an edit; after
+    the analysis the user's own TransformerLens calls run the hooks as before."""
     model = _boot("toy-gpt2")
+    plain = lp.decompose(model, TEXTS, progress=False)
+    seen: list[tuple[str, tuple[int, ...]]] = []
+    model.add_hook("blocks.1.hook_resid_pre", lambda x, hook: seen.append((hook.name, tuple(x.shape))))
+    watched = lp.decompose(model, TEXTS, progress=False)
+    np.testing.assert_array_equal(watched.table("value").self_cos, plain.table("value").self_cos)
+    assert watched.provenance.model["observer_hooks"] == ("blocks.1.hook_resid_pre",)
+    assert seen and {name for name, _ in seen} == {"blocks.1.hook_in"}  # the point's own name for itself
     model.blocks[0].attn.hook_z.add_hook(lambda z, hook: z * 0)
-    model.add_hook("blocks.1.hook_resid_pre", lambda x, hook: x)
-    with pytest.raises(
-        LensParallelError,
-        match=r"carries hooks lens_parallel did not attach "
-        r"\(blocks\.0\.attn\.hook_z, blocks\.1\.hook_resid_pre\).*model\.reset_hooks\(\)",
-    ):
+    with pytest.raises(LensParallelError) as refused:
         lp.decompose(model, TEXTS, progress=False)
+    assert str(refused.value).startswith(
+        "a hook left on toy-gpt2 at blocks.0.attn.hook_z changes its activation, which would change every number "
+        "unrecorded; remove it (model.reset_hooks(), or leave the `with model.hooks(...)` block) and pass it as an "
+        "edit, the fwd_hooks list run_with_hooks takes (lp.evaluate(model, docs, [('blocks.0.attn.hook_z', fn)]))"
+    )
     model.reset_hooks()
-    assert lp.decompose(model, TEXTS, progress=False).to_dataframe().self_cos.notna().any()
-    in_context = pytest.raises(LensParallelError, match=r"\(blocks\.2\.hook_resid_post\).*pass them as an edit")
-    with model.hooks(fwd_hooks=[("blocks.2.hook_resid_post", lambda x, hook: None)]), in_context:  # the same rule
+
+    def in_place(x: torch.Tensor, hook: Any) -> None:
+        x.add_(1.0)  # returns None, but writes
+
+    written = pytest.raises(LensParallelError, match=r"at blocks\.0\.hook_resid_post changes its activation")
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", in_place)]), written:
         lp.decompose(model, TEXTS, progress=False)
+    tokens = model.to_tokens(TEXTS[0])
+    with torch.no_grad():
+        before = model(tokens)
+        model.blocks[0].attn.hook_z.add_hook(lambda z, hook: z * 0)  # the user's own call runs it, as TransformerLens
+        zeroed = model(tokens)
+    assert not torch.equal(before, zeroed)
+    model.reset_hooks()
+    assert lp.decompose(model, TEXTS, progress=False).provenance.model["observer_hooks"] == ()
 
 
 USERS_HOOKS = """
@@ -532,6 +554,19 @@ def _saved_toy(tmp_path: Path, model_type: str, **overrides: Any) -> Path:
     hf.save_pretrained(tmp_path)
     transformers.AutoTokenizer.from_pretrained(toy_folder("toy-gpt2")).save_pretrained(tmp_path)
     return tmp_path
+
+
+def test_the_command_line_takes_options_spelled_whole(tmp_path):
+    """As a shell runs it: a prefix of an option is not taken for it (argparse's default would run --n-docs 4), and
+    the refusal names the closest option of that subcommand and its help; nothing is written."""
+    for given, meant in (("--n-doc", "--n-docs"), ("--ndocs", "--n-docs"), ("--spce", "--space")):
+        ran = fresh.run(fresh.command, ["decompose", "--model", "toy-gpt2", given, "4", "--out", "out"], cwd=tmp_path)
+        assert ran.returncode == 2
+        assert ran.stderr.strip().splitlines()[-1] == (
+            f"lens-parallel decompose: error: unrecognized arguments: {given} 4 (did you mean '{meant}'?) (see "
+            "lens-parallel decompose --help)"
+        )
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_bridge_whose_forward_fails_is_refused_at_load(tmp_path):
