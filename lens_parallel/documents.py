@@ -81,7 +81,7 @@ class Documents:
           document), or token-id lists (each list a document of its own length); a bool tensor is a mask, not ids,
           and is refused;
         - a ``datasets.Dataset`` with a ``tokens`` column (TransformerLens's ``tokenize_and_concatenate``): the
-          column's rows, as a token tensor;
+          column's rows, as token-id lists;
         - a tokenizer's batch (a mapping with ``input_ids`` and ``attention_mask``, e.g.
           ``model.tokenizer(texts, padding=True, return_tensors="pt")``): each row's masked-in tokens, right or left
           padding dropped, so every document runs at positions 0, 1, ... as if alone;
@@ -267,16 +267,15 @@ def _shown(value: object) -> str:
     return f"{type(value).__name__} {' '.join(str(value).split())[:60]!r}"
 
 
-def _dataset_tokens(dataset: TokenDataset) -> Tensor:
-    """The ``tokens`` column of a ``datasets.Dataset`` (TransformerLens's ``tokenize_and_concatenate`` makes one) as a
-    ``[batch, pos]`` tensor; another dataset is refused naming its columns."""
+def _dataset_tokens(dataset: TokenDataset) -> list[list[int]]:
+    """The ``tokens`` column of a ``datasets.Dataset`` (TransformerLens's ``tokenize_and_concatenate`` makes one), its
+    rows as token-id lists take them (of one length or several); another dataset is refused naming its columns."""
     if "tokens" not in dataset.column_names:
         raise LensParallelError(
             f"documents: a datasets.Dataset needs a 'tokens' column of token ids (tokenize_and_concatenate makes "
             f"one); this one has {dataset.column_names}"
         )
-    column = dataset.with_format("torch")["tokens"]
-    return column if isinstance(column, Tensor) else torch.stack(list(column))
+    return [row.tolist() for row in dataset.with_format("torch")["tokens"]]
 
 
 def _need(model: TransformerBridge | None, what: str) -> TransformerBridge:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import re
 import threading
 import typing
 import warnings
@@ -75,6 +76,16 @@ def effective_qk_roles(info: ModelInfo) -> tuple[str, str]:
 
 RENAMED_ROLES = {"pattern": "pattern_diag (its diagonal A_tt) or pattern_full (the whole map)"}
 """Roles renamed, with their new names (an old one is refused in one line)."""
+
+
+BLOCK_NAME = re.compile(r"^blocks\.(\d+)\.")
+"""The start of a hook name inside a block (``blocks.3.``): its group 1 is the block's index."""
+
+
+def block_of(name: str) -> int | None:
+    """The block a full hook name sits in (``blocks.3.attn.hook_z`` -> 3), None outside the blocks (hook_embed)."""
+    found = BLOCK_NAME.match(name)
+    return None if found is None else int(found.group(1))
 
 
 def hook_name(layer: int, role: str) -> str:

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from lens_parallel import display
+from lens_parallel import __version__, display
 from lens_parallel.documents import Documents, DocumentsLike
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import ModelInfo, head_label
@@ -74,12 +74,6 @@ def result_classes() -> list[type]:
 
 
 def _version(package: str) -> str:
-    """``package``'s version: lens_parallel's of the code that runs (an editable install's metadata keeps the version
-    it was installed at), the others' as installed."""
-    if package == "lens_parallel":
-        from lens_parallel import __version__
-
-        return __version__
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -109,8 +103,9 @@ class Provenance:
 
     @staticmethod
     def installed_versions() -> dict[str, str]:
-        """The installed versions of the packages that make the numbers."""
-        return {p: _version(p) for p in ("lens_parallel", "transformer-lens", "transformers", "torch")}
+        """The versions of the packages that make the numbers: lens_parallel's of the code that runs (an editable
+        install's metadata keeps the version it was installed at), the others' as installed."""
+        return {"lens_parallel": __version__} | {p: _version(p) for p in ("transformer-lens", "transformers", "torch")}
 
     @classmethod
     def of(

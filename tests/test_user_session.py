@@ -334,6 +334,17 @@ def test_fwd_hooks_run_in_sweeps_and_generation_as_any_edit():
     out = lp.generate(model, ["The cat"], {"mine": pairs, "head": lp.HeadEdit("zero", 2, [3])}, max_new_tokens=4)
     texts = out.to_dataframe().set_index("setting").text
     assert texts["mine"] == texts["head"]
+    calls: list[str] = []
+    aliases = {"blocks.1.hook_resid_pre", "blocks.1.hook_in"}  # two names of one hook point
+    assert model.hook_dict["blocks.1.hook_resid_pre"] is model.hook_dict["blocks.1.hook_in"]
+    def either(name: str) -> bool:
+        return name in aliases
+
+    lp.document_losses(model, TEXTS[:1], [(either, lambda x, hook: calls.append(hook.name))])
+    expected: list[str] = []
+    with torch.no_grad():
+        model.run_with_hooks(model.to_tokens(TEXTS[0]), fwd_hooks=[(either, lambda x, hook: expected.append(hook.name))])
+    assert calls == expected == ["blocks.1.hook_in"]  # once a forward, as run_with_hooks adds a filter's hook
     with pytest.raises(LensParallelError, match=r"'blocks\.2\.attn\.hook_zz' is not a hook point of toy-gpt2 \(did"):
         lp.evaluate(model, TEXTS, [("blocks.2.attn.hook_zz", zero_head)])
 

@@ -11,6 +11,7 @@ route is installed, the hook points the route cannot fire); and its frozen
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Protocol, runtime_checkable
 
 from jaxtyping import Float
@@ -33,7 +34,7 @@ class Route(Protocol):
     @property
     def pattern_after(self) -> bool: ...
 
-    @property
+    @functools.cached_property
     def fires_rotary(self) -> bool: ...
 
     def install(self, site: AttentionSite) -> None: ...
@@ -106,7 +107,7 @@ class AttentionSite:
         own = bool(getattr(self.module, "accepts_pattern_fn", False))
         return self.route.pattern_after and not self.installed and not own
 
-    @property
+    @functools.cached_property
     def fires_rotary(self) -> bool:
         """Whether the layer fires hook_rot_q / hook_rot_k (the queries and keys after rotary): where its route does
         and its component has them (a layer without position embeddings, NoPE, has none)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -28,7 +27,7 @@ from lens_parallel.attention import QUERY_BLOCK, STEP_VALUES, Diagonal, RowsHook
 from lens_parallel.choices import AttentionPath, EditPositions, HeadsAll
 from lens_parallel.edits.hooked import FwdHook, FwdHooks, is_fwd_hook
 from lens_parallel.errors import LensParallelError, LibraryError
-from lens_parallel.hooks import ROLE_HOOKS, Hook, check_indices
+from lens_parallel.hooks import BLOCK_NAME, ROLE_HOOKS, Hook, check_indices
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.validate import as_indices, check_choice, did_you_mean, literal_values
 
@@ -499,13 +498,10 @@ def describe_edit(edit: Edit) -> dict[str, Any]:
     return out
 
 
-_LAYER = re.compile(r"^blocks\.(\d+)\.")
-
-
 def hook_roles(name: str) -> frozenset[str]:
     """The roles a full hook name serves (``blocks.3.attn.hook_z`` -> {``z``}; hook_pattern -> {``pattern``,
     ``pattern_full``}: the diagonal and the whole map are read at the same hook)."""
-    generic = _LAYER.sub("blocks.{layer}.", name)
+    generic = BLOCK_NAME.sub("blocks.{layer}.", name)
     return frozenset(role for role, template in ROLE_HOOKS.items() if template == generic)
 
 

@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import hashlib
 import inspect
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +25,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import Hook
+from lens_parallel.hooks import Hook, block_of
 from lens_parallel.models import ModelInfo
 from lens_parallel.validate import did_you_mean
 
@@ -34,7 +33,6 @@ HookPointName = str | Callable[[str], bool]
 """A hook point's name (``blocks.0.attn.hook_z``) or a filter of names, as ``run_with_hooks`` takes them."""
 FwdHook = tuple[HookPointName, Callable[..., Any]]
 """One entry of a ``fwd_hooks`` list."""
-_BLOCK = re.compile(r"^blocks\.(\d+)\.")
 
 
 def is_fwd_hook(item: object) -> bool:
@@ -139,13 +137,13 @@ class FwdHooks:
     def layers(self) -> tuple[int, ...] | None:
         """The blocks its named hook points sit in (None: a filter, or a hook point outside the blocks, such as
         hook_embed: every layer, so a sweep runs it from layer 0)."""
-        found = [_BLOCK.match(point) if isinstance(point, str) else None for point, _ in self.fwd_hooks]
-        if any(match is None for match in found):
+        found = [block_of(point) if isinstance(point, str) else None for point, _ in self.fwd_hooks]
+        if any(block is None for block in found):
             return None
-        return tuple(sorted({int(match.group(1)) for match in found if match is not None}))
+        return tuple(sorted({block for block in found if block is not None}))
 
     def hooks(self, model: TransformerBridge, info: ModelInfo) -> list[Hook]:
-        """Each pair on the hook points it names (a filter: every hook point whose name it accepts, as
+        """Each pair on the hook points it names (a filter: every hook point one of whose names it accepts, once, as
         ``run_with_hooks`` adds it); a name the model has not is refused, with the closest it has."""
         out: list[Hook] = []
         for point, fn in self.fwd_hooks:
@@ -156,8 +154,9 @@ class FwdHooks:
                         "model.hook_dict lists them"
                     )
                 names: Sequence[str] = [point]
-            else:
-                names = [name for name in model.hook_dict if point(name)]
+            else:  # each hook point once, by its own name, however many of its aliases the filter accepts
+                matched = {id(hp): hp.name or name for name, hp in model.hook_dict.items() if point(name)}
+                names = list(matched.values())
                 if not names:
                     raise LensParallelError(f"the hook filter {_qualified(point)} accepts no hook point of {info.name}")
             out += [(name, fn) for name in names]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,10 +18,8 @@ from lens_parallel.edits.base import (
     register_edit,
 )
 from lens_parallel.errors import LensParallelError
-from lens_parallel.hooks import Hook
+from lens_parallel.hooks import Hook, block_of
 from lens_parallel.models import ModelInfo
-
-_BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
 
 
 @register_edit("skip-first-layers", "any edit with its first layers left alone")
@@ -81,8 +78,8 @@ class SkipFirstLayers(EditBase):
             raise LensParallelError(f"SkipFirstLayers(n={self.n}) leaves no layer of this {info.n_layers}-layer model")
         out = []
         for name, fn in self.edit.hooks(model, info):
-            block = _BLOCK_HOOK.match(name)
-            if block is None or int(block.group(1)) >= self.n:
+            block = block_of(name)
+            if block is None or block >= self.n:
                 out.append((name, fn))
         if not out:
             raise LensParallelError(f"{type(self.edit).__name__} edits only layers before {self.n}: nothing is left")
