@@ -343,7 +343,8 @@ def test_fwd_hooks_run_in_sweeps_and_generation_as_any_edit():
     lp.document_losses(model, TEXTS[:1], [(either, lambda x, hook: calls.append(hook.name))])
     expected: list[str] = []
     with torch.no_grad():
-        model.run_with_hooks(model.to_tokens(TEXTS[0]), fwd_hooks=[(either, lambda x, hook: expected.append(hook.name))])
+        tokens = model.to_tokens(TEXTS[0])
+        model.run_with_hooks(tokens, fwd_hooks=[(either, lambda x, hook: expected.append(hook.name))])
     assert calls == expected == ["blocks.1.hook_in"]  # once a forward, as run_with_hooks adds a filter's hook
     with pytest.raises(LensParallelError, match=r"'blocks\.2\.attn\.hook_zz' is not a hook point of toy-gpt2 \(did"):
         lp.evaluate(model, TEXTS, [("blocks.2.attn.hook_zz", zero_head)])
