@@ -97,9 +97,11 @@ class FwdHooks:
     taken wherever an edit is (:func:`~lens_parallel.edits.as_edits` wraps it in this class).
 
     Attributes:
-        fwd_hooks: the (hook point name or filter, function) pairs, in order.
         recorded: per hook, ``(hook point or "filter <name>", the function's qualified name, its source digest)``,
             what provenance and a store's key read.
+
+    Args:
+        fwd_hooks: the (hook point name or filter, function) pairs, in order.
 
     Examples:
         >>> import lens_parallel as lp
