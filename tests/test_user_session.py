@@ -337,6 +337,7 @@ def test_fwd_hooks_run_in_sweeps_and_generation_as_any_edit():
     calls: list[str] = []
     aliases = {"blocks.1.hook_resid_pre", "blocks.1.hook_in"}  # two names of one hook point
     assert model.hook_dict["blocks.1.hook_resid_pre"] is model.hook_dict["blocks.1.hook_in"]
+
     def either(name: str) -> bool:
         return name in aliases
 
