@@ -11,6 +11,7 @@ import decimal
 import enum
 import fractions
 import math
+import operator
 import sys
 import uuid
 from pathlib import Path
@@ -116,11 +117,11 @@ def test_an_enum_member_crosses_as_the_tests_own_member_or_compares_as_one():
     assert _cross(Color.RED, {"Color": Color}) is Color.RED
     assert _cross(Level.LOW, {"Level": Level}) is Level.LOW
     stand_in = _cross(Color.RED)
-    assert type(stand_in) is EnumMember and stand_in == Color.RED and Color.RED == stand_in
+    assert type(stand_in) is EnumMember and stand_in == Color.RED and operator.eq(Color.RED, stand_in)
     assert stand_in != Color.BLUE and stand_in != 1 and stand_in == _cross(Color.RED)
     assert stand_in in {Color.RED} and (stand_in.name, stand_in.value) == ("RED", 1)
     low = _cross(Level.LOW)
-    assert low == 1 and 1 == low and low in {1} and repr(low) == "<Level.LOW: 1>"
+    assert low == 1 and operator.eq(1, low) and low in {1} and repr(low) == "<Level.LOW: 1>"
     assert _cross(Color.BLUE, {"Color": int}) == Color.BLUE  # a name that is no enum: a stand-in
 
 
@@ -145,8 +146,7 @@ class _Str(str):
         (_Str("x"), "_Str"),
         (object(), "object"),
         (len, "builtin_function_or_method"),
-        (datetime.datetime(2026, 1, 1, tzinfo=datetime.datetime.now().astimezone().tzinfo.__class__.utc), "None"),
-    ][:7],
+    ],
     ids=["generator", "map", "int-subclass", "nested-subclass", "str-subclass", "object", "function"],
 )
 def test_anything_else_cannot_cross_and_says_its_type(value, named):
@@ -159,7 +159,7 @@ def test_a_time_zone_other_than_a_fixed_offset_cannot_cross():
         def utcoffset(self, when):
             return datetime.timedelta(0)
 
-    with pytest.raises(Uncheckable, match="^Zone$"):
+    with pytest.raises(Uncheckable, match=r"^Zone$"):
         encode_value(datetime.datetime(2026, 1, 1, tzinfo=Zone()))
 
 
@@ -295,6 +295,6 @@ def test_the_channel_modules_need_only_the_standard_library():
             elif isinstance(node, ast.ImportFrom) and node.module and node.module != "lens_parallel.sandbox.values":
                 imported.add(node.module.split(".")[0])
         assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported - set(sys.stdlib_module_names)
-    guarded = [n for n in ast.walk(ast.parse(Path(channel.__file__).read_text())) if isinstance(n, ast.If)][0]
+    guarded = next(n for n in ast.walk(ast.parse(Path(channel.__file__).read_text())) if isinstance(n, ast.If))
     assert ast.unparse(guarded.test) == "__name__ != '__main__'"
     assert isinstance(guarded.body[0], ast.ImportFrom) and guarded.body[0].module == "lens_parallel.sandbox.values"
