@@ -660,6 +660,10 @@ MEMORY_PATHS = {
         "            fill()\n            time.sleep(60)\n"
         "    keep = fill()\n    time.sleep(60)\n    return 0\n"
     ),
+    "shared-memory-pages": (  # /dev/shm is as large as the memory limit, its pages charged (16 MB a file)
+        "def f(x):\n    for i in range(64):\n        with open(f'/dev/shm/fill{i}', 'wb') as out:\n"
+        "            out.write(b'x' * (8 << 20))\n    return 2 * x\n"
+    ),
     "tmpfs-pages": (  # /tmp is 16 MB: tmpfs pages are charged too, and held
         "def f(x):\n    out = open('/tmp/fill', 'wb')\n    for _ in range(15):\n        out.write(b'x' * (1 << 20))\n"
         "    a = bytearray(100 << 20)\n    a[::4096] = b'x' * 25600\n    return 2 * x\n"
@@ -669,9 +673,9 @@ MEMORY_PATHS = {
 
 @pytest.mark.parametrize("name", sorted(MEMORY_PATHS))
 def test_memory_by_every_path_is_held_to_the_limit_by_the_kernel(name, peaks):
-    """128 MB for all its processes: 500 MB (in processes, in a thread whose leader exited, in socket buffers) is
-    killed at the limit, as the kernel counts it (the cgroup's peak, never over the limit); 115 MB, tmpfs pages
-    included, is within it."""
+    """128 MB for all its processes: 500 MB (in processes, in a thread whose leader exited, in socket buffers, in
+    /dev/shm) is killed at the limit, as the kernel counts it (the cgroup's peak, never over the limit); 115 MB,
+    tmpfs pages included, is within it."""
     limits = SandboxLimits(timeout=30.0, memory_bytes=128 << 20)
     got = run_program(MEMORY_PATHS[name], TESTS, limits=limits)
     if name == "tmpfs-pages":
