@@ -382,15 +382,19 @@ def allowed_calls() -> tuple[str, ...]:
 
 def describe() -> dict[str, object]:
     """The filter as provenance records it: what is allowed, by group, and the arguments checked."""
-    checked = {
+    checked: dict[str, object] = {
         ", ".join(c.calls): {"argument": c.index, "only": list(c.values)}
         if isinstance(c, OneOf)
         else {"argument": c.index, "none of": list(c.bits)}
         for c in CHECKED
     }
-    allowed = {group.why: list(group.calls) for group in ALLOWED}
-    return {"default": "EPERM", "allowed": allowed, "checked": checked, "no effect": list(NO_EFFECT_CALLS)} | {
-        "ENOSYS": list(ENOSYS_CALLS)
+    allowed: dict[str, object] = {group.why: list(group.calls) for group in ALLOWED}
+    return {
+        "default": "EPERM",
+        "allowed": allowed,
+        "checked": checked,
+        "no effect": list(NO_EFFECT_CALLS),
+        "ENOSYS": list(ENOSYS_CALLS),
     }
 
 

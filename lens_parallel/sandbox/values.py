@@ -142,9 +142,9 @@ def _plain(value: Any, depth: int) -> Any:
     if isinstance(value, enum.Enum):
         mixed = isinstance(value, (int, str, float))
         return {"!e": [kind.__name__, value.name, _plain(value._value_, depth + 1), mixed]}
-    if issubclass(kind, tuple) and type(getattr(kind, "_fields", None)) is tuple:
-        fields = list(kind._fields)
-        return {"!n": [kind.__name__, fields, [_plain(v, depth + 1) for v in tuple.__iter__(value)]]}
+    fields = getattr(kind, "_fields", None)
+    if issubclass(kind, tuple) and type(fields) is tuple:
+        return {"!n": [kind.__name__, list(fields), [_plain(v, depth + 1) for v in tuple.__iter__(value)]]}
     writer = _WRITERS.get(_stdlib(kind))
     if writer is None:
         raise Uncheckable(kind.__name__)
@@ -182,7 +182,7 @@ class _Reader:
         if kind is str or kind is bytes:
             return 1 + len(value) // 64
         if kind is int:
-            return 1 + value.bit_length() // 512
+            return 1 + int(value.bit_length()) // 512
         if kind not in (tuple, list, set, frozenset, dict):
             return 1
         known = self.weights.get(id(value))
@@ -252,11 +252,11 @@ def _named(reader: _Reader, inner: Any) -> tuple[Any] | None:
     key = (name, tuple(fields))
     trusted = reader.classes.get(name)
     if isinstance(trusted, type) and issubclass(trusted, tuple) and getattr(trusted, "_fields", None) == key[1]:
-        return (trusted._make(values),)
+        return (trusted(*values),)
     if key not in _NAMED:
         reader.spend(1000 + len(name) + sum(map(len, fields)))
         _NAMED[key] = collections.namedtuple(name, fields)
-    return (_NAMED[key]._make(values),)
+    return (_NAMED[key](*values),)
 
 
 def _fraction(reader: _Reader, inner: Any) -> tuple[Any] | None:
