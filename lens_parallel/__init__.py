@@ -8,7 +8,7 @@ when first needed. A name read from here has its docstring's ``Args`` and ``Retu
 (:mod:`lens_parallel.docstrings`), so that ``help(lp.decompose)`` lists every parameter, its type and default.
 """
 
-__version__ = "0.26.0"
+__version__ = "0.27.0"
 
 import lazy_loader
 

@@ -4,7 +4,7 @@ runs it.
 The public surface is small: :func:`run_program` runs one program against a dataset's tests and returns its
 :class:`Execution`; :class:`SandboxLimits` says what one program may use; :func:`start`, :func:`verdict` and
 :func:`known` share the verdicts of :class:`Case` s (a program and what judges it) across a run on a pool of one
-program per core; :func:`sandbox_fence` says, once, whether
+program per core (each on CPUs of its own, :attr:`SandboxLimits.cpus`); :func:`sandbox_fence` says, once, whether
 this machine can run code at all (else one line naming what to install); :func:`check_opted_in` refuses unless the
 caller opted in (:data:`ALLOW_ENV`). What it guarantees, needs and does not cover: the sandbox guide
 (``docs/guides/sandbox.md``).
@@ -15,8 +15,9 @@ Its parts, one concept each:
   watch over one program and its judge;
 - :mod:`~lens_parallel.sandbox.syscalls`: the seccomp filter, an allow-list of the system calls a program may make;
 - :mod:`~lens_parallel.sandbox.cgroups`: a control group per sandbox (memory, processes, CPU, by the kernel's count);
-- :mod:`~lens_parallel.sandbox.channel`: both ends of the channel that carries only plain values, the program's
-  server inside and the judge outside;
+- :mod:`~lens_parallel.sandbox.channel`: both ends of the channel, the program's server inside (which loads the
+  seccomp filter on itself) and the judge outside;
+- :mod:`~lens_parallel.sandbox.values`: the values that cross it, and what reading one may cost the judge;
 - :mod:`~lens_parallel.sandbox.pool`: the programs of a run, each (program, item) once per process.
 """
 

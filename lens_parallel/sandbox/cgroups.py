@@ -22,7 +22,7 @@ import itertools
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -100,10 +100,12 @@ _numbers = itertools.count()
 
 @dataclass(frozen=True)
 class Cgroup:
-    """One sandbox's cgroup: per controller, its folder."""
+    """One sandbox's cgroup: per controller, its folder. The files the watch reads every tick stay open
+    (``counters``), read again from their start: opening a cgroup file cost 0.1 ms a read."""
 
     version: CgroupVersion
     folders: tuple[tuple[str, str], ...]
+    counters: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     def path(self, file: str) -> str:
         controller, name = file.split("/", 1)
@@ -114,7 +116,9 @@ class Cgroup:
             out.write(value)
 
     def _number(self, file: str, key: str | None) -> int:
-        text = Path(self.path(file)).read_text()
+        if file not in self.counters:
+            self.counters[file] = os.open(self.path(file), os.O_RDONLY | os.O_CLOEXEC)
+        text = os.pread(self.counters[file], 1 << 16, 0).decode()
         if key is None:
             return int(text)
         return next(int(line.split()[1]) for line in text.splitlines() if line.split()[:1] == [key])
@@ -147,6 +151,9 @@ class Cgroup:
     def close(self, *, wait: float = 10.0) -> None:
         """Kill every process in it, wait (up to ``wait`` seconds) until the kernel has taken them down, and remove
         it. A cgroup that cannot be emptied in time is left, named in the error."""
+        for fd in self.counters.values():
+            os.close(fd)
+        self.counters.clear()
         deadline = time.monotonic() + wait
         folders = [folder for _, folder in self.folders]
         while any(os.path.isdir(f) for f in folders):

@@ -6,25 +6,30 @@ Each program runs in a sandbox of its own, made by bubblewrap (``bwrap``; Linux 
 - a read-only view of ``/usr`` (and ``/bin``, ``/lib*``) and of the Python installation that runs it, whose
   site-packages are hidden (the standard library only: no dataset, no project, no ``$HOME`` is visible);
 - a fresh tmpfs of :attr:`SandboxLimits.file_bytes` at ``/tmp`` as the writable place (working and home folder), and
-  one of 1 MB at ``/dev/shm``; an empty one at ``/dev/pts`` (no pseudo-terminal: their budget is the host's);
-  every other mount read-only;
+  one as large as :attr:`SandboxLimits.memory_bytes` at ``/dev/shm`` (its pages charged to the cgroup); an empty
+  one at ``/dev/pts`` (no pseudo-terminal: their budget is the host's); every other mount read-only;
+- :attr:`SandboxLimits.cpus` of the scorer's CPUs, those fewest of its sandboxes run on (:class:`_CpuShares`): its
+  affinity (the filter refuses ``sched_setaffinity``) and what ``os.cpu_count()`` reads (:data:`CPU_VIEW`), so that
+  the standard library's pools take their defaults from them;
 - new PID, IPC, UTS, network (no interface but a down loopback) and cgroup namespaces, a fresh ``/proc``: it can
   neither see nor signal the scorer or the judge; ``--die-with-parent``, ``--new-session``, an empty environment;
 - a user of its own: as root, bwrap drops to a fresh random uid (``setpriv``, ``no_new_privs``, every capability
-  dropped), so that the kernel counts its processes against :attr:`SandboxLimits.processes`; otherwise bwrap's own user
-  namespace (no nested user namespaces);
+  dropped), so that the kernel counts its processes against :attr:`SandboxLimits.max_processes`; otherwise bwrap's own
+  user namespace (no nested user namespaces);
 - a control group of its own (:mod:`~lens_parallel.sandbox.cgroups`): the kernel holds all its processes to
   :attr:`SandboxLimits.memory_bytes` by every path (anonymous and shared memory, ``memfd``, SysV, socket buffers,
-  page tables), to :attr:`SandboxLimits.processes` processes and threads, and to one sandbox's share of the CPU
+  page tables), to :attr:`SandboxLimits.max_processes` processes and threads, and to one sandbox's share of the CPU
   however many processes or sessions it starts; it is emptied and removed with the verdict;
-- a seccomp allow-list (:mod:`~lens_parallel.sandbox.syscalls`): each system call a program needs is named, with
-  its arguments checked where it is safe only in part; every other call is refused (keyrings, ``memfd_create``,
-  SysV IPC, AIO, ``inotify``, file locks, ``ptrace``, ``bpf``, mounts, new namespaces, calls newer than the list),
-  so that nothing outlives the sandbox and no pool the host shares is within reach;
+- a seccomp allow-list (:mod:`~lens_parallel.sandbox.syscalls`), loaded by the server on itself after setpriv's drop
+  (:func:`~lens_parallel.sandbox.channel.confine`): each system call a program needs is named, with its arguments
+  checked where it is safe only in part; every other call is refused (keyrings, ``memfd_create``, SysV IPC, AIO,
+  ``inotify``, leases, ``ptrace``, ``bpf``, mounts, new namespaces, calls newer than the list), so that nothing
+  outlives the sandbox and no pool the host shares is within reach;
 - limits set on itself before the program loads (``setrlimit``, inherited by all it starts): address space, file
   size, processes, open files, no core files, and CPU time as a backstop; from outside: the CPU time of all its
-  processes (:attr:`SandboxLimits.cpu_seconds`, the cgroup's count, read every 20 ms), its output (stdout and stderr
-  through one pipe, :attr:`SandboxLimits.output_bytes`); over any, everything in the sandbox is killed.
+  processes (:attr:`SandboxLimits.cpu_seconds`, the cgroup's count, read once a tick), its output (stdout and stderr
+  through one pipe, :attr:`SandboxLimits.output_bytes`); over any, everything in the sandbox is killed. The watch
+  costs the scorer a read a tick however the program writes (:func:`_watch`).
 
 The verdict is not the sandbox's: a separate judge process (:mod:`~lens_parallel.sandbox.channel`), which never
 runs the model's code and trusts only the dataset (its prompt's helpers run in the judge; builtins are never the

@@ -359,8 +359,10 @@ POOLS = {
     "overflowuid": "a number, not a pool",
     "pipe-keep": "a setting, not a pool",
     "pipe-max-size": "fcntl's F_SETPIPE_SZ is refused: every pipe keeps the default 16 pages",
-    "pipe-user-pages-hard": "pipe buffers per user: OPEN_FILES x processes / 2 pipes of 16 pages, a quarter of it",
-    "pipe-user-pages-soft": "pipe buffers per user: OPEN_FILES x processes / 2 pipes of 16 pages, a quarter of it",
+    "pipe-user-pages-hard": "pipe buffers per user: as root a user per sandbox; else open files x processes / 2 pipes "
+    "of 16 pages (a third of it at one CPU; the sandbox guide), their memory charged to the cgroup",
+    "pipe-user-pages-soft": "pipe buffers per user: as root a user per sandbox; else open files x processes / 2 pipes "
+    "of 16 pages (a third of it at one CPU; the sandbox guide), their memory charged to the cgroup",
     "protected_fifos": "a setting, not a pool",
     "protected_hardlinks": "a setting, not a pool",
     "protected_regular": "a setting, not a pool",
