@@ -79,7 +79,7 @@ def _in_bwrap(sandbox: Fence, n: int) -> list[float]:
         read, write = os.pipe()
         os.write(write, b"0\n")
         os.close(write)
-        bare = sandbox.argv(SandboxLimits(), SandboxFds(calls=0, replies=1, filter=read, cpus=read), 1 << 30)
+        bare = sandbox.argv(SandboxLimits(), SandboxFds(calls=0, replies=1, filter=read, cpus=read, code=read), 1 << 30)
         command = [*bare[: bare.index("-c") + 1], "pass"]
         start = time.perf_counter()
         subprocess.run(command, check=True, env={"PATH": "/usr/bin:/bin"}, pass_fds=(read,))

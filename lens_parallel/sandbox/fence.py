@@ -287,7 +287,7 @@ class Fence:
         if self.privileged:
             args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "/usr/bin/setpriv", f"--reuid={uid}"]
             args += [f"--regid={uid}", "--clear-groups", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]
-        args += [self.interpreter, "-I", "-S", "-c", _BOOT, _channel_code(), "serve", str(fds.calls), str(fds.replies)]
+        args += [self.interpreter, "-I", "-S", "-c", _BOOT, str(fds.code), "serve", str(fds.calls), str(fds.replies)]
         return [*self.launcher, *args, json.dumps(limits.rlimits()), str(fds.filter)]
 
 
@@ -298,31 +298,43 @@ CPU_VIEW = "/sys/devices/system/cpu/online"
 @dataclass(frozen=True)
 class SandboxFds:
     """The descriptors the sandbox starts with: the channel's ends (``calls`` read, ``replies`` written), and
-    streams bwrap and the server read whole: the seccomp ``filter`` and the ``cpus`` it sees."""
+    streams bwrap and the server read whole: the seccomp ``filter``, the ``cpus`` it sees and its ``code``
+    (:func:`_channel_code`)."""
 
     calls: int
     replies: int
     filter: int
     cpus: int
+    code: int
 
 
 _BOOT = (
     f"import marshal, sys\nif sys.version_info[:2] != {tuple(sys.version_info[:2])}:\n"
     f"    sys.exit('the sandbox runs Python {sys.version_info.major}.{sys.version_info.minor}, as the scorer does')\n"
-    "for code in marshal.loads(bytes.fromhex(sys.argv.pop(1))):\n    exec(code)\n"
+    "with open(int(sys.argv.pop(1)), 'rb') as stream:\n    codes = marshal.loads(stream.read())\n"
+    "for code in codes:\n    exec(code)\n"
 )
-"""What the sandbox's and the judge's interpreter run: :func:`_channel_code` (their next argument) executed as
-``__main__``, in an interpreter of the scorer's own version (marshal's format is the version's)."""
+"""What the sandbox's and the judge's interpreter run: the code on the descriptor their next argument names
+(:func:`_channel_code`) executed as ``__main__``, in an interpreter of the scorer's own version (marshal's format is
+the version's)."""
 
 
 @functools.cache
-def _channel_code() -> str:
+def _compiled_channel() -> int:
     """:mod:`~lens_parallel.sandbox.values` and :mod:`~lens_parallel.sandbox.channel` compiled once per process
-    and marshalled, as hex, run one after the other in one namespace: compiling their source took 6 ms at every
-    start of the sandbox's and the judge's interpreter."""
+    (compiling their source took 6 ms at every start of the sandbox's and the judge's interpreter) and marshalled
+    into a memory file of this process, kept open (past an argument's 128 KB): its descriptor."""
     modules = (values, channel)
     codes = tuple(compile(Path(m.__file__).read_text(), f"<{m.__name__}>", "exec") for m in modules)  # type: ignore[arg-type]
-    return marshal.dumps(codes).hex()
+    fd = os.memfd_create("lens-parallel-channel", os.MFD_CLOEXEC)
+    os.write(fd, marshal.dumps(codes))
+    return fd
+
+
+def _channel_code() -> int:
+    """A descriptor of its own (its own offset) on the marshalled channel code (:func:`_compiled_channel`), for one
+    interpreter to read whole; the caller closes it once the interpreter has started."""
+    return os.open(f"/proc/self/fd/{_compiled_channel()}", os.O_RDONLY | os.O_CLOEXEC)
 
 
 def _size(n: int) -> str:
@@ -495,34 +507,35 @@ def _execute_on(cpus: tuple[int, ...], fence: Fence, limits: SandboxLimits, case
     output_r, output_w = os.pipe()
     filter_r = _stream(seccomp_program())
     cpus_r = _stream(",".join(map(str, cpus)).encode() + b"\n")
+    code_sandbox, code_judge = _channel_code(), _channel_code()
     sandbox = judge = cgroup = None
     try:
         cgroup = fence.cgroups.make(memory_bytes=limits.memory_bytes, processes=limits.max_processes)
         uid = secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0]) + _UID_RANGE[0]
         joins = ["/bin/sh", "-c", _JOIN, "sh", *cgroup.joins(), "--"]
-        fds = SandboxFds(calls=calls_r, replies=replies_w, filter=filter_r, cpus=cpus_r)
+        fds = SandboxFds(calls=calls_r, replies=replies_w, filter=filter_r, cpus=cpus_r, code=code_sandbox)
         sandbox = _started_on(
             cpus,
             [*joins, *fence.argv(limits, fds, uid)],
             stdin=subprocess.DEVNULL,
             stdout=output_w,
             stderr=output_w,
-            pass_fds=(calls_r, replies_w, filter_r, cpus_r),
+            pass_fds=(calls_r, replies_w, filter_r, cpus_r, code_sandbox),
             env=_ENV,
             start_new_session=True,
         )
         judge = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _BOOT, _channel_code(), "judge", str(calls_w), str(replies_r)],
+            [sys.executable, "-I", "-S", "-c", _BOOT, str(code_judge), "judge", str(calls_w), str(replies_r)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(calls_w, replies_r),
+            pass_fds=(calls_w, replies_r, code_judge),
             env=_ENV,
             start_new_session=True,
         )
-        for fd in (calls_r, calls_w, replies_r, replies_w, output_w, filter_r, cpus_r):
+        for fd in (calls_r, calls_w, replies_r, replies_w, output_w, filter_r, cpus_r, code_sandbox, code_judge):
             os.close(fd)
-        calls_r = calls_w = replies_r = replies_w = output_w = filter_r = cpus_r = -1
+        calls_r = calls_w = replies_r = replies_w = output_w = filter_r = cpus_r = code_sandbox = code_judge = -1
         job = {
             "program": case.program,
             "tests": case.tests,
@@ -546,7 +559,18 @@ def _execute_on(cpus: tuple[int, ...], fence: Fence, limits: SandboxLimits, case
                 _kill(process)
         if cgroup is not None:
             cgroup.close()
-        for fd in (calls_r, calls_w, replies_r, replies_w, output_w, output_r, filter_r, cpus_r):
+        for fd in (
+            calls_r,
+            calls_w,
+            replies_r,
+            replies_w,
+            output_w,
+            output_r,
+            filter_r,
+            cpus_r,
+            code_sandbox,
+            code_judge,
+        ):
             if fd >= 0:
                 os.close(fd)
 

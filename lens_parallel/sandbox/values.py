@@ -28,9 +28,7 @@ cannot be checked (:class:`HashedAlike`).
 
 from __future__ import annotations
 
-import collections
-import enum
-import json
+import math
 import sys
 
 TYPE_CHECKING = False  # typing costs milliseconds at every start: read by type checkers only
@@ -52,8 +50,20 @@ with its square."""
 _HEX_BITS = 13_000
 """Integers longer than this cross in hex: decimal text past 4,300 digits is refused by Python's int parser."""
 
-_MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
+_MAPPINGS = ("builtins.dict", "collections.OrderedDict", "collections.defaultdict", "collections.Counter")
 """Cross as plain dicts: each compares equal to a dict exactly as the dict of its items does."""
+
+
+def _enum_type() -> Any:
+    """``enum.Enum`` where a program or the tests have imported it (an enum member exists only then), else None:
+    importing enum costs milliseconds at every start of the sandbox and the judge."""
+    module = sys.modules.get("enum")
+    return None if module is None else module.Enum
+
+
+def _module(name: str) -> Any:
+    __import__(name)
+    return sys.modules[name]
 
 
 class Uncheckable(TypeError):
@@ -80,7 +90,8 @@ class EnumMember:
     def __eq__(self, other: object) -> bool:
         if isinstance(other, EnumMember):
             return (self.cls, self.name) == (other.cls, other.name)
-        if isinstance(other, enum.Enum):
+        enum = _enum_type()
+        if enum is not None and isinstance(other, enum):
             return (type(other).__name__, other.name) == (self.cls, self.name)
         return bool(self.mixed and self.value == other)
 
@@ -134,12 +145,13 @@ def _plain(value: Any, depth: int) -> Any:
         return {"!t": [_plain(v, depth + 1) for v in value]}
     if kind is set or kind is frozenset:
         return {"!s" if kind is set else "!f": [_plain(v, depth + 1) for v in value]}
-    if kind in _MAPPINGS:
+    if _stdlib(kind) in _MAPPINGS:
         items = dict.items(value)
         if all(type(k) is str for k, _ in items) and not (len(value) == 1 and next(iter(value)).startswith("!")):
             return {k: _plain(v, depth + 1) for k, v in items}
         return {"!d": [[_plain(k, depth + 1), _plain(v, depth + 1)] for k, v in items]}
-    if isinstance(value, enum.Enum):
+    enum = _enum_type()
+    if enum is not None and isinstance(value, enum):
         mixed = isinstance(value, (int, str, float))
         return {"!e": [kind.__name__, value.name, _plain(value._value_, depth + 1), mixed]}
     fields = getattr(kind, "_fields", None)
@@ -189,7 +201,9 @@ class _Reader:
         if known is not None:
             return known
         if kind is set or kind is frozenset or kind is dict:
-            alike = collections.Counter(map(hash, value))
+            alike: dict[int, int] = {}
+            for key in value:
+                alike[hash(key)] = alike.get(hash(key), 0) + 1
             total = sum(alike[hash(k)] * self.weight(k) for k in value)
             total += sum(map(self.weight, value.values())) if kind is dict else 0
         else:
@@ -234,8 +248,9 @@ def _member(reader: _Reader, inner: Any) -> tuple[Any] | None:
     if not (type(inner) is list and len(inner) == 4 and type(inner[0]) is str and type(inner[1]) is str):
         return None
     cls = reader.classes.get(inner[0])
-    if isinstance(cls, type) and issubclass(cls, enum.Enum) and inner[1] in cls.__members__:
-        return (cls.__members__[inner[1]],)
+    enum, members = _enum_type(), getattr(cls, "__members__", {})
+    if isinstance(cls, type) and enum is not None and issubclass(cls, enum) and inner[1] in members:
+        return (members[inner[1]],)
     return (EnumMember(inner[0], inner[1], inner[2], inner[3] is True),)
 
 
@@ -255,7 +270,7 @@ def _named(reader: _Reader, inner: Any) -> tuple[Any] | None:
         return (trusted(*values),)
     if key not in _NAMED:
         reader.spend(1000 + len(name) + sum(map(len, fields)))
-        _NAMED[key] = collections.namedtuple(name, fields)
+        _NAMED[key] = _module("collections").namedtuple(name, fields)
     return (_NAMED[key](*values),)
 
 
@@ -287,11 +302,6 @@ def _decimal(text: Any) -> tuple[Any] | None:
         return None
 
 
-def _module(name: str) -> Any:
-    __import__(name)
-    return sys.modules[name]
-
-
 _READERS: dict[str, Any] = {
     "!t": lambda r, x: (tuple(x),) if type(x) is list else None,
     "!s": lambda r, x: (set(r.apart(x)),) if type(x) is list else None,
@@ -304,7 +314,7 @@ _READERS: dict[str, Any] = {
     ),
     "!i": lambda r, x: (int(x, 16),) if type(x) is str else None,
     "!q": lambda r, x: (
-        (collections.deque(x[0], x[1]),)
+        (_module("collections").deque(x[0], x[1]),)
         if type(x) is list and len(x) == 2 and type(x[0]) is list and (x[1] is None or type(x[1]) is int)
         else None
     ),
@@ -338,9 +348,66 @@ TAGS = tuple(_READERS)
 """The tags a one-key object may carry (:data:`_READERS`)."""
 
 
+class _Parsing:
+    """What the C scanner of the standard library's json reads of its context, as ``json.loads`` sets it."""
+
+    strict = True
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.__getitem__
+
+    def __init__(self, object_hook: Any) -> None:
+        self.object_hook = object_hook
+
+
+def loads(text: str | bytes, object_hook: Any = None) -> Any:
+    """``json.loads(text, object_hook=object_hook)``, through json's C accelerator (``_json``) where this Python
+    has it: ``import json`` costs 10 ms (``re``, ``enum``) at every start of the sandbox and the judge, ``_json``
+    microseconds. Raises ``ValueError`` for text that is not one JSON value."""
+    if _json is None:
+        import json
+
+        return json.loads(text, object_hook=object_hook)
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "surrogatepass")
+    start = len(text) - len(text.lstrip(" \t\n\r"))
+    try:
+        value, end = _json.make_scanner(_Parsing(object_hook))(text, start)
+    except StopIteration as error:
+        raise ValueError(f"not JSON at {error.value}") from None
+    if text[end:].strip(" \t\n\r"):
+        raise ValueError(f"not one JSON value: more after {end}")
+    return value
+
+
+def dumps(value: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False, separators=(",", ":"))`` of a tree of JSON values, through ``_json``
+    where this Python has it (:func:`loads`)."""
+    if _json is None:
+        import json
+
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return "".join(
+        _json.make_encoder(None, _not_json, _json.encode_basestring, None, ":", ",", False, False, True)(value, 0)
+    )
+
+
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+try:
+    import _json as _accelerator
+except ImportError:  # not CPython: json itself
+    _accelerator = None  # type: ignore[assignment]
+_json: Any = _accelerator
+"""The standard library's json's C accelerator, where this Python has one (:func:`loads`, :func:`dumps`)."""
+
+
 def decode_value(text: str | bytes, classes: dict[str, Any] | None = None) -> Any:
     """The value of JSON ``text`` written from :func:`encode_value`; enum members and named tuples of a class
     ``classes`` names (the prompt's and the tests' namespace) read as that class's. Anything else raises
     ``ValueError`` (:class:`HashedAlike` past the budget; or ``TypeError``, ``RecursionError``, ``MemoryError`` for
     text built to break the parser)."""
-    return json.loads(text, object_hook=_Reader(classes or {}).untag)
+    return loads(text, _Reader(classes or {}).untag)
