@@ -962,9 +962,29 @@ ALIKE = (
 written in milliseconds; a set the judge would build in about 8e8 comparisons."""
 
 
+NESTED = (
+    "import os, time\n"
+    "def f(x):\n"
+    "    a = 2**61 - 1\n"
+    "    inner = lambda i: '{\"!f\":[' + ','.join(str(k * a) for k in [*range(1, 64), 64 + i]) + ']}'\n"
+    "    middle = lambda m: '{\"!f\":[' + ','.join([inner(i) for i in range(63)] + [inner(64 + m)]) + ']}'\n"
+    "    line = ('{\"value\":{\"!f\":[' + ','.join(middle(m) for m in range(8)) + ']}}\\n').encode()\n"
+    "    for fd in range(3, 64):\n"
+    "        try:\n"
+    "            os.write(fd, line)\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "    time.sleep(30)\n"
+)
+"""Issue 89's reply forged on the channel: 8 frozensets of 64 frozensets of 64 ints that all hash to 0, each level's
+sets sharing all their elements but one (``tests/test_sandbox_values.py``'s ``nested_alike``), 685 KB: at most 64
+of one hash in any set, and 2.3 s of the judge's CPU to read without the budget."""
+
+
 def test_a_reply_of_values_that_hash_alike_is_refused_at_the_judges_cost_of_reading_it():
     """The judge weighs what building a set costs before it builds it: the reply is refused as values it will not
-    compare (its verdict says the bound), with a judge's CPU limit of 1 s that building the set would pass by far."""
+    compare (its verdict says the bound), with a judge's CPU limit of 1 s that building the set would pass by far;
+    so are nested sets of alike values, each set within the old bound of 64 alike."""
     limits = SandboxLimits(judge_seconds=1.0)
     got = run_program(ALIKE, "assert f(1) == set()\n", limits=limits)
     assert got == fence.Execution(
@@ -972,6 +992,8 @@ def test_a_reply_of_values_that_hash_alike_is_refused_at_the_judges_cost_of_read
         f"failed: the reply to a call to f cannot be checked (reading it would cost over {values.BUDGET:,} "
         "comparisons)",
     )
+    nested = run_program(NESTED, "assert f(1) == set()\n", limits=limits)
+    assert nested == got
     honest = "def f(x):\n    return {k: str(k) for k in range(20_000)}, set(range(20_000)), {(1, 2), (2, 1)}\n"
     expected = "({k: str(k) for k in range(20_000)}, set(range(20_000)), {(1, 2), (2, 1)})"
     assert run_program(honest, f"assert f(1) == {expected}\n") == fence.Execution(True, "passed")
