@@ -946,11 +946,10 @@ def test_the_metric_alone_finds_its_item_and_never_judges_without_its_prompt():
     assert "\n" not in str(refused.value)
 
 
-ALIKE = (
+FORGE = (
     "import os, time\n"
     "def f(x):\n"
-    "    alike = ','.join(str(k * (2**61 - 1)) for k in range(1, 40_001))\n"
-    "    line = ('{\"value\": {\"!s\": [' + alike + ']}}\\n').encode()\n"
+    "    line = (reply() + '\\n').encode()\n"
     "    for fd in range(3, 64):\n"
     "        try:\n"
     "            os.write(fd, line)\n"
@@ -958,27 +957,24 @@ ALIKE = (
     "            pass\n"
     "    time.sleep(30)\n"
 )
-"""A reply forged on the channel (every descriptor the program has): 40,000 distinct ints that all hash to 0, 912 KB,
-written in milliseconds; a set the judge would build in about 8e8 comparisons."""
+"""A program that writes ``reply()`` on the channel, every descriptor it has, in milliseconds, and waits."""
 
+ALIKE = FORGE + (
+    "def reply():\n"
+    "    return '{\"value\": {\"!s\": [' + ','.join(str(k * (2**61 - 1)) for k in range(1, 40_001)) + ']}}'\n"
+)
+"""40,000 distinct ints that all hash to 0, 912 KB: a set the judge would build in about 8e8 comparisons."""
 
-NESTED = (
-    "import os, time\n"
-    "def f(x):\n"
+NESTED = FORGE + (
+    "def reply():\n"
     "    a = 2**61 - 1\n"
     "    inner = lambda i: '{\"!f\":[' + ','.join(str(k * a) for k in [*range(1, 64), 64 + i]) + ']}'\n"
     "    middle = lambda m: '{\"!f\":[' + ','.join([inner(i) for i in range(63)] + [inner(64 + m)]) + ']}'\n"
-    "    line = ('{\"value\":{\"!f\":[' + ','.join(middle(m) for m in range(8)) + ']}}\\n').encode()\n"
-    "    for fd in range(3, 64):\n"
-    "        try:\n"
-    "            os.write(fd, line)\n"
-    "        except OSError:\n"
-    "            pass\n"
-    "    time.sleep(30)\n"
+    "    return '{\"value\":{\"!f\":[' + ','.join(middle(m) for m in range(8)) + ']}}'\n"
 )
-"""Issue 89's reply forged on the channel: 8 frozensets of 64 frozensets of 64 ints that all hash to 0, each level's
-sets sharing all their elements but one (``tests/test_sandbox_values.py``'s ``nested_alike``), 685 KB: at most 64
-of one hash in any set, and 2.3 s of the judge's CPU to read without the budget."""
+"""Issue 89's reply: 8 frozensets of 64 frozensets of 64 ints that all hash to 0, each level's sets sharing all their
+elements but one (``tests/test_sandbox_values.py``'s ``nested_alike``), 685 KB: at most 64 of one hash in any set,
+and 2.1 s of the judge's CPU to read without the budget."""
 
 
 def test_a_reply_of_values_that_hash_alike_is_refused_at_the_judges_cost_of_reading_it():
