@@ -108,6 +108,17 @@ def test_every_test_has_exactly_one_tier(request):
     assert not {name: tiers for name, tiers in tiers_of.items() if len(tiers) != 1}
 
 
+def test_no_function_of_the_package_is_over_100_lines():
+    """A function reads in one screen or two: one over 100 lines is split by what its parts do."""
+    long = []
+    for path in sorted((ROOT / "lens_parallel").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+            if isinstance(node, functions) and node.end_lineno is not None and node.end_lineno - node.lineno >= 100:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert long == []
+
+
 def test_no_large_file_is_tracked_outside_the_package_assets():
     """The repository holds source, not binaries: a tracked file over 1 MB may only be one of the package's own
     assets (the toy models' tokenizers, the shipped corpora)."""

@@ -60,7 +60,7 @@ from lens_parallel.options import RunOptions, refuse_renamed, resolve
 from lens_parallel.paths import check_writable
 from lens_parallel.plots.texts import html_page, texts_table
 from lens_parallel.results import Provenance, ResultMixin, serializable
-from lens_parallel.sandbox import sandbox_fence
+from lens_parallel.sandbox import Fence, sandbox_fence
 from lens_parallel.stats import N_RESAMPLES, mean_of_means_ci
 from lens_parallel.tokenizers import hf_tokenizer
 from lens_parallel.validate import check_choice
@@ -333,39 +333,11 @@ def task_effects(
     if opts.store is not None:
         check_writable(opts.store, "store")
     check_task_names([name for name, _ in plan])
-    unsafe = code_executing([name for name, _ in plan])
-    left_out: list[str] = []
-    if unsafe and not s.allow_code_execution and preset is None:
-        raise LensParallelError(
-            f"task {unsafe[0]!r} is scored by running the code the model writes; pass allow_code_execution=True "
-            "(command line: --allow-code-execution) to run it, on a machine where that is safe"
-        )
-    unfenced = [name for name in unsafe if name not in LOCAL_TASKS]
-    if unfenced and s.allow_code_execution:
-        raise LensParallelError(
-            f"task {unfenced[0]!r} would run the code the model writes through lm-eval's own runner (Hugging Face "
-            f"code_eval), outside lens_parallel's sandbox; the code tasks scored in the sandbox: "
-            f"{', '.join(code_executing(list(LOCAL_TASKS)))}"
-        )
-    fence = sandbox_fence() if unsafe and s.allow_code_execution else None  # else one line, before any forward
-    if unsafe and not s.allow_code_execution:  # a preset's: run the rest, and say what was left out
-        left_out = unsafe
-        plan = [(name, k) for name, k in plan if name not in left_out]
-        why = "runs the code the model writes: pass allow_code_execution=True"
-        warnings.warn(f"{', '.join(left_out)} left out of the preset: {why}", stacklevel=2)
+    plan, left_out, fence = _code_tasks(plan, s, from_preset=preset is not None)
     limit = s.limit if s.limit is not None else None if preset is None else preset.limit
     metadata = ruler_metadata([name for name, _ in plan], hf_tokenizer(model), lengths)
-    weights = None if opts.store is None else weights_digest(model)  # once: it reads every weight
-    runs = {}
-    with code_execution(s.allow_code_execution):  # lm-eval's code tasks check code execution as they load
-        loaded = load_tasks(plan, s.num_fewshot, metadata, substitute=preset is not None)
-        manager, task_objects, reported = loaded.manager, loaded.tasks, loaded.reported
-        check_generation_room(model, s, task_objects)
-        say_stand_ins(loaded, len(reported))
-        for name, edits in {UNEDITED: (), **named}.items():
-            runs[name] = run_tasks(
-                model, edits, manager, task_objects, s=s, opts=opts, limit=limit, desc=name, weights=weights
-            )
+    loaded, runs = _run_settings(model, named, plan, metadata, s, opts, limit=limit, substitute=preset is not None)
+    task_objects, reported = loaded.tasks, loaded.reported
     setting_names = tuple(runs)
     leaf: dict[str, Scored] = {t: scored_task(t, task_objects[t], runs, setting_names) for t in task_objects}
     pooled = {name: parts for name, parts in reported if name not in task_objects}
@@ -420,6 +392,61 @@ def task_effects(
         answers={t: x.answers for t, x in scored.items()},
         provenance=provenance,
     )
+
+
+def _run_settings(
+    model: TransformerBridge,
+    named: dict[str, Any],
+    plan: list[tuple[str, int | None]],
+    metadata: Any,
+    s: TaskSettings,
+    opts: RunOptions,
+    *,
+    limit: int | None,
+    substitute: bool,
+) -> tuple[Any, dict[str, Any]]:
+    """lm-eval's tasks loaded once (``substitute``: offline stand-ins for a preset's missing ones, said in one line)
+    and run on the unedited model, then under each of ``named``: the loaded tasks and each setting's run."""
+    weights = None if opts.store is None else weights_digest(model)  # once: it reads every weight
+    runs = {}
+    with code_execution(s.allow_code_execution):  # lm-eval's code tasks check code execution as they load
+        loaded = load_tasks(plan, s.num_fewshot, metadata, substitute=substitute)
+        check_generation_room(model, s, loaded.tasks)
+        say_stand_ins(loaded, len(loaded.reported))
+        for name, edits in {UNEDITED: (), **named}.items():
+            runs[name] = run_tasks(
+                model, edits, loaded.manager, loaded.tasks, s=s, opts=opts, limit=limit, desc=name, weights=weights
+            )
+    return loaded, runs
+
+
+def _code_tasks(
+    plan: list[tuple[str, int | None]], s: TaskSettings, *, from_preset: bool
+) -> tuple[list[tuple[str, int | None]], list[str], Fence | None]:
+    """The tasks that run the code the model writes, before any forward: refused unless ``allow_code_execution``
+    (a preset's are left out, with a warning, and named in ``left_out``), and refused where lm-eval would run them
+    outside the sandbox; with it, this machine's sandbox (:func:`~lens_parallel.sandbox.sandbox_fence`, one line
+    where it cannot run). Returns the plan to run, what was left out, and the fence."""
+    unsafe = code_executing([name for name, _ in plan])
+    if unsafe and not s.allow_code_execution and not from_preset:
+        raise LensParallelError(
+            f"task {unsafe[0]!r} is scored by running the code the model writes; pass allow_code_execution=True "
+            "(command line: --allow-code-execution) to run it, on a machine where that is safe"
+        )
+    unfenced = [name for name in unsafe if name not in LOCAL_TASKS]
+    if unfenced and s.allow_code_execution:
+        raise LensParallelError(
+            f"task {unfenced[0]!r} would run the code the model writes through lm-eval's own runner (Hugging Face "
+            f"code_eval), outside lens_parallel's sandbox; the code tasks scored in the sandbox: "
+            f"{', '.join(code_executing(list(LOCAL_TASKS)))}"
+        )
+    if not unsafe:
+        return plan, [], None
+    if s.allow_code_execution:
+        return plan, [], sandbox_fence()
+    why = "runs the code the model writes: pass allow_code_execution=True"
+    warnings.warn(f"{', '.join(unsafe)} left out of the preset: {why}", stacklevel=3)
+    return [(name, k) for name, k in plan if name not in unsafe], unsafe, None
 
 
 def _warn_cut(

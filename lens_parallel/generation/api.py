@@ -301,11 +301,47 @@ def generate(
             )
     if opts.store is not None:
         check_writable(opts.store, "store")
-    unembed, eos = unembedding(model), end_of_sequence(model, tokenizer)
-    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-    batches = [order[k : k + opts.batch_size] for k in range(0, len(order), opts.batch_size)]
     described = {k: [describe_edit(e) for e in v] for k, v in named.items()}
     as_json = {k: json.dumps(v, sort_keys=True, default=str) for k, v in described.items()}
+    rows = _decode_all(model, tokenizer, texts, ids, named, hooks, cached, as_json, s, opts)
+    provenance = Provenance.of(
+        info,
+        None,
+        "generate",
+        s,
+        opts,
+        texts={"prompts": list(texts)},
+        edits={k: v for k, v in described.items() if v},
+        decoding={k: "kv-cache" if v else "recomputed every step" for k, v in cached.items()},
+    )
+    return GenerationResult(
+        prompts=texts,
+        settings=tuple(named),
+        texts=tuple(tuple(d.text for d in rows[n]) for n in named),
+        tokens=tuple(tuple(d.tokens for d in rows[n]) for n in named),
+        finish=tuple(tuple(d.finish for d in rows[n]) for n in named),
+        provenance=provenance,
+    )
+
+
+def _decode_all(
+    model: TransformerBridge,
+    tokenizer: Any,
+    texts: tuple[str, ...],
+    ids: list[list[int]],
+    named: dict[str, Any],
+    hooks: dict[str, Any],
+    cached: dict[str, bool],
+    as_json: dict[str, str],
+    s: GenerateSettings,
+    opts: RunOptions,
+) -> dict[str, list[Decoded]]:
+    """Every setting's continuation of every prompt, per setting in the prompts' order: those ``opts.store`` holds
+    read back, the rest decoded in batches of ``opts.batch_size`` prompts (longest first) and stored as each
+    finishes."""
+    unembed, eos = unembedding(model), end_of_sequence(model, tokenizer)
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    batches = [order[k : k + int(opts.batch_size)] for k in range(0, len(order), int(opts.batch_size))]
     jobs = [_Continuation(name, i, texts[i], as_json[name]) for name in named for i in range(len(ids))]
     spec = {"tokens": ValueSpec((s.max_new_tokens,), allow_nan=True), "finish": ValueSpec(())}
     store = None
@@ -345,22 +381,4 @@ def generate(
                     results[name][i] = d
                     if store is not None:
                         store.append(_Continuation(name, i, texts[i], as_json[name]), _stored(d, s.max_new_tokens))
-    rows = {name: [d for d in got if d is not None] for name, got in results.items()}
-    provenance = Provenance.of(
-        info,
-        None,
-        "generate",
-        s,
-        opts,
-        texts={"prompts": list(texts)},
-        edits={k: v for k, v in described.items() if v},
-        decoding={k: "kv-cache" if v else "recomputed every step" for k, v in cached.items()},
-    )
-    return GenerationResult(
-        prompts=texts,
-        settings=tuple(named),
-        texts=tuple(tuple(d.text for d in rows[n]) for n in named),
-        tokens=tuple(tuple(d.tokens for d in rows[n]) for n in named),
-        finish=tuple(tuple(d.finish for d in rows[n]) for n in named),
-        provenance=provenance,
-    )
+    return {name: [d for d in got if d is not None] for name, got in results.items()}

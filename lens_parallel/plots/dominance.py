@@ -51,6 +51,24 @@ def dominance_figure(result: DominanceResult) -> go.Figure:
             "(d) strong / weak joint effect per observation (box: quartiles; whiskers: min-max)",
         ],
     )
+    _concentration_panels(fig, conc, pairs)
+    _joint_panel(fig, joint, pairs)
+    _ratio_panel(fig, joint)
+    n_texts, n_obs = result.qkv.shape[1], len(conc[conc.scale == "qkv"])
+    fig.update_layout(
+        title=f"Next-layer head dominance: {result.info.name} ({len(pairs)} layer pairs, {n_texts} texts, "
+        f"{len(result.query_positions)} query tokens, {n_obs} observations)",
+        height=1150,
+        width=1500,
+        template=TEMPLATE,
+        margin={"b": 170},
+        legend={"orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom"},
+    )
+    return fig
+
+
+def _concentration_panels(fig: go.Figure, conc: pd.DataFrame, pairs: list[str]) -> None:
+    """Panels (a) and (b): per scale, the effective fraction's boxes and the top / bottom 25% shares' medians."""
     for scale, name in SCALE_NAMES.items():
         at = conc[conc.scale == scale]
         fig.add_trace(
@@ -80,6 +98,14 @@ def dominance_figure(result: DominanceResult) -> go.Figure:
                 row=1,
                 col=2,
             )
+    fig.update_layout(boxmode="group")
+    fig.update_xaxes(title_text="layer pair (upstream→receiving)", tickangle=-90, tickfont={"size": 9}, row=1)
+    fig.update_yaxes(title_text="effective fraction exp(H)/n (1 = all equal)", row=1, col=1)
+    fig.update_yaxes(title_text="share of the summed single-head effects", row=1, col=2)
+
+
+def _joint_panel(fig: go.Figure, joint: pd.DataFrame, pairs: list[str]) -> None:
+    """Panel (c): each joint removal's median over observations per pair, its interquartile range as a band."""
     qkv = joint[joint.scale == "qkv"].groupby("pair", sort=False)
     x = np.arange(len(pairs))
     for kind, color in JOINT_COLORS.items():
@@ -97,6 +123,13 @@ def dominance_figure(result: DominanceResult) -> go.Figure:
             row=2,
             col=1,
         )
+    fig.update_xaxes(title_text="layer pair (upstream→receiving)", tickangle=-90, tickfont={"size": 9}, row=2, col=1)
+    fig.update_xaxes(tickvals=list(x), ticktext=pairs, row=2, col=1)
+    fig.update_yaxes(title_text="relative L2 change of Q/K/V", row=2, col=1)
+
+
+def _ratio_panel(fig: go.Figure, joint: pd.DataFrame) -> None:
+    """Panel (d): the strong / weak ratio per observation, by receiving-layer type, on a log scale."""
     for scale, name in SCALE_NAMES.items():
         at = joint[(joint.scale == scale) & (joint.strong_weak_ratio > 0)]
         fig.add_trace(
@@ -113,26 +146,8 @@ def dominance_figure(result: DominanceResult) -> go.Figure:
             col=2,
         )
     fig.add_hline(y=1, line={"color": "#444", "dash": "dash"}, row=2, col=2)
-    fig.update_layout(boxmode="group")
-    fig.update_xaxes(title_text="layer pair (upstream→receiving)", tickangle=-90, tickfont={"size": 9}, row=1)
-    fig.update_xaxes(title_text="layer pair (upstream→receiving)", tickangle=-90, tickfont={"size": 9}, row=2, col=1)
-    fig.update_xaxes(tickvals=list(x), ticktext=pairs, row=2, col=1)
     fig.update_xaxes(title_text="receiving layer type", row=2, col=2)
-    fig.update_yaxes(title_text="effective fraction exp(H)/n (1 = all equal)", row=1, col=1)
-    fig.update_yaxes(title_text="share of the summed single-head effects", row=1, col=2)
-    fig.update_yaxes(title_text="relative L2 change of Q/K/V", row=2, col=1)
     ticks = [0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300, 1000]
     fig.update_yaxes(
         title_text="strong / weak (log scale; 1 = equal)", type="log", tickvals=ticks, ticktext=ticks, row=2, col=2
     )
-    n_texts, n_obs = result.qkv.shape[1], len(conc[conc.scale == "qkv"])
-    fig.update_layout(
-        title=f"Next-layer head dominance: {result.info.name} ({len(pairs)} layer pairs, {n_texts} texts, "
-        f"{len(result.query_positions)} query tokens, {n_obs} observations)",
-        height=1150,
-        width=1500,
-        template=TEMPLATE,
-        margin={"b": 170},
-        legend={"orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom"},
-    )
-    return fig
