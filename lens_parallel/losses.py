@@ -29,11 +29,10 @@ from lens_parallel import compat, devices, features
 from lens_parallel.documents import scored_mask
 from lens_parallel.errors import LensParallelError
 from lens_parallel.plots.losses import edit_effect_figure
-from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.results import Provenance, ResultMixin
 from lens_parallel.stats import N_RESAMPLES, paired_bootstrap_ci
 
 
-@serializable
 @dataclass(frozen=True)
 class DocLosses:
     """Per-document sums of next-token NLL (nats) and the number of scored tokens.
@@ -61,7 +60,6 @@ class DocLosses:
         ).assign(loss=lambda df: df.loss_sum / df.n_tokens)
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class EditEffect(ResultMixin):
     """Edited minus matched no-op: loss (nats/token) and perplexity, with paired bootstrap CIs over documents; from

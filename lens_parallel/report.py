@@ -55,7 +55,7 @@ from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.paths import write_atomic, write_table
 from lens_parallel.plots.comparison import comparison_figure
-from lens_parallel.results import Provenance, Result, ResultMixin, serializable
+from lens_parallel.results import Provenance, Result, ResultMixin
 from lens_parallel.spaces import HEAD_SPACES
 from lens_parallel.store import quiet_stores
 from lens_parallel.validate import as_tuple, check_choices, check_non_negative_int, check_positive_int
@@ -73,7 +73,6 @@ SECTIONS = {
 T = TypeVar("T")
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class ModelReport(ResultMixin):
     """One model's battery: every result, and the seconds each step took.
@@ -224,7 +223,6 @@ def strongest_parallel_heads(result: DecompositionResult, k: int = 2) -> list[tu
     return [(int(r.layer), int(r.head)) for r in df.itertuples()]
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class ReportSettings:
     """What the battery computes beyond its fixed sections: ``seed`` (null draws, bootstrap, halves, the random

@@ -14,7 +14,6 @@ another result, or a save interrupted between the two renames) in one line.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import importlib
@@ -41,7 +40,6 @@ FORMAT = "lens_parallel.result"
 FORMAT_VERSION = 2
 """2: the JSON and the ``.npz`` carry one random id and the JSON the ``.npz``'s sha256 (1: neither, not read)."""
 _ID_KEY = "__result_id__"
-_REGISTRY: dict[str, type] = {}
 T = TypeVar("T")
 R = TypeVar("R", bound="ResultMixin")
 
@@ -50,10 +48,52 @@ def qualified_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def serializable(cls: type[T]) -> type[T]:
-    """Register a dataclass so :func:`load_result` can rebuild it by its fully qualified name."""
-    _REGISTRY[qualified_name(cls)] = cls
-    return cls
+SAVED_TYPES: tuple[str, ...] = (
+    "lens_parallel.analyses.ablation.AblationRun",
+    "lens_parallel.analyses.ablation.AblationSettings",
+    "lens_parallel.analyses.attribution.AttributionResult",
+    "lens_parallel.analyses.attribution.AttributionSettings",
+    "lens_parallel.analyses.compression.CompressionResult",
+    "lens_parallel.analyses.compression.CompressionSettings",
+    "lens_parallel.analyses.confirm.ConfirmResult",
+    "lens_parallel.analyses.confirm.ConfirmSettings",
+    "lens_parallel.analyses.decompose.AlignmentTable",
+    "lens_parallel.analyses.decompose.DecomposeSettings",
+    "lens_parallel.analyses.decompose.DecompositionResult",
+    "lens_parallel.analyses.diagonal.DiagonalSettings",
+    "lens_parallel.analyses.diagonal.DiagonalView",
+    "lens_parallel.analyses.dominance.DominanceResult",
+    "lens_parallel.analyses.dominance.DominanceSettings",
+    "lens_parallel.analyses.head_statistics.HeadStatistics",
+    "lens_parallel.analyses.head_statistics.HeadStatisticsSettings",
+    "lens_parallel.analyses.nulls.NullResult",
+    "lens_parallel.analyses.nulls.NullSettings",
+    "lens_parallel.analyses.reliability.SanityReport",
+    "lens_parallel.analyses.reliability.SanitySettings",
+    "lens_parallel.analyses.reliability.SplitHalfResult",
+    "lens_parallel.analyses.scaling.ScaleSettings",
+    "lens_parallel.analyses.scaling.ScalingResult",
+    "lens_parallel.analyses.scaling.SweepPoint",
+    "lens_parallel.analyses.sensitivity.SensitivityResult",
+    "lens_parallel.analyses.sensitivity.SensitivitySettings",
+    "lens_parallel.downstream.effects.TaskResult",
+    "lens_parallel.downstream.settings.TaskSettings",
+    "lens_parallel.generation.api.GenerateSettings",
+    "lens_parallel.generation.api.GenerationResult",
+    "lens_parallel.losses.DocLosses",
+    "lens_parallel.losses.EditEffect",
+    "lens_parallel.report.ModelReport",
+    "lens_parallel.report.ReportSettings",
+    "lens_parallel.results.Provenance",
+    "lens_parallel.selection.TextSample",
+    "lens_parallel.selection.TextSelection",
+    "lens_parallel.sweep.AblationJob",
+    "lens_parallel.training.factorial.FactorialResult",
+    "lens_parallel.training.loop.TrainRun",
+)
+"""Every dataclass a saved result may hold, by module and name, written out: :func:`save_result` writes only these,
+and :func:`load_result` imports the module of the one a file names. A new result type (or a dataclass inside one) is
+a line here; ``tests/test_results.py`` checks each resolves, and that every exported result is here."""
 
 
 def result_classes() -> list[type]:
@@ -80,7 +120,6 @@ def _version(package: str) -> str:
         return "unknown"
 
 
-@serializable
 @dataclasses.dataclass(frozen=True)
 class Provenance:
     """Where a result came from: enough to rerun it.
@@ -277,8 +316,8 @@ class ResultMixin:
 def _encode(obj: Any, arrays: dict[str, np.ndarray], key: str) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         name = qualified_name(type(obj))
-        if name not in _REGISTRY:
-            raise TypeError(f"cannot save {name} at {key}: register it with @serializable")
+        if name not in SAVED_TYPES:
+            raise TypeError(f"cannot save {name} at {key}: add it to lens_parallel.results.SAVED_TYPES")
         out = {"__class__": name}
         for f in dataclasses.fields(obj):
             out[f.name] = _encode(getattr(obj, f.name), arrays, f"{key}.{f.name}")
@@ -340,24 +379,22 @@ def _no_default(f: dataclasses.Field[Any]) -> bool:
 
 
 def saved_class(name: str, path: Path | str) -> type:
-    """The registered dataclass a saved file names by its qualified name, whichever modules this process has
-    imported: the module the name gives is imported (a lens_parallel module only), and a class that a later version
-    moved to another module is found by its name among the package's exports. Refused in one line otherwise."""
+    """The dataclass a saved file names by its qualified name: one of :data:`SAVED_TYPES`, its module imported; a
+    class that a later version moved to another module is found by its name among the package's exports. Refused in
+    one line otherwise."""
     module, _, qualname = name.rpartition(".")
-    if name not in _REGISTRY and module.split(".")[0] == "lens_parallel":
-        with contextlib.suppress(ImportError):
-            importlib.import_module(module)
-    if name not in _REGISTRY:  # moved since it was saved: the exported class of that name
-        import lens_parallel
+    if name in SAVED_TYPES:
+        found: type = getattr(importlib.import_module(module), qualname)
+        return found
+    import lens_parallel  # moved since it was saved: the exported class of that name
 
-        moved = getattr(lens_parallel, qualname, None) if qualname in lens_parallel.__all__ else None
-        if isinstance(moved, type) and qualified_name(moved) in _REGISTRY:
-            return moved
-        raise LensParallelError(
-            f"{path}: unknown result type {name!r} (saved by another version of lens_parallel?); this version saves "
-            f"{', '.join(sorted(cls.__name__ for cls in result_classes()))}"
-        )
-    return _REGISTRY[name]
+    moved = getattr(lens_parallel, qualname, None) if qualname in lens_parallel.__all__ else None
+    if isinstance(moved, type) and qualified_name(moved) in SAVED_TYPES:
+        return moved
+    raise LensParallelError(
+        f"{path}: unknown result type {name!r} (saved by another version of lens_parallel?); this version saves "
+        f"{', '.join(sorted(cls.__name__ for cls in result_classes()))}"
+    )
 
 
 def save_result(result: Any, path: str | Path) -> Path:

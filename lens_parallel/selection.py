@@ -19,14 +19,12 @@ from typing import Any
 
 from lens_parallel.data import CORPORA, check_corpus, hub_spec, load_texts
 from lens_parallel.errors import LensParallelError
-from lens_parallel.results import serializable
 from lens_parallel.validate import check_non_negative_int, check_positive_int
 
 C4 = "hf:allenai/c4:en:validation"
 """The paper's source: C4 en, validation split, streamed."""
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class TextSelection:
     """How texts are sampled (defaults: the authors' script's).
@@ -52,7 +50,6 @@ class TextSelection:
             raise LensParallelError(f"min_chars ({self.min_chars}) must not exceed max_chars ({self.max_chars})")
 
 
-@serializable
 @dataclass(frozen=True)
 class TextSample:
     """The kept texts, each with its index in the shuffled stream, how many texts were read, and where from.

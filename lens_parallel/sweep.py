@@ -82,7 +82,6 @@ from lens_parallel.hooks import Hook, LayerStream, Reducer, check_heads, check_i
 from lens_parallel.losses import DocLosses, chunked_token_nll, scored_sums, unembedding
 from lens_parallel.models import ModelInfo, head_label, model_info, weights_digest
 from lens_parallel.options import RunOptions, refuse_renamed, resolve_options
-from lens_parallel.results import serializable
 from lens_parallel.store import SweepStore, Values, ValueSpec
 from lens_parallel.validate import check_choice
 
@@ -105,7 +104,6 @@ def _needs_means(kind: Ablation | None) -> bool:
     return kind is not None and ABLATION_KINDS[kind].needs_means
 
 
-@serializable
 @dataclass(frozen=True)
 class AblationJob:
     """Remove query ``heads`` of ``layer`` together (how: the sweep's ``ablation``); ``heads`` one index or a tuple.

@@ -15,7 +15,8 @@ import torch
 
 import lens_parallel as lp
 from lens_parallel import cli, commands
-from lens_parallel.analyses.registry import ANALYSES, Analysis, analyses, register_analysis
+from lens_parallel.analyses import registry
+from lens_parallel.analyses.registry import Analysis, analyses
 from lens_parallel.choices import ExplorerEdit, HeadSpace, Space
 from lens_parallel.downstream.specs import parse_spec, spec_kinds
 from lens_parallel.edits import EDITS, EditBase, compile_hooks, explorer_edits, hook_roles
@@ -132,13 +133,15 @@ def _tiny(
     return _TinyResult(value, Provenance.of(model_info(model), docs, "tiny", s, opts))
 
 
+TINY = Analysis("tiny", "a test analysis", _tiny, _TinySettings, _TinyResult, lambda r, s, d: ("tiny", r.summary()))
+ANALYSIS = TINY
+"""This module as an analysis's module (:data:`~lens_parallel.analyses.registry.MODULES` reads ``ANALYSIS``)."""
+
+
 def test_an_analysis_defined_here_appears_in_the_command_line(monkeypatch):
-    """Registering is all it takes: the subcommand, its options and its run come from the registry."""
-    monkeypatch.setitem(
-        ANALYSES,
-        "tiny",
-        Analysis("tiny", "a test analysis", _tiny, _TinySettings, _TinyResult, lambda r, s, d: ("tiny", r.summary())),
-    )
+    """A row in the table is all it takes: the subcommand, its options and its run come from the analysis; a module
+    whose analysis goes by another name than its row is refused in one line."""
+    monkeypatch.setitem(registry.MODULES, "tiny", __name__)
     monkeypatch.setattr(commands, "COMMANDS", commands._commands())
     spec = commands.parser_spec()
     assert "tiny" in spec["commands"]
@@ -147,8 +150,19 @@ def test_an_analysis_defined_here_appears_in_the_command_line(monkeypatch):
     args = cli.build_parser(spec).parse_args(["tiny", "--scale", "2"])
     inv = commands.Invocation("tiny", commands.COMMANDS["tiny"], args)
     assert inv.settings(_TinySettings) == _TinySettings(scale=2.0)
-    with pytest.raises(lp.LensParallelError, match="already registered"):
-        register_analysis(dataclasses.replace(ANALYSES["tiny"], function=lp.decompose))
+    monkeypatch.setitem(registry.MODULES, "small", __name__)
+    with pytest.raises(lp.LensParallelError, match=r"ANALYSIS is named 'tiny', listed as 'small'"):
+        analyses()
+
+
+def test_no_module_registers_itself_when_imported():
+    """The tables are written out: no registering call or decorator is left, and no package walk fills one."""
+    import pathlib
+    import re
+
+    source = "\n".join(p.read_text() for p in pathlib.Path(lp.__file__).parent.rglob("*.py"))
+    for name in ("register_analysis", "register_edit", "@serializable", "pkgutil", "walk_packages", "iter_modules"):
+        assert not re.search(rf"{re.escape(name)}\b", source), name
 
 
 # -- edits --------------------------------------------------------------------------------------------------------

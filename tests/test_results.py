@@ -7,6 +7,8 @@ import dataclasses
 import functools
 import json
 import re
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -17,7 +19,7 @@ import pytest
 import lens_parallel as lp
 from lens_parallel import paths
 from lens_parallel.glossary import define
-from lens_parallel.results import FORMAT_VERSION, load_result, qualified_name, result_classes, save_result
+from lens_parallel.results import FORMAT_VERSION, SAVED_TYPES, load_result, qualified_name, result_classes, save_result
 from lens_parallel.training.config import PRESETS
 
 from .conftest import get_model
@@ -81,12 +83,42 @@ FACTORIES = {
 
 
 def test_every_result_class_has_a_protocol_check():
-    import importlib
-    import pkgutil
-
-    for module in pkgutil.walk_packages(lp.__path__, "lens_parallel."):  # every result class registered, whatever
-        importlib.import_module(module.name)  # ran before this test in this process
     assert {cls.__name__ for cls in result_classes()} == set(FACTORIES)
+    assert {qualified_name(cls) for cls in result_classes()} <= set(SAVED_TYPES)
+
+
+FRESH_TABLES = """
+import dataclasses, json, sys
+import lens_parallel as lp
+from lens_parallel.analyses.registry import analyses
+from lens_parallel.edits import EDITS
+from lens_parallel.results import SAVED_TYPES, qualified_name, saved_class
+found = [saved_class(name, "here") for name in SAVED_TYPES]
+assert all(dataclasses.is_dataclass(c) and qualified_name(c) == n for c, n in zip(found, SAVED_TYPES))
+loaded = [lp.load_result(path) for path in sys.argv[1:]]
+print(json.dumps({"edits": sorted(EDITS), "analyses": sorted(analyses()), "saved": len(found),
+                  "results": [r.summary().to_json() for r in loaded]}))
+"""
+
+
+def test_every_table_is_complete_after_import_lens_parallel_alone(tmp_path):
+    """In a fresh interpreter that imported only lens_parallel: the edit kinds, the analyses and the saved types are
+    all there (no module registers itself when imported), each saved type resolves to its class, and results saved
+    here reopen, their modules imported by the names the files give."""
+    model = get_model("toy-gpt2")
+    docs = lp.token_blocks(model, "austen", n_docs=2, seq_len=16)
+    results = [lp.decompose(model, docs, progress=False), lp.evaluate(model, docs, lp.ZeroDiagonal(), progress=False)]
+    paths = [str(r.save(tmp_path / f"r{i}")) for i, r in enumerate(results)]
+    ran = subprocess.run([sys.executable, "-c", FRESH_TABLES, *paths], capture_output=True, text=True, check=False)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    got = json.loads(ran.stdout)
+    from lens_parallel.analyses.registry import analyses
+    from lens_parallel.edits import EDITS
+
+    assert got["edits"] == sorted(EDITS) and len(EDITS) == 8
+    assert got["analyses"] == sorted(analyses()) and len(got["analyses"]) == 7
+    assert got["saved"] == len(SAVED_TYPES)
+    assert got["results"] == [r.summary().to_json() for r in results]
 
 
 def _assert_same(a, b, where: str = "result") -> None:

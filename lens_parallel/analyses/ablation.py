@@ -26,12 +26,11 @@ from lens_parallel.losses import DocLosses
 from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.ablation import ablation_figure
-from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.results import Provenance, ResultMixin
 from lens_parallel.sweep import AblationJob, run_sweep
 from lens_parallel.validate import check_choice
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class AblationRun(ResultMixin):
     """Per-document NLL sums of the unedited model (``base_loss_sum [document]``) and of every job
@@ -118,7 +117,6 @@ class AblationRun(ResultMixin):
         return ablation_figure(self)
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class AblationSettings:
     """What an ablation run computes: how heads are removed (``ablation``: zero, mean, parallel-value,

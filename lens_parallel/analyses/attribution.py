@@ -67,7 +67,7 @@ from lens_parallel.losses import Unembedding, chunked_token_nll, scored_sums, un
 from lens_parallel.models import ModelInfo, head_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import attribution_figure
-from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
+from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame
 from lens_parallel.spaces import HEAD_SPACES, SPACES, value_parts, value_space
 from lens_parallel.stats import N_RESAMPLES, paired_bootstrap_ci
 from lens_parallel.store import Values, ValueSpec
@@ -81,7 +81,6 @@ from lens_parallel.validate import (
 )
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class AttributionResult(ResultMixin):
     """First-order edit estimates and exact scale derivatives, per document (nats, summed over its tokens).
@@ -295,7 +294,6 @@ def _reducer(
     return reduce
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class AttributionSettings:
     """What an attribution screen computes: the first-order estimate of ``ablation`` (at ``positions``) on ``layers``

@@ -37,7 +37,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.analyses.registry import Analysis, register_analysis
+from lens_parallel.analyses.registry import Analysis
 from lens_parallel.bridges import check_model
 from lens_parallel.choices import CompressionMode, ScoredPositions, Sublayer
 from lens_parallel.compression import SPEC_HELP, Compression, MethodLike, checked_compressed, compress, method_name
@@ -51,7 +51,7 @@ from lens_parallel.models import ModelInfo
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.paths import write_table
 from lens_parallel.plots.compression import compression_figure
-from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.results import Provenance, ResultMixin
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, Job, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import check_choice, check_eps, check_positive_int, literal_values
@@ -64,7 +64,6 @@ COLLECT_BYTES = 1 << 28
 """The hooks of each sublayer's output, in :data:`SUBLAYERS` order."""
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class CompressionResult(ResultMixin):
     """Per method, sublayer, layer and prompt: ``par`` = |e_par|/|delta|, ``perp`` = |e_perp|/|delta|, ``coef`` =
@@ -184,7 +183,6 @@ class CompressionResult(ResultMixin):
         return compression_figure(self, sublayer=sublayer, drop_ends=drop_ends)
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class CompressionSettings:
     """What compression error computes: each of ``method`` (specs such as ``int8``, ``int4-g128``, ``wanda-50%``,
@@ -534,17 +532,16 @@ def _method_table(result: CompressionResult, folder: Path) -> tuple[Path, ...]:
     return (folder / "compress_methods.csv",)
 
 
-register_analysis(
-    Analysis(
-        "compress",
-        "compression error along / across each layer's update",
-        compression_error,
-        CompressionSettings,
-        CompressionResult,
-        _printed,
-        data={"n_docs": 12},
-        sweep=True,
-        store="compress_store.jsonl",
-        files=_method_table,
-    )
+ANALYSIS = Analysis(
+    "compress",
+    "compression error along / across each layer's update",
+    compression_error,
+    CompressionSettings,
+    CompressionResult,
+    _printed,
+    data={"n_docs": 12},
+    sweep=True,
+    store="compress_store.jsonl",
+    files=_method_table,
 )
+"""This analysis, as :data:`~lens_parallel.analyses.registry.MODULES` finds it."""

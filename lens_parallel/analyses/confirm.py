@@ -28,13 +28,12 @@ from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.models import head_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.attribution import confirm_figure
-from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.results import Provenance, ResultMixin
 from lens_parallel.stats import paired_bootstrap_ci, ratio_of_sums_delta, spearman
 from lens_parallel.sweep import AblationJob, run_sweep
 from lens_parallel.validate import check_non_negative_int, check_positive_int
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class ConfirmResult(ResultMixin):
     """Estimate vs exact effect (nats/token) per confirmed head; ``chosen`` is ``top`` or ``random``.
@@ -116,7 +115,6 @@ def _linearity_note(ablation: str) -> str:
     return ABLATION_KINDS[ablation].linearity_note()
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class ConfirmSettings:
     """Which heads of a screen are run exactly: the ``top_k`` by |estimate| and ``n_random`` others drawn with

@@ -45,7 +45,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.analyses.registry import Analysis, register_analysis
+from lens_parallel.analyses.registry import Analysis
 from lens_parallel.bridges import check_model
 from lens_parallel.choices import Space
 from lens_parallel.distributed import TaskContext
@@ -61,7 +61,7 @@ from lens_parallel.hooks import (
 from lens_parallel.models import ModelInfo, layer_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.decompose import decomposition_figure
-from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
+from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame
 from lens_parallel.spaces import SPACE_NAMES, SPACES, check_spaces, residual_space, value_parts, value_space
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
@@ -70,7 +70,6 @@ from lens_parallel.validate import as_indices, as_tuple, check_eps
 _SUMS = ("n", "n_degenerate", "cos", "cos_sq", "par_frac", "perp_frac", "coef")
 
 
-@serializable
 @dataclass(frozen=True)
 class AlignmentTable:
     """Per-layer, per-unit means over positions t >= 1 for one space at one level.
@@ -132,7 +131,6 @@ class AlignmentTable:
         return df.astype({"head": "Int64", "kv_head": "Int64"})
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class DecompositionResult(ResultMixin):
     """Self-alignment statistics of every requested space; see :func:`decompose`.
@@ -322,7 +320,6 @@ class _AlignmentMetric(Metric[EditJob]):
         return [{f"{sp}|{level}": sums.cpu().numpy() for (sp, level), sums in acc.sums.items()}]
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class DecomposeSettings:
     """What a decomposition computes: the self-alignment statistics of every ``space`` (a list, or ``"all"``) on
@@ -430,13 +427,12 @@ def _printed(result: DecompositionResult, s: DecomposeSettings, display: None) -
     return f"{result.info.name}: means over layers and heads, positions t >= 1", shown.mean().round(4)
 
 
-register_analysis(
-    Analysis(
-        "decompose",
-        "self-alignment of head outputs and residual updates",
-        decompose,
-        DecomposeSettings,
-        DecompositionResult,
-        _printed,
-    )
+ANALYSIS = Analysis(
+    "decompose",
+    "self-alignment of head outputs and residual updates",
+    decompose,
+    DecomposeSettings,
+    DecompositionResult,
+    _printed,
 )
+"""This analysis, as :data:`~lens_parallel.analyses.registry.MODULES` finds it."""

@@ -40,7 +40,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.analyses.registry import Analysis, register_analysis
+from lens_parallel.analyses.registry import Analysis
 from lens_parallel.bridges import check_model
 from lens_parallel.choices import DiagonalLayout, HeadSpace
 from lens_parallel.distributed import TaskContext
@@ -57,7 +57,7 @@ from lens_parallel.hooks import (
 from lens_parallel.models import ModelInfo, head_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.diagonal import diagonal_figure, paper_diagonal_figure
-from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.results import Provenance, ResultMixin
 from lens_parallel.spaces import HEAD_SPACES, SPACES, check_spaces
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
@@ -70,7 +70,6 @@ from lens_parallel.validate import (
 )
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class DiagonalView(ResultMixin):
     """One head's empirical attention map on one document, the diagonal changes that reproduce a parallel-only
@@ -296,7 +295,6 @@ def _token_labels(model: TransformerBridge, tokens: Int[Tensor, " pos"]) -> tupl
     return tuple(f"{i}:{t!r}"[:24] for i, t in enumerate(text))
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class DiagonalSettings:
     """Which diagonal view: ``head`` of ``layer`` (both None: the head with the highest mean value-space
@@ -448,14 +446,13 @@ def _printed(result: DiagonalView, s: DiagonalSettings, display: None) -> tuple[
     return title, result.to_dataframe().head(12)
 
 
-register_analysis(
-    Analysis(
-        "diagonal",
-        "attention-diagonal form of parallel scaling for one head",
-        diagonal_view,
-        DiagonalSettings,
-        DiagonalView,
-        _printed,
-        data={"n_docs": 4},
-    )
+ANALYSIS = Analysis(
+    "diagonal",
+    "attention-diagonal form of parallel scaling for one head",
+    diagonal_view,
+    DiagonalSettings,
+    DiagonalView,
+    _printed,
+    data={"n_docs": 4},
 )
+"""This analysis, as :data:`~lens_parallel.analyses.registry.MODULES` finds it."""

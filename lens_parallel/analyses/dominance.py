@@ -57,7 +57,7 @@ from torch import Tensor
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.analyses.registry import Analysis, register_analysis
+from lens_parallel.analyses.registry import Analysis
 from lens_parallel.bridges import check_model
 from lens_parallel.choices import DominanceScale, MaskScale
 from lens_parallel.data import TokenBlocks, token_blocks
@@ -70,7 +70,7 @@ from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.models import ModelInfo, head_label, layer_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.dominance import dominance_figure
-from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.results import Provenance, ResultMixin
 from lens_parallel.stats import concentration
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, Metric, SweepPlan, run_rows, run_sweep
@@ -103,7 +103,6 @@ def _has_pattern(layer_type: str) -> bool:
     return LAYER_KINDS[layer_type].pattern
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class DominanceResult(ResultMixin):
     """Raw per-observation effects of every upstream head, and the measured joint controls.
@@ -671,7 +670,6 @@ def study_texts(model: TransformerBridge, *, seq_len: int = 32, seed: int = 0) -
     )
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class DominanceSettings:
     """What head dominance computes: for every pair (l, l+1) with l in ``upstream_layers`` (None: all but the last),
@@ -841,17 +839,16 @@ def _printed(result: DominanceResult, s: DominanceSettings, display: DominanceDi
     return title, shown.round(4)
 
 
-register_analysis(
-    Analysis(
-        "dominance",
-        "how strongly each upstream head drives the next layer's q/k/v",
-        head_dominance,
-        DominanceSettings,
-        DominanceResult,
-        _printed,
-        data={"texts": "study", "seq_len": 32, "n_docs": 4},
-        sweep=True,
-        store="dominance_store.jsonl",
-        display=DominanceDisplay,
-    )
+ANALYSIS = Analysis(
+    "dominance",
+    "how strongly each upstream head drives the next layer's q/k/v",
+    head_dominance,
+    DominanceSettings,
+    DominanceResult,
+    _printed,
+    data={"texts": "study", "seq_len": 32, "n_docs": 4},
+    sweep=True,
+    store="dominance_store.jsonl",
+    display=DominanceDisplay,
 )
+"""This analysis, as :data:`~lens_parallel.analyses.registry.MODULES` finds it."""

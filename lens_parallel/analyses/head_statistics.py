@@ -49,7 +49,7 @@ from lens_parallel.hooks import Reducer, head_layers
 from lens_parallel.models import ModelInfo
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots import sensitivity as plots
-from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
+from lens_parallel.results import Provenance, ResultMixin, head_frame
 from lens_parallel.spaces import value_parts
 from lens_parallel.stats import benjamini_hochberg, split_half_correlations
 from lens_parallel.store import Values, ValueSpec
@@ -60,7 +60,6 @@ STATISTICS: tuple[HeadStatistic, ...] = literal_values(HeadStatistic)
 """The four per-head statistics, in the authors' order."""
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class HeadStatistics(ResultMixin):
     """The four statistics per ``[layer, head]`` (``values`` is ``[statistic, layer, head]``, statistics in
@@ -173,7 +172,6 @@ class _StatisticsMetric(Metric[EditJob]):
         return reduce
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class HeadStatisticsSettings:
     """What :func:`head_statistics` computes: the statistics of ``ablation``'s change on ``layers`` (None: every layer;

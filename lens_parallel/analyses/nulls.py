@@ -55,7 +55,7 @@ from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.models import ModelInfo, model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.nulls import null_figure
-from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
+from lens_parallel.results import Provenance, ResultMixin, head_frame
 from lens_parallel.spaces import value_parts
 from lens_parallel.stats import N_RESAMPLES, bootstrap_mean_ci
 from lens_parallel.store import Values, ValueSpec
@@ -118,7 +118,6 @@ def reconstruction_error(model: TransformerBridge, documents: Documents, layers:
     return worst
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class NullResult(ResultMixin):
     """Per-document means over t >= 1, ``[doc, layer, head]``: cos_self, cos_null and (GQA) cos_across; ``null``
@@ -208,7 +207,6 @@ class NullResult(ResultMixin):
         return null_figure(self)
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class NullSettings:
     """What the null model computes: ``null`` (``sampled``, the paper's, seeded by ``seed``; or ``exact``),

@@ -1,16 +1,16 @@
-"""The analysis registry: each analysis module registers itself once (name, settings class, function, result,
-printer, and what its subcommand needs), and the command line, the package's exports and the contract tests read
-this registry (tuned-lens' "a subcommand is its options object", SAELens' ``register_*``).
+"""The analyses, written out: :data:`MODULES` names each analysis's module, whose ``ANALYSIS`` (an
+:class:`Analysis`: name, settings class, function, result, printer, and what its subcommand needs) the command line,
+the package's exports and the contract tests read (tuned-lens' "a subcommand is its options object"). Nothing
+registers itself when imported: :func:`analyses` imports the modules the table names.
 
-Adding an analysis: its module under ``lens_parallel/analyses/`` ending in a :func:`register_analysis` call, and its
-plot under ``lens_parallel/plots/``. :func:`analyses` imports every module of the package, so the new subcommand
-appears in ``lens-parallel`` (after ``python scripts/build_cli_spec.py``) and in ``tests/test_registries.py``.
+Adding an analysis: its module under ``lens_parallel/analyses/`` ending in its ``ANALYSIS``, its row in
+:data:`MODULES`, and its plot under ``lens_parallel/plots/``; the new subcommand appears in ``lens-parallel`` (after
+``python scripts/build_cli_spec.py``) and in ``tests/test_registries.py``.
 """
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,23 +62,25 @@ class Analysis:
     files: Callable[[Any, Path], tuple[Path, ...]] | None = None
 
 
-ANALYSES: dict[str, Analysis] = {}
-"""Every registered analysis by name (complete after :func:`analyses`)."""
-
-
-def register_analysis(analysis: Analysis) -> Analysis:
-    """Add ``analysis`` to the registry (a name may be registered once)."""
-    known = ANALYSES.get(analysis.name)
-    if known is not None and known.function is not analysis.function:
-        raise LensParallelError(f"analysis {analysis.name!r} is already registered by {known.function.__qualname__}")
-    ANALYSES[analysis.name] = analysis
-    return analysis
+MODULES: dict[str, str] = {
+    "checks": "lens_parallel.analyses.reliability",
+    "compress": "lens_parallel.analyses.compression",
+    "decompose": "lens_parallel.analyses.decompose",
+    "diagonal": "lens_parallel.analyses.diagonal",
+    "dominance": "lens_parallel.analyses.dominance",
+    "scale": "lens_parallel.analyses.scaling",
+    "sensitivity": "lens_parallel.analyses.sensitivity",
+}
+"""Every analysis with a subcommand, by name: the module whose ``ANALYSIS`` it is."""
 
 
 def analyses() -> dict[str, Analysis]:
-    """Every analysis: each module of :mod:`lens_parallel.analyses` imported (each registers itself)."""
-    import lens_parallel.analyses as package
-
-    for module in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{module.name}")
-    return dict(sorted(ANALYSES.items()))
+    """Every analysis of :data:`MODULES`, by name (its module imported on first use). Refused in one line where a
+    module's ``ANALYSIS`` goes by another name."""
+    found = {}
+    for name, module in MODULES.items():
+        analysis = importlib.import_module(module).ANALYSIS
+        if analysis.name != name:
+            raise LensParallelError(f"{module}.ANALYSIS is named {analysis.name!r}, listed as {name!r}")
+        found[name] = analysis
+    return found

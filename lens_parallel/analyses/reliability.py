@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel.analyses.nulls import NullResult, NullSettings, causal_null, gqa_alignment, is_grouped
-from lens_parallel.analyses.registry import Analysis, register_analysis
+from lens_parallel.analyses.registry import Analysis
 from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation, EditPositions, Null
 from lens_parallel.distributed import check_workers
@@ -35,7 +35,7 @@ from lens_parallel.hooks import softmax_layers
 from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.nulls import sanity_figure, split_half_figure
-from lens_parallel.results import Provenance, ResultMixin, head_frame, serializable
+from lens_parallel.results import Provenance, ResultMixin, head_frame
 from lens_parallel.stats import SPLIT_HALF_METHODS, split_half_correlations
 from lens_parallel.sweep import AblationJob, run_sweep
 from lens_parallel.validate import check_choice, check_non_negative_int
@@ -63,7 +63,6 @@ def verdict(r_delta: float) -> str:
     return "attenuated" if r_delta >= 0.3 else "unresolvable"
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class SplitHalfResult(ResultMixin):
     """Per-head values in each half, ``[half, layer, head]``: ``cos_self``, ``excess``, ``delta`` (nats/token).
@@ -133,7 +132,6 @@ class SplitHalfResult(ResultMixin):
         return split_half_figure(self)
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class SanitySettings:
     """What the sanity checks compute: the causal null (``null``: ``sampled``, the paper's, or ``exact``) and the
@@ -245,7 +243,6 @@ def _split_half(
     )
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class SanityReport(ResultMixin):
     """The causal null (with GQA groups where there are several kv heads) and split-half reliability together.
@@ -341,17 +338,16 @@ def _printed(result: SanityReport, s: SanitySettings, display: None) -> tuple[st
     return title, result.summary().T.rename(columns={0: ""})
 
 
-register_analysis(
-    Analysis(
-        "checks",
-        "sanity checks: causal null, GQA groups, split-half reliability",
-        sanity_report,
-        SanitySettings,
-        SanityReport,
-        _printed,
-        data={"n_docs": 8},
-        sweep=True,
-        store="ablations.jsonl",
-        check_data=lambda data: check_documents(data.n_docs),
-    )
+ANALYSIS = Analysis(
+    "checks",
+    "sanity checks: causal null, GQA groups, split-half reliability",
+    sanity_report,
+    SanitySettings,
+    SanityReport,
+    _printed,
+    data={"n_docs": 8},
+    sweep=True,
+    store="ablations.jsonl",
+    check_data=lambda data: check_documents(data.n_docs),
 )
+"""This analysis, as :data:`~lens_parallel.analyses.registry.MODULES` finds it."""

@@ -22,7 +22,7 @@ import torch
 from transformer_lens.model_bridge import TransformerBridge
 
 from lens_parallel import geometry
-from lens_parallel.analyses.registry import Analysis, register_analysis
+from lens_parallel.analyses.registry import Analysis
 from lens_parallel.bridges import check_model
 from lens_parallel.choices import EditPositions, HeadsAll, ReferenceGuard, ScaleMetric, Space, ValueSite
 from lens_parallel.documents import Documents, DocumentsLike, TextWindows
@@ -33,7 +33,7 @@ from lens_parallel.losses import DocLosses, EditEffect, edit_effect
 from lens_parallel.models import ModelInfo
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.scaling import scaling_figure
-from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.results import Provenance, ResultMixin
 from lens_parallel.spaces import SPACES, check_spaces
 from lens_parallel.stats import N_RESAMPLES
 from lens_parallel.sweep import EditJob, SweepRun, run_sweep
@@ -52,7 +52,6 @@ DEFAULT_S_PAR = (-1.0, -0.5, 0.0, 0.5, 1.5, 2.0, 3.0)
 DEFAULT_S_PERP = (0.0, 0.25, 0.5, 0.75, 1.5)
 
 
-@serializable
 @dataclass(frozen=True)
 class SweepPoint:
     """One setting: ``vary`` is "s_par" or "s_perp" (the other scale is 1); ``layer`` is None for all layers."""
@@ -65,7 +64,6 @@ class SweepPoint:
     effect: EditEffect
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class ScalingResult(ResultMixin):
     """Edited-minus-no-op loss and perplexity for every (space, setting[, layer]): per scored token, or with
@@ -141,7 +139,6 @@ class ScalingResult(ResultMixin):
         return scaling_figure(self)
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class ScaleSettings:
     """What a scaling sweep computes: in each ``space``, s_par over ``s_par`` at s_perp = 1 and s_perp over
@@ -372,16 +369,15 @@ def _printed(result: ScalingResult, s: ScaleSettings, display: None) -> tuple[st
     return title, df[cols].round(4).set_index("space")
 
 
-register_analysis(
-    Analysis(
-        "scale",
-        "loss when parallel / perpendicular parts are rescaled",
-        scale_sweep,
-        ScaleSettings,
-        ScalingResult,
-        _printed,
-        sweep=True,
-        store="scale_store.jsonl",
-        whole_texts=lambda s: s.metric == "word_perplexity",
-    )
+ANALYSIS = Analysis(
+    "scale",
+    "loss when parallel / perpendicular parts are rescaled",
+    scale_sweep,
+    ScaleSettings,
+    ScalingResult,
+    _printed,
+    sweep=True,
+    store="scale_store.jsonl",
+    whole_texts=lambda s: s.metric == "word_perplexity",
 )
+"""This analysis, as :data:`~lens_parallel.analyses.registry.MODULES` finds it."""

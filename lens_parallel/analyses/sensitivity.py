@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from transformer_lens.model_bridge import TransformerBridge
 
-from lens_parallel.analyses.registry import Analysis, register_analysis
+from lens_parallel.analyses.registry import Analysis
 from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation, EditPositions, SignFlipWeights
 from lens_parallel.documents import Documents, DocumentsLike
@@ -26,13 +26,12 @@ from lens_parallel.losses import DocLosses, edit_effect
 from lens_parallel.models import head_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.sensitivity import sensitivity_figure
-from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame, serializable
+from lens_parallel.results import Provenance, ResultMixin, head_frame, layer_frame
 from lens_parallel.stats import N_RESAMPLES, benjamini_hochberg, sign_flip_pvalue
 from lens_parallel.sweep import AblationJob, run_sweep
 from lens_parallel.validate import as_indices, check_choice, check_non_negative_int, check_positive_int
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class SensitivityResult(ResultMixin):
     """``head_*`` arrays are ``[layer, head]`` (on a hybrid model as wide as the widest layer: a linear-attention
@@ -125,7 +124,6 @@ def _stats(base: DocLosses, edited: DocLosses, s: SensitivitySettings, label: st
     return effect.delta_loss, *effect.delta_loss_ci, p
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class SensitivitySettings:
     """What layer sensitivity computes: each head ablated alone and all heads of a layer jointly (``ablation``, at
@@ -237,16 +235,15 @@ def _printed(result: SensitivityResult, s: SensitivitySettings, display: None) -
     return title, joint[["label", "delta_loss", "ci_lo", "ci_hi", "p"]].round(4)
 
 
-register_analysis(
-    Analysis(
-        "sensitivity",
-        "per-head and joint ablation effects, layer by layer",
-        head_sensitivity,
-        SensitivitySettings,
-        SensitivityResult,
-        _printed,
-        data={"n_docs": 8},
-        sweep=True,
-        store="sensitivity_store.jsonl",
-    )
+ANALYSIS = Analysis(
+    "sensitivity",
+    "per-head and joint ablation effects, layer by layer",
+    head_sensitivity,
+    SensitivitySettings,
+    SensitivityResult,
+    _printed,
+    data={"n_docs": 8},
+    sweep=True,
+    store="sensitivity_store.jsonl",
 )
+"""This analysis, as :data:`~lens_parallel.analyses.registry.MODULES` finds it."""

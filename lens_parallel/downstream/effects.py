@@ -59,7 +59,7 @@ from lens_parallel.models import model_info, weights_digest
 from lens_parallel.options import RunOptions, refuse_renamed, resolve
 from lens_parallel.paths import check_writable
 from lens_parallel.plots.texts import html_page, texts_table
-from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.results import Provenance, ResultMixin
 from lens_parallel.sandbox import Fence, sandbox_fence
 from lens_parallel.stats import N_RESAMPLES, mean_of_means_ci
 from lens_parallel.tokenizers import hf_tokenizer
@@ -68,7 +68,6 @@ from lens_parallel.validate import check_choice
 # -- the result --------------------------------------------------------------------------------------------------
 
 
-@serializable
 @dataclass(frozen=True, repr=False, kw_only=True)
 class TaskResult(ResultMixin):
     """Per task, item and setting the scores of lm-eval's metrics; ``settings[0]`` is the unedited baseline.

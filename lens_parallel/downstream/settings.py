@@ -16,13 +16,11 @@ from lens_parallel.downstream.data import (
 )
 from lens_parallel.errors import LensParallelError
 from lens_parallel.models import model_info
-from lens_parallel.results import serializable
 from lens_parallel.stats import N_RESAMPLES
 from lens_parallel.tokenizers import hf_tokenizer
 from lens_parallel.validate import check_bool, check_non_negative_int, check_positive_int
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class TaskSettings:
     """How tasks are scored: ``num_fewshot`` (None: each task's shots from its preset, else lm-eval's default),

@@ -2,9 +2,9 @@
 
 This package holds the only hooks that change activations. An *intervention* is a sequence of edits, applied in
 order (an edit sees the activations earlier edits produced); :func:`apply_edits` attaches them within the model's
-own hook context (hooks never stay attached after an exception). Every built-in edit is registered in
-:data:`EDITS` under its kind and declares its :class:`Footprint` (the hooks it reads and writes, how it uses
-attention rows, whether it is defined at a decode step):
+own hook context (hooks never stay attached after an exception). Every built-in edit has a row in :data:`EDITS`
+under its kind (:mod:`~lens_parallel.edits.kinds`, a table written out) and declares its :class:`Footprint` (the
+hooks it reads and writes, how it uses attention rows, whether it is defined at a decode step):
 
 ====================  ===============================  ================================================
 kind                  class                            module
@@ -27,14 +27,13 @@ A TransformerLens user's own ``fwd_hooks`` list (``[(hook name or filter, fn), .
 is taken: :func:`as_edits` wraps it in :class:`~lens_parallel.edits.hooked.FwdHooks`, which follows the protocol as a
 user's own edit does (no footprint, not registered) and is recorded by hook point, function and source digest.
 
-Adding an edit: one module here defining a frozen dataclass deriving :class:`EditBase`, decorated with
-:func:`register_edit`, with ``hooks`` and ``footprint``; import it below.
+Adding an edit: one module here defining a frozen dataclass deriving :class:`EditBase`, with its ``kind``, ``hooks``
+and ``footprint``, and its row in :data:`~lens_parallel.edits.kinds.EDITS` (nothing registers itself).
 """
 
 from lens_parallel.attention import STEP_VALUES
 from lens_parallel.edits.base import (
     EDIT_POSITIONS,
-    EDITS,
     FIRST_INDEX,
     PATTERN_PATHS,
     PATTERN_USES,
@@ -42,7 +41,6 @@ from lens_parallel.edits.base import (
     UNEDITED,
     Edit,
     EditBase,
-    EditKind,
     Footprint,
     Heads,
     Intervention,
@@ -56,20 +54,18 @@ from lens_parallel.edits.base import (
     decode_safe,
     describe_edit,
     edit_footprint,
-    edit_kind,
     edit_layers,
     edit_noop,
-    explorer_edits,
     hook_roles,
     named_edits,
     noop,
-    register_edit,
 )
 from lens_parallel.edits.diagonal import DiagonalEdit, ZeroDiagonal
 from lens_parallel.edits.directions import RandomDirectionRemoval
 from lens_parallel.edits.gates import GatedRemoval, LearnedGate
 from lens_parallel.edits.heads import ABLATION_KINDS, ABLATIONS, LINEAR_ABLATIONS, AblationKind, HeadEdit
 from lens_parallel.edits.hooked import FwdHooks
+from lens_parallel.edits.kinds import EDITS, EditKind, edit_kind, explorer_edits
 from lens_parallel.edits.scaling import ComponentScale, stacked_hooks
 from lens_parallel.edits.wrappers import SkipFirstLayers
 
@@ -118,6 +114,5 @@ __all__ = [
     "hook_roles",
     "named_edits",
     "noop",
-    "register_edit",
     "stacked_hooks",
 ]

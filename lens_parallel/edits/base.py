@@ -1,9 +1,9 @@
 """What every edit shares: the :class:`Edit` protocol, the :class:`EditBase` of the built-in edits, what an edit
-declares about its forward (:class:`Footprint`), the edit registry and the helpers that compile edits to hooks.
+declares about its forward (:class:`Footprint`) and the helpers that compile edits to hooks.
 
-An edit is frozen data with ``hooks(model, info)``. A built-in edit derives from :class:`EditBase` and is registered
-with :func:`register_edit` under its kind (the name the command line's specs, the explorer's menu and the error
-messages use); a user-defined edit only needs ``hooks``.
+An edit is frozen data with ``hooks(model, info)``. A built-in edit derives from :class:`EditBase`, names its kind
+(``kind``: what the command line's specs, the explorer's menu and the error messages call it) and has a row in
+:data:`~lens_parallel.edits.kinds.EDITS`; a user-defined edit only needs ``hooks``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, cast, runtime_checkable
 
 import torch
 from jaxtyping import Bool, Float
@@ -29,7 +29,7 @@ from lens_parallel.edits.hooked import FwdHook, FwdHooks, is_fwd_hook
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.hooks import BLOCK_NAME, ROLE_HOOKS, Hook, check_indices
 from lens_parallel.models import ModelInfo, model_info
-from lens_parallel.validate import as_indices, check_choice, did_you_mean, literal_values
+from lens_parallel.validate import as_indices, check_choice, literal_values
 
 PatternUse = Literal["none", "diagonal", "rows"]
 """How an edit uses attention-pattern rows: not at all; only each row's diagonal A_tt and its row sum (what a
@@ -96,7 +96,8 @@ class Edit(Protocol):
 
 class EditBase:
     """The base of the built-in edits: the typed defaults of the optional parts of :class:`Edit` and the
-    declarations the engine reads. A subclass is a frozen dataclass registered with :func:`register_edit`.
+    declarations the engine reads. A subclass is a frozen dataclass with its ``kind`` and a row in
+    :data:`~lens_parallel.edits.kinds.EDITS`.
 
     Examples:
         >>> import lens_parallel as lp
@@ -105,7 +106,7 @@ class EditBase:
     """
 
     kind: ClassVar[str] = ""
-    """The edit's registered name (set by :func:`register_edit`)."""
+    """The edit's kind: its name in :data:`~lens_parallel.edits.kinds.EDITS` ("" for a user's own subclass)."""
 
     @property
     def layers(self) -> int | Sequence[int] | None:
@@ -142,54 +143,14 @@ class EditBase:
         raise NotImplementedError
 
 
-@dataclass(frozen=True)
-class EditKind:
-    """A registered edit: its name, class, a one-line summary, whether a command-line spec can build it (scalar
-    settings only) and the explorer's menu entries it provides (each a name and the settings it fixes)."""
-
-    name: str
-    cls: type[EditBase]
-    summary: str
-    spec: bool
-    explorer: Mapping[str, Mapping[str, Any]]
-
-
-EDITS: dict[str, EditKind] = {}
-"""Every registered edit kind, by name."""
-
-_E = TypeVar("_E", bound=type[EditBase])
-
-
-def register_edit(
-    name: str, summary: str, *, spec: bool = False, explorer: Mapping[str, Mapping[str, Any]] | None = None
-) -> Callable[[_E], _E]:
-    """Class decorator: register an edit class under ``name`` (the one list the CLI specs, the explorer's menu and
-    the error messages read)."""
-
-    def register(cls: _E) -> _E:
-        if name in EDITS and EDITS[name].cls is not cls:
-            raise LensParallelError(f"edit kind {name!r} is already registered by {EDITS[name].cls.__name__}")
-        cls.kind = name
-        EDITS[name] = EditKind(name, cls, summary, spec, dict(explorer or {}))
-        return cls
-
-    return register
-
-
-def explorer_edits() -> dict[str, tuple[EditKind, Mapping[str, Any]]]:
-    """The explorer's edit menu from the registry: each entry's name, its edit kind and the settings it fixes
-    (``scale`` first: the explorer's default)."""
-    menu = {entry: (kind, fixed) for kind in EDITS.values() for entry, fixed in kind.explorer.items()}
-    return dict(sorted(menu.items(), key=lambda item: item[0] != "scale"))
-
-
-def edit_kind(name: str) -> EditKind:
-    """The registered edit ``name``, or a :class:`LensParallelError` listing the registered ones."""
-    if name not in EDITS:
-        raise LensParallelError(
-            f"unknown edit kind {name!r}{did_you_mean(name, EDITS)}; registered: {', '.join(EDITS)}"
-        )
-    return EDITS[name]
+def _kinds_of(base: type[EditBase]) -> list[str]:
+    """The names of ``base``'s subclasses that name a kind (the built-in edits), at any depth."""
+    found, todo = [], list(base.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        todo += cls.__subclasses__()
+        found += [cls.__name__] if cls.kind else []
+    return found
 
 
 POSITIONS = literal_values(EditPositions)
@@ -412,7 +373,7 @@ def as_edits(edits: object, info: ModelInfo | None = None) -> tuple[Edit, ...]:
     if bad:
         raise LensParallelError(
             "an edit has a hooks(model, info) method (the Edit protocol: the built-in "
-            f"{', '.join(k.cls.__name__ for k in EDITS.values())}, or your own frozen dataclass), or is a "
+            f"{', '.join(_kinds_of(EditBase))}, or your own frozen dataclass), or is a "
             f"TransformerLens fwd_hooks list [(hook point or filter, fn), ...]; got {type(bad[0]).__name__}"
         )
     checked = cast(tuple[Edit, ...], tuple(found))

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import ClassVar
 
 import einops
 import torch
@@ -27,7 +28,6 @@ from lens_parallel.edits.base import (
     as_heads,
     check_positions,
     head_mask,
-    register_edit,
     store,
 )
 from lens_parallel.edits.scaling import (
@@ -54,23 +54,22 @@ from lens_parallel.spaces import SPACES, ValueParts
 from lens_parallel.validate import as_indices, check_choice, check_eps, check_finite
 
 
-@register_edit("diagonal-scale", "parallel-only scaling written as a change of the attention diagonal A_tt")
 @dataclass(frozen=True)
 class DiagonalEdit(LayerHeadEdit):
-    """Parallel-only scaling written as a change of the attention diagonal: A'_tt = A_tt + dA_tt.
+    """Parallel-only scaling written as a change of the attention diagonal: A"_tt = A_tt + dA_tt.
 
     value: dA_tt = (s_par - 1) (o_t . v_t) / |v_t|^2; value-exclude-self: (s_par - 1) (c_t . v_t) / |v_t|^2, with
     o_t = sum_s A_ts v_s and c_t = o_t - A_tt v_t from this forward. In those spaces the edited forward equals
     ``ComponentScale(space, s_par)`` exactly (up to float rounding). residual-attn (per head):
-    dA_tt = (s_par - 1) (m_t . x_t) / ((W_O v_t) . x_t) with m_t = o_t W_O[h]: it reproduces the head's update
+    dA_tt = (s_par - 1) (m_t . x_t) / ((W_O v_t) . x_t) with m_t = o_t W_O[h]: it reproduces the head"s update
     along x_t but adds a perpendicular change (a view, not an identity). Positions where the denominator is below
     ``eps`` (|v_t|^2, or |(W_O v_t) . x_t| relative to |W_O v_t| |x_t|) get dA_tt = 0. ``positions``: ``all`` or
     ``after-first`` (query position 0 untouched).
 
-    On a linear-attention layer (Qwen3.5's gated delta rule) the diagonal is a_tt = beta_t (k_t . q_t) and
+    On a linear-attention layer (Qwen3.5"s gated delta rule) the diagonal is a_tt = beta_t (k_t . q_t) and
     o_t = ... + a_tt v_t, so the same change da_tt v_t is added to o_t (hook_recurrence_out; the recurrent state
     does not read o): in value and value-exclude-self it equals ``ComponentScale(space, s_par)`` there too. Heads are
-    value heads there; residual-attn is refused on linear layers (a head's write passes its gated RMSNorm, so no
+    value heads there; residual-attn is refused on linear layers (a head"s write passes its gated RMSNorm, so no
     change of a_tt alone reproduces its scaling).
     Not decode-safe on a linear layer (:meth:`ComponentScale.footprint`).
 
@@ -81,6 +80,8 @@ class DiagonalEdit(LayerHeadEdit):
         >>> edit = lp.DiagonalEdit("value", s_par=0.0, layers=[1])  # the same removal, as a change of A_tt
         >>> losses = lp.document_losses(model, docs, edit, progress=False)
     """
+
+    kind: ClassVar[str] = "diagonal-scale"
 
     space: HeadSpace
     s_par: float = 0.0
@@ -176,23 +177,17 @@ class DiagonalEdit(LayerHeadEdit):
         )
 
 
-@register_edit(
-    "zero-diagonal",
-    "every head's attention to its own token set to 0, rows renormalised",
-    spec=True,
-    explorer={"zero-diagonal": {}},
-)
 @dataclass(frozen=True)
 class ZeroDiagonal(LayerHeadEdit):
-    """Hard diagonal removal (the directional-decomposition paper's comparison edit): every head's attention to
+    """Hard diagonal removal (the directional-decomposition paper"s comparison edit): every head"s attention to
     its own token is set to 0 and each row renormalised over the other positions,
-    A'_tt = 0, A'_ts = A_ts / (1 - A_tt) (:func:`lens_parallel.geometry.zero_diagonal`), on ``hook_pattern``.
-    On a linear-attention layer (Qwen3.5's gated delta rule) its self term is removed, o'_t = o_t - a_tt v_t
-    (a_tt = beta_t (k_t . q_t)), without renormalisation: the delta rule's weights are not a distribution, there is
+    A"_tt = 0, A"_ts = A_ts / (1 - A_tt) (:func:`lens_parallel.geometry.zero_diagonal`), on ``hook_pattern``.
+    On a linear-attention layer (Qwen3.5"s gated delta rule) its self term is removed, o"_t = o_t - a_tt v_t
+    (a_tt = beta_t (k_t . q_t)), without renormalisation: the delta rule"s weights are not a distribution, there is
     no row to renormalise (not decode-safe there: :meth:`ComponentScale.footprint`).
     Query position 0 is kept (its row has no other position); a row with 1 - A_tt < ``eps`` is left unchanged and
     counted in :attr:`unchanged_rows` (summed over the forwards run since the edit was made). ``layers``: default
-    every layer (the authors' models have softmax layers only); ``heads``: default every head (value heads on a
+    every layer (the authors" models have softmax layers only); ``heads``: default every head (value heads on a
     linear layer). No matched no-op: it is
     compared with the unedited model. Not to be confused with :class:`DiagonalEdit` (a scaling of A_tt).
 
@@ -202,6 +197,8 @@ class ZeroDiagonal(LayerHeadEdit):
         >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> losses = lp.document_losses(model, docs, lp.ZeroDiagonal(layers=[0, 1]), progress=False)
     """
+
+    kind: ClassVar[str] = "zero-diagonal"
 
     layers: int | Sequence[int] | None = None
     heads: Heads = None

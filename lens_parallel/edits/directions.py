@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import ClassVar
 
 import torch
 from jaxtyping import Float
@@ -20,7 +21,6 @@ from lens_parallel.edits.base import (
     LayerHeadEdit,
     as_heads,
     head_mask,
-    register_edit,
     store,
 )
 from lens_parallel.errors import LensParallelError
@@ -36,17 +36,11 @@ from lens_parallel.models import ModelInfo
 from lens_parallel.validate import as_indices, check_eps
 
 
-@register_edit(
-    "random-direction",
-    "rank-one removal from each head's output along a fixed random unit direction",
-    spec=True,
-    explorer={"random-direction": {"norm_matched": False}, "random-direction-norm-matched": {"norm_matched": True}},
-)
 @dataclass(frozen=True)
 class RandomDirectionRemoval(LayerHeadEdit):
     """The frozen-model random-direction control of value-parallel removal: the same rank-one removal from each
-    head's output ``hook_z``, along a fixed random unit direction u per layer and head instead of the head's own
-    value, z' = z - (z . u) u (:func:`lens_parallel.geometry.direction_removal`). Layer l's directions come from
+    head"s output ``hook_z``, along a fixed random unit direction u per layer and head instead of the head"s own
+    value, z" = z - (z . u) u (:func:`lens_parallel.geometry.direction_removal`). Layer l"s directions come from
     ``seed + l`` (:func:`lens_parallel.geometry.random_unit_directions`). ``norm_matched=True``: the removed vector
     along u has, position by position, the norm the own-direction removal ``ComponentScale("value", s_par=0)`` would
     remove, |z . v_t| / |v_t| (sign that of z . u), so "own direction vs arbitrary direction" compares directions
@@ -59,6 +53,8 @@ class RandomDirectionRemoval(LayerHeadEdit):
         >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> losses = lp.document_losses(model, docs, lp.RandomDirectionRemoval(seed=1, layers=[0]), progress=False)
     """
+
+    kind: ClassVar[str] = "random-direction"
 
     seed: int = 0
     norm_matched: bool = False

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from transformer_lens.model_bridge import TransformerBridge
 
@@ -15,29 +15,29 @@ from lens_parallel.edits.base import (
     edit_footprint,
     edit_layers,
     edit_noop,
-    register_edit,
 )
 from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import Hook, block_of
 from lens_parallel.models import ModelInfo
 
 
-@register_edit("skip-first-layers", "any edit with its first layers left alone")
 @dataclass(frozen=True)
 class SkipFirstLayers(EditBase):
     """Any edit (built-in or user-defined) with layers 0 .. ``n`` - 1 left alone: its hooks on those blocks are
     dropped, so they never fire and those layers compute exactly what the unedited model does. The
-    directional-decomposition paper edits every layer but the first (its code's ``xsa_skip_first_n = 1``). Not to
+    directional-decomposition paper edits every layer but the first (its code"s ``xsa_skip_first_n = 1``). Not to
     be confused with ``positions="after-first"``, which leaves token position 0 alone in every edited layer.
 
-    ``layers`` (what the engine resumes from) is the wrapped edit's, less the skipped ones; the matched no-op wraps
-    the wrapped edit's own (``noop`` is None when it has none: it is then compared with the unedited model).
+    ``layers`` (what the engine resumes from) is the wrapped edit"s, less the skipped ones; the matched no-op wraps
+    the wrapped edit"s own (``noop`` is None when it has none: it is then compared with the unedited model).
 
     Examples:
         >>> import lens_parallel as lp
         >>> lp.SkipFirstLayers(lp.ZeroDiagonal(), n=1).n
         1
     """
+
+    kind: ClassVar[str] = "skip-first-layers"
 
     edit: Edit
     n: int = 1

@@ -25,14 +25,13 @@ from lens_parallel.losses import unembedding
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.paths import check_writable
 from lens_parallel.plots.texts import html_page, shared_prefix, texts_table
-from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.results import Provenance, ResultMixin
 from lens_parallel.store import SweepStore, Values, ValueSpec
 from lens_parallel.sweep import model_fingerprint
 from lens_parallel.tokenizers import hf_tokenizer
 from lens_parallel.validate import check_bool, check_finite, check_non_negative_int, check_positive_int
 
 
-@serializable
 @dataclass(frozen=True, kw_only=True)
 class GenerateSettings:
     """How continuations are generated: at most ``max_new_tokens`` tokens, greedy or (``do_sample``) sampled at
@@ -79,7 +78,6 @@ class GenerateSettings:
         return Sampling(self.do_sample, float(self.temperature), float(self.top_p), self.seed)
 
 
-@serializable
 @dataclass(frozen=True, repr=False, kw_only=True)
 class GenerationResult(ResultMixin):
     """Each prompt's continuation under each setting (``settings[0]`` is the unedited model): ``texts[s][p]``,

@@ -36,7 +36,7 @@ from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.models import head_label
 from lens_parallel.options import RunOptions, resolve_options, split_changes
 from lens_parallel.plots.training import factorial_figure, gates_figure
-from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.results import Provenance, ResultMixin
 from lens_parallel.training.arms import check_arms
 from lens_parallel.training.config import PRESETS, TrainConfig
 from lens_parallel.training.loop import TrainRun, check_seed, runtime, train
@@ -317,7 +317,6 @@ def _freeze_plan(path: Path, plan: dict[str, Any], *, started: bool) -> str:
     return digest
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class FactorialResult(ResultMixin):
     """All runs of a factorial; ``to_dataframe()`` the final loss of every (arm, seed) with its paired delta to

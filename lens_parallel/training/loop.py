@@ -43,7 +43,7 @@ from lens_parallel.hooks import Hook, hook_name, run_to_final
 from lens_parallel.losses import chunked_token_nll, unembedding
 from lens_parallel.models import export_hf_model, load_model, model_info, wrap_hf_model
 from lens_parallel.plots.training import training_curves
-from lens_parallel.results import Provenance, ResultMixin, serializable
+from lens_parallel.results import Provenance, ResultMixin
 from lens_parallel.tokenizers import BUNDLED_TOKENIZERS, load_bundled_tokenizer, trained_bpe_folder
 from lens_parallel.training.arms import ArmParameters, check_arms
 from lens_parallel.training.config import TrainConfig
@@ -55,7 +55,6 @@ with this."""
 ARM_FILE = "lens_parallel_arm.pt"
 
 
-@serializable
 @dataclass(frozen=True, repr=False)
 class TrainRun(ResultMixin):
     """One finished run: validation loss (nats/token) at ``eval_steps``, training loss per step, learned gates.
