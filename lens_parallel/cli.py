@@ -23,14 +23,11 @@ import re
 import sys
 import typing
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from lens_parallel import __version__
+from lens_parallel.paths import SPEC_PATH
 from lens_parallel.validate import did_you_mean
-
-SPEC_PATH = Path(__file__).resolve().parent / "assets" / "cli_spec.json"
-"""The saved parser: :func:`lens_parallel.commands.write_spec` writes it, a test checks that it is current."""
 
 
 def _int_or_word(text: str) -> int | str:

@@ -48,10 +48,9 @@ from typing import Any, Literal, Union
 import pandas as pd
 
 from lens_parallel.choices import SensitivityMethod
-from lens_parallel.cli import SPEC_PATH
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, interrupt_message, one_line_interrupt
 from lens_parallel.options import RENAMED, DataOptions, RunOptions, resolve
-from lens_parallel.paths import add_suffix, check_writable, write_atomic, write_table
+from lens_parallel.paths import SPEC_PATH, add_suffix, check_writable, write_atomic, write_table
 from lens_parallel.protocols import PROTOCOLS
 from lens_parallel.validate import check_non_negative_int, literal_values
 
@@ -293,7 +292,8 @@ class Invocation:
 def parser_spec() -> dict[str, Any]:
     """The whole command line as data: per subcommand its help and options (:func:`field_arguments` of its
     :class:`DataOptions`, settings and :class:`RunOptions` fields, ``--protocol`` where a named protocol covers it,
-    ``--out``). :mod:`lens_parallel.cli` builds argparse from the saved copy (:data:`~lens_parallel.cli.SPEC_PATH`)."""
+    ``--out``). :mod:`lens_parallel.cli` builds argparse from the saved copy
+    (:data:`~lens_parallel.paths.SPEC_PATH`)."""
     commands: dict[str, Any] = {}
     for name, command in COMMANDS.items():
         arguments = []

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 ASSETS = Path(__file__).resolve().parent / "assets"
+SPEC_PATH = ASSETS / "cli_spec.json"
+"""The command line's saved spec: ``commands.write_spec`` writes it, ``cli.build_parser`` reads it."""
 STALE_AFTER_S = 24 * 3600
 """A scratch folder written by another host is taken as abandoned once it is this old (its pid cannot be checked)."""
 

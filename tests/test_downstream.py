@@ -667,7 +667,7 @@ def test_ruler_tasks_get_the_tokenizer_and_lengths_and_online_ones_are_refused_o
     metadata = dict(task_data.ruler_metadata(names, tokenizer, (1024, 2048)))
     assert metadata == {"tokenizer": tokenizer.name_or_path, "max_seq_lengths": (1024, 2048)}
     assert task_data.ruler_metadata(["piqa"], tokenizer, (4096,)) is None
-    monkeypatch.setattr("lens_parallel.downstream.offline.hub_offline", lambda: True)
+    monkeypatch.setattr(task_data, "hub_offline", lambda: True)
     with pytest.raises(EnvironmentFailure, match=r"niah_single_2 read .* hub, which cannot be reached; offline: niah_"):
         task_data.ruler_metadata(["niah_single_2", "piqa"], tokenizer, (4096,))
     with pytest.raises(LensParallelError, match="max_seq_lengths must be a positive integer"):

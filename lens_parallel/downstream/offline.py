@@ -5,7 +5,7 @@ Offline, ``datasets`` retries the hub for about a minute before failing with a t
 answers at once (``HF_HUB_OFFLINE``, else one connection attempt to the hub's endpoint with a short timeout), and
 while it says offline the task loading runs with the hub switched off
 (:func:`hub_offline_mode`: the ``datasets`` cache, else one error per task), so a task whose
-data cannot be reached is named at once, with its offline alternative where there is one (:func:`alternative`).
+data cannot be reached is named at once, with its offline alternative where there is one (``data.alternative``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from urllib.parse import urlparse
 
 from lens_parallel import compat
-from lens_parallel.downstream.data import LOCAL_TASKS
 
 HUB_TIMEOUT_S = 3.0
 """How long the one connection attempt to the hub may take before the hub counts as unreachable."""
@@ -55,30 +54,10 @@ def hub_offline() -> bool:
     return False
 
 
-def alternative(task: str) -> str | None:
-    """The offline task that stands in for lm-eval's ``task`` (the same task on the split that ships, or
-    :data:`STAND_INS`), None where there is none."""
-    if task in STAND_INS:
-        return STAND_INS[task]
-    return next((name for name, local in LOCAL_TASKS.items() if local.base == task and name != task), None)
-
-
 def why_missing(task: str) -> str:
     """Why ``task`` cannot run offline, in a few words."""
     family = task.split("_")[0]
     return NO_OFFLINE_SOURCE.get(family, "its data are on the Hugging Face hub and no offline copy ships")
-
-
-def unreachable_message(tasks: list[str]) -> str:
-    """One line naming the ``tasks`` whose data could not be reached offline, and the alternatives."""
-    pairs = [f"{t} -> {alt}" for t in tasks if (alt := alternative(t))]
-    none = [t for t in tasks if alternative(t) is None]
-    parts = [f"offline alternatives: {', '.join(pairs)}"] if pairs else []
-    parts += [f"none for {', '.join(none)}"] if none else []
-    return (
-        f"the Hugging Face hub cannot be reached and the data of {', '.join(tasks)} are not in the datasets cache; "
-        + "; ".join(parts)
-    )
 
 
 @contextlib.contextmanager

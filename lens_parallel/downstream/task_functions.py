@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lens_parallel import sandbox
+from lens_parallel.downstream.data import task_data_folder
 from lens_parallel.errors import LensParallelError
 
 __all__ = ["drop_docs", "humaneval_predictions", "mbpp_predictions", "pass_at_1"]
@@ -41,8 +42,6 @@ def pass_at_1(references: str | list[str], predictions: str | list[Any], **kwarg
 
 @functools.cache
 def _items() -> dict[str, dict[str, Any]]:
-    from lens_parallel.downstream.data import task_data_folder  # data names this module's functions
-
     folder = task_data_folder()
     found: dict[str, dict[str, Any]] = {}
     for doc in _read_jsonl(folder / "humaneval.jsonl"):
