@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import einops
 import numpy as np
@@ -43,7 +43,32 @@ from lens_parallel.validate import literal_values
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-    from lens_parallel.models import ModelInfo
+
+@runtime_checkable
+class ModelShape(Protocol):
+    """What a layer kind reads of a model (:class:`~lens_parallel.models.ModelInfo` is one): its name, its query and
+    key-value heads, the linear-attention layers' value and key heads, its output gate's role and each layer's kind.
+    Here, so that the layer kinds need nothing of the module that detects them."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def n_heads(self) -> int: ...
+
+    @property
+    def n_kv_heads(self) -> int: ...
+
+    @property
+    def n_linear_heads(self) -> int: ...
+
+    @property
+    def n_linear_key_heads(self) -> int: ...
+
+    @property
+    def gate_role(self) -> str: ...
+
+    def kind(self, layer: int) -> LayerKind: ...
 
 
 @dataclass(frozen=True)
@@ -116,15 +141,15 @@ class LayerKind:
         """Whether the layer has heads the per-head analyses read (the value spaces, head ablations, the nulls)."""
         return bool(self.unit)
 
-    def head_counts(self, info: ModelInfo) -> tuple[int, int, int]:
+    def head_counts(self, info: ModelShape) -> tuple[int, int, int]:
         """(query heads, key heads, value heads) of the layer's mixer; none on a mixer without heads."""
         return 0, 0, 0
 
-    def output_heads(self, info: ModelInfo) -> int:
+    def output_heads(self, info: ModelShape) -> int:
         """The heads whose outputs the layer's mixer projects and sums (one per value or query head); none here."""
         return 0
 
-    def key_group(self, info: ModelInfo) -> int:
+    def key_group(self, info: ModelShape) -> int:
         """Output heads per key head: head h reads key head h // key_group (1 where there are no heads)."""
         return 1
 
@@ -139,12 +164,12 @@ class LayerKind:
         """What one head's write to the residual is formed from; nothing on a mixer."""
         return ()
 
-    def value_roles(self, info: ModelInfo, *, diagonal: bool = False) -> tuple[str, ...]:
+    def value_roles(self, info: ModelShape, *, diagonal: bool = False) -> tuple[str, ...]:
         """The roles the value spaces read at a layer of this kind (:func:`lens_parallel.spaces.value_parts`), with
         what the self weight a_tt is formed from when ``diagonal``; a mixer has none."""
         raise LensParallelError(f"a {self.title} layer has no value spaces (no heads)")
 
-    def key_heads(self, info: ModelInfo) -> int:
+    def key_heads(self, info: ModelShape) -> int:
         """The key (kv) heads: what the GQA analyses group the output heads by."""
         heads = self.output_heads(info)
         return heads // self.key_group(info) if heads else 0
@@ -157,13 +182,13 @@ class LayerKind:
         ``update``, for the layer-level residual view)."""
         raise self._no_heads("mixing map")
 
-    def with_map(self, t: dict[str, Tensor], info: ModelInfo) -> dict[str, Tensor]:
+    def with_map(self, t: dict[str, Tensor], info: ModelShape) -> dict[str, Tensor]:
         """Captures ``t`` of :meth:`map_roles` with the map as ``pattern_full`` and the values as ``v`` (each per
         output head's own key group), so that every softmax-layer formula applies unchanged."""
         raise self._no_heads("mixing map")
 
     def output_weights(
-        self, model: TransformerBridge, info: ModelInfo, layer: int
+        self, model: TransformerBridge, info: ModelShape, layer: int
     ) -> Float[Tensor, "head d_head d_model"]:
         """The output projection per head (a detached copy, materialised where accelerate offloaded it): head h
         writes its input times ``[h]`` to the residual."""
@@ -178,7 +203,9 @@ class LayerKind:
         """The map with the self weights removed, as ZeroDiagonal removes them here."""
         raise self._no_heads("mixing map")
 
-    def other_groups(self, t: dict[str, Tensor], info: ModelInfo) -> list[Float[Tensor, "batch pos head_index d_head"]]:
+    def other_groups(
+        self, t: dict[str, Tensor], info: ModelShape
+    ) -> list[Float[Tensor, "batch pos head_index d_head"]]:
         """Per output head, the value of the head at the same place in each other key group (rolled 1, 2, ...
         groups), from captures holding :meth:`value_roles`: the GQA alignment's contrast."""
         raise self._no_heads("key groups")
@@ -193,7 +220,7 @@ class LayerKind:
         """The role whose zeroing removes a head's write (a zero ablation's site); none here."""
         return ""
 
-    def attribution_roles(self, info: ModelInfo, *, zero: bool, residual: bool) -> tuple[list[str], list[str]]:
+    def attribution_roles(self, info: ModelShape, *, zero: bool, residual: bool) -> tuple[list[str], list[str]]:
         """What head attribution captures at a layer of this kind (forward) and whose loss gradient it needs
         (backward): for a ``zero`` ablation, for a ``residual`` space or ablation."""
         raise self._no_heads("head attribution")
@@ -208,13 +235,13 @@ class LayerKind:
 class SoftmaxAttention(LayerKind):
     """Softmax attention with per-head hooks: its heads are query heads, grouped under kv heads."""
 
-    def head_counts(self, info: ModelInfo) -> tuple[int, int, int]:
+    def head_counts(self, info: ModelShape) -> tuple[int, int, int]:
         return info.n_heads, info.n_kv_heads, info.n_kv_heads
 
-    def output_heads(self, info: ModelInfo) -> int:
+    def output_heads(self, info: ModelShape) -> int:
         return info.n_heads
 
-    def key_group(self, info: ModelInfo) -> int:
+    def key_group(self, info: ModelShape) -> int:
         """Query heads per kv head."""
         return info.n_heads // info.n_kv_heads
 
@@ -228,7 +255,7 @@ class SoftmaxAttention(LayerKind):
         """hook_z: head h writes z_h W_O[h]."""
         return ("z",)
 
-    def value_roles(self, info: ModelInfo, *, diagonal: bool = False) -> tuple[str, ...]:
+    def value_roles(self, info: ModelShape, *, diagonal: bool = False) -> tuple[str, ...]:
         """v and hook_z, with the gate input under gated attention (the pre-gate A v is hook_z / sigmoid(gate)) and
         the pattern's diagonal A_tt when ``diagonal``."""
         gate = (info.gate_role,) if info.gate_role else ()
@@ -238,12 +265,12 @@ class SoftmaxAttention(LayerKind):
         """resid_pre, v and the whole pattern (hook_attn_out too when ``update``)."""
         return ("resid_pre", "v", "pattern_full", *(("attn_out",) if update else ()))
 
-    def with_map(self, t: dict[str, Tensor], info: ModelInfo) -> dict[str, Tensor]:
+    def with_map(self, t: dict[str, Tensor], info: ModelShape) -> dict[str, Tensor]:
         """The pattern is the map."""
         return t
 
     def output_weights(
-        self, model: TransformerBridge, info: ModelInfo, layer: int
+        self, model: TransformerBridge, info: ModelShape, layer: int
     ) -> Float[Tensor, "head d_head d_model"]:
         """The bridge's W_O."""
         attn: Any = model.blocks[layer].attn
@@ -259,7 +286,9 @@ class SoftmaxAttention(LayerKind):
         """A_tt set to 0 and the rest of each row renormalised (:func:`lens_parallel.geometry.zero_diagonal`)."""
         return geometry.zero_diagonal(pattern)[0]
 
-    def other_groups(self, t: dict[str, Tensor], info: ModelInfo) -> list[Float[Tensor, "batch pos head_index d_head"]]:
+    def other_groups(
+        self, t: dict[str, Tensor], info: ModelShape
+    ) -> list[Float[Tensor, "batch pos head_index d_head"]]:
         """The kv heads rolled, each expanded to its query heads."""
         v = t["v"]
         return [geometry.expand_kv(torch.roll(v, shifts=s, dims=2), info.n_heads) for s in range(1, v.shape[2])]
@@ -274,7 +303,7 @@ class SoftmaxAttention(LayerKind):
         """hook_z."""
         return "z"
 
-    def attribution_roles(self, info: ModelInfo, *, zero: bool, residual: bool) -> tuple[list[str], list[str]]:
+    def attribution_roles(self, info: ModelShape, *, zero: bool, residual: bool) -> tuple[list[str], list[str]]:
         """hook_z and the value roles with the pattern's diagonal (resid_pre too for a residual space); the gradient
         at hook_z (and at hook_attn_out for a residual space)."""
         acts = list(dict.fromkeys(["z", *self.value_roles(info, diagonal=True)]))
@@ -285,13 +314,13 @@ class SoftmaxAttention(LayerKind):
 class LinearAttention(LayerKind):
     """Linear attention (the gated delta rule): its heads are value heads, grouped under query/key heads."""
 
-    def head_counts(self, info: ModelInfo) -> tuple[int, int, int]:
+    def head_counts(self, info: ModelShape) -> tuple[int, int, int]:
         return info.n_linear_key_heads, info.n_linear_key_heads, info.n_linear_heads
 
-    def output_heads(self, info: ModelInfo) -> int:
+    def output_heads(self, info: ModelShape) -> int:
         return info.n_linear_heads
 
-    def key_group(self, info: ModelInfo) -> int:
+    def key_group(self, info: ModelShape) -> int:
         """Value heads per query/key head."""
         return info.n_linear_heads // info.n_linear_key_heads
 
@@ -305,7 +334,7 @@ class LinearAttention(LayerKind):
         """The delta rule's output and the gate of its gated RMSNorm: head h writes u_h W_out[h]."""
         return ("lin_o", "lin_gate")
 
-    def value_roles(self, info: ModelInfo, *, diagonal: bool = False) -> tuple[str, ...]:
+    def value_roles(self, info: ModelShape, *, diagonal: bool = False) -> tuple[str, ...]:
         """v and o (hook_recurrence_out), with the queries, keys and beta of the self weight a_tt = beta_t (k_t . q_t)
         when ``diagonal``."""
         return ("lin_v", "lin_o", *(("lin_q", "lin_k", "lin_beta") if diagonal else ()))
@@ -314,12 +343,12 @@ class LinearAttention(LayerKind):
         """resid_pre and everything the mixing weights M are made of (no layer-level residual view here)."""
         return ("resid_pre", "lin_q", "lin_k", "lin_v", "lin_beta", "lin_decay")
 
-    def with_map(self, t: dict[str, Tensor], info: ModelInfo) -> dict[str, Tensor]:
+    def with_map(self, t: dict[str, Tensor], info: ModelShape) -> dict[str, Tensor]:
         """The mixing weights M (:func:`linear_mixing_weights`) and the value heads."""
         return {**t, "pattern_full": linear_mixing_weights(t, info.n_linear_heads), "v": t["lin_v"]}
 
     def output_weights(
-        self, model: TransformerBridge, info: ModelInfo, layer: int
+        self, model: TransformerBridge, info: ModelShape, layer: int
     ) -> Float[Tensor, "head d_head d_model"]:
         """The module's out_proj per value head, ``[head, d_v, d_model]``."""
         module: Any = compat.hf_module(model.blocks[layer].linear_attn)
@@ -335,7 +364,9 @@ class LinearAttention(LayerKind):
         """The self term a_tt v_t removed, nothing renormalised (M is not a distribution)."""
         return pattern - torch.diag_embed(geometry.self_weights(pattern))
 
-    def other_groups(self, t: dict[str, Tensor], info: ModelInfo) -> list[Float[Tensor, "batch pos head_index d_head"]]:
+    def other_groups(
+        self, t: dict[str, Tensor], info: ModelShape
+    ) -> list[Float[Tensor, "batch pos head_index d_head"]]:
         """The value heads rolled by whole key groups: v' the value head at the same place in the other group."""
         v, group = t["lin_v"], self.key_group(info)
         return [torch.roll(v, shifts=s * group, dims=2) for s in range(1, v.shape[2] // group)]
@@ -351,7 +382,7 @@ class LinearAttention(LayerKind):
         """The gate input of the gated RMSNorm (hook_gate_input): a zero gate writes 0."""
         return "lin_gate"
 
-    def attribution_roles(self, info: ModelInfo, *, zero: bool, residual: bool) -> tuple[list[str], list[str]]:
+    def attribution_roles(self, info: ModelShape, *, zero: bool, residual: bool) -> tuple[list[str], list[str]]:
         """The value roles with the self weight's queries, keys and beta, the gate input where a zero ablation acts
         on it or a head's write is formed (a residual space), resid_pre for a residual space; the gradient at o
         (hook_recurrence_out), at the gate input for ``zero``, at the block's output for a residual space."""
