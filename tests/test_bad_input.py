@@ -9,8 +9,9 @@ import json
 import pytest
 
 import lens_parallel as lp
-from lens_parallel import LensParallelError, hooks
+from lens_parallel import LensParallelError
 from lens_parallel.data import check_texts, read_text_file
+from lens_parallel.hooks import running
 from lens_parallel.options import resolve
 from lens_parallel.plots import save_figure
 from lens_parallel.sweep import AblationJob, run_sweep
@@ -25,7 +26,7 @@ def no_forward(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("a forward ran before the bad input was refused")
 
-    monkeypatch.setattr(hooks, "_run", forbidden)
+    monkeypatch.setattr(running, "_run", forbidden)
 
 
 @pytest.fixture

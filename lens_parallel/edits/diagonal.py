@@ -56,20 +56,20 @@ from lens_parallel.validate import as_indices, check_choice, check_eps, check_fi
 
 @dataclass(frozen=True)
 class DiagonalEdit(LayerHeadEdit):
-    """Parallel-only scaling written as a change of the attention diagonal: A"_tt = A_tt + dA_tt.
+    """Parallel-only scaling written as a change of the attention diagonal: A'_tt = A_tt + dA_tt.
 
     value: dA_tt = (s_par - 1) (o_t . v_t) / |v_t|^2; value-exclude-self: (s_par - 1) (c_t . v_t) / |v_t|^2, with
     o_t = sum_s A_ts v_s and c_t = o_t - A_tt v_t from this forward. In those spaces the edited forward equals
     ``ComponentScale(space, s_par)`` exactly (up to float rounding). residual-attn (per head):
-    dA_tt = (s_par - 1) (m_t . x_t) / ((W_O v_t) . x_t) with m_t = o_t W_O[h]: it reproduces the head"s update
+    dA_tt = (s_par - 1) (m_t . x_t) / ((W_O v_t) . x_t) with m_t = o_t W_O[h]: it reproduces the head's update
     along x_t but adds a perpendicular change (a view, not an identity). Positions where the denominator is below
     ``eps`` (|v_t|^2, or |(W_O v_t) . x_t| relative to |W_O v_t| |x_t|) get dA_tt = 0. ``positions``: ``all`` or
     ``after-first`` (query position 0 untouched).
 
-    On a linear-attention layer (Qwen3.5"s gated delta rule) the diagonal is a_tt = beta_t (k_t . q_t) and
+    On a linear-attention layer (Qwen3.5's gated delta rule) the diagonal is a_tt = beta_t (k_t . q_t) and
     o_t = ... + a_tt v_t, so the same change da_tt v_t is added to o_t (hook_recurrence_out; the recurrent state
     does not read o): in value and value-exclude-self it equals ``ComponentScale(space, s_par)`` there too. Heads are
-    value heads there; residual-attn is refused on linear layers (a head"s write passes its gated RMSNorm, so no
+    value heads there; residual-attn is refused on linear layers (a head's write passes its gated RMSNorm, so no
     change of a_tt alone reproduces its scaling).
     Not decode-safe on a linear layer (:meth:`ComponentScale.footprint`).
 
@@ -179,15 +179,15 @@ class DiagonalEdit(LayerHeadEdit):
 
 @dataclass(frozen=True)
 class ZeroDiagonal(LayerHeadEdit):
-    """Hard diagonal removal (the directional-decomposition paper"s comparison edit): every head"s attention to
+    """Hard diagonal removal (the directional-decomposition paper's comparison edit): every head's attention to
     its own token is set to 0 and each row renormalised over the other positions,
-    A"_tt = 0, A"_ts = A_ts / (1 - A_tt) (:func:`lens_parallel.geometry.zero_diagonal`), on ``hook_pattern``.
-    On a linear-attention layer (Qwen3.5"s gated delta rule) its self term is removed, o"_t = o_t - a_tt v_t
-    (a_tt = beta_t (k_t . q_t)), without renormalisation: the delta rule"s weights are not a distribution, there is
+    A'_tt = 0, A'_ts = A_ts / (1 - A_tt) (:func:`lens_parallel.geometry.zero_diagonal`), on ``hook_pattern``.
+    On a linear-attention layer (Qwen3.5's gated delta rule) its self term is removed, o'_t = o_t - a_tt v_t
+    (a_tt = beta_t (k_t . q_t)), without renormalisation: the delta rule's weights are not a distribution, there is
     no row to renormalise (not decode-safe there: :meth:`ComponentScale.footprint`).
     Query position 0 is kept (its row has no other position); a row with 1 - A_tt < ``eps`` is left unchanged and
     counted in :attr:`unchanged_rows` (summed over the forwards run since the edit was made). ``layers``: default
-    every layer (the authors" models have softmax layers only); ``heads``: default every head (value heads on a
+    every layer (the authors' models have softmax layers only); ``heads``: default every head (value heads on a
     linear layer). No matched no-op: it is
     compared with the unedited model. Not to be confused with :class:`DiagonalEdit` (a scaling of A_tt).
 

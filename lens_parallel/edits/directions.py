@@ -39,8 +39,8 @@ from lens_parallel.validate import as_indices, check_eps
 @dataclass(frozen=True)
 class RandomDirectionRemoval(LayerHeadEdit):
     """The frozen-model random-direction control of value-parallel removal: the same rank-one removal from each
-    head"s output ``hook_z``, along a fixed random unit direction u per layer and head instead of the head"s own
-    value, z" = z - (z . u) u (:func:`lens_parallel.geometry.direction_removal`). Layer l"s directions come from
+    head's output ``hook_z``, along a fixed random unit direction u per layer and head instead of the head's own
+    value, z' = z - (z . u) u (:func:`lens_parallel.geometry.direction_removal`). Layer l's directions come from
     ``seed + l`` (:func:`lens_parallel.geometry.random_unit_directions`). ``norm_matched=True``: the removed vector
     along u has, position by position, the norm the own-direction removal ``ComponentScale("value", s_par=0)`` would
     remove, |z . v_t| / |v_t| (sign that of z . u), so "own direction vs arbitrary direction" compares directions

@@ -35,11 +35,11 @@ from lens_parallel.validate import check_choice, check_eps
 
 @dataclass(frozen=True, eq=False)
 class GatedRemoval(EditBase):
-    """Remove a gated rank-one component from every head"s value aggregate (XSA and its controls), on hook_z:
+    """Remove a gated rank-one component from every head's value aggregate (XSA and its controls), on hook_z:
 
-        z"_t = y_t - g (y_t . u_t / |u_t|^2) u_t,   i.e. ``ComponentScale("value")`` with s_par = 1 - g along u_t.
+        z'_t = y_t - g (y_t . u_t / |u_t|^2) u_t,   i.e. ``ComponentScale("value")`` with s_par = 1 - g along u_t.
 
-    ``directions=None``: u_t = v_t, the head"s own value at t (self-attention removal, XSA); a tensor
+    ``directions=None``: u_t = v_t, the head's own value at t (self-attention removal, XSA); a tensor
     ``[layer, head_index, d_head]``: a fixed direction per layer and head (the random-direction control).
     ``alpha=None``: g = 1 (fixed removal); a tensor ``[layer, head_index]``: g = tanh(alpha), learnable
     (``alpha = 0`` gives g = 0, and the edited forward equals the unedited one bit for bit), or with
@@ -51,7 +51,7 @@ class GatedRemoval(EditBase):
         >>> import torch
         >>> gate = lp.GatedRemoval(alpha=torch.zeros(3, 4))  # one gate per layer and head
         >>> gate.bound
-        "tanh"
+        'tanh'
     """
 
     kind: ClassVar[str] = "gated-removal"
@@ -100,9 +100,9 @@ class GatedRemoval(EditBase):
 class LearnedGate(EditBase):
     """Value-space parallel scaling with a learned per-token scale (the gating control):
 
-        z"_t = y_t + (s_t - 1) y_par,   s_t = sigmoid(w_h . x_t + b_h),   y_par = projection of y_t on v_t,
+        z'_t = y_t + (s_t - 1) y_par,   s_t = sigmoid(w_h . x_t + b_h),   y_par = projection of y_t on v_t,
 
-    with x_t the block"s residual input (hook_resid_pre) and one (w_h, b_h) per layer and query head:
+    with x_t the block's residual input (hook_resid_pre) and one (w_h, b_h) per layer and query head:
     ``weight [layer, head_index, d_model]``, ``bias [layer, head_index]``. Every softmax-attention layer is edited.
 
     Examples:

@@ -142,20 +142,20 @@ softmax-layer activation): :attr:`lens_parallel.layers.LinearAttention.ablations
 
 @dataclass(frozen=True, eq=False)
 class HeadEdit(EditBase):
-    """Remove heads" contribution at one layer, in one of four ways (``kind``):
+    """Remove heads' contribution at one layer, in one of four ways (``kind``):
 
-    - ``zero``: z_h = 0 (hook_z). On a linear-attention layer (Qwen3.5"s gated delta rule) the head"s gate input
-      is zeroed (hook_gate_input): its gated-norm output ``norm(o_h) * silu(0)`` is exactly 0, i.e. the head"s
-      slice of the output projection"s input, so its projected output is removed (heads = value heads there);
+    - ``zero``: z_h = 0 (hook_z). On a linear-attention layer (Qwen3.5's gated delta rule) the head's gate input
+      is zeroed (hook_gate_input): its gated-norm output ``norm(o_h) * silu(0)`` is exactly 0, i.e. the head's
+      slice of the output projection's input, so its projected output is removed (heads = value heads there);
     - ``mean``: z_h = ``means[h]``, a fixed mean of hook_z (``[head_index, d_head]``, e.g. over a data set);
     - ``parallel-value``: ``ComponentScale("value", s_par=0)`` on those heads;
-    - ``parallel-residual``: ``ComponentScale("residual-attn", s_par=0)`` on those heads" own writes.
+    - ``parallel-residual``: ``ComponentScale("residual-attn", s_par=0)`` on those heads' own writes.
 
     ``heads`` is a tuple of heads (every batch row) or a bool mask ``[batch, head_index]`` giving each row its own head
     set, which lets the ablation engine run many edits in one forward. On linear-attention layers ``zero``,
-    ``parallel-value`` (o_t"s part along v_t removed) and ``parallel-residual`` (the head"s write u_h W_out[h] along x_t
+    ``parallel-value`` (o_t's part along v_t removed) and ``parallel-residual`` (the head's write u_h W_out[h] along x_t
     removed) are defined, on value heads (:data:`LINEAR_ABLATIONS`); ``mean`` is refused there. ``positions``: ``all``
-    or ``after-first`` (position 0 untouched, as the sanity-checks paper"s frozen single-head interventions).
+    or ``after-first`` (position 0 untouched, as the sanity-checks paper's frozen single-head interventions).
 
     Examples:
         >>> import lens_parallel as lp

@@ -63,34 +63,34 @@ class ComponentScale(LayerHeadEdit):
     """Scale the parallel and perpendicular parts of a message in one space.
 
     Args:
-        space: ``value`` (m = hook_z, r = v_t), ``value-exclude-self`` (o" = d_t + s_par c_par + s_perp c_perp),
-            ``value-merged`` (m = concat_h o_h, r = concat_h v_t^h: one projection over every head"s dimensions),
-            ``residual-attn`` (m = hook_attn_out, or with ``heads`` each head"s z_h W_O[h], r = resid_pre),
+        space: ``value`` (m = hook_z, r = v_t), ``value-exclude-self`` (o' = d_t + s_par c_par + s_perp c_perp),
+            ``value-merged`` (m = concat_h o_h, r = concat_h v_t^h: one projection over every head's dimensions),
+            ``residual-attn`` (m = hook_attn_out, or with ``heads`` each head's z_h W_O[h], r = resid_pre),
             ``residual-mlp`` (m = hook_mlp_out, r = resid_mid, or resid_pre for parallel attn/MLP blocks),
             ``residual-block`` (m = resid_post - resid_pre, r = resid_pre).
         s_par, s_perp: scales of the parallel and perpendicular parts (finite).
         layers: layers to edit (default all).
         heads: query heads to edit; only for the value spaces and residual-attn. In the value spaces ``None`` (the
             default) and ``"all"`` both mean every head. In residual-attn, ``heads=None`` edits the whole sublayer
-            update (b_O included) against x_t, while a head list, or ``"all"``, edits each head"s own write
+            update (b_O included) against x_t, while a head list, or ``"all"``, edits each head's own write
             z_h W_O[h] against x_t (b_O untouched).
         eps: guard on |r|; with ``guard="exclude"`` positions below it scale as purely perpendicular.
         guard: ``exclude`` or ``clamp`` (|r|^2 floored at eps^2, every position projected: the
-            directional-decomposition paper"s reference clamp is ``guard="clamp", eps=1e-3``;
+            directional-decomposition paper's reference clamp is ``guard="clamp", eps=1e-3``;
             :data:`~lens_parallel.choices.ReferenceGuard`).
         positions: ``all`` or ``after-first`` (position 0 untouched; :data:`POSITIONS`).
         site: under gated attention (Qwen3.5), where the value spaces read the message
             (:data:`~lens_parallel.choices.ValueSite`): ``pre-gate`` o = A v (its change passed through the gate) or
-            ``post-gate`` z = sigmoid(gate) * o, the output projection"s input (exclude-self there removes the gated
+            ``post-gate`` z = sigmoid(gate) * o, the output projection's input (exclude-self there removes the gated
             self term sigmoid(gate) * A_tt v_t); refused on a model without a gate, where the two are one.
 
-    Linear-attention layers (Qwen3.5"s gated delta rule) are edited too, per value head (``heads`` index value heads
+    Linear-attention layers (Qwen3.5's gated delta rule) are edited too, per value head (``heads`` index value heads
     there): the value spaces scale o_t (hook_recurrence_out, before the gated RMSNorm) against v_t, exclude-self
     c_t = o_t - a_tt v_t with a_tt = beta_t (k_t . q_t) (:mod:`lens_parallel.spaces`); the recurrent state does not
-    read o, so the edited forward is exact. residual-attn scales the block"s linear-attention output, or each value
-    head"s write u_h W_out[h] (u_h the gated RMSNorm of o_h and its gate z_h); ``site="post-gate"`` is a softmax-layer
+    read o, so the edited forward is exact. residual-attn scales the block's linear-attention output, or each value
+    head's write u_h W_out[h] (u_h the gated RMSNorm of o_h and its gate z_h); ``site="post-gate"`` is a softmax-layer
     option. Such
-    edits are not decode-safe (a cached step runs Hugging Face"s own module, where these hooks never fire):
+    edits are not decode-safe (a cached step runs Hugging Face's own module, where these hooks never fire):
     generation recomputes the sequence at every step (:func:`lens_parallel.generate`).
 
     Examples:

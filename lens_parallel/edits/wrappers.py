@@ -25,11 +25,11 @@ from lens_parallel.models import ModelInfo
 class SkipFirstLayers(EditBase):
     """Any edit (built-in or user-defined) with layers 0 .. ``n`` - 1 left alone: its hooks on those blocks are
     dropped, so they never fire and those layers compute exactly what the unedited model does. The
-    directional-decomposition paper edits every layer but the first (its code"s ``xsa_skip_first_n = 1``). Not to
+    directional-decomposition paper edits every layer but the first (its code's ``xsa_skip_first_n = 1``). Not to
     be confused with ``positions="after-first"``, which leaves token position 0 alone in every edited layer.
 
-    ``layers`` (what the engine resumes from) is the wrapped edit"s, less the skipped ones; the matched no-op wraps
-    the wrapped edit"s own (``noop`` is None when it has none: it is then compared with the unedited model).
+    ``layers`` (what the engine resumes from) is the wrapped edit's, less the skipped ones; the matched no-op wraps
+    the wrapped edit's own (``noop`` is None when it has none: it is then compared with the unedited model).
 
     Examples:
         >>> import lens_parallel as lp
