@@ -486,7 +486,6 @@ def compress(
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> small = lp.compress(model, "int8")
         >>> small is model
         False

@@ -56,7 +56,6 @@ class Documents:
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> batch = model.tokenizer(["The cat sat.", "A dog ran far away."], padding=True, return_tensors="pt")
         >>> lp.Documents.of(batch, model).lengths.tolist()  # the padding dropped
         [5, 7]
@@ -513,7 +512,6 @@ def whole_documents(
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> whole = lp.whole_documents(model, ["First text, short.", "Second text, a little longer than the first."])
         >>> whole.lengths.tolist()  # the boundary token, then each text's tokens
         [6, 11]

@@ -110,7 +110,6 @@ class Explorer:
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> explorer = lp.Explorer(model, ["The cat sat on the mat.", "A dog ran home."])
         >>> explorer.update(layer=1, head=0).label
         'L1H0'

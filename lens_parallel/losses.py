@@ -40,7 +40,6 @@ class DocLosses:
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> losses = lp.document_losses(model, ["A short text.", "A longer text of a few more words."], progress=False)
         >>> losses.loss > 0
         True

@@ -80,7 +80,6 @@ class ModelReport(ResultMixin):
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
         >>> report = lp.run_battery(model, docs, progress=False)
         >>> isinstance(report, lp.ModelReport)
@@ -310,7 +309,6 @@ def run_battery(
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
         >>> report = lp.run_battery(model, docs, progress=False)
     """

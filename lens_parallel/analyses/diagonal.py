@@ -369,7 +369,6 @@ def diagonal_view(
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> view = lp.diagonal_view(model, "Echo the final code exactly once: AX7Q-19", layer=1, head=2, progress=False)
         >>> (view.layer, view.head)
         (1, 2)

@@ -655,7 +655,6 @@ def study_texts(model: TransformerBridge, *, seq_len: int = 32, seed: int = 0) -
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> blocks = lp.study_texts(model, seq_len=16)
         >>> blocks.tokens.shape[1]
         16

@@ -70,7 +70,6 @@ class SplitHalfResult(ResultMixin):
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
         >>> rel = lp.split_half_reliability(model, docs, progress=False)
         >>> fig = rel.figure()
@@ -176,7 +175,6 @@ def split_half_reliability(
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
         >>> rel = lp.split_half_reliability(model, docs, progress=False)
         >>> type(rel).__name__
@@ -250,7 +248,6 @@ class SanityReport(ResultMixin):
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
         >>> report = lp.sanity_report(model, docs, progress=False)
         >>> fig = report.figure()
@@ -312,7 +309,6 @@ def sanity_report(
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> docs = lp.token_blocks(model, "austen", n_docs=8, seq_len=16)
         >>> report = lp.sanity_report(model, docs, progress=False)
         >>> type(report).__name__

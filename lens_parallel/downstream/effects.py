@@ -84,7 +84,6 @@ class TaskResult(ResultMixin):
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> result = lp.task_effects(model, lp.ZeroDiagonal(layers=[0]), "quick", limit=2, progress=False)
         >>> "task" in result.to_dataframe().columns
         True
@@ -315,7 +314,6 @@ def task_effects(
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> result = lp.task_effects(model, lp.ZeroDiagonal(layers=[0]), "quick", limit=2, progress=False)
         >>> type(result).__name__
         'TaskResult'

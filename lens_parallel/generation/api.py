@@ -86,7 +86,6 @@ class GenerationResult(ResultMixin):
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> out = lp.generate(model, "Once upon a time", max_new_tokens=4, progress=False)
         >>> len(out.tokens[0][0]) <= 4
         True
@@ -275,7 +274,6 @@ def generate(
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> edit = lp.ZeroDiagonal(layers=[0])
         >>> out = lp.generate(model, ["The cat", "A dog"], edit, max_new_tokens=4, progress=False)
         >>> out.settings

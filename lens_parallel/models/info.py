@@ -30,7 +30,6 @@ class ModelInfo:
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> info = lp.model_info(model)
         >>> info.kind(0).name
         'softmax'
@@ -218,7 +217,6 @@ def model_info(model: TransformerBridge) -> ModelInfo:
     Examples:
         >>> import lens_parallel as lp
         >>> model = lp.load_model("toy-gpt2")
-        >>> docs = lp.token_blocks(model, "austen", n_docs=4, seq_len=16)
         >>> info = lp.model_info(model)
         >>> (info.n_layers, info.n_heads)
         (3, 4)
