@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import plotly.graph_objects as go
 
 from lens_parallel.plots.common import TEMPLATE, head_unit, layer_axis
 
-if TYPE_CHECKING:
-    from lens_parallel.analyses.ablation import AblationRun
+
+@runtime_checkable
+class AblationRun(Protocol):
+    """What these figures read of a :class:`~lens_parallel.analyses.ablation.AblationRun`."""
+
+    @property
+    def ablation(self) -> Any: ...
+
+    def delta(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    @property
+    def info(self) -> Any: ...
+
+    @property
+    def jobs(self) -> Any: ...
+
+    @property
+    def loss_sum(self) -> Any: ...
 
 
 def ablation_figure(run: AblationRun) -> go.Figure:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import plotly.graph_objects as go
@@ -12,9 +12,65 @@ from plotly.subplots import make_subplots
 from lens_parallel.models import head_label
 from lens_parallel.plots.common import head_unit, layer_ticks
 
-if TYPE_CHECKING:
-    from lens_parallel.analyses.attribution import AttributionResult
-    from lens_parallel.analyses.confirm import ConfirmResult
+
+@runtime_checkable
+class AttributionResult(Protocol):
+    """What these figures read of a :class:`~lens_parallel.analyses.attribution.AttributionResult`."""
+
+    @property
+    def ablation(self) -> Any: ...
+
+    @property
+    def d_s_par(self) -> Any: ...
+
+    @property
+    def d_s_perp(self) -> Any: ...
+
+    def head_estimate(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    @property
+    def info(self) -> Any: ...
+
+    @property
+    def layers(self) -> Any: ...
+
+    @property
+    def n_tokens(self) -> Any: ...
+
+
+@runtime_checkable
+class ConfirmResult(Protocol):
+    """What these figures read of a :class:`~lens_parallel.analyses.confirm.ConfirmResult`."""
+
+    @property
+    def ablation(self) -> Any: ...
+
+    @property
+    def chosen(self) -> Any: ...
+
+    @property
+    def estimate(self) -> Any: ...
+
+    @property
+    def exact(self) -> Any: ...
+
+    @property
+    def exact_hi(self) -> Any: ...
+
+    @property
+    def exact_lo(self) -> Any: ...
+
+    @property
+    def info(self) -> Any: ...
+
+    @property
+    def labels(self) -> Any: ...
+
+    @property
+    def pearson(self) -> Any: ...
+
+    @property
+    def spearman(self) -> Any: ...
 
 
 def _heatmap(values: np.ndarray, layers: Sequence[str], title: str, colorbar_x: float) -> go.Heatmap:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import plotly.graph_objects as go
@@ -11,8 +11,37 @@ from plotly.subplots import make_subplots
 from lens_parallel.errors import LensParallelError
 from lens_parallel.plots.common import TEMPLATE, layer_axis, line_with_band
 
-if TYPE_CHECKING:
-    from lens_parallel.analyses.compression import CompressionResult
+
+@runtime_checkable
+class CompressionResult(Protocol):
+    """What these figures read of a :class:`~lens_parallel.analyses.compression.CompressionResult`."""
+
+    @property
+    def delta_loss(self) -> Any: ...
+
+    @property
+    def info(self) -> Any: ...
+
+    @property
+    def layers(self) -> Any: ...
+
+    @property
+    def methods(self) -> Any: ...
+
+    @property
+    def mode(self) -> Any: ...
+
+    @property
+    def par(self) -> Any: ...
+
+    @property
+    def perp(self) -> Any: ...
+
+    @property
+    def positions(self) -> Any: ...
+
+    @property
+    def sublayers(self) -> Any: ...
 
 
 SUBLAYER_NAMES = {"attn": "attention", "mlp": "MLP", "block": "block"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import plotly.graph_objects as go
@@ -11,8 +11,40 @@ from plotly.subplots import make_subplots
 from lens_parallel.models import ModelInfo, head_label
 from lens_parallel.plots.common import TEMPLATE, band, head_unit, layer_axis, layer_ticks
 
-if TYPE_CHECKING:
-    from lens_parallel.analyses.decompose import AlignmentTable, DecompositionResult
+
+@runtime_checkable
+class AlignmentTable(Protocol):
+    """What these figures read of a :class:`~lens_parallel.analyses.decompose.AlignmentTable`."""
+
+    @property
+    def layers(self) -> Any: ...
+
+    @property
+    def par_coef(self) -> Any: ...
+
+    @property
+    def par_frac(self) -> Any: ...
+
+    @property
+    def perp_frac(self) -> Any: ...
+
+    @property
+    def self_cos(self) -> Any: ...
+
+
+@runtime_checkable
+class DecompositionResult(Protocol):
+    """What these figures read of a :class:`~lens_parallel.analyses.decompose.DecompositionResult`."""
+
+    @property
+    def info(self) -> Any: ...
+
+    @property
+    def provenance(self) -> Any: ...
+
+    @property
+    def tables(self) -> Any: ...
+
 
 COLORS = {"self_cos": "#1f77b4", "par_frac": "#d62728", "perp_frac": "#2ca02c"}
 LABELS = {"self_cos": "self-cosine cos(m, r)", "par_frac": "|m_par| / |m|", "perp_frac": "|m_perp| / |m|"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import plotly.graph_objects as go
@@ -13,8 +13,65 @@ from lens_parallel.models import head_label
 from lens_parallel.plots.common import TEMPLATE
 from lens_parallel.spaces import SPACES
 
-if TYPE_CHECKING:
-    from lens_parallel.analyses.diagonal import DiagonalView
+
+@runtime_checkable
+class DiagonalView(Protocol):
+    """What these figures read of a :class:`~lens_parallel.analyses.diagonal.DiagonalView`."""
+
+    @property
+    def da_max(self) -> Any: ...
+
+    @property
+    def da_mean(self) -> Any: ...
+
+    @property
+    def da_min(self) -> Any: ...
+
+    @property
+    def da_negative_share(self) -> Any: ...
+
+    @property
+    def doc(self) -> Any: ...
+
+    def edited(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    @property
+    def head(self) -> Any: ...
+
+    @property
+    def info(self) -> Any: ...
+
+    @property
+    def layer(self) -> Any: ...
+
+    @property
+    def layer_delta(self) -> Any: ...
+
+    def layer_edited(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    @property
+    def layer_par(self) -> Any: ...
+
+    @property
+    def layer_perp(self) -> Any: ...
+
+    @property
+    def pattern(self) -> Any: ...
+
+    @property
+    def residual_par(self) -> Any: ...
+
+    @property
+    def residual_perp(self) -> Any: ...
+
+    @property
+    def s_par(self) -> Any: ...
+
+    @property
+    def spaces(self) -> Any: ...
+
+    @property
+    def token_labels(self) -> Any: ...
 
 
 def _kind(view: DiagonalView) -> tuple[str, str, float]:

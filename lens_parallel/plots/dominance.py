@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -12,8 +12,24 @@ from plotly.subplots import make_subplots
 from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.plots.common import TEMPLATE, line_with_band
 
-if TYPE_CHECKING:
-    from lens_parallel.analyses.dominance import DominanceResult
+
+@runtime_checkable
+class DominanceResult(Protocol):
+    """What these figures read of a :class:`~lens_parallel.analyses.dominance.DominanceResult`."""
+
+    @property
+    def info(self) -> Any: ...
+
+    def joint_table(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    @property
+    def qkv(self) -> Any: ...
+
+    @property
+    def query_positions(self) -> Any: ...
+
+    def to_dataframe(self, *args: Any, **kwargs: Any) -> Any: ...
+
 
 SCALE_NAMES = {"qkv": "Q/K/V change", "js_distance": "sqrt(JS) of attention row"}
 SCALE_COLORS = {"qkv": "#1f77b4", "js_distance": "#ff7f0e"}

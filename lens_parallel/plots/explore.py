@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import plotly.graph_objects as go
@@ -16,8 +16,65 @@ from lens_parallel.layers import LAYER_KINDS, MixingMap
 from lens_parallel.models import head_label
 from lens_parallel.plots.common import TEMPLATE, head_unit, layer_axis
 
-if TYPE_CHECKING:
-    from lens_parallel.explore import View
+
+@runtime_checkable
+class View(Protocol):
+    """What these figures read of a :class:`~lens_parallel.explore.View`."""
+
+    @property
+    def all_heads(self) -> Any: ...
+
+    @property
+    def coef(self) -> Any: ...
+
+    @property
+    def diag(self) -> Any: ...
+
+    @property
+    def diag_edited(self) -> Any: ...
+
+    @property
+    def doc(self) -> Any: ...
+
+    @property
+    def edit(self) -> Any: ...
+
+    @property
+    def head(self) -> Any: ...
+
+    @property
+    def heatmap(self) -> Any: ...
+
+    @property
+    def label(self) -> Any: ...
+
+    @property
+    def layer(self) -> Any: ...
+
+    @property
+    def layer_types(self) -> Any: ...
+
+    @property
+    def loss_change(self) -> Any: ...
+
+    @property
+    def pattern(self) -> Any: ...
+
+    @property
+    def s_par(self) -> Any: ...
+
+    @property
+    def s_perp(self) -> Any: ...
+
+    @property
+    def seed(self) -> Any: ...
+
+    @property
+    def space(self) -> Any: ...
+
+    @property
+    def tokens(self) -> Any: ...
+
 
 SPACE_TITLES = {
     "value": "value space",

@@ -2,15 +2,47 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, runtime_checkable
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lens_parallel.plots.common import TEMPLATE
 
-if TYPE_CHECKING:
-    from lens_parallel.losses import EditEffect
+
+@runtime_checkable
+class EditEffect(Protocol):
+    """What these figures read of a :class:`~lens_parallel.losses.EditEffect`."""
+
+    @property
+    def delta_loss(self) -> Any: ...
+
+    @property
+    def delta_loss_ci(self) -> Any: ...
+
+    @property
+    def delta_ppl(self) -> Any: ...
+
+    @property
+    def delta_ppl_ci(self) -> Any: ...
+
+    @property
+    def info(self) -> Any: ...
+
+    @property
+    def loss_noop(self) -> Any: ...
+
+    @property
+    def n_docs(self) -> Any: ...
+
+    @property
+    def n_tokens(self) -> Any: ...
+
+    @property
+    def ppl_noop(self) -> Any: ...
+
+    @property
+    def provenance(self) -> Any: ...
 
 
 def edit_effect_figure(effect: EditEffect) -> go.Figure:

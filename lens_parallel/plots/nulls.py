@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import plotly.graph_objects as go
@@ -11,9 +11,58 @@ from plotly.subplots import make_subplots
 from lens_parallel.models import head_label
 from lens_parallel.plots.common import TEMPLATE, band, layer_axis
 
-if TYPE_CHECKING:
-    from lens_parallel.analyses.nulls import NullResult
-    from lens_parallel.analyses.reliability import SanityReport, SplitHalfResult
+
+@runtime_checkable
+class NullResult(Protocol):
+    """What these figures read of a :class:`~lens_parallel.analyses.nulls.NullResult`."""
+
+    @property
+    def cos_across(self) -> Any: ...
+
+    @property
+    def cos_self(self) -> Any: ...
+
+    def head_table(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    @property
+    def info(self) -> Any: ...
+
+    @property
+    def seed(self) -> Any: ...
+
+
+@runtime_checkable
+class SanityReport(Protocol):
+    """What these figures read of a :class:`~lens_parallel.analyses.reliability.SanityReport`."""
+
+    @property
+    def null(self) -> Any: ...
+
+    @property
+    def split_half(self) -> Any: ...
+
+
+@runtime_checkable
+class SplitHalfResult(Protocol):
+    """What these figures read of a :class:`~lens_parallel.analyses.reliability.SplitHalfResult`."""
+
+    @property
+    def ablation(self) -> Any: ...
+
+    def correlations(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    @property
+    def delta(self) -> Any: ...
+
+    @property
+    def excess(self) -> Any: ...
+
+    @property
+    def info(self) -> Any: ...
+
+    @property
+    def layers(self) -> Any: ...
+
 
 NULL_TITLES = ("self-cosine vs earlier-position null", "GQA: within- vs across-group excess")
 

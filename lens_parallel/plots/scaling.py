@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -12,8 +12,22 @@ from plotly.subplots import make_subplots
 from lens_parallel.models import layer_label
 from lens_parallel.plots.common import TEMPLATE
 
-if TYPE_CHECKING:
-    from lens_parallel.analyses.scaling import ScalingResult
+
+@runtime_checkable
+class ScalingResult(Protocol):
+    """What these figures read of a :class:`~lens_parallel.analyses.scaling.ScalingResult`."""
+
+    @property
+    def info(self) -> Any: ...
+
+    @property
+    def provenance(self) -> Any: ...
+
+    def to_dataframe(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    @property
+    def unit(self) -> Any: ...
+
 
 SPACE_COLORS = {
     "value": "#1f77b4",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -12,9 +12,54 @@ from plotly.subplots import make_subplots
 
 from lens_parallel.plots.common import TEMPLATE, head_unit, layer_axis
 
-if TYPE_CHECKING:
-    from lens_parallel.analyses.head_statistics import HeadStatistics
-    from lens_parallel.analyses.sensitivity import SensitivityResult
+
+@runtime_checkable
+class HeadStatistics(Protocol):
+    """What these figures read of a :class:`~lens_parallel.analyses.head_statistics.HeadStatistics`."""
+
+    @property
+    def ablation(self) -> Any: ...
+
+    @property
+    def info(self) -> Any: ...
+
+    @property
+    def layers(self) -> Any: ...
+
+    @property
+    def statistics(self) -> Any: ...
+
+    @property
+    def values(self) -> Any: ...
+
+
+@runtime_checkable
+class SensitivityResult(Protocol):
+    """What these figures read of a :class:`~lens_parallel.analyses.sensitivity.SensitivityResult`."""
+
+    @property
+    def ablation(self) -> Any: ...
+
+    @property
+    def head_delta(self) -> Any: ...
+
+    @property
+    def info(self) -> Any: ...
+
+    @property
+    def joint_delta(self) -> Any: ...
+
+    @property
+    def joint_hi(self) -> Any: ...
+
+    @property
+    def joint_lo(self) -> Any: ...
+
+    @property
+    def layers(self) -> Any: ...
+
+    @property
+    def loss_base(self) -> Any: ...
 
 
 def sensitivity_figure(result: SensitivityResult) -> go.Figure:

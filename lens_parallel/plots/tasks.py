@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, runtime_checkable
 
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from lens_parallel.plots.common import TEMPLATE
 
-if TYPE_CHECKING:
-    from lens_parallel.downstream.effects import TaskResult
+
+@runtime_checkable
+class TaskResult(Protocol):
+    """What these figures read of a :class:`~lens_parallel.downstream.effects.TaskResult`."""
+
+    def differences(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    @property
+    def info(self) -> Any: ...
+
+    @property
+    def provenance(self) -> Any: ...
+
+    def score_metrics(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    @property
+    def scores(self) -> Any: ...
+
+    @property
+    def settings(self) -> Any: ...
+
+    def shown_name(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 def _label(result: TaskResult, task: str, metric: str) -> str:
