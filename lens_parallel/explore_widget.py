@@ -16,7 +16,7 @@ import importlib.metadata
 import importlib.resources
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 import ipywidgets as w
 import plotly.graph_objects as go
@@ -26,8 +26,29 @@ from lens_parallel.errors import LibraryError
 from lens_parallel.plots.explore import setting_label
 from lens_parallel.spaces import HEAD_SPACES
 
-if TYPE_CHECKING:
-    from lens_parallel.explore import Explorer
+
+@runtime_checkable
+class Explorer(Protocol):
+    """What the widget reads of a :class:`~lens_parallel.explore.Explorer` (which opens the widget: the widget
+    never imports it)."""
+
+    @property
+    def documents(self) -> Any: ...
+
+    def figures(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def save_view(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    @property
+    def state(self) -> Any: ...
+
+    def update(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    @property
+    def view(self) -> Any: ...
+
 
 WIDTH = 560
 """Pixels per figure: two side by side fit a notebook's output area."""
