@@ -28,7 +28,7 @@ from lens_parallel.spaces import HEAD_SPACES
 
 
 @runtime_checkable
-class Explorer(Protocol):
+class ExplorerRead(Protocol):
     """What the widget reads of a :class:`~lens_parallel.explore.Explorer` (which opens the widget: the widget
     never imports it)."""
 
@@ -134,7 +134,7 @@ class ExplorerWidget:
     figures, a prompt and ``generate``: its continuation unedited and under the view's edit, side by side, the
     edited text marked from where it departs."""
 
-    def __init__(self, explorer: Explorer, *, save_to: str | Path = "explorer_views") -> None:
+    def __init__(self, explorer: ExplorerRead, *, save_to: str | Path = "explorer_views") -> None:
         self.explorer, self.save_to = explorer, Path(save_to)
         st = explorer.state
         figs = explorer.figures()

@@ -11,7 +11,7 @@ from lens_parallel.plots.common import TEMPLATE, head_unit, layer_axis
 
 
 @runtime_checkable
-class AblationRun(Protocol):
+class AblationRunRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.analyses.ablation.AblationRun`."""
 
     @property
@@ -29,7 +29,7 @@ class AblationRun(Protocol):
     def loss_sum(self) -> Any: ...
 
 
-def ablation_figure(run: AblationRun) -> go.Figure:
+def ablation_figure(run: AblationRunRead) -> go.Figure:
     """Single-head jobs only: a layer x head heatmap of Δ loss. Otherwise one bar per job. Δ loss is the
     token-weighted next-token loss change, ablated minus unedited (nats/token), over all documents."""
     delta = run.delta()

@@ -14,7 +14,7 @@ from lens_parallel.plots.common import head_unit, layer_ticks
 
 
 @runtime_checkable
-class AttributionResult(Protocol):
+class AttributionResultRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.analyses.attribution.AttributionResult`."""
 
     @property
@@ -39,7 +39,7 @@ class AttributionResult(Protocol):
 
 
 @runtime_checkable
-class ConfirmResult(Protocol):
+class ConfirmResultRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.analyses.confirm.ConfirmResult`."""
 
     @property
@@ -88,7 +88,7 @@ def _heatmap(values: np.ndarray, layers: Sequence[str], title: str, colorbar_x: 
     )
 
 
-def attribution_figure(result: AttributionResult) -> go.Figure:
+def attribution_figure(result: AttributionResultRead) -> go.Figure:
     """Three heatmaps (layer x head): the first-order estimate of the edit's effect (nats/token, positive = the
     loss rises), and dloss/ds_par and dloss/ds_perp at s = 1 in value space (nats/token per unit of scale;
     negative = turning the component up would lower the loss). Colour scales are symmetric around 0."""
@@ -114,7 +114,7 @@ def attribution_figure(result: AttributionResult) -> go.Figure:
     return fig
 
 
-def confirm_figure(result: ConfirmResult) -> go.Figure:
+def confirm_figure(result: ConfirmResultRead) -> go.Figure:
     """Estimated (first-order) vs exact effect of the edit for the confirmed heads; the dashed line is
     estimate = exact, error bars are the exact effect's 95% bootstrap CI over documents."""
     fig = go.Figure()

@@ -13,7 +13,7 @@ from lens_parallel.plots.common import TEMPLATE, layer_axis, line_with_band
 
 
 @runtime_checkable
-class CompressionResult(Protocol):
+class CompressionResultRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.analyses.compression.CompressionResult`."""
 
     @property
@@ -47,7 +47,7 @@ class CompressionResult(Protocol):
 SUBLAYER_NAMES = {"attn": "attention", "mlp": "MLP", "block": "block"}
 
 
-def compression_figure(result: CompressionResult, *, sublayer: str = "attn", drop_ends: bool = False) -> go.Figure:
+def compression_figure(result: CompressionResultRead, *, sublayer: str = "attn", drop_ends: bool = False) -> go.Figure:
     """Perpendicular (left) and parallel (right) error of one sublayer's update by layer, relative to the dense
     update: line = mean over prompts, band = ±1 std over prompts, one colour per method. ``drop_ends``: without the
     first and last layers (the directional-decomposition paper's Fig. 6)."""

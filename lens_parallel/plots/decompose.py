@@ -13,7 +13,7 @@ from lens_parallel.plots.common import TEMPLATE, band, head_unit, layer_axis, la
 
 
 @runtime_checkable
-class AlignmentTable(Protocol):
+class AlignmentTableRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.analyses.decompose.AlignmentTable`."""
 
     @property
@@ -33,7 +33,7 @@ class AlignmentTable(Protocol):
 
 
 @runtime_checkable
-class DecompositionResult(Protocol):
+class DecompositionResultRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.analyses.decompose.DecompositionResult`."""
 
     @property
@@ -50,7 +50,7 @@ COLORS = {"self_cos": "#1f77b4", "par_frac": "#d62728", "perp_frac": "#2ca02c"}
 LABELS = {"self_cos": "self-cosine cos(m, r)", "par_frac": "|m_par| / |m|", "perp_frac": "|m_perp| / |m|"}
 
 
-def layer_panel(fig: go.Figure, tables: dict[str, AlignmentTable], *, row: int, col: int, shown: set[str]) -> None:
+def layer_panel(fig: go.Figure, tables: dict[str, AlignmentTableRead], *, row: int, col: int, shown: set[str]) -> None:
     """Per statistic: the per-head mean by layer (line) with its min-max band over heads, and the whole sublayer
     update (dashed); ``shown`` collects legend groups already in the legend."""
     for stat, color in COLORS.items():
@@ -87,7 +87,7 @@ def layer_panel(fig: go.Figure, tables: dict[str, AlignmentTable], *, row: int, 
 
 
 def head_panel(
-    fig: go.Figure, t: AlignmentTable, info: ModelInfo, *, row: int, col: int, colorbar: dict[str, Any]
+    fig: go.Figure, t: AlignmentTableRead, info: ModelInfo, *, row: int, col: int, colorbar: dict[str, Any]
 ) -> None:
     """Layer x head heatmap of the mean self-cosine (hover: parallel and perpendicular fractions, coefficient)."""
     heatmap = go.Heatmap(
@@ -110,7 +110,7 @@ def head_panel(
     fig.update_yaxes(layer_axis(info.layer_types, t.layers, reversed_=True), row=row, col=col)
 
 
-def decomposition_figure(result: DecompositionResult) -> go.Figure:
+def decomposition_figure(result: DecompositionResultRead) -> go.Figure:
     """Per space: layer-wise curves (line = mean over heads, band = min-max over heads; whole-sublayer updates as
     dashed lines) and, for head-level spaces, a layer x head heatmap of the mean self-cosine."""
     info = result.info

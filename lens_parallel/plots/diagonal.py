@@ -15,7 +15,7 @@ from lens_parallel.spaces import SPACES
 
 
 @runtime_checkable
-class DiagonalView(Protocol):
+class DiagonalViewRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.analyses.diagonal.DiagonalView`."""
 
     @property
@@ -74,7 +74,7 @@ class DiagonalView(Protocol):
     def token_labels(self) -> Any: ...
 
 
-def _kind(view: DiagonalView) -> tuple[str, str, float]:
+def _kind(view: DiagonalViewRead) -> tuple[str, str, float]:
     """The map's symbol, what it is and its colour bound (:class:`~lens_parallel.layers.MixingMap`): a softmax
     layer's attention A (a distribution: ±1), or a linear-attention layer's delta-rule mixing weights M (o_t = sum_s
     M_ts v_s, M_tt = a_tt; not a distribution: ±max |M|)."""
@@ -109,7 +109,7 @@ def _map(fig: go.Figure, m: np.ndarray, labels: list[str], title: str, *, col: i
     )
 
 
-def paper_diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Figure:
+def paper_diagonal_figure(view: DiagonalViewRead, *, max_tokens: int = 48) -> go.Figure:
     """The directional-decomposition paper's Fig. 4 for one head: the empirical map A, the residual-space map with
     the layer's shared δ on the diagonal (A + diag(δ)), and the value-space map A + diag(dA) (``value``, the full
     aggregate, where the view has it, as the authors' code; else ``value-exclude-self``, as the caption)."""
@@ -140,7 +140,7 @@ def paper_diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Fig
     return fig
 
 
-def diagonal_figure(view: DiagonalView, *, max_tokens: int = 48) -> go.Figure:
+def diagonal_figure(view: DiagonalViewRead, *, max_tokens: int = 48) -> go.Figure:
     """Row 1: the head's empirical attention map, the residual-space view A + diag(dA), the layer-level residual view
     A + diag(δ) (one δ_t for every head) and the exclude-self value-space edited map (first ``max_tokens``
     positions, token labels on both axes; one diverging colour scale clipped to [-1, 1], so negative diagonal

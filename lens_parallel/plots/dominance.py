@@ -14,7 +14,7 @@ from lens_parallel.plots.common import TEMPLATE, line_with_band
 
 
 @runtime_checkable
-class DominanceResult(Protocol):
+class DominanceResultRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.analyses.dominance.DominanceResult`."""
 
     @property
@@ -42,7 +42,7 @@ def _pair_labels(df: pd.DataFrame) -> pd.Series:
     return "L" + df.upstream_layer.astype(str) + "→L" + df.receiving_layer.astype(str) + " (" + types + ")"
 
 
-def dominance_figure(result: DominanceResult) -> go.Figure:
+def dominance_figure(result: DominanceResultRead) -> go.Figure:
     """Four panels, one observation = (pair, text, query token, receiving head): (a) the distribution of the
     effective fraction of upstream heads per layer pair, on the Q/K/V scale and on sqrt(JS); (b) the median share of
     the top and bottom 25% of upstream heads per pair on both scales; (c) the measured joint effect of removing the

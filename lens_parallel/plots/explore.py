@@ -18,7 +18,7 @@ from lens_parallel.plots.common import TEMPLATE, head_unit, layer_axis
 
 
 @runtime_checkable
-class View(Protocol):
+class ViewRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.explore.View`."""
 
     @property
@@ -89,7 +89,7 @@ EDIT_TITLES = {
 }
 
 
-def setting_label(view: View) -> str:
+def setting_label(view: ViewRead) -> str:
     """The view's edit in a few words: its scales for ``scale``, else the comparison edit (and its seed)."""
     if view.edit == "scale":
         return f"s_par={view.s_par:g}, s_perp={view.s_perp:g}"
@@ -139,7 +139,7 @@ def heatmap_figure(
     return fig
 
 
-def _map(view: View) -> MixingMap:
+def _map(view: ViewRead) -> MixingMap:
     """How the view's layer's mixing map is named and drawn: a softmax pattern A, or a linear-attention layer's
     delta-rule mixing weights M."""
     mixing = LAYER_KINDS[view.layer_types[view.layer]].mixing_map
@@ -147,7 +147,7 @@ def _map(view: View) -> MixingMap:
     return mixing
 
 
-def pattern_figure(view: View) -> go.Figure:
+def pattern_figure(view: ViewRead) -> go.Figure:
     labels = _labels(view.tokens)
     text = [[f"query {labels[q]}<br>key {labels[k]}" for k in range(len(labels))] for q in range(len(labels))]
     mixing = _map(view)
@@ -181,7 +181,7 @@ def pattern_figure(view: View) -> go.Figure:
     return fig
 
 
-def diagonal_figure(view: View) -> go.Figure:
+def diagonal_figure(view: ViewRead) -> go.Figure:
     labels = _labels(view.tokens)
     fig = go.Figure()
     a = _map(view).self_symbol
@@ -211,7 +211,7 @@ def diagonal_figure(view: View) -> go.Figure:
     return fig
 
 
-def loss_figure(view: View) -> go.Figure:
+def loss_figure(view: ViewRead) -> go.Figure:
     labels = _labels(view.tokens)[1:]
     who = f"all heads of layer {view.layer}" if view.all_heads else view.label
     reference = "matched no-op" if view.edit == "scale" else "unedited model"
@@ -239,7 +239,7 @@ def loss_figure(view: View) -> go.Figure:
     return fig
 
 
-def explorer_figures(view: View, name: str) -> dict[str, go.Figure]:
+def explorer_figures(view: ViewRead, name: str) -> dict[str, go.Figure]:
     return {
         "heatmap": heatmap_figure(view.heatmap, view.space, (view.layer, view.head), name, view.layer_types),
         "pattern": pattern_figure(view),
@@ -290,7 +290,7 @@ def _switched(figures: list[go.Figure], names: list[str], what: str) -> go.Figur
 
 def explorer_page(
     heatmaps: Mapping[str, np.ndarray],
-    views: Mapping[tuple[int, int, float], View],
+    views: Mapping[tuple[int, int, float], ViewRead],
     name: str,
     provenance: dict[str, Any],
 ) -> str:

@@ -11,7 +11,7 @@ from lens_parallel.plots.common import TEMPLATE
 
 
 @runtime_checkable
-class EditEffect(Protocol):
+class EditEffectRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.losses.EditEffect`."""
 
     @property
@@ -45,7 +45,7 @@ class EditEffect(Protocol):
     def provenance(self) -> Any: ...
 
 
-def edit_effect_figure(effect: EditEffect) -> go.Figure:
+def edit_effect_figure(effect: EditEffectRead) -> go.Figure:
     """Edited minus matched no-op: Δ loss (nats/token, left) and Δ perplexity (right), each a point with its 95%
     paired bootstrap CI over documents; the dashed line is no change."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=["Δ next-token loss", "Δ perplexity"], horizontal_spacing=0.2)

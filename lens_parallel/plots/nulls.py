@@ -13,7 +13,7 @@ from lens_parallel.plots.common import TEMPLATE, band, layer_axis
 
 
 @runtime_checkable
-class NullResult(Protocol):
+class NullResultRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.analyses.nulls.NullResult`."""
 
     @property
@@ -32,7 +32,7 @@ class NullResult(Protocol):
 
 
 @runtime_checkable
-class SanityReport(Protocol):
+class SanityReportRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.analyses.reliability.SanityReport`."""
 
     @property
@@ -43,7 +43,7 @@ class SanityReport(Protocol):
 
 
 @runtime_checkable
-class SplitHalfResult(Protocol):
+class SplitHalfResultRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.analyses.reliability.SplitHalfResult`."""
 
     @property
@@ -67,12 +67,12 @@ class SplitHalfResult(Protocol):
 NULL_TITLES = ("self-cosine vs earlier-position null", "GQA: within- vs across-group excess")
 
 
-def _layer_axis(fig: go.Figure, result: NullResult, x: np.ndarray, *, row: int, col: int) -> None:
+def _layer_axis(fig: go.Figure, result: NullResultRead, x: np.ndarray, *, row: int, col: int) -> None:
     """The layer axis of a panel: on a hybrid model every layer named with its type marked (:func:`layer_ticks`)."""
     fig.update_xaxes(layer_axis(result.info.layer_types, [int(layer) for layer in x]), row=row, col=col)
 
 
-def null_panel(fig: go.Figure, result: NullResult, *, row: int, col: int) -> None:
+def null_panel(fig: go.Figure, result: NullResultRead, *, row: int, col: int) -> None:
     """cos_self and the causal-null cos_null per layer (line = mean over heads, band = min-max over heads)."""
     by_layer = result.head_table().groupby("layer")
     x = np.array(sorted(by_layer.groups))
@@ -95,7 +95,7 @@ def null_panel(fig: go.Figure, result: NullResult, *, row: int, col: int) -> Non
     fig.update_yaxes(title_text="mean cosine over positions t ≥ 1", row=row, col=col)
 
 
-def gqa_panel(fig: go.Figure, result: NullResult, *, row: int, col: int) -> None:
+def gqa_panel(fig: go.Figure, result: NullResultRead, *, row: int, col: int) -> None:
     """Within-group and across-group excess per layer (bars: mean over heads)."""
     by_layer = result.head_table().groupby("layer")
     x = np.array(sorted(by_layer.groups))
@@ -109,7 +109,7 @@ def gqa_panel(fig: go.Figure, result: NullResult, *, row: int, col: int) -> None
     fig.update_yaxes(title_text="excess over the own-group null (cosine)", row=row, col=col)
 
 
-def null_figure(result: NullResult) -> go.Figure:
+def null_figure(result: NullResultRead) -> go.Figure:
     """Left: :func:`null_panel`. Right (GQA, several kv heads): :func:`gqa_panel`."""
     gqa = result.cos_across is not None
     fig = make_subplots(rows=1, cols=2 if gqa else 1, subplot_titles=NULL_TITLES[: 1 + gqa])
@@ -127,12 +127,12 @@ def null_figure(result: NullResult) -> go.Figure:
     return fig
 
 
-def split_half_titles(result: SplitHalfResult) -> tuple[str, str]:
+def split_half_titles(result: SplitHalfResultRead) -> tuple[str, str]:
     c = result.correlations("excess")
     return f"excess: r_stat = {c['r_stat']:.2f}", f"Δ loss ({result.ablation}): r_delta = {c['r_delta']:.2f}"
 
 
-def split_half_panels(fig: go.Figure, result: SplitHalfResult, *, row: int) -> None:
+def split_half_panels(fig: go.Figure, result: SplitHalfResultRead, *, row: int) -> None:
     """Half A vs half B across heads in columns 1 and 2 of ``row``: the causal-null excess and the intervention
     effect Δ loss; the dashed diagonal is perfect agreement."""
     labels = [head_label(layer, h) for layer in result.layers for h in range(result.delta.shape[2])]
@@ -164,7 +164,7 @@ def split_half_panels(fig: go.Figure, result: SplitHalfResult, *, row: int) -> N
         fig.update_yaxes(title_text=f"half B ({unit})", row=row, col=col)
 
 
-def split_half_figure(result: SplitHalfResult) -> go.Figure:
+def split_half_figure(result: SplitHalfResultRead) -> go.Figure:
     """:func:`split_half_panels` with Spearman r across heads in the titles; r is Spearman across heads."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=split_half_titles(result))
     split_half_panels(fig, result, row=1)
@@ -178,7 +178,7 @@ def split_half_figure(result: SplitHalfResult) -> go.Figure:
     return fig
 
 
-def sanity_figure(report: SanityReport) -> go.Figure:
+def sanity_figure(report: SanityReportRead) -> go.Figure:
     """Top row: the null panels (cos_self vs cos_null per layer; GQA within/across, when there are kv groups; the
     null panel spans the row without them). Bottom row: the split-half scatters."""
     gqa = report.null.cos_across is not None

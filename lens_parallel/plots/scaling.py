@@ -14,7 +14,7 @@ from lens_parallel.plots.common import TEMPLATE
 
 
 @runtime_checkable
-class ScalingResult(Protocol):
+class ScalingResultRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.analyses.scaling.ScalingResult`."""
 
     @property
@@ -39,7 +39,7 @@ SPACE_COLORS = {
 }
 
 
-def _edited_layers(result: ScalingResult) -> str:
+def _edited_layers(result: ScalingResultRead) -> str:
     """Which layers the all-layer sweep edited together, in words (from the provenance's resolved layers)."""
     n = result.info.n_layers
     layers = list(result.provenance.settings.get("layers") or range(n))
@@ -51,7 +51,7 @@ def _edited_layers(result: ScalingResult) -> str:
     return f"layers {', '.join(map(str, layers))} edited"
 
 
-def scaling_figure(result: ScalingResult) -> go.Figure:
+def scaling_figure(result: ScalingResultRead) -> go.Figure:
     """All-layer sweeps: two panels (vary s_par at s_perp = 1; vary s_perp at s_par = 1), one curve per space,
     error bars = 95% paired bootstrap CI over documents. Per-layer sweeps: one heatmap per space (setting x layer)."""
     df = result.to_dataframe()

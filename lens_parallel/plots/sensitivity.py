@@ -14,7 +14,7 @@ from lens_parallel.plots.common import TEMPLATE, head_unit, layer_axis
 
 
 @runtime_checkable
-class HeadStatistics(Protocol):
+class HeadStatisticsRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.analyses.head_statistics.HeadStatistics`."""
 
     @property
@@ -34,7 +34,7 @@ class HeadStatistics(Protocol):
 
 
 @runtime_checkable
-class SensitivityResult(Protocol):
+class SensitivityResultRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.analyses.sensitivity.SensitivityResult`."""
 
     @property
@@ -62,7 +62,7 @@ class SensitivityResult(Protocol):
     def loss_base(self) -> Any: ...
 
 
-def sensitivity_figure(result: SensitivityResult) -> go.Figure:
+def sensitivity_figure(result: SensitivityResultRead) -> go.Figure:
     """Per layer: the joint effect (all heads of the layer edited together; bars = 95% paired bootstrap CI) and a
     band spanning the smallest to the largest single-head effect (a range over heads, not a confidence interval)."""
     x = np.array(result.layers)
@@ -117,7 +117,7 @@ def sensitivity_figure(result: SensitivityResult) -> go.Figure:
     return fig
 
 
-def head_statistics_figure(result: HeadStatistics) -> go.Figure:
+def head_statistics_figure(result: HeadStatisticsRead) -> go.Figure:
     """The four per-head statistics of :mod:`~lens_parallel.analyses.head_statistics`, one layer x head heatmap
     each (unitless ratios, means over positions)."""
     titles = {
@@ -158,7 +158,7 @@ def head_statistics_figure(result: HeadStatistics) -> go.Figure:
 
 
 def head_ratio_figure(
-    pairs: Mapping[str, tuple[SensitivityResult, HeadStatistics]], table: pd.DataFrame, *, statistic: str
+    pairs: Mapping[str, tuple[SensitivityResultRead, HeadStatisticsRead]], table: pd.DataFrame, *, statistic: str
 ) -> go.Figure:
     """Signed single-head Δloss against one per-head statistic, one colour per model, Pearson r and Spearman rho
     (from ``table``, :func:`~lens_parallel.analyses.head_statistics.sensitivity_correlations`) in the legend."""

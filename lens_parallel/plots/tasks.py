@@ -11,7 +11,7 @@ from lens_parallel.plots.common import TEMPLATE
 
 
 @runtime_checkable
-class TaskResult(Protocol):
+class TaskResultRead(Protocol):
     """What these figures read of a :class:`~lens_parallel.downstream.effects.TaskResult`."""
 
     def differences(self, *args: Any, **kwargs: Any) -> Any: ...
@@ -33,7 +33,7 @@ class TaskResult(Protocol):
     def shown_name(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
-def _label(result: TaskResult, task: str, metric: str) -> str:
+def _label(result: TaskResultRead, task: str, metric: str) -> str:
     """``task``, with the task it stands in for (``gsm8k_cot for gsm8k``) and its metric where that is not acc
     (RULER's length in k tokens: ``niah_single_1 (4k)``)."""
     name = result.shown_name(task)
@@ -42,7 +42,7 @@ def _label(result: TaskResult, task: str, metric: str) -> str:
     return name if metric == "acc" else f"{name} ({metric})"
 
 
-def _layout(fig: go.Figure, result: TaskResult, title: str, **axes: str) -> go.Figure:
+def _layout(fig: go.Figure, result: TaskResultRead, title: str, **axes: str) -> go.Figure:
     """The figures' shared layout: the model's name before ``title``, a legend of the settings beside; the figure
     is taller by what its longest task label takes when slanted (``gsm8k_cot for gsm8k (exact_match,strict-match)``),
     so the plot keeps its height."""
@@ -59,7 +59,7 @@ def _layout(fig: go.Figure, result: TaskResult, title: str, **axes: str) -> go.F
     )
 
 
-def task_difference_figure(result: TaskResult) -> go.Figure:
+def task_difference_figure(result: TaskResultRead) -> go.Figure:
     """Edited − unedited accuracy per task and setting (percentage points), each a point with its 95% paired
     bootstrap CI over items; the last group is the unweighted average over tasks."""
     table = result.differences()
@@ -100,7 +100,7 @@ def task_difference_figure(result: TaskResult) -> go.Figure:
     )
 
 
-def task_scores_figure(result: TaskResult) -> go.Figure:
+def task_scores_figure(result: TaskResultRead) -> go.Figure:
     """Absolute accuracy per task (lm-eval's aggregate, %; a generation task's exact match) for the unedited model
     and each setting."""
     fig = go.Figure()
