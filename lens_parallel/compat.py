@@ -54,6 +54,7 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
 """Package -> [from, to) major.minor versions on which each use was verified, and what is used."""
 
 
+@functools.cache  # the version this process imported
 def version_of(package: str) -> tuple[int, int]:
     """The installed major.minor version of ``package``."""
     text = importlib.metadata.version(package)

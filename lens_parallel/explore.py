@@ -245,7 +245,9 @@ class Explorer:
         pattern, x = t["pattern_full"], t["resid_pre"]
         v = expand_kv(t["v"], pattern.shape[1])
         spec = SPACES[space]
-        W_O = output_weights(self.model, layer, dtype=torch.float64).to(x.device) if spec.head_writes else None
+        W_O = (
+            output_weights(self.model, self.info, layer, dtype=torch.float64).to(x.device) if spec.head_writes else None
+        )
         diag = geometry.self_weights(pattern)[0, head]
         if st["edit"] == "scale":
             diag_edited = diag + spec.pattern_weight_change(pattern, v, s_par=st["s_par"], x=x, W_O=W_O).d_a[0, head]

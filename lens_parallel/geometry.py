@@ -246,20 +246,34 @@ def split_self(
     return d, z - d
 
 
-def head_residual_products(
+def residual_in_heads(
+    W_O: Float[Tensor, "head_index d_head d_model"], x: Float[Tensor, "batch pos d_model"]
+) -> Float[Tensor, "batch pos head_index d_head"]:
+    """W_O[h] x per head: a residual vector read in each head's space, so that a head's write m_h = z_h W_O[h]
+    meets it as m_h . x = z_h . (W_O[h] x), no d_model-sized per-head vector formed."""
+    return einops.einsum(W_O, x, "head_index d_head d_model, batch pos d_model -> batch pos head_index d_head")
+
+
+def write_gram(W_O: Float[Tensor, "head_index d_head d_model"]) -> Float[Tensor, "head_index d_head d_head"]:
+    """G_h = W_O[h] W_O[h]^T: |z_h W_O[h]|^2 = z_h G_h z_h (:func:`head_write_norms`). A layer's is computed once
+    and kept for every batch."""
+    return einops.einsum(W_O, W_O, "head_index d1 d_model, head_index d2 d_model -> head_index d1 d2")
+
+
+def head_residual_dots(
     z: Float[Tensor, "batch pos head_index d_head"],
     W_O: Float[Tensor, "head_index d_head d_model"],
     x: Float[Tensor, "batch pos d_model"],
-) -> tuple[Float[Tensor, "batch pos head_index"], Float[Tensor, "batch pos head_index"]]:
-    """Inner products of each head's residual write m_h = z_h W_O[h] with x, without forming m_h.
+) -> Float[Tensor, "batch pos head_index"]:
+    """m_h . x for each head's residual write m_h = z_h W_O[h], without forming m_h: z_h . (W_O[h] x)."""
+    return (z * residual_in_heads(W_O, x)).sum(-1)
 
-    m_h . x = z_h . (W_O[h] x) and |m_h|^2 = z_h G_h z_h with G_h = W_O[h] W_O[h]^T; returns ``(dot, mm)``.
-    """
-    x_in_head = einops.einsum(W_O, x, "head_index d_head d_model, batch pos d_model -> batch pos head_index d_head")
-    dot = (z * x_in_head).sum(-1)
-    gram = einops.einsum(W_O, W_O, "head_index d1 d_model, head_index d2 d_model -> head_index d1 d2")
-    mm = (einops.einsum(z, gram, "batch pos head_index d1, head_index d1 d2 -> batch pos head_index d2") * z).sum(-1)
-    return dot, mm
+
+def head_write_norms(
+    z: Float[Tensor, "batch pos head_index d_head"], gram: Float[Tensor, "head_index d_head d_head"]
+) -> Float[Tensor, "batch pos head_index"]:
+    """|m_h|^2 = z_h G_h z_h for each head's residual write m_h = z_h W_O[h], from its :func:`write_gram`."""
+    return (einops.einsum(z, gram, "batch pos head_index d1, head_index d1 d2 -> batch pos head_index d2") * z).sum(-1)
 
 
 def residual_head_coefficient(
@@ -271,7 +285,7 @@ def residual_head_coefficient(
 ) -> Float[Tensor, "batch pos head_index"]:
     """Per-token parallel coefficient m.x/|x|^2 of each head's residual write m = o W_O[h] against x (taken in head
     space, m.x = o.(W_O[h] x)); 0 where |x| <= eps."""
-    dot, _ = head_residual_products(o, W_O, x)
+    dot = head_residual_dots(o, W_O, x)
     xx = (x * x).sum(-1, keepdim=True)
     valid = xx > eps**2
     return torch.where(valid, dot / torch.where(valid, xx, 1.0), 0.0)
@@ -289,8 +303,7 @@ def head_write_derivatives(
     m_h: m_par = ((m_h . x) / |x|^2) x, so g . m_par = (m_h . x)(g . x) / |x|^2 and g . m_perp = g . m_h - g . m_par
     (positions with |x| <= eps: m_par = 0, as :func:`project`). With g the loss gradient at the sublayer output,
     these are dloss/ds_par and dloss/ds_perp of the head's residual-attn scaling at s = 1."""
-    m_x, _ = head_residual_products(z, W_O, x)
-    m_g, _ = head_residual_products(z, W_O, g)
+    m_x, m_g = head_residual_dots(z, W_O, x), head_residual_dots(z, W_O, g)
     xx = (x * x).sum(-1, keepdim=True)
     valid = xx > eps**2
     coef = torch.where(valid, m_x / torch.where(valid, xx, 1.0), 0.0)
@@ -335,11 +348,10 @@ def residual_weight_change(
     a perpendicular change too). Inner products are taken in head space, m_t . x_t = o_t . (W_O[h] x_t), so no
     d_model-sized per-head vector is formed. Positions with |(W_O v_t) . x_t| <= eps |W_O v_t| |x_t| get dA = 0 and
     ``valid = False``."""
-    x_in_head = einops.einsum(W_O, x, "head_index d d_model, batch p d_model -> batch p head_index d")
+    x_in_head = residual_in_heads(W_O, x)
     num = (o * x_in_head).sum(-1)
     den = (v * x_in_head).sum(-1)
-    gram = einops.einsum(W_O, W_O, "head_index d1 d_model, head_index d2 d_model -> head_index d1 d2")
-    wv_norm = einops.einsum(v, gram, v, "b p h d1, h d1 d2, b p h d2 -> b p h").clamp_min(0).sqrt()
+    wv_norm = einops.einsum(v, write_gram(W_O), v, "b p h d1, h d1 d2, b p h d2 -> b p h").clamp_min(0).sqrt()
     valid = den.abs() > eps * wv_norm * x.norm(dim=-1, keepdim=True)
     return _weight_change(s_par, num, den, valid)
 

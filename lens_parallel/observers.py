@@ -31,8 +31,8 @@ def user_hooks(model: TransformerBridge) -> list[str]:
     """The hook points of ``model`` holding hooks that are not TransformerLens's permanent ones, each by the name
     TransformerLens documents (``blocks.0.attn.hook_z`` rather than the module path it aliases)."""
     named: dict[int, str] = {}
-    for name, point in model.hook_dict.items():
-        if point.has_hooks(including_permanent=False):
+    for name, point in model.hook_dict.items():  # most points hold no hook at all: their lists are read first
+        if (point.fwd_hooks or point.bwd_hooks) and point.has_hooks(including_permanent=False):
             named[id(point)] = min(named.get(id(point), name), name, key=_plainness)
     return sorted(named.values())
 

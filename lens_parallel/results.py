@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import importlib
 import importlib.metadata
 import json
@@ -113,6 +114,7 @@ def result_classes() -> list[type]:
     )
 
 
+@functools.cache  # the version of the code this process runs: a package installed since has not been imported
 def _version(package: str) -> str:
     try:
         return importlib.metadata.version(package)

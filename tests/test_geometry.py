@@ -73,7 +73,7 @@ def test_split_self():
 
 def test_head_residual_products_match_explicit_head_outputs():
     z, W_O, x = rand(2, 5, 3, 4), rand(3, 4, 10), rand(2, 5, 10)
-    dot, mm = geometry.head_residual_products(z, W_O, x)
+    dot, mm = geometry.head_residual_dots(z, W_O, x), geometry.head_write_norms(z, geometry.write_gram(W_O))
     m = torch.einsum("bphd,hdm->bphm", z, W_O)
     assert torch.allclose(dot, (m * x[:, :, None]).sum(-1), atol=1e-10)
     assert torch.allclose(mm, (m * m).sum(-1), atol=1e-10)

@@ -365,7 +365,7 @@ class _GradientMetric(Metric[EditJob]):
         weight = EDIT_POSITIONS[self.s.positions].weights(docs.real.to(device=device, dtype=torch.float64))
         unembed, rows, per_doc = unembedding(context.model).frozen(), backward_rows(n, self.info.n_layers), []
         # each layer's W_O in float64 when its reduction needs it, not every layer's for the whole pass
-        W_O = partial(output_weights, context.model, dtype=torch.float64)
+        W_O = partial(output_weights, context.model, self.info, dtype=torch.float64)
         inputs = partial(linear_head_inputs, context.model)
         for start in range(0, n, rows):  # documents are independent: each sub-batch's values are its own
             sub = slice(start, start + rows)

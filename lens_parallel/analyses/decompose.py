@@ -35,7 +35,7 @@ import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -253,15 +253,24 @@ class _Accumulator:
         return tuple(out)
 
 
-def _reducer(
-    acc: _Accumulator,
-    spaces: tuple[Space, ...],
-    W_O: dict[int, Tensor],
-    head_inputs: dict[int, Callable[[Mapping[str, Tensor]], Tensor]],
-    real: Tensor,
-) -> Reducer:
-    """The reduction of one batch's captures into ``acc`` (``real``: the batch's real positions; ``head_inputs``: each
-    layer's per-head projection inputs from its captures, :func:`~lens_parallel.hooks.head_inputs`)."""
+class _HeadWrites(NamedTuple):
+    """What a layer's per-head residual writes m_h = u_h W_O[h] are measured from: W_O (float64), its Gram matrix
+    (:func:`~lens_parallel.geometry.write_gram`, once per layer) and the heads' inputs u from the layer's captures
+    (:func:`~lens_parallel.hooks.head_write_inputs`)."""
+
+    W_O: Tensor
+    gram: Tensor
+    inputs: Callable[[Mapping[str, Tensor]], Tensor]
+
+    @classmethod
+    def of(cls, model: TransformerBridge, info: ModelInfo, layer: int) -> _HeadWrites:
+        W_O = output_weights(model, info, layer, dtype=torch.float64)
+        return cls(W_O, geometry.write_gram(W_O), head_write_inputs(model, info, layer))
+
+
+def _reducer(acc: _Accumulator, spaces: tuple[Space, ...], writes: dict[int, _HeadWrites], real: Tensor) -> Reducer:
+    """The reduction of one batch's captures into ``acc`` (``real``: the batch's real positions; ``writes``: per
+    layer whose head writes are split, what they are measured from)."""
     info, eps = acc.info, acc.eps
 
     def reduce(layer: int, t: dict[str, Tensor]) -> None:
@@ -278,8 +287,9 @@ def _reducer(
                 a = geometry.alignment(m.unsqueeze(2), x.unsqueeze(2), eps=eps)
                 acc.add((space, "sublayer"), layer, a, real)
                 if acc.active((space, "head"), layer):
-                    z = head_inputs[layer](t)
-                    dot, mm = geometry.head_residual_products(z, W_O[layer], x)
+                    w = writes[layer]
+                    z = w.inputs(t)
+                    dot, mm = geometry.head_residual_dots(z, w.W_O, x), geometry.head_write_norms(z, w.gram)
                     rr = (x * x).sum(-1, keepdim=True).expand_as(dot)
                     acc.add((space, "head"), layer, geometry.alignment_from_products(dot, mm, rr, eps=eps), real)
 
@@ -298,12 +308,11 @@ class _AlignmentMetric(Metric[EditJob]):
         spaces: tuple[Space, ...],
         space_layers: dict[str, tuple[int, ...]],
         roles: dict[int, list[str]],
-        W_O: dict[int, Tensor],
-        head_inputs: dict[int, Callable[[Mapping[str, Tensor]], Tensor]],
+        writes: dict[int, _HeadWrites],
         eps: float,
     ) -> None:
         self.info, self.spaces, self.space_layers, self.roles, self.eps = info, spaces, space_layers, roles, eps
-        self.W_O, self.head_inputs = W_O, head_inputs
+        self.writes = writes
         self.keys = list(_Accumulator(info, space_layers, eps).layers)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -315,7 +324,7 @@ class _AlignmentMetric(Metric[EditJob]):
 
     def measure(self, context: TaskContext, plan: SweepPlan, jobs: Sequence[EditJob], batch: Batch) -> list[Values]:
         acc = _Accumulator(self.info, self.space_layers, self.eps, device=batch.docs.tokens.device)
-        reduce = _reducer(acc, self.spaces, self.W_O, self.head_inputs, batch.docs.real)
+        reduce = _reducer(acc, self.spaces, self.writes, batch.docs.real)
         run_rows(context.model, self.info, batch, capture=self.roles, reduce=reduce)
         return [{f"{sp}|{level}": sums.cpu().numpy() for (sp, level), sums in acc.sums.items()}]
 
@@ -401,10 +410,9 @@ def decompose(
     roles = {layer: list(dict.fromkeys(r)) for layer, r in roles.items() if r}
     written = (ls for (sp, level), ls in acc.layers.items() if level == "head" and SPACES[sp].head_writes)
     heads = sorted({layer for ls in written for layer in ls})  # the layers whose heads' residual writes are split
-    W_O = {layer: output_weights(model, layer, dtype=torch.float64) for layer in heads}
-    head_inputs = {layer: head_write_inputs(model, layer) for layer in heads}
+    head_writes = {layer: _HeadWrites.of(model, info, layer) for layer in heads}
     spaces = tuple(sp for sp in s.space if sp in space_layers)
-    metric = _AlignmentMetric(info, spaces, space_layers, roles, W_O, head_inputs, s.eps)
+    metric = _AlignmentMetric(info, spaces, space_layers, roles, head_writes, s.eps)
     job = EditJob("unedited", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="decompose")
     values = run.value(job)

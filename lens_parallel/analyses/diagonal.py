@@ -386,7 +386,7 @@ def diagonal_view(
         layer, head = int(table.layers[i]), int(h)
     spaces, layer, head = _check_view(info, s.space, len(s.space) == 1, layer, head, s.doc, len(docs))
     writes = _head_writes(spaces)
-    W_O = output_weights(model, layer, dtype=torch.float64) if writes is not None else None
+    W_O = output_weights(model, info, layer, dtype=torch.float64) if writes is not None else None
     metric = _DiagonalMetric(info, layer, spaces, s.s_par, s.eps, W_O)
     job = EditJob("unedited", ())
     run = run_sweep(model, docs, [job], metric=metric, options=opts, desc="diagonal")

@@ -118,7 +118,7 @@ class DiagonalEdit(LayerHeadEdit):
             out.append((hook_name(layer, "v"), partial(store, state=state, key="v")))
             if space.head_writes:
                 out.append((hook_name(layer, "resid_pre"), partial(store, state=state, key="x")))
-            W_O = output_weights(model, layer) if space.head_writes else None
+            W_O = output_weights(model, info, layer) if space.head_writes else None
             edit = partial(self._edit_pattern, layer=layer, state=state, heads=heads, W_O=W_O)
             diagonal = partial(self._edit_diagonal, state=state, heads=heads, W_O=W_O)
             out.append((hook_name(layer, "pattern_full"), rows_hook(edit, diagonal=diagonal)))

@@ -384,8 +384,8 @@ def _residual_attn_hooks(edit: _Scaling, at: _Site) -> list[Hook]:
     model, info, layer, heads = at.model, at.info, at.layer, at.heads
     state: dict[str, Tensor] = {}
     kind = info.kind(layer)
-    W_O = output_weights(model, layer) if heads is not None else None
-    head_input = head_write_inputs(model, layer) if heads is not None else None
+    W_O = output_weights(model, info, layer) if heads is not None else None
+    head_input = head_write_inputs(model, info, layer) if heads is not None else None
 
     def edit_out(out: Tensor, hook: HookPoint) -> Tensor:
         x = state.pop("x")

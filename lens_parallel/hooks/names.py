@@ -20,7 +20,7 @@ from lens_parallel.attention import GATES
 from lens_parallel.errors import LensParallelError, LibraryError
 from lens_parallel.geometry import expand_kv as expand_kv  # where the analyses and edits import it from
 from lens_parallel.layers import BLOCK_HOOKS
-from lens_parallel.models import ModelInfo, model_info
+from lens_parallel.models import ModelInfo
 
 Hook = tuple[str, Callable[..., Tensor | None]]
 """A TransformerLens forward hook: the full hook name and ``fn(tensor, hook)`` returning a replacement or None."""
@@ -193,12 +193,11 @@ def head_layers(info: ModelInfo, layers: int | Sequence[int] | None, *, what: st
 
 
 def output_weights(
-    model: TransformerBridge, layer: int, *, dtype: torch.dtype | None = None
+    model: TransformerBridge, info: ModelInfo, layer: int, *, dtype: torch.dtype | None = None
 ) -> Float[Tensor, "head_index d_head d_model"]:
     """W_O of ``layer`` (a detached copy, in ``dtype`` when given), also when accelerate has offloaded that layer's
     weights to CPU or disk (``load_model(..., device_map=...)``): they are materialised for the read. On a
     linear-attention layer its output projection per value head, ``out_proj.weight`` as ``[head, d_v, d_model]``."""
-    info = model_info(model)
     weights = info.kind(layer).output_weights(model, info, layer)
     return weights if dtype is None else weights.to(dtype)
 
@@ -213,12 +212,14 @@ def linear_head_inputs(model: TransformerBridge, layer: int) -> Callable[[Tensor
     return partial(geometry.gated_rms_norm, weight=weight, eps=eps)
 
 
-def head_write_inputs(model: TransformerBridge, layer: int) -> Callable[[Mapping[str, Tensor]], Tensor]:
+def head_write_inputs(
+    model: TransformerBridge, info: ModelInfo, layer: int
+) -> Callable[[Mapping[str, Tensor]], Tensor]:
     """``captured -> u``: each head's input to ``layer``'s output projection ``[batch, pos, head, d_head]`` from the
     roles its kind's head writes are formed from (:attr:`~lens_parallel.layers.LayerKind.head_roles`): hook_z on
     softmax attention; on linear attention the gated RMSNorm of o and the gate (:func:`linear_head_inputs`). u_h
     W_O[h] (:func:`output_weights`) is head h's write to the residual."""
-    roles = model_info(model).kind(layer).head_roles
+    roles = info.kind(layer).head_roles
     if roles == ("z",):
         return lambda captured: captured["z"]
     norm = linear_head_inputs(model, layer)
