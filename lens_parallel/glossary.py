@@ -18,8 +18,9 @@ from typing import TypeAlias
 
 import pandas as pd
 
+from lens_parallel.choices import Space
 from lens_parallel.errors import LensParallelError
-from lens_parallel.validate import did_you_mean
+from lens_parallel.validate import did_you_mean, literal_values
 
 COLUMNS: dict[str, str] = {
     # -- where a row is --------------------------------------------------------------------------------------------
@@ -276,7 +277,7 @@ COLUMNS: dict[str, str] = {
 }
 """Each column's definition, by name."""
 
-SPACE_NAMES = ("value-exclude-self", "value-merged", "value", "residual-attn", "residual-mlp", "residual-block")
+SPACE_NAMES = tuple(sorted(literal_values(Space), key=len, reverse=True))
 """The spaces a column name may end in (longest first, so that ``value-exclude-self`` is read before ``value``)."""
 
 

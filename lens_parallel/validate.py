@@ -8,16 +8,40 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import types
 import typing
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
-from lens_parallel.errors import LensParallelError
+from lens_parallel.errors import LensParallelError, LibraryError
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 def literal_values(choice: Any) -> tuple[Any, ...]:
     """The accepted values of a ``Literal`` choice type, in their declared order."""
     return tuple(typing.get_args(choice))
+
+
+def choice_table(choice: Any, table: Mapping[K, V]) -> Mapping[K, V]:
+    """``table`` (read-only), once its keys are ``choice``'s values in their declared order: the ``Literal`` names a
+    choice once, and the table that gives each name its behaviour is checked against it where it is built (at
+    import), so that the two cannot drift apart. Raises :class:`~lens_parallel.errors.LibraryError` naming the
+    missing, the unknown or the misplaced keys.
+
+    Examples:
+        >>> from typing import Literal
+        >>> dict(choice_table(Literal["a", "b"], {"a": 1, "b": 2}))
+        {'a': 1, 'b': 2}
+    """
+    names, keys = literal_values(choice), tuple(table)
+    if keys != names:
+        missing, unknown = [n for n in names if n not in table], [k for k in keys if k not in names]
+        raise LibraryError(
+            f"the table of {names} has keys {keys}: missing {missing}, unknown {unknown} (in the Literal's order)"
+        )
+    return types.MappingProxyType(dict(table))
 
 
 def did_you_mean(value: object, accepted: Iterable[str]) -> str:

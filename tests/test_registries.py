@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 import pandas as pd
@@ -17,15 +17,19 @@ import lens_parallel as lp
 from lens_parallel import cli, commands
 from lens_parallel.analyses import registry
 from lens_parallel.analyses.registry import Analysis, analyses
-from lens_parallel.choices import ExplorerEdit, HeadSpace, Space
+from lens_parallel.attention import paths as attention_paths
+from lens_parallel.choices import AttentionPath, ExplorerEdit, HeadSpace, LayerType, Space
 from lens_parallel.downstream.specs import parse_spec, spec_kinds
 from lens_parallel.edits import EDITS, EditBase, compile_hooks, explorer_edits, hook_roles
 from lens_parallel.edits.gates import GatedRemoval, LearnedGate
+from lens_parallel.errors import LibraryError
 from lens_parallel.hooks import hook_name
+from lens_parallel.layers import LAYER_KINDS
 from lens_parallel.models import model_info
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.results import Provenance, ResultMixin
 from lens_parallel.spaces import HEAD_SPACES, SPACE_NAMES, SPACES
+from lens_parallel.validate import choice_table
 
 pytestmark = pytest.mark.integration
 
@@ -34,6 +38,27 @@ def test_the_space_registry_is_the_literal_types():
     assert get_args(Space) == SPACE_NAMES
     assert set(HEAD_SPACES) == set(get_args(HeadSpace))
     assert lp.SPACES is SPACES and all(spec.name == name for name, spec in SPACES.items())
+
+
+@pytest.mark.parametrize(
+    ("choice", "table"), [(Space, SPACES), (LayerType, LAYER_KINDS), (AttentionPath, attention_paths.CHOICES)]
+)
+def test_each_choice_table_is_its_literal_in_order_and_read_only(choice, table):
+    assert tuple(table) == get_args(choice)
+    with pytest.raises(TypeError):
+        table["new"] = None  # a table is filled where it is written, never later
+
+
+def test_a_table_that_drifts_from_its_literal_is_refused_at_once():
+    choice = Literal["first", "second", "third"]
+    assert dict(choice_table(choice, {"first": 1, "second": 2, "third": 3})) == {"first": 1, "second": 2, "third": 3}
+    for table, said in [
+        ({"first": 1, "second": 2}, r"missing \['third'\], unknown \[\]"),
+        ({"first": 1, "second": 2, "third": 3, "fourth": 4}, r"missing \[\], unknown \['fourth'\]"),
+        ({"second": 2, "first": 1, "third": 3}, r"missing \[\], unknown \[\] \(in the Literal's order\)"),
+    ]:
+        with pytest.raises(LibraryError, match=said):
+            choice_table(choice, table)
 
 
 # -- analyses -----------------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ from lens_parallel.attention.rows import QUERY_BLOCK, STEP_VALUES, QueryBlock, R
 from lens_parallel.attention.spec import ScoreSpec
 from lens_parallel.choices import AttentionPath
 from lens_parallel.errors import LensParallelError
-from lens_parallel.validate import check_choice
+from lens_parallel.validate import check_choice, choice_table
 
 _CHOICE: contextvars.ContextVar[AttentionPath] = contextvars.ContextVar("attention_path", default="auto")
 _RECORDED: contextvars.ContextVar[collections.Counter[str] | None] = contextvars.ContextVar("recorded", default=None)
@@ -144,14 +144,17 @@ class _Choice:
         return DIAGONAL if all(f.diagonal is not None for f in readers) else BLOCKED
 
 
-CHOICES: Mapping[AttentionPath, _Choice] = {
-    "auto": _Choice(FUSED),
-    "fused": _Choice(FUSED),
-    "diagonal": _Choice(DIAGONAL),  # hooked or not, every layer forms z alike (a sweep's forwards round alike)
-    "blocked": _Choice(BLOCKED, BLOCKED),
-    "eager": _Choice(EAGER, EAGER),
-}
-"""What each choice of :func:`attention_path` does (:class:`_Choice`)."""
+CHOICES: Mapping[AttentionPath, _Choice] = choice_table(
+    AttentionPath,
+    {
+        "auto": _Choice(FUSED),
+        "fused": _Choice(FUSED),
+        "diagonal": _Choice(DIAGONAL),  # hooked or not, every layer forms z alike (a sweep's forwards round alike)
+        "blocked": _Choice(BLOCKED, BLOCKED),
+        "eager": _Choice(EAGER, EAGER),
+    },
+)
+"""What each choice of :data:`~lens_parallel.choices.AttentionPath` does (:class:`_Choice`)."""
 
 
 @contextlib.contextmanager
