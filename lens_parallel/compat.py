@@ -54,7 +54,6 @@ CHECKED: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {
 """Package -> [from, to) major.minor versions on which each use was verified, and what is used."""
 
 
-@functools.cache  # the version this process imported
 def version_of(package: str) -> tuple[int, int]:
     """The installed major.minor version of ``package``."""
     text = importlib.metadata.version(package)
@@ -185,6 +184,7 @@ def steps_replaced(name: str, components: Sequence[nn.Module], steps: Sequence[A
 # -- torch -------------------------------------------------------------------------------------------------------
 
 
+@functools.cache  # asked at every layer's forward: the installed torch's version is read once
 def lse_attention_kernel(device_type: str) -> Callable[..., Any] | None:
     """PyTorch's fused attention kernel that returns each row's log-sum-exp on ``device_type`` (CPU; CUDA's
     memory-efficient one, ``meta`` too), or None."""

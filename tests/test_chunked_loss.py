@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from lens_parallel.hooks import run_to_final
+from lens_parallel.hooks import forward
 from lens_parallel.losses import chunked_token_nll, token_nll, unembedding
 from lens_parallel.models import wrap_hf_model
 from lens_parallel.tokenizers import load_bundled_tokenizer
@@ -30,7 +30,7 @@ def test_chunked_nll_equals_full_logits_on_every_family(family: str) -> None:
     tokens = _tokens(model)
     lengths = torch.tensor([12, 7, 2])
     with torch.inference_mode():
-        final = run_to_final(model, tokens)
+        final = forward(model, tokens, grad=True)
     assert final is not None and final.shape == (3, 12, model.cfg.d_model)
     expected = token_nll(_logits(model, tokens), tokens, lengths)
     # 3 rows a chunk: the 33 scored positions in 11 chunks, some straddling documents
@@ -72,7 +72,7 @@ def test_chunked_nll_gradient_equals_full_logits_gradient(family: str) -> None:
     tokens = _tokens(model)
     unembed = unembedding(model)
     with torch.inference_mode():
-        final = run_to_final(model, tokens)
+        final = forward(model, tokens, grad=True)
     for bias in (False, True):
         expected = _gradients(final, unembed, tokens, chunked=False, bias=bias)
         got = _gradients(final, unembed, tokens, chunked=True, bias=bias, chunk_bytes=5 * 8 * model.cfg.d_vocab)
@@ -87,7 +87,7 @@ def test_chunked_nll_gradient_in_half_precision() -> None:
     tokens = _tokens(model)
     unembed = unembedding(model)
     with torch.inference_mode():
-        final = run_to_final(model, tokens)
+        final = forward(model, tokens, grad=True)
     half = type(unembed)(unembed.W_U.detach().bfloat16(), None, None)
     expected = _gradients(final.bfloat16(), half, tokens, chunked=False)
     got = _gradients(final.bfloat16(), half, tokens, chunked=True, chunk_bytes=5 * 8 * model.cfg.d_vocab)
@@ -124,7 +124,7 @@ def test_chunked_nll_applies_the_final_logit_soft_cap() -> None:
     logits = _logits(model, tokens)
     assert logits.abs().max() <= 3.0 + 1e-4  # the model itself caps its logits
     with torch.inference_mode():
-        final = run_to_final(model, tokens)
+        final = forward(model, tokens, grad=True)
         got = chunked_token_nll(final, unembed, tokens, chunk_bytes=4 * 4 * model.cfg.d_vocab)
         uncapped = chunked_token_nll(final, type(unembed)(unembed.W_U, unembed.b_U, None), tokens)
     torch.testing.assert_close(got, token_nll(logits, tokens), rtol=0, atol=2e-5)
@@ -166,9 +166,9 @@ def test_kl_and_top1_agreement_by_hand_and_zero_for_a_no_op(family: str) -> None
     assert effect.kl == pytest.approx(float(kl.mean()), rel=1e-5)
     assert effect.top1_agreement == pytest.approx(float(agree.mean()))
     assert effect.kl > 0 and effect.kl_ci[0] <= effect.kl <= effect.kl_ci[1]
-    final_p = run_to_final(model, blocks.tokens)
+    final_p = forward(model, blocks.tokens, grad=True)
     with apply_edits(model, edit):
-        final_q = run_to_final(model, blocks.tokens)
+        final_q = forward(model, blocks.tokens, grad=True)
     unembed = unembedding(model)
     whole = chunked_divergence(final_p, final_q, unembed, blocks.tokens)
     blocked = chunked_divergence(final_p, final_q, unembed, blocks.tokens, rows=5, block_bytes=4 * 5 * 1031)

@@ -45,7 +45,7 @@ def test_smollm2_causal_null_and_gqa_groups():
 
 def test_smollm2_chunked_loss_equals_full_logits_and_its_gradient():
     """Tied embeddings, a 49,152-token vocabulary: values and gradients equal the full-logits path."""
-    from lens_parallel.hooks import run_to_final
+    from lens_parallel.hooks import forward
     from lens_parallel.losses import Unembedding, chunked_token_nll, token_nll, unembedding
 
     model = get_model("smollm2-135m")
@@ -53,7 +53,7 @@ def test_smollm2_chunked_loss_equals_full_logits_and_its_gradient():
     unembed = unembedding(model)
     assert unembed.W_U is model.original_model.model.embed_tokens.weight  # tied
     with torch.inference_mode():
-        final = run_to_final(model, blocks.tokens)
+        final = forward(model, blocks.tokens, grad=True)
         logits = model(blocks.tokens, return_type="logits")
     torch.testing.assert_close(
         chunked_token_nll(final, unembed, blocks.tokens, chunk_bytes=7 * 4 * 49152),

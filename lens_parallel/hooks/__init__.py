@@ -44,7 +44,6 @@ from lens_parallel.hooks.running import (
     is_finite,
     model_lock,
     raise_non_finite,
-    run_to_final,
     skip_blocks_before,
 )
 from lens_parallel.hooks.streams import LayerStream, Reducer
@@ -83,7 +82,6 @@ __all__ = [
     "output_weights",
     "raise_non_finite",
     "residual_reference_role",
-    "run_to_final",
     "skip_blocks_before",
     "softmax_layers",
 ]

@@ -19,7 +19,7 @@ from lens_parallel.attention import QUERY_BLOCK, Diagonal, rows_hook
 from lens_parallel.errors import LibraryError, NonFiniteError
 from lens_parallel.geometry import expand_kv as expand_kv  # where the analyses and edits import it from
 from lens_parallel.hooks.names import Hook, check_shape, expected_shape, hook_name
-from lens_parallel.hooks.running import is_finite, model_lock, run_to_final
+from lens_parallel.hooks.running import forward, is_finite, model_lock
 from lens_parallel.models import ModelInfo
 
 GradReducer = Callable[[int, dict[str, Tensor], dict[str, Tensor]], None]
@@ -47,12 +47,12 @@ def checkpointed_blocks(model: TransformerBridge, recomputing: list[bool]) -> It
     def wrap(block: torch.nn.Module) -> Callable[..., Any]:
         plain = block.forward
 
-        def forward(*args: Any, **kwargs: Any) -> Any:
+        def checkpointed(*args: Any, **kwargs: Any) -> Any:
             return torch.utils.checkpoint.checkpoint(
                 plain, *args, use_reentrant=False, context_fn=lambda: (contextlib.nullcontext(), recompute()), **kwargs
             )
 
-        return forward
+        return checkpointed
 
     blocks = list(model.blocks)
     forwards = [wrap(block) for block in blocks]
@@ -136,7 +136,7 @@ def gradient_pass(
     hooks += [(hook_name(layer, role), hook(layer, role)) for layer, role in sorted(names)]
     # the hooks stay attached through the backward: the recomputed blocks run them again
     with torch.enable_grad(), checkpointed_blocks(model, recomputing), model.hooks(fwd_hooks=hooks):
-        final = run_to_final(model, tokens)
+        final = forward(model, tokens, grad=True)
         if final is None:
             raise LibraryError("the gradient pass ended before the unembedding")
         per_doc = objective(final)

@@ -1,5 +1,5 @@
 """Running forwards: one per model at a time (:func:`model_lock`), to the unembedding's input and no further
-(:func:`run_to_final`, :func:`forward`), skipping the blocks a resumed forward does not need, and saying where a
+(:func:`forward`), skipping the blocks a resumed forward does not need, and saying where a
 NaN or an infinity first appeared (:func:`raise_non_finite`). Nothing here computes the logits."""
 
 from __future__ import annotations
@@ -83,18 +83,20 @@ FINAL_HOOK = "unembed.hook_in"
 """Where the final normalised residual enters the unembedding: every forward here ends at this hook."""
 
 
-def run_to_final(
+def forward(
     model: TransformerBridge,
     tokens: Int[Tensor, "batch pos"],
     hooks: Sequence[Hook] = (),
     *,
     resid: Float[Tensor, "batch pos d_model"] | None = None,
     start_at_layer: int | None = None,
+    grad: bool = False,
 ) -> Float[Tensor, "batch pos d_model"] | None:
-    """A forward over ``tokens`` (or from ``resid`` entering block ``start_at_layer``, the earlier blocks not
-    computed: :func:`skip_blocks_before`) under ``hooks`` and the caller's grad mode, ended before the unembedding:
-    returns the final normalised residual (the unembedding's input), or None when a hook ended the forward earlier
-    by raising :class:`StopForward`. The logits are never computed (losses come from
+    """The one forward every analysis runs: over ``tokens`` (or from ``resid`` entering block ``start_at_layer``,
+    the earlier blocks not computed: :func:`skip_blocks_before`) under ``hooks``, without gradients (``grad``: under
+    the caller's grad mode, for training and gradient passes), ended before the unembedding. Returns the final
+    normalised residual (the unembedding's input), or None when a hook ended the forward earlier by raising
+    :class:`StopForward`. The logits are never computed (losses come from
     :func:`lens_parallel.losses.chunked_token_nll`): TransformerLens 4.3's ``stop_at_layer=n_layers`` still runs the
     unembedding. No key/value cache is built (``use_cache=False``): nothing here decodes, and a checkpointed block's
     recompute (:func:`checkpointed_blocks`) must not extend one. Thread-safe: forwards of the same model in other
@@ -107,7 +109,8 @@ def run_to_final(
         kept.append(tensor)
         raise StopForward
 
-    _run(model, tokens, [*hooks, (FINAL_HOOK, stop_at_unembedding)], resid, start_at_layer)
+    with contextlib.nullcontext() if grad else torch.inference_mode():
+        _run(model, tokens, [*hooks, (FINAL_HOOK, stop_at_unembedding)], resid, start_at_layer)
     if kept and not is_finite(kept[0]):
         raise_non_finite(model, tokens, hooks, resid=resid, start_at_layer=start_at_layer)
     return kept[0] if kept else None
@@ -183,19 +186,6 @@ def raise_non_finite(
     raise NonFiniteError(
         f"{model.cfg.model_name}: the forward produced non-finite activations {where} ({dtype_name}); {cause}"
     )
-
-
-def forward(
-    model: TransformerBridge,
-    tokens: Int[Tensor, "batch pos"],
-    hooks: Sequence[Hook] = (),
-    *,
-    resid: Float[Tensor, "batch pos d_model"] | None = None,
-    start_at_layer: int | None = None,
-) -> Float[Tensor, "batch pos d_model"] | None:
-    """The one forward every analysis runs: :func:`run_to_final` without gradients."""
-    with torch.inference_mode():
-        return run_to_final(model, tokens, hooks, resid=resid, start_at_layer=start_at_layer)
 
 
 class StopForward(Exception):

@@ -39,7 +39,7 @@ from lens_parallel.choices import CurveLoss
 from lens_parallel.data import boundary_token, load_texts, stream_blocks
 from lens_parallel.edits import Edit, LearnedGate, apply_edits, compile_hooks
 from lens_parallel.errors import LensParallelError, kept_in, long_call
-from lens_parallel.hooks import Hook, hook_name, run_to_final
+from lens_parallel.hooks import Hook, forward, hook_name
 from lens_parallel.losses import chunked_token_nll, unembedding
 from lens_parallel.models import export_hf_model, load_model, model_info, wrap_hf_model
 from lens_parallel.plots.training import training_curves
@@ -341,7 +341,7 @@ class _Trainer:
             group["lr"] = learning_rate(self.state["step"], self.config)
         self.model.train()
         with autocast:
-            final = run_to_final(self.model, batch, hooks)
+            final = forward(self.model, batch, hooks, grad=True)
             assert final is not None  # no training hook ends the forward early
             loss = chunked_token_nll(final, unembedding(self.model), batch).sum() / batch[:, 1:].numel()
         self.optimizer.zero_grad(set_to_none=True)
