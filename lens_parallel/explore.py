@@ -63,7 +63,7 @@ from lens_parallel.hooks import check_heads, check_indices, expand_kv, head_laye
 from lens_parallel.models import head_label
 from lens_parallel.plots import explore as plots
 from lens_parallel.results import Provenance
-from lens_parallel.spaces import HEAD_SPACES, SPACES, check_spaces
+from lens_parallel.spaces import HEAD_SPACES, SPACES, ResidualFrame, check_spaces
 from lens_parallel.sweep import Batch, EditJob, TokenNLL, run_rows, run_sweep
 from lens_parallel.validate import check_finite, check_non_negative_int, did_you_mean
 
@@ -245,17 +245,17 @@ class Explorer:
         pattern, x = t["pattern_full"], t["resid_pre"]
         v = expand_kv(t["v"], pattern.shape[1])
         spec = SPACES[space]
-        W_O = (
-            output_weights(self.model, self.info, layer, dtype=torch.float64).to(x.device) if spec.head_writes else None
-        )
+        frame = None
+        if spec.head_writes:
+            frame = ResidualFrame(x, output_weights(self.model, self.info, layer, dtype=torch.float64).to(x.device))
         diag = geometry.self_weights(pattern)[0, head]
         if st["edit"] == "scale":
-            diag_edited = diag + spec.pattern_weight_change(pattern, v, s_par=st["s_par"], x=x, W_O=W_O).d_a[0, head]
+            diag_edited = diag + spec.pattern_weight_change(pattern, v, s_par=st["s_par"], frame=frame).d_a[0, head]
         elif st["edit"] == "zero-diagonal":
             diag_edited = geometry.self_weights(self.info.kind(layer).zeroed_map(pattern))[0, head]
         else:  # a removal along a random direction of z has no diagonal form
             diag_edited = torch.full_like(diag, float("nan"))
-        coef = spec.coefficient(pattern, v, x=x, W_O=W_O)[0, :, head]
+        coef = spec.coefficient(pattern, v, frame=frame)[0, :, head]
         reference = self._edits(st, reference=True)
         key = (repr(reference), doc)
         if key not in self._noops:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal, cast
+from typing import ClassVar, Literal, NamedTuple, cast
 
 import torch
 from jaxtyping import Float
@@ -54,6 +54,15 @@ from lens_parallel.validate import as_tuple, check_choices, choice_table, litera
 Level = Literal["head", "sublayer"]
 """A space's unit: one query head, or a whole sublayer update (one per layer)."""
 HeadTensor = Float[Tensor, "batch pos head_index d_head"]
+Pattern = Float[Tensor, "batch head_index query_pos key_pos"]
+
+
+class ResidualFrame(NamedTuple):
+    """What a head's residual write m_t = o_t W_O[h] is measured against (the residual-attn space): the residual state
+    x_t it is added to, and the layer's W_O."""
+
+    x: Float[Tensor, "batch pos d_model"]
+    W_O: Float[Tensor, "head_index d_head d_model"]
 
 
 @dataclass(frozen=True)
@@ -133,35 +142,28 @@ class SpaceSpec:
         raise NotImplementedError
 
     def weight_change(
-        self,
-        o: HeadTensor,
-        v: HeadTensor,
-        a_self: Float[Tensor, "batch head_index pos"],
-        *,
-        s_par: float,
-        x: Float[Tensor, "batch pos d_model"] | None = None,
-        W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
-        eps: float = geometry.EPS,
+        self, parts: ValueParts, *, s_par: float, frame: ResidualFrame | None = None, eps: float = geometry.EPS
     ) -> geometry.DiagonalChange:
         """dA_tt that gives scaling this space's parallel part by ``s_par`` as a change of each query's own
-        attention weight, from each query's o_t = sum_s A_ts v_s, its v_t (expanded to query heads) and A_tt (x_t
-        and W_O for a head's residual write). A head-level space's (:data:`~lens_parallel.choices.HeadSpace`)."""
+        attention weight, from ``parts``: each query's o_t = sum_s A_ts v_s, its v_t (expanded to query heads) and
+        A_tt (``frame``: x_t and W_O, for a head's residual write). A head-level space's
+        (:data:`~lens_parallel.choices.HeadSpace`)."""
         raise LensParallelError(f"space {self.name!r} has no attention-diagonal form (it has no heads)")
 
     def pattern_weight_change(
         self,
-        pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-        v: Float[Tensor, "batch key_pos head_index d_head"],
+        pattern: Pattern,
+        v: HeadTensor,
         *,
         s_par: float,
-        x: Float[Tensor, "batch query_pos d_model"] | None = None,
-        W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
+        frame: ResidualFrame | None = None,
         eps: float = geometry.EPS,
     ) -> geometry.DiagonalChange:
         """:meth:`weight_change` from the attention pattern: A + diag(dA) (:func:`~lens_parallel.geometry.
         add_self_weights`) is the attention-diagonal form of scaling the parallel part by ``s_par``. ``v``: the
         values at every key position, expanded to query heads; the queries are the last ``query_pos`` keys (all of
-        them in a whole-sequence forward; with cached keys, the new ones), and v_t, x_t are each query's own.
+        them in a whole-sequence forward; with cached keys, the new ones), and v_t, ``frame``'s x_t are each
+        query's own.
 
         - ``value``: dA_tt = (s_par - 1) (o_t . v_t) / |v_t|^2
         - ``value-exclude-self``: dA_tt = (s_par - 1) (c_t . v_t) / |v_t|^2 with c_t = o_t - A_tt v_t
@@ -171,16 +173,10 @@ class SpaceSpec:
         o = geometry.value_aggregate(pattern, v)
         own = v[:, v.shape[1] - pattern.shape[-2] :]  # each query's own value v_t
         a_self = geometry.self_weights(pattern)
-        return self.weight_change(o, own, a_self, s_par=s_par, x=x, W_O=W_O, eps=eps)
+        return self.weight_change(ValueParts(o, own, a_self, None), s_par=s_par, frame=frame, eps=eps)
 
     def coefficient(
-        self,
-        pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-        v: Float[Tensor, "batch key_pos head_index d_head"],
-        *,
-        x: Float[Tensor, "batch pos d_model"] | None = None,
-        W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
-        eps: float = geometry.EPS,
+        self, pattern: Pattern, v: HeadTensor, *, frame: ResidualFrame | None = None, eps: float = geometry.EPS
     ) -> Float[Tensor, "batch pos head_index"]:
         """Per-token parallel coefficient of each head's message (``v`` expanded to query heads): value o.v/|v|^2;
         value-exclude-self c.v/|v|^2 with c = o - A_tt v; residual-attn m.x/|x|^2 with m = o W_O[h]. 0 where the
@@ -237,27 +233,13 @@ class ValueSpace(SpaceSpec):
         return delta
 
     def weight_change(
-        self,
-        o: HeadTensor,
-        v: HeadTensor,
-        a_self: Float[Tensor, "batch head_index pos"],
-        *,
-        s_par: float,
-        x: Float[Tensor, "batch pos d_model"] | None = None,
-        W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
-        eps: float = geometry.EPS,
+        self, parts: ValueParts, *, s_par: float, frame: ResidualFrame | None = None, eps: float = geometry.EPS
     ) -> geometry.DiagonalChange:
-        m, _ = self.units(o, ValueParts(o, v, a_self, None))
-        return geometry.value_weight_change(m, v, s_par=s_par, eps=eps)
+        m, _ = self.units(parts.o, parts)
+        return geometry.value_weight_change(m, parts.values, s_par=s_par, eps=eps)
 
     def coefficient(
-        self,
-        pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-        v: Float[Tensor, "batch key_pos head_index d_head"],
-        *,
-        x: Float[Tensor, "batch pos d_model"] | None = None,
-        W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
-        eps: float = geometry.EPS,
+        self, pattern: Pattern, v: HeadTensor, *, frame: ResidualFrame | None = None, eps: float = geometry.EPS
     ) -> Float[Tensor, "batch pos head_index"]:
         o = geometry.value_aggregate(pattern, v)
         m, r = self.units(o, ValueParts(o, v, geometry.self_weights(pattern), None))
@@ -340,32 +322,22 @@ class _AttentionUpdateSpace(_ResidualSpace):
         return update, captured["resid_pre"]
 
     def weight_change(
-        self,
-        o: HeadTensor,
-        v: HeadTensor,
-        a_self: Float[Tensor, "batch head_index pos"],
-        *,
-        s_par: float,
-        x: Float[Tensor, "batch pos d_model"] | None = None,
-        W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
-        eps: float = geometry.EPS,
+        self, parts: ValueParts, *, s_par: float, frame: ResidualFrame | None = None, eps: float = geometry.EPS
     ) -> geometry.DiagonalChange:
-        if x is None or W_O is None:
-            raise LensParallelError("the residual-attn diagonal needs the residual state x and W_O")
-        return geometry.residual_weight_change(o, v, x, W_O, s_par=s_par, eps=eps)
+        x, W_O = self._frame(frame, "diagonal")
+        return geometry.residual_weight_change(parts.o, parts.values, x, W_O, s_par=s_par, eps=eps)
 
     def coefficient(
-        self,
-        pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-        v: Float[Tensor, "batch key_pos head_index d_head"],
-        *,
-        x: Float[Tensor, "batch pos d_model"] | None = None,
-        W_O: Float[Tensor, "head_index d_head d_model"] | None = None,
-        eps: float = geometry.EPS,
+        self, pattern: Pattern, v: HeadTensor, *, frame: ResidualFrame | None = None, eps: float = geometry.EPS
     ) -> Float[Tensor, "batch pos head_index"]:
-        if x is None or W_O is None:
-            raise LensParallelError("the residual-attn coefficient needs the residual state x and W_O")
+        x, W_O = self._frame(frame, "coefficient")
         return geometry.residual_head_coefficient(geometry.value_aggregate(pattern, v), W_O, x, eps=eps)
+
+    @staticmethod
+    def _frame(frame: ResidualFrame | None, what: str) -> ResidualFrame:
+        if frame is None:
+            raise LensParallelError(f"the residual-attn {what} needs the residual state x and W_O (a ResidualFrame)")
+        return frame
 
 
 @dataclass(frozen=True)

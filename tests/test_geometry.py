@@ -5,7 +5,7 @@ import torch
 
 from lens_parallel import geometry
 from lens_parallel.hooks import expand_kv
-from lens_parallel.spaces import SPACES
+from lens_parallel.spaces import SPACES, ResidualFrame
 
 gen = torch.Generator().manual_seed(0)
 
@@ -104,5 +104,5 @@ def test_parallel_coefficients_of_the_three_spaces():
     exclude = SPACES["value-exclude-self"].coefficient(pattern, v)
     torch.testing.assert_close(exclude, value - own)  # c = o - A_tt v, so c.v/|v|^2 = o.v/|v|^2 - A_tt
     m = torch.einsum("bphd,hdm->bphm", o, W_O)
-    residual = SPACES["residual-attn"].coefficient(pattern, v, x=x, W_O=W_O)
+    residual = SPACES["residual-attn"].coefficient(pattern, v, frame=ResidualFrame(x, W_O))
     torch.testing.assert_close(residual, (m * x[:, :, None]).sum(-1) / (x * x).sum(-1, keepdim=True))

@@ -58,7 +58,7 @@ from lens_parallel.models import ModelInfo, head_label
 from lens_parallel.options import RunOptions, resolve
 from lens_parallel.plots.diagonal import diagonal_figure, paper_diagonal_figure
 from lens_parallel.results import Provenance, ResultMixin
-from lens_parallel.spaces import HEAD_SPACES, SPACES, check_spaces
+from lens_parallel.spaces import HEAD_SPACES, SPACES, ResidualFrame, check_spaces
 from lens_parallel.store import Values, ValueSpec
 from lens_parallel.sweep import Batch, EditJob, Metric, SweepPlan, run_rows, run_sweep
 from lens_parallel.validate import (
@@ -285,7 +285,8 @@ def _changes(
     """dA_tt in every space, and where its denominator was above the guard."""
     x, pattern = t["resid_pre"], t["pattern_full"]
     v = expand_kv(t["v"], pattern.shape[1])  # a linear layer's values: one per value head already
-    changes = [SPACES[sp].pattern_weight_change(pattern, v, s_par=s_par, x=x, W_O=W_O, eps=eps) for sp in spaces]
+    frame = None if W_O is None else ResidualFrame(x, W_O)
+    changes = [SPACES[sp].pattern_weight_change(pattern, v, s_par=s_par, frame=frame, eps=eps) for sp in spaces]
     return torch.stack([c.d_a for c in changes]), torch.stack([c.valid for c in changes])
 
 

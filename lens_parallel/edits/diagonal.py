@@ -50,7 +50,7 @@ from lens_parallel.hooks import (
 )
 from lens_parallel.layers import LinearAttention
 from lens_parallel.models import ModelInfo
-from lens_parallel.spaces import SPACES, ValueParts
+from lens_parallel.spaces import SPACES, ResidualFrame, ValueParts
 from lens_parallel.validate import as_indices, check_choice, check_eps, check_finite
 
 
@@ -135,9 +135,8 @@ class DiagonalEdit(LayerHeadEdit):
         W_O: Float[Tensor, "head_index d_head d_model"] | None,
     ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
         v = expand_kv(all_values(state["v"], layer, pattern.shape[-1]), pattern.shape[1])
-        W_O = None if W_O is None else W_O.to(v)
-        x = block_rows(state["x"]) if "x" in state else None
-        d_a = SPACES[self.space].pattern_weight_change(pattern, v, s_par=self.s_par, x=x, W_O=W_O, eps=self.eps).d_a
+        frame = None if W_O is None else ResidualFrame(block_rows(state["x"]), W_O.to(v))
+        d_a = SPACES[self.space].pattern_weight_change(pattern, v, s_par=self.s_par, frame=frame, eps=self.eps).d_a
         d_a = torch.where(head_mask(heads, pattern.shape[1], pattern.shape[0], pattern.device)[:, :, None], d_a, 0.0)
         return geometry.add_self_weights(pattern, d_a)
 
@@ -152,9 +151,9 @@ class DiagonalEdit(LayerHeadEdit):
     ) -> Diagonal:
         """The same edit on the diagonal path: A'_tt = A_tt + dA_tt, so z'_t = z_t + dA_tt v_t."""
         o, v = (einops.rearrange(t, "batch head_index pos d -> batch pos head_index d") for t in (rows.z, rows.value))
-        x = state["x"].to(v) if "x" in state else None
-        W_O = None if W_O is None else W_O.to(v)
-        d_a = SPACES[self.space].weight_change(o, v, rows.weight, s_par=self.s_par, x=x, W_O=W_O, eps=self.eps).d_a
+        frame = None if W_O is None else ResidualFrame(state["x"].to(v), W_O.to(v))
+        parts = ValueParts(o, v, rows.weight, None)
+        d_a = SPACES[self.space].weight_change(parts, s_par=self.s_par, frame=frame, eps=self.eps).d_a
         batch, n_heads = d_a.shape[:2]
         d_a = torch.where(head_mask(heads, n_heads, batch, d_a.device)[:, :, None], d_a, 0.0)
         return rows.replace(weight=rows.weight + d_a)
