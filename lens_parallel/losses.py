@@ -82,8 +82,6 @@ class EditEffect(ResultMixin):
         "top1_agreement delta_loss_lo delta_loss_hi delta_ppl_lo delta_ppl_hi kl_lo kl_hi top1_agreement_lo "
         "top1_agreement_hi"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     loss_noop: float
     loss_edited: float

@@ -50,8 +50,6 @@ class AblationRun(ResultMixin):
         "model ablation label layer heads document delta_loss n_jobs n_docs loss_base mean_delta_loss "
         "max_delta_loss max_delta_label"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     ablation: Ablation
     jobs: tuple[AblationJob, ...]

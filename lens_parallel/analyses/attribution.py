@@ -101,8 +101,6 @@ class AttributionResult(ResultMixin):
         "model layer head kv_head label layer_type ablation estimate ci_lo ci_hi positions loss n_heads "
         "top_head top_estimate sum_of_estimates n_docs mean_dloss_ds_par_<space> mean_dloss_ds_perp_<space>"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     ablation: Ablation
     positions: EditPositions

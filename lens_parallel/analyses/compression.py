@@ -82,8 +82,6 @@ class CompressionResult(ResultMixin):
         "model method sublayer layer prompt par perp coef loss_dense perp_mean[<method>,<sublayer>] "
         "par_mean[<method>,<sublayer>] perp_share[<method>,<sublayer>] delta_loss[<method>,<sublayer>]"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     methods: tuple[str, ...]
     layers: tuple[int, ...]

@@ -51,8 +51,6 @@ class ConfirmResult(ResultMixin):
         "model layer head kv_head label layer_type ablation chosen estimate exact exact_lo exact_hi "
         "exact_over_estimate n_confirmed spearman pearson median_exact_over_estimate top_sign_agreement note"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     ablation: Ablation
     labels: tuple[str, ...]

@@ -149,8 +149,6 @@ class DecompositionResult(ResultMixin):
         "self_cos_std par_frac perp_frac par_coef par_perp_ratio self_cos[<space>,<level>] "
         "par_frac[<space>,<level>]"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     tables: tuple[AlignmentTable, ...]
     provenance: Provenance

@@ -96,8 +96,6 @@ class DiagonalView(ResultMixin):
         "model layer head kv_head label layer_type space s_par dA_mean dA_min dA_max share_negative "
         "n_guarded dA_mean[<space>] share_negative[<space>] layer_delta_mean layer_side_effect"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     layer: int
     head: int

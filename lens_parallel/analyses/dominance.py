@@ -132,8 +132,6 @@ class DominanceResult(ResultMixin):
         "js_distance_joint_strong js_distance_joint_random js_distance_joint_all "
         "js_distance_strong_weak_ratio js_distance_weak_smaller"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     joint_kinds: ClassVar[tuple[str, ...]] = JOINT
     scales: ClassVar[tuple[str, ...]] = SCALES

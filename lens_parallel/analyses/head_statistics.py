@@ -81,8 +81,6 @@ class HeadStatistics(ResultMixin):
         "model layer head kv_head label layer_type ablation positions para_ratio para_over_ref edit_over_y "
         "edit_over_ref n_positions mean_para_ratio mean_para_over_ref mean_edit_over_y mean_edit_over_ref"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     ablation: str
     positions: EditPositions

@@ -136,8 +136,6 @@ class NullResult(ResultMixin):
         "self_specific_fraction null_share median_head_self_specific_fraction median_head_null_share "
         "within_excess across_excess"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     layers: tuple[int, ...]
     seed: int

@@ -80,8 +80,6 @@ class SplitHalfResult(ResultMixin):
         "r_delta_cos_self rho_max_cos_self rho_raw_cos_self rho_disattenuated_cos_self verdict_cos_self "
         "r_stat_excess r_delta_excess rho_max_excess rho_raw_excess rho_disattenuated_excess verdict_excess"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     ablation: Ablation
     layers: tuple[int, ...]
@@ -260,8 +258,6 @@ class SanityReport(ResultMixin):
         "r_delta_cos_self rho_max_cos_self rho_raw_cos_self rho_disattenuated_cos_self verdict_cos_self "
         "r_stat_excess r_delta_excess rho_max_excess rho_raw_excess rho_disattenuated_excess verdict_excess"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     null: NullResult
     split_half: SplitHalfResult

@@ -82,8 +82,6 @@ class ScalingResult(ResultMixin):
         "ppl_noop ppl_edited delta_ppl delta_ppl_lo delta_ppl_hi n_docs n_tokens "
         "delta_loss[<space>,<setting>]"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     points: tuple[SweepPoint, ...]
     provenance: Provenance

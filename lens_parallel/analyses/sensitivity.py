@@ -51,8 +51,6 @@ class SensitivityResult(ResultMixin):
         "model layer head kv_head label layer_type ablation delta_loss ci_lo ci_hi p q_bh loss_base "
         "most_sensitive_layer max_joint_delta_loss max_head_delta_loss max_head n_heads_q05"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     ablation: Ablation
     layers: tuple[int, ...]

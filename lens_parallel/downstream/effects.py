@@ -93,8 +93,6 @@ class TaskResult(ResultMixin):
         "task doc_id setting <metric> model tasks average_<metric>_difference[<setting>] "
         "average_<metric>_difference_lo[<setting>] average_<metric>_difference_hi[<setting>]"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     tasks: tuple[str, ...]
     settings: tuple[str, ...]

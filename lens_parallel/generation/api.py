@@ -95,8 +95,6 @@ class GenerationResult(ResultMixin):
         "prompt_index prompt setting text n_tokens finish departs_at model n_prompts mean_tokens[<setting>] "
         "share_departing[<setting>] mean_departs_at[<setting>]"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     prompts: tuple[str, ...]
     settings: tuple[str, ...]

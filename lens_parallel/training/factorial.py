@@ -332,8 +332,6 @@ class FactorialResult(ResultMixin):
     columns: ClassVar[str] = (
         "arm seed final_val_loss model delta primary n_seeds arms mean_delta ci_lo ci_hi p mde_paper mde_80 plan_hash"
     )
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     runs: tuple[TrainRun, ...]
     arms: tuple[str, ...]

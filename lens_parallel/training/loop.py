@@ -74,8 +74,6 @@ class TrainRun(ResultMixin):
     """
 
     columns: ClassVar[str] = "arm seed step val_loss model final_val_loss n_params steps wall_s"
-    """The columns of :meth:`to_dataframe` and :meth:`summary`, space-separated (:mod:`lens_parallel.glossary`
-    defines each)."""
 
     arm: str
     seed: int
