@@ -57,7 +57,6 @@ from lens_parallel.distributed import TaskContext, check_workers, run_tasks
 from lens_parallel.documents import DocBatch, Documents, DocumentsLike, document_batches
 from lens_parallel.edits import (
     ABLATION_KINDS,
-    LINEAR_ABLATIONS,
     PATTERN_PATHS,
     PATTERN_USES,
     Edit,
@@ -78,7 +77,7 @@ from lens_parallel.errors import (
     interrupted,
     long_call,
 )
-from lens_parallel.hooks import Hook, LayerStream, Reducer, check_heads, check_indices, forward, softmax_layers
+from lens_parallel.hooks import Hook, LayerStream, Reducer, check_heads, check_indices, forward
 from lens_parallel.losses import DocLosses, chunked_token_nll, scored_sums, unembedding
 from lens_parallel.models import ModelInfo, head_label, model_info, weights_digest
 from lens_parallel.options import RunOptions, refuse_renamed, resolve_options
@@ -543,8 +542,7 @@ def _validate(jobs: Sequence[Job], info: ModelInfo, ablation: Ablation | None) -
                 raise LensParallelError("ablation jobs need ablation= (how heads are removed), e.g. ablation='zero'")
             if not job.heads:
                 raise LensParallelError(f"job at layer {job.layer} has an empty head set: give at least one query head")
-            if ablation not in LINEAR_ABLATIONS:
-                softmax_layers(info, [job.layer], what=f"a {ablation} head ablation")
+            ABLATION_KINDS[ablation].layers(info, [job.layer], what=f"a {ablation} head ablation")
             check_indices("layers", job.layer, info.n_layers)
             check_heads(info, job.layer, job.heads)
         else:

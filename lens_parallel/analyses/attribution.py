@@ -52,16 +52,14 @@ from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation, EditPositions, HeadSpace
 from lens_parallel.distributed import TaskContext
 from lens_parallel.documents import Documents, DocumentsLike
-from lens_parallel.edits import ABLATION_KINDS, EDIT_POSITIONS, LINEAR_ABLATIONS, AblationKind, check_positions
+from lens_parallel.edits import ABLATION_KINDS, EDIT_POSITIONS, AblationKind, check_positions
 from lens_parallel.errors import LensParallelError, long_call
 from lens_parallel.hooks import (
     GradReducer,
     gradient_pass,
-    head_layers,
     head_writes_note,
     linear_head_inputs,
     output_weights,
-    softmax_layers,
 )
 from lens_parallel.losses import Unembedding, chunked_token_nll, scored_sums, unembedding
 from lens_parallel.models import ModelInfo, head_label
@@ -419,10 +417,8 @@ def head_attribution(
     info = check_model(model)
     s, opts = resolve(AttributionSettings, settings, options, protocol, changes)
     docs = Documents.of(documents, model)
-    if s.ablation in LINEAR_ABLATIONS:
-        layer_idx, skipped = head_layers(info, s.layers, what=f"head_attribution of a {s.ablation} ablation")
-    else:
-        layer_idx, skipped = softmax_layers(info, s.layers, what=f"head_attribution of a {s.ablation} ablation")
+    what = f"head_attribution of a {s.ablation} ablation"
+    layer_idx, skipped = ABLATION_KINDS[s.ablation].layers(info, s.layers, what=what)
     note = head_writes_note(info, "the per-head residual-attn derivative")
     if note and any(SPACES[space].head_writes for space in _removed(ABLATION_KINDS[s.ablation])):
         raise LensParallelError(head_writes_note(info, "head_attribution(ablation='parallel-residual')"))

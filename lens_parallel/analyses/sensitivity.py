@@ -19,9 +19,8 @@ from lens_parallel.analyses.registry import Analysis
 from lens_parallel.bridges import check_model
 from lens_parallel.choices import Ablation, EditPositions, SignFlipWeights
 from lens_parallel.documents import Documents, DocumentsLike
-from lens_parallel.edits import LINEAR_ABLATIONS, check_positions
+from lens_parallel.edits import ABLATION_KINDS, check_positions
 from lens_parallel.errors import long_call
-from lens_parallel.hooks import head_layers, softmax_layers
 from lens_parallel.losses import DocLosses, edit_effect
 from lens_parallel.models import head_label
 from lens_parallel.options import RunOptions, resolve
@@ -188,10 +187,7 @@ def head_sensitivity(
     info = check_model(model)
     s, opts = resolve(SensitivitySettings, settings, options, protocol, changes)
     docs = Documents.of(documents, model)
-    if s.ablation in LINEAR_ABLATIONS:
-        layer_idx, skipped = head_layers(info, s.layers, what=f"a {s.ablation} head ablation")
-    else:
-        layer_idx, skipped = softmax_layers(info, s.layers, what=f"a {s.ablation} head ablation")
+    layer_idx, skipped = ABLATION_KINDS[s.ablation].layers(info, s.layers, what=f"a {s.ablation} head ablation")
     singles = [AblationJob(layer, (h,)) for layer in layer_idx for h in range(info.output_heads(layer))]
     joints = [AblationJob(layer, tuple(range(info.output_heads(layer)))) for layer in layer_idx]
     run = run_sweep(model, docs, singles + joints, ablation=s.ablation, positions=s.positions, options=opts)

@@ -29,6 +29,7 @@ from lens_parallel.hooks import (
     Hook,
     check_head_writes,
     check_heads,
+    head_layers,
     hook_name,
     softmax_layers,
 )
@@ -65,6 +66,14 @@ class AblationKind:
     ) -> list[Hook]:
         """``edit``'s hooks at its layer, on ``heads`` (a tuple, or a per-row mask)."""
         raise NotImplementedError
+
+    def layers(self, info: ModelInfo, layers: int | Sequence[int] | None, *, what: str) -> tuple[tuple[int, ...], str]:
+        """The layers of ``layers`` (None: all) it is defined on, and a note of those skipped: layers with heads
+        where a linear-attention layer's kind lists it (:attr:`~lens_parallel.layers.LayerKind.ablations`), else the
+        softmax-attention layers (``what``: the analysis, in the refusal of a layer it is not defined on)."""
+        if self.name in LAYER_KINDS["linear"].ablations:
+            return head_layers(info, layers, what=what)
+        return softmax_layers(info, layers, what=what)
 
     def linearity_note(self) -> str:
         """How good a first-order estimate of its effect is (head attribution's confirmation)."""
