@@ -83,23 +83,24 @@ def dominance_figure(result: DominanceResultRead) -> go.Figure:
     return fig
 
 
+def _scale_box(scale: str, x: pd.Series, y: pd.Series, name: str) -> go.Box:
+    """One effect scale's boxes (whiskers to 1.5 IQR, no points), grouped and coloured by the scale."""
+    return go.Box(
+        x=x,
+        y=y,
+        name=name,
+        boxpoints=False,
+        marker={"color": SCALE_COLORS[scale]},
+        offsetgroup=scale,
+        legendgroup=scale,
+    )
+
+
 def _concentration_panels(fig: go.Figure, conc: pd.DataFrame, pairs: list[str]) -> None:
     """Panels (a) and (b): per scale, the effective fraction's boxes and the top / bottom 25% shares' medians."""
     for scale, name in SCALE_NAMES.items():
         at = conc[conc.scale == scale]
-        fig.add_trace(
-            go.Box(
-                x=at.pair,
-                y=at.effective_fraction,
-                name=f"effective fraction, {name}",
-                boxpoints=False,
-                marker={"color": SCALE_COLORS[scale]},
-                offsetgroup=scale,
-                legendgroup=scale,
-            ),
-            row=1,
-            col=1,
-        )
+        fig.add_trace(_scale_box(scale, at.pair, at.effective_fraction, f"effective fraction, {name}"), row=1, col=1)
         medians = at.groupby("pair", sort=False)[["top25_share", "bottom25_share"]].median().reindex(pairs)
         for column, dash, label in (("top25_share", "solid", "top 25%"), ("bottom25_share", "dot", "bottom 25%")):
             fig.add_trace(
@@ -148,19 +149,8 @@ def _ratio_panel(fig: go.Figure, joint: pd.DataFrame) -> None:
     """Panel (d): the strong / weak ratio per observation, by receiving-layer type, on a log scale."""
     for scale, name in SCALE_NAMES.items():
         at = joint[(joint.scale == scale) & (joint.strong_weak_ratio > 0)]
-        fig.add_trace(
-            go.Box(
-                x=at.receiving_type + " receiver",
-                y=at.strong_weak_ratio,
-                name=f"strong/weak ratio, {name}",
-                boxpoints=False,
-                marker={"color": SCALE_COLORS[scale]},
-                offsetgroup=scale,
-                legendgroup=scale,
-            ),
-            row=2,
-            col=2,
-        )
+        box = _scale_box(scale, at.receiving_type + " receiver", at.strong_weak_ratio, f"strong/weak ratio, {name}")
+        fig.add_trace(box, row=2, col=2)
     fig.add_hline(y=1, line={"color": "#444", "dash": "dash"}, row=2, col=2)
     fig.update_xaxes(title_text="receiving layer type", row=2, col=2)
     ticks = [0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300, 1000]
