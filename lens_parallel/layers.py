@@ -38,7 +38,7 @@ from torch import Tensor
 from lens_parallel import compat, geometry
 from lens_parallel.choices import Ablation, LayerType
 from lens_parallel.errors import LensParallelError
-from lens_parallel.validate import choice_table, literal_values
+from lens_parallel.validate import literal_values, named_table
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -410,36 +410,33 @@ def linear_mixing_weights(t: dict[str, Tensor], n_heads: int) -> Float[Tensor, "
     return einops.rearrange(out, "batch query head key -> batch head query key").to(t["lin_v"].dtype)
 
 
-LAYER_KINDS: Mapping[str, LayerKind] = choice_table(
+LAYER_KINDS: Mapping[str, LayerKind] = named_table(
     LayerType,
-    {
-        kind.name: kind
-        for kind in (
-            SoftmaxAttention(
-                "softmax",
-                "softmax-attention",
-                "soft",
-                "",
-                "query head",
-                pattern=True,
-                mixing_map=SOFTMAX_MAP,
-                decodes_with_hooks=True,
-            ),
-            LinearAttention(
-                "linear",
-                "linear-attention",
-                "lin",
-                "lin",
-                "value head",
-                pattern=False,
-                mixing_map=DELTA_RULE_MAP,
-                decodes_with_hooks=False,
-            ),
-            LayerKind(
-                "mixer", "mixer (no heads)", "mix", "mix", "", pattern=False, mixing_map=None, decodes_with_hooks=False
-            ),
-        )
-    },
+    (
+        SoftmaxAttention(
+            "softmax",
+            "softmax-attention",
+            "soft",
+            "",
+            "query head",
+            pattern=True,
+            mixing_map=SOFTMAX_MAP,
+            decodes_with_hooks=True,
+        ),
+        LinearAttention(
+            "linear",
+            "linear-attention",
+            "lin",
+            "lin",
+            "value head",
+            pattern=False,
+            mixing_map=DELTA_RULE_MAP,
+            decodes_with_hooks=False,
+        ),
+        LayerKind(
+            "mixer", "mixer (no heads)", "mix", "mix", "", pattern=False, mixing_map=None, decodes_with_hooks=False
+        ),
+    ),
 )
 """Every layer kind, by its name in :data:`lens_parallel.choices.LayerType`."""
 

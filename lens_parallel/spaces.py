@@ -49,7 +49,7 @@ from lens_parallel.errors import LensParallelError
 from lens_parallel.hooks import expand_kv, residual_reference_role
 from lens_parallel.layers import BLOCK_HOOKS
 from lens_parallel.models import ModelInfo
-from lens_parallel.validate import as_tuple, check_choices, choice_table, literal_values
+from lens_parallel.validate import as_tuple, check_choices, literal_values, named_table
 
 Level = Literal["head", "sublayer"]
 """A space's unit: one query head, or a whole sublayer update (one per layer)."""
@@ -382,51 +382,48 @@ class _BlockUpdateSpace(_ResidualSpace):
         return captured["resid_post"] - captured["resid_pre"], captured["resid_pre"]
 
 
-SPACES: Mapping[str, SpaceSpec] = choice_table(
+SPACES: Mapping[str, SpaceSpec] = named_table(
     Space,
-    {
-        spec.name: spec
-        for spec in (
-            ValueSpace(
-                "value",
-                "o_t = sum_s A_ts v_s (hook_z)",
-                "v_t",
-                "head",
-                True,
-                "attn",
-                hook_points=("hook_z", "hook_v", "hook_pattern"),
-            ),
-            _ExcludeSelfSpace("value-exclude-self", "c_t = o_t - A_tt v_t", "v_t", "head", True, "attn"),
-            _MergedSpace("value-merged", "concat_h o_t^h", "concat_h v_t^h", "sublayer", False, "attn"),
-            _AttentionUpdateSpace(
-                "residual-attn",
-                "hook_attn_out (per head: z_h W_O[h])",
-                "resid_pre",
-                "sublayer",
-                True,
-                "attn",
-                hook_points=("hook_attn_out",),
-            ),
-            _MlpUpdateSpace(
-                "residual-mlp",
-                "hook_mlp_out",
-                "resid_mid (resid_pre when attention and MLP are parallel)",
-                "sublayer",
-                False,
-                "mlp",
-                hook_points=("hook_mlp_out",),
-            ),
-            _BlockUpdateSpace(
-                "residual-block",
-                "resid_post - resid_pre",
-                "resid_pre",
-                "sublayer",
-                False,
-                "block",
-                hook_points=("hook_resid_post",),
-            ),
-        )
-    },
+    (
+        ValueSpace(
+            "value",
+            "o_t = sum_s A_ts v_s (hook_z)",
+            "v_t",
+            "head",
+            True,
+            "attn",
+            hook_points=("hook_z", "hook_v", "hook_pattern"),
+        ),
+        _ExcludeSelfSpace("value-exclude-self", "c_t = o_t - A_tt v_t", "v_t", "head", True, "attn"),
+        _MergedSpace("value-merged", "concat_h o_t^h", "concat_h v_t^h", "sublayer", False, "attn"),
+        _AttentionUpdateSpace(
+            "residual-attn",
+            "hook_attn_out (per head: z_h W_O[h])",
+            "resid_pre",
+            "sublayer",
+            True,
+            "attn",
+            hook_points=("hook_attn_out",),
+        ),
+        _MlpUpdateSpace(
+            "residual-mlp",
+            "hook_mlp_out",
+            "resid_mid (resid_pre when attention and MLP are parallel)",
+            "sublayer",
+            False,
+            "mlp",
+            hook_points=("hook_mlp_out",),
+        ),
+        _BlockUpdateSpace(
+            "residual-block",
+            "resid_post - resid_pre",
+            "resid_pre",
+            "sublayer",
+            False,
+            "block",
+            hook_points=("hook_resid_post",),
+        ),
+    ),
 )
 """Every space, by its name in :data:`lens_parallel.choices.Space` (:func:`~lens_parallel.validate.choice_table`)."""
 

@@ -11,7 +11,7 @@ import numbers
 import types
 import typing
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from lens_parallel.errors import LensParallelError, LibraryError
 
@@ -42,6 +42,30 @@ def choice_table(choice: Any, table: Mapping[K, V]) -> Mapping[K, V]:
             f"the table of {names} has keys {keys}: missing {missing}, unknown {unknown} (in the Literal's order)"
         )
     return types.MappingProxyType(dict(table))
+
+
+@runtime_checkable
+class Named(Protocol):
+    """Anything with a ``name``: a space, a layer kind, an ablation."""
+
+    @property
+    def name(self) -> str: ...
+
+
+N = TypeVar("N", bound=Named)
+
+
+def named_table(choice: Any, entries: Iterable[N]) -> Mapping[str, N]:
+    """:func:`choice_table` of ``entries`` by their own ``name``: each object of a choice's table names itself once.
+
+    Examples:
+        >>> from typing import Literal, NamedTuple
+        >>> class Kind(NamedTuple):
+        ...     name: str
+        >>> list(named_table(Literal["a", "b"], [Kind("a"), Kind("b")]))
+        ['a', 'b']
+    """
+    return choice_table(choice, {entry.name: entry for entry in entries})
 
 
 def did_you_mean(value: object, accepted: Iterable[str]) -> str:

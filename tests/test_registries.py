@@ -18,9 +18,9 @@ from lens_parallel import cli, commands
 from lens_parallel.analyses import registry
 from lens_parallel.analyses.registry import Analysis, analyses
 from lens_parallel.attention import paths as attention_paths
-from lens_parallel.choices import AttentionPath, ExplorerEdit, HeadSpace, LayerType, Space
+from lens_parallel.choices import Ablation, AttentionPath, ExplorerEdit, HeadSpace, LayerType, Space
 from lens_parallel.downstream.specs import parse_spec, spec_kinds
-from lens_parallel.edits import EDITS, EditBase, compile_hooks, explorer_edits, hook_roles
+from lens_parallel.edits import ABLATION_KINDS, EDITS, EditBase, compile_hooks, explorer_edits, hook_roles
 from lens_parallel.edits.gates import GatedRemoval, LearnedGate
 from lens_parallel.errors import LibraryError
 from lens_parallel.hooks import hook_name
@@ -41,7 +41,13 @@ def test_the_space_registry_is_the_literal_types():
 
 
 @pytest.mark.parametrize(
-    ("choice", "table"), [(Space, SPACES), (LayerType, LAYER_KINDS), (AttentionPath, attention_paths.CHOICES)]
+    ("choice", "table"),
+    [
+        (Space, SPACES),
+        (LayerType, LAYER_KINDS),
+        (Ablation, ABLATION_KINDS),
+        (AttentionPath, attention_paths.CHOICES),
+    ],
 )
 def test_each_choice_table_is_its_literal_in_order_and_read_only(choice, table):
     assert tuple(table) == get_args(choice)

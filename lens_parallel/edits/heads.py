@@ -36,7 +36,7 @@ from lens_parallel.hooks import (
 from lens_parallel.layers import LAYER_KINDS, LayerKind
 from lens_parallel.models import ModelInfo
 from lens_parallel.spaces import SPACES
-from lens_parallel.validate import as_indices, check_choice, literal_values
+from lens_parallel.validate import as_indices, check_choice, literal_values, named_table
 
 
 @dataclass(frozen=True)
@@ -133,16 +133,16 @@ class _Removal(AblationKind):
         return layer_hooks(ComponentScale(self._space(), s_par=0.0), model, info, edit.layer, heads)
 
 
-ABLATION_KINDS: Mapping[str, AblationKind] = {
-    kind.name: kind
-    for kind in (
+ABLATION_KINDS: Mapping[str, AblationKind] = named_table(
+    Ablation,
+    (
         _Fill("zero", gate_input=True),
         _Fill("mean", needs_means=True),
         _Removal("parallel-value", removed_space="value"),
         _Removal("parallel-residual", removed_space="residual-attn"),
-    )
-}
-"""Every head ablation, in the order of :data:`~lens_parallel.choices.Ablation`."""
+    ),
+)
+"""Every head ablation, by its name in :data:`~lens_parallel.choices.Ablation`."""
 ABLATIONS = literal_values(Ablation)
 LINEAR_ABLATIONS: tuple[Ablation, ...] = LAYER_KINDS["linear"].ablations
 """The ablations defined on a linear-attention layer's value heads (``mean`` replaces hook_z by its mean, a
