@@ -67,15 +67,14 @@ class Decoded:
     finish: str
 
 
-class CachedForwards:
-    """Forwards of one batch against one growing Hugging Face ``DynamicCache``, under hooks (opened by
-    :func:`cached_forwards`): each call runs ``tokens`` after whatever the cache holds and returns the final
-    normalised residual of its positions (the unembedding's input, :data:`FINAL_HOOK`: the forward ends there, no
-    logits); :meth:`select` keeps chosen rows of the cache for the next call."""
+class _Forwards:
+    """Forwards of one batch under hooks, each call returning the final normalised residual of its new positions
+    (the unembedding's input, :data:`FINAL_HOOK`: the forward ends there, no logits); :meth:`_sequence` says what
+    the model runs for them, ``keywords`` what else it is handed."""
 
-    def __init__(self, model: TransformerBridge, cache: DynamicCache, kept: list[Tensor]) -> None:
-        self.model, self.cache, self.kept = model, cache, kept
-        self.keywords = cache_keywords(model.original_model, cache)
+    model: TransformerBridge
+    kept: list[Tensor]
+    keywords: dict[str, Any]
 
     def __call__(
         self,
@@ -85,48 +84,59 @@ class CachedForwards:
         *,
         first: Tensor | None,
     ) -> Float[Tensor, "batch pos d_model"]:
-        """One forward of ``tokens`` (``mask``: every key position's, cached and new; ``positions``: the new
-        tokens' position ids) extending the cache; ``first``: where position 0 of each row lies in ``tokens``
+        """One forward of ``tokens`` (``mask``: every key position's, earlier and new; ``positions``: the new
+        tokens' position ids); ``first``: where position 0 of each row lies in ``tokens``
         (:data:`~lens_parallel.edits.FIRST_INDEX`: the real tokens' start in a left-padded prompt; None: every new
         position comes after it)."""
+        run, run_positions, first = self._sequence(tokens, positions, first)
         with _bound(FIRST_INDEX, first), contextlib.suppress(StopForward):
-            self.model(tokens, attention_mask=mask, position_ids=positions, return_type=None, **self.keywords)
-        return self.kept.pop()
+            self.model(run, attention_mask=mask, position_ids=run_positions, return_type=None, **self.keywords)
+        return self.kept.pop()[:, -tokens.shape[1] :]
+
+    def _sequence(
+        self, tokens: Tensor, positions: Tensor, first: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        raise NotImplementedError
+
+
+class CachedForwards(_Forwards):
+    """Forwards against one growing Hugging Face ``DynamicCache`` (opened by :func:`cached_forwards`): each call
+    runs ``tokens`` after whatever the cache holds, extending it; :meth:`select` keeps chosen rows of the cache for
+    the next call."""
+
+    def __init__(self, model: TransformerBridge, cache: DynamicCache, kept: list[Tensor]) -> None:
+        self.model, self.cache, self.kept = model, cache, kept
+        self.keywords = cache_keywords(model.original_model, cache)
+
+    def _sequence(
+        self, tokens: Tensor, positions: Tensor, first: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        return tokens, positions, first
 
     def select(self, rows: Int[Tensor, " row"]) -> None:
         """Keep the cache's rows ``rows`` (in that order, a row repeated as often as named) for the next forward."""
         self.cache.reorder_cache(cast(torch.LongTensor, rows))
 
 
-class RecomputedForwards:
-    """Forwards of one batch without a cache, with :class:`CachedForwards`'s calls (opened by
-    :func:`recomputed_forwards`): each call appends ``tokens`` to the sequence so far and reruns all of it (position 0
-    of each row where the first call's ``first`` said), returning the final normalised residual of the new
-    positions."""
+class RecomputedForwards(_Forwards):
+    """Forwards without a cache (opened by :func:`recomputed_forwards`): each call appends ``tokens`` to the
+    sequence so far and reruns all of it (position 0 of each row where the first call's ``first`` said)."""
 
     def __init__(self, model: TransformerBridge, kept: list[Tensor]) -> None:
-        self.model, self.kept = model, kept
+        self.model, self.kept, self.keywords = model, kept, {"use_cache": False}
         self.tokens: Tensor | None = None
         self.positions: Tensor | None = None
         self.first: Tensor | None = None
 
-    def __call__(
-        self,
-        tokens: Int[Tensor, "batch pos"],
-        mask: Int[Tensor, "batch key_pos"],
-        positions: Int[Tensor, "batch pos"],
-        *,
-        first: Tensor | None,
-    ) -> Float[Tensor, "batch pos d_model"]:
-        """As :meth:`CachedForwards.__call__`, the whole sequence rerun."""
+    def _sequence(
+        self, tokens: Tensor, positions: Tensor, first: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         if self.tokens is None or self.positions is None:
             self.tokens, self.positions, self.first = tokens, positions, first
         else:
             self.tokens = torch.cat([self.tokens, tokens], dim=1)
             self.positions = torch.cat([self.positions, positions], dim=1)
-        with _bound(FIRST_INDEX, self.first), contextlib.suppress(StopForward):
-            self.model(self.tokens, attention_mask=mask, position_ids=self.positions, return_type=None, use_cache=False)
-        return self.kept.pop()[:, -tokens.shape[1] :]
+        return self.tokens, self.positions, self.first
 
 
 def _keep_final(resid: Tensor, hook: HookPoint, *, kept: list[Tensor]) -> None:
