@@ -16,13 +16,13 @@ from lens_parallel.attention import kernels
 from lens_parallel.attention.rows import Diagonal
 from lens_parallel.attention.spec import ScoreSpec
 
+Queries = Float[Tensor, "batch head_index query_pos d_key"]
+Keys = Float[Tensor, "batch kv_head_index key_pos d_key"]
+Values = Float[Tensor, "batch kv_head_index key_pos d_head"]
+
 
 def fused(
-    q: Float[Tensor, "batch head_index query_pos d_key"],
-    k: Float[Tensor, "batch kv_head_index key_pos d_key"],
-    v: Float[Tensor, "batch kv_head_index key_pos d_head"],
-    mask: Tensor | None,
-    spec: ScoreSpec,
+    q: Queries, k: Keys, v: Values, mask: Tensor | None, spec: ScoreSpec
 ) -> Float[Tensor, "batch head_index query_pos d_head"] | None:
     """z from a fused kernel: scaled_dot_product_attention (:func:`~lens_parallel.attention.kernels.sdpa`); with
     soft-capped scores the cap's own kernel (:meth:`~lens_parallel.attention.features.SoftCap.blocks`); with sinks
@@ -43,13 +43,7 @@ def fused(
     return None if found is None else sinks.scaled(*found)
 
 
-def diagonal_rows(
-    q: Float[Tensor, "batch head_index query_pos d_key"],
-    k: Float[Tensor, "batch kv_head_index key_pos d_key"],
-    v: Float[Tensor, "batch kv_head_index key_pos d_head"],
-    mask: Tensor | None,
-    spec: ScoreSpec,
-) -> Diagonal | None:
+def diagonal_rows(q: Queries, k: Keys, v: Values, mask: Tensor | None, spec: ScoreSpec) -> Diagonal | None:
     """Each row's :class:`~lens_parallel.attention.rows.Diagonal` from the fused kernel run with each query's own
     key masked out (:func:`~lens_parallel.attention.kernels.attention_with_lse`), O(T) memory beyond the kernel's:
 
