@@ -101,7 +101,7 @@ def test_bad_jobs():
         run_ablations(model, tokens, [AblationJob(0, (0,))], ablation="delete")
     with pytest.raises(ValueError, match="empty head set"):
         HeadEdit("zero", 0, ())
-    with pytest.raises(ValueError, match=r"a mean head ablation needs softmax attention.*layers \[3\]"):
+    with pytest.raises(ValueError, match=r"a mean head ablation needs softmax-attention layers.*layers \[3\]"):
         run_ablations(get_model("toy-qwen3.5"), tokens, [AblationJob(3, (0,))], ablation="mean")
     with pytest.raises(ValueError, match=r"heads \[4\] out of range.*at layer 3, a linear-attention layer"):
         run_ablations(get_model("toy-qwen3.5"), tokens, [AblationJob(3, (4,))])

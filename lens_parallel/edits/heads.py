@@ -29,8 +29,8 @@ from lens_parallel.hooks import (
     Hook,
     check_head_writes,
     check_heads,
-    head_layers,
     hook_name,
+    layers_where,
     softmax_layers,
 )
 from lens_parallel.layers import LAYER_KINDS, LayerKind
@@ -68,12 +68,13 @@ class AblationKind:
         raise NotImplementedError
 
     def layers(self, info: ModelInfo, layers: int | Sequence[int] | None, *, what: str) -> tuple[tuple[int, ...], str]:
-        """The layers of ``layers`` (None: all) it is defined on, and a note of those skipped: layers with heads
-        where a linear-attention layer's kind lists it (:attr:`~lens_parallel.layers.LayerKind.ablations`), else the
-        softmax-attention layers (``what``: the analysis, in the refusal of a layer it is not defined on)."""
-        if self.name in LAYER_KINDS["linear"].ablations:
-            return head_layers(info, layers, what=what)
-        return softmax_layers(info, layers, what=what)
+        """:func:`~lens_parallel.hooks.layers_where` it is defined: the layers of ``layers`` (None: all) whose kind
+        lists it (:attr:`~lens_parallel.layers.LayerKind.ablations`), and a note of those skipped (``what``: the
+        analysis, in the refusal of a named layer it is not defined on)."""
+        kinds = " or ".join(kind.title for kind in LAYER_KINDS.values() if self.name in kind.ablations)
+        return layers_where(
+            info, layers, lambda layer: self.name in info.kind(layer).ablations, needs=f"{kinds} layers", what=what
+        )
 
     def linearity_note(self) -> str:
         """How good a first-order estimate of its effect is (head attribution's confirmation)."""
