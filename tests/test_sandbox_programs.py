@@ -723,6 +723,9 @@ def test_the_allow_list_is_what_programs_use(tmp_path):
     got = run_program(program, f"assert run_all() == [({unlucky}, 'NameError')]\n", limits=limits, fence=traced)
     assert got == Execution(True, "passed")
     used, allowed = _traced_calls(out.read_text()), set(syscalls.allowed_calls())
-    assert allowed - used == set(syscalls.UNTRACED), "name why each stays in syscalls.UNTRACED, or take it off"
+    # restart_syscall is made only when a signal interrupts a sleep (strace's own stops can): the trace may see it
+    by_chance, untraced = {"restart_syscall"}, allowed - used
+    assert untraced <= set(syscalls.UNTRACED), "name why each stays in syscalls.UNTRACED"
+    assert set(syscalls.UNTRACED) - by_chance <= untraced, "a call in syscalls.UNTRACED is made: take it off"
     answered = set(syscalls.NO_EFFECT_CALLS) | set(syscalls.ENOSYS_CALLS) | set(TRIED)
     assert used - allowed <= answered, used - allowed - answered
